@@ -1,0 +1,198 @@
+//! Hardware profiles (`hw-configs/*.toml`): what the device offers and how its pollers run.
+//!
+//! A profile is a flat TOML table. Unknown keys are rejected (serde names the key), and every
+//! value is checked by [`Profile::validate`], whose errors name the offending key, so a typo in a
+//! profile never silently falls back to a default.
+
+use std::path::Path;
+
+use serde::Deserialize;
+use thiserror::Error;
+
+/// Largest split-ring size the device accepts (the virtio limit is 32768; 1024 is what Linux and the
+/// peers use, and the notify window is sized for it).
+pub const MAX_QUEUE_SIZE: u16 = 32768;
+/// Largest number of request queues (the notify window holds one 4-byte doorbell per queue).
+pub const MAX_REQUEST_QUEUES: u16 = 1023;
+/// Longest tag the device config can carry (`tag[36]`).
+pub const MAX_TAG_LEN: usize = 36;
+
+/// Errors reading or validating a profile.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read profile {path}")]
+    Read {
+        /// Path of the profile.
+        path: String,
+        /// Underlying I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TOML is malformed, has an unknown key or a value of the wrong type.
+    #[error("invalid profile: {0}")]
+    Parse(#[from] toml::de::Error),
+    /// A key has a value the device cannot honour.
+    #[error("invalid value for `{key}`: {reason}")]
+    Invalid {
+        /// The offending key.
+        key: &'static str,
+        /// Why it is rejected.
+        reason: String,
+    },
+}
+
+/// A hardware profile: the device's shape and its poller placement.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Profile {
+    /// Free-form description of the hardware this profile is for.
+    pub description: String,
+    /// Mount tag shown in the device config (`mount -t virtiofs TAG`), 1..=36 bytes of UTF-8.
+    pub tag: String,
+    /// Number of request queues (queue 0 is always the hiprio queue).
+    pub request_queues: u16,
+    /// Maximum size of each virtqueue (a power of two); the driver may choose a smaller one.
+    pub queue_size: u16,
+    /// CPU cores the pollers are pinned to; one poller per entry. Empty: one unpinned poller.
+    pub poller_cores: Vec<usize>,
+    /// How long a poller keeps busy-polling after its queues went idle before it backs off, in
+    /// microseconds.
+    pub idle_spin_us: u64,
+    /// Longest sleep of an idle poller, in microseconds (the worst wake-up latency it adds).
+    pub idle_sleep_us: u64,
+}
+
+impl Default for Profile {
+    fn default() -> Self {
+        Profile {
+            description: String::new(),
+            tag: "virtiofs".to_string(),
+            request_queues: 1,
+            queue_size: 128,
+            poller_cores: Vec::new(),
+            idle_spin_us: 50,
+            idle_sleep_us: 200,
+        }
+    }
+}
+
+impl Profile {
+    /// Reads and validates a profile file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text)
+    }
+
+    /// Parses and validates a profile from TOML text.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let profile: Profile = toml::from_str(text)?;
+        profile.validate()?;
+        Ok(profile)
+    }
+
+    /// Checks every value; the error names the first offending key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, reason: String| Err(ConfigError::Invalid { key, reason });
+        if self.tag.is_empty() || self.tag.len() > MAX_TAG_LEN {
+            return invalid("tag", format!("must be 1 to {MAX_TAG_LEN} bytes of UTF-8, got {} bytes", self.tag.len()));
+        }
+        if self.tag.contains('\0') {
+            return invalid("tag", "must not contain NUL".into());
+        }
+        if self.request_queues == 0 || self.request_queues > MAX_REQUEST_QUEUES {
+            return invalid(
+                "request_queues",
+                format!("must be 1 to {MAX_REQUEST_QUEUES}, got {}", self.request_queues),
+            );
+        }
+        if !self.queue_size.is_power_of_two() || self.queue_size < 2 || self.queue_size > MAX_QUEUE_SIZE {
+            return invalid(
+                "queue_size",
+                format!("must be a power of two from 2 to {MAX_QUEUE_SIZE}, got {}", self.queue_size),
+            );
+        }
+        let cores = core_affinity::get_core_ids().map(|c| c.len()).unwrap_or(usize::MAX);
+        if let Some(c) = self.poller_cores.iter().find(|&&c| c >= cores) {
+            return invalid("poller_cores", format!("core {c} does not exist (this machine has {cores})"));
+        }
+        let mut sorted = self.poller_cores.clone();
+        sorted.sort_unstable();
+        if sorted.windows(2).any(|w| w[0] == w[1]) {
+            return invalid("poller_cores", "a core is listed twice".into());
+        }
+        if self.poller_cores.len() > usize::from(self.request_queues) + 1 {
+            return invalid(
+                "poller_cores",
+                format!(
+                    "{} pollers for {} queues: each poller needs at least one queue",
+                    self.poller_cores.len(),
+                    self.request_queues + 1
+                ),
+            );
+        }
+        if self.idle_sleep_us == 0 || self.idle_sleep_us > 100_000 {
+            return invalid("idle_sleep_us", format!("must be 1 to 100000, got {}", self.idle_sleep_us));
+        }
+        if self.idle_spin_us > 10_000_000 {
+            return invalid("idle_spin_us", format!("must be at most 10000000, got {}", self.idle_spin_us));
+        }
+        Ok(())
+    }
+
+    /// Number of pollers this profile asks for (at least one).
+    pub fn pollers(&self) -> usize {
+        self.poller_cores.len().max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key_of(text: &str) -> String {
+        match Profile::from_toml(text) {
+            Err(ConfigError::Invalid { key, .. }) => key.to_string(),
+            Err(ConfigError::Parse(e)) => e.to_string(),
+            other => panic!("expected an error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        Profile::default().validate().unwrap();
+        assert_eq!(Profile::from_toml("").unwrap(), Profile::default());
+    }
+
+    #[test]
+    fn full_profile_parses() {
+        let p = Profile::from_toml(
+            "description = \"x\"\ntag = \"fs\"\nrequest_queues = 4\nqueue_size = 1024\npoller_cores = [0]\n",
+        )
+        .unwrap();
+        assert_eq!((p.tag.as_str(), p.request_queues, p.queue_size), ("fs", 4, 1024));
+        assert_eq!(p.pollers(), 1);
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        assert_eq!(key_of("queue_size = 100"), "queue_size");
+        assert_eq!(key_of("queue_size = 0"), "queue_size");
+        assert_eq!(key_of("request_queues = 0"), "request_queues");
+        assert_eq!(key_of("tag = \"\""), "tag");
+        assert_eq!(key_of(&format!("tag = \"{}\"", "a".repeat(37))), "tag");
+        assert_eq!(key_of("poller_cores = [100000]"), "poller_cores");
+        assert_eq!(key_of("poller_cores = [0, 0]"), "poller_cores");
+        assert_eq!(key_of("idle_sleep_us = 0"), "idle_sleep_us");
+    }
+
+    #[test]
+    fn unknown_and_mistyped_keys_are_rejected() {
+        assert!(key_of("queue_sise = 128").contains("queue_sise"));
+        assert!(key_of("queue_size = \"big\"").contains("queue_size"));
+        assert!(key_of("queue_size = 70000").contains("queue_size"));
+    }
+}

@@ -1,0 +1,14 @@
+//! virtio-fs device firmware: a poll-mode virtio-fs PCI function served over vfio-user.
+//!
+//! Parts, from the wire inwards (see `DESIGN.md`):
+//! - [`vfio_user`]: the only module that knows sockets: the vfio-user server (control plane).
+//! - [`pci`]: the PCI function and virtio-pci transport as a pure register model.
+//! - [`memory`]: DMA windows mapped with vm-memory and published to pollers as snapshots.
+//! - [`poller`]: the data plane: threads that own virtqueues and hand requests to a
+//!   [`RequestHandler`].
+//! - [`config`]: hardware profiles.
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod memory;
+pub mod pci;
