@@ -1,1 +1,91 @@
-fn main(){}
+//! `virtiofs-dpu`: the virtio-fs device daemon. Serves a vfio-user socket that QEMU's
+//! `vfio-user-pci` (or our host driver model) attaches; the guest mounts the tag with
+//! `mount -t virtiofs TAG /mnt`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use log::{error, info};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use virtiofs_dpu::config::Profile;
+use virtiofs_dpu::RunningDevice;
+
+/// virtio-fs device firmware served over vfio-user.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// vfio-user socket to listen on (a stale socket file is replaced).
+    #[arg(long)]
+    socket_path: PathBuf,
+    /// Mount tag (overrides the profile's).
+    #[arg(long)]
+    tag: Option<String>,
+    /// Hardware profile (TOML, see hw-configs/).
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let args = Args::parse();
+    let mut profile = match &args.config {
+        Some(path) => match Profile::from_file(path) {
+            Ok(p) => p,
+            Err(e) => {
+                error!("{}", error_chain(&e));
+                return ExitCode::from(2);
+            }
+        },
+        None => Profile::default(),
+    };
+    if let Some(tag) = args.tag {
+        profile.tag = tag;
+    }
+    if let Err(e) = profile.validate() {
+        error!("{}", error_chain(&e));
+        return ExitCode::from(2);
+    }
+    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
+        Ok(s) => s,
+        Err(e) => {
+            error!("cannot install signal handlers: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    info!("tag {:?}, {} request queue(s) of up to {} entries", profile.tag, profile.request_queues, profile.queue_size);
+    let device = match RunningDevice::start(&args.socket_path, profile) {
+        Ok(d) => d,
+        Err(e) => {
+            error!("{}", error_chain(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(sig) = signals.forever().next() {
+        info!("signal {sig}: shutting down");
+    }
+    match device.stop() {
+        Ok(stats) => {
+            let per_queue: Vec<String> =
+                stats.requests().iter().enumerate().map(|(i, n)| format!("q{i}={n}")).collect();
+            info!("requests per queue: {}", per_queue.join(" "));
+            info!("bad chains per queue: {:?}", stats.bad_chains());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            error!("{}", error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

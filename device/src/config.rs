@@ -98,7 +98,13 @@ impl Profile {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key, reason: String| Err(ConfigError::Invalid { key, reason });
         if self.tag.is_empty() || self.tag.len() > MAX_TAG_LEN {
-            return invalid("tag", format!("must be 1 to {MAX_TAG_LEN} bytes of UTF-8, got {} bytes", self.tag.len()));
+            return invalid(
+                "tag",
+                format!(
+                    "must be 1 to {MAX_TAG_LEN} bytes of UTF-8, got {} bytes",
+                    self.tag.len()
+                ),
+            );
         }
         if self.tag.contains('\0') {
             return invalid("tag", "must not contain NUL".into());
@@ -106,18 +112,32 @@ impl Profile {
         if self.request_queues == 0 || self.request_queues > MAX_REQUEST_QUEUES {
             return invalid(
                 "request_queues",
-                format!("must be 1 to {MAX_REQUEST_QUEUES}, got {}", self.request_queues),
+                format!(
+                    "must be 1 to {MAX_REQUEST_QUEUES}, got {}",
+                    self.request_queues
+                ),
             );
         }
-        if !self.queue_size.is_power_of_two() || self.queue_size < 2 || self.queue_size > MAX_QUEUE_SIZE {
+        if !self.queue_size.is_power_of_two()
+            || self.queue_size < 2
+            || self.queue_size > MAX_QUEUE_SIZE
+        {
             return invalid(
                 "queue_size",
-                format!("must be a power of two from 2 to {MAX_QUEUE_SIZE}, got {}", self.queue_size),
+                format!(
+                    "must be a power of two from 2 to {MAX_QUEUE_SIZE}, got {}",
+                    self.queue_size
+                ),
             );
         }
-        let cores = core_affinity::get_core_ids().map(|c| c.len()).unwrap_or(usize::MAX);
+        let cores = core_affinity::get_core_ids()
+            .map(|c| c.len())
+            .unwrap_or(usize::MAX);
         if let Some(c) = self.poller_cores.iter().find(|&&c| c >= cores) {
-            return invalid("poller_cores", format!("core {c} does not exist (this machine has {cores})"));
+            return invalid(
+                "poller_cores",
+                format!("core {c} does not exist (this machine has {cores})"),
+            );
         }
         let mut sorted = self.poller_cores.clone();
         sorted.sort_unstable();
@@ -135,10 +155,16 @@ impl Profile {
             );
         }
         if self.idle_sleep_us == 0 || self.idle_sleep_us > 100_000 {
-            return invalid("idle_sleep_us", format!("must be 1 to 100000, got {}", self.idle_sleep_us));
+            return invalid(
+                "idle_sleep_us",
+                format!("must be 1 to 100000, got {}", self.idle_sleep_us),
+            );
         }
         if self.idle_spin_us > 10_000_000 {
-            return invalid("idle_spin_us", format!("must be at most 10000000, got {}", self.idle_spin_us));
+            return invalid(
+                "idle_spin_us",
+                format!("must be at most 10000000, got {}", self.idle_spin_us),
+            );
         }
         Ok(())
     }
@@ -173,7 +199,10 @@ mod tests {
             "description = \"x\"\ntag = \"fs\"\nrequest_queues = 4\nqueue_size = 1024\npoller_cores = [0]\n",
         )
         .unwrap();
-        assert_eq!((p.tag.as_str(), p.request_queues, p.queue_size), ("fs", 4, 1024));
+        assert_eq!(
+            (p.tag.as_str(), p.request_queues, p.queue_size),
+            ("fs", 4, 1024)
+        );
         assert_eq!(p.pollers(), 1);
     }
 

@@ -12,3 +12,6 @@
 pub mod config;
 pub mod memory;
 pub mod pci;
+pub mod poller;
+pub mod queue;
+pub mod vfio_user;

@@ -129,10 +129,6 @@ pub enum DeviceEvent {
     Activate(Activation),
     /// The driver reset the device: stop the queues, drop in-flight work.
     Reset,
-    /// These MSI-X vectors were unmasked: deliver their pending interrupts.
-    Unmasked(heapless::Vec<usize, 8>),
-    /// The function mask was cleared: deliver every pending interrupt.
-    FunctionUnmasked,
     /// A doorbell write arrived through the socket instead of the mapped notify page.
     Notify(u16),
 }
@@ -251,7 +247,7 @@ impl VirtioFsFunction {
         put16(c, 0x2e, 26);
         c[0x34] = CAP_MSIX as u8;
         c[0x3d] = 1; // INTA
-        // MSI-X: table size N-1, table at BAR1+0, PBA at BAR1+0x800.
+                     // MSI-X: table size N-1, table at BAR1+0, PBA at BAR1+0x800.
         c[CAP_MSIX] = 0x11;
         c[CAP_MSIX + 1] = CAP_COMMON as u8;
         put16(c, CAP_MSIX + 2, (self.msix.len() - 1) as u16);
@@ -269,7 +265,14 @@ impl VirtioFsFunction {
         vcap(CAP_COMMON, CAP_NOTIFY, 16, 1, COMMON_OFFSET, COMMON_SIZE);
         vcap(CAP_NOTIFY, CAP_ISR, 20, 2, NOTIFY_OFFSET, NOTIFY_SIZE);
         vcap(CAP_ISR, CAP_DEVICE, 16, 3, ISR_OFFSET, 1);
-        vcap(CAP_DEVICE, CAP_PCI_CFG, 16, 4, DEVICE_CFG_OFFSET, DEVICE_CFG_SIZE);
+        vcap(
+            CAP_DEVICE,
+            CAP_PCI_CFG,
+            16,
+            4,
+            DEVICE_CFG_OFFSET,
+            DEVICE_CFG_SIZE,
+        );
         vcap(CAP_PCI_CFG, 0, 20, 5, 0, 0);
         c[CAP_PCI_CFG + 4] = 0;
         put32(c, CAP_NOTIFY + 16, NOTIFY_OFF_MULTIPLIER);
@@ -297,7 +300,12 @@ impl VirtioFsFunction {
         self.isr = 0;
         self.queues = (0..=self.request_queues)
             .map(|i| QueueRegs {
-                cfg: QueueConfig { index: i, size: self.max_queue_size, vector: NO_VECTOR, ..Default::default() },
+                cfg: QueueConfig {
+                    index: i,
+                    size: self.max_queue_size,
+                    vector: NO_VECTOR,
+                    ..Default::default()
+                },
                 enabled: false,
             })
             .collect();
@@ -351,7 +359,12 @@ impl VirtioFsFunction {
         }
         match offset.checked_add(len as u64) {
             Some(end) if end <= size => Ok(()),
-            _ => Err(AccessError::OutOfRange { region, offset, len, size }),
+            _ => Err(AccessError::OutOfRange {
+                region,
+                offset,
+                len,
+                size,
+            }),
         }
     }
 
@@ -368,13 +381,18 @@ impl VirtioFsFunction {
     }
 
     /// Writes to region `region` at `offset`; returns what the control plane must act on.
-    pub fn write(&mut self, region: u32, offset: u64, data: &[u8]) -> Result<Option<DeviceEvent>, AccessError> {
+    pub fn write(
+        &mut self,
+        region: u32,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<Option<DeviceEvent>, AccessError> {
         self.check(region, offset, data.len())?;
         Ok(match region {
             7 => self.config_write(offset as usize, data),
             MSIX_BAR => {
-                let un = self.msix_table.write(&self.msix, offset, data);
-                (!un.is_empty()).then_some(DeviceEvent::Unmasked(un))
+                self.msix_table.write(offset, data);
+                None
             }
             VIRTIO_BAR => self.virtio_write(offset, data),
             _ => None,
@@ -407,7 +425,6 @@ impl VirtioFsFunction {
     }
 
     fn config_write(&mut self, offset: usize, data: &[u8]) -> Option<DeviceEvent> {
-        let old_msix_ctl = self.config[CAP_MSIX + 3];
         for (i, &b) in data.iter().enumerate() {
             let at = offset + i;
             let m = self.wmask[at];
@@ -418,17 +435,11 @@ impl VirtioFsFunction {
         put32(&mut self.config, 0x14, bar1);
         let bar4 = (get32(&self.config, 0x20) & !(VIRTIO_BAR_SIZE as u32 - 1)) | 0b1100;
         put32(&mut self.config, 0x20, bar4);
-        let new_msix_ctl = self.config[CAP_MSIX + 3];
-        if new_msix_ctl != old_msix_ctl {
-            let masked = new_msix_ctl & 0x40 != 0;
-            self.msix.set_function_mask(masked);
-            if !masked {
-                return Some(DeviceEvent::FunctionUnmasked);
-            }
-        }
         if offset < PCI_CFG_DATA + 4 && offset + data.len() > PCI_CFG_DATA {
             if let Some((bar, off, len)) = self.pci_cfg_target() {
-                let window: [u8; 4] = self.config[PCI_CFG_DATA..PCI_CFG_DATA + 4].try_into().unwrap_or_default();
+                let window: [u8; 4] = self.config[PCI_CFG_DATA..PCI_CFG_DATA + 4]
+                    .try_into()
+                    .unwrap_or_default();
                 return self.write(bar, off, &window[..len]).ok().flatten();
             }
         }
@@ -514,7 +525,8 @@ impl VirtioFsFunction {
         regs[off..off + n].copy_from_slice(&data[..n]);
         let touched = |reg: usize, width: usize| off < reg + width && off + n > reg;
         let r16 = |reg: usize| u16::from_le_bytes([regs[reg], regs[reg + 1]]);
-        let r64 = |reg: usize| u64::from_le_bytes(regs[reg..reg + 8].try_into().unwrap_or_default());
+        let r64 =
+            |reg: usize| u64::from_le_bytes(regs[reg..reg + 8].try_into().unwrap_or_default());
         let features_locked = self.status & status::FEATURES_OK != 0;
         let live = self.status & status::DRIVER_OK != 0;
 
@@ -534,7 +546,11 @@ impl VirtioFsFunction {
         }
         if touched(0x10, 2) {
             let v = r16(0x10);
-            self.msix_config = if usize::from(v) < self.msix.len() { v } else { NO_VECTOR };
+            self.msix_config = if usize::from(v) < self.msix.len() {
+                v
+            } else {
+                NO_VECTOR
+            };
         }
         if touched(0x16, 2) {
             self.queue_select = r16(0x16);
@@ -560,7 +576,11 @@ impl VirtioFsFunction {
                 }
                 if touched(0x1a, 2) {
                     let v = r16(0x1a);
-                    q.cfg.vector = if usize::from(v) < vectors { v } else { NO_VECTOR };
+                    q.cfg.vector = if usize::from(v) < vectors {
+                        v
+                    } else {
+                        NO_VECTOR
+                    };
                 }
                 if touched(0x1c, 2) && r16(0x1c) == 1 {
                     q.enabled = true;
@@ -575,9 +595,8 @@ impl VirtioFsFunction {
 
     fn write_status(&mut self, new: u8) -> Option<DeviceEvent> {
         if new == 0 {
-            let was_live = self.status & status::DRIVER_OK != 0;
             self.reset_virtio();
-            return was_live.then_some(DeviceEvent::Reset).or(Some(DeviceEvent::Reset));
+            return Some(DeviceEvent::Reset);
         }
         let old = self.status;
         // Bits can only be set by the driver (clearing needs a reset); NEEDS_RESET is device-owned.
@@ -595,7 +614,12 @@ impl VirtioFsFunction {
         if next & status::DRIVER_OK != 0 && old & status::DRIVER_OK == 0 {
             return Some(DeviceEvent::Activate(Activation {
                 features: self.driver_features,
-                queues: self.queues.iter().filter(|q| q.enabled).map(|q| q.cfg).collect(),
+                queues: self
+                    .queues
+                    .iter()
+                    .filter(|q| q.enabled)
+                    .map(|q| q.cfg)
+                    .collect(),
                 config_vector: self.msix_config,
             }));
         }
@@ -612,11 +636,22 @@ mod tests {
         f.read(region, off, &mut b[..len]).unwrap();
         u64::from_le_bytes(b)
     }
-    fn wr(f: &mut VirtioFsFunction, region: u32, off: u64, len: usize, v: u64) -> Option<DeviceEvent> {
+    fn wr(
+        f: &mut VirtioFsFunction,
+        region: u32,
+        off: u64,
+        len: usize,
+        v: u64,
+    ) -> Option<DeviceEvent> {
         f.write(region, off, &v.to_le_bytes()[..len]).unwrap()
     }
     fn func() -> VirtioFsFunction {
-        VirtioFsFunction::new("myfs", 2, 256, features::EVENT_IDX | features::INDIRECT_DESC)
+        VirtioFsFunction::new(
+            "myfs",
+            2,
+            256,
+            features::EVENT_IDX | features::INDIRECT_DESC,
+        )
     }
 
     #[test]
@@ -632,8 +667,15 @@ mod tests {
             seen.push((id, ty));
             at = rd(&mut f, 7, at + 1, 1);
         }
-        assert_eq!(seen, vec![(0x11, 0), (9, 1), (9, 2), (9, 3), (9, 4), (9, 5)]);
-        assert_eq!(rd(&mut f, 7, 0x40 + 2, 2) & 0x7ff, 3, "4 vectors: config + 3 queues");
+        assert_eq!(
+            seen,
+            vec![(0x11, 0), (9, 1), (9, 2), (9, 3), (9, 4), (9, 5)]
+        );
+        assert_eq!(
+            rd(&mut f, 7, 0x40 + 2, 2) & 0x7ff,
+            3,
+            "4 vectors: config + 3 queues"
+        );
     }
 
     #[test]
@@ -683,10 +725,22 @@ mod tests {
         assert_eq!(rd(&mut f, 4, c(0x18), 2), 0, "absent queue reads size 0");
         wr(&mut f, 4, c(0x1a), 2, 77);
         let ev = wr(&mut f, 4, c(0x14), 1, 0xf).expect("activation");
-        let DeviceEvent::Activate(a) = ev else { panic!("{ev:?}") };
+        let DeviceEvent::Activate(a) = ev else {
+            panic!("{ev:?}")
+        };
         assert_eq!(a.features, features::VERSION_1 | features::EVENT_IDX);
         assert_eq!(a.queues.len(), 3);
-        assert_eq!(a.queues[2], QueueConfig { index: 2, size: 128, desc: 0x30000, avail: 0x30800, used: 0x31000, vector: 3 });
+        assert_eq!(
+            a.queues[2],
+            QueueConfig {
+                index: 2,
+                size: 128,
+                desc: 0x30000,
+                avail: 0x30800,
+                used: 0x31000,
+                vector: 3
+            }
+        );
         // Registers are frozen while live.
         wr(&mut f, 4, c(0x16), 2, 1);
         wr(&mut f, 4, c(0x20), 8, 0xdead000);
@@ -706,7 +760,11 @@ mod tests {
         wr(&mut f, 4, c(0x0c), 4, 1 | 1 << 20);
         wr(&mut f, 4, c(0x14), 1, 0xb);
         assert_eq!(rd(&mut f, 4, c(0x14), 1), 3, "unknown feature");
-        assert_eq!(wr(&mut f, 4, c(0x14), 1, 0xf), None, "DRIVER_OK without FEATURES_OK");
+        assert_eq!(
+            wr(&mut f, 4, c(0x14), 1, 0xf),
+            None,
+            "DRIVER_OK without FEATURES_OK"
+        );
     }
 
     #[test]
@@ -719,9 +777,20 @@ mod tests {
         assert_eq!(f.set_needs_reset(), None);
         assert_eq!(rd(&mut f, 4, ISR_OFFSET, 1), 2);
         assert_eq!(rd(&mut f, 4, ISR_OFFSET, 1), 0, "ISR read clears");
-        assert_eq!(wr(&mut f, 4, NOTIFY_OFFSET + 8, 2, 2), Some(DeviceEvent::Notify(2)));
+        assert_eq!(
+            wr(&mut f, 4, NOTIFY_OFFSET + 8, 2, 2),
+            Some(DeviceEvent::Notify(2))
+        );
         assert_eq!(wr(&mut f, 4, NOTIFY_OFFSET + 12, 2, 3), None);
-        assert_eq!(f.read(4, VIRTIO_BAR_SIZE - 2, &mut [0; 4]), Err(AccessError::OutOfRange { region: 4, offset: VIRTIO_BAR_SIZE - 2, len: 4, size: VIRTIO_BAR_SIZE }));
+        assert_eq!(
+            f.read(4, VIRTIO_BAR_SIZE - 2, &mut [0; 4]),
+            Err(AccessError::OutOfRange {
+                region: 4,
+                offset: VIRTIO_BAR_SIZE - 2,
+                len: 4,
+                size: VIRTIO_BAR_SIZE
+            })
+        );
         assert_eq!(f.read(2, 0, &mut [0; 4]), Err(AccessError::NoRegion(2)));
         assert!(f.read(7, u64::MAX, &mut [0; 4]).is_err());
     }
@@ -736,15 +805,23 @@ mod tests {
         wr(&mut f, 7, CAP_PCI_CFG as u64 + 8, 4, COMMON_OFFSET + 0x16);
         wr(&mut f, 7, CAP_PCI_CFG as u64 + 12, 4, 2);
         wr(&mut f, 7, PCI_CFG_DATA as u64, 2, 2);
-        assert_eq!(rd(&mut f, 4, COMMON_OFFSET + 0x16, 2), 2, "queue_select written through the window");
+        assert_eq!(
+            rd(&mut f, 4, COMMON_OFFSET + 0x16, 2),
+            2,
+            "queue_select written through the window"
+        );
     }
 
     #[test]
-    fn msix_function_mask() {
+    fn msix_control_is_stored() {
         let mut f = func();
-        wr(&mut f, 7, CAP_MSIX as u64 + 2, 2, 0x4000 | 0x8000);
-        assert!(!f.msix().deliverable_or_pend(0));
-        assert_eq!(wr(&mut f, 7, CAP_MSIX as u64 + 2, 2, 0x8000), Some(DeviceEvent::FunctionUnmasked));
-        assert_eq!(rd(&mut f, 7, CAP_MSIX as u64 + 2, 2), 0x8003);
+        wr(&mut f, 7, CAP_MSIX as u64 + 2, 2, 0x4000 | 0x8000 | 0x7ff);
+        assert_eq!(
+            rd(&mut f, 7, CAP_MSIX as u64 + 2, 2),
+            0xc003,
+            "table size is read-only"
+        );
+        f.reset();
+        assert_eq!(rd(&mut f, 7, CAP_MSIX as u64 + 2, 2), 0x0003);
     }
 }

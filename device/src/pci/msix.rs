@@ -7,11 +7,13 @@
 //!          +8 le32 message data        | +12 le32 vector control (bit 0: masked)
 //!   0x800  PBA: one pending bit per vector, le64 words (read-only)
 //! ```
-//! Under vfio-user the interrupt itself is an eventfd per vector (DEVICE_SET_IRQS); the address and
-//! data words are stored for the driver but not used. A vector fires only when neither its table
-//! mask, nor the function mask, nor a vfio-user MASK action hides it; otherwise its pending bit is
-//! set and the interrupt is delivered when it is unmasked. Mask and pending bits are atomics so a
-//! poller can consult them without a lock; the control plane is their only writer of masks.
+//! Under vfio-user the interrupt itself is an eventfd per vector (DEVICE_SET_IRQS), and the client
+//! owns MSI-X semantics: QEMU emulates the table, the PBA and the function mask for the guest and
+//! never forwards them, so a device that gated delivery on its own table would never interrupt a
+//! QEMU guest (the table resets to all-masked). The table here is therefore storage for clients
+//! that read it back; what gates delivery is the vfio-user MASK/UNMASK action (SET_IRQS). A masked
+//! vector's interrupt is recorded in its pending bit (visible in the PBA) and delivered on UNMASK.
+//! Mask and pending bits are atomics so a poller reads them without a lock.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
@@ -22,7 +24,6 @@ pub const MSIX_BAR_SIZE: u64 = 0x1000;
 /// Most vectors the table can hold in the space before the PBA.
 pub const MAX_VECTORS: usize = (PBA_OFFSET / 16) as usize;
 
-const MASK_TABLE: u8 = 1;
 const MASK_VFIO: u8 = 2;
 
 /// Mask and pending state of every vector, shared between the control plane and the pollers.
@@ -30,16 +31,14 @@ const MASK_VFIO: u8 = 2;
 pub struct MsixShared {
     masks: Box<[AtomicU8]>,
     pending: Box<[AtomicBool]>,
-    function_masked: AtomicBool,
 }
 
 impl MsixShared {
-    /// State for `vectors` vectors, all masked by their table entry (the reset state).
+    /// State for `vectors` vectors, none masked through vfio-user (the reset state).
     pub fn new(vectors: usize) -> Self {
         MsixShared {
-            masks: (0..vectors).map(|_| AtomicU8::new(MASK_TABLE)).collect(),
+            masks: (0..vectors).map(|_| AtomicU8::new(0)).collect(),
             pending: (0..vectors).map(|_| AtomicBool::new(false)).collect(),
-            function_masked: AtomicBool::new(false),
         }
     }
 
@@ -55,8 +54,10 @@ impl MsixShared {
 
     /// Whether `vector` may fire now. If not, records it as pending and returns false.
     pub fn deliverable_or_pend(&self, vector: usize) -> bool {
-        let Some(m) = self.masks.get(vector) else { return false };
-        if m.load(Ordering::Acquire) == 0 && !self.function_masked.load(Ordering::Acquire) {
+        let Some(m) = self.masks.get(vector) else {
+            return false;
+        };
+        if m.load(Ordering::Acquire) & MASK_VFIO == 0 {
             return true;
         }
         self.pending[vector].store(true, Ordering::Release);
@@ -65,45 +66,39 @@ impl MsixShared {
 
     /// Whether `vector`'s pending bit is set.
     pub fn is_pending(&self, vector: usize) -> bool {
-        self.pending.get(vector).is_some_and(|p| p.load(Ordering::Acquire))
+        self.pending
+            .get(vector)
+            .is_some_and(|p| p.load(Ordering::Acquire))
     }
 
     /// Clears and returns the pending bit of `vector` if it is deliverable now.
     pub fn take_pending_if_unmasked(&self, vector: usize) -> bool {
-        let Some(m) = self.masks.get(vector) else { return false };
-        if m.load(Ordering::Acquire) != 0 || self.function_masked.load(Ordering::Acquire) {
+        let Some(m) = self.masks.get(vector) else {
+            return false;
+        };
+        if m.load(Ordering::Acquire) & MASK_VFIO != 0 {
             return false;
         }
         self.pending[vector].swap(false, Ordering::AcqRel)
     }
 
-    fn set_mask(&self, vector: usize, bit: u8, on: bool) {
+    /// Applies a vfio-user MASK (`on`) or UNMASK action to `vector`.
+    pub fn set_vfio_mask(&self, vector: usize, on: bool) {
         if let Some(m) = self.masks.get(vector) {
             if on {
-                m.fetch_or(bit, Ordering::AcqRel);
+                m.fetch_or(MASK_VFIO, Ordering::AcqRel);
             } else {
-                m.fetch_and(!bit, Ordering::AcqRel);
+                m.fetch_and(!MASK_VFIO, Ordering::AcqRel);
             }
         }
     }
 
-    /// Applies a vfio-user MASK (`on`) or UNMASK action to `vector`.
-    pub fn set_vfio_mask(&self, vector: usize, on: bool) {
-        self.set_mask(vector, MASK_VFIO, on);
-    }
-
-    /// Sets the function mask (MSI-X message control bit 14).
-    pub fn set_function_mask(&self, on: bool) {
-        self.function_masked.store(on, Ordering::Release);
-    }
-
-    /// Back to the reset state: every vector table-masked, nothing pending.
+    /// Back to the reset state: nothing masked, nothing pending.
     pub fn reset(&self) {
         for (m, p) in self.masks.iter().zip(self.pending.iter()) {
-            m.store(MASK_TABLE, Ordering::Release);
+            m.store(0, Ordering::Release);
             p.store(false, Ordering::Release);
         }
-        self.function_masked.store(false, Ordering::Release);
     }
 }
 
@@ -116,7 +111,9 @@ pub struct MsixTable {
 impl MsixTable {
     /// A table of `vectors` entries in the reset state.
     pub fn new(vectors: usize) -> Self {
-        MsixTable { entries: vec![[0, 0, 0, 1]; vectors] }
+        MsixTable {
+            entries: vec![[0, 0, 0, 1]; vectors],
+        }
     }
 
     /// Back to the reset state.
@@ -131,36 +128,35 @@ impl MsixTable {
             let off = offset + i as u64;
             *b = if off < PBA_OFFSET {
                 let (vec, word, byte) = ((off / 16) as usize, ((off % 16) / 4) as usize, off % 4);
-                self.entries.get(vec).map_or(0, |e| (e[word] >> (8 * byte)) as u8)
+                self.entries
+                    .get(vec)
+                    .map_or(0, |e| (e[word] >> (8 * byte)) as u8)
             } else {
                 let first = ((off - PBA_OFFSET) * 8) as usize;
-                (0..8).fold(0u8, |acc, bit| acc | (u8::from(shared.is_pending(first + bit)) << bit))
+                (0..8).fold(0u8, |acc, bit| {
+                    acc | (u8::from(shared.is_pending(first + bit)) << bit)
+                })
             };
         }
     }
 
-    /// Writes `data` at `offset` of the MSI-X BAR. Returns the vectors whose mask bit was cleared.
-    pub fn write(&mut self, shared: &MsixShared, offset: u64, data: &[u8]) -> heapless::Vec<usize, 8> {
-        let mut unmasked = heapless::Vec::new();
+    /// Writes `data` at `offset` of the MSI-X BAR (the PBA is read-only).
+    pub fn write(&mut self, offset: u64, data: &[u8]) {
         for (i, &b) in data.iter().enumerate() {
             let off = offset + i as u64;
             if off >= PBA_OFFSET {
                 continue; // PBA is read-only.
             }
             let (vec, word, byte) = ((off / 16) as usize, ((off % 16) / 4) as usize, off % 4);
-            let Some(e) = self.entries.get_mut(vec) else { continue };
+            let Some(e) = self.entries.get_mut(vec) else {
+                continue;
+            };
             let shift = 8 * byte;
             e[word] = (e[word] & !(0xff << shift)) | (u32::from(b) << shift);
             if word == 3 {
                 e[3] &= 1; // Only the mask bit is writable in vector control.
-                let masked = e[3] & 1 != 0;
-                shared.set_mask(vec, MASK_TABLE, masked);
-                if !masked && !unmasked.contains(&vec) {
-                    let _ = unmasked.push(vec);
-                }
             }
         }
-        unmasked
     }
 }
 
@@ -169,41 +165,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mask_pending_unmask() {
+    fn vfio_mask_pends_and_unmask_delivers() {
         let s = MsixShared::new(3);
-        let mut t = MsixTable::new(3);
-        assert!(!s.deliverable_or_pend(1), "reset state is masked");
+        let t = MsixTable::new(3);
+        assert!(s.deliverable_or_pend(1), "reset state delivers");
+        s.set_vfio_mask(1, true);
+        assert!(!s.deliverable_or_pend(1));
         let mut pba = [0u8; 1];
         t.read(&s, PBA_OFFSET, &mut pba);
         assert_eq!(pba[0], 0b010);
-        let un = t.write(&s, 16 + 12, &0u32.to_le_bytes());
-        assert_eq!(un.as_slice(), &[1]);
-        assert!(s.take_pending_if_unmasked(1));
-        assert!(!s.take_pending_if_unmasked(1));
-        assert!(s.deliverable_or_pend(1));
-        s.set_function_mask(true);
-        assert!(!s.deliverable_or_pend(1));
-        s.set_function_mask(false);
-        s.set_vfio_mask(1, true);
-        assert!(!s.deliverable_or_pend(1));
+        assert!(!s.take_pending_if_unmasked(1), "still masked");
         s.set_vfio_mask(1, false);
         assert!(s.take_pending_if_unmasked(1));
+        assert!(!s.take_pending_if_unmasked(1));
         assert!(!s.deliverable_or_pend(7), "out-of-range vector never fires");
+        s.set_vfio_mask(2, true);
+        s.reset();
+        assert!(s.deliverable_or_pend(2));
     }
 
     #[test]
     fn table_words_roundtrip() {
         let s = MsixShared::new(2);
         let mut t = MsixTable::new(2);
-        t.write(&s, 16, &0xfee0_1000u32.to_le_bytes());
-        t.write(&s, 16 + 8, &0x4041u32.to_le_bytes());
-        t.write(&s, 16 + 12, &0xffff_ffffu32.to_le_bytes());
+        t.write(16, &0xfee0_1000u32.to_le_bytes());
+        t.write(16 + 8, &0x4041u32.to_le_bytes());
+        t.write(16 + 12, &0xffff_ffffu32.to_le_bytes());
         let mut b = [0u8; 16];
         t.read(&s, 16, &mut b);
         assert_eq!(&b[0..4], &0xfee0_1000u32.to_le_bytes());
         assert_eq!(&b[8..12], &0x4041u32.to_le_bytes());
-        assert_eq!(&b[12..16], &1u32.to_le_bytes(), "reserved control bits read as zero");
-        t.write(&s, PBA_OFFSET, &[0xff]);
+        assert_eq!(
+            &b[12..16],
+            &1u32.to_le_bytes(),
+            "reserved control bits read as zero"
+        );
+        t.write(PBA_OFFSET, &[0xff]);
         t.read(&s, PBA_OFFSET, &mut b[..1]);
         assert_eq!(b[0], 0, "PBA is read-only");
     }

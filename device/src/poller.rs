@@ -1,0 +1,443 @@
+//! The data plane: poller threads that own virtqueues and serve them by polling.
+//!
+//! Each poller owns a disjoint set of queues by value (`&mut`, no lock) and runs rounds: take the
+//! requests the driver made available, hand each validated chain to the [`RequestHandler`], push
+//! the used entries, publish the used index once per queue per round, then decide interrupts per
+//! EVENT_IDX/NO_INTERRUPT and write each needed MSI-X eventfd once. Doorbells are never waited for:
+//! the rings are polled (the notify area is plain shared memory). After `idle_spin_us` without
+//! work a poller backs off to short sleeps (at most `idle_sleep_us`) so that many devices can share
+//! few cores; any control message wakes it at once.
+//!
+//! The control plane talks to pollers only by messages ([`PollerSet`]): start/stop queues, a new
+//! guest-memory snapshot, new interrupt eventfds. Every message is acknowledged after the poller
+//! applied it *between* two requests, so once all pollers acknowledged a new memory snapshot no
+//! request can still be using the old one: that is when DMA_UNMAP may be answered.
+
+use std::fs::File;
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use log::{debug, error, warn};
+use vm_memory::VolatileSlice;
+
+use crate::config::Profile;
+use crate::memory::GuestMem;
+use crate::pci::features;
+use crate::pci::msix::MsixShared;
+use crate::pci::{QueueConfig, NO_VECTOR};
+use crate::queue::{QueueError, SplitQueue};
+
+/// Serves one request. Implemented by the FUSE server glue; the device knows nothing of FUSE.
+pub trait RequestHandler: Send + Sync + 'static {
+    /// Handles the request on `queue` whose device-readable buffers are `readable` and
+    /// device-writable buffers are `writable`; returns the number of bytes written (the used
+    /// length). Must not block for long: it runs on a poller that serves other queues too.
+    fn handle(
+        &self,
+        queue: u16,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+    ) -> u32;
+}
+
+/// MSI-X eventfds by vector number, as set by DEVICE_SET_IRQS.
+pub type Irqs = Arc<[Option<File>]>;
+
+/// Most requests a poller takes from one queue per round before moving to the next queue.
+const ROUND_BUDGET: u16 = 64;
+
+/// Per-queue counters, readable while the device runs.
+#[derive(Debug)]
+pub struct QueueStats {
+    requests: Box<[AtomicU64]>,
+    bad_chains: Box<[AtomicU64]>,
+    interrupts: Box<[AtomicU64]>,
+}
+
+impl QueueStats {
+    fn new(queues: usize) -> Self {
+        let zeros = || (0..queues).map(|_| AtomicU64::new(0)).collect();
+        QueueStats {
+            requests: zeros(),
+            bad_chains: zeros(),
+            interrupts: zeros(),
+        }
+    }
+
+    /// Requests completed on each queue (index 0 = hiprio).
+    pub fn requests(&self) -> Vec<u64> {
+        self.requests
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Requests failed for a malformed descriptor chain, per queue.
+    pub fn bad_chains(&self) -> Vec<u64> {
+        self.bad_chains
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Interrupts sent per queue.
+    pub fn interrupts(&self) -> Vec<u64> {
+        self.interrupts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
+    }
+}
+
+enum Msg {
+    Start {
+        queues: Vec<QueueConfig>,
+        features: u64,
+    },
+    Stop,
+    Memory(Arc<GuestMem>),
+    Irqs(Irqs),
+    Shutdown,
+}
+
+/// What pollers tell the control plane.
+#[derive(Debug)]
+enum Event {
+    Ack { seq: u64 },
+    Broken(QueueError),
+}
+
+struct PollerThread {
+    tx: Sender<(u64, Msg)>,
+    join: Option<JoinHandle<()>>,
+}
+
+/// The control plane's handle on all pollers of one device.
+pub struct PollerSet {
+    pollers: Vec<PollerThread>,
+    events: Receiver<Event>,
+    seq: u64,
+    broken: Vec<QueueError>,
+    stats: Arc<QueueStats>,
+}
+
+struct Ctx {
+    id: usize,
+    core: Option<usize>,
+    rx: Receiver<(u64, Msg)>,
+    events: Sender<Event>,
+    wake_control: Arc<dyn Fn() + Send + Sync>,
+    handler: Arc<dyn RequestHandler>,
+    msix: Arc<MsixShared>,
+    stats: Arc<QueueStats>,
+    spin: Duration,
+    sleep: Duration,
+}
+
+impl PollerSet {
+    /// Starts the pollers `profile` asks for. `wake_control` is called after a poller reports a
+    /// broken queue, so the control plane can set DEVICE_NEEDS_RESET.
+    pub fn spawn(
+        profile: &Profile,
+        handler: Arc<dyn RequestHandler>,
+        msix: Arc<MsixShared>,
+        wake_control: Arc<dyn Fn() + Send + Sync>,
+    ) -> std::io::Result<Self> {
+        let (ev_tx, ev_rx) = channel();
+        let stats = Arc::new(QueueStats::new(usize::from(profile.request_queues) + 1));
+        let cores: Vec<Option<usize>> = if profile.poller_cores.is_empty() {
+            vec![None]
+        } else {
+            profile.poller_cores.iter().map(|&c| Some(c)).collect()
+        };
+        let mut pollers = Vec::new();
+        for (id, core) in cores.into_iter().enumerate() {
+            let (tx, rx) = channel();
+            let ctx = Ctx {
+                id,
+                core,
+                rx,
+                events: ev_tx.clone(),
+                wake_control: wake_control.clone(),
+                handler: handler.clone(),
+                msix: msix.clone(),
+                stats: stats.clone(),
+                spin: Duration::from_micros(profile.idle_spin_us),
+                sleep: Duration::from_micros(profile.idle_sleep_us),
+            };
+            let join = std::thread::Builder::new()
+                .name(format!("poller-{id}"))
+                .stack_size(4 << 20)
+                .spawn(move || run(ctx))?;
+            pollers.push(PollerThread {
+                tx,
+                join: Some(join),
+            });
+        }
+        Ok(PollerSet {
+            pollers,
+            events: ev_rx,
+            seq: 0,
+            broken: Vec::new(),
+            stats,
+        })
+    }
+
+    /// The per-queue counters.
+    pub fn stats(&self) -> &Arc<QueueStats> {
+        &self.stats
+    }
+
+    /// Sends one message to each poller (built by `make`) and waits until all have applied it.
+    fn broadcast(&mut self, mut make: impl FnMut(usize) -> Msg) {
+        self.seq += 1;
+        let seq = self.seq;
+        let mut waiting = 0;
+        for (i, p) in self.pollers.iter().enumerate() {
+            if p.tx.send((seq, make(i))).is_ok() {
+                if let Some(j) = &p.join {
+                    j.thread().unpark();
+                }
+                waiting += 1;
+            }
+        }
+        let started = Instant::now();
+        while waiting > 0 {
+            match self.events.recv_timeout(Duration::from_secs(1)) {
+                Ok(Event::Ack { seq: s }) if s == seq => waiting -= 1,
+                Ok(Event::Ack { .. }) => {}
+                Ok(Event::Broken(e)) => self.broken.push(e),
+                Err(RecvTimeoutError::Timeout) => {
+                    warn!(
+                        "pollers slow to acknowledge (waiting {:?})",
+                        started.elapsed()
+                    );
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    error!("every poller has exited");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Starts serving `queues`, spread over the pollers (queue i goes to poller i mod P).
+    pub fn start(&mut self, queues: &[QueueConfig], features: u64) {
+        let n = self.pollers.len();
+        self.broadcast(|i| Msg::Start {
+            queues: queues
+                .iter()
+                .filter(|q| usize::from(q.index) % n == i)
+                .copied()
+                .collect(),
+            features,
+        });
+    }
+
+    /// Stops serving every queue (device reset); returns once no poller touches a ring.
+    pub fn stop(&mut self) {
+        self.broadcast(|_| Msg::Stop);
+    }
+
+    /// Publishes a new guest-memory snapshot; returns once no poller uses the previous one.
+    pub fn set_memory(&mut self, mem: &Arc<GuestMem>) {
+        self.broadcast(|_| Msg::Memory(mem.clone()));
+    }
+
+    /// Publishes new interrupt eventfds.
+    pub fn set_irqs(&mut self, irqs: &Irqs) {
+        self.broadcast(|_| Msg::Irqs(irqs.clone()));
+    }
+
+    /// Wakes every poller now (a doorbell arrived through the socket).
+    pub fn kick(&self) {
+        for p in &self.pollers {
+            if let Some(j) = &p.join {
+                j.thread().unpark();
+            }
+        }
+    }
+
+    /// Queues that pollers found corrupt since the last call.
+    pub fn take_broken(&mut self) -> Vec<QueueError> {
+        while let Ok(ev) = self.events.try_recv() {
+            if let Event::Broken(e) = ev {
+                self.broken.push(e);
+            }
+        }
+        std::mem::take(&mut self.broken)
+    }
+}
+
+impl Drop for PollerSet {
+    fn drop(&mut self) {
+        for p in &self.pollers {
+            let _ = p.tx.send((0, Msg::Shutdown));
+            if let Some(j) = &p.join {
+                j.thread().unpark();
+            }
+        }
+        for p in &mut self.pollers {
+            if let Some(j) = p.join.take() {
+                let _ = j.join();
+            }
+        }
+    }
+}
+
+struct Served {
+    queue: SplitQueue,
+    attached: bool,
+    broken: bool,
+}
+
+fn run(ctx: Ctx) {
+    if let Some(core) = ctx.core {
+        if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+            warn!("poller {}: cannot pin to core {core}", ctx.id);
+        }
+    }
+    let mut mem: Arc<GuestMem> = Arc::new(GuestMem::default());
+    let mut irqs: Irqs = Arc::from(Vec::new());
+    let mut queues: Vec<Served> = Vec::new();
+    let mut last_work = Instant::now();
+    loop {
+        while let Ok((seq, msg)) = ctx.rx.try_recv() {
+            match msg {
+                Msg::Start {
+                    queues: cfgs,
+                    features: f,
+                } => {
+                    queues = cfgs
+                        .into_iter()
+                        .filter_map(|c| ctx.new_queue(c, f))
+                        .collect();
+                    for q in &mut queues {
+                        ctx.attach(q, &mem);
+                    }
+                }
+                Msg::Stop => queues.clear(),
+                Msg::Memory(m) => {
+                    mem = m;
+                    for q in queues.iter_mut().filter(|q| !q.attached) {
+                        ctx.attach(q, &mem);
+                    }
+                }
+                Msg::Irqs(i) => irqs = i,
+                Msg::Shutdown => return,
+            }
+            let _ = ctx.events.send(Event::Ack { seq });
+        }
+        let mut work = 0usize;
+        for q in queues.iter_mut().filter(|q| q.attached && !q.broken) {
+            match ctx.serve(&mut q.queue, &mem) {
+                Ok(n) => work += n,
+                Err(QueueError::RingUnmapped(i)) => {
+                    // Guest memory is being remapped under a live queue; wait for the new map.
+                    debug!("queue {i}: ring not mapped, waiting for DMA_MAP");
+                    q.attached = false;
+                }
+                Err(e) => {
+                    q.broken = true;
+                    ctx.report(e);
+                }
+            }
+        }
+        for q in queues.iter_mut().filter(|q| q.attached && !q.broken) {
+            if q.queue.needs_interrupt(&mem) {
+                ctx.signal(&irqs, q.queue.vector(), q.queue.index());
+            }
+        }
+        if work > 0 {
+            last_work = Instant::now();
+        } else if queues.is_empty() {
+            std::thread::park_timeout(Duration::from_millis(100));
+        } else if last_work.elapsed() >= ctx.spin {
+            std::thread::park_timeout(ctx.sleep);
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+impl Ctx {
+    fn new_queue(&self, cfg: QueueConfig, f: u64) -> Option<Served> {
+        let event_idx = f & features::EVENT_IDX != 0;
+        let indirect = f & features::INDIRECT_DESC != 0;
+        match SplitQueue::new(cfg, event_idx, indirect) {
+            Ok(queue) => Some(Served {
+                queue,
+                attached: false,
+                broken: false,
+            }),
+            Err(e) => {
+                self.report(e);
+                None
+            }
+        }
+    }
+
+    fn attach(&self, q: &mut Served, mem: &GuestMem) {
+        match q.queue.attach(mem) {
+            Ok(()) => q.attached = true,
+            Err(QueueError::RingUnmapped(i)) => debug!("queue {i}: rings not mapped yet"),
+            Err(e) => {
+                q.broken = true;
+                self.report(e);
+            }
+        }
+    }
+
+    fn report(&self, e: QueueError) {
+        error!("poller {}: {e}; device needs reset", self.id);
+        let _ = self.events.send(Event::Broken(e));
+        (self.wake_control)();
+    }
+
+    fn serve(&self, q: &mut SplitQueue, mem: &GuestMem) -> Result<usize, QueueError> {
+        let n = q.pending(mem)?.min(ROUND_BUDGET);
+        let index = usize::from(q.index());
+        for _ in 0..n {
+            let head = q.pop_head(mem)?;
+            let len = match q.chain(mem, head) {
+                Ok(chain) => {
+                    let room: usize = chain.writable.iter().map(|s| s.len()).sum();
+                    let len = self
+                        .handler
+                        .handle(q.index(), &chain.readable, &chain.writable);
+                    len.min(u32::try_from(room).unwrap_or(u32::MAX))
+                }
+                Err(e) => {
+                    warn!("queue {index}: request {head} failed: {e}");
+                    self.stats.bad_chains[index].fetch_add(1, Ordering::Relaxed);
+                    0
+                }
+            };
+            q.push_used(mem, head, len)?;
+        }
+        if n > 0 {
+            q.publish_used(mem)?;
+            self.stats.requests[index].fetch_add(u64::from(n), Ordering::Relaxed);
+        }
+        Ok(usize::from(n))
+    }
+
+    fn signal(&self, irqs: &Irqs, vector: u16, queue: u16) {
+        if vector == NO_VECTOR {
+            return;
+        }
+        let v = usize::from(vector);
+        if self.msix.deliverable_or_pend(v) {
+            if let Some(Some(fd)) = irqs.get(v) {
+                if let Err(e) = (&*fd).write(&1u64.to_ne_bytes()) {
+                    warn!("queue {queue}: interrupt on vector {v} failed: {e}");
+                }
+                self.stats.interrupts[usize::from(queue)].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}

@@ -1,0 +1,926 @@
+//! The vfio-user server: accept loop, message framing, and one handler per command.
+//!
+//! Framing rules (the stream must never lose step with the client):
+//! - A header whose `msg_size` is below 16 is answered EINVAL and 16 bytes are consumed.
+//! - A message larger than we accept is answered E2BIG and its `msg_size` bytes are drained
+//!   without being buffered.
+//! - Otherwise the whole message is read, handled, and consumed, whatever the handler says.
+//!
+//! Error replies carry the real errno. A command with NO_REPLY gets no reply, not even on error
+//! (the error is logged). File descriptors travel with the first byte of the message they belong
+//! to; descriptors a command does not take are closed and the command fails with EINVAL.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, ErrorKind};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use log::{debug, error, info, warn};
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+use thiserror::Error;
+use vfio_bindings::bindings::vfio as vb;
+use vm_memory::ByteValued;
+
+use super::wire::{self, cmd, Header, HEADER_SIZE};
+use crate::config::Profile;
+use crate::memory::{self, DmaTable};
+use crate::pci::{self, features, DeviceEvent, VirtioFsFunction};
+use crate::poller::{Irqs, PollerSet, QueueStats, RequestHandler};
+
+/// Largest REGION_READ/WRITE count we accept and announce (`max_data_xfer_size`).
+pub const MAX_DATA_XFER: usize = 1 << 20;
+/// Largest message we accept: a REGION_WRITE of MAX_DATA_XFER bytes.
+const MAX_MSG_SIZE: usize = HEADER_SIZE + 16 + MAX_DATA_XFER;
+/// Largest VERSION JSON we parse.
+const MAX_VERSION_JSON: usize = 4096;
+
+const LISTENER: Token = Token(0);
+const CLIENT: Token = Token(1);
+const WAKER: Token = Token(2);
+
+/// Errors that stop the server (per-message errors are replies, not these).
+#[derive(Debug, Error)]
+pub enum ServerError {
+    /// Binding the socket failed.
+    #[error("cannot listen on {path}")]
+    Bind {
+        /// Socket path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Setting up the event loop, the notify memory or the pollers failed.
+    #[error("cannot set up the device")]
+    Setup(#[source] io::Error),
+    /// The event loop failed.
+    #[error("event loop failed")]
+    Poll(#[source] io::Error),
+}
+
+/// Stops a running [`Server`] from another thread (or a signal handler thread).
+#[derive(Clone)]
+pub struct StopHandle {
+    stop: Arc<AtomicBool>,
+    waker: Arc<Waker>,
+}
+
+impl StopHandle {
+    /// Asks the server to stop; [`Server::run`] returns soon after.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.waker.wake();
+    }
+}
+
+/// Control-plane state of the device, independent of any one connection.
+struct Device {
+    func: VirtioFsFunction,
+    dma: DmaTable,
+    pollers: PollerSet,
+    /// MSI-X eventfds by vector; INTx eventfd (never raised: MSI-X only device).
+    msix_fds: Vec<Option<File>>,
+    intx_fd: Option<File>,
+    notify_mem: File,
+}
+
+/// One connected client.
+struct Conn {
+    sock: UnixStream,
+    /// Bytes received and not yet consumed; `buf[0]` is at stream offset `base`.
+    buf: Vec<u8>,
+    base: u64,
+    /// Received descriptors with the stream offset of the byte they came with.
+    fds: VecDeque<(u64, File)>,
+    /// Stream offsets where the kernel dropped descriptors (too many in one message).
+    fd_overflow: Vec<u64>,
+    /// Bytes of an oversized message still to drop.
+    discard: u64,
+    negotiated: bool,
+}
+
+/// The vfio-user server of one virtio-fs device.
+pub struct Server {
+    path: PathBuf,
+    listener: UnixListener,
+    poll: Poll,
+    waker: Arc<Waker>,
+    stop: Arc<AtomicBool>,
+    dev: Device,
+    conn: Option<Conn>,
+}
+
+type Reply = (Vec<u8>, Vec<File>);
+
+/// Result of a command handler: reply payload (and fds), or an errno.
+type CmdResult = Result<Reply, i32>;
+
+fn ok_empty() -> CmdResult {
+    Ok((Vec::new(), Vec::new()))
+}
+
+impl Server {
+    /// Binds `path` (replacing a stale socket file) and starts the pollers of a device shaped by
+    /// `profile`, whose requests go to `handler`.
+    pub fn bind(
+        path: &Path,
+        profile: &Profile,
+        handler: Arc<dyn RequestHandler>,
+    ) -> Result<Self, ServerError> {
+        let bind_err = |source| ServerError::Bind {
+            path: path.display().to_string(),
+            source,
+        };
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            use std::os::unix::fs::FileTypeExt;
+            if meta.file_type().is_socket() {
+                std::fs::remove_file(path).map_err(bind_err)?;
+            }
+        }
+        let listener = UnixListener::bind(path).map_err(bind_err)?;
+        listener.set_nonblocking(true).map_err(ServerError::Setup)?;
+        let poll = Poll::new().map_err(ServerError::Setup)?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(ServerError::Setup)?);
+        poll.registry()
+            .register(
+                &mut SourceFd(&listener.as_raw_fd()),
+                LISTENER,
+                Interest::READABLE,
+            )
+            .map_err(ServerError::Setup)?;
+        let offered = features::EVENT_IDX | features::INDIRECT_DESC;
+        let func = VirtioFsFunction::new(
+            &profile.tag,
+            profile.request_queues,
+            profile.queue_size,
+            offered,
+        );
+        let w = waker.clone();
+        let pollers = PollerSet::spawn(
+            profile,
+            handler,
+            func.msix().clone(),
+            Arc::new(move || {
+                let _ = w.wake();
+            }),
+        )
+        .map_err(ServerError::Setup)?;
+        let notify_mem =
+            memory::memfd("virtiofs-notify", pci::VIRTIO_BAR_SIZE).map_err(ServerError::Setup)?;
+        let vectors = func.msix().len();
+        Ok(Server {
+            path: path.to_path_buf(),
+            listener,
+            poll,
+            waker: waker.clone(),
+            stop: Arc::new(AtomicBool::new(false)),
+            dev: Device {
+                func,
+                dma: DmaTable::default(),
+                pollers,
+                msix_fds: (0..vectors).map(|_| None).collect(),
+                intx_fd: None,
+                notify_mem,
+            },
+            conn: None,
+        })
+    }
+
+    /// A handle that stops [`Server::run`].
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle {
+            stop: self.stop.clone(),
+            waker: self.waker.clone(),
+        }
+    }
+
+    /// Per-queue counters.
+    pub fn stats(&self) -> Arc<QueueStats> {
+        self.dev.pollers.stats().clone()
+    }
+
+    /// Serves clients, one at a time, until stopped.
+    pub fn run(mut self) -> Result<Arc<QueueStats>, ServerError> {
+        info!("listening on {}", self.path.display());
+        let mut events = Events::with_capacity(16);
+        while !self.stop.load(Ordering::SeqCst) {
+            if let Err(e) = self.poll.poll(&mut events, None) {
+                if e.kind() == ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(ServerError::Poll(e));
+            }
+            for ev in events.iter() {
+                match ev.token() {
+                    LISTENER => self.accept(),
+                    CLIENT => self.client_ready(),
+                    WAKER => self.dev.handle_broken_queues(),
+                    _ => {}
+                }
+            }
+        }
+        info!("stopping");
+        self.disconnect();
+        let _ = std::fs::remove_file(&self.path);
+        Ok(self.dev.pollers.stats().clone())
+    }
+
+    fn accept(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((sock, _)) => {
+                    if self.conn.is_some() {
+                        warn!("a client is already connected; refusing another");
+                        continue; // dropping `sock` closes it
+                    }
+                    if let Err(e) = self.attach(sock) {
+                        error!("cannot serve new client: {e}");
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    error!("accept: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn attach(&mut self, sock: UnixStream) -> io::Result<()> {
+        // Receives use MSG_DONTWAIT; replies block, bounded by a send timeout.
+        sock.set_nonblocking(false)?;
+        sock.set_write_timeout(Some(Duration::from_secs(5)))?;
+        self.poll.registry().register(
+            &mut SourceFd(&sock.as_raw_fd()),
+            CLIENT,
+            Interest::READABLE,
+        )?;
+        info!("client connected");
+        self.conn = Some(Conn {
+            sock,
+            buf: Vec::with_capacity(64 << 10),
+            base: 0,
+            fds: VecDeque::new(),
+            fd_overflow: Vec::new(),
+            discard: 0,
+            negotiated: false,
+        });
+        Ok(())
+    }
+
+    /// Drops the client and returns the device to its power-on state (keeping the listener).
+    fn disconnect(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            let _ = self
+                .poll
+                .registry()
+                .deregister(&mut SourceFd(&conn.sock.as_raw_fd()));
+            info!("client disconnected; resetting device");
+        }
+        self.dev.reset_all();
+    }
+
+    fn client_ready(&mut self) {
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        let mut eof = false;
+        let mut chunk = vec![0u8; 64 << 10];
+        loop {
+            let mut fds = Vec::new();
+            match wire::recv_with_fds(&conn.sock, &mut chunk, &mut fds) {
+                Ok(r) if r.bytes == 0 => {
+                    eof = true;
+                    break;
+                }
+                Ok(r) => {
+                    let at = conn.base + conn.buf.len() as u64;
+                    if r.truncated_fds {
+                        conn.fd_overflow.push(at);
+                    }
+                    conn.fds.extend(fds.into_iter().map(|f| (at, f)));
+                    conn.buf.extend_from_slice(&chunk[..r.bytes]);
+                    // Drain what we have before reading more, so the buffer stays bounded.
+                    if conn.buf.len() >= MAX_MSG_SIZE {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    warn!("receive failed: {e}");
+                    eof = true;
+                    break;
+                }
+            }
+        }
+        let alive = self.process();
+        if eof || !alive {
+            self.disconnect();
+        } else if self
+            .conn
+            .as_ref()
+            .is_some_and(|c| c.buf.len() >= MAX_MSG_SIZE)
+        {
+            // More is waiting in the socket; the level-triggered... mio is edge-triggered: go again.
+            self.client_ready();
+        }
+    }
+
+    /// Handles every complete message in the buffer. Returns false if the client must be dropped.
+    fn process(&mut self) -> bool {
+        loop {
+            let Some(conn) = self.conn.as_mut() else {
+                return false;
+            };
+            if conn.discard > 0 {
+                let n = conn.discard.min(conn.buf.len() as u64) as usize;
+                conn.consume(n);
+                conn.discard -= n as u64;
+                if conn.discard > 0 {
+                    return true;
+                }
+                continue;
+            }
+            let Some(hdr) = wire::read_obj::<Header>(&conn.buf) else {
+                return true;
+            };
+            let size = hdr.msg_size as usize;
+            if hdr.flags & wire::FLAG_TYPE_MASK != wire::FLAG_COMMAND {
+                warn!(
+                    "message {} from the client is not a command (flags {:#x})",
+                    hdr.msg_id, hdr.flags
+                );
+                let take = size.clamp(HEADER_SIZE, MAX_MSG_SIZE);
+                if conn.buf.len() < take {
+                    return true;
+                }
+                conn.consume(take);
+                continue;
+            }
+            if size < HEADER_SIZE {
+                warn!(
+                    "message {}: size {size} is smaller than a header",
+                    hdr.msg_id
+                );
+                let r = conn.reply(&hdr, Err(libc::EINVAL));
+                conn.consume(HEADER_SIZE);
+                if r.is_err() {
+                    return false;
+                }
+                continue;
+            }
+            if size > MAX_MSG_SIZE {
+                warn!("message {}: size {size} exceeds {MAX_MSG_SIZE}", hdr.msg_id);
+                let r = conn.reply(&hdr, Err(libc::E2BIG));
+                conn.discard = size as u64;
+                if r.is_err() {
+                    return false;
+                }
+                continue;
+            }
+            if conn.buf.len() < size {
+                return true;
+            }
+            let end = conn.base + size as u64;
+            let mut fds = Vec::new();
+            while conn.fds.front().is_some_and(|(at, _)| *at < end) {
+                if let Some((_, f)) = conn.fds.pop_front() {
+                    fds.push(f);
+                }
+            }
+            let overflow = conn.fd_overflow.iter().any(|&at| at < end);
+            conn.fd_overflow.retain(|&at| at >= end);
+            let payload = conn.buf[HEADER_SIZE..size].to_vec();
+            let negotiated = conn.negotiated;
+            let result = if overflow {
+                Err(libc::EINVAL)
+            } else if hdr.command != cmd::VERSION && !negotiated {
+                warn!("command {} before VERSION", hdr.command);
+                Err(libc::EINVAL)
+            } else {
+                self.dispatch(&hdr, &payload, fds)
+            };
+            let Some(conn) = self.conn.as_mut() else {
+                return false;
+            };
+            if hdr.command == cmd::VERSION && result.is_ok() {
+                conn.negotiated = true;
+            }
+            if let Err(errno) = &result {
+                debug!(
+                    "command {} (msg {}) failed: errno {errno}",
+                    hdr.command, hdr.msg_id
+                );
+            }
+            let r = conn.reply(&hdr, result);
+            conn.consume(size);
+            if let Err(e) = r {
+                warn!("cannot send reply: {e}");
+                return false;
+            }
+        }
+    }
+
+    fn dispatch(&mut self, hdr: &Header, payload: &[u8], fds: Vec<File>) -> CmdResult {
+        let takes_fds = matches!(hdr.command, cmd::DMA_MAP | cmd::DEVICE_SET_IRQS);
+        if !takes_fds && !fds.is_empty() {
+            warn!(
+                "command {} came with {} unexpected file descriptors",
+                hdr.command,
+                fds.len()
+            );
+            return Err(libc::EINVAL);
+        }
+        let negotiated = self.conn.as_ref().is_some_and(|c| c.negotiated);
+        match hdr.command {
+            cmd::VERSION if negotiated => Err(libc::EINVAL),
+            cmd::VERSION => version(payload),
+            cmd::DMA_MAP => self.dev.dma_map(payload, fds),
+            cmd::DMA_UNMAP => self.dev.dma_unmap(payload),
+            cmd::DEVICE_GET_INFO => device_info(payload),
+            cmd::DEVICE_GET_REGION_INFO => self.dev.region_info(payload),
+            cmd::DEVICE_GET_IRQ_INFO => self.dev.irq_info(payload),
+            cmd::DEVICE_SET_IRQS => self.dev.set_irqs(payload, fds),
+            cmd::REGION_READ => self.dev.region_read(payload),
+            cmd::REGION_WRITE => self.dev.region_write(payload),
+            cmd::DEVICE_RESET if payload.is_empty() => {
+                self.dev.device_reset();
+                ok_empty()
+            }
+            cmd::DEVICE_RESET => Err(libc::EINVAL),
+            cmd::DEVICE_GET_REGION_IO_FDS | cmd::REGION_WRITE_MULTI | cmd::DEVICE_FEATURE => {
+                Err(libc::ENOTSUP)
+            }
+            other => {
+                warn!("unknown command {other}");
+                Err(libc::ENOSYS)
+            }
+        }
+    }
+}
+
+impl Conn {
+    fn consume(&mut self, n: usize) {
+        self.buf.drain(..n);
+        self.base += n as u64;
+        let base = self.base;
+        while self.fds.front().is_some_and(|(at, _)| *at < base) {
+            self.fds.pop_front(); // descriptors of consumed bytes that no command took
+        }
+    }
+
+    fn reply(&self, req: &Header, result: CmdResult) -> io::Result<()> {
+        if req.flags & wire::FLAG_NO_REPLY != 0 {
+            return Ok(());
+        }
+        let (payload, fds, flags, error) = match result {
+            Ok((p, f)) => (p, f, wire::FLAG_REPLY, 0),
+            Err(errno) => (
+                Vec::new(),
+                Vec::new(),
+                wire::FLAG_REPLY | wire::FLAG_ERROR,
+                errno as u32,
+            ),
+        };
+        let hdr = Header {
+            msg_id: req.msg_id,
+            command: req.command,
+            msg_size: (HEADER_SIZE + payload.len()) as u32,
+            flags,
+            error,
+        };
+        let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        let total = HEADER_SIZE + payload.len();
+        let mut sent = wire::send_with_fds(&self.sock, &[hdr.as_slice(), &payload], &raw)?;
+        // A large reply may go out in pieces; the descriptors went with the first one.
+        while sent < total {
+            let (h, p) = (hdr.as_slice(), payload.as_slice());
+            let rest: Vec<u8> = h.iter().chain(p.iter()).skip(sent).copied().collect();
+            sent += wire::send_with_fds(&self.sock, &[&rest], &[])?;
+        }
+        Ok(())
+    }
+}
+
+fn version(payload: &[u8]) -> CmdResult {
+    let v = wire::read_obj::<wire::Version>(payload).ok_or(libc::EINVAL)?;
+    if v.major != 0 {
+        warn!(
+            "client wants protocol {}.{}; we speak 0.x",
+            v.major, v.minor
+        );
+        return Err(libc::ENOTSUP);
+    }
+    let json = &payload[4..];
+    if json.len() > MAX_VERSION_JSON {
+        return Err(libc::E2BIG);
+    }
+    if !json.is_empty() {
+        let text = json.strip_suffix(&[0]).ok_or(libc::EINVAL)?;
+        let value: serde_json::Value = serde_json::from_slice(text).map_err(|e| {
+            warn!("malformed VERSION JSON: {e}");
+            libc::EINVAL
+        })?;
+        let obj = value.as_object().ok_or(libc::EINVAL)?;
+        if let Some(caps) = obj.get("capabilities") {
+            let caps = caps.as_object().ok_or(libc::EINVAL)?;
+            for key in [
+                "max_msg_fds",
+                "max_data_xfer_size",
+                "pgsizes",
+                "max_dma_maps",
+            ] {
+                if caps.get(key).is_some_and(|v| !v.is_u64()) {
+                    warn!("VERSION capability {key} is not a number");
+                    return Err(libc::EINVAL);
+                }
+            }
+            if caps
+                .get("pgsizes")
+                .and_then(|v| v.as_u64())
+                .is_some_and(|p| p & 4096 == 0)
+            {
+                warn!("client does not support 4 KiB pages");
+                return Err(libc::EINVAL);
+            }
+        }
+    }
+    let caps = serde_json::json!({
+        "capabilities": {
+            "max_msg_fds": wire::MAX_MSG_FDS,
+            "max_data_xfer_size": MAX_DATA_XFER,
+            "pgsizes": 4096,
+            "max_dma_maps": memory::MAX_DMA_MAPS,
+        }
+    });
+    let mut out = wire::Version {
+        major: 0,
+        minor: v.minor.min(1),
+    }
+    .as_slice()
+    .to_vec();
+    out.extend_from_slice(caps.to_string().as_bytes());
+    out.push(0);
+    Ok((out, Vec::new()))
+}
+
+fn device_info(payload: &[u8]) -> CmdResult {
+    let req = wire::read_obj::<wire::DeviceInfo>(payload).ok_or(libc::EINVAL)?;
+    if payload.len() != 16 || (req.argsz as usize) < 16 {
+        return Err(libc::EINVAL);
+    }
+    let info = wire::DeviceInfo {
+        argsz: 16,
+        flags: vb::VFIO_DEVICE_FLAGS_RESET | vb::VFIO_DEVICE_FLAGS_PCI,
+        num_regions: vb::VFIO_PCI_NUM_REGIONS,
+        num_irqs: vb::VFIO_PCI_NUM_IRQS,
+    };
+    Ok((info.as_slice().to_vec(), Vec::new()))
+}
+
+impl Device {
+    /// Back to power-on: queues stopped, no DMA windows, no interrupts, registers reset.
+    fn reset_all(&mut self) {
+        self.func.reset();
+        self.pollers.stop();
+        self.dma.clear();
+        self.pollers.set_memory(&self.dma.snapshot());
+        self.msix_fds.iter_mut().for_each(|f| *f = None);
+        self.intx_fd = None;
+        self.publish_irqs();
+    }
+
+    fn device_reset(&mut self) {
+        info!("device reset");
+        self.func.reset();
+        self.pollers.stop();
+    }
+
+    fn publish_irqs(&mut self) {
+        let irqs: Irqs = self
+            .msix_fds
+            .iter()
+            .map(|f| f.as_ref().and_then(|f| f.try_clone().ok()))
+            .collect();
+        self.pollers.set_irqs(&irqs);
+    }
+
+    fn signal(&self, vector: u16) {
+        let v = usize::from(vector);
+        if self.func.msix().deliverable_or_pend(v) {
+            if let Some(Some(f)) = self.msix_fds.get(v) {
+                use std::io::Write;
+                let _ = (&*f).write(&1u64.to_ne_bytes());
+            }
+        }
+    }
+
+    fn handle_broken_queues(&mut self) {
+        let broken = self.pollers.take_broken();
+        if broken.is_empty() {
+            return;
+        }
+        for e in &broken {
+            warn!("{e}: setting DEVICE_NEEDS_RESET");
+        }
+        if let Some(v) = self.func.set_needs_reset() {
+            self.signal(v);
+        }
+    }
+
+    fn dma_map(&mut self, payload: &[u8], mut fds: Vec<File>) -> CmdResult {
+        let m = wire::read_obj::<wire::DmaMap>(payload).ok_or(libc::EINVAL)?;
+        if payload.len() != 32 || m.argsz != 32 || fds.len() > 1 || m.flags & !3 != 0 {
+            return Err(libc::EINVAL);
+        }
+        let file = fds.pop();
+        let has_fd = file.is_some();
+        debug!(
+            "DMA_MAP {:#x}+{:#x} offset {:#x} fd {}",
+            m.address, m.size, m.offset, has_fd
+        );
+        self.dma
+            .map(m.address, m.size, m.offset, file)
+            .map_err(|e| {
+                warn!("DMA_MAP: {e}");
+                e.errno()
+            })?;
+        if has_fd {
+            self.pollers.set_memory(&self.dma.snapshot());
+        }
+        ok_empty()
+    }
+
+    fn dma_unmap(&mut self, payload: &[u8]) -> CmdResult {
+        let u = wire::read_obj::<wire::DmaUnmap>(payload).ok_or(libc::EINVAL)?;
+        if payload.len() != 24 || (u.argsz as usize) < 24 {
+            return Err(libc::EINVAL);
+        }
+        match u.flags {
+            0 => {
+                self.dma.unmap(u.address, u.size).map_err(|e| {
+                    warn!("DMA_UNMAP: {e}");
+                    e.errno()
+                })?;
+            }
+            vb::VFIO_DMA_UNMAP_FLAG_ALL if u.address == 0 && u.size == 0 => self.dma.clear(),
+            vb::VFIO_DMA_UNMAP_FLAG_GET_DIRTY_BITMAP => return Err(libc::ENOTSUP),
+            _ => return Err(libc::EINVAL),
+        }
+        // Answer only once no poller can still touch the removed windows.
+        self.pollers.set_memory(&self.dma.snapshot());
+        let reply = wire::DmaUnmap { argsz: 24, ..u };
+        Ok((reply.as_slice().to_vec(), Vec::new()))
+    }
+
+    fn region_info(&mut self, payload: &[u8]) -> CmdResult {
+        let req = wire::read_obj::<wire::RegionInfo>(payload).ok_or(libc::EINVAL)?;
+        if payload.len() != 32 || (req.argsz as usize) < 32 || req.index >= vb::VFIO_PCI_NUM_REGIONS
+        {
+            return Err(libc::EINVAL);
+        }
+        let size = self.func.region_size(req.index);
+        let mut info = wire::RegionInfo {
+            argsz: 32,
+            flags: 0,
+            index: req.index,
+            cap_offset: 0,
+            size,
+            offset: 0,
+        };
+        if size > 0 {
+            info.flags = vb::VFIO_REGION_INFO_FLAG_READ | vb::VFIO_REGION_INFO_FLAG_WRITE;
+        }
+        let mut caps = Vec::new();
+        let mut fds = Vec::new();
+        if req.index == pci::VIRTIO_BAR {
+            // The notify page is mmappable: guest doorbells land in shared memory, never on the socket.
+            info.flags |= vb::VFIO_REGION_INFO_FLAG_MMAP | vb::VFIO_REGION_INFO_FLAG_CAPS;
+            info.cap_offset = 32;
+            let cap = wire::SparseMmapCap {
+                id: vb::VFIO_REGION_INFO_CAP_SPARSE_MMAP as u16,
+                version: 1,
+                next: 0,
+                nr_areas: 1,
+                reserved: 0,
+            };
+            let area = wire::SparseArea {
+                offset: pci::NOTIFY_OFFSET,
+                size: pci::NOTIFY_SIZE,
+            };
+            caps.extend_from_slice(cap.as_slice());
+            caps.extend_from_slice(area.as_slice());
+            info.argsz = (32 + caps.len()) as u32;
+            if req.argsz >= info.argsz {
+                fds.push(self.notify_mem.try_clone().map_err(|_| libc::EIO)?);
+            } else {
+                caps.clear(); // Too small: the client asks again with argsz.
+                info.cap_offset = 0;
+            }
+        }
+        let mut out = info.as_slice().to_vec();
+        out.extend_from_slice(&caps);
+        Ok((out, fds))
+    }
+
+    fn irq_info(&mut self, payload: &[u8]) -> CmdResult {
+        let req = wire::read_obj::<wire::IrqInfo>(payload).ok_or(libc::EINVAL)?;
+        if payload.len() != 16 || (req.argsz as usize) < 16 || req.index >= vb::VFIO_PCI_NUM_IRQS {
+            return Err(libc::EINVAL);
+        }
+        let (flags, count) = self.irq_shape(req.index);
+        let info = wire::IrqInfo {
+            argsz: 16,
+            flags,
+            index: req.index,
+            count,
+        };
+        Ok((info.as_slice().to_vec(), Vec::new()))
+    }
+
+    fn irq_shape(&self, index: u32) -> (u32, u32) {
+        match index {
+            vb::VFIO_PCI_INTX_IRQ_INDEX => (
+                vb::VFIO_IRQ_INFO_EVENTFD
+                    | vb::VFIO_IRQ_INFO_MASKABLE
+                    | vb::VFIO_IRQ_INFO_AUTOMASKED,
+                1,
+            ),
+            vb::VFIO_PCI_MSIX_IRQ_INDEX => (
+                vb::VFIO_IRQ_INFO_EVENTFD | vb::VFIO_IRQ_INFO_MASKABLE,
+                self.msix_fds.len() as u32,
+            ),
+            _ => (vb::VFIO_IRQ_INFO_EVENTFD, 0),
+        }
+    }
+
+    fn set_irqs(&mut self, payload: &[u8], fds: Vec<File>) -> CmdResult {
+        let s = wire::read_obj::<wire::IrqSet>(payload).ok_or(libc::EINVAL)?;
+        if s.argsz as usize != payload.len() || s.index >= vb::VFIO_PCI_NUM_IRQS {
+            return Err(libc::EINVAL);
+        }
+        let data_kind = s.flags & vb::VFIO_IRQ_SET_DATA_TYPE_MASK;
+        let action = s.flags & vb::VFIO_IRQ_SET_ACTION_TYPE_MASK;
+        let unknown =
+            s.flags & !(vb::VFIO_IRQ_SET_DATA_TYPE_MASK | vb::VFIO_IRQ_SET_ACTION_TYPE_MASK);
+        if unknown != 0 || !data_kind.is_power_of_two() || !action.is_power_of_two() {
+            return Err(libc::EINVAL);
+        }
+        let (_, count) = self.irq_shape(s.index);
+        let data = &payload[20..];
+        // count 0 with DATA_NONE + TRIGGER: disable every interrupt of the index.
+        if s.count == 0 {
+            if data_kind != vb::VFIO_IRQ_SET_DATA_NONE
+                || action != vb::VFIO_IRQ_SET_ACTION_TRIGGER
+                || s.start != 0
+                || !data.is_empty()
+                || !fds.is_empty()
+            {
+                return Err(libc::EINVAL);
+            }
+            match s.index {
+                vb::VFIO_PCI_MSIX_IRQ_INDEX => self.msix_fds.iter_mut().for_each(|f| *f = None),
+                vb::VFIO_PCI_INTX_IRQ_INDEX => self.intx_fd = None,
+                _ => {}
+            }
+            self.publish_irqs();
+            return ok_empty();
+        }
+        let end = s.start.checked_add(s.count).ok_or(libc::EINVAL)?;
+        if end > count {
+            return Err(libc::EINVAL);
+        }
+        let range = s.start as usize..end as usize;
+        let selected: Vec<bool> = match data_kind {
+            vb::VFIO_IRQ_SET_DATA_NONE if data.is_empty() && fds.is_empty() => {
+                vec![true; range.len()]
+            }
+            vb::VFIO_IRQ_SET_DATA_BOOL if data.len() == range.len() && fds.is_empty() => {
+                data.iter().map(|&b| b != 0).collect()
+            }
+            vb::VFIO_IRQ_SET_DATA_EVENTFD if data.is_empty() => Vec::new(),
+            _ => return Err(libc::EINVAL),
+        };
+        if data_kind == vb::VFIO_IRQ_SET_DATA_EVENTFD {
+            if action != vb::VFIO_IRQ_SET_ACTION_TRIGGER {
+                return Err(libc::ENOTSUP); // no mask/unmask notification eventfds
+            }
+            if !fds.is_empty() && fds.len() != range.len() {
+                return Err(libc::EINVAL);
+            }
+            if let Some(bad) = fds.iter().position(|f| !is_eventfd(f)) {
+                warn!("SET_IRQS: descriptor {bad} is not an eventfd");
+                return Err(libc::EINVAL);
+            }
+            let mut fds = fds.into_iter();
+            match s.index {
+                vb::VFIO_PCI_MSIX_IRQ_INDEX => {
+                    for v in range {
+                        self.msix_fds[v] = fds.next();
+                    }
+                    self.publish_irqs();
+                }
+                vb::VFIO_PCI_INTX_IRQ_INDEX => self.intx_fd = fds.next(),
+                _ => return Err(libc::EINVAL),
+            }
+            return ok_empty();
+        }
+        if s.index != vb::VFIO_PCI_MSIX_IRQ_INDEX {
+            return ok_empty(); // INTx is never raised; its mask state does not matter.
+        }
+        for (v, on) in range.zip(selected) {
+            if !on {
+                continue;
+            }
+            match action {
+                vb::VFIO_IRQ_SET_ACTION_MASK => self.func.msix().set_vfio_mask(v, true),
+                vb::VFIO_IRQ_SET_ACTION_UNMASK => {
+                    self.func.msix().set_vfio_mask(v, false);
+                    if self.func.msix().take_pending_if_unmasked(v) {
+                        self.signal(v as u16);
+                    }
+                }
+                _ => self.signal(v as u16),
+            }
+        }
+        ok_empty()
+    }
+
+    fn region_read(&mut self, payload: &[u8]) -> CmdResult {
+        let a = wire::read_obj::<wire::RegionAccess>(payload).ok_or(libc::EINVAL)?;
+        if payload.len() != 16 {
+            return Err(libc::EINVAL);
+        }
+        if a.count as usize > MAX_DATA_XFER {
+            return Err(libc::E2BIG);
+        }
+        let mut out = a.as_slice().to_vec();
+        let mut data = vec![0u8; a.count as usize];
+        self.access(a.region, a.offset, |f, r, o| {
+            if r == pci::VIRTIO_BAR && o >= pci::NOTIFY_OFFSET {
+                return Ok(()); // notify area reads as zero
+            }
+            f.read(r, o, &mut data)
+        })?;
+        out.extend_from_slice(&data);
+        Ok((out, Vec::new()))
+    }
+
+    fn region_write(&mut self, payload: &[u8]) -> CmdResult {
+        let a = wire::read_obj::<wire::RegionAccess>(payload).ok_or(libc::EINVAL)?;
+        if a.count as usize > MAX_DATA_XFER {
+            return Err(libc::E2BIG);
+        }
+        if payload.len() != 16 + a.count as usize {
+            return Err(libc::EINVAL);
+        }
+        let data = &payload[16..];
+        let event = self.access(a.region, a.offset, |f, r, o| f.write(r, o, data))?;
+        match event {
+            Some(DeviceEvent::Activate(act)) => {
+                info!(
+                    "driver ready: features {:#x}, {} queues",
+                    act.features,
+                    act.queues.len()
+                );
+                self.pollers.set_memory(&self.dma.snapshot());
+                self.pollers.start(&act.queues, act.features);
+            }
+            Some(DeviceEvent::Reset) => {
+                debug!("virtio reset by the driver");
+                self.pollers.stop();
+            }
+            Some(DeviceEvent::Notify(q)) => {
+                debug!("doorbell for queue {q} through the socket");
+                self.pollers.kick();
+            }
+            None => {}
+        }
+        Ok((a.as_slice()[..16].to_vec(), Vec::new()))
+    }
+
+    fn access<T>(
+        &mut self,
+        region: u32,
+        offset: u64,
+        op: impl FnOnce(&mut VirtioFsFunction, u32, u64) -> Result<T, pci::AccessError>,
+    ) -> Result<T, i32> {
+        op(&mut self.func, region, offset).map_err(|e| {
+            debug!("region access refused: {e}");
+            libc::EINVAL
+        })
+    }
+}
+
+/// Whether `f` is an eventfd (what an interrupt descriptor must be: we write 8 bytes to it).
+fn is_eventfd(f: &File) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd()))
+        .is_ok_and(|p| p.as_os_str() == "anon_inode:[eventfd]")
+}
