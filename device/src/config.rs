@@ -219,6 +219,21 @@ mod tests {
     }
 
     #[test]
+    fn shipped_profiles_are_valid() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hw-configs");
+        let mut n = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let p = Profile::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                assert!(!p.description.is_empty(), "{} has no description", path.display());
+                n += 1;
+            }
+        }
+        assert!(n >= 2, "profiles found: {n}");
+    }
+
+    #[test]
     fn unknown_and_mistyped_keys_are_rejected() {
         assert!(key_of("queue_sise = 128").contains("queue_sise"));
         assert!(key_of("queue_size = \"big\"").contains("queue_size"));
