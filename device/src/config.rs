@@ -225,8 +225,13 @@ mod tests {
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
             if path.extension().is_some_and(|e| e == "toml") {
-                let p = Profile::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-                assert!(!p.description.is_empty(), "{} has no description", path.display());
+                let p =
+                    Profile::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                assert!(
+                    !p.description.is_empty(),
+                    "{} has no description",
+                    path.display()
+                );
                 n += 1;
             }
         }

@@ -123,7 +123,9 @@ impl DmaTable {
         file: Option<File>,
     ) -> Result<(), MemoryError> {
         let end = address.checked_add(size);
-        let page_ok = address.is_multiple_of(4096) && size.is_multiple_of(4096) && offset.is_multiple_of(4096);
+        let page_ok = address.is_multiple_of(4096)
+            && size.is_multiple_of(4096)
+            && offset.is_multiple_of(4096);
         if size == 0 || end.is_none() || !page_ok || usize::try_from(size).is_err() {
             return Err(MemoryError::InvalidRange { address, size });
         }

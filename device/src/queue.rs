@@ -141,7 +141,9 @@ pub struct SplitQueue {
 impl SplitQueue {
     /// A queue as configured by the driver, checked for alignment and size.
     pub fn new(cfg: QueueConfig, event_idx: bool, indirect: bool) -> Result<Self, QueueError> {
-        let aligned = cfg.desc.is_multiple_of(16) && cfg.avail.is_multiple_of(2) && cfg.used.is_multiple_of(4);
+        let aligned = cfg.desc.is_multiple_of(16)
+            && cfg.avail.is_multiple_of(2)
+            && cfg.used.is_multiple_of(4);
         if !aligned || !cfg.size.is_power_of_two() {
             return Err(QueueError::BadConfig(cfg.index));
         }
