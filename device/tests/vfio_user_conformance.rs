@@ -848,7 +848,7 @@ fn set_irqs_assign_trigger_mask_disable() {
     )
     .ok();
     assert!(e1.read().is_err());
-    // Malformed: two data kinds, bool array of the wrong length, argsz disagreeing.
+    // Malformed: two data kinds, bool array of the wrong length, argsz too small.
     let both =
         vb::VFIO_IRQ_SET_DATA_NONE | vb::VFIO_IRQ_SET_DATA_BOOL | vb::VFIO_IRQ_SET_ACTION_TRIGGER;
     assert_eq!(errno(c.set_irqs(both, 0, 1, &[], &[])), libc::EINVAL);
@@ -863,7 +863,7 @@ fn set_irqs_assign_trigger_mask_disable() {
         libc::EINVAL
     );
     let p = wire::IrqSet {
-        argsz: 99,
+        argsz: 8,
         flags: trig_fd,
         index: 2,
         start: 0,

@@ -763,7 +763,9 @@ impl Device {
 
     fn set_irqs(&mut self, payload: &[u8], fds: Vec<File>) -> CmdResult {
         let s = wire::read_obj::<wire::IrqSet>(payload).ok_or(libc::EINVAL)?;
-        if s.argsz as usize != payload.len() || s.index >= vb::VFIO_PCI_NUM_IRQS {
+        // argsz is not checked against the payload: QEMU sends the kernel-style argsz (which counts
+        // the eventfd array) while the descriptors travel as SCM_RIGHTS, not in the payload.
+        if (s.argsz as usize) < 20 || s.index >= vb::VFIO_PCI_NUM_IRQS {
             return Err(libc::EINVAL);
         }
         let data_kind = s.flags & vb::VFIO_IRQ_SET_DATA_TYPE_MASK;
