@@ -10,7 +10,7 @@
 //!   0x10 BAR0 -                                0x14 BAR1 32-bit memory, MSI-X table + PBA (4 KiB)
 //!   0x20 BAR4+BAR5 64-bit prefetchable memory, virtio structures (16 KiB)
 //!   0x2c subsystem vendor 0x1af4 | subsystem 0x001a   0x34 capability pointer 0x40
-//!   0x3c interrupt line (RW) | interrupt pin INTA
+//!   0x3c interrupt line (RW) | interrupt pin 0 (no INTx: MSI-X only)
 //!   0x40 MSI-X capability (table in BAR1 @0, PBA in BAR1 @0x800)
 //!   0x4c virtio common cfg cap   -> BAR4 @0x0000, 0x38 bytes
 //!   0x5c virtio notify cap       -> BAR4 @0x3000, 4 KiB, notify_off_multiplier 4
@@ -246,7 +246,7 @@ impl VirtioFsFunction {
         put16(c, 0x2c, VENDOR_ID);
         put16(c, 0x2e, 26);
         c[0x34] = CAP_MSIX as u8;
-        c[0x3d] = 1; // INTA
+        c[0x3d] = 0; // no INTx: MSI-X only (an INTx we never raised would hang a fallback driver)
                      // MSI-X: table size N-1, table at BAR1+0, PBA at BAR1+0x800.
         c[CAP_MSIX] = 0x11;
         c[CAP_MSIX + 1] = CAP_COMMON as u8;

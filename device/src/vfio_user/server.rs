@@ -84,9 +84,8 @@ struct Device {
     func: VirtioFsFunction,
     dma: DmaTable,
     pollers: PollerSet,
-    /// MSI-X eventfds by vector; INTx eventfd (never raised: MSI-X only device).
+    /// MSI-X eventfds by vector (the device has no INTx, MSI or error/request interrupts).
     msix_fds: Vec<Option<File>>,
-    intx_fd: Option<File>,
     notify_mem: File,
 }
 
@@ -185,7 +184,6 @@ impl Server {
                 dma: DmaTable::default(),
                 pollers,
                 msix_fds: (0..vectors).map(|_| None).collect(),
-                intx_fd: None,
                 notify_mem,
             },
             conn: None,
@@ -593,7 +591,6 @@ impl Device {
         self.dma.clear();
         self.pollers.set_memory(&self.dma.snapshot());
         self.msix_fds.iter_mut().for_each(|f| *f = None);
-        self.intx_fd = None;
         self.publish_irqs();
     }
 
@@ -747,12 +744,6 @@ impl Device {
 
     fn irq_shape(&self, index: u32) -> (u32, u32) {
         match index {
-            vb::VFIO_PCI_INTX_IRQ_INDEX => (
-                vb::VFIO_IRQ_INFO_EVENTFD
-                    | vb::VFIO_IRQ_INFO_MASKABLE
-                    | vb::VFIO_IRQ_INFO_AUTOMASKED,
-                1,
-            ),
             vb::VFIO_PCI_MSIX_IRQ_INDEX => (
                 vb::VFIO_IRQ_INFO_EVENTFD | vb::VFIO_IRQ_INFO_MASKABLE,
                 self.msix_fds.len() as u32,
@@ -787,14 +778,13 @@ impl Device {
             {
                 return Err(libc::EINVAL);
             }
-            match s.index {
-                vb::VFIO_PCI_MSIX_IRQ_INDEX => self.msix_fds.iter_mut().for_each(|f| *f = None),
-                vb::VFIO_PCI_INTX_IRQ_INDEX => self.intx_fd = None,
-                _ => {}
+            if s.index == vb::VFIO_PCI_MSIX_IRQ_INDEX {
+                self.msix_fds.iter_mut().for_each(|f| *f = None);
+                self.publish_irqs();
             }
-            self.publish_irqs();
             return ok_empty();
         }
+        // Only MSI-X has vectors (the others have count 0), so past here the index is MSI-X.
         let end = s.start.checked_add(s.count).ok_or(libc::EINVAL)?;
         if end > count {
             return Err(libc::EINVAL);
@@ -822,20 +812,11 @@ impl Device {
                 return Err(libc::EINVAL);
             }
             let mut fds = fds.into_iter();
-            match s.index {
-                vb::VFIO_PCI_MSIX_IRQ_INDEX => {
-                    for v in range {
-                        self.msix_fds[v] = fds.next();
-                    }
-                    self.publish_irqs();
-                }
-                vb::VFIO_PCI_INTX_IRQ_INDEX => self.intx_fd = fds.next(),
-                _ => return Err(libc::EINVAL),
+            for v in range {
+                self.msix_fds[v] = fds.next();
             }
+            self.publish_irqs();
             return ok_empty();
-        }
-        if s.index != vb::VFIO_PCI_MSIX_IRQ_INDEX {
-            return ok_empty(); // INTx is never raised; its mask state does not matter.
         }
         for (v, on) in range.zip(selected) {
             if !on {
