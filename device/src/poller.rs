@@ -29,7 +29,7 @@ use crate::memory::GuestMem;
 use crate::pci::features;
 use crate::pci::msix::MsixShared;
 use crate::pci::{QueueConfig, NO_VECTOR};
-use crate::queue::{QueueError, SplitQueue};
+use crate::queue::{Chain, QueueError, SplitQueue};
 
 /// Serves one request. Implemented by the FUSE server glue; the device knows nothing of FUSE.
 pub trait RequestHandler: Send + Sync + 'static {
@@ -401,10 +401,11 @@ impl Ctx {
     fn serve(&self, q: &mut SplitQueue, mem: &GuestMem) -> Result<usize, QueueError> {
         let n = q.pending(mem)?.min(ROUND_BUDGET);
         let index = usize::from(q.index());
+        let mut chain = Chain::default();
         for _ in 0..n {
             let head = q.pop_head(mem)?;
-            let len = match q.chain(mem, head) {
-                Ok(chain) => {
+            let len = match q.chain(mem, head, &mut chain) {
+                Ok(()) => {
                     let room: usize = chain.writable.iter().map(|s| s.len()).sum();
                     let len = self
                         .handler

@@ -92,6 +92,7 @@ pub enum ChainError {
 }
 
 /// The buffers of one request, as guest-memory slices.
+#[derive(Default)]
 pub struct Chain<'m> {
     /// Head descriptor index (the id returned in the used ring).
     pub head: u16,
@@ -237,13 +238,17 @@ impl SplitQueue {
         Ok(head)
     }
 
-    /// Validates the chain starting at `head` and maps its buffers.
-    pub fn chain<'m>(&self, mem: &'m GuestMem, head: u16) -> Result<Chain<'m>, ChainError> {
-        let mut chain = Chain {
-            head,
-            readable: heapless::Vec::new(),
-            writable: heapless::Vec::new(),
-        };
+    /// Validates the chain starting at `head` and maps its buffers into `chain` (cleared first;
+    /// the caller reuses one `Chain` so that no 32 KiB buffer list is moved per request).
+    pub fn chain<'m>(
+        &self,
+        mem: &'m GuestMem,
+        head: u16,
+        chain: &mut Chain<'m>,
+    ) -> Result<(), ChainError> {
+        chain.head = head;
+        chain.readable.clear();
+        chain.writable.clear();
         let (mut table, mut table_len) = (self.cfg.desc, self.cfg.size);
         let mut index = head;
         let mut indirect = false;
@@ -286,7 +291,7 @@ impl SplitQueue {
                 push_slices(mem, d.addr, d.len, list)?;
             }
             if d.flags & DESC_F_NEXT == 0 {
-                return Ok(chain);
+                return Ok(());
             }
             if d.next >= table_len {
                 return Err(ChainError::BadIndex(d.next));
@@ -433,7 +438,8 @@ mod tests {
         make_avail(&mem, &[0]);
         assert_eq!(q.pending(&mem), Ok(1));
         let h = q.pop_head(&mem).unwrap();
-        let c = q.chain(&mem, h).unwrap();
+        let mut c = Chain::default();
+        q.chain(&mem, h, &mut c).unwrap();
         assert_eq!((c.readable.len(), c.writable.len()), (1, 1));
         assert_eq!((c.readable[0].len(), c.writable[0].len()), (40, 100));
         q.push_used(&mem, h, 16).unwrap();
@@ -452,7 +458,8 @@ mod tests {
         desc(&mem, 0x5000, 1, 0x9000, 4096, DESC_F_WRITE | DESC_F_NEXT, 2);
         desc(&mem, 0x5000, 2, 0xa000, 4096, DESC_F_WRITE, 0);
         desc(&mem, DESC, 3, 0x5000, 48, DESC_F_INDIRECT, 0);
-        let c = q.chain(&mem, 3).unwrap();
+        let mut c = Chain::default();
+        q.chain(&mem, 3, &mut c).unwrap();
         assert_eq!((c.readable.len(), c.writable.len()), (1, 2));
     }
 
@@ -462,38 +469,59 @@ mod tests {
         // Loop: 0 -> 1 -> 0.
         desc(&mem, DESC, 0, 0x8000, 8, DESC_F_NEXT, 1);
         desc(&mem, DESC, 1, 0x8000, 8, DESC_F_NEXT, 0);
-        assert_eq!(q.chain(&mem, 0).err(), Some(ChainError::Loop));
+        assert_eq!(
+            q.chain(&mem, 0, &mut Chain::default()).err(),
+            Some(ChainError::Loop)
+        );
         // next out of range.
         desc(&mem, DESC, 2, 0x8000, 8, DESC_F_NEXT, 99);
-        assert_eq!(q.chain(&mem, 2).err(), Some(ChainError::BadIndex(99)));
+        assert_eq!(
+            q.chain(&mem, 2, &mut Chain::default()).err(),
+            Some(ChainError::BadIndex(99))
+        );
         // readable after writable.
         desc(&mem, DESC, 3, 0x8000, 8, DESC_F_WRITE | DESC_F_NEXT, 4);
         desc(&mem, DESC, 4, 0x8000, 8, 0, 0);
-        assert_eq!(q.chain(&mem, 3).err(), Some(ChainError::ReadAfterWrite));
+        assert_eq!(
+            q.chain(&mem, 3, &mut Chain::default()).err(),
+            Some(ChainError::ReadAfterWrite)
+        );
         // buffer outside memory, and one that wraps the address space.
         desc(&mem, DESC, 5, 0x1f000, 0x2000, 0, 0);
         assert!(matches!(
-            q.chain(&mem, 5),
+            q.chain(&mem, 5, &mut Chain::default()),
             Err(ChainError::BadBuffer { .. })
         ));
         desc(&mem, DESC, 5, u64::MAX - 4, 100, 0, 0);
         assert!(matches!(
-            q.chain(&mem, 5),
+            q.chain(&mem, 5, &mut Chain::default()),
             Err(ChainError::BadBuffer { .. })
         ));
         // indirect with NEXT, nested indirect, bad size.
         desc(&mem, DESC, 6, 0x5000, 32, DESC_F_INDIRECT | DESC_F_NEXT, 7);
-        assert_eq!(q.chain(&mem, 6).err(), Some(ChainError::BadIndirect));
+        assert_eq!(
+            q.chain(&mem, 6, &mut Chain::default()).err(),
+            Some(ChainError::BadIndirect)
+        );
         desc(&mem, 0x5000, 0, 0x6000, 16, DESC_F_INDIRECT, 0);
         desc(&mem, DESC, 6, 0x5000, 16, DESC_F_INDIRECT, 0);
-        assert_eq!(q.chain(&mem, 6).err(), Some(ChainError::BadIndirect));
+        assert_eq!(
+            q.chain(&mem, 6, &mut Chain::default()).err(),
+            Some(ChainError::BadIndirect)
+        );
         desc(&mem, DESC, 6, 0x5000, 17, DESC_F_INDIRECT, 0);
-        assert_eq!(q.chain(&mem, 6).err(), Some(ChainError::BadIndirect));
+        assert_eq!(
+            q.chain(&mem, 6, &mut Chain::default()).err(),
+            Some(ChainError::BadIndirect)
+        );
         // Loop inside an indirect table.
         desc(&mem, 0x5000, 0, 0x8000, 8, DESC_F_NEXT, 1);
         desc(&mem, 0x5000, 1, 0x8000, 8, DESC_F_NEXT, 0);
         desc(&mem, DESC, 7, 0x5000, 32, DESC_F_INDIRECT, 0);
-        assert_eq!(q.chain(&mem, 7).err(), Some(ChainError::Loop));
+        assert_eq!(
+            q.chain(&mem, 7, &mut Chain::default()).err(),
+            Some(ChainError::Loop)
+        );
     }
 
     #[test]
