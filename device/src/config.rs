@@ -80,10 +80,8 @@ impl Default for Profile {
 impl Profile {
     /// Reads and validates a profile file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
         Self::from_toml(&text)
     }
 
@@ -100,10 +98,7 @@ impl Profile {
         if self.tag.is_empty() || self.tag.len() > MAX_TAG_LEN {
             return invalid(
                 "tag",
-                format!(
-                    "must be 1 to {MAX_TAG_LEN} bytes of UTF-8, got {} bytes",
-                    self.tag.len()
-                ),
+                format!("must be 1 to {MAX_TAG_LEN} bytes of UTF-8, got {} bytes", self.tag.len()),
             );
         }
         if self.tag.contains('\0') {
@@ -112,32 +107,18 @@ impl Profile {
         if self.request_queues == 0 || self.request_queues > MAX_REQUEST_QUEUES {
             return invalid(
                 "request_queues",
-                format!(
-                    "must be 1 to {MAX_REQUEST_QUEUES}, got {}",
-                    self.request_queues
-                ),
+                format!("must be 1 to {MAX_REQUEST_QUEUES}, got {}", self.request_queues),
             );
         }
-        if !self.queue_size.is_power_of_two()
-            || self.queue_size < 2
-            || self.queue_size > MAX_QUEUE_SIZE
-        {
+        if !self.queue_size.is_power_of_two() || self.queue_size < 2 || self.queue_size > MAX_QUEUE_SIZE {
             return invalid(
                 "queue_size",
-                format!(
-                    "must be a power of two from 2 to {MAX_QUEUE_SIZE}, got {}",
-                    self.queue_size
-                ),
+                format!("must be a power of two from 2 to {MAX_QUEUE_SIZE}, got {}", self.queue_size),
             );
         }
-        let cores = core_affinity::get_core_ids()
-            .map(|c| c.len())
-            .unwrap_or(usize::MAX);
+        let cores = core_affinity::get_core_ids().map(|c| c.len()).unwrap_or(usize::MAX);
         if let Some(c) = self.poller_cores.iter().find(|&&c| c >= cores) {
-            return invalid(
-                "poller_cores",
-                format!("core {c} does not exist (this machine has {cores})"),
-            );
+            return invalid("poller_cores", format!("core {c} does not exist (this machine has {cores})"));
         }
         let mut sorted = self.poller_cores.clone();
         sorted.sort_unstable();
@@ -155,16 +136,10 @@ impl Profile {
             );
         }
         if self.idle_sleep_us == 0 || self.idle_sleep_us > 100_000 {
-            return invalid(
-                "idle_sleep_us",
-                format!("must be 1 to 100000, got {}", self.idle_sleep_us),
-            );
+            return invalid("idle_sleep_us", format!("must be 1 to 100000, got {}", self.idle_sleep_us));
         }
         if self.idle_spin_us > 10_000_000 {
-            return invalid(
-                "idle_spin_us",
-                format!("must be at most 10000000, got {}", self.idle_spin_us),
-            );
+            return invalid("idle_spin_us", format!("must be at most 10000000, got {}", self.idle_spin_us));
         }
         Ok(())
     }
@@ -199,10 +174,7 @@ mod tests {
             "description = \"x\"\ntag = \"fs\"\nrequest_queues = 4\nqueue_size = 1024\npoller_cores = [0]\n",
         )
         .unwrap();
-        assert_eq!(
-            (p.tag.as_str(), p.request_queues, p.queue_size),
-            ("fs", 4, 1024)
-        );
+        assert_eq!((p.tag.as_str(), p.request_queues, p.queue_size), ("fs", 4, 1024));
         assert_eq!(p.pollers(), 1);
     }
 
@@ -225,13 +197,8 @@ mod tests {
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
             if path.extension().is_some_and(|e| e == "toml") {
-                let p =
-                    Profile::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-                assert!(
-                    !p.description.is_empty(),
-                    "{} has no description",
-                    path.display()
-                );
+                let p = Profile::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                assert!(!p.description.is_empty(), "{} has no description", path.display());
                 n += 1;
             }
         }

@@ -59,9 +59,7 @@ pub enum MemoryError {
         size: u64,
     },
     /// The file passed with the window is shorter than `offset + size`.
-    #[error(
-        "DMA window {address:#x}+{size:#x} reaches past the end of its file ({file_len:#x} bytes)"
-    )]
+    #[error("DMA window {address:#x}+{size:#x} reaches past the end of its file ({file_len:#x} bytes)")]
     FileTooSmall {
         /// Start of the window.
         address: u64,
@@ -123,9 +121,8 @@ impl DmaTable {
         file: Option<File>,
     ) -> Result<(), MemoryError> {
         let end = address.checked_add(size);
-        let page_ok = address.is_multiple_of(4096)
-            && size.is_multiple_of(4096)
-            && offset.is_multiple_of(4096);
+        let page_ok =
+            address.is_multiple_of(4096) && size.is_multiple_of(4096) && offset.is_multiple_of(4096);
         if size == 0 || end.is_none() || !page_ok || usize::try_from(size).is_err() {
             return Err(MemoryError::InvalidRange { address, size });
         }
@@ -146,22 +143,14 @@ impl DmaTable {
                 // (A client that shrinks the file afterwards can still do that; see DESIGN.md.)
                 let len = file.metadata().map(|m| m.len()).unwrap_or(0);
                 if offset.checked_add(size).is_none_or(|e| e > len) {
-                    return Err(MemoryError::FileTooSmall {
-                        address,
-                        size,
-                        file_len: len,
-                    });
+                    return Err(MemoryError::FileTooSmall { address, size, file_len: len });
                 }
                 let r = GuestRegionMmap::from_range(
                     GuestAddress(address),
                     size as usize,
                     Some(FileOffset::new(file, offset)),
                 )
-                .map_err(|source| MemoryError::Map {
-                    address,
-                    size,
-                    source,
-                })?;
+                .map_err(|source| MemoryError::Map { address, size, source })?;
                 Some(Arc::new(r))
             }
             None => None,
@@ -173,9 +162,7 @@ impl DmaTable {
     /// Removes every window inside `address..address+size`; the range must not cut a window.
     /// Returns how many windows were removed.
     pub fn unmap(&mut self, address: u64, size: u64) -> Result<usize, MemoryError> {
-        let end = address
-            .checked_add(size)
-            .ok_or(MemoryError::InvalidRange { address, size })?;
+        let end = address.checked_add(size).ok_or(MemoryError::InvalidRange { address, size })?;
         if size == 0 {
             return Err(MemoryError::InvalidRange { address, size });
         }
@@ -225,8 +212,7 @@ impl DmaTable {
 /// client, such as the notify page).
 pub fn memfd(name: &str, size: u64) -> std::io::Result<File> {
     use std::os::fd::FromRawFd;
-    let name = std::ffi::CString::new(name)
-        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    let name = std::ffi::CString::new(name).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: `name` is a valid NUL-terminated string that outlives the call.
     let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
@@ -257,10 +243,7 @@ mod tests {
         let m = t.snapshot();
         m.write_obj(0xabcdu32, GuestAddress(0x10010)).unwrap();
         assert_eq!(m.read_obj::<u32>(GuestAddress(0x10010)).unwrap(), 0xabcd);
-        assert!(
-            m.read_obj::<u32>(GuestAddress(0xc0000)).is_err(),
-            "fd-less window is not readable"
-        );
+        assert!(m.read_obj::<u32>(GuestAddress(0xc0000)).is_err(), "fd-less window is not readable");
         assert_eq!(t.unmap(0x10000, 0x4000).unwrap(), 1);
         // The old snapshot keeps its mapping alive.
         assert_eq!(m.read_obj::<u32>(GuestAddress(0x10010)).unwrap(), 0xabcd);
@@ -271,39 +254,14 @@ mod tests {
     fn overlaps_and_bad_ranges() {
         let mut t = DmaTable::default();
         t.map(0x10000, 0x4000, 0, None).unwrap();
-        assert_eq!(
-            t.map(0x10000, 0x1000, 0, None).unwrap_err().errno(),
-            libc::EEXIST
-        );
-        assert_eq!(
-            t.map(0xf000, 0x2000, 0, None).unwrap_err().errno(),
-            libc::EEXIST
-        );
-        assert_eq!(
-            t.map(0x13000, 0x1000, 0, None).unwrap_err().errno(),
-            libc::EEXIST
-        );
-        assert_eq!(
-            t.map(0x20000, 0, 0, None).unwrap_err().errno(),
-            libc::EINVAL
-        );
-        assert_eq!(
-            t.map(u64::MAX - 0xfff, 0x2000, 0, None)
-                .unwrap_err()
-                .errno(),
-            libc::EINVAL
-        );
-        assert_eq!(
-            t.map(0x20001, 0x1000, 0, None).unwrap_err().errno(),
-            libc::EINVAL
-        );
+        assert_eq!(t.map(0x10000, 0x1000, 0, None).unwrap_err().errno(), libc::EEXIST);
+        assert_eq!(t.map(0xf000, 0x2000, 0, None).unwrap_err().errno(), libc::EEXIST);
+        assert_eq!(t.map(0x13000, 0x1000, 0, None).unwrap_err().errno(), libc::EEXIST);
+        assert_eq!(t.map(0x20000, 0, 0, None).unwrap_err().errno(), libc::EINVAL);
+        assert_eq!(t.map(u64::MAX - 0xfff, 0x2000, 0, None).unwrap_err().errno(), libc::EINVAL);
+        assert_eq!(t.map(0x20001, 0x1000, 0, None).unwrap_err().errno(), libc::EINVAL);
         // A file smaller than the window is refused rather than mapped (no SIGBUS later).
-        assert_eq!(
-            t.map(0x40000, 0x4000, 0, Some(memfd(0x1000)))
-                .unwrap_err()
-                .errno(),
-            libc::EINVAL
-        );
+        assert_eq!(t.map(0x40000, 0x4000, 0, Some(memfd(0x1000))).unwrap_err().errno(), libc::EINVAL);
         t.map(0x14000, 0x1000, 0, None).unwrap();
     }
 

@@ -36,12 +36,7 @@ pub trait RequestHandler: Send + Sync + 'static {
     /// Handles the request on `queue` whose device-readable buffers are `readable` and
     /// device-writable buffers are `writable`; returns the number of bytes written (the used
     /// length). Must not block for long: it runs on a poller that serves other queues too.
-    fn handle(
-        &self,
-        queue: u16,
-        readable: &[VolatileSlice<'_>],
-        writable: &[VolatileSlice<'_>],
-    ) -> u32;
+    fn handle(&self, queue: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32;
 }
 
 /// MSI-X eventfds by vector number, as set by DEVICE_SET_IRQS.
@@ -61,43 +56,27 @@ pub struct QueueStats {
 impl QueueStats {
     fn new(queues: usize) -> Self {
         let zeros = || (0..queues).map(|_| AtomicU64::new(0)).collect();
-        QueueStats {
-            requests: zeros(),
-            bad_chains: zeros(),
-            interrupts: zeros(),
-        }
+        QueueStats { requests: zeros(), bad_chains: zeros(), interrupts: zeros() }
     }
 
     /// Requests completed on each queue (index 0 = hiprio).
     pub fn requests(&self) -> Vec<u64> {
-        self.requests
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .collect()
+        self.requests.iter().map(|c| c.load(Ordering::Relaxed)).collect()
     }
 
     /// Requests failed for a malformed descriptor chain, per queue.
     pub fn bad_chains(&self) -> Vec<u64> {
-        self.bad_chains
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .collect()
+        self.bad_chains.iter().map(|c| c.load(Ordering::Relaxed)).collect()
     }
 
     /// Interrupts sent per queue.
     pub fn interrupts(&self) -> Vec<u64> {
-        self.interrupts
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .collect()
+        self.interrupts.iter().map(|c| c.load(Ordering::Relaxed)).collect()
     }
 }
 
 enum Msg {
-    Start {
-        queues: Vec<QueueConfig>,
-        features: u64,
-    },
+    Start { queues: Vec<QueueConfig>, features: u64 },
     Stop,
     Memory(Arc<GuestMem>),
     Irqs(Irqs),
@@ -173,18 +152,9 @@ impl PollerSet {
                 .name(format!("poller-{id}"))
                 .stack_size(4 << 20)
                 .spawn(move || run(ctx))?;
-            pollers.push(PollerThread {
-                tx,
-                join: Some(join),
-            });
+            pollers.push(PollerThread { tx, join: Some(join) });
         }
-        Ok(PollerSet {
-            pollers,
-            events: ev_rx,
-            seq: 0,
-            broken: Vec::new(),
-            stats,
-        })
+        Ok(PollerSet { pollers, events: ev_rx, seq: 0, broken: Vec::new(), stats })
     }
 
     /// The per-queue counters.
@@ -212,10 +182,7 @@ impl PollerSet {
                 Ok(Event::Ack { .. }) => {}
                 Ok(Event::Broken(e)) => self.broken.push(e),
                 Err(RecvTimeoutError::Timeout) => {
-                    warn!(
-                        "pollers slow to acknowledge (waiting {:?})",
-                        started.elapsed()
-                    );
+                    warn!("pollers slow to acknowledge (waiting {:?})", started.elapsed());
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     error!("every poller has exited");
@@ -229,11 +196,7 @@ impl PollerSet {
     pub fn start(&mut self, queues: &[QueueConfig], features: u64) {
         let n = self.pollers.len();
         self.broadcast(|i| Msg::Start {
-            queues: queues
-                .iter()
-                .filter(|q| usize::from(q.index) % n == i)
-                .copied()
-                .collect(),
+            queues: queues.iter().filter(|q| usize::from(q.index) % n == i).copied().collect(),
             features,
         });
     }
@@ -308,14 +271,8 @@ fn run(ctx: Ctx) {
     loop {
         while let Ok((seq, msg)) = ctx.rx.try_recv() {
             match msg {
-                Msg::Start {
-                    queues: cfgs,
-                    features: f,
-                } => {
-                    queues = cfgs
-                        .into_iter()
-                        .filter_map(|c| ctx.new_queue(c, f))
-                        .collect();
+                Msg::Start { queues: cfgs, features: f } => {
+                    queues = cfgs.into_iter().filter_map(|c| ctx.new_queue(c, f)).collect();
                     for q in &mut queues {
                         ctx.attach(q, &mem);
                     }
@@ -369,11 +326,7 @@ impl Ctx {
         let event_idx = f & features::EVENT_IDX != 0;
         let indirect = f & features::INDIRECT_DESC != 0;
         match SplitQueue::new(cfg, event_idx, indirect) {
-            Ok(queue) => Some(Served {
-                queue,
-                attached: false,
-                broken: false,
-            }),
+            Ok(queue) => Some(Served { queue, attached: false, broken: false }),
             Err(e) => {
                 self.report(e);
                 None
@@ -407,9 +360,7 @@ impl Ctx {
             let len = match q.chain(mem, head, &mut chain) {
                 Ok(()) => {
                     let room: usize = chain.writable.iter().map(|s| s.len()).sum();
-                    let len = self
-                        .handler
-                        .handle(q.index(), &chain.readable, &chain.writable);
+                    let len = self.handler.handle(q.index(), &chain.readable, &chain.writable);
                     len.min(u32::try_from(room).unwrap_or(u32::MAX))
                 }
                 Err(e) => {

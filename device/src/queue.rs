@@ -112,11 +112,7 @@ struct Desc {
 
 fn read_desc(mem: &GuestMem, table: u64, index: u16) -> Option<Desc> {
     let mut raw = [0u8; 16];
-    mem.read_slice(
-        &mut raw,
-        GuestAddress(table.checked_add(u64::from(index) * 16)?),
-    )
-    .ok()?;
+    mem.read_slice(&mut raw, GuestAddress(table.checked_add(u64::from(index) * 16)?)).ok()?;
     Some(Desc {
         addr: u64::from_le_bytes(raw[0..8].try_into().ok()?),
         len: u32::from_le_bytes(raw[8..12].try_into().ok()?),
@@ -142,9 +138,8 @@ pub struct SplitQueue {
 impl SplitQueue {
     /// A queue as configured by the driver, checked for alignment and size.
     pub fn new(cfg: QueueConfig, event_idx: bool, indirect: bool) -> Result<Self, QueueError> {
-        let aligned = cfg.desc.is_multiple_of(16)
-            && cfg.avail.is_multiple_of(2)
-            && cfg.used.is_multiple_of(4);
+        let aligned =
+            cfg.desc.is_multiple_of(16) && cfg.avail.is_multiple_of(2) && cfg.used.is_multiple_of(4);
         if !aligned || !cfg.size.is_power_of_two() {
             return Err(QueueError::BadConfig(cfg.index));
         }
@@ -173,23 +168,15 @@ impl SplitQueue {
     pub fn attach(&mut self, mem: &GuestMem) -> Result<(), QueueError> {
         let q = self.cfg.index;
         let n = u64::from(self.cfg.size);
-        let ranges = [
-            (self.cfg.desc, 16 * n),
-            (self.cfg.avail, 6 + 2 * n),
-            (self.cfg.used, 6 + 8 * n),
-        ];
+        let ranges = [(self.cfg.desc, 16 * n), (self.cfg.avail, 6 + 2 * n), (self.cfg.used, 6 + 8 * n)];
         for (addr, len) in ranges {
             if mem.get_slice(GuestAddress(addr), len as usize).is_err() {
                 return Err(QueueError::RingUnmapped(q));
             }
         }
         let used_flags = if self.event_idx { 0 } else { USED_F_NO_NOTIFY };
-        mem.store(
-            used_flags.to_le(),
-            GuestAddress(self.cfg.used),
-            Ordering::Relaxed,
-        )
-        .map_err(|_| QueueError::RingUnmapped(q))?;
+        mem.store(used_flags.to_le(), GuestAddress(self.cfg.used), Ordering::Relaxed)
+            .map_err(|_| QueueError::RingUnmapped(q))?;
         // Pick up where the used ring is (0 after reset), so a re-attach after a memory change
         // does not replay requests.
         let used_idx: u16 = mem
@@ -210,12 +197,7 @@ impl SplitQueue {
         let avail = u16::from_le(avail);
         let ahead = avail.wrapping_sub(self.next_avail);
         if ahead > self.cfg.size {
-            return Err(QueueError::AvailOverrun {
-                queue: q,
-                avail,
-                ahead,
-                size: self.cfg.size,
-            });
+            return Err(QueueError::AvailOverrun { queue: q, avail, ahead, size: self.cfg.size });
         }
         Ok(ahead)
     }
@@ -225,10 +207,7 @@ impl SplitQueue {
         let q = self.cfg.index;
         let slot = u64::from(self.next_avail % self.cfg.size);
         let head: u16 = mem
-            .load(
-                GuestAddress(self.cfg.avail + 4 + 2 * slot),
-                Ordering::Relaxed,
-            )
+            .load(GuestAddress(self.cfg.avail + 4 + 2 * slot), Ordering::Relaxed)
             .map_err(|_| QueueError::RingUnmapped(q))?;
         let head = u16::from_le(head);
         if head >= self.cfg.size {
@@ -240,12 +219,7 @@ impl SplitQueue {
 
     /// Validates the chain starting at `head` and maps its buffers into `chain` (cleared first;
     /// the caller reuses one `Chain` so that no 32 KiB buffer list is moved per request).
-    pub fn chain<'m>(
-        &self,
-        mem: &'m GuestMem,
-        head: u16,
-        chain: &mut Chain<'m>,
-    ) -> Result<(), ChainError> {
+    pub fn chain<'m>(&self, mem: &'m GuestMem, head: u16, chain: &mut Chain<'m>) -> Result<(), ChainError> {
         chain.head = head;
         chain.readable.clear();
         chain.writable.clear();
@@ -260,20 +234,14 @@ impl SplitQueue {
             }
             let d = read_desc(mem, table, index).ok_or(ChainError::BadIndex(index))?;
             if d.flags & DESC_F_INDIRECT != 0 {
-                let bad = !self.indirect
-                    || indirect
-                    || d.flags & DESC_F_NEXT != 0
-                    || d.len == 0
-                    || d.len % 16 != 0;
+                let bad =
+                    !self.indirect || indirect || d.flags & DESC_F_NEXT != 0 || d.len == 0 || d.len % 16 != 0;
                 let entries = d.len / 16;
                 if bad || entries > u32::from(u16::MAX) {
                     return Err(ChainError::BadIndirect);
                 }
                 if mem.get_slice(GuestAddress(d.addr), d.len as usize).is_err() {
-                    return Err(ChainError::BadBuffer {
-                        addr: d.addr,
-                        len: d.len,
-                    });
+                    return Err(ChainError::BadBuffer { addr: d.addr, len: d.len });
                 }
                 (table, table_len, index, indirect, seen) = (d.addr, entries as u16, 0, true, 0);
                 continue;
@@ -283,11 +251,7 @@ impl SplitQueue {
                 return Err(ChainError::ReadAfterWrite);
             }
             if d.len > 0 {
-                let list = if writable {
-                    &mut chain.writable
-                } else {
-                    &mut chain.readable
-                };
+                let list = if writable { &mut chain.writable } else { &mut chain.readable };
                 push_slices(mem, d.addr, d.len, list)?;
             }
             if d.flags & DESC_F_NEXT == 0 {
@@ -307,8 +271,7 @@ impl SplitQueue {
         let mut elem = [0u8; 8];
         elem[..4].copy_from_slice(&u32::from(head).to_le_bytes());
         elem[4..].copy_from_slice(&len.to_le_bytes());
-        mem.write_slice(&elem, at)
-            .map_err(|_| QueueError::RingUnmapped(self.cfg.index))?;
+        mem.write_slice(&elem, at).map_err(|_| QueueError::RingUnmapped(self.cfg.index))?;
         self.next_used = self.next_used.wrapping_add(1);
         Ok(())
     }
@@ -316,12 +279,8 @@ impl SplitQueue {
     /// Publishes the used entries pushed so far (one index store per poll round).
     pub fn publish_used(&mut self, mem: &GuestMem) -> Result<(), QueueError> {
         fence(Ordering::Release);
-        mem.store(
-            self.next_used.to_le(),
-            GuestAddress(self.cfg.used + 2),
-            Ordering::Release,
-        )
-        .map_err(|_| QueueError::RingUnmapped(self.cfg.index))?;
+        mem.store(self.next_used.to_le(), GuestAddress(self.cfg.used + 2), Ordering::Release)
+            .map_err(|_| QueueError::RingUnmapped(self.cfg.index))?;
         self.unsignalled = true;
         Ok(())
     }
@@ -345,9 +304,7 @@ impl SplitQueue {
             // vring_need_event: did new pass event since old?
             new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
         } else {
-            let flags = mem
-                .load::<u16>(GuestAddress(self.cfg.avail), Ordering::Acquire)
-                .unwrap_or(0);
+            let flags = mem.load::<u16>(GuestAddress(self.cfg.avail), Ordering::Acquire).unwrap_or(0);
             self.signalled_used = new;
             u16::from_le(flags) & AVAIL_F_NO_INTERRUPT == 0
         }
@@ -398,14 +355,7 @@ mod tests {
         f.set_len(0x20000).unwrap();
         t.map(0, 0x20000, 0, Some(f)).unwrap();
         let mem = t.snapshot();
-        let cfg = QueueConfig {
-            index: 1,
-            size,
-            desc: DESC,
-            avail: AVAIL,
-            used: USED,
-            vector: 1,
-        };
+        let cfg = QueueConfig { index: 1, size, desc: DESC, avail: AVAIL, used: USED, vector: 1 };
         let mut q = SplitQueue::new(cfg, true, true).unwrap();
         q.attach(&mem).unwrap();
         (mem, q)
@@ -417,17 +367,14 @@ mod tests {
         raw[8..12].copy_from_slice(&len.to_le_bytes());
         raw[12..14].copy_from_slice(&flags.to_le_bytes());
         raw[14..16].copy_from_slice(&next.to_le_bytes());
-        mem.write_slice(&raw, GuestAddress(table + 16 * u64::from(i)))
-            .unwrap();
+        mem.write_slice(&raw, GuestAddress(table + 16 * u64::from(i))).unwrap();
     }
 
     fn make_avail(mem: &GuestMem, heads: &[u16]) {
         for (i, h) in heads.iter().enumerate() {
-            mem.write_obj(*h, GuestAddress(AVAIL + 4 + 2 * i as u64))
-                .unwrap();
+            mem.write_obj(*h, GuestAddress(AVAIL + 4 + 2 * i as u64)).unwrap();
         }
-        mem.write_obj(heads.len() as u16, GuestAddress(AVAIL + 2))
-            .unwrap();
+        mem.write_obj(heads.len() as u16, GuestAddress(AVAIL + 2)).unwrap();
     }
 
     #[test]
@@ -469,94 +416,44 @@ mod tests {
         // Loop: 0 -> 1 -> 0.
         desc(&mem, DESC, 0, 0x8000, 8, DESC_F_NEXT, 1);
         desc(&mem, DESC, 1, 0x8000, 8, DESC_F_NEXT, 0);
-        assert_eq!(
-            q.chain(&mem, 0, &mut Chain::default()).err(),
-            Some(ChainError::Loop)
-        );
+        assert_eq!(q.chain(&mem, 0, &mut Chain::default()).err(), Some(ChainError::Loop));
         // next out of range.
         desc(&mem, DESC, 2, 0x8000, 8, DESC_F_NEXT, 99);
-        assert_eq!(
-            q.chain(&mem, 2, &mut Chain::default()).err(),
-            Some(ChainError::BadIndex(99))
-        );
+        assert_eq!(q.chain(&mem, 2, &mut Chain::default()).err(), Some(ChainError::BadIndex(99)));
         // readable after writable.
         desc(&mem, DESC, 3, 0x8000, 8, DESC_F_WRITE | DESC_F_NEXT, 4);
         desc(&mem, DESC, 4, 0x8000, 8, 0, 0);
-        assert_eq!(
-            q.chain(&mem, 3, &mut Chain::default()).err(),
-            Some(ChainError::ReadAfterWrite)
-        );
+        assert_eq!(q.chain(&mem, 3, &mut Chain::default()).err(), Some(ChainError::ReadAfterWrite));
         // buffer outside memory, and one that wraps the address space.
         desc(&mem, DESC, 5, 0x1f000, 0x2000, 0, 0);
-        assert!(matches!(
-            q.chain(&mem, 5, &mut Chain::default()),
-            Err(ChainError::BadBuffer { .. })
-        ));
+        assert!(matches!(q.chain(&mem, 5, &mut Chain::default()), Err(ChainError::BadBuffer { .. })));
         desc(&mem, DESC, 5, u64::MAX - 4, 100, 0, 0);
-        assert!(matches!(
-            q.chain(&mem, 5, &mut Chain::default()),
-            Err(ChainError::BadBuffer { .. })
-        ));
+        assert!(matches!(q.chain(&mem, 5, &mut Chain::default()), Err(ChainError::BadBuffer { .. })));
         // indirect with NEXT, nested indirect, bad size.
         desc(&mem, DESC, 6, 0x5000, 32, DESC_F_INDIRECT | DESC_F_NEXT, 7);
-        assert_eq!(
-            q.chain(&mem, 6, &mut Chain::default()).err(),
-            Some(ChainError::BadIndirect)
-        );
+        assert_eq!(q.chain(&mem, 6, &mut Chain::default()).err(), Some(ChainError::BadIndirect));
         desc(&mem, 0x5000, 0, 0x6000, 16, DESC_F_INDIRECT, 0);
         desc(&mem, DESC, 6, 0x5000, 16, DESC_F_INDIRECT, 0);
-        assert_eq!(
-            q.chain(&mem, 6, &mut Chain::default()).err(),
-            Some(ChainError::BadIndirect)
-        );
+        assert_eq!(q.chain(&mem, 6, &mut Chain::default()).err(), Some(ChainError::BadIndirect));
         desc(&mem, DESC, 6, 0x5000, 17, DESC_F_INDIRECT, 0);
-        assert_eq!(
-            q.chain(&mem, 6, &mut Chain::default()).err(),
-            Some(ChainError::BadIndirect)
-        );
+        assert_eq!(q.chain(&mem, 6, &mut Chain::default()).err(), Some(ChainError::BadIndirect));
         // Loop inside an indirect table.
         desc(&mem, 0x5000, 0, 0x8000, 8, DESC_F_NEXT, 1);
         desc(&mem, 0x5000, 1, 0x8000, 8, DESC_F_NEXT, 0);
         desc(&mem, DESC, 7, 0x5000, 32, DESC_F_INDIRECT, 0);
-        assert_eq!(
-            q.chain(&mem, 7, &mut Chain::default()).err(),
-            Some(ChainError::Loop)
-        );
+        assert_eq!(q.chain(&mem, 7, &mut Chain::default()).err(), Some(ChainError::Loop));
     }
 
     #[test]
     fn corrupt_rings_break_the_queue() {
         let (mem, mut q) = setup(8);
         mem.write_obj(9u16, GuestAddress(AVAIL + 2)).unwrap();
-        assert!(matches!(
-            q.pending(&mem),
-            Err(QueueError::AvailOverrun { .. })
-        ));
+        assert!(matches!(q.pending(&mem), Err(QueueError::AvailOverrun { .. })));
         make_avail(&mem, &[8]);
-        assert_eq!(
-            q.pop_head(&mem),
-            Err(QueueError::BadHead { queue: 1, head: 8 })
-        );
-        let cfg = QueueConfig {
-            index: 2,
-            size: 6,
-            desc: DESC,
-            avail: AVAIL,
-            used: USED,
-            vector: 0,
-        };
-        assert_eq!(
-            SplitQueue::new(cfg, false, false).err(),
-            Some(QueueError::BadConfig(2))
-        );
-        let cfg = QueueConfig {
-            index: 2,
-            size: 8,
-            desc: 0x1ffc0,
-            avail: AVAIL,
-            used: USED,
-            vector: 0,
-        };
+        assert_eq!(q.pop_head(&mem), Err(QueueError::BadHead { queue: 1, head: 8 }));
+        let cfg = QueueConfig { index: 2, size: 6, desc: DESC, avail: AVAIL, used: USED, vector: 0 };
+        assert_eq!(SplitQueue::new(cfg, false, false).err(), Some(QueueError::BadConfig(2)));
+        let cfg = QueueConfig { index: 2, size: 8, desc: 0x1ffc0, avail: AVAIL, used: USED, vector: 0 };
         let mut far = SplitQueue::new(cfg, false, false).unwrap();
         assert_eq!(far.attach(&mem), Err(QueueError::RingUnmapped(2)));
     }
@@ -565,8 +462,7 @@ mod tests {
     fn event_idx_suppresses() {
         let (mem, mut q) = setup(8);
         // Driver asks for an interrupt only after entry 2 (used_event = 2).
-        mem.write_obj(2u16, GuestAddress(AVAIL + 4 + 2 * 8))
-            .unwrap();
+        mem.write_obj(2u16, GuestAddress(AVAIL + 4 + 2 * 8)).unwrap();
         for _ in 0..2 {
             q.push_used(&mem, 0, 0).unwrap();
             q.publish_used(&mem).unwrap();

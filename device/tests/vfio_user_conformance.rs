@@ -29,12 +29,7 @@ struct TestHandler {
 }
 
 impl RequestHandler for TestHandler {
-    fn handle(
-        &self,
-        _q: u16,
-        readable: &[VolatileSlice<'_>],
-        writable: &[VolatileSlice<'_>],
-    ) -> u32 {
+    fn handle(&self, _q: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32 {
         self.calls.fetch_add(1, Ordering::SeqCst);
         if let Some((entered, release)) = &*self.gate.lock().unwrap() {
             entered.send(()).unwrap();
@@ -61,26 +56,14 @@ struct Dev {
 impl Dev {
     fn start() -> Dev {
         let dir = tempfile::tempdir().unwrap();
-        let handler = Arc::new(TestHandler {
-            calls: AtomicUsize::new(0),
-            gate: Mutex::new(None),
-        });
-        let profile = Profile {
-            request_queues: 2,
-            queue_size: 16,
-            ..Profile::default()
-        };
+        let handler = Arc::new(TestHandler { calls: AtomicUsize::new(0), gate: Mutex::new(None) });
+        let profile = Profile { request_queues: 2, queue_size: 16, ..Profile::default() };
         let server = Server::bind(&dir.path().join("dev.sock"), &profile, handler.clone()).unwrap();
         let stop = server.stop_handle();
         let join = std::thread::spawn(move || {
             server.run().unwrap();
         });
-        Dev {
-            dir,
-            stop,
-            join: Some(join),
-            handler,
-        }
+        Dev { dir, stop, join: Some(join), handler }
     }
     fn path(&self) -> PathBuf {
         self.dir.path().join("dev.sock")
@@ -141,13 +124,7 @@ impl Client {
     }
     fn msg(&mut self, command: u16, flags: u32, payload: &[u8]) -> (u16, Vec<u8>) {
         self.id = self.id.wrapping_add(1);
-        let h = Header {
-            msg_id: self.id,
-            command,
-            msg_size: (16 + payload.len()) as u32,
-            flags,
-            error: 0,
-        };
+        let h = Header { msg_id: self.id, command, msg_size: (16 + payload.len()) as u32, flags, error: 0 };
         let mut b = h.as_slice().to_vec();
         b.extend_from_slice(payload);
         (self.id, b)
@@ -170,11 +147,7 @@ impl Client {
         let (id, b) = self.msg(command, 0, payload);
         self.send_raw(&b, fds);
         let r = self.recv();
-        assert_eq!(
-            (r.hdr.msg_id, r.hdr.command),
-            (id, command),
-            "reply matches request"
-        );
+        assert_eq!((r.hdr.msg_id, r.hdr.command), (id, command), "reply matches request");
         r
     }
     fn call(&mut self, command: u16, payload: &[u8]) -> Reply {
@@ -191,75 +164,32 @@ impl Client {
     /// A valid request that must always work: DEVICE_GET_INFO.
     fn still_serves(&mut self) {
         let r = self
-            .call(
-                cmd::DEVICE_GET_INFO,
-                wire::DeviceInfo {
-                    argsz: 16,
-                    ..Default::default()
-                }
-                .as_slice(),
-            )
+            .call(cmd::DEVICE_GET_INFO, wire::DeviceInfo { argsz: 16, ..Default::default() }.as_slice())
             .ok();
         let info: wire::DeviceInfo = wire::read_obj(&r.payload).unwrap();
         assert_eq!(info.num_regions, vb::VFIO_PCI_NUM_REGIONS);
     }
     fn region_read(&mut self, region: u32, offset: u64, count: u32) -> Reply {
-        self.call(
-            cmd::REGION_READ,
-            wire::RegionAccess {
-                offset,
-                region,
-                count,
-            }
-            .as_slice(),
-        )
+        self.call(cmd::REGION_READ, wire::RegionAccess { offset, region, count }.as_slice())
     }
     fn read32(&mut self, region: u32, offset: u64) -> u32 {
         let r = self.region_read(region, offset, 4).ok();
         u32::from_le_bytes(r.payload[16..20].try_into().unwrap())
     }
     fn region_write(&mut self, region: u32, offset: u64, data: &[u8]) -> Reply {
-        let mut p = wire::RegionAccess {
-            offset,
-            region,
-            count: data.len() as u32,
-        }
-        .as_slice()
-        .to_vec();
+        let mut p = wire::RegionAccess { offset, region, count: data.len() as u32 }.as_slice().to_vec();
         p.extend_from_slice(data);
         self.call(cmd::REGION_WRITE, &p)
     }
     fn dma_map(&mut self, address: u64, size: u64, file: Option<&File>) -> Reply {
-        let m = wire::DmaMap {
-            argsz: 32,
-            flags: 3,
-            offset: 0,
-            address,
-            size,
-        };
+        let m = wire::DmaMap { argsz: 32, flags: 3, offset: 0, address, size };
         let fds: Vec<RawFd> = file.iter().map(|f| f.as_raw_fd()).collect();
         self.call_fds(cmd::DMA_MAP, m.as_slice(), &fds)
     }
     fn dma_unmap(&mut self, address: u64, size: u64, flags: u32) -> Reply {
-        self.call(
-            cmd::DMA_UNMAP,
-            wire::DmaUnmap {
-                argsz: 24,
-                flags,
-                address,
-                size,
-            }
-            .as_slice(),
-        )
+        self.call(cmd::DMA_UNMAP, wire::DmaUnmap { argsz: 24, flags, address, size }.as_slice())
     }
-    fn set_irqs(
-        &mut self,
-        flags: u32,
-        start: u32,
-        count: u32,
-        data: &[u8],
-        fds: &[RawFd],
-    ) -> Reply {
+    fn set_irqs(&mut self, flags: u32, start: u32, count: u32, data: &[u8], fds: &[RawFd]) -> Reply {
         let mut p = wire::IrqSet {
             argsz: (20 + data.len()) as u32,
             flags,
@@ -280,10 +210,7 @@ fn recv_blocking(s: &UnixStream, buf: &mut [u8], fds: &mut Vec<File>) -> usize {
     loop {
         match wire::recv_with_fds(s, buf, fds) {
             Ok(r) => return r.bytes,
-            Err(e)
-                if e.kind() == std::io::ErrorKind::WouldBlock
-                    && std::time::Instant::now() < deadline =>
-            {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && std::time::Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(1))
             }
             Err(e) => panic!("recv: {e}"),
@@ -306,6 +233,7 @@ fn version_negotiates_capabilities() {
     let value: serde_json::Value = serde_json::from_str(json).unwrap();
     assert_eq!(value["capabilities"]["max_data_xfer_size"], 1048576);
     assert_eq!(value["capabilities"]["max_msg_fds"], 16);
+    assert!(value["capabilities"].get("max_dma_maps").is_none(), "only capabilities the client proposed");
     assert_eq!(*r.payload.last().unwrap(), 0, "JSON is NUL-terminated");
     // A second VERSION on the same connection is refused.
     let p = wire::Version { major: 0, minor: 1 }.as_slice().to_vec();
@@ -317,11 +245,7 @@ fn version_negotiates_capabilities() {
 fn version_without_json_is_accepted() {
     let dev = Dev::start();
     let mut c = dev.connect();
-    c.call(
-        cmd::VERSION,
-        wire::Version { major: 0, minor: 0 }.as_slice(),
-    )
-    .ok();
+    c.call(cmd::VERSION, wire::Version { major: 0, minor: 0 }.as_slice()).ok();
     c.still_serves();
 }
 
@@ -329,34 +253,20 @@ fn version_without_json_is_accepted() {
 fn malformed_version_gets_einval_and_retry_works() {
     let dev = Dev::start();
     let mut c = dev.connect();
-    for bad in [
-        &b"{not json"[..],
-        b"{\"capabilities\":{\"max_msg_fds\":\"x\"}}",
-        b"[1,2]",
-        b"{\"capabilities\":3}",
-    ] {
+    for bad in
+        [&b"{not json"[..], b"{\"capabilities\":{\"max_msg_fds\":\"x\"}}", b"[1,2]", b"{\"capabilities\":3}"]
+    {
         let mut p = wire::Version { major: 0, minor: 1 }.as_slice().to_vec();
         p.extend_from_slice(bad);
         p.push(0);
-        assert_eq!(
-            errno(c.call(cmd::VERSION, &p)),
-            libc::EINVAL,
-            "{}",
-            String::from_utf8_lossy(bad)
-        );
+        assert_eq!(errno(c.call(cmd::VERSION, &p)), libc::EINVAL, "{}", String::from_utf8_lossy(bad));
     }
     // Not NUL-terminated, and a payload too short for major/minor.
     let mut p = wire::Version { major: 0, minor: 1 }.as_slice().to_vec();
     p.extend_from_slice(b"{}");
     assert_eq!(errno(c.call(cmd::VERSION, &p)), libc::EINVAL);
     assert_eq!(errno(c.call(cmd::VERSION, &[0])), libc::EINVAL);
-    assert_eq!(
-        errno(c.call(
-            cmd::VERSION,
-            wire::Version { major: 1, minor: 0 }.as_slice()
-        )),
-        libc::ENOTSUP
-    );
+    assert_eq!(errno(c.call(cmd::VERSION, wire::Version { major: 1, minor: 0 }.as_slice())), libc::ENOTSUP);
     c.version();
     c.still_serves();
 }
@@ -365,14 +275,7 @@ fn malformed_version_gets_einval_and_retry_works() {
 fn commands_before_version_are_refused() {
     let dev = Dev::start();
     let mut c = dev.connect();
-    let r = c.call(
-        cmd::DEVICE_GET_INFO,
-        wire::DeviceInfo {
-            argsz: 16,
-            ..Default::default()
-        }
-        .as_slice(),
-    );
+    let r = c.call(cmd::DEVICE_GET_INFO, wire::DeviceInfo { argsz: 16, ..Default::default() }.as_slice());
     assert_eq!(errno(r), libc::EINVAL);
     c.version();
     c.still_serves();
@@ -382,13 +285,7 @@ fn commands_before_version_are_refused() {
 fn short_header_size_gets_einval() {
     let dev = Dev::start();
     let mut c = dev.client();
-    let h = Header {
-        msg_id: 77,
-        command: cmd::DEVICE_GET_INFO,
-        msg_size: 8,
-        flags: 0,
-        error: 0,
-    };
+    let h = Header { msg_id: 77, command: cmd::DEVICE_GET_INFO, msg_size: 8, flags: 0, error: 0 };
     c.send_raw(h.as_slice(), &[]);
     let r = c.recv();
     assert_eq!((r.hdr.msg_id, r.errno()), (77, libc::EINVAL));
@@ -400,15 +297,8 @@ fn truncated_header_then_disconnect_and_reconnect() {
     let dev = Dev::start();
     {
         let mut c = dev.client();
-        let (_, b) = c.msg(
-            cmd::DEVICE_GET_INFO,
-            0,
-            wire::DeviceInfo {
-                argsz: 16,
-                ..Default::default()
-            }
-            .as_slice(),
-        );
+        let (_, b) =
+            c.msg(cmd::DEVICE_GET_INFO, 0, wire::DeviceInfo { argsz: 16, ..Default::default() }.as_slice());
         c.send_raw(&b[..10], &[]);
     } // dropped mid-request
     let mut c = dev.client();
@@ -420,45 +310,20 @@ fn size_field_disagreeing_with_payload() {
     let dev = Dev::start();
     let mut c = dev.client();
     // REGION_WRITE whose count says 8 but carries 4 bytes.
-    let mut p = wire::RegionAccess {
-        offset: 0x3c,
-        region: 7,
-        count: 8,
-    }
-    .as_slice()
-    .to_vec();
+    let mut p = wire::RegionAccess { offset: 0x3c, region: 7, count: 8 }.as_slice().to_vec();
     p.extend_from_slice(&[1, 2, 3, 4]);
     assert_eq!(errno(c.call(cmd::REGION_WRITE, &p)), libc::EINVAL);
     // DMA_MAP with a short payload, and with argsz wrong.
     assert_eq!(errno(c.call(cmd::DMA_MAP, &[0u8; 24])), libc::EINVAL);
-    let m = wire::DmaMap {
-        argsz: 16,
-        flags: 3,
-        offset: 0,
-        address: 0,
-        size: 4096,
-    };
+    let m = wire::DmaMap { argsz: 16, flags: 3, offset: 0, address: 0, size: 4096 };
     assert_eq!(errno(c.call(cmd::DMA_MAP, m.as_slice())), libc::EINVAL);
     // REGION_READ with trailing garbage.
-    let mut p = wire::RegionAccess {
-        offset: 0,
-        region: 7,
-        count: 4,
-    }
-    .as_slice()
-    .to_vec();
+    let mut p = wire::RegionAccess { offset: 0, region: 7, count: 4 }.as_slice().to_vec();
     p.push(9);
     assert_eq!(errno(c.call(cmd::REGION_READ, &p)), libc::EINVAL);
     // GET_REGION_INFO with argsz smaller than the struct.
-    let ri = wire::RegionInfo {
-        argsz: 8,
-        index: 7,
-        ..Default::default()
-    };
-    assert_eq!(
-        errno(c.call(cmd::DEVICE_GET_REGION_INFO, ri.as_slice())),
-        libc::EINVAL
-    );
+    let ri = wire::RegionInfo { argsz: 8, index: 7, ..Default::default() };
+    assert_eq!(errno(c.call(cmd::DEVICE_GET_REGION_INFO, ri.as_slice())), libc::EINVAL);
     c.still_serves();
 }
 
@@ -467,10 +332,7 @@ fn unknown_and_unsupported_commands() {
     let dev = Dev::start();
     let mut c = dev.client();
     assert_eq!(errno(c.call(99, &[1, 2, 3])), libc::ENOSYS);
-    assert_eq!(
-        errno(c.call(cmd::REGION_WRITE_MULTI, &[0u8; 8])),
-        libc::ENOTSUP
-    );
+    assert_eq!(errno(c.call(cmd::REGION_WRITE_MULTI, &[0u8; 8])), libc::ENOTSUP);
     assert_eq!(errno(c.call(cmd::DEVICE_RESET, &[0u8; 4])), libc::EINVAL);
     c.still_serves();
 }
@@ -479,21 +341,10 @@ fn unknown_and_unsupported_commands() {
 fn device_get_info() {
     let dev = Dev::start();
     let mut c = dev.client();
-    let r = c
-        .call(
-            cmd::DEVICE_GET_INFO,
-            wire::DeviceInfo {
-                argsz: 16,
-                ..Default::default()
-            }
-            .as_slice(),
-        )
-        .ok();
+    let r =
+        c.call(cmd::DEVICE_GET_INFO, wire::DeviceInfo { argsz: 16, ..Default::default() }.as_slice()).ok();
     let info: wire::DeviceInfo = wire::read_obj(&r.payload).unwrap();
-    assert_eq!(
-        info.flags,
-        vb::VFIO_DEVICE_FLAGS_RESET | vb::VFIO_DEVICE_FLAGS_PCI
-    );
+    assert_eq!(info.flags, vb::VFIO_DEVICE_FLAGS_RESET | vb::VFIO_DEVICE_FLAGS_PCI);
     assert_eq!((info.num_regions, info.num_irqs), (9, 5));
 }
 
@@ -501,62 +352,33 @@ fn device_get_info() {
 fn region_info_with_sparse_mmap_and_fd() {
     let dev = Dev::start();
     let mut c = dev.client();
-    let ri = |index, argsz| wire::RegionInfo {
-        argsz,
-        index,
-        ..Default::default()
-    };
-    let r = c
-        .call(cmd::DEVICE_GET_REGION_INFO, ri(7, 32).as_slice())
-        .ok();
+    let ri = |index, argsz| wire::RegionInfo { argsz, index, ..Default::default() };
+    let r = c.call(cmd::DEVICE_GET_REGION_INFO, ri(7, 32).as_slice()).ok();
     let info: wire::RegionInfo = wire::read_obj(&r.payload).unwrap();
     assert_eq!(
         (info.size, info.flags),
-        (
-            256,
-            vb::VFIO_REGION_INFO_FLAG_READ | vb::VFIO_REGION_INFO_FLAG_WRITE
-        )
+        (256, vb::VFIO_REGION_INFO_FLAG_READ | vb::VFIO_REGION_INFO_FLAG_WRITE)
     );
     // BAR4, asked with too small a buffer: argsz tells the full size, no caps, no fd.
-    let r = c
-        .call(cmd::DEVICE_GET_REGION_INFO, ri(4, 32).as_slice())
-        .ok();
+    let r = c.call(cmd::DEVICE_GET_REGION_INFO, ri(4, 32).as_slice()).ok();
     let info: wire::RegionInfo = wire::read_obj(&r.payload).unwrap();
     assert_eq!((info.argsz, r.payload.len(), r.fds.len()), (64, 32, 0));
-    let r = c
-        .call(cmd::DEVICE_GET_REGION_INFO, ri(4, 64).as_slice())
-        .ok();
+    let r = c.call(cmd::DEVICE_GET_REGION_INFO, ri(4, 64).as_slice()).ok();
     let info: wire::RegionInfo = wire::read_obj(&r.payload).unwrap();
     assert_eq!(info.size, 0x4000);
     assert_ne!(info.flags & vb::VFIO_REGION_INFO_FLAG_MMAP, 0);
     assert_eq!(info.cap_offset, 32);
     let cap: wire::SparseMmapCap = wire::read_obj(&r.payload[32..]).unwrap();
     let area: wire::SparseArea = wire::read_obj(&r.payload[48..]).unwrap();
-    assert_eq!(
-        (cap.id, cap.nr_areas, area.offset, area.size),
-        (1, 1, 0x3000, 0x1000)
-    );
+    assert_eq!((cap.id, cap.nr_areas, area.offset, area.size), (1, 1, 0x3000, 0x1000));
     assert_eq!(r.fds.len(), 1, "the notify area's fd comes with the reply");
     assert!(r.fds[0].metadata().unwrap().len() >= 0x4000);
     // BAR1 (MSI-X) exists, BAR0 does not.
-    let r = c
-        .call(cmd::DEVICE_GET_REGION_INFO, ri(1, 32).as_slice())
-        .ok();
-    assert_eq!(
-        wire::read_obj::<wire::RegionInfo>(&r.payload).unwrap().size,
-        0x1000
-    );
-    let r = c
-        .call(cmd::DEVICE_GET_REGION_INFO, ri(0, 32).as_slice())
-        .ok();
-    assert_eq!(
-        wire::read_obj::<wire::RegionInfo>(&r.payload).unwrap().size,
-        0
-    );
-    assert_eq!(
-        errno(c.call(cmd::DEVICE_GET_REGION_INFO, ri(9, 32).as_slice())),
-        libc::EINVAL
-    );
+    let r = c.call(cmd::DEVICE_GET_REGION_INFO, ri(1, 32).as_slice()).ok();
+    assert_eq!(wire::read_obj::<wire::RegionInfo>(&r.payload).unwrap().size, 0x1000);
+    let r = c.call(cmd::DEVICE_GET_REGION_INFO, ri(0, 32).as_slice()).ok();
+    assert_eq!(wire::read_obj::<wire::RegionInfo>(&r.payload).unwrap().size, 0);
+    assert_eq!(errno(c.call(cmd::DEVICE_GET_REGION_INFO, ri(9, 32).as_slice())), libc::EINVAL);
     c.still_serves();
 }
 
@@ -564,34 +386,14 @@ fn region_info_with_sparse_mmap_and_fd() {
 fn irq_info() {
     let dev = Dev::start();
     let mut c = dev.client();
-    let ii = |index| wire::IrqInfo {
-        argsz: 16,
-        index,
-        ..Default::default()
-    };
-    let r = c
-        .call(
-            cmd::DEVICE_GET_IRQ_INFO,
-            ii(vb::VFIO_PCI_MSIX_IRQ_INDEX).as_slice(),
-        )
-        .ok();
+    let ii = |index| wire::IrqInfo { argsz: 16, index, ..Default::default() };
+    let r = c.call(cmd::DEVICE_GET_IRQ_INFO, ii(vb::VFIO_PCI_MSIX_IRQ_INDEX).as_slice()).ok();
     let info: wire::IrqInfo = wire::read_obj(&r.payload).unwrap();
     assert_eq!(info.count, 4, "config + hiprio + 2 request queues");
     assert_ne!(info.flags & vb::VFIO_IRQ_INFO_EVENTFD, 0);
-    let r = c
-        .call(
-            cmd::DEVICE_GET_IRQ_INFO,
-            ii(vb::VFIO_PCI_MSI_IRQ_INDEX).as_slice(),
-        )
-        .ok();
-    assert_eq!(
-        wire::read_obj::<wire::IrqInfo>(&r.payload).unwrap().count,
-        0
-    );
-    assert_eq!(
-        errno(c.call(cmd::DEVICE_GET_IRQ_INFO, ii(5).as_slice())),
-        libc::EINVAL
-    );
+    let r = c.call(cmd::DEVICE_GET_IRQ_INFO, ii(vb::VFIO_PCI_MSI_IRQ_INDEX).as_slice()).ok();
+    assert_eq!(wire::read_obj::<wire::IrqInfo>(&r.payload).unwrap().count, 0);
+    assert_eq!(errno(c.call(cmd::DEVICE_GET_IRQ_INFO, ii(5).as_slice())), libc::EINVAL);
     c.still_serves();
 }
 
@@ -601,11 +403,7 @@ fn region_read_write_config_space() {
     let mut c = dev.client();
     assert_eq!(c.read32(7, 0), 0x105a_1af4);
     let r = c.region_write(7, 0x3c, &[0x0b]).ok();
-    assert_eq!(
-        r.payload.len(),
-        16,
-        "write reply echoes offset/region/count"
-    );
+    assert_eq!(r.payload.len(), 16, "write reply echoes offset/region/count");
     assert_eq!(c.read32(7, 0x3c) & 0xff, 0x0b);
     // Bad region, bad offset, offset overflow, oversized transfer.
     assert_eq!(errno(c.region_read(2, 0, 4)), libc::EINVAL);
@@ -613,6 +411,9 @@ fn region_read_write_config_space() {
     assert_eq!(errno(c.region_read(7, u64::MAX - 1, 4)), libc::EINVAL);
     assert_eq!(errno(c.region_read(12, 0, 4)), libc::EINVAL);
     assert_eq!(errno(c.region_read(4, 0, 2 << 20)), libc::E2BIG);
+    assert_eq!(errno(c.region_read(4, 0x3ffe, 4)), libc::EINVAL, "past the end of BAR4 (notify area)");
+    assert_eq!(errno(c.region_read(4, 0x4000, 4)), libc::EINVAL);
+    assert_eq!(c.read32(4, 0x3000), 0, "notify area reads as zero");
     assert_eq!(errno(c.region_write(7, 0x100, &[1])), libc::EINVAL);
     c.still_serves();
 }
@@ -632,23 +433,11 @@ fn oversized_message_is_drained() {
 fn posted_writes_get_no_reply_even_on_error() {
     let dev = Dev::start();
     let mut c = dev.client();
-    let mut p = wire::RegionAccess {
-        offset: 0x3c,
-        region: 7,
-        count: 1,
-    }
-    .as_slice()
-    .to_vec();
+    let mut p = wire::RegionAccess { offset: 0x3c, region: 7, count: 1 }.as_slice().to_vec();
     p.push(0x42);
     let (_, good) = c.msg(cmd::REGION_WRITE, wire::FLAG_NO_REPLY, &p);
     c.send_raw(&good, &[]);
-    let mut bad = wire::RegionAccess {
-        offset: 0,
-        region: 3,
-        count: 1,
-    }
-    .as_slice()
-    .to_vec();
+    let mut bad = wire::RegionAccess { offset: 0, region: 3, count: 1 }.as_slice().to_vec();
     bad.push(1);
     let (_, bad) = c.msg(cmd::REGION_WRITE, wire::FLAG_NO_REPLY, &bad);
     c.send_raw(&bad, &[]);
@@ -665,38 +454,16 @@ fn dma_map_unmap_rules() {
     c.dma_map(0xfffc0000, 0x40000, None).ok(); // fd-less ROM window
     assert_eq!(errno(c.dma_map(0x80000, 0x1000, None)), libc::EEXIST);
     assert_eq!(errno(c.dma_map(0x200000, 0, None)), libc::EINVAL);
-    assert_eq!(
-        errno(c.dma_map(0x200000, 0x200000, Some(&mem))),
-        libc::EINVAL,
-        "file too small"
-    );
+    assert_eq!(errno(c.dma_map(0x200000, 0x200000, Some(&mem))), libc::EINVAL, "file too small");
     // Two descriptors for one window.
-    let m = wire::DmaMap {
-        argsz: 32,
-        flags: 3,
-        offset: 0,
-        address: 0x400000,
-        size: 0x1000,
-    };
+    let m = wire::DmaMap { argsz: 32, flags: 3, offset: 0, address: 0x400000, size: 0x1000 };
     assert_eq!(
-        errno(c.call_fds(
-            cmd::DMA_MAP,
-            m.as_slice(),
-            &[mem.as_raw_fd(), mem.as_raw_fd()]
-        )),
+        errno(c.call_fds(cmd::DMA_MAP, m.as_slice(), &[mem.as_raw_fd(), mem.as_raw_fd()])),
         libc::EINVAL
     );
-    assert_eq!(
-        errno(c.dma_unmap(0x1000, 0x1000, 0)),
-        libc::EINVAL,
-        "splits a window"
-    );
+    assert_eq!(errno(c.dma_unmap(0x1000, 0x1000, 0)), libc::EINVAL, "splits a window");
     assert_eq!(errno(c.dma_unmap(0x500000, 0x1000, 0)), libc::ENOENT);
-    assert_eq!(
-        errno(c.dma_unmap(0, 0x1000, 1)),
-        libc::ENOTSUP,
-        "dirty bitmap"
-    );
+    assert_eq!(errno(c.dma_unmap(0, 0x1000, 1)), libc::ENOTSUP, "dirty bitmap");
     let r = c.dma_unmap(0, 0x100000, 0).ok();
     let u: wire::DmaUnmap = wire::read_obj(&r.payload).unwrap();
     assert_eq!((u.address, u.size), (0, 0x100000), "reply echoes the entry");
@@ -714,26 +481,14 @@ fn unexpected_and_missing_fds() {
     let f = memfd("x", 4096).unwrap();
     let r = c.call_fds(
         cmd::DEVICE_GET_INFO,
-        wire::DeviceInfo {
-            argsz: 16,
-            ..Default::default()
-        }
-        .as_slice(),
+        wire::DeviceInfo { argsz: 16, ..Default::default() }.as_slice(),
         &[f.as_raw_fd()],
     );
     assert_eq!(r.errno(), libc::EINVAL);
     let trig = vb::VFIO_IRQ_SET_DATA_EVENTFD | vb::VFIO_IRQ_SET_ACTION_TRIGGER;
     let e = EventFd::new(0).unwrap();
-    assert_eq!(
-        errno(c.set_irqs(trig, 0, 2, &[], &[e.as_raw_fd()])),
-        libc::EINVAL,
-        "one fd for two vectors"
-    );
-    assert_eq!(
-        errno(c.set_irqs(trig, 0, 1, &[], &[f.as_raw_fd()])),
-        libc::EINVAL,
-        "not an eventfd"
-    );
+    assert_eq!(errno(c.set_irqs(trig, 0, 2, &[], &[e.as_raw_fd()])), libc::EINVAL, "one fd for two vectors");
+    assert_eq!(errno(c.set_irqs(trig, 0, 1, &[], &[f.as_raw_fd()])), libc::EINVAL, "not an eventfd");
     assert_eq!(
         errno(c.set_irqs(trig, 3, 2, &[], &[e.as_raw_fd(), e.as_raw_fd()])),
         libc::EINVAL,
@@ -741,13 +496,7 @@ fn unexpected_and_missing_fds() {
     );
     // More descriptors than max_msg_fds.
     let many: Vec<RawFd> = vec![e.as_raw_fd(); 20];
-    let m = wire::DmaMap {
-        argsz: 32,
-        flags: 3,
-        offset: 0,
-        address: 0,
-        size: 0x1000,
-    };
+    let m = wire::DmaMap { argsz: 32, flags: 3, offset: 0, address: 0, size: 0x1000 };
     let (_, b) = c.msg(cmd::DMA_MAP, 0, m.as_slice());
     let sent = wire::send_with_fds(&c.s, &[&b], &many);
     if sent.is_ok() {
@@ -763,116 +512,39 @@ fn set_irqs_assign_trigger_mask_disable() {
     let e0 = EventFd::new(libc::EFD_NONBLOCK).unwrap();
     let e1 = EventFd::new(libc::EFD_NONBLOCK).unwrap();
     let trig_fd = vb::VFIO_IRQ_SET_DATA_EVENTFD | vb::VFIO_IRQ_SET_ACTION_TRIGGER;
-    c.set_irqs(trig_fd, 0, 2, &[], &[e0.as_raw_fd(), e1.as_raw_fd()])
-        .ok();
+    c.set_irqs(trig_fd, 0, 2, &[], &[e0.as_raw_fd(), e1.as_raw_fd()]).ok();
     // Client-side trigger (DATA_NONE) reaches the eventfds.
-    c.set_irqs(
-        vb::VFIO_IRQ_SET_DATA_NONE | vb::VFIO_IRQ_SET_ACTION_TRIGGER,
-        0,
-        2,
-        &[],
-        &[],
-    )
-    .ok();
+    c.set_irqs(vb::VFIO_IRQ_SET_DATA_NONE | vb::VFIO_IRQ_SET_ACTION_TRIGGER, 0, 2, &[], &[]).ok();
     assert_eq!((e0.read().unwrap(), e1.read().unwrap()), (1, 1));
     // DATA_BOOL selects vectors.
-    c.set_irqs(
-        vb::VFIO_IRQ_SET_DATA_BOOL | vb::VFIO_IRQ_SET_ACTION_TRIGGER,
-        0,
-        2,
-        &[0, 1],
-        &[],
-    )
-    .ok();
+    c.set_irqs(vb::VFIO_IRQ_SET_DATA_BOOL | vb::VFIO_IRQ_SET_ACTION_TRIGGER, 0, 2, &[0, 1], &[]).ok();
     assert!(e0.read().is_err());
     assert_eq!(e1.read().unwrap(), 1);
     // Masked: pends; unmask delivers.
-    c.set_irqs(
-        vb::VFIO_IRQ_SET_DATA_NONE | vb::VFIO_IRQ_SET_ACTION_MASK,
-        1,
-        1,
-        &[],
-        &[],
-    )
-    .ok();
-    c.set_irqs(
-        vb::VFIO_IRQ_SET_DATA_NONE | vb::VFIO_IRQ_SET_ACTION_TRIGGER,
-        1,
-        1,
-        &[],
-        &[],
-    )
-    .ok();
+    c.set_irqs(vb::VFIO_IRQ_SET_DATA_NONE | vb::VFIO_IRQ_SET_ACTION_MASK, 1, 1, &[], &[]).ok();
+    c.set_irqs(vb::VFIO_IRQ_SET_DATA_NONE | vb::VFIO_IRQ_SET_ACTION_TRIGGER, 1, 1, &[], &[]).ok();
     assert!(e1.read().is_err());
     let pba = c.region_read(1, 0x800, 1).ok();
-    assert_eq!(
-        pba.payload[16] & 0b10,
-        0b10,
-        "pending bit visible in the PBA"
-    );
-    c.set_irqs(
-        vb::VFIO_IRQ_SET_DATA_NONE | vb::VFIO_IRQ_SET_ACTION_UNMASK,
-        1,
-        1,
-        &[],
-        &[],
-    )
-    .ok();
+    assert_eq!(pba.payload[16] & 0b10, 0b10, "pending bit visible in the PBA");
+    c.set_irqs(vb::VFIO_IRQ_SET_DATA_NONE | vb::VFIO_IRQ_SET_ACTION_UNMASK, 1, 1, &[], &[]).ok();
     assert_eq!(e1.read().unwrap(), 1);
     // Per-vector disable (eventfd with no fds), then count 0 disables everything.
     c.set_irqs(trig_fd, 0, 1, &[], &[]).ok();
-    c.set_irqs(
-        vb::VFIO_IRQ_SET_DATA_NONE | vb::VFIO_IRQ_SET_ACTION_TRIGGER,
-        0,
-        2,
-        &[],
-        &[],
-    )
-    .ok();
+    c.set_irqs(vb::VFIO_IRQ_SET_DATA_NONE | vb::VFIO_IRQ_SET_ACTION_TRIGGER, 0, 2, &[], &[]).ok();
     assert!(e0.read().is_err());
     assert_eq!(e1.read().unwrap(), 1);
-    c.set_irqs(
-        vb::VFIO_IRQ_SET_DATA_NONE | vb::VFIO_IRQ_SET_ACTION_TRIGGER,
-        0,
-        0,
-        &[],
-        &[],
-    )
-    .ok();
-    c.set_irqs(
-        vb::VFIO_IRQ_SET_DATA_NONE | vb::VFIO_IRQ_SET_ACTION_TRIGGER,
-        0,
-        2,
-        &[],
-        &[],
-    )
-    .ok();
+    c.set_irqs(vb::VFIO_IRQ_SET_DATA_NONE | vb::VFIO_IRQ_SET_ACTION_TRIGGER, 0, 0, &[], &[]).ok();
+    c.set_irqs(vb::VFIO_IRQ_SET_DATA_NONE | vb::VFIO_IRQ_SET_ACTION_TRIGGER, 0, 2, &[], &[]).ok();
     assert!(e1.read().is_err());
     // Malformed: two data kinds, bool array of the wrong length, argsz too small.
-    let both =
-        vb::VFIO_IRQ_SET_DATA_NONE | vb::VFIO_IRQ_SET_DATA_BOOL | vb::VFIO_IRQ_SET_ACTION_TRIGGER;
+    let both = vb::VFIO_IRQ_SET_DATA_NONE | vb::VFIO_IRQ_SET_DATA_BOOL | vb::VFIO_IRQ_SET_ACTION_TRIGGER;
     assert_eq!(errno(c.set_irqs(both, 0, 1, &[], &[])), libc::EINVAL);
     assert_eq!(
-        errno(c.set_irqs(
-            vb::VFIO_IRQ_SET_DATA_BOOL | vb::VFIO_IRQ_SET_ACTION_TRIGGER,
-            0,
-            2,
-            &[1],
-            &[]
-        )),
+        errno(c.set_irqs(vb::VFIO_IRQ_SET_DATA_BOOL | vb::VFIO_IRQ_SET_ACTION_TRIGGER, 0, 2, &[1], &[])),
         libc::EINVAL
     );
-    let p = wire::IrqSet {
-        argsz: 8,
-        flags: trig_fd,
-        index: 2,
-        start: 0,
-        count: 1,
-    };
-    assert_eq!(
-        errno(c.call(cmd::DEVICE_SET_IRQS, p.as_slice())),
-        libc::EINVAL
-    );
+    let p = wire::IrqSet { argsz: 8, flags: trig_fd, index: 2, start: 0, count: 1 };
+    assert_eq!(errno(c.call(cmd::DEVICE_SET_IRQS, p.as_slice())), libc::EINVAL);
     c.still_serves();
 }
 
@@ -892,15 +564,9 @@ fn second_client_is_refused_while_one_is_served() {
     let dev = Dev::start();
     let mut c = dev.client();
     let mut other = UnixStream::connect(dev.path()).unwrap();
-    other
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
+    other.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut b = [0u8; 1];
-    assert_eq!(
-        other.read(&mut b).unwrap_or(0),
-        0,
-        "second connection is closed"
-    );
+    assert_eq!(other.read(&mut b).unwrap_or(0), 0, "second connection is closed");
     c.still_serves();
     drop(c);
     // After the first client leaves, a new one is served.
@@ -948,10 +614,8 @@ fn post(mem: &File, slot: u16, head: u16) {
     };
     d(head, BUF, 16, 1, head + 1);
     d(head + 1, BUF + 0x1000 * u64::from(head), 64, 2, 0);
-    mem.write_all_at(&head.to_le_bytes(), RING + 0x1000 + 4 + 2 * u64::from(slot))
-        .unwrap();
-    mem.write_all_at(&(slot + 1).to_le_bytes(), RING + 0x1000 + 2)
-        .unwrap();
+    mem.write_all_at(&head.to_le_bytes(), RING + 0x1000 + 4 + 2 * u64::from(slot)).unwrap();
+    mem.write_all_at(&(slot + 1).to_le_bytes(), RING + 0x1000 + 2).unwrap();
 }
 
 fn used_idx(mem: &File) -> u16 {
@@ -984,14 +648,10 @@ fn corrupt_avail_ring_sets_needs_reset() {
     let mem = memfd("guest", 0x100000).unwrap();
     let e = EventFd::new(0).unwrap();
     activate(&mut c, &mem, &e);
-    std::os::unix::fs::FileExt::write_all_at(&mem, &100u16.to_le_bytes(), RING + 0x1000 + 2)
-        .unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&mem, &100u16.to_le_bytes(), RING + 0x1000 + 2).unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while c.read32(4, 0x14) & 0x40 == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "DEVICE_NEEDS_RESET never set"
-        );
+        assert!(std::time::Instant::now() < deadline, "DEVICE_NEEDS_RESET never set");
         std::thread::sleep(Duration::from_millis(5));
     }
     // Reset and the device is usable again.
@@ -1011,38 +671,24 @@ fn dma_unmap_waits_for_in_flight_requests() {
     let e = EventFd::new(0).unwrap();
     activate(&mut c, &mem, &e);
     post(&mem, 0, 0);
-    entered_rx
-        .recv_timeout(Duration::from_secs(10))
-        .expect("request reached the handler");
+    entered_rx.recv_timeout(Duration::from_secs(10)).expect("request reached the handler");
     let (_, b) = c.msg(
         cmd::DMA_UNMAP,
         0,
-        wire::DmaUnmap {
-            argsz: 24,
-            flags: 0,
-            address: 0,
-            size: 0x100000,
-        }
-        .as_slice(),
+        wire::DmaUnmap { argsz: 24, flags: 0, address: 0, size: 0x100000 }.as_slice(),
     );
     c.send_raw(&b, &[]);
     // While the handler holds the request, the unmap must not be acknowledged.
     std::thread::sleep(Duration::from_millis(300));
     let early = wire::recv_with_fds(&c.s, &mut [0u8; 16], &mut Vec::new());
     assert!(
-        early
-            .as_ref()
-            .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
+        early.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
         "DMA_UNMAP acknowledged while a request was in flight: {early:?}"
     );
     release_tx.send(()).unwrap();
     let r = c.recv();
     assert_eq!((r.hdr.command, r.errno()), (cmd::DMA_UNMAP, 0));
-    assert_eq!(
-        used_idx(&mem),
-        1,
-        "the request completed before the unmap was acknowledged"
-    );
+    assert_eq!(used_idx(&mem), 1, "the request completed before the unmap was acknowledged");
 }
 
 /// Deterministic pseudo-random bytes (xorshift), so a failure replays.
@@ -1072,8 +718,7 @@ fn garbage_never_kills_the_server() {
         for i in 0..64u64 {
             let body = noise(seed * 1000 + i, (i as usize * 7) % 200);
             let command = (body.first().copied().unwrap_or(0) % 20) as u16;
-            if command == cmd::VERSION || command == cmd::DMA_UNMAP || command == cmd::DEVICE_RESET
-            {
+            if command == cmd::VERSION || command == cmd::DMA_UNMAP || command == cmd::DEVICE_RESET {
                 continue;
             }
             let r = c.call(command, &body);

@@ -265,14 +265,7 @@ impl VirtioFsFunction {
         vcap(CAP_COMMON, CAP_NOTIFY, 16, 1, COMMON_OFFSET, COMMON_SIZE);
         vcap(CAP_NOTIFY, CAP_ISR, 20, 2, NOTIFY_OFFSET, NOTIFY_SIZE);
         vcap(CAP_ISR, CAP_DEVICE, 16, 3, ISR_OFFSET, 1);
-        vcap(
-            CAP_DEVICE,
-            CAP_PCI_CFG,
-            16,
-            4,
-            DEVICE_CFG_OFFSET,
-            DEVICE_CFG_SIZE,
-        );
+        vcap(CAP_DEVICE, CAP_PCI_CFG, 16, 4, DEVICE_CFG_OFFSET, DEVICE_CFG_SIZE);
         vcap(CAP_PCI_CFG, 0, 20, 5, 0, 0);
         c[CAP_PCI_CFG + 4] = 0;
         put32(c, CAP_NOTIFY + 16, NOTIFY_OFF_MULTIPLIER);
@@ -359,12 +352,7 @@ impl VirtioFsFunction {
         }
         match offset.checked_add(len as u64) {
             Some(end) if end <= size => Ok(()),
-            _ => Err(AccessError::OutOfRange {
-                region,
-                offset,
-                len,
-                size,
-            }),
+            _ => Err(AccessError::OutOfRange { region, offset, len, size }),
         }
     }
 
@@ -437,9 +425,8 @@ impl VirtioFsFunction {
         put32(&mut self.config, 0x20, bar4);
         if offset < PCI_CFG_DATA + 4 && offset + data.len() > PCI_CFG_DATA {
             if let Some((bar, off, len)) = self.pci_cfg_target() {
-                let window: [u8; 4] = self.config[PCI_CFG_DATA..PCI_CFG_DATA + 4]
-                    .try_into()
-                    .unwrap_or_default();
+                let window: [u8; 4] =
+                    self.config[PCI_CFG_DATA..PCI_CFG_DATA + 4].try_into().unwrap_or_default();
                 return self.write(bar, off, &window[..len]).ok().flatten();
             }
         }
@@ -525,8 +512,7 @@ impl VirtioFsFunction {
         regs[off..off + n].copy_from_slice(&data[..n]);
         let touched = |reg: usize, width: usize| off < reg + width && off + n > reg;
         let r16 = |reg: usize| u16::from_le_bytes([regs[reg], regs[reg + 1]]);
-        let r64 =
-            |reg: usize| u64::from_le_bytes(regs[reg..reg + 8].try_into().unwrap_or_default());
+        let r64 = |reg: usize| u64::from_le_bytes(regs[reg..reg + 8].try_into().unwrap_or_default());
         let features_locked = self.status & status::FEATURES_OK != 0;
         let live = self.status & status::DRIVER_OK != 0;
 
@@ -546,11 +532,7 @@ impl VirtioFsFunction {
         }
         if touched(0x10, 2) {
             let v = r16(0x10);
-            self.msix_config = if usize::from(v) < self.msix.len() {
-                v
-            } else {
-                NO_VECTOR
-            };
+            self.msix_config = if usize::from(v) < self.msix.len() { v } else { NO_VECTOR };
         }
         if touched(0x16, 2) {
             self.queue_select = r16(0x16);
@@ -576,11 +558,7 @@ impl VirtioFsFunction {
                 }
                 if touched(0x1a, 2) {
                     let v = r16(0x1a);
-                    q.cfg.vector = if usize::from(v) < vectors {
-                        v
-                    } else {
-                        NO_VECTOR
-                    };
+                    q.cfg.vector = if usize::from(v) < vectors { v } else { NO_VECTOR };
                 }
                 if touched(0x1c, 2) && r16(0x1c) == 1 {
                     q.enabled = true;
@@ -614,12 +592,7 @@ impl VirtioFsFunction {
         if next & status::DRIVER_OK != 0 && old & status::DRIVER_OK == 0 {
             return Some(DeviceEvent::Activate(Activation {
                 features: self.driver_features,
-                queues: self
-                    .queues
-                    .iter()
-                    .filter(|q| q.enabled)
-                    .map(|q| q.cfg)
-                    .collect(),
+                queues: self.queues.iter().filter(|q| q.enabled).map(|q| q.cfg).collect(),
                 config_vector: self.msix_config,
             }));
         }
@@ -636,22 +609,11 @@ mod tests {
         f.read(region, off, &mut b[..len]).unwrap();
         u64::from_le_bytes(b)
     }
-    fn wr(
-        f: &mut VirtioFsFunction,
-        region: u32,
-        off: u64,
-        len: usize,
-        v: u64,
-    ) -> Option<DeviceEvent> {
+    fn wr(f: &mut VirtioFsFunction, region: u32, off: u64, len: usize, v: u64) -> Option<DeviceEvent> {
         f.write(region, off, &v.to_le_bytes()[..len]).unwrap()
     }
     fn func() -> VirtioFsFunction {
-        VirtioFsFunction::new(
-            "myfs",
-            2,
-            256,
-            features::EVENT_IDX | features::INDIRECT_DESC,
-        )
+        VirtioFsFunction::new("myfs", 2, 256, features::EVENT_IDX | features::INDIRECT_DESC)
     }
 
     #[test]
@@ -667,15 +629,8 @@ mod tests {
             seen.push((id, ty));
             at = rd(&mut f, 7, at + 1, 1);
         }
-        assert_eq!(
-            seen,
-            vec![(0x11, 0), (9, 1), (9, 2), (9, 3), (9, 4), (9, 5)]
-        );
-        assert_eq!(
-            rd(&mut f, 7, 0x40 + 2, 2) & 0x7ff,
-            3,
-            "4 vectors: config + 3 queues"
-        );
+        assert_eq!(seen, vec![(0x11, 0), (9, 1), (9, 2), (9, 3), (9, 4), (9, 5)]);
+        assert_eq!(rd(&mut f, 7, 0x40 + 2, 2) & 0x7ff, 3, "4 vectors: config + 3 queues");
     }
 
     #[test]
@@ -725,21 +680,12 @@ mod tests {
         assert_eq!(rd(&mut f, 4, c(0x18), 2), 0, "absent queue reads size 0");
         wr(&mut f, 4, c(0x1a), 2, 77);
         let ev = wr(&mut f, 4, c(0x14), 1, 0xf).expect("activation");
-        let DeviceEvent::Activate(a) = ev else {
-            panic!("{ev:?}")
-        };
+        let DeviceEvent::Activate(a) = ev else { panic!("{ev:?}") };
         assert_eq!(a.features, features::VERSION_1 | features::EVENT_IDX);
         assert_eq!(a.queues.len(), 3);
         assert_eq!(
             a.queues[2],
-            QueueConfig {
-                index: 2,
-                size: 128,
-                desc: 0x30000,
-                avail: 0x30800,
-                used: 0x31000,
-                vector: 3
-            }
+            QueueConfig { index: 2, size: 128, desc: 0x30000, avail: 0x30800, used: 0x31000, vector: 3 }
         );
         // Registers are frozen while live.
         wr(&mut f, 4, c(0x16), 2, 1);
@@ -760,11 +706,7 @@ mod tests {
         wr(&mut f, 4, c(0x0c), 4, 1 | 1 << 20);
         wr(&mut f, 4, c(0x14), 1, 0xb);
         assert_eq!(rd(&mut f, 4, c(0x14), 1), 3, "unknown feature");
-        assert_eq!(
-            wr(&mut f, 4, c(0x14), 1, 0xf),
-            None,
-            "DRIVER_OK without FEATURES_OK"
-        );
+        assert_eq!(wr(&mut f, 4, c(0x14), 1, 0xf), None, "DRIVER_OK without FEATURES_OK");
     }
 
     #[test]
@@ -777,10 +719,7 @@ mod tests {
         assert_eq!(f.set_needs_reset(), None);
         assert_eq!(rd(&mut f, 4, ISR_OFFSET, 1), 2);
         assert_eq!(rd(&mut f, 4, ISR_OFFSET, 1), 0, "ISR read clears");
-        assert_eq!(
-            wr(&mut f, 4, NOTIFY_OFFSET + 8, 2, 2),
-            Some(DeviceEvent::Notify(2))
-        );
+        assert_eq!(wr(&mut f, 4, NOTIFY_OFFSET + 8, 2, 2), Some(DeviceEvent::Notify(2)));
         assert_eq!(wr(&mut f, 4, NOTIFY_OFFSET + 12, 2, 3), None);
         assert_eq!(
             f.read(4, VIRTIO_BAR_SIZE - 2, &mut [0; 4]),
@@ -805,22 +744,14 @@ mod tests {
         wr(&mut f, 7, CAP_PCI_CFG as u64 + 8, 4, COMMON_OFFSET + 0x16);
         wr(&mut f, 7, CAP_PCI_CFG as u64 + 12, 4, 2);
         wr(&mut f, 7, PCI_CFG_DATA as u64, 2, 2);
-        assert_eq!(
-            rd(&mut f, 4, COMMON_OFFSET + 0x16, 2),
-            2,
-            "queue_select written through the window"
-        );
+        assert_eq!(rd(&mut f, 4, COMMON_OFFSET + 0x16, 2), 2, "queue_select written through the window");
     }
 
     #[test]
     fn msix_control_is_stored() {
         let mut f = func();
         wr(&mut f, 7, CAP_MSIX as u64 + 2, 2, 0x4000 | 0x8000 | 0x7ff);
-        assert_eq!(
-            rd(&mut f, 7, CAP_MSIX as u64 + 2, 2),
-            0xc003,
-            "table size is read-only"
-        );
+        assert_eq!(rd(&mut f, 7, CAP_MSIX as u64 + 2, 2), 0xc003, "table size is read-only");
         f.reset();
         assert_eq!(rd(&mut f, 7, CAP_MSIX as u64 + 2, 2), 0x0003);
     }

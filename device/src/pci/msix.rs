@@ -66,9 +66,7 @@ impl MsixShared {
 
     /// Whether `vector`'s pending bit is set.
     pub fn is_pending(&self, vector: usize) -> bool {
-        self.pending
-            .get(vector)
-            .is_some_and(|p| p.load(Ordering::Acquire))
+        self.pending.get(vector).is_some_and(|p| p.load(Ordering::Acquire))
     }
 
     /// Clears and returns the pending bit of `vector` if it is deliverable now.
@@ -111,9 +109,7 @@ pub struct MsixTable {
 impl MsixTable {
     /// A table of `vectors` entries in the reset state.
     pub fn new(vectors: usize) -> Self {
-        MsixTable {
-            entries: vec![[0, 0, 0, 1]; vectors],
-        }
+        MsixTable { entries: vec![[0, 0, 0, 1]; vectors] }
     }
 
     /// Back to the reset state.
@@ -128,14 +124,10 @@ impl MsixTable {
             let off = offset + i as u64;
             *b = if off < PBA_OFFSET {
                 let (vec, word, byte) = ((off / 16) as usize, ((off % 16) / 4) as usize, off % 4);
-                self.entries
-                    .get(vec)
-                    .map_or(0, |e| (e[word] >> (8 * byte)) as u8)
+                self.entries.get(vec).map_or(0, |e| (e[word] >> (8 * byte)) as u8)
             } else {
                 let first = ((off - PBA_OFFSET) * 8) as usize;
-                (0..8).fold(0u8, |acc, bit| {
-                    acc | (u8::from(shared.is_pending(first + bit)) << bit)
-                })
+                (0..8).fold(0u8, |acc, bit| acc | (u8::from(shared.is_pending(first + bit)) << bit))
             };
         }
     }
@@ -195,11 +187,7 @@ mod tests {
         t.read(&s, 16, &mut b);
         assert_eq!(&b[0..4], &0xfee0_1000u32.to_le_bytes());
         assert_eq!(&b[8..12], &0x4041u32.to_le_bytes());
-        assert_eq!(
-            &b[12..16],
-            &1u32.to_le_bytes(),
-            "reserved control bits read as zero"
-        );
+        assert_eq!(&b[12..16], &1u32.to_le_bytes(), "reserved control bits read as zero");
         t.write(PBA_OFFSET, &[0xff]);
         t.read(&s, PBA_OFFSET, &mut b[..1]);
         assert_eq!(b[0], 0, "PBA is read-only");

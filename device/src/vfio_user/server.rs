@@ -132,10 +132,7 @@ impl Server {
         profile: &Profile,
         handler: Arc<dyn RequestHandler>,
     ) -> Result<Self, ServerError> {
-        let bind_err = |source| ServerError::Bind {
-            path: path.display().to_string(),
-            source,
-        };
+        let bind_err = |source| ServerError::Bind { path: path.display().to_string(), source };
         if let Ok(meta) = std::fs::symlink_metadata(path) {
             use std::os::unix::fs::FileTypeExt;
             if meta.file_type().is_socket() {
@@ -147,19 +144,10 @@ impl Server {
         let poll = Poll::new().map_err(ServerError::Setup)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(ServerError::Setup)?);
         poll.registry()
-            .register(
-                &mut SourceFd(&listener.as_raw_fd()),
-                LISTENER,
-                Interest::READABLE,
-            )
+            .register(&mut SourceFd(&listener.as_raw_fd()), LISTENER, Interest::READABLE)
             .map_err(ServerError::Setup)?;
         let offered = features::EVENT_IDX | features::INDIRECT_DESC;
-        let func = VirtioFsFunction::new(
-            &profile.tag,
-            profile.request_queues,
-            profile.queue_size,
-            offered,
-        );
+        let func = VirtioFsFunction::new(&profile.tag, profile.request_queues, profile.queue_size, offered);
         let w = waker.clone();
         let pollers = PollerSet::spawn(
             profile,
@@ -192,10 +180,7 @@ impl Server {
 
     /// A handle that stops [`Server::run`].
     pub fn stop_handle(&self) -> StopHandle {
-        StopHandle {
-            stop: self.stop.clone(),
-            waker: self.waker.clone(),
-        }
+        StopHandle { stop: self.stop.clone(), waker: self.waker.clone() }
     }
 
     /// Per-queue counters.
@@ -254,11 +239,7 @@ impl Server {
         // Receives use MSG_DONTWAIT; replies block, bounded by a send timeout.
         sock.set_nonblocking(false)?;
         sock.set_write_timeout(Some(Duration::from_secs(5)))?;
-        self.poll.registry().register(
-            &mut SourceFd(&sock.as_raw_fd()),
-            CLIENT,
-            Interest::READABLE,
-        )?;
+        self.poll.registry().register(&mut SourceFd(&sock.as_raw_fd()), CLIENT, Interest::READABLE)?;
         info!("client connected");
         self.conn = Some(Conn {
             sock,
@@ -275,10 +256,7 @@ impl Server {
     /// Drops the client and returns the device to its power-on state (keeping the listener).
     fn disconnect(&mut self) {
         if let Some(conn) = self.conn.take() {
-            let _ = self
-                .poll
-                .registry()
-                .deregister(&mut SourceFd(&conn.sock.as_raw_fd()));
+            let _ = self.poll.registry().deregister(&mut SourceFd(&conn.sock.as_raw_fd()));
             info!("client disconnected; resetting device");
         }
         self.dev.reset_all();
@@ -321,11 +299,7 @@ impl Server {
         let alive = self.process();
         if eof || !alive {
             self.disconnect();
-        } else if self
-            .conn
-            .as_ref()
-            .is_some_and(|c| c.buf.len() >= MAX_MSG_SIZE)
-        {
+        } else if self.conn.as_ref().is_some_and(|c| c.buf.len() >= MAX_MSG_SIZE) {
             // More is waiting in the socket; the level-triggered... mio is edge-triggered: go again.
             self.client_ready();
         }
@@ -351,10 +325,7 @@ impl Server {
             };
             let size = hdr.msg_size as usize;
             if hdr.flags & wire::FLAG_TYPE_MASK != wire::FLAG_COMMAND {
-                warn!(
-                    "message {} from the client is not a command (flags {:#x})",
-                    hdr.msg_id, hdr.flags
-                );
+                warn!("message {} from the client is not a command (flags {:#x})", hdr.msg_id, hdr.flags);
                 let take = size.clamp(HEADER_SIZE, MAX_MSG_SIZE);
                 if conn.buf.len() < take {
                     return true;
@@ -363,10 +334,7 @@ impl Server {
                 continue;
             }
             if size < HEADER_SIZE {
-                warn!(
-                    "message {}: size {size} is smaller than a header",
-                    hdr.msg_id
-                );
+                warn!("message {}: size {size} is smaller than a header", hdr.msg_id);
                 let r = conn.reply(&hdr, Err(libc::EINVAL));
                 conn.consume(HEADER_SIZE);
                 if r.is_err() {
@@ -412,10 +380,7 @@ impl Server {
                 conn.negotiated = true;
             }
             if let Err(errno) = &result {
-                debug!(
-                    "command {} (msg {}) failed: errno {errno}",
-                    hdr.command, hdr.msg_id
-                );
+                debug!("command {} (msg {}) failed: errno {errno}", hdr.command, hdr.msg_id);
             }
             let r = conn.reply(&hdr, result);
             conn.consume(size);
@@ -429,11 +394,7 @@ impl Server {
     fn dispatch(&mut self, hdr: &Header, payload: &[u8], fds: Vec<File>) -> CmdResult {
         let takes_fds = matches!(hdr.command, cmd::DMA_MAP | cmd::DEVICE_SET_IRQS);
         if !takes_fds && !fds.is_empty() {
-            warn!(
-                "command {} came with {} unexpected file descriptors",
-                hdr.command,
-                fds.len()
-            );
+            warn!("command {} came with {} unexpected file descriptors", hdr.command, fds.len());
             return Err(libc::EINVAL);
         }
         let negotiated = self.conn.as_ref().is_some_and(|c| c.negotiated);
@@ -480,12 +441,7 @@ impl Conn {
         }
         let (payload, fds, flags, error) = match result {
             Ok((p, f)) => (p, f, wire::FLAG_REPLY, 0),
-            Err(errno) => (
-                Vec::new(),
-                Vec::new(),
-                wire::FLAG_REPLY | wire::FLAG_ERROR,
-                errno as u32,
-            ),
+            Err(errno) => (Vec::new(), Vec::new(), wire::FLAG_REPLY | wire::FLAG_ERROR, errno as u32),
         };
         let hdr = Header {
             msg_id: req.msg_id,
@@ -510,13 +466,11 @@ impl Conn {
 fn version(payload: &[u8]) -> CmdResult {
     let v = wire::read_obj::<wire::Version>(payload).ok_or(libc::EINVAL)?;
     if v.major != 0 {
-        warn!(
-            "client wants protocol {}.{}; we speak 0.x",
-            v.major, v.minor
-        );
+        warn!("client wants protocol {}.{}; we speak 0.x", v.major, v.minor);
         return Err(libc::ENOTSUP);
     }
     let json = &payload[4..];
+    let mut proposed: Vec<&str> = Vec::new();
     if json.len() > MAX_VERSION_JSON {
         return Err(libc::E2BIG);
     }
@@ -529,41 +483,36 @@ fn version(payload: &[u8]) -> CmdResult {
         let obj = value.as_object().ok_or(libc::EINVAL)?;
         if let Some(caps) = obj.get("capabilities") {
             let caps = caps.as_object().ok_or(libc::EINVAL)?;
-            for key in [
-                "max_msg_fds",
-                "max_data_xfer_size",
-                "pgsizes",
-                "max_dma_maps",
-            ] {
-                if caps.get(key).is_some_and(|v| !v.is_u64()) {
-                    warn!("VERSION capability {key} is not a number");
-                    return Err(libc::EINVAL);
+            for key in ["max_msg_fds", "max_data_xfer_size", "pgsizes", "max_dma_maps"] {
+                match caps.get(key) {
+                    Some(v) if !v.is_u64() => {
+                        warn!("VERSION capability {key} is not a number");
+                        return Err(libc::EINVAL);
+                    }
+                    Some(_) => proposed.push(key),
+                    None => {}
                 }
             }
-            if caps
-                .get("pgsizes")
-                .and_then(|v| v.as_u64())
-                .is_some_and(|p| p & 4096 == 0)
-            {
+            if caps.get("pgsizes").and_then(|v| v.as_u64()).is_some_and(|p| p & 4096 == 0) {
                 warn!("client does not support 4 KiB pages");
                 return Err(libc::EINVAL);
             }
         }
     }
-    let caps = serde_json::json!({
-        "capabilities": {
-            "max_msg_fds": wire::MAX_MSG_FDS,
-            "max_data_xfer_size": MAX_DATA_XFER,
-            "pgsizes": 4096,
-            "max_dma_maps": memory::MAX_DMA_MAPS,
-        }
-    });
-    let mut out = wire::Version {
-        major: 0,
-        minor: v.minor.min(1),
-    }
-    .as_slice()
-    .to_vec();
+    // The reply's capabilities are a subset of the proposal: ours, for the keys the client named.
+    let ours = [
+        ("max_msg_fds", wire::MAX_MSG_FDS as u64),
+        ("max_data_xfer_size", MAX_DATA_XFER as u64),
+        ("pgsizes", 4096),
+        ("max_dma_maps", memory::MAX_DMA_MAPS as u64),
+    ];
+    let reply_caps: serde_json::Map<String, serde_json::Value> = ours
+        .iter()
+        .filter(|(k, _)| proposed.contains(k))
+        .map(|(k, v)| (k.to_string(), (*v).into()))
+        .collect();
+    let caps = serde_json::json!({ "capabilities": reply_caps });
+    let mut out = wire::Version { major: 0, minor: v.minor.min(1) }.as_slice().to_vec();
     out.extend_from_slice(caps.to_string().as_bytes());
     out.push(0);
     Ok((out, Vec::new()))
@@ -601,11 +550,7 @@ impl Device {
     }
 
     fn publish_irqs(&mut self) {
-        let irqs: Irqs = self
-            .msix_fds
-            .iter()
-            .map(|f| f.as_ref().and_then(|f| f.try_clone().ok()))
-            .collect();
+        let irqs: Irqs = self.msix_fds.iter().map(|f| f.as_ref().and_then(|f| f.try_clone().ok())).collect();
         self.pollers.set_irqs(&irqs);
     }
 
@@ -639,16 +584,11 @@ impl Device {
         }
         let file = fds.pop();
         let has_fd = file.is_some();
-        debug!(
-            "DMA_MAP {:#x}+{:#x} offset {:#x} fd {}",
-            m.address, m.size, m.offset, has_fd
-        );
-        self.dma
-            .map(m.address, m.size, m.offset, file)
-            .map_err(|e| {
-                warn!("DMA_MAP: {e}");
-                e.errno()
-            })?;
+        debug!("DMA_MAP {:#x}+{:#x} offset {:#x} fd {}", m.address, m.size, m.offset, has_fd);
+        self.dma.map(m.address, m.size, m.offset, file).map_err(|e| {
+            warn!("DMA_MAP: {e}");
+            e.errno()
+        })?;
         if has_fd {
             self.pollers.set_memory(&self.dma.snapshot());
         }
@@ -679,19 +619,12 @@ impl Device {
 
     fn region_info(&mut self, payload: &[u8]) -> CmdResult {
         let req = wire::read_obj::<wire::RegionInfo>(payload).ok_or(libc::EINVAL)?;
-        if payload.len() != 32 || (req.argsz as usize) < 32 || req.index >= vb::VFIO_PCI_NUM_REGIONS
-        {
+        if payload.len() != 32 || (req.argsz as usize) < 32 || req.index >= vb::VFIO_PCI_NUM_REGIONS {
             return Err(libc::EINVAL);
         }
         let size = self.func.region_size(req.index);
-        let mut info = wire::RegionInfo {
-            argsz: 32,
-            flags: 0,
-            index: req.index,
-            cap_offset: 0,
-            size,
-            offset: 0,
-        };
+        let mut info =
+            wire::RegionInfo { argsz: 32, flags: 0, index: req.index, cap_offset: 0, size, offset: 0 };
         if size > 0 {
             info.flags = vb::VFIO_REGION_INFO_FLAG_READ | vb::VFIO_REGION_INFO_FLAG_WRITE;
         }
@@ -708,10 +641,7 @@ impl Device {
                 nr_areas: 1,
                 reserved: 0,
             };
-            let area = wire::SparseArea {
-                offset: pci::NOTIFY_OFFSET,
-                size: pci::NOTIFY_SIZE,
-            };
+            let area = wire::SparseArea { offset: pci::NOTIFY_OFFSET, size: pci::NOTIFY_SIZE };
             caps.extend_from_slice(cap.as_slice());
             caps.extend_from_slice(area.as_slice());
             info.argsz = (32 + caps.len()) as u32;
@@ -733,21 +663,15 @@ impl Device {
             return Err(libc::EINVAL);
         }
         let (flags, count) = self.irq_shape(req.index);
-        let info = wire::IrqInfo {
-            argsz: 16,
-            flags,
-            index: req.index,
-            count,
-        };
+        let info = wire::IrqInfo { argsz: 16, flags, index: req.index, count };
         Ok((info.as_slice().to_vec(), Vec::new()))
     }
 
     fn irq_shape(&self, index: u32) -> (u32, u32) {
         match index {
-            vb::VFIO_PCI_MSIX_IRQ_INDEX => (
-                vb::VFIO_IRQ_INFO_EVENTFD | vb::VFIO_IRQ_INFO_MASKABLE,
-                self.msix_fds.len() as u32,
-            ),
+            vb::VFIO_PCI_MSIX_IRQ_INDEX => {
+                (vb::VFIO_IRQ_INFO_EVENTFD | vb::VFIO_IRQ_INFO_MASKABLE, self.msix_fds.len() as u32)
+            }
             _ => (vb::VFIO_IRQ_INFO_EVENTFD, 0),
         }
     }
@@ -761,8 +685,7 @@ impl Device {
         }
         let data_kind = s.flags & vb::VFIO_IRQ_SET_DATA_TYPE_MASK;
         let action = s.flags & vb::VFIO_IRQ_SET_ACTION_TYPE_MASK;
-        let unknown =
-            s.flags & !(vb::VFIO_IRQ_SET_DATA_TYPE_MASK | vb::VFIO_IRQ_SET_ACTION_TYPE_MASK);
+        let unknown = s.flags & !(vb::VFIO_IRQ_SET_DATA_TYPE_MASK | vb::VFIO_IRQ_SET_ACTION_TYPE_MASK);
         if unknown != 0 || !data_kind.is_power_of_two() || !action.is_power_of_two() {
             return Err(libc::EINVAL);
         }
@@ -846,12 +769,7 @@ impl Device {
         }
         let mut out = a.as_slice().to_vec();
         let mut data = vec![0u8; a.count as usize];
-        self.access(a.region, a.offset, |f, r, o| {
-            if r == pci::VIRTIO_BAR && o >= pci::NOTIFY_OFFSET {
-                return Ok(()); // notify area reads as zero
-            }
-            f.read(r, o, &mut data)
-        })?;
+        self.access(a.region, a.offset, |f, r, o| f.read(r, o, &mut data))?;
         out.extend_from_slice(&data);
         Ok((out, Vec::new()))
     }
@@ -868,11 +786,7 @@ impl Device {
         let event = self.access(a.region, a.offset, |f, r, o| f.write(r, o, data))?;
         match event {
             Some(DeviceEvent::Activate(act)) => {
-                info!(
-                    "driver ready: features {:#x}, {} queues",
-                    act.features,
-                    act.queues.len()
-                );
+                info!("driver ready: features {:#x}, {} queues", act.features, act.queues.len());
                 self.pollers.set_memory(&self.dma.snapshot());
                 self.pollers.start(&act.queues, act.features);
             }

@@ -251,17 +251,13 @@ const _: () = {
 
 /// Reads a `T` from the front of `bytes`, if there are enough of them.
 pub fn read_obj<T: ByteValued + Default>(bytes: &[u8]) -> Option<T> {
-    bytes
-        .get(..size_of::<T>())
-        .and_then(T::from_slice)
-        .copied()
-        .or_else(|| {
-            // `from_slice` also insists on alignment; copy through an aligned value instead.
-            let src = bytes.get(..size_of::<T>())?;
-            let mut v = T::default();
-            v.as_mut_slice().copy_from_slice(src);
-            Some(v)
-        })
+    bytes.get(..size_of::<T>()).and_then(T::from_slice).copied().or_else(|| {
+        // `from_slice` also insists on alignment; copy through an aligned value instead.
+        let src = bytes.get(..size_of::<T>())?;
+        let mut v = T::default();
+        v.as_mut_slice().copy_from_slice(src);
+        Some(v)
+    })
 }
 
 /// Receives up to `buf.len()` bytes and any file descriptors sent with them.
@@ -269,19 +265,12 @@ pub fn read_obj<T: ByteValued + Default>(bytes: &[u8]) -> Option<T> {
 /// Returns `Ok(0)` at end of stream. Descriptors are returned as owned `File`s, opened with
 /// `CLOEXEC`. If the sender passed more descriptors than [`MAX_MSG_FDS`] the kernel truncates the
 /// control message and closes the excess; that is reported as `truncated_fds`.
-pub fn recv_with_fds(
-    sock: &UnixStream,
-    buf: &mut [u8],
-    fds: &mut Vec<File>,
-) -> io::Result<RecvResult> {
+pub fn recv_with_fds(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<File>) -> io::Result<RecvResult> {
     const CMSG_SPACE: usize =
         // Room for MAX_MSG_FDS descriptors in one SCM_RIGHTS message, rounded up generously.
         64 + MAX_MSG_FDS * size_of::<RawFd>();
     let mut cmsg_buf = [0u64; CMSG_SPACE / 8];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     // SAFETY: msghdr is a plain C struct for which all-zero is a valid value.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -290,13 +279,7 @@ pub fn recv_with_fds(
     msg.msg_controllen = std::mem::size_of_val(&cmsg_buf) as _;
     // SAFETY: `msg` points at `iov` (describing `buf`, valid for writes of its length) and at
     // `cmsg_buf` (valid for writes of `msg_controllen` bytes); both outlive the call.
-    let n = unsafe {
-        libc::recvmsg(
-            sock.as_raw_fd(),
-            &mut msg,
-            libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT,
-        )
-    };
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT) };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -324,10 +307,7 @@ pub fn recv_with_fds(
         // SAFETY: `msg` and `cmsg` are valid as above; CMSG_NXTHDR returns null at the end.
         cmsg = unsafe { libc::CMSG_NXTHDR(&msg, cmsg) };
     }
-    Ok(RecvResult {
-        bytes: n as usize,
-        truncated_fds: msg.msg_flags & libc::MSG_CTRUNC != 0,
-    })
+    Ok(RecvResult { bytes: n as usize, truncated_fds: msg.msg_flags & libc::MSG_CTRUNC != 0 })
 }
 
 /// What one [`recv_with_fds`] call got.
@@ -343,11 +323,8 @@ pub struct RecvResult {
 pub fn send_with_fds(sock: &UnixStream, bufs: &[&[u8]], fds: &[RawFd]) -> io::Result<usize> {
     let mut iovs: heapless::Vec<libc::iovec, 4> = heapless::Vec::new();
     for b in bufs {
-        iovs.push(libc::iovec {
-            iov_base: b.as_ptr() as *mut _,
-            iov_len: b.len(),
-        })
-        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        iovs.push(libc::iovec { iov_base: b.as_ptr() as *mut _, iov_len: b.len() })
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     }
     if fds.len() > MAX_MSG_FDS {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
@@ -370,11 +347,7 @@ pub fn send_with_fds(sock: &UnixStream, bufs: &[&[u8]], fds: &[RawFd]) -> io::Re
             (*cmsg).cmsg_level = libc::SOL_SOCKET;
             (*cmsg).cmsg_type = libc::SCM_RIGHTS;
             (*cmsg).cmsg_len = libc::CMSG_LEN(bytes as u32) as _;
-            std::ptr::copy_nonoverlapping(
-                fds.as_ptr(),
-                libc::CMSG_DATA(cmsg) as *mut RawFd,
-                fds.len(),
-            );
+            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg) as *mut RawFd, fds.len());
         }
     }
     // SAFETY: every iovec describes a live borrowed buffer that is only read; the control buffer
@@ -394,13 +367,7 @@ mod tests {
 
     #[test]
     fn header_roundtrip() {
-        let h = Header {
-            msg_id: 7,
-            command: cmd::REGION_READ,
-            msg_size: 32,
-            flags: FLAG_NO_REPLY,
-            error: 0,
-        };
+        let h = Header { msg_id: 7, command: cmd::REGION_READ, msg_size: 32, flags: FLAG_NO_REPLY, error: 0 };
         let bytes = h.as_slice().to_vec();
         assert_eq!(bytes.len(), HEADER_SIZE);
         assert_eq!(read_obj::<Header>(&bytes), Some(h));

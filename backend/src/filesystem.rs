@@ -1,0 +1,478 @@
+//! The [`FileSystem`] trait a backend implements, and the plain types its operations exchange.
+//!
+//! The [`Server`](crate::Server) decodes a FUSE request, calls one method here and encodes the result;
+//! a filesystem never sees wire structs or errnos. Every method takes `&self` (requests arrive
+//! concurrently from several queues) and the caller's [`Context`], and defaults to
+//! [`Error::NotImplemented`], which the server answers with `ENOSYS` (for most operations the kernel
+//! then stops sending it). Names are raw bytes without the NUL terminator; the server has already
+//! checked that they are non-empty and contain no `/` or NUL, and, where a name is being created, that
+//! it is not `.` or `..`.
+
+use std::time::Duration;
+
+use crate::io::{Reader, Writer};
+
+/// Who is asking: the fsuid, fsgid and thread group of the guest process behind a request.
+///
+/// FUSE carries no supplementary groups, so permission checks can only use `gid`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Context {
+    /// Filesystem user id of the caller.
+    pub uid: u32,
+    /// Filesystem group id of the caller.
+    pub gid: u32,
+    /// Thread group id of the caller.
+    pub pid: u32,
+}
+
+/// A point in time, seconds and nanoseconds since the Unix epoch (seconds may be negative).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Timespec {
+    /// Seconds since the epoch.
+    pub sec: i64,
+    /// Nanoseconds, below 1e9.
+    pub nsec: u32,
+}
+
+impl Timespec {
+    /// The current wall-clock time.
+    pub fn now() -> Self {
+        match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            Ok(d) => Timespec { sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX), nsec: d.subsec_nanos() },
+            Err(e) => {
+                let d = e.duration();
+                let sec = -i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+                match d.subsec_nanos() {
+                    0 => Timespec { sec, nsec: 0 },
+                    n => Timespec { sec: sec - 1, nsec: 1_000_000_000 - n },
+                }
+            }
+        }
+    }
+}
+
+/// Attributes of an inode, as `stat(2)` shows them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stat {
+    /// Inode number (also the FUSE node id).
+    pub ino: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Allocated storage, in 512-byte units.
+    pub blocks: u64,
+    /// Last access.
+    pub atime: Timespec,
+    /// Last data modification.
+    pub mtime: Timespec,
+    /// Last status change.
+    pub ctime: Timespec,
+    /// File type and permission bits (`S_IF*` | mode).
+    pub mode: u32,
+    /// Number of hard links.
+    pub nlink: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Device number, for character and block devices.
+    pub rdev: u32,
+    /// Preferred I/O size.
+    pub blksize: u32,
+}
+
+/// A name resolved to an inode; the kernel now holds one more lookup reference on `ino`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Entry {
+    /// Inode number (0 means "no inode": a negative entry).
+    pub ino: u64,
+    /// Generation of `ino` (distinguishes reuses of an inode number).
+    pub generation: u64,
+    /// The inode's attributes.
+    pub attr: Stat,
+    /// How long the kernel may cache the name -> inode binding.
+    pub entry_timeout: Duration,
+    /// How long the kernel may cache `attr`.
+    pub attr_timeout: Duration,
+}
+
+/// A new file or directory handle.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Opened {
+    /// Handle the kernel passes back in later requests.
+    pub fh: u64,
+    /// `FOPEN_*` flags for the kernel (see [`crate::abi::fopen`]).
+    pub open_flags: u32,
+}
+
+/// Filesystem statistics, as `statfs(2)` shows them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatFs {
+    /// Total data blocks, in `frsize` units.
+    pub blocks: u64,
+    /// Free blocks.
+    pub bfree: u64,
+    /// Free blocks available to unprivileged users.
+    pub bavail: u64,
+    /// Total inodes.
+    pub files: u64,
+    /// Free inodes.
+    pub ffree: u64,
+    /// Block size.
+    pub bsize: u32,
+    /// Longest name component.
+    pub namelen: u32,
+    /// Fragment size.
+    pub frsize: u32,
+}
+
+/// A time to set with SETATTR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetTime {
+    /// The server's current time (`UTIME_NOW`).
+    Now,
+    /// An explicit time.
+    At(Timespec),
+}
+
+/// The attributes a SETATTR changes; `None` leaves one alone.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SetAttr {
+    /// New permission bits (the file type bits are ignored).
+    pub mode: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New size (truncate or extend).
+    pub size: Option<u64>,
+    /// New access time.
+    pub atime: Option<SetTime>,
+    /// New modification time.
+    pub mtime: Option<SetTime>,
+    /// New status change time.
+    pub ctime: Option<Timespec>,
+    /// The request comes through this open handle (`ftruncate`), so the handle's access mode rather
+    /// than the inode's permission bits decides.
+    pub fh: Option<u64>,
+    /// Clear set-user-id and set-group-id as a write by this caller would.
+    pub kill_suidgid: bool,
+}
+
+/// One directory entry handed to a READDIR sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirEntry<'a> {
+    /// Inode number.
+    pub ino: u64,
+    /// Offset to pass to the next READDIR to continue after this entry.
+    pub offset: u64,
+    /// File type (`DT_*`, i.e. `S_IF* >> 12`).
+    pub typ: u32,
+    /// Name, without NUL.
+    pub name: &'a [u8],
+}
+
+/// Why an operation failed. The server turns it into an errno in the reply header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The filesystem does not implement this operation (`ENOSYS`).
+    #[error("operation not implemented")]
+    NotImplemented,
+    /// No such file, directory or inode (`ENOENT`).
+    #[error("no such file or directory")]
+    NotFound,
+    /// The name already exists (`EEXIST`).
+    #[error("file exists")]
+    Exists,
+    /// A directory was required (`ENOTDIR`).
+    #[error("not a directory")]
+    NotDir,
+    /// A non-directory was required (`EISDIR`).
+    #[error("is a directory")]
+    IsDir,
+    /// The directory is not empty (`ENOTEMPTY`).
+    #[error("directory not empty")]
+    NotEmpty,
+    /// The permission bits deny the access (`EACCES`).
+    #[error("permission denied")]
+    AccessDenied,
+    /// The caller lacks the ownership or privilege the operation needs (`EPERM`).
+    #[error("operation not permitted")]
+    NotPermitted,
+    /// A name component is too long (`ENAMETOOLONG`).
+    #[error("name too long")]
+    NameTooLong,
+    /// An argument is invalid (`EINVAL`).
+    #[error("invalid argument")]
+    InvalidArgument,
+    /// The filesystem is full (`ENOSPC`).
+    #[error("no space left on device")]
+    NoSpace,
+    /// Unknown or unsuitable file handle (`EBADF`).
+    #[error("bad file handle")]
+    BadHandle,
+    /// The file would exceed the maximum file size (`EFBIG`).
+    #[error("file too large")]
+    FileTooLarge,
+    /// The inode has the maximum number of links (`EMLINK`).
+    #[error("too many links")]
+    TooManyLinks,
+    /// The operation is not supported for this object (`EOPNOTSUPP`).
+    #[error("operation not supported")]
+    NotSupported,
+    /// The result does not fit the caller's buffer (`ERANGE`).
+    #[error("result out of range")]
+    OutOfRange,
+    /// Internal failure (`EIO`).
+    #[error("input/output error")]
+    Io,
+}
+
+impl Error {
+    /// The errno this error is reported as.
+    pub fn errno(self) -> i32 {
+        match self {
+            Error::NotImplemented => libc::ENOSYS,
+            Error::NotFound => libc::ENOENT,
+            Error::Exists => libc::EEXIST,
+            Error::NotDir => libc::ENOTDIR,
+            Error::IsDir => libc::EISDIR,
+            Error::NotEmpty => libc::ENOTEMPTY,
+            Error::AccessDenied => libc::EACCES,
+            Error::NotPermitted => libc::EPERM,
+            Error::NameTooLong => libc::ENAMETOOLONG,
+            Error::InvalidArgument => libc::EINVAL,
+            Error::NoSpace => libc::ENOSPC,
+            Error::BadHandle => libc::EBADF,
+            Error::FileTooLarge => libc::EFBIG,
+            Error::TooManyLinks => libc::EMLINK,
+            Error::NotSupported => libc::EOPNOTSUPP,
+            Error::OutOfRange => libc::ERANGE,
+            Error::Io => libc::EIO,
+        }
+    }
+}
+
+impl From<crate::io::Error> for Error {
+    fn from(e: crate::io::Error) -> Self {
+        match e {
+            crate::io::Error::ShortRead { .. } => Error::InvalidArgument,
+            crate::io::Error::ShortWrite { .. } => Error::OutOfRange,
+        }
+    }
+}
+
+/// Result of a filesystem operation.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Receives READDIR entries; returns `false` when the entry did not fit, which ends the listing
+/// (the entry is then not consumed: the next READDIR starts with it).
+pub type DirSink<'s> = dyn FnMut(DirEntry<'_>) -> bool + 's;
+
+/// Receives READDIRPLUS entries with their lookup result; returns `false` when the entry did not
+/// fit, which ends the listing. The filesystem takes a lookup reference on `Entry::ino` only for
+/// entries the sink accepted, and never for `.` and `..` (whose `Entry::ino` must be 0).
+pub type DirPlusSink<'s> = dyn FnMut(DirEntry<'_>, &Entry) -> bool + 's;
+
+/// A filesystem served over FUSE. Every operation defaults to [`Error::NotImplemented`].
+///
+/// Inode numbers are FUSE node ids; [`crate::abi::ROOT_ID`] is the root. Operations returning an
+/// [`Entry`] give the kernel one lookup reference on it, which [`FileSystem::forget`] later drops.
+#[allow(unused_variables)]
+pub trait FileSystem: Send + Sync {
+    /// The session starts. `capable` is the set of `FUSE_INIT` flags ([`crate::abi::init`]) that the
+    /// kernel offers and the server can honour; return the subset this filesystem wants.
+    fn init(&self, capable: u64) -> Result<u64> {
+        Ok(capable)
+    }
+
+    /// The session ends: the kernel drops every lookup reference and handle it held.
+    fn destroy(&self) {}
+
+    /// Resolves `name` in directory `parent`.
+    fn lookup(&self, ctx: &Context, parent: u64, name: &[u8]) -> Result<Entry> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Drops `nlookup` lookup references on `ino`.
+    fn forget(&self, ctx: &Context, ino: u64, nlookup: u64) {}
+
+    /// Returns the attributes of `ino` and how long they may be cached.
+    fn getattr(&self, ctx: &Context, ino: u64, fh: Option<u64>) -> Result<(Stat, Duration)> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Changes attributes of `ino`; returns the new attributes.
+    fn setattr(&self, ctx: &Context, ino: u64, attr: &SetAttr) -> Result<(Stat, Duration)> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Returns the target of symlink `ino`.
+    fn readlink(&self, ctx: &Context, ino: u64) -> Result<Vec<u8>> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Creates symlink `name` in `parent` pointing at `target`.
+    fn symlink(&self, ctx: &Context, parent: u64, name: &[u8], target: &[u8]) -> Result<Entry> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Creates a node (regular file, FIFO, socket, device) `name` in `parent`. `mode` holds the
+    /// type and permission bits, with the umask already applied by the kernel.
+    fn mknod(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        umask: u32,
+    ) -> Result<Entry> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Creates directory `name` in `parent`.
+    fn mkdir(&self, ctx: &Context, parent: u64, name: &[u8], mode: u32, umask: u32) -> Result<Entry> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Removes the non-directory `name` from `parent`.
+    fn unlink(&self, ctx: &Context, parent: u64, name: &[u8]) -> Result<()> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Removes the empty directory `name` from `parent`.
+    fn rmdir(&self, ctx: &Context, parent: u64, name: &[u8]) -> Result<()> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Renames `olddir/oldname` to `newdir/newname`. `flags` are `RENAME_NOREPLACE`,
+    /// `RENAME_EXCHANGE` or 0.
+    fn rename(
+        &self,
+        ctx: &Context,
+        olddir: u64,
+        oldname: &[u8],
+        newdir: u64,
+        newname: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Creates hard link `newparent/newname` to `ino`.
+    fn link(&self, ctx: &Context, ino: u64, newparent: u64, newname: &[u8]) -> Result<Entry> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Opens `ino` with `open(2)` `flags`.
+    fn open(&self, ctx: &Context, ino: u64, flags: u32) -> Result<Opened> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Reads up to `size` bytes at `offset` into `w`; returns the number of bytes written (fewer
+    /// than `size` only at end of file).
+    fn read(
+        &self,
+        ctx: &Context,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+        w: &mut Writer<'_>,
+    ) -> Result<usize> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Writes `size` bytes from `r` at `offset`; returns the number of bytes written.
+    /// `write_flags` are [`crate::abi::write_flags`].
+    #[allow(clippy::too_many_arguments)]
+    fn write(
+        &self,
+        ctx: &Context,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+        write_flags: u32,
+        r: &mut Reader<'_>,
+    ) -> Result<usize> {
+        Err(Error::NotImplemented)
+    }
+
+    /// A file descriptor of `fh` is being closed.
+    fn flush(&self, ctx: &Context, ino: u64, fh: u64, lock_owner: u64) -> Result<()> {
+        Err(Error::NotImplemented)
+    }
+
+    /// The last reference to `fh` is gone.
+    fn release(&self, ctx: &Context, ino: u64, fh: u64, flags: u32) -> Result<()> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Makes the data (and, unless `datasync`, the metadata) of `ino` durable.
+    fn fsync(&self, ctx: &Context, ino: u64, fh: u64, datasync: bool) -> Result<()> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Opens directory `ino` for listing.
+    fn opendir(&self, ctx: &Context, ino: u64, flags: u32) -> Result<Opened> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Lists directory `ino` from `offset` (0 or an offset of a previous entry) into `sink` until
+    /// it refuses an entry or the directory ends.
+    fn readdir(&self, ctx: &Context, ino: u64, fh: u64, offset: u64, sink: &mut DirSink<'_>) -> Result<()> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Like [`FileSystem::readdir`], with each entry looked up (see [`DirPlusSink`]).
+    fn readdirplus(
+        &self,
+        ctx: &Context,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        sink: &mut DirPlusSink<'_>,
+    ) -> Result<()> {
+        Err(Error::NotImplemented)
+    }
+
+    /// The last reference to directory handle `fh` is gone.
+    fn releasedir(&self, ctx: &Context, ino: u64, fh: u64, flags: u32) -> Result<()> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Makes directory `ino` durable.
+    fn fsyncdir(&self, ctx: &Context, ino: u64, fh: u64, datasync: bool) -> Result<()> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Returns filesystem statistics.
+    fn statfs(&self, ctx: &Context, ino: u64) -> Result<StatFs> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Checks whether the caller may access `ino` with `mask` (`R_OK | W_OK | X_OK`, or `F_OK`).
+    fn access(&self, ctx: &Context, ino: u64, mask: u32) -> Result<()> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Creates and opens regular file `name` in `parent` (opening it if it exists and `flags` has
+    /// no `O_EXCL`).
+    fn create(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        flags: u32,
+        umask: u32,
+    ) -> Result<(Entry, Opened)> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Allocates or deallocates space of `ino` (`fallocate(2)` `mode`).
+    fn fallocate(&self, ctx: &Context, ino: u64, fh: u64, mode: u32, offset: u64, length: u64) -> Result<()> {
+        Err(Error::NotImplemented)
+    }
+}

@@ -1,0 +1,300 @@
+//! Cursors over a descriptor chain's guest buffers: [`Reader`] for the device-readable part of a
+//! request, [`Writer`] for the device-writable part that takes the reply.
+//!
+//! Guest memory may change under our feet (the guest is untrusted and has other vCPUs), so neither
+//! type ever hands out a `&[u8]` into it: every access is a copy between a [`VolatileSlice`] and
+//! memory we own. Both are plain cursors (an index into the buffer list, an offset inside the current
+//! buffer and a byte budget); nothing allocates, and an operation that cannot complete in full fails
+//! before touching anything.
+
+use std::cmp::min;
+
+use vm_memory::{ByteValued, VolatileSlice};
+
+/// Running past the end of a buffer chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The request is shorter than what its header or arguments promise.
+    #[error("request truncated: needed {wanted} more bytes, {left} left")]
+    ShortRead {
+        /// Bytes asked for.
+        wanted: usize,
+        /// Bytes that were left.
+        left: usize,
+    },
+    /// The reply does not fit in the writable buffers.
+    #[error("reply buffer too small: needed {wanted} more bytes, {left} left")]
+    ShortWrite {
+        /// Bytes asked for.
+        wanted: usize,
+        /// Bytes that were left.
+        left: usize,
+    },
+}
+
+/// A position in a list of buffers, with a byte budget. Shared by [`Reader`] and [`Writer`].
+#[derive(Clone, Debug)]
+struct Cursor<'a> {
+    bufs: &'a [VolatileSlice<'a>],
+    /// Index of the current buffer.
+    idx: usize,
+    /// Offset inside `bufs[idx]`.
+    off: usize,
+    /// Bytes that may still be consumed (never more than what the buffers hold from here).
+    left: usize,
+    /// Bytes consumed so far.
+    done: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn new(bufs: &'a [VolatileSlice<'a>]) -> Self {
+        let left = bufs.iter().fold(0usize, |acc, b| acc.saturating_add(b.len()));
+        Cursor { bufs, idx: 0, off: 0, left, done: 0 }
+    }
+
+    /// Visits the next `n` bytes (caller checked `n <= left`) as sub-slices, in order; `f` gets each
+    /// piece and the number of bytes visited before it.
+    fn consume(&mut self, n: usize, mut f: impl FnMut(VolatileSlice<'a>, usize)) {
+        debug_assert!(n <= self.left);
+        let mut visited = 0;
+        while visited < n {
+            let Some(buf) = self.bufs.get(self.idx) else {
+                break;
+            };
+            let avail = buf.len().saturating_sub(self.off);
+            if avail == 0 {
+                self.idx += 1;
+                self.off = 0;
+                continue;
+            }
+            let len = min(avail, n - visited);
+            // The range is inside `buf` by construction; a failure here would be a bug, and the
+            // bytes are simply skipped rather than panicking on guest input.
+            if let Ok(piece) = buf.subslice(self.off, len) {
+                f(piece, visited);
+            }
+            visited += len;
+            self.off += len;
+        }
+        self.left -= n;
+        self.done += n;
+    }
+
+    /// Splits off a cursor over the next `n` bytes and advances `self` past them.
+    fn split(&mut self, n: usize) -> Option<Cursor<'a>> {
+        if n > self.left {
+            return None;
+        }
+        let mut head = self.clone();
+        head.left = n;
+        head.done = 0;
+        self.consume(n, |_, _| {});
+        Some(head)
+    }
+}
+
+/// Reads a request out of the device-readable buffers of a descriptor chain.
+#[derive(Clone, Debug)]
+pub struct Reader<'a> {
+    cur: Cursor<'a>,
+}
+
+impl<'a> Reader<'a> {
+    /// A reader over `bufs`, in order.
+    pub fn new(bufs: &'a [VolatileSlice<'a>]) -> Self {
+        Reader { cur: Cursor::new(bufs) }
+    }
+
+    /// Bytes not read yet.
+    pub fn bytes_left(&self) -> usize {
+        self.cur.left
+    }
+
+    /// Bytes read (or skipped) so far.
+    pub fn bytes_read(&self) -> usize {
+        self.cur.done
+    }
+
+    /// Forgets everything past the next `n` bytes (no-op when fewer are left).
+    pub fn truncate(&mut self, n: usize) {
+        self.cur.left = min(self.cur.left, n);
+    }
+
+    /// Fills `buf` entirely, or fails without consuming anything.
+    pub fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), Error> {
+        let wanted = buf.len();
+        if wanted > self.cur.left {
+            return Err(Error::ShortRead { wanted, left: self.cur.left });
+        }
+        self.cur.consume(wanted, |piece, at| {
+            piece.copy_to(&mut buf[at..at + piece.len()]);
+        });
+        Ok(())
+    }
+
+    /// Reads one `T`, or fails without consuming anything.
+    pub fn read_obj<T: ByteValued + Default>(&mut self) -> Result<T, Error> {
+        let mut obj = T::default();
+        self.read_exact(obj.as_mut_slice())?;
+        Ok(obj)
+    }
+
+    /// Skips `n` bytes, or fails without consuming anything.
+    pub fn consume(&mut self, n: usize) -> Result<(), Error> {
+        if n > self.cur.left {
+            return Err(Error::ShortRead { wanted: n, left: self.cur.left });
+        }
+        self.cur.consume(n, |_, _| {});
+        Ok(())
+    }
+
+    /// Appends up to `max` bytes (fewer if fewer are left) to `dst`; returns how many.
+    pub fn read_to(&mut self, dst: &mut Vec<u8>, max: usize) -> usize {
+        let n = min(max, self.cur.left);
+        let start = dst.len();
+        dst.resize(start + n, 0);
+        self.cur.consume(n, |piece, at| {
+            piece.copy_to(&mut dst[start + at..start + at + piece.len()]);
+        });
+        n
+    }
+
+    /// Splits off a reader over the next `n` bytes and advances `self` past them.
+    pub fn split_at(&mut self, n: usize) -> Result<Reader<'a>, Error> {
+        let left = self.cur.left;
+        self.cur.split(n).map(|cur| Reader { cur }).ok_or(Error::ShortRead { wanted: n, left })
+    }
+}
+
+/// Writes a reply into the device-writable buffers of a descriptor chain.
+#[derive(Clone, Debug)]
+pub struct Writer<'a> {
+    cur: Cursor<'a>,
+}
+
+impl<'a> Writer<'a> {
+    /// A writer over `bufs`, in order.
+    pub fn new(bufs: &'a [VolatileSlice<'a>]) -> Self {
+        Writer { cur: Cursor::new(bufs) }
+    }
+
+    /// Bytes that can still be written.
+    pub fn available(&self) -> usize {
+        self.cur.left
+    }
+
+    /// Bytes written so far.
+    pub fn bytes_written(&self) -> usize {
+        self.cur.done
+    }
+
+    /// Writes all of `buf`, or fails without writing anything.
+    pub fn write_all(&mut self, buf: &[u8]) -> Result<(), Error> {
+        let wanted = buf.len();
+        if wanted > self.cur.left {
+            return Err(Error::ShortWrite { wanted, left: self.cur.left });
+        }
+        self.cur.consume(wanted, |piece, at| {
+            piece.copy_from(&buf[at..at + piece.len()]);
+        });
+        Ok(())
+    }
+
+    /// Writes one `T`, or fails without writing anything.
+    pub fn write_obj<T: ByteValued>(&mut self, obj: &T) -> Result<(), Error> {
+        self.write_all(obj.as_slice())
+    }
+
+    /// Writes `n` zero bytes, or fails without writing anything.
+    pub fn write_zeros(&mut self, n: usize) -> Result<(), Error> {
+        static ZEROS: [u8; 4096] = [0; 4096];
+        if n > self.cur.left {
+            return Err(Error::ShortWrite { wanted: n, left: self.cur.left });
+        }
+        self.cur.consume(n, |piece, _| {
+            let mut at = 0;
+            while at < piece.len() {
+                let len = min(ZEROS.len(), piece.len() - at);
+                if let Ok(sub) = piece.subslice(at, len) {
+                    sub.copy_from(&ZEROS[..len]);
+                }
+                at += len;
+            }
+        });
+        Ok(())
+    }
+
+    /// Splits off a writer over the next `n` bytes and advances `self` past them (used to fill a
+    /// reply header after its body).
+    pub fn split_at(&mut self, n: usize) -> Result<Writer<'a>, Error> {
+        let left = self.cur.left;
+        self.cur.split(n).map(|cur| Writer { cur }).ok_or(Error::ShortWrite { wanted: n, left })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reader_crosses_buffer_boundaries() {
+        let mut a = [1u8, 2, 3];
+        let mut b = [];
+        let mut c = [4u8, 5, 6, 7, 8, 9, 10, 11];
+        let bufs = [
+            VolatileSlice::from(&mut a[..]),
+            VolatileSlice::from(&mut b[..]),
+            VolatileSlice::from(&mut c[..]),
+        ];
+        let mut r = Reader::new(&bufs);
+        assert_eq!(r.bytes_left(), 11);
+        let v: u32 = r.read_obj().unwrap();
+        assert_eq!(v.to_ne_bytes(), [1, 2, 3, 4]);
+        r.consume(1).unwrap();
+        let mut buf = [0u8; 7];
+        assert_eq!(r.read_exact(&mut buf), Err(Error::ShortRead { wanted: 7, left: 6 }));
+        assert_eq!(r.bytes_left(), 6, "a failed read consumes nothing");
+        let mut v = Vec::new();
+        assert_eq!(r.read_to(&mut v, 100), 6);
+        assert_eq!(v, [6, 7, 8, 9, 10, 11]);
+        assert_eq!(r.bytes_read(), 11);
+    }
+
+    #[test]
+    fn reader_split_and_truncate() {
+        let mut a = [0u8, 1, 2, 3, 4, 5, 6, 7];
+        let bufs = [VolatileSlice::from(&mut a[..])];
+        let mut r = Reader::new(&bufs);
+        let mut head = r.split_at(3).unwrap();
+        assert_eq!(head.bytes_left(), 3);
+        let mut h = [0u8; 3];
+        head.read_exact(&mut h).unwrap();
+        assert_eq!(h, [0, 1, 2]);
+        r.truncate(2);
+        let mut t = [0u8; 2];
+        r.read_exact(&mut t).unwrap();
+        assert_eq!(t, [3, 4]);
+        assert_eq!(r.bytes_left(), 0);
+        assert!(r.split_at(1).is_err());
+    }
+
+    #[test]
+    fn writer_is_all_or_nothing() {
+        let mut a = [0xffu8; 2];
+        let mut b = [0xffu8; 3];
+        {
+            let bufs = [VolatileSlice::from(&mut a[..]), VolatileSlice::from(&mut b[..])];
+            let mut w = Writer::new(&bufs);
+            assert_eq!(w.write_all(&[9; 6]), Err(Error::ShortWrite { wanted: 6, left: 5 }));
+            let mut hdr = w.split_at(1).unwrap();
+            w.write_all(&[1, 2, 3]).unwrap();
+            w.write_zeros(1).unwrap();
+            assert_eq!(w.available(), 0);
+            assert_eq!(w.bytes_written(), 5, "the split-off header counts as written");
+            hdr.write_obj(&7u8).unwrap();
+            assert!(hdr.write_obj(&7u8).is_err());
+        }
+        assert_eq!(a, [7, 1]);
+        assert_eq!(b, [2, 3, 0]);
+    }
+}

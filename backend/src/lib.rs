@@ -1,0 +1,17 @@
+//! The FUSE layer of the virtio-fs device: it turns one request, given as the guest buffers of a
+//! descriptor chain, into a filesystem operation and writes the reply back into the chain.
+//!
+//! Layers, bottom up: [`abi`] (wire structs, the only byte-casting code), [`io`] (copying cursors over
+//! guest buffers), [`filesystem`] (the [`filesystem::FileSystem`] trait and its plain types),
+//! [`server`] (the dispatcher, which validates untrusted input and owns errno encoding) and
+//! [`ramfs`] (an in-memory POSIX filesystem). Nothing here knows about PCI, virtqueues or vfio-user.
+#![deny(missing_docs)]
+
+pub mod abi;
+pub mod filesystem;
+pub mod io;
+pub mod ramfs;
+pub mod server;
+
+pub use ramfs::RamFs;
+pub use server::Server;

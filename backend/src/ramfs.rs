@@ -1,0 +1,1470 @@
+//! [`RamFs`]: an in-memory filesystem with POSIX semantics, checked against the caller's uid/gid
+//! because the guest mounts without `default_permissions` (the kernel leaves every permission
+//! decision to us).
+//!
+//! Layout and locking:
+//! - `inodes`: node id -> `Arc<Inode>`, sharded `RwLock<HashMap>`s. An inode stays while it has a
+//!   link, a kernel lookup reference or an open handle, so unlinked-but-open files keep their data.
+//! - `tree`: one `RwLock` over the contents of every directory. Lookups and listings share it;
+//!   namespace changes (create, unlink, rename, ...) take it exclusively, which makes cross-directory
+//!   rename and its "not into your own subtree" check simple and race-free. It is never held while
+//!   file data is copied.
+//! - Per inode, `meta` (attributes) and, for regular files, `data` (sparse 64 KiB chunks, so holes
+//!   cost nothing and a guest cannot make us allocate by extending a file). READ/WRITE copy straight
+//!   between the chunks and guest memory under the file's own lock.
+//! - `handles`: file handle -> `Arc<Handle>`, sharded like `inodes`.
+//!
+//! Lock order: `tree` -> an `inodes`/`handles` shard -> `data` -> `meta`; at most one `meta` at a time.
+//! Capacity (bytes of chunks) and inode count are bounded by [`RamFsConfig`].
+
+use std::collections::{btree_map, BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
+
+use crate::abi::{self, ROOT_ID};
+use crate::filesystem::{
+    Context, DirEntry, DirPlusSink, DirSink, Entry, Error, FileSystem, Opened, Result, SetAttr, SetTime,
+    Stat, StatFs, Timespec,
+};
+use crate::io::{Reader, Writer};
+
+/// Longest name component.
+pub const NAME_MAX: usize = 255;
+/// Longest symlink target (`PATH_MAX` without the NUL).
+pub const SYMLINK_MAX: usize = 4095;
+/// Most hard links an inode may have.
+pub const LINK_MAX: u32 = 65_000;
+/// Largest file size (the kernel's `MAX_LFS_FILESIZE`).
+pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
+
+const CHUNK: usize = 64 * 1024;
+const CHUNK64: u64 = CHUNK as u64;
+const BLOCK_SIZE: u32 = 4096;
+const SHARDS: usize = 16;
+/// READDIR positions 0 and 1 are `.` and `..`; entries get cookies from here on.
+const FIRST_COOKIE: u64 = 2;
+
+const S_IFMT: u32 = libc::S_IFMT;
+const S_IFREG: u32 = libc::S_IFREG;
+const S_IFDIR: u32 = libc::S_IFDIR;
+const S_IFLNK: u32 = libc::S_IFLNK;
+const S_IFIFO: u32 = libc::S_IFIFO;
+const S_IFSOCK: u32 = libc::S_IFSOCK;
+const S_IFCHR: u32 = libc::S_IFCHR;
+const S_IFBLK: u32 = libc::S_IFBLK;
+const S_ISUID: u32 = libc::S_ISUID;
+const S_ISGID: u32 = libc::S_ISGID;
+const S_ISVTX: u32 = libc::S_ISVTX;
+const S_IXGRP: u32 = libc::S_IXGRP;
+const O_ACCMODE: u32 = libc::O_ACCMODE as u32;
+const O_RDONLY: u32 = libc::O_RDONLY as u32;
+const O_WRONLY: u32 = libc::O_WRONLY as u32;
+const O_RDWR: u32 = libc::O_RDWR as u32;
+const O_TRUNC: u32 = libc::O_TRUNC as u32;
+const O_EXCL: u32 = libc::O_EXCL as u32;
+const R_OK: u32 = 4;
+const W_OK: u32 = 2;
+const X_OK: u32 = 1;
+const FALLOC_FL_KEEP_SIZE: u32 = libc::FALLOC_FL_KEEP_SIZE as u32;
+const FALLOC_FL_PUNCH_HOLE: u32 = libc::FALLOC_FL_PUNCH_HOLE as u32;
+const RENAME_NOREPLACE: u32 = libc::RENAME_NOREPLACE;
+const RENAME_EXCHANGE: u32 = libc::RENAME_EXCHANGE;
+
+/// Tunables of a [`RamFs`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RamFsConfig {
+    /// How long the guest may cache name lookups. 0 (the default) makes the kernel revalidate every
+    /// path component with LOOKUP, which is what keeps search-permission checks exact without
+    /// `default_permissions`; raise it to trade that for fewer metadata round trips.
+    pub entry_timeout: Duration,
+    /// How long the guest may cache attributes.
+    pub attr_timeout: Duration,
+    /// Bytes of file data the filesystem may hold.
+    pub capacity: u64,
+    /// Inodes the filesystem may hold.
+    pub max_inodes: u64,
+    /// Permission bits of the root directory (owned by 0:0).
+    pub root_mode: u32,
+}
+
+impl Default for RamFsConfig {
+    fn default() -> Self {
+        RamFsConfig {
+            entry_timeout: Duration::ZERO,
+            attr_timeout: Duration::ZERO,
+            capacity: 1 << 30,
+            max_inodes: 1 << 20,
+            root_mode: 0o755,
+        }
+    }
+}
+
+/// A fast hasher for server-assigned integer keys (node ids, file handles). Names, which the guest
+/// chooses, keep the default DoS-resistant hasher.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+
+fn rd<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn wr<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A map from server-assigned ids, split over [`SHARDS`] locks.
+struct Table<V> {
+    shards: Box<[RwLock<IdMap<V>>]>,
+}
+
+impl<V: Clone> Table<V> {
+    fn new() -> Self {
+        Table { shards: (0..SHARDS).map(|_| RwLock::default()).collect() }
+    }
+
+    fn shard(&self, key: u64) -> &RwLock<IdMap<V>> {
+        &self.shards[(key % SHARDS as u64) as usize]
+    }
+
+    fn get(&self, key: u64) -> Option<V> {
+        rd(self.shard(key)).get(&key).cloned()
+    }
+
+    fn insert(&self, key: u64, value: V) {
+        wr(self.shard(key)).insert(key, value);
+    }
+
+    fn remove_if(&self, key: u64, pred: impl FnOnce(&V) -> bool) -> Option<V> {
+        let mut shard = wr(self.shard(key));
+        if shard.get(&key).is_some_and(pred) {
+            shard.remove(&key)
+        } else {
+            None
+        }
+    }
+}
+
+/// Attributes of an inode.
+#[derive(Debug, Clone, Copy)]
+struct Meta {
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    nlink: u32,
+    rdev: u32,
+    size: u64,
+    blocks: u64,
+    atime: Timespec,
+    mtime: Timespec,
+    ctime: Timespec,
+}
+
+impl Meta {
+    /// Whether `ctx` may access this inode with `mask` (`R_OK | W_OK | X_OK`); root may do anything
+    /// but execute a non-directory with no execute bit at all, like the kernel's
+    /// `generic_permission`.
+    fn may(&self, ctx: &Context, mask: u32) -> bool {
+        if ctx.uid == 0 {
+            return mask & X_OK == 0 || self.mode & S_IFMT == S_IFDIR || self.mode & 0o111 != 0;
+        }
+        let bits = if ctx.uid == self.uid {
+            self.mode >> 6
+        } else if ctx.gid == self.gid {
+            self.mode >> 3
+        } else {
+            self.mode
+        } & 7;
+        bits & mask == mask
+    }
+
+    /// The sticky-directory rule: in a sticky directory only the owner of the entry or of the
+    /// directory (or root) may remove or rename it.
+    fn sticky_denies(&self, ctx: &Context, victim_uid: u32) -> bool {
+        self.mode & S_ISVTX != 0 && ctx.uid != 0 && ctx.uid != self.uid && ctx.uid != victim_uid
+    }
+
+    /// Clears set-user-id, and set-group-id when group-execute is set, as a write or truncate by
+    /// an unprivileged user does. Returns whether anything changed.
+    fn kill_suid(&mut self) -> bool {
+        let old = self.mode;
+        self.mode &= !S_ISUID;
+        if self.mode & (S_ISGID | S_IXGRP) == (S_ISGID | S_IXGRP) {
+            self.mode &= !S_ISGID;
+        }
+        old != self.mode
+    }
+}
+
+#[derive(Default)]
+struct FileData {
+    /// Chunk index -> chunk. Missing chunks read as zeros; bytes past the file size are always zero.
+    chunks: BTreeMap<u64, Box<[u8]>>,
+}
+
+impl FileData {
+    fn blocks(&self) -> u64 {
+        self.chunks.len() as u64 * (CHUNK64 / 512)
+    }
+}
+
+enum Body {
+    File(RwLock<FileData>),
+    Symlink(Box<[u8]>),
+    /// Directories (contents live in the tree) and special files.
+    Other,
+}
+
+struct Inode {
+    ino: u64,
+    /// `S_IFMT` bits; never change.
+    kind: u32,
+    meta: RwLock<Meta>,
+    /// References the kernel holds (entries handed out minus FORGETs).
+    lookups: AtomicU64,
+    /// Open handles.
+    opens: AtomicU64,
+    body: Body,
+}
+
+impl Inode {
+    fn meta(&self) -> Meta {
+        *rd(&self.meta)
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Meta)) {
+        f(&mut wr(&self.meta));
+    }
+
+    fn stat(&self) -> Stat {
+        stat_of(self.ino, &rd(&self.meta))
+    }
+}
+
+fn stat_of(ino: u64, m: &Meta) -> Stat {
+    Stat {
+        ino,
+        size: m.size,
+        blocks: m.blocks,
+        atime: m.atime,
+        mtime: m.mtime,
+        ctime: m.ctime,
+        mode: m.mode,
+        nlink: m.nlink,
+        uid: m.uid,
+        gid: m.gid,
+        rdev: m.rdev,
+        blksize: BLOCK_SIZE,
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Child {
+    cookie: u64,
+    ino: u64,
+    /// `DT_*` type.
+    typ: u32,
+}
+
+/// The contents of one directory.
+struct Dir {
+    parent: u64,
+    entries: HashMap<Box<[u8]>, Child>,
+    /// Cookie -> name, for stable READDIR offsets: cookies only grow, so an entry present for the
+    /// whole listing is returned exactly once whatever else changes.
+    order: BTreeMap<u64, Box<[u8]>>,
+    next_cookie: u64,
+}
+
+impl Dir {
+    fn new(parent: u64) -> Self {
+        Dir { parent, entries: HashMap::new(), order: BTreeMap::new(), next_cookie: FIRST_COOKIE }
+    }
+
+    fn get(&self, name: &[u8]) -> Option<Child> {
+        self.entries.get(name).copied()
+    }
+
+    fn insert(&mut self, name: &[u8], ino: u64, kind: u32) {
+        let cookie = self.next_cookie;
+        self.next_cookie += 1;
+        let child = Child { cookie, ino, typ: kind >> 12 };
+        if let Some(old) = self.entries.insert(name.into(), child) {
+            self.order.remove(&old.cookie);
+        }
+        self.order.insert(cookie, name.into());
+    }
+
+    fn remove(&mut self, name: &[u8]) -> Option<Child> {
+        let child = self.entries.remove(name)?;
+        self.order.remove(&child.cookie);
+        Some(child)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+type Tree = IdMap<Dir>;
+
+fn dir_mut(tree: &mut Tree, ino: u64) -> Result<&mut Dir> {
+    tree.get_mut(&ino).ok_or(Error::NotFound)
+}
+
+struct Handle {
+    inode: Arc<Inode>,
+    flags: u32,
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > NAME_MAX {
+        return Err(Error::NameTooLong);
+    }
+    Ok(())
+}
+
+fn resolve(t: SetTime, now: Timespec) -> Timespec {
+    match t {
+        SetTime::Now => now,
+        SetTime::At(t) => t,
+    }
+}
+
+/// An in-memory POSIX filesystem. See the module documentation.
+pub struct RamFs {
+    cfg: RamFsConfig,
+    tree: RwLock<Tree>,
+    inodes: Table<Arc<Inode>>,
+    handles: Table<Arc<Handle>>,
+    next_ino: AtomicU64,
+    next_fh: AtomicU64,
+    /// Bytes of allocated chunks.
+    used: AtomicU64,
+    /// Live inodes.
+    ninodes: AtomicU64,
+}
+
+impl Default for RamFs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RamFs {
+    /// An empty filesystem with the default [`RamFsConfig`].
+    pub fn new() -> Self {
+        Self::with_config(RamFsConfig::default())
+    }
+
+    /// An empty filesystem: just the root directory.
+    pub fn with_config(cfg: RamFsConfig) -> Self {
+        let now = Timespec::now();
+        let root = Arc::new(Inode {
+            ino: ROOT_ID,
+            kind: S_IFDIR,
+            meta: RwLock::new(Meta {
+                mode: S_IFDIR | (cfg.root_mode & 0o7777),
+                uid: 0,
+                gid: 0,
+                nlink: 2,
+                rdev: 0,
+                size: u64::from(BLOCK_SIZE),
+                blocks: 0,
+                atime: now,
+                mtime: now,
+                ctime: now,
+            }),
+            lookups: AtomicU64::new(0),
+            opens: AtomicU64::new(0),
+            body: Body::Other,
+        });
+        let fs = RamFs {
+            cfg,
+            tree: RwLock::default(),
+            inodes: Table::new(),
+            handles: Table::new(),
+            next_ino: AtomicU64::new(ROOT_ID + 1),
+            next_fh: AtomicU64::new(1),
+            used: AtomicU64::new(0),
+            ninodes: AtomicU64::new(1),
+        };
+        fs.inodes.insert(ROOT_ID, root);
+        wr(&fs.tree).insert(ROOT_ID, Dir::new(ROOT_ID));
+        fs
+    }
+
+    /// Bytes of file data currently allocated.
+    pub fn used_bytes(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Inodes currently alive (linked, looked up by the kernel, or open).
+    pub fn inode_count(&self) -> u64 {
+        self.ninodes.load(Ordering::Relaxed)
+    }
+
+    /// Lookup references the kernel holds on `ino` (`None` if the inode is gone).
+    pub fn lookup_count(&self, ino: u64) -> Option<u64> {
+        self.inodes.get(ino).map(|i| i.lookups.load(Ordering::Relaxed))
+    }
+
+    fn inode(&self, ino: u64) -> Result<Arc<Inode>> {
+        self.inodes.get(ino).ok_or(Error::NotFound)
+    }
+
+    /// `parent` as a directory the caller may search.
+    fn search_dir(&self, ctx: &Context, parent: u64) -> Result<(Arc<Inode>, Meta)> {
+        let p = self.inode(parent)?;
+        if p.kind != S_IFDIR {
+            return Err(Error::NotDir);
+        }
+        let m = p.meta();
+        if !m.may(ctx, X_OK) {
+            return Err(Error::AccessDenied);
+        }
+        Ok((p, m))
+    }
+
+    fn entry(&self, inode: &Inode) -> Entry {
+        Entry {
+            ino: inode.ino,
+            generation: 0,
+            attr: inode.stat(),
+            entry_timeout: self.cfg.entry_timeout,
+            attr_timeout: self.cfg.attr_timeout,
+        }
+    }
+
+    fn handle(&self, fh: u64, ino: u64) -> Result<Arc<Handle>> {
+        self.handles.get(fh).filter(|h| h.inode.ino == ino).ok_or(Error::BadHandle)
+    }
+
+    /// Drops `inode` once nothing refers to it any more.
+    fn maybe_evict(&self, inode: &Inode) {
+        if inode.ino == ROOT_ID {
+            return;
+        }
+        let evicted = {
+            let mut shard = wr(self.inodes.shard(inode.ino));
+            let unused = inode.lookups.load(Ordering::Acquire) == 0
+                && inode.opens.load(Ordering::Acquire) == 0
+                && rd(&inode.meta).nlink == 0;
+            if unused {
+                shard.remove(&inode.ino)
+            } else {
+                None
+            }
+        };
+        if let Some(gone) = evicted {
+            self.free_inode(&gone);
+        }
+    }
+
+    fn free_inode(&self, inode: &Inode) {
+        self.ninodes.fetch_sub(1, Ordering::Relaxed);
+        if let Body::File(data) = &inode.body {
+            let mut data = wr(data);
+            let n = data.chunks.len();
+            data.chunks.clear();
+            self.release_chunks(n);
+        }
+    }
+
+    fn alloc_chunk(&self) -> Result<Box<[u8]>> {
+        let cap = self.cfg.capacity;
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(CHUNK64).filter(|&n| n <= cap)
+            })
+            .map_err(|_| Error::NoSpace)?;
+        Ok(vec![0u8; CHUNK].into_boxed_slice())
+    }
+
+    fn release_chunks(&self, n: usize) {
+        self.used.fetch_sub(n as u64 * CHUNK64, Ordering::AcqRel);
+    }
+
+    /// Sets the size of a file whose data and meta locks the caller holds.
+    fn truncate_locked(&self, data: &mut FileData, m: &mut Meta, size: u64) {
+        if size < m.size {
+            let dropped = data.chunks.split_off(&size.div_ceil(CHUNK64));
+            self.release_chunks(dropped.len());
+            let tail = (size % CHUNK64) as usize;
+            if tail != 0 {
+                if let Some(chunk) = data.chunks.get_mut(&(size / CHUNK64)) {
+                    chunk[tail..].fill(0);
+                }
+            }
+        }
+        m.size = size;
+        m.blocks = data.blocks();
+    }
+
+    /// Creates an inode and links it as `parent/name`; the kernel gets one lookup reference.
+    #[allow(clippy::too_many_arguments)]
+    fn create_node(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &[u8],
+        kind: u32,
+        perm: u32,
+        rdev: u32,
+        body: Body,
+    ) -> Result<Arc<Inode>> {
+        check_name(name)?;
+        let mut tree = wr(&self.tree);
+        let (p, pm) = self.search_dir(ctx, parent)?;
+        let dir = dir_mut(&mut tree, parent)?;
+        if dir.get(name).is_some() {
+            return Err(Error::Exists);
+        }
+        if !pm.may(ctx, W_OK | X_OK) {
+            return Err(Error::AccessDenied);
+        }
+        let mut perm = perm & 0o7777;
+        let gid = if pm.mode & S_ISGID != 0 {
+            if kind == S_IFDIR {
+                perm |= S_ISGID;
+            }
+            pm.gid
+        } else {
+            ctx.gid
+        };
+        self.ninodes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.cfg.max_inodes).then_some(n + 1))
+            .map_err(|_| Error::NoSpace)?;
+        let now = Timespec::now();
+        let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
+        let size = match (&body, kind) {
+            (Body::Symlink(t), _) => t.len() as u64,
+            (_, S_IFDIR) => u64::from(BLOCK_SIZE),
+            _ => 0,
+        };
+        let inode = Arc::new(Inode {
+            ino,
+            kind,
+            meta: RwLock::new(Meta {
+                mode: kind | perm,
+                uid: ctx.uid,
+                gid,
+                nlink: if kind == S_IFDIR { 2 } else { 1 },
+                rdev,
+                size,
+                blocks: 0,
+                atime: now,
+                mtime: now,
+                ctime: now,
+            }),
+            lookups: AtomicU64::new(1),
+            opens: AtomicU64::new(0),
+            body,
+        });
+        dir.insert(name, ino, kind);
+        if kind == S_IFDIR {
+            tree.insert(ino, Dir::new(parent));
+        }
+        p.update(|m| {
+            m.mtime = now;
+            m.ctime = now;
+            if kind == S_IFDIR {
+                m.nlink += 1;
+            }
+        });
+        self.inodes.insert(ino, inode.clone());
+        Ok(inode)
+    }
+
+    /// Opens `inode`, checking permissions when `check`, truncating on `O_TRUNC`.
+    fn open_inode(&self, ctx: &Context, inode: Arc<Inode>, flags: u32, check: bool) -> Result<Opened> {
+        let mut mask = match flags & O_ACCMODE {
+            O_RDONLY => R_OK,
+            O_WRONLY => W_OK,
+            O_RDWR => R_OK | W_OK,
+            _ => return Err(Error::InvalidArgument),
+        };
+        let trunc = flags & O_TRUNC != 0;
+        if trunc {
+            mask |= W_OK;
+        }
+        match inode.kind {
+            S_IFREG => {}
+            S_IFDIR if mask & W_OK != 0 => return Err(Error::IsDir),
+            S_IFDIR => {}
+            _ => return Err(Error::NotSupported),
+        }
+        if check && !inode.meta().may(ctx, mask) {
+            return Err(Error::AccessDenied);
+        }
+        if let (true, Body::File(data)) = (trunc, &inode.body) {
+            let mut data = wr(data);
+            let mut m = wr(&inode.meta);
+            self.truncate_locked(&mut data, &mut m, 0);
+            let now = Timespec::now();
+            m.mtime = now;
+            m.ctime = now;
+            if ctx.uid != 0 {
+                m.kill_suid();
+            }
+        }
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        inode.opens.fetch_add(1, Ordering::AcqRel);
+        self.handles.insert(fh, Arc::new(Handle { inode, flags }));
+        Ok(Opened { fh, open_flags: 0 })
+    }
+
+    fn release_handle(&self, ino: u64, fh: u64) -> Result<()> {
+        let h = self.handles.remove_if(fh, |h| h.inode.ino == ino).ok_or(Error::BadHandle)?;
+        h.inode.opens.fetch_sub(1, Ordering::AcqRel);
+        self.maybe_evict(&h.inode);
+        Ok(())
+    }
+
+    /// Whether directory `anc` is `ino` or one of its ancestors.
+    fn is_ancestor(tree: &Tree, anc: u64, mut ino: u64) -> bool {
+        // The tree is a tree, so the walk ends at the root; the bound only guards against a bug.
+        for _ in 0..1_000_000 {
+            if ino == anc {
+                return true;
+            }
+            match tree.get(&ino) {
+                Some(d) if d.parent != ino => ino = d.parent,
+                _ => return false,
+            }
+        }
+        false
+    }
+
+    fn write_chunks(
+        &self,
+        data: &mut FileData,
+        offset: u64,
+        len: usize,
+        r: &mut Reader<'_>,
+    ) -> Result<usize> {
+        let mut done = 0;
+        while done < len {
+            let pos = offset + done as u64;
+            let at = (pos % CHUNK64) as usize;
+            let n = (CHUNK - at).min(len - done);
+            let chunk = match data.chunks.entry(pos / CHUNK64) {
+                btree_map::Entry::Occupied(e) => e.into_mut(),
+                btree_map::Entry::Vacant(v) => match self.alloc_chunk() {
+                    Ok(c) => v.insert(c),
+                    Err(e) if done == 0 => return Err(e),
+                    Err(_) => break,
+                },
+            };
+            r.read_exact(&mut chunk[at..at + n])?;
+            done += n;
+        }
+        Ok(done)
+    }
+
+    /// Relatime: bump atime when it is older than mtime/ctime or a day old.
+    fn touch_atime(&self, inode: &Inode) {
+        let now = Timespec::now();
+        let stale = {
+            let m = rd(&inode.meta);
+            m.atime <= m.mtime || m.atime <= m.ctime || now.sec - m.atime.sec >= 24 * 3600
+        };
+        if stale {
+            inode.update(|m| m.atime = now);
+        }
+    }
+}
+
+fn read_chunks(data: &FileData, offset: u64, len: usize, w: &mut Writer<'_>) -> Result<()> {
+    let mut done = 0;
+    while done < len {
+        let pos = offset + done as u64;
+        let at = (pos % CHUNK64) as usize;
+        let n = (CHUNK - at).min(len - done);
+        match data.chunks.get(&(pos / CHUNK64)) {
+            Some(chunk) => w.write_all(&chunk[at..at + n])?,
+            None => w.write_zeros(n)?,
+        }
+        done += n;
+    }
+    Ok(())
+}
+
+impl FileSystem for RamFs {
+    fn init(&self, capable: u64) -> Result<u64> {
+        // Everything the server can honour suits us; writeback caching is never offered.
+        Ok(capable & !abi::init::WRITEBACK_CACHE)
+    }
+
+    fn destroy(&self) {
+        for shard in self.handles.shards.iter() {
+            wr(shard).clear();
+        }
+        let mut gone = Vec::new();
+        for shard in self.inodes.shards.iter() {
+            let mut shard = wr(shard);
+            shard.retain(|_, inode| {
+                inode.lookups.store(0, Ordering::Release);
+                inode.opens.store(0, Ordering::Release);
+                let keep = inode.ino == ROOT_ID || rd(&inode.meta).nlink > 0;
+                if !keep {
+                    gone.push(inode.clone());
+                }
+                keep
+            });
+        }
+        for inode in gone {
+            self.free_inode(&inode);
+        }
+    }
+
+    fn lookup(&self, ctx: &Context, parent: u64, name: &[u8]) -> Result<Entry> {
+        check_name(name)?;
+        let tree = rd(&self.tree);
+        self.search_dir(ctx, parent)?;
+        let dir = tree.get(&parent).ok_or(Error::NotFound)?;
+        let ino = match name {
+            b"." => parent,
+            b".." => dir.parent,
+            _ => dir.get(name).ok_or(Error::NotFound)?.ino,
+        };
+        let child = self.inode(ino)?;
+        child.lookups.fetch_add(1, Ordering::AcqRel);
+        Ok(self.entry(&child))
+    }
+
+    fn forget(&self, _ctx: &Context, ino: u64, nlookup: u64) {
+        let Some(inode) = self.inodes.get(ino) else {
+            return;
+        };
+        let _ = inode
+            .lookups
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(nlookup)));
+        self.maybe_evict(&inode);
+    }
+
+    fn getattr(&self, _ctx: &Context, ino: u64, _fh: Option<u64>) -> Result<(Stat, Duration)> {
+        Ok((self.inode(ino)?.stat(), self.cfg.attr_timeout))
+    }
+
+    fn setattr(&self, ctx: &Context, ino: u64, attr: &SetAttr) -> Result<(Stat, Duration)> {
+        let inode = self.inode(ino)?;
+        let handle = attr.fh.map(|fh| self.handle(fh, ino)).transpose()?;
+        let mut data = match (attr.size, &inode.body) {
+            (None, _) => None,
+            (Some(size), Body::File(d)) => {
+                if size > MAX_FILE_SIZE {
+                    return Err(Error::FileTooLarge);
+                }
+                Some(wr(d))
+            }
+            (Some(_), _) if inode.kind == S_IFDIR => return Err(Error::IsDir),
+            (Some(_), _) => return Err(Error::InvalidArgument),
+        };
+        let mut m = wr(&inode.meta);
+        let root = ctx.uid == 0;
+        let owner = root || ctx.uid == m.uid;
+
+        // Every check before any change.
+        if attr.mode.is_some() && !owner {
+            return Err(Error::NotPermitted);
+        }
+        if let Some(uid) = attr.uid {
+            if !root && (uid != m.uid || ctx.uid != m.uid) {
+                return Err(Error::NotPermitted);
+            }
+        }
+        if let Some(gid) = attr.gid {
+            if !root && (ctx.uid != m.uid || (gid != m.gid && gid != ctx.gid)) {
+                return Err(Error::NotPermitted);
+            }
+        }
+        let explicit_time =
+            matches!(attr.atime, Some(SetTime::At(_))) || matches!(attr.mtime, Some(SetTime::At(_)));
+        if explicit_time && !owner {
+            return Err(Error::NotPermitted);
+        }
+        if (attr.atime.is_some() || attr.mtime.is_some()) && !owner && !m.may(ctx, W_OK) {
+            return Err(Error::AccessDenied);
+        }
+        if attr.size.is_some() {
+            match &handle {
+                Some(h) if h.flags & O_ACCMODE == O_RDONLY => return Err(Error::InvalidArgument),
+                Some(_) => {}
+                None if !m.may(ctx, W_OK) => return Err(Error::AccessDenied),
+                None => {}
+            }
+        }
+
+        let now = Timespec::now();
+        let mut changed = false;
+        if let Some(uid) = attr.uid {
+            m.uid = uid;
+            changed = true;
+        }
+        if let Some(gid) = attr.gid {
+            m.gid = gid;
+            changed = true;
+        }
+        if (attr.uid.is_some() || attr.gid.is_some()) && !root && inode.kind != S_IFDIR {
+            m.kill_suid();
+        }
+        if let Some(mode) = attr.mode {
+            let mut perm = mode & 0o7777;
+            if !root && ctx.gid != m.gid {
+                perm &= !S_ISGID;
+            }
+            m.mode = (m.mode & S_IFMT) | perm;
+            changed = true;
+        }
+        if let (Some(size), Some(data)) = (attr.size, data.as_deref_mut()) {
+            if size != m.size {
+                self.truncate_locked(data, &mut m, size);
+                m.mtime = now;
+                changed = true;
+            }
+            if !root {
+                changed |= m.kill_suid();
+            }
+        }
+        if attr.kill_suidgid && !root {
+            changed |= m.kill_suid();
+        }
+        if let Some(t) = attr.atime {
+            m.atime = resolve(t, now);
+            changed = true;
+        }
+        if let Some(t) = attr.mtime {
+            m.mtime = resolve(t, now);
+            changed = true;
+        }
+        match attr.ctime {
+            Some(t) => m.ctime = t,
+            None if changed => m.ctime = now,
+            None => {}
+        }
+        Ok((stat_of(ino, &m), self.cfg.attr_timeout))
+    }
+
+    fn readlink(&self, _ctx: &Context, ino: u64) -> Result<Vec<u8>> {
+        match &self.inode(ino)?.body {
+            Body::Symlink(target) => Ok(target.to_vec()),
+            _ => Err(Error::InvalidArgument),
+        }
+    }
+
+    fn symlink(&self, ctx: &Context, parent: u64, name: &[u8], target: &[u8]) -> Result<Entry> {
+        if target.is_empty() {
+            return Err(Error::NotFound);
+        }
+        if target.len() > SYMLINK_MAX {
+            return Err(Error::NameTooLong);
+        }
+        let body = Body::Symlink(target.into());
+        let inode = self.create_node(ctx, parent, name, S_IFLNK, 0o777, 0, body)?;
+        Ok(self.entry(&inode))
+    }
+
+    fn mknod(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        _umask: u32,
+    ) -> Result<Entry> {
+        let kind = match mode & S_IFMT {
+            0 | S_IFREG => S_IFREG,
+            k @ (S_IFIFO | S_IFSOCK) => k,
+            k @ (S_IFCHR | S_IFBLK) if ctx.uid == 0 => k,
+            S_IFCHR | S_IFBLK | S_IFDIR => return Err(Error::NotPermitted),
+            _ => return Err(Error::InvalidArgument),
+        };
+        let (body, rdev) = match kind {
+            S_IFREG => (Body::File(RwLock::default()), 0),
+            S_IFCHR | S_IFBLK => (Body::Other, rdev),
+            _ => (Body::Other, 0),
+        };
+        let inode = self.create_node(ctx, parent, name, kind, mode, rdev, body)?;
+        Ok(self.entry(&inode))
+    }
+
+    fn mkdir(&self, ctx: &Context, parent: u64, name: &[u8], mode: u32, _umask: u32) -> Result<Entry> {
+        let perm = mode & (0o777 | S_ISVTX);
+        let inode = self.create_node(ctx, parent, name, S_IFDIR, perm, 0, Body::Other)?;
+        Ok(self.entry(&inode))
+    }
+
+    fn unlink(&self, ctx: &Context, parent: u64, name: &[u8]) -> Result<()> {
+        check_name(name)?;
+        let victim = {
+            let mut tree = wr(&self.tree);
+            let (p, pm) = self.search_dir(ctx, parent)?;
+            let dir = dir_mut(&mut tree, parent)?;
+            let child = dir.get(name).ok_or(Error::NotFound)?;
+            let victim = self.inode(child.ino)?;
+            if !pm.may(ctx, W_OK | X_OK) {
+                return Err(Error::AccessDenied);
+            }
+            if pm.sticky_denies(ctx, victim.meta().uid) {
+                return Err(Error::NotPermitted);
+            }
+            if victim.kind == S_IFDIR {
+                return Err(Error::IsDir);
+            }
+            dir.remove(name);
+            let now = Timespec::now();
+            p.update(|m| {
+                m.mtime = now;
+                m.ctime = now;
+            });
+            victim.update(|m| {
+                m.nlink = m.nlink.saturating_sub(1);
+                m.ctime = now;
+            });
+            victim
+        };
+        self.maybe_evict(&victim);
+        Ok(())
+    }
+
+    fn rmdir(&self, ctx: &Context, parent: u64, name: &[u8]) -> Result<()> {
+        match name {
+            b"." => return Err(Error::InvalidArgument),
+            b".." => return Err(Error::NotEmpty),
+            _ => check_name(name)?,
+        }
+        let victim = {
+            let mut tree = wr(&self.tree);
+            let (p, pm) = self.search_dir(ctx, parent)?;
+            let child = dir_mut(&mut tree, parent)?.get(name).ok_or(Error::NotFound)?;
+            let victim = self.inode(child.ino)?;
+            if !pm.may(ctx, W_OK | X_OK) {
+                return Err(Error::AccessDenied);
+            }
+            if pm.sticky_denies(ctx, victim.meta().uid) {
+                return Err(Error::NotPermitted);
+            }
+            if victim.kind != S_IFDIR {
+                return Err(Error::NotDir);
+            }
+            if tree.get(&child.ino).is_some_and(|d| !d.is_empty()) {
+                return Err(Error::NotEmpty);
+            }
+            tree.remove(&child.ino);
+            dir_mut(&mut tree, parent)?.remove(name);
+            let now = Timespec::now();
+            p.update(|m| {
+                m.nlink = m.nlink.saturating_sub(1);
+                m.mtime = now;
+                m.ctime = now;
+            });
+            victim.update(|m| {
+                m.nlink = 0;
+                m.ctime = now;
+            });
+            victim
+        };
+        self.maybe_evict(&victim);
+        Ok(())
+    }
+
+    fn rename(
+        &self,
+        ctx: &Context,
+        olddir: u64,
+        oldname: &[u8],
+        newdir: u64,
+        newname: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        let noreplace = flags & RENAME_NOREPLACE != 0;
+        let exchange = flags & RENAME_EXCHANGE != 0;
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 || (noreplace && exchange) {
+            return Err(Error::InvalidArgument);
+        }
+        for name in [oldname, newname] {
+            if name == b"." || name == b".." {
+                return Err(Error::InvalidArgument);
+            }
+            check_name(name)?;
+        }
+        let victim = {
+            let mut tree = wr(&self.tree);
+            let (op, opm) = self.search_dir(ctx, olddir)?;
+            let (np, npm) = self.search_dir(ctx, newdir)?;
+            let src = dir_mut(&mut tree, olddir)?.get(oldname).ok_or(Error::NotFound)?;
+            let dst = dir_mut(&mut tree, newdir)?.get(newname);
+            if exchange && dst.is_none() {
+                return Err(Error::NotFound);
+            }
+            if noreplace && dst.is_some() {
+                return Err(Error::Exists);
+            }
+            if dst.is_some_and(|d| d.ino == src.ino) {
+                // Two links to one inode: POSIX says do nothing.
+                return Ok(());
+            }
+            if !opm.may(ctx, W_OK | X_OK) || !npm.may(ctx, W_OK | X_OK) {
+                return Err(Error::AccessDenied);
+            }
+            let src_inode = self.inode(src.ino)?;
+            let srcm = src_inode.meta();
+            if opm.sticky_denies(ctx, srcm.uid) {
+                return Err(Error::NotPermitted);
+            }
+            let dst_inode = dst.map(|d| self.inode(d.ino)).transpose()?;
+            let dstm = dst_inode.as_ref().map(|i| i.meta());
+            if dstm.is_some_and(|m| npm.sticky_denies(ctx, m.uid)) {
+                return Err(Error::NotPermitted);
+            }
+            let src_dir = src_inode.kind == S_IFDIR;
+            let dst_dir = dst_inode.as_ref().is_some_and(|i| i.kind == S_IFDIR);
+            if let (false, Some(d)) = (exchange, dst) {
+                if src_dir && !dst_dir {
+                    return Err(Error::NotDir);
+                }
+                if !src_dir && dst_dir {
+                    return Err(Error::IsDir);
+                }
+                if dst_dir && tree.get(&d.ino).is_some_and(|d| !d.is_empty()) {
+                    return Err(Error::NotEmpty);
+                }
+            }
+            let moves = olddir != newdir;
+            // A directory may not move below itself.
+            if moves && src_dir && Self::is_ancestor(&tree, src.ino, newdir) {
+                return Err(Error::InvalidArgument);
+            }
+            if let (true, true, true, Some(d)) = (exchange, moves, dst_dir, dst) {
+                if Self::is_ancestor(&tree, d.ino, olddir) {
+                    return Err(Error::InvalidArgument);
+                }
+            }
+            // Moving a directory rewrites its "..", which needs write permission on it.
+            if moves && src_dir && !srcm.may(ctx, W_OK) {
+                return Err(Error::AccessDenied);
+            }
+            if moves && exchange && dst_dir && !dstm.is_some_and(|m| m.may(ctx, W_OK)) {
+                return Err(Error::AccessDenied);
+            }
+
+            let now = Timespec::now();
+            let mut victim = None;
+            dir_mut(&mut tree, olddir)?.remove(oldname);
+            if dst.is_some() {
+                dir_mut(&mut tree, newdir)?.remove(newname);
+            }
+            dir_mut(&mut tree, newdir)?.insert(newname, src.ino, src_inode.kind);
+            if moves && src_dir {
+                dir_mut(&mut tree, src.ino)?.parent = newdir;
+                op.update(|m| m.nlink = m.nlink.saturating_sub(1));
+                np.update(|m| m.nlink += 1);
+            }
+            if let (Some(d), Some(di)) = (dst, dst_inode) {
+                if exchange {
+                    dir_mut(&mut tree, olddir)?.insert(oldname, d.ino, di.kind);
+                    if moves && dst_dir {
+                        dir_mut(&mut tree, d.ino)?.parent = olddir;
+                        np.update(|m| m.nlink = m.nlink.saturating_sub(1));
+                        op.update(|m| m.nlink += 1);
+                    }
+                    di.update(|m| m.ctime = now);
+                } else {
+                    if dst_dir {
+                        tree.remove(&d.ino);
+                        np.update(|m| m.nlink = m.nlink.saturating_sub(1));
+                        di.update(|m| m.nlink = 0);
+                    } else {
+                        di.update(|m| m.nlink = m.nlink.saturating_sub(1));
+                    }
+                    di.update(|m| m.ctime = now);
+                    victim = Some(di);
+                }
+            }
+            src_inode.update(|m| m.ctime = now);
+            for p in [&op, &np] {
+                p.update(|m| {
+                    m.mtime = now;
+                    m.ctime = now;
+                });
+            }
+            victim
+        };
+        if let Some(v) = victim {
+            self.maybe_evict(&v);
+        }
+        Ok(())
+    }
+
+    fn link(&self, ctx: &Context, ino: u64, newparent: u64, newname: &[u8]) -> Result<Entry> {
+        check_name(newname)?;
+        let mut tree = wr(&self.tree);
+        let inode = self.inode(ino)?;
+        if inode.kind == S_IFDIR {
+            return Err(Error::NotPermitted);
+        }
+        let (p, pm) = self.search_dir(ctx, newparent)?;
+        let dir = dir_mut(&mut tree, newparent)?;
+        if dir.get(newname).is_some() {
+            return Err(Error::Exists);
+        }
+        if !pm.may(ctx, W_OK | X_OK) {
+            return Err(Error::AccessDenied);
+        }
+        let now = Timespec::now();
+        {
+            let mut m = wr(&inode.meta);
+            if m.nlink == 0 {
+                return Err(Error::NotFound);
+            }
+            if m.nlink >= LINK_MAX {
+                return Err(Error::TooManyLinks);
+            }
+            m.nlink += 1;
+            m.ctime = now;
+        }
+        dir.insert(newname, ino, inode.kind);
+        p.update(|m| {
+            m.mtime = now;
+            m.ctime = now;
+        });
+        inode.lookups.fetch_add(1, Ordering::AcqRel);
+        Ok(self.entry(&inode))
+    }
+
+    fn open(&self, ctx: &Context, ino: u64, flags: u32) -> Result<Opened> {
+        let inode = self.inode(ino)?;
+        self.open_inode(ctx, inode, flags, true)
+    }
+
+    fn read(
+        &self,
+        _ctx: &Context,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+        w: &mut Writer<'_>,
+    ) -> Result<usize> {
+        // The kernel checks the descriptor's access mode; it may read through any handle of the
+        // file (e.g. for page cache fills), so none is enforced here.
+        let h = self.handle(fh, ino)?;
+        let Body::File(data) = &h.inode.body else {
+            return Err(if h.inode.kind == S_IFDIR { Error::IsDir } else { Error::InvalidArgument });
+        };
+        let n = {
+            let data = rd(data);
+            let size_now = rd(&h.inode.meta).size;
+            if offset >= size_now {
+                0
+            } else {
+                let n = u64::from(size).min(size_now - offset) as usize;
+                read_chunks(&data, offset, n, w)?;
+                n
+            }
+        };
+        self.touch_atime(&h.inode);
+        Ok(n)
+    }
+
+    fn write(
+        &self,
+        ctx: &Context,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        size: u32,
+        write_flags: u32,
+        r: &mut Reader<'_>,
+    ) -> Result<usize> {
+        let h = self.handle(fh, ino)?;
+        if h.flags & O_ACCMODE == O_RDONLY {
+            return Err(Error::BadHandle);
+        }
+        let Body::File(data) = &h.inode.body else {
+            return Err(Error::InvalidArgument);
+        };
+        let len = size as usize;
+        offset.checked_add(u64::from(size)).filter(|&end| end <= MAX_FILE_SIZE).ok_or(Error::FileTooLarge)?;
+        if len == 0 {
+            return Ok(0);
+        }
+        let mut data = wr(data);
+        let written = self.write_chunks(&mut data, offset, len, r)?;
+        let now = Timespec::now();
+        let mut m = wr(&h.inode.meta);
+        m.size = m.size.max(offset + written as u64);
+        m.blocks = data.blocks();
+        m.mtime = now;
+        m.ctime = now;
+        if ctx.uid != 0 || write_flags & abi::write_flags::KILL_SUIDGID != 0 {
+            m.kill_suid();
+        }
+        Ok(written)
+    }
+
+    fn flush(&self, _ctx: &Context, ino: u64, fh: u64, _lock_owner: u64) -> Result<()> {
+        self.handle(fh, ino).map(|_| ())
+    }
+
+    fn release(&self, _ctx: &Context, ino: u64, fh: u64, _flags: u32) -> Result<()> {
+        self.release_handle(ino, fh)
+    }
+
+    fn fsync(&self, _ctx: &Context, ino: u64, fh: u64, _datasync: bool) -> Result<()> {
+        self.handle(fh, ino).map(|_| ())
+    }
+
+    fn opendir(&self, ctx: &Context, ino: u64, flags: u32) -> Result<Opened> {
+        let inode = self.inode(ino)?;
+        if inode.kind != S_IFDIR {
+            return Err(Error::NotDir);
+        }
+        self.open_inode(ctx, inode, flags & !O_TRUNC, true)
+    }
+
+    fn readdir(&self, _ctx: &Context, ino: u64, fh: u64, offset: u64, sink: &mut DirSink<'_>) -> Result<()> {
+        let h = self.handle(fh, ino)?;
+        if h.inode.kind != S_IFDIR {
+            return Err(Error::NotDir);
+        }
+        let tree = rd(&self.tree);
+        let Some(dir) = tree.get(&ino) else {
+            return Ok(()); // removed while open: empty
+        };
+        let dt_dir = S_IFDIR >> 12;
+        let dots = [(ino, b".".as_slice()), (dir.parent, b"..".as_slice())];
+        for (pos, (dot_ino, name)) in dots.into_iter().enumerate() {
+            let pos = pos as u64;
+            if offset <= pos {
+                let e = DirEntry { ino: dot_ino, offset: pos + 1, typ: dt_dir, name };
+                if !sink(e) {
+                    return Ok(());
+                }
+            }
+        }
+        for (&cookie, name) in dir.order.range(offset.max(FIRST_COOKIE)..) {
+            let Some(child) = dir.entries.get(name) else {
+                continue;
+            };
+            let e = DirEntry { ino: child.ino, offset: cookie + 1, typ: child.typ, name };
+            if !sink(e) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn readdirplus(
+        &self,
+        _ctx: &Context,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        sink: &mut DirPlusSink<'_>,
+    ) -> Result<()> {
+        let h = self.handle(fh, ino)?;
+        if h.inode.kind != S_IFDIR {
+            return Err(Error::NotDir);
+        }
+        let tree = rd(&self.tree);
+        let Some(dir) = tree.get(&ino) else {
+            return Ok(());
+        };
+        let dt_dir = S_IFDIR >> 12;
+        let dots = [(ino, b".".as_slice()), (dir.parent, b"..".as_slice())];
+        for (pos, (dot_ino, name)) in dots.into_iter().enumerate() {
+            let pos = pos as u64;
+            if offset <= pos {
+                let e = DirEntry { ino: dot_ino, offset: pos + 1, typ: dt_dir, name };
+                // Node id 0: the kernel takes no reference for "." and "..".
+                let entry = Entry {
+                    attr: Stat { ino: dot_ino, mode: S_IFDIR, ..Stat::default() },
+                    ..Entry::default()
+                };
+                if !sink(e, &entry) {
+                    return Ok(());
+                }
+            }
+        }
+        for (&cookie, name) in dir.order.range(offset.max(FIRST_COOKIE)..) {
+            let Some(child) = dir.entries.get(name) else {
+                continue;
+            };
+            let Ok(inode) = self.inode(child.ino) else {
+                continue;
+            };
+            let e = DirEntry { ino: child.ino, offset: cookie + 1, typ: child.typ, name };
+            if !sink(e, &self.entry(&inode)) {
+                break;
+            }
+            inode.lookups.fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(())
+    }
+
+    fn releasedir(&self, _ctx: &Context, ino: u64, fh: u64, _flags: u32) -> Result<()> {
+        self.release_handle(ino, fh)
+    }
+
+    fn fsyncdir(&self, _ctx: &Context, ino: u64, fh: u64, _datasync: bool) -> Result<()> {
+        self.handle(fh, ino).map(|_| ())
+    }
+
+    fn statfs(&self, _ctx: &Context, _ino: u64) -> Result<StatFs> {
+        let bsize = u64::from(BLOCK_SIZE);
+        let free = self.cfg.capacity.saturating_sub(self.used.load(Ordering::Relaxed)) / bsize;
+        let ffree = self.cfg.max_inodes.saturating_sub(self.ninodes.load(Ordering::Relaxed));
+        Ok(StatFs {
+            blocks: self.cfg.capacity / bsize,
+            bfree: free,
+            bavail: free,
+            files: self.cfg.max_inodes,
+            ffree,
+            bsize: BLOCK_SIZE,
+            namelen: NAME_MAX as u32,
+            frsize: BLOCK_SIZE,
+        })
+    }
+
+    fn access(&self, ctx: &Context, ino: u64, mask: u32) -> Result<()> {
+        let m = self.inode(ino)?.meta();
+        let mask = mask & (R_OK | W_OK | X_OK);
+        if mask == 0 || m.may(ctx, mask) {
+            Ok(())
+        } else {
+            Err(Error::AccessDenied)
+        }
+    }
+
+    fn create(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        flags: u32,
+        _umask: u32,
+    ) -> Result<(Entry, Opened)> {
+        if !matches!(flags & O_ACCMODE, O_RDONLY | O_WRONLY | O_RDWR) {
+            return Err(Error::InvalidArgument);
+        }
+        let body = Body::File(RwLock::default());
+        match self.create_node(ctx, parent, name, S_IFREG, mode, 0, body) {
+            Ok(inode) => {
+                let opened = self.open_inode(ctx, inode.clone(), flags & !O_TRUNC, false);
+                match opened {
+                    Ok(opened) => Ok((self.entry(&inode), opened)),
+                    Err(e) => {
+                        self.forget(ctx, inode.ino, 1);
+                        Err(e)
+                    }
+                }
+            }
+            Err(Error::Exists) if flags & O_EXCL == 0 => {
+                let entry = self.lookup(ctx, parent, name)?;
+                let inode = self.inode(entry.ino)?;
+                match self.open_inode(ctx, inode.clone(), flags, true) {
+                    Ok(opened) => Ok((self.entry(&inode), opened)),
+                    Err(e) => {
+                        self.forget(ctx, entry.ino, 1);
+                        Err(e)
+                    }
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _ctx: &Context,
+        ino: u64,
+        fh: u64,
+        mode: u32,
+        offset: u64,
+        length: u64,
+    ) -> Result<()> {
+        let h = self.handle(fh, ino)?;
+        if h.flags & O_ACCMODE == O_RDONLY {
+            return Err(Error::BadHandle);
+        }
+        let Body::File(data) = &h.inode.body else {
+            return Err(if h.inode.kind == S_IFDIR { Error::IsDir } else { Error::NotSupported });
+        };
+        if length == 0 {
+            return Err(Error::InvalidArgument);
+        }
+        let end = offset.checked_add(length).filter(|&e| e <= MAX_FILE_SIZE).ok_or(Error::FileTooLarge)?;
+        let mut data = wr(data);
+        let now = Timespec::now();
+        if mode == 0 || mode == FALLOC_FL_KEEP_SIZE {
+            let mut result = Ok(());
+            for idx in offset / CHUNK64..=(end - 1) / CHUNK64 {
+                if let btree_map::Entry::Vacant(v) = data.chunks.entry(idx) {
+                    match self.alloc_chunk() {
+                        Ok(c) => {
+                            v.insert(c);
+                        }
+                        Err(e) => {
+                            result = Err(e);
+                            break;
+                        }
+                    }
+                }
+            }
+            let mut m = wr(&h.inode.meta);
+            m.blocks = data.blocks();
+            if result.is_ok() && mode == 0 && end > m.size {
+                m.size = end;
+                m.mtime = now;
+                m.ctime = now;
+            }
+            result
+        } else if mode == FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE {
+            let mut m = wr(&h.inode.meta);
+            let end = end.min(m.size);
+            let mut pos = offset;
+            while pos < end {
+                let idx = pos / CHUNK64;
+                let at = (pos % CHUNK64) as usize;
+                let n = (CHUNK - at).min((end - pos) as usize);
+                if n == CHUNK {
+                    if data.chunks.remove(&idx).is_some() {
+                        self.release_chunks(1);
+                    }
+                } else if let Some(chunk) = data.chunks.get_mut(&idx) {
+                    chunk[at..at + n].fill(0);
+                }
+                pos += n as u64;
+            }
+            m.blocks = data.blocks();
+            m.mtime = now;
+            m.ctime = now;
+            Ok(())
+        } else {
+            Err(Error::NotSupported)
+        }
+    }
+}

@@ -1,0 +1,635 @@
+//! The FUSE dispatcher: decodes one request from a descriptor chain's buffers, calls the
+//! [`FileSystem`], and encodes the reply.
+//!
+//! The guest is untrusted. Every length is checked against the buffers actually present (the header's
+//! `len` must match the readable bytes exactly, argument structs must be complete, a WRITE's size must
+//! match its payload, names must be NUL-terminated path components), nothing is allocated from a
+//! guest-provided length, and every failure becomes an errno in the reply header rather than a panic.
+//! Operations that hand the kernel a reference (an entry or a handle) first check that the reply will
+//! fit, so a too-small reply buffer cannot leak a lookup count or a handle.
+
+use std::mem::size_of;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use vm_memory::{ByteValued, VolatileSlice};
+
+use crate::abi::{self, opcode, InHeader, OutHeader};
+use crate::filesystem::{self, Context, DirEntry, Entry, FileSystem, SetAttr, SetTime, Stat};
+use crate::io::{self, Reader, Writer};
+
+/// Largest WRITE payload we accept (and advertise as `max_write`).
+pub const MAX_WRITE: u32 = 1 << 20;
+/// `max_pages` advertised with `FUSE_MAX_PAGES` (256 x 4 KiB = [`MAX_WRITE`]).
+pub const MAX_PAGES: u16 = 256;
+/// Longest name section we copy out of a request (two names plus a symlink target fit).
+const NAME_BUF: usize = 8192;
+
+/// INIT flags we can honour when the kernel offers them.
+const SUPPORTED_INIT_FLAGS: u64 = abi::init::ASYNC_READ
+    | abi::init::PARALLEL_DIROPS
+    | abi::init::BIG_WRITES
+    | abi::init::AUTO_INVAL_DATA
+    | abi::init::ASYNC_DIO
+    | abi::init::ATOMIC_O_TRUNC
+    | abi::init::DO_READDIRPLUS
+    | abi::init::READDIRPLUS_AUTO;
+
+const OUT_HEADER_SIZE: usize = size_of::<OutHeader>();
+
+/// Why a request failed before or instead of reaching the filesystem.
+#[derive(Debug, thiserror::Error)]
+enum RequestError {
+    /// The request is shorter than its arguments, or the reply does not fit.
+    #[error("bad buffer: {0}")]
+    Buffer(#[from] io::Error),
+    /// `in_header.len` disagrees with the readable bytes.
+    #[error("header says {header} bytes, chain holds {actual}")]
+    LengthMismatch { header: usize, actual: usize },
+    /// A WRITE whose size disagrees with its payload, or exceeds `max_write`.
+    #[error("write of {size} bytes with {payload} bytes of payload")]
+    WriteSize { size: usize, payload: usize },
+    /// A name without NUL terminator or that is not a valid path component.
+    #[error("malformed name")]
+    BadName,
+    /// Names longer than anything a kernel sends.
+    #[error("names too long")]
+    NameTooLong,
+    /// Invalid flags or values in the arguments.
+    #[error("invalid argument")]
+    Invalid,
+    /// A request other than INIT before INIT.
+    #[error("session not initialised")]
+    NotInitialized,
+    /// An INIT with a protocol version we cannot speak.
+    #[error("unsupported protocol version {major}.{minor}")]
+    Protocol { major: u32, minor: u32 },
+    /// An opcode we do not serve.
+    #[error("unsupported opcode {0}")]
+    Opcode(u32),
+    /// The filesystem failed the operation.
+    #[error(transparent)]
+    Fs(#[from] filesystem::Error),
+}
+
+impl RequestError {
+    fn errno(&self) -> i32 {
+        match self {
+            RequestError::Buffer(io::Error::ShortRead { .. }) => libc::EINVAL,
+            RequestError::Buffer(io::Error::ShortWrite { .. }) => libc::ERANGE,
+            RequestError::LengthMismatch { .. }
+            | RequestError::WriteSize { .. }
+            | RequestError::BadName
+            | RequestError::Invalid => libc::EINVAL,
+            RequestError::NameTooLong => libc::ENAMETOOLONG,
+            RequestError::NotInitialized => libc::EIO,
+            RequestError::Protocol { .. } => libc::EPROTO,
+            RequestError::Opcode(_) => libc::ENOSYS,
+            RequestError::Fs(e) => e.errno(),
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, RequestError>;
+
+/// Serves FUSE requests for one filesystem. Shareable between poller threads (`Arc<Server<F>>`).
+pub struct Server<F: FileSystem> {
+    fs: F,
+    initialized: AtomicBool,
+}
+
+impl<F: FileSystem> Server<F> {
+    /// A server for `fs`, waiting for INIT.
+    pub fn new(fs: F) -> Self {
+        Server { fs, initialized: AtomicBool::new(false) }
+    }
+
+    /// The filesystem being served.
+    pub fn filesystem(&self) -> &F {
+        &self.fs
+    }
+
+    /// Serve one FUSE request. `readable`: the device-readable buffers of the descriptor chain
+    /// (`fuse_in_header` + args + payload); `writable`: the device-writable buffers
+    /// (`fuse_out_header` + reply). Returns the number of bytes written into `writable` (0 for
+    /// requests without a reply: FORGET, BATCH_FORGET, INTERRUPT, and when `writable` cannot hold
+    /// even a reply header).
+    pub fn handle(&self, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> usize {
+        let mut r = Reader::new(readable);
+        let actual = r.bytes_left();
+        let hdr: InHeader = match r.read_obj() {
+            Ok(h) => h,
+            Err(e) => {
+                log::debug!("fuse: request without header: {e}");
+                return reply_error(writable, 0, libc::EINVAL);
+            }
+        };
+        let ctx = Context { uid: hdr.uid, gid: hdr.gid, pid: hdr.pid };
+        match self.dispatch(&hdr, &ctx, actual, r, Writer::new(writable)) {
+            Ok(n) => n,
+            Err(e) => {
+                if is_no_reply(hdr.opcode) {
+                    return 0;
+                }
+                log::trace!("fuse: opcode {} unique {} failed: {e}", hdr.opcode, hdr.unique);
+                reply_error(writable, hdr.unique, e.errno())
+            }
+        }
+    }
+
+    fn dispatch(
+        &self,
+        hdr: &InHeader,
+        ctx: &Context,
+        actual: usize,
+        mut r: Reader<'_>,
+        w: Writer<'_>,
+    ) -> Result<usize> {
+        if hdr.len as usize != actual {
+            return Err(RequestError::LengthMismatch { header: hdr.len as usize, actual });
+        }
+        // Request extensions (security context, supplementary groups) trail the arguments; we
+        // negotiate none, so just cut them off.
+        let ext = usize::from(hdr.total_extlen) * 8;
+        let args_len = r.bytes_left().checked_sub(ext).ok_or(RequestError::Invalid)?;
+        r.truncate(args_len);
+
+        // Requests without a reply never touch the writable buffers.
+        match hdr.opcode {
+            opcode::FORGET => return self.do_forget(hdr, ctx, r),
+            opcode::BATCH_FORGET => return self.do_batch_forget(ctx, r),
+            opcode::INTERRUPT => return Ok(0),
+            _ => {}
+        }
+        if w.available() < OUT_HEADER_SIZE {
+            return Ok(0);
+        }
+        if hdr.opcode == opcode::INIT {
+            return self.do_init(hdr, r, w);
+        }
+        if !self.initialized.load(Ordering::Acquire) {
+            return Err(RequestError::NotInitialized);
+        }
+        let fs = &self.fs;
+        let ino = hdr.nodeid;
+        match hdr.opcode {
+            opcode::DESTROY => {
+                self.initialized.store(false, Ordering::Release);
+                fs.destroy();
+                reply_empty(w, hdr)
+            }
+            opcode::LOOKUP => {
+                let mut buf = [0u8; NAME_BUF];
+                let names = read_names(&mut r, &mut buf)?;
+                let (name, _) = split_name(names, false)?;
+                check_fits(&w, size_of::<abi::EntryOut>())?;
+                let entry = fs.lookup(ctx, ino, name)?;
+                reply_entry(w, hdr, &entry)
+            }
+            opcode::GETATTR => {
+                let arg: abi::GetattrIn = r.read_obj()?;
+                let fh = (arg.getattr_flags & abi::GETATTR_FH != 0).then_some(arg.fh);
+                let (attr, valid) = fs.getattr(ctx, ino, fh)?;
+                reply_attr(w, hdr, &attr, valid)
+            }
+            opcode::SETATTR => {
+                let arg: abi::SetattrIn = r.read_obj()?;
+                let set = decode_setattr(&arg)?;
+                let (attr, valid) = fs.setattr(ctx, ino, &set)?;
+                reply_attr(w, hdr, &attr, valid)
+            }
+            opcode::READLINK => {
+                let target = fs.readlink(ctx, ino)?;
+                reply_bytes(w, hdr, &target)
+            }
+            opcode::SYMLINK => {
+                let mut buf = [0u8; NAME_BUF];
+                let names = read_names(&mut r, &mut buf)?;
+                let (name, rest) = split_name(names, true)?;
+                let target =
+                    rest.iter().position(|&b| b == 0).map(|n| &rest[..n]).ok_or(RequestError::BadName)?;
+                check_fits(&w, size_of::<abi::EntryOut>())?;
+                let entry = fs.symlink(ctx, ino, name, target)?;
+                reply_entry(w, hdr, &entry)
+            }
+            opcode::MKNOD => {
+                let arg: abi::MknodIn = r.read_obj()?;
+                let mut buf = [0u8; NAME_BUF];
+                let (name, _) = split_name(read_names(&mut r, &mut buf)?, true)?;
+                check_fits(&w, size_of::<abi::EntryOut>())?;
+                let entry = fs.mknod(ctx, ino, name, arg.mode, arg.rdev, arg.umask)?;
+                reply_entry(w, hdr, &entry)
+            }
+            opcode::MKDIR => {
+                let arg: abi::MkdirIn = r.read_obj()?;
+                let mut buf = [0u8; NAME_BUF];
+                let (name, _) = split_name(read_names(&mut r, &mut buf)?, true)?;
+                check_fits(&w, size_of::<abi::EntryOut>())?;
+                let entry = fs.mkdir(ctx, ino, name, arg.mode, arg.umask)?;
+                reply_entry(w, hdr, &entry)
+            }
+            opcode::UNLINK | opcode::RMDIR => {
+                let mut buf = [0u8; NAME_BUF];
+                let (name, _) = split_name(read_names(&mut r, &mut buf)?, false)?;
+                if hdr.opcode == opcode::UNLINK {
+                    fs.unlink(ctx, ino, name)?;
+                } else {
+                    fs.rmdir(ctx, ino, name)?;
+                }
+                reply_empty(w, hdr)
+            }
+            opcode::RENAME | opcode::RENAME2 => {
+                let (newdir, flags) = if hdr.opcode == opcode::RENAME {
+                    let arg: abi::RenameIn = r.read_obj()?;
+                    (arg.newdir, 0)
+                } else {
+                    let arg: abi::Rename2In = r.read_obj()?;
+                    (arg.newdir, arg.flags)
+                };
+                let known = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE;
+                if flags & !known != 0 || flags == known {
+                    return Err(RequestError::Invalid);
+                }
+                let mut buf = [0u8; NAME_BUF];
+                let names = read_names(&mut r, &mut buf)?;
+                let (oldname, rest) = split_name(names, false)?;
+                let (newname, _) = split_name(rest, true)?;
+                fs.rename(ctx, ino, oldname, newdir, newname, flags)?;
+                reply_empty(w, hdr)
+            }
+            opcode::LINK => {
+                let arg: abi::LinkIn = r.read_obj()?;
+                let mut buf = [0u8; NAME_BUF];
+                let (name, _) = split_name(read_names(&mut r, &mut buf)?, true)?;
+                check_fits(&w, size_of::<abi::EntryOut>())?;
+                let entry = fs.link(ctx, arg.oldnodeid, ino, name)?;
+                reply_entry(w, hdr, &entry)
+            }
+            opcode::OPEN | opcode::OPENDIR => {
+                let arg: abi::OpenIn = r.read_obj()?;
+                check_fits(&w, size_of::<abi::OpenOut>())?;
+                let opened = if hdr.opcode == opcode::OPEN {
+                    fs.open(ctx, ino, arg.flags)?
+                } else {
+                    fs.opendir(ctx, ino, arg.flags)?
+                };
+                let out = abi::OpenOut { fh: opened.fh, open_flags: opened.open_flags, backing_id: 0 };
+                reply_obj(w, hdr, &out)
+            }
+            opcode::READ => {
+                let arg: abi::ReadIn = r.read_obj()?;
+                let (mut hw, mut body) = split_reply(w)?;
+                if body.available() < arg.size as usize {
+                    return Err(
+                        io::Error::ShortWrite { wanted: arg.size as usize, left: body.available() }.into()
+                    );
+                }
+                let mut data = body.split_at(arg.size as usize)?;
+                let n = fs.read(ctx, ino, arg.fh, arg.offset, arg.size, &mut data)?;
+                finish_reply(&mut hw, hdr, OUT_HEADER_SIZE + n.min(arg.size as usize))
+            }
+            opcode::WRITE => {
+                let arg: abi::WriteIn = r.read_obj()?;
+                let size = arg.size as usize;
+                if size != r.bytes_left() || arg.size > MAX_WRITE {
+                    return Err(RequestError::WriteSize { size, payload: r.bytes_left() });
+                }
+                check_fits(&w, size_of::<abi::WriteOut>())?;
+                let n = fs.write(ctx, ino, arg.fh, arg.offset, arg.size, arg.write_flags, &mut r)?;
+                let out =
+                    abi::WriteOut { size: u32::try_from(n).unwrap_or(arg.size).min(arg.size), padding: 0 };
+                reply_obj(w, hdr, &out)
+            }
+            opcode::STATFS => {
+                let st = fs.statfs(ctx, ino)?;
+                let out = abi::StatfsOut {
+                    st: abi::Kstatfs {
+                        blocks: st.blocks,
+                        bfree: st.bfree,
+                        bavail: st.bavail,
+                        files: st.files,
+                        ffree: st.ffree,
+                        bsize: st.bsize,
+                        namelen: st.namelen,
+                        frsize: st.frsize,
+                        padding: 0,
+                        spare: [0; 6],
+                    },
+                };
+                reply_obj(w, hdr, &out)
+            }
+            opcode::RELEASE | opcode::RELEASEDIR => {
+                let arg: abi::ReleaseIn = r.read_obj()?;
+                if hdr.opcode == opcode::RELEASE {
+                    fs.release(ctx, ino, arg.fh, arg.flags)?;
+                } else {
+                    fs.releasedir(ctx, ino, arg.fh, arg.flags)?;
+                }
+                reply_empty(w, hdr)
+            }
+            opcode::FSYNC | opcode::FSYNCDIR => {
+                let arg: abi::FsyncIn = r.read_obj()?;
+                let datasync = arg.fsync_flags & abi::FSYNC_FDATASYNC != 0;
+                if hdr.opcode == opcode::FSYNC {
+                    fs.fsync(ctx, ino, arg.fh, datasync)?;
+                } else {
+                    fs.fsyncdir(ctx, ino, arg.fh, datasync)?;
+                }
+                reply_empty(w, hdr)
+            }
+            opcode::FLUSH => {
+                let arg: abi::FlushIn = r.read_obj()?;
+                fs.flush(ctx, ino, arg.fh, arg.lock_owner)?;
+                reply_empty(w, hdr)
+            }
+            opcode::READDIR | opcode::READDIRPLUS => {
+                let arg: abi::ReadIn = r.read_obj()?;
+                let (mut hw, mut body) = split_reply(w)?;
+                let limit = body.available().min(arg.size as usize);
+                let mut out = body.split_at(limit)?;
+                if hdr.opcode == opcode::READDIR {
+                    fs.readdir(ctx, ino, arg.fh, arg.offset, &mut |e| add_dirent(&mut out, &e, None))?;
+                } else {
+                    fs.readdirplus(ctx, ino, arg.fh, arg.offset, &mut |e, entry| {
+                        add_dirent(&mut out, &e, Some(entry))
+                    })?;
+                }
+                let len = OUT_HEADER_SIZE + out.bytes_written();
+                finish_reply(&mut hw, hdr, len)
+            }
+            opcode::ACCESS => {
+                let arg: abi::AccessIn = r.read_obj()?;
+                fs.access(ctx, ino, arg.mask)?;
+                reply_empty(w, hdr)
+            }
+            opcode::CREATE => {
+                let arg: abi::CreateIn = r.read_obj()?;
+                let mut buf = [0u8; NAME_BUF];
+                let (name, _) = split_name(read_names(&mut r, &mut buf)?, true)?;
+                check_fits(&w, size_of::<abi::EntryOut>() + size_of::<abi::OpenOut>())?;
+                let (entry, opened) = fs.create(ctx, ino, name, arg.mode, arg.flags, arg.umask)?;
+                let (mut hw, mut body) = split_reply(w)?;
+                body.write_obj(&entry_out(&entry))?;
+                body.write_obj(&abi::OpenOut {
+                    fh: opened.fh,
+                    open_flags: opened.open_flags,
+                    backing_id: 0,
+                })?;
+                finish_reply(&mut hw, hdr, body.bytes_written())
+            }
+            opcode::FALLOCATE => {
+                let arg: abi::FallocateIn = r.read_obj()?;
+                fs.fallocate(ctx, ino, arg.fh, arg.mode, arg.offset, arg.length)?;
+                reply_empty(w, hdr)
+            }
+            other => Err(RequestError::Opcode(other)),
+        }
+    }
+
+    fn do_init(&self, hdr: &InHeader, mut r: Reader<'_>, w: Writer<'_>) -> Result<usize> {
+        let arg: abi::InitInCompat = r.read_obj()?;
+        if arg.major != abi::KERNEL_VERSION || arg.minor < abi::MIN_KERNEL_MINOR_VERSION {
+            if arg.major > abi::KERNEL_VERSION {
+                // The kernel retries with our major version when we answer with it.
+                let out = abi::InitOut {
+                    major: abi::KERNEL_VERSION,
+                    minor: abi::KERNEL_MINOR_VERSION,
+                    ..Default::default()
+                };
+                return reply_obj(w, hdr, &out);
+            }
+            return Err(RequestError::Protocol { major: arg.major, minor: arg.minor });
+        }
+        let mut offered = u64::from(arg.flags);
+        if offered & abi::init::INIT_EXT != 0 {
+            // Since 7.36 the rest of fuse_init_in follows; it carries the upper 32 flag bits.
+            let ext: abi::InitInExt = r.read_obj()?;
+            offered |= u64::from(ext.flags2) << 32;
+        }
+        if self.initialized.swap(false, Ordering::AcqRel) {
+            // A new session without DESTROY (guest reset): the old one's references are gone.
+            self.fs.destroy();
+        }
+        let wanted = self.fs.init(offered & SUPPORTED_INIT_FLAGS)? & offered & SUPPORTED_INIT_FLAGS;
+        let mut flags = wanted;
+        if offered & abi::init::MAX_PAGES != 0 {
+            flags |= abi::init::MAX_PAGES;
+        }
+        if offered & abi::init::INIT_EXT != 0 {
+            flags |= abi::init::INIT_EXT;
+        }
+        let out = abi::InitOut {
+            major: abi::KERNEL_VERSION,
+            minor: abi::KERNEL_MINOR_VERSION,
+            max_readahead: arg.max_readahead,
+            flags: flags as u32,
+            max_background: 64,
+            congestion_threshold: 48,
+            max_write: MAX_WRITE,
+            time_gran: 1,
+            max_pages: if flags & abi::init::MAX_PAGES != 0 { MAX_PAGES } else { 0 },
+            map_alignment: 0,
+            flags2: (flags >> 32) as u32,
+            max_stack_depth: 0,
+            unused: [0; 6],
+        };
+        // Kernels before 7.23 expect the short reply.
+        let len = if arg.minor < 23 { abi::COMPAT_22_INIT_OUT_SIZE } else { size_of::<abi::InitOut>() };
+        check_fits(&w, len)?;
+        let (mut hw, mut body) = split_reply(w)?;
+        body.write_all(&out.as_slice()[..len])?;
+        let n = finish_reply(&mut hw, hdr, OUT_HEADER_SIZE + len)?;
+        self.initialized.store(true, Ordering::Release);
+        log::debug!("fuse: session up: kernel {}.{}, flags {:#x}", arg.major, arg.minor, flags);
+        Ok(n)
+    }
+
+    fn do_forget(&self, hdr: &InHeader, ctx: &Context, mut r: Reader<'_>) -> Result<usize> {
+        let arg: abi::ForgetIn = r.read_obj()?;
+        self.fs.forget(ctx, hdr.nodeid, arg.nlookup);
+        Ok(0)
+    }
+
+    fn do_batch_forget(&self, ctx: &Context, mut r: Reader<'_>) -> Result<usize> {
+        let arg: abi::BatchForgetIn = r.read_obj()?;
+        // Bounded by the bytes present, whatever `count` claims.
+        for _ in 0..arg.count {
+            let Ok(one) = r.read_obj::<abi::ForgetOne>() else {
+                break;
+            };
+            self.fs.forget(ctx, one.nodeid, one.nlookup);
+        }
+        Ok(0)
+    }
+}
+
+fn is_no_reply(op: u32) -> bool {
+    matches!(op, opcode::FORGET | opcode::BATCH_FORGET | opcode::INTERRUPT)
+}
+
+/// Copies the rest of the arguments (the name section) into `buf`.
+fn read_names<'b>(r: &mut Reader<'_>, buf: &'b mut [u8; NAME_BUF]) -> Result<&'b [u8]> {
+    let n = r.bytes_left();
+    if n > buf.len() {
+        return Err(RequestError::NameTooLong);
+    }
+    r.read_exact(&mut buf[..n])?;
+    Ok(&buf[..n])
+}
+
+/// Splits the first NUL-terminated name off `bytes` and checks that it is a path component
+/// (non-empty, no `/`; when `creating`, also not `.` or `..`).
+fn split_name(bytes: &[u8], creating: bool) -> Result<(&[u8], &[u8])> {
+    let end = bytes.iter().position(|&b| b == 0).ok_or(RequestError::BadName)?;
+    let name = &bytes[..end];
+    if name.is_empty() || name.contains(&b'/') || (creating && (name == b"." || name == b"..")) {
+        return Err(RequestError::BadName);
+    }
+    Ok((name, &bytes[end + 1..]))
+}
+
+fn decode_setattr(arg: &abi::SetattrIn) -> Result<SetAttr> {
+    use abi::fattr;
+    let v = arg.valid;
+    let time = |set: u32, now: u32, sec: u64, nsec: u32| -> Result<Option<SetTime>> {
+        if v & set == 0 {
+            return Ok(None);
+        }
+        if v & now != 0 {
+            return Ok(Some(SetTime::Now));
+        }
+        if nsec >= 1_000_000_000 {
+            return Err(RequestError::Invalid);
+        }
+        Ok(Some(SetTime::At(filesystem::Timespec { sec: sec as i64, nsec })))
+    };
+    let ctime = if v & fattr::CTIME != 0 {
+        if arg.ctimensec >= 1_000_000_000 {
+            return Err(RequestError::Invalid);
+        }
+        Some(filesystem::Timespec { sec: arg.ctime as i64, nsec: arg.ctimensec })
+    } else {
+        None
+    };
+    Ok(SetAttr {
+        mode: (v & fattr::MODE != 0).then_some(arg.mode),
+        uid: (v & fattr::UID != 0).then_some(arg.uid),
+        gid: (v & fattr::GID != 0).then_some(arg.gid),
+        size: (v & fattr::SIZE != 0).then_some(arg.size),
+        atime: time(fattr::ATIME, fattr::ATIME_NOW, arg.atime, arg.atimensec)?,
+        mtime: time(fattr::MTIME, fattr::MTIME_NOW, arg.mtime, arg.mtimensec)?,
+        ctime,
+        fh: (v & fattr::FH != 0).then_some(arg.fh),
+        kill_suidgid: v & fattr::KILL_SUIDGID != 0,
+    })
+}
+
+fn to_attr(st: &Stat) -> abi::Attr {
+    abi::Attr {
+        ino: st.ino,
+        size: st.size,
+        blocks: st.blocks,
+        atime: st.atime.sec as u64,
+        mtime: st.mtime.sec as u64,
+        ctime: st.ctime.sec as u64,
+        atimensec: st.atime.nsec,
+        mtimensec: st.mtime.nsec,
+        ctimensec: st.ctime.nsec,
+        mode: st.mode,
+        nlink: st.nlink,
+        uid: st.uid,
+        gid: st.gid,
+        rdev: st.rdev,
+        blksize: st.blksize,
+        flags: 0,
+    }
+}
+
+fn entry_out(e: &Entry) -> abi::EntryOut {
+    abi::EntryOut {
+        nodeid: e.ino,
+        generation: e.generation,
+        entry_valid: e.entry_timeout.as_secs(),
+        attr_valid: e.attr_timeout.as_secs(),
+        entry_valid_nsec: e.entry_timeout.subsec_nanos(),
+        attr_valid_nsec: e.attr_timeout.subsec_nanos(),
+        attr: to_attr(&e.attr),
+    }
+}
+
+/// Serialises one directory entry into `out`; false (nothing written) if it does not fit.
+fn add_dirent(out: &mut Writer<'_>, e: &DirEntry<'_>, entry: Option<&Entry>) -> bool {
+    let namelen = e.name.len();
+    let (fixed, total) = match entry {
+        None => (size_of::<abi::Dirent>(), abi::dirent_size(namelen)),
+        Some(_) => (size_of::<abi::DirentPlus>(), abi::direntplus_size(namelen)),
+    };
+    if namelen == 0 || namelen > abi::FUSE_NAME_MAX || total > out.available() {
+        return false;
+    }
+    let dirent = abi::Dirent { ino: e.ino, off: e.offset, namelen: namelen as u32, typ: e.typ };
+    let res = match entry {
+        None => out.write_obj(&dirent),
+        Some(entry) => out.write_obj(&abi::DirentPlus { entry_out: entry_out(entry), dirent }),
+    };
+    res.and_then(|_| out.write_all(e.name)).and_then(|_| out.write_zeros(total - fixed - namelen)).is_ok()
+}
+
+fn check_fits(w: &Writer<'_>, body: usize) -> Result<()> {
+    let wanted = OUT_HEADER_SIZE + body;
+    if w.available() < wanted {
+        return Err(io::Error::ShortWrite { wanted, left: w.available() }.into());
+    }
+    Ok(())
+}
+
+/// Splits a reply buffer into the header part and the body part.
+fn split_reply(mut w: Writer<'_>) -> Result<(Writer<'_>, Writer<'_>)> {
+    let hw = w.split_at(OUT_HEADER_SIZE)?;
+    Ok((hw, w))
+}
+
+fn finish_reply(hw: &mut Writer<'_>, hdr: &InHeader, len: usize) -> Result<usize> {
+    let out = OutHeader { len: len as u32, error: 0, unique: hdr.unique };
+    hw.write_obj(&out)?;
+    Ok(len)
+}
+
+fn reply_obj<T: ByteValued>(w: Writer<'_>, hdr: &InHeader, body: &T) -> Result<usize> {
+    reply_bytes(w, hdr, body.as_slice())
+}
+
+fn reply_bytes(w: Writer<'_>, hdr: &InHeader, body: &[u8]) -> Result<usize> {
+    check_fits(&w, body.len())?;
+    let (mut hw, mut bw) = split_reply(w)?;
+    bw.write_all(body)?;
+    finish_reply(&mut hw, hdr, OUT_HEADER_SIZE + body.len())
+}
+
+fn reply_empty(w: Writer<'_>, hdr: &InHeader) -> Result<usize> {
+    reply_bytes(w, hdr, &[])
+}
+
+fn reply_entry(w: Writer<'_>, hdr: &InHeader, entry: &Entry) -> Result<usize> {
+    reply_obj(w, hdr, &entry_out(entry))
+}
+
+fn reply_attr(w: Writer<'_>, hdr: &InHeader, attr: &Stat, valid: Duration) -> Result<usize> {
+    let out = abi::AttrOut {
+        attr_valid: valid.as_secs(),
+        attr_valid_nsec: valid.subsec_nanos(),
+        dummy: 0,
+        attr: to_attr(attr),
+    };
+    reply_obj(w, hdr, &out)
+}
+
+/// Writes an error reply at the start of `writable`; 0 if not even a header fits.
+fn reply_error(writable: &[VolatileSlice<'_>], unique: u64, errno: i32) -> usize {
+    let mut w = Writer::new(writable);
+    let out = OutHeader { len: OUT_HEADER_SIZE as u32, error: -errno, unique };
+    match w.write_obj(&out) {
+        Ok(()) => OUT_HEADER_SIZE,
+        Err(_) => 0,
+    }
+}

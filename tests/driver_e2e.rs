@@ -1,0 +1,302 @@
+//! End-to-end: the device with its RAM filesystem on a tempdir socket, driven by the host-side
+//! driver model (`virtiofs_tools::FsDriver`) the way QEMU + Linux virtio-fs would drive it.
+
+use std::path::PathBuf;
+
+use virtiofs_dpu::config::Profile;
+use virtiofs_dpu::RunningDevice;
+use virtiofs_tools::fuse_abi::{self as abi, opcode};
+use virtiofs_tools::{DriverError, DriverOptions, FsDriver};
+
+const ROOT: u64 = 1;
+const MIB: usize = 1 << 20;
+const CHUNK: usize = 128 << 10;
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    device: Option<RunningDevice>,
+    socket: PathBuf,
+}
+
+impl Setup {
+    fn new(profile: Profile) -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("virtiofs.sock");
+        let device = RunningDevice::start(&socket, profile).expect("device starts");
+        Setup { _dir: dir, device: Some(device), socket }
+    }
+
+    fn connect(&self, opts: DriverOptions) -> FsDriver {
+        FsDriver::connect(&self.socket, opts).expect("driver brings the device up")
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        if let Some(d) = self.device.take() {
+            let _ = d.stop();
+        }
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ ((i >> 12) as u8)).collect()
+}
+
+/// The scenario of the issue: mkdir, create, write 1 MiB in 128 KiB requests, read back,
+/// readdir, rename, unlink, statfs. `name` keeps directories of different runs apart.
+fn workload(d: &mut FsDriver, name: &str, size: usize) {
+    let dir = d.mkdir(ROOT, name, 0o755).unwrap();
+    assert_eq!(dir.attr.mode & libc::S_IFMT, libc::S_IFDIR);
+    let looked = d.lookup(ROOT, name).unwrap();
+    assert_eq!(looked.nodeid, dir.nodeid);
+
+    let (file, open) = d.create(dir.nodeid, "data", 0o644, libc::O_RDWR as u32).unwrap();
+    let data = pattern(size, name.len() as u8);
+    for (i, chunk) in data.chunks(CHUNK).enumerate() {
+        let n = d.write(file.nodeid, open.fh, (i * CHUNK) as u64, chunk).unwrap();
+        assert_eq!(n as usize, chunk.len(), "short write at chunk {i}");
+    }
+    let attr = d.getattr(file.nodeid).unwrap();
+    assert_eq!(attr.size, size as u64);
+
+    let mut back = Vec::with_capacity(size);
+    for off in (0..size).step_by(CHUNK) {
+        let want = CHUNK.min(size - off) as u32;
+        let got = d.read(file.nodeid, open.fh, off as u64, want).unwrap();
+        assert_eq!(got.len(), want as usize, "short read at {off}");
+        back.extend_from_slice(&got);
+    }
+    assert!(back == data, "read-back differs from what was written");
+    // Reading past the end returns nothing.
+    assert!(d.read(file.nodeid, open.fh, size as u64, 4096).unwrap().is_empty());
+    d.flush(file.nodeid, open.fh).unwrap();
+    d.fsync(file.nodeid, open.fh, false).unwrap();
+    d.release(file.nodeid, open.fh).unwrap();
+
+    let dh = d.opendir(dir.nodeid).unwrap();
+    let entries = d.readdir_all(dir.nodeid, dh.fh).unwrap();
+    let names: Vec<String> = entries.iter().map(|e| String::from_utf8_lossy(&e.name).into_owned()).collect();
+    assert!(names.contains(&"data".to_string()), "readdir: {names:?}");
+    let plus = d.readdirplus(dir.nodeid, dh.fh, 0, 4096).unwrap();
+    let p = plus.iter().find(|p| p.dirent.name == b"data").expect("readdirplus lists the file");
+    if p.entry.nodeid != 0 {
+        assert_eq!(p.entry.nodeid, file.nodeid);
+        assert_eq!(p.entry.attr.size, size as u64);
+    }
+    d.releasedir(dir.nodeid, dh.fh).unwrap();
+
+    d.rename(dir.nodeid, "data", dir.nodeid, "renamed").unwrap();
+    assert_eq!(d.lookup(dir.nodeid, "data").unwrap_err().fuse_errno(), Some(libc::ENOENT));
+    let renamed = d.lookup(dir.nodeid, "renamed").unwrap();
+    assert_eq!(renamed.nodeid, file.nodeid);
+    assert_eq!(renamed.attr.size, size as u64);
+
+    // Truncate through SETATTR, then unlink.
+    let a = d.truncate(file.nodeid, 4096, None).unwrap();
+    assert_eq!(a.size, 4096);
+    d.unlink(dir.nodeid, "renamed").unwrap();
+    assert_eq!(d.lookup(dir.nodeid, "renamed").unwrap_err().fuse_errno(), Some(libc::ENOENT));
+    d.rmdir(ROOT, name).unwrap();
+    assert_eq!(d.lookup(ROOT, name).unwrap_err().fuse_errno(), Some(libc::ENOENT));
+
+    let st = d.statfs(ROOT).unwrap();
+    assert!(st.bsize > 0, "statfs: {st:?}");
+    assert!(st.namelen > 0, "statfs: {st:?}");
+}
+
+fn init(d: &mut FsDriver) {
+    let i = d.init().unwrap();
+    assert_eq!(i.out.major, 7);
+    assert!(i.max_write as usize >= CHUNK, "max_write {} below {CHUNK}", i.max_write);
+}
+
+#[test]
+fn bring_up_reports_the_device() {
+    let s = Setup::new(Profile::default());
+    let d = s.connect(DriverOptions::default());
+    let f = d.facts();
+    assert_eq!(f.tag, "virtiofs");
+    assert_eq!(f.num_request_queues, 1);
+    assert!(f.num_queues >= 2);
+    assert!(f.device_features & virtiofs_tools::virtio::features::VERSION_1 != 0);
+    assert_eq!(
+        f.device_features & virtiofs_tools::virtio::features::VIRTIO_FS_F_NOTIFICATION,
+        f.device_features & 1
+    );
+    assert_eq!(d.queue_size(1), 128);
+    assert!(f.notify_mapped, "the notify area should be sparse-mmappable");
+    assert_eq!(f.version.major, 0);
+    d.shutdown().unwrap();
+}
+
+#[test]
+fn polling_completions() {
+    let s = Setup::new(Profile::default());
+    let mut d = s.connect(DriverOptions::default());
+    init(&mut d);
+    workload(&mut d, "poll", MIB);
+    d.forget(ROOT, 1).unwrap();
+    eprintln!("poll stats {:?} notify {:?}", d.stats(), d.notify_counts());
+    d.shutdown().unwrap();
+}
+
+#[test]
+fn interrupt_completions() {
+    let s = Setup::new(Profile::default());
+    let mut d = s.connect(DriverOptions { use_interrupts: true, ..Default::default() });
+    init(&mut d);
+    workload(&mut d, "irq", MIB);
+    eprintln!("irq stats {:?} notify {:?}", d.stats(), d.notify_counts());
+    assert!(d.stats().interrupts > 0, "no MSI-X eventfd fired: {:?}", d.stats());
+    d.shutdown().unwrap();
+}
+
+#[test]
+fn two_request_queues() {
+    let profile = Profile { request_queues: 2, ..Default::default() };
+    let s = Setup::new(profile);
+    let mut d = s.connect(DriverOptions { request_queues: 2, spread_requests: true, ..Default::default() });
+    assert_eq!(d.facts().num_request_queues, 2);
+    assert_eq!(d.request_queues(), 2);
+    init(&mut d);
+    workload(&mut d, "two", MIB);
+    assert!(d.completed_on(1) > 10, "queue 1: {}", d.completed_on(1));
+    assert!(d.completed_on(2) > 10, "queue 2: {}", d.completed_on(2));
+    // And explicitly on each queue, with interrupts, on a fresh device.
+    drop(d);
+    drop(s);
+    let s = Setup::new(Profile { request_queues: 2, ..Default::default() });
+    let mut d = s.connect(DriverOptions { request_queues: 2, use_interrupts: true, ..Default::default() });
+    init(&mut d);
+    for q in 1..=2 {
+        d.use_queue(q);
+        workload(&mut d, &format!("q{q}"), 256 << 10);
+    }
+    assert!(d.completed_on(1) > 0 && d.completed_on(2) > 0);
+}
+
+#[test]
+fn ring_feature_variants() {
+    let s = Setup::new(Profile::default());
+    for (i, (event_idx, indirect, posted, irq)) in [
+        (false, false, true, false),
+        (false, true, false, true),
+        (true, false, false, false),
+        (true, true, false, true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut d = s.connect(DriverOptions {
+            event_idx,
+            indirect_desc: indirect,
+            posted_writes: posted,
+            use_interrupts: irq,
+            ..Default::default()
+        });
+        init(&mut d);
+        workload(&mut d, &format!("variant{i}"), 512 << 10);
+        d.shutdown().unwrap();
+    }
+}
+
+#[test]
+fn queue_depth_and_queue_full() {
+    let s = Setup::new(Profile::default());
+    // Small queue without indirect descriptors: a 16 KiB read takes 1 + 1 + 1 + 4 descriptors.
+    let mut d = s.connect(DriverOptions { queue_size: 16, indirect_desc: false, ..Default::default() });
+    d.init().unwrap();
+    let (file, open) = d.create(ROOT, "qd", 0o644, libc::O_RDWR as u32).unwrap();
+    // Linux caps requests at queue size - 4 pages: 12 pages = 48 KiB here.
+    let max_write = d.init_info().unwrap().max_write as usize;
+    assert_eq!(max_write, 12 * 4096);
+    let data = pattern(256 << 10, 7);
+    for (i, c) in data.chunks(max_write).enumerate() {
+        d.write(file.nodeid, open.fh, (i * max_write) as u64, c).unwrap();
+    }
+    let read_in =
+        |off: u64| abi::ReadIn { fh: open.fh, offset: off, size: 16 << 10, ..Default::default() }.to_bytes();
+    let mut want: std::collections::HashMap<u64, u64> = Default::default();
+    let mut next_off = 0u64;
+    let mut full_seen = false;
+    let mut done = 0;
+    let total = data.len() as u64 / (16 << 10);
+    while done < total {
+        while next_off < data.len() as u64 {
+            let r = read_in(next_off);
+            match d.submit(1, opcode::READ, file.nodeid, &[&r], &[], 0, 16 << 10) {
+                Ok(t) => {
+                    want.insert(t, next_off);
+                    next_off += 16 << 10;
+                }
+                Err(e) if e.is_queue_full() => {
+                    full_seen = true;
+                    break;
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        for c in d.wait_completions().unwrap() {
+            let off = want.remove(&c.token).expect("known token") as usize;
+            let (h, payload) = FsDriver::parse_reply(&c, opcode::READ, c.token).unwrap();
+            assert_eq!(h.error, 0);
+            assert!(payload == data[off..off + (16 << 10)], "data at {off}");
+            done += 1;
+        }
+    }
+    assert!(full_seen, "the queue never filled up");
+    assert!(want.is_empty());
+    d.release(file.nodeid, open.fh).unwrap();
+}
+
+#[test]
+fn symlink_link_and_errors() {
+    let s = Setup::new(Profile::default());
+    let mut d = s.connect(DriverOptions::default());
+    init(&mut d);
+    let (f, o) = d.create(ROOT, "target", 0o600, libc::O_RDWR as u32).unwrap();
+    d.release(f.nodeid, o.fh).unwrap();
+    let l = d.symlink(ROOT, "sym", "target").unwrap();
+    assert_eq!(d.readlink(l.nodeid).unwrap(), b"target");
+    let h = d.link(f.nodeid, ROOT, "hard").unwrap();
+    assert_eq!(h.attr.nlink, 2);
+    // Errors come back as negative errnos.
+    let e = d.mkdir(ROOT, "target", 0o755).unwrap_err();
+    assert_eq!(e.fuse_errno(), Some(libc::EEXIST), "{e:?}");
+    let e = d.rmdir(ROOT, "nothing").unwrap_err();
+    assert_eq!(e.fuse_errno(), Some(libc::ENOENT), "{e:?}");
+    // An unknown opcode gets ENOSYS, not silence.
+    let (h, p) = d.call(1, 9999, ROOT, &[], 64).unwrap();
+    assert_eq!(h.error, -libc::ENOSYS);
+    assert!(p.is_empty());
+    // A crafted GETATTR through the generic path.
+    let g = abi::GetattrIn::default().to_bytes();
+    let (h, p) = d.call(1, opcode::GETATTR, ROOT, &[&g], 104).unwrap();
+    assert_eq!(h.error, 0);
+    assert_eq!(p.len(), abi::ATTR_OUT_SIZE);
+    // MKNOD (a FIFO) and RENAME2 with RENAME_NOREPLACE onto an existing name.
+    let fifo = d.mknod(ROOT, "fifo", libc::S_IFIFO | 0o644, 0).unwrap();
+    assert_eq!(fifo.attr.mode & libc::S_IFMT, libc::S_IFIFO);
+    let e = d.rename2(ROOT, "fifo", ROOT, "target", 1).unwrap_err();
+    assert_eq!(e.fuse_errno(), Some(libc::EEXIST), "{e:?}");
+    // A fully raw request: header crafted here, one readable and two writable descriptors.
+    let unique = 0x1000;
+    let mut raw = abi::InHeader {
+        len: (abi::InHeader::SIZE + abi::GetattrIn::SIZE) as u32,
+        opcode: opcode::GETATTR,
+        unique,
+        nodeid: ROOT,
+        ..Default::default()
+    }
+    .to_bytes();
+    raw.extend_from_slice(&abi::GetattrIn::default().to_bytes());
+    let t = d.submit_raw(1, &[&raw], &[16, 104]).unwrap();
+    let c = d.wait_for(t).unwrap();
+    let (h, p) = FsDriver::parse_reply(&c, opcode::GETATTR, unique).unwrap();
+    assert_eq!((h.error, p.len()), (0, abi::ATTR_OUT_SIZE));
+    for n in ["sym", "hard", "target", "fifo"] {
+        d.unlink(ROOT, n).unwrap();
+    }
+    assert!(matches!(d.lookup(ROOT, "target"), Err(DriverError::Fuse { errno: libc::ENOENT, .. })));
+}

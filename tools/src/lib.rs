@@ -1,0 +1,30 @@
+//! Host-side tools for virtiofs-dpu: a userspace virtio-fs driver model that talks to the device
+//! over vfio-user exactly as QEMU's `vfio-user-pci` and the Linux virtio-fs driver would.
+//!
+//! Layers, bottom up:
+//!
+//! - [`vfio_user`]: a vfio-user client from the spec, with typed calls that validate every reply
+//!   and a raw send/receive API for conformance tests.
+//! - [`memory`]: the driver's "guest RAM", a memfd shared with the device by DMA_MAP.
+//! - [`pci`]: config space (ids, BARs, capability list, virtio and MSI-X capabilities).
+//! - [`virtio`]: the virtio-pci modern register interface (common config, notify, device config).
+//! - [`virtqueue`]: the driver side of a split virtqueue, distrusting the device.
+//! - [`fuse_abi`]: the FUSE wire structures, written independently of the backend crate.
+//! - [`driver`]: [`driver::FsDriver`], which brings the device up and sends FUSE requests.
+//!
+//! The driver discovers everything from the device (PCI ids, capabilities, queue counts, tag),
+//! like Linux does; it does not depend on the device crate.
+#![deny(missing_docs)]
+
+pub mod wire;
+
+pub mod driver;
+pub mod fuse_abi;
+pub mod memory;
+pub mod pci;
+pub mod vfio_user;
+pub mod virtio;
+pub mod virtqueue;
+
+pub use driver::{Completion, DeviceFacts, DriverError, DriverOptions, FsDriver, InitInfo};
+pub use vfio_user::{Client, ClientError};

@@ -1,0 +1,1203 @@
+//! A vfio-user client, written from the protocol specification (QEMU `docs/interop/vfio-user.rst`).
+//!
+//! The client plays QEMU's `vfio-user-pci` role: it connects to the device's UNIX socket, negotiates
+//! the version, maps "guest RAM" for DMA, reads region/IRQ information and forwards register
+//! accesses. It trusts nothing: every reply is checked for the reply type bit, the echoed message
+//! id and command, the error bit/errno, and the payload sizes of the command it answers. A reply
+//! with the error bit becomes [`ClientError::Remote`] carrying the server's errno.
+//!
+//! Besides typed calls, [`Client::send_raw`] and [`Client::recv_reply`] let conformance tests send
+//! malformed messages and look at whatever comes back.
+//!
+//! Message layout (all fields host-endian, i.e. little endian here):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 2 | message id (echoed in the reply) |
+//! | 2 | 2 | command |
+//! | 4 | 4 | message size, header included |
+//! | 8 | 4 | flags: bits 0-3 type (0 command, 1 reply), bit 4 no-reply, bit 5 error |
+//! | 12 | 4 | errno (replies with the error bit) |
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::unix::io::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use vfio_bindings::bindings::vfio::{
+    VFIO_REGION_INFO_CAP_SPARSE_MMAP, VFIO_REGION_INFO_FLAG_CAPS, VFIO_REGION_INFO_FLAG_MMAP,
+};
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
+use crate::wire_struct;
+
+/// vfio-user command numbers.
+pub mod command {
+    /// Version and capability negotiation.
+    pub const VERSION: u16 = 1;
+    /// Map client memory for DMA.
+    pub const DMA_MAP: u16 = 2;
+    /// Unmap client memory.
+    pub const DMA_UNMAP: u16 = 3;
+    /// Basic device information.
+    pub const DEVICE_GET_INFO: u16 = 4;
+    /// Region information (and capability chain, mmap fd).
+    pub const DEVICE_GET_REGION_INFO: u16 = 5;
+    /// ioeventfd/ioregionfd information (not used by this client).
+    pub const DEVICE_GET_REGION_IO_FDS: u16 = 6;
+    /// Interrupt type information.
+    pub const DEVICE_GET_IRQ_INFO: u16 = 7;
+    /// Set interrupt actions (eventfds).
+    pub const DEVICE_SET_IRQS: u16 = 8;
+    /// Read from a region.
+    pub const REGION_READ: u16 = 9;
+    /// Write to a region.
+    pub const REGION_WRITE: u16 = 10;
+    /// Server reads client memory (not supported: this client always shares memory by fd).
+    pub const DMA_READ: u16 = 11;
+    /// Server writes client memory (not supported).
+    pub const DMA_WRITE: u16 = 12;
+    /// Reset the device.
+    pub const DEVICE_RESET: u16 = 13;
+    /// Coalesced region writes.
+    pub const REGION_WRITE_MULTI: u16 = 15;
+}
+
+/// Header flag bits.
+pub mod flags {
+    /// Mask of the message type.
+    pub const TYPE_MASK: u32 = 0xf;
+    /// Type: command.
+    pub const TYPE_COMMAND: u32 = 0;
+    /// Type: reply.
+    pub const TYPE_REPLY: u32 = 1;
+    /// The command wants no reply.
+    pub const NO_REPLY: u32 = 1 << 4;
+    /// The reply reports an error; the header's error field holds the errno.
+    pub const ERROR: u32 = 1 << 5;
+}
+
+/// DMA_MAP flag: readable by the device.
+pub const DMA_MAP_FLAG_READ: u32 = 1;
+/// DMA_MAP flag: writeable by the device.
+pub const DMA_MAP_FLAG_WRITE: u32 = 2;
+/// DMA_UNMAP flag: unmap all regions (address and size must be 0).
+pub const DMA_UNMAP_FLAG_ALL: u32 = 2;
+
+/// Size of the message header.
+pub const HEADER_SIZE: usize = 16;
+/// Size of `struct vfio_region_info`.
+pub const REGION_INFO_SIZE: usize = 32;
+
+/// Largest reply this client accepts (guards against a server announcing a huge message).
+const MAX_REPLY_SIZE: u32 = 64 << 20;
+/// Largest region-info reply (caps included) the client asks for.
+const MAX_REGION_INFO_ARGSZ: u32 = 64 << 10;
+/// Default `max_data_xfer_size` (spec default, used when the server does not say).
+const DEFAULT_MAX_DATA_XFER: u32 = 1 << 20;
+
+wire_struct! {
+    /// The 16-byte message header.
+    pub struct Header {
+        /// Message id, echoed in the reply.
+        pub msg_id: u16,
+        /// Command number (see [`command`]).
+        pub command: u16,
+        /// Size of the whole message, header included.
+        pub msg_size: u32,
+        /// Flags (see [`flags`]).
+        pub flags: u32,
+        /// errno of an error reply.
+        pub error: u32,
+    }
+}
+
+impl Header {
+    /// The type bits (0 command, 1 reply).
+    pub fn msg_type(&self) -> u32 {
+        self.flags & flags::TYPE_MASK
+    }
+    /// Whether the error bit is set.
+    pub fn is_error(&self) -> bool {
+        self.flags & flags::ERROR != 0
+    }
+}
+
+wire_struct! {
+    /// DMA_MAP request payload.
+    pub struct DmaMap {
+        /// Size of this structure (32).
+        pub argsz: u32,
+        /// [`DMA_MAP_FLAG_READ`] | [`DMA_MAP_FLAG_WRITE`].
+        pub flags: u32,
+        /// Offset into the passed file descriptor.
+        pub offset: u64,
+        /// DMA (IOVA) address.
+        pub address: u64,
+        /// Size of the mapping.
+        pub size: u64,
+    }
+}
+
+wire_struct! {
+    /// DMA_UNMAP request payload; the reply echoes it.
+    pub struct DmaUnmap {
+        /// Maximum reply payload size.
+        pub argsz: u32,
+        /// [`DMA_UNMAP_FLAG_ALL`] or 0.
+        pub flags: u32,
+        /// DMA address of the mapping.
+        pub address: u64,
+        /// Size of the mapping.
+        pub size: u64,
+    }
+}
+
+wire_struct! {
+    /// DEVICE_GET_INFO request and reply payload.
+    pub struct DeviceInfo {
+        /// Request: max reply size; reply: size needed.
+        pub argsz: u32,
+        /// `VFIO_DEVICE_FLAGS_*` (bit 0 reset, bit 1 PCI).
+        pub flags: u32,
+        /// Number of regions.
+        pub num_regions: u32,
+        /// Number of IRQ types.
+        pub num_irqs: u32,
+    }
+}
+
+wire_struct! {
+    /// `struct vfio_region_info`: DEVICE_GET_REGION_INFO request and reply head.
+    pub struct RegionInfoRaw {
+        /// Request: max reply size; reply: size needed for the full payload.
+        pub argsz: u32,
+        /// `VFIO_REGION_INFO_FLAG_*`.
+        pub flags: u32,
+        /// Region index.
+        pub index: u32,
+        /// Offset of the first capability, relative to the start of this structure.
+        pub cap_offset: u32,
+        /// Region size.
+        pub size: u64,
+        /// mmap offset of the region in the returned fd.
+        pub offset: u64,
+    }
+}
+
+wire_struct! {
+    /// `struct vfio_irq_info`: DEVICE_GET_IRQ_INFO request and reply payload.
+    pub struct IrqInfo {
+        /// Request: max reply size; reply: size needed.
+        pub argsz: u32,
+        /// `VFIO_IRQ_INFO_*`.
+        pub flags: u32,
+        /// IRQ type index (e.g. 2 = MSI-X).
+        pub index: u32,
+        /// Number of interrupts of this type.
+        pub count: u32,
+    }
+}
+
+wire_struct! {
+    /// `struct vfio_irq_set` head: DEVICE_SET_IRQS request payload (data follows).
+    pub struct IrqSet {
+        /// Size of the payload, data included.
+        pub argsz: u32,
+        /// `VFIO_IRQ_SET_DATA_*` | `VFIO_IRQ_SET_ACTION_*`.
+        pub flags: u32,
+        /// IRQ type index.
+        pub index: u32,
+        /// First sub-index.
+        pub start: u32,
+        /// Number of sub-indexes.
+        pub count: u32,
+    }
+}
+
+wire_struct! {
+    /// REGION_READ/REGION_WRITE request head and reply head.
+    pub struct RegionAccess {
+        /// Offset into the region.
+        pub offset: u64,
+        /// Region index.
+        pub region: u32,
+        /// Number of bytes.
+        pub count: u32,
+    }
+}
+
+wire_struct! {
+    /// `struct vfio_info_cap_header`.
+    pub struct CapHeader {
+        /// Capability id.
+        pub id: u16,
+        /// Capability version.
+        pub version: u16,
+        /// Offset of the next capability (from the start of the region info), 0 = end.
+        pub next: u32,
+    }
+}
+
+wire_struct! {
+    /// One area of the sparse-mmap capability.
+    pub struct SparseArea {
+        /// Offset of the area in the region (add the region's mmap offset for `mmap`).
+        pub offset: u64,
+        /// Size of the area.
+        pub size: u64,
+    }
+}
+
+/// Errors of the vfio-user client.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Socket I/O failed.
+    #[error("vfio-user socket I/O failed")]
+    Io(#[source] io::Error),
+    /// No (complete) reply within the timeout.
+    #[error("timed out waiting for a vfio-user reply")]
+    Timeout,
+    /// The server closed the connection.
+    #[error("the vfio-user server closed the connection")]
+    Closed,
+    /// The server answered with the error bit set.
+    #[error("vfio-user command {command} failed on the server with errno {errno}")]
+    Remote {
+        /// The command that failed.
+        command: u16,
+        /// The errno from the reply header (may be 0 if the server did not set one).
+        errno: i32,
+    },
+    /// The reply broke the protocol.
+    #[error("vfio-user protocol violation (command {command}): {reason}")]
+    Protocol {
+        /// The command being answered (or 0 if unknown).
+        command: u16,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+impl ClientError {
+    /// The server's errno if this is a [`ClientError::Remote`].
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            ClientError::Remote { errno, .. } => Some(*errno),
+            _ => None,
+        }
+    }
+}
+
+fn proto(command: u16, reason: impl Into<String>) -> ClientError {
+    ClientError::Protocol { command, reason: reason.into() }
+}
+
+/// Result type of the client.
+pub type Result<T> = std::result::Result<T, ClientError>;
+
+/// A received message.
+#[derive(Debug)]
+pub struct Reply {
+    /// The header.
+    pub header: Header,
+    /// Everything after the header.
+    pub payload: Vec<u8>,
+    /// File descriptors that came with the message.
+    pub fds: Vec<File>,
+}
+
+/// What the server answered to VERSION.
+#[derive(Debug, Clone)]
+pub struct VersionInfo {
+    /// Major version (must be 0).
+    pub major: u16,
+    /// Minor version (at most the proposed 1).
+    pub minor: u16,
+    /// The raw JSON, without the terminating NUL (empty if the server sent none).
+    pub json: String,
+    /// Server's `max_msg_fds` (1 if absent).
+    pub max_msg_fds: u64,
+    /// Server's `max_data_xfer_size` (1 MiB if absent).
+    pub max_data_xfer_size: u64,
+    /// Server's `pgsizes` (4096 if absent).
+    pub pgsizes: u64,
+    /// Capability names the server returned that the client did not propose.
+    pub unexpected_caps: Vec<String>,
+}
+
+/// A region as described by DEVICE_GET_REGION_INFO.
+#[derive(Debug)]
+pub struct Region {
+    /// The reply's `vfio_region_info` (argsz is the full size the server needed).
+    pub info: RegionInfoRaw,
+    /// Sparse-mmap areas (empty if no such capability).
+    pub sparse_areas: Vec<SparseArea>,
+    /// Other capabilities seen: (id, version).
+    pub other_caps: Vec<(u16, u16)>,
+    /// The fd to mmap (present when the region is mappable).
+    pub fd: Option<File>,
+}
+
+impl Region {
+    /// Areas the client may mmap: the sparse areas, or the whole region when it is mappable
+    /// without a sparse capability.
+    pub fn mappable_areas(&self) -> Vec<SparseArea> {
+        if self.info.flags & VFIO_REGION_INFO_FLAG_MMAP == 0 {
+            return Vec::new();
+        }
+        if self.sparse_areas.is_empty() {
+            vec![SparseArea { offset: 0, size: self.info.size }]
+        } else {
+            self.sparse_areas.clone()
+        }
+    }
+}
+
+/// Capabilities the client proposes in VERSION.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientCaps {
+    /// Most fds the client accepts in one message.
+    pub max_msg_fds: u32,
+    /// Largest data transfer the client accepts.
+    pub max_data_xfer_size: u32,
+    /// DMA page sizes.
+    pub pgsizes: u64,
+}
+
+impl Default for ClientCaps {
+    fn default() -> Self {
+        // QEMU proposes these (VFIO_USER_DEF_MAX_FDS 8, 1 MiB, 4 KiB pages).
+        ClientCaps { max_msg_fds: 8, max_data_xfer_size: 1 << 20, pgsizes: 4096 }
+    }
+}
+
+/// A vfio-user client connection.
+pub struct Client {
+    stream: UnixStream,
+    next_id: u16,
+    max_data_xfer: usize,
+    poisoned: bool,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("fd", &self.stream.as_raw_fd())
+            .field("next_id", &self.next_id)
+            .finish()
+    }
+}
+
+impl Client {
+    /// Connects to the server socket (no message is sent). Replies time out after 5 s.
+    pub fn connect(path: &Path) -> Result<Client> {
+        let stream = UnixStream::connect(path).map_err(ClientError::Io)?;
+        Client::from_stream(stream)
+    }
+
+    /// Wraps an already connected stream.
+    pub fn from_stream(stream: UnixStream) -> Result<Client> {
+        let mut c =
+            Client { stream, next_id: 0, max_data_xfer: DEFAULT_MAX_DATA_XFER as usize, poisoned: false };
+        c.set_timeout(Duration::from_secs(5))?;
+        Ok(c)
+    }
+
+    /// Sets the read and write timeout of the socket.
+    pub fn set_timeout(&mut self, timeout: Duration) -> Result<()> {
+        self.stream.set_read_timeout(Some(timeout)).map_err(ClientError::Io)?;
+        self.stream.set_write_timeout(Some(timeout)).map_err(ClientError::Io)
+    }
+
+    /// The underlying socket (e.g. to shut it down in a test).
+    pub fn stream(&self) -> &UnixStream {
+        &self.stream
+    }
+
+    /// The largest data transfer the server accepts (from VERSION).
+    pub fn max_data_xfer(&self) -> usize {
+        self.max_data_xfer
+    }
+
+    /// Takes the next message id.
+    pub fn alloc_msg_id(&mut self) -> u16 {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1);
+        id
+    }
+
+    /// Sends raw bytes (one message or several, or garbage) with `fds` as SCM_RIGHTS.
+    pub fn send_raw(&mut self, bytes: &[u8], fds: &[RawFd]) -> Result<()> {
+        let sent = if fds.is_empty() {
+            if bytes.is_empty() {
+                return Ok(());
+            }
+            (&self.stream).write(bytes).map_err(map_io)?
+        } else {
+            self.stream
+                .send_with_fds(&[bytes], fds)
+                .map_err(|e| map_io(io::Error::from_raw_os_error(e.errno())))?
+        };
+        if sent < bytes.len() {
+            (&self.stream).write_all(&bytes[sent..]).map_err(map_io)?;
+        }
+        Ok(())
+    }
+
+    /// Receives one message (any type), with the fds that came with it. Only the size field is
+    /// checked (at least a header, at most 64 MiB).
+    pub fn recv_reply(&mut self) -> Result<(Header, Vec<u8>, Vec<File>)> {
+        let r = self.recv_message()?;
+        Ok((r.header, r.payload, r.fds))
+    }
+
+    /// Receives one message as a [`Reply`].
+    pub fn recv_message(&mut self) -> Result<Reply> {
+        if self.poisoned {
+            return Err(proto(0, "stream desynchronised by an earlier partial message"));
+        }
+        let mut fds = Vec::new();
+        let mut hb = [0u8; HEADER_SIZE];
+        self.read_exact_fds(&mut hb, &mut fds, true)?;
+        let header = Header::decode(&hb).expect("header buffer has the header size");
+        if (header.msg_size as usize) < HEADER_SIZE || header.msg_size > MAX_REPLY_SIZE {
+            self.poisoned = true;
+            return Err(proto(header.command, format!("message size {} out of range", header.msg_size)));
+        }
+        let mut payload = vec![0u8; header.msg_size as usize - HEADER_SIZE];
+        self.read_exact_fds(&mut payload, &mut fds, false)?;
+        Ok(Reply { header, payload, fds })
+    }
+
+    fn read_exact_fds(&mut self, buf: &mut [u8], fds: &mut Vec<File>, first: bool) -> Result<()> {
+        let mut got = 0;
+        while got < buf.len() {
+            match self.stream.recv_with_fd(&mut buf[got..]) {
+                Ok((0, _)) => {
+                    if got > 0 || !first {
+                        self.poisoned = true;
+                    }
+                    return Err(ClientError::Closed);
+                }
+                Ok((n, f)) => {
+                    got += n;
+                    fds.extend(f);
+                }
+                Err(e) if e.errno() == libc::EINTR => continue,
+                Err(e) if e.errno() == libc::EAGAIN || e.errno() == libc::EWOULDBLOCK => {
+                    if got > 0 || !first {
+                        self.poisoned = true;
+                    }
+                    return Err(ClientError::Timeout);
+                }
+                Err(e) => {
+                    self.poisoned = true;
+                    return Err(ClientError::Io(io::Error::from_raw_os_error(e.errno())));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Encodes a command message with a fresh id; returns (id, bytes).
+    pub fn encode_command(&mut self, command: u16, extra_flags: u32, payload: &[u8]) -> (u16, Vec<u8>) {
+        let id = self.alloc_msg_id();
+        let h = Header {
+            msg_id: id,
+            command,
+            msg_size: (HEADER_SIZE + payload.len()) as u32,
+            flags: flags::TYPE_COMMAND | extra_flags,
+            error: 0,
+        };
+        let mut v = h.to_bytes();
+        v.extend_from_slice(payload);
+        (id, v)
+    }
+
+    /// Checks that `reply` answers command `command` sent with id `id`; turns the error bit into
+    /// [`ClientError::Remote`].
+    pub fn check_reply(reply: &Reply, id: u16, command: u16) -> Result<()> {
+        let h = &reply.header;
+        if h.msg_type() != flags::TYPE_REPLY {
+            return Err(proto(
+                command,
+                format!("expected a reply, got message type {} (command {})", h.msg_type(), h.command),
+            ));
+        }
+        if h.msg_id != id {
+            return Err(proto(
+                command,
+                format!(
+                    "reply id {} (command {}) does not match request id {id}; a reply to a NO_REPLY message?",
+                    h.msg_id, h.command
+                ),
+            ));
+        }
+        if h.command != command {
+            return Err(proto(command, format!("reply carries command {}", h.command)));
+        }
+        if h.flags & !(flags::TYPE_MASK | flags::ERROR) != 0 {
+            return Err(proto(command, format!("unexpected reply flags {:#x}", h.flags)));
+        }
+        if h.is_error() {
+            if !reply.payload.is_empty() {
+                return Err(proto(
+                    command,
+                    format!("error reply (errno {}) carries {} payload bytes", h.error, reply.payload.len()),
+                ));
+            }
+            return Err(ClientError::Remote { command, errno: h.error as i32 });
+        }
+        if h.error != 0 {
+            return Err(proto(command, format!("errno {} without the error flag", h.error)));
+        }
+        Ok(())
+    }
+
+    /// Sends a command and returns its validated reply.
+    pub fn request(&mut self, command: u16, payload: &[u8], fds: &[RawFd]) -> Result<Reply> {
+        let (id, msg) = self.encode_command(command, 0, payload);
+        self.send_raw(&msg, fds)?;
+        let reply = self.recv_message()?;
+        Self::check_reply(&reply, id, command)?;
+        if !reply.fds.is_empty() && command != command::DEVICE_GET_REGION_INFO {
+            return Err(proto(command, format!("reply carries {} unexpected fds", reply.fds.len())));
+        }
+        Ok(reply)
+    }
+
+    fn request_empty(&mut self, command: u16, payload: &[u8], fds: &[RawFd]) -> Result<()> {
+        let r = self.request(command, payload, fds)?;
+        if !r.payload.is_empty() {
+            return Err(proto(
+                command,
+                format!("reply has {} payload bytes, expected none", r.payload.len()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// VERSION: proposes 0.1 and `caps`; validates and returns the server's answer.
+    pub fn version(&mut self, caps: &ClientCaps) -> Result<VersionInfo> {
+        let json = format!(
+            "{{\"capabilities\":{{\"max_msg_fds\":{},\"max_data_xfer_size\":{},\"pgsizes\":{}}}}}",
+            caps.max_msg_fds, caps.max_data_xfer_size, caps.pgsizes
+        );
+        let mut p = Vec::new();
+        p.extend_from_slice(&0u16.to_le_bytes());
+        p.extend_from_slice(&1u16.to_le_bytes());
+        p.extend_from_slice(json.as_bytes());
+        p.push(0);
+        let r = self.request(command::VERSION, &p, &[])?;
+        let info = parse_version_reply(&r.payload)?;
+        if info.max_data_xfer_size == 0 {
+            return Err(proto(command::VERSION, "max_data_xfer_size is 0"));
+        }
+        if info.pgsizes & !caps.pgsizes != 0 {
+            return Err(proto(
+                command::VERSION,
+                format!("pgsizes {:#x} not a subset of the proposed {:#x}", info.pgsizes, caps.pgsizes),
+            ));
+        }
+        self.max_data_xfer = info.max_data_xfer_size.min(usize::MAX as u64) as usize;
+        Ok(info)
+    }
+
+    /// DMA_MAP of `size` bytes at DMA address `address`, backed by `fd` at `offset`.
+    pub fn dma_map(
+        &mut self,
+        flags: u32,
+        offset: u64,
+        address: u64,
+        size: u64,
+        fd: Option<RawFd>,
+    ) -> Result<()> {
+        let m = DmaMap { argsz: DmaMap::SIZE as u32, flags, offset, address, size };
+        let fds: Vec<RawFd> = fd.into_iter().collect();
+        self.request_empty(command::DMA_MAP, &m.to_bytes(), &fds)
+    }
+
+    /// DMA_UNMAP; returns the echoed entry after checking it matches the request.
+    pub fn dma_unmap(&mut self, flags: u32, address: u64, size: u64) -> Result<DmaUnmap> {
+        let m = DmaUnmap { argsz: DmaUnmap::SIZE as u32, flags, address, size };
+        let r = self.request(command::DMA_UNMAP, &m.to_bytes(), &[])?;
+        let e = DmaUnmap::decode(&r.payload).ok_or_else(|| {
+            proto(
+                command::DMA_UNMAP,
+                format!("reply payload {} bytes, expected {}", r.payload.len(), DmaUnmap::SIZE),
+            )
+        })?;
+        if r.payload.len() != DmaUnmap::SIZE {
+            return Err(proto(
+                command::DMA_UNMAP,
+                format!("reply payload {} bytes, expected {}", r.payload.len(), DmaUnmap::SIZE),
+            ));
+        }
+        if e.address != address || e.size != size {
+            return Err(proto(
+                command::DMA_UNMAP,
+                format!("reply echoes {:#x}+{:#x}, not the request", e.address, e.size),
+            ));
+        }
+        Ok(e)
+    }
+
+    /// DEVICE_GET_INFO.
+    pub fn device_info(&mut self) -> Result<DeviceInfo> {
+        let q = DeviceInfo { argsz: DeviceInfo::SIZE as u32, ..Default::default() };
+        let r = self.request(command::DEVICE_GET_INFO, &q.to_bytes(), &[])?;
+        if r.payload.len() != DeviceInfo::SIZE {
+            return Err(proto(
+                command::DEVICE_GET_INFO,
+                format!("reply payload {} bytes, expected 16", r.payload.len()),
+            ));
+        }
+        let info = DeviceInfo::decode(&r.payload).expect("length checked");
+        if info.argsz < DeviceInfo::SIZE as u32 {
+            return Err(proto(command::DEVICE_GET_INFO, format!("argsz {}", info.argsz)));
+        }
+        Ok(info)
+    }
+
+    /// DEVICE_GET_REGION_INFO, asking first with `argsz` 32 and again with the size the server
+    /// says it needs (as QEMU does); parses the capability chain.
+    pub fn region_info(&mut self, index: u32) -> Result<Region> {
+        let (mut info, mut payload, mut fds) = self.region_info_once(index, REGION_INFO_SIZE as u32)?;
+        if info.argsz > REGION_INFO_SIZE as u32 {
+            if info.argsz > MAX_REGION_INFO_ARGSZ {
+                return Err(proto(
+                    command::DEVICE_GET_REGION_INFO,
+                    format!("region {index}: argsz {} too large", info.argsz),
+                ));
+            }
+            let needed = info.argsz;
+            let (i2, p2, f2) = self.region_info_once(index, needed)?;
+            if i2.argsz != needed {
+                return Err(proto(
+                    command::DEVICE_GET_REGION_INFO,
+                    format!("region {index}: argsz changed from {needed} to {}", i2.argsz),
+                ));
+            }
+            if p2.len() != needed as usize {
+                return Err(proto(
+                    command::DEVICE_GET_REGION_INFO,
+                    format!("region {index}: payload {} bytes, argsz {needed}", p2.len()),
+                ));
+            }
+            info = i2;
+            payload = p2;
+            if !f2.is_empty() || fds.is_empty() {
+                fds = f2;
+            }
+        } else if payload.len() != info.argsz.max(REGION_INFO_SIZE as u32) as usize {
+            return Err(proto(
+                command::DEVICE_GET_REGION_INFO,
+                format!("region {index}: payload {} bytes, argsz {}", payload.len(), info.argsz),
+            ));
+        }
+        let (sparse_areas, other_caps) = parse_region_caps(&info, &payload)?;
+        if fds.len() > 1 {
+            return Err(proto(
+                command::DEVICE_GET_REGION_INFO,
+                format!("region {index}: {} fds in the reply", fds.len()),
+            ));
+        }
+        let fd = fds.pop();
+        let mappable = info.flags & VFIO_REGION_INFO_FLAG_MMAP != 0;
+        if mappable && fd.is_none() {
+            return Err(proto(
+                command::DEVICE_GET_REGION_INFO,
+                format!("region {index}: MMAP flag without a file descriptor"),
+            ));
+        }
+        if !mappable && fd.is_some() {
+            return Err(proto(
+                command::DEVICE_GET_REGION_INFO,
+                format!("region {index}: file descriptor without the MMAP flag"),
+            ));
+        }
+        if !sparse_areas.is_empty() && !mappable {
+            return Err(proto(
+                command::DEVICE_GET_REGION_INFO,
+                format!("region {index}: sparse-mmap capability without the MMAP flag"),
+            ));
+        }
+        Ok(Region { info, sparse_areas, other_caps, fd })
+    }
+
+    fn region_info_once(&mut self, index: u32, argsz: u32) -> Result<(RegionInfoRaw, Vec<u8>, Vec<File>)> {
+        let q = RegionInfoRaw { argsz, index, ..Default::default() };
+        let r = self.request(command::DEVICE_GET_REGION_INFO, &q.to_bytes(), &[])?;
+        let info = RegionInfoRaw::decode(&r.payload).ok_or_else(|| {
+            proto(
+                command::DEVICE_GET_REGION_INFO,
+                format!("region {index}: reply payload {} bytes", r.payload.len()),
+            )
+        })?;
+        if info.index != index {
+            return Err(proto(
+                command::DEVICE_GET_REGION_INFO,
+                format!("asked for region {index}, reply describes {}", info.index),
+            ));
+        }
+        if r.payload.len() > argsz.max(REGION_INFO_SIZE as u32) as usize {
+            return Err(proto(
+                command::DEVICE_GET_REGION_INFO,
+                format!(
+                    "region {index}: reply payload {} bytes exceeds the requested argsz {argsz}",
+                    r.payload.len()
+                ),
+            ));
+        }
+        if info.argsz < REGION_INFO_SIZE as u32 {
+            return Err(proto(
+                command::DEVICE_GET_REGION_INFO,
+                format!("region {index}: argsz {} below 32", info.argsz),
+            ));
+        }
+        Ok((info, r.payload, r.fds))
+    }
+
+    /// DEVICE_GET_IRQ_INFO for IRQ type `index`.
+    pub fn irq_info(&mut self, index: u32) -> Result<IrqInfo> {
+        let q = IrqInfo { argsz: IrqInfo::SIZE as u32, index, ..Default::default() };
+        let r = self.request(command::DEVICE_GET_IRQ_INFO, &q.to_bytes(), &[])?;
+        if r.payload.len() != IrqInfo::SIZE {
+            return Err(proto(
+                command::DEVICE_GET_IRQ_INFO,
+                format!("reply payload {} bytes, expected 16", r.payload.len()),
+            ));
+        }
+        let i = IrqInfo::decode(&r.payload).expect("length checked");
+        if i.index != index {
+            return Err(proto(
+                command::DEVICE_GET_IRQ_INFO,
+                format!("asked for irq index {index}, reply describes {}", i.index),
+            ));
+        }
+        Ok(i)
+    }
+
+    /// DEVICE_SET_IRQS with optional bool `data` and eventfds.
+    pub fn set_irqs(
+        &mut self,
+        index: u32,
+        flags: u32,
+        start: u32,
+        count: u32,
+        fds: &[RawFd],
+        data: &[u8],
+    ) -> Result<()> {
+        let s = IrqSet { argsz: (IrqSet::SIZE + data.len()) as u32, flags, index, start, count };
+        let mut p = s.to_bytes();
+        p.extend_from_slice(data);
+        self.request_empty(command::DEVICE_SET_IRQS, &p, fds)
+    }
+
+    /// REGION_READ into `buf`, split into `max_data_xfer_size` pieces.
+    pub fn region_read(&mut self, region: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let step = self.max_data_xfer.max(1);
+        let mut done = 0usize;
+        while done < buf.len() {
+            let n = (buf.len() - done).min(step);
+            let off = offset + done as u64;
+            let q = RegionAccess { offset: off, region, count: n as u32 };
+            let r = self.request(command::REGION_READ, &q.to_bytes(), &[])?;
+            let a = RegionAccess::decode(&r.payload).ok_or_else(|| {
+                proto(command::REGION_READ, format!("reply payload {} bytes", r.payload.len()))
+            })?;
+            if a.offset != off || a.region != region || a.count as usize != n {
+                return Err(proto(
+                    command::REGION_READ,
+                    format!(
+                        "reply describes region {} {:#x}+{}, asked region {region} {off:#x}+{n}",
+                        a.region, a.offset, a.count
+                    ),
+                ));
+            }
+            if r.payload.len() != RegionAccess::SIZE + n {
+                return Err(proto(
+                    command::REGION_READ,
+                    format!(
+                        "reply carries {} data bytes for count {n}",
+                        r.payload.len() - RegionAccess::SIZE
+                    ),
+                ));
+            }
+            buf[done..done + n].copy_from_slice(&r.payload[RegionAccess::SIZE..]);
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// REGION_WRITE of `data`, waiting for each reply.
+    pub fn region_write(&mut self, region: u32, offset: u64, data: &[u8]) -> Result<()> {
+        let step = self.max_data_xfer.max(1);
+        let mut done = 0usize;
+        while done < data.len() || (data.is_empty() && done == 0) {
+            let n = (data.len() - done).min(step);
+            let off = offset + done as u64;
+            let q = RegionAccess { offset: off, region, count: n as u32 };
+            let mut p = q.to_bytes();
+            p.extend_from_slice(&data[done..done + n]);
+            let r = self.request(command::REGION_WRITE, &p, &[])?;
+            if r.payload.len() != RegionAccess::SIZE {
+                return Err(proto(
+                    command::REGION_WRITE,
+                    format!("reply payload {} bytes, expected 16", r.payload.len()),
+                ));
+            }
+            let a = RegionAccess::decode(&r.payload).expect("length checked");
+            if a.offset != off || a.region != region || a.count as usize != n {
+                return Err(proto(
+                    command::REGION_WRITE,
+                    format!(
+                        "reply describes region {} {:#x}+{}, wrote region {region} {off:#x}+{n}",
+                        a.region, a.offset, a.count
+                    ),
+                ));
+            }
+            done += n;
+            if data.is_empty() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// REGION_WRITE with the NO_REPLY flag (a posted write, as QEMU does for BARs).
+    pub fn region_write_posted(&mut self, region: u32, offset: u64, data: &[u8]) -> Result<()> {
+        let step = self.max_data_xfer.max(1);
+        for (i, chunk) in data.chunks(step).enumerate() {
+            let q = RegionAccess { offset: offset + (i * step) as u64, region, count: chunk.len() as u32 };
+            let mut p = q.to_bytes();
+            p.extend_from_slice(chunk);
+            let (_, msg) = self.encode_command(command::REGION_WRITE, flags::NO_REPLY, &p);
+            self.send_raw(&msg, &[])?;
+        }
+        Ok(())
+    }
+
+    /// DEVICE_RESET.
+    pub fn device_reset(&mut self) -> Result<()> {
+        self.request_empty(command::DEVICE_RESET, &[], &[])
+    }
+
+    /// Reads a little-endian integer of `N` bytes (1, 2, 4 or 8) from a region.
+    pub fn read_le(&mut self, region: u32, offset: u64, size: usize) -> Result<u64> {
+        let mut b = [0u8; 8];
+        self.region_read(region, offset, &mut b[..size])?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// Writes the low `size` bytes of `value` (little endian) to a region; posted if `posted`.
+    pub fn write_le(
+        &mut self,
+        region: u32,
+        offset: u64,
+        size: usize,
+        value: u64,
+        posted: bool,
+    ) -> Result<()> {
+        let b = value.to_le_bytes();
+        if posted {
+            self.region_write_posted(region, offset, &b[..size])
+        } else {
+            self.region_write(region, offset, &b[..size])
+        }
+    }
+}
+
+fn map_io(e: io::Error) -> ClientError {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => ClientError::Timeout,
+        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => ClientError::Closed,
+        _ => ClientError::Io(e),
+    }
+}
+
+/// Parses and validates a VERSION reply payload.
+pub fn parse_version_reply(p: &[u8]) -> Result<VersionInfo> {
+    let c = command::VERSION;
+    if p.len() < 4 {
+        return Err(proto(c, format!("payload {} bytes, need 4", p.len())));
+    }
+    let major = u16::from_le_bytes([p[0], p[1]]);
+    let minor = u16::from_le_bytes([p[2], p[3]]);
+    if major != 0 {
+        return Err(proto(c, format!("major version {major}, proposed 0")));
+    }
+    if minor > 1 {
+        return Err(proto(c, format!("minor version {minor} above the proposed 1")));
+    }
+    let mut info = VersionInfo {
+        major,
+        minor,
+        json: String::new(),
+        max_msg_fds: 1,
+        max_data_xfer_size: DEFAULT_MAX_DATA_XFER as u64,
+        pgsizes: 4096,
+        unexpected_caps: Vec::new(),
+    };
+    let data = &p[4..];
+    if data.is_empty() {
+        return Ok(info);
+    }
+    let Some((&0, body)) = data.split_last() else {
+        return Err(proto(c, "version data is not NUL-terminated"));
+    };
+    if body.contains(&0) {
+        return Err(proto(c, "version data has an embedded NUL"));
+    }
+    let s = std::str::from_utf8(body).map_err(|_| proto(c, "version data is not UTF-8"))?;
+    info.json = s.to_string();
+    let v: serde_json::Value = serde_json::from_str(s).map_err(|e| proto(c, format!("version JSON: {e}")))?;
+    let obj = v.as_object().ok_or_else(|| proto(c, "version JSON is not an object"))?;
+    let Some(caps) = obj.get("capabilities") else {
+        return Ok(info);
+    };
+    let caps = caps.as_object().ok_or_else(|| proto(c, "\"capabilities\" is not an object"))?;
+    for (k, val) in caps {
+        let num =
+            || val.as_u64().ok_or_else(|| proto(c, format!("capability {k} is not a non-negative integer")));
+        match k.as_str() {
+            "max_msg_fds" => info.max_msg_fds = num()?,
+            "max_data_xfer_size" => info.max_data_xfer_size = num()?,
+            "pgsizes" => info.pgsizes = num()?,
+            other => info.unexpected_caps.push(other.to_string()),
+        }
+    }
+    Ok(info)
+}
+
+/// Sparse areas and other (id, version) capabilities of a region.
+pub type RegionCaps = (Vec<SparseArea>, Vec<(u16, u16)>);
+
+/// Parses the capability chain of a region-info reply: returns sparse areas and other caps.
+pub fn parse_region_caps(info: &RegionInfoRaw, payload: &[u8]) -> Result<RegionCaps> {
+    let c = command::DEVICE_GET_REGION_INFO;
+    let idx = info.index;
+    let mut sparse = Vec::new();
+    let mut other = Vec::new();
+    let has_caps = info.flags & VFIO_REGION_INFO_FLAG_CAPS != 0;
+    if !has_caps {
+        if info.cap_offset != 0 {
+            return Err(proto(c, format!("region {idx}: cap_offset without the CAPS flag")));
+        }
+        return Ok((sparse, other));
+    }
+    if payload.len() < info.argsz as usize {
+        // Caps did not fit the argsz we offered; nothing to parse.
+        return Ok((sparse, other));
+    }
+    let mut next = info.cap_offset as usize;
+    if next == 0 {
+        return Err(proto(c, format!("region {idx}: CAPS flag with cap_offset 0")));
+    }
+    let mut prev = 0usize;
+    let mut seen_sparse = false;
+    while next != 0 {
+        if next < REGION_INFO_SIZE || next <= prev || next + CapHeader::SIZE > payload.len() {
+            return Err(proto(
+                c,
+                format!("region {idx}: capability offset {next} out of bounds or not advancing"),
+            ));
+        }
+        if !next.is_multiple_of(4) {
+            return Err(proto(c, format!("region {idx}: capability offset {next} unaligned")));
+        }
+        let h = CapHeader::decode(&payload[next..]).expect("bounds checked");
+        let body = &payload[next + CapHeader::SIZE..];
+        if u32::from(h.id) == VFIO_REGION_INFO_CAP_SPARSE_MMAP {
+            if seen_sparse {
+                return Err(proto(c, format!("region {idx}: two sparse-mmap capabilities")));
+            }
+            seen_sparse = true;
+            if h.version != 1 {
+                return Err(proto(c, format!("region {idx}: sparse-mmap version {}", h.version)));
+            }
+            if body.len() < 8 {
+                return Err(proto(c, format!("region {idx}: truncated sparse-mmap capability")));
+            }
+            let nr = u32::from_le_bytes(body[0..4].try_into().expect("4 bytes")) as usize;
+            let areas = &body[8..];
+            if nr > areas.len() / SparseArea::SIZE {
+                return Err(proto(c, format!("region {idx}: {nr} sparse areas do not fit the reply")));
+            }
+            if h.next != 0 && (h.next as usize) < next + CapHeader::SIZE + 8 + nr * SparseArea::SIZE {
+                return Err(proto(c, format!("region {idx}: next capability overlaps the areas")));
+            }
+            for i in 0..nr {
+                let a = SparseArea::decode(&areas[i * SparseArea::SIZE..]).expect("bounds checked");
+                let end = a.offset.checked_add(a.size);
+                if a.size == 0 || end.is_none_or(|e| e > info.size) {
+                    return Err(proto(
+                        c,
+                        format!(
+                            "region {idx}: sparse area {:#x}+{:#x} outside the region (size {:#x})",
+                            a.offset, a.size, info.size
+                        ),
+                    ));
+                }
+                sparse.push(a);
+            }
+        } else {
+            other.push((h.id, h.version));
+        }
+        prev = next;
+        next = h.next as usize;
+    }
+    Ok((sparse, other))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    fn reply_bytes(id: u16, cmd: u16, fl: u32, err: u32, payload: &[u8]) -> Vec<u8> {
+        let mut v =
+            Header { msg_id: id, command: cmd, msg_size: (16 + payload.len()) as u32, flags: fl, error: err }
+                .to_bytes();
+        v.extend_from_slice(payload);
+        v
+    }
+
+    fn pair() -> (Client, UnixStream) {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut c = Client::from_stream(a).unwrap();
+        c.set_timeout(Duration::from_millis(300)).unwrap();
+        (c, b)
+    }
+
+    #[test]
+    fn header_layout() {
+        let h = Header { msg_id: 1, command: 2, msg_size: 3, flags: 4, error: 5 };
+        assert_eq!(h.to_bytes(), vec![1, 0, 2, 0, 3, 0, 0, 0, 4, 0, 0, 0, 5, 0, 0, 0]);
+        assert_eq!(DmaMap::SIZE, 32);
+        assert_eq!(DmaUnmap::SIZE, 24);
+        assert_eq!(RegionInfoRaw::SIZE, 32);
+        assert_eq!(IrqSet::SIZE, 20);
+        assert_eq!(RegionAccess::SIZE, 16);
+    }
+
+    #[test]
+    fn error_reply_becomes_remote() {
+        let (mut c, mut s) = pair();
+        s.write_all(&reply_bytes(0, command::DEVICE_RESET, flags::TYPE_REPLY | flags::ERROR, 22, &[]))
+            .unwrap();
+        match c.device_reset() {
+            Err(ClientError::Remote { command, errno }) => {
+                assert_eq!(command, command::DEVICE_RESET);
+                assert_eq!(errno, 22);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn wrong_id_and_type_are_protocol_errors() {
+        let (mut c, mut s) = pair();
+        s.write_all(&reply_bytes(7, command::DEVICE_RESET, flags::TYPE_REPLY, 0, &[])).unwrap();
+        assert!(matches!(c.device_reset(), Err(ClientError::Protocol { .. })));
+        s.write_all(&reply_bytes(1, command::DEVICE_RESET, flags::TYPE_COMMAND, 0, &[])).unwrap();
+        assert!(matches!(c.device_reset(), Err(ClientError::Protocol { .. })));
+        s.write_all(&reply_bytes(2, command::DEVICE_RESET, flags::TYPE_REPLY, 5, &[])).unwrap();
+        assert!(matches!(c.device_reset(), Err(ClientError::Protocol { .. })));
+        s.write_all(&reply_bytes(3, command::DEVICE_RESET, flags::TYPE_REPLY | flags::ERROR, 5, &[1]))
+            .unwrap();
+        assert!(matches!(c.device_reset(), Err(ClientError::Protocol { .. })));
+        s.write_all(&reply_bytes(4, command::DEVICE_RESET, flags::TYPE_REPLY, 0, &[1])).unwrap();
+        assert!(matches!(c.device_reset(), Err(ClientError::Protocol { .. })));
+    }
+
+    #[test]
+    fn timeout_does_not_hang() {
+        let (mut c, _s) = pair();
+        assert!(matches!(c.device_reset(), Err(ClientError::Timeout)));
+    }
+
+    #[test]
+    fn closed_socket() {
+        let (mut c, s) = pair();
+        drop(s);
+        let r = c.device_reset();
+        assert!(matches!(r, Err(ClientError::Closed) | Err(ClientError::Io(_))), "{r:?}");
+    }
+
+    #[test]
+    fn region_read_checks_echo_and_length() {
+        let (mut c, mut s) = pair();
+        let mut p = RegionAccess { offset: 0x10, region: 7, count: 2 }.to_bytes();
+        p.extend_from_slice(&[0xf4, 0x1a]);
+        s.write_all(&reply_bytes(0, command::REGION_READ, flags::TYPE_REPLY, 0, &p)).unwrap();
+        let mut b = [0u8; 2];
+        c.region_read(7, 0x10, &mut b).unwrap();
+        assert_eq!(b, [0xf4, 0x1a]);
+        // Wrong count echoed.
+        let mut p = RegionAccess { offset: 0x10, region: 7, count: 4 }.to_bytes();
+        p.extend_from_slice(&[0, 0, 0, 0]);
+        s.write_all(&reply_bytes(1, command::REGION_READ, flags::TYPE_REPLY, 0, &p)).unwrap();
+        assert!(matches!(c.region_read(7, 0x10, &mut b), Err(ClientError::Protocol { .. })));
+    }
+
+    #[test]
+    fn version_parsing() {
+        let mut p = vec![0, 0, 1, 0];
+        p.extend_from_slice(br#"{"capabilities":{"max_msg_fds":16,"max_data_xfer_size":4096,"pgsizes":4096,"twin_socket":{}}}"#);
+        p.push(0);
+        let v = parse_version_reply(&p).unwrap();
+        assert_eq!(v.max_msg_fds, 16);
+        assert_eq!(v.max_data_xfer_size, 4096);
+        assert_eq!(v.unexpected_caps, vec!["twin_socket".to_string()]);
+        assert!(parse_version_reply(&[1, 0, 1, 0]).is_err());
+        assert!(parse_version_reply(&[0, 0, 2, 0]).is_err());
+        assert!(parse_version_reply(&[0, 0, 1, 0, b'{', b'}']).is_err());
+        assert!(parse_version_reply(&[0, 0, 1, 0, b'x', 0]).is_err());
+        let v = parse_version_reply(&[0, 0, 1, 0]).unwrap();
+        assert_eq!(v.max_data_xfer_size, 1 << 20);
+    }
+
+    #[test]
+    fn region_caps_parsing() {
+        let info = RegionInfoRaw {
+            argsz: 32 + 8 + 8 + 16,
+            flags: VFIO_REGION_INFO_FLAG_CAPS | VFIO_REGION_INFO_FLAG_MMAP,
+            index: 4,
+            cap_offset: 32,
+            size: 0x4000,
+            offset: 0,
+        };
+        let mut p = info.to_bytes();
+        CapHeader { id: 1, version: 1, next: 0 }.encode_into(&mut p);
+        p.extend_from_slice(&1u32.to_le_bytes());
+        p.extend_from_slice(&0u32.to_le_bytes());
+        SparseArea { offset: 0x3000, size: 0x1000 }.encode_into(&mut p);
+        let (s, o) = parse_region_caps(&info, &p).unwrap();
+        assert_eq!(s, vec![SparseArea { offset: 0x3000, size: 0x1000 }]);
+        assert!(o.is_empty());
+        // Area beyond the region.
+        let mut bad = p.clone();
+        let n = bad.len();
+        bad[n - 16..n - 8].copy_from_slice(&0x3800u64.to_le_bytes());
+        assert!(parse_region_caps(&info, &bad).is_err());
+        // Self-loop.
+        let mut looped = p.clone();
+        looped[36..40].copy_from_slice(&32u32.to_le_bytes());
+        assert!(parse_region_caps(&info, &looped).is_err());
+    }
+
+    #[test]
+    fn send_raw_passes_fds() {
+        let (mut c, s) = pair();
+        let f = tempfile::tempfile().unwrap();
+        c.send_raw(b"0123456789abcdef", &[f.as_raw_fd()]).unwrap();
+        let mut buf = [0u8; 16];
+        let (n, file) = s.recv_with_fd(&mut buf).unwrap();
+        assert_eq!(n, 16);
+        assert!(file.is_some());
+    }
+}
