@@ -281,8 +281,11 @@ pub type DirPlusSink<'s> = dyn FnMut(DirEntry<'_>, &Entry) -> bool + 's;
 pub trait FileSystem: Send + Sync {
     /// The session starts. `capable` is the set of `FUSE_INIT` flags ([`crate::abi::init`]) that the
     /// kernel offers and the server can honour; return the subset this filesystem wants.
+    ///
+    /// `HANDLE_KILLPRIV` is a promise only the filesystem can make (it clears set-user-id and
+    /// set-group-id itself on write, truncate and chown), so the default leaves it out.
     fn init(&self, capable: u64) -> Result<u64> {
-        Ok(capable)
+        Ok(capable & !crate::abi::init::HANDLE_KILLPRIV)
     }
 
     /// The session ends: the kernel drops every lookup reference and handle it held.

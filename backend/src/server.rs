@@ -33,7 +33,11 @@ const SUPPORTED_INIT_FLAGS: u64 = abi::init::ASYNC_READ
     | abi::init::ASYNC_DIO
     | abi::init::ATOMIC_O_TRUNC
     | abi::init::DO_READDIRPLUS
-    | abi::init::READDIRPLUS_AUTO;
+    | abi::init::READDIRPLUS_AUTO
+    // The filesystem clears set-user-id/set-group-id on write, truncate and chown itself. Without
+    // this the kernel sends those clears as SETATTR(mode) in the writer's name, which a
+    // non-owner may not do.
+    | abi::init::HANDLE_KILLPRIV;
 
 const OUT_HEADER_SIZE: usize = size_of::<OutHeader>();
 
@@ -406,6 +410,9 @@ impl<F: FileSystem> Server<F> {
             let ext: abi::InitInExt = r.read_obj()?;
             offered |= u64::from(ext.flags2) << 32;
         }
+        // Kernels before 7.23 expect the short reply.
+        let len = if arg.minor < 23 { abi::COMPAT_22_INIT_OUT_SIZE } else { size_of::<abi::InitOut>() };
+        check_fits(&w, len)?;
         if self.initialized.swap(false, Ordering::AcqRel) {
             // A new session without DESTROY (guest reset): the old one's references are gone.
             self.fs.destroy();
@@ -433,9 +440,6 @@ impl<F: FileSystem> Server<F> {
             max_stack_depth: 0,
             unused: [0; 6],
         };
-        // Kernels before 7.23 expect the short reply.
-        let len = if arg.minor < 23 { abi::COMPAT_22_INIT_OUT_SIZE } else { size_of::<abi::InitOut>() };
-        check_fits(&w, len)?;
         let (mut hw, mut body) = split_reply(w)?;
         body.write_all(&out.as_slice()[..len])?;
         let n = finish_reply(&mut hw, hdr, OUT_HEADER_SIZE + len)?;

@@ -78,22 +78,14 @@ fn truncated_arguments() {
         assert_eq!(r.errno(), libc::EINVAL, "opcode {op} with {len} argument bytes");
     }
     // INIT_EXT set but the extension missing.
-    let arg = abi::InitInCompat {
-        major: 7,
-        minor: 41,
-        max_readahead: 0,
-        flags: abi::init::INIT_EXT as u32,
-    };
+    let arg = abi::InitInCompat { major: 7, minor: 41, max_readahead: 0, flags: abi::init::INIT_EXT as u32 };
     assert_eq!(f.call(opcode::INIT, 0, &[arg.as_slice()]).errno(), libc::EINVAL);
 }
 
 #[test]
 fn names_must_be_nul_terminated_components() {
     let f = Fuse::new();
-    let mkdir = abi::MkdirIn {
-        mode: 0o755,
-        umask: 0,
-    };
+    let mkdir = abi::MkdirIn { mode: 0o755, umask: 0 };
     // No NUL.
     let r = f.call(opcode::MKDIR, ROOT, &[mkdir.as_slice(), b"abc"]);
     assert_eq!(r.errno(), libc::EINVAL);
@@ -174,19 +166,9 @@ fn requests_without_reply() {
     let req = f.req(opcode::FORGET, e.nodeid, &[&[1u8; 4]]);
     assert_eq!(handle_raw(&f.srv, &req, usize::MAX, 64, usize::MAX).n, 0);
     // BATCH_FORGET whose count exceeds the items present: the present ones are applied.
-    let batch = abi::BatchForgetIn {
-        count: 1_000_000,
-        dummy: 0,
-    };
-    let one = abi::ForgetOne {
-        nodeid: e.nodeid,
-        nlookup: 1,
-    };
-    let req = f.req(
-        opcode::BATCH_FORGET,
-        0,
-        &[batch.as_slice(), one.as_slice(), &[7u8; 5]],
-    );
+    let batch = abi::BatchForgetIn { count: 1_000_000, dummy: 0 };
+    let one = abi::ForgetOne { nodeid: e.nodeid, nlookup: 1 };
+    let req = f.req(opcode::BATCH_FORGET, 0, &[batch.as_slice(), one.as_slice(), &[7u8; 5]]);
     assert_eq!(handle_raw(&f.srv, &req, 16, 0, 1).n, 0);
     assert_eq!(f.fs().lookup_count(e.nodeid), Some(0));
     // INTERRUPT is a no-op without reply.
@@ -209,20 +191,13 @@ fn reply_buffer_too_small() {
     assert_eq!((r.n, r.errno()), (HDR, libc::ERANGE));
     assert_eq!(f.fs().lookup_count(d), before);
     // MKDIR that could not be answered does not create anything.
-    let req = f.req(
-        opcode::MKDIR,
-        ROOT,
-        &[abi::MkdirIn { mode: 0o755, umask: 0 }.as_slice(), &cstr(b"ghost")],
-    );
+    let req =
+        f.req(opcode::MKDIR, ROOT, &[abi::MkdirIn { mode: 0o755, umask: 0 }.as_slice(), &cstr(b"ghost")]);
     let r = handle_raw(&f.srv, &req, usize::MAX, 64, usize::MAX);
     assert_eq!(r.errno(), libc::ERANGE);
     assert_eq!(f.lookup(ROOT, b"ghost"), Err(libc::ENOENT));
     // CREATE/OPEN: no handle leaks.
-    let arg = abi::CreateIn {
-        flags: O_RDWR,
-        mode: 0o644,
-        ..Default::default()
-    };
+    let arg = abi::CreateIn { flags: O_RDWR, mode: 0o644, ..Default::default() };
     let req = f.req(opcode::CREATE, ROOT, &[arg.as_slice(), &cstr(b"c")]);
     let r = handle_raw(&f.srv, &req, usize::MAX, HDR + 128, usize::MAX);
     assert_eq!(r.errno(), libc::ERANGE);
@@ -234,11 +209,9 @@ fn reply_buffer_too_small() {
     let r = handle_raw(&f.srv, &req, usize::MAX, HDR + 4096, 512);
     assert_eq!(r.errno(), libc::ERANGE);
     // GETATTR/STATFS/INIT with room for the header only.
-    for (op, args) in [
-        (opcode::GETATTR, vec![0u8; 16]),
-        (opcode::STATFS, vec![]),
-        (opcode::INIT, init_in(41, LINUX_FLAGS)),
-    ] {
+    for (op, args) in
+        [(opcode::GETATTR, vec![0u8; 16]), (opcode::STATFS, vec![]), (opcode::INIT, init_in(41, LINUX_FLAGS))]
+    {
         let req = f.req(op, ROOT, &[&args]);
         let r = handle_raw(&f.srv, &req, usize::MAX, HDR, usize::MAX);
         assert_eq!((r.n, r.errno()), (HDR, libc::ERANGE), "opcode {op}");
@@ -254,12 +227,7 @@ fn reply_buffer_too_small() {
 fn write_size_must_match_payload() {
     let f = Fuse::new();
     let (e, o) = f.create(ROOT, b"f", 0o644, O_RDWR | O_CREAT).unwrap();
-    let arg = |size: u32| abi::WriteIn {
-        fh: o.fh,
-        offset: 0,
-        size,
-        ..Default::default()
-    };
+    let arg = |size: u32| abi::WriteIn { fh: o.fh, offset: 0, size, ..Default::default() };
     // Size larger than the payload.
     let r = f.call(opcode::WRITE, e.nodeid, &[arg(100).as_slice(), &[1u8; 10]]);
     assert_eq!(r.errno(), libc::EINVAL);
@@ -275,12 +243,7 @@ fn write_size_must_match_payload() {
     let r = f.call(opcode::WRITE, e.nodeid, &[arg(1 << 20).as_slice(), &big[..1 << 20]]);
     assert_eq!(r.errno(), 0);
     // Offset + size overflowing.
-    let over = abi::WriteIn {
-        fh: o.fh,
-        offset: u64::MAX - 2,
-        size: 10,
-        ..Default::default()
-    };
+    let over = abi::WriteIn { fh: o.fh, offset: u64::MAX - 2, size: 10, ..Default::default() };
     let r = f.call(opcode::WRITE, e.nodeid, &[over.as_slice(), &[0u8; 10]]);
     assert_eq!(r.errno(), libc::EFBIG);
 }

@@ -167,6 +167,20 @@ fn truncate_rules() {
     };
     assert_eq!(f.setattr(ino, bad), Err(libc::EBADF));
     assert_eq!(f.as_user(0, 0).truncate(ROOT, 0), Err(libc::EISDIR));
+    // ftruncate by a non-owner: the kernel adds MTIME_NOW; the write handle authorises it.
+    f.as_user(ALICE.0, ALICE.1).chmod(ino, 0o666).unwrap();
+    let bob_fh = f.as_user(BOB.0, BOB.1).open(ino, O_WRONLY).unwrap();
+    f.as_user(ALICE.0, ALICE.1).chmod(ino, 0o444).unwrap();
+    let ftruncate = abi::SetattrIn {
+        valid: abi::fattr::SIZE | abi::fattr::FH | abi::fattr::MTIME | abi::fattr::MTIME_NOW,
+        size: 2,
+        fh: bob_fh,
+        ..Default::default()
+    };
+    assert_eq!(f.as_user(BOB.0, BOB.1).setattr(ino, ftruncate).unwrap().size, 2);
+    let no_fh =
+        abi::SetattrIn { valid: abi::fattr::SIZE | abi::fattr::MTIME | abi::fattr::MTIME_NOW, ..ftruncate };
+    assert_eq!(f.setattr(ino, no_fh), Err(libc::EACCES));
 }
 
 #[test]
@@ -207,6 +221,27 @@ fn writes_and_truncates_by_non_root_clear_setuid() {
         f.as_user(BOB.0, BOB.1).release(ino, h).unwrap();
     }
     let _ = S_ISUID;
+}
+
+#[test]
+fn chown_clears_setuid_on_files_only() {
+    let f = Fuse::new();
+    let file = f.mknod(ROOT, b"f", S_IFREG | 0o644, 0).unwrap().nodeid;
+    let dir = f.mkdir(ROOT, b"d", 0o755).unwrap().nodeid;
+    for ino in [file, dir] {
+        f.chmod(ino, 0o6755).unwrap();
+    }
+    // Even root's chown clears them on a file (as Linux does); a directory keeps them.
+    assert_eq!(f.chown(file, Some(BOB.0), Some(BOB.1)).unwrap().mode & 0o7777, 0o755);
+    assert_eq!(f.chown(dir, Some(BOB.0), Some(BOB.1)).unwrap().mode & 0o7777, 0o6755);
+    // A set-gid file without group-execute keeps set-gid.
+    f.chmod(file, 0o6745).unwrap();
+    assert_eq!(f.chown(file, Some(0), None).unwrap().mode & 0o7777, 0o2745);
+    // An empty SETATTR (chown -1 -1) changes nothing.
+    f.chmod(file, 0o6755).unwrap();
+    let before = f.getattr(file).unwrap();
+    let after = f.setattr(file, abi::SetattrIn::default()).unwrap();
+    assert_eq!(after, before);
 }
 
 #[test]

@@ -145,6 +145,10 @@ pub const LINUX_FLAGS: u64 = abi::init::ASYNC_READ
     | abi::init::ALLOW_IDMAP;
 
 pub type R<T> = Result<T, i32>;
+/// A READDIR entry: (ino, next offset, type, name).
+pub type Dirent = (u64, u64, u32, Vec<u8>);
+/// A READDIRPLUS entry: (entry, next offset, name).
+pub type DirentPlus = (abi::EntryOut, u64, Vec<u8>);
 
 impl Fuse {
     /// A fresh RamFs, not initialised.
@@ -344,7 +348,7 @@ impl Fuse {
     }
 
     /// READDIR: (ino, next offset, type, name) per entry.
-    pub fn readdir(&self, ino: u64, fh: u64, offset: u64, size: u32) -> R<Vec<(u64, u64, u32, Vec<u8>)>> {
+    pub fn readdir(&self, ino: u64, fh: u64, offset: u64, size: u32) -> R<Vec<Dirent>> {
         let body = self.call(opcode::READDIR, ino, &[Self::read_in(fh, offset, size).as_slice()]).result()?;
         assert!(body.len() <= size as usize);
         let mut out = Vec::new();
@@ -360,13 +364,7 @@ impl Fuse {
     }
 
     /// READDIRPLUS: (entry, next offset, name) per entry.
-    pub fn readdirplus(
-        &self,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        size: u32,
-    ) -> R<Vec<(abi::EntryOut, u64, Vec<u8>)>> {
+    pub fn readdirplus(&self, ino: u64, fh: u64, offset: u64, size: u32) -> R<Vec<DirentPlus>> {
         let body =
             self.call(opcode::READDIRPLUS, ino, &[Self::read_in(fh, offset, size).as_slice()]).result()?;
         let mut out = Vec::new();

@@ -17,10 +17,9 @@
 //! Lock order: `tree` -> an `inodes`/`handles` shard -> `data` -> `meta`; at most one `meta` at a time.
 //! Capacity (bytes of chunks) and inode count are bounded by [`RamFsConfig`].
 
-use std::collections::{btree_map, BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::btree_map;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use crate::abi::{self, ROOT_ID};
@@ -29,6 +28,10 @@ use crate::filesystem::{
     Stat, StatFs, Timespec,
 };
 use crate::io::{Reader, Writer};
+
+mod node;
+
+use node::{dir_mut, rd, stat_of, wr, Body, Dir, FileData, Inode, Meta, Table, Tree};
 
 /// Longest name component.
 pub const NAME_MAX: usize = 255;
@@ -99,236 +102,6 @@ impl Default for RamFsConfig {
             root_mode: 0o755,
         }
     }
-}
-
-/// A fast hasher for server-assigned integer keys (node ids, file handles). Names, which the guest
-/// chooses, keep the default DoS-resistant hasher.
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
-
-fn rd<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn wr<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// A map from server-assigned ids, split over [`SHARDS`] locks.
-struct Table<V> {
-    shards: Box<[RwLock<IdMap<V>>]>,
-}
-
-impl<V: Clone> Table<V> {
-    fn new() -> Self {
-        Table { shards: (0..SHARDS).map(|_| RwLock::default()).collect() }
-    }
-
-    fn shard(&self, key: u64) -> &RwLock<IdMap<V>> {
-        &self.shards[(key % SHARDS as u64) as usize]
-    }
-
-    fn get(&self, key: u64) -> Option<V> {
-        rd(self.shard(key)).get(&key).cloned()
-    }
-
-    fn insert(&self, key: u64, value: V) {
-        wr(self.shard(key)).insert(key, value);
-    }
-
-    fn remove_if(&self, key: u64, pred: impl FnOnce(&V) -> bool) -> Option<V> {
-        let mut shard = wr(self.shard(key));
-        if shard.get(&key).is_some_and(pred) {
-            shard.remove(&key)
-        } else {
-            None
-        }
-    }
-}
-
-/// Attributes of an inode.
-#[derive(Debug, Clone, Copy)]
-struct Meta {
-    mode: u32,
-    uid: u32,
-    gid: u32,
-    nlink: u32,
-    rdev: u32,
-    size: u64,
-    blocks: u64,
-    atime: Timespec,
-    mtime: Timespec,
-    ctime: Timespec,
-}
-
-impl Meta {
-    /// Whether `ctx` may access this inode with `mask` (`R_OK | W_OK | X_OK`); root may do anything
-    /// but execute a non-directory with no execute bit at all, like the kernel's
-    /// `generic_permission`.
-    fn may(&self, ctx: &Context, mask: u32) -> bool {
-        if ctx.uid == 0 {
-            return mask & X_OK == 0 || self.mode & S_IFMT == S_IFDIR || self.mode & 0o111 != 0;
-        }
-        let bits = if ctx.uid == self.uid {
-            self.mode >> 6
-        } else if ctx.gid == self.gid {
-            self.mode >> 3
-        } else {
-            self.mode
-        } & 7;
-        bits & mask == mask
-    }
-
-    /// The sticky-directory rule: in a sticky directory only the owner of the entry or of the
-    /// directory (or root) may remove or rename it.
-    fn sticky_denies(&self, ctx: &Context, victim_uid: u32) -> bool {
-        self.mode & S_ISVTX != 0 && ctx.uid != 0 && ctx.uid != self.uid && ctx.uid != victim_uid
-    }
-
-    /// Clears set-user-id, and set-group-id when group-execute is set, as a write or truncate by
-    /// an unprivileged user does. Returns whether anything changed.
-    fn kill_suid(&mut self) -> bool {
-        let old = self.mode;
-        self.mode &= !S_ISUID;
-        if self.mode & (S_ISGID | S_IXGRP) == (S_ISGID | S_IXGRP) {
-            self.mode &= !S_ISGID;
-        }
-        old != self.mode
-    }
-}
-
-#[derive(Default)]
-struct FileData {
-    /// Chunk index -> chunk. Missing chunks read as zeros; bytes past the file size are always zero.
-    chunks: BTreeMap<u64, Box<[u8]>>,
-}
-
-impl FileData {
-    fn blocks(&self) -> u64 {
-        self.chunks.len() as u64 * (CHUNK64 / 512)
-    }
-}
-
-enum Body {
-    File(RwLock<FileData>),
-    Symlink(Box<[u8]>),
-    /// Directories (contents live in the tree) and special files.
-    Other,
-}
-
-struct Inode {
-    ino: u64,
-    /// `S_IFMT` bits; never change.
-    kind: u32,
-    meta: RwLock<Meta>,
-    /// References the kernel holds (entries handed out minus FORGETs).
-    lookups: AtomicU64,
-    /// Open handles.
-    opens: AtomicU64,
-    body: Body,
-}
-
-impl Inode {
-    fn meta(&self) -> Meta {
-        *rd(&self.meta)
-    }
-
-    fn update(&self, f: impl FnOnce(&mut Meta)) {
-        f(&mut wr(&self.meta));
-    }
-
-    fn stat(&self) -> Stat {
-        stat_of(self.ino, &rd(&self.meta))
-    }
-}
-
-fn stat_of(ino: u64, m: &Meta) -> Stat {
-    Stat {
-        ino,
-        size: m.size,
-        blocks: m.blocks,
-        atime: m.atime,
-        mtime: m.mtime,
-        ctime: m.ctime,
-        mode: m.mode,
-        nlink: m.nlink,
-        uid: m.uid,
-        gid: m.gid,
-        rdev: m.rdev,
-        blksize: BLOCK_SIZE,
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Child {
-    cookie: u64,
-    ino: u64,
-    /// `DT_*` type.
-    typ: u32,
-}
-
-/// The contents of one directory.
-struct Dir {
-    parent: u64,
-    entries: HashMap<Box<[u8]>, Child>,
-    /// Cookie -> name, for stable READDIR offsets: cookies only grow, so an entry present for the
-    /// whole listing is returned exactly once whatever else changes.
-    order: BTreeMap<u64, Box<[u8]>>,
-    next_cookie: u64,
-}
-
-impl Dir {
-    fn new(parent: u64) -> Self {
-        Dir { parent, entries: HashMap::new(), order: BTreeMap::new(), next_cookie: FIRST_COOKIE }
-    }
-
-    fn get(&self, name: &[u8]) -> Option<Child> {
-        self.entries.get(name).copied()
-    }
-
-    fn insert(&mut self, name: &[u8], ino: u64, kind: u32) {
-        let cookie = self.next_cookie;
-        self.next_cookie += 1;
-        let child = Child { cookie, ino, typ: kind >> 12 };
-        if let Some(old) = self.entries.insert(name.into(), child) {
-            self.order.remove(&old.cookie);
-        }
-        self.order.insert(cookie, name.into());
-    }
-
-    fn remove(&mut self, name: &[u8]) -> Option<Child> {
-        let child = self.entries.remove(name)?;
-        self.order.remove(&child.cookie);
-        Some(child)
-    }
-
-    fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-}
-
-type Tree = IdMap<Dir>;
-
-fn dir_mut(tree: &mut Tree, ino: u64) -> Result<&mut Dir> {
-    tree.get_mut(&ino).ok_or(Error::NotFound)
 }
 
 struct Handle {
@@ -711,8 +484,9 @@ fn read_chunks(data: &FileData, offset: u64, len: usize, w: &mut Writer<'_>) -> 
 
 impl FileSystem for RamFs {
     fn init(&self, capable: u64) -> Result<u64> {
-        // Everything the server can honour suits us; writeback caching is never offered.
-        Ok(capable & !abi::init::WRITEBACK_CACHE)
+        // Everything the server can honour suits us, HANDLE_KILLPRIV included (see `setattr`,
+        // `write` and `open_inode`).
+        Ok(capable)
     }
 
     fn destroy(&self) {
@@ -803,7 +577,10 @@ impl FileSystem for RamFs {
         if explicit_time && !owner {
             return Err(Error::NotPermitted);
         }
-        if (attr.atime.is_some() || attr.mtime.is_some()) && !owner && !m.may(ctx, W_OK) {
+        // A handle open for writing (ftruncate, which also sets mtime to now) already proved
+        // write access.
+        let write_handle = handle.as_ref().is_some_and(|h| h.flags & O_ACCMODE != O_RDONLY);
+        if (attr.atime.is_some() || attr.mtime.is_some()) && !owner && !write_handle && !m.may(ctx, W_OK) {
             return Err(Error::AccessDenied);
         }
         if attr.size.is_some() {
@@ -825,7 +602,10 @@ impl FileSystem for RamFs {
             m.gid = gid;
             changed = true;
         }
-        if (attr.uid.is_some() || attr.gid.is_some()) && !root && inode.kind != S_IFDIR {
+        // With FUSE_HANDLE_KILLPRIV the kernel leaves clearing set-user-id/set-group-id to us: on
+        // chown of a non-directory (by anyone, as Linux does), and on write and truncate by
+        // unprivileged callers.
+        if (attr.uid.is_some() || attr.gid.is_some()) && inode.kind != S_IFDIR {
             m.kill_suid();
         }
         if let Some(mode) = attr.mode {
@@ -1385,6 +1165,10 @@ impl FileSystem for RamFs {
             Err(Error::Exists) if flags & O_EXCL == 0 => {
                 let entry = self.lookup(ctx, parent, name)?;
                 let inode = self.inode(entry.ino)?;
+                if inode.kind == S_IFDIR {
+                    self.forget(ctx, entry.ino, 1);
+                    return Err(Error::IsDir);
+                }
                 match self.open_inode(ctx, inode.clone(), flags, true) {
                     Ok(opened) => Ok((self.entry(&inode), opened)),
                     Err(e) => {
@@ -1445,19 +1229,27 @@ impl FileSystem for RamFs {
         } else if mode == FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE {
             let mut m = wr(&h.inode.meta);
             let end = end.min(m.size);
-            let mut pos = offset;
-            while pos < end {
-                let idx = pos / CHUNK64;
-                let at = (pos % CHUNK64) as usize;
-                let n = (CHUNK - at).min((end - pos) as usize);
-                if n == CHUNK {
-                    if data.chunks.remove(&idx).is_some() {
-                        self.release_chunks(1);
-                    }
-                } else if let Some(chunk) = data.chunks.get_mut(&idx) {
-                    chunk[at..at + n].fill(0);
+            if offset < end {
+                // Whole chunks go (found through the map, never by walking the range, which
+                // may be huge); the partial chunks at either end are zeroed.
+                let first_full = offset.div_ceil(CHUNK64);
+                let end_full = end / CHUNK64;
+                if first_full < end_full {
+                    let mut middle = data.chunks.split_off(&first_full);
+                    let mut tail = middle.split_off(&end_full);
+                    self.release_chunks(middle.len());
+                    data.chunks.append(&mut tail);
                 }
-                pos += n as u64;
+                for (from, to) in
+                    [(offset, end.min(first_full * CHUNK64)), (offset.max(end_full * CHUNK64), end)]
+                {
+                    if from < to {
+                        if let Some(chunk) = data.chunks.get_mut(&(from / CHUNK64)) {
+                            let at = (from % CHUNK64) as usize;
+                            chunk[at..at + (to - from) as usize].fill(0);
+                        }
+                    }
+                }
             }
             m.blocks = data.blocks();
             m.mtime = now;

@@ -1,0 +1,241 @@
+//! The data structures behind [`RamFs`](super::RamFs): inodes with their attributes and file
+//! chunks, directory contents with stable READDIR cookies, and the sharded id tables.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::AtomicU64;
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use super::{BLOCK_SIZE, CHUNK64, FIRST_COOKIE, SHARDS};
+use super::{S_IFDIR, S_IFMT, S_ISGID, S_ISUID, S_ISVTX, S_IXGRP, X_OK};
+use crate::filesystem::{Context, Error, Result, Stat, Timespec};
+
+/// A fast hasher for server-assigned integer keys (node ids, file handles). Names, which the guest
+/// chooses, keep the default DoS-resistant hasher.
+#[derive(Default)]
+pub(super) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+pub(super) type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+
+pub(super) fn rd<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub(super) fn wr<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A map from server-assigned ids, split over [`SHARDS`] locks.
+pub(super) struct Table<V> {
+    pub(super) shards: Box<[RwLock<IdMap<V>>]>,
+}
+
+impl<V: Clone> Table<V> {
+    pub(super) fn new() -> Self {
+        Table { shards: (0..SHARDS).map(|_| RwLock::default()).collect() }
+    }
+
+    pub(super) fn shard(&self, key: u64) -> &RwLock<IdMap<V>> {
+        &self.shards[(key % SHARDS as u64) as usize]
+    }
+
+    pub(super) fn get(&self, key: u64) -> Option<V> {
+        rd(self.shard(key)).get(&key).cloned()
+    }
+
+    pub(super) fn insert(&self, key: u64, value: V) {
+        wr(self.shard(key)).insert(key, value);
+    }
+
+    pub(super) fn remove_if(&self, key: u64, pred: impl FnOnce(&V) -> bool) -> Option<V> {
+        let mut shard = wr(self.shard(key));
+        if shard.get(&key).is_some_and(pred) {
+            shard.remove(&key)
+        } else {
+            None
+        }
+    }
+}
+
+/// Attributes of an inode.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Meta {
+    pub(super) mode: u32,
+    pub(super) uid: u32,
+    pub(super) gid: u32,
+    pub(super) nlink: u32,
+    pub(super) rdev: u32,
+    pub(super) size: u64,
+    pub(super) blocks: u64,
+    pub(super) atime: Timespec,
+    pub(super) mtime: Timespec,
+    pub(super) ctime: Timespec,
+}
+
+impl Meta {
+    /// Whether `ctx` may access this inode with `mask` (`R_OK | W_OK | X_OK`); root may do anything
+    /// but execute a non-directory with no execute bit at all, like the kernel's
+    /// `generic_permission`.
+    pub(super) fn may(&self, ctx: &Context, mask: u32) -> bool {
+        if ctx.uid == 0 {
+            return mask & X_OK == 0 || self.mode & S_IFMT == S_IFDIR || self.mode & 0o111 != 0;
+        }
+        let bits = if ctx.uid == self.uid {
+            self.mode >> 6
+        } else if ctx.gid == self.gid {
+            self.mode >> 3
+        } else {
+            self.mode
+        } & 7;
+        bits & mask == mask
+    }
+
+    /// The sticky-directory rule: in a sticky directory only the owner of the entry or of the
+    /// directory (or root) may remove or rename it.
+    pub(super) fn sticky_denies(&self, ctx: &Context, victim_uid: u32) -> bool {
+        self.mode & S_ISVTX != 0 && ctx.uid != 0 && ctx.uid != self.uid && ctx.uid != victim_uid
+    }
+
+    /// Clears set-user-id, and set-group-id when group-execute is set, as a write or truncate by
+    /// an unprivileged user does. Returns whether anything changed.
+    pub(super) fn kill_suid(&mut self) -> bool {
+        let old = self.mode;
+        self.mode &= !S_ISUID;
+        if self.mode & (S_ISGID | S_IXGRP) == (S_ISGID | S_IXGRP) {
+            self.mode &= !S_ISGID;
+        }
+        old != self.mode
+    }
+}
+
+#[derive(Default)]
+pub(super) struct FileData {
+    /// Chunk index -> chunk. Missing chunks read as zeros; bytes past the file size are always zero.
+    pub(super) chunks: BTreeMap<u64, Box<[u8]>>,
+}
+
+impl FileData {
+    pub(super) fn blocks(&self) -> u64 {
+        self.chunks.len() as u64 * (CHUNK64 / 512)
+    }
+}
+
+pub(super) enum Body {
+    File(RwLock<FileData>),
+    Symlink(Box<[u8]>),
+    /// Directories (contents live in the tree) and special files.
+    Other,
+}
+
+pub(super) struct Inode {
+    pub(super) ino: u64,
+    /// `S_IFMT` bits; never change.
+    pub(super) kind: u32,
+    pub(super) meta: RwLock<Meta>,
+    /// References the kernel holds (entries handed out minus FORGETs).
+    pub(super) lookups: AtomicU64,
+    /// Open handles.
+    pub(super) opens: AtomicU64,
+    pub(super) body: Body,
+}
+
+impl Inode {
+    pub(super) fn meta(&self) -> Meta {
+        *rd(&self.meta)
+    }
+
+    pub(super) fn update(&self, f: impl FnOnce(&mut Meta)) {
+        f(&mut wr(&self.meta));
+    }
+
+    pub(super) fn stat(&self) -> Stat {
+        stat_of(self.ino, &rd(&self.meta))
+    }
+}
+
+pub(super) fn stat_of(ino: u64, m: &Meta) -> Stat {
+    Stat {
+        ino,
+        size: m.size,
+        blocks: m.blocks,
+        atime: m.atime,
+        mtime: m.mtime,
+        ctime: m.ctime,
+        mode: m.mode,
+        nlink: m.nlink,
+        uid: m.uid,
+        gid: m.gid,
+        rdev: m.rdev,
+        blksize: BLOCK_SIZE,
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Child {
+    pub(super) cookie: u64,
+    pub(super) ino: u64,
+    /// `DT_*` type.
+    pub(super) typ: u32,
+}
+
+/// The contents of one directory.
+pub(super) struct Dir {
+    pub(super) parent: u64,
+    pub(super) entries: HashMap<Box<[u8]>, Child>,
+    /// Cookie -> name, for stable READDIR offsets: cookies only grow, so an entry present for the
+    /// whole listing is returned exactly once whatever else changes.
+    pub(super) order: BTreeMap<u64, Box<[u8]>>,
+    pub(super) next_cookie: u64,
+}
+
+impl Dir {
+    pub(super) fn new(parent: u64) -> Self {
+        Dir { parent, entries: HashMap::new(), order: BTreeMap::new(), next_cookie: FIRST_COOKIE }
+    }
+
+    pub(super) fn get(&self, name: &[u8]) -> Option<Child> {
+        self.entries.get(name).copied()
+    }
+
+    pub(super) fn insert(&mut self, name: &[u8], ino: u64, kind: u32) {
+        let cookie = self.next_cookie;
+        self.next_cookie += 1;
+        let child = Child { cookie, ino, typ: kind >> 12 };
+        if let Some(old) = self.entries.insert(name.into(), child) {
+            self.order.remove(&old.cookie);
+        }
+        self.order.insert(cookie, name.into());
+    }
+
+    pub(super) fn remove(&mut self, name: &[u8]) -> Option<Child> {
+        let child = self.entries.remove(name)?;
+        self.order.remove(&child.cookie);
+        Some(child)
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+pub(super) type Tree = IdMap<Dir>;
+
+pub(super) fn dir_mut(tree: &mut Tree, ino: u64) -> Result<&mut Dir> {
+    tree.get_mut(&ino).ok_or(Error::NotFound)
+}
