@@ -5,7 +5,7 @@
 //! - [`pci`]: the PCI function and virtio-pci transport as a pure register model.
 //! - [`memory`]: DMA windows mapped with vm-memory and published to pollers as snapshots.
 //! - [`poller`]: the data plane: threads that own virtqueues and hand requests to a
-//!   [`RequestHandler`].
+//!   [`poller::RequestHandler`].
 //! - [`config`]: hardware profiles.
 #![deny(missing_docs)]
 
