@@ -52,7 +52,11 @@ impl RunningDevice {
     }
 
     /// Starts a device whose requests go to `handler`.
-    pub fn start_with(socket: &Path, profile: Profile, handler: Arc<dyn RequestHandler>) -> Result<Self, ServerError> {
+    pub fn start_with(
+        socket: &Path,
+        profile: Profile,
+        handler: Arc<dyn RequestHandler>,
+    ) -> Result<Self, ServerError> {
         let server = vfio_user::Server::bind(socket, &profile, handler)?;
         let stop = server.stop_handle();
         let stats = server.stats();

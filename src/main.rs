@@ -42,7 +42,7 @@ fn main() -> ExitCode {
     if let Some(tag) = args.tag {
         profile.tag = tag;
     }
-    if let Err(e) = profile.validate() {
+    if let Err(e) = profile.validate().and_then(|()| profile.check_machine()) {
         error!("{}", error_chain(&e));
         return ExitCode::from(2);
     }
@@ -53,7 +53,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    info!("tag {:?}, {} request queue(s) of up to {} entries", profile.tag, profile.request_queues, profile.queue_size);
+    info!(
+        "tag {:?}, {} request queue(s) of up to {} entries",
+        profile.tag, profile.request_queues, profile.queue_size
+    );
     let device = match RunningDevice::start(&args.socket_path, profile) {
         Ok(d) => d,
         Err(e) => {

@@ -42,6 +42,17 @@ pub enum ConfigError {
     },
 }
 
+/// How pollers behave when their queues are idle.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Polling {
+    /// Never sleep: lowest latency, one core per poller.
+    Busy,
+    /// Spin for `idle_spin_us`, then sleep up to `idle_sleep_us` at a time.
+    #[default]
+    Adaptive,
+}
+
 /// A hardware profile: the device's shape and its poller placement.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
@@ -56,8 +67,11 @@ pub struct Profile {
     pub queue_size: u16,
     /// CPU cores the pollers are pinned to; one poller per entry. Empty: one unpinned poller.
     pub poller_cores: Vec<usize>,
+    /// `busy`: pollers never sleep (a dedicated core, as on a DPU); `adaptive`: after
+    /// `idle_spin_us` without work they back off to sleeps of at most `idle_sleep_us` (shared cores).
+    pub polling: Polling,
     /// How long a poller keeps busy-polling after its queues went idle before it backs off, in
-    /// microseconds.
+    /// microseconds (adaptive polling).
     pub idle_spin_us: u64,
     /// Longest sleep of an idle poller, in microseconds (the worst wake-up latency it adds).
     pub idle_sleep_us: u64,
@@ -71,6 +85,7 @@ impl Default for Profile {
             request_queues: 1,
             queue_size: 128,
             poller_cores: Vec::new(),
+            polling: Polling::Adaptive,
             idle_spin_us: 50,
             idle_sleep_us: 200,
         }
@@ -116,10 +131,6 @@ impl Profile {
                 format!("must be a power of two from 2 to {MAX_QUEUE_SIZE}, got {}", self.queue_size),
             );
         }
-        let cores = core_affinity::get_core_ids().map(|c| c.len()).unwrap_or(usize::MAX);
-        if let Some(c) = self.poller_cores.iter().find(|&&c| c >= cores) {
-            return invalid("poller_cores", format!("core {c} does not exist (this machine has {cores})"));
-        }
         let mut sorted = self.poller_cores.clone();
         sorted.sort_unstable();
         if sorted.windows(2).any(|w| w[0] == w[1]) {
@@ -140,6 +151,19 @@ impl Profile {
         }
         if self.idle_spin_us > 10_000_000 {
             return invalid("idle_spin_us", format!("must be at most 10000000, got {}", self.idle_spin_us));
+        }
+        Ok(())
+    }
+
+    /// Checks the profile fits this machine (every poller core exists). Separate from
+    /// [`Profile::validate`] so that profiles of other hardware can be checked anywhere.
+    pub fn check_machine(&self) -> Result<(), ConfigError> {
+        let cores = core_affinity::get_core_ids().map(|c| c.len()).unwrap_or(usize::MAX);
+        if let Some(c) = self.poller_cores.iter().find(|&&c| c >= cores) {
+            return Err(ConfigError::Invalid {
+                key: "poller_cores",
+                reason: format!("core {c} does not exist on this machine ({cores} cores)"),
+            });
         }
         Ok(())
     }
@@ -185,9 +209,12 @@ mod tests {
         assert_eq!(key_of("request_queues = 0"), "request_queues");
         assert_eq!(key_of("tag = \"\""), "tag");
         assert_eq!(key_of(&format!("tag = \"{}\"", "a".repeat(37))), "tag");
-        assert_eq!(key_of("poller_cores = [100000]"), "poller_cores");
+        let far = Profile::from_toml("request_queues = 4\npoller_cores = [100000]").unwrap();
+        assert!(matches!(far.check_machine(), Err(ConfigError::Invalid { key: "poller_cores", .. })));
         assert_eq!(key_of("poller_cores = [0, 0]"), "poller_cores");
         assert_eq!(key_of("idle_sleep_us = 0"), "idle_sleep_us");
+        assert!(key_of("polling = \"sometimes\"").contains("polling"));
+        assert_eq!(Profile::from_toml("polling = \"busy\"").unwrap().polling, Polling::Busy);
     }
 
     #[test]

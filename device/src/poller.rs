@@ -4,9 +4,10 @@
 //! requests the driver made available, hand each validated chain to the [`RequestHandler`], push
 //! the used entries, publish the used index once per queue per round, then decide interrupts per
 //! EVENT_IDX/NO_INTERRUPT and write each needed MSI-X eventfd once. Doorbells are never waited for:
-//! the rings are polled (the notify area is plain shared memory). After `idle_spin_us` without
-//! work a poller backs off to short sleeps (at most `idle_sleep_us`) so that many devices can share
-//! few cores; any control message wakes it at once.
+//! the rings are polled (the notify area is plain shared memory). With `polling = "busy"` a
+//! poller never sleeps (a dedicated DPU core); with `"adaptive"`, after `idle_spin_us` without work
+//! it backs off to short sleeps (at most `idle_sleep_us`) so that many devices can share few cores;
+//! any control message wakes it at once.
 //!
 //! The control plane talks to pollers only by messages ([`PollerSet`]): start/stop queues, a new
 //! guest-memory snapshot, new interrupt eventfds. Every message is acknowledged after the poller
@@ -24,7 +25,7 @@ use std::time::{Duration, Instant};
 use log::{debug, error, warn};
 use vm_memory::VolatileSlice;
 
-use crate::config::Profile;
+use crate::config::{Polling, Profile};
 use crate::memory::GuestMem;
 use crate::pci::features;
 use crate::pci::msix::MsixShared;
@@ -113,6 +114,7 @@ struct Ctx {
     handler: Arc<dyn RequestHandler>,
     msix: Arc<MsixShared>,
     stats: Arc<QueueStats>,
+    busy: bool,
     spin: Duration,
     sleep: Duration,
 }
@@ -145,6 +147,7 @@ impl PollerSet {
                 handler: handler.clone(),
                 msix: msix.clone(),
                 stats: stats.clone(),
+                busy: profile.polling == Polling::Busy,
                 spin: Duration::from_micros(profile.idle_spin_us),
                 sleep: Duration::from_micros(profile.idle_sleep_us),
             };
@@ -313,7 +316,7 @@ fn run(ctx: Ctx) {
             last_work = Instant::now();
         } else if queues.is_empty() {
             std::thread::park_timeout(Duration::from_millis(100));
-        } else if last_work.elapsed() >= ctx.spin {
+        } else if !ctx.busy && last_work.elapsed() >= ctx.spin {
             std::thread::park_timeout(ctx.sleep);
         } else {
             std::hint::spin_loop();
