@@ -1,0 +1,159 @@
+#!/bin/bash
+# tools/vm/setup.sh [CACHE]
+#
+# Idempotently installs everything the guest test harness needs, from Debian
+# packages and crates.io only, into CACHE (default: ${VM_CACHE:-/var/tmp/virtiofs-dpu-vm}):
+#
+#   CACHE/chroot/     Debian trixie minbase chroot with qemu-system-x86 (from
+#                     trixie-backports: QEMU >= 10.1 is needed for vfio-user-pci),
+#                     virtiofsd, busybox-static, fio. Never entered at run time:
+#                     its binaries run on the host through the chroot's own ld.so.
+#   CACHE/kernel/     extracted trixie linux-image (virtio_pci, fuse and virtiofs
+#                     are built in, so the guest needs no modules)
+#   CACHE/tools/bin/  pjdfstest (crates.io 0.2.x) and fsx (crates.io 0.3.x),
+#                     built on the host with cargo (--locked)
+#   CACHE/bin/        wrappers: qemu-system-x86_64, virtiofsd, busybox
+#   CACHE/stamps/     one stamp per step; a step re-runs when its stamp is
+#                     missing or records different inputs
+#
+# Needs root (apt-get, debootstrap, chroot) and cargo on PATH. Host: Debian 12+ x86_64.
+# Env: VM_CACHE, MIRROR (Debian mirror URL), CARGO_JOBS (default: nproc).
+set -euo pipefail
+
+CACHE=${1:-${VM_CACHE:-/var/tmp/virtiofs-dpu-vm}}
+mkdir -p "$CACHE"
+CACHE=$(cd "$CACHE" && pwd)
+MIRROR=${MIRROR:-http://deb.debian.org/debian}
+SUITE=trixie
+C=$CACHE/chroot
+ST=$CACHE/stamps
+mkdir -p "$ST" "$CACHE/bin"
+echo "=== setup.sh $(date)" >> "$CACHE/setup.log"
+
+log() { echo "[vm-setup $(date +%T)] $*"; }
+die() { echo "[vm-setup] ERROR: $*" >&2; exit 1; }
+# stamp_ok NAME CONTENT: true when step NAME already ran with the same inputs
+stamp_ok() { [ -f "$ST/$1" ] && [ "$(cat "$ST/$1")" = "$2" ]; }
+stamp_set() { printf '%s' "$2" > "$ST/$1"; }
+# quiet: run a command with its output in CACHE/setup.log; show the tail if it fails
+quiet() {
+  local rc=0
+  echo "+ $*" >> "$CACHE/setup.log"
+  "$@" < /dev/null >> "$CACHE/setup.log" 2>&1 || rc=$?
+  if [ $rc -ne 0 ]; then
+    tail -n 40 "$CACHE/setup.log" >&2
+    die "failed (rc=$rc): $* (full log: $CACHE/setup.log)"
+  fi
+}
+
+[ "$(id -u)" = 0 ] || die "must run as root"
+[ "$(uname -m)" = x86_64 ] || die "x86_64 host required"
+
+# ---------------------------------------------------------------- 1. host packages
+# debootstrap builds the chroot; libacl1-dev lets pjdfstest (exacl crate) link.
+HOST_PKGS="debootstrap libacl1-dev"
+if ! stamp_ok host-pkgs "$HOST_PKGS"; then
+  missing=""
+  for p in $HOST_PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $p"
+  done
+  if [ -n "$missing" ]; then
+    log "apt-get install on host:$missing"
+    quiet timeout 600 apt-get update
+    quiet env DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y --no-install-recommends $missing
+  fi
+  stamp_set host-pkgs "$HOST_PKGS"
+fi
+
+# ---------------------------------------------------------------- 2. trixie chroot
+if ! stamp_ok debootstrap "$SUITE $MIRROR"; then
+  log "debootstrap $SUITE -> $C"
+  rm -rf "$C"
+  mkdir -p "$CACHE/debs"
+  quiet timeout 1200 debootstrap --variant=minbase --cache-dir="$CACHE/debs" "$SUITE" "$C" "$MIRROR"
+  rm -f "$ST/chroot-pkgs" "$ST/kernel"
+  stamp_set debootstrap "$SUITE $MIRROR"
+fi
+
+# ---------------------------------------------------------------- 3. chroot packages
+# qemu-system-x86 must come from backports (vfio-user-pci appeared in QEMU 10.1).
+BPO_PKGS="qemu-system-x86"
+PKGS="virtiofsd busybox-static fio libacl1"
+if ! stamp_ok chroot-pkgs "$BPO_PKGS / $PKGS"; then
+  log "installing in chroot: $BPO_PKGS (backports) $PKGS"
+  printf 'deb %s %s main\ndeb %s %s-backports main\n' "$MIRROR" "$SUITE" "$MIRROR" "$SUITE" \
+    > "$C/etc/apt/sources.list"
+  printf 'APT::Install-Recommends "false";\nAPT::Install-Suggests "false";\n' \
+    > "$C/etc/apt/apt.conf.d/90vm-harness"
+  quiet timeout 600 chroot "$C" apt-get update
+  quiet timeout 1200 chroot "$C" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -t "$SUITE-backports" $BPO_PKGS
+  quiet timeout 1200 chroot "$C" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y $PKGS
+  quiet chroot "$C" apt-get clean
+  stamp_set chroot-pkgs "$BPO_PKGS / $PKGS"
+fi
+
+# ---------------------------------------------------------------- 4. guest kernel
+# The image .deb is downloaded and extracted, not installed (that would pull in
+# initramfs-tools). KPKG overrides the package (e.g. a backports kernel).
+KPKG=${KPKG:-$(chroot "$C" apt-cache depends "linux-image-amd64/$SUITE" 2>/dev/null |
+               awk '/Depends: linux-image-[0-9]/{print $2; exit}')}
+[ -n "$KPKG" ] || die "cannot resolve the trixie kernel package"
+if ! stamp_ok kernel "$KPKG" || [ ! -e "$CACHE/kernel/vmlinuz" ]; then
+  log "downloading + extracting $KPKG"
+  rm -rf "$CACHE/kernel" "$C/tmp/kdl"
+  mkdir -p "$C/tmp/kdl"
+  quiet timeout 900 chroot "$C" sh -c "cd /tmp/kdl && apt-get -o APT::Sandbox::User=root download $KPKG"
+  dpkg-deb -x "$C"/tmp/kdl/*.deb "$CACHE/kernel"
+  # the drivers the guest needs are built in: drop the 100 MB of modules
+  rm -rf "$C/tmp/kdl" "$CACHE/kernel/lib/modules" "$CACHE/kernel/usr/lib/modules"
+  vmlinuz=$(ls "$CACHE"/kernel/boot/vmlinuz-* | head -1)
+  ln -sf "$vmlinuz" "$CACHE/kernel/vmlinuz"
+  for opt in VIRTIO_PCI FUSE_FS VIRTIO_FS DEVTMPFS; do
+    grep -q "^CONFIG_$opt=y" "$CACHE"/kernel/boot/config-* || die "kernel lacks CONFIG_$opt=y"
+  done
+  stamp_set kernel "$KPKG"
+fi
+
+# ---------------------------------------------------------------- 5. host wrappers
+# Trixie binaries run on an older host through the chroot's loader and libs;
+# no chroot(2) or bind mounts at run time, paths and sockets stay host paths.
+LP="$C/usr/lib/x86_64-linux-gnu:$C/lib/x86_64-linux-gnu"
+LDSO="$C/lib64/ld-linux-x86-64.so.2"
+write_wrapper() { # NAME BODY
+  printf '#!/bin/sh\n# generated by tools/vm/setup.sh\n%s\n' "$2" > "$CACHE/bin/$1.tmp"
+  chmod +x "$CACHE/bin/$1.tmp"
+  mv "$CACHE/bin/$1.tmp" "$CACHE/bin/$1"
+}
+# ld.so is /proc/self/exe, so QEMU needs explicit firmware dirs and module dir.
+write_wrapper qemu-system-x86_64 "QEMU_MODULE_DIR='$C/usr/lib/x86_64-linux-gnu/qemu'; export QEMU_MODULE_DIR
+exec '$LDSO' --library-path '$LP' '$C/usr/bin/qemu-system-x86_64' -L '$C/usr/share/qemu' -L '$C/usr/share/seabios' \"\$@\""
+write_wrapper virtiofsd "exec '$LDSO' --library-path '$LP' '$C/usr/libexec/virtiofsd' \"\$@\""
+write_wrapper busybox "exec '$C/usr/bin/busybox' \"\$@\""
+
+"$CACHE/bin/qemu-system-x86_64" -device help 2>/dev/null | grep -q '"vfio-user-pci"' ||
+  die "QEMU has no vfio-user-pci device"
+
+# ---------------------------------------------------------------- 6. guest test tools
+# Host-built with the host toolchain (glibc of the host <= trixie's, so they
+# run on the guest's trixie libs). --locked: the crates' own Cargo.lock.
+PJDFSTEST_VER=${PJDFSTEST_VER:-0.2.2}
+FSX_VER=${FSX_VER:-0.3.2}
+command -v cargo >/dev/null || die "cargo not on PATH"
+JOBS=${CARGO_JOBS:-$(nproc)}
+for spec in "pjdfstest $PJDFSTEST_VER" "fsx $FSX_VER"; do
+  crate=${spec% *}; ver=${spec#* }
+  if ! stamp_ok "crate-$crate" "$ver" || [ ! -x "$CACHE/tools/bin/$crate" ]; then
+    log "cargo install $crate $ver"
+    quiet env CARGO_TARGET_DIR="$CACHE/cargo-target" timeout 1800 \
+      cargo install --locked --force -j "$JOBS" --root "$CACHE/tools" --version "=$ver" "$crate"
+    stamp_set "crate-$crate" "$ver"
+  fi
+done
+rm -rf "$CACHE/cargo-target"   # ~300 MB of build products, not needed any more
+
+log "QEMU: $("$CACHE/bin/qemu-system-x86_64" --version | head -1)"
+log "virtiofsd: $("$CACHE/bin/virtiofsd" --version 2>&1 | head -1)"
+log "kernel: $KPKG; tools: $(ls "$CACHE/tools/bin" | tr '\n' ' ')"
+log "done: $CACHE ($(du -sh "$CACHE" 2>/dev/null | cut -f1))"
