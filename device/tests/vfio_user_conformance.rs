@@ -727,3 +727,30 @@ fn garbage_never_kills_the_server() {
         c.still_serves();
     }
 }
+
+#[test]
+fn pipelined_maps_keep_descriptors_with_their_message() {
+    // QEMU sends DMA_MAP/DMA_UNMAP asynchronously, back to back; descriptors must stay with the
+    // message that carried them even when the server reads several messages at once.
+    let dev = Dev::start();
+    let mut c = dev.client();
+    let mem = memfd("guest", 0x100000).unwrap();
+    let mut ids = Vec::new();
+    for i in 0..200u64 {
+        let addr = (i % 2) * 0x100000;
+        let m = wire::DmaMap { argsz: 32, flags: 3, offset: 0, address: addr, size: 0x100000 };
+        let (id, b) = c.msg(cmd::DMA_MAP, 0, m.as_slice());
+        c.send_raw(&b, &[mem.as_raw_fd()]);
+        ids.push(id);
+        let u = wire::DmaUnmap { argsz: 24, flags: 0, address: addr, size: 0x100000 };
+        let (id, b) = c.msg(cmd::DMA_UNMAP, 0, u.as_slice());
+        c.send_raw(&b, &[]);
+        ids.push(id);
+    }
+    for id in ids {
+        let r = c.recv();
+        assert_eq!(r.hdr.msg_id, id);
+        assert_eq!(r.errno(), 0, "command {} failed", r.hdr.command);
+    }
+    c.still_serves();
+}

@@ -5,12 +5,12 @@
 //! - A message larger than we accept is answered E2BIG and its `msg_size` bytes are drained
 //!   without being buffered.
 //! - Otherwise the whole message is read, handled, and consumed, whatever the handler says.
+//! - Reads stop at message boundaries, so descriptors are attributed to the right message.
 //!
 //! Error replies carry the real errno. A command with NO_REPLY gets no reply, not even on error
-//! (the error is logged). File descriptors travel with the first byte of the message they belong
-//! to; descriptors a command does not take are closed and the command fails with EINVAL.
+//! (the error is logged). Descriptors a command does not take are closed and the command fails
+//! with EINVAL.
 
-use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, ErrorKind};
 use std::os::fd::AsRawFd;
@@ -92,14 +92,13 @@ struct Device {
 /// One connected client.
 struct Conn {
     sock: UnixStream,
-    /// Bytes received and not yet consumed; `buf[0]` is at stream offset `base`.
+    /// The bytes of the current message received so far (header first).
     buf: Vec<u8>,
-    base: u64,
-    /// Received descriptors with the stream offset of the byte they came with.
-    fds: VecDeque<(u64, File)>,
-    /// Stream offsets where the kernel dropped descriptors (too many in one message).
-    fd_overflow: Vec<u64>,
-    /// Bytes of an oversized message still to drop.
+    /// Descriptors received with the current message.
+    fds: Vec<File>,
+    /// The kernel dropped descriptors of the current message (more than we accept).
+    fd_overflow: bool,
+    /// Bytes of a refused message still to drop.
     discard: u64,
     negotiated: bool,
 }
@@ -244,9 +243,8 @@ impl Server {
         self.conn = Some(Conn {
             sock,
             buf: Vec::with_capacity(64 << 10),
-            base: 0,
-            fds: VecDeque::new(),
-            fd_overflow: Vec::new(),
+            fds: Vec::new(),
+            fd_overflow: false,
             discard: 0,
             negotiated: false,
         });
@@ -262,133 +260,99 @@ impl Server {
         self.dev.reset_all();
     }
 
+    /// Reads what the client sent, one message at a time, and handles each complete message.
+    ///
+    /// Reads never cross a message boundary: a unix stream socket glues fd-less data in front of a
+    /// chunk that carries descriptors into one `recvmsg`, so the only way to know which message a
+    /// descriptor belongs to is to ask for no more than the rest of the current message.
     fn client_ready(&mut self) {
-        let Some(conn) = self.conn.as_mut() else {
-            return;
-        };
-        let mut eof = false;
         let mut chunk = vec![0u8; 64 << 10];
         loop {
+            let Some(conn) = self.conn.as_mut() else { return };
+            let want = conn.wanted().min(chunk.len());
             let mut fds = Vec::new();
-            match wire::recv_with_fds(&conn.sock, &mut chunk, &mut fds) {
-                Ok(r) if r.bytes == 0 => {
-                    eof = true;
-                    break;
-                }
+            match wire::recv_with_fds(&conn.sock, &mut chunk[..want], &mut fds) {
+                Ok(r) if r.bytes == 0 => break,
                 Ok(r) => {
-                    let at = conn.base + conn.buf.len() as u64;
-                    if r.truncated_fds {
-                        conn.fd_overflow.push(at);
+                    conn.fd_overflow |= r.truncated_fds;
+                    if conn.discard > 0 {
+                        conn.discard -= r.bytes as u64;
+                        continue; // descriptors of a dropped message are closed here
                     }
-                    conn.fds.extend(fds.into_iter().map(|f| (at, f)));
+                    conn.fds.extend(fds);
                     conn.buf.extend_from_slice(&chunk[..r.bytes]);
-                    // Drain what we have before reading more, so the buffer stays bounded.
-                    if conn.buf.len() >= MAX_MSG_SIZE {
+                    if !self.message_progress() {
                         break;
                     }
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => {
                     warn!("receive failed: {e}");
-                    eof = true;
                     break;
                 }
             }
         }
-        let alive = self.process();
-        if eof || !alive {
-            self.disconnect();
-        } else if self.conn.as_ref().is_some_and(|c| c.buf.len() >= MAX_MSG_SIZE) {
-            // More is waiting in the socket; the level-triggered... mio is edge-triggered: go again.
-            self.client_ready();
-        }
+        self.disconnect();
     }
 
-    /// Handles every complete message in the buffer. Returns false if the client must be dropped.
-    fn process(&mut self) -> bool {
-        loop {
-            let Some(conn) = self.conn.as_mut() else {
-                return false;
-            };
-            if conn.discard > 0 {
-                let n = conn.discard.min(conn.buf.len() as u64) as usize;
-                conn.consume(n);
-                conn.discard -= n as u64;
-                if conn.discard > 0 {
-                    return true;
-                }
-                continue;
-            }
-            let Some(hdr) = wire::read_obj::<Header>(&conn.buf) else {
-                return true;
-            };
-            let size = hdr.msg_size as usize;
-            if hdr.flags & wire::FLAG_TYPE_MASK != wire::FLAG_COMMAND {
+    /// Acts on the bytes of the current message: checks the header once it is complete, and
+    /// handles the message once its payload is. Returns false if the client must be dropped.
+    fn message_progress(&mut self) -> bool {
+        let Some(conn) = self.conn.as_mut() else { return false };
+        let Some(hdr) = wire::read_obj::<Header>(&conn.buf) else { return true };
+        let size = hdr.msg_size as usize;
+        if conn.buf.len() == HEADER_SIZE {
+            // Header just completed: decide how this message is framed.
+            let verdict = if hdr.flags & wire::FLAG_TYPE_MASK != wire::FLAG_COMMAND {
                 warn!("message {} from the client is not a command (flags {:#x})", hdr.msg_id, hdr.flags);
-                let take = size.clamp(HEADER_SIZE, MAX_MSG_SIZE);
-                if conn.buf.len() < take {
-                    return true;
-                }
-                conn.consume(take);
-                continue;
-            }
-            if size < HEADER_SIZE {
+                Some(None)
+            } else if size < HEADER_SIZE {
                 warn!("message {}: size {size} is smaller than a header", hdr.msg_id);
-                let r = conn.reply(&hdr, Err(libc::EINVAL));
-                conn.consume(HEADER_SIZE);
-                if r.is_err() {
-                    return false;
-                }
-                continue;
-            }
-            if size > MAX_MSG_SIZE {
+                Some(Some(libc::EINVAL))
+            } else if size > MAX_MSG_SIZE {
                 warn!("message {}: size {size} exceeds {MAX_MSG_SIZE}", hdr.msg_id);
-                let r = conn.reply(&hdr, Err(libc::E2BIG));
-                conn.discard = size as u64;
-                if r.is_err() {
-                    return false;
-                }
-                continue;
-            }
-            if conn.buf.len() < size {
-                return true;
-            }
-            let end = conn.base + size as u64;
-            let mut fds = Vec::new();
-            while conn.fds.front().is_some_and(|(at, _)| *at < end) {
-                if let Some((_, f)) = conn.fds.pop_front() {
-                    fds.push(f);
-                }
-            }
-            let overflow = conn.fd_overflow.iter().any(|&at| at < end);
-            conn.fd_overflow.retain(|&at| at >= end);
-            let payload = conn.buf[HEADER_SIZE..size].to_vec();
-            let negotiated = conn.negotiated;
-            let result = if overflow {
-                Err(libc::EINVAL)
-            } else if hdr.command != cmd::VERSION && !negotiated {
-                warn!("command {} before VERSION", hdr.command);
-                Err(libc::EINVAL)
+                Some(Some(libc::E2BIG))
             } else {
-                self.dispatch(&hdr, &payload, fds)
+                None
             };
-            let Some(conn) = self.conn.as_mut() else {
-                return false;
-            };
-            if hdr.command == cmd::VERSION && result.is_ok() {
-                conn.negotiated = true;
-            }
-            if let Err(errno) = &result {
-                debug!("command {} (msg {}) failed: errno {errno}", hdr.command, hdr.msg_id);
-            }
-            let r = conn.reply(&hdr, result);
-            conn.consume(size);
-            if let Err(e) = r {
-                warn!("cannot send reply: {e}");
-                return false;
+            if let Some(errno) = verdict {
+                conn.discard = (size.max(HEADER_SIZE) - HEADER_SIZE) as u64;
+                let r = errno.map_or(Ok(()), |e| conn.reply(&hdr, Err(e)));
+                conn.next_message();
+                return r.is_ok();
             }
         }
+        if conn.buf.len() < size {
+            return true;
+        }
+        let fds = std::mem::take(&mut conn.fds);
+        let overflow = conn.fd_overflow;
+        let payload = std::mem::take(&mut conn.buf);
+        let negotiated = conn.negotiated;
+        let result = if overflow {
+            warn!("message {}: too many file descriptors", hdr.msg_id);
+            Err(libc::EINVAL)
+        } else if hdr.command != cmd::VERSION && !negotiated {
+            warn!("command {} before VERSION", hdr.command);
+            Err(libc::EINVAL)
+        } else {
+            self.dispatch(&hdr, &payload[HEADER_SIZE..], fds)
+        };
+        let Some(conn) = self.conn.as_mut() else { return false };
+        conn.buf = payload;
+        conn.next_message();
+        if hdr.command == cmd::VERSION && result.is_ok() {
+            conn.negotiated = true;
+        }
+        if let Err(errno) = &result {
+            debug!("command {} (msg {}) failed: errno {errno}", hdr.command, hdr.msg_id);
+        }
+        if let Err(e) = conn.reply(&hdr, result) {
+            warn!("cannot send reply: {e}");
+            return false;
+        }
+        true
     }
 
     fn dispatch(&mut self, hdr: &Header, payload: &[u8], fds: Vec<File>) -> CmdResult {
@@ -426,13 +390,22 @@ impl Server {
 }
 
 impl Conn {
-    fn consume(&mut self, n: usize) {
-        self.buf.drain(..n);
-        self.base += n as u64;
-        let base = self.base;
-        while self.fds.front().is_some_and(|(at, _)| *at < base) {
-            self.fds.pop_front(); // descriptors of consumed bytes that no command took
+    /// How many bytes to ask the socket for: never past the end of the current message.
+    fn wanted(&self) -> usize {
+        if self.discard > 0 {
+            return usize::try_from(self.discard).unwrap_or(usize::MAX);
         }
+        match wire::read_obj::<Header>(&self.buf) {
+            None => HEADER_SIZE - self.buf.len(),
+            Some(h) => (h.msg_size as usize).saturating_sub(self.buf.len()).max(1),
+        }
+    }
+
+    /// Forgets the current message (its unused descriptors are closed).
+    fn next_message(&mut self) {
+        self.buf.clear();
+        self.fds.clear();
+        self.fd_overflow = false;
     }
 
     fn reply(&self, req: &Header, result: CmdResult) -> io::Result<()> {
@@ -648,8 +621,9 @@ impl Device {
             if req.argsz >= info.argsz {
                 fds.push(self.notify_mem.try_clone().map_err(|_| libc::EIO)?);
             } else {
-                caps.clear(); // Too small: the client asks again with argsz.
-                info.cap_offset = 0;
+                // Too small: the client asks again with argsz. cap_offset still says where the
+                // caps will be (QEMU rejects CAPS with a cap_offset inside the fixed struct).
+                caps.clear();
             }
         }
         let mut out = info.as_slice().to_vec();
