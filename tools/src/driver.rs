@@ -13,6 +13,9 @@
 //! then the in-arguments in one buffer, then data pages; device-writable `fuse_out_header`, the
 //! out-arguments, then data pages. FORGET goes to the hiprio queue (0) as one 48-byte buffer.
 //!
+//! [`FsDriver::run_closed_loop`] keeps N requests outstanding (fio's iodepth) and handles a full
+//! virtqueue per [`QueueFullPolicy`], Linux's before and since 6.11; see `driver/closed_loop.rs`.
+//!
 //! Replies are validated (the out header's `len` equals the used length, `unique` matches, errors
 //! are negative errnos with no payload, fixed-size replies have their exact size) so a device bug
 //! surfaces as [`DriverError::BadReply`] or [`DriverError::Queue`] instead of silent corruption.
@@ -40,6 +43,10 @@ use crate::vfio_user::{
 };
 use crate::virtio::{self, features, CapLocation, Layout, Transport, TransportError};
 use crate::virtqueue::{QueueError, Segment, SplitQueue};
+
+mod closed_loop;
+
+pub use closed_loop::{slot_pattern, IoDone, IoSpec, LoopConfig, LoopReport, MAX_IN_ARGS, MAX_OUT_ARGS};
 
 /// Size of `struct virtio_fs_config` the driver reads (`tag[36]` + `num_request_queues`).
 pub const VIRTIO_FS_CONFIG_LEN: u64 = 40;
@@ -77,6 +84,61 @@ pub struct DriverOptions {
     pub spread_requests: bool,
     /// Timeout for vfio-user replies and for FUSE completions.
     pub timeout: Duration,
+    /// What [`FsDriver::run_closed_loop`] does with a request whose virtqueue is full (the
+    /// one-request calls and [`FsDriver::submit`] return [`QueueError::Full`] instead).
+    pub queue_full: QueueFullPolicy,
+}
+
+/// What the driver does with a request that finds its virtqueue full (no free descriptor).
+///
+/// Both park the request on a per-queue list, as Linux's `virtio_fs` does with `queued_reqs`;
+/// they differ in when parked requests are tried again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub enum QueueFullPolicy {
+    /// Linux before 6.11: a work item retries the parked requests 1 ms later
+    /// ([`RETRY_DELAY`]); while the queue is still full it re-arms itself for another 1 ms and the
+    /// request it could not place goes to the back of the list (`list_add_tail`). New requests
+    /// still try the ring directly, so they can overtake parked ones.
+    #[serde(rename = "retry-1ms")]
+    Retry1ms,
+    /// Linux 6.11 and later: parked requests wait in a FIFO that the completion path refills the
+    /// ring from as soon as completions free descriptors; a new request queues behind them.
+    #[default]
+    #[serde(rename = "refill")]
+    Refill,
+}
+
+/// How long the [`QueueFullPolicy::Retry1ms`] policy waits before retrying parked requests.
+pub const RETRY_DELAY: Duration = Duration::from_millis(1);
+
+impl QueueFullPolicy {
+    /// Both policies, oldest first.
+    pub const ALL: [QueueFullPolicy; 2] = [QueueFullPolicy::Retry1ms, QueueFullPolicy::Refill];
+
+    /// The policy's name (`retry-1ms`, `refill`).
+    pub fn name(self) -> &'static str {
+        match self {
+            QueueFullPolicy::Retry1ms => "retry-1ms",
+            QueueFullPolicy::Refill => "refill",
+        }
+    }
+}
+
+impl std::fmt::Display for QueueFullPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for QueueFullPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        QueueFullPolicy::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| format!("unknown queue-full policy {s:?} (retry-1ms or refill)"))
+    }
 }
 
 impl Default for DriverOptions {
@@ -95,6 +157,7 @@ impl Default for DriverOptions {
             mmap_notify: true,
             spread_requests: false,
             timeout: Duration::from_secs(5),
+            queue_full: QueueFullPolicy::default(),
         }
     }
 }
@@ -700,6 +763,11 @@ impl FsDriver {
     /// Requests in flight.
     pub fn in_flight(&self) -> usize {
         self.pending.len()
+    }
+
+    /// Changes the queue-full policy of later closed loops.
+    pub fn set_queue_full(&mut self, policy: QueueFullPolicy) {
+        self.opts.queue_full = policy;
     }
 
     /// Sends typed operations to request queue `q` (1..=N).

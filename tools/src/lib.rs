@@ -10,14 +10,19 @@
 //! - [`virtio`]: the virtio-pci modern register interface (common config, notify, device config).
 //! - [`virtqueue`]: the driver side of a split virtqueue, distrusting the device.
 //! - [`fuse_abi`]: the FUSE wire structures, written independently of the backend crate.
-//! - [`driver`]: [`driver::FsDriver`], which brings the device up and sends FUSE requests.
+//! - [`driver`]: [`driver::FsDriver`], which brings the device up and sends FUSE requests, one at
+//!   a time or as a closed loop with Linux's queue-full policies ([`driver::QueueFullPolicy`]).
+//! - [`mod@bench`]: the `virtiofs-bench` benchmark (latency percentiles, IOPS, bandwidth, the
+//!   shared-memory ping-pong floor, table/JSON/SVG output).
 //!
 //! The driver discovers everything from the device (PCI ids, capabilities, queue counts, tag),
-//! like Linux does; it does not depend on the device crate.
+//! like Linux does; no driver module uses the device crate. Only [`mod@bench`] does, to run the
+//! device in-process.
 #![deny(missing_docs)]
 
 pub mod wire;
 
+pub mod bench;
 pub mod driver;
 pub mod fuse_abi;
 pub mod memory;
@@ -26,5 +31,8 @@ pub mod vfio_user;
 pub mod virtio;
 pub mod virtqueue;
 
-pub use driver::{Completion, DeviceFacts, DriverError, DriverOptions, FsDriver, InitInfo};
+pub use driver::{
+    Completion, DeviceFacts, DriverError, DriverOptions, FsDriver, InitInfo, IoDone, IoSpec, LoopConfig,
+    LoopReport, QueueFullPolicy,
+};
 pub use vfio_user::{Client, ClientError};

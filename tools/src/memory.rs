@@ -17,7 +17,10 @@ use std::os::unix::io::{AsRawFd, FromRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
-use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryMmap};
+use vm_memory::{
+    Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestRegionMmap,
+    MemoryRegionAddress,
+};
 
 /// Errors of the guest memory.
 #[derive(Debug, thiserror::Error)]
@@ -203,27 +206,33 @@ impl GuestRam {
         self.alloc.lock().expect("allocator lock").free(buf.iova - self.iova_base, buf.len.max(1) as u64);
     }
 
-    fn check(&self, iova: u64, len: usize) -> Result<GuestAddress, MemoryError> {
+    /// Checks that `iova..iova + len` is inside guest memory; returns the offset in the (single)
+    /// region, so accesses skip vm-memory's per-access region lookup.
+    fn check(&self, iova: u64, len: usize) -> Result<MemoryRegionAddress, MemoryError> {
         let ok = iova >= self.iova_base
             && (iova - self.iova_base).checked_add(len as u64).is_some_and(|e| e <= self.size);
         if ok {
-            Ok(GuestAddress(iova))
+            Ok(MemoryRegionAddress(iova - self.iova_base))
         } else {
             Err(MemoryError::OutOfRange { iova, len })
         }
     }
 
+    fn region(&self) -> &GuestRegionMmap {
+        self.mem.iter().next().expect("guest RAM is one region")
+    }
+
     /// Writes `data` at `iova`.
     pub fn write(&self, iova: u64, data: &[u8]) -> Result<(), MemoryError> {
         let a = self.check(iova, data.len())?;
-        self.mem.write_slice(data, a).map_err(|_| MemoryError::OutOfRange { iova, len: data.len() })
+        self.region().write_slice(data, a).map_err(|_| MemoryError::OutOfRange { iova, len: data.len() })
     }
 
     /// Reads into `buf` from `iova`.
     pub fn read(&self, iova: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
         let a = self.check(iova, buf.len())?;
         let len = buf.len();
-        self.mem.read_slice(buf, a).map_err(|_| MemoryError::OutOfRange { iova, len })
+        self.region().read_slice(buf, a).map_err(|_| MemoryError::OutOfRange { iova, len })
     }
 
     /// Reads `len` bytes from `iova`.
@@ -248,19 +257,25 @@ impl GuestRam {
     /// Atomic little-endian 16-bit load (ring indexes).
     pub fn load_u16(&self, iova: u64, order: Ordering) -> Result<u16, MemoryError> {
         let a = self.check(iova, 2)?;
-        self.mem.load::<u16>(a, order).map(u16::from_le).map_err(|_| MemoryError::OutOfRange { iova, len: 2 })
+        self.region()
+            .load::<u16>(a, order)
+            .map(u16::from_le)
+            .map_err(|_| MemoryError::OutOfRange { iova, len: 2 })
     }
 
     /// Atomic little-endian 16-bit store (ring indexes).
     pub fn store_u16(&self, iova: u64, v: u16, order: Ordering) -> Result<(), MemoryError> {
         let a = self.check(iova, 2)?;
-        self.mem.store(v.to_le(), a, order).map_err(|_| MemoryError::OutOfRange { iova, len: 2 })
+        self.region().store(v.to_le(), a, order).map_err(|_| MemoryError::OutOfRange { iova, len: 2 })
     }
 
     /// Little-endian 32-bit load.
     pub fn load_u32(&self, iova: u64, order: Ordering) -> Result<u32, MemoryError> {
         let a = self.check(iova, 4)?;
-        self.mem.load::<u32>(a, order).map(u32::from_le).map_err(|_| MemoryError::OutOfRange { iova, len: 4 })
+        self.region()
+            .load::<u32>(a, order)
+            .map(u32::from_le)
+            .map_err(|_| MemoryError::OutOfRange { iova, len: 4 })
     }
 }
 

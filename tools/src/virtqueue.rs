@@ -113,6 +113,10 @@ pub struct SplitQueue {
     avail_flags: u16,
     in_flight: Vec<Option<InFlight>>,
     inflight_count: u16,
+    /// Indirect tables kept per head index for reuse (Linux kmallocs one per request; a reused
+    /// table keeps the driver model's allocator out of the request path).
+    indirect_pool: Vec<Option<DmaBuf>>,
+    scratch: Vec<u8>,
 }
 
 impl SplitQueue {
@@ -152,6 +156,8 @@ impl SplitQueue {
             avail_flags: 0,
             in_flight: vec![None; n],
             inflight_count: 0,
+            indirect_pool: vec![None; n],
+            scratch: Vec::new(),
         })
     }
 
@@ -161,6 +167,9 @@ impl SplitQueue {
             if let Some(b) = f.indirect {
                 mem.free(b);
             }
+        }
+        for b in self.indirect_pool.iter().flatten() {
+            mem.free(*b);
         }
         mem.free(self.desc);
         mem.free(self.avail);
@@ -196,6 +205,15 @@ impl SplitQueue {
         self.inflight_count
     }
 
+    fn encode_desc(addr: u64, len: u32, flags: u16, next: u16) -> [u8; 16] {
+        let mut d = [0u8; 16];
+        d[0..8].copy_from_slice(&addr.to_le_bytes());
+        d[8..12].copy_from_slice(&len.to_le_bytes());
+        d[12..14].copy_from_slice(&flags.to_le_bytes());
+        d[14..16].copy_from_slice(&next.to_le_bytes());
+        d
+    }
+
     fn write_desc(
         mem: &GuestRam,
         table: u64,
@@ -205,12 +223,7 @@ impl SplitQueue {
         flags: u16,
         next: u16,
     ) -> Result<(), MemoryError> {
-        let mut d = [0u8; 16];
-        d[0..8].copy_from_slice(&addr.to_le_bytes());
-        d[8..12].copy_from_slice(&len.to_le_bytes());
-        d[12..14].copy_from_slice(&flags.to_le_bytes());
-        d[14..16].copy_from_slice(&next.to_le_bytes());
-        mem.write(table + 16 * u64::from(i), &d)
+        mem.write(table + 16 * u64::from(i), &Self::encode_desc(addr, len, flags, next))
     }
 
     /// Adds a chain (readable segments first, then writable) and makes it available. Uses an
@@ -243,7 +256,17 @@ impl SplitQueue {
         let mut indirect = None;
         if use_indirect {
             let n = segs.len();
-            let table = mem.alloc(16 * n, 16)?;
+            let table = match self.indirect_pool[usize::from(head)].take() {
+                Some(t) if t.len >= 16 * n => t,
+                old => {
+                    if let Some(t) = old {
+                        mem.free(t);
+                    }
+                    mem.alloc(16 * n, 16)?
+                }
+            };
+            // The whole table in one write.
+            self.scratch.clear();
             for (i, s) in segs.iter().enumerate() {
                 let mut f = if s.write { VRING_DESC_F_WRITE } else { 0 };
                 let nx = if i + 1 < n {
@@ -252,7 +275,11 @@ impl SplitQueue {
                 } else {
                     0
                 };
-                Self::write_desc(mem, table.iova, i as u16, s.addr, s.len, f, nx)?;
+                self.scratch.extend_from_slice(&Self::encode_desc(s.addr, s.len, f, nx));
+            }
+            if let Err(e) = mem.write(table.iova, &self.scratch) {
+                mem.free(table);
+                return Err(e.into());
             }
             Self::write_desc(
                 mem,
@@ -341,7 +368,8 @@ impl SplitQueue {
             )));
         }
         let slot = self.last_used % self.size;
-        let e = mem.read_vec(self.used.iova + 4 + 8 * u64::from(slot), 8)?;
+        let mut e = [0u8; 8];
+        mem.read(self.used.iova + 4 + 8 * u64::from(slot), &mut e)?;
         let id = u32::from_le_bytes(e[0..4].try_into().expect("4 bytes"));
         let len = u32::from_le_bytes(e[4..8].try_into().expect("4 bytes"));
         if id >= u32::from(self.size) {
@@ -367,7 +395,9 @@ impl SplitQueue {
         self.free_head = head;
         self.num_free += f.ndesc;
         if let Some(t) = f.indirect {
-            mem.free(t);
+            if let Some(old) = self.indirect_pool[usize::from(head)].replace(t) {
+                mem.free(old);
+            }
         }
         self.inflight_count -= 1;
         self.last_used = self.last_used.wrapping_add(1);

@@ -27,6 +27,7 @@
 #   --cache DIR | --timeout SEC | --mem SIZE | --smp N | --append ARGS | -e KEY=VAL
 #                        passed to run-guest.sh (see there; VM_* env defaults)
 #   --interactive        console on this terminal (used by dev-vm.sh)
+#   --allow-reboot       a guest reboot resets the machine and its devices (run-guest.sh)
 # Env: DAEMON_WAIT (socket wait, 30 s), RUST_LOG (passed to the daemon).
 set -euo pipefail
 
@@ -52,7 +53,7 @@ while [ $# -gt 0 ]; do
     --tag) TAG=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --cache|--timeout|--mem|--smp|--append|-e) RG_ARGS+=("$1" "$2"); shift 2 ;;
-    --interactive) RG_ARGS+=("$1"); shift ;;
+    --interactive|--allow-reboot) RG_ARGS+=("$1"); shift ;;
     -h|--help) usage ;;
     --) shift; break ;;
     -*) echo "run-device-test: unknown option $1" >&2; usage ;;

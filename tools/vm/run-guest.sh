@@ -20,6 +20,7 @@
 #   --append ARGS     extra kernel command line (VM_APPEND)
 #   -e KEY=VALUE      export KEY=VALUE to the guest script (repeatable)
 #   --interactive     console on this terminal (Ctrl-A X quits), still logged
+#   --allow-reboot    a guest reboot resets the machine (and the devices) instead of ending QEMU
 #   everything after -- goes to QEMU verbatim (devices, chardevs, ...)
 # Env: VM_ACCEL=kvm|tcg forces the accelerator; VM_QEMU overrides the binary;
 #      VM_KEEP=1 keeps the per-run dir (initrd) so FILE.cmd can be re-run by hand.
@@ -33,6 +34,7 @@ MEM=${VM_MEM:-2G}
 SMP=${VM_SMP:-2}
 APPEND=${VM_APPEND:-}
 INTERACTIVE=0
+REBOOT=-no-reboot
 GUEST_ENV=()
 SCRIPT=""
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
@@ -46,6 +48,7 @@ while [ $# -gt 0 ]; do
     --append) APPEND="$APPEND $2"; shift 2 ;;
     -e) GUEST_ENV+=("$2"); shift 2 ;;
     --interactive) INTERACTIVE=1; shift ;;
+    --allow-reboot) REBOOT=""; shift ;;
     -h|--help) usage ;;
     --) shift; break ;;
     -*) echo "run-guest: unknown option $1" >&2; usage ;;
@@ -125,7 +128,7 @@ QARGS=(
   -object "memory-backend-memfd,id=mem,size=$MEM,share=on"
   -kernel "$G/vmlinuz" -initrd "$work/initrd"
   -append "console=ttyS0 panic=-1 quiet loglevel=4 $APPEND"
-  -display none -vga none -nodefaults -no-user-config -no-reboot
+  -display none -vga none -nodefaults -no-user-config ${REBOOT:+$REBOOT}
   "${CONSOLE[@]}" "$@"
 )
 log "accel=$ACCEL smp=$SMP mem=$MEM timeout=${TIMEOUT}s script=$(basename "$SCRIPT") log=$LOG"

@@ -26,6 +26,7 @@ vm_mount() {
     return 1
   fi
   grep " $mnt virtiofs " /proc/mounts
+  echo "VMMOUNT: $tag mounted at $(vm_now)s uptime"
 }
 
 vm_umount() {
@@ -40,7 +41,7 @@ vm_umount() {
 # of lines to ignore.
 vm_dmesg_check() {
   label=${1:-dmesg}
-  bad=$(dmesg | grep -Ei 'virtio.?fs|fuse|virtio|vring|BUG:|WARNING:|Oops|general protection|Call Trace|blocked for more than|rcu.*stall|soft lockup|hung_task|I/O error' |
+  bad=$(dmesg | grep -Ei 'virtio.?fs|fuse|virtio|vring|BUG:|WARNING:|Oops:|general protection|Call Trace|blocked for more than|rcu.*stall|soft lockup|hung_task|I/O error' |
         grep -Eiv 'virtio_(net|blk|rng|console|balloon)|Booting paravirtualized|\] fuse: init \(API version|virtio_fs_setup_dax: No cache capability' |
         { if [ -n "${VM_DMESG_ALLOW:-}" ]; then grep -Eiv "$VM_DMESG_ALLOW"; else cat; fi; } || true)
   if [ -n "$bad" ]; then

@@ -1,0 +1,863 @@
+//! `virtiofs-bench`: latency and bandwidth of the device as the driver model sees them.
+//!
+//! [`run`] measures, in order:
+//!
+//! 1. the **floor**: a shared-memory ping-pong between two threads ([`pingpong`]), before the
+//!    device starts so that no poller competes for a core;
+//! 2. the device, in-process with its RAM filesystem (or an external daemon), brought up by
+//!    [`FsDriver`]; a test file is laid out with WRITEs;
+//! 3. closed loops ([`FsDriver::run_closed_loop`]): 4 KiB random read and write at QD 1, at
+//!    QD = queue size and at QD = 2 x queue size under each [`QueueFullPolicy`]; then 64 KiB and
+//!    1 MiB sequential read and write at QD [`BenchConfig::seq_depth`].
+//!
+//! Each phase has a warm-up that is not recorded; latencies go into an HDR histogram (ns, 3
+//! significant digits) from the moment a request is issued. [`render_table`], JSON (serde) and
+//! [`plot::render_svg`] present a [`BenchReport`].
+//!
+//! Linux caps a virtio-fs request at `queue size - 4` pages (so it fits a ring without indirect
+//! descriptors) and the driver model does too: with 128-entry queues a "1 MiB" operation goes
+//! out as 496 KiB FUSE requests. The table shows the request size actually sent.
+
+pub mod null;
+pub mod pingpong;
+pub mod plot;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::driver::{DriverError, DriverOptions, FsDriver, IoSpec, LoopConfig, LoopReport, QueueFullPolicy};
+use crate::fuse_abi::{self as abi, opcode};
+
+const ROOT: u64 = 1;
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+/// Errors of a benchmark run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The driver failed.
+    #[error("driver")]
+    Driver(#[from] DriverError),
+    /// The in-process device did not start.
+    #[error("cannot start the in-process device")]
+    Device(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A local resource (temporary directory) failed.
+    #[error("I/O")]
+    Io(#[from] std::io::Error),
+    /// The configuration cannot be run.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+/// What serves the in-process device's requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub enum Backend {
+    /// The RAM filesystem (the daemon's backend).
+    #[default]
+    #[serde(rename = "ramfs")]
+    RamFs,
+    /// [`null::NullData`]: READ/WRITE answered at once without data.
+    #[serde(rename = "null")]
+    Null,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ramfs" => Ok(Backend::RamFs),
+            "null" => Ok(Backend::Null),
+            _ => Err(format!("unknown backend {s:?} (ramfs or null)")),
+        }
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// Connect to a running daemon instead of starting the device in-process.
+    pub socket_path: Option<PathBuf>,
+    /// Backend of the in-process device.
+    pub backend: Backend,
+    /// Virtqueue size (device maximum in-process; the driver asks for it).
+    pub queue_size: u16,
+    /// Request queues.
+    pub request_queues: u16,
+    /// Measured time of each phase (after its warm-up).
+    pub duration: Duration,
+    /// Warm-up of each phase (time-based runs).
+    pub warmup: Duration,
+    /// Measured requests per phase instead of a duration (warm-up: a tenth as many more).
+    pub ops: Option<u64>,
+    /// Size of the test file.
+    pub file_size: u64,
+    /// Queue depth of the sequential-bandwidth phases.
+    pub seq_depth: usize,
+    /// The in-process device's `idle_spin_us` (the default keeps its poller spinning, as on a
+    /// dedicated DPU core).
+    pub idle_spin_us: u64,
+    /// Pin the driver thread and the device poller to different cores (when there are two).
+    pub pin: bool,
+    /// Length of the ping-pong measurement.
+    pub floor_duration: Duration,
+    /// Run only some phases: comma-separated filters, each a list of words that must all be
+    /// words of the phase's label (e.g. `randread QD=1,refill` runs `4k randread QD=1` and both
+    /// refill phases).
+    pub only: Option<String>,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        BenchConfig {
+            socket_path: None,
+            backend: Backend::RamFs,
+            queue_size: 128,
+            request_queues: 1,
+            duration: Duration::from_secs(2),
+            warmup: Duration::from_millis(300),
+            ops: None,
+            file_size: 64 << 20,
+            seq_depth: 16,
+            idle_spin_us: 10_000_000,
+            pin: true,
+            floor_duration: Duration::from_secs(1),
+            only: None,
+        }
+    }
+}
+
+/// The machine the run was on.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    /// Logical CPUs available to the process.
+    pub nproc: usize,
+    /// `model name` from /proc/cpuinfo.
+    pub cpu_model: String,
+    /// Kernel release.
+    pub kernel: String,
+    /// Whether /proc/cpuinfo shows the `hypervisor` flag (a virtual machine).
+    pub virtual_machine: bool,
+    /// /proc/loadavg when the run started (other load on the machine).
+    pub loadavg_at_start: String,
+}
+
+impl Machine {
+    /// Reads the machine's description from /proc.
+    pub fn probe() -> Machine {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let field = |name: &str| {
+            cpuinfo
+                .lines()
+                .find(|l| l.split(':').next().is_some_and(|k| k.trim() == name))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        };
+        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default().trim().to_string();
+        Machine {
+            nproc: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            cpu_model: field("model name").unwrap_or_else(|| "unknown".into()),
+            kernel: read("/proc/sys/kernel/osrelease"),
+            virtual_machine: field("flags").is_some_and(|f| f.split_whitespace().any(|x| x == "hypervisor")),
+            loadavg_at_start: read("/proc/loadavg").split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+        }
+    }
+}
+
+/// How the device under test ran.
+#[derive(Debug, Clone, Serialize)]
+pub struct Setup {
+    /// `in-process (RAM filesystem)` or `external daemon at PATH`.
+    pub device: String,
+    /// Queue size in use.
+    pub queue_size: u16,
+    /// Request queues in use.
+    pub request_queues: u16,
+    /// The in-process poller's `idle_spin_us` (None: external daemon, unknown).
+    pub idle_spin_us: Option<u64>,
+    /// The in-process poller's `idle_sleep_us`.
+    pub idle_sleep_us: Option<u64>,
+    /// Core the device poller is pinned to.
+    pub poller_core: Option<usize>,
+    /// Core the driver thread is pinned to.
+    pub driver_core: Option<usize>,
+    /// Negotiated `max_write` (largest request payload).
+    pub max_request: usize,
+    /// Measured time per phase (s), or measured requests per phase.
+    pub per_phase: String,
+}
+
+/// One line of the table.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// Workload name (`4k randread`, `64k seqwrite`, ...).
+    pub workload: String,
+    /// Operation size the application asked for.
+    pub block: usize,
+    /// FUSE request size actually sent (smaller when capped by max_pages).
+    pub request_bytes: usize,
+    /// Requests kept outstanding.
+    pub depth: usize,
+    /// `1`, `Q` or `2Q`.
+    pub depth_label: String,
+    /// Queue-full policy in force (None where the queue never fills).
+    pub policy: Option<QueueFullPolicy>,
+    /// Measured requests.
+    pub ops: u64,
+    /// Median latency, microseconds.
+    pub p50_us: f64,
+    /// 99th percentile, microseconds.
+    pub p99_us: f64,
+    /// 99.9th percentile, microseconds.
+    pub p999_us: f64,
+    /// Largest latency, microseconds.
+    pub max_us: f64,
+    /// Requests per second.
+    pub iops: f64,
+    /// Payload MiB per second.
+    pub mib_s: f64,
+    /// Requests that found the ring full.
+    pub parked: u64,
+    /// Expired 1 ms retry timers.
+    pub retry_timer_fires: u64,
+    /// (percentile, microseconds) from p50 to p99.99, for the plot.
+    pub curve: Vec<(f64, f64)>,
+}
+
+/// A target of the issue, checked against this run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    /// What is compared.
+    pub name: String,
+    /// The measured value.
+    pub value: f64,
+    /// The limit it must not exceed.
+    pub limit: f64,
+    /// Unit of both.
+    pub unit: String,
+    /// value <= limit.
+    pub met: bool,
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    /// The machine.
+    pub machine: Machine,
+    /// The device and driver setup.
+    pub setup: Setup,
+    /// The ping-pong floor.
+    pub floor: pingpong::Floor,
+    /// The table.
+    pub rows: Vec<Row>,
+    /// QD=1 4k randread p50 as a multiple of the floor's p50.
+    pub qd1_read_p50_over_floor: f64,
+    /// The issue's targets.
+    pub targets: Vec<Target>,
+    /// Wall time of the whole run, seconds.
+    pub wall_s: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pattern {
+    Random,
+    Sequential,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Phase {
+    write: bool,
+    pattern: Pattern,
+    block: usize,
+    depth: usize,
+    depth_label: &'static str,
+    policy: Option<QueueFullPolicy>,
+}
+
+impl Phase {
+    fn name(&self) -> String {
+        let size = if self.block >= MIB {
+            format!("{}M", self.block / MIB)
+        } else {
+            format!("{}k", self.block / KIB)
+        };
+        let kind = match self.pattern {
+            Pattern::Random => "rand",
+            Pattern::Sequential => "seq",
+        };
+        format!("{size} {kind}{}", if self.write { "write" } else { "read" })
+    }
+}
+
+impl Phase {
+    fn label(&self) -> String {
+        format!(
+            "{} QD={}{}",
+            self.name(),
+            self.depth,
+            self.policy.map(|p| format!(" {p}")).unwrap_or_default()
+        )
+    }
+}
+
+fn selected(label: &str, filter: &str) -> bool {
+    let words: Vec<&str> = label.split_whitespace().collect();
+    filter.split(',').any(|f| {
+        let f: Vec<&str> = f.split_whitespace().collect();
+        !f.is_empty() && f.iter().all(|w| words.contains(w))
+    })
+}
+
+fn phases(q: usize, seq_depth: usize) -> Vec<Phase> {
+    let mut v = Vec::new();
+    let rand = |write, depth, depth_label, policy| Phase {
+        write,
+        pattern: Pattern::Random,
+        block: 4 * KIB,
+        depth,
+        depth_label,
+        policy,
+    };
+    for write in [false, true] {
+        v.push(rand(write, 1, "1", None));
+    }
+    for write in [false, true] {
+        v.push(rand(write, q, "Q", None));
+    }
+    for write in [false, true] {
+        for p in QueueFullPolicy::ALL {
+            v.push(rand(write, 2 * q, "2Q", Some(p)));
+        }
+    }
+    for block in [64 * KIB, MIB] {
+        for write in [false, true] {
+            v.push(Phase {
+                write,
+                pattern: Pattern::Sequential,
+                block,
+                depth: seq_depth,
+                depth_label: "seq",
+                policy: None,
+            });
+        }
+    }
+    v
+}
+
+/// Fraction -> microseconds at that quantile.
+fn us(h: &Histogram<u64>, q: f64) -> f64 {
+    h.value_at_quantile(q) as f64 / 1000.0
+}
+
+fn curve(h: &Histogram<u64>) -> Vec<(f64, f64)> {
+    // Evenly spaced in "nines" (-log10(1 - q)) from p50 to p99.99.
+    let first = 2f64.log10();
+    let steps = 74;
+    (0..=steps)
+        .map(|k| {
+            let n = first + (4.0 - first) * k as f64 / steps as f64;
+            let q = 1.0 - 10f64.powf(-n);
+            (q * 100.0, us(h, q))
+        })
+        .collect()
+}
+
+fn xorshift(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+struct Bench<'a> {
+    cfg: &'a BenchConfig,
+    d: FsDriver,
+    node: u64,
+    fh: u64,
+    max_request: usize,
+    progress: &'a mut dyn FnMut(&str),
+}
+
+impl Bench<'_> {
+    fn layout(&mut self) -> Result<(), BenchError> {
+        let (e, o) = self.d.create(ROOT, "virtiofs-bench.dat", 0o644, libc::O_RDWR as u32)?;
+        self.node = e.nodeid;
+        self.fh = o.fh;
+        let chunk: Vec<u8> = (0..self.max_request).map(|i| (i as u8).wrapping_mul(7)).collect();
+        let mut off = 0u64;
+        while off < self.cfg.file_size {
+            let n = (self.cfg.file_size - off).min(chunk.len() as u64) as usize;
+            let w = self.d.write(self.node, self.fh, off, &chunk[..n])?;
+            if w as usize != n {
+                return Err(BenchError::Config(format!("short write laying out the file at {off}")));
+            }
+            off += n as u64;
+        }
+        Ok(())
+    }
+
+    fn run_phase(&mut self, ph: &Phase, label: &str) -> Result<Row, BenchError> {
+        if let Some(p) = ph.policy {
+            self.d.set_queue_full(p);
+        }
+        let req = ph.block.min(self.max_request);
+        let blocks = (self.cfg.file_size / req as u64).max(1);
+        let mut cfg = LoopConfig::new(ph.depth, u64::MAX);
+        cfg.max_data = req;
+        match self.cfg.ops {
+            Some(n) => {
+                cfg.warmup_ops = (n / 10).max(1);
+                cfg.total = n + cfg.warmup_ops;
+            }
+            None => {
+                cfg.warmup = self.cfg.warmup;
+                cfg.duration = Some(self.cfg.duration);
+            }
+        }
+        let (node, fh, write, pattern) = (self.node, self.fh, ph.write, ph.pattern);
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (ph.depth as u64) << 8 ^ u64::from(write);
+        let make = |seq: u64, s: &mut IoSpec| {
+            let block = match pattern {
+                Pattern::Random => xorshift(&mut rng) % blocks,
+                Pattern::Sequential => seq % blocks,
+            };
+            let offset = block * req as u64;
+            s.nodeid = node;
+            if write {
+                s.opcode = opcode::WRITE;
+                abi::WriteIn { fh, offset, size: req as u32, ..Default::default() }.encode_into(&mut s.args);
+                s.in_data = req;
+                s.out_args = abi::WriteOut::SIZE;
+            } else {
+                s.opcode = opcode::READ;
+                abi::ReadIn { fh, offset, size: req as u32, ..Default::default() }.encode_into(&mut s.args);
+                s.out_data = req;
+            }
+        };
+        let started = Instant::now();
+        let mut last_report = started;
+        let mut done_count = 0u64;
+        let progress = &mut *self.progress;
+        let check = |c: &crate::driver::IoDone<'_>| -> Result<(), DriverError> {
+            if c.errno != 0 {
+                return Err(DriverError::Fuse { opcode: c.opcode, errno: c.errno });
+            }
+            let got = if write {
+                let a = c.reply_args()?;
+                abi::WriteOut::decode(&a).map(|w| w.size as usize).unwrap_or(0)
+            } else {
+                c.payload_len
+            };
+            if got != req {
+                return Err(DriverError::BadReply {
+                    opcode: c.opcode,
+                    reason: format!("{got} bytes moved for a {req}-byte request"),
+                });
+            }
+            done_count += 1;
+            if done_count.is_multiple_of(4096) && last_report.elapsed() >= Duration::from_millis(500) {
+                last_report = Instant::now();
+                progress(&format!("{label} {:.1} s, {done_count} requests", started.elapsed().as_secs_f64()));
+            }
+            Ok(())
+        };
+        let r: LoopReport = self.d.run_closed_loop(&cfg, make, check)?;
+        let h = &r.histogram;
+        Ok(Row {
+            workload: ph.name(),
+            block: ph.block,
+            request_bytes: req,
+            depth: ph.depth,
+            depth_label: ph.depth_label.to_string(),
+            policy: ph.policy,
+            ops: r.measured,
+            p50_us: us(h, 0.5),
+            p99_us: us(h, 0.99),
+            p999_us: us(h, 0.999),
+            max_us: h.max() as f64 / 1000.0,
+            iops: r.iops(),
+            mib_s: r.bytes_per_sec() / MIB as f64,
+            parked: r.parked,
+            retry_timer_fires: r.retry_timer_fires,
+            curve: curve(h),
+        })
+    }
+}
+
+fn pin(core: Option<usize>) {
+    if let Some(c) = core {
+        if !core_affinity::set_for_current(core_affinity::CoreId { id: c }) {
+            log::warn!("cannot pin the driver thread to core {c}");
+        }
+    }
+}
+
+/// Runs the benchmark. `progress` gets one line per phase and more during long phases. With
+/// [`BenchConfig::pin`], the calling thread is pinned to core 0 for good.
+pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchReport, BenchError> {
+    let wall = Instant::now();
+    if cfg.queue_size < 2 || !cfg.queue_size.is_power_of_two() {
+        return Err(BenchError::Config(format!("queue size {} is not a power of two >= 2", cfg.queue_size)));
+    }
+    let machine = Machine::probe();
+    let (driver_core, poller_core) =
+        if cfg.pin && machine.nproc >= 2 { (Some(0), Some(machine.nproc - 1)) } else { (None, None) };
+    pin(driver_core);
+
+    progress("floor: shared-memory ping-pong");
+    let floor = pingpong::measure(cfg.floor_duration, poller_core);
+
+    let dir = tempfile::tempdir()?;
+    let mut profile = virtiofs_dpu::config::Profile {
+        description: "virtiofs-bench".into(),
+        request_queues: cfg.request_queues,
+        queue_size: cfg.queue_size,
+        idle_spin_us: cfg.idle_spin_us,
+        ..Default::default()
+    };
+    let (device, socket, setup_device) = match &cfg.socket_path {
+        Some(p) => (None, p.clone(), format!("external daemon at {}", p.display())),
+        None => {
+            profile.poller_cores = poller_core.into_iter().collect();
+            profile.validate().map_err(|e| BenchError::Config(e.to_string()))?;
+            let sock = dir.path().join("virtiofs.sock");
+            let (dev, what) = match cfg.backend {
+                Backend::RamFs => {
+                    (virtiofs_dpu::RunningDevice::start(&sock, profile.clone()), "RAM filesystem")
+                }
+                Backend::Null => (
+                    virtiofs_dpu::RunningDevice::start_with(
+                        &sock,
+                        profile.clone(),
+                        Arc::new(null::NullData::new()),
+                    ),
+                    "null-data backend (READ/WRITE answered without data)",
+                ),
+            };
+            let dev = dev.map_err(|e| BenchError::Device(Box::new(e)))?;
+            (Some(dev), sock, format!("in-process, {what}"))
+        }
+    };
+    let opts = DriverOptions {
+        queue_size: cfg.queue_size,
+        request_queues: cfg.request_queues,
+        spread_requests: true,
+        mem_size: 64 * MIB + 2 * usize::from(cfg.queue_size) * 8 * KIB + cfg.seq_depth * MIB,
+        ..Default::default()
+    };
+    progress("bring-up and file layout");
+    let mut d = FsDriver::connect(&socket, opts)?;
+    let init = d.init()?;
+    let q = d.queue_size(1);
+    let max_request = (init.max_write as usize).min(usize::from(init.max_pages) * crate::driver::PAGE_SIZE);
+    let setup = Setup {
+        device: setup_device,
+        queue_size: q,
+        request_queues: d.request_queues(),
+        idle_spin_us: device.as_ref().map(|_| profile.idle_spin_us),
+        idle_sleep_us: device.as_ref().map(|_| profile.idle_sleep_us),
+        poller_core: device.as_ref().and(poller_core),
+        driver_core,
+        max_request,
+        per_phase: match cfg.ops {
+            Some(n) => format!("{n} requests (+{} warm-up)", (n / 10).max(1)),
+            None => {
+                format!("{:.1} s (+{:.1} s warm-up)", cfg.duration.as_secs_f64(), cfg.warmup.as_secs_f64())
+            }
+        },
+    };
+    let mut b = Bench { cfg, d, node: 0, fh: 0, max_request, progress };
+    b.layout()?;
+    let mut list = phases(usize::from(q), cfg.seq_depth);
+    if let Some(o) = &cfg.only {
+        list.retain(|p| selected(&p.label(), o));
+    }
+    let mut rows = Vec::new();
+    for (i, ph) in list.iter().enumerate() {
+        let label = format!("[{}/{}] {}", i + 1, list.len(), ph.label());
+        (b.progress)(&label);
+        rows.push(b.run_phase(ph, &label)?);
+    }
+    let Bench { d, node, fh, .. } = b;
+    let mut d = d;
+    d.release(node, fh)?;
+    d.shutdown()?;
+    if let Some(dev) = device {
+        dev.stop().map_err(|e| BenchError::Device(Box::new(e)))?;
+    }
+    let qd1 = rows.iter().find(|r| r.workload == "4k randread" && r.depth == 1).map(|r| r.p50_us);
+    let ratio = qd1.map(|p| p * 1000.0 / floor.p50_ns).unwrap_or(0.0);
+    let targets = targets(&rows, &floor);
+    Ok(BenchReport {
+        machine,
+        setup,
+        floor,
+        rows,
+        qd1_read_p50_over_floor: ratio,
+        targets,
+        wall_s: wall.elapsed().as_secs_f64(),
+    })
+}
+
+fn targets(rows: &[Row], floor: &pingpong::Floor) -> Vec<Target> {
+    let find = |w: &str, label: &str, p: Option<QueueFullPolicy>| {
+        rows.iter().find(|r| r.workload == w && r.depth_label == label && r.policy == p)
+    };
+    let t = |name: String, value: f64, limit: f64, unit: &str| Target {
+        name,
+        value,
+        limit,
+        unit: unit.into(),
+        met: value <= limit,
+    };
+    let mut v = Vec::new();
+    if let Some(r) = find("4k randread", "1", None) {
+        v.push(t("QD=1 4k read p50 / ping-pong p50".into(), r.p50_us * 1000.0 / floor.p50_ns, 5.0, "x"));
+        v.push(t("QD=1 4k read p99.9".into(), r.p999_us, 40.0, "us"));
+    }
+    for w in ["4k randread", "4k randwrite"] {
+        let retry = find(w, "2Q", Some(QueueFullPolicy::Retry1ms));
+        let refill = find(w, "2Q", Some(QueueFullPolicy::Refill));
+        let full = find(w, "Q", None);
+        if let (Some(a), Some(b)) = (retry, refill) {
+            v.push(t(
+                format!("{w} QD=2Q p99.9 refill / retry-1ms"),
+                b.p999_us / a.p999_us.max(1e-9),
+                1.0 / 60.0,
+                "x",
+            ));
+        }
+        if let (Some(b), Some(f)) = (refill, full) {
+            v.push(t(format!("{w} p99.9 refill QD=2Q / QD=Q"), b.p999_us / f.p999_us.max(1e-9), 3.0, "x"));
+        }
+    }
+    v
+}
+
+fn fmt_us(v: f64) -> String {
+    if v >= 10_000.0 {
+        format!("{:.0}", v)
+    } else if v >= 100.0 {
+        format!("{:.1}", v)
+    } else {
+        format!("{:.2}", v)
+    }
+}
+
+fn size(b: usize) -> String {
+    if b >= MIB && b.is_multiple_of(MIB) {
+        format!("{}M", b / MIB)
+    } else {
+        format!("{}K", b / KIB)
+    }
+}
+
+/// The human-readable report: header (machine, setup, floor), the table, the targets.
+pub fn render_table(r: &BenchReport) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let m = &r.machine;
+    let st = &r.setup;
+    let _ = writeln!(
+        s,
+        "machine: {} x {} ({}), Linux {}, load average at start {}",
+        m.nproc,
+        m.cpu_model,
+        if m.virtual_machine { "virtual machine" } else { "bare metal" },
+        m.kernel,
+        m.loadavg_at_start
+    );
+    let _ = writeln!(
+        s,
+        "device:  {}, queue size {}, {} request queue(s), max request {}",
+        st.device,
+        st.queue_size,
+        st.request_queues,
+        size(st.max_request)
+    );
+    match (st.idle_spin_us, st.idle_sleep_us) {
+        (Some(spin), Some(sleep)) => {
+            let _ = writeln!(
+                s,
+                "poller:  idle_spin_us={spin} idle_sleep_us={sleep} (dedicated-core style: spins {:.0} s before \
+                 it would park), poller core {}, driver core {}",
+                spin as f64 / 1e6,
+                st.poller_core.map(|c| c.to_string()).unwrap_or_else(|| "unpinned".into()),
+                st.driver_core.map(|c| c.to_string()).unwrap_or_else(|| "unpinned".into()),
+            );
+        }
+        _ => {
+            let _ = writeln!(s, "poller:  external daemon, its own profile");
+        }
+    }
+    let _ = writeln!(
+        s,
+        "floor:   shared-memory ping-pong round trip p50 {:.3} us, p99 {:.3} us ({} round trips)",
+        r.floor.p50_ns / 1000.0,
+        r.floor.p99_ns / 1000.0,
+        r.floor.round_trips
+    );
+    let _ = writeln!(
+        s,
+        "noise:   ping-pong p99.9 {:.1} us, max {:.0} us, {:.0} stalls/s over {} us (a thread lost its core)",
+        r.floor.p999_ns / 1000.0,
+        r.floor.max_ns / 1000.0,
+        r.floor.stalls_per_s,
+        pingpong::STALL_NS / 1000
+    );
+    let _ =
+        writeln!(s, "phases:  {} each; latency from issue, HDR histogram; warm-up excluded", st.per_phase);
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
+        "{:<13} {:>4} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>8}",
+        "workload",
+        "req",
+        "QD",
+        "policy",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "max us",
+        "IOPS",
+        "MiB/s",
+        "parked"
+    );
+    for row in &r.rows {
+        let qd = match row.depth_label.as_str() {
+            "1" | "seq" => row.depth.to_string(),
+            l => format!("{}={}", l, row.depth),
+        };
+        let _ = writeln!(
+            s,
+            "{:<13} {:>4} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10.0} {:>9.1} {:>8}",
+            row.workload,
+            size(row.request_bytes),
+            qd,
+            row.policy.map(|p| p.name()).unwrap_or("-"),
+            fmt_us(row.p50_us),
+            fmt_us(row.p99_us),
+            fmt_us(row.p999_us),
+            fmt_us(row.max_us),
+            row.iops,
+            row.mib_s,
+            row.parked
+        );
+    }
+    let _ = writeln!(s);
+    let _ = writeln!(s, "QD=1 4k read p50 = {:.1} x the ping-pong floor", r.qd1_read_p50_over_floor);
+    for t in &r.targets {
+        let _ = writeln!(
+            s,
+            "target {:<44} {:>10.4} {} (limit {:.4}) {}",
+            t.name,
+            t.value,
+            t.unit,
+            t.limit,
+            if t.met { "met" } else { "MISSED" }
+        );
+    }
+    let _ = writeln!(s, "wall time {:.1} s", r.wall_s);
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phase_list_has_every_row() {
+        let p = phases(128, 16);
+        let names: Vec<String> =
+            p.iter().map(|p| format!("{} {} {:?}", p.name(), p.depth_label, p.policy)).collect();
+        assert_eq!(p.len(), 12, "{names:?}");
+        assert_eq!(p.iter().filter(|p| p.depth == 256).count(), 4);
+        assert!(names.contains(&"1M seqwrite seq None".to_string()), "{names:?}");
+    }
+
+    /// The whole benchmark path at a tiny size: every row, the targets, table, JSON and SVG.
+    #[test]
+    fn smoke_run_has_every_row() {
+        let cfg = BenchConfig {
+            queue_size: 8,
+            ops: Some(200),
+            file_size: 1 << 20,
+            seq_depth: 4,
+            idle_spin_us: 50,
+            pin: false,
+            floor_duration: Duration::from_millis(50),
+            ..Default::default()
+        };
+        let mut lines = Vec::new();
+        let r = run(&cfg, &mut |l| lines.push(l.to_string())).unwrap();
+        assert_eq!(r.rows.len(), 12);
+        assert!(lines.iter().any(|l| l.starts_with("[12/12] 1M seqwrite QD=4")), "{lines:?}");
+        for row in &r.rows {
+            assert_eq!(row.ops, 200, "{}", row.workload);
+            assert!(row.p50_us > 0.0 && row.p50_us <= row.p999_us && row.p999_us <= row.max_us);
+            assert!(row.iops > 0.0 && row.mib_s > 0.0);
+        }
+        // Queue size 8 caps requests at 4 pages, as Linux does.
+        assert_eq!(r.setup.max_request, 16 << 10);
+        assert!(r.rows.iter().filter(|w| w.depth == 16).all(|w| w.parked > 0));
+        assert_eq!(r.targets.len(), 6);
+        assert!(r.floor.p50_ns > 0.0 && r.qd1_read_p50_over_floor > 0.0);
+
+        let table = render_table(&r);
+        for w in ["4k randread", "4k randwrite", "64k seqread", "64k seqwrite", "1M seqread", "1M seqwrite"] {
+            assert!(table.contains(w), "{w} missing from\n{table}");
+        }
+        assert_eq!(table.matches("retry-1ms").count(), 4, "{table}");
+        assert!(table.contains("ping-pong") && table.contains("idle_spin_us=50"), "{table}");
+        let json: serde_json::Value = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["rows"].as_array().unwrap().len(), 12);
+        assert_eq!(json["rows"][4]["policy"], "retry-1ms");
+        let svg = plot::render_svg(&r);
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert_eq!(svg.matches("<polyline").count(), 8, "one line per 4k row");
+    }
+
+    #[test]
+    fn null_backend_answers_without_data() {
+        let cfg = BenchConfig {
+            backend: Backend::Null,
+            queue_size: 8,
+            ops: Some(100),
+            file_size: 1 << 20,
+            idle_spin_us: 50,
+            pin: false,
+            floor_duration: Duration::from_millis(20),
+            only: Some("QD=1,1M seqread".into()),
+            ..Default::default()
+        };
+        let r = run(&cfg, &mut |_| {}).unwrap();
+        let names: Vec<&str> = r.rows.iter().map(|r| r.workload.as_str()).collect();
+        assert_eq!(names, ["4k randread", "4k randwrite", "1M seqread"]);
+        assert!(r.setup.device.contains("null-data"));
+        assert!(render_table(&r).contains("null-data"));
+    }
+
+    #[test]
+    fn phase_filter_matches_whole_words() {
+        assert!(selected("4k randread QD=1", "randread QD=1"));
+        assert!(!selected("4k randread QD=128", "randread QD=1"));
+        assert!(selected("4k randwrite QD=256 refill", "QD=1,refill"));
+        assert!(!selected("4k randwrite QD=256 refill", ""));
+    }
+
+    #[test]
+    fn curve_spans_p50_to_p9999() {
+        let mut h = Histogram::<u64>::new_with_bounds(1, 1_000_000_000, 3).unwrap();
+        for i in 1..=100_000u64 {
+            h.record(i * 10).unwrap();
+        }
+        let c = curve(&h);
+        assert!((c[0].0 - 50.0).abs() < 1e-6);
+        assert!((c.last().unwrap().0 - 99.99).abs() < 1e-3);
+        assert!(c.windows(2).all(|w| w[0].1 <= w[1].1));
+    }
+}

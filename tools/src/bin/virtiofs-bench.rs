@@ -1,0 +1,132 @@
+//! `virtiofs-bench`: 4 KiB latency at QD 1, QD = queue size and QD = 2 x queue size under both
+//! queue-full policies, sequential bandwidth, and the shared-memory ping-pong floor.
+//!
+//! `cargo run --release -p virtiofs-tools --bin virtiofs-bench` runs the device in-process with
+//! its RAM filesystem; `--socket-path` measures a running daemon instead. See BENCHMARKS.md.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use virtiofs_tools::bench::{self, BenchConfig};
+
+/// Benchmarks the virtio-fs device through the userspace driver model.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Connect to a running daemon at this vfio-user socket instead of starting the device
+    /// in-process.
+    #[arg(long)]
+    socket_path: Option<PathBuf>,
+    /// Backend of the in-process device: `ramfs`, or `null` (READ/WRITE answered without data,
+    /// to separate transport from backend cost).
+    #[arg(long, default_value = "ramfs")]
+    backend: bench::Backend,
+    /// Virtqueue size (power of two).
+    #[arg(long, default_value_t = 128)]
+    queue_size: u16,
+    /// Request queues.
+    #[arg(long, default_value_t = 1)]
+    request_queues: u16,
+    /// Measured seconds per phase (after a warm-up of 0.3 s, or 15% if shorter).
+    #[arg(long, default_value_t = 2.0)]
+    duration: f64,
+    /// Measured requests per phase instead of --duration (warm-up: a tenth as many).
+    #[arg(long)]
+    ops: Option<u64>,
+    /// Test file size in MiB.
+    #[arg(long, default_value_t = 64)]
+    file_mib: u64,
+    /// Queue depth of the sequential-bandwidth phases.
+    #[arg(long, default_value_t = 16)]
+    seq_depth: usize,
+    /// The in-process poller's idle_spin_us (default: spin as on a dedicated core).
+    #[arg(long, default_value_t = 10_000_000)]
+    idle_spin_us: u64,
+    /// Do not pin the driver and the device poller to cores.
+    #[arg(long)]
+    no_pin: bool,
+    /// Run only some phases: comma-separated lists of words of the phase label (e.g.
+    /// "randread QD=1", "QD=1,refill").
+    #[arg(long)]
+    only: Option<String>,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Also write a latency-percentile chart (SVG) to this file.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let a = Args::parse();
+    if !(a.duration > 0.0 && a.duration.is_finite()) {
+        eprintln!("virtiofs-bench: --duration must be positive");
+        return ExitCode::from(2);
+    }
+    let duration = Duration::from_secs_f64(a.duration);
+    let cfg = BenchConfig {
+        socket_path: a.socket_path,
+        backend: a.backend,
+        queue_size: a.queue_size,
+        request_queues: a.request_queues,
+        duration,
+        warmup: Duration::from_millis(300).min(duration.mul_f64(0.15)),
+        ops: a.ops,
+        file_size: a.file_mib.max(1) << 20,
+        seq_depth: a.seq_depth.max(1),
+        idle_spin_us: a.idle_spin_us,
+        pin: !a.no_pin,
+        only: a.only,
+        ..Default::default()
+    };
+    let tty = std::io::stderr().is_terminal();
+    let mut progress = |line: &str| {
+        let mut e = std::io::stderr().lock();
+        if tty {
+            let _ = write!(e, "\r\x1b[K{line}");
+        } else {
+            let _ = writeln!(e, "{line}");
+        }
+        let _ = e.flush();
+    };
+    let report = match bench::run(&cfg, &mut progress) {
+        Ok(r) => r,
+        Err(e) => {
+            if tty {
+                eprintln!();
+            }
+            let mut msg = format!("virtiofs-bench: {e}");
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                msg.push_str(&format!(": {s}"));
+                src = s.source();
+            }
+            eprintln!("{msg}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if tty {
+        eprintln!("\r\x1b[Kdone in {:.1} s", report.wall_s);
+    }
+    if a.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(j) => println!("{j}"),
+            Err(e) => {
+                eprintln!("virtiofs-bench: JSON: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", bench::render_table(&report));
+    }
+    if let Some(p) = a.plot {
+        if let Err(e) = std::fs::write(&p, bench::plot::render_svg(&report)) {
+            eprintln!("virtiofs-bench: cannot write {}: {e}", p.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}

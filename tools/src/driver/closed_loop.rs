@@ -1,0 +1,798 @@
+//! Closed-loop load: keep `depth` requests outstanding, as fio's `iodepth` does over the Linux
+//! virtio-fs driver, and account each request's latency from the moment the application issued
+//! it, time spent parked on a full virtqueue included.
+//!
+//! Every outstanding request owns a slot whose guest buffers are allocated once for the whole
+//! run (like the user pages fio hands the kernel for O_DIRECT), so a request costs the ring
+//! protocol and the device, not the driver model's allocator. Each request is laid out as
+//! [`FsDriver::submit`] lays it out (Linux `virtio_fs_enqueue_req`): in header | in args | data
+//! pages; out header | out args | data pages, in one indirect descriptor when negotiated. Request
+//! `seq` goes to request queue `1 + seq % N` (Linux spreads by submitting CPU).
+//!
+//! One loop iteration, the way the Linux paths interleave:
+//!
+//! 1. **Completion path**: reap every request queue; with [`QueueFullPolicy::Refill`], submit
+//!    that queue's parked requests (FIFO) into the descriptors just freed.
+//! 2. **Delayed work** ([`QueueFullPolicy::Retry1ms`]): a queue whose 1 ms timer expired
+//!    submits parked requests in order until the ring is full again, then re-arms the timer; the
+//!    request that did not fit goes to the back of the list.
+//! 3. **Application**: issue new requests until `depth` are outstanding (a request that finds
+//!    the ring full is parked; under `Refill` it also queues behind parked ones).
+//!
+//! Replies are checked (out header length = used length, `unique` matches, a negative errno
+//! without payload), and every slot's state is tracked, so a lost, duplicated or foreign
+//! completion is an error rather than a skewed figure. Reply buffers are not poisoned (fio's are
+//! not either), unlike the one-request calls.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+
+use super::{device, DriverError, FsDriver, QueueFullPolicy, Result, PAGE_SIZE, RETRY_DELAY};
+use crate::fuse_abi::{InHeader, OutHeader};
+use crate::memory::{DmaBuf, GuestRam};
+use crate::virtqueue::{QueueError, Segment};
+
+/// Bytes of a slot's header block: in header + in args from 0, out header + out args from
+/// [`OUT_OFF`].
+const HDR_BLOCK: usize = 4096;
+const OUT_OFF: u64 = 2048;
+/// Largest in-arguments of a loop request.
+pub const MAX_IN_ARGS: usize = OUT_OFF as usize - InHeader::SIZE;
+/// Largest out-arguments of a loop request.
+pub const MAX_OUT_ARGS: usize = HDR_BLOCK - OUT_OFF as usize - OutHeader::SIZE;
+/// Highest latency the histograms hold (100 s); longer ones are recorded as this.
+const HIST_MAX_NS: u64 = 100_000_000_000;
+
+/// Shape of a closed-loop run.
+#[derive(Debug, Clone)]
+pub struct LoopConfig {
+    /// Requests kept outstanding (issued and not completed, parked ones included).
+    pub depth: usize,
+    /// Requests to issue in all, warm-up included (`u64::MAX`: until `duration` ends).
+    pub total: u64,
+    /// Stop issuing this long after the measured part started (`None`: after `total`).
+    pub duration: Option<Duration>,
+    /// The first requests issued are warm-up: not recorded, not counted in the rates.
+    pub warmup_ops: u64,
+    /// Requests issued within this time of the start are warm-up too.
+    pub warmup: Duration,
+    /// Largest `in_data` or `out_data` of any request (size of each slot's data buffer).
+    pub max_data: usize,
+}
+
+impl LoopConfig {
+    /// `total` requests with `depth` outstanding and no warm-up; data up to one page.
+    pub fn new(depth: usize, total: u64) -> Self {
+        LoopConfig {
+            depth,
+            total,
+            duration: None,
+            warmup_ops: 0,
+            warmup: Duration::ZERO,
+            max_data: PAGE_SIZE,
+        }
+    }
+}
+
+/// One request, as the application asks for it. The loop clears `args` and zeroes the sizes
+/// before each call of `make_request`.
+#[derive(Debug, Clone, Default)]
+pub struct IoSpec {
+    /// FUSE opcode.
+    pub opcode: u32,
+    /// Target node.
+    pub nodeid: u64,
+    /// In-arguments (one buffer, at most [`MAX_IN_ARGS`](crate::driver::MAX_IN_ARGS) bytes), e.g. a `fuse_read_in`.
+    pub args: Vec<u8>,
+    /// Bytes of the slot's data buffer sent to the device (a WRITE payload). The buffer is
+    /// filled with a fixed pattern once; see [`slot_pattern`](crate::driver::slot_pattern).
+    pub in_data: usize,
+    /// Reply arguments expected after the out header (at most [`MAX_OUT_ARGS`](crate::driver::MAX_OUT_ARGS)).
+    pub out_args: usize,
+    /// Reply data room, in the slot's data buffer (a READ). At most one of `in_data` and
+    /// `out_data` may be non-zero.
+    pub out_data: usize,
+}
+
+/// The pattern a slot's data buffer holds: byte `i` of slot `slot`.
+pub fn slot_pattern(slot: usize, i: usize) -> u8 {
+    (i as u8).wrapping_mul(31).wrapping_add(slot as u8) ^ ((i >> 12) as u8)
+}
+
+/// A completed request, as `on_complete` sees it.
+#[derive(Debug)]
+pub struct IoDone<'a> {
+    /// Issue order (0-based).
+    pub seq: u64,
+    /// FUSE unique of the request.
+    pub unique: u64,
+    /// Request queue it ran on.
+    pub queue: u16,
+    /// Opcode.
+    pub opcode: u32,
+    /// Positive errno from the FUSE reply, 0 on success.
+    pub errno: i32,
+    /// Reply bytes after the out header.
+    pub payload_len: usize,
+    /// From issue to the moment the completion was reaped.
+    pub latency: Duration,
+    /// From issue to the moment a parked request went into the ring (zero if it never found
+    /// the ring full).
+    pub queued: Duration,
+    /// Whether it found the ring full at least once.
+    pub parked: bool,
+    /// Whether it belongs to the warm-up (not recorded).
+    pub warmup: bool,
+    mem: &'a GuestRam,
+    out_args_at: u64,
+    out_args: usize,
+    data_at: u64,
+}
+
+impl IoDone<'_> {
+    /// The reply arguments (the part of the payload before the data pages).
+    pub fn reply_args(&self) -> Result<Vec<u8>> {
+        Ok(self.mem.read_vec(self.out_args_at, self.payload_len.min(self.out_args))?)
+    }
+
+    /// The reply data (the payload after the reply arguments), e.g. what a READ returned.
+    pub fn reply_data(&self) -> Result<Vec<u8>> {
+        Ok(self.mem.read_vec(self.data_at, self.payload_len.saturating_sub(self.out_args))?)
+    }
+}
+
+/// What a closed-loop run did.
+#[derive(Debug, Clone)]
+pub struct LoopReport {
+    /// Latency of the measured (non-warm-up) requests, in nanoseconds.
+    pub histogram: Histogram<u64>,
+    /// Requests issued.
+    pub issued: u64,
+    /// Requests completed (= issued).
+    pub completed: u64,
+    /// Completed requests outside the warm-up.
+    pub measured: u64,
+    /// From the first measured issue to the last measured completion.
+    pub measured_time: Duration,
+    /// Payload bytes (`in_data` + `out_data` asked for) of the measured requests.
+    pub measured_bytes: u64,
+    /// Requests that found their ring full.
+    pub parked: u64,
+    /// Most requests parked at once.
+    pub max_parked: usize,
+    /// Parked requests submitted from the completion path (refill).
+    pub refills: u64,
+    /// 1 ms retry timers that expired (retry-1ms).
+    pub retry_timer_fires: u64,
+    /// Parked requests submitted by an expired timer.
+    pub retried: u64,
+    /// Requests answered with a FUSE error.
+    pub fuse_errors: u64,
+    /// Completions per request queue (index 0 = queue 1).
+    pub per_queue: Vec<u64>,
+}
+
+impl LoopReport {
+    /// Measured requests per second.
+    pub fn iops(&self) -> f64 {
+        let s = self.measured_time.as_secs_f64();
+        if s > 0.0 {
+            self.measured as f64 / s
+        } else {
+            0.0
+        }
+    }
+
+    /// Measured payload bytes per second.
+    pub fn bytes_per_sec(&self) -> f64 {
+        let s = self.measured_time.as_secs_f64();
+        if s > 0.0 {
+            self.measured_bytes as f64 / s
+        } else {
+            0.0
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    Free,
+    Parked,
+    InFlight,
+}
+
+#[derive(Debug)]
+struct Slot {
+    hdr: DmaBuf,
+    data: DmaBuf,
+    segs: Vec<Segment>,
+    state: SlotState,
+    seq: u64,
+    unique: u64,
+    queue: u16,
+    opcode: u32,
+    out_args: usize,
+    bytes: u64,
+    issued: Instant,
+    queued: Duration,
+    parked: bool,
+    warmup: bool,
+}
+
+#[derive(Debug, Default)]
+struct Backlog {
+    parked: VecDeque<usize>,
+    timer: Option<Instant>,
+}
+
+impl FsDriver {
+    /// Runs a closed loop: issues `cfg.total` requests (or for `cfg.duration`) keeping
+    /// `cfg.depth` outstanding over the request queues in use. `make_request(seq, spec)` fills in
+    /// request `seq`; `on_complete` sees each completion (an `Err` from it ends the run). A
+    /// request that finds its ring full is handled per [`super::DriverOptions::queue_full`].
+    ///
+    /// Needs the driver idle (nothing in flight); FUSE errors are counted and passed on, not
+    /// treated as failures. On error the slots' guest buffers are not reclaimed.
+    pub fn run_closed_loop<M, C>(
+        &mut self,
+        cfg: &LoopConfig,
+        mut make_request: M,
+        mut on_complete: C,
+    ) -> Result<LoopReport>
+    where
+        M: FnMut(u64, &mut IoSpec),
+        C: FnMut(&IoDone<'_>) -> Result<()>,
+    {
+        if cfg.depth == 0 {
+            return Err(DriverError::Unsupported("closed loop of depth 0".into()));
+        }
+        if !self.pending.is_empty() || self.queues.iter().any(|q| q.vq.in_flight() > 0) {
+            return Err(DriverError::Unsupported("closed loop with requests already in flight".into()));
+        }
+        let policy = self.opts.queue_full;
+        let nreq = self.request_queues();
+        let max_data = cfg.max_data.div_ceil(PAGE_SIZE).max(1) * PAGE_SIZE;
+        let now = Instant::now();
+        let mut slots = Vec::with_capacity(cfg.depth);
+        for i in 0..cfg.depth {
+            let hdr = self.mem.alloc_zeroed(HDR_BLOCK, PAGE_SIZE)?;
+            let data = self.mem.alloc(max_data, PAGE_SIZE)?;
+            let pattern: Vec<u8> = (0..max_data).map(|b| slot_pattern(i, b)).collect();
+            self.mem.write(data.iova, &pattern)?;
+            slots.push(Slot {
+                hdr,
+                data,
+                segs: Vec::new(),
+                state: SlotState::Free,
+                seq: 0,
+                unique: 0,
+                queue: 1,
+                opcode: 0,
+                out_args: 0,
+                bytes: 0,
+                issued: now,
+                queued: Duration::ZERO,
+                parked: false,
+                warmup: true,
+            });
+        }
+        let mut backlog: Vec<Backlog> = (0..=nreq).map(|_| Backlog::default()).collect();
+        let mut hist = Histogram::<u64>::new_with_bounds(1, HIST_MAX_NS, 3)
+            .map_err(|e| DriverError::Unsupported(format!("histogram: {e}")))?;
+        let mut r = LoopReport {
+            histogram: hist.clone(),
+            issued: 0,
+            completed: 0,
+            measured: 0,
+            measured_time: Duration::ZERO,
+            measured_bytes: 0,
+            parked: 0,
+            max_parked: 0,
+            refills: 0,
+            retry_timer_fires: 0,
+            retried: 0,
+            fuse_errors: 0,
+            per_queue: vec![0; usize::from(nreq)],
+        };
+        let start = Instant::now();
+        let warm_until = start + cfg.warmup;
+        let mut measure_start: Option<Instant> = None;
+        let mut last_done = start;
+        let mut issue_until: Option<Instant> = None;
+        let mut issuing = cfg.total > 0;
+        let mut free: Vec<usize> = (0..cfg.depth).rev().collect();
+        let mut outstanding = 0usize;
+        let mut parked_now = 0usize;
+        let mut timers_armed = 0usize;
+        let mut spec = IoSpec::default();
+        let mut scratch = Vec::with_capacity(HDR_BLOCK);
+        let mut last_progress = Instant::now();
+        let mut idle_spins = 0u64;
+
+        loop {
+            let mut progress = false;
+            // 1. Completion path.
+            for q in 1..=nreq {
+                let mut reaped_at: Option<Instant> = None;
+                let mut freed = false;
+                while let Some(u) = self.queues[usize::from(q)].vq.pop_used(&self.mem)? {
+                    let t = *reaped_at.get_or_insert_with(Instant::now);
+                    let idx = usize::try_from(u.token).unwrap_or(usize::MAX);
+                    let s = slots
+                        .get_mut(idx)
+                        .filter(|s| s.state == SlotState::InFlight && s.queue == q)
+                        .ok_or_else(|| {
+                            device(format!(
+                                "queue {q}: completion of token {} that is not in flight",
+                                u.token
+                            ))
+                        })?;
+                    let mut h = [0u8; OutHeader::SIZE];
+                    let (errno, payload_len) = if (u.len as usize) < OutHeader::SIZE {
+                        (0, usize::MAX)
+                    } else {
+                        self.mem.read(s.hdr.iova + OUT_OFF, &mut h)?;
+                        let h = OutHeader::decode(&h).expect("16 bytes");
+                        check_reply(&h, u.len, s.unique, s.opcode)?;
+                        (-h.error, u.len as usize - OutHeader::SIZE)
+                    };
+                    if payload_len == usize::MAX {
+                        return Err(DriverError::BadReply {
+                            opcode: s.opcode,
+                            reason: format!("used length {} shorter than fuse_out_header", u.len),
+                        });
+                    }
+                    let latency = t.saturating_duration_since(s.issued);
+                    if !s.warmup {
+                        hist.saturating_record((latency.as_nanos() as u64).clamp(1, HIST_MAX_NS));
+                        r.measured += 1;
+                        r.measured_bytes += s.bytes;
+                        last_done = t;
+                    }
+                    if errno != 0 {
+                        r.fuse_errors += 1;
+                    }
+                    s.state = SlotState::Free;
+                    let done = IoDone {
+                        seq: s.seq,
+                        unique: s.unique,
+                        queue: q,
+                        opcode: s.opcode,
+                        errno,
+                        payload_len,
+                        latency,
+                        queued: s.queued,
+                        parked: s.parked,
+                        warmup: s.warmup,
+                        mem: &self.mem,
+                        out_args_at: s.hdr.iova + OUT_OFF + OutHeader::SIZE as u64,
+                        out_args: s.out_args,
+                        data_at: s.data.iova,
+                    };
+                    on_complete(&done)?;
+                    free.push(idx);
+                    outstanding -= 1;
+                    r.completed += 1;
+                    r.per_queue[usize::from(q - 1)] += 1;
+                    self.stats.completed += 1;
+                    self.completed_per_queue[usize::from(q)] += 1;
+                    progress = true;
+                    freed = true;
+                }
+                if freed && policy == QueueFullPolicy::Refill {
+                    let b = &mut backlog[usize::from(q)];
+                    while let Some(&idx) = b.parked.front() {
+                        if !self.ring_submit(&mut slots[idx], idx)? {
+                            break;
+                        }
+                        b.parked.pop_front();
+                        parked_now -= 1;
+                        r.refills += 1;
+                    }
+                }
+            }
+            // 2. Delayed work of retry-1ms.
+            if timers_armed > 0 {
+                let now = Instant::now();
+                for b in backlog.iter_mut() {
+                    if b.timer.is_none_or(|t| t > now) {
+                        continue;
+                    }
+                    b.timer = None;
+                    timers_armed -= 1;
+                    r.retry_timer_fires += 1;
+                    progress = true;
+                    while let Some(idx) = b.parked.pop_front() {
+                        if self.ring_submit(&mut slots[idx], idx)? {
+                            parked_now -= 1;
+                            r.retried += 1;
+                        } else {
+                            b.parked.push_back(idx);
+                            b.timer = Some(now + RETRY_DELAY);
+                            timers_armed += 1;
+                            break;
+                        }
+                    }
+                }
+            }
+            // 3. The application keeps `depth` requests outstanding.
+            while issuing && outstanding < cfg.depth {
+                let now = Instant::now();
+                if measure_start.is_none() && r.issued >= cfg.warmup_ops && now >= warm_until {
+                    measure_start = Some(now);
+                    issue_until = cfg.duration.map(|d| now + d);
+                }
+                if r.issued >= cfg.total || issue_until.is_some_and(|u| now >= u) {
+                    issuing = false;
+                    break;
+                }
+                let idx = free.pop().expect("a free slot per outstanding request");
+                let seq = r.issued;
+                spec.args.clear();
+                spec.in_data = 0;
+                spec.out_args = 0;
+                spec.out_data = 0;
+                make_request(seq, &mut spec);
+                let q = 1 + (seq % u64::from(nreq)) as u16;
+                let unique = self.alloc_unique();
+                let s = &mut slots[idx];
+                self.prepare_slot(s, &spec, unique, max_data, &mut scratch)?;
+                s.seq = seq;
+                s.queue = q;
+                s.issued = now;
+                s.parked = false;
+                s.warmup = measure_start.is_none();
+                r.issued += 1;
+                outstanding += 1;
+                progress = true;
+                let b = &mut backlog[usize::from(q)];
+                let behind = policy == QueueFullPolicy::Refill && !b.parked.is_empty();
+                if behind || !self.ring_submit(s, idx)? {
+                    s.state = SlotState::Parked;
+                    s.parked = true;
+                    b.parked.push_back(idx);
+                    parked_now += 1;
+                    r.parked += 1;
+                    r.max_parked = r.max_parked.max(parked_now);
+                    if policy == QueueFullPolicy::Retry1ms && b.timer.is_none() {
+                        b.timer = Some(now + RETRY_DELAY);
+                        timers_armed += 1;
+                    }
+                }
+            }
+            if !issuing && outstanding == 0 {
+                break;
+            }
+            if progress {
+                idle_spins = 0;
+            } else {
+                // Look at the clock only now and then: the poll loop stays a load of the used index.
+                idle_spins += 1;
+                if idle_spins == 1 {
+                    last_progress = Instant::now();
+                } else if idle_spins.is_multiple_of(4096) && last_progress.elapsed() > self.opts.timeout {
+                    return Err(self.stuck(outstanding, parked_now));
+                }
+                std::hint::spin_loop();
+            }
+        }
+
+        if let Some(ms) = measure_start {
+            r.measured_time = last_done.saturating_duration_since(ms);
+        }
+        r.histogram = hist;
+        for s in slots {
+            self.mem.free(s.hdr);
+            self.mem.free(s.data);
+        }
+        Ok(r)
+    }
+
+    /// Writes the request into slot `s` (header and arguments; data stays in place) and lays
+    /// out its segments.
+    fn prepare_slot(
+        &self,
+        s: &mut Slot,
+        spec: &IoSpec,
+        unique: u64,
+        max_data: usize,
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
+        if spec.args.len() > MAX_IN_ARGS
+            || spec.out_args > MAX_OUT_ARGS
+            || spec.in_data.max(spec.out_data) > max_data
+            || (spec.in_data > 0 && spec.out_data > 0)
+        {
+            return Err(DriverError::Unsupported(format!(
+                "loop request with {} B args, {} B in data, {} B out args, {} B out data (slot: {max_data} B data)",
+                spec.args.len(),
+                spec.in_data,
+                spec.out_args,
+                spec.out_data
+            )));
+        }
+        let total = InHeader::SIZE + spec.args.len() + spec.in_data;
+        scratch.clear();
+        self.in_header(spec.opcode, unique, spec.nodeid, total).encode_into(scratch);
+        scratch.extend_from_slice(&spec.args);
+        self.mem.write(s.hdr.iova, scratch)?;
+        let segs = &mut s.segs;
+        segs.clear();
+        segs.push(Segment { addr: s.hdr.iova, len: InHeader::SIZE as u32, write: false });
+        if !spec.args.is_empty() {
+            let at = s.hdr.iova + InHeader::SIZE as u64;
+            segs.push(Segment { addr: at, len: spec.args.len() as u32, write: false });
+        }
+        let pages = |segs: &mut Vec<Segment>, len: usize, write: bool| {
+            let mut off = 0;
+            while off < len {
+                let n = (len - off).min(PAGE_SIZE);
+                segs.push(Segment { addr: s.data.iova + off as u64, len: n as u32, write });
+                off += n;
+            }
+        };
+        pages(segs, spec.in_data, false);
+        segs.push(Segment { addr: s.hdr.iova + OUT_OFF, len: OutHeader::SIZE as u32, write: true });
+        if spec.out_args > 0 {
+            let at = s.hdr.iova + OUT_OFF + OutHeader::SIZE as u64;
+            segs.push(Segment { addr: at, len: spec.out_args as u32, write: true });
+        }
+        pages(segs, spec.out_data, true);
+        s.unique = unique;
+        s.opcode = spec.opcode;
+        s.out_args = spec.out_args;
+        s.bytes = (spec.in_data + spec.out_data) as u64;
+        s.queued = Duration::ZERO;
+        Ok(())
+    }
+
+    /// Puts slot `s` (index `idx`) into its ring and rings the doorbell if the device wants it.
+    /// Returns false, leaving the slot untouched, when the ring is full.
+    fn ring_submit(&mut self, s: &mut Slot, idx: usize) -> Result<bool> {
+        let qs = &mut self.queues[usize::from(s.queue)];
+        match qs.vq.add_chain(&self.mem, &s.segs, idx as u64) {
+            Ok(_) => {}
+            Err(QueueError::Full { .. }) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        }
+        s.state = SlotState::InFlight;
+        if s.parked {
+            s.queued = s.issued.elapsed();
+        }
+        self.stats.submitted += 1;
+        if qs.vq.kick_prepare(&self.mem)? {
+            let addr = qs.notify_addr;
+            self.transport.notify(s.queue, addr)?;
+        } else {
+            self.stats.notifies_suppressed += 1;
+        }
+        Ok(true)
+    }
+
+    fn stuck(&self, outstanding: usize, parked: usize) -> DriverError {
+        let queues: Vec<String> = self.queues[1..]
+            .iter()
+            .map(|q| {
+                format!(
+                    "queue {}: {} in flight, device used idx {:?}",
+                    q.vq.index(),
+                    q.vq.in_flight(),
+                    q.vq.device_used_idx(&self.mem).ok()
+                )
+            })
+            .collect();
+        DriverError::Timeout(format!(
+            "closed loop made no progress for {:?} ({outstanding} outstanding, {parked} parked); {}",
+            self.opts.timeout,
+            queues.join("; ")
+        ))
+    }
+}
+
+fn check_reply(h: &OutHeader, used: u32, unique: u64, opcode: u32) -> Result<()> {
+    let bad = |reason: String| Err(DriverError::BadReply { opcode, reason });
+    if h.len != used {
+        return bad(format!("out header len {} differs from used length {used}", h.len));
+    }
+    if h.unique != unique {
+        return bad(format!("out header unique {} for request {unique}", h.unique));
+    }
+    if h.error > 0 || h.error < -4095 {
+        return bad(format!("error {} is not a negative errno", h.error));
+    }
+    if h.error != 0 && h.len as usize != OutHeader::SIZE {
+        return bad(format!("error {} with {} payload bytes", h.error, h.len as usize - OutHeader::SIZE));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use virtiofs_dpu::config::Profile;
+    use virtiofs_dpu::RunningDevice;
+
+    use super::*;
+    use crate::driver::DriverOptions;
+    use crate::fuse_abi::{self as abi, opcode};
+
+    const FILE: usize = 64 << 10;
+
+    fn file_byte(i: usize) -> u8 {
+        (i as u8).wrapping_mul(13) ^ (i >> 8) as u8
+    }
+
+    /// A device with `queues` request queues of `size` entries, a driver on it, and a 64 KiB
+    /// file of known content: (device, driver, nodeid, fh).
+    fn setup(
+        dir: &Path,
+        size: u16,
+        queues: u16,
+        policy: QueueFullPolicy,
+    ) -> (RunningDevice, FsDriver, u64, u64) {
+        let sock = dir.join("dev.sock");
+        let profile = Profile { queue_size: size, request_queues: queues, ..Default::default() };
+        let dev = RunningDevice::start(&sock, profile).unwrap();
+        let opts = DriverOptions {
+            queue_size: size,
+            request_queues: queues,
+            queue_full: policy,
+            mem_size: 8 << 20,
+            ..Default::default()
+        };
+        let mut d = FsDriver::connect(&sock, opts).unwrap();
+        d.init().unwrap();
+        let (e, o) = d.create(1, "f", 0o644, libc::O_RDWR as u32).unwrap();
+        let content: Vec<u8> = (0..FILE).map(file_byte).collect();
+        for off in (0..FILE).step_by(4096) {
+            d.write(e.nodeid, o.fh, off as u64, &content[off..off + 4096]).unwrap();
+        }
+        (dev, d, e.nodeid, o.fh)
+    }
+
+    fn read_req(node: u64, fh: u64) -> impl FnMut(u64, &mut IoSpec) {
+        move |seq, s| {
+            s.opcode = opcode::READ;
+            s.nodeid = node;
+            let offset = (seq % (FILE as u64 / 4096)) * 4096;
+            abi::ReadIn { fh, offset, size: 4096, ..Default::default() }.encode_into(&mut s.args);
+            s.out_data = 4096;
+        }
+    }
+
+    /// Runs `total` 4 KiB reads at `depth`, checking every reply's data, that each request
+    /// completes exactly once, and the latency bookkeeping; returns the report and the largest
+    /// time a request spent parked.
+    fn run_reads(d: &mut FsDriver, node: u64, fh: u64, depth: usize, total: u64) -> (LoopReport, Duration) {
+        let mut seen = vec![0u8; total as usize];
+        let mut uniques = std::collections::HashSet::new();
+        let mut max_queued = Duration::ZERO;
+        let mut cfg = LoopConfig::new(depth, total);
+        cfg.warmup_ops = total / 10;
+        let r = d
+            .run_closed_loop(&cfg, read_req(node, fh), |c| {
+                assert_eq!(c.errno, 0);
+                assert_eq!(c.payload_len, 4096);
+                let offset = (c.seq % (FILE as u64 / 4096)) as usize * 4096;
+                let data = c.reply_data()?;
+                assert!(data.iter().enumerate().all(|(i, &b)| b == file_byte(offset + i)), "seq {}", c.seq);
+                seen[c.seq as usize] += 1;
+                assert!(uniques.insert(c.unique), "unique {} completed twice", c.unique);
+                assert!(c.latency >= c.queued, "latency {:?} < queued {:?}", c.latency, c.queued);
+                assert_eq!(c.parked, c.queued > Duration::ZERO || c.parked);
+                assert_eq!(c.warmup, c.seq < total / 10);
+                max_queued = max_queued.max(c.queued);
+                Ok(())
+            })
+            .unwrap();
+        assert!(seen.iter().all(|&n| n == 1), "every request completes exactly once");
+        assert_eq!((r.issued, r.completed), (total, total));
+        assert_eq!(r.measured, total - total / 10);
+        assert_eq!(r.histogram.len(), r.measured);
+        assert_eq!(r.per_queue.iter().sum::<u64>(), total);
+        assert_eq!(d.in_flight(), 0);
+        (r, max_queued)
+    }
+
+    #[test]
+    fn refill_at_twice_the_queue_never_waits_for_a_timer() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_dev, mut d, node, fh) = setup(dir.path(), 8, 1, QueueFullPolicy::Refill);
+        let (r, _) = run_reads(&mut d, node, fh, 16, 3000);
+        assert!(r.parked > 0, "QD 16 on an 8-entry queue parks requests");
+        assert_eq!(r.refills, r.parked, "every parked request went in from the completion path");
+        assert_eq!((r.retry_timer_fires, r.retried), (0, 0), "refill never sleeps 1 ms");
+        assert!(r.max_parked <= 8);
+    }
+
+    #[test]
+    fn retry_1ms_parks_requests_for_a_millisecond() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_dev, mut d, node, fh) = setup(dir.path(), 8, 1, QueueFullPolicy::Retry1ms);
+        let (r, max_queued) = run_reads(&mut d, node, fh, 16, 3000);
+        assert!(r.parked > 0);
+        assert!(r.retry_timer_fires > 0 && r.retried > 0, "{r:?}");
+        assert_eq!(r.refills, 0);
+        assert_eq!(r.retried, r.parked, "parked requests go in only when the timer fires");
+        // The first request parked behind an armed timer waits the whole millisecond at least.
+        assert!(max_queued >= RETRY_DELAY, "longest park {max_queued:?}");
+        assert!(r.histogram.max() >= RETRY_DELAY.as_nanos() as u64);
+    }
+
+    #[test]
+    fn both_policies_over_two_queues_lose_nothing() {
+        for policy in QueueFullPolicy::ALL {
+            let dir = tempfile::tempdir().unwrap();
+            let (_dev, mut d, node, fh) = setup(dir.path(), 8, 2, policy);
+            let (r, _) = run_reads(&mut d, node, fh, 32, 2000);
+            assert_eq!(r.per_queue, vec![1000, 1000], "{policy}: round robin over the request queues");
+            assert!(r.parked > 0, "{policy}");
+            // Writes carry their payload from the slot's data buffer.
+            let mut cfg = LoopConfig::new(32, 500);
+            cfg.max_data = 8192;
+            let w = d
+                .run_closed_loop(
+                    &cfg,
+                    |seq, s| {
+                        s.opcode = opcode::WRITE;
+                        s.nodeid = node;
+                        let offset = (seq % 8) * 8192;
+                        abi::WriteIn { fh, offset, size: 8192, ..Default::default() }
+                            .encode_into(&mut s.args);
+                        s.in_data = 8192;
+                        s.out_args = abi::WriteOut::SIZE;
+                    },
+                    |c| {
+                        let out = abi::WriteOut::decode(&c.reply_args()?).unwrap();
+                        assert_eq!((c.errno, out.size), (0, 8192));
+                        Ok(())
+                    },
+                )
+                .unwrap();
+            assert_eq!((w.completed, w.measured_bytes), (500, 500 * 8192));
+            // The file now holds slot patterns where it was written.
+            let got = d.read(node, fh, 0, 8192).unwrap();
+            assert!((0..cfg.depth).any(|slot| (0..8192).all(|i| got[i] == slot_pattern(slot, i))));
+        }
+    }
+
+    #[test]
+    fn warm_up_and_errors_are_accounted() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_dev, mut d, node, _) = setup(dir.path(), 8, 1, QueueFullPolicy::Refill);
+        // READ with a bad handle: FUSE errors complete normally and are counted.
+        let mut cfg = LoopConfig::new(4, 100);
+        cfg.warmup_ops = 40;
+        let mut warm = 0;
+        let r = d
+            .run_closed_loop(&cfg, read_req(node, 999_999), |c| {
+                assert_eq!((c.errno, c.payload_len), (libc::EBADF, 0));
+                warm += u32::from(c.warmup);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!((r.fuse_errors, r.measured, warm), (100, 60, 40));
+        assert_eq!(r.measured_bytes, 60 * 4096);
+        assert!(r.iops() > 0.0 && r.measured_time > Duration::ZERO);
+        // An error from on_complete ends the run.
+        let e = d
+            .run_closed_loop(&LoopConfig::new(1, 5), read_req(node, 999_999), |_| {
+                Err(DriverError::Unsupported("stop".into()))
+            })
+            .unwrap_err();
+        assert!(matches!(e, DriverError::Unsupported(_)));
+    }
+
+    #[test]
+    fn policy_names_round_trip() {
+        for p in QueueFullPolicy::ALL {
+            assert_eq!(p.name().parse::<QueueFullPolicy>().unwrap(), p);
+            assert_eq!(serde_json::to_string(&p).unwrap(), format!("\"{p}\""));
+        }
+        assert!("retry".parse::<QueueFullPolicy>().is_err());
+        assert_eq!(QueueFullPolicy::default(), QueueFullPolicy::Refill);
+    }
+}

@@ -1,0 +1,58 @@
+#!/bin/bash
+# tools/vm/ci.sh [OUT_DIR]: the real-client stage of the test command, from zero.
+# Installs QEMU and the guest kernel (setup.sh, idempotent), builds the guest image and the
+# release daemon, then runs against the daemon with the CI profile (2 vCPUs, 2 request queues):
+#   1. every guest suite in one boot (pjdfstest, fsx, 64 MiB bigfile + remount, dmesg check),
+#      and checks from the daemon's exit report that both request queues carried requests;
+#   2. a guest reboot (device reset) and a remount with the data checked;
+#   3. QEMU killed with SIGKILL mid-write, then a new QEMU attaching and checking the data.
+# Exit status 0 only if everything passed. Env: VM_CACHE, FSX_OPS (default 20000).
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+OUT=${1:-$(mktemp -d /tmp/vfdpu-ci.XXXXXX)}
+mkdir -p "$OUT"
+CONFIG=$REPO/hw-configs/ci.toml
+step() { echo "=== vm: $*"; }
+
+step "setup (QEMU, guest kernel, pjdfstest, fsx)"
+t0=$(date +%s)
+bash "$HERE/setup.sh"
+bash "$HERE/build-guest.sh"
+echo "setup + guest image: $(( $(date +%s) - t0 )) s"
+step "release daemon"
+(cd "$REPO" && cargo build --release -q --bin virtiofs-dpu)
+
+fail=0
+step "guest suites against the device"
+if bash "$HERE/run-device-test.sh" --out "$OUT/suites" --config "$CONFIG" \
+     -e "FSX_OPS=${FSX_OPS:-20000}" "$HERE/guest/all.sh"; then
+  counts=$(grep -a 'requests per queue' "$OUT/suites/daemon.log" | sed 's/.*requests per queue: //')
+  echo "per-queue requests (q0 = hiprio): $counts"
+  q1=$(echo "$counts" | tr ' ' '\n' | sed -n 's/^q1=//p'); q2=$(echo "$counts" | tr ' ' '\n' | sed -n 's/^q2=//p')
+  if [ "${q1:-0}" -gt 0 ] && [ "${q2:-0}" -gt 0 ]; then
+    echo "multi-queue: both request queues used"
+  else
+    echo "FAIL: multi-queue: a request queue carried nothing ($counts)"; fail=1
+  fi
+  echo "boot to first mount: $(tr -d '\r' < "$OUT/suites/console.log" | sed -n 's/^VMMOUNT: .* mounted at \([0-9.]*\)s uptime/\1/p' | head -1) s guest uptime"
+  tr -d '\r' < "$OUT/suites/console.log" | grep -a '^VMHARNESS: boot-done' | head -1 || true
+else
+  echo "FAIL: guest suites"; fail=1
+fi
+grep -a '^VMRESULT' "$OUT/suites/console.log" | tr -d '\r' || true
+
+step "guest reboot (device reset) and remount"
+bash "$HERE/run-device-test.sh" --allow-reboot --out "$OUT/reboot" --config "$CONFIG" \
+  "$HERE/guest/reboot.sh" || { echo "FAIL: reboot"; fail=1; }
+
+step "QEMU killed mid-write; a new QEMU attaches"
+bash "$HERE/run-fault-test.sh" --out "$OUT/fault" --config "$CONFIG" || { echo "FAIL: fault"; fail=1; }
+
+if [ $fail = 0 ]; then
+  echo "vm: 3 passed, 0 failed"
+else
+  echo "vm: logs in $OUT"
+  echo "vm: FAILED"
+fi
+exit $fail
