@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds the firmware for the DPU's Arm cores (aarch64-unknown-linux-gnu) and runs the device and
+# backend tests under Debian's qemu-user-static. Installs the target, the cross linker and
+# qemu-user-static on first use (root, Debian).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
+  rustup target add aarch64-unknown-linux-gnu
+fi
+if ! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64-static >/dev/null; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static
+fi
+# The daemon links for the target; the tests run under emulation (runner in .cargo/config.toml).
+cargo build --target aarch64-unknown-linux-gnu --release --bin virtiofs-dpu
+file target/aarch64-unknown-linux-gnu/release/virtiofs-dpu 2>/dev/null || true
+cargo test --target aarch64-unknown-linux-gnu -p virtiofs-device -p virtiofs-backend
