@@ -9,6 +9,9 @@
 //! it backs off to short sleeps (at most `idle_sleep_us`) so that many devices can share few cores;
 //! any control message wakes it at once.
 //!
+//! A handler may give each poller an [`Engine`] (an io_uring, say): requests it cannot finish at
+//! once stay pending and are completed, out of order, from the same poller's later rounds.
+//!
 //! The control plane talks to pollers only by messages ([`PollerSet`]): start/stop queues, a new
 //! guest-memory snapshot, new interrupt eventfds. Every message is acknowledged after the poller
 //! applied it *between* two requests, so once all pollers acknowledged a new memory snapshot no
@@ -38,6 +41,46 @@ pub trait RequestHandler: Send + Sync + 'static {
     /// device-writable buffers are `writable`; returns the number of bytes written (the used
     /// length). Must not block for long: it runs on a poller that serves other queues too.
     fn handle(&self, queue: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32;
+
+    /// The asynchronous engine of poller `poller` (for example an io_uring owned by that
+    /// poller's core), or `None` to serve every request synchronously through [`Self::handle`].
+    /// Called once on the poller's own thread when it starts.
+    fn engine(&self, poller: usize) -> Option<Box<dyn Engine>> {
+        let _ = poller;
+        None
+    }
+}
+
+/// How a request submitted to an [`Engine`] stands when `submit` returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Finished: this many bytes were written to the writable buffers.
+    Done(u32),
+    /// Still running: [`Engine::poll`] will report it.
+    Pending,
+}
+
+/// A per-poller engine that completes requests asynchronously, polled on the same core (run to
+/// completion: no hand-off to another thread).
+///
+/// The poller guarantees that the buffers of a pending request stay mapped and untouched by the
+/// device until `poll` reports the request: it keeps the guest-memory snapshot the request was
+/// submitted with, does not complete the descriptor chain, and drains the engine (polls until
+/// `in_flight() == 0`) before it switches memory snapshots or stops its queues. An engine may
+/// therefore hand the buffers' addresses to the kernel (io_uring) and keep them until completion.
+pub trait Engine: Send {
+    /// Starts the request `id` (opaque to the engine) on `queue`.
+    fn submit(
+        &mut self,
+        id: u64,
+        queue: u16,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+    ) -> Outcome;
+    /// Reports finished requests as `(id, bytes written)`; returns how many it reported.
+    fn poll(&mut self, done: &mut dyn FnMut(u64, u32)) -> usize;
+    /// Requests submitted and not yet reported.
+    fn in_flight(&self) -> usize;
 }
 
 /// MSI-X eventfds by vector number, as set by DEVICE_SET_IRQS.
@@ -270,9 +313,14 @@ fn run(ctx: Ctx) {
     let mut mem: Arc<GuestMem> = Arc::new(GuestMem::default());
     let mut irqs: Irqs = Arc::from(Vec::new());
     let mut queues: Vec<Served> = Vec::new();
+    let mut engine = ctx.handler.engine(ctx.id);
     let mut last_work = Instant::now();
     loop {
         while let Ok((seq, msg)) = ctx.rx.try_recv() {
+            // Nothing may still use the rings or the memory when they change.
+            if matches!(msg, Msg::Start { .. } | Msg::Stop | Msg::Memory(_) | Msg::Shutdown) {
+                ctx.drain(&mut engine, &mut queues, &mem);
+            }
             match msg {
                 Msg::Start { queues: cfgs, features: f } => {
                     queues = cfgs.into_iter().filter_map(|c| ctx.new_queue(c, f)).collect();
@@ -293,8 +341,11 @@ fn run(ctx: Ctx) {
             let _ = ctx.events.send(Event::Ack { seq });
         }
         let mut work = 0usize;
-        for q in queues.iter_mut().filter(|q| q.attached && !q.broken) {
-            match ctx.serve(&mut q.queue, &mem) {
+        for (slot, q) in queues.iter_mut().enumerate() {
+            if !q.attached || q.broken {
+                continue;
+            }
+            match ctx.serve(slot, &mut q.queue, &mem, &mut engine) {
                 Ok(n) => work += n,
                 Err(QueueError::RingUnmapped(i)) => {
                     // Guest memory is being remapped under a live queue; wait for the new map.
@@ -307,13 +358,19 @@ fn run(ctx: Ctx) {
                 }
             }
         }
+        if let Some(e) = engine.as_mut() {
+            work += ctx.complete(e.as_mut(), &mut queues, &mem);
+        }
         for q in queues.iter_mut().filter(|q| q.attached && !q.broken) {
             if q.queue.needs_interrupt(&mem) {
                 ctx.signal(&irqs, q.queue.vector(), q.queue.index());
             }
         }
-        if work > 0 {
-            last_work = Instant::now();
+        let waiting = engine.as_ref().is_some_and(|e| e.in_flight() > 0);
+        if work > 0 || waiting {
+            if work > 0 {
+                last_work = Instant::now();
+            }
         } else if queues.is_empty() {
             std::thread::park_timeout(Duration::from_millis(100));
         } else if !ctx.busy && last_work.elapsed() >= ctx.spin {
@@ -354,17 +411,36 @@ impl Ctx {
         (self.wake_control)();
     }
 
-    fn serve(&self, q: &mut SplitQueue, mem: &GuestMem) -> Result<usize, QueueError> {
+    fn serve(
+        &self,
+        slot: usize,
+        q: &mut SplitQueue,
+        mem: &GuestMem,
+        engine: &mut Option<Box<dyn Engine>>,
+    ) -> Result<usize, QueueError> {
         let n = q.pending(mem)?.min(ROUND_BUDGET);
         let index = usize::from(q.index());
         let mut chain = Chain::default();
+        let mut completed = 0u64;
         for _ in 0..n {
             let head = q.pop_head(mem)?;
             let len = match q.chain(mem, head, &mut chain) {
                 Ok(()) => {
                     let room: usize = chain.writable.iter().map(|s| s.len()).sum();
-                    let len = self.handler.handle(q.index(), &chain.readable, &chain.writable);
-                    len.min(u32::try_from(room).unwrap_or(u32::MAX))
+                    let room = u32::try_from(room).unwrap_or(u32::MAX);
+                    let outcome = match engine {
+                        Some(e) => {
+                            let id = ((slot as u64) << 16) | u64::from(head);
+                            e.submit(id, q.index(), &chain.readable, &chain.writable)
+                        }
+                        None => {
+                            Outcome::Done(self.handler.handle(q.index(), &chain.readable, &chain.writable))
+                        }
+                    };
+                    match outcome {
+                        Outcome::Done(len) => len.min(room),
+                        Outcome::Pending => continue,
+                    }
                 }
                 Err(e) => {
                     warn!("queue {index}: request {head} failed: {e}");
@@ -373,12 +449,56 @@ impl Ctx {
                 }
             };
             q.push_used(mem, head, len)?;
+            completed += 1;
         }
-        if n > 0 {
+        if completed > 0 {
             q.publish_used(mem)?;
-            self.stats.requests[index].fetch_add(u64::from(n), Ordering::Relaxed);
+            self.stats.requests[index].fetch_add(completed, Ordering::Relaxed);
         }
         Ok(usize::from(n))
+    }
+
+    /// Completes what the engine finished: used entries, one publish per queue.
+    fn complete(&self, engine: &mut dyn Engine, queues: &mut [Served], mem: &GuestMem) -> usize {
+        let mut touched = 0u64; // bitmap of queue slots (first 64) with new used entries
+        let mut overflow = false;
+        let n = engine.poll(&mut |id, len| {
+            let (slot, head) = ((id >> 16) as usize, (id & 0xffff) as u16);
+            let Some(q) = queues.get_mut(slot) else { return };
+            if q.broken || q.queue.push_used(mem, head, len).is_err() {
+                return;
+            }
+            self.stats.requests[usize::from(q.queue.index())].fetch_add(1, Ordering::Relaxed);
+            if slot < 64 {
+                touched |= 1 << slot;
+            } else {
+                overflow = true;
+            }
+        });
+        for (slot, q) in queues.iter_mut().enumerate() {
+            if (slot < 64 && touched & (1 << slot) != 0) || (slot >= 64 && overflow) {
+                if let Err(e) = q.queue.publish_used(mem) {
+                    debug!("queue {}: {e}", q.queue.index());
+                }
+            }
+        }
+        n
+    }
+
+    /// Waits for every in-flight engine request (completing them) before rings or memory change.
+    fn drain(&self, engine: &mut Option<Box<dyn Engine>>, queues: &mut [Served], mem: &GuestMem) {
+        let Some(e) = engine.as_mut() else { return };
+        let started = Instant::now();
+        let mut warned = false;
+        while e.in_flight() > 0 {
+            if self.complete(e.as_mut(), queues, mem) == 0 {
+                std::hint::spin_loop();
+                if !warned && started.elapsed() > Duration::from_secs(1) {
+                    warn!("poller {}: waiting for {} in-flight requests", self.id, e.in_flight());
+                    warned = true;
+                }
+            }
+        }
     }
 
     fn signal(&self, irqs: &Irqs, vector: u16, queue: u16) {

@@ -7,7 +7,7 @@ use std::io::Read;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -16,7 +16,7 @@ use std::time::Duration;
 use vfio_bindings::bindings::vfio as vb;
 use virtiofs_device::config::Profile;
 use virtiofs_device::memory::memfd;
-use virtiofs_device::poller::RequestHandler;
+use virtiofs_device::poller::{Engine, Outcome, RequestHandler};
 use virtiofs_device::vfio_user::wire::{self, cmd, Header};
 use virtiofs_device::vfio_user::{Server, StopHandle};
 use vm_memory::{ByteValued, VolatileSlice};
@@ -26,6 +26,39 @@ use vmm_sys_util::eventfd::EventFd;
 struct TestHandler {
     calls: AtomicUsize,
     gate: Mutex<Option<(Sender<()>, Receiver<()>)>>,
+    /// When set, requests go through a [`HeldEngine`] that completes them only once released.
+    engine_release: Option<Arc<AtomicBool>>,
+    engine_submitted: Arc<AtomicUsize>,
+}
+
+/// An asynchronous engine that writes its reply at once but reports completion only after the
+/// test releases it.
+struct HeldEngine {
+    pending: Vec<(u64, u32)>,
+    release: Arc<AtomicBool>,
+    submitted: Arc<AtomicUsize>,
+}
+
+impl Engine for HeldEngine {
+    fn submit(&mut self, id: u64, _q: u16, _r: &[VolatileSlice<'_>], w: &[VolatileSlice<'_>]) -> Outcome {
+        w[0].copy_from(b"asyn");
+        self.pending.push((id, 4));
+        self.submitted.fetch_add(1, Ordering::SeqCst);
+        Outcome::Pending
+    }
+    fn poll(&mut self, done: &mut dyn FnMut(u64, u32)) -> usize {
+        if !self.release.load(Ordering::SeqCst) {
+            return 0;
+        }
+        let n = self.pending.len();
+        for (id, len) in self.pending.drain(..) {
+            done(id, len);
+        }
+        n
+    }
+    fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
 }
 
 impl RequestHandler for TestHandler {
@@ -44,6 +77,11 @@ impl RequestHandler for TestHandler {
             _ => 0,
         }
     }
+
+    fn engine(&self, _poller: usize) -> Option<Box<dyn Engine>> {
+        let release = self.engine_release.clone()?;
+        Some(Box::new(HeldEngine { pending: Vec::new(), release, submitted: self.engine_submitted.clone() }))
+    }
 }
 
 struct Dev {
@@ -55,8 +93,16 @@ struct Dev {
 
 impl Dev {
     fn start() -> Dev {
+        Dev::start_with(None)
+    }
+    fn start_with(engine_release: Option<Arc<AtomicBool>>) -> Dev {
         let dir = tempfile::tempdir().unwrap();
-        let handler = Arc::new(TestHandler { calls: AtomicUsize::new(0), gate: Mutex::new(None) });
+        let handler = Arc::new(TestHandler {
+            calls: AtomicUsize::new(0),
+            gate: Mutex::new(None),
+            engine_release,
+            engine_submitted: Arc::new(AtomicUsize::new(0)),
+        });
         let profile = Profile { request_queues: 2, queue_size: 16, ..Profile::default() };
         let server = Server::bind(&dir.path().join("dev.sock"), &profile, handler.clone()).unwrap();
         let stop = server.stop_handle();
@@ -753,4 +799,42 @@ fn pipelined_maps_keep_descriptors_with_their_message() {
         assert_eq!(r.errno(), 0, "command {} failed", r.hdr.command);
     }
     c.still_serves();
+}
+
+#[test]
+fn engine_requests_complete_asynchronously_and_unmap_waits_for_them() {
+    let release = Arc::new(AtomicBool::new(false));
+    let dev = Dev::start_with(Some(release.clone()));
+    let mut c = dev.client();
+    let mem = memfd("guest", 0x100000).unwrap();
+    let e = EventFd::new(0).unwrap();
+    activate(&mut c, &mem, &e);
+    post(&mem, 0, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while dev.handler.engine_submitted.load(Ordering::SeqCst) == 0 {
+        assert!(std::time::Instant::now() < deadline, "request never reached the engine");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(used_idx(&mem), 0, "a pending request must not be completed");
+    let (_, b) = c.msg(
+        cmd::DMA_UNMAP,
+        0,
+        wire::DmaUnmap { argsz: 24, flags: 0, address: 0, size: 0x100000 }.as_slice(),
+    );
+    c.send_raw(&b, &[]);
+    std::thread::sleep(Duration::from_millis(300));
+    let early = wire::recv_with_fds(&c.s, &mut [0u8; 16], &mut Vec::new());
+    assert!(
+        early.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock),
+        "DMA_UNMAP acknowledged while an engine request was in flight: {early:?}"
+    );
+    release.store(true, Ordering::SeqCst);
+    let r = c.recv();
+    assert_eq!((r.hdr.command, r.errno()), (cmd::DMA_UNMAP, 0));
+    assert_eq!(used_idx(&mem), 1, "the engine request completed before the unmap was acknowledged");
+    let mut reply = [0u8; 4];
+    std::os::unix::fs::FileExt::read_exact_at(&mem, &mut reply, BUF).unwrap();
+    assert_eq!(&reply, b"asyn");
+    assert_eq!(dev.handler.calls.load(Ordering::SeqCst), 0, "the engine, not handle(), served it");
 }
