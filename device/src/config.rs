@@ -67,6 +67,8 @@ pub struct Profile {
     pub queue_size: u16,
     /// CPU cores the pollers are pinned to; one poller per entry. Empty: one unpinned poller.
     pub poller_cores: Vec<usize>,
+    /// Offer packed virtqueues (VIRTIO_F_RING_PACKED) besides split ones; the driver chooses.
+    pub packed_ring: bool,
     /// `busy`: pollers never sleep (a dedicated core, as on a DPU); `adaptive`: after
     /// `idle_spin_us` without work they back off to sleeps of at most `idle_sleep_us` (shared cores).
     pub polling: Polling,
@@ -85,6 +87,7 @@ impl Default for Profile {
             request_queues: 1,
             queue_size: 128,
             poller_cores: Vec::new(),
+            packed_ring: true,
             polling: Polling::Adaptive,
             idle_spin_us: 50,
             idle_sleep_us: 200,

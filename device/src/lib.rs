@@ -11,6 +11,7 @@
 
 pub mod config;
 pub mod memory;
+pub mod packed;
 pub mod pci;
 pub mod poller;
 pub mod queue;

@@ -30,10 +30,9 @@ use vm_memory::VolatileSlice;
 
 use crate::config::{Polling, Profile};
 use crate::memory::GuestMem;
-use crate::pci::features;
 use crate::pci::msix::MsixShared;
 use crate::pci::{QueueConfig, NO_VECTOR};
-use crate::queue::{Chain, QueueError, SplitQueue};
+use crate::queue::{Chain, QueueError, Ring};
 
 /// Serves one request. Implemented by the FUSE server glue; the device knows nothing of FUSE.
 pub trait RequestHandler: Send + Sync + 'static {
@@ -299,7 +298,7 @@ impl Drop for PollerSet {
 }
 
 struct Served {
-    queue: SplitQueue,
+    queue: Ring,
     attached: bool,
     broken: bool,
 }
@@ -383,9 +382,7 @@ fn run(ctx: Ctx) {
 
 impl Ctx {
     fn new_queue(&self, cfg: QueueConfig, f: u64) -> Option<Served> {
-        let event_idx = f & features::EVENT_IDX != 0;
-        let indirect = f & features::INDIRECT_DESC != 0;
-        match SplitQueue::new(cfg, event_idx, indirect) {
+        match Ring::new(cfg, f) {
             Ok(queue) => Some(Served { queue, attached: false, broken: false }),
             Err(e) => {
                 self.report(e);
@@ -414,23 +411,24 @@ impl Ctx {
     fn serve(
         &self,
         slot: usize,
-        q: &mut SplitQueue,
+        q: &mut Ring,
         mem: &GuestMem,
         engine: &mut Option<Box<dyn Engine>>,
     ) -> Result<usize, QueueError> {
-        let n = q.pending(mem)?.min(ROUND_BUDGET);
         let index = usize::from(q.index());
         let mut chain = Chain::default();
-        let mut completed = 0u64;
-        for _ in 0..n {
-            let head = q.pop_head(mem)?;
-            let len = match q.chain(mem, head, &mut chain) {
+        let (mut taken, mut completed) = (0usize, 0u64);
+        while taken < usize::from(ROUND_BUDGET) {
+            let Some(valid) = q.next(mem, &mut chain)? else { break };
+            taken += 1;
+            let token = chain.head;
+            let len = match valid {
                 Ok(()) => {
                     let room: usize = chain.writable.iter().map(|s| s.len()).sum();
                     let room = u32::try_from(room).unwrap_or(u32::MAX);
                     let outcome = match engine {
                         Some(e) => {
-                            let id = ((slot as u64) << 16) | u64::from(head);
+                            let id = ((slot as u64) << 16) | u64::from(token);
                             e.submit(id, q.index(), &chain.readable, &chain.writable)
                         }
                         None => {
@@ -443,19 +441,19 @@ impl Ctx {
                     }
                 }
                 Err(e) => {
-                    warn!("queue {index}: request {head} failed: {e}");
+                    warn!("queue {index}: request {token} failed: {e}");
                     self.stats.bad_chains[index].fetch_add(1, Ordering::Relaxed);
                     0
                 }
             };
-            q.push_used(mem, head, len)?;
+            q.push_used(mem, token, len)?;
             completed += 1;
         }
         if completed > 0 {
             q.publish_used(mem)?;
             self.stats.requests[index].fetch_add(completed, Ordering::Relaxed);
         }
-        Ok(usize::from(n))
+        Ok(taken)
     }
 
     /// Completes what the engine finished: used entries, one publish per queue.

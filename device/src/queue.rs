@@ -311,7 +311,99 @@ impl SplitQueue {
     }
 }
 
-fn push_slices<'m>(
+/// A virtqueue of either layout, as negotiated (VIRTIO_F_RING_PACKED or not).
+#[derive(Debug)]
+pub enum Ring {
+    /// Split virtqueue.
+    Split(SplitQueue),
+    /// Packed virtqueue.
+    Packed(crate::packed::PackedQueue),
+}
+
+impl Ring {
+    /// The queue the driver configured, in the layout `features` negotiated.
+    pub fn new(cfg: QueueConfig, features: u64) -> Result<Ring, QueueError> {
+        use crate::pci::features as f;
+        let (event_idx, indirect) = (features & f::EVENT_IDX != 0, features & f::INDIRECT_DESC != 0);
+        if features & f::RING_PACKED != 0 {
+            crate::packed::PackedQueue::new(cfg, event_idx, indirect).map(Ring::Packed)
+        } else {
+            SplitQueue::new(cfg, event_idx, indirect).map(Ring::Split)
+        }
+    }
+
+    /// Queue index.
+    pub fn index(&self) -> u16 {
+        match self {
+            Ring::Split(q) => q.index(),
+            Ring::Packed(q) => q.index(),
+        }
+    }
+
+    /// MSI-X vector.
+    pub fn vector(&self) -> u16 {
+        match self {
+            Ring::Split(q) => q.vector(),
+            Ring::Packed(q) => q.vector(),
+        }
+    }
+
+    /// Checks the ring lies in mapped memory and turns driver notifications off.
+    pub fn attach(&mut self, mem: &GuestMem) -> Result<(), QueueError> {
+        match self {
+            Ring::Split(q) => q.attach(mem),
+            Ring::Packed(q) => q.attach(mem),
+        }
+    }
+
+    /// Takes the next request into `chain` (`chain.head` = the token to complete it with).
+    /// `Ok(None)`: nothing available; `Ok(Some(Err))`: a malformed chain to return unserved.
+    pub fn next<'m>(
+        &mut self,
+        mem: &'m GuestMem,
+        chain: &mut Chain<'m>,
+    ) -> Result<Option<Result<(), ChainError>>, QueueError> {
+        match self {
+            Ring::Split(q) => {
+                if q.pending(mem)? == 0 {
+                    return Ok(None);
+                }
+                let head = q.pop_head(mem)?;
+                let r = q.chain(mem, head, chain);
+                chain.head = head;
+                Ok(Some(r))
+            }
+            Ring::Packed(q) => q.next(mem, chain),
+        }
+    }
+
+    /// Returns request `token` with `len` bytes written.
+    pub fn push_used(&mut self, mem: &GuestMem, token: u16, len: u32) -> Result<(), QueueError> {
+        match self {
+            Ring::Split(q) => q.push_used(mem, token, len),
+            Ring::Packed(q) => q.push_used(mem, token, len),
+        }
+    }
+
+    /// Makes the returned requests visible (split: one used-index store per round; packed
+    /// descriptors are visible as they are written).
+    pub fn publish_used(&mut self, mem: &GuestMem) -> Result<(), QueueError> {
+        match self {
+            Ring::Split(q) => q.publish_used(mem),
+            Ring::Packed(_) => Ok(()),
+        }
+    }
+
+    /// Whether the driver wants an interrupt now.
+    pub fn needs_interrupt(&mut self, mem: &GuestMem) -> bool {
+        match self {
+            Ring::Split(q) => q.needs_interrupt(mem),
+            Ring::Packed(q) => q.needs_interrupt(mem),
+        }
+    }
+}
+
+pub(crate) fn push_slices<'m>(
     mem: &'m GuestMem,
     addr: u64,
     len: u32,

@@ -76,6 +76,8 @@ pub mod features {
     pub const EVENT_IDX: u64 = 1 << 29;
     /// Modern (virtio 1.x) device.
     pub const VERSION_1: u64 = 1 << 32;
+    /// Packed virtqueue layout.
+    pub const RING_PACKED: u64 = 1 << 34;
 }
 
 /// Device status bits.

@@ -145,7 +145,10 @@ impl Server {
         poll.registry()
             .register(&mut SourceFd(&listener.as_raw_fd()), LISTENER, Interest::READABLE)
             .map_err(ServerError::Setup)?;
-        let offered = features::EVENT_IDX | features::INDIRECT_DESC;
+        let mut offered = features::EVENT_IDX | features::INDIRECT_DESC;
+        if profile.packed_ring {
+            offered |= features::RING_PACKED;
+        }
         let func = VirtioFsFunction::new(&profile.tag, profile.request_queues, profile.queue_size, offered);
         let w = waker.clone();
         let pollers = PollerSet::spawn(

@@ -1,0 +1,404 @@
+//! The device side of a packed virtqueue (VIRTIO_F_RING_PACKED, virtio 1.1 section 2.7).
+//!
+//! ```text
+//! descriptor ring (queue_desc): {le64 addr, le32 len, le16 id, le16 flags}[size]
+//!     flags: NEXT 1, WRITE 2, INDIRECT 4, AVAIL 1<<7, USED 1<<15
+//! driver event suppression (queue_driver): le16 off_wrap | le16 flags (0 enable, 1 disable, 2 desc)
+//! device event suppression (queue_device): same layout, written by the device
+//! ```
+//! A descriptor is available when its AVAIL bit equals the device's avail wrap counter and its
+//! USED bit does not. A chain continues in the following ring slots while NEXT is set; its buffer
+//! id is in the last descriptor. The device returns a buffer by writing one used descriptor (id,
+//! written length, AVAIL = USED = used wrap counter) at its used position, and moves that position
+//! on by the number of ring slots the chain took, so buffers may complete out of order. The same
+//! validation as for split rings applies: a bad chain fails its request, a corrupt ring (a chain
+//! that never ends) stops the queue.
+
+use std::sync::atomic::{fence, Ordering};
+
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+
+use crate::memory::GuestMem;
+use crate::pci::QueueConfig;
+use crate::queue::{push_slices, Chain, ChainError, QueueError};
+
+const F_NEXT: u16 = 1;
+const F_WRITE: u16 = 2;
+const F_INDIRECT: u16 = 4;
+const F_AVAIL: u16 = 1 << 7;
+const F_USED: u16 = 1 << 15;
+const EVENT_ENABLE: u16 = 0;
+const EVENT_DISABLE: u16 = 1;
+const EVENT_DESC: u16 = 2;
+
+#[derive(Clone, Copy)]
+struct PDesc {
+    addr: u64,
+    len: u32,
+    id: u16,
+    flags: u16,
+}
+
+fn read_pdesc(mem: &GuestMem, table: u64, index: u16) -> Option<PDesc> {
+    let mut raw = [0u8; 16];
+    mem.read_slice(&mut raw, GuestAddress(table.checked_add(u64::from(index) * 16)?)).ok()?;
+    Some(PDesc {
+        addr: u64::from_le_bytes(raw[0..8].try_into().ok()?),
+        len: u32::from_le_bytes(raw[8..12].try_into().ok()?),
+        id: u16::from_le_bytes([raw[12], raw[13]]),
+        flags: u16::from_le_bytes([raw[14], raw[15]]),
+    })
+}
+
+/// A packed virtqueue owned by one poller.
+#[derive(Debug)]
+pub struct PackedQueue {
+    cfg: QueueConfig,
+    event_idx: bool,
+    indirect: bool,
+    next_avail: u16,
+    avail_wrap: bool,
+    next_used: u16,
+    used_wrap: bool,
+    /// Ring slots taken by each outstanding buffer id (to advance the used position).
+    slots: Box<[u16]>,
+    /// Used position when the driver was last interrupted.
+    signalled_used: u16,
+    unsignalled: bool,
+}
+
+impl PackedQueue {
+    /// A queue as configured by the driver (any size from 1 to 32768; 16-byte aligned ring).
+    pub fn new(cfg: QueueConfig, event_idx: bool, indirect: bool) -> Result<Self, QueueError> {
+        let aligned =
+            cfg.desc.is_multiple_of(16) && cfg.avail.is_multiple_of(4) && cfg.used.is_multiple_of(4);
+        if !aligned || cfg.size == 0 || cfg.size > 32768 {
+            return Err(QueueError::BadConfig(cfg.index));
+        }
+        Ok(PackedQueue {
+            cfg,
+            event_idx,
+            indirect,
+            next_avail: 0,
+            avail_wrap: true,
+            next_used: 0,
+            used_wrap: true,
+            slots: vec![0; usize::from(cfg.size)].into_boxed_slice(),
+            signalled_used: 0,
+            unsignalled: false,
+        })
+    }
+
+    /// Queue index.
+    pub fn index(&self) -> u16 {
+        self.cfg.index
+    }
+
+    /// MSI-X vector.
+    pub fn vector(&self) -> u16 {
+        self.cfg.vector
+    }
+
+    /// Checks the ring and event areas lie in mapped memory and disables driver notifications.
+    pub fn attach(&mut self, mem: &GuestMem) -> Result<(), QueueError> {
+        let q = self.cfg.index;
+        let ranges =
+            [(self.cfg.desc, 16 * u64::from(self.cfg.size)), (self.cfg.avail, 4), (self.cfg.used, 4)];
+        for (addr, len) in ranges {
+            if mem.get_slice(GuestAddress(addr), len as usize).is_err() {
+                return Err(QueueError::RingUnmapped(q));
+            }
+        }
+        // Poll mode: the device never wants a notification.
+        mem.store(EVENT_DISABLE.to_le(), GuestAddress(self.cfg.used + 2), Ordering::Release)
+            .map_err(|_| QueueError::RingUnmapped(q))?;
+        Ok(())
+    }
+
+    fn desc_available(&self, flags: u16) -> bool {
+        (flags & F_AVAIL != 0) == self.avail_wrap && (flags & F_USED != 0) != self.avail_wrap
+    }
+
+    fn advance_avail(&mut self, n: u16) {
+        let next = u32::from(self.next_avail) + u32::from(n);
+        if next >= u32::from(self.cfg.size) {
+            self.avail_wrap = !self.avail_wrap;
+            self.next_avail = (next - u32::from(self.cfg.size)) as u16;
+        } else {
+            self.next_avail = next as u16;
+        }
+    }
+
+    /// Takes the next available buffer into `chain` (`chain.head` = buffer id). `Ok(None)`: none
+    /// available; `Ok(Some(Err))`: a malformed chain, to be returned unserved.
+    pub fn next<'m>(
+        &mut self,
+        mem: &'m GuestMem,
+        chain: &mut Chain<'m>,
+    ) -> Result<Option<Result<(), ChainError>>, QueueError> {
+        let q = self.cfg.index;
+        let size = self.cfg.size;
+        let first = read_pdesc(mem, self.cfg.desc, self.next_avail).ok_or(QueueError::RingUnmapped(q))?;
+        if !self.desc_available(first.flags) {
+            return Ok(None);
+        }
+        // Order the flags read before the rest of the chain.
+        fence(Ordering::Acquire);
+        chain.readable.clear();
+        chain.writable.clear();
+        let mut error = None;
+        let mut slot = self.next_avail;
+        let mut taken: u16 = 0;
+        let id;
+        loop {
+            let d = if taken == 0 {
+                first
+            } else {
+                read_pdesc(mem, self.cfg.desc, slot).ok_or(QueueError::RingUnmapped(q))?
+            };
+            taken += 1;
+            if error.is_none() {
+                error = self.take_desc(mem, &d, chain).err();
+            }
+            if d.flags & F_NEXT == 0 {
+                id = d.id;
+                break;
+            }
+            if taken >= size {
+                // The chain never ends inside the ring: the driver corrupted it.
+                return Err(QueueError::BadHead { queue: q, head: self.next_avail });
+            }
+            slot = if slot + 1 == size { 0 } else { slot + 1 };
+        }
+        if id >= size {
+            return Err(QueueError::BadHead { queue: q, head: id });
+        }
+        self.slots[usize::from(id)] = taken;
+        self.advance_avail(taken);
+        chain.head = id;
+        Ok(Some(error.map_or(Ok(()), Err)))
+    }
+
+    fn take_desc<'m>(&self, mem: &'m GuestMem, d: &PDesc, chain: &mut Chain<'m>) -> Result<(), ChainError> {
+        if d.flags & F_INDIRECT != 0 {
+            if !self.indirect || d.flags & F_NEXT != 0 || d.len == 0 || !d.len.is_multiple_of(16) {
+                return Err(ChainError::BadIndirect);
+            }
+            let entries = d.len / 16;
+            if entries > 1 << 16 {
+                return Err(ChainError::BadIndirect);
+            }
+            for i in 0..entries as u16 {
+                let e =
+                    read_pdesc(mem, d.addr, i).ok_or(ChainError::BadBuffer { addr: d.addr, len: d.len })?;
+                if e.flags & F_INDIRECT != 0 {
+                    return Err(ChainError::BadIndirect);
+                }
+                Self::take_buffer(mem, &e, chain)?;
+            }
+            return Ok(());
+        }
+        Self::take_buffer(mem, d, chain)
+    }
+
+    fn take_buffer<'m>(mem: &'m GuestMem, d: &PDesc, chain: &mut Chain<'m>) -> Result<(), ChainError> {
+        let writable = d.flags & F_WRITE != 0;
+        if !writable && !chain.writable.is_empty() {
+            return Err(ChainError::ReadAfterWrite);
+        }
+        if d.len > 0 {
+            let list = if writable { &mut chain.writable } else { &mut chain.readable };
+            push_slices(mem, d.addr, d.len, list)?;
+        }
+        Ok(())
+    }
+
+    /// Returns buffer `id` with `len` bytes written.
+    pub fn push_used(&mut self, mem: &GuestMem, id: u16, len: u32) -> Result<(), QueueError> {
+        let q = self.cfg.index;
+        let taken = self.slots.get(usize::from(id)).copied().unwrap_or(0);
+        if taken == 0 {
+            return Err(QueueError::BadHead { queue: q, head: id });
+        }
+        self.slots[usize::from(id)] = 0;
+        let at = self.cfg.desc + 16 * u64::from(self.next_used);
+        // id and len first; the flags, which hand the slot back, after a release barrier.
+        mem.write_slice(&len.to_le_bytes(), GuestAddress(at + 8)).map_err(|_| QueueError::RingUnmapped(q))?;
+        mem.write_slice(&id.to_le_bytes(), GuestAddress(at + 12)).map_err(|_| QueueError::RingUnmapped(q))?;
+        let mut flags = if self.used_wrap { F_AVAIL | F_USED } else { 0 };
+        if len > 0 {
+            flags |= F_WRITE;
+        }
+        fence(Ordering::Release);
+        mem.store(flags.to_le(), GuestAddress(at + 14), Ordering::Release)
+            .map_err(|_| QueueError::RingUnmapped(q))?;
+        let next = u32::from(self.next_used) + u32::from(taken);
+        if next >= u32::from(self.cfg.size) {
+            self.used_wrap = !self.used_wrap;
+            self.next_used = (next - u32::from(self.cfg.size)) as u16;
+        } else {
+            self.next_used = next as u16;
+        }
+        self.unsignalled = true;
+        Ok(())
+    }
+
+    /// Whether the driver wants an interrupt for the buffers returned since the last one.
+    pub fn needs_interrupt(&mut self, mem: &GuestMem) -> bool {
+        if !self.unsignalled {
+            return false;
+        }
+        self.unsignalled = false;
+        fence(Ordering::SeqCst);
+        let (old, new) = (self.signalled_used, self.next_used);
+        self.signalled_used = new;
+        let mut raw = [0u8; 4];
+        if mem.read_slice(&mut raw, GuestAddress(self.cfg.avail)).is_err() {
+            return true;
+        }
+        let off_wrap = u16::from_le_bytes([raw[0], raw[1]]);
+        match u16::from_le_bytes([raw[2], raw[3]]) {
+            EVENT_DISABLE => false,
+            EVENT_DESC if self.event_idx => {
+                let mut off = off_wrap & 0x7fff;
+                if (off_wrap >> 15 != 0) != self.used_wrap {
+                    off = off.wrapping_sub(self.cfg.size);
+                }
+                new.wrapping_sub(off).wrapping_sub(1) < new.wrapping_sub(old)
+            }
+            EVENT_ENABLE | EVENT_DESC => true,
+            _ => true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::DmaTable;
+
+    const RING: u64 = 0x1000;
+    const DRV: u64 = 0x2000;
+    const DEV: u64 = 0x3000;
+
+    fn setup(size: u16, event_idx: bool) -> (std::sync::Arc<GuestMem>, PackedQueue) {
+        let mut t = DmaTable::default();
+        let f = tempfile::tempfile().unwrap();
+        f.set_len(0x20000).unwrap();
+        t.map(0, 0x20000, 0, Some(f)).unwrap();
+        let mem = t.snapshot();
+        let cfg = QueueConfig { index: 1, size, desc: RING, avail: DRV, used: DEV, vector: 1 };
+        let mut q = PackedQueue::new(cfg, event_idx, true).unwrap();
+        q.attach(&mem).unwrap();
+        (mem, q)
+    }
+
+    fn put(mem: &GuestMem, table: u64, i: u16, addr: u64, len: u32, id: u16, flags: u16) {
+        let mut raw = [0u8; 16];
+        raw[0..8].copy_from_slice(&addr.to_le_bytes());
+        raw[8..12].copy_from_slice(&len.to_le_bytes());
+        raw[12..14].copy_from_slice(&id.to_le_bytes());
+        raw[14..16].copy_from_slice(&flags.to_le_bytes());
+        mem.write_slice(&raw, GuestAddress(table + 16 * u64::from(i))).unwrap();
+    }
+
+    /// Flags of an available descriptor for the driver's wrap counter `wrap`.
+    fn avail(wrap: bool) -> u16 {
+        if wrap {
+            F_AVAIL
+        } else {
+            F_USED
+        }
+    }
+
+    fn flags_at(mem: &GuestMem, i: u16) -> u16 {
+        mem.read_obj::<u16>(GuestAddress(RING + 16 * u64::from(i) + 14)).unwrap()
+    }
+
+    #[test]
+    fn chains_wrap_and_complete_out_of_order() {
+        let (mem, mut q) = setup(4, false);
+        assert_eq!(mem.read_obj::<u16>(GuestAddress(DEV + 2)).unwrap(), EVENT_DISABLE);
+        let mut c = Chain::default();
+        assert!(q.next(&mem, &mut c).unwrap().is_none(), "empty ring");
+        // Chain A (id 0): 2 descriptors; chain B (id 1): 1.
+        put(&mem, RING, 0, 0x8000, 40, 0, avail(true) | F_NEXT);
+        put(&mem, RING, 1, 0x9000, 100, 0, avail(true) | F_WRITE);
+        put(&mem, RING, 2, 0xa000, 64, 1, avail(true) | F_WRITE);
+        q.next(&mem, &mut c).unwrap().unwrap().unwrap();
+        assert_eq!((c.head, c.readable.len(), c.writable.len()), (0, 1, 1));
+        q.next(&mem, &mut c).unwrap().unwrap().unwrap();
+        assert_eq!((c.head, c.readable.len(), c.writable.len()), (1, 0, 1));
+        assert!(q.next(&mem, &mut c).unwrap().is_none());
+        // Complete B first: used descriptor at slot 0, then A at slot 1.
+        q.push_used(&mem, 1, 8).unwrap();
+        assert_eq!(flags_at(&mem, 0) & (F_AVAIL | F_USED), F_AVAIL | F_USED);
+        assert_eq!(mem.read_obj::<u16>(GuestAddress(RING + 12)).unwrap(), 1);
+        q.push_used(&mem, 0, 16).unwrap();
+        assert_eq!(mem.read_obj::<u32>(GuestAddress(RING + 16 + 8)).unwrap(), 16);
+        // Next round wraps: slot 3 then slot 0 with the flipped wrap counter.
+        put(&mem, RING, 3, 0x8000, 8, 2, avail(true) | F_NEXT);
+        put(&mem, RING, 0, 0x9000, 8, 2, avail(false) | F_WRITE);
+        q.next(&mem, &mut c).unwrap().unwrap().unwrap();
+        assert_eq!((c.head, c.readable.len(), c.writable.len()), (2, 1, 1));
+        q.push_used(&mem, 2, 0).unwrap();
+        // Used position was 3 (after 1 + 2 slots); this used entry is at slot 3 with wrap=1.
+        assert_eq!(flags_at(&mem, 3) & (F_AVAIL | F_USED), F_AVAIL | F_USED);
+        assert!(q.push_used(&mem, 2, 0).is_err(), "a buffer is returned only once");
+    }
+
+    #[test]
+    fn indirect_and_malformed() {
+        let (mem, mut q) = setup(8, false);
+        let mut c = Chain::default();
+        put(&mem, 0x5000, 0, 0x8000, 40, 0, 0);
+        put(&mem, 0x5000, 1, 0x9000, 4096, 0, F_WRITE);
+        put(&mem, RING, 0, 0x5000, 32, 3, avail(true) | F_INDIRECT);
+        q.next(&mem, &mut c).unwrap().unwrap().unwrap();
+        assert_eq!((c.head, c.readable.len(), c.writable.len()), (3, 1, 1));
+        // Readable after writable: the request fails, the ring goes on.
+        put(&mem, RING, 1, 0x9000, 8, 4, avail(true) | F_WRITE | F_NEXT);
+        put(&mem, RING, 2, 0x8000, 8, 4, avail(true));
+        assert_eq!(q.next(&mem, &mut c).unwrap().unwrap(), Err(ChainError::ReadAfterWrite));
+        assert_eq!(c.head, 4);
+        // Buffer outside memory.
+        put(&mem, RING, 3, 0x1f000, 0x2000, 5, avail(true));
+        assert!(matches!(q.next(&mem, &mut c).unwrap().unwrap(), Err(ChainError::BadBuffer { .. })));
+        // An id out of range corrupts the ring.
+        put(&mem, RING, 4, 0x8000, 8, 99, avail(true));
+        assert!(q.next(&mem, &mut c).is_err());
+    }
+
+    #[test]
+    fn endless_chain_breaks_the_queue() {
+        let (mem, mut q) = setup(4, false);
+        for i in 0..4 {
+            put(&mem, RING, i, 0x8000, 8, 0, avail(true) | F_NEXT);
+        }
+        assert!(q.next(&mem, &mut Chain::default()).is_err());
+    }
+
+    #[test]
+    fn event_suppression() {
+        let (mem, mut q) = setup(8, true);
+        let mut c = Chain::default();
+        for i in 0..3 {
+            put(&mem, RING, i, 0x9000, 8, i, avail(true) | F_WRITE);
+        }
+        // Driver: disabled.
+        mem.write_obj([0u16, EVENT_DISABLE], GuestAddress(DRV)).unwrap();
+        q.next(&mem, &mut c).unwrap().unwrap().unwrap();
+        q.push_used(&mem, 0, 0).unwrap();
+        assert!(!q.needs_interrupt(&mem));
+        // Driver: interrupt when the used position passes 2 (wrap 1).
+        mem.write_obj([2u16 | 0x8000, EVENT_DESC], GuestAddress(DRV)).unwrap();
+        q.next(&mem, &mut c).unwrap().unwrap().unwrap();
+        q.push_used(&mem, 1, 0).unwrap();
+        assert!(!q.needs_interrupt(&mem), "used position 2 has not passed the event");
+        q.next(&mem, &mut c).unwrap().unwrap().unwrap();
+        q.push_used(&mem, 2, 0).unwrap();
+        assert!(q.needs_interrupt(&mem));
+        mem.write_obj([0u16, EVENT_ENABLE], GuestAddress(DRV)).unwrap();
+        assert!(!q.needs_interrupt(&mem), "nothing new");
+    }
+}
