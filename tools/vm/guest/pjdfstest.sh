@@ -43,6 +43,27 @@ in_set() { awk -v f="$1" -v want="$2" 'BEGIN { while ((getline l < f) > 0) s[l] 
 unexpected=$(in_set /tmp/pjd-exc 0 < /tmp/pjd-failed)
 excepted=$(in_set /tmp/pjd-exc 1 < /tmp/pjd-failed)
 stale=$(in_set /tmp/pjd-failed 0 < /tmp/pjd-exc)
+# Timing-sensitive cases (ETXTBSY races a child's exec; timestamps sleep naptime) can lose under
+# a loaded TCG host: retry each unexpected failure alone, twice; one that then passes is reported
+# as flaky, not as a failure.
+flaky=""
+if [ -n "$unexpected" ]; then
+  still=""
+  for t in $unexpected; do
+    fixed=0
+    for try in 1 2; do
+      (cd /mnt && NO_COLOR=1 CLICOLOR=0 pjdfstest -c "$CFG" -p /mnt -s /tmp/pjd-secondary "$t") > /tmp/pjd-retry.log 2>&1
+      rs=$(sed "s/${ESC}\[[0-9;]*m//g" /tmp/pjd-retry.log | grep '^Summary:' | tail -1)
+      rf=$(echo "$rs" | sed -n 's/.* \([0-9]*\) failed.*/\1/p')
+      rp=$(echo "$rs" | sed -n 's/.* \([0-9]*\) passed.*/\1/p')
+      if [ "$rf" = 0 ] && [ "${rp:-0}" -ge 1 ]; then fixed=1; break; fi
+    done
+    if [ $fixed = 1 ]; then flaky="$flaky $t"; else still="$still $t"; fi
+  done
+  unexpected=$(echo $still | tr ' ' '\n' | grep . || true)
+  [ -z "$flaky" ] || echo "$flaky" | tr ' ' '\n' | grep . | sed 's/^/pjdfstest: flaky (failed once, passed alone on retry): /'
+fi
+n_flaky=$(echo $flaky | tr ' ' '\n' | grep -c . || true)
 n_unexp=$(echo "$unexpected" | grep -c . || true)
 n_exc=$(echo "$excepted" | grep -c . || true)
 
@@ -57,5 +78,5 @@ vm_umount /mnt || { vm_result pjdfstest "status=FAIL reason=umount"; exit 1; }
 status=ok
 [ "$n_unexp" = 0 ] || status=FAIL
 vm_dmesg_check pjdfstest || status=FAIL
-vm_result pjdfstest "status=$status passed=$passed failed=$failed skipped=$skipped total=$total excepted=$n_exc unexpected=$n_unexp secs=$secs"
+vm_result pjdfstest "status=$status passed=$passed failed=$failed skipped=$skipped total=$total excepted=$n_exc unexpected=$n_unexp flaky=$n_flaky secs=$secs"
 [ "$status" = ok ]
