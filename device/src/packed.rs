@@ -129,6 +129,13 @@ impl PackedQueue {
         }
     }
 
+    /// Whether the next ring slot holds an available buffer.
+    pub fn has_work(&self, mem: &GuestMem) -> Result<bool, QueueError> {
+        let at = GuestAddress(self.cfg.desc + 16 * u64::from(self.next_avail) + 14);
+        let flags: u16 = mem.load(at, Ordering::Acquire).map_err(|_| QueueError::RingUnmapped(self.cfg.index))?;
+        Ok(self.desc_available(u16::from_le(flags)))
+    }
+
     /// Takes the next available buffer into `chain` (`chain.head` = buffer id). `Ok(None)`: none
     /// available; `Ok(Some(Err))`: a malformed chain, to be returned unserved.
     pub fn next<'m>(

@@ -340,11 +340,14 @@ fn run(ctx: Ctx) {
             let _ = ctx.events.send(Event::Ack { seq });
         }
         let mut work = 0usize;
+        // The buffer list is built only in rounds that find work (it is 32 KiB: constructing it
+        // on every idle round showed up as a quarter of the poller's cycles at QD=1).
+        let mut chain: Option<Chain<'_>> = None;
         for (slot, q) in queues.iter_mut().enumerate() {
             if !q.attached || q.broken {
                 continue;
             }
-            match ctx.serve(slot, &mut q.queue, &mem, &mut engine) {
+            match ctx.serve(slot, &mut q.queue, &mem, &mut chain, &mut engine) {
                 Ok(n) => work += n,
                 Err(QueueError::RingUnmapped(i)) => {
                     // Guest memory is being remapped under a live queue; wait for the new map.
@@ -408,18 +411,22 @@ impl Ctx {
         (self.wake_control)();
     }
 
-    fn serve(
+    fn serve<'m>(
         &self,
         slot: usize,
         q: &mut Ring,
-        mem: &GuestMem,
+        mem: &'m GuestMem,
+        chain: &mut Option<Chain<'m>>,
         engine: &mut Option<Box<dyn Engine>>,
     ) -> Result<usize, QueueError> {
+        if !q.has_work(mem)? {
+            return Ok(0);
+        }
         let index = usize::from(q.index());
-        let mut chain = Chain::default();
+        let chain = chain.get_or_insert_with(Chain::default);
         let (mut taken, mut completed) = (0usize, 0u64);
         while taken < usize::from(ROUND_BUDGET) {
-            let Some(valid) = q.next(mem, &mut chain)? else { break };
+            let Some(valid) = q.next(mem, chain)? else { break };
             taken += 1;
             let token = chain.head;
             let len = match valid {

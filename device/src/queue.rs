@@ -356,6 +356,14 @@ impl Ring {
         }
     }
 
+    /// Whether a request is waiting (a cheap check: one or two loads).
+    pub fn has_work(&self, mem: &GuestMem) -> Result<bool, QueueError> {
+        match self {
+            Ring::Split(q) => Ok(q.pending(mem)? > 0),
+            Ring::Packed(q) => q.has_work(mem),
+        }
+    }
+
     /// Takes the next request into `chain` (`chain.head` = the token to complete it with).
     /// `Ok(None)`: nothing available; `Ok(Some(Err))`: a malformed chain to return unserved.
     pub fn next<'m>(

@@ -234,7 +234,9 @@ impl FsDriver {
     /// request that finds its ring full is handled per [`super::DriverOptions::queue_full`].
     ///
     /// Needs the driver idle (nothing in flight); FUSE errors are counted and passed on, not
-    /// treated as failures. On error the slots' guest buffers are not reclaimed.
+    /// treated as failures. Completions are found by polling the used rings (fio's polled I/O);
+    /// [`super::DriverOptions::use_interrupts`] does not apply. On error the slots' guest buffers
+    /// are not reclaimed.
     pub fn run_closed_loop<M, C>(
         &mut self,
         cfg: &LoopConfig,
@@ -682,7 +684,9 @@ mod tests {
                 seen[c.seq as usize] += 1;
                 assert!(uniques.insert(c.unique), "unique {} completed twice", c.unique);
                 assert!(c.latency >= c.queued, "latency {:?} < queued {:?}", c.latency, c.queued);
-                assert_eq!(c.parked, c.queued > Duration::ZERO || c.parked);
+                if !c.parked {
+                    assert_eq!(c.queued, Duration::ZERO, "only parked requests wait to enter the ring");
+                }
                 assert_eq!(c.warmup, c.seq < total / 10);
                 max_queued = max_queued.max(c.queued);
                 Ok(())
