@@ -132,7 +132,8 @@ impl PackedQueue {
     /// Whether the next ring slot holds an available buffer.
     pub fn has_work(&self, mem: &GuestMem) -> Result<bool, QueueError> {
         let at = GuestAddress(self.cfg.desc + 16 * u64::from(self.next_avail) + 14);
-        let flags: u16 = mem.load(at, Ordering::Acquire).map_err(|_| QueueError::RingUnmapped(self.cfg.index))?;
+        let flags: u16 =
+            mem.load(at, Ordering::Acquire).map_err(|_| QueueError::RingUnmapped(self.cfg.index))?;
         Ok(self.desc_available(u16::from_le(flags)))
     }
 
