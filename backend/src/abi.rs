@@ -20,7 +20,9 @@ pub const ROOT_ID: u64 = 1;
 /// The longest name component a FUSE kernel may send (it enforces this before sending).
 pub const FUSE_NAME_MAX: usize = 1024;
 
-/// FUSE request opcodes (`enum fuse_opcode`).
+/// FUSE request opcodes (`enum fuse_opcode`). `FUSE_COPY_FILE_RANGE_64` (53) came with 7.45; a
+/// kernel speaking 7.41 never sends it, so it is not listed (it is answered `ENOSYS` like any
+/// unknown opcode).
 pub mod opcode {
     #![allow(missing_docs)]
     pub const LOOKUP: u32 = 1;
@@ -163,6 +165,38 @@ pub mod write_flags {
 pub const GETATTR_FH: u32 = 1 << 0;
 /// `fuse_fsync_in.fsync_flags`: only flush user data (fdatasync).
 pub const FSYNC_FDATASYNC: u32 = 1 << 0;
+/// `fuse_open_in.open_flags` / `fuse_create_in.open_flags`: clear set-user-id and set-group-id on
+/// `O_TRUNC` (sent with `HANDLE_KILLPRIV_V2` when the caller lacks `CAP_FSETID`).
+pub const OPEN_KILL_SUIDGID: u32 = 1 << 0;
+/// `fuse_setxattr_in.setxattr_flags`: setting this POSIX access ACL clears set-group-id (the caller
+/// is neither in the file's group nor has `CAP_FSETID`). Only with `SETXATTR_EXT` and `POSIX_ACL`.
+pub const SETXATTR_ACL_KILL_SGID: u32 = 1 << 0;
+/// `fuse_lk_in.lk_flags`: a BSD `flock` rather than a POSIX record lock.
+pub const LK_FLOCK: u32 = 1 << 0;
+/// `fuse_release_in.release_flags`: flush as well.
+pub const RELEASE_FLUSH: u32 = 1 << 0;
+/// `fuse_release_in.release_flags`: drop the `flock` locks of `lock_owner`.
+pub const RELEASE_FLOCK_UNLOCK: u32 = 1 << 1;
+/// `fuse_setxattr_in` size without `SETXATTR_EXT` (`size` and `flags` only).
+pub const COMPAT_SETXATTR_IN_SIZE: usize = 8;
+
+/// `statx` mask bits (`STATX_*`) used in `fuse_statx`.
+pub mod statx {
+    #![allow(missing_docs)]
+    pub const TYPE: u32 = 0x0001;
+    pub const MODE: u32 = 0x0002;
+    pub const NLINK: u32 = 0x0004;
+    pub const UID: u32 = 0x0008;
+    pub const GID: u32 = 0x0010;
+    pub const ATIME: u32 = 0x0020;
+    pub const MTIME: u32 = 0x0040;
+    pub const CTIME: u32 = 0x0080;
+    pub const INO: u32 = 0x0100;
+    pub const SIZE: u32 = 0x0200;
+    pub const BLOCKS: u32 = 0x0400;
+    pub const BASIC_STATS: u32 = 0x07ff;
+    pub const BTIME: u32 = 0x0800;
+}
 
 /// Header of every request (`struct fuse_in_header`).
 #[repr(C)]
@@ -529,6 +563,172 @@ pub struct InitOut {
 /// `fuse_init_out` size a kernel older than 7.23 expects.
 pub const COMPAT_22_INIT_OUT_SIZE: usize = 24;
 
+/// SETXATTR argument (`struct fuse_setxattr_in`), followed by the name and the value. Without
+/// `SETXATTR_EXT` only the first [`COMPAT_SETXATTR_IN_SIZE`] bytes are sent.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct SetxattrIn {
+    pub size: u32,
+    pub flags: u32,
+    pub setxattr_flags: u32,
+    pub padding: u32,
+}
+
+/// GETXATTR (followed by the name) and LISTXATTR argument (`struct fuse_getxattr_in`).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct GetxattrIn {
+    pub size: u32,
+    pub padding: u32,
+}
+
+/// Reply to GETXATTR and LISTXATTR asked with size 0 (`struct fuse_getxattr_out`).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct GetxattrOut {
+    pub size: u32,
+    pub padding: u32,
+}
+
+/// A POSIX record lock (`struct fuse_file_lock`); `end` is inclusive, `type` is `F_RDLCK`,
+/// `F_WRLCK` or `F_UNLCK`.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct FileLock {
+    pub start: u64,
+    pub end: u64,
+    pub typ: u32,
+    pub pid: u32,
+}
+
+/// GETLK, SETLK and SETLKW argument (`struct fuse_lk_in`).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct LkIn {
+    pub fh: u64,
+    pub owner: u64,
+    pub lk: FileLock,
+    pub lk_flags: u32,
+    pub padding: u32,
+}
+
+/// Reply to GETLK (`struct fuse_lk_out`).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct LkOut {
+    pub lk: FileLock,
+}
+
+/// LSEEK argument (`struct fuse_lseek_in`).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct LseekIn {
+    pub fh: u64,
+    pub offset: u64,
+    pub whence: u32,
+    pub padding: u32,
+}
+
+/// Reply to LSEEK (`struct fuse_lseek_out`).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct LseekOut {
+    pub offset: u64,
+}
+
+/// COPY_FILE_RANGE argument (`struct fuse_copy_file_range_in`); the source is the request's node.
+/// The reply is a [`WriteOut`].
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct CopyFileRangeIn {
+    pub fh_in: u64,
+    pub off_in: u64,
+    pub nodeid_out: u64,
+    pub fh_out: u64,
+    pub off_out: u64,
+    pub len: u64,
+    pub flags: u64,
+}
+
+/// SYNCFS argument (`struct fuse_syncfs_in`).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct SyncfsIn {
+    pub padding: u64,
+}
+
+/// A timestamp in a [`Statx`] (`struct fuse_sx_time`).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct SxTime {
+    pub tv_sec: i64,
+    pub tv_nsec: u32,
+    pub reserved: i32,
+}
+
+/// Extended attributes (`struct fuse_statx`); `mask` says which fields are valid ([`statx`]).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct Statx {
+    pub mask: u32,
+    pub blksize: u32,
+    pub attributes: u64,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mode: u16,
+    pub spare0: u16,
+    pub ino: u64,
+    pub size: u64,
+    pub blocks: u64,
+    pub attributes_mask: u64,
+    pub atime: SxTime,
+    pub btime: SxTime,
+    pub ctime: SxTime,
+    pub mtime: SxTime,
+    pub rdev_major: u32,
+    pub rdev_minor: u32,
+    pub dev_major: u32,
+    pub dev_minor: u32,
+    pub spare2: [u64; 14],
+}
+
+/// STATX argument (`struct fuse_statx_in`).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct StatxIn {
+    pub getattr_flags: u32,
+    pub reserved: u32,
+    pub fh: u64,
+    pub sx_flags: u32,
+    pub sx_mask: u32,
+}
+
+/// Reply to STATX (`struct fuse_statx_out`).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct StatxOut {
+    pub attr_valid: u64,
+    pub attr_valid_nsec: u32,
+    pub flags: u32,
+    pub spare: [u64; 2],
+    pub stat: Statx,
+}
+
 /// INTERRUPT argument (`struct fuse_interrupt_in`).
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -627,6 +827,20 @@ byte_valued!(
     FallocateIn,
     Dirent,
     DirentPlus,
+    SetxattrIn,
+    GetxattrIn,
+    GetxattrOut,
+    FileLock,
+    LkIn,
+    LkOut,
+    LseekIn,
+    LseekOut,
+    CopyFileRangeIn,
+    SyncfsIn,
+    SxTime,
+    Statx,
+    StatxIn,
+    StatxOut,
 );
 
 #[cfg(test)]
@@ -669,6 +883,20 @@ mod tests {
         assert_eq!(size_of::<FallocateIn>(), 32);
         assert_eq!(size_of::<Dirent>(), 24);
         assert_eq!(size_of::<DirentPlus>(), 152);
+        assert_eq!(size_of::<SetxattrIn>(), 16);
+        assert_eq!(size_of::<GetxattrIn>(), 8);
+        assert_eq!(size_of::<GetxattrOut>(), 8);
+        assert_eq!(size_of::<FileLock>(), 24);
+        assert_eq!(size_of::<LkIn>(), 48);
+        assert_eq!(size_of::<LkOut>(), 24);
+        assert_eq!(size_of::<LseekIn>(), 24);
+        assert_eq!(size_of::<LseekOut>(), 8);
+        assert_eq!(size_of::<CopyFileRangeIn>(), 56);
+        assert_eq!(size_of::<SyncfsIn>(), 8);
+        assert_eq!(size_of::<SxTime>(), 16);
+        assert_eq!(size_of::<Statx>(), 256);
+        assert_eq!(size_of::<StatxIn>(), 24);
+        assert_eq!(size_of::<StatxOut>(), 288);
     }
 
     #[test]

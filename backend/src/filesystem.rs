@@ -171,6 +171,48 @@ pub struct DirEntry<'a> {
     pub name: &'a [u8],
 }
 
+/// The answer to GETXATTR or LISTXATTR.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum XattrReply {
+    /// The caller asked for the size only (size 0): the value (or list) is this long.
+    Size(u32),
+    /// The value (or the list of NUL-terminated names), which fits the caller's size.
+    Data(Vec<u8>),
+}
+
+/// The kind of a POSIX record lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockType {
+    /// A shared lock (`F_RDLCK`).
+    Read,
+    /// An exclusive lock (`F_WRLCK`).
+    Write,
+    /// No lock: releases a range, or "no conflict" in a GETLK answer (`F_UNLCK`).
+    Unlock,
+}
+
+/// A POSIX record lock on a byte range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileLock {
+    /// First byte.
+    pub start: u64,
+    /// Last byte, inclusive (`i64::MAX` stands for "to the end of the file, however long").
+    pub end: u64,
+    /// Shared, exclusive, or none.
+    pub typ: LockType,
+    /// Process (thread group) holding it, as the kernel reports it.
+    pub pid: u32,
+}
+
+/// Attributes as `statx(2)` shows them: [`Stat`] plus the birth time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Statx {
+    /// The `stat(2)` attributes.
+    pub stat: Stat,
+    /// Creation time, if the filesystem knows it.
+    pub btime: Option<Timespec>,
+}
+
 /// Why an operation failed. The server turns it into an errno in the reply header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
@@ -219,9 +261,28 @@ pub enum Error {
     /// The operation is not supported for this object (`EOPNOTSUPP`).
     #[error("operation not supported")]
     NotSupported,
-    /// The result does not fit the caller's buffer (`ERANGE`).
+    /// The result does not fit the caller's buffer, or an attribute name is empty or too long
+    /// (`ERANGE`).
     #[error("result out of range")]
     OutOfRange,
+    /// No such extended attribute (`ENODATA`).
+    #[error("no such attribute")]
+    NoData,
+    /// An extended attribute value is too large (`E2BIG`).
+    #[error("argument too large")]
+    TooBig,
+    /// A conflicting lock is held (`EAGAIN`).
+    #[error("resource temporarily unavailable")]
+    WouldBlock,
+    /// Too many locks (`ENOLCK`).
+    #[error("no locks available")]
+    NoLocks,
+    /// SEEK_DATA/SEEK_HOLE past the end of the file, or SEEK_DATA in a trailing hole (`ENXIO`).
+    #[error("no such device or address")]
+    NoSuchAddress,
+    /// An offset plus a length does not fit the offset type (`EOVERFLOW`).
+    #[error("value too large for defined data type")]
+    Overflow,
     /// Internal failure (`EIO`).
     #[error("input/output error")]
     Io,
@@ -247,6 +308,12 @@ impl Error {
             Error::TooManyLinks => libc::EMLINK,
             Error::NotSupported => libc::EOPNOTSUPP,
             Error::OutOfRange => libc::ERANGE,
+            Error::NoData => libc::ENODATA,
+            Error::TooBig => libc::E2BIG,
+            Error::WouldBlock => libc::EAGAIN,
+            Error::NoLocks => libc::ENOLCK,
+            Error::NoSuchAddress => libc::ENXIO,
+            Error::Overflow => libc::EOVERFLOW,
             Error::Io => libc::EIO,
         }
     }
@@ -282,10 +349,15 @@ pub trait FileSystem: Send + Sync {
     /// The session starts. `capable` is the set of `FUSE_INIT` flags ([`crate::abi::init`]) that the
     /// kernel offers and the server can honour; return the subset this filesystem wants.
     ///
-    /// `HANDLE_KILLPRIV` is a promise only the filesystem can make (it clears set-user-id and
-    /// set-group-id itself on write, truncate and chown), so the default leaves it out.
+    /// Some flags are promises only the filesystem can make, so the default leaves them out:
+    /// `HANDLE_KILLPRIV` and `HANDLE_KILLPRIV_V2` (it clears set-user-id, set-group-id and
+    /// `security.capability` itself on write, truncate and chown), `DONT_MASK` (it applies the
+    /// `umask` argument of MKNOD, MKDIR, CREATE and TMPFILE itself) and `POSIX_ACL` (it stores
+    /// `system.posix_acl_*`, keeps the mode in step with them and makes new nodes inherit default
+    /// ACLs; the kernel then also checks permissions itself, as with `default_permissions`).
     fn init(&self, capable: u64) -> Result<u64> {
-        Ok(capable & !crate::abi::init::HANDLE_KILLPRIV)
+        use crate::abi::init;
+        Ok(capable & !(init::HANDLE_KILLPRIV | init::HANDLE_KILLPRIV_V2 | init::DONT_MASK | init::POSIX_ACL))
     }
 
     /// The session ends: the kernel drops every lookup reference and handle it held.
@@ -320,7 +392,8 @@ pub trait FileSystem: Send + Sync {
     }
 
     /// Creates a node (regular file, FIFO, socket, device) `name` in `parent`. `mode` holds the
-    /// type and permission bits, with the umask already applied by the kernel.
+    /// type and permission bits; unless `DONT_MASK` was negotiated the kernel has already applied
+    /// `umask` to it (applying it again changes nothing).
     fn mknod(
         &self,
         ctx: &Context,
@@ -367,8 +440,9 @@ pub trait FileSystem: Send + Sync {
         Err(Error::NotImplemented)
     }
 
-    /// Opens `ino` with `open(2)` `flags`.
-    fn open(&self, ctx: &Context, ino: u64, flags: u32) -> Result<Opened> {
+    /// Opens `ino` with `open(2)` `flags`. `kill_priv`: the kernel asks that an `O_TRUNC` clear
+    /// set-user-id and set-group-id ([`crate::abi::OPEN_KILL_SUIDGID`], with `HANDLE_KILLPRIV_V2`).
+    fn open(&self, ctx: &Context, ino: u64, flags: u32, kill_priv: bool) -> Result<Opened> {
         Err(Error::NotImplemented)
     }
 
@@ -407,8 +481,9 @@ pub trait FileSystem: Send + Sync {
         Err(Error::NotImplemented)
     }
 
-    /// The last reference to `fh` is gone.
-    fn release(&self, ctx: &Context, ino: u64, fh: u64, flags: u32) -> Result<()> {
+    /// The last reference to `fh` is gone. `lock_owner` is the owner whose locks go with it (0
+    /// when the kernel names none).
+    fn release(&self, ctx: &Context, ino: u64, fh: u64, flags: u32, lock_owner: u64) -> Result<()> {
         Err(Error::NotImplemented)
     }
 
@@ -461,12 +536,27 @@ pub trait FileSystem: Send + Sync {
     }
 
     /// Creates and opens regular file `name` in `parent` (opening it if it exists and `flags` has
-    /// no `O_EXCL`).
+    /// no `O_EXCL`; `kill_priv` as for [`FileSystem::open`]).
+    #[allow(clippy::too_many_arguments)]
     fn create(
         &self,
         ctx: &Context,
         parent: u64,
         name: &[u8],
+        mode: u32,
+        flags: u32,
+        umask: u32,
+        kill_priv: bool,
+    ) -> Result<(Entry, Opened)> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Creates and opens an unnamed regular file in directory `parent` (`O_TMPFILE`); it has no
+    /// link until [`FileSystem::link`] gives it one, which `flags` with `O_EXCL` forbids.
+    fn tmpfile(
+        &self,
+        ctx: &Context,
+        parent: u64,
         mode: u32,
         flags: u32,
         umask: u32,
@@ -476,6 +566,98 @@ pub trait FileSystem: Send + Sync {
 
     /// Allocates or deallocates space of `ino` (`fallocate(2)` `mode`).
     fn fallocate(&self, ctx: &Context, ino: u64, fh: u64, mode: u32, offset: u64, length: u64) -> Result<()> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Sets extended attribute `name` of `ino` to `value`. `flags`: `XATTR_CREATE` (fail if it
+    /// exists) and/or `XATTR_REPLACE` (fail if it does not); no other bit. `acl_kill_sgid`: when the kernel
+    /// decides whether setting a POSIX access ACL clears set-group-id (`POSIX_ACL` and
+    /// `SETXATTR_EXT` negotiated), its decision; `None` leaves it to the filesystem.
+    #[allow(clippy::too_many_arguments)]
+    fn setxattr(
+        &self,
+        ctx: &Context,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+        acl_kill_sgid: Option<bool>,
+    ) -> Result<()> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Returns extended attribute `name` of `ino`: its size when `size` is 0, else the value, or
+    /// [`Error::OutOfRange`] when it is longer than `size`.
+    fn getxattr(&self, ctx: &Context, ino: u64, name: &[u8], size: u32) -> Result<XattrReply> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Lists the extended attribute names of `ino` (each NUL-terminated), sized as for
+    /// [`FileSystem::getxattr`].
+    fn listxattr(&self, ctx: &Context, ino: u64, size: u32) -> Result<XattrReply> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Removes extended attribute `name` of `ino`.
+    fn removexattr(&self, ctx: &Context, ino: u64, name: &[u8]) -> Result<()> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Tests for a lock of another owner conflicting with `lock` (whose type is never
+    /// [`LockType::Unlock`]); returns it, or `lock` with type [`LockType::Unlock`] when there is none.
+    fn getlk(&self, ctx: &Context, ino: u64, fh: u64, owner: u64, lock: &FileLock) -> Result<FileLock> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Acquires or releases a record lock for `owner`. A conflict fails with
+    /// [`Error::WouldBlock`]; `sleep` (SETLKW) asks to wait for the conflict to go instead.
+    #[allow(clippy::too_many_arguments)]
+    fn setlk(
+        &self,
+        ctx: &Context,
+        ino: u64,
+        fh: u64,
+        owner: u64,
+        lock: &FileLock,
+        sleep: bool,
+    ) -> Result<()> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Repositions within `fh` (`lseek(2)` `whence`: `SEEK_SET`, `SEEK_CUR`, `SEEK_END`,
+    /// `SEEK_DATA`, `SEEK_HOLE`); returns the resulting offset.
+    fn lseek(&self, ctx: &Context, ino: u64, fh: u64, offset: u64, whence: u32) -> Result<u64> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Copies up to `len` bytes from `ino_in`/`fh_in` at `off_in` to `ino_out`/`fh_out` at
+    /// `off_out`; returns the number of bytes copied (fewer than asked at end of file, or when the
+    /// filesystem copies in pieces). The server has checked that neither range wraps, and caps
+    /// `len` to what the 32-bit reply can count.
+    #[allow(clippy::too_many_arguments)]
+    fn copy_file_range(
+        &self,
+        ctx: &Context,
+        ino_in: u64,
+        fh_in: u64,
+        off_in: u64,
+        ino_out: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+        flags: u64,
+    ) -> Result<usize> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Makes the whole filesystem durable.
+    fn syncfs(&self, ctx: &Context, ino: u64) -> Result<()> {
+        Err(Error::NotImplemented)
+    }
+
+    /// Returns the attributes of `ino` with its birth time, and how long they may be cached.
+    /// `fh`: the open handle the request names, if any.
+    fn statx(&self, ctx: &Context, ino: u64, fh: Option<u64>) -> Result<(Statx, Duration)> {
         Err(Error::NotImplemented)
     }
 }

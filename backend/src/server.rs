@@ -3,19 +3,24 @@
 //!
 //! The guest is untrusted. Every length is checked against the buffers actually present (the header's
 //! `len` must match the readable bytes exactly, argument structs must be complete, a WRITE's size must
-//! match its payload, names must be NUL-terminated path components), nothing is allocated from a
-//! guest-provided length, and every failure becomes an errno in the reply header rather than a panic.
+//! match its payload, a SETXATTR's its value, names must be NUL-terminated path components and
+//! attribute names NUL-terminated and at most 255 bytes), nothing is allocated from a guest-provided
+//! length beyond a bounded limit (an attribute value, at most 64 KiB), and every failure becomes an
+//! errno in the reply header rather than a panic.
 //! Operations that hand the kernel a reference (an entry or a handle) first check that the reply will
 //! fit, so a too-small reply buffer cannot leak a lookup count or a handle.
 
 use std::mem::size_of;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use vm_memory::{ByteValued, VolatileSlice};
 
 use crate::abi::{self, opcode, InHeader, OutHeader};
-use crate::filesystem::{self, Context, DirEntry, Entry, FileSystem, SetAttr, SetTime, Stat};
+use crate::filesystem::{
+    self, Context, DirEntry, Entry, FileLock, FileSystem, LockType, Opened, SetAttr, SetTime, Stat,
+    XattrReply,
+};
 use crate::io::{self, Reader, Writer};
 
 /// Largest WRITE payload we accept (and advertise as `max_write`).
@@ -24,8 +29,30 @@ pub const MAX_WRITE: u32 = 1 << 20;
 pub const MAX_PAGES: u16 = 256;
 /// Longest name section we copy out of a request (two names plus a symlink target fit).
 const NAME_BUF: usize = 8192;
+/// Longest extended attribute name (`XATTR_NAME_MAX`).
+pub const XATTR_NAME_MAX: usize = 255;
+/// Largest extended attribute value (`XATTR_SIZE_MAX`).
+pub const XATTR_SIZE_MAX: usize = 64 << 10;
+/// Most bytes one COPY_FILE_RANGE may report (its reply is a 32-bit count); page-aligned, as newer
+/// kernels cap it.
+const MAX_COPY_REPLY: u64 = u32::MAX as u64 & !0xfff;
 
-/// INIT flags we can honour when the kernel offers them.
+/// INIT flags we can honour when the kernel offers them (the filesystem then picks; see
+/// [`FileSystem::init`]).
+///
+/// Left out on purpose:
+/// - `POSIX_LOCKS`: SETLKW must wait for a conflicting lock to go, which needs an asynchronous
+///   completion path from the device (a request parked and answered later); `Server::handle`
+///   answers every request before it returns, and blocking would stall every queue of the
+///   poller. Without the flag the guest kernel keeps POSIX locks itself, which is exact for the
+///   single guest a device serves. GETLK/SETLK are dispatched anyway, for when it comes.
+/// - `FLOCK_LOCKS`: likewise (flock waits too); the guest does `flock(2)` locally.
+/// - `WRITEBACK_CACHE`: the kernel would then own mtime/ctime and the size, and push them back
+///   later as SETATTR with explicit times from whichever task flushes (our checks give explicit
+///   times to the owner only), and write dirty pages back without the writer's identity (so
+///   set-user-id clearing loses the caller); not handled yet.
+/// - `EXPORT_SUPPORT`, `CACHE_SYMLINKS`, `SECURITY_CTX`, `CREATE_SUPP_GROUP`, `PASSTHROUGH`,
+///   DAX and submount flags: not implemented.
 const SUPPORTED_INIT_FLAGS: u64 = abi::init::ASYNC_READ
     | abi::init::PARALLEL_DIROPS
     | abi::init::BIG_WRITES
@@ -37,7 +64,16 @@ const SUPPORTED_INIT_FLAGS: u64 = abi::init::ASYNC_READ
     // The filesystem clears set-user-id/set-group-id on write, truncate and chown itself. Without
     // this the kernel sends those clears as SETATTR(mode) in the writer's name, which a
     // non-owner may not do.
-    | abi::init::HANDLE_KILLPRIV;
+    | abi::init::HANDLE_KILLPRIV
+    // V2: the kernel says when to clear (write/setattr/open flags), and marks the superblock
+    // SB_NOSEC so it stops asking GETXATTR("security.capability") before every write.
+    | abi::init::HANDLE_KILLPRIV_V2
+    // The filesystem applies the umask (or a parent's default ACL instead).
+    | abi::init::DONT_MASK
+    // The filesystem keeps POSIX ACLs; the kernel then enforces them too (default_permissions).
+    | abi::init::POSIX_ACL
+    // SETXATTR carries setxattr_flags (SETXATTR_ACL_KILL_SGID).
+    | abi::init::SETXATTR_EXT;
 
 const OUT_HEADER_SIZE: usize = size_of::<OutHeader>();
 
@@ -100,12 +136,19 @@ type Result<T> = std::result::Result<T, RequestError>;
 pub struct Server<F: FileSystem> {
     fs: F,
     initialized: AtomicBool,
+    /// The `FUSE_INIT` flags of the session (what we answered).
+    negotiated: AtomicU64,
 }
 
 impl<F: FileSystem> Server<F> {
     /// A server for `fs`, waiting for INIT.
     pub fn new(fs: F) -> Self {
-        Server { fs, initialized: AtomicBool::new(false) }
+        Server { fs, initialized: AtomicBool::new(false), negotiated: AtomicU64::new(0) }
+    }
+
+    /// The `FUSE_INIT` flags of the current session ([`abi::init`]).
+    pub fn negotiated(&self) -> u64 {
+        self.negotiated.load(Ordering::Acquire)
     }
 
     /// The filesystem being served.
@@ -273,7 +316,7 @@ impl<F: FileSystem> Server<F> {
                 let arg: abi::OpenIn = r.read_obj()?;
                 check_fits(&w, size_of::<abi::OpenOut>())?;
                 let opened = if hdr.opcode == opcode::OPEN {
-                    fs.open(ctx, ino, arg.flags)?
+                    fs.open(ctx, ino, arg.flags, arg.open_flags & abi::OPEN_KILL_SUIDGID != 0)?
                 } else {
                     fs.opendir(ctx, ino, arg.flags)?
                 };
@@ -325,7 +368,7 @@ impl<F: FileSystem> Server<F> {
             opcode::RELEASE | opcode::RELEASEDIR => {
                 let arg: abi::ReleaseIn = r.read_obj()?;
                 if hdr.opcode == opcode::RELEASE {
-                    fs.release(ctx, ino, arg.fh, arg.flags)?;
+                    fs.release(ctx, ino, arg.fh, arg.flags, arg.lock_owner)?;
                 } else {
                     fs.releasedir(ctx, ino, arg.fh, arg.flags)?;
                 }
@@ -371,20 +414,137 @@ impl<F: FileSystem> Server<F> {
                 let mut buf = [0u8; NAME_BUF];
                 let (name, _) = split_name(read_names(&mut r, &mut buf)?, true)?;
                 check_fits(&w, size_of::<abi::EntryOut>() + size_of::<abi::OpenOut>())?;
-                let (entry, opened) = fs.create(ctx, ino, name, arg.mode, arg.flags, arg.umask)?;
-                let (mut hw, mut body) = split_reply(w)?;
-                body.write_obj(&entry_out(&entry))?;
-                body.write_obj(&abi::OpenOut {
-                    fh: opened.fh,
-                    open_flags: opened.open_flags,
-                    backing_id: 0,
-                })?;
-                finish_reply(&mut hw, hdr, body.bytes_written())
+                let kill = arg.open_flags & abi::OPEN_KILL_SUIDGID != 0;
+                let (entry, opened) = fs.create(ctx, ino, name, arg.mode, arg.flags, arg.umask, kill)?;
+                reply_created(w, hdr, &entry, &opened)
+            }
+            opcode::TMPFILE => {
+                let arg: abi::CreateIn = r.read_obj()?;
+                // The kernel names the new dentry "/"; only the terminator is checked.
+                let mut buf = [0u8; NAME_BUF];
+                if !read_names(&mut r, &mut buf)?.contains(&0) {
+                    return Err(RequestError::BadName);
+                }
+                check_fits(&w, size_of::<abi::EntryOut>() + size_of::<abi::OpenOut>())?;
+                let (entry, opened) = fs.tmpfile(ctx, ino, arg.mode, arg.flags, arg.umask)?;
+                reply_created(w, hdr, &entry, &opened)
             }
             opcode::FALLOCATE => {
                 let arg: abi::FallocateIn = r.read_obj()?;
                 fs.fallocate(ctx, ino, arg.fh, arg.mode, arg.offset, arg.length)?;
                 reply_empty(w, hdr)
+            }
+            opcode::SETXATTR => {
+                let negotiated = self.negotiated();
+                let ext = negotiated & abi::init::SETXATTR_EXT != 0;
+                let mut arg = abi::SetxattrIn::default();
+                let len = if ext { size_of::<abi::SetxattrIn>() } else { abi::COMPAT_SETXATTR_IN_SIZE };
+                r.read_exact(&mut arg.as_mut_slice()[..len])?;
+                let known = (libc::XATTR_CREATE | libc::XATTR_REPLACE) as u32;
+                if arg.flags & !known != 0 || arg.setxattr_flags & !abi::SETXATTR_ACL_KILL_SGID != 0 {
+                    return Err(RequestError::Invalid);
+                }
+                let mut nbuf = [0u8; XATTR_NAME_MAX + 1];
+                let name = read_xattr_name(&mut r, &mut nbuf)?;
+                let size = arg.size as usize;
+                if size > XATTR_SIZE_MAX {
+                    return Err(filesystem::Error::TooBig.into());
+                }
+                if size != r.bytes_left() {
+                    return Err(RequestError::Invalid);
+                }
+                let mut value = Vec::new();
+                r.read_to(&mut value, size);
+                let acl_kill_sgid = (ext && negotiated & abi::init::POSIX_ACL != 0)
+                    .then_some(arg.setxattr_flags & abi::SETXATTR_ACL_KILL_SGID != 0);
+                fs.setxattr(ctx, ino, name, &value, arg.flags, acl_kill_sgid)?;
+                reply_empty(w, hdr)
+            }
+            opcode::GETXATTR => {
+                let arg: abi::GetxattrIn = r.read_obj()?;
+                let mut nbuf = [0u8; XATTR_NAME_MAX + 1];
+                let name = read_xattr_name(&mut r, &mut nbuf)?;
+                let reply = fs.getxattr(ctx, ino, name, arg.size)?;
+                reply_xattr(w, hdr, reply, arg.size)
+            }
+            opcode::LISTXATTR => {
+                let arg: abi::GetxattrIn = r.read_obj()?;
+                let reply = fs.listxattr(ctx, ino, arg.size)?;
+                reply_xattr(w, hdr, reply, arg.size)
+            }
+            opcode::REMOVEXATTR => {
+                let mut nbuf = [0u8; XATTR_NAME_MAX + 1];
+                let name = read_xattr_name(&mut r, &mut nbuf)?;
+                fs.removexattr(ctx, ino, name)?;
+                reply_empty(w, hdr)
+            }
+            opcode::GETLK | opcode::SETLK | opcode::SETLKW => {
+                let arg: abi::LkIn = r.read_obj()?;
+                if arg.lk_flags & !abi::LK_FLOCK != 0 {
+                    return Err(RequestError::Invalid);
+                }
+                if arg.lk_flags & abi::LK_FLOCK != 0 {
+                    // BSD flock locks are not offered (FLOCK_LOCKS), so the kernel keeps them.
+                    return Err(filesystem::Error::NotSupported.into());
+                }
+                let lock = decode_lock(&arg.lk)?;
+                if hdr.opcode == opcode::GETLK {
+                    if lock.typ == LockType::Unlock {
+                        return Err(RequestError::Invalid);
+                    }
+                    check_fits(&w, size_of::<abi::LkOut>())?;
+                    let found = fs.getlk(ctx, ino, arg.fh, arg.owner, &lock)?;
+                    reply_obj(w, hdr, &abi::LkOut { lk: encode_lock(&found) })
+                } else {
+                    fs.setlk(ctx, ino, arg.fh, arg.owner, &lock, hdr.opcode == opcode::SETLKW)?;
+                    reply_empty(w, hdr)
+                }
+            }
+            opcode::LSEEK => {
+                let arg: abi::LseekIn = r.read_obj()?;
+                let offset = fs.lseek(ctx, ino, arg.fh, arg.offset, arg.whence)?;
+                reply_obj(w, hdr, &abi::LseekOut { offset })
+            }
+            opcode::COPY_FILE_RANGE => {
+                let arg: abi::CopyFileRangeIn = r.read_obj()?;
+                check_fits(&w, size_of::<abi::WriteOut>())?;
+                // Ranges that wrap are refused before the length is capped to what a reply holds.
+                if arg.off_in.checked_add(arg.len).is_none() || arg.off_out.checked_add(arg.len).is_none() {
+                    return Err(filesystem::Error::Overflow.into());
+                }
+                let len = arg.len.min(MAX_COPY_REPLY);
+                let n = fs.copy_file_range(
+                    ctx,
+                    ino,
+                    arg.fh_in,
+                    arg.off_in,
+                    arg.nodeid_out,
+                    arg.fh_out,
+                    arg.off_out,
+                    len,
+                    arg.flags,
+                )?;
+                // Never more than asked, so it fits 32 bits.
+                let size = u32::try_from((n as u64).min(len)).unwrap_or(u32::MAX);
+                reply_obj(w, hdr, &abi::WriteOut { size, padding: 0 })
+            }
+            opcode::SYNCFS => {
+                let _arg: abi::SyncfsIn = r.read_obj()?;
+                fs.syncfs(ctx, ino)?;
+                reply_empty(w, hdr)
+            }
+            opcode::STATX => {
+                let arg: abi::StatxIn = r.read_obj()?;
+                let fh = (arg.getattr_flags & abi::GETATTR_FH != 0).then_some(arg.fh);
+                let (st, valid) = fs.statx(ctx, ino, fh)?;
+                let out = abi::StatxOut {
+                    attr_valid: valid.as_secs(),
+                    attr_valid_nsec: valid.subsec_nanos(),
+                    flags: 0,
+                    spare: [0; 2],
+                    stat: to_statx(&st),
+                };
+                reply_obj(w, hdr, &out)
             }
             other => Err(RequestError::Opcode(other)),
         }
@@ -443,6 +603,7 @@ impl<F: FileSystem> Server<F> {
         let (mut hw, mut body) = split_reply(w)?;
         body.write_all(&out.as_slice()[..len])?;
         let n = finish_reply(&mut hw, hdr, OUT_HEADER_SIZE + len)?;
+        self.negotiated.store(flags, Ordering::Release);
         self.initialized.store(true, Ordering::Release);
         log::debug!("fuse: session up: kernel {}.{}, flags {:#x}", arg.major, arg.minor, flags);
         Ok(n)
@@ -490,6 +651,47 @@ fn split_name(bytes: &[u8], creating: bool) -> Result<(&[u8], &[u8])> {
         return Err(RequestError::BadName);
     }
     Ok((name, &bytes[end + 1..]))
+}
+
+/// Reads a NUL-terminated extended attribute name. Empty names and names longer than
+/// [`XATTR_NAME_MAX`] are `ERANGE`, as `setxattr(2)` has it; bytes after the NUL stay unread.
+fn read_xattr_name<'b>(r: &mut Reader<'_>, buf: &'b mut [u8; XATTR_NAME_MAX + 1]) -> Result<&'b [u8]> {
+    let n = r.bytes_left().min(buf.len());
+    r.clone().read_exact(&mut buf[..n])?;
+    let Some(end) = buf[..n].iter().position(|&b| b == 0) else {
+        return Err(if n == buf.len() {
+            filesystem::Error::OutOfRange.into()
+        } else {
+            RequestError::BadName
+        });
+    };
+    if end == 0 {
+        return Err(filesystem::Error::OutOfRange.into());
+    }
+    r.consume(end + 1)?;
+    Ok(&buf[..end])
+}
+
+fn decode_lock(lk: &abi::FileLock) -> Result<FileLock> {
+    let typ = match i32::try_from(lk.typ) {
+        Ok(libc::F_RDLCK) => LockType::Read,
+        Ok(libc::F_WRLCK) => LockType::Write,
+        Ok(libc::F_UNLCK) => LockType::Unlock,
+        _ => return Err(RequestError::Invalid),
+    };
+    if lk.start > lk.end {
+        return Err(RequestError::Invalid);
+    }
+    Ok(FileLock { start: lk.start, end: lk.end, typ, pid: lk.pid })
+}
+
+fn encode_lock(lock: &FileLock) -> abi::FileLock {
+    let typ = match lock.typ {
+        LockType::Read => libc::F_RDLCK,
+        LockType::Write => libc::F_WRLCK,
+        LockType::Unlock => libc::F_UNLCK,
+    };
+    abi::FileLock { start: lock.start, end: lock.end, typ: typ as u32, pid: lock.pid }
 }
 
 fn decode_setattr(arg: &abi::SetattrIn) -> Result<SetAttr> {
@@ -546,6 +748,44 @@ fn to_attr(st: &Stat) -> abi::Attr {
         rdev: st.rdev,
         blksize: st.blksize,
         flags: 0,
+    }
+}
+
+fn sx_time(t: filesystem::Timespec) -> abi::SxTime {
+    abi::SxTime { tv_sec: t.sec, tv_nsec: t.nsec, reserved: 0 }
+}
+
+fn to_statx(sx: &filesystem::Statx) -> abi::Statx {
+    let st = &sx.stat;
+    // `rdev` is in the kernel's new_encode_dev() format, like fuse_attr.rdev.
+    let major = (st.rdev & 0xfff00) >> 8;
+    let minor = (st.rdev & 0xff) | ((st.rdev >> 12) & 0xfff00);
+    let mut mask = abi::statx::BASIC_STATS;
+    if sx.btime.is_some() {
+        mask |= abi::statx::BTIME;
+    }
+    abi::Statx {
+        mask,
+        blksize: st.blksize,
+        attributes: 0,
+        nlink: st.nlink,
+        uid: st.uid,
+        gid: st.gid,
+        mode: st.mode as u16,
+        spare0: 0,
+        ino: st.ino,
+        size: st.size,
+        blocks: st.blocks,
+        attributes_mask: 0,
+        atime: sx_time(st.atime),
+        btime: sx_time(sx.btime.unwrap_or_default()),
+        ctime: sx_time(st.ctime),
+        mtime: sx_time(st.mtime),
+        rdev_major: major,
+        rdev_minor: minor,
+        dev_major: 0,
+        dev_minor: 0,
+        spare2: [0; 14],
     }
 }
 
@@ -616,6 +856,22 @@ fn reply_empty(w: Writer<'_>, hdr: &InHeader) -> Result<usize> {
 
 fn reply_entry(w: Writer<'_>, hdr: &InHeader, entry: &Entry) -> Result<usize> {
     reply_obj(w, hdr, &entry_out(entry))
+}
+
+/// The CREATE and TMPFILE reply: an entry and a handle (the caller checked that it fits).
+fn reply_created(w: Writer<'_>, hdr: &InHeader, entry: &Entry, opened: &Opened) -> Result<usize> {
+    let (mut hw, mut body) = split_reply(w)?;
+    body.write_obj(&entry_out(entry))?;
+    body.write_obj(&abi::OpenOut { fh: opened.fh, open_flags: opened.open_flags, backing_id: 0 })?;
+    finish_reply(&mut hw, hdr, body.bytes_written())
+}
+
+fn reply_xattr(w: Writer<'_>, hdr: &InHeader, reply: XattrReply, size: u32) -> Result<usize> {
+    match reply {
+        XattrReply::Size(n) => reply_obj(w, hdr, &abi::GetxattrOut { size: n, padding: 0 }),
+        XattrReply::Data(v) if v.len() > size as usize => Err(filesystem::Error::OutOfRange.into()),
+        XattrReply::Data(v) => reply_bytes(w, hdr, &v),
+    }
 }
 
 fn reply_attr(w: Writer<'_>, hdr: &InHeader, attr: &Stat, valid: Duration) -> Result<usize> {

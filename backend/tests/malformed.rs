@@ -72,6 +72,18 @@ fn truncated_arguments() {
         (opcode::READDIR, 39),
         (opcode::FALLOCATE, 31),
         (opcode::INIT, 15),
+        (opcode::SETXATTR, 15),
+        (opcode::GETXATTR, 7),
+        (opcode::LISTXATTR, 7),
+        (opcode::GETLK, 47),
+        (opcode::SETLK, 47),
+        (opcode::SETLKW, 47),
+        (opcode::LSEEK, 23),
+        (opcode::COPY_FILE_RANGE, 55),
+        (opcode::SYNCFS, 7),
+        (opcode::STATX, 23),
+        (opcode::TMPFILE, 15),
+        (opcode::FSYNCDIR, 15),
     ];
     for &(op, len) in cases {
         let r = f.call(op, ROOT, &[&vec![0u8; len]]);
@@ -80,6 +92,94 @@ fn truncated_arguments() {
     // INIT_EXT set but the extension missing.
     let arg = abi::InitInCompat { major: 7, minor: 41, max_readahead: 0, flags: abi::init::INIT_EXT as u32 };
     assert_eq!(f.call(opcode::INIT, 0, &[arg.as_slice()]).errno(), libc::EINVAL);
+}
+
+#[test]
+fn xattr_requests_are_validated() {
+    let f = Fuse::new();
+    let (e, o) = f.create(ROOT, b"f", 0o644, O_RDWR | O_CREAT).unwrap();
+    let ino = e.nodeid;
+    let set = |arg: &abi::SetxattrIn, rest: &[&[u8]]| {
+        let mut args: Vec<&[u8]> = vec![arg.as_slice()];
+        args.extend_from_slice(rest);
+        f.call(opcode::SETXATTR, ino, &args).errno()
+    };
+    let arg = |size: u32, flags: u32| abi::SetxattrIn { size, flags, setxattr_flags: 0, padding: 0 };
+    // Value size disagreeing with the payload, either way.
+    assert_eq!(set(&arg(5, 0), &[b"user.a\0", b"abc"]), libc::EINVAL);
+    assert_eq!(set(&arg(2, 0), &[b"user.a\0", b"abc"]), libc::EINVAL);
+    // No NUL at all; a name of 256 bytes without one is "too long".
+    assert_eq!(set(&arg(0, 0), &[b"user.a"]), libc::EINVAL);
+    assert_eq!(set(&arg(0, 0), &[&[b'u'; 300]]), libc::ERANGE);
+    assert_eq!(set(&arg(0, 0), &[b"\0"]), libc::ERANGE, "empty name");
+    // Unknown flags.
+    assert_eq!(set(&arg(1, 4), &[b"user.a\0", b"v"]), libc::EINVAL);
+    assert_eq!(
+        set(&abi::SetxattrIn { setxattr_flags: 1 << 5, ..arg(1, 0) }, &[b"user.a\0", b"v"]),
+        libc::EINVAL
+    );
+    // Nothing of that was stored.
+    assert!(f.xattr_names(ino).unwrap().is_empty());
+
+    // GETXATTR/REMOVEXATTR names.
+    let get = abi::GetxattrIn { size: 100, padding: 0 };
+    assert_eq!(f.call(opcode::GETXATTR, ino, &[get.as_slice(), b"user.a"]).errno(), libc::EINVAL);
+    assert_eq!(f.call(opcode::GETXATTR, ino, &[get.as_slice()]).errno(), libc::EINVAL);
+    assert_eq!(f.call(opcode::REMOVEXATTR, ino, &[b"user.a"]).errno(), libc::EINVAL);
+    assert_eq!(f.call(opcode::REMOVEXATTR, ino, &[&[b'x'; 4000]]).errno(), libc::ERANGE);
+    // A value bigger than the reply buffer: ERANGE, whatever size was asked.
+    f.setxattr(ino, b"user.big", &[5u8; 1000], 0).unwrap();
+    let get = abi::GetxattrIn { size: 4096, padding: 0 };
+    let req = f.req(opcode::GETXATTR, ino, &[get.as_slice(), &cstr(b"user.big")]);
+    let r = handle_raw(&f.srv, &req, usize::MAX, HDR + 999, usize::MAX);
+    assert_eq!(r.errno(), libc::ERANGE);
+    let r = handle_raw(&f.srv, &req, 3, HDR + 1000, 7);
+    assert_eq!((r.errno(), r.body.len()), (0, 1000));
+    let list = abi::GetxattrIn { size: 4096, padding: 0 };
+    let req = f.req(opcode::LISTXATTR, ino, &[list.as_slice()]);
+    assert_eq!(handle_raw(&f.srv, &req, usize::MAX, HDR + 3, usize::MAX).errno(), libc::ERANGE);
+    // Unknown nodes.
+    assert_eq!(f.setxattr(4242, b"user.a", b"v", 0), Err(libc::ENOENT));
+    assert_eq!(f.getxattr(4242, b"user.a", 0), Err(libc::ENOENT));
+    assert_eq!(f.listxattr(4242, 0), Err(libc::ENOENT));
+    assert_eq!(f.removexattr(4242, b"user.a"), Err(libc::ENOENT));
+
+    // Without SETXATTR_EXT the argument is 8 bytes; the 16-byte form would be misparsed, so
+    // the name must start right after the 8.
+    let old = Fuse::uninit();
+    old.init(41, OLD_FLAGS).unwrap();
+    let oe = old.mknod(ROOT, b"f", S_IFREG | 0o644, 0).unwrap().nodeid;
+    old.setxattr(oe, b"user.v", b"value", 0).unwrap();
+    assert_eq!(old.xattr(oe, b"user.v").unwrap(), b"value");
+    let r = old.call(opcode::SETXATTR, oe, &[arg(1, 0).as_slice(), b"user.w\0", b"v"]);
+    assert_eq!(r.errno(), libc::ERANGE, "the zero padding reads as an empty name");
+    f.release(ino, o.fh).unwrap();
+}
+
+#[test]
+fn new_ops_do_not_leak_when_the_reply_does_not_fit() {
+    let f = Fuse::new();
+    let d = f.mkdir(ROOT, b"d", 0o777).unwrap().nodeid;
+    let before = f.fs().inode_count();
+    let arg = abi::CreateIn { flags: O_RDWR, mode: 0o600, umask: 0, open_flags: 0 };
+    let req = f.req(opcode::TMPFILE, d, &[arg.as_slice(), b"/\0"]);
+    let r = handle_raw(&f.srv, &req, usize::MAX, HDR + 128, usize::MAX);
+    assert_eq!(r.errno(), libc::ERANGE);
+    assert_eq!(f.fs().inode_count(), before, "no tmpfile left behind");
+    // COPY_FILE_RANGE copies nothing it cannot report.
+    let (a, ao) = f.create(d, b"a", 0o644, O_RDWR | O_CREAT).unwrap();
+    let (b, bo) = f.create(d, b"b", 0o644, O_RDWR | O_CREAT).unwrap();
+    f.write(a.nodeid, ao.fh, 0, b"abc").unwrap();
+    let cp = abi::CopyFileRangeIn {
+        fh_in: ao.fh,
+        nodeid_out: b.nodeid,
+        fh_out: bo.fh,
+        len: 3,
+        ..Default::default()
+    };
+    let req = f.req(opcode::COPY_FILE_RANGE, a.nodeid, &[cp.as_slice()]);
+    assert_eq!(handle_raw(&f.srv, &req, usize::MAX, HDR + 7, usize::MAX).errno(), libc::ERANGE);
+    assert_eq!(f.getattr(b.nodeid).unwrap().size, 0);
 }
 
 #[test]
@@ -129,7 +229,7 @@ fn names_must_be_nul_terminated_components() {
 #[test]
 fn unknown_opcodes_nodes_and_handles() {
     let f = Fuse::new();
-    for op in [999, 0, opcode::GETXATTR, opcode::SETLK, opcode::IOCTL, opcode::TMPFILE, 4096] {
+    for op in [999, 0, opcode::BMAP, opcode::IOCTL, opcode::POLL, opcode::SETUPMAPPING, 53, 4096] {
         let r = f.call(op, ROOT, &[&[0u8; 64]]);
         assert_eq!((r.n, r.errno()), (HDR, libc::ENOSYS), "opcode {op}");
     }

@@ -39,9 +39,21 @@ fn init_negotiates_linux_6_12() {
         | abi::init::DO_READDIRPLUS
         | abi::init::READDIRPLUS_AUTO
         | abi::init::HANDLE_KILLPRIV
+        | abi::init::HANDLE_KILLPRIV_V2
+        | abi::init::DONT_MASK
+        | abi::init::POSIX_ACL
+        | abi::init::SETXATTR_EXT
         | abi::init::MAX_PAGES
         | abi::init::INIT_EXT;
     assert_eq!(flags, want, "exactly the flags we honour, plus MAX_PAGES and INIT_EXT");
+    assert_eq!(f.srv.negotiated(), want);
+
+    // POSIX_ACL can be declined (ACLs still work, the kernel just leaves them to us).
+    let cfg = RamFsConfig { posix_acl: false, ..Default::default() };
+    let f = Fuse::with_fs(RamFs::with_config(cfg));
+    let out = f.init(41, LINUX_FLAGS).unwrap();
+    assert_eq!(out.flags as u64 & abi::init::POSIX_ACL, 0);
+    assert_eq!(f.srv.negotiated(), want & !abi::init::POSIX_ACL);
     assert_eq!(flags & abi::init::WRITEBACK_CACHE, 0);
     assert_eq!(f.getattr(ROOT).unwrap().mode, S_IFDIR | 0o755);
 }

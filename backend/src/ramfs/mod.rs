@@ -1,6 +1,8 @@
-//! [`RamFs`]: an in-memory filesystem with POSIX semantics, checked against the caller's uid/gid
-//! because the guest mounts without `default_permissions` (the kernel leaves every permission
-//! decision to us).
+//! [`RamFs`]: an in-memory filesystem with POSIX semantics (permission bits, POSIX ACLs, extended
+//! attributes, record locks), checked against the caller's uid/gid because the guest mounts
+//! without `default_permissions`: the kernel leaves every permission decision to us. (Negotiating
+//! `FUSE_POSIX_ACL` turns `default_permissions` on; the kernel then checks too, with the caller's
+//! supplementary groups, which FUSE does not tell us, and our checks stay as a second line.)
 //!
 //! Layout and locking:
 //! - `inodes`: node id -> `Arc<Inode>`, sharded `RwLock<HashMap>`s. An inode stays while it has a
@@ -13,9 +15,13 @@
 //!   cost nothing and a guest cannot make us allocate by extending a file). READ/WRITE copy straight
 //!   between the chunks and guest memory under the file's own lock.
 //! - `handles`: file handle -> `Arc<Handle>`, sharded like `inodes`.
+//! - Per inode also `xattrs` (extended attributes other than ACLs; the ACLs live in `meta`, where
+//!   the permission checks read them) and `locks` (POSIX record locks).
 //!
-//! Lock order: `tree` -> an `inodes`/`handles` shard -> `data` -> `meta`; at most one `meta` at a time.
-//! Capacity (bytes of chunks) and inode count are bounded by [`RamFsConfig`].
+//! Lock order: `tree` -> an `inodes`/`handles` shard -> `data` -> `meta` -> `xattrs`; at most one
+//! `meta` at a time (COPY_FILE_RANGE takes two `data` locks, in inode-number order); nothing is
+//! taken under `locks`. Capacity (bytes of chunks, extended attributes and ACLs) and inode count are
+//! bounded by [`RamFsConfig`].
 
 use std::collections::btree_map;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,14 +30,19 @@ use std::time::Duration;
 
 use crate::abi::{self, ROOT_ID};
 use crate::filesystem::{
-    Context, DirEntry, DirPlusSink, DirSink, Entry, Error, FileSystem, Opened, Result, SetAttr, SetTime,
-    Stat, StatFs, Timespec,
+    Context, DirEntry, DirPlusSink, DirSink, Entry, Error, FileLock, FileSystem, LockType, Opened, Result,
+    SetAttr, SetTime, Stat, StatFs, Statx, Timespec, XattrReply,
 };
 use crate::io::{Reader, Writer};
 
+mod acl;
+mod locks;
 mod node;
+mod xattr;
 
-use node::{dir_mut, rd, stat_of, wr, Body, Dir, FileData, Inode, Meta, Table, Tree};
+use node::{dir_mut, lock, rd, stat_of, wr, Body, Dir, FileData, Inode, Meta, Table, Tree};
+
+pub use xattr::XATTR_INODE_MAX;
 
 /// Longest name component.
 pub const NAME_MAX: usize = 255;
@@ -41,6 +52,9 @@ pub const SYMLINK_MAX: usize = 4095;
 pub const LINK_MAX: u32 = 65_000;
 /// Largest file size (the kernel's `MAX_LFS_FILESIZE`).
 pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
+/// Most bytes one COPY_FILE_RANGE copies; the caller loops for more (a copy may be short), and a
+/// poller is never held longer than this much copying takes.
+pub const MAX_COPY: u64 = 16 << 20;
 
 const CHUNK: usize = 64 * 1024;
 const CHUNK64: u64 = CHUNK as u64;
@@ -67,6 +81,12 @@ const O_WRONLY: u32 = libc::O_WRONLY as u32;
 const O_RDWR: u32 = libc::O_RDWR as u32;
 const O_TRUNC: u32 = libc::O_TRUNC as u32;
 const O_EXCL: u32 = libc::O_EXCL as u32;
+const O_APPEND: u32 = libc::O_APPEND as u32;
+const SEEK_SET: u32 = libc::SEEK_SET as u32;
+const SEEK_CUR: u32 = libc::SEEK_CUR as u32;
+const SEEK_END: u32 = libc::SEEK_END as u32;
+const SEEK_DATA: u32 = libc::SEEK_DATA as u32;
+const SEEK_HOLE: u32 = libc::SEEK_HOLE as u32;
 const R_OK: u32 = 4;
 const W_OK: u32 = 2;
 const X_OK: u32 = 1;
@@ -90,6 +110,12 @@ pub struct RamFsConfig {
     pub max_inodes: u64,
     /// Permission bits of the root directory (owned by 0:0).
     pub root_mode: u32,
+    /// Accept `FUSE_POSIX_ACL`. ACLs are stored, inherited and enforced here either way (a kernel
+    /// without the flag passes `system.posix_acl_*` through on an initial-namespace mount); with
+    /// it the guest kernel also caches them and checks permissions itself, as with
+    /// `default_permissions`, which costs a GETATTR (and, for non-owners, a GETXATTR of the ACL)
+    /// per permission check once the attribute timeout has passed.
+    pub posix_acl: bool,
 }
 
 impl Default for RamFsConfig {
@@ -100,6 +126,7 @@ impl Default for RamFsConfig {
             capacity: 1 << 30,
             max_inodes: 1 << 20,
             root_mode: 0o755,
+            posix_acl: true,
         }
     }
 }
@@ -135,6 +162,10 @@ pub struct RamFs {
     used: AtomicU64,
     /// Live inodes.
     ninodes: AtomicU64,
+    /// `FUSE_INIT` flags of the session (what `init` accepted).
+    session: AtomicU64,
+    /// POSIX lock records held, all files together (bounded by [`locks::MAX_LOCKS_TOTAL`]).
+    lock_records: AtomicU64,
 }
 
 impl Default for RamFs {
@@ -151,26 +182,8 @@ impl RamFs {
 
     /// An empty filesystem: just the root directory.
     pub fn with_config(cfg: RamFsConfig) -> Self {
-        let now = Timespec::now();
-        let root = Arc::new(Inode {
-            ino: ROOT_ID,
-            kind: S_IFDIR,
-            meta: RwLock::new(Meta {
-                mode: S_IFDIR | (cfg.root_mode & 0o7777),
-                uid: 0,
-                gid: 0,
-                nlink: 2,
-                rdev: 0,
-                size: u64::from(BLOCK_SIZE),
-                blocks: 0,
-                atime: now,
-                mtime: now,
-                ctime: now,
-            }),
-            lookups: AtomicU64::new(0),
-            opens: AtomicU64::new(0),
-            body: Body::Other,
-        });
+        let meta = Meta::new(S_IFDIR | (cfg.root_mode & 0o7777), 0, 0, 2, 0, u64::from(BLOCK_SIZE));
+        let root = Arc::new(Inode::new(ROOT_ID, S_IFDIR, meta, 0, Body::Other));
         let fs = RamFs {
             cfg,
             tree: RwLock::default(),
@@ -180,6 +193,8 @@ impl RamFs {
             next_fh: AtomicU64::new(1),
             used: AtomicU64::new(0),
             ninodes: AtomicU64::new(1),
+            session: AtomicU64::new(0),
+            lock_records: AtomicU64::new(0),
         };
         fs.inodes.insert(ROOT_ID, root);
         wr(&fs.tree).insert(ROOT_ID, Dir::new(ROOT_ID));
@@ -194,6 +209,11 @@ impl RamFs {
     /// Inodes currently alive (linked, looked up by the kernel, or open).
     pub fn inode_count(&self) -> u64 {
         self.ninodes.load(Ordering::Relaxed)
+    }
+
+    /// POSIX lock records held, all files together.
+    pub fn lock_count(&self) -> u64 {
+        self.lock_records.load(Ordering::Relaxed)
     }
 
     /// Lookup references the kernel holds on `ino` (`None` if the inode is gone).
@@ -261,20 +281,54 @@ impl RamFs {
             data.chunks.clear();
             self.release_chunks(n);
         }
+        let mut m = wr(&inode.meta);
+        self.uncharge(m.xattr_bytes);
+        m.xattr_bytes = 0;
+    }
+
+    /// Takes `bytes` of the capacity.
+    fn charge(&self, bytes: u64) -> Result<()> {
+        let cap = self.cfg.capacity;
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| u.checked_add(bytes).filter(|&n| n <= cap))
+            .map(|_| ())
+            .map_err(|_| Error::NoSpace)
+    }
+
+    fn uncharge(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::AcqRel);
     }
 
     fn alloc_chunk(&self) -> Result<Box<[u8]>> {
-        let cap = self.cfg.capacity;
-        self.used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
-                u.checked_add(CHUNK64).filter(|&n| n <= cap)
-            })
-            .map_err(|_| Error::NoSpace)?;
+        self.charge(CHUNK64)?;
         Ok(vec![0u8; CHUNK].into_boxed_slice())
     }
 
     fn release_chunks(&self, n: usize) {
-        self.used.fetch_sub(n as u64 * CHUNK64, Ordering::AcqRel);
+        self.uncharge(n as u64 * CHUNK64);
+    }
+
+    /// Whether `HANDLE_KILLPRIV_V2` is in force: the kernel then flags the writes, truncates and
+    /// opens that must clear set-user-id/set-group-id.
+    fn killpriv_v2(&self) -> bool {
+        self.session.load(Ordering::Relaxed) & abi::init::HANDLE_KILLPRIV_V2 != 0
+    }
+
+    /// Whether a write or truncate by `ctx` clears set-user-id/set-group-id: with
+    /// `HANDLE_KILLPRIV_V2` the kernel's `flag` says so (the caller lacks `CAP_FSETID`); otherwise
+    /// every non-root caller is taken to lack it.
+    fn kills_suid(&self, ctx: &Context, flag: bool) -> bool {
+        flag || (!self.killpriv_v2() && ctx.uid != 0)
+    }
+
+    /// What a write, truncate or chown does to privileges, the caller holding the inode's `meta`:
+    /// clears set-user-id/set-group-id when `kill` (see [`Meta::kill_suid`]) and, whoever the
+    /// caller, drops `security.capability`. Returns whether the mode changed.
+    fn kill_priv(&self, inode: &Inode, m: &mut Meta, ctx: &Context, kill: bool) -> bool {
+        if m.fcaps {
+            self.drop_fcaps(inode, m);
+        }
+        kill && m.kill_suid(ctx)
     }
 
     /// Sets the size of a file whose data and meta locks the caller holds.
@@ -294,6 +348,7 @@ impl RamFs {
     }
 
     /// Creates an inode and links it as `parent/name`; the kernel gets one lookup reference.
+    /// `perm` is taken through `umask`, or through the parent's default ACL when it has one.
     #[allow(clippy::too_many_arguments)]
     fn create_node(
         &self,
@@ -302,6 +357,7 @@ impl RamFs {
         name: &[u8],
         kind: u32,
         perm: u32,
+        umask: u32,
         rdev: u32,
         body: Body,
     ) -> Result<Arc<Inode>> {
@@ -315,6 +371,38 @@ impl RamFs {
         if !pm.may(ctx, W_OK | X_OK) {
             return Err(Error::AccessDenied);
         }
+        let inode = self.new_inode(ctx, &pm, kind, perm, umask, rdev, body)?;
+        dir.insert(name, inode.ino, kind);
+        if kind == S_IFDIR {
+            tree.insert(inode.ino, Dir::new(parent));
+        }
+        let now = Timespec::now();
+        p.update(|m| {
+            m.mtime = now;
+            m.ctime = now;
+            if kind == S_IFDIR {
+                m.nlink += 1;
+            }
+        });
+        self.inodes.insert(inode.ino, inode.clone());
+        Ok(inode)
+    }
+
+    /// A new inode of `ctx` for a node created in a directory with attributes `pm`: the group and
+    /// set-group-id follow the directory's set-group-id bit; the permissions go through the
+    /// directory's default ACL (which a new directory also inherits) or else `umask`. Counted
+    /// against the inode limit and, for the ACLs, the capacity; not yet in the inode table.
+    #[allow(clippy::too_many_arguments)]
+    fn new_inode(
+        &self,
+        ctx: &Context,
+        pm: &Meta,
+        kind: u32,
+        perm: u32,
+        umask: u32,
+        rdev: u32,
+        body: Body,
+    ) -> Result<Arc<Inode>> {
         let mut perm = perm & 0o7777;
         let gid = if pm.mode & S_ISGID != 0 {
             if kind == S_IFDIR {
@@ -324,52 +412,47 @@ impl RamFs {
         } else {
             ctx.gid
         };
+        let (mode, acl, default_acl) = match &pm.default_acl {
+            _ if kind == S_IFLNK => (kind | perm, None, None),
+            Some(dacl) => {
+                let (mode, acl) = acl::inherit(dacl, kind | perm);
+                (mode, acl.map(Arc::new), (kind == S_IFDIR).then(|| dacl.clone()))
+            }
+            None => (kind | (perm & !(umask & 0o777)), None, None),
+        };
+        let acl_bytes = acl.as_ref().map_or(0, |a| a.value_size())
+            + default_acl.as_ref().map_or(0, |d| acl::value_size(d.len()));
         self.ninodes
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.cfg.max_inodes).then_some(n + 1))
             .map_err(|_| Error::NoSpace)?;
-        let now = Timespec::now();
+        if let Err(e) = self.charge(acl_bytes as u64) {
+            self.ninodes.fetch_sub(1, Ordering::Relaxed);
+            return Err(e);
+        }
         let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
         let size = match (&body, kind) {
             (Body::Symlink(t), _) => t.len() as u64,
             (_, S_IFDIR) => u64::from(BLOCK_SIZE),
             _ => 0,
         };
-        let inode = Arc::new(Inode {
-            ino,
-            kind,
-            meta: RwLock::new(Meta {
-                mode: kind | perm,
-                uid: ctx.uid,
-                gid,
-                nlink: if kind == S_IFDIR { 2 } else { 1 },
-                rdev,
-                size,
-                blocks: 0,
-                atime: now,
-                mtime: now,
-                ctime: now,
-            }),
-            lookups: AtomicU64::new(1),
-            opens: AtomicU64::new(0),
-            body,
-        });
-        dir.insert(name, ino, kind);
-        if kind == S_IFDIR {
-            tree.insert(ino, Dir::new(parent));
-        }
-        p.update(|m| {
-            m.mtime = now;
-            m.ctime = now;
-            if kind == S_IFDIR {
-                m.nlink += 1;
-            }
-        });
-        self.inodes.insert(ino, inode.clone());
-        Ok(inode)
+        let nlink = if kind == S_IFDIR { 2 } else { 1 };
+        let mut meta = Meta::new(mode, ctx.uid, gid, nlink, rdev, size);
+        meta.acl = acl;
+        meta.default_acl = default_acl;
+        meta.xattr_bytes = acl_bytes as u64;
+        Ok(Arc::new(Inode::new(ino, kind, meta, 1, body)))
     }
 
-    /// Opens `inode`, checking permissions when `check`, truncating on `O_TRUNC`.
-    fn open_inode(&self, ctx: &Context, inode: Arc<Inode>, flags: u32, check: bool) -> Result<Opened> {
+    /// Opens `inode`, checking permissions when `check`, truncating on `O_TRUNC` (which clears
+    /// privileges as a truncate does; `kill_priv` is the kernel's say, see [`Self::kills_suid`]).
+    fn open_inode(
+        &self,
+        ctx: &Context,
+        inode: Arc<Inode>,
+        flags: u32,
+        check: bool,
+        kill_priv: bool,
+    ) -> Result<Opened> {
         let mut mask = match flags & O_ACCMODE {
             O_RDONLY => R_OK,
             O_WRONLY => W_OK,
@@ -396,9 +479,8 @@ impl RamFs {
             let now = Timespec::now();
             m.mtime = now;
             m.ctime = now;
-            if ctx.uid != 0 {
-                m.kill_suid();
-            }
+            let kill = self.kills_suid(ctx, kill_priv);
+            self.kill_priv(&inode, &mut m, ctx, kill);
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         inode.opens.fetch_add(1, Ordering::AcqRel);
@@ -406,9 +488,17 @@ impl RamFs {
         Ok(Opened { fh, open_flags: 0 })
     }
 
-    fn release_handle(&self, ino: u64, fh: u64) -> Result<()> {
+    /// Drops handle `fh`, the locks of `lock_owner` on its file, and every lock of the file with
+    /// its last handle.
+    fn release_handle(&self, ino: u64, fh: u64, lock_owner: u64) -> Result<()> {
         let h = self.handles.remove_if(fh, |h| h.inode.ino == ino).ok_or(Error::BadHandle)?;
-        h.inode.opens.fetch_sub(1, Ordering::AcqRel);
+        self.unlock_with(&h.inode, |locks| {
+            if h.inode.opens.fetch_sub(1, Ordering::AcqRel) == 1 {
+                locks.clear();
+            } else {
+                locks.release_owner(lock_owner);
+            }
+        });
         self.maybe_evict(&h.inode);
         Ok(())
     }
@@ -454,6 +544,90 @@ impl RamFs {
         Ok(done)
     }
 
+    /// Runs `f`, which only removes locks, on the lock table of `inode`, and gives back the
+    /// records it dropped.
+    fn unlock_with(&self, inode: &Inode, f: impl FnOnce(&mut locks::LockTable)) {
+        let mut table = lock(&inode.locks);
+        let before = table.len();
+        f(&mut table);
+        let dropped = before.saturating_sub(table.len());
+        self.lock_records.fetch_sub(dropped as u64, Ordering::AcqRel);
+    }
+
+    /// The handle a lock request names, on a regular file, with a valid range.
+    fn lock_handle(&self, ino: u64, fh: u64, lk: &FileLock) -> Result<Arc<Handle>> {
+        let h = self.handle(fh, ino)?;
+        if h.inode.kind != S_IFREG || lk.start > lk.end {
+            return Err(Error::InvalidArgument);
+        }
+        Ok(h)
+    }
+
+    /// Copies `count` bytes at `off_in` of `src` (`None`: `dst` itself) to `off_out` of `dst`, a
+    /// piece within one chunk of each at a time: holes in the source stay holes, or zero what the
+    /// destination had there. Short when the capacity runs out after something was copied.
+    fn copy_chunks(
+        &self,
+        src: Option<&FileData>,
+        dst: &mut FileData,
+        off_in: u64,
+        off_out: u64,
+        count: usize,
+    ) -> Result<usize> {
+        let mut bounce = [0u8; 4096];
+        let mut done = 0;
+        while done < count {
+            let (pi, po) = (off_in + done as u64, off_out + done as u64);
+            let (ai, ao) = ((pi % CHUNK64) as usize, (po % CHUNK64) as usize);
+            let (ci, co) = (pi / CHUNK64, po / CHUNK64);
+            let n = (CHUNK - ai).min(CHUNK - ao).min(count - done);
+            if !src.unwrap_or(dst).chunks.contains_key(&ci) {
+                if let Some(to) = dst.chunks.get_mut(&co) {
+                    to[ao..ao + n].fill(0);
+                }
+                done += n;
+                continue;
+            }
+            if let btree_map::Entry::Vacant(v) = dst.chunks.entry(co) {
+                match self.alloc_chunk() {
+                    Ok(c) => {
+                        v.insert(c);
+                    }
+                    Err(e) if done == 0 => return Err(e),
+                    Err(_) => break,
+                }
+            }
+            match src {
+                Some(s) => {
+                    if let (Some(from), Some(to)) = (s.chunks.get(&ci), dst.chunks.get_mut(&co)) {
+                        to[ao..ao + n].copy_from_slice(&from[ai..ai + n]);
+                    }
+                }
+                None if ci == co => {
+                    if let Some(c) = dst.chunks.get_mut(&co) {
+                        c.copy_within(ai..ai + n, ao);
+                    }
+                }
+                None => {
+                    // Two chunks of one map: through a small buffer.
+                    let mut at = 0;
+                    while at < n {
+                        let k = (n - at).min(bounce.len());
+                        if let Some(from) = dst.chunks.get(&ci) {
+                            bounce[..k].copy_from_slice(&from[ai + at..ai + at + k]);
+                        }
+                        if let Some(to) = dst.chunks.get_mut(&co) {
+                            to[ao + at..ao + at + k].copy_from_slice(&bounce[..k]);
+                        }
+                        at += k;
+                    }
+                }
+            }
+            done += n;
+        }
+        Ok(done)
+    }
+
     /// Relatime: bump atime when it is older than mtime/ctime or a day old.
     fn touch_atime(&self, inode: &Inode) {
         let now = Timespec::now();
@@ -484,9 +658,14 @@ fn read_chunks(data: &FileData, offset: u64, len: usize, w: &mut Writer<'_>) -> 
 
 impl FileSystem for RamFs {
     fn init(&self, capable: u64) -> Result<u64> {
-        // Everything the server can honour suits us, HANDLE_KILLPRIV included (see `setattr`,
-        // `write` and `open_inode`).
-        Ok(capable)
+        // Everything the server can honour suits us: HANDLE_KILLPRIV(_V2) (see `kill_priv`),
+        // DONT_MASK and POSIX_ACL (see `new_inode`, `xattr.rs` and `Meta::may`).
+        let mut wanted = capable;
+        if !self.cfg.posix_acl {
+            wanted &= !abi::init::POSIX_ACL;
+        }
+        self.session.store(wanted, Ordering::Relaxed);
+        Ok(wanted)
     }
 
     fn destroy(&self) {
@@ -499,6 +678,7 @@ impl FileSystem for RamFs {
             shard.retain(|_, inode| {
                 inode.lookups.store(0, Ordering::Release);
                 inode.opens.store(0, Ordering::Release);
+                self.unlock_with(inode, locks::LockTable::clear);
                 let keep = inode.ino == ROOT_ID || rd(&inode.meta).nlink > 0;
                 if !keep {
                     gone.push(inode.clone());
@@ -594,6 +774,17 @@ impl FileSystem for RamFs {
 
         let now = Timespec::now();
         let mut changed = false;
+        // With FUSE_HANDLE_KILLPRIV(_V2) the kernel leaves clearing set-user-id/set-group-id and
+        // security.capability to us: on chown of a non-directory (by anyone, as Linux does), and
+        // on truncate (by callers without CAP_FSETID; see `kills_suid`). Decided on the
+        // attributes before the change, as the kernel does.
+        let chown = (attr.uid.is_some() || attr.gid.is_some()) && inode.kind != S_IFDIR;
+        let kill = chown
+            || (attr.size.is_some() && self.kills_suid(ctx, attr.kill_suidgid))
+            || (attr.kill_suidgid && (self.killpriv_v2() || !root));
+        if chown || attr.size.is_some() || kill {
+            changed |= self.kill_priv(&inode, &mut m, ctx, kill);
+        }
         if let Some(uid) = attr.uid {
             m.uid = uid;
             changed = true;
@@ -601,12 +792,6 @@ impl FileSystem for RamFs {
         if let Some(gid) = attr.gid {
             m.gid = gid;
             changed = true;
-        }
-        // With FUSE_HANDLE_KILLPRIV the kernel leaves clearing set-user-id/set-group-id to us: on
-        // chown of a non-directory (by anyone, as Linux does), and on write and truncate by
-        // unprivileged callers.
-        if (attr.uid.is_some() || attr.gid.is_some()) && inode.kind != S_IFDIR {
-            m.kill_suid();
         }
         if let Some(mode) = attr.mode {
             let mut perm = mode & 0o7777;
@@ -622,12 +807,6 @@ impl FileSystem for RamFs {
                 m.mtime = now;
                 changed = true;
             }
-            if !root {
-                changed |= m.kill_suid();
-            }
-        }
-        if attr.kill_suidgid && !root {
-            changed |= m.kill_suid();
         }
         if let Some(t) = attr.atime {
             m.atime = resolve(t, now);
@@ -660,7 +839,7 @@ impl FileSystem for RamFs {
             return Err(Error::NameTooLong);
         }
         let body = Body::Symlink(target.into());
-        let inode = self.create_node(ctx, parent, name, S_IFLNK, 0o777, 0, body)?;
+        let inode = self.create_node(ctx, parent, name, S_IFLNK, 0o777, 0, 0, body)?;
         Ok(self.entry(&inode))
     }
 
@@ -671,7 +850,7 @@ impl FileSystem for RamFs {
         name: &[u8],
         mode: u32,
         rdev: u32,
-        _umask: u32,
+        umask: u32,
     ) -> Result<Entry> {
         let kind = match mode & S_IFMT {
             0 | S_IFREG => S_IFREG,
@@ -685,13 +864,13 @@ impl FileSystem for RamFs {
             S_IFCHR | S_IFBLK => (Body::Other, rdev),
             _ => (Body::Other, 0),
         };
-        let inode = self.create_node(ctx, parent, name, kind, mode, rdev, body)?;
+        let inode = self.create_node(ctx, parent, name, kind, mode, umask, rdev, body)?;
         Ok(self.entry(&inode))
     }
 
-    fn mkdir(&self, ctx: &Context, parent: u64, name: &[u8], mode: u32, _umask: u32) -> Result<Entry> {
+    fn mkdir(&self, ctx: &Context, parent: u64, name: &[u8], mode: u32, umask: u32) -> Result<Entry> {
         let perm = mode & (0o777 | S_ISVTX);
-        let inode = self.create_node(ctx, parent, name, S_IFDIR, perm, 0, Body::Other)?;
+        let inode = self.create_node(ctx, parent, name, S_IFDIR, perm, umask, 0, Body::Other)?;
         Ok(self.entry(&inode))
     }
 
@@ -815,7 +994,7 @@ impl FileSystem for RamFs {
             }
             let dst_inode = dst.map(|d| self.inode(d.ino)).transpose()?;
             let dstm = dst_inode.as_ref().map(|i| i.meta());
-            if dstm.is_some_and(|m| npm.sticky_denies(ctx, m.uid)) {
+            if dstm.as_ref().is_some_and(|m| npm.sticky_denies(ctx, m.uid)) {
                 return Err(Error::NotPermitted);
             }
             let src_dir = src_inode.kind == S_IFDIR;
@@ -915,9 +1094,11 @@ impl FileSystem for RamFs {
         let now = Timespec::now();
         {
             let mut m = wr(&inode.meta);
-            if m.nlink == 0 {
+            if m.nlink == 0 && !m.linkable {
                 return Err(Error::NotFound);
             }
+            // An O_TMPFILE file gets its first name (and is an ordinary file from now on).
+            m.linkable = false;
             if m.nlink >= LINK_MAX {
                 return Err(Error::TooManyLinks);
             }
@@ -933,9 +1114,9 @@ impl FileSystem for RamFs {
         Ok(self.entry(&inode))
     }
 
-    fn open(&self, ctx: &Context, ino: u64, flags: u32) -> Result<Opened> {
+    fn open(&self, ctx: &Context, ino: u64, flags: u32, kill_priv: bool) -> Result<Opened> {
         let inode = self.inode(ino)?;
-        self.open_inode(ctx, inode, flags, true)
+        self.open_inode(ctx, inode, flags, true, kill_priv)
     }
 
     fn read(
@@ -998,18 +1179,22 @@ impl FileSystem for RamFs {
         m.blocks = data.blocks();
         m.mtime = now;
         m.ctime = now;
-        if ctx.uid != 0 || write_flags & abi::write_flags::KILL_SUIDGID != 0 {
-            m.kill_suid();
+        let kill = self.kills_suid(ctx, write_flags & abi::write_flags::KILL_SUIDGID != 0);
+        if kill || m.fcaps {
+            self.kill_priv(&h.inode, &mut m, ctx, kill);
         }
         Ok(written)
     }
 
-    fn flush(&self, _ctx: &Context, ino: u64, fh: u64, _lock_owner: u64) -> Result<()> {
-        self.handle(fh, ino).map(|_| ())
+    fn flush(&self, _ctx: &Context, ino: u64, fh: u64, lock_owner: u64) -> Result<()> {
+        // Closing any descriptor of a file drops its process's POSIX locks on it.
+        let h = self.handle(fh, ino)?;
+        self.unlock_with(&h.inode, |locks| locks.release_owner(lock_owner));
+        Ok(())
     }
 
-    fn release(&self, _ctx: &Context, ino: u64, fh: u64, _flags: u32) -> Result<()> {
-        self.release_handle(ino, fh)
+    fn release(&self, _ctx: &Context, ino: u64, fh: u64, _flags: u32, lock_owner: u64) -> Result<()> {
+        self.release_handle(ino, fh, lock_owner)
     }
 
     fn fsync(&self, _ctx: &Context, ino: u64, fh: u64, _datasync: bool) -> Result<()> {
@@ -1021,7 +1206,7 @@ impl FileSystem for RamFs {
         if inode.kind != S_IFDIR {
             return Err(Error::NotDir);
         }
-        self.open_inode(ctx, inode, flags & !O_TRUNC, true)
+        self.open_inode(ctx, inode, flags & !O_TRUNC, true, false)
     }
 
     fn readdir(&self, _ctx: &Context, ino: u64, fh: u64, offset: u64, sink: &mut DirSink<'_>) -> Result<()> {
@@ -1105,7 +1290,7 @@ impl FileSystem for RamFs {
     }
 
     fn releasedir(&self, _ctx: &Context, ino: u64, fh: u64, _flags: u32) -> Result<()> {
-        self.release_handle(ino, fh)
+        self.release_handle(ino, fh, 0)
     }
 
     fn fsyncdir(&self, _ctx: &Context, ino: u64, fh: u64, _datasync: bool) -> Result<()> {
@@ -1145,15 +1330,16 @@ impl FileSystem for RamFs {
         name: &[u8],
         mode: u32,
         flags: u32,
-        _umask: u32,
+        umask: u32,
+        kill_priv: bool,
     ) -> Result<(Entry, Opened)> {
         if !matches!(flags & O_ACCMODE, O_RDONLY | O_WRONLY | O_RDWR) {
             return Err(Error::InvalidArgument);
         }
         let body = Body::File(RwLock::default());
-        match self.create_node(ctx, parent, name, S_IFREG, mode, 0, body) {
+        match self.create_node(ctx, parent, name, S_IFREG, mode, umask, 0, body) {
             Ok(inode) => {
-                let opened = self.open_inode(ctx, inode.clone(), flags & !O_TRUNC, false);
+                let opened = self.open_inode(ctx, inode.clone(), flags & !O_TRUNC, false, false);
                 match opened {
                     Ok(opened) => Ok((self.entry(&inode), opened)),
                     Err(e) => {
@@ -1169,7 +1355,7 @@ impl FileSystem for RamFs {
                     self.forget(ctx, entry.ino, 1);
                     return Err(Error::IsDir);
                 }
-                match self.open_inode(ctx, inode.clone(), flags, true) {
+                match self.open_inode(ctx, inode.clone(), flags, true, kill_priv) {
                     Ok(opened) => Ok((self.entry(&inode), opened)),
                     Err(e) => {
                         self.forget(ctx, entry.ino, 1);
@@ -1181,15 +1367,45 @@ impl FileSystem for RamFs {
         }
     }
 
-    fn fallocate(
+    fn tmpfile(
         &self,
-        _ctx: &Context,
-        ino: u64,
-        fh: u64,
+        ctx: &Context,
+        parent: u64,
         mode: u32,
-        offset: u64,
-        length: u64,
-    ) -> Result<()> {
+        flags: u32,
+        umask: u32,
+    ) -> Result<(Entry, Opened)> {
+        // O_TMPFILE needs a writable descriptor.
+        if !matches!(flags & O_ACCMODE, O_WRONLY | O_RDWR) {
+            return Err(Error::InvalidArgument);
+        }
+        let inode = {
+            let tree = rd(&self.tree);
+            let (_, pm) = self.search_dir(ctx, parent)?;
+            if !tree.contains_key(&parent) {
+                return Err(Error::NotFound); // removed while open
+            }
+            if !pm.may(ctx, W_OK | X_OK) {
+                return Err(Error::AccessDenied);
+            }
+            let inode = self.new_inode(ctx, &pm, S_IFREG, mode, umask, 0, Body::File(RwLock::default()))?;
+            inode.update(|m| {
+                m.nlink = 0;
+                m.linkable = flags & O_EXCL == 0;
+            });
+            self.inodes.insert(inode.ino, inode.clone());
+            inode
+        };
+        match self.open_inode(ctx, inode.clone(), flags & !O_TRUNC, false, false) {
+            Ok(opened) => Ok((self.entry(&inode), opened)),
+            Err(e) => {
+                self.forget(ctx, inode.ino, 1);
+                Err(e)
+            }
+        }
+    }
+
+    fn fallocate(&self, ctx: &Context, ino: u64, fh: u64, mode: u32, offset: u64, length: u64) -> Result<()> {
         let h = self.handle(fh, ino)?;
         if h.flags & O_ACCMODE == O_RDONLY {
             return Err(Error::BadHandle);
@@ -1203,6 +1419,13 @@ impl FileSystem for RamFs {
         let end = offset.checked_add(length).filter(|&e| e <= MAX_FILE_SIZE).ok_or(Error::FileTooLarge)?;
         let mut data = wr(data);
         let now = Timespec::now();
+        // Like any modification through a descriptor (`file_modified`): times, and privileges
+        // (the kernel's clearing request never reaches us with HANDLE_KILLPRIV).
+        let modified = |m: &mut Meta| {
+            m.mtime = now;
+            m.ctime = now;
+            self.kill_priv(&h.inode, m, ctx, ctx.uid != 0);
+        };
         if mode == 0 || mode == FALLOC_FL_KEEP_SIZE {
             let mut result = Ok(());
             for idx in offset / CHUNK64..=(end - 1) / CHUNK64 {
@@ -1220,10 +1443,11 @@ impl FileSystem for RamFs {
             }
             let mut m = wr(&h.inode.meta);
             m.blocks = data.blocks();
-            if result.is_ok() && mode == 0 && end > m.size {
-                m.size = end;
-                m.mtime = now;
-                m.ctime = now;
+            if result.is_ok() {
+                if mode == 0 && end > m.size {
+                    m.size = end;
+                }
+                modified(&mut m);
             }
             result
         } else if mode == FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE {
@@ -1252,11 +1476,207 @@ impl FileSystem for RamFs {
                 }
             }
             m.blocks = data.blocks();
-            m.mtime = now;
-            m.ctime = now;
+            modified(&mut m);
             Ok(())
         } else {
             Err(Error::NotSupported)
         }
+    }
+
+    fn setxattr(
+        &self,
+        ctx: &Context,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+        acl_kill_sgid: Option<bool>,
+    ) -> Result<()> {
+        self.set_xattr(ctx, ino, name, value, flags, acl_kill_sgid)
+    }
+
+    fn getxattr(&self, ctx: &Context, ino: u64, name: &[u8], size: u32) -> Result<XattrReply> {
+        self.get_xattr(ctx, ino, name, size)
+    }
+
+    fn listxattr(&self, ctx: &Context, ino: u64, size: u32) -> Result<XattrReply> {
+        self.list_xattr(ctx, ino, size)
+    }
+
+    fn removexattr(&self, ctx: &Context, ino: u64, name: &[u8]) -> Result<()> {
+        self.remove_xattr(ctx, ino, name)
+    }
+
+    fn getlk(&self, _ctx: &Context, ino: u64, fh: u64, owner: u64, lk: &FileLock) -> Result<FileLock> {
+        let h = self.lock_handle(ino, fh, lk)?;
+        let found = lock(&h.inode.locks).conflict(owner, lk);
+        Ok(found.unwrap_or(FileLock { typ: LockType::Unlock, ..*lk }))
+    }
+
+    fn setlk(
+        &self,
+        _ctx: &Context,
+        ino: u64,
+        fh: u64,
+        owner: u64,
+        lk: &FileLock,
+        _sleep: bool,
+    ) -> Result<()> {
+        // A SETLKW that would wait fails with EAGAIN like SETLK: waiting needs the asynchronous
+        // completion path the device does not have yet, which is why POSIX_LOCKS is not offered
+        // and the kernel never sends these (see `locks.rs`).
+        let h = self.lock_handle(ino, fh, lk)?;
+        match (lk.typ, h.flags & O_ACCMODE) {
+            (LockType::Read, O_WRONLY) => return Err(Error::BadHandle),
+            (LockType::Write, O_RDONLY) => return Err(Error::BadHandle),
+            _ => {}
+        }
+        // Room for the most records one request can add, settled once it is done.
+        let grow = locks::MAX_GROWTH;
+        self.lock_records
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                n.checked_add(grow).filter(|&n| n <= locks::MAX_LOCKS_TOTAL)
+            })
+            .map_err(|_| Error::NoLocks)?;
+        let mut table = lock(&h.inode.locks);
+        let before = table.len() as u64;
+        let result = table.set(owner, lk);
+        let unused = (before + grow).saturating_sub(table.len() as u64);
+        self.lock_records.fetch_sub(unused, Ordering::AcqRel);
+        result
+    }
+
+    fn lseek(&self, _ctx: &Context, ino: u64, fh: u64, offset: u64, whence: u32) -> Result<u64> {
+        let h = self.handle(fh, ino)?;
+        let Body::File(data) = &h.inode.body else {
+            return Err(Error::InvalidArgument);
+        };
+        // Offsets are `loff_t`: the top half of u64 is negative.
+        let signed = offset as i64;
+        match whence {
+            // Handles keep no position (I/O is positional), so SEEK_CUR counts from 0, as it does
+            // for virtiofsd; the kernel answers both itself anyway.
+            SEEK_SET | SEEK_CUR if signed >= 0 => Ok(offset),
+            SEEK_SET | SEEK_CUR => Err(Error::InvalidArgument),
+            SEEK_END => {
+                let size = rd(&h.inode.meta).size as i64;
+                match size.checked_add(signed) {
+                    Some(pos) if pos >= 0 => Ok(pos as u64),
+                    _ => Err(Error::InvalidArgument),
+                }
+            }
+            SEEK_DATA | SEEK_HOLE => {
+                let data = rd(data);
+                let size = rd(&h.inode.meta).size;
+                if offset >= size {
+                    return Err(Error::NoSuchAddress);
+                }
+                let first = offset / CHUNK64;
+                if whence == SEEK_DATA {
+                    // Chunks past the size (fallocate KEEP_SIZE) hold no data.
+                    match data.chunks.range(first..).next() {
+                        Some((&idx, _)) if idx * CHUNK64 < size => Ok(offset.max(idx * CHUNK64)),
+                        _ => Err(Error::NoSuchAddress),
+                    }
+                } else {
+                    let mut idx = first;
+                    for (&i, _) in data.chunks.range(first..) {
+                        if i != idx {
+                            break;
+                        }
+                        idx += 1;
+                    }
+                    // The end of the file is a hole too.
+                    Ok(offset.max(idx * CHUNK64).min(size))
+                }
+            }
+            _ => Err(Error::InvalidArgument),
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        ctx: &Context,
+        ino_in: u64,
+        fh_in: u64,
+        off_in: u64,
+        ino_out: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+        flags: u64,
+    ) -> Result<usize> {
+        if flags != 0 {
+            return Err(Error::InvalidArgument);
+        }
+        let hin = self.handle(fh_in, ino_in)?;
+        let hout = self.handle(fh_out, ino_out)?;
+        if hin.inode.kind == S_IFDIR || hout.inode.kind == S_IFDIR {
+            return Err(Error::IsDir);
+        }
+        let (Body::File(din), Body::File(dout)) = (&hin.inode.body, &hout.inode.body) else {
+            return Err(Error::InvalidArgument);
+        };
+        if hin.flags & O_ACCMODE == O_WRONLY
+            || hout.flags & O_ACCMODE == O_RDONLY
+            || hout.flags & O_APPEND != 0
+        {
+            return Err(Error::BadHandle);
+        }
+        if off_in > MAX_FILE_SIZE || off_out > MAX_FILE_SIZE {
+            return Err(Error::InvalidArgument);
+        }
+        if off_in.checked_add(len).is_none() || off_out.checked_add(len).is_none() {
+            return Err(Error::Overflow);
+        }
+        let same = hin.inode.ino == hout.inode.ino;
+        // Two files: data locks in inode-number order (a copy the other way cannot deadlock us).
+        let (mut gout, gin) = if same {
+            (wr(dout), None)
+        } else if hin.inode.ino < hout.inode.ino {
+            let gin = rd(din);
+            (wr(dout), Some(gin))
+        } else {
+            let gout = wr(dout);
+            (gout, Some(rd(din)))
+        };
+        let size_in = rd(&hin.inode.meta).size;
+        let mut count = if off_in >= size_in { 0 } else { len.min(size_in - off_in) };
+        if off_out >= MAX_FILE_SIZE {
+            return Err(Error::FileTooLarge);
+        }
+        count = count.min(MAX_FILE_SIZE - off_out);
+        if same && off_out < off_in + count && off_in < off_out + count {
+            return Err(Error::InvalidArgument);
+        }
+        let count = count.min(MAX_COPY) as usize;
+        if count == 0 {
+            return Ok(0);
+        }
+        let copied = self.copy_chunks(gin.as_deref(), &mut gout, off_in, off_out, count)?;
+        {
+            let now = Timespec::now();
+            let mut m = wr(&hout.inode.meta);
+            m.size = m.size.max(off_out + copied as u64);
+            m.blocks = gout.blocks();
+            m.mtime = now;
+            m.ctime = now;
+            self.kill_priv(&hout.inode, &mut m, ctx, ctx.uid != 0);
+        }
+        drop(gin);
+        drop(gout);
+        self.touch_atime(&hin.inode);
+        Ok(copied)
+    }
+
+    fn syncfs(&self, _ctx: &Context, _ino: u64) -> Result<()> {
+        // Nothing is ever more durable than it is now.
+        Ok(())
+    }
+
+    fn statx(&self, _ctx: &Context, ino: u64, _fh: Option<u64>) -> Result<(Statx, Duration)> {
+        let inode = self.inode(ino)?;
+        let m = rd(&inode.meta);
+        Ok((Statx { stat: stat_of(ino, &m), btime: Some(m.btime) }, self.cfg.attr_timeout))
     }
 }

@@ -4,8 +4,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::AtomicU64;
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use super::acl::{AclEntry, ExtAcl};
+use super::locks::LockTable;
 use super::{BLOCK_SIZE, CHUNK64, FIRST_COOKIE, SHARDS};
 use super::{S_IFDIR, S_IFMT, S_ISGID, S_ISUID, S_ISVTX, S_IXGRP, X_OK};
 use crate::filesystem::{Context, Error, Result, Stat, Timespec};
@@ -41,6 +43,10 @@ pub(super) fn wr<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(PoisonError::into_inner)
 }
 
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// A map from server-assigned ids, split over [`SHARDS`] locks.
 pub(super) struct Table<V> {
     pub(super) shards: Box<[RwLock<IdMap<V>>]>,
@@ -73,8 +79,8 @@ impl<V: Clone> Table<V> {
     }
 }
 
-/// Attributes of an inode.
-#[derive(Debug, Clone, Copy)]
+/// Attributes of an inode, with what the permission checks need (the ACLs).
+#[derive(Debug, Clone)]
 pub(super) struct Meta {
     pub(super) mode: u32,
     pub(super) uid: u32,
@@ -86,24 +92,68 @@ pub(super) struct Meta {
     pub(super) atime: Timespec,
     pub(super) mtime: Timespec,
     pub(super) ctime: Timespec,
+    /// Creation time.
+    pub(super) btime: Timespec,
+    /// The access ACL beyond the mode bits (see [`super::acl`]).
+    pub(super) acl: Option<Arc<ExtAcl>>,
+    /// The default ACL (directories only).
+    pub(super) default_acl: Option<Arc<[AclEntry]>>,
+    /// A `security.capability` attribute is set (cleared with set-user-id on write, truncate and
+    /// chown).
+    pub(super) fcaps: bool,
+    /// An `O_TMPFILE` file that LINK may still give a name, though it has no link.
+    pub(super) linkable: bool,
+    /// Bytes of extended attributes and ACLs charged to the filesystem's capacity.
+    pub(super) xattr_bytes: u64,
 }
 
 impl Meta {
-    /// Whether `ctx` may access this inode with `mask` (`R_OK | W_OK | X_OK`); root may do anything
-    /// but execute a non-directory with no execute bit at all, like the kernel's
-    /// `generic_permission`.
+    /// Fresh attributes: times now, no ACL, no extended attributes.
+    pub(super) fn new(mode: u32, uid: u32, gid: u32, nlink: u32, rdev: u32, size: u64) -> Self {
+        let now = Timespec::now();
+        Meta {
+            mode,
+            uid,
+            gid,
+            nlink,
+            rdev,
+            size,
+            blocks: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            btime: now,
+            acl: None,
+            default_acl: None,
+            fcaps: false,
+            linkable: false,
+            xattr_bytes: 0,
+        }
+    }
+
+    /// Whether `ctx` may access this inode with `mask` (`R_OK | W_OK | X_OK`), as the kernel's
+    /// `generic_permission` decides: root may do anything but execute a non-directory with no
+    /// execute bit at all; the owner gets the owner bits; with an access ACL and a non-empty mask
+    /// the ACL decides; else the group or other bits.
     pub(super) fn may(&self, ctx: &Context, mask: u32) -> bool {
         if ctx.uid == 0 {
             return mask & X_OK == 0 || self.mode & S_IFMT == S_IFDIR || self.mode & 0o111 != 0;
         }
-        let bits = if ctx.uid == self.uid {
-            self.mode >> 6
-        } else if ctx.gid == self.gid {
-            self.mode >> 3
-        } else {
-            self.mode
-        } & 7;
+        if ctx.uid == self.uid {
+            return (self.mode >> 6) & 7 & mask == mask;
+        }
+        if let Some(acl) = &self.acl {
+            if self.mode & 0o070 != 0 {
+                return acl.permits(ctx, self.gid, self.mode, mask);
+            }
+        }
+        let bits = if ctx.gid == self.gid { self.mode >> 3 } else { self.mode } & 7;
         bits & mask == mask
+    }
+
+    /// Whether `ctx` owns the inode or is root (`inode_owner_or_capable`).
+    pub(super) fn owner_or_root(&self, ctx: &Context) -> bool {
+        ctx.uid == 0 || ctx.uid == self.uid
     }
 
     /// The sticky-directory rule: in a sticky directory only the owner of the entry or of the
@@ -112,16 +162,27 @@ impl Meta {
         self.mode & S_ISVTX != 0 && ctx.uid != 0 && ctx.uid != self.uid && ctx.uid != victim_uid
     }
 
-    /// Clears set-user-id, and set-group-id when group-execute is set, as a write or truncate by
-    /// an unprivileged user does. Returns whether anything changed.
-    pub(super) fn kill_suid(&mut self) -> bool {
+    /// Clears set-user-id, and set-group-id when group-execute is set or `ctx` is neither in the
+    /// file's group nor root, as a write or truncate by an unprivileged user does
+    /// (`setattr_should_drop_suidgid`). Returns whether anything changed.
+    pub(super) fn kill_suid(&mut self, ctx: &Context) -> bool {
         let old = self.mode;
         self.mode &= !S_ISUID;
-        if self.mode & (S_ISGID | S_IXGRP) == (S_ISGID | S_IXGRP) {
+        let in_group = ctx.uid == 0 || ctx.gid == self.gid;
+        if self.mode & S_IXGRP != 0 || !in_group {
             self.mode &= !S_ISGID;
         }
         old != self.mode
     }
+}
+
+/// The extended attributes of an inode other than the ACLs (those live in [`Meta`]): full names
+/// (`user.x`, `trusted.x`, `security.x`) to values.
+#[derive(Debug, Default)]
+pub(super) struct Xattrs {
+    pub(super) map: BTreeMap<Box<[u8]>, Box<[u8]>>,
+    /// Length of the LISTXATTR answer for all of them (names with their NULs).
+    pub(super) list_len: usize,
 }
 
 #[derive(Default)]
@@ -148,6 +209,9 @@ pub(super) struct Inode {
     /// `S_IFMT` bits; never change.
     pub(super) kind: u32,
     pub(super) meta: RwLock<Meta>,
+    pub(super) xattrs: RwLock<Xattrs>,
+    /// POSIX record locks (regular files).
+    pub(super) locks: Mutex<LockTable>,
     /// References the kernel holds (entries handed out minus FORGETs).
     pub(super) lookups: AtomicU64,
     /// Open handles.
@@ -156,8 +220,21 @@ pub(super) struct Inode {
 }
 
 impl Inode {
+    pub(super) fn new(ino: u64, kind: u32, meta: Meta, lookups: u64, body: Body) -> Self {
+        Inode {
+            ino,
+            kind,
+            meta: RwLock::new(meta),
+            xattrs: RwLock::default(),
+            locks: Mutex::default(),
+            lookups: AtomicU64::new(lookups),
+            opens: AtomicU64::new(0),
+            body,
+        }
+    }
+
     pub(super) fn meta(&self) -> Meta {
-        *rd(&self.meta)
+        rd(&self.meta).clone()
     }
 
     pub(super) fn update(&self, f: impl FnOnce(&mut Meta)) {

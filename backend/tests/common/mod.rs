@@ -118,31 +118,49 @@ pub fn init_in(minor: u32, flags: u64) -> Vec<u8> {
     v
 }
 
-/// What Linux 6.12 offers in INIT.
+/// What Linux 6.12 offers in INIT for a virtio-fs mount (`fuse_send_init`; no DAX).
 pub const LINUX_FLAGS: u64 = abi::init::ASYNC_READ
     | abi::init::POSIX_LOCKS
     | abi::init::ATOMIC_O_TRUNC
     | abi::init::EXPORT_SUPPORT
     | abi::init::BIG_WRITES
     | abi::init::DONT_MASK
+    | abi::init::SPLICE_WRITE
+    | abi::init::SPLICE_MOVE
+    | abi::init::SPLICE_READ
     | abi::init::FLOCK_LOCKS
+    | abi::init::HAS_IOCTL_DIR
     | abi::init::AUTO_INVAL_DATA
     | abi::init::DO_READDIRPLUS
     | abi::init::READDIRPLUS_AUTO
     | abi::init::ASYNC_DIO
     | abi::init::WRITEBACK_CACHE
+    | abi::init::NO_OPEN_SUPPORT
     | abi::init::PARALLEL_DIROPS
     | abi::init::HANDLE_KILLPRIV
     | abi::init::POSIX_ACL
+    | abi::init::ABORT_ERROR
     | abi::init::MAX_PAGES
     | abi::init::CACHE_SYMLINKS
+    | abi::init::NO_OPENDIR_SUPPORT
+    | abi::init::EXPLICIT_INVAL_DATA
+    | abi::init::HANDLE_KILLPRIV_V2
+    | abi::init::SETXATTR_EXT
     | abi::init::INIT_EXT
     | abi::init::SECURITY_CTX
     | abi::init::CREATE_SUPP_GROUP
     | abi::init::HAS_EXPIRE_ONLY
-    | abi::init::PASSTHROUGH
+    | abi::init::DIRECT_IO_ALLOW_MMAP
+    | abi::init::NO_EXPORT_SUPPORT
     | abi::init::HAS_RESEND
-    | abi::init::ALLOW_IDMAP;
+    | abi::init::ALLOW_IDMAP
+    | abi::init::SUBMOUNTS
+    | abi::init::PASSTHROUGH;
+
+/// An older kernel: Linux 6.12's offer without `HANDLE_KILLPRIV_V2`, `SETXATTR_EXT` and
+/// `POSIX_ACL`.
+pub const OLD_FLAGS: u64 =
+    LINUX_FLAGS & !(abi::init::HANDLE_KILLPRIV_V2 | abi::init::SETXATTR_EXT | abi::init::POSIX_ACL);
 
 pub type R<T> = Result<T, i32>;
 /// A READDIR entry: (ino, next offset, type, name).
@@ -243,12 +261,28 @@ impl Fuse {
         self.setattr(ino, a)
     }
 
+    /// Whether the caller lacks CAP_FSETID and the kernel would say so (HANDLE_KILLPRIV_V2): the
+    /// test "kernel" takes non-root callers to lack it, as the server does without V2.
+    pub fn kernel_kills(&self) -> bool {
+        self.uid.get() != 0 && self.srv.negotiated() & abi::init::HANDLE_KILLPRIV_V2 != 0
+    }
+
     pub fn truncate(&self, ino: u64, size: u64) -> R<abi::Attr> {
-        self.setattr(ino, abi::SetattrIn { valid: abi::fattr::SIZE, size, ..Default::default() })
+        let mut valid = abi::fattr::SIZE;
+        if self.kernel_kills() {
+            valid |= abi::fattr::KILL_SUIDGID;
+        }
+        self.setattr(ino, abi::SetattrIn { valid, size, ..Default::default() })
     }
 
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32) -> R<abi::EntryOut> {
-        let arg = abi::MkdirIn { mode, umask: 0o022 };
+        // With DONT_MASK negotiated the kernel sends the process umask for us to apply; tests that
+        // care pass their own (see `mkdir_umask`).
+        self.mkdir_umask(parent, name, mode, 0)
+    }
+
+    pub fn mkdir_umask(&self, parent: u64, name: &[u8], mode: u32, umask: u32) -> R<abi::EntryOut> {
+        let arg = abi::MkdirIn { mode, umask };
         Ok(parse(&self.call(opcode::MKDIR, parent, &[arg.as_slice(), &cstr(name)]).result()?))
     }
 
@@ -264,14 +298,16 @@ impl Fuse {
         mode: u32,
         flags: u32,
     ) -> R<(abi::EntryOut, abi::OpenOut)> {
-        let arg = abi::CreateIn { flags, mode, umask: 0, open_flags: 0 };
+        let open_flags = if self.kernel_kills() && flags & O_TRUNC != 0 { abi::OPEN_KILL_SUIDGID } else { 0 };
+        let arg = abi::CreateIn { flags, mode, umask: 0, open_flags };
         let body = self.call(opcode::CREATE, parent, &[arg.as_slice(), &cstr(name)]).result()?;
         assert_eq!(body.len(), 128 + 16);
         Ok((parse(&body), parse(&body[128..])))
     }
 
     pub fn open(&self, ino: u64, flags: u32) -> R<u64> {
-        let arg = abi::OpenIn { flags, open_flags: 0 };
+        let open_flags = if self.kernel_kills() && flags & O_TRUNC != 0 { abi::OPEN_KILL_SUIDGID } else { 0 };
+        let arg = abi::OpenIn { flags, open_flags };
         let out: abi::OpenOut = parse(&self.call(opcode::OPEN, ino, &[arg.as_slice()]).result()?);
         Ok(out.fh)
     }
@@ -301,7 +337,8 @@ impl Fuse {
     }
 
     pub fn write(&self, ino: u64, fh: u64, offset: u64, data: &[u8]) -> R<u32> {
-        let arg = abi::WriteIn { fh, offset, size: data.len() as u32, ..Default::default() };
+        let write_flags = if self.kernel_kills() { abi::write_flags::KILL_SUIDGID } else { 0 };
+        let arg = abi::WriteIn { fh, offset, size: data.len() as u32, write_flags, ..Default::default() };
         let out: abi::WriteOut = parse(&self.call(opcode::WRITE, ino, &[arg.as_slice(), data]).result()?);
         Ok(out.size)
     }
@@ -377,6 +414,154 @@ impl Fuse {
             at += abi::direntplus_size(d.dirent.namelen as usize);
         }
         Ok(out)
+    }
+}
+
+/// A GETXATTR/LISTXATTR answer: the size (asked with size 0) or the bytes.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Xattr {
+    Size(u32),
+    Data(Vec<u8>),
+}
+
+pub const ACL_USER_OBJ: u16 = 0x01;
+pub const ACL_USER: u16 = 0x02;
+pub const ACL_GROUP_OBJ: u16 = 0x04;
+pub const ACL_GROUP: u16 = 0x08;
+pub const ACL_MASK: u16 = 0x10;
+pub const ACL_OTHER: u16 = 0x20;
+
+/// A `system.posix_acl_*` value from (tag, perm, id) entries.
+pub fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
+}
+
+impl Fuse {
+    /// SETXATTR as the kernel sends it (16-byte argument with SETXATTR_EXT, else 8 bytes).
+    pub fn setxattr_ext(&self, ino: u64, name: &[u8], value: &[u8], flags: u32, ext_flags: u32) -> R<()> {
+        let arg = abi::SetxattrIn { size: value.len() as u32, flags, setxattr_flags: ext_flags, padding: 0 };
+        let len = if self.srv.negotiated() & abi::init::SETXATTR_EXT != 0 { 16 } else { 8 };
+        let bytes = &vm_memory::ByteValued::as_slice(&arg)[..len];
+        self.call(opcode::SETXATTR, ino, &[bytes, &cstr(name), value]).result().map(|_| ())
+    }
+
+    pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: u32) -> R<()> {
+        self.setxattr_ext(ino, name, value, flags, 0)
+    }
+
+    pub fn getxattr(&self, ino: u64, name: &[u8], size: u32) -> R<Xattr> {
+        let arg = abi::GetxattrIn { size, padding: 0 };
+        let body = self
+            .call(opcode::GETXATTR, ino, &[vm_memory::ByteValued::as_slice(&arg), &cstr(name)])
+            .result()?;
+        Ok(if size == 0 { Xattr::Size(parse::<abi::GetxattrOut>(&body).size) } else { Xattr::Data(body) })
+    }
+
+    /// The value, asked with a roomy buffer.
+    pub fn xattr(&self, ino: u64, name: &[u8]) -> R<Vec<u8>> {
+        match self.getxattr(ino, name, 1 << 16)? {
+            Xattr::Data(v) => Ok(v),
+            Xattr::Size(_) => unreachable!(),
+        }
+    }
+
+    pub fn listxattr(&self, ino: u64, size: u32) -> R<Xattr> {
+        let arg = abi::GetxattrIn { size, padding: 0 };
+        let body = self.call(opcode::LISTXATTR, ino, &[vm_memory::ByteValued::as_slice(&arg)]).result()?;
+        Ok(if size == 0 { Xattr::Size(parse::<abi::GetxattrOut>(&body).size) } else { Xattr::Data(body) })
+    }
+
+    /// The attribute names, asked with a roomy buffer.
+    pub fn xattr_names(&self, ino: u64) -> R<Vec<Vec<u8>>> {
+        match self.listxattr(ino, 1 << 16)? {
+            Xattr::Data(v) => {
+                assert!(v.is_empty() || v.ends_with(&[0]));
+                Ok(v.split(|&b| b == 0).filter(|n| !n.is_empty()).map(|n| n.to_vec()).collect())
+            }
+            Xattr::Size(_) => unreachable!(),
+        }
+    }
+
+    pub fn removexattr(&self, ino: u64, name: &[u8]) -> R<()> {
+        self.call(opcode::REMOVEXATTR, ino, &[&cstr(name)]).result().map(|_| ())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn lk(
+        &self,
+        op: u32,
+        ino: u64,
+        fh: u64,
+        owner: u64,
+        typ: i32,
+        start: u64,
+        end: u64,
+    ) -> R<abi::FileLock> {
+        let arg = abi::LkIn {
+            fh,
+            owner,
+            lk: abi::FileLock { start, end, typ: typ as u32, pid: owner as u32 },
+            lk_flags: 0,
+            padding: 0,
+        };
+        let body = self.call(op, ino, &[vm_memory::ByteValued::as_slice(&arg)]).result()?;
+        Ok(if op == opcode::GETLK { parse::<abi::LkOut>(&body).lk } else { abi::FileLock::default() })
+    }
+
+    pub fn setlk(&self, ino: u64, fh: u64, owner: u64, typ: i32, start: u64, end: u64) -> R<()> {
+        self.lk(opcode::SETLK, ino, fh, owner, typ, start, end).map(|_| ())
+    }
+
+    pub fn getlk(&self, ino: u64, fh: u64, owner: u64, typ: i32, start: u64, end: u64) -> R<abi::FileLock> {
+        self.lk(opcode::GETLK, ino, fh, owner, typ, start, end)
+    }
+
+    pub fn lseek(&self, ino: u64, fh: u64, offset: u64, whence: i32) -> R<u64> {
+        let arg = abi::LseekIn { fh, offset, whence: whence as u32, padding: 0 };
+        let body = self.call(opcode::LSEEK, ino, &[vm_memory::ByteValued::as_slice(&arg)]).result()?;
+        Ok(parse::<abi::LseekOut>(&body).offset)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_file_range(
+        &self,
+        ino_in: u64,
+        fh_in: u64,
+        off_in: u64,
+        ino_out: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+    ) -> R<u32> {
+        let arg = abi::CopyFileRangeIn { fh_in, off_in, nodeid_out: ino_out, fh_out, off_out, len, flags: 0 };
+        let body =
+            self.call(opcode::COPY_FILE_RANGE, ino_in, &[vm_memory::ByteValued::as_slice(&arg)]).result()?;
+        Ok(parse::<abi::WriteOut>(&body).size)
+    }
+
+    pub fn tmpfile(
+        &self,
+        parent: u64,
+        mode: u32,
+        flags: u32,
+        umask: u32,
+    ) -> R<(abi::EntryOut, abi::OpenOut)> {
+        let arg = abi::CreateIn { flags, mode, umask, open_flags: 0 };
+        let body =
+            self.call(opcode::TMPFILE, parent, &[vm_memory::ByteValued::as_slice(&arg), b"/\0"]).result()?;
+        assert_eq!(body.len(), 128 + 16);
+        Ok((parse(&body), parse(&body[128..])))
+    }
+
+    pub fn statx(&self, ino: u64) -> R<abi::StatxOut> {
+        let arg = abi::StatxIn { sx_mask: 0xfff, ..Default::default() };
+        Ok(parse(&self.call(opcode::STATX, ino, &[vm_memory::ByteValued::as_slice(&arg)]).result()?))
     }
 }
 

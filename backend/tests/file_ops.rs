@@ -1,0 +1,421 @@
+//! POSIX record locks, LSEEK (SEEK_DATA/SEEK_HOLE), COPY_FILE_RANGE, TMPFILE, STATX, SYNCFS,
+//! FSYNCDIR, and the two ways of clearing set-user-id (HANDLE_KILLPRIV and _V2).
+
+mod common;
+
+use common::*;
+use virtiofs_backend::abi::{self, opcode};
+use virtiofs_backend::ramfs::{RamFsConfig, MAX_COPY};
+use virtiofs_backend::RamFs;
+
+const S_IFREG: u32 = libc::S_IFREG;
+const RD: i32 = libc::F_RDLCK;
+const WR: i32 = libc::F_WRLCK;
+const UN: i32 = libc::F_UNLCK;
+const EOF: u64 = i64::MAX as u64;
+
+const ALICE: (u32, u32) = (1000, 1000);
+const BOB: (u32, u32) = (2000, 2000);
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed) ^ (i >> 10) as u8).collect()
+}
+
+#[test]
+fn posix_locks() {
+    let f = Fuse::new();
+    let (e, o) = f.create(ROOT, b"f", 0o666, O_RDWR | O_CREAT).unwrap();
+    let (ino, fh) = (e.nodeid, o.fh);
+    let ro = f.open(ino, O_RDONLY).unwrap();
+    let wo = f.open(ino, O_WRONLY).unwrap();
+
+    // Owner 1 write-locks 0..=99; owner 2 sees it and cannot lock over it.
+    f.setlk(ino, fh, 1, WR, 0, 99).unwrap();
+    let c = f.getlk(ino, fh, 2, RD, 50, 50).unwrap();
+    assert_eq!((c.typ, c.start, c.end, c.pid), (WR as u32, 0, 99, 1));
+    assert_eq!(f.setlk(ino, fh, 2, RD, 99, 200), Err(libc::EAGAIN));
+    assert_eq!(f.getlk(ino, fh, 1, WR, 0, 99).unwrap().typ, UN as u32, "own locks do not conflict");
+    let free = f.getlk(ino, fh, 2, WR, 100, EOF).unwrap();
+    assert_eq!((free.typ, free.start, free.end), (UN as u32, 100, EOF));
+    // Split: unlock the middle, owner 2 takes it.
+    f.setlk(ino, fh, 1, UN, 40, 59).unwrap();
+    f.setlk(ino, fh, 2, WR, 40, 59).unwrap();
+    assert_eq!(f.getlk(ino, fh, 3, RD, 0, EOF).unwrap().start, 0);
+    assert_eq!(f.getlk(ino, fh, 3, RD, 40, 45).unwrap().pid, 2);
+    // Shared locks coexist; an exclusive one over them does not.
+    f.setlk(ino, fh, 3, RD, 200, 300).unwrap();
+    f.setlk(ino, fh, 4, RD, 250, 350).unwrap();
+    assert_eq!(f.setlk(ino, fh, 5, WR, 300, 300), Err(libc::EAGAIN));
+    // SETLKW cannot wait yet (POSIX_LOCKS is not offered): a conflict is EAGAIN, else it locks.
+    assert_eq!(f.lk(opcode::SETLKW, ino, fh, 5, WR, 300, 300).map(|_| ()), Err(libc::EAGAIN));
+    f.lk(opcode::SETLKW, ino, fh, 5, WR, 400, 400).unwrap();
+
+    // The handle's access mode: read locks need read access, write locks write access.
+    assert_eq!(f.setlk(ino, wo, 6, RD, 1000, 1000), Err(libc::EBADF));
+    assert_eq!(f.setlk(ino, ro, 6, WR, 1000, 1000), Err(libc::EBADF));
+    f.setlk(ino, ro, 6, RD, 1000, 1000).unwrap();
+    f.setlk(ino, wo, 7, WR, 2000, 2000).unwrap();
+
+    assert_eq!(f.fs().lock_count(), 8, "owner 1 holds two pieces, owners 2 to 7 one each");
+    // FLUSH (a close) by owner 3 drops its locks; RELEASE of the last handle drops all.
+    let flush = abi::FlushIn { fh: ro, lock_owner: 3, ..Default::default() };
+    assert_eq!(f.call(opcode::FLUSH, ino, &[vm_memory::ByteValued::as_slice(&flush)]).errno(), 0);
+    assert_eq!(f.getlk(ino, fh, 9, WR, 200, 249).unwrap().typ, UN as u32);
+    assert_eq!(f.getlk(ino, fh, 9, WR, 250, 250).unwrap().pid, 4);
+    let rel = abi::ReleaseIn { fh: wo, lock_owner: 7, ..Default::default() };
+    assert_eq!(f.call(opcode::RELEASE, ino, &[vm_memory::ByteValued::as_slice(&rel)]).errno(), 0);
+    assert_eq!(f.getlk(ino, fh, 9, WR, 2000, 2000).unwrap().typ, UN as u32, "owner 7 released");
+    f.release(ino, ro).unwrap();
+    assert_ne!(f.getlk(ino, fh, 9, WR, 0, EOF).unwrap().typ, UN as u32, "a handle is still open");
+    f.release(ino, fh).unwrap();
+    let fh = f.open(ino, O_RDWR).unwrap();
+    assert_eq!(f.getlk(ino, fh, 9, WR, 0, EOF).unwrap().typ, UN as u32, "the last release dropped all");
+    assert_eq!(f.fs().lock_count(), 0);
+
+    // Malformed: bad type, start past end, GETLK of F_UNLCK, flock, unknown flags, directories.
+    assert_eq!(f.setlk(ino, fh, 1, 7, 0, 1), Err(libc::EINVAL));
+    assert_eq!(f.setlk(ino, fh, 1, RD, 5, 4), Err(libc::EINVAL));
+    assert_eq!(f.getlk(ino, fh, 1, UN, 0, 1), Err(libc::EINVAL));
+    for (lk_flags, errno) in [(abi::LK_FLOCK, libc::EOPNOTSUPP), (2, libc::EINVAL)] {
+        let arg = abi::LkIn {
+            fh,
+            owner: 1,
+            lk: abi::FileLock { typ: RD as u32, ..Default::default() },
+            lk_flags,
+            padding: 0,
+        };
+        assert_eq!(f.call(opcode::SETLK, ino, &[vm_memory::ByteValued::as_slice(&arg)]).errno(), errno);
+    }
+    let dfh = f.opendir(ROOT).unwrap();
+    assert_eq!(f.setlk(ROOT, dfh, 1, RD, 0, 1), Err(libc::EINVAL));
+    assert_eq!(f.setlk(ino, 9999, 1, RD, 0, 1), Err(libc::EBADF));
+}
+
+#[test]
+fn lseek_data_and_holes() {
+    let f = Fuse::new();
+    let (e, o) = f.create(ROOT, b"f", 0o644, O_RDWR | O_CREAT).unwrap();
+    let (ino, fh) = (e.nodeid, o.fh);
+    const C: u64 = 64 << 10;
+    // Data in chunks 1 and 2, a hole in chunk 0 and from chunk 3 to the end (size 5 chunks + 10).
+    f.write(ino, fh, C + 5, b"data").unwrap();
+    f.write(ino, fh, 2 * C, b"more").unwrap();
+    f.truncate(ino, 5 * C + 10).unwrap();
+    let (d, h) = (libc::SEEK_DATA, libc::SEEK_HOLE);
+    assert_eq!(f.lseek(ino, fh, 0, d).unwrap(), C);
+    assert_eq!(f.lseek(ino, fh, C + 100, d).unwrap(), C + 100);
+    assert_eq!(f.lseek(ino, fh, 0, h).unwrap(), 0);
+    assert_eq!(f.lseek(ino, fh, C, h).unwrap(), 3 * C);
+    assert_eq!(f.lseek(ino, fh, 3 * C + 1, h).unwrap(), 3 * C + 1);
+    // A trailing hole: no data after it; past the end: ENXIO for both.
+    assert_eq!(f.lseek(ino, fh, 3 * C, d), Err(libc::ENXIO));
+    assert_eq!(f.lseek(ino, fh, 5 * C + 10, h), Err(libc::ENXIO));
+    assert_eq!(f.lseek(ino, fh, 5 * C + 10, d), Err(libc::ENXIO));
+    assert_eq!(f.lseek(ino, fh, u64::MAX, d), Err(libc::ENXIO), "negative offsets too");
+    // The end of the file counts as a hole even inside an allocated chunk.
+    f.write(ino, fh, 5 * C, b"tail").unwrap();
+    assert_eq!(f.lseek(ino, fh, 5 * C, h).unwrap(), 5 * C + 10);
+    // Space preallocated past the end (KEEP_SIZE) is not data.
+    let fa =
+        abi::FallocateIn { fh, offset: 6 * C, length: C, mode: libc::FALLOC_FL_KEEP_SIZE as u32, padding: 0 };
+    assert_eq!(f.call(opcode::FALLOCATE, ino, &[vm_memory::ByteValued::as_slice(&fa)]).errno(), 0);
+    assert_eq!(f.lseek(ino, fh, 3 * C, d).unwrap(), 5 * C);
+    // SEEK_SET/CUR/END.
+    assert_eq!(f.lseek(ino, fh, 7, libc::SEEK_SET).unwrap(), 7);
+    assert_eq!(f.lseek(ino, fh, 7, libc::SEEK_CUR).unwrap(), 7);
+    assert_eq!(f.lseek(ino, fh, (-10i64) as u64, libc::SEEK_END).unwrap(), 5 * C);
+    assert_eq!(f.lseek(ino, fh, (-1i64) as u64, libc::SEEK_SET), Err(libc::EINVAL));
+    assert_eq!(f.lseek(ino, fh, (-(6 * C as i64)) as u64, libc::SEEK_END), Err(libc::EINVAL));
+    assert_eq!(f.lseek(ino, fh, i64::MAX as u64, libc::SEEK_END), Err(libc::EINVAL), "overflow");
+    assert_eq!(f.lseek(ino, fh, 0, 5), Err(libc::EINVAL), "unknown whence");
+    let dfh = f.opendir(ROOT).unwrap();
+    assert_eq!(f.lseek(ROOT, dfh, 0, d), Err(libc::EINVAL));
+    assert_eq!(f.lseek(ino, 4242, 0, d), Err(libc::EBADF));
+    // An empty file: everything is past the end.
+    let (e2, o2) = f.create(ROOT, b"empty", 0o644, O_RDWR | O_CREAT).unwrap();
+    assert_eq!(f.lseek(e2.nodeid, o2.fh, 0, h), Err(libc::ENXIO));
+}
+
+#[test]
+fn copy_file_range_between_and_within_files() {
+    let f = Fuse::new();
+    let (a, ao) = f.create(ROOT, b"a", 0o644, O_RDWR | O_CREAT).unwrap();
+    let (b, bo) = f.create(ROOT, b"b", 0o644, O_RDWR | O_CREAT).unwrap();
+    let data = pattern(300_000, 1);
+    f.write(a.nodeid, ao.fh, 0, &data).unwrap();
+    // Misaligned offsets across chunk boundaries.
+    assert_eq!(f.copy_file_range(a.nodeid, ao.fh, 1000, b.nodeid, bo.fh, 70_001, 200_000).unwrap(), 200_000);
+    let back = f.read(b.nodeid, bo.fh, 0, 300_000).unwrap();
+    assert_eq!(back.len(), 270_001);
+    assert!(back[..70_001].iter().all(|&x| x == 0));
+    assert_eq!(&back[70_001..], &data[1000..201_000]);
+    // Short at the end of the source; nothing past it.
+    assert_eq!(f.copy_file_range(a.nodeid, ao.fh, 299_000, b.nodeid, bo.fh, 0, 5000).unwrap(), 1000);
+    assert_eq!(f.copy_file_range(a.nodeid, ao.fh, 400_000, b.nodeid, bo.fh, 0, 5000).unwrap(), 0);
+    // The other direction too (locks taken in inode order).
+    assert_eq!(f.copy_file_range(b.nodeid, bo.fh, 70_001, a.nodeid, ao.fh, 0, 10).unwrap(), 10);
+    assert_eq!(f.read(a.nodeid, ao.fh, 0, 10).unwrap(), &data[1000..1010]);
+
+    // Within one file: non-overlapping ranges are fine, overlapping ones EINVAL.
+    let before = f.read(a.nodeid, ao.fh, 0, 300_000).unwrap();
+    assert_eq!(f.copy_file_range(a.nodeid, ao.fh, 0, a.nodeid, ao.fh, 150_000, 100_000).unwrap(), 100_000);
+    let after = f.read(a.nodeid, ao.fh, 0, 300_000).unwrap();
+    assert_eq!(&after[150_000..250_000], &before[..100_000]);
+    assert_eq!(&after[..150_000], &before[..150_000]);
+    assert_eq!(f.copy_file_range(a.nodeid, ao.fh, 0, a.nodeid, ao.fh, 99, 100), Err(libc::EINVAL));
+    assert_eq!(f.copy_file_range(a.nodeid, ao.fh, 100, a.nodeid, ao.fh, 0, 101), Err(libc::EINVAL));
+    // Within one chunk.
+    assert_eq!(f.copy_file_range(a.nodeid, ao.fh, 10, a.nodeid, ao.fh, 30, 20).unwrap(), 20);
+    let now = f.read(a.nodeid, ao.fh, 0, 50).unwrap();
+    assert_eq!(&now[30..50], &after[10..30]);
+
+    // Holes stay holes: copying a hole over data zeroes it without allocating.
+    let (s, so) = f.create(ROOT, b"sparse", 0o644, O_RDWR | O_CREAT).unwrap();
+    f.truncate(s.nodeid, 10 << 20).unwrap();
+    let used = f.fs().used_bytes();
+    assert_eq!(f.copy_file_range(s.nodeid, so.fh, 0, b.nodeid, bo.fh, 1 << 20, 8 << 20).unwrap(), 8 << 20);
+    assert_eq!(f.fs().used_bytes(), used, "no chunks for holes");
+    assert!(f.read(b.nodeid, bo.fh, 70_001, 100).unwrap().iter().any(|&x| x != 0));
+    f.truncate(s.nodeid, 0).unwrap();
+    f.truncate(s.nodeid, 1 << 20).unwrap();
+    assert_eq!(f.copy_file_range(s.nodeid, so.fh, 0, b.nodeid, bo.fh, 0, 200_000).unwrap(), 200_000);
+    assert!(f.read(b.nodeid, bo.fh, 0, 200_000).unwrap().iter().all(|&x| x == 0));
+
+    // At most MAX_COPY per request.
+    f.truncate(s.nodeid, 2 * MAX_COPY).unwrap();
+    assert_eq!(
+        f.copy_file_range(s.nodeid, so.fh, 0, b.nodeid, bo.fh, 0, 2 * MAX_COPY).unwrap() as u64,
+        MAX_COPY
+    );
+
+    // Access modes, kinds, flags, limits.
+    let ro = f.open(b.nodeid, O_RDONLY).unwrap();
+    let wo = f.open(a.nodeid, O_WRONLY).unwrap();
+    let app = f.open(b.nodeid, O_WRONLY | libc::O_APPEND as u32).unwrap();
+    assert_eq!(f.copy_file_range(a.nodeid, ao.fh, 0, b.nodeid, ro, 0, 1), Err(libc::EBADF));
+    assert_eq!(f.copy_file_range(a.nodeid, wo, 0, b.nodeid, bo.fh, 0, 1), Err(libc::EBADF));
+    assert_eq!(f.copy_file_range(a.nodeid, ao.fh, 0, b.nodeid, app, 0, 1), Err(libc::EBADF));
+    let dfh = f.opendir(ROOT).unwrap();
+    assert_eq!(f.copy_file_range(ROOT, dfh, 0, b.nodeid, bo.fh, 0, 1), Err(libc::EISDIR));
+    assert_eq!(f.copy_file_range(a.nodeid, ao.fh, 0, ROOT, dfh, 0, 1), Err(libc::EISDIR));
+    assert_eq!(f.copy_file_range(a.nodeid, ao.fh, 0, b.nodeid, 4242, 0, 1), Err(libc::EBADF));
+    assert_eq!(
+        f.copy_file_range(a.nodeid, ao.fh, 0, a.nodeid, bo.fh, 0, 1),
+        Err(libc::EBADF),
+        "fh of another node"
+    );
+    let arg = abi::CopyFileRangeIn {
+        fh_in: ao.fh,
+        nodeid_out: b.nodeid,
+        fh_out: bo.fh,
+        len: 1,
+        flags: 1,
+        ..Default::default()
+    };
+    assert_eq!(
+        f.call(opcode::COPY_FILE_RANGE, a.nodeid, &[vm_memory::ByteValued::as_slice(&arg)]).errno(),
+        libc::EINVAL
+    );
+    assert_eq!(
+        f.copy_file_range(a.nodeid, ao.fh, u64::MAX - 5, b.nodeid, bo.fh, 0, 1),
+        Err(libc::EINVAL),
+        "negative"
+    );
+    assert_eq!(
+        f.copy_file_range(a.nodeid, ao.fh, u64::MAX - 5, b.nodeid, bo.fh, 0, 10),
+        Err(libc::EOVERFLOW)
+    );
+    assert_eq!(f.copy_file_range(a.nodeid, ao.fh, 0, b.nodeid, bo.fh, i64::MAX as u64 - 5, 10), Ok(5));
+    assert_eq!(f.copy_file_range(a.nodeid, ao.fh, 0, b.nodeid, bo.fh, i64::MAX as u64, 10), Err(libc::EFBIG));
+    assert_eq!(f.copy_file_range(a.nodeid, ao.fh, 1, b.nodeid, bo.fh, 0, u64::MAX), Err(libc::EOVERFLOW));
+}
+
+#[test]
+fn copy_file_range_updates_times_and_clears_setuid() {
+    let f = Fuse::new();
+    let d = f.mkdir(ROOT, b"d", 0o777).unwrap().nodeid;
+    let (a, ao) = f.create(d, b"a", 0o644, O_RDWR | O_CREAT).unwrap();
+    f.write(a.nodeid, ao.fh, 0, b"hello").unwrap();
+    let b = f.mknod(d, b"b", S_IFREG | 0o6777, 0).unwrap().nodeid;
+    f.as_user(BOB.0, BOB.1);
+    let bo = f.open(b, O_WRONLY).unwrap();
+    let ai = f.open(a.nodeid, O_RDONLY).unwrap();
+    let before = f.getattr(b).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    assert_eq!(f.copy_file_range(a.nodeid, ai, 0, b, bo, 3, 5).unwrap(), 5);
+    let after = f.getattr(b).unwrap();
+    assert_eq!(after.size, 8);
+    assert!((after.mtime, after.mtimensec) > (before.mtime, before.mtimensec));
+    assert!((after.ctime, after.ctimensec) > (before.ctime, before.ctimensec));
+    assert_eq!(after.mode & 0o7777, 0o0777, "a copy by a non-root caller clears set-user-id, set-group-id");
+    // The capacity: a full filesystem gives ENOSPC when nothing could be copied.
+    let cfg = RamFsConfig { capacity: 64 << 10, ..Default::default() };
+    let f = Fuse::with_fs(RamFs::with_config(cfg));
+    f.init(41, LINUX_FLAGS).unwrap();
+    let (a, ao) = f.create(ROOT, b"a", 0o644, O_RDWR | O_CREAT).unwrap();
+    let (b, bo) = f.create(ROOT, b"b", 0o644, O_RDWR | O_CREAT).unwrap();
+    f.write(a.nodeid, ao.fh, 0, &[1u8; 100]).unwrap();
+    assert_eq!(f.copy_file_range(a.nodeid, ao.fh, 0, b.nodeid, bo.fh, 0, 100), Err(libc::ENOSPC));
+    assert_eq!(f.getattr(b.nodeid).unwrap().size, 0);
+}
+
+#[test]
+fn tmpfile_is_unnamed_until_linked() {
+    let f = Fuse::new();
+    let d = f.mkdir(ROOT, b"d", 0o777).unwrap().nodeid;
+    let before = f.getattr(d).unwrap();
+    f.as_user(ALICE.0, ALICE.1);
+    let (e, o) = f.tmpfile(d, 0o666, O_RDWR, 0o022).unwrap();
+    assert_eq!((e.attr.mode, e.attr.nlink), (S_IFREG | 0o644, 0));
+    assert_eq!((e.attr.uid, e.attr.gid), ALICE);
+    let dfh = f.opendir(d).unwrap();
+    assert_eq!(f.readdir(d, dfh, 0, 4096).unwrap().len(), 2, "no name");
+    let after = f.getattr(d).unwrap();
+    assert_eq!(
+        (after.mtime, after.mtimensec),
+        (before.mtime, before.mtimensec),
+        "the directory is unchanged"
+    );
+    f.write(e.nodeid, o.fh, 0, b"content").unwrap();
+    // Linked: an ordinary file from now on.
+    let l = f.link(e.nodeid, d, b"named").unwrap();
+    assert_eq!(l.attr.nlink, 1);
+    assert_eq!(f.lookup(d, b"named").unwrap().nodeid, e.nodeid);
+    f.release(e.nodeid, o.fh).unwrap();
+    f.unlink(d, b"named").unwrap();
+    assert_eq!(f.link(e.nodeid, d, b"again"), Err(libc::ENOENT), "a removed file cannot come back");
+
+    // O_EXCL: never linkable; unlinked and unreferenced, it goes away.
+    let (x, xo) = f.tmpfile(d, 0o600, O_RDWR | O_EXCL, 0).unwrap();
+    f.write(x.nodeid, xo.fh, 0, &[1u8; 1000]).unwrap();
+    assert_eq!(f.link(x.nodeid, d, b"x"), Err(libc::ENOENT));
+    f.release(x.nodeid, xo.fh).unwrap();
+    f.forget(x.nodeid, 1);
+    assert_eq!(f.fs().lookup_count(x.nodeid), None);
+    // Permissions and arguments.
+    assert_eq!(f.tmpfile(d, 0o600, O_RDONLY, 0).unwrap_err(), libc::EINVAL, "needs write access");
+    assert_eq!(f.tmpfile(ROOT, 0o600, O_RDWR, 0).unwrap_err(), libc::EACCES, "root's 0755 directory");
+    assert_eq!(f.tmpfile(x.nodeid, 0o600, O_RDWR, 0).unwrap_err(), libc::ENOENT);
+    assert_eq!(f.tmpfile(e.nodeid, 0o600, O_RDWR, 0).unwrap_err(), libc::ENOTDIR);
+    let arg = abi::CreateIn { flags: O_RDWR, mode: 0o600, umask: 0, open_flags: 0 };
+    let r = f.call(opcode::TMPFILE, d, &[vm_memory::ByteValued::as_slice(&arg), b"/"]);
+    assert_eq!(r.errno(), libc::EINVAL, "name without NUL");
+    let r = f.call(opcode::TMPFILE, d, &[&vm_memory::ByteValued::as_slice(&arg)[..15]]);
+    assert_eq!(r.errno(), libc::EINVAL, "truncated");
+}
+
+#[test]
+fn statx_syncfs_fsyncdir() {
+    let f = Fuse::new();
+    let chr = f.mknod(ROOT, b"c", libc::S_IFCHR | 0o600, libc::makedev(259, 300) as u32 & 0xfffff).unwrap();
+    let sx = f.statx(chr.nodeid).unwrap();
+    let st = sx.stat;
+    assert_eq!(st.mask & abi::statx::BASIC_STATS, abi::statx::BASIC_STATS);
+    assert_ne!(st.mask & abi::statx::BTIME, 0);
+    assert_eq!(u32::from(st.mode), libc::S_IFCHR | 0o600);
+    assert_eq!((st.ino, st.nlink, st.uid, st.gid), (chr.nodeid, 1, 0, 0));
+    assert_eq!(st.rdev_major, (chr.attr.rdev & 0xfff00) >> 8);
+    assert_eq!(st.rdev_minor, (chr.attr.rdev & 0xff) | ((chr.attr.rdev >> 12) & 0xfff00));
+    assert_eq!((st.btime.tv_sec as u64, st.btime.tv_nsec), (chr.attr.ctime, chr.attr.ctimensec));
+    assert_eq!((st.mtime.tv_sec as u64, st.mtime.tv_nsec), (chr.attr.mtime, chr.attr.mtimensec));
+    // btime never changes.
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    f.chmod(chr.nodeid, 0o644).unwrap();
+    let again = f.statx(chr.nodeid).unwrap().stat;
+    assert_eq!(again.btime, st.btime);
+    assert_ne!(again.ctime, st.ctime);
+    assert_eq!(f.statx(4242).unwrap_err(), libc::ENOENT);
+    assert_eq!(f.call(opcode::STATX, ROOT, &[&[0u8; 23]]).errno(), libc::EINVAL);
+
+    let r = f.call(opcode::SYNCFS, ROOT, &[&[0u8; 8]]);
+    assert_eq!((r.errno(), r.n), (0, HDR));
+    assert_eq!(f.call(opcode::SYNCFS, ROOT, &[&[0u8; 7]]).errno(), libc::EINVAL);
+    let dfh = f.opendir(ROOT).unwrap();
+    let arg = abi::FsyncIn { fh: dfh, fsync_flags: 0, padding: 0 };
+    assert_eq!(f.call(opcode::FSYNCDIR, ROOT, &[vm_memory::ByteValued::as_slice(&arg)]).errno(), 0);
+    let arg = abi::FsyncIn { fh: 4242, fsync_flags: 0, padding: 0 };
+    assert_eq!(f.call(opcode::FSYNCDIR, ROOT, &[vm_memory::ByteValued::as_slice(&arg)]).errno(), libc::EBADF);
+}
+
+/// The kernel's say on clearing set-user-id (HANDLE_KILLPRIV_V2) against our guess from the uid
+/// (HANDLE_KILLPRIV).
+#[test]
+fn killpriv_v1_and_v2() {
+    let raw_write = |f: &Fuse, ino, fh, write_flags| {
+        let arg = abi::WriteIn { fh, offset: 0, size: 1, write_flags, ..Default::default() };
+        f.call(opcode::WRITE, ino, &[vm_memory::ByteValued::as_slice(&arg), b"x"]).result().map(|_| ())
+    };
+    let mode = |f: &Fuse, ino| f.as_user(0, 0).getattr(ino).unwrap().mode & 0o7777;
+    for v2 in [false, true] {
+        let f = Fuse::uninit();
+        let flags = if v2 { LINUX_FLAGS } else { OLD_FLAGS };
+        let out = f.init(41, flags).unwrap();
+        let got = u64::from(out.flags) | u64::from(out.flags2) << 32;
+        assert_eq!(got & abi::init::HANDLE_KILLPRIV_V2 != 0, v2);
+        assert_ne!(got & abi::init::HANDLE_KILLPRIV, 0);
+        let (e, o) = f.create(ROOT, b"f", 0o6777, O_RDWR | O_CREAT).unwrap();
+        let ino = e.nodeid;
+        // A non-root writer with no flag: only V1 clears (it cannot know about CAP_FSETID).
+        let bfh = f.as_user(BOB.0, BOB.1).open(ino, O_RDWR).unwrap();
+        raw_write(&f, ino, bfh, 0).unwrap();
+        assert_eq!(mode(&f, ino), if v2 { 0o6777 } else { 0o0777 }, "v2={v2}");
+        // Root with the flag (no CAP_FSETID): both clear.
+        f.chmod(ino, 0o6777).unwrap();
+        raw_write(&f, ino, o.fh, abi::write_flags::KILL_SUIDGID).unwrap();
+        assert_eq!(mode(&f, ino), 0o0777, "v2={v2}");
+        // Truncate: the same rule through FATTR_KILL_SUIDGID.
+        f.chmod(ino, 0o6777).unwrap();
+        let trunc = abi::SetattrIn { valid: abi::fattr::SIZE, size: 0, ..Default::default() };
+        f.as_user(BOB.0, BOB.1).setattr(ino, trunc).unwrap();
+        assert_eq!(mode(&f, ino), if v2 { 0o6777 } else { 0o0777 }, "v2={v2}");
+        let kill = abi::SetattrIn { valid: abi::fattr::SIZE | abi::fattr::KILL_SUIDGID, ..trunc };
+        f.as_user(0, 0).chmod(ino, 0o6777).unwrap();
+        f.setattr(ino, kill).unwrap();
+        assert_eq!(mode(&f, ino), 0o0777, "v2={v2}: root without CAP_FSETID");
+        // O_TRUNC with FUSE_OPEN_KILL_SUIDGID.
+        f.chmod(ino, 0o6777).unwrap();
+        let arg = abi::OpenIn { flags: O_WRONLY | O_TRUNC, open_flags: abi::OPEN_KILL_SUIDGID };
+        let r = f.call(opcode::OPEN, ino, &[vm_memory::ByteValued::as_slice(&arg)]);
+        assert_eq!(r.errno(), 0);
+        assert_eq!(mode(&f, ino), 0o0777, "v2={v2}");
+        // Root's plain write never clears.
+        f.chmod(ino, 0o6777).unwrap();
+        raw_write(&f, ino, o.fh, 0).unwrap();
+        assert_eq!(mode(&f, ino), 0o6777);
+        // Chown of a file clears set-user-id whoever asks, in both modes.
+        f.chown(ino, Some(ALICE.0), None).unwrap();
+        assert_eq!(mode(&f, ino), 0o0777);
+    }
+}
+
+#[test]
+fn fallocate_updates_times_and_clears_setuid() {
+    let f = Fuse::new();
+    let d = f.mkdir(ROOT, b"d", 0o777).unwrap().nodeid;
+    let ino = f.mknod(d, b"f", S_IFREG | 0o6777, 0).unwrap().nodeid;
+    f.as_user(ALICE.0, ALICE.1);
+    let fh = f.open(ino, O_RDWR).unwrap();
+    f.write(ino, fh, 0, &[1u8; 100]).unwrap();
+    f.as_user(0, 0).chmod(ino, 0o6777).unwrap();
+    f.as_user(ALICE.0, ALICE.1);
+    let before = f.getattr(ino).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    // Inside the file: size unchanged, but a modification all the same.
+    let fa = abi::FallocateIn { fh, offset: 0, length: 10, mode: 0, padding: 0 };
+    assert_eq!(f.call(opcode::FALLOCATE, ino, &[vm_memory::ByteValued::as_slice(&fa)]).errno(), 0);
+    let after = f.getattr(ino).unwrap();
+    assert_eq!(after.size, 100);
+    assert!((after.ctime, after.ctimensec) > (before.ctime, before.ctimensec));
+    assert!((after.mtime, after.mtimensec) > (before.mtime, before.mtimensec));
+    assert_eq!(after.mode & 0o7777, 0o0777);
+    // A failed fallocate changes nothing.
+    f.as_user(0, 0).chmod(ino, 0o6777).unwrap();
+    let before = f.getattr(ino).unwrap();
+    let bad = abi::FallocateIn { length: 0, ..fa };
+    assert_eq!(
+        f.call(opcode::FALLOCATE, ino, &[vm_memory::ByteValued::as_slice(&bad)]).errno(),
+        libc::EINVAL
+    );
+    assert_eq!(f.getattr(ino).unwrap(), before);
+    let _ = ALICE;
+}
