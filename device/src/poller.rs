@@ -383,7 +383,7 @@ fn run(ctx: Ctx) {
             idle_rounds += 1;
             if idle_rounds == 1 {
                 idle_since = Instant::now();
-            } else if idle_rounds % 64 == 0 && idle_since.elapsed() >= ctx.spin {
+            } else if idle_rounds.is_multiple_of(64) && idle_since.elapsed() >= ctx.spin {
                 std::thread::park_timeout(ctx.sleep); // still idle next time: park again soon
             }
             std::hint::spin_loop();
