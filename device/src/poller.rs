@@ -19,6 +19,7 @@
 
 use std::fs::File;
 use std::io::Write;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
@@ -129,7 +130,7 @@ enum Msg {
 /// What pollers tell the control plane.
 #[derive(Debug)]
 enum Event {
-    Ack { seq: u64 },
+    Ack { poller: usize, seq: u64 },
     Broken(QueueError),
 }
 
@@ -211,22 +212,28 @@ impl PollerSet {
     fn broadcast(&mut self, mut make: impl FnMut(usize) -> Msg) {
         self.seq += 1;
         let seq = self.seq;
-        let mut waiting = 0;
+        let mut waiting: Vec<bool> = Vec::with_capacity(self.pollers.len());
         for (i, p) in self.pollers.iter().enumerate() {
-            if p.tx.send((seq, make(i))).is_ok() {
-                if let Some(j) = &p.join {
-                    j.thread().unpark();
-                }
-                waiting += 1;
+            let sent = p.tx.send((seq, make(i))).is_ok();
+            if let Some(j) = &p.join {
+                j.thread().unpark();
             }
+            waiting.push(sent);
         }
         let started = Instant::now();
-        while waiting > 0 {
+        while waiting.iter().any(|&w| w) {
             match self.events.recv_timeout(Duration::from_secs(1)) {
-                Ok(Event::Ack { seq: s }) if s == seq => waiting -= 1,
+                Ok(Event::Ack { poller, seq: s }) if s == seq => waiting[poller] = false,
                 Ok(Event::Ack { .. }) => {}
                 Ok(Event::Broken(e)) => self.broken.push(e),
                 Err(RecvTimeoutError::Timeout) => {
+                    // A poller that died cannot answer; everything else is only slow.
+                    for (i, p) in self.pollers.iter().enumerate() {
+                        if waiting[i] && p.join.as_ref().is_none_or(|j| j.is_finished()) {
+                            error!("poller {i} has exited; not waiting for it");
+                            waiting[i] = false;
+                        }
+                    }
                     warn!("pollers slow to acknowledge (waiting {:?})", started.elapsed());
                 }
                 Err(RecvTimeoutError::Disconnected) => {
@@ -338,7 +345,7 @@ fn run(ctx: Ctx) {
                 Msg::Irqs(i) => irqs = i,
                 Msg::Shutdown => return,
             }
-            let _ = ctx.events.send(Event::Ack { seq });
+            let _ = ctx.events.send(Event::Ack { poller: ctx.id, seq });
         }
         let mut work = 0usize;
         // The buffer list is built only in rounds that find work (it is 32 KiB: constructing it
@@ -441,7 +448,9 @@ impl Ctx {
                 Ok(()) => {
                     let room: usize = chain.writable.iter().map(|s| s.len()).sum();
                     let room = u32::try_from(room).unwrap_or(u32::MAX);
-                    let outcome = match engine {
+                    // A bug in a handler must cost one request, not the poller (and with it the
+                    // device): a panic fails the request like a malformed chain.
+                    let call = std::panic::catch_unwind(AssertUnwindSafe(|| match engine {
                         Some(e) => {
                             let id = ((slot as u64) << 16) | u64::from(token);
                             e.submit(id, q.index(), &chain.readable, &chain.writable)
@@ -449,7 +458,12 @@ impl Ctx {
                         None => {
                             Outcome::Done(self.handler.handle(q.index(), &chain.readable, &chain.writable))
                         }
-                    };
+                    }));
+                    let outcome = call.unwrap_or_else(|_| {
+                        error!("queue {index}: the request handler panicked on request {token}; failing it");
+                        self.stats.bad_chains[index].fetch_add(1, Ordering::Relaxed);
+                        Outcome::Done(0)
+                    });
                     match outcome {
                         Outcome::Done(len) => len.min(room),
                         Outcome::Pending => continue,

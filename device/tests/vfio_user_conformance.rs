@@ -29,6 +29,8 @@ struct TestHandler {
     /// When set, requests go through a [`HeldEngine`] that completes them only once released.
     engine_release: Option<Arc<AtomicBool>>,
     engine_submitted: Arc<AtomicUsize>,
+    /// The next request makes the handler panic.
+    panic_next: AtomicBool,
 }
 
 /// An asynchronous engine that writes its reply at once but reports completion only after the
@@ -64,6 +66,9 @@ impl Engine for HeldEngine {
 impl RequestHandler for TestHandler {
     fn handle(&self, _q: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32 {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.panic_next.swap(false, Ordering::SeqCst) {
+            panic!("injected handler bug");
+        }
         if let Some((entered, release)) = &*self.gate.lock().unwrap() {
             entered.send(()).unwrap();
             let _ = release.recv_timeout(Duration::from_secs(10));
@@ -102,6 +107,7 @@ impl Dev {
             gate: Mutex::new(None),
             engine_release,
             engine_submitted: Arc::new(AtomicUsize::new(0)),
+            panic_next: AtomicBool::new(false),
         });
         let profile = Profile { request_queues: 2, queue_size: 16, ..Profile::default() };
         let server = Server::bind(&dir.path().join("dev.sock"), &profile, handler.clone()).unwrap();
@@ -837,4 +843,25 @@ fn engine_requests_complete_asynchronously_and_unmap_waits_for_them() {
     std::os::unix::fs::FileExt::read_exact_at(&mem, &mut reply, BUF).unwrap();
     assert_eq!(&reply, b"asyn");
     assert_eq!(dev.handler.calls.load(Ordering::SeqCst), 0, "the engine, not handle(), served it");
+}
+
+#[test]
+fn a_panicking_handler_fails_one_request_not_the_device() {
+    let dev = Dev::start();
+    dev.handler.panic_next.store(true, Ordering::SeqCst);
+    let mut c = dev.client();
+    let mem = memfd("guest", 0x100000).unwrap();
+    let e = EventFd::new(0).unwrap();
+    activate(&mut c, &mem, &e);
+    post(&mem, 0, 0);
+    e.read().unwrap();
+    assert_eq!(used_idx(&mem), 1, "the request that hit the bug is completed (failed)");
+    post(&mem, 1, 2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while used_idx(&mem) < 2 {
+        assert!(std::time::Instant::now() < deadline, "the poller stopped serving after a handler panic");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(dev.handler.calls.load(Ordering::SeqCst), 2);
+    c.still_serves();
 }
