@@ -40,7 +40,7 @@ if bash "$HERE/run-device-test.sh" --out "$OUT/suites" --config "$CONFIG" \
 else
   echo "FAIL: guest suites"; fail=1
 fi
-grep -a '^VMRESULT' "$OUT/suites/console.log" | tr -d '\r' || true
+tr -d '\r' < "$OUT/suites/console.log" | grep -a -E '^(VMRESULT|Summary:|pjdfstest: |fsx: |All operations|bigfile: )' || true
 
 step "guest reboot (device reset) and remount"
 bash "$HERE/run-device-test.sh" --allow-reboot --out "$OUT/reboot" --config "$CONFIG" \
