@@ -14,6 +14,7 @@
 # The archives are not compressed: under TCG, gunzipping the 64 MB initramfs
 # costs the guest ~2.5 s per boot, the copy of the raw one a few ms on the host.
 # Idempotent: rebuilds only when an input is newer than the archive.
+# Env: VM_KERNELS (default "trixie"; "trixie bookworm" also builds CACHE/alt/bookworm, see below).
 set -euo pipefail
 
 CACHE=${1:-${VM_CACHE:-/var/tmp/virtiofs-dpu-vm}}
@@ -29,6 +30,74 @@ for f in "$BUSYBOX" "$C/usr/bin/fio" $TOOLS "$CACHE/kernel/vmlinuz"; do
   [ -e "$f" ] || { echo "[vm-build] missing $f: run tools/vm/setup.sh first" >&2; exit 1; }
 done
 
+# Optional second guest kernel (VM_KERNELS="trixie bookworm"; setup.sh with the same VM_KERNELS
+# fetches it): CACHE/alt/bookworm/ is a cache dir that run-guest.sh --cache accepts:
+#   guest/vmlinuz     bookworm's 6.1 kernel
+#   guest/base.cpio   base.cpio + a second archive with that kernel's virtio, virtio_ring,
+#                     virtio_pci_*, fuse and virtiofs modules in /lib/modules and
+#                     /lib/modules/vm-load.list (dependency order, from each module's
+#                     modinfo depends=, what depmod writes into modules.dep); /init insmods them
+#   bin -> ../../bin  the same QEMU and virtiofsd
+build_bookworm() {
+  local KB=$CACHE/kernel-bookworm A=$CACHE/alt/bookworm
+  [ -e "$KB/vmlinuz" ] ||
+    { echo "[vm-build] missing $KB/vmlinuz: run VM_KERNELS=\"trixie bookworm\" tools/vm/setup.sh" >&2; exit 1; }
+  if [ -e "$A/guest/base.cpio" ] && [ -e "$A/guest/vmlinuz" ]; then
+    local f stale=0
+    for f in "${BASH_SOURCE[0]}" "$OUT" "$CACHE/stamps/kernel-bookworm"; do
+      if [ "$f" -nt "$A/guest/base.cpio" ]; then stale=1; fi
+    done
+    if [ $stale = 0 ]; then echo "[vm-build] up to date: $A/guest/base.cpio"; return 0; fi
+  fi
+  local md d
+  md=""
+  for d in "$KB"/lib/modules/*/ "$KB"/usr/lib/modules/*/; do
+    if [ -z "$md" ] && [ -d "$d/kernel" ]; then md=${d%/}; fi
+  done
+  [ -n "$md" ] || { echo "[vm-build] no modules in $KB" >&2; exit 1; }
+  local M=$G/mods-bookworm.tmp
+  rm -rf "$M"
+  mkdir -p "$M/lib/modules" "$A/guest"
+  ln -sfn ../../bin "$A/bin"
+  local order="" dep=""
+  # ko_file NAME: its .ko[.xz|.zst]; ko_cat FILE: the module, decompressed. visit NAME: its modinfo
+  # depends= first (depth first), then NAME itself: the order insmod needs
+  ko_file() { find "$md/kernel" -name "$1.ko" -o -name "$1.ko.xz" -o -name "$1.ko.zst" | head -1; }
+  ko_cat() { case $1 in *.xz) xz -dc "$1" ;; *.zst) zstd -dcq "$1" ;; *) cat "$1" ;; esac; }
+  visit() {
+    local name=$1 f d x
+    case " $order " in *" $name "*) return 0 ;; esac
+    f=$(ko_file "$name")
+    [ -n "$f" ] || { echo "[vm-build] module $name not found under $md" >&2; exit 1; }
+    d=$(ko_cat "$f" | tr '\0' '\n' | sed -n 's/^depends=//p' | head -1)
+    dep="$dep$name.ko: $(echo "$d" | tr ',' ' ')"$'\n'
+    for x in $(echo "$d" | tr ',' ' '); do visit "$x"; done
+    ko_cat "$f" > "$M/lib/modules/$name.ko"
+    order="$order $name"
+  }
+  visit virtio_pci
+  visit virtiofs
+  printf '%s.ko\n' $order > "$M/lib/modules/vm-load.list"
+  printf '%s' "$dep" > "$A/guest/modules.dep.txt"
+  ( cd "$M" && find . -mindepth 1 | "$BUSYBOX" cpio -o -H newc 2>/dev/null ) > "$G/mods-bookworm.cpio"
+  cat "$OUT" "$G/mods-bookworm.cpio" > "$A/guest/base.cpio.tmp"
+  mv "$A/guest/base.cpio.tmp" "$A/guest/base.cpio"
+  cp "$(readlink -f "$KB/vmlinuz")" "$A/guest/vmlinuz.tmp"
+  mv "$A/guest/vmlinuz.tmp" "$A/guest/vmlinuz"
+  rm -rf "$M" "$G/mods-bookworm.cpio"
+  echo "[vm-build] wrote $A/guest (bookworm $(basename "$md"); modules:$order)"
+}
+build_extra() {
+  local k
+  for k in ${VM_KERNELS:-trixie}; do
+    case $k in
+      trixie) ;;
+      bookworm) build_bookworm ;;
+      *) echo "[vm-build] unknown kernel in VM_KERNELS: $k (known: trixie bookworm)" >&2; exit 1 ;;
+    esac
+  done
+}
+
 uptodate=1
 if [ ! -e "$OUT" ] || [ ! -e "$G/vmlinuz" ]; then uptodate=0; fi
 if [ $uptodate = 1 ]; then
@@ -38,6 +107,7 @@ if [ $uptodate = 1 ]; then
 fi
 if [ $uptodate = 1 ]; then
   echo "[vm-build] up to date: $OUT"
+  build_extra
   exit 0
 fi
 
@@ -105,6 +175,10 @@ mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
+# Kernels with virtio/fuse as modules (VM_KERNELS=bookworm) list them here, in dependency order.
+if [ -f /lib/modules/vm-load.list ]; then
+  while read -r m; do insmod "/lib/modules/$m" || echo "VMHARNESS: insmod $m failed"; done < /lib/modules/vm-load.list
+fi
 hostname guest
 uptime_s() { cut -d' ' -f1 /proc/uptime; }
 echo
@@ -131,3 +205,4 @@ rm -f "$G/base.cpio.gz"
 cp "$(readlink -f "$CACHE/kernel/vmlinuz")" "$G/vmlinuz.tmp"
 mv "$G/vmlinuz.tmp" "$G/vmlinuz"
 echo "[vm-build] wrote $OUT ($(du -h "$OUT" | cut -f1)) and $G/vmlinuz"
+build_extra

@@ -15,9 +15,12 @@
 #   CACHE/bin/        wrappers: qemu-system-x86_64, virtiofsd, busybox
 #   CACHE/stamps/     one stamp per step; a step re-runs when its stamp is
 #                     missing or records different inputs
+#   CACHE/kernel-bookworm/  only with VM_KERNELS="trixie bookworm": Debian bookworm's
+#                     6.1 kernel with its virtio/fuse modules (for tools/vm/compare.sh)
 #
 # Needs root (apt-get, debootstrap, chroot) and cargo on PATH. Host: Debian 12+ x86_64.
-# Env: VM_CACHE, MIRROR (Debian mirror URL), CARGO_JOBS (default: nproc).
+# Env: VM_CACHE, MIRROR (Debian mirror URL), CARGO_JOBS (default: nproc),
+#      VM_KERNELS (default "trixie"; "trixie bookworm" adds the 6.1 kernel), KPKG_BOOKWORM.
 set -euo pipefail
 
 CACHE=${1:-${VM_CACHE:-/var/tmp/virtiofs-dpu-vm}}
@@ -116,6 +119,60 @@ if ! stamp_ok kernel "$KPKG" || [ ! -e "$CACHE/kernel/vmlinuz" ]; then
   stamp_set kernel "$KPKG"
 fi
 
+# ---------------------------------------------------------------- 4b. extra guest kernels (optional)
+# VM_KERNELS="trixie bookworm" also fetches Debian bookworm's 6.1 kernel (before the Linux 6.11
+# virtio-fs queue-full fix) into CACHE/kernel-bookworm, for tools/vm/compare.sh. Its virtio,
+# virtio_pci, fuse and virtiofs are modules: only drivers/virtio and fs/fuse are kept, and
+# build-guest.sh puts them into that kernel's initramfs. The bookworm package lists live in the
+# chroot apart from the trixie ones (/etc/apt-bookworm, /var/lib/apt/lists-bookworm,
+# /var/cache/apt-bookworm), so the default path is untouched. Default: trixie only.
+VM_KERNELS=${VM_KERNELS:-trixie}
+for k in $VM_KERNELS; do
+  case $k in
+    trixie) ;;
+    bookworm)
+      KB=$CACHE/kernel-bookworm
+      if ! stamp_ok kernel-bookworm "bookworm $MIRROR ${KPKG_BOOKWORM:-}" || [ ! -e "$KB/vmlinuz" ]; then
+        BO="-o Dir::Etc::SourceList=/etc/apt-bookworm/sources.list -o Dir::Etc::SourceParts=/etc/apt-bookworm/parts"
+        BO="$BO -o Dir::State::Lists=/var/lib/apt/lists-bookworm -o Dir::Cache=/var/cache/apt-bookworm"
+        mkdir -p "$C/etc/apt-bookworm/parts" "$C/var/lib/apt/lists-bookworm/partial" \
+                 "$C/var/cache/apt-bookworm/archives/partial"
+        printf 'deb %s bookworm main\n' "$MIRROR" > "$C/etc/apt-bookworm/sources.list"
+        quiet timeout 600 chroot "$C" apt-get $BO update
+        KPB=${KPKG_BOOKWORM:-$(chroot "$C" apt-cache $BO depends linux-image-amd64/bookworm 2>/dev/null |
+                               awk '/Depends: linux-image-[0-9]/{print $2; exit}')}
+        [ -n "$KPB" ] || die "cannot resolve the bookworm kernel package"
+        log "downloading + extracting $KPB (bookworm)"
+        rm -rf "$KB" "$C/tmp/kdl-bookworm"
+        mkdir -p "$C/tmp/kdl-bookworm"
+        quiet timeout 900 chroot "$C" sh -c "cd /tmp/kdl-bookworm && apt-get $BO -o APT::Sandbox::User=root download $KPB"
+        dpkg-deb -x "$C"/tmp/kdl-bookworm/*.deb "$KB"
+        rm -rf "$C/tmp/kdl-bookworm"
+        # keep only the modules the guest loads (virtio core + PCI transport, fuse + virtiofs)
+        for md in "$KB"/lib/modules/*/ "$KB"/usr/lib/modules/*/; do
+          [ -d "$md/kernel" ] || continue
+          mkdir -p "$KB/keep"
+          mv "$md/kernel/drivers/virtio" "$md/kernel/fs/fuse" "$KB/keep/"
+          rm -rf "$md/kernel"
+          mkdir -p "$md/kernel/drivers" "$md/kernel/fs"
+          mv "$KB/keep/virtio" "$md/kernel/drivers/"
+          mv "$KB/keep/fuse" "$md/kernel/fs/"
+          rmdir "$KB/keep"
+        done
+        vmlinuz=$(ls "$KB"/boot/vmlinuz-* | head -1)
+        ln -sf "$vmlinuz" "$KB/vmlinuz"
+        for opt in VIRTIO VIRTIO_PCI FUSE_FS VIRTIO_FS; do
+          grep -Eq "^CONFIG_$opt=(y|m)" "$KB"/boot/config-* || die "bookworm kernel lacks CONFIG_$opt"
+        done
+        grep -q '^CONFIG_DEVTMPFS=y' "$KB"/boot/config-* || die "bookworm kernel lacks CONFIG_DEVTMPFS=y"
+        printf '%s\n' "$KPB" > "$KB/package"
+        stamp_set kernel-bookworm "bookworm $MIRROR ${KPKG_BOOKWORM:-}"
+      fi
+      ;;
+    *) die "unknown kernel in VM_KERNELS: $k (known: trixie bookworm)" ;;
+  esac
+done
+
 # ---------------------------------------------------------------- 5. host wrappers
 # Trixie binaries run on an older host through the chroot's loader and libs;
 # no chroot(2) or bind mounts at run time, paths and sockets stay host paths.
@@ -155,5 +212,6 @@ rm -rf "$CACHE/cargo-target"   # ~300 MB of build products, not needed any more
 
 log "QEMU: $("$CACHE/bin/qemu-system-x86_64" --version | head -1)"
 log "virtiofsd: $("$CACHE/bin/virtiofsd" --version 2>&1 | head -1)"
+[ ! -e "$CACHE/kernel-bookworm/package" ] || log "extra kernel: $(cat "$CACHE/kernel-bookworm/package") (bookworm)"
 log "kernel: $KPKG; tools: $(ls "$CACHE/tools/bin" | tr '\n' ' ')"
 log "done: $CACHE ($(du -sh "$CACHE" 2>/dev/null | cut -f1))"
