@@ -22,6 +22,10 @@ bash "$HERE/build-guest.sh"
 echo "setup + guest image: $(( $(date +%s) - t0 )) s"
 step "release daemon"
 (cd "$REPO" && cargo build --release -q --bin virtiofs-dpu)
+# Wherever cargo puts it (CARGO_TARGET_DIR may be set).
+TARGET=$(cd "$REPO" && cargo metadata --format-version 1 --no-deps |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+export VFDPU_DAEMON=$TARGET/release/virtiofs-dpu
 
 fail=0
 step "guest suites against the device"
