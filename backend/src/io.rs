@@ -9,7 +9,9 @@
 
 use std::cmp::min;
 
-use vm_memory::{ByteValued, VolatileSlice};
+use std::mem::size_of;
+
+use vm_memory::{ByteValued, VolatileMemory, VolatileSlice};
 
 /// Running past the end of a buffer chain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -33,6 +35,11 @@ pub enum Error {
 }
 
 /// A position in a list of buffers, with a byte budget. Shared by [`Reader`] and [`Writer`].
+///
+/// Invariant: `off <= bufs[idx].len()` while `idx` is in range. A position at the end of a buffer
+/// is normally moved to the start of the next one, so that the common case, an object or a data
+/// page that lies inside one buffer (Linux gives every header, argument struct and page its own),
+/// is one bounds check and one copy ([`Cursor::contiguous`]).
 #[derive(Clone, Debug)]
 struct Cursor<'a> {
     bufs: &'a [VolatileSlice<'a>],
@@ -47,14 +54,47 @@ struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
+    #[inline]
     fn new(bufs: &'a [VolatileSlice<'a>]) -> Self {
         let left = bufs.iter().fold(0usize, |acc, b| acc.saturating_add(b.len()));
         Cursor { bufs, idx: 0, off: 0, left, done: 0 }
     }
 
+    /// The next `n` bytes (caller checked `n <= left`) as one slice, and consumes them, when they
+    /// lie inside the current buffer; `None` (nothing consumed) when they cross into another.
+    #[inline]
+    fn contiguous(&mut self, n: usize) -> Option<VolatileSlice<'a>> {
+        debug_assert!(n <= self.left);
+        let buf = self.bufs.get(self.idx)?;
+        let len = buf.len();
+        if len.saturating_sub(self.off) < n {
+            return None;
+        }
+        let piece = buf.subslice(self.off, n).ok()?;
+        self.off += n;
+        self.left -= n;
+        self.done += n;
+        if self.off == len {
+            self.idx += 1;
+            self.off = 0;
+        }
+        Some(piece)
+    }
+
     /// Visits the next `n` bytes (caller checked `n <= left`) as sub-slices, in order; `f` gets each
     /// piece and the number of bytes visited before it.
+    #[inline]
     fn consume(&mut self, n: usize, mut f: impl FnMut(VolatileSlice<'a>, usize)) {
+        if let Some(piece) = self.contiguous(n) {
+            f(piece, 0);
+        } else {
+            self.consume_pieces(n, f);
+        }
+    }
+
+    /// [`Cursor::consume`] across buffer boundaries.
+    #[cold]
+    fn consume_pieces(&mut self, n: usize, mut f: impl FnMut(VolatileSlice<'a>, usize)) {
         debug_assert!(n <= self.left);
         let mut visited = 0;
         while visited < n {
@@ -81,6 +121,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// Splits off a cursor over the next `n` bytes and advances `self` past them.
+    #[inline]
     fn split(&mut self, n: usize) -> Option<Cursor<'a>> {
         if n > self.left {
             return None;
@@ -88,7 +129,9 @@ impl<'a> Cursor<'a> {
         let mut head = self.clone();
         head.left = n;
         head.done = 0;
-        self.consume(n, |_, _| {});
+        if self.contiguous(n).is_none() {
+            self.consume_pieces(n, |_, _| {});
+        }
         Some(head)
     }
 }
@@ -101,11 +144,13 @@ pub struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     /// A reader over `bufs`, in order.
+    #[inline]
     pub fn new(bufs: &'a [VolatileSlice<'a>]) -> Self {
         Reader { cur: Cursor::new(bufs) }
     }
 
     /// Bytes not read yet.
+    #[inline]
     pub fn bytes_left(&self) -> usize {
         self.cur.left
     }
@@ -116,11 +161,13 @@ impl<'a> Reader<'a> {
     }
 
     /// Forgets everything past the next `n` bytes (no-op when fewer are left).
+    #[inline]
     pub fn truncate(&mut self, n: usize) {
         self.cur.left = min(self.cur.left, n);
     }
 
     /// Fills `buf` entirely, or fails without consuming anything.
+    #[inline]
     pub fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), Error> {
         let wanted = buf.len();
         if wanted > self.cur.left {
@@ -133,9 +180,23 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads one `T`, or fails without consuming anything.
+    #[inline]
     pub fn read_obj<T: ByteValued + Default>(&mut self) -> Result<T, Error> {
+        let wanted = size_of::<T>();
+        if wanted > self.cur.left {
+            return Err(Error::ShortRead { wanted, left: self.cur.left });
+        }
+        // One buffer holds it (the usual case): a single unaligned load of known size.
         let mut obj = T::default();
-        self.read_exact(obj.as_mut_slice())?;
+        match self.cur.contiguous(wanted) {
+            Some(piece) => match piece.get_ref::<T>(0) {
+                Ok(r) => obj = r.load(),
+                Err(_) => {
+                    piece.copy_to(obj.as_mut_slice());
+                }
+            },
+            None => self.read_exact(obj.as_mut_slice())?,
+        }
         Ok(obj)
     }
 
@@ -160,6 +221,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Splits off a reader over the next `n` bytes and advances `self` past them.
+    #[inline]
     pub fn split_at(&mut self, n: usize) -> Result<Reader<'a>, Error> {
         let left = self.cur.left;
         self.cur.split(n).map(|cur| Reader { cur }).ok_or(Error::ShortRead { wanted: n, left })
@@ -174,11 +236,13 @@ pub struct Writer<'a> {
 
 impl<'a> Writer<'a> {
     /// A writer over `bufs`, in order.
+    #[inline]
     pub fn new(bufs: &'a [VolatileSlice<'a>]) -> Self {
         Writer { cur: Cursor::new(bufs) }
     }
 
     /// Bytes that can still be written.
+    #[inline]
     pub fn available(&self) -> usize {
         self.cur.left
     }
@@ -189,6 +253,7 @@ impl<'a> Writer<'a> {
     }
 
     /// Writes all of `buf`, or fails without writing anything.
+    #[inline]
     pub fn write_all(&mut self, buf: &[u8]) -> Result<(), Error> {
         let wanted = buf.len();
         if wanted > self.cur.left {
@@ -201,8 +266,21 @@ impl<'a> Writer<'a> {
     }
 
     /// Writes one `T`, or fails without writing anything.
+    #[inline]
     pub fn write_obj<T: ByteValued>(&mut self, obj: &T) -> Result<(), Error> {
-        self.write_all(obj.as_slice())
+        let wanted = size_of::<T>();
+        if wanted > self.cur.left {
+            return Err(Error::ShortWrite { wanted, left: self.cur.left });
+        }
+        // One buffer holds it (the usual case): a single unaligned store of known size.
+        match self.cur.contiguous(wanted) {
+            Some(piece) => match piece.get_ref::<T>(0) {
+                Ok(r) => r.store(*obj),
+                Err(_) => piece.copy_from(obj.as_slice()),
+            },
+            None => return self.write_all(obj.as_slice()),
+        }
+        Ok(())
     }
 
     /// Writes `n` zero bytes, or fails without writing anything.
@@ -226,6 +304,7 @@ impl<'a> Writer<'a> {
 
     /// Splits off a writer over the next `n` bytes and advances `self` past them (used to fill a
     /// reply header after its body).
+    #[inline]
     pub fn split_at(&mut self, n: usize) -> Result<Writer<'a>, Error> {
         let left = self.cur.left;
         self.cur.split(n).map(|cur| Writer { cur }).ok_or(Error::ShortWrite { wanted: n, left })
@@ -276,6 +355,37 @@ mod tests {
         assert_eq!(t, [3, 4]);
         assert_eq!(r.bytes_left(), 0);
         assert!(r.split_at(1).is_err());
+    }
+
+    #[test]
+    fn objects_inside_and_across_buffers() {
+        // An object that ends a buffer, then an empty buffer, then one split over two buffers.
+        let mut a = [1u8, 0, 0, 0];
+        let mut b = [];
+        let mut c = [2u8, 0];
+        let mut d = [0u8, 0, 9];
+        {
+            let bufs = [
+                VolatileSlice::from(&mut a[..]),
+                VolatileSlice::from(&mut b[..]),
+                VolatileSlice::from(&mut c[..]),
+                VolatileSlice::from(&mut d[..]),
+            ];
+            let mut r = Reader::new(&bufs);
+            assert_eq!(r.read_obj::<u32>(), Ok(1));
+            assert_eq!(r.read_obj::<u32>(), Ok(2));
+            assert_eq!(r.read_obj::<u16>(), Err(Error::ShortRead { wanted: 2, left: 1 }));
+            assert_eq!(r.read_obj::<u8>(), Ok(9));
+            assert_eq!(r.bytes_read(), 9);
+
+            let mut w = Writer::new(&bufs);
+            w.write_obj(&0x0403_0201u32).unwrap();
+            w.write_obj(&0x0807_0605u32).unwrap();
+            assert_eq!(w.write_obj(&0u16), Err(Error::ShortWrite { wanted: 2, left: 1 }));
+            w.write_obj(&0x09u8).unwrap();
+            assert_eq!(w.available(), 0);
+        }
+        assert_eq!((a, c, d), ([1, 2, 3, 4], [5, 6], [7, 8, 9]));
     }
 
     #[test]

@@ -29,6 +29,8 @@ pub const MAX_WRITE: u32 = 1 << 20;
 pub const MAX_PAGES: u16 = 256;
 /// Longest name section we copy out of a request (two names plus a symlink target fit).
 const NAME_BUF: usize = 8192;
+/// Name sections up to this long (two maximal names) are copied without zeroing [`NAME_BUF`].
+const SHORT_NAMES: usize = 2 * 256;
 /// Longest extended attribute name (`XATTR_NAME_MAX`).
 pub const XATTR_NAME_MAX: usize = 255;
 /// Largest extended attribute value (`XATTR_SIZE_MAX`).
@@ -226,7 +228,7 @@ impl<F: FileSystem> Server<F> {
                 reply_empty(w, hdr)
             }
             opcode::LOOKUP => {
-                let mut buf = [0u8; NAME_BUF];
+                let mut buf = NameBuf::new();
                 let names = read_names(&mut r, &mut buf)?;
                 let (name, _) = split_name(names, false)?;
                 check_fits(&w, size_of::<abi::EntryOut>())?;
@@ -250,7 +252,7 @@ impl<F: FileSystem> Server<F> {
                 reply_bytes(w, hdr, &target)
             }
             opcode::SYMLINK => {
-                let mut buf = [0u8; NAME_BUF];
+                let mut buf = NameBuf::new();
                 let names = read_names(&mut r, &mut buf)?;
                 let (name, rest) = split_name(names, true)?;
                 let target =
@@ -261,7 +263,7 @@ impl<F: FileSystem> Server<F> {
             }
             opcode::MKNOD => {
                 let arg: abi::MknodIn = r.read_obj()?;
-                let mut buf = [0u8; NAME_BUF];
+                let mut buf = NameBuf::new();
                 let (name, _) = split_name(read_names(&mut r, &mut buf)?, true)?;
                 check_fits(&w, size_of::<abi::EntryOut>())?;
                 let entry = fs.mknod(ctx, ino, name, arg.mode, arg.rdev, arg.umask)?;
@@ -269,14 +271,14 @@ impl<F: FileSystem> Server<F> {
             }
             opcode::MKDIR => {
                 let arg: abi::MkdirIn = r.read_obj()?;
-                let mut buf = [0u8; NAME_BUF];
+                let mut buf = NameBuf::new();
                 let (name, _) = split_name(read_names(&mut r, &mut buf)?, true)?;
                 check_fits(&w, size_of::<abi::EntryOut>())?;
                 let entry = fs.mkdir(ctx, ino, name, arg.mode, arg.umask)?;
                 reply_entry(w, hdr, &entry)
             }
             opcode::UNLINK | opcode::RMDIR => {
-                let mut buf = [0u8; NAME_BUF];
+                let mut buf = NameBuf::new();
                 let (name, _) = split_name(read_names(&mut r, &mut buf)?, false)?;
                 if hdr.opcode == opcode::UNLINK {
                     fs.unlink(ctx, ino, name)?;
@@ -297,7 +299,7 @@ impl<F: FileSystem> Server<F> {
                 if flags & !known != 0 || flags == known {
                     return Err(RequestError::Invalid);
                 }
-                let mut buf = [0u8; NAME_BUF];
+                let mut buf = NameBuf::new();
                 let names = read_names(&mut r, &mut buf)?;
                 let (oldname, rest) = split_name(names, false)?;
                 let (newname, _) = split_name(rest, true)?;
@@ -306,7 +308,7 @@ impl<F: FileSystem> Server<F> {
             }
             opcode::LINK => {
                 let arg: abi::LinkIn = r.read_obj()?;
-                let mut buf = [0u8; NAME_BUF];
+                let mut buf = NameBuf::new();
                 let (name, _) = split_name(read_names(&mut r, &mut buf)?, true)?;
                 check_fits(&w, size_of::<abi::EntryOut>())?;
                 let entry = fs.link(ctx, arg.oldnodeid, ino, name)?;
@@ -411,7 +413,7 @@ impl<F: FileSystem> Server<F> {
             }
             opcode::CREATE => {
                 let arg: abi::CreateIn = r.read_obj()?;
-                let mut buf = [0u8; NAME_BUF];
+                let mut buf = NameBuf::new();
                 let (name, _) = split_name(read_names(&mut r, &mut buf)?, true)?;
                 check_fits(&w, size_of::<abi::EntryOut>() + size_of::<abi::OpenOut>())?;
                 let kill = arg.open_flags & abi::OPEN_KILL_SUIDGID != 0;
@@ -421,7 +423,7 @@ impl<F: FileSystem> Server<F> {
             opcode::TMPFILE => {
                 let arg: abi::CreateIn = r.read_obj()?;
                 // The kernel names the new dentry "/"; only the terminator is checked.
-                let mut buf = [0u8; NAME_BUF];
+                let mut buf = NameBuf::new();
                 if !read_names(&mut r, &mut buf)?.contains(&0) {
                     return Err(RequestError::BadName);
                 }
@@ -632,14 +634,33 @@ fn is_no_reply(op: u32) -> bool {
     matches!(op, opcode::FORGET | opcode::BATCH_FORGET | opcode::INTERRUPT)
 }
 
-/// Copies the rest of the arguments (the name section) into `buf`.
-fn read_names<'b>(r: &mut Reader<'_>, buf: &'b mut [u8; NAME_BUF]) -> Result<&'b [u8]> {
-    let n = r.bytes_left();
-    if n > buf.len() {
-        return Err(RequestError::NameTooLong);
+/// Stack room for a name section. Nearly every section (one name, two for RENAME) fits the short
+/// array, the only part zeroed up front; the long one is zeroed only when needed (zeroing
+/// [`NAME_BUF`] bytes per request cost more than the whole of a LOOKUP otherwise).
+struct NameBuf {
+    short: [u8; SHORT_NAMES],
+    long: Option<[u8; NAME_BUF]>,
+}
+
+impl NameBuf {
+    #[inline]
+    fn new() -> Self {
+        NameBuf { short: [0; SHORT_NAMES], long: None }
     }
-    r.read_exact(&mut buf[..n])?;
-    Ok(&buf[..n])
+}
+
+/// Copies the rest of the arguments (the name section) into `buf`; at most [`NAME_BUF`] bytes.
+fn read_names<'b>(r: &mut Reader<'_>, buf: &'b mut NameBuf) -> Result<&'b [u8]> {
+    let n = r.bytes_left();
+    let room: &mut [u8] = if n <= SHORT_NAMES {
+        &mut buf.short
+    } else if n <= NAME_BUF {
+        buf.long.insert([0; NAME_BUF])
+    } else {
+        return Err(RequestError::NameTooLong);
+    };
+    r.read_exact(&mut room[..n])?;
+    Ok(&room[..n])
 }
 
 /// Splits the first NUL-terminated name off `bytes` and checks that it is a path component
@@ -839,19 +860,27 @@ fn finish_reply(hw: &mut Writer<'_>, hdr: &InHeader, len: usize) -> Result<usize
     Ok(len)
 }
 
-fn reply_obj<T: ByteValued>(w: Writer<'_>, hdr: &InHeader, body: &T) -> Result<usize> {
-    reply_bytes(w, hdr, body.as_slice())
+fn reply_obj<T: ByteValued>(mut w: Writer<'_>, hdr: &InHeader, body: &T) -> Result<usize> {
+    // Header first: the body's size is known, and once both fit neither write can fail.
+    check_fits(&w, size_of::<T>())?;
+    let len = OUT_HEADER_SIZE + size_of::<T>();
+    w.write_obj(&OutHeader { len: len as u32, error: 0, unique: hdr.unique })?;
+    w.write_obj(body)?;
+    Ok(len)
 }
 
-fn reply_bytes(w: Writer<'_>, hdr: &InHeader, body: &[u8]) -> Result<usize> {
+fn reply_bytes(mut w: Writer<'_>, hdr: &InHeader, body: &[u8]) -> Result<usize> {
     check_fits(&w, body.len())?;
-    let (mut hw, mut bw) = split_reply(w)?;
-    bw.write_all(body)?;
-    finish_reply(&mut hw, hdr, OUT_HEADER_SIZE + body.len())
+    let len = OUT_HEADER_SIZE + body.len();
+    w.write_obj(&OutHeader { len: len as u32, error: 0, unique: hdr.unique })?;
+    w.write_all(body)?;
+    Ok(len)
 }
 
-fn reply_empty(w: Writer<'_>, hdr: &InHeader) -> Result<usize> {
-    reply_bytes(w, hdr, &[])
+fn reply_empty(mut w: Writer<'_>, hdr: &InHeader) -> Result<usize> {
+    check_fits(&w, 0)?;
+    w.write_obj(&OutHeader { len: OUT_HEADER_SIZE as u32, error: 0, unique: hdr.unique })?;
+    Ok(OUT_HEADER_SIZE)
 }
 
 fn reply_entry(w: Writer<'_>, hdr: &InHeader, entry: &Entry) -> Result<usize> {

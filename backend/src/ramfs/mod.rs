@@ -40,7 +40,7 @@ mod locks;
 mod node;
 mod xattr;
 
-use node::{dir_mut, lock, rd, stat_of, wr, Body, Dir, FileData, Inode, Meta, Table, Tree};
+use node::{coarse_secs, dir_mut, lock, now, rd, stat_of, wr, Body, Dir, FileData, Inode, Meta, Table, Tree};
 
 pub use xattr::XATTR_INODE_MAX;
 
@@ -238,6 +238,21 @@ impl RamFs {
         Ok((p, m))
     }
 
+    /// Fails unless `parent` is a directory the caller may search; the cheap form of
+    /// [`Self::search_dir`] for lookups, which need neither the inode nor its attributes after.
+    fn check_search(&self, ctx: &Context, parent: u64) -> Result<()> {
+        let may = self.inodes.with(parent, |p| p.kind == S_IFDIR && rd(&p.meta).may(ctx, X_OK));
+        match may {
+            Some(true) => Ok(()),
+            Some(false) => match self.inodes.with(parent, |p| p.kind) {
+                Some(S_IFDIR) => Err(Error::AccessDenied),
+                Some(_) => Err(Error::NotDir),
+                None => Err(Error::NotFound),
+            },
+            None => Err(Error::NotFound),
+        }
+    }
+
     fn entry(&self, inode: &Inode) -> Entry {
         Entry {
             ino: inode.ino,
@@ -376,7 +391,7 @@ impl RamFs {
         if kind == S_IFDIR {
             tree.insert(inode.ino, Dir::new(parent));
         }
-        let now = Timespec::now();
+        let now = now();
         p.update(|m| {
             m.mtime = now;
             m.ctime = now;
@@ -476,7 +491,7 @@ impl RamFs {
             let mut data = wr(data);
             let mut m = wr(&inode.meta);
             self.truncate_locked(&mut data, &mut m, 0);
-            let now = Timespec::now();
+            let now = now();
             m.mtime = now;
             m.ctime = now;
             let kill = self.kills_suid(ctx, kill_priv);
@@ -630,15 +645,18 @@ impl RamFs {
 
     /// Relatime: bump atime when it is older than mtime/ctime or a day old.
     fn touch_atime(&self, inode: &Inode) {
-        let now = Timespec::now();
-        let stale = {
-            let m = rd(&inode.meta);
-            m.atime <= m.mtime || m.atime <= m.ctime || now.sec - m.atime.sec >= 24 * 3600
-        };
-        if stale {
+        if atime_stale(&rd(&inode.meta)) {
+            let now = now();
             inode.update(|m| m.atime = now);
         }
     }
+}
+
+/// Whether a read should update atime (relatime): atime is not newer than mtime or ctime, or is
+/// a day old. The day is measured on the coarse clock (no TSC read; it lags by at most a tick,
+/// so the update can come that much later); the time stored is the precise one.
+fn atime_stale(m: &Meta) -> bool {
+    m.atime <= m.mtime || m.atime <= m.ctime || coarse_secs().saturating_sub(m.atime.sec) >= 24 * 3600
 }
 
 fn read_chunks(data: &FileData, offset: u64, len: usize, w: &mut Writer<'_>) -> Result<()> {
@@ -694,16 +712,20 @@ impl FileSystem for RamFs {
     fn lookup(&self, ctx: &Context, parent: u64, name: &[u8]) -> Result<Entry> {
         check_name(name)?;
         let tree = rd(&self.tree);
-        self.search_dir(ctx, parent)?;
+        self.check_search(ctx, parent)?;
         let dir = tree.get(&parent).ok_or(Error::NotFound)?;
         let ino = match name {
             b"." => parent,
             b".." => dir.parent,
             _ => dir.get(name).ok_or(Error::NotFound)?.ino,
         };
-        let child = self.inode(ino)?;
-        child.lookups.fetch_add(1, Ordering::AcqRel);
-        Ok(self.entry(&child))
+        // Under the shard's read lock: no reference count traffic, and no eviction in between.
+        self.inodes
+            .with(ino, |child| {
+                child.lookups.fetch_add(1, Ordering::AcqRel);
+                self.entry(child)
+            })
+            .ok_or(Error::NotFound)
     }
 
     fn forget(&self, _ctx: &Context, ino: u64, nlookup: u64) {
@@ -717,7 +739,8 @@ impl FileSystem for RamFs {
     }
 
     fn getattr(&self, _ctx: &Context, ino: u64, _fh: Option<u64>) -> Result<(Stat, Duration)> {
-        Ok((self.inode(ino)?.stat(), self.cfg.attr_timeout))
+        let st = self.inodes.with(ino, |i| i.stat()).ok_or(Error::NotFound)?;
+        Ok((st, self.cfg.attr_timeout))
     }
 
     fn setattr(&self, ctx: &Context, ino: u64, attr: &SetAttr) -> Result<(Stat, Duration)> {
@@ -772,7 +795,7 @@ impl FileSystem for RamFs {
             }
         }
 
-        let now = Timespec::now();
+        let now = now();
         let mut changed = false;
         // With FUSE_HANDLE_KILLPRIV(_V2) the kernel leaves clearing set-user-id/set-group-id and
         // security.capability to us: on chown of a non-directory (by anyone, as Linux does), and
@@ -892,7 +915,7 @@ impl FileSystem for RamFs {
                 return Err(Error::IsDir);
             }
             dir.remove(name);
-            let now = Timespec::now();
+            let now = now();
             p.update(|m| {
                 m.mtime = now;
                 m.ctime = now;
@@ -932,7 +955,7 @@ impl FileSystem for RamFs {
             }
             tree.remove(&child.ino);
             dir_mut(&mut tree, parent)?.remove(name);
-            let now = Timespec::now();
+            let now = now();
             p.update(|m| {
                 m.nlink = m.nlink.saturating_sub(1);
                 m.mtime = now;
@@ -1028,7 +1051,7 @@ impl FileSystem for RamFs {
                 return Err(Error::AccessDenied);
             }
 
-            let now = Timespec::now();
+            let now = now();
             let mut victim = None;
             dir_mut(&mut tree, olddir)?.remove(oldname);
             if dst.is_some() {
@@ -1091,7 +1114,7 @@ impl FileSystem for RamFs {
         if !pm.may(ctx, W_OK | X_OK) {
             return Err(Error::AccessDenied);
         }
-        let now = Timespec::now();
+        let now = now();
         {
             let mut m = wr(&inode.meta);
             if m.nlink == 0 && !m.linkable {
@@ -1134,18 +1157,26 @@ impl FileSystem for RamFs {
         let Body::File(data) = &h.inode.body else {
             return Err(if h.inode.kind == S_IFDIR { Error::IsDir } else { Error::InvalidArgument });
         };
-        let n = {
+        let (n, stale) = {
             let data = rd(data);
-            let size_now = rd(&h.inode.meta).size;
+            // One look at the attributes: the size (stable while we hold `data`: every size
+            // change holds it for writing) and whether atime is due.
+            let (size_now, stale) = {
+                let m = rd(&h.inode.meta);
+                (m.size, atime_stale(&m))
+            };
             if offset >= size_now {
-                0
+                (0, stale)
             } else {
                 let n = u64::from(size).min(size_now - offset) as usize;
                 read_chunks(&data, offset, n, w)?;
-                n
+                (n, stale)
             }
         };
-        self.touch_atime(&h.inode);
+        if stale {
+            let now = now();
+            h.inode.update(|m| m.atime = now);
+        }
         Ok(n)
     }
 
@@ -1173,7 +1204,7 @@ impl FileSystem for RamFs {
         }
         let mut data = wr(data);
         let written = self.write_chunks(&mut data, offset, len, r)?;
-        let now = Timespec::now();
+        let now = now();
         let mut m = wr(&h.inode.meta);
         m.size = m.size.max(offset + written as u64);
         m.blocks = data.blocks();
@@ -1418,7 +1449,7 @@ impl FileSystem for RamFs {
         }
         let end = offset.checked_add(length).filter(|&e| e <= MAX_FILE_SIZE).ok_or(Error::FileTooLarge)?;
         let mut data = wr(data);
-        let now = Timespec::now();
+        let now = now();
         // Like any modification through a descriptor (`file_modified`): times, and privileges
         // (the kernel's clearing request never reaches us with HANDLE_KILLPRIV).
         let modified = |m: &mut Meta| {
@@ -1655,7 +1686,7 @@ impl FileSystem for RamFs {
         }
         let copied = self.copy_chunks(gin.as_deref(), &mut gout, off_in, off_out, count)?;
         {
-            let now = Timespec::now();
+            let now = now();
             let mut m = wr(&hout.inode.meta);
             m.size = m.size.max(off_out + copied as u64);
             m.blocks = gout.blocks();

@@ -35,6 +35,20 @@ impl Hasher for IdHasher {
 
 pub(super) type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 
+/// The current wall-clock time (`CLOCK_REALTIME`, through the vDSO), for timestamps.
+#[inline]
+pub(super) fn now() -> Timespec {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Realtime);
+    Timespec { sec: t.tv_sec, nsec: u32::try_from(t.tv_nsec).unwrap_or(0).min(999_999_999) }
+}
+
+/// Seconds of the coarse wall clock (`CLOCK_REALTIME_COARSE`: the time of the last tick, read
+/// without touching the TSC). Never ahead of [`now`], behind by at most a tick. Not for storing.
+#[inline]
+pub(super) fn coarse_secs() -> i64 {
+    rustix::time::clock_gettime(rustix::time::ClockId::RealtimeCoarse).tv_sec
+}
+
 pub(super) fn rd<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(PoisonError::into_inner)
 }
@@ -63,6 +77,13 @@ impl<V: Clone> Table<V> {
 
     pub(super) fn get(&self, key: u64) -> Option<V> {
         rd(self.shard(key)).get(&key).cloned()
+    }
+
+    /// Runs `f` on the value under the shard's read lock, without cloning it (for short work:
+    /// writers of the shard wait).
+    #[inline]
+    pub(super) fn with<R>(&self, key: u64, f: impl FnOnce(&V) -> R) -> Option<R> {
+        rd(self.shard(key)).get(&key).map(f)
     }
 
     pub(super) fn insert(&self, key: u64, value: V) {
@@ -110,7 +131,7 @@ pub(super) struct Meta {
 impl Meta {
     /// Fresh attributes: times now, no ACL, no extended attributes.
     pub(super) fn new(mode: u32, uid: u32, gid: u32, nlink: u32, rdev: u32, size: u64) -> Self {
-        let now = Timespec::now();
+        let now = now();
         Meta {
             mode,
             uid,

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use super::acl::{self, AclEntry};
 use super::node::{rd, wr, Inode, Meta};
 use super::{RamFs, R_OK, S_IFDIR, S_IFLNK, S_IFREG, S_ISGID, S_ISVTX, W_OK};
-use crate::filesystem::{Context, Error, Result, Timespec, XattrReply};
+use crate::filesystem::{Context, Error, Result, XattrReply};
 use crate::server::{XATTR_NAME_MAX, XATTR_SIZE_MAX};
 
 /// Bytes of extended attribute names and values (ACLs included) one inode may hold.
@@ -173,7 +173,7 @@ impl RamFs {
         if name == CAPS {
             m.fcaps = true;
         }
-        m.ctime = Timespec::now();
+        m.ctime = super::node::now();
         Ok(())
     }
 
@@ -244,7 +244,7 @@ impl RamFs {
         if name == CAPS {
             m.fcaps = false;
         }
-        m.ctime = Timespec::now();
+        m.ctime = super::node::now();
         Ok(())
     }
 
@@ -299,7 +299,7 @@ impl RamFs {
             }
         }
         if had || setting {
-            m.ctime = Timespec::now();
+            m.ctime = super::node::now();
         }
         Ok(())
     }
