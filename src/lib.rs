@@ -3,17 +3,21 @@
 //! The device crate knows nothing of FUSE and the backend knows nothing of PCI or vfio-user; this
 //! crate is the seam: [`FuseHandler`] adapts a backend [`Server`] to the device's
 //! [`RequestHandler`], and [`RunningDevice`] runs a device on a socket in a thread of its own (for
-//! the daemon, the tests and the benchmarks).
+//! the daemon, the tests and the benchmarks), serving a RAM filesystem ([`RunningDevice::start`])
+//! or a host directory ([`RunningDevice::start_passthrough`]).
 #![deny(missing_docs)]
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use virtiofs_backend::filesystem::FileSystem;
-use virtiofs_backend::{RamFs, Server};
+use virtiofs_backend::passthrough::uring::{IoMode, Submitted, UringEngine};
+use virtiofs_backend::passthrough::{PassthroughConfig, SetupError};
+use virtiofs_backend::{PassthroughFs, RamFs, Server};
 use virtiofs_device::config::Profile;
-use virtiofs_device::poller::{QueueStats, RequestHandler};
+use virtiofs_device::poller::{Engine, Outcome, QueueStats, RequestHandler};
 use virtiofs_device::vfio_user::{self, ServerError, StopHandle};
 use vm_memory::VolatileSlice;
 
@@ -37,6 +41,109 @@ impl<F: FileSystem + 'static> RequestHandler for FuseHandler<F> {
     }
 }
 
+/// Serves virtio-fs requests from a host directory: a FUSE server over a [`PassthroughFs`],
+/// with (unless [`IoMode::Sync`]) an engine per poller for READ, WRITE and FSYNC ([`UringEngine`]:
+/// zero-copy between the host file and the guest buffers, inline when that cannot block, else on
+/// an io_uring owned by the poller, whose completions it polls on its own core).
+pub struct PassthroughHandler {
+    server: Arc<Server<PassthroughFs>>,
+    mode: IoMode,
+    /// Requests served on a ring, all pollers together.
+    ring_requests: Arc<AtomicU64>,
+}
+
+impl PassthroughHandler {
+    /// Ring entries per poller by default.
+    pub const RING_ENTRIES: u32 = 256;
+
+    /// A handler serving `fs`, its data path as `mode` says.
+    pub fn new(fs: PassthroughFs, mode: IoMode) -> Self {
+        PassthroughHandler { server: Arc::new(Server::new(fs)), mode, ring_requests: Arc::default() }
+    }
+
+    /// Requests left pending on a ring so far, all pollers together.
+    pub fn ring_requests(&self) -> u64 {
+        self.ring_requests.load(Ordering::Relaxed)
+    }
+
+    /// The FUSE server.
+    pub fn server(&self) -> &Arc<Server<PassthroughFs>> {
+        &self.server
+    }
+}
+
+impl RequestHandler for PassthroughHandler {
+    fn handle(&self, _queue: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32 {
+        u32::try_from(self.server.handle(readable, writable)).unwrap_or(0)
+    }
+
+    fn engine(&self, poller: usize) -> Option<Box<dyn Engine>> {
+        if self.mode == IoMode::Sync {
+            return None;
+        }
+        match UringEngine::new(self.server.clone(), Self::RING_ENTRIES, self.mode) {
+            Ok(e) => Some(Box::new(UringAdapter(e, self.ring_requests.clone()))),
+            Err(e) => {
+                log::warn!("poller {poller}: no io_uring ({e}); serving I/O synchronously");
+                None
+            }
+        }
+    }
+}
+
+/// The device's [`Engine`] face of a [`UringEngine`].
+struct UringAdapter(UringEngine, Arc<AtomicU64>);
+
+impl Engine for UringAdapter {
+    fn submit(
+        &mut self,
+        id: u64,
+        _queue: u16,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+    ) -> Outcome {
+        match self.0.submit(id, readable, writable) {
+            Submitted::Done(n) => Outcome::Done(n),
+            Submitted::Pending => {
+                self.1.fetch_add(1, Ordering::Relaxed);
+                Outcome::Pending
+            }
+        }
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(u64, u32)) -> usize {
+        self.0.poll(done)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.0.in_flight()
+    }
+}
+
+impl Drop for UringAdapter {
+    fn drop(&mut self) {
+        let s = self.0.stats();
+        log::debug!(
+            "io_uring engine: {} requests inline, {} on the ring, {} synchronous, {} resubmits",
+            s.inline_requests,
+            s.async_requests,
+            s.sync_requests,
+            s.resubmits
+        );
+    }
+}
+
+/// Why a device could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The shared directory could not be served.
+    #[error("passthrough filesystem")]
+    Passthrough(#[from] SetupError),
+    /// The device could not start.
+    #[error("device")]
+    Device(#[from] ServerError),
+}
+
 /// A device serving one socket from a thread of its own.
 pub struct RunningDevice {
     socket: PathBuf,
@@ -49,6 +156,17 @@ impl RunningDevice {
     /// Starts a device with an empty RAM filesystem on `socket` (listening when this returns).
     pub fn start(socket: &Path, profile: Profile) -> Result<Self, ServerError> {
         Self::start_with(socket, profile, Arc::new(FuseHandler::new(RamFs::new())))
+    }
+
+    /// Starts a device serving the host directory `cfg.root` (see
+    /// [`virtiofs_backend::passthrough`] for how it stays confined beneath it).
+    pub fn start_passthrough(
+        socket: &Path,
+        profile: Profile,
+        cfg: PassthroughConfig,
+    ) -> Result<Self, StartError> {
+        let fs = PassthroughFs::new(cfg)?;
+        Ok(Self::start_with(socket, profile, Arc::new(FuseHandler::new(fs)))?)
     }
 
     /// Starts a device whose requests go to `handler`.

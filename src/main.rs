@@ -4,12 +4,16 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::Parser;
 use log::{error, info};
 use signal_hook::consts::{SIGINT, SIGTERM};
+use virtiofs_backend::passthrough::uring::IoMode;
+use virtiofs_backend::passthrough::{sandbox, PassthroughConfig};
+use virtiofs_backend::PassthroughFs;
 use virtiofs_dpu::config::Profile;
-use virtiofs_dpu::RunningDevice;
+use virtiofs_dpu::{PassthroughHandler, RunningDevice};
 
 /// virtio-fs device firmware served over vfio-user.
 #[derive(Parser, Debug)]
@@ -24,6 +28,16 @@ struct Args {
     /// Hardware profile (TOML, see hw-configs/).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Serve this host directory (confined beneath it) instead of a RAM filesystem. Requests run
+    /// with the guest caller's uid/gid; guest root is root on the directory, so mount it
+    /// nosuid,nodev on the host.
+    #[arg(long, value_name = "DIR")]
+    shared_dir: Option<PathBuf>,
+    /// With --shared-dir, how READ/WRITE/FSYNC are served: `hybrid` (zero-copy, inline when it
+    /// cannot block, else on an io_uring per poller), `ring` (always on the io_uring) or `sync`
+    /// (through the FUSE server with a bounce buffer).
+    #[arg(long, value_name = "MODE", default_value = "hybrid", requires = "shared_dir")]
+    io_mode: IoMode,
 }
 
 fn main() -> ExitCode {
@@ -57,7 +71,38 @@ fn main() -> ExitCode {
         "tag {:?}, {} request queue(s) of up to {} entries",
         profile.tag, profile.request_queues, profile.queue_size
     );
-    let device = match RunningDevice::start(&args.socket_path, profile) {
+    let started = match &args.shared_dir {
+        None => RunningDevice::start(&args.socket_path, profile),
+        Some(dir) => {
+            let fs = match PassthroughFs::new(PassthroughConfig::new(dir)) {
+                Ok(fs) => fs,
+                Err(e) => {
+                    error!("{}", error_chain(&e));
+                    return ExitCode::from(2);
+                }
+            };
+            // Before the device starts its threads: they inherit the reduced capabilities.
+            match sandbox::drop_privileges() {
+                Ok(d) if d.privileged => info!(
+                    "shared directory {}: no_new_privs, {} capabilities dropped from the bounding set, kept {}",
+                    dir.display(),
+                    d.bounding,
+                    sandbox::KEPT_CAPS.iter().map(|c| c.1).collect::<Vec<_>>().join(",")
+                ),
+                Ok(_) => info!("shared directory {}: unprivileged, no_new_privs set", dir.display()),
+                Err(e) => {
+                    error!("cannot drop privileges: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+            RunningDevice::start_with(
+                &args.socket_path,
+                profile,
+                Arc::new(PassthroughHandler::new(fs, args.io_mode)),
+            )
+        }
+    };
+    let device = match started {
         Ok(d) => d,
         Err(e) => {
             error!("{}", error_chain(&e));

@@ -286,6 +286,11 @@ pub enum Error {
     /// Internal failure (`EIO`).
     #[error("input/output error")]
     Io,
+    /// Any other errno, passed on as is: a filesystem backed by a host kernel (the passthrough)
+    /// reports what the host said (`ELOOP`, `EXDEV`, `EBUSY`, `EROFS`, `EDQUOT`, ...) when no
+    /// variant above names it. Not positive: reported as `EIO`.
+    #[error("errno {0}")]
+    Os(i32),
 }
 
 impl Error {
@@ -315,6 +320,8 @@ impl Error {
             Error::NoSuchAddress => libc::ENXIO,
             Error::Overflow => libc::EOVERFLOW,
             Error::Io => libc::EIO,
+            Error::Os(e) if e > 0 => e,
+            Error::Os(_) => libc::EIO,
         }
     }
 }

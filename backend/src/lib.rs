@@ -3,15 +3,18 @@
 //!
 //! Layers, bottom up: [`abi`] (wire structs, the only byte-casting code), [`io`] (copying cursors over
 //! guest buffers), [`filesystem`] (the [`filesystem::FileSystem`] trait and its plain types),
-//! [`server`] (the dispatcher, which validates untrusted input and owns errno encoding) and
-//! [`ramfs`] (an in-memory POSIX filesystem). Nothing here knows about PCI, virtqueues or vfio-user.
+//! [`server`] (the dispatcher, which validates untrusted input and owns errno encoding),
+//! [`ramfs`] (an in-memory POSIX filesystem) and [`passthrough`] (a host directory, confined beneath
+//! it). Nothing here knows about PCI, virtqueues or vfio-user.
 #![deny(missing_docs)]
 
 pub mod abi;
 pub mod filesystem;
 pub mod io;
+pub mod passthrough;
 pub mod ramfs;
 pub mod server;
 
+pub use passthrough::PassthroughFs;
 pub use ramfs::RamFs;
 pub use server::Server;

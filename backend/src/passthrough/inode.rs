@@ -1,0 +1,235 @@
+//! The node table: FUSE node ids for host inodes, each held open as an `O_PATH` descriptor.
+//!
+//! A host inode is identified by [`InodeKey`] (device, inode number, mount id): while we hold a
+//! descriptor on it, its inode number cannot be reused, so the key names one inode. Node ids are
+//! handed out from a counter and never reused, so the FUSE generation is always 0. Each node
+//! counts the kernel's lookup references; FORGET drops them and the node (with its descriptor)
+//! goes when they reach 0 and no open handle or in-flight operation still holds its `Arc`.
+//!
+//! Directories remember the directory they were last looked up (or renamed) in, so that `..` is
+//! answered from the table and never resolved by the host kernel: the root's parent is the root.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use crate::abi::ROOT_ID;
+
+/// What identifies a host inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct InodeKey {
+    /// `st_dev`.
+    pub dev: u64,
+    /// `st_ino`.
+    pub ino: u64,
+    /// Mount id (`STATX_MNT_ID`), 0 where the kernel does not report it.
+    pub mnt: u64,
+}
+
+impl InodeKey {
+    /// The key of the inode `st` describes.
+    pub fn of(st: &libc::statx) -> Self {
+        let dev = libc::makedev(st.stx_dev_major, st.stx_dev_minor);
+        let mnt = if st.stx_mask & libc::STATX_MNT_ID != 0 { st.stx_mnt_id } else { 0 };
+        InodeKey { dev, ino: st.stx_ino, mnt }
+    }
+}
+
+/// A host inode the guest knows by a node id.
+#[derive(Debug)]
+pub struct Inode {
+    /// The FUSE node id.
+    pub id: u64,
+    /// An `O_PATH | O_NOFOLLOW` descriptor on the inode (never opened for I/O).
+    fd: OwnedFd,
+    /// Which host inode it is.
+    pub key: InodeKey,
+    /// File type bits (`S_IFMT` part of the mode); fixed for the life of an inode.
+    pub kind: u32,
+    /// For a directory: the directory it was last found in (`None` for the root).
+    parent: Mutex<Option<Arc<Inode>>>,
+}
+
+impl Inode {
+    /// The `O_PATH` descriptor.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Whether this is a directory.
+    pub fn is_dir(&self) -> bool {
+        self.kind == libc::S_IFDIR
+    }
+
+    /// The directory this directory was last found in.
+    pub fn parent(&self) -> Option<Arc<Inode>> {
+        self.parent.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Records where this directory now lives (no-op for other types and for the root).
+    pub fn set_parent(&self, parent: &Arc<Inode>) {
+        if self.is_dir() && self.id != ROOT_ID && parent.id != self.id {
+            *self.parent.lock().unwrap_or_else(PoisonError::into_inner) = Some(parent.clone());
+        }
+    }
+}
+
+struct Slot {
+    inode: Arc<Inode>,
+    /// The kernel's lookup references.
+    refs: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    by_id: HashMap<u64, Slot>,
+    by_key: HashMap<InodeKey, u64>,
+    next_id: u64,
+}
+
+/// Node id -> inode, and host key -> node id.
+pub struct InodeTable {
+    inner: RwLock<Inner>,
+    root: Arc<Inode>,
+}
+
+impl InodeTable {
+    /// A table holding just the root, node id [`ROOT_ID`].
+    pub fn new(root_fd: OwnedFd, st: &libc::statx) -> Self {
+        let root = Arc::new(Inode {
+            id: ROOT_ID,
+            fd: root_fd,
+            key: InodeKey::of(st),
+            kind: u32::from(st.stx_mode) & libc::S_IFMT,
+            parent: Mutex::new(None),
+        });
+        let mut inner = Inner { next_id: ROOT_ID + 1, ..Default::default() };
+        inner.by_id.insert(ROOT_ID, Slot { inode: root.clone(), refs: 1 });
+        inner.by_key.insert(root.key, ROOT_ID);
+        InodeTable { inner: RwLock::new(inner), root }
+    }
+
+    /// The root.
+    pub fn root(&self) -> &Arc<Inode> {
+        &self.root
+    }
+
+    /// The inode with node id `id`.
+    pub fn get(&self, id: u64) -> Option<Arc<Inode>> {
+        let inner = self.inner.read().unwrap_or_else(PoisonError::into_inner);
+        inner.by_id.get(&id).map(|s| s.inode.clone())
+    }
+
+    /// The node already known for `key`, with one more lookup reference.
+    pub fn lookup_key(&self, key: &InodeKey) -> Option<Arc<Inode>> {
+        let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+        let id = *inner.by_key.get(key)?;
+        let slot = inner.by_id.get_mut(&id)?;
+        slot.refs += 1;
+        Some(slot.inode.clone())
+    }
+
+    /// One more lookup reference on `inode`, putting it back in the table if it was forgotten
+    /// meanwhile (as the node already known for its key, if there is one now, or under its own
+    /// id). `dup` supplies a fresh descriptor in that last case.
+    pub fn reref(
+        &self,
+        inode: &Arc<Inode>,
+        dup: impl FnOnce() -> std::io::Result<OwnedFd>,
+    ) -> std::io::Result<Arc<Inode>> {
+        {
+            let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+            if let Some(slot) = inner.by_id.get_mut(&inode.id) {
+                slot.refs += 1;
+                return Ok(slot.inode.clone());
+            }
+            if let Some(&id) = inner.by_key.get(&inode.key) {
+                if let Some(slot) = inner.by_id.get_mut(&id) {
+                    slot.refs += 1;
+                    return Ok(slot.inode.clone());
+                }
+            }
+        }
+        let fd = dup()?;
+        Ok(self.intern(fd, inode.key, inode.kind, inode.parent().as_ref()))
+    }
+
+    /// The node for the inode `fd` holds (key `key`, type `kind`), with one more lookup
+    /// reference: the existing node if the key is known (and `fd` is closed), else a new one.
+    /// `parent` is the directory it was found in.
+    pub fn intern(&self, fd: OwnedFd, key: InodeKey, kind: u32, parent: Option<&Arc<Inode>>) -> Arc<Inode> {
+        let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(&id) = inner.by_key.get(&key) {
+            if let Some(slot) = inner.by_id.get_mut(&id) {
+                slot.refs += 1;
+                let inode = slot.inode.clone();
+                drop(inner);
+                if let Some(p) = parent {
+                    inode.set_parent(p);
+                }
+                return inode;
+            }
+        }
+        let id = inner.next_id;
+        inner.next_id += 1;
+        let parent = parent.filter(|_| kind == libc::S_IFDIR).cloned();
+        let inode = Arc::new(Inode { id, fd, key, kind, parent: Mutex::new(parent) });
+        inner.by_id.insert(id, Slot { inode: inode.clone(), refs: 1 });
+        inner.by_key.insert(key, id);
+        inode
+    }
+
+    /// Drops `n` lookup references on `id`; the node leaves the table at 0 (never the root).
+    pub fn forget(&self, id: u64, n: u64) {
+        let gone = {
+            let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+            let Some(slot) = inner.by_id.get_mut(&id) else {
+                return;
+            };
+            slot.refs = slot.refs.saturating_sub(n);
+            if slot.refs > 0 || id == ROOT_ID {
+                return;
+            }
+            let gone = inner.by_id.remove(&id);
+            if let Some(s) = &gone {
+                if inner.by_key.get(&s.inode.key) == Some(&id) {
+                    inner.by_key.remove(&s.inode.key);
+                }
+            }
+            gone
+        };
+        // The descriptor closes here, outside the lock (if nothing else holds the inode).
+        drop(gone);
+    }
+
+    /// Forgets every node but the root (the session ended).
+    pub fn clear(&self) {
+        let old = {
+            let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+            let mut by_id = std::mem::take(&mut inner.by_id);
+            let root = by_id.remove(&ROOT_ID);
+            inner.by_key.clear();
+            if let Some(root) = root {
+                inner.by_key.insert(root.inode.key, ROOT_ID);
+                inner.by_id.insert(ROOT_ID, Slot { inode: root.inode, refs: 1 });
+            }
+            by_id
+        };
+        drop(old);
+    }
+
+    /// Nodes in the table (the root included).
+    pub fn len(&self) -> usize {
+        self.inner.read().unwrap_or_else(PoisonError::into_inner).by_id.len()
+    }
+
+    /// Whether the table is empty (it never is: the root stays).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The lookup references the kernel holds on `id`.
+    pub fn refs(&self, id: u64) -> Option<u64> {
+        self.inner.read().unwrap_or_else(PoisonError::into_inner).by_id.get(&id).map(|s| s.refs)
+    }
+}

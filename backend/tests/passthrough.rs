@@ -1,0 +1,431 @@
+//! The passthrough filesystem through the FUSE server: the operations, checked against what the
+//! host directory shows, with the caller's identity in force.
+
+mod passthrough_common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+use passthrough_common::{is_root, Fuse, Tree, ROOT};
+use virtiofs_backend::abi;
+
+const RDWR: u32 = libc::O_RDWR as u32;
+
+#[test]
+fn files_and_directories_show_on_the_host() {
+    let t = Tree::new();
+    let f = Fuse::new(&t.share);
+    let d = f.mkdir(ROOT, b"dir", 0o755).unwrap();
+    assert_eq!(d.attr.mode & libc::S_IFMT, libc::S_IFDIR);
+    assert!(t.host("dir").is_dir());
+    let (e, fh) = f.create(d.nodeid, b"file", 0o644, RDWR).unwrap();
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
+    assert_eq!(f.write(e.nodeid, fh, 0, &data).unwrap() as usize, data.len());
+    assert_eq!(std::fs::read(t.host("dir/file")).unwrap(), data);
+    assert_eq!(f.read(e.nodeid, fh, 1000, 5000).unwrap(), &data[1000..6000]);
+    // At the end a read is short, past it empty.
+    assert_eq!(f.read(e.nodeid, fh, 299_000, 4096).unwrap(), &data[299_000..]);
+    assert!(f.read(e.nodeid, fh, 400_000, 4096).unwrap().is_empty());
+    let a = f.getattr(e.nodeid).unwrap();
+    assert_eq!(a.size, data.len() as u64);
+    let host = std::fs::metadata(t.host("dir/file")).unwrap();
+    assert_eq!(a.ino, host.ino(), "attributes carry the host inode number");
+    assert_eq!(e.attr.ino, host.ino());
+    f.flush(e.nodeid, fh).unwrap();
+    f.fsync(e.nodeid, fh, false).unwrap();
+    f.release(e.nodeid, fh).unwrap();
+    assert_eq!(f.release(e.nodeid, fh), Err(libc::EBADF), "a released handle is gone");
+
+    let names = f.list(d.nodeid).unwrap();
+    assert_eq!(names, vec![b".".to_vec(), b"..".to_vec(), b"file".to_vec()]);
+    f.rename(d.nodeid, b"file", ROOT, b"moved").unwrap();
+    assert!(t.host("moved").is_file() && !t.host("dir/file").exists());
+    let again = f.lookup(ROOT, b"moved").unwrap();
+    assert_eq!(again.nodeid, e.nodeid, "the same inode keeps its node id");
+    f.unlink(ROOT, b"moved").unwrap();
+    assert_eq!(f.lookup(ROOT, b"moved").unwrap_err(), libc::ENOENT);
+    assert_eq!(f.rmdir(ROOT, b"nope").unwrap_err(), libc::ENOENT);
+    f.rmdir(ROOT, b"dir").unwrap();
+    assert!(!t.host("dir").exists());
+    let st = f.statfs(ROOT).unwrap();
+    assert!(st.bsize > 0 && st.namelen >= 255, "{st:?}");
+}
+
+#[test]
+fn host_files_are_served_with_stable_inode_numbers() {
+    let t = Tree::new();
+    std::fs::create_dir_all(t.host("a/b")).unwrap();
+    std::fs::write(t.host("a/b/c"), b"hello").unwrap();
+    let f = Fuse::new(&t.share);
+    let a = f.lookup(ROOT, b"a").unwrap();
+    let b = f.lookup(a.nodeid, b"b").unwrap();
+    let c = f.lookup(b.nodeid, b"c").unwrap();
+    assert_eq!(c.attr.ino, std::fs::metadata(t.host("a/b/c")).unwrap().ino());
+    assert_eq!(c.attr.size, 5);
+    // A second lookup is the same node with one more reference; forgetting both drops it.
+    assert_eq!(f.lookup(b.nodeid, b"c").unwrap().nodeid, c.nodeid);
+    assert_eq!(f.fs().lookup_count(c.nodeid), Some(2));
+    let before = f.fs().node_count();
+    f.forget(c.nodeid, 2);
+    assert_eq!(f.fs().lookup_count(c.nodeid), None);
+    assert_eq!(f.fs().node_count(), before - 1);
+    assert_eq!(f.getattr(c.nodeid).unwrap_err(), libc::ENOENT, "a forgotten node is gone");
+    let c2 = f.lookup(b.nodeid, b"c").unwrap();
+    assert_eq!(c2.attr.ino, c.attr.ino, "the inode number is the host's, whatever the node id");
+    // BATCH_FORGET.
+    let mut arg = abi::BatchForgetIn { count: 2, dummy: 0 }.as_slice().to_vec();
+    use vm_memory::ByteValued;
+    arg.extend_from_slice(abi::ForgetOne { nodeid: c2.nodeid, nlookup: 1 }.as_slice());
+    arg.extend_from_slice(abi::ForgetOne { nodeid: b.nodeid, nlookup: 1 }.as_slice());
+    assert_eq!(f.raw(abi::opcode::BATCH_FORGET, 0, &[&arg]).n, 0);
+    assert_eq!(f.fs().lookup_count(c2.nodeid), None);
+    // `b` is gone from the table, but `a` is still known.
+    assert_eq!(f.fs().lookup_count(a.nodeid), Some(1));
+}
+
+#[test]
+fn open_files_survive_rename_and_unlink() {
+    let t = Tree::new();
+    let f = Fuse::new(&t.share);
+    let (e, fh) = f.create(ROOT, b"f", 0o600, RDWR).unwrap();
+    f.write(e.nodeid, fh, 0, b"still here").unwrap();
+    std::fs::rename(t.host("f"), t.host("g")).unwrap();
+    assert_eq!(f.read(e.nodeid, fh, 0, 100).unwrap(), b"still here");
+    f.unlink(ROOT, b"g").unwrap();
+    assert_eq!(f.read(e.nodeid, fh, 0, 100).unwrap(), b"still here");
+    f.write(e.nodeid, fh, 10, b"!").unwrap();
+    assert_eq!(f.getattr(e.nodeid).unwrap().nlink, 0);
+    assert_eq!(f.getattr(e.nodeid).unwrap().size, 11);
+    // A node without an open handle survives too: it is a descriptor.
+    let fh2 = f.open(e.nodeid, libc::O_RDONLY as u32).unwrap();
+    assert_eq!(f.read(e.nodeid, fh2, 0, 100).unwrap(), b"still here!");
+    f.release(e.nodeid, fh).unwrap();
+    f.release(e.nodeid, fh2).unwrap();
+}
+
+#[test]
+fn setattr_changes_the_host_file() {
+    let t = Tree::new();
+    let f = Fuse::new(&t.share);
+    let (e, fh) = f.create(ROOT, b"f", 0o644, RDWR).unwrap();
+    f.write(e.nodeid, fh, 0, &[7u8; 10000]).unwrap();
+    let a = f.chmod(e.nodeid, 0o640).unwrap();
+    assert_eq!(a.mode & 0o7777, 0o640);
+    assert_eq!(std::fs::metadata(t.host("f")).unwrap().permissions().mode() & 0o7777, 0o640);
+    assert_eq!(f.truncate(e.nodeid, 100, None).unwrap().size, 100);
+    assert_eq!(f.truncate(e.nodeid, 50, Some(fh)).unwrap().size, 50);
+    assert_eq!(std::fs::metadata(t.host("f")).unwrap().len(), 50);
+    let valid = abi::fattr::ATIME | abi::fattr::MTIME;
+    let a = f
+        .setattr(
+            e.nodeid,
+            abi::SetattrIn {
+                valid,
+                atime: 1000,
+                atimensec: 5,
+                mtime: 2000,
+                mtimensec: 7,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!((a.atime, a.atimensec, a.mtime, a.mtimensec), (1000, 5, 2000, 7));
+    let m = std::fs::metadata(t.host("f")).unwrap();
+    assert_eq!((m.mtime(), m.mtime_nsec()), (2000, 7));
+    let now = abi::fattr::MTIME | abi::fattr::MTIME_NOW;
+    let a = f.setattr(e.nodeid, abi::SetattrIn { valid: now, ..Default::default() }).unwrap();
+    assert!(a.mtime > 2000);
+    if is_root() {
+        let a = f.chown(e.nodeid, 1234, 5678).unwrap();
+        assert_eq!((a.uid, a.gid), (1234, 5678));
+        let m = std::fs::metadata(t.host("f")).unwrap();
+        assert_eq!((m.uid(), m.gid()), (1234, 5678));
+    }
+    // A directory cannot be truncated; a symlink has no mode of its own.
+    let d = f.mkdir(ROOT, b"d", 0o755).unwrap();
+    assert_eq!(f.truncate(d.nodeid, 0, None).unwrap_err(), libc::EISDIR);
+    let l = f.symlink(ROOT, b"l", b"f").unwrap();
+    assert_eq!(f.chmod(l.nodeid, 0o600).unwrap_err(), libc::EOPNOTSUPP);
+    f.release(e.nodeid, fh).unwrap();
+}
+
+#[test]
+fn symlinks_hard_links_and_special_files() {
+    let t = Tree::new();
+    let f = Fuse::new(&t.share);
+    let l = f.symlink(ROOT, b"l", b"some/where/../else").unwrap();
+    assert_eq!(l.attr.mode & libc::S_IFMT, libc::S_IFLNK);
+    assert_eq!(f.readlink(l.nodeid).unwrap(), b"some/where/../else");
+    assert_eq!(std::fs::read_link(t.host("l")).unwrap().as_os_str(), "some/where/../else");
+    let (e, fh) = f.create(ROOT, b"f", 0o644, RDWR).unwrap();
+    f.release(e.nodeid, fh).unwrap();
+    let h = f.link(e.nodeid, ROOT, b"h").unwrap();
+    assert_eq!(h.nodeid, e.nodeid);
+    assert_eq!(h.attr.nlink, 2);
+    assert_eq!(std::fs::metadata(t.host("h")).unwrap().ino(), std::fs::metadata(t.host("f")).unwrap().ino());
+    // A hard link to a symlink links the symlink.
+    f.link(l.nodeid, ROOT, b"l2").unwrap();
+    assert_eq!(std::fs::read_link(t.host("l2")).unwrap().as_os_str(), "some/where/../else");
+    let d = f.mkdir(ROOT, b"d", 0o755).unwrap();
+    assert_eq!(f.link(d.nodeid, ROOT, b"d2").unwrap_err(), libc::EPERM);
+    let fifo = f.mknod(ROOT, b"fifo", libc::S_IFIFO | 0o644, 0).unwrap();
+    assert_eq!(fifo.attr.mode & libc::S_IFMT, libc::S_IFIFO);
+    assert_eq!(f.readlink(fifo.nodeid).unwrap_err(), libc::EINVAL);
+    let reg = f.mknod(ROOT, b"reg", libc::S_IFREG | 0o600, 0).unwrap();
+    assert_eq!(reg.attr.mode, libc::S_IFREG | 0o600);
+    if is_root() {
+        let dev = f.mknod(ROOT, b"null", libc::S_IFCHR | 0o666, 0x103).unwrap();
+        assert_eq!(dev.attr.rdev, 0x103);
+        let m = std::fs::symlink_metadata(t.host("null")).unwrap();
+        assert_eq!(m.rdev(), libc::makedev(1, 3));
+    }
+}
+
+#[test]
+fn rename_flags() {
+    let t = Tree::new();
+    let f = Fuse::new(&t.share);
+    std::fs::write(t.host("a"), b"a").unwrap();
+    std::fs::write(t.host("b"), b"b").unwrap();
+    assert_eq!(f.rename2(ROOT, b"a", ROOT, b"b", libc::RENAME_NOREPLACE).unwrap_err(), libc::EEXIST);
+    f.rename2(ROOT, b"a", ROOT, b"b", libc::RENAME_EXCHANGE).unwrap();
+    assert_eq!(std::fs::read(t.host("a")).unwrap(), b"b");
+    assert_eq!(std::fs::read(t.host("b")).unwrap(), b"a");
+}
+
+#[test]
+fn directory_listing_pages_and_plus_takes_references() {
+    let t = Tree::new();
+    for i in 0..50 {
+        std::fs::write(t.host(&format!("file-{i:02}")), b"x").unwrap();
+    }
+    let f = Fuse::new(&t.share);
+    let names = f.list(ROOT).unwrap();
+    assert_eq!(names.len(), 52);
+    let fh = f.opendir(ROOT).unwrap();
+    let page = f.readdirplus(ROOT, fh, 0, 4096).unwrap();
+    assert!(page.len() > 3 && page.len() < 52, "a page is bounded by the buffer: {}", page.len());
+    for (entry, _, name) in &page {
+        if name == b"." || name == b".." {
+            assert_eq!(entry.nodeid, 0);
+        } else {
+            assert_eq!(f.fs().lookup_count(entry.nodeid), Some(1), "{name:?}");
+            assert_eq!(entry.attr.size, 1);
+        }
+    }
+    // The rest, from the last offset: no entry twice.
+    let mut all: Vec<Vec<u8>> = page.iter().map(|p| p.2.clone()).collect();
+    let mut off = page.last().unwrap().1;
+    loop {
+        let more = f.readdirplus(ROOT, fh, off, 4096).unwrap();
+        let Some(last) = more.last() else { break };
+        off = last.1;
+        all.extend(more.into_iter().map(|p| p.2));
+    }
+    all.sort();
+    assert_eq!(all, names);
+    // The root's `..` shows the root's own inode number.
+    let root_ino = std::fs::metadata(&t.share).unwrap().ino();
+    let first = f.readdir(ROOT, fh, 0, 4096).unwrap();
+    let dotdot = first.iter().find(|e| e.3 == b"..").unwrap();
+    assert_eq!(dotdot.0, root_ino);
+    f.releasedir(ROOT, fh).unwrap();
+}
+
+#[test]
+fn xattrs() {
+    let t = Tree::new();
+    let f = Fuse::new(&t.share);
+    let (e, fh) = f.create(ROOT, b"f", 0o644, RDWR).unwrap();
+    f.release(e.nodeid, fh).unwrap();
+    match f.setxattr(e.nodeid, b"user.test", b"value", 0) {
+        Err(libc::EOPNOTSUPP) => return, // the host filesystem has no user xattrs
+        r => r.unwrap(),
+    }
+    let size: abi::GetxattrOut = passthrough_common::parse(&f.getxattr(e.nodeid, b"user.test", 0).unwrap());
+    assert_eq!(size.size, 5);
+    assert_eq!(f.getxattr(e.nodeid, b"user.test", 100).unwrap(), b"value");
+    assert_eq!(f.getxattr(e.nodeid, b"user.test", 2).unwrap_err(), libc::ERANGE);
+    assert_eq!(f.getxattr(e.nodeid, b"user.nope", 100).unwrap_err(), libc::ENODATA);
+    assert_eq!(
+        f.setxattr(e.nodeid, b"user.test", b"v", libc::XATTR_CREATE as u32).unwrap_err(),
+        libc::EEXIST
+    );
+    let list = f.listxattr(e.nodeid, 1000).unwrap();
+    assert!(list.windows(10).any(|w| w == b"user.test\0"), "{list:?}");
+    f.removexattr(e.nodeid, b"user.test").unwrap();
+    assert_eq!(f.getxattr(e.nodeid, b"user.test", 100).unwrap_err(), libc::ENODATA);
+}
+
+#[test]
+fn fallocate_lseek_and_copy_file_range() {
+    let t = Tree::new();
+    let f = Fuse::new(&t.share);
+    let (e, fh) = f.create(ROOT, b"f", 0o644, RDWR).unwrap();
+    f.write(e.nodeid, fh, 0, &vec![1u8; 1 << 20]).unwrap();
+    let mode = (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) as u32;
+    let arg = abi::FallocateIn { fh, offset: 256 << 10, length: 256 << 10, mode, padding: 0 };
+    use vm_memory::ByteValued;
+    f.raw(abi::opcode::FALLOCATE, e.nodeid, &[arg.as_slice()]).result().unwrap();
+    assert_eq!(f.read(e.nodeid, fh, 256 << 10, 16).unwrap(), vec![0u8; 16]);
+    assert_eq!(f.getattr(e.nodeid).unwrap().size, 1 << 20);
+    let seek = |off: u64, whence: i32| -> Result<u64, i32> {
+        let arg = abi::LseekIn { fh, offset: off, whence: whence as u32, padding: 0 };
+        let body = f.raw(abi::opcode::LSEEK, e.nodeid, &[arg.as_slice()]).result()?;
+        Ok(passthrough_common::parse::<abi::LseekOut>(&body).offset)
+    };
+    // Filesystems that report holes put one at the punched range.
+    let hole = seek(0, libc::SEEK_HOLE).unwrap();
+    assert!(hole == 256 << 10 || hole == 1 << 20, "hole at {hole}");
+    if hole == 256 << 10 {
+        assert_eq!(seek(hole, libc::SEEK_DATA).unwrap(), 512 << 10);
+    }
+    assert_eq!(seek(2 << 20, libc::SEEK_DATA).unwrap_err(), libc::ENXIO);
+    let (e2, fh2) = f.create(ROOT, b"g", 0o644, RDWR).unwrap();
+    let arg = abi::CopyFileRangeIn {
+        fh_in: fh,
+        off_in: 0,
+        nodeid_out: e2.nodeid,
+        fh_out: fh2,
+        off_out: 10,
+        len: 4096,
+        flags: 0,
+    };
+    let body = f.raw(abi::opcode::COPY_FILE_RANGE, e.nodeid, &[arg.as_slice()]).result().unwrap();
+    assert_eq!(passthrough_common::parse::<abi::WriteOut>(&body).size, 4096);
+    assert_eq!(std::fs::metadata(t.host("g")).unwrap().len(), 4106);
+    let sync = abi::SyncfsIn::default();
+    f.raw(abi::opcode::SYNCFS, ROOT, &[sync.as_slice()]).result().unwrap();
+    let dfh = f.opendir(ROOT).unwrap();
+    f.fsync(ROOT, dfh, true).unwrap();
+    f.releasedir(ROOT, dfh).unwrap();
+}
+
+#[test]
+fn tmpfile_then_link() {
+    let t = Tree::new();
+    let f = Fuse::new(&t.share);
+    let (e, fh) = match f.tmpfile(ROOT, 0o600, RDWR) {
+        Err(libc::EOPNOTSUPP) => return, // host filesystem without O_TMPFILE
+        r => r.unwrap(),
+    };
+    assert_eq!(e.attr.nlink, 0);
+    f.write(e.nodeid, fh, 0, b"tmp").unwrap();
+    assert_eq!(f.list(ROOT).unwrap().len(), 2, "an unnamed file");
+    f.link(e.nodeid, ROOT, b"named").unwrap();
+    assert_eq!(std::fs::read(t.host("named")).unwrap(), b"tmp");
+    f.release(e.nodeid, fh).unwrap();
+}
+
+#[test]
+fn umask_applies_with_dont_mask() {
+    let t = Tree::new();
+    let f = Fuse::new(&t.share);
+    let d = f.mkdir_umask(ROOT, b"d", 0o777, 0o027).unwrap();
+    assert_eq!(d.attr.mode & 0o777, 0o750);
+    // Without DONT_MASK the guest applied it already: the host applies none.
+    let g = Fuse::uninit(&t.share);
+    g.init(passthrough_common::LINUX_FLAGS & !abi::init::DONT_MASK).unwrap();
+    let d = g.mkdir_umask(ROOT, b"e", 0o777, 0o027).unwrap();
+    assert_eq!(d.attr.mode & 0o777, 0o777);
+}
+
+#[test]
+fn dot_dot_is_the_tracked_parent_and_stops_at_the_root() {
+    let t = Tree::new();
+    let f = Fuse::new(&t.share);
+    let a = f.mkdir(ROOT, b"a", 0o755).unwrap();
+    let b = f.mkdir(a.nodeid, b"b", 0o755).unwrap();
+    assert_eq!(f.lookup(b.nodeid, b"..").unwrap().nodeid, a.nodeid);
+    assert_eq!(f.lookup(a.nodeid, b"..").unwrap().nodeid, ROOT);
+    assert_eq!(f.lookup(ROOT, b"..").unwrap().nodeid, ROOT);
+    // A directory moved elsewhere has its new parent as `..`.
+    let c = f.mkdir(ROOT, b"c", 0o755).unwrap();
+    f.rename(a.nodeid, b"b", c.nodeid, b"b").unwrap();
+    assert_eq!(f.lookup(b.nodeid, b"..").unwrap().nodeid, c.nodeid);
+    // Even once the parent is forgotten by the kernel.
+    let refs = f.fs().lookup_count(c.nodeid).unwrap();
+    f.forget(c.nodeid, refs);
+    let up = f.lookup(b.nodeid, b"..").unwrap();
+    assert_eq!(up.attr.ino, std::fs::metadata(t.host("c")).unwrap().ino());
+    assert_eq!(f.lookup(ROOT, b".").unwrap_err(), libc::EINVAL);
+    let (e, fh) = f.create(ROOT, b"file", 0o644, RDWR).unwrap();
+    f.release(e.nodeid, fh).unwrap();
+    assert_eq!(f.lookup(e.nodeid, b"..").unwrap_err(), libc::ENOTDIR);
+}
+
+#[test]
+fn destroy_forgets_every_node_and_handle() {
+    let t = Tree::new();
+    let f = Fuse::new(&t.share);
+    let d = f.mkdir(ROOT, b"d", 0o755).unwrap();
+    let (e, _fh) = f.create(d.nodeid, b"f", 0o644, RDWR).unwrap();
+    let _dh = f.opendir(d.nodeid).unwrap();
+    assert_eq!(f.fs().handle_count(), 2);
+    f.raw(abi::opcode::DESTROY, 0, &[]).result().unwrap();
+    assert_eq!(f.fs().handle_count(), 0);
+    assert_eq!(f.fs().node_count(), 1);
+    f.init(passthrough_common::LINUX_FLAGS).unwrap();
+    assert_eq!(f.getattr(e.nodeid).unwrap_err(), libc::ENOENT);
+    assert!(f.getattr(ROOT).is_ok());
+}
+
+#[test]
+fn requests_run_with_the_callers_identity() {
+    if !is_root() {
+        return;
+    }
+    let t = Tree::new();
+    let f = Fuse::new(&t.share);
+    // Root creates a private directory and a private file.
+    let priv_dir = f.mkdir(ROOT, b"private", 0o700).unwrap();
+    let (secret, fh) = f.create(ROOT, b"secret", 0o600, RDWR).unwrap();
+    f.write(secret.nodeid, fh, 0, b"root only").unwrap();
+    f.release(secret.nodeid, fh).unwrap();
+
+    let u = f.as_user(1000, 1000);
+    // New files belong to the caller.
+    let (mine, fh) = u.create(ROOT, b"mine", 0o644, RDWR).unwrap();
+    assert_eq!((mine.attr.uid, mine.attr.gid), (1000, 1000));
+    let m = std::fs::metadata(t.host("mine")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (1000, 1000));
+    u.release(mine.nodeid, fh).unwrap();
+    let d = u.mkdir(ROOT, b"mydir", 0o755).unwrap();
+    assert_eq!(d.attr.uid, 1000);
+    // What an owner may do to its own file goes through /proc/self/fd under its ids.
+    u.truncate(mine.nodeid, 10, None).unwrap();
+    u.chmod(mine.nodeid, 0o600).unwrap();
+    let now = abi::fattr::MTIME | abi::fattr::MTIME_NOW;
+    u.setattr(mine.nodeid, abi::SetattrIn { valid: now, ..Default::default() }).unwrap();
+    if u.setxattr(mine.nodeid, b"user.mine", b"1", 0).is_ok() {
+        assert_eq!(u.getxattr(mine.nodeid, b"user.mine", 10).unwrap(), b"1");
+    }
+    u.link(mine.nodeid, ROOT, b"mine2").unwrap();
+    assert_eq!(std::fs::metadata(t.host("mine")).unwrap().len(), 10);
+    // The host kernel denies what the permission bits deny.
+    assert_eq!(u.open(secret.nodeid, libc::O_RDONLY as u32).unwrap_err(), libc::EACCES);
+    assert_eq!(u.lookup(priv_dir.nodeid, b"x").unwrap_err(), libc::EACCES);
+    assert_eq!(u.mkdir(priv_dir.nodeid, b"x", 0o755).unwrap_err(), libc::EACCES);
+    assert_eq!(u.opendir(priv_dir.nodeid).unwrap_err(), libc::EACCES);
+    assert_eq!(u.chmod(secret.nodeid, 0o666).unwrap_err(), libc::EPERM);
+    assert_eq!(u.chown(mine.nodeid, 0, 0).unwrap_err(), libc::EPERM);
+    assert_eq!(u.truncate(secret.nodeid, 0, None).unwrap_err(), libc::EACCES);
+    assert_eq!(u.unlink(priv_dir.nodeid, b"x").unwrap_err(), libc::EACCES);
+    let sticky = f.as_user(0, 0).mkdir(ROOT, b"tmp", 0o1777).unwrap();
+    let (rootfile, fh) = f.create(sticky.nodeid, b"rootfile", 0o666, RDWR).unwrap();
+    f.release(rootfile.nodeid, fh).unwrap();
+    let u = f.as_user(1000, 1000);
+    assert_eq!(u.unlink(sticky.nodeid, b"rootfile").unwrap_err(), libc::EPERM, "sticky directory");
+    assert_eq!(u.access(secret.nodeid, 4).unwrap_err(), libc::EACCES);
+    u.access(mine.nodeid, 6).unwrap();
+    // Root's supplementary groups do not leak to other users.
+    let g0 = f.as_user(0, 0).mkdir(ROOT, b"group0", 0o770).unwrap();
+    assert_eq!(f.as_user(1000, 1000).lookup(g0.nodeid, b"x").unwrap_err(), libc::EACCES);
+    assert_eq!(f.as_user(1000, 0).lookup(g0.nodeid, b"x").unwrap_err(), libc::ENOENT, "fsgid 0 is in");
+    // A write by another user clears set-user-id (the host does it under the writer's ids).
+    let (suid, fh) = f.as_user(1000, 1000).create(ROOT, b"suid", 0o666, RDWR).unwrap();
+    f.as_user(1000, 1000).chmod(suid.nodeid, 0o4777).unwrap();
+    f.as_user(2000, 2000).write_flags(suid.nodeid, fh, 0, b"x", abi::write_flags::KILL_SUIDGID).unwrap();
+    assert_eq!(std::fs::metadata(t.host("suid")).unwrap().mode() & 0o7777, 0o777);
+    // ... and the serving thread is root again afterwards.
+    f.as_user(0, 0).chmod(secret.nodeid, 0o640).unwrap();
+}
