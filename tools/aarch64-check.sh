@@ -14,4 +14,14 @@ fi
 # The daemon links for the target; the tests run under emulation (runner in .cargo/config.toml).
 cargo build --target aarch64-unknown-linux-gnu --release --bin virtiofs-dpu
 file target/aarch64-unknown-linux-gnu/release/virtiofs-dpu 2>/dev/null || true
-cargo test --target aarch64-unknown-linux-gnu -p virtiofs-device -p virtiofs-backend
+cargo test --target aarch64-unknown-linux-gnu -p virtiofs-device
+# Backend: everything but the passthrough tests. qemu-user does not implement openat2 (ENOSYS) nor
+# io_uring, which the passthrough needs and which real aarch64 kernels (5.6+) have; the passthrough
+# tests run natively in the x86 stage of CI.
+backend_tests=()
+for t in backend/tests/*.rs; do
+  name=$(basename "$t" .rs)
+  case $name in passthrough*) continue ;; esac
+  backend_tests+=(--test "$name")
+done
+cargo test --target aarch64-unknown-linux-gnu -p virtiofs-backend --lib "${backend_tests[@]}"
