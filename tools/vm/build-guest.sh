@@ -129,7 +129,10 @@ cp "$BUSYBOX" "$R/bin/busybox"
 # into /lib/x86_64-linux-gnu (fio's ceph/gluster/rdma libs included: Debian's
 # fio links them even though the sync engines never use them).
 mkdir -p "$C/tmp/vm-ldd"
-cp "$C/usr/bin/fio" $TOOLS "$C/tmp/vm-ldd/"
+# coreutils sleep too: pjdfstest's ETXTBSY tests copy `which sleep` to a new name and run it;
+# busybox's multi-call binary exits at once under a name it does not know ("applet not found"),
+# which made those tests a race.
+cp "$C/usr/bin/fio" "$C/usr/bin/sleep" $TOOLS "$C/tmp/vm-ldd/"
 for b in "$C"/tmp/vm-ldd/*; do
   name=$(basename "$b")
   cp "$b" "$R/bin/$name"
