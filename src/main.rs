@@ -9,11 +9,13 @@ use std::sync::Arc;
 use clap::Parser;
 use log::{error, info};
 use signal_hook::consts::{SIGINT, SIGTERM};
+use virtiofs_backend::filesystem::CachePolicy;
 use virtiofs_backend::passthrough::uring::IoMode;
 use virtiofs_backend::passthrough::{sandbox, PassthroughConfig};
-use virtiofs_backend::PassthroughFs;
+use virtiofs_backend::ramfs::RamFsConfig;
+use virtiofs_backend::{PassthroughFs, RamFs};
 use virtiofs_dpu::config::Profile;
-use virtiofs_dpu::{PassthroughHandler, RunningDevice};
+use virtiofs_dpu::{FuseHandler, PassthroughHandler, RunningDevice};
 
 /// virtio-fs device firmware served over vfio-user.
 #[derive(Parser, Debug)]
@@ -38,6 +40,12 @@ struct Args {
     /// (through the FUSE server with a bounce buffer).
     #[arg(long, value_name = "MODE", default_value = "hybrid", requires = "shared_dir")]
     io_mode: IoMode,
+    /// What the guest kernel may cache, as virtiofsd's `--cache`: `never` (no entry or attribute
+    /// caching, FOPEN_DIRECT_IO), `auto` (one second) or `always` (a day, page cache kept across
+    /// opens). Default: `always` for the RAM filesystem (only the guest changes it), `auto` with
+    /// --shared-dir (the host may change the directory too).
+    #[arg(long, value_name = "POLICY")]
+    cache: Option<CachePolicy>,
 }
 
 fn main() -> ExitCode {
@@ -72,9 +80,18 @@ fn main() -> ExitCode {
         profile.tag, profile.request_queues, profile.queue_size
     );
     let started = match &args.shared_dir {
-        None => RunningDevice::start(&args.socket_path, profile),
+        None => {
+            let mut cfg = RamFsConfig::default();
+            cfg.cache = args.cache.unwrap_or(cfg.cache);
+            info!("RAM filesystem, cache {}", cfg.cache);
+            let handler = Arc::new(FuseHandler::new(RamFs::with_config(cfg)));
+            RunningDevice::start_with(&args.socket_path, profile, handler)
+        }
         Some(dir) => {
-            let fs = match PassthroughFs::new(PassthroughConfig::new(dir)) {
+            let mut cfg = PassthroughConfig::new(dir);
+            cfg.cache = args.cache.unwrap_or(cfg.cache);
+            info!("shared directory {}, cache {}", dir.display(), cfg.cache);
+            let fs = match PassthroughFs::new(cfg) {
                 Ok(fs) => fs,
                 Err(e) => {
                     error!("{}", error_chain(&e));

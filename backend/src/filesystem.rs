@@ -95,6 +95,84 @@ pub struct Entry {
     pub attr_timeout: Duration,
 }
 
+/// How much the guest kernel may cache, as virtiofsd's `--cache` says it: the entry and attribute
+/// timeouts a backend puts in its replies and the `FOPEN_*` flags it gives open files.
+///
+/// - [`Never`](Self::Never): timeouts 0 and `FOPEN_DIRECT_IO` on every open file (no page cache;
+///   every `stat`, path walk and read goes to the device). For a share that the host changes under
+///   the guest all the time.
+/// - [`Auto`](Self::Auto): timeouts of one second, page cache dropped on open when the file
+///   changed. The passthrough's default: the host may change the directory too, and a guest sees
+///   that within a second.
+/// - [`Always`](Self::Always): timeouts of a day, `FOPEN_KEEP_CACHE` on files and
+///   `FOPEN_CACHE_DIR` on directories. The RAM filesystem's default: only the guest changes it, and
+///   the guest kernel invalidates what its own operations change, so nothing it caches goes stale.
+///
+/// With timeouts of 0 the kernel also refreshes the attributes before every read
+/// (`fuse_cache_read_iter` under `AUTO_INVAL_DATA`), so a 4 KiB read costs two round trips
+/// (GETATTR + READ); with `Auto` or `Always` it costs one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CachePolicy {
+    /// No caching in the guest.
+    Never,
+    /// Cache for a second.
+    #[default]
+    Auto,
+    /// Cache for a day and keep the page cache across opens.
+    Always,
+}
+
+impl CachePolicy {
+    /// How long the kernel may keep a name -> inode binding (and attributes).
+    pub fn timeout(self) -> Duration {
+        match self {
+            CachePolicy::Never => Duration::ZERO,
+            CachePolicy::Auto => Duration::from_secs(1),
+            CachePolicy::Always => Duration::from_secs(86_400),
+        }
+    }
+
+    /// `FOPEN_*` flags for a regular file opened (or created) under this policy.
+    pub fn file_open_flags(self) -> u32 {
+        match self {
+            CachePolicy::Never => crate::abi::fopen::DIRECT_IO,
+            CachePolicy::Auto => 0,
+            CachePolicy::Always => crate::abi::fopen::KEEP_CACHE,
+        }
+    }
+
+    /// `FOPEN_*` flags for a directory opened under this policy.
+    pub fn dir_open_flags(self) -> u32 {
+        match self {
+            CachePolicy::Always => crate::abi::fopen::CACHE_DIR,
+            CachePolicy::Never | CachePolicy::Auto => 0,
+        }
+    }
+}
+
+impl std::str::FromStr for CachePolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "never" => Ok(CachePolicy::Never),
+            "auto" => Ok(CachePolicy::Auto),
+            "always" => Ok(CachePolicy::Always),
+            _ => Err(format!("unknown cache policy {s:?} (never, auto or always)")),
+        }
+    }
+}
+
+impl std::fmt::Display for CachePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CachePolicy::Never => "never",
+            CachePolicy::Auto => "auto",
+            CachePolicy::Always => "always",
+        })
+    }
+}
+
 /// A new file or directory handle.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Opened {

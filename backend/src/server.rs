@@ -592,8 +592,11 @@ impl<F: FileSystem> Server<F> {
             minor: abi::KERNEL_MINOR_VERSION,
             max_readahead: arg.max_readahead,
             flags: flags as u32,
-            max_background: 64,
-            congestion_threshold: 48,
+            // As virtiofsd: no limit of ours on background requests (async reads and direct I/O);
+            // the kernel keeps at most this many in flight and queues the rest itself. 64 would
+            // keep a 128-entry ring from ever filling, hiding the queue-full path of the guest.
+            max_background: u16::MAX,
+            congestion_threshold: u16::MAX / 4 * 3,
             max_write: MAX_WRITE,
             time_gran: 1,
             max_pages: if flags & abi::init::MAX_PAGES != 0 { MAX_PAGES } else { 0 },

@@ -635,3 +635,39 @@ fn per_request_cost() {
     }
     assert_eq!(f.read(e.nodeid, o.fh, 0, 4096).unwrap(), data);
 }
+
+#[test]
+fn cache_policy_sets_timeouts_and_open_flags() {
+    use virtiofs_backend::filesystem::CachePolicy;
+    use vm_memory::ByteValued;
+    // (policy, entry/attr seconds, file FOPEN flags, dir FOPEN flags)
+    let cases = [
+        (CachePolicy::Never, 0, abi::fopen::DIRECT_IO, 0),
+        (CachePolicy::Auto, 1, 0, 0),
+        (CachePolicy::Always, 86_400, abi::fopen::KEEP_CACHE, abi::fopen::CACHE_DIR),
+    ];
+    for (cache, secs, file_flags, dir_flags) in cases {
+        let f = Fuse::with_fs(RamFs::with_config(RamFsConfig { cache, ..Default::default() }));
+        f.init(41, abi::init::ASYNC_READ).unwrap();
+        let (entry, opened) = f.create(ROOT, b"f", S_IFREG | 0o644, libc::O_RDWR as u32).unwrap();
+        assert_eq!((entry.entry_valid, entry.attr_valid), (secs, secs), "{cache}: CREATE timeouts");
+        assert_eq!(opened.open_flags, file_flags, "{cache}: CREATE open flags");
+        let looked = f.lookup(ROOT, b"f").unwrap();
+        assert_eq!((looked.entry_valid, looked.attr_valid), (secs, secs), "{cache}: LOOKUP timeouts");
+        let arg = abi::OpenIn { flags: libc::O_RDONLY as u32, open_flags: 0 };
+        let out: abi::OpenOut =
+            parse(&f.call(opcode::OPEN, entry.nodeid, &[arg.as_slice()]).result().unwrap());
+        assert_eq!(out.open_flags, file_flags, "{cache}: OPEN flags");
+        let arg = abi::OpenIn::default();
+        let out: abi::OpenOut = parse(&f.call(opcode::OPENDIR, ROOT, &[arg.as_slice()]).result().unwrap());
+        assert_eq!(out.open_flags, dir_flags, "{cache}: OPENDIR flags");
+        let attr =
+            f.call(opcode::GETATTR, entry.nodeid, &[abi::GetattrIn::default().as_slice()]).result().unwrap();
+        let attr: abi::AttrOut = parse(&attr);
+        assert_eq!(attr.attr_valid, secs, "{cache}: GETATTR timeout");
+    }
+    // The RAM filesystem caches for a day by default: only the guest changes it.
+    assert_eq!(RamFsConfig::default().cache, CachePolicy::Always);
+    assert_eq!("never".parse::<CachePolicy>(), Ok(CachePolicy::Never));
+    assert!("sometimes".parse::<CachePolicy>().is_err());
+}

@@ -109,6 +109,11 @@ pub struct BenchConfig {
     /// words of the phase's label (e.g. `randread QD=1,refill` runs `4k randread QD=1` and both
     /// refill phases).
     pub only: Option<String>,
+    /// How many times the whole list of phases runs (round 1 runs every phase, then round 2...).
+    /// Each table figure is the median over the rounds and each target is judged on the median
+    /// of its per-round values: on a shared machine one round hit by a stall of the host does
+    /// not decide a ratio, and the spread between rounds shows how far the figures can be trusted.
+    pub rounds: usize,
 }
 
 impl Default for BenchConfig {
@@ -127,6 +132,7 @@ impl Default for BenchConfig {
             pin: true,
             floor_duration: Duration::from_secs(1),
             only: None,
+            rounds: 1,
         }
     }
 }
@@ -189,6 +195,8 @@ pub struct Setup {
     pub max_request: usize,
     /// Measured time per phase (s), or measured requests per phase.
     pub per_phase: String,
+    /// Rounds of the phase list (every figure in `rows` is a median over them).
+    pub rounds: usize,
 }
 
 /// One line of the table.
@@ -241,6 +249,10 @@ pub struct Target {
     pub unit: String,
     /// value <= limit.
     pub met: bool,
+    /// The value in each round (`value` is their median).
+    pub per_round: Vec<f64>,
+    /// Rounds in which the value was within the limit.
+    pub rounds_met: usize,
 }
 
 /// Everything one run measured.
@@ -256,8 +268,10 @@ pub struct BenchReport {
     pub rows: Vec<Row>,
     /// QD=1 4k randread p50 as a multiple of the floor's p50.
     pub qd1_read_p50_over_floor: f64,
-    /// The issue's targets.
+    /// The issue's targets (judged on the median of the per-round values).
     pub targets: Vec<Target>,
+    /// Each round's own rows, in phase order (`rows` holds their medians).
+    pub round_rows: Vec<Vec<Row>>,
     /// Wall time of the whole run, seconds.
     pub wall_s: f64,
 }
@@ -569,6 +583,7 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
                 format!("{:.1} s (+{:.1} s warm-up)", cfg.duration.as_secs_f64(), cfg.warmup.as_secs_f64())
             }
         },
+        rounds: cfg.rounds.max(1),
     };
     let mut b = Bench { cfg, d, node: 0, fh: 0, max_request, progress };
     b.layout()?;
@@ -576,12 +591,22 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
     if let Some(o) = &cfg.only {
         list.retain(|p| selected(&p.label(), o));
     }
-    let mut rows = Vec::new();
-    for (i, ph) in list.iter().enumerate() {
-        let label = format!("[{}/{}] {}", i + 1, list.len(), ph.label());
-        (b.progress)(&label);
-        rows.push(b.run_phase(ph, &label)?);
+    let rounds = cfg.rounds.max(1);
+    let mut round_rows = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let mut rows = Vec::with_capacity(list.len());
+        for (i, ph) in list.iter().enumerate() {
+            let label = if rounds > 1 {
+                format!("[round {}/{rounds}, {}/{}] {}", round + 1, i + 1, list.len(), ph.label())
+            } else {
+                format!("[{}/{}] {}", i + 1, list.len(), ph.label())
+            };
+            (b.progress)(&label);
+            rows.push(b.run_phase(ph, &label)?);
+        }
+        round_rows.push(rows);
     }
+    let rows: Vec<Row> = (0..list.len()).map(|i| median_row(round_rows.iter().map(|r| &r[i]))).collect();
     let Bench { d, node, fh, .. } = b;
     let mut d = d;
     d.release(node, fh)?;
@@ -591,7 +616,8 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
     }
     let qd1 = rows.iter().find(|r| r.workload == "4k randread" && r.depth == 1).map(|r| r.p50_us);
     let ratio = qd1.map(|p| p * 1000.0 / floor.p50_ns).unwrap_or(0.0);
-    let targets = targets(&rows, &floor);
+    let per_round: Vec<Vec<Target>> = round_rows.iter().map(|r| targets(r, &floor)).collect();
+    let targets = combine_targets(&per_round);
     Ok(BenchReport {
         machine,
         setup,
@@ -599,8 +625,68 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         rows,
         qd1_read_p50_over_floor: ratio,
         targets,
+        round_rows,
         wall_s: wall.elapsed().as_secs_f64(),
     })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// One row from the same phase's rows of every round: medians of the percentiles, IOPS and
+/// bandwidth, the largest max, summed counts, and the curve of the round whose p99.9 is the median
+/// (lower middle for an even count), so the plot shows a round that happened.
+fn median_row<'a>(rounds: impl Iterator<Item = &'a Row> + Clone) -> Row {
+    let pick = |f: fn(&Row) -> f64| median(rounds.clone().map(f).collect());
+    let mut by_tail: Vec<&Row> = rounds.clone().collect();
+    by_tail.sort_by(|a, b| a.p999_us.total_cmp(&b.p999_us));
+    let middle = by_tail[(by_tail.len() - 1) / 2];
+    Row {
+        ops: rounds.clone().map(|r| r.ops).sum(),
+        p50_us: pick(|r| r.p50_us),
+        p99_us: pick(|r| r.p99_us),
+        p999_us: pick(|r| r.p999_us),
+        max_us: rounds.clone().map(|r| r.max_us).fold(0.0, f64::max),
+        iops: pick(|r| r.iops),
+        mib_s: pick(|r| r.mib_s),
+        parked: rounds.clone().map(|r| r.parked).sum(),
+        retry_timer_fires: rounds.clone().map(|r| r.retry_timer_fires).sum(),
+        ..middle.clone()
+    }
+}
+
+/// The targets of every round, judged on the median of their per-round values.
+fn combine_targets(per_round: &[Vec<Target>]) -> Vec<Target> {
+    let Some(first) = per_round.first() else { return Vec::new() };
+    first
+        .iter()
+        .map(|t| {
+            let values: Vec<f64> = per_round
+                .iter()
+                .filter_map(|r| r.iter().find(|x| x.name == t.name).map(|x| x.value))
+                .collect();
+            let value = median(values.clone());
+            Target {
+                name: t.name.clone(),
+                value,
+                limit: t.limit,
+                unit: t.unit.clone(),
+                met: value <= t.limit,
+                rounds_met: values.iter().filter(|v| **v <= t.limit).count(),
+                per_round: values,
+            }
+        })
+        .collect()
 }
 
 fn targets(rows: &[Row], floor: &pingpong::Floor) -> Vec<Target> {
@@ -613,6 +699,8 @@ fn targets(rows: &[Row], floor: &pingpong::Floor) -> Vec<Target> {
         limit,
         unit: unit.into(),
         met: value <= limit,
+        per_round: vec![value],
+        rounds_met: usize::from(value <= limit),
     };
     let mut v = Vec::new();
     if let Some(r) = find("4k randread", "1", None) {
@@ -711,6 +799,13 @@ pub fn render_table(r: &BenchReport) -> String {
     );
     let _ =
         writeln!(s, "phases:  {} each; latency from issue, HDR histogram; warm-up excluded", st.per_phase);
+    if st.rounds > 1 {
+        let _ = writeln!(
+            s,
+            "rounds:  {} (every phase once per round); figures are medians over the rounds, max is the largest",
+            st.rounds
+        );
+    }
     let _ = writeln!(s);
     let _ = writeln!(
         s,
@@ -751,7 +846,7 @@ pub fn render_table(r: &BenchReport) -> String {
     let _ = writeln!(s);
     let _ = writeln!(s, "QD=1 4k read p50 = {:.1} x the ping-pong floor", r.qd1_read_p50_over_floor);
     for t in &r.targets {
-        let _ = writeln!(
+        let _ = write!(
             s,
             "target {:<44} {:>10.4} {} (limit {:.4}) {}",
             t.name,
@@ -760,6 +855,11 @@ pub fn render_table(r: &BenchReport) -> String {
             t.limit,
             if t.met { "met" } else { "MISSED" }
         );
+        if t.per_round.len() > 1 {
+            let v: Vec<String> = t.per_round.iter().map(|v| format!("{v:.4}")).collect();
+            let _ = write!(s, "; met in {} of {} rounds: {}", t.rounds_met, t.per_round.len(), v.join(" "));
+        }
+        let _ = writeln!(s);
     }
     let _ = writeln!(s, "wall time {:.1} s", r.wall_s);
     s
@@ -839,6 +939,45 @@ mod tests {
         assert_eq!(names, ["4k randread", "4k randwrite", "1M seqread"]);
         assert!(r.setup.device.contains("null-data"));
         assert!(render_table(&r).contains("null-data"));
+    }
+
+    #[test]
+    fn rounds_give_medians_and_per_round_targets() {
+        let cfg = BenchConfig {
+            queue_size: 8,
+            ops: Some(100),
+            file_size: 1 << 20,
+            idle_spin_us: 50,
+            pin: false,
+            floor_duration: Duration::from_millis(20),
+            only: Some("QD=1".into()),
+            rounds: 3,
+            ..Default::default()
+        };
+        let mut lines = Vec::new();
+        let r = run(&cfg, &mut |l| lines.push(l.to_string())).unwrap();
+        assert_eq!(r.round_rows.len(), 3);
+        assert!(lines.iter().any(|l| l.starts_with("[round 3/3, 2/2] 4k randwrite QD=1")), "{lines:?}");
+        for (i, row) in r.rows.iter().enumerate() {
+            let mut p50: Vec<f64> = r.round_rows.iter().map(|rr| rr[i].p50_us).collect();
+            p50.sort_by(f64::total_cmp);
+            assert_eq!(row.p50_us, p50[1], "median of three");
+            assert_eq!(row.ops, 300, "ops summed over rounds");
+            let max = r.round_rows.iter().map(|rr| rr[i].max_us).fold(0.0, f64::max);
+            assert_eq!(row.max_us, max);
+        }
+        let t = r.targets.iter().find(|t| t.name.contains("p99.9")).unwrap();
+        assert_eq!(t.per_round.len(), 3);
+        assert_eq!(t.rounds_met, t.per_round.iter().filter(|v| **v <= t.limit).count());
+        let table = render_table(&r);
+        assert!(table.contains("rounds:  3") && table.contains("of 3 rounds"), "{table}");
+    }
+
+    #[test]
+    fn median_of_even_and_odd_counts() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(Vec::new()), 0.0);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 #
 # Each round boots one guest per variant, in this order: our daemon once per --polling mode
 # (vfio-user-pci, profile hw-configs/bench-guest.toml with that polling mode), then virtiofsd
-# (vhost-user-fs-pci,queue-size=128, --cache=never, serving a fresh tmpfs dir under /dev/shm);
+# (vhost-user-fs-pci,queue-size=128, serving a fresh tmpfs dir under /dev/shm), both servers with
+# the same guest cache policy (--fs-cache);
 # with several --kernels, the variants run per kernel within the round. Every guest runs
 # guest/fio-compare.sh (same kernel, same vCPUs, same RAM, same jobs). Then fio-compare.py
 # prints the medians per variant and the ratio tables; OUT/summary.md has the same.
@@ -26,12 +27,14 @@
 #   --kernels K[,K]     guest kernels: trixie (6.12), bookworm (6.1; fetched by
 #                       VM_KERNELS="trixie bookworm" setup.sh, which this script runs) (default trixie)
 #   --servers S[,S]     ours, virtiofsd (default both)
+#   --fs-cache P        guest cache policy of both servers, virtiofsd's --cache and our daemon's
+#                       --cache: never, auto or always (default auto, virtiofsd's default: entries
+#                       and attributes cached for 1 s, so a read is one FUSE round trip)
 #   --smp N | --mem SIZE  guest vCPUs / RAM (default 2 / 2G)
 #   --daemon PATH       our daemon (default target/release/virtiofs-dpu; copied into OUT first)
 #   --out DIR           output dir (default a new /tmp/vfdpu-compare.XXXXXX)
 #   --no-setup          skip setup.sh / build-guest.sh (they are idempotent and take ~0.5 s)
-# Env: VM_CACHE (harness cache), VIRTIOFSD_CACHE (default never: no guest caching of data or
-# attributes, every access a FUSE round trip, like our RAM backend with its zero timeouts).
+# Env: VM_CACHE (harness cache).
 # Default run: 6 boots, ~6-7 min on 2 TCG cores. The machine's other load moves the numbers by
 # 2x from boot to boot: on a shared box run it under `nice -n -10` and use more --rounds.
 # Results and what they mean: tools/vm/COMPARE-RESULTS.md.
@@ -49,6 +52,7 @@ POLLING=adaptive
 CONFIG=$REPO/hw-configs/bench-guest.toml
 KERNELS=trixie
 SERVERS=ours,virtiofsd
+FS_CACHE=auto
 SMP=${VM_SMP:-2}
 MEM=${VM_MEM:-2G}
 DAEMON=${VFDPU_DAEMON:-$REPO/target/release/virtiofs-dpu}
@@ -67,6 +71,7 @@ while [ $# -gt 0 ]; do
     --config) CONFIG=$2; shift 2 ;;
     --kernels) KERNELS=$2; shift 2 ;;
     --servers) SERVERS=$2; shift 2 ;;
+    --fs-cache) FS_CACHE=$2; shift 2 ;;
     --smp) SMP=$2; shift 2 ;;
     --mem) MEM=$2; shift 2 ;;
     --daemon) DAEMON=$2; shift 2 ;;
@@ -81,6 +86,7 @@ for n in "$ROUNDS" "$RUNTIME" "$RAMP" "$SMP"; do
   case $n in ''|*[!0-9]*) echo "compare: not a number: '$n'" >&2; exit 2 ;; esac
 done
 for k in $KERNELS; do case $k in trixie|bookworm) ;; *) echo "compare: unknown kernel $k" >&2; exit 2 ;; esac; done
+case $FS_CACHE in never|auto|always) ;; *) echo "compare: --fs-cache must be never, auto or always" >&2; exit 2 ;; esac
 for m in $POLLING; do
   case $m in busy|adaptive|adaptive:[0-9]*:[0-9]*) ;; *) echo "compare: bad --polling $m" >&2; exit 2 ;; esac
 done
@@ -135,7 +141,8 @@ fi
   echo "profile: $CONFIG (queue_size $QSIZE -> QD $QD); polling: $POLLING"
   echo "rounds $ROUNDS, runtime ${RUNTIME}s + ramp ${RAMP}s per job, jobs: $JOBS"
   echo "guest: smp $SMP, mem $MEM, kernels: $KERNELS; servers: $SERVERS"
-  echo "virtiofsd: --cache=${VIRTIOFSD_CACHE:-never} --sandbox=namespace, vhost-user-fs-pci queue-size=$QSIZE, tmpfs dir"
+  echo "guest cache policy (both servers): $FS_CACHE"
+  echo "virtiofsd: --cache=$FS_CACHE --sandbox=namespace, vhost-user-fs-pci queue-size=$QSIZE, tmpfs dir"
 } > "$OUT/config.txt"
 sed 's/^/  /' "$OUT/config.txt" >&2
 
@@ -163,6 +170,7 @@ TIMEOUT=$(( 120 + $(echo $JOBS | wc -w) * (RUNTIME + RAMP + 30) ))
 
 run_ours() { # DIR KCACHE POLLING
   bash "$HERE/run-device-test.sh" --daemon "$OUT/bin/virtiofs-dpu" --config "$OUT/profiles/$3.toml" \
+    --daemon-arg --cache --daemon-arg "$FS_CACHE" \
     --tag "$TAG" --out "$1" --cache "$2" --smp "$SMP" --mem "$MEM" --timeout "$TIMEOUT" \
     "${GUEST_ENV[@]}" -e "FIO_LABEL=ours-$3" "$HERE/guest/fio-compare.sh"
 }
@@ -172,7 +180,7 @@ run_virtiofsd() { # DIR KCACHE
   SHARE=$(mktemp -d /dev/shm/vfdpu-share.XXXXXX)
   SOCKDIR=$(mktemp -d /tmp/vfdpu-cmp.XXXXXX)
   "$CACHE/bin/virtiofsd" --socket-path="$SOCKDIR/vfsd.sock" --shared-dir="$SHARE" \
-    --cache="${VIRTIOFSD_CACHE:-never}" --sandbox=namespace --log-level=warn \
+    --cache="$FS_CACHE" --sandbox=namespace --log-level=warn \
     < /dev/null > "$dir/virtiofsd.log" 2>&1 &
   VPID=$!
   while [ ! -S "$SOCKDIR/vfsd.sock" ] && [ $n -gt 0 ] && kill -0 "$VPID" 2>/dev/null; do sleep 0.1; n=$((n - 1)); done

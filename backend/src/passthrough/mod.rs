@@ -51,8 +51,8 @@ use std::time::Duration;
 
 use crate::abi::{self, ROOT_ID};
 use crate::filesystem::{
-    Context, DirEntry, DirPlusSink, DirSink, Entry, Error, FileSystem, Opened, Result, SetAttr, SetTime,
-    Stat, StatFs, Statx, Timespec, XattrReply,
+    CachePolicy, Context, DirEntry, DirPlusSink, DirSink, Entry, Error, FileSystem, Opened, Result, SetAttr,
+    SetTime, Stat, StatFs, Statx, Timespec, XattrReply,
 };
 use crate::io::{Reader, Writer};
 
@@ -89,11 +89,9 @@ const OPEN_FLAGS_PASSED: i32 =
 pub struct PassthroughConfig {
     /// The shared directory.
     pub root: PathBuf,
-    /// How long the guest may cache name lookups. 0 (the default) makes it revalidate every path
-    /// component, which keeps it exact when the host changes the directory too.
-    pub entry_timeout: Duration,
-    /// How long the guest may cache attributes.
-    pub attr_timeout: Duration,
+    /// What the guest kernel may cache. The default, [`CachePolicy::Auto`], lets it keep entries
+    /// and attributes for a second: changes made on the host show within that time.
+    pub cache: CachePolicy,
     /// Accept `FUSE_POSIX_ACL` (the guest kernel then caches and enforces ACLs too; the host
     /// filesystem stores them and applies default ACLs).
     pub posix_acl: bool,
@@ -102,12 +100,7 @@ pub struct PassthroughConfig {
 impl PassthroughConfig {
     /// Serve `root` with the default settings.
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        PassthroughConfig {
-            root: root.into(),
-            entry_timeout: Duration::ZERO,
-            attr_timeout: Duration::ZERO,
-            posix_acl: true,
-        }
+        PassthroughConfig { root: root.into(), cache: CachePolicy::Auto, posix_acl: true }
     }
 }
 
@@ -396,8 +389,8 @@ impl PassthroughFs {
             ino: inode.id,
             generation: 0,
             attr: to_stat(st),
-            entry_timeout: self.cfg.entry_timeout,
-            attr_timeout: self.cfg.attr_timeout,
+            entry_timeout: self.cfg.cache.timeout(),
+            attr_timeout: self.cfg.cache.timeout(),
         }
     }
 
@@ -470,7 +463,7 @@ impl PassthroughFs {
         let inode = self.inodes.intern(opath, key, libc::S_IFREG, Some(parent));
         let entry = self.entry(&inode, &st);
         let fh = self.add_handle(inode, File::from(file), false);
-        Ok((entry, Opened { fh, open_flags: 0 }))
+        Ok((entry, Opened { fh, open_flags: self.cfg.cache.file_open_flags() }))
     }
 
     /// The umask for a creation: the request's when the session has `DONT_MASK` (the host then
@@ -561,7 +554,7 @@ impl FileSystem for PassthroughFs {
     fn getattr(&self, _ctx: &Context, ino: u64, _fh: Option<u64>) -> Result<(Stat, Duration)> {
         let inode = self.inode(ino)?;
         let st = sys::fstatx(inode.fd()).map_err(os)?;
-        Ok((to_stat(&st), self.cfg.attr_timeout))
+        Ok((to_stat(&st), self.cfg.cache.timeout()))
     }
 
     fn setattr(&self, ctx: &Context, ino: u64, attr: &SetAttr) -> Result<(Stat, Duration)> {
@@ -603,7 +596,7 @@ impl FileSystem for PassthroughFs {
             Ok(())
         })?;
         let st = sys::fstatx(inode.fd()).map_err(os)?;
-        Ok((to_stat(&st), self.cfg.attr_timeout))
+        Ok((to_stat(&st), self.cfg.cache.timeout()))
     }
 
     fn readlink(&self, _ctx: &Context, ino: u64) -> Result<Vec<u8>> {
@@ -732,7 +725,7 @@ impl FileSystem for PassthroughFs {
         // With the caller's ids: the host checks the access mode (and an O_TRUNC clears
         // set-user-id as for that caller).
         let file = as_caller(ctx, || self.reopen(&inode, oflags))?;
-        Ok(Opened { fh: self.add_handle(inode, file, false), open_flags: 0 })
+        Ok(Opened { fh: self.add_handle(inode, file, false), open_flags: self.cfg.cache.file_open_flags() })
     }
 
     fn read(
@@ -831,7 +824,7 @@ impl FileSystem for PassthroughFs {
     fn opendir(&self, ctx: &Context, ino: u64, _flags: u32) -> Result<Opened> {
         let inode = self.dir(ino)?;
         let file = as_caller(ctx, || self.reopen(&inode, libc::O_RDONLY | libc::O_DIRECTORY))?;
-        Ok(Opened { fh: self.add_handle(inode, file, true), open_flags: 0 })
+        Ok(Opened { fh: self.add_handle(inode, file, true), open_flags: self.cfg.cache.dir_open_flags() })
     }
 
     fn readdir(&self, ctx: &Context, ino: u64, fh: u64, offset: u64, sink: &mut DirSink<'_>) -> Result<()> {
@@ -1028,7 +1021,7 @@ impl FileSystem for PassthroughFs {
         let inode = self.inode(ino)?;
         let st = sys::fstatx(inode.fd()).map_err(os)?;
         let btime = (st.stx_mask & libc::STATX_BTIME != 0).then(|| ts(&st.stx_btime));
-        Ok((Statx { stat: to_stat(&st), btime }, self.cfg.attr_timeout))
+        Ok((Statx { stat: to_stat(&st), btime }, self.cfg.cache.timeout()))
     }
 }
 

@@ -30,8 +30,8 @@ use std::time::Duration;
 
 use crate::abi::{self, ROOT_ID};
 use crate::filesystem::{
-    Context, DirEntry, DirPlusSink, DirSink, Entry, Error, FileLock, FileSystem, LockType, Opened, Result,
-    SetAttr, SetTime, Stat, StatFs, Statx, Timespec, XattrReply,
+    CachePolicy, Context, DirEntry, DirPlusSink, DirSink, Entry, Error, FileLock, FileSystem, LockType,
+    Opened, Result, SetAttr, SetTime, Stat, StatFs, Statx, Timespec, XattrReply,
 };
 use crate::io::{Reader, Writer};
 
@@ -98,12 +98,10 @@ const RENAME_EXCHANGE: u32 = libc::RENAME_EXCHANGE;
 /// Tunables of a [`RamFs`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RamFsConfig {
-    /// How long the guest may cache name lookups. 0 (the default) makes the kernel revalidate every
-    /// path component with LOOKUP, which is what keeps search-permission checks exact without
-    /// `default_permissions`; raise it to trade that for fewer metadata round trips.
-    pub entry_timeout: Duration,
-    /// How long the guest may cache attributes.
-    pub attr_timeout: Duration,
+    /// What the guest kernel may cache (entry and attribute timeouts, page-cache flags). The
+    /// default is [`CachePolicy::Always`]: only the guest changes a RAM filesystem, and the guest
+    /// kernel invalidates what its own operations change.
+    pub cache: CachePolicy,
     /// Bytes of file data the filesystem may hold.
     pub capacity: u64,
     /// Inodes the filesystem may hold.
@@ -121,8 +119,7 @@ pub struct RamFsConfig {
 impl Default for RamFsConfig {
     fn default() -> Self {
         RamFsConfig {
-            entry_timeout: Duration::ZERO,
-            attr_timeout: Duration::ZERO,
+            cache: CachePolicy::Always,
             capacity: 1 << 30,
             max_inodes: 1 << 20,
             root_mode: 0o755,
@@ -258,8 +255,8 @@ impl RamFs {
             ino: inode.ino,
             generation: 0,
             attr: inode.stat(),
-            entry_timeout: self.cfg.entry_timeout,
-            attr_timeout: self.cfg.attr_timeout,
+            entry_timeout: self.cfg.cache.timeout(),
+            attr_timeout: self.cfg.cache.timeout(),
         }
     }
 
@@ -499,8 +496,13 @@ impl RamFs {
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         inode.opens.fetch_add(1, Ordering::AcqRel);
+        let open_flags = if inode.kind == S_IFDIR {
+            self.cfg.cache.dir_open_flags()
+        } else {
+            self.cfg.cache.file_open_flags()
+        };
         self.handles.insert(fh, Arc::new(Handle { inode, flags }));
-        Ok(Opened { fh, open_flags: 0 })
+        Ok(Opened { fh, open_flags })
     }
 
     /// Drops handle `fh`, the locks of `lock_owner` on its file, and every lock of the file with
@@ -740,7 +742,7 @@ impl FileSystem for RamFs {
 
     fn getattr(&self, _ctx: &Context, ino: u64, _fh: Option<u64>) -> Result<(Stat, Duration)> {
         let st = self.inodes.with(ino, |i| i.stat()).ok_or(Error::NotFound)?;
-        Ok((st, self.cfg.attr_timeout))
+        Ok((st, self.cfg.cache.timeout()))
     }
 
     fn setattr(&self, ctx: &Context, ino: u64, attr: &SetAttr) -> Result<(Stat, Duration)> {
@@ -844,7 +846,7 @@ impl FileSystem for RamFs {
             None if changed => m.ctime = now,
             None => {}
         }
-        Ok((stat_of(ino, &m), self.cfg.attr_timeout))
+        Ok((stat_of(ino, &m), self.cfg.cache.timeout()))
     }
 
     fn readlink(&self, _ctx: &Context, ino: u64) -> Result<Vec<u8>> {
@@ -1708,6 +1710,6 @@ impl FileSystem for RamFs {
     fn statx(&self, _ctx: &Context, ino: u64, _fh: Option<u64>) -> Result<(Statx, Duration)> {
         let inode = self.inode(ino)?;
         let m = rd(&inode.meta);
-        Ok((Statx { stat: stat_of(ino, &m), btime: Some(m.btime) }, self.cfg.attr_timeout))
+        Ok((Statx { stat: stat_of(ino, &m), btime: Some(m.btime) }, self.cfg.cache.timeout()))
     }
 }

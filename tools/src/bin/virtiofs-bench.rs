@@ -31,8 +31,12 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     request_queues: u16,
     /// Measured seconds per phase (after a warm-up of 0.3 s, or 15% if shorter).
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 1.0)]
     duration: f64,
+    /// Rounds: the whole phase list runs this many times; the table shows medians over the
+    /// rounds and each target is judged on the median of its per-round values.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Measured requests per phase instead of --duration (warm-up: a tenth as many).
     #[arg(long)]
     ops: Option<u64>,
@@ -80,6 +84,7 @@ fn main() -> ExitCode {
         idle_spin_us: a.idle_spin_us,
         pin: !a.no_pin,
         only: a.only,
+        rounds: a.rounds.max(1),
         ..Default::default()
     };
     let tty = std::io::stderr().is_terminal();
