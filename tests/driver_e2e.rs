@@ -300,3 +300,53 @@ fn symlink_link_and_errors() {
     }
     assert!(matches!(d.lookup(ROOT, "target"), Err(DriverError::Fuse { errno: libc::ENOENT, .. })));
 }
+
+/// Adaptive polling with doorbells on the socket: a parked poller is woken by the driver's
+/// doorbell, not by its timer, and a polling one asks for no doorbells at all.
+#[test]
+fn parked_poller_wakes_on_doorbell() {
+    use std::time::{Duration, Instant};
+    use virtiofs_dpu::config::{Doorbells, Polling};
+    // Park after 20 ms idle, for up to 100 ms: timer-only wake-ups would cost ~50 ms a request.
+    let profile = Profile {
+        polling: Polling::Adaptive,
+        doorbells: Doorbells::Socket,
+        idle_spin_us: 20_000,
+        idle_sleep_us: 100_000,
+        ..Profile::default()
+    };
+    let s = Setup::new(profile);
+    let mut d = s.connect(DriverOptions::default());
+    assert!(!d.facts().notify_mapped, "the notify area is trapped, not mmapped");
+    d.init().unwrap();
+
+    // Back-to-back requests: the poller is spinning and asked for no doorbells.
+    let (_, before) = d.notify_counts();
+    for _ in 0..2000 {
+        d.getattr(ROOT).unwrap();
+    }
+    let (mapped, busy_rings) = d.notify_counts();
+    assert_eq!(mapped, 0);
+    assert!(busy_rings - before < 200, "{} doorbells for 2000 back-to-back requests", busy_rings - before);
+
+    // Requests after idle spells: each finds the poller parked and rings it awake.
+    let n = 20;
+    let started = Instant::now();
+    for _ in 0..n {
+        std::thread::sleep(Duration::from_millis(40));
+        d.getattr(ROOT).unwrap();
+    }
+    let waited = started.elapsed().saturating_sub(Duration::from_millis(40 * n));
+    let (_, idle_rings) = d.notify_counts();
+    assert!(
+        idle_rings - busy_rings >= n / 2,
+        "{} doorbells for {n} requests after idle spells",
+        idle_rings - busy_rings
+    );
+    // 20 timer wake-ups would take ~1 s (half a 100 ms sleep each); doorbells take well under.
+    assert!(
+        waited < Duration::from_millis(500),
+        "{n} requests after idle spells took {waited:?} beyond the idle time"
+    );
+    d.shutdown().unwrap();
+}

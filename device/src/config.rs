@@ -53,6 +53,22 @@ pub enum Polling {
     Adaptive,
 }
 
+/// Where guest doorbells (writes to the notify area) go.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Doorbells {
+    /// `shared` for busy polling, `socket` for adaptive polling.
+    #[default]
+    Auto,
+    /// The notify area is shared memory (a sparse mmap area): doorbells never leave it, and a
+    /// parked poller wakes only on its timer. For pollers that never park.
+    Shared,
+    /// The notify area is trapped: a doorbell reaches the device as a REGION_WRITE on the socket
+    /// and wakes the poller of that queue. Pollers ask for doorbells only while parked (they
+    /// suppress them while polling), so a busy device sees none.
+    Socket,
+}
+
 /// A hardware profile: the device's shape and its poller placement.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
@@ -75,8 +91,12 @@ pub struct Profile {
     /// How long a poller keeps busy-polling after its queues went idle before it backs off, in
     /// microseconds (adaptive polling).
     pub idle_spin_us: u64,
-    /// Longest sleep of an idle poller, in microseconds (the worst wake-up latency it adds).
+    /// Longest sleep of an idle poller, in microseconds. With doorbells on the socket a doorbell
+    /// ends the sleep earlier, so this only bounds how late a poller notices a request whose
+    /// driver did not ring.
     pub idle_sleep_us: u64,
+    /// Where guest doorbells go (`auto`, `shared` or `socket`); see [`Doorbells`].
+    pub doorbells: Doorbells,
 }
 
 impl Default for Profile {
@@ -91,6 +111,7 @@ impl Default for Profile {
             polling: Polling::Adaptive,
             idle_spin_us: 50,
             idle_sleep_us: 200,
+            doorbells: Doorbells::Auto,
         }
     }
 }
@@ -171,6 +192,16 @@ impl Profile {
         Ok(())
     }
 
+    /// Whether doorbells come through the socket (and wake parked pollers) rather than staying in
+    /// shared memory; `auto` picks the socket exactly when pollers may park.
+    pub fn doorbells_on_socket(&self) -> bool {
+        match self.doorbells {
+            Doorbells::Shared => false,
+            Doorbells::Socket => true,
+            Doorbells::Auto => self.polling == Polling::Adaptive,
+        }
+    }
+
     /// Number of pollers this profile asks for (at least one).
     pub fn pollers(&self) -> usize {
         self.poller_cores.len().max(1)
@@ -218,6 +249,16 @@ mod tests {
         assert_eq!(key_of("idle_sleep_us = 0"), "idle_sleep_us");
         assert!(key_of("polling = \"sometimes\"").contains("polling"));
         assert_eq!(Profile::from_toml("polling = \"busy\"").unwrap().polling, Polling::Busy);
+        assert!(key_of("doorbells = \"mmap\"").contains("doorbells"));
+    }
+
+    #[test]
+    fn doorbells_follow_the_polling_mode_unless_set() {
+        let on_socket = |t: &str| Profile::from_toml(t).unwrap().doorbells_on_socket();
+        assert!(on_socket(""), "adaptive by default: parked pollers wake on doorbells");
+        assert!(!on_socket("polling = \"busy\""), "busy pollers never park: shared memory");
+        assert!(on_socket("polling = \"busy\"\ndoorbells = \"socket\""));
+        assert!(!on_socket("doorbells = \"shared\""));
     }
 
     #[test]

@@ -110,9 +110,16 @@ impl PackedQueue {
             }
         }
         // Poll mode: the device never wants a notification.
-        mem.store(EVENT_DISABLE.to_le(), GuestAddress(self.cfg.used + 2), Ordering::Release)
-            .map_err(|_| QueueError::RingUnmapped(q))?;
-        Ok(())
+        self.set_notify(mem, false)
+    }
+
+    /// Device event suppression: ENABLE (`on`: the driver notifies after each batch, before the
+    /// poller parks) or DISABLE (while it polls). The caller fences before its next look at the
+    /// ring.
+    pub fn set_notify(&mut self, mem: &GuestMem, on: bool) -> Result<(), QueueError> {
+        let flags = if on { EVENT_ENABLE } else { EVENT_DISABLE };
+        mem.store(flags.to_le(), GuestAddress(self.cfg.used + 2), Ordering::Release)
+            .map_err(|_| QueueError::RingUnmapped(self.cfg.index))
     }
 
     fn desc_available(&self, flags: u16) -> bool {

@@ -20,7 +20,7 @@
 use std::fs::File;
 use std::io::Write;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -160,6 +160,8 @@ struct Ctx {
     busy: bool,
     spin: Duration,
     sleep: Duration,
+    /// Doorbells arrive on the socket (and unpark us): ask for them before parking.
+    doorbells: bool,
 }
 
 impl PollerSet {
@@ -193,6 +195,7 @@ impl PollerSet {
                 busy: profile.polling == Polling::Busy,
                 spin: Duration::from_micros(profile.idle_spin_us),
                 sleep: Duration::from_micros(profile.idle_sleep_us),
+                doorbells: profile.doorbells_on_socket(),
             };
             let join = std::thread::Builder::new()
                 .name(format!("poller-{id}"))
@@ -268,12 +271,11 @@ impl PollerSet {
         self.broadcast(|_| Msg::Irqs(irqs.clone()));
     }
 
-    /// Wakes every poller now (a doorbell arrived through the socket).
-    pub fn kick(&self) {
-        for p in &self.pollers {
-            if let Some(j) = &p.join {
-                j.thread().unpark();
-            }
+    /// Wakes the poller that owns `queue` now (a doorbell arrived through the socket).
+    pub fn kick(&self, queue: u16) {
+        let n = self.pollers.len().max(1);
+        if let Some(Some(j)) = self.pollers.get(usize::from(queue) % n).map(|p| p.join.as_ref()) {
+            j.thread().unpark();
         }
     }
 
@@ -391,7 +393,7 @@ fn run(ctx: Ctx) {
             if idle_rounds == 1 {
                 idle_since = Instant::now();
             } else if idle_rounds.is_multiple_of(64) && idle_since.elapsed() >= ctx.spin {
-                std::thread::park_timeout(ctx.sleep); // still idle next time: park again soon
+                ctx.park(&mut queues, &mem); // still idle next time: park again soon
             }
             std::hint::spin_loop();
         }
@@ -416,6 +418,34 @@ impl Ctx {
             Err(e) => {
                 q.broken = true;
                 self.report(e);
+            }
+        }
+    }
+
+    /// Parks for up to `sleep`. With doorbells on the socket, first asks the driver of every live
+    /// queue to ring after its next request and looks at the rings once more (the driver stores
+    /// its avail index, fences, then reads our suppression fields; we store those, fence, then
+    /// read the avail index: one of us sees the other), so a request made at any moment either
+    /// is seen here or rings the doorbell that unparks us. Notifications are off again before
+    /// polling resumes.
+    fn park(&self, queues: &mut [Served], mem: &GuestMem) {
+        if !self.doorbells {
+            std::thread::park_timeout(self.sleep);
+            return;
+        }
+        let live = |q: &&mut Served| q.attached && !q.broken;
+        for q in queues.iter_mut().filter(live) {
+            if let Err(e) = q.queue.set_notify(mem, true) {
+                debug!("queue {}: {e}", q.queue.index());
+            }
+        }
+        fence(Ordering::SeqCst);
+        if !queues.iter().filter(|q| q.attached && !q.broken).any(|q| q.queue.has_work(mem).unwrap_or(true)) {
+            std::thread::park_timeout(self.sleep);
+        }
+        for q in queues.iter_mut().filter(live) {
+            if let Err(e) = q.queue.set_notify(mem, false) {
+                debug!("queue {}: {e}", q.queue.index());
             }
         }
     }

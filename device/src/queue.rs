@@ -185,7 +185,27 @@ impl SplitQueue {
         self.next_used = u16::from_le(used_idx);
         self.next_avail = self.next_used;
         self.signalled_used = self.next_used;
-        Ok(())
+        // Poll mode: no notifications (with EVENT_IDX, an avail_event the driver does not pass).
+        self.set_notify(mem, false)
+    }
+
+    /// Asks the driver to notify after its next request (`on`, before the poller parks) or not
+    /// to notify at all (while it polls). Without EVENT_IDX this is `VRING_USED_F_NO_NOTIFY`;
+    /// with it, `avail_event`: the next index we will take (the driver rings when it makes that
+    /// entry available), or one behind it, which the driver does not pass for another 65535
+    /// requests. The caller orders this store before its next look at the avail index (a full
+    /// fence), as the driver orders its avail index store before reading these fields.
+    pub fn set_notify(&mut self, mem: &GuestMem, on: bool) -> Result<(), QueueError> {
+        let q = self.cfg.index;
+        if self.event_idx {
+            let event = if on { self.next_avail } else { self.next_avail.wrapping_sub(1) };
+            let at = GuestAddress(self.cfg.used + 4 + 8 * u64::from(self.cfg.size));
+            mem.store(event.to_le(), at, Ordering::Relaxed).map_err(|_| QueueError::RingUnmapped(q))
+        } else {
+            let flags = if on { 0 } else { USED_F_NO_NOTIFY };
+            mem.store(flags.to_le(), GuestAddress(self.cfg.used), Ordering::Relaxed)
+                .map_err(|_| QueueError::RingUnmapped(q))
+        }
     }
 
     /// Number of requests the driver has made available and we have not taken.
@@ -353,6 +373,15 @@ impl Ring {
         match self {
             Ring::Split(q) => q.attach(mem),
             Ring::Packed(q) => q.attach(mem),
+        }
+    }
+
+    /// Asks the driver for a notification after its next request (`on`) or for none (see
+    /// [`SplitQueue::set_notify`]; packed rings use the device event suppression flags).
+    pub fn set_notify(&mut self, mem: &GuestMem, on: bool) -> Result<(), QueueError> {
+        match self {
+            Ring::Split(q) => q.set_notify(mem, on),
+            Ring::Packed(q) => q.set_notify(mem, on),
         }
     }
 

@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use vfio_bindings::bindings::vfio as vb;
-use virtiofs_device::config::Profile;
+use virtiofs_device::config::{Doorbells, Profile};
 use virtiofs_device::memory::memfd;
 use virtiofs_device::poller::{Engine, Outcome, RequestHandler};
 use virtiofs_device::vfio_user::wire::{self, cmd, Header};
@@ -101,6 +101,11 @@ impl Dev {
         Dev::start_with(None)
     }
     fn start_with(engine_release: Option<Arc<AtomicBool>>) -> Dev {
+        let profile =
+            Profile { request_queues: 2, queue_size: 16, doorbells: Doorbells::Shared, ..Profile::default() };
+        Dev::start_profile(engine_release, profile)
+    }
+    fn start_profile(engine_release: Option<Arc<AtomicBool>>, profile: Profile) -> Dev {
         let dir = tempfile::tempdir().unwrap();
         let handler = Arc::new(TestHandler {
             calls: AtomicUsize::new(0),
@@ -109,7 +114,6 @@ impl Dev {
             engine_submitted: Arc::new(AtomicUsize::new(0)),
             panic_next: AtomicBool::new(false),
         });
-        let profile = Profile { request_queues: 2, queue_size: 16, ..Profile::default() };
         let server = Server::bind(&dir.path().join("dev.sock"), &profile, handler.clone()).unwrap();
         let stop = server.stop_handle();
         let join = std::thread::spawn(move || {
@@ -431,6 +435,21 @@ fn region_info_with_sparse_mmap_and_fd() {
     let r = c.call(cmd::DEVICE_GET_REGION_INFO, ri(0, 32).as_slice()).ok();
     assert_eq!(wire::read_obj::<wire::RegionInfo>(&r.payload).unwrap().size, 0);
     assert_eq!(errno(c.call(cmd::DEVICE_GET_REGION_INFO, ri(9, 32).as_slice())), libc::EINVAL);
+    c.still_serves();
+}
+
+#[test]
+fn region_info_without_mmap_when_doorbells_come_through_the_socket() {
+    let profile =
+        Profile { request_queues: 2, queue_size: 16, doorbells: Doorbells::Socket, ..Profile::default() };
+    let dev = Dev::start_profile(None, profile);
+    let mut c = dev.client();
+    let ri = wire::RegionInfo { argsz: 64, index: 4, ..Default::default() };
+    let r = c.call(cmd::DEVICE_GET_REGION_INFO, ri.as_slice()).ok();
+    let info: wire::RegionInfo = wire::read_obj(&r.payload).unwrap();
+    assert_eq!(info.size, 0x4000);
+    assert_eq!(info.flags, vb::VFIO_REGION_INFO_FLAG_READ | vb::VFIO_REGION_INFO_FLAG_WRITE, "not mmappable");
+    assert_eq!((info.argsz, info.cap_offset, r.payload.len(), r.fds.len()), (32, 0, 32, 0));
     c.still_serves();
 }
 

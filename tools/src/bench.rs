@@ -21,6 +21,7 @@
 pub mod null;
 pub mod pingpong;
 pub mod plot;
+pub mod wakeup;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -114,6 +115,9 @@ pub struct BenchConfig {
     /// of its per-round values: on a shared machine one round hit by a stall of the host does
     /// not decide a ratio, and the spread between rounds shows how far the figures can be trusted.
     pub rounds: usize,
+    /// Requests per variant of the adaptive-polling wake-up measurement ([`wakeup`]; in-process
+    /// only; 0 skips it).
+    pub wakeup_requests: usize,
 }
 
 impl Default for BenchConfig {
@@ -133,6 +137,7 @@ impl Default for BenchConfig {
             floor_duration: Duration::from_secs(1),
             only: None,
             rounds: 1,
+            wakeup_requests: 0,
         }
     }
 }
@@ -272,6 +277,8 @@ pub struct BenchReport {
     pub targets: Vec<Target>,
     /// Each round's own rows, in phase order (`rows` holds their medians).
     pub round_rows: Vec<Vec<Row>>,
+    /// What a request after an idle spell pays for waking an adaptive poller (empty if skipped).
+    pub wakeup: Vec<wakeup::WakeRow>,
     /// Wall time of the whole run, seconds.
     pub wall_s: f64,
 }
@@ -611,8 +618,21 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
     let mut d = d;
     d.release(node, fh)?;
     d.shutdown()?;
+    let in_process = device.is_some();
     if let Some(dev) = device {
         dev.stop().map_err(|e| BenchError::Device(Box::new(e)))?;
+    }
+    let mut wake = Vec::new();
+    if in_process && cfg.wakeup_requests > 0 {
+        progress("wake-up cost of adaptive polling (busy / timer / doorbell)");
+        let wcfg = wakeup::WakeupConfig {
+            requests: cfg.wakeup_requests,
+            gap: Duration::from_millis(1),
+            idle_spin_us: 50,
+            idle_sleep_us: 200,
+            poller_core,
+        };
+        wake = wakeup::measure(&wcfg, dir.path())?;
     }
     let qd1 = rows.iter().find(|r| r.workload == "4k randread" && r.depth == 1).map(|r| r.p50_us);
     let ratio = qd1.map(|p| p * 1000.0 / floor.p50_ns).unwrap_or(0.0);
@@ -626,6 +646,7 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         qd1_read_p50_over_floor: ratio,
         targets,
         round_rows,
+        wakeup: wake,
         wall_s: wall.elapsed().as_secs_f64(),
     })
 }
@@ -843,6 +864,31 @@ pub fn render_table(r: &BenchReport) -> String {
             row.parked
         );
     }
+    if !r.wakeup.is_empty() {
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "wake-up: 4k read QD=1 after 1 ms idle (adaptive: idle_spin_us=50 idle_sleep_us=200), {} requests each",
+            r.wakeup[0].requests
+        );
+        let _ = writeln!(
+            s,
+            "{:<20} {:>9} {:>9} {:>9} {:>14} {:>16}",
+            "poller", "p50 us", "p99 us", "max us", "added p50 us", "socket doorbells"
+        );
+        for w in &r.wakeup {
+            let _ = writeln!(
+                s,
+                "{:<20} {:>9} {:>9} {:>9} {:>14} {:>16}",
+                w.variant,
+                fmt_us(w.p50_us),
+                fmt_us(w.p99_us),
+                fmt_us(w.max_us),
+                fmt_us(w.added_p50_us),
+                w.socket_doorbells
+            );
+        }
+    }
     let _ = writeln!(s);
     let _ = writeln!(s, "QD=1 4k read p50 = {:.1} x the ping-pong floor", r.qd1_read_p50_over_floor);
     for t in &r.targets {
@@ -952,6 +998,7 @@ mod tests {
             floor_duration: Duration::from_millis(20),
             only: Some("QD=1".into()),
             rounds: 3,
+            wakeup_requests: 20,
             ..Default::default()
         };
         let mut lines = Vec::new();
@@ -971,6 +1018,12 @@ mod tests {
         assert_eq!(t.rounds_met, t.per_round.iter().filter(|v| **v <= t.limit).count());
         let table = render_table(&r);
         assert!(table.contains("rounds:  3") && table.contains("of 3 rounds"), "{table}");
+        let variants: Vec<&str> = r.wakeup.iter().map(|w| w.variant.as_str()).collect();
+        assert_eq!(variants, ["busy", "adaptive, timer", "adaptive, doorbell"]);
+        assert!(r.wakeup.iter().all(|w| w.requests == 20 && w.p50_us > 0.0 && w.p50_us <= w.max_us));
+        assert_eq!(r.wakeup[0].socket_doorbells + r.wakeup[1].socket_doorbells, 0, "shared-memory doorbells");
+        assert!(r.wakeup[2].socket_doorbells >= 10, "a parked poller is rung awake: {:?}", r.wakeup[2]);
+        assert!(table.contains("adaptive, doorbell"), "{table}");
     }
 
     #[test]

@@ -86,7 +86,9 @@ struct Device {
     pollers: PollerSet,
     /// MSI-X eventfds by vector (the device has no INTx, MSI or error/request interrupts).
     msix_fds: Vec<Option<File>>,
-    notify_mem: File,
+    /// Backing of the mmappable notify area; `None` when doorbells come through the socket
+    /// (the area is then trapped: every doorbell is a REGION_WRITE that wakes a poller).
+    notify_mem: Option<File>,
 }
 
 /// One connected client.
@@ -160,8 +162,11 @@ impl Server {
             }),
         )
         .map_err(ServerError::Setup)?;
-        let notify_mem =
-            memory::memfd("virtiofs-notify", pci::VIRTIO_BAR_SIZE).map_err(ServerError::Setup)?;
+        let notify_mem = if profile.doorbells_on_socket() {
+            None
+        } else {
+            Some(memory::memfd("virtiofs-notify", pci::VIRTIO_BAR_SIZE).map_err(ServerError::Setup)?)
+        };
         let vectors = func.msix().len();
         Ok(Server {
             path: path.to_path_buf(),
@@ -606,7 +611,7 @@ impl Device {
         }
         let mut caps = Vec::new();
         let mut fds = Vec::new();
-        if req.index == pci::VIRTIO_BAR {
+        if let (pci::VIRTIO_BAR, Some(notify_mem)) = (req.index, &self.notify_mem) {
             // The notify page is mmappable: guest doorbells land in shared memory, never on the socket.
             info.flags |= vb::VFIO_REGION_INFO_FLAG_MMAP | vb::VFIO_REGION_INFO_FLAG_CAPS;
             info.cap_offset = 32;
@@ -622,7 +627,7 @@ impl Device {
             caps.extend_from_slice(area.as_slice());
             info.argsz = (32 + caps.len()) as u32;
             if req.argsz >= info.argsz {
-                fds.push(self.notify_mem.try_clone().map_err(|_| libc::EIO)?);
+                fds.push(notify_mem.try_clone().map_err(|_| libc::EIO)?);
             } else {
                 // Too small: the client asks again with argsz. cap_offset still says where the
                 // caps will be (QEMU rejects CAPS with a cap_offset inside the fixed struct).
@@ -773,7 +778,7 @@ impl Device {
             }
             Some(DeviceEvent::Notify(q)) => {
                 debug!("doorbell for queue {q} through the socket");
-                self.pollers.kick();
+                self.pollers.kick(q);
             }
             None => {}
         }

@@ -37,6 +37,10 @@ struct Args {
     /// rounds and each target is judged on the median of its per-round values.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Requests per variant of the adaptive-polling wake-up measurement (in-process device
+    /// only; 0 skips it).
+    #[arg(long, default_value_t = 300)]
+    wakeup_requests: usize,
     /// Measured requests per phase instead of --duration (warm-up: a tenth as many).
     #[arg(long)]
     ops: Option<u64>,
@@ -85,6 +89,7 @@ fn main() -> ExitCode {
         pin: !a.no_pin,
         only: a.only,
         rounds: a.rounds.max(1),
+        wakeup_requests: a.wakeup_requests,
         ..Default::default()
     };
     let tty = std::io::stderr().is_terminal();
