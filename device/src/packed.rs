@@ -20,7 +20,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use crate::memory::GuestMem;
 use crate::pci::QueueConfig;
-use crate::queue::{push_slices, Chain, ChainError, QueueError};
+use crate::queue::{push_slices, Chain, ChainError, DescTable, QueueError};
 
 const F_NEXT: u16 = 1;
 const F_WRITE: u16 = 2;
@@ -39,9 +39,8 @@ struct PDesc {
     flags: u16,
 }
 
-fn read_pdesc(mem: &GuestMem, table: u64, index: u16) -> Option<PDesc> {
-    let mut raw = [0u8; 16];
-    mem.read_slice(&mut raw, GuestAddress(table.checked_add(u64::from(index) * 16)?)).ok()?;
+fn read_pdesc(table: &DescTable<'_>, index: u16) -> Option<PDesc> {
+    let raw = table.raw(index)?;
     Some(PDesc {
         addr: u64::from_le_bytes(raw[0..8].try_into().ok()?),
         len: u32::from_le_bytes(raw[8..12].try_into().ok()?),
@@ -153,11 +152,13 @@ impl PackedQueue {
     ) -> Result<Option<Result<(), ChainError>>, QueueError> {
         let q = self.cfg.index;
         let size = self.cfg.size;
-        let first = read_pdesc(mem, self.cfg.desc, self.next_avail).ok_or(QueueError::RingUnmapped(q))?;
-        if !self.desc_available(first.flags) {
+        let ring = DescTable::new(mem, self.cfg.desc, u32::from(size)).ok_or(QueueError::RingUnmapped(q))?;
+        if !self.has_work(mem)? {
             return Ok(None);
         }
-        // Order the flags read before the rest of the chain.
+        // Order the flags read before the rest of the chain (the driver writes the head's flags
+        // last): the head descriptor is read again below, after the fence, so its address and
+        // length cannot be older than its flags.
         fence(Ordering::Acquire);
         chain.readable.clear();
         chain.writable.clear();
@@ -166,11 +167,7 @@ impl PackedQueue {
         let mut taken: u16 = 0;
         let id;
         loop {
-            let d = if taken == 0 {
-                first
-            } else {
-                read_pdesc(mem, self.cfg.desc, slot).ok_or(QueueError::RingUnmapped(q))?
-            };
+            let d = read_pdesc(&ring, slot).ok_or(QueueError::RingUnmapped(q))?;
             taken += 1;
             if error.is_none() {
                 error = self.take_desc(mem, &d, chain).err();
@@ -203,9 +200,10 @@ impl PackedQueue {
             if entries > 1 << 16 {
                 return Err(ChainError::BadIndirect);
             }
+            let bad = ChainError::BadBuffer { addr: d.addr, len: d.len };
+            let table = DescTable::new(mem, d.addr, entries).ok_or(bad)?;
             for i in 0..entries as u16 {
-                let e =
-                    read_pdesc(mem, d.addr, i).ok_or(ChainError::BadBuffer { addr: d.addr, len: d.len })?;
+                let e = read_pdesc(&table, i).ok_or(bad)?;
                 if e.flags & F_INDIRECT != 0 {
                     return Err(ChainError::BadIndirect);
                 }

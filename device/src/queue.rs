@@ -17,7 +17,7 @@
 use std::sync::atomic::{fence, Ordering};
 
 use thiserror::Error;
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, VolatileSlice};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, VolatileMemory, VolatileSlice};
 
 use crate::memory::GuestMem;
 use crate::pci::QueueConfig;
@@ -110,15 +110,33 @@ struct Desc {
     next: u16,
 }
 
-fn read_desc(mem: &GuestMem, table: u64, index: u16) -> Option<Desc> {
-    let mut raw = [0u8; 16];
-    mem.read_slice(&mut raw, GuestAddress(table.checked_add(u64::from(index) * 16)?)).ok()?;
-    Some(Desc {
-        addr: u64::from_le_bytes(raw[0..8].try_into().ok()?),
-        len: u32::from_le_bytes(raw[8..12].try_into().ok()?),
-        flags: u16::from_le_bytes([raw[12], raw[13]]),
-        next: u16::from_le_bytes([raw[14], raw[15]]),
-    })
+/// A descriptor table (a ring's or an indirect one) resolved to guest memory once, so that each
+/// descriptor is one 16-byte volatile load instead of a region lookup and a byte copy.
+pub(crate) struct DescTable<'m> {
+    slice: VolatileSlice<'m>,
+}
+
+impl<'m> DescTable<'m> {
+    /// The `entries`-long table at `addr`; `None` unless it lies inside one mapped region.
+    pub(crate) fn new(mem: &'m GuestMem, addr: u64, entries: u32) -> Option<Self> {
+        let len = usize::try_from(u64::from(entries) * 16).ok()?;
+        mem.get_slice(GuestAddress(addr), len).ok().map(|slice| DescTable { slice })
+    }
+
+    /// The raw 16 bytes of descriptor `index` (`None` past the end).
+    pub(crate) fn raw(&self, index: u16) -> Option<[u8; 16]> {
+        self.slice.get_ref::<[u8; 16]>(usize::from(index) * 16).ok().map(|r| r.load())
+    }
+
+    fn split(&self, index: u16) -> Option<Desc> {
+        let raw = self.raw(index)?;
+        Some(Desc {
+            addr: u64::from_le_bytes(raw[0..8].try_into().ok()?),
+            len: u32::from_le_bytes(raw[8..12].try_into().ok()?),
+            flags: u16::from_le_bytes([raw[12], raw[13]]),
+            next: u16::from_le_bytes([raw[14], raw[15]]),
+        })
+    }
 }
 
 /// A split virtqueue owned by one poller.
@@ -243,7 +261,10 @@ impl SplitQueue {
         chain.head = head;
         chain.readable.clear();
         chain.writable.clear();
-        let (mut table, mut table_len) = (self.cfg.desc, self.cfg.size);
+        // The ring's table was checked to be mapped at attach; memory changes re-attach.
+        let mut table =
+            DescTable::new(mem, self.cfg.desc, u32::from(self.cfg.size)).ok_or(ChainError::BadIndex(head))?;
+        let mut table_len = self.cfg.size;
         let mut index = head;
         let mut indirect = false;
         let mut seen = 0u32;
@@ -252,7 +273,7 @@ impl SplitQueue {
             if seen > u32::from(table_len) + u32::from(!indirect) {
                 return Err(ChainError::Loop);
             }
-            let d = read_desc(mem, table, index).ok_or(ChainError::BadIndex(index))?;
+            let d = table.split(index).ok_or(ChainError::BadIndex(index))?;
             if d.flags & DESC_F_INDIRECT != 0 {
                 let bad =
                     !self.indirect || indirect || d.flags & DESC_F_NEXT != 0 || d.len == 0 || d.len % 16 != 0;
@@ -260,10 +281,9 @@ impl SplitQueue {
                 if bad || entries > u32::from(u16::MAX) {
                     return Err(ChainError::BadIndirect);
                 }
-                if mem.get_slice(GuestAddress(d.addr), d.len as usize).is_err() {
-                    return Err(ChainError::BadBuffer { addr: d.addr, len: d.len });
-                }
-                (table, table_len, index, indirect, seen) = (d.addr, entries as u16, 0, true, 0);
+                table = DescTable::new(mem, d.addr, entries)
+                    .ok_or(ChainError::BadBuffer { addr: d.addr, len: d.len })?;
+                (table_len, index, indirect, seen) = (entries as u16, 0, true, 0);
                 continue;
             }
             let writable = d.flags & DESC_F_WRITE != 0;
