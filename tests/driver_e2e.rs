@@ -176,6 +176,31 @@ fn two_request_queues() {
     assert!(d.completed_on(1) > 0 && d.completed_on(2) > 0);
 }
 
+/// One poller per request queue, hiprio riding on poller 0 (`queue_mapping = "request-queues"`),
+/// with doorbells through the socket: every queue is served, FORGETs on hiprio included.
+#[test]
+fn one_poller_per_request_queue() {
+    use virtiofs_dpu::config::QueueMapping;
+    let profile = Profile {
+        request_queues: 2,
+        poller_cores: vec![0, 1],
+        queue_mapping: QueueMapping::RequestQueues,
+        ..Default::default()
+    };
+    let s = Setup::new(profile);
+    let mut d = s.connect(DriverOptions { request_queues: 2, use_interrupts: true, ..Default::default() });
+    init(&mut d);
+    for q in 1..=2 {
+        d.use_queue(q);
+        workload(&mut d, &format!("rq{q}"), 256 << 10);
+    }
+    let e = d.mkdir(ROOT, "forgotten", 0o755).unwrap();
+    d.forget(e.nodeid, 1).unwrap();
+    assert!(d.completed_on(1) > 0 && d.completed_on(2) > 0);
+    let stats = s.device.as_ref().unwrap().stats().requests();
+    assert!(stats[0] >= 1 && stats[1] > 0 && stats[2] > 0, "per-queue requests {stats:?}");
+}
+
 #[test]
 fn ring_feature_variants() {
     let s = Setup::new(Profile::default());

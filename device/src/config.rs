@@ -69,6 +69,20 @@ pub enum Doorbells {
     Socket,
 }
 
+/// Which poller serves which queue.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum QueueMapping {
+    /// Every queue, hiprio included, round robin: queue *i* goes to poller *i mod P*. With one
+    /// poller per queue (P = N + 1) each poller owns exactly one queue.
+    #[default]
+    Spread,
+    /// Request queue *k* (1..=N) goes to poller *(k - 1) mod P* and the hiprio queue, which
+    /// carries only FORGET and INTERRUPT, rides along on poller 0. With P = N each request queue
+    /// has a core of its own and no core is spent on hiprio.
+    RequestQueues,
+}
+
 /// A hardware profile: the device's shape and its poller placement.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
@@ -97,6 +111,8 @@ pub struct Profile {
     pub idle_sleep_us: u64,
     /// Where guest doorbells go (`auto`, `shared` or `socket`); see [`Doorbells`].
     pub doorbells: Doorbells,
+    /// Which poller serves which queue (`spread` or `request-queues`); see [`QueueMapping`].
+    pub queue_mapping: QueueMapping,
 }
 
 impl Default for Profile {
@@ -112,6 +128,7 @@ impl Default for Profile {
             idle_spin_us: 50,
             idle_sleep_us: 200,
             doorbells: Doorbells::Auto,
+            queue_mapping: QueueMapping::Spread,
         }
     }
 }
@@ -160,13 +177,17 @@ impl Profile {
         if sorted.windows(2).any(|w| w[0] == w[1]) {
             return invalid("poller_cores", "a core is listed twice".into());
         }
-        if self.poller_cores.len() > usize::from(self.request_queues) + 1 {
+        let servable = match self.queue_mapping {
+            QueueMapping::Spread => usize::from(self.request_queues) + 1,
+            QueueMapping::RequestQueues => usize::from(self.request_queues),
+        };
+        if self.poller_cores.len() > servable {
             return invalid(
                 "poller_cores",
                 format!(
-                    "{} pollers for {} queues: each poller needs at least one queue",
+                    "{} pollers for {servable} queues (queue_mapping {:?}): each poller needs at least one queue",
                     self.poller_cores.len(),
-                    self.request_queues + 1
+                    self.queue_mapping
                 ),
             );
         }
@@ -199,6 +220,15 @@ impl Profile {
             Doorbells::Shared => false,
             Doorbells::Socket => true,
             Doorbells::Auto => self.polling == Polling::Adaptive,
+        }
+    }
+
+    /// The poller (0..[`Self::pollers`]) that serves queue `queue` (0 = hiprio).
+    pub fn poller_of(&self, queue: u16) -> usize {
+        let p = self.pollers();
+        match self.queue_mapping {
+            QueueMapping::Spread => usize::from(queue) % p,
+            QueueMapping::RequestQueues => usize::from(queue.saturating_sub(1)) % p,
         }
     }
 
@@ -250,6 +280,29 @@ mod tests {
         assert!(key_of("polling = \"sometimes\"").contains("polling"));
         assert_eq!(Profile::from_toml("polling = \"busy\"").unwrap().polling, Polling::Busy);
         assert!(key_of("doorbells = \"mmap\"").contains("doorbells"));
+    }
+
+    #[test]
+    fn queue_mappings() {
+        let spread = Profile::from_toml("request_queues = 3\npoller_cores = [0, 1, 2, 3]").unwrap();
+        assert_eq!((0..4).map(|q| spread.poller_of(q)).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        let rq = Profile::from_toml(
+            "request_queues = 3\npoller_cores = [0, 1, 2]\nqueue_mapping = \"request-queues\"",
+        )
+        .unwrap();
+        assert_eq!(
+            (0..4).map(|q| rq.poller_of(q)).collect::<Vec<_>>(),
+            [0, 0, 1, 2],
+            "hiprio rides on poller 0"
+        );
+        let two = Profile { poller_cores: vec![0, 1], ..rq.clone() };
+        assert_eq!((0..4).map(|q| two.poller_of(q)).collect::<Vec<_>>(), [0, 0, 1, 0]);
+        // request-queues has one queue fewer to hand out.
+        assert_eq!(
+            key_of("request_queues = 1\npoller_cores = [0, 1]\nqueue_mapping = \"request-queues\""),
+            "poller_cores"
+        );
+        assert!(key_of("queue_mapping = \"random\"").contains("queue_mapping"));
     }
 
     #[test]

@@ -142,6 +142,8 @@ struct PollerThread {
 /// The control plane's handle on all pollers of one device.
 pub struct PollerSet {
     pollers: Vec<PollerThread>,
+    /// Which poller serves which queue (the profile's queue mapping).
+    profile: Profile,
     events: Receiver<Event>,
     seq: u64,
     broken: Vec<QueueError>,
@@ -203,7 +205,7 @@ impl PollerSet {
                 .spawn(move || run(ctx))?;
             pollers.push(PollerThread { tx, join: Some(join) });
         }
-        Ok(PollerSet { pollers, events: ev_rx, seq: 0, broken: Vec::new(), stats })
+        Ok(PollerSet { pollers, profile: profile.clone(), events: ev_rx, seq: 0, broken: Vec::new(), stats })
     }
 
     /// The per-queue counters.
@@ -247,11 +249,11 @@ impl PollerSet {
         }
     }
 
-    /// Starts serving `queues`, spread over the pollers (queue i goes to poller i mod P).
+    /// Starts serving `queues`, each on the poller the profile's queue mapping gives it.
     pub fn start(&mut self, queues: &[QueueConfig], features: u64) {
-        let n = self.pollers.len();
+        let profile = self.profile.clone();
         self.broadcast(|i| Msg::Start {
-            queues: queues.iter().filter(|q| usize::from(q.index) % n == i).copied().collect(),
+            queues: queues.iter().filter(|q| profile.poller_of(q.index) == i).copied().collect(),
             features,
         });
     }
@@ -273,8 +275,7 @@ impl PollerSet {
 
     /// Wakes the poller that owns `queue` now (a doorbell arrived through the socket).
     pub fn kick(&self, queue: u16) {
-        let n = self.pollers.len().max(1);
-        if let Some(Some(j)) = self.pollers.get(usize::from(queue) % n).map(|p| p.join.as_ref()) {
+        if let Some(Some(j)) = self.pollers.get(self.profile.poller_of(queue)).map(|p| p.join.as_ref()) {
             j.thread().unpark();
         }
     }
