@@ -11,7 +11,7 @@ use vfio_bindings::bindings::vfio::{
     VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_MSIX_IRQ_INDEX, VFIO_REGION_INFO_FLAG_MMAP,
     VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE,
 };
-use virtiofs_dpu::config::Profile;
+use virtiofs_dpu::config::{Doorbells, Profile};
 use virtiofs_dpu::RunningDevice;
 use virtiofs_tools::memory::GuestRam;
 use virtiofs_tools::vfio_user::{Client as OurClient, ClientCaps};
@@ -21,7 +21,9 @@ use vmm_sys_util::eventfd::EventFd;
 fn vfio_user_crate_client_talks_to_the_device() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("dev.sock");
-    let device = RunningDevice::start(&socket, Profile::default()).unwrap();
+    let device =
+        RunningDevice::start(&socket, Profile { doorbells: Doorbells::Shared, ..Profile::default() })
+            .unwrap();
 
     // Our client first, for the ground truth (and to check reconnecting works).
     let truth = {
