@@ -75,7 +75,11 @@ const SUPPORTED_INIT_FLAGS: u64 = abi::init::ASYNC_READ
     // The filesystem keeps POSIX ACLs; the kernel then enforces them too (default_permissions).
     | abi::init::POSIX_ACL
     // SETXATTR carries setxattr_flags (SETXATTR_ACL_KILL_SGID).
-    | abi::init::SETXATTR_EXT;
+    | abi::init::SETXATTR_EXT
+    // Files opened with FOPEN_DIRECT_IO (`--cache never`) may still be mmapped shared (the
+    // kernel flushes and invalidates the mapping's pages around direct I/O); without it mmap
+    // fails with ENODEV, as it does under virtiofsd --cache=never.
+    | abi::init::DIRECT_IO_ALLOW_MMAP;
 
 const OUT_HEADER_SIZE: usize = size_of::<OutHeader>();
 
