@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use virtiofs_backend::RamFs;
-use virtiofs_device::poller::RequestHandler;
+use virtiofs_device::poller::{Engine, RequestHandler};
 use virtiofs_dpu::config::Profile;
 use virtiofs_dpu::{FuseHandler, RunningDevice};
 use virtiofs_tools::{DriverOptions, FsDriver};
@@ -63,6 +63,13 @@ impl RequestHandler for Marking {
     fn handle(&self, queue: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32 {
         IS_POLLER.with(|p| p.set(true));
         self.0.handle(queue, readable, writable)
+    }
+
+    /// Called on the poller's thread when it starts: requests then go through the engine (the
+    /// daemon's path), which the marking covers from here on.
+    fn engine(&self, poller: usize) -> Option<Box<dyn Engine>> {
+        IS_POLLER.with(|p| p.set(true));
+        self.0.engine(poller)
     }
 }
 
