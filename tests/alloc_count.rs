@@ -1,8 +1,10 @@
 //! Zero heap allocations per request in steady state, on the device's poller threads.
 //!
 //! A counting global allocator counts allocations made on threads that have marked themselves as
-//! pollers; a wrapper handler marks the poller thread on its first request. After a warm-up, a
-//! few thousand 4 KiB reads and writes (and getattrs) must allocate nothing on the poller.
+//! pollers; a wrapper handler marks the poller thread when it creates the poller's engine (the
+//! path every request then takes, as in the daemon) or on its first synchronous request. After a
+//! warm-up, a few thousand 4 KiB reads and writes (and getattrs) must allocate nothing on the
+//! poller.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
