@@ -61,6 +61,10 @@ impl<F: FileSystem + 'static> RequestHandler for FuseHandler<F> {
     fn engine(&self, _poller: usize) -> Option<Box<dyn Engine>> {
         self.engines.then(|| Box::new(FuseEngine::new(self.server.clone())) as Box<dyn Engine>)
     }
+
+    fn reset(&self) {
+        self.server.reset();
+    }
 }
 
 impl<F: FileSystem> Drop for FuseHandler<F> {
@@ -187,6 +191,10 @@ impl RequestHandler for PassthroughHandler {
                 Some(Box::new(FuseEngine::new(self.server.clone())))
             }
         }
+    }
+
+    fn reset(&self) {
+        self.server.reset();
     }
 }
 

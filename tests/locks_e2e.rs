@@ -275,8 +275,14 @@ fn reset_and_disconnect(backend: Backend) {
         } else {
             drop(d);
         }
-        let mut d = dev.connect(2);
+        let opts = DriverOptions { request_queues: 2, ..Default::default() };
+        let mut d = FsDriver::connect(&dev.socket, opts).expect("the next client attaches");
         assert!(t0.elapsed() < Duration::from_secs(5), "reattach took {:?}", t0.elapsed());
+        // The reset dropped the locks, even before the new driver's INIT (the old handle still
+        // names the file: the session's state goes at INIT).
+        let c = d.getlk(ino, &posix(fb, 9, WR, 0, OFFSET_MAX)).unwrap();
+        assert_eq!(c.typ as i32, UN, "no lock survives the reset");
+        d.init().unwrap();
         // A new session: the old kernel's locks are gone.
         let e = d.lookup(ROOT, &format!("f{round}")).unwrap();
         let o = d.open(e.nodeid, RDWR).unwrap();

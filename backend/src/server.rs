@@ -277,6 +277,14 @@ impl<F: FileSystem> Server<F> {
         Some(bytes)
     }
 
+    /// The device was reset, so the driver's session is gone even without DESTROY: every lock
+    /// goes now (a rebooted guest must not find its old kernel's locks, not even before its
+    /// INIT), and waiting requests still registered end. The filesystem's session state stays
+    /// until the next INIT (which drops it) or DESTROY.
+    pub fn reset(&self) {
+        self.locks.end_session();
+    }
+
     /// Drops a waiting request without an answer (the device reset: its buffers are gone).
     pub fn cancel_wait(&self, wait: &LockWait) {
         self.locks.cancel_wait(wait.id);

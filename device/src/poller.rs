@@ -53,6 +53,12 @@ pub trait RequestHandler: Send + Sync + 'static {
         let _ = poller;
         None
     }
+
+    /// The device was reset (by the driver, by DEVICE_RESET, or because the client went away):
+    /// every queue is stopped, no request is in flight and none waits any more. Drop what belonged
+    /// to the driver's session and must not outlive the device. Called on the control plane
+    /// thread, after every poller has stopped.
+    fn reset(&self) {}
 }
 
 /// How a request submitted to an [`Engine`] stands when `submit` returns.
@@ -180,6 +186,7 @@ struct PollerThread {
 /// The control plane's handle on all pollers of one device.
 pub struct PollerSet {
     pollers: Vec<PollerThread>,
+    handler: Arc<dyn RequestHandler>,
     events: Receiver<Event>,
     seq: u64,
     broken: Vec<QueueError>,
@@ -238,7 +245,7 @@ impl PollerSet {
                 .spawn(move || run(ctx))?;
             pollers.push(PollerThread { tx, join: Some(join) });
         }
-        Ok(PollerSet { pollers, events: ev_rx, seq: 0, broken: Vec::new(), stats })
+        Ok(PollerSet { pollers, handler, events: ev_rx, seq: 0, broken: Vec::new(), stats })
     }
 
     /// The per-queue counters.
@@ -291,9 +298,11 @@ impl PollerSet {
         });
     }
 
-    /// Stops serving every queue (device reset); returns once no poller touches a ring.
+    /// Stops serving every queue (device reset); returns once no poller touches a ring, after
+    /// telling the handler ([`RequestHandler::reset`]).
     pub fn stop(&mut self) {
         self.broadcast(|_| Msg::Stop);
+        self.handler.reset();
     }
 
     /// Publishes a new guest-memory snapshot; returns once no poller uses the previous one.
