@@ -139,6 +139,7 @@ fn setlkw_waits_while_the_queue_goes_on(backend: Backend) {
     assert_eq!(d.lk_result(opcode::SETLKW, w).unwrap(), None);
     let granted = t0.elapsed();
     assert!(granted < Duration::from_secs(2), "grant took {granted:?}");
+    eprintln!("{backend:?}: unlock sent to SETLKW reply seen (same poller): {granted:?}");
     let c = d.getlk(ino, &posix(fa, 1, WR, 0, OFFSET_MAX)).unwrap();
     assert_eq!((c.typ as i32, c.start, c.end, c.pid), (WR, 10, 19, 1002), "owner 2 now holds its range");
     // FLUSH (close) by owner 2 drops it.
@@ -174,10 +175,14 @@ fn granted_across_pollers(backend: Backend) {
     d.getattr(ino).unwrap();
     assert!(d.is_pending(w));
     // A downgrade to a read lock through poller 0 lets the reader on poller 1 in.
+    let t0 = Instant::now();
     let u = d.submit_lk(2, opcode::SETLK, ino, &posix(fa, 1, RD, 0, 99)).unwrap();
     d.lk_result(opcode::SETLK, u).unwrap();
     let c = d.lk_result(opcode::SETLKW, w);
     assert_eq!(errno(c), 0);
+    let granted = t0.elapsed();
+    assert!(granted < Duration::from_secs(2), "grant took {granted:?}");
+    eprintln!("{backend:?}: downgrade sent to SETLKW reply seen (other poller): {granted:?}");
     // And the other way round, with flock: a waiter on poller 0, the unlock through poller 1.
     d.setlk(ino, &flock(fa, WR)).unwrap();
     let w = d.submit_lk(2, opcode::SETLKW, ino, &flock(fb, RD)).unwrap();

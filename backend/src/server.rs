@@ -71,6 +71,7 @@ const SUPPORTED_INIT_FLAGS: u64 = abi::init::ASYNC_READ
     | abi::init::POSIX_ACL
     // SETXATTR carries setxattr_flags (SETXATTR_ACL_KILL_SGID).
     | abi::init::SETXATTR_EXT
+    // POSIX_LOCKS and FLOCK_LOCKS, when SETLKW can wait without blocking a poller (see there).
     | LOCK_FLAGS;
 
 /// Advisory locks, kept by the server for every backend ([`crate::locks`]): `POSIX_LOCKS`
@@ -81,6 +82,8 @@ const SUPPORTED_INIT_FLAGS: u64 = abi::init::ASYNC_READ
 /// engine (see [`crate::waits`]); waiting never blocks a thread. Without them the guest kernel
 /// keeps both kinds itself, which is exact for the single guest a device serves; the locks are
 /// in-process either way, so host processes never see them (DESIGN.md, "FUSE semantics").
+/// Linux's virtio-fs sends no FUSE_INTERRUPT, so a guest process waiting in F_SETLKW on the
+/// device is woken by the grant only, not by a signal (DESIGN.md, "FUSE semantics").
 const LOCK_FLAGS: u64 = abi::init::POSIX_LOCKS | abi::init::FLOCK_LOCKS;
 
 const OUT_HEADER_SIZE: usize = size_of::<OutHeader>();
