@@ -1,5 +1,5 @@
 //! [`RamFs`]: an in-memory filesystem with POSIX semantics (permission bits, POSIX ACLs, extended
-//! attributes, record locks), checked against the caller's uid/gid because the guest mounts
+//! attributes; advisory locks are the server's), checked against the caller's uid/gid because the guest mounts
 //! without `default_permissions`: the kernel leaves every permission decision to us. (Negotiating
 //! `FUSE_POSIX_ACL` turns `default_permissions` on; the kernel then checks too, with the caller's
 //! supplementary groups, which FUSE does not tell us, and our checks stay as a second line.)
