@@ -14,6 +14,8 @@
  *                                   the second F_SETLKW is EDEADLK
  *   locktest signal FILE HOLD_MS    a SIGALRM (handler, no SA_RESTART) during F_SETLKW: prints
  *                                   whether fcntl returned EINTR or waited for the lock
+ *   locktest kill FILE HOLD_MS      SIGKILL to a process waiting in F_SETLKW: prints whether it
+ *                                   died at once or only once the holder let go
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -273,12 +275,48 @@ static int signal_check(const char *path, long hold_ms) {
   return 0;
 }
 
+static int kill_check(const char *path, long hold_ms) {
+  int fd = open_rw(path);
+  if (lock_range(fd, F_SETLK, F_WRLCK, 0, 0)) return fail("kill", "parent lock");
+  pid_t child = fork();
+  if (child < 0) return fail("kill", "fork");
+  if (child == 0) {
+    close(fd);
+    int cfd = open_rw(path);
+    lock_range(cfd, F_SETLKW, F_WRLCK, 0, 0);
+    _exit(0);
+  }
+  long t0 = now_ms();
+  sleep_ms(300);
+  kill(child, SIGKILL);
+  long died = -1;
+  while (now_ms() - t0 < hold_ms) {
+    if (waitpid(child, NULL, WNOHANG) == child) {
+      died = now_ms() - t0;
+      break;
+    }
+    sleep_ms(10);
+  }
+  if (now_ms() - t0 < hold_ms) sleep_ms(hold_ms - (now_ms() - t0)); /* hold it the full time */
+  long released = now_ms() - t0;
+  close(fd);
+  if (died < 0) {
+    waitpid(child, NULL, 0);
+    died = now_ms() - t0;
+  }
+  printf("locktest: kill ok SIGKILL at 300 ms into F_SETLKW: the process was gone after %ld ms (%s the holder "
+         "let go at %ld ms)\n",
+         died, died < released ? "before" : "after", released);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
   if (argc >= 4 && strcmp(argv[1], "posix") == 0) return contend("posix", argv[2], atol(argv[3]), 0);
   if (argc >= 4 && strcmp(argv[1], "flock") == 0) return contend("flock", argv[2], atol(argv[3]), 1);
   if (argc >= 3 && strcmp(argv[1], "deadlock") == 0) return deadlock(argv[2]);
   if (argc >= 4 && strcmp(argv[1], "signal") == 0) return signal_check(argv[2], atol(argv[3]));
-  fprintf(stderr, "usage: locktest posix|flock|signal FILE HOLD_MS | locktest deadlock FILE\n");
+  if (argc >= 4 && strcmp(argv[1], "kill") == 0) return kill_check(argv[2], atol(argv[3]));
+  fprintf(stderr, "usage: locktest posix|flock|signal|kill FILE HOLD_MS | locktest deadlock FILE\n");
   return 2;
 }
