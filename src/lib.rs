@@ -15,6 +15,8 @@ use std::thread::JoinHandle;
 use virtiofs_backend::filesystem::FileSystem;
 use virtiofs_backend::passthrough::uring::{IoMode, Submitted, UringEngine};
 use virtiofs_backend::passthrough::{PassthroughConfig, SetupError};
+use virtiofs_backend::server::{LockStats, Served};
+use virtiofs_backend::waits::LockWaits;
 use virtiofs_backend::{PassthroughFs, RamFs, Server};
 use virtiofs_device::config::Profile;
 use virtiofs_device::poller::{Engine, Outcome, QueueStats, RequestHandler};
@@ -23,15 +25,31 @@ use vm_memory::VolatileSlice;
 
 pub use virtiofs_device::config;
 
-/// Serves virtio-fs requests with a FUSE server over filesystem `F`.
+/// Serves virtio-fs requests with a FUSE server over filesystem `F`. Each poller gets an engine
+/// ([`FuseEngine`]) that serves requests at once and keeps the SETLKW requests that must wait for
+/// a lock, so the server offers `POSIX_LOCKS` and `FLOCK_LOCKS`.
 pub struct FuseHandler<F: FileSystem> {
-    server: Server<F>,
+    server: Arc<Server<F>>,
+    /// Pollers get engines (and SETLKW can wait).
+    engines: bool,
 }
 
 impl<F: FileSystem> FuseHandler<F> {
     /// A handler serving `fs`.
     pub fn new(fs: F) -> Self {
-        FuseHandler { server: Server::new(fs) }
+        FuseHandler { server: Arc::new(Server::with_lock_waits(fs)), engines: true }
+    }
+
+    /// A handler serving `fs` through [`RequestHandler::handle`] alone, without engines (for
+    /// wrappers that intercept `handle`): nothing can wait, so the server does not offer
+    /// `POSIX_LOCKS` or `FLOCK_LOCKS` and the guest kernel keeps its locks itself.
+    pub fn synchronous(fs: F) -> Self {
+        FuseHandler { server: Arc::new(Server::new(fs)), engines: false }
+    }
+
+    /// The FUSE server.
+    pub fn server(&self) -> &Arc<Server<F>> {
+        &self.server
     }
 }
 
@@ -39,12 +57,89 @@ impl<F: FileSystem + 'static> RequestHandler for FuseHandler<F> {
     fn handle(&self, _queue: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32 {
         u32::try_from(self.server.handle(readable, writable)).unwrap_or(0)
     }
+
+    fn engine(&self, _poller: usize) -> Option<Box<dyn Engine>> {
+        self.engines.then(|| Box::new(FuseEngine::new(self.server.clone())) as Box<dyn Engine>)
+    }
+
+    fn reset(&self) {
+        self.server.reset();
+    }
+}
+
+impl<F: FileSystem> Drop for FuseHandler<F> {
+    fn drop(&mut self) {
+        log_lock_stats(self.server.lock_stats());
+    }
+}
+
+fn log_lock_stats(s: LockStats) {
+    if s != LockStats::default() {
+        log::info!(
+            "lock requests: getlk={} setlk={} setlkw={} waited={} interrupted={} deadlocks={}",
+            s.getlk,
+            s.setlk,
+            s.setlkw,
+            s.waited,
+            s.interrupted,
+            s.deadlocks
+        );
+    }
+}
+
+/// A poller's engine for a [`FuseHandler`]: every request is served at once through
+/// [`Server::serve`], except a SETLKW that has to wait, which is parked ([`Outcome::Wait`]) and
+/// answered from [`Engine::poll_waits`] once its lock is granted (or it is interrupted).
+pub struct FuseEngine<F: FileSystem> {
+    waits: LockWaits<F>,
+}
+
+impl<F: FileSystem> FuseEngine<F> {
+    /// An engine for requests to `server`.
+    pub fn new(server: Arc<Server<F>>) -> Self {
+        FuseEngine { waits: LockWaits::new(server) }
+    }
+}
+
+impl<F: FileSystem + 'static> Engine for FuseEngine<F> {
+    fn submit(
+        &mut self,
+        id: u64,
+        _queue: u16,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+    ) -> Outcome {
+        match self.waits.server().serve(readable, writable) {
+            Served::Replied(n) => Outcome::Done(u32::try_from(n).unwrap_or(0)),
+            Served::Wait(wait) => {
+                self.waits.park(id, wait);
+                Outcome::Wait
+            }
+        }
+    }
+
+    fn poll(&mut self, _done: &mut dyn FnMut(u64, u32)) -> usize {
+        0
+    }
+
+    fn in_flight(&self) -> usize {
+        0
+    }
+
+    fn poll_waits(&mut self, answer: &mut dyn FnMut(u64, &[u8])) -> usize {
+        self.waits.poll(answer)
+    }
+
+    fn cancel_waits(&mut self) {
+        self.waits.cancel_all();
+    }
 }
 
 /// Serves virtio-fs requests from a host directory: a FUSE server over a [`PassthroughFs`],
 /// with (unless [`IoMode::Sync`]) an engine per poller for READ, WRITE and FSYNC ([`UringEngine`]:
 /// zero-copy between the host file and the guest buffers, inline when that cannot block, else on
-/// an io_uring owned by the poller, whose completions it polls on its own core).
+/// an io_uring owned by the poller, whose completions it polls on its own core). Either way each
+/// poller's engine keeps the SETLKW requests that must wait, as [`FuseEngine`] does.
 pub struct PassthroughHandler {
     server: Arc<Server<PassthroughFs>>,
     mode: IoMode,
@@ -58,7 +153,11 @@ impl PassthroughHandler {
 
     /// A handler serving `fs`, its data path as `mode` says.
     pub fn new(fs: PassthroughFs, mode: IoMode) -> Self {
-        PassthroughHandler { server: Arc::new(Server::new(fs)), mode, ring_requests: Arc::default() }
+        PassthroughHandler {
+            server: Arc::new(Server::with_lock_waits(fs)),
+            mode,
+            ring_requests: Arc::default(),
+        }
     }
 
     /// Requests left pending on a ring so far, all pollers together.
@@ -79,20 +178,39 @@ impl RequestHandler for PassthroughHandler {
 
     fn engine(&self, poller: usize) -> Option<Box<dyn Engine>> {
         if self.mode == IoMode::Sync {
-            return None;
+            return Some(Box::new(FuseEngine::new(self.server.clone())));
         }
         match UringEngine::new(self.server.clone(), Self::RING_ENTRIES, self.mode) {
-            Ok(e) => Some(Box::new(UringAdapter(e, self.ring_requests.clone()))),
+            Ok(ring) => Some(Box::new(UringAdapter {
+                ring,
+                waits: LockWaits::new(self.server.clone()),
+                ring_requests: self.ring_requests.clone(),
+            })),
             Err(e) => {
                 log::warn!("poller {poller}: no io_uring ({e}); serving I/O synchronously");
-                None
+                Some(Box::new(FuseEngine::new(self.server.clone())))
             }
         }
     }
+
+    fn reset(&self) {
+        self.server.reset();
+    }
 }
 
-/// The device's [`Engine`] face of a [`UringEngine`].
-struct UringAdapter(UringEngine, Arc<AtomicU64>);
+impl Drop for PassthroughHandler {
+    fn drop(&mut self) {
+        log_lock_stats(self.server.lock_stats());
+    }
+}
+
+/// The device's [`Engine`] face of a [`UringEngine`], plus the poller's waiting SETLKW requests.
+struct UringAdapter {
+    ring: UringEngine,
+    waits: LockWaits<PassthroughFs>,
+    /// Requests left pending on a ring, all pollers together.
+    ring_requests: Arc<AtomicU64>,
+}
 
 impl Engine for UringAdapter {
     fn submit(
@@ -102,27 +220,39 @@ impl Engine for UringAdapter {
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
     ) -> Outcome {
-        match self.0.submit(id, readable, writable) {
+        match self.ring.submit(id, readable, writable) {
             Submitted::Done(n) => Outcome::Done(n),
             Submitted::Pending => {
-                self.1.fetch_add(1, Ordering::Relaxed);
+                self.ring_requests.fetch_add(1, Ordering::Relaxed);
                 Outcome::Pending
+            }
+            Submitted::Wait(wait) => {
+                self.waits.park(id, wait);
+                Outcome::Wait
             }
         }
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u64, u32)) -> usize {
-        self.0.poll(done)
+        self.ring.poll(done)
     }
 
     fn in_flight(&self) -> usize {
-        self.0.in_flight()
+        self.ring.in_flight()
+    }
+
+    fn poll_waits(&mut self, answer: &mut dyn FnMut(u64, &[u8])) -> usize {
+        self.waits.poll(answer)
+    }
+
+    fn cancel_waits(&mut self) {
+        self.waits.cancel_all();
     }
 }
 
 impl Drop for UringAdapter {
     fn drop(&mut self) {
-        let s = self.0.stats();
+        let s = self.ring.stats();
         log::debug!(
             "io_uring engine: {} requests inline, {} on the ring, {} synchronous, {} resubmits",
             s.inline_requests,

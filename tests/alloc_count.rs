@@ -1,8 +1,10 @@
 //! Zero heap allocations per request in steady state, on the device's poller threads.
 //!
 //! A counting global allocator counts allocations made on threads that have marked themselves as
-//! pollers; a wrapper handler marks the poller thread on its first request. After a warm-up, a
-//! few thousand 4 KiB reads and writes (and getattrs) must allocate nothing on the poller.
+//! pollers; a wrapper handler marks the poller thread when it creates the poller's engine (the
+//! path every request then takes, as in the daemon) or on its first synchronous request. After a
+//! warm-up, a few thousand 4 KiB reads and writes (and getattrs) must allocate nothing on the
+//! poller.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -10,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use virtiofs_backend::RamFs;
-use virtiofs_device::poller::RequestHandler;
+use virtiofs_device::poller::{Engine, RequestHandler};
 use virtiofs_dpu::config::Profile;
 use virtiofs_dpu::{FuseHandler, RunningDevice};
 use virtiofs_tools::{DriverOptions, FsDriver};
@@ -63,6 +65,13 @@ impl RequestHandler for Marking {
     fn handle(&self, queue: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32 {
         IS_POLLER.with(|p| p.set(true));
         self.0.handle(queue, readable, writable)
+    }
+
+    /// Called on the poller's thread when it starts: requests then go through the engine (the
+    /// daemon's path), which the marking covers from here on.
+    fn engine(&self, poller: usize) -> Option<Box<dyn Engine>> {
+        IS_POLLER.with(|p| p.set(true));
+        self.0.engine(poller)
     }
 }
 

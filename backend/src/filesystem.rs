@@ -282,6 +282,17 @@ pub struct FileLock {
     pub pid: u32,
 }
 
+/// What a lock request needs of the handle it comes through ([`FileSystem::lock_handle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockAccess {
+    /// Any open handle of the file: GETLK, unlocking, `flock(2)`.
+    Any,
+    /// A handle open for reading: a shared POSIX lock (`F_RDLCK`).
+    Read,
+    /// A handle open for writing: an exclusive POSIX lock (`F_WRLCK`).
+    Write,
+}
+
 /// Attributes as `statx(2)` shows them: [`Stat`] plus the birth time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Statx {
@@ -349,12 +360,6 @@ pub enum Error {
     /// An extended attribute value is too large (`E2BIG`).
     #[error("argument too large")]
     TooBig,
-    /// A conflicting lock is held (`EAGAIN`).
-    #[error("resource temporarily unavailable")]
-    WouldBlock,
-    /// Too many locks (`ENOLCK`).
-    #[error("no locks available")]
-    NoLocks,
     /// SEEK_DATA/SEEK_HOLE past the end of the file, or SEEK_DATA in a trailing hole (`ENXIO`).
     #[error("no such device or address")]
     NoSuchAddress,
@@ -393,8 +398,6 @@ impl Error {
             Error::OutOfRange => libc::ERANGE,
             Error::NoData => libc::ENODATA,
             Error::TooBig => libc::E2BIG,
-            Error::WouldBlock => libc::EAGAIN,
-            Error::NoLocks => libc::ENOLCK,
             Error::NoSuchAddress => libc::ENXIO,
             Error::Overflow => libc::EOVERFLOW,
             Error::Io => libc::EIO,
@@ -688,25 +691,18 @@ pub trait FileSystem: Send + Sync {
         Err(Error::NotImplemented)
     }
 
-    /// Tests for a lock of another owner conflicting with `lock` (whose type is never
-    /// [`LockType::Unlock`]); returns it, or `lock` with type [`LockType::Unlock`] when there is none.
-    fn getlk(&self, ctx: &Context, ino: u64, fh: u64, owner: u64, lock: &FileLock) -> Result<FileLock> {
+    /// Checks that a lock request may come through `fh`: an open handle of the regular file
+    /// `ino` that allows `access`. The server keeps the locks themselves, the same for every
+    /// backend (see [`crate::locks`]).
+    fn lock_handle(&self, ctx: &Context, ino: u64, fh: u64, access: LockAccess) -> Result<()> {
         Err(Error::NotImplemented)
     }
 
-    /// Acquires or releases a record lock for `owner`. A conflict fails with
-    /// [`Error::WouldBlock`]; `sleep` (SETLKW) asks to wait for the conflict to go instead.
-    #[allow(clippy::too_many_arguments)]
-    fn setlk(
-        &self,
-        ctx: &Context,
-        ino: u64,
-        fh: u64,
-        owner: u64,
-        lock: &FileLock,
-        sleep: bool,
-    ) -> Result<()> {
-        Err(Error::NotImplemented)
+    /// Whether `ino` still has open handles (asked after a RELEASE): with its last handle gone
+    /// nobody can hold a lock on a file, and the server drops any left. The default, `true`,
+    /// leaves them to their owners' releases.
+    fn has_open_handles(&self, ino: u64) -> bool {
+        true
     }
 
     /// Repositions within `fh` (`lseek(2)` `whence`: `SEEK_SET`, `SEEK_CUR`, `SEEK_END`,

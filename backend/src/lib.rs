@@ -3,7 +3,9 @@
 //!
 //! Layers, bottom up: [`abi`] (wire structs, the only byte-casting code), [`io`] (copying cursors over
 //! guest buffers), [`filesystem`] (the [`filesystem::FileSystem`] trait and its plain types),
-//! [`server`] (the dispatcher, which validates untrusted input and owns errno encoding),
+//! [`server`] (the dispatcher, which validates untrusted input and owns errno encoding; it keeps
+//! the advisory locks of every backend in [`locks`] and parks SETLKW requests that must wait,
+//! which a poller's engine keeps in [`waits`]),
 //! [`ramfs`] (an in-memory POSIX filesystem) and [`passthrough`] (a host directory, confined beneath
 //! it). Nothing here knows about PCI, virtqueues or vfio-user.
 #![deny(missing_docs)]
@@ -11,9 +13,11 @@
 pub mod abi;
 pub mod filesystem;
 pub mod io;
+pub mod locks;
 pub mod passthrough;
 pub mod ramfs;
 pub mod server;
+pub mod waits;
 
 pub use passthrough::PassthroughFs;
 pub use ramfs::RamFs;

@@ -18,10 +18,11 @@ use vm_memory::{ByteValued, VolatileSlice};
 
 use crate::abi::{self, opcode, InHeader, OutHeader};
 use crate::filesystem::{
-    self, Context, DirEntry, Entry, FileLock, FileSystem, LockType, Opened, SetAttr, SetTime, Stat,
-    XattrReply,
+    self, Context, DirEntry, Entry, FileLock, FileSystem, LockAccess, LockType, Opened, SetAttr, SetTime,
+    Stat, XattrReply,
 };
 use crate::io::{self, Reader, Writer};
+use crate::locks::{LockError, LockKind, LockManager, SetOutcome, WaitId, OFFSET_MAX};
 
 /// Largest WRITE payload we accept (and advertise as `max_write`).
 pub const MAX_WRITE: u32 = 1 << 20;
@@ -43,12 +44,6 @@ const MAX_COPY_REPLY: u64 = u32::MAX as u64 & !0xfff;
 /// [`FileSystem::init`]).
 ///
 /// Left out on purpose:
-/// - `POSIX_LOCKS`: SETLKW must wait for a conflicting lock to go, which needs an asynchronous
-///   completion path from the device (a request parked and answered later); `Server::handle`
-///   answers every request before it returns, and blocking would stall every queue of the
-///   poller. Without the flag the guest kernel keeps POSIX locks itself, which is exact for the
-///   single guest a device serves. GETLK/SETLK are dispatched anyway, for when it comes.
-/// - `FLOCK_LOCKS`: likewise (flock waits too); the guest does `flock(2)` locally.
 /// - `WRITEBACK_CACHE`: the kernel would then own mtime/ctime and the size, and push them back
 ///   later as SETATTR with explicit times from whichever task flushes (our checks give explicit
 ///   times to the owner only), and write dirty pages back without the writer's identity (so
@@ -79,7 +74,21 @@ const SUPPORTED_INIT_FLAGS: u64 = abi::init::ASYNC_READ
     // Files opened with FOPEN_DIRECT_IO (`--cache never`) may still be mmapped shared (the
     // kernel flushes and invalidates the mapping's pages around direct I/O); without it mmap
     // fails with ENODEV, as it does under virtiofsd --cache=never.
-    | abi::init::DIRECT_IO_ALLOW_MMAP;
+    | abi::init::DIRECT_IO_ALLOW_MMAP
+    // POSIX_LOCKS and FLOCK_LOCKS, when SETLKW can wait without blocking a poller (see there).
+    | LOCK_FLAGS;
+
+/// Advisory locks, kept by the server for every backend ([`crate::locks`]): `POSIX_LOCKS`
+/// (fcntl record locks and OFD locks: GETLK, SETLK, SETLKW) and `FLOCK_LOCKS` (`flock(2)` as
+/// SETLK/SETLKW with `FUSE_LK_FLOCK`). Offered only by a server made with
+/// [`Server::with_lock_waits`], whose caller parks the SETLKW requests that must wait
+/// ([`Server::serve`] answers them [`Served::Wait`]) and answers them later from a poller's
+/// engine (see [`crate::waits`]); waiting never blocks a thread. Without them the guest kernel
+/// keeps both kinds itself, which is exact for the single guest a device serves; the locks are
+/// in-process either way, so host processes never see them (DESIGN.md, "FUSE semantics").
+/// Linux's virtio-fs sends no FUSE_INTERRUPT, so a guest process waiting in F_SETLKW on the
+/// device is woken by the grant only, not by a signal (DESIGN.md, "FUSE semantics").
+const LOCK_FLAGS: u64 = abi::init::POSIX_LOCKS | abi::init::FLOCK_LOCKS;
 
 const OUT_HEADER_SIZE: usize = size_of::<OutHeader>();
 
@@ -116,6 +125,9 @@ enum RequestError {
     /// The filesystem failed the operation.
     #[error(transparent)]
     Fs(#[from] filesystem::Error),
+    /// A lock request failed.
+    #[error(transparent)]
+    Lock(#[from] LockError),
 }
 
 impl RequestError {
@@ -132,11 +144,65 @@ impl RequestError {
             RequestError::Protocol { .. } => libc::EPROTO,
             RequestError::Opcode(_) => libc::ENOSYS,
             RequestError::Fs(e) => e.errno(),
+            RequestError::Lock(e) => e.errno(),
         }
     }
 }
 
 type Result<T> = std::result::Result<T, RequestError>;
+
+/// What [`Server::serve`] did with a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// Answered: this many bytes of reply were written (0: no reply).
+    Replied(usize),
+    /// A SETLKW that has to wait for a conflicting lock to go. Nothing was written; the caller
+    /// keeps the request's reply buffers and answers it with [`Server::wait_reply`] (see
+    /// [`crate::waits::LockWaits`]).
+    Wait(LockWait),
+}
+
+/// A SETLKW request waiting for its lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockWait {
+    id: WaitId,
+    unique: u64,
+}
+
+impl LockWait {
+    /// The FUSE unique of the waiting request.
+    pub fn unique(&self) -> u64 {
+        self.unique
+    }
+}
+
+/// Counters of lock requests, all sessions together.
+#[derive(Debug, Default)]
+struct LockCounters {
+    getlk: AtomicU64,
+    setlk: AtomicU64,
+    setlkw: AtomicU64,
+    waited: AtomicU64,
+    interrupted: AtomicU64,
+    deadlocks: AtomicU64,
+}
+
+/// A snapshot of the server's lock request counters ([`Server::lock_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LockStats {
+    /// GETLK requests.
+    pub getlk: u64,
+    /// SETLK requests (POSIX and flock).
+    pub setlk: u64,
+    /// SETLKW requests (POSIX and flock).
+    pub setlkw: u64,
+    /// SETLKW requests that had to wait (parked).
+    pub waited: u64,
+    /// Waiting or arriving SETLKW requests answered `EINTR` because of an INTERRUPT.
+    pub interrupted: u64,
+    /// SETLKW requests answered `EDEADLK`.
+    pub deadlocks: u64,
+}
 
 /// Serves FUSE requests for one filesystem. Shareable between poller threads (`Arc<Server<F>>`).
 pub struct Server<F: FileSystem> {
@@ -144,12 +210,91 @@ pub struct Server<F: FileSystem> {
     initialized: AtomicBool,
     /// The `FUSE_INIT` flags of the session (what we answered).
     negotiated: AtomicU64,
+    /// The advisory locks of the session.
+    locks: LockManager,
+    /// The caller parks SETLKW requests that must wait ([`Server::with_lock_waits`]).
+    lock_waits: bool,
+    counters: LockCounters,
 }
 
 impl<F: FileSystem> Server<F> {
-    /// A server for `fs`, waiting for INIT.
+    /// A server for `fs`, waiting for INIT, whose caller answers every request at once
+    /// ([`Server::handle`]): it does not offer `POSIX_LOCKS` or `FLOCK_LOCKS`, so the guest
+    /// kernel keeps its locks itself; lock requests sent anyway are served, and a SETLKW that
+    /// would wait fails with `EAGAIN` like SETLK.
     pub fn new(fs: F) -> Self {
-        Server { fs, initialized: AtomicBool::new(false), negotiated: AtomicU64::new(0) }
+        Self::build(fs, false)
+    }
+
+    /// A server for `fs` whose caller can keep a request pending: it serves requests through
+    /// [`Server::serve`] and parks the SETLKW requests answered [`Served::Wait`] until
+    /// [`Server::wait_reply`] has their answer. INIT then offers `POSIX_LOCKS` and
+    /// `FLOCK_LOCKS`.
+    pub fn with_lock_waits(fs: F) -> Self {
+        Self::build(fs, true)
+    }
+
+    fn build(fs: F, lock_waits: bool) -> Self {
+        Server {
+            fs,
+            initialized: AtomicBool::new(false),
+            negotiated: AtomicU64::new(0),
+            locks: LockManager::new(),
+            lock_waits,
+            counters: LockCounters::default(),
+        }
+    }
+
+    /// The lock table.
+    pub fn locks(&self) -> &LockManager {
+        &self.locks
+    }
+
+    /// Lock requests served so far.
+    pub fn lock_stats(&self) -> LockStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        LockStats {
+            getlk: get(&c.getlk),
+            setlk: get(&c.setlk),
+            setlkw: get(&c.setlkw),
+            waited: get(&c.waited),
+            interrupted: get(&c.interrupted),
+            deadlocks: get(&c.deadlocks),
+        }
+    }
+
+    /// Changes whenever a waiting SETLKW may be answerable ([`LockManager::generation`]).
+    #[inline]
+    pub fn lock_generation(&self) -> u64 {
+        self.locks.generation()
+    }
+
+    /// The reply to the waiting request `wait` (a bare `fuse_out_header`: 0, `EINTR` after an
+    /// INTERRUPT, `EIO` when the session ended, `ENOLCK`), or `None` while it still waits.
+    pub fn wait_reply(&self, wait: &LockWait) -> Option<[u8; OUT_HEADER_SIZE]> {
+        let r = self.locks.poll_wait(wait.id)?;
+        if r == Err(LockError::Interrupted) {
+            self.counters.interrupted.fetch_add(1, Ordering::Relaxed);
+        }
+        let error = r.err().map_or(0, |e| -e.errno());
+        let out = OutHeader { len: OUT_HEADER_SIZE as u32, error, unique: wait.unique };
+        let mut bytes = [0u8; OUT_HEADER_SIZE];
+        bytes.copy_from_slice(out.as_slice());
+        Some(bytes)
+    }
+
+    /// The device was reset, so the driver's session is gone even without DESTROY: every lock
+    /// goes now (a rebooted guest must not find its old kernel's locks, not even before its
+    /// INIT), and waiting requests still registered end. The filesystem's session state stays
+    /// until the next INIT (which drops it) or DESTROY.
+    pub fn reset(&self) {
+        self.locks.end_session();
+    }
+
+    /// Drops a waiting request without an answer (the device reset: its buffers are gone).
+    pub fn cancel_wait(&self, wait: &LockWait) {
+        self.locks.cancel_wait(wait.id);
     }
 
     /// The `FUSE_INIT` flags of the current session ([`abi::init`]).
@@ -162,30 +307,56 @@ impl<F: FileSystem> Server<F> {
         &self.fs
     }
 
-    /// Serve one FUSE request. `readable`: the device-readable buffers of the descriptor chain
-    /// (`fuse_in_header` + args + payload); `writable`: the device-writable buffers
-    /// (`fuse_out_header` + reply). Returns the number of bytes written into `writable` (0 for
-    /// requests without a reply: FORGET, BATCH_FORGET, INTERRUPT, and when `writable` cannot hold
-    /// even a reply header).
+    /// Serve one FUSE request at once. `readable`: the device-readable buffers of the
+    /// descriptor chain (`fuse_in_header` + args + payload); `writable`: the device-writable
+    /// buffers (`fuse_out_header` + reply). Returns the number of bytes written into `writable`
+    /// (0 for requests without a reply: FORGET, BATCH_FORGET, INTERRUPT, and when `writable`
+    /// cannot hold even a reply header).
+    ///
+    /// A SETLKW that would have to wait cannot here: it fails with `EAGAIN` on a server made
+    /// with [`Server::new`] (which never offered `POSIX_LOCKS`), and with `ENOLCK` on one made
+    /// with [`Server::with_lock_waits`], whose callers use [`Server::serve`].
     pub fn handle(&self, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> usize {
+        match self.serve_with(readable, writable, None) {
+            Served::Replied(n) => n,
+            Served::Wait(_) => 0,
+        }
+    }
+
+    /// Serve one FUSE request, as [`Server::handle`] does, except that a SETLKW that has to wait
+    /// (on a server made with [`Server::with_lock_waits`]) is left pending: [`Served::Wait`].
+    pub fn serve(&self, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> Served {
+        let mut parked = None;
+        self.serve_with(readable, writable, Some(&mut parked))
+    }
+
+    fn serve_with(
+        &self,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+        mut park: Option<&mut Option<LockWait>>,
+    ) -> Served {
         let mut r = Reader::new(readable);
         let actual = r.bytes_left();
         let hdr: InHeader = match r.read_obj() {
             Ok(h) => h,
             Err(e) => {
                 log::debug!("fuse: request without header: {e}");
-                return reply_error(writable, 0, libc::EINVAL);
+                return Served::Replied(reply_error(writable, 0, libc::EINVAL));
             }
         };
         let ctx = Context { uid: hdr.uid, gid: hdr.gid, pid: hdr.pid };
-        match self.dispatch(&hdr, &ctx, actual, r, Writer::new(writable)) {
-            Ok(n) => n,
+        match self.dispatch(&hdr, &ctx, actual, r, Writer::new(writable), park.as_deref_mut()) {
+            Ok(n) => match park.and_then(Option::take) {
+                Some(wait) => Served::Wait(wait),
+                None => Served::Replied(n),
+            },
             Err(e) => {
                 if is_no_reply(hdr.opcode) {
-                    return 0;
+                    return Served::Replied(0);
                 }
                 log::trace!("fuse: opcode {} unique {} failed: {e}", hdr.opcode, hdr.unique);
-                reply_error(writable, hdr.unique, e.errno())
+                Served::Replied(reply_error(writable, hdr.unique, e.errno()))
             }
         }
     }
@@ -197,6 +368,7 @@ impl<F: FileSystem> Server<F> {
         actual: usize,
         mut r: Reader<'_>,
         w: Writer<'_>,
+        park: Option<&mut Option<LockWait>>,
     ) -> Result<usize> {
         if hdr.len as usize != actual {
             return Err(RequestError::LengthMismatch { header: hdr.len as usize, actual });
@@ -211,7 +383,7 @@ impl<F: FileSystem> Server<F> {
         match hdr.opcode {
             opcode::FORGET => return self.do_forget(hdr, ctx, r),
             opcode::BATCH_FORGET => return self.do_batch_forget(ctx, r),
-            opcode::INTERRUPT => return Ok(0),
+            opcode::INTERRUPT => return self.do_interrupt(r),
             _ => {}
         }
         if w.available() < OUT_HEADER_SIZE {
@@ -228,6 +400,7 @@ impl<F: FileSystem> Server<F> {
         match hdr.opcode {
             opcode::DESTROY => {
                 self.initialized.store(false, Ordering::Release);
+                self.locks.end_session();
                 fs.destroy();
                 reply_empty(w, hdr)
             }
@@ -375,6 +548,14 @@ impl<F: FileSystem> Server<F> {
                 let arg: abi::ReleaseIn = r.read_obj()?;
                 if hdr.opcode == opcode::RELEASE {
                     fs.release(ctx, ino, arg.fh, arg.flags, arg.lock_owner)?;
+                    // The handle's flock lock goes with it, and the OFD locks of the owner the
+                    // kernel names (it does, with FLOCK_UNLOCK, for files that used flock).
+                    let flock = arg.release_flags & abi::RELEASE_FLOCK_UNLOCK != 0;
+                    let owner = (flock || arg.lock_owner != 0).then_some(arg.lock_owner);
+                    self.locks.release_handle(ino, arg.fh, owner);
+                    if !fs.has_open_handles(ino) {
+                        self.locks.clear_file(ino);
+                    }
                 } else {
                     fs.releasedir(ctx, ino, arg.fh, arg.flags)?;
                 }
@@ -392,7 +573,13 @@ impl<F: FileSystem> Server<F> {
             }
             opcode::FLUSH => {
                 let arg: abi::FlushIn = r.read_obj()?;
-                fs.flush(ctx, ino, arg.fh, arg.lock_owner)?;
+                let flushed = fs.flush(ctx, ino, arg.fh, arg.lock_owner);
+                // Closing any descriptor of a file drops its process's POSIX locks on it, whatever
+                // the flush itself says (close(2) does too); not for a handle that does not exist.
+                if flushed != Err(filesystem::Error::BadHandle) {
+                    self.locks.release_owner(ino, arg.lock_owner);
+                }
+                flushed?;
                 reply_empty(w, hdr)
             }
             opcode::READDIR | opcode::READDIRPLUS => {
@@ -486,25 +673,7 @@ impl<F: FileSystem> Server<F> {
             }
             opcode::GETLK | opcode::SETLK | opcode::SETLKW => {
                 let arg: abi::LkIn = r.read_obj()?;
-                if arg.lk_flags & !abi::LK_FLOCK != 0 {
-                    return Err(RequestError::Invalid);
-                }
-                if arg.lk_flags & abi::LK_FLOCK != 0 {
-                    // BSD flock locks are not offered (FLOCK_LOCKS), so the kernel keeps them.
-                    return Err(filesystem::Error::NotSupported.into());
-                }
-                let lock = decode_lock(&arg.lk)?;
-                if hdr.opcode == opcode::GETLK {
-                    if lock.typ == LockType::Unlock {
-                        return Err(RequestError::Invalid);
-                    }
-                    check_fits(&w, size_of::<abi::LkOut>())?;
-                    let found = fs.getlk(ctx, ino, arg.fh, arg.owner, &lock)?;
-                    reply_obj(w, hdr, &abi::LkOut { lk: encode_lock(&found) })
-                } else {
-                    fs.setlk(ctx, ino, arg.fh, arg.owner, &lock, hdr.opcode == opcode::SETLKW)?;
-                    reply_empty(w, hdr)
-                }
+                self.do_lock(hdr, ctx, &arg, w, park)
             }
             opcode::LSEEK => {
                 let arg: abi::LseekIn = r.read_obj()?;
@@ -583,7 +752,11 @@ impl<F: FileSystem> Server<F> {
             // A new session without DESTROY (guest reset): the old one's references are gone.
             self.fs.destroy();
         }
-        let wanted = self.fs.init(offered & SUPPORTED_INIT_FLAGS)? & offered & SUPPORTED_INIT_FLAGS;
+        // A rebooted guest must not find its old kernel's locks (nor its waiters).
+        self.locks.end_session();
+        let supported =
+            if self.lock_waits { SUPPORTED_INIT_FLAGS } else { SUPPORTED_INIT_FLAGS & !LOCK_FLAGS };
+        let wanted = self.fs.init(offered & supported)? & offered & supported;
         let mut flags = wanted;
         if offered & abi::init::MAX_PAGES != 0 {
             flags |= abi::init::MAX_PAGES;
@@ -616,6 +789,83 @@ impl<F: FileSystem> Server<F> {
         self.initialized.store(true, Ordering::Release);
         log::debug!("fuse: session up: kernel {}.{}, flags {:#x}", arg.major, arg.minor, flags);
         Ok(n)
+    }
+
+    /// INTERRUPT: a waiting SETLKW it names is answered `EINTR` by its poller; one not seen yet
+    /// is remembered, and answered `EINTR` if it arrives and has to wait. No reply: Linux's
+    /// virtio-fs driver reads none on the hiprio queue (and sends no INTERRUPT at all so far),
+    /// so the `EAGAIN` "send it again later" answer of `/dev/fuse` servers has no reader here.
+    fn do_interrupt(&self, mut r: Reader<'_>) -> Result<usize> {
+        let arg: abi::InterruptIn = r.read_obj()?;
+        self.locks.interrupt(arg.unique);
+        Ok(0)
+    }
+
+    /// GETLK, SETLK and SETLKW, POSIX or (`FUSE_LK_FLOCK`) flock. `park`: where to leave a
+    /// SETLKW that has to wait, when the caller can keep it pending.
+    fn do_lock(
+        &self,
+        hdr: &InHeader,
+        ctx: &Context,
+        arg: &abi::LkIn,
+        w: Writer<'_>,
+        park: Option<&mut Option<LockWait>>,
+    ) -> Result<usize> {
+        let ino = hdr.nodeid;
+        if arg.lk_flags & !abi::LK_FLOCK != 0 {
+            return Err(RequestError::Invalid);
+        }
+        let flock = arg.lk_flags & abi::LK_FLOCK != 0;
+        let lock = decode_lock(&arg.lk)?;
+        // flock locks are owned by the open file: its handle.
+        let kind = if flock { LockKind::Flock { fh: arg.fh } } else { LockKind::Posix { owner: arg.owner } };
+        if hdr.opcode == opcode::GETLK {
+            self.counters.getlk.fetch_add(1, Ordering::Relaxed);
+            if lock.typ == LockType::Unlock || flock {
+                return Err(RequestError::Invalid);
+            }
+            check_fits(&w, size_of::<abi::LkOut>())?;
+            self.fs.lock_handle(ctx, ino, arg.fh, LockAccess::Any)?;
+            let found = self.locks.test(ino, arg.owner, &lock);
+            let out = found.unwrap_or(FileLock { typ: LockType::Unlock, ..lock });
+            return reply_obj(w, hdr, &abi::LkOut { lk: encode_lock(&out) });
+        }
+        let access = match (flock, lock.typ) {
+            (true, _) | (false, LockType::Unlock) => LockAccess::Any,
+            (false, LockType::Read) => LockAccess::Read,
+            (false, LockType::Write) => LockAccess::Write,
+        };
+        self.fs.lock_handle(ctx, ino, arg.fh, access)?;
+        if hdr.opcode == opcode::SETLK || lock.typ == LockType::Unlock {
+            self.counters.setlk.fetch_add(u64::from(hdr.opcode == opcode::SETLK), Ordering::Relaxed);
+            self.counters.setlkw.fetch_add(u64::from(hdr.opcode == opcode::SETLKW), Ordering::Relaxed);
+            self.locks.set(ino, kind, &lock)?;
+            return reply_empty(w, hdr);
+        }
+        self.counters.setlkw.fetch_add(1, Ordering::Relaxed);
+        let Some(park) = park.filter(|_| self.lock_waits) else {
+            // Nobody can keep this request pending: it cannot wait.
+            return match self.locks.set(ino, kind, &lock) {
+                Err(LockError::WouldBlock) if self.lock_waits => Err(LockError::NoLocks.into()),
+                r => r.map_err(Into::into).and_then(|()| reply_empty(w, hdr)),
+            };
+        };
+        match self.locks.set_or_wait(ino, kind, &lock, hdr.unique) {
+            Ok(SetOutcome::Done) => reply_empty(w, hdr),
+            Ok(SetOutcome::Wait(id)) => {
+                self.counters.waited.fetch_add(1, Ordering::Relaxed);
+                *park = Some(LockWait { id, unique: hdr.unique });
+                Ok(0)
+            }
+            Err(e) => {
+                match e {
+                    LockError::Deadlock => self.counters.deadlocks.fetch_add(1, Ordering::Relaxed),
+                    LockError::Interrupted => self.counters.interrupted.fetch_add(1, Ordering::Relaxed),
+                    _ => 0,
+                };
+                Err(e.into())
+            }
+        }
     }
 
     fn do_forget(&self, hdr: &InHeader, ctx: &Context, mut r: Reader<'_>) -> Result<usize> {
@@ -707,7 +957,8 @@ fn decode_lock(lk: &abi::FileLock) -> Result<FileLock> {
         Ok(libc::F_UNLCK) => LockType::Unlock,
         _ => return Err(RequestError::Invalid),
     };
-    if lk.start > lk.end {
+    // The kernel's ranges end at OFFSET_MAX ("to the end of the file") at most.
+    if lk.start > lk.end || lk.end > OFFSET_MAX {
         return Err(RequestError::Invalid);
     }
     Ok(FileLock { start: lk.start, end: lk.end, typ, pid: lk.pid })

@@ -46,7 +46,8 @@ fn posix_locks() {
     f.setlk(ino, fh, 3, RD, 200, 300).unwrap();
     f.setlk(ino, fh, 4, RD, 250, 350).unwrap();
     assert_eq!(f.setlk(ino, fh, 5, WR, 300, 300), Err(libc::EAGAIN));
-    // SETLKW cannot wait yet (POSIX_LOCKS is not offered): a conflict is EAGAIN, else it locks.
+    // Through `Server::handle` of a server that cannot park requests (POSIX_LOCKS is not
+    // offered), SETLKW cannot wait: a conflict is EAGAIN, else it locks.
     assert_eq!(f.lk(opcode::SETLKW, ino, fh, 5, WR, 300, 300).map(|_| ()), Err(libc::EAGAIN));
     f.lk(opcode::SETLKW, ino, fh, 5, WR, 400, 400).unwrap();
 
@@ -56,7 +57,7 @@ fn posix_locks() {
     f.setlk(ino, ro, 6, RD, 1000, 1000).unwrap();
     f.setlk(ino, wo, 7, WR, 2000, 2000).unwrap();
 
-    assert_eq!(f.fs().lock_count(), 8, "owner 1 holds two pieces, owners 2 to 7 one each");
+    assert_eq!(f.srv.locks().lock_count(), 8, "owner 1 holds two pieces, owners 2 to 7 one each");
     // FLUSH (a close) by owner 3 drops its locks; RELEASE of the last handle drops all.
     let flush = abi::FlushIn { fh: ro, lock_owner: 3, ..Default::default() };
     assert_eq!(f.call(opcode::FLUSH, ino, &[vm_memory::ByteValued::as_slice(&flush)]).errno(), 0);
@@ -70,22 +71,33 @@ fn posix_locks() {
     f.release(ino, fh).unwrap();
     let fh = f.open(ino, O_RDWR).unwrap();
     assert_eq!(f.getlk(ino, fh, 9, WR, 0, EOF).unwrap().typ, UN as u32, "the last release dropped all");
-    assert_eq!(f.fs().lock_count(), 0);
+    assert_eq!(f.srv.locks().lock_count(), 0);
 
-    // Malformed: bad type, start past end, GETLK of F_UNLCK, flock, unknown flags, directories.
+    // Malformed: bad type, start past end, past OFFSET_MAX, GETLK of F_UNLCK, unknown flags,
+    // GETLK of a flock lock, directories.
     assert_eq!(f.setlk(ino, fh, 1, 7, 0, 1), Err(libc::EINVAL));
     assert_eq!(f.setlk(ino, fh, 1, RD, 5, 4), Err(libc::EINVAL));
+    assert_eq!(f.setlk(ino, fh, 1, RD, 5, EOF + 1), Err(libc::EINVAL));
     assert_eq!(f.getlk(ino, fh, 1, UN, 0, 1), Err(libc::EINVAL));
-    for (lk_flags, errno) in [(abi::LK_FLOCK, libc::EOPNOTSUPP), (2, libc::EINVAL)] {
+    let flk = |op: u32, lk_flags: u32, typ: i32| {
         let arg = abi::LkIn {
             fh,
             owner: 1,
-            lk: abi::FileLock { typ: RD as u32, ..Default::default() },
+            lk: abi::FileLock { typ: typ as u32, end: EOF, ..Default::default() },
             lk_flags,
             padding: 0,
         };
-        assert_eq!(f.call(opcode::SETLK, ino, &[vm_memory::ByteValued::as_slice(&arg)]).errno(), errno);
-    }
+        f.call(op, ino, &[vm_memory::ByteValued::as_slice(&arg)]).errno()
+    };
+    assert_eq!(flk(opcode::SETLK, 2, RD), libc::EINVAL);
+    assert_eq!(flk(opcode::SETLK, abi::LK_FLOCK | 4, RD), libc::EINVAL);
+    assert_eq!(flk(opcode::GETLK, abi::LK_FLOCK, RD), libc::EINVAL);
+    // flock(2) through FUSE_LK_FLOCK: whole-file, owned by the handle, apart from POSIX locks.
+    assert_eq!(flk(opcode::SETLK, abi::LK_FLOCK, WR), 0);
+    assert_eq!(f.getlk(ino, fh, 9, WR, 0, EOF).unwrap().typ, UN as u32, "flock is not a POSIX lock");
+    assert_eq!(f.srv.locks().lock_count(), 1);
+    assert_eq!(flk(opcode::SETLK, abi::LK_FLOCK, UN), 0);
+    assert_eq!(f.srv.locks().lock_count(), 0);
     let dfh = f.opendir(ROOT).unwrap();
     assert_eq!(f.setlk(ROOT, dfh, 1, RD, 0, 1), Err(libc::EINVAL));
     assert_eq!(f.setlk(ino, 9999, 1, RD, 0, 1), Err(libc::EBADF));

@@ -97,6 +97,7 @@ fn run(e: &mut UringEngine, r: &mut Req) -> (abi::OutHeader, Vec<u8>) {
             assert_eq!(done[0].0, 7);
             done[0].1
         }
+        Submitted::Wait(w) => panic!("no request of these tests waits for a lock: {w:?}"),
     };
     r.reply(len)
 }
@@ -366,6 +367,7 @@ fn a_full_ring_falls_back_to_the_server() {
         match r.submit(&mut e, i as u64) {
             Submitted::Pending => pending += 1,
             Submitted::Done(n) => lens[i] = n,
+            Submitted::Wait(w) => panic!("a READ does not wait for a lock: {w:?}"),
         }
     }
     assert_eq!(pending, 2, "two ring entries");

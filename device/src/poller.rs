@@ -11,6 +11,8 @@
 //!
 //! A handler may give each poller an [`Engine`] (an io_uring, say): requests it cannot finish at
 //! once stay pending and are completed, out of order, from the same poller's later rounds.
+//! Requests that wait on an outside event (one another request ends) are kept apart: see
+//! [`Outcome::Wait`].
 //!
 //! The control plane talks to pollers only by messages ([`PollerSet`]): start/stop queues, a new
 //! guest-memory snapshot, new interrupt eventfds. Every message is acknowledged after the poller
@@ -27,7 +29,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use log::{debug, error, warn};
-use vm_memory::VolatileSlice;
+use vm_memory::{
+    Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress, VolatileSlice,
+};
 
 use crate::config::{Polling, Profile};
 use crate::memory::GuestMem;
@@ -49,6 +53,12 @@ pub trait RequestHandler: Send + Sync + 'static {
         let _ = poller;
         None
     }
+
+    /// The device was reset (by the driver, by DEVICE_RESET, or because the client went away):
+    /// every queue is stopped, no request is in flight and none waits any more. Drop what belonged
+    /// to the driver's session and must not outlive the device. Called on the control plane
+    /// thread, after every poller has stopped.
+    fn reset(&self) {}
 }
 
 /// How a request submitted to an [`Engine`] stands when `submit` returns.
@@ -56,18 +66,42 @@ pub trait RequestHandler: Send + Sync + 'static {
 pub enum Outcome {
     /// Finished: this many bytes were written to the writable buffers.
     Done(u32),
-    /// Still running: [`Engine::poll`] will report it.
+    /// Still running, on the request's buffers: [`Engine::poll`] will report it, in bounded
+    /// time (the poller waits for it before memory or queues change).
     Pending,
+    /// Waiting on an outside event that may take any time (another request releasing something
+    /// it needs). The engine keeps nothing of the request's buffers; it answers it later with
+    /// the reply's bytes through [`Engine::poll_waits`], which the poller copies into the
+    /// request's writable buffers (at most [`MAX_WAIT_REPLY`] bytes).
+    Wait,
 }
+
+/// Most reply bytes a waiting request ([`Outcome::Wait`]) can be answered with: the poller keeps
+/// where this many bytes at the start of its writable buffers are.
+pub const MAX_WAIT_REPLY: usize = 64;
+/// Most writable buffers those bytes may be spread over (a reply split finer comes out short).
+const WAIT_REPLY_PIECES: usize = 8;
 
 /// A per-poller engine that completes requests asynchronously, polled on the same core (run to
 /// completion: no hand-off to another thread).
 ///
-/// The poller guarantees that the buffers of a pending request stay mapped and untouched by the
-/// device until `poll` reports the request: it keeps the guest-memory snapshot the request was
-/// submitted with, does not complete the descriptor chain, and drains the engine (polls until
-/// `in_flight() == 0`) before it switches memory snapshots or stops its queues. An engine may
-/// therefore hand the buffers' addresses to the kernel (io_uring) and keep them until completion.
+/// A request can be left in two ways:
+/// - [`Outcome::Pending`]: the engine works on the request's buffers. The poller guarantees that
+///   they stay mapped and untouched by the device until `poll` reports it: it keeps the
+///   guest-memory snapshot the request was submitted with, does not complete the descriptor
+///   chain, and *drains* the engine (polls until `in_flight() == 0`) before it switches memory
+///   snapshots or stops its queues. An engine may therefore hand the buffers' addresses to the
+///   kernel (io_uring) and keep them until completion. A drain waits for as long as that takes,
+///   so a pending request must finish in bounded time.
+/// - [`Outcome::Wait`]: the request waits for an outside event, for as long as that takes (a
+///   lock another request holds). The engine must not keep the request's buffers; the poller
+///   remembers where the start of its writable buffers is (as guest addresses) and writes the
+///   reply that [`Engine::poll_waits`] hands over, through whatever memory snapshot is current
+///   then. Waiting requests are not `in_flight`: a drain does not wait for them, and they survive
+///   memory changes (DMA_MAP and DMA_UNMAP are never held up by a wait). When the queues stop
+///   or restart (device reset, client gone, shutdown) the poller first calls
+///   [`Engine::cancel_waits`] and drops every waiting request unanswered: the driver that made
+///   them has reset the queues.
 pub trait Engine: Send {
     /// Starts the request `id` (opaque to the engine) on `queue`.
     fn submit(
@@ -77,10 +111,20 @@ pub trait Engine: Send {
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
     ) -> Outcome;
-    /// Reports finished requests as `(id, bytes written)`; returns how many it reported.
+    /// Reports finished [`Outcome::Pending`] requests as `(id, bytes written)`; returns how many
+    /// it reported.
     fn poll(&mut self, done: &mut dyn FnMut(u64, u32)) -> usize;
-    /// Requests submitted and not yet reported.
+    /// [`Outcome::Pending`] requests submitted and not yet reported.
     fn in_flight(&self) -> usize;
+    /// Answers [`Outcome::Wait`] requests whose event came, as `(id, reply bytes)`; returns how
+    /// many. Called every round while any request waits.
+    fn poll_waits(&mut self, answer: &mut dyn FnMut(u64, &[u8])) -> usize {
+        let _ = answer;
+        0
+    }
+    /// Forgets every [`Outcome::Wait`] request without answering it; the poller drops them too.
+    /// Called before the queues stop or restart.
+    fn cancel_waits(&mut self) {}
 }
 
 /// MSI-X eventfds by vector number, as set by DEVICE_SET_IRQS.
@@ -144,6 +188,7 @@ pub struct PollerSet {
     pollers: Vec<PollerThread>,
     /// Which poller serves which queue (the profile's queue mapping).
     profile: Profile,
+    handler: Arc<dyn RequestHandler>,
     events: Receiver<Event>,
     seq: u64,
     broken: Vec<QueueError>,
@@ -205,7 +250,15 @@ impl PollerSet {
                 .spawn(move || run(ctx))?;
             pollers.push(PollerThread { tx, join: Some(join) });
         }
-        Ok(PollerSet { pollers, profile: profile.clone(), events: ev_rx, seq: 0, broken: Vec::new(), stats })
+        Ok(PollerSet {
+            pollers,
+            profile: profile.clone(),
+            handler,
+            events: ev_rx,
+            seq: 0,
+            broken: Vec::new(),
+            stats,
+        })
     }
 
     /// The per-queue counters.
@@ -258,9 +311,11 @@ impl PollerSet {
         });
     }
 
-    /// Stops serving every queue (device reset); returns once no poller touches a ring.
+    /// Stops serving every queue (device reset); returns once no poller touches a ring, after
+    /// telling the handler ([`RequestHandler::reset`]).
     pub fn stop(&mut self) {
         self.broadcast(|_| Msg::Stop);
+        self.handler.reset();
     }
 
     /// Publishes a new guest-memory snapshot; returns once no poller uses the previous one.
@@ -313,6 +368,58 @@ struct Served {
     broken: bool,
 }
 
+/// A request that waits ([`Outcome::Wait`]).
+struct Parked {
+    /// Its engine id (queue slot << 16 | head).
+    id: u64,
+    /// Where its reply goes: guest addresses and lengths of the start of its writable buffers
+    /// (addresses stay valid while memory snapshots change).
+    reply: heapless::Vec<(u64, u32), WAIT_REPLY_PIECES>,
+    /// The reply, once the engine gave it, while the request's queue cannot take it (its ring
+    /// is not mapped at the moment).
+    answer: Option<heapless::Vec<u8, MAX_WAIT_REPLY>>,
+}
+
+/// Guest addresses of the first [`MAX_WAIT_REPLY`] bytes of `bufs`, which lie in `mem`.
+fn guest_ranges(mem: &GuestMem, bufs: &[VolatileSlice<'_>]) -> heapless::Vec<(u64, u32), WAIT_REPLY_PIECES> {
+    let mut out = heapless::Vec::new();
+    let mut left = MAX_WAIT_REPLY;
+    for b in bufs {
+        if left == 0 {
+            break;
+        }
+        let host = b.ptr_guard().as_ptr() as usize;
+        let gpa = mem.iter().find_map(|r| {
+            let base = r.get_host_address(MemoryRegionAddress(0)).ok()? as usize;
+            let off = host.checked_sub(base)?;
+            (off < r.len() as usize).then(|| r.start_addr().0 + off as u64)
+        });
+        let Some(gpa) = gpa else { break };
+        let n = b.len().min(left);
+        if out.push((gpa, n as u32)).is_err() {
+            break;
+        }
+        left -= n;
+    }
+    out
+}
+
+/// Writes `bytes` to the guest ranges `to`; returns how many bytes went in.
+fn write_reply(mem: &GuestMem, to: &[(u64, u32)], bytes: &[u8]) -> u32 {
+    let mut at = 0;
+    for &(gpa, len) in to {
+        if at == bytes.len() {
+            break;
+        }
+        let n = (len as usize).min(bytes.len() - at);
+        if mem.write_slice(&bytes[at..at + n], GuestAddress(gpa)).is_err() {
+            break;
+        }
+        at += n;
+    }
+    at as u32
+}
+
 fn run(ctx: Ctx) {
     if let Some(core) = ctx.core {
         if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
@@ -322,6 +429,7 @@ fn run(ctx: Ctx) {
     let mut mem: Arc<GuestMem> = Arc::new(GuestMem::default());
     let mut irqs: Irqs = Arc::from(Vec::new());
     let mut queues: Vec<Served> = Vec::new();
+    let mut parked: Vec<Parked> = Vec::new();
     let mut engine = ctx.handler.engine(ctx.id);
     let mut idle_rounds = 0u64;
     let mut idle_since = Instant::now();
@@ -332,9 +440,24 @@ fn run(ctx: Ctx) {
         let mut chain = Chain::default();
         loop {
             while let Ok((seq, msg)) = ctx.rx.try_recv() {
+                // Waiting requests go with their queues (the driver reset them); they survive a
+                // memory change, holding only guest addresses.
+                if matches!(msg, Msg::Start { .. } | Msg::Stop | Msg::Shutdown) {
+                    if let Some(e) = engine.as_mut() {
+                        e.cancel_waits();
+                    }
+                    if !parked.is_empty() {
+                        debug!(
+                            "poller {}: dropping {} waiting requests with their queues",
+                            ctx.id,
+                            parked.len()
+                        );
+                    }
+                    parked.clear();
+                }
                 // Nothing may still use the rings or the memory when they change.
                 if matches!(msg, Msg::Start { .. } | Msg::Stop | Msg::Memory(_) | Msg::Shutdown) {
-                    ctx.drain(&mut engine, &mut queues, &mem);
+                    ctx.drain(&mut engine, &mut queues, &mem, &mut parked);
                 }
                 match msg {
                     Msg::Start { queues: cfgs, features: f } => {
@@ -363,7 +486,7 @@ fn run(ctx: Ctx) {
                 if !q.attached || q.broken {
                     continue;
                 }
-                match ctx.serve(slot, &mut q.queue, &snapshot, &mut chain, &mut engine) {
+                match ctx.serve(slot, &mut q.queue, &snapshot, &mut chain, &mut engine, &mut parked) {
                     Ok(n) => work += n,
                     Err(QueueError::RingUnmapped(i)) => {
                         // Guest memory is being remapped under a live queue; wait for the new map.
@@ -377,7 +500,7 @@ fn run(ctx: Ctx) {
                 }
             }
             if let Some(e) = engine.as_mut() {
-                work += ctx.complete(e.as_mut(), &mut queues, &mem);
+                work += ctx.complete(e.as_mut(), &mut queues, &mem, &mut parked);
             }
             for q in queues.iter_mut().filter(|q| q.attached && !q.broken) {
                 if q.queue.needs_interrupt(&mem) {
@@ -399,7 +522,7 @@ fn run(ctx: Ctx) {
                 if idle_rounds == 1 {
                     idle_since = Instant::now();
                 } else if idle_rounds.is_multiple_of(64) && idle_since.elapsed() >= ctx.spin {
-                    ctx.park(&mut queues, &mem); // still idle next time: park again soon
+                    ctx.park(&mut queues, &mem, !parked.is_empty()); // still idle next time: park again soon
                 }
                 std::hint::spin_loop();
             }
@@ -435,9 +558,13 @@ impl Ctx {
     /// read the avail index: one of us sees the other), so a request made at any moment either
     /// is seen here or rings the doorbell that unparks us. Notifications are off again before
     /// polling resumes.
-    fn park(&self, queues: &mut [Served], mem: &GuestMem) {
+    ///
+    /// With requests waiting on an outside event (`waits`) the sleep is at most 1 ms: the event
+    /// (a lock released through another poller) rings no doorbell here.
+    fn park(&self, queues: &mut [Served], mem: &GuestMem, waits: bool) {
+        let sleep = if waits { self.sleep.min(Duration::from_millis(1)) } else { self.sleep };
         if !self.doorbells {
-            std::thread::park_timeout(self.sleep);
+            std::thread::park_timeout(sleep);
             return;
         }
         let live = |q: &&mut Served| q.attached && !q.broken;
@@ -448,7 +575,7 @@ impl Ctx {
         }
         fence(Ordering::SeqCst);
         if !queues.iter().filter(|q| q.attached && !q.broken).any(|q| q.queue.has_work(mem).unwrap_or(true)) {
-            std::thread::park_timeout(self.sleep);
+            std::thread::park_timeout(sleep);
         }
         for q in queues.iter_mut().filter(live) {
             if let Err(e) = q.queue.set_notify(mem, false) {
@@ -470,6 +597,7 @@ impl Ctx {
         mem: &'m GuestMem,
         chain: &mut Chain<'m>,
         engine: &mut Option<Box<dyn Engine>>,
+        parked: &mut Vec<Parked>,
     ) -> Result<usize, QueueError> {
         if !q.has_work(mem)? {
             return Ok(0);
@@ -503,6 +631,12 @@ impl Ctx {
                     match outcome {
                         Outcome::Done(len) => len.min(room),
                         Outcome::Pending => continue,
+                        Outcome::Wait => {
+                            let id = ((slot as u64) << 16) | u64::from(token);
+                            let reply = guest_ranges(mem, &chain.writable);
+                            parked.push(Parked { id, reply, answer: None });
+                            continue;
+                        }
                     }
                 }
                 Err(e) => {
@@ -521,23 +655,50 @@ impl Ctx {
         Ok(taken)
     }
 
-    /// Completes what the engine finished: used entries, one publish per queue.
-    fn complete(&self, engine: &mut dyn Engine, queues: &mut [Served], mem: &GuestMem) -> usize {
+    /// Completes what the engine finished, and the waiting requests it answered: used entries,
+    /// one publish per queue.
+    fn complete(
+        &self,
+        engine: &mut dyn Engine,
+        queues: &mut [Served],
+        mem: &GuestMem,
+        parked: &mut Vec<Parked>,
+    ) -> usize {
         let mut touched = 0u64; // bitmap of queue slots (first 64) with new used entries
         let mut overflow = false;
-        let n = engine.poll(&mut |id, len| {
-            let (slot, head) = ((id >> 16) as usize, (id & 0xffff) as u16);
-            let Some(q) = queues.get_mut(slot) else { return };
-            if q.broken || q.queue.push_used(mem, head, len).is_err() {
-                return;
-            }
-            self.stats.requests[usize::from(q.queue.index())].fetch_add(1, Ordering::Relaxed);
-            if slot < 64 {
-                touched |= 1 << slot;
-            } else {
-                overflow = true;
-            }
+        let mut n = engine.poll(&mut |id, len| {
+            self.finish(queues, mem, id, len, &mut touched, &mut overflow);
         });
+        if !parked.is_empty() {
+            n += engine.poll_waits(&mut |id, reply| {
+                let Some(i) = parked.iter().position(|p| p.id == id) else { return };
+                let open = queues.get((id >> 16) as usize).is_some_and(|q| q.attached && !q.broken);
+                if open {
+                    let p = parked.swap_remove(i);
+                    let len = write_reply(mem, &p.reply, reply);
+                    self.finish(queues, mem, id, len, &mut touched, &mut overflow);
+                } else {
+                    let keep = &reply[..reply.len().min(MAX_WAIT_REPLY)];
+                    parked[i].answer = heapless::Vec::from_slice(keep).ok();
+                }
+            });
+            // Answers that came while their queue's ring was not mapped.
+            let mut i = 0;
+            while i < parked.len() {
+                let slot = (parked[i].id >> 16) as usize;
+                let open = queues.get(slot).is_some_and(|q| q.attached && !q.broken);
+                match &parked[i].answer {
+                    Some(_) if open => {
+                        let p = parked.swap_remove(i);
+                        let answer = p.answer.unwrap_or_default();
+                        let len = write_reply(mem, &p.reply, &answer);
+                        self.finish(queues, mem, p.id, len, &mut touched, &mut overflow);
+                        n += 1;
+                    }
+                    _ => i += 1,
+                }
+            }
+        }
         for (slot, q) in queues.iter_mut().enumerate() {
             if (slot < 64 && touched & (1 << slot) != 0) || (slot >= 64 && overflow) {
                 if let Err(e) = q.queue.publish_used(mem) {
@@ -548,13 +709,43 @@ impl Ctx {
         n
     }
 
+    /// Pushes the used entry of engine request `id` (not yet published).
+    fn finish(
+        &self,
+        queues: &mut [Served],
+        mem: &GuestMem,
+        id: u64,
+        len: u32,
+        touched: &mut u64,
+        overflow: &mut bool,
+    ) {
+        let (slot, head) = ((id >> 16) as usize, (id & 0xffff) as u16);
+        let Some(q) = queues.get_mut(slot) else { return };
+        if q.broken || q.queue.push_used(mem, head, len).is_err() {
+            return;
+        }
+        self.stats.requests[usize::from(q.queue.index())].fetch_add(1, Ordering::Relaxed);
+        if slot < 64 {
+            *touched |= 1 << slot;
+        } else {
+            *overflow = true;
+        }
+    }
+
     /// Waits for every in-flight engine request (completing them) before rings or memory change.
-    fn drain(&self, engine: &mut Option<Box<dyn Engine>>, queues: &mut [Served], mem: &GuestMem) {
+    /// Waiting requests ([`Outcome::Wait`]) are not waited for.
+    fn drain(
+        &self,
+        engine: &mut Option<Box<dyn Engine>>,
+        queues: &mut [Served],
+        mem: &GuestMem,
+        parked: &mut Vec<Parked>,
+    ) {
         let Some(e) = engine.as_mut() else { return };
         let started = Instant::now();
         let mut warned = false;
         while e.in_flight() > 0 {
-            if self.complete(e.as_mut(), queues, mem) == 0 {
+            if self.complete(e.as_mut(), queues, mem, parked) == 0 {
                 std::hint::spin_loop();
                 if !warned && started.elapsed() > Duration::from_secs(1) {
                     warn!("poller {}: waiting for {} in-flight requests", self.id, e.in_flight());

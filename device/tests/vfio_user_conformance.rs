@@ -31,6 +31,51 @@ struct TestHandler {
     engine_submitted: Arc<AtomicUsize>,
     /// The next request makes the handler panic.
     panic_next: AtomicBool,
+    /// When set, requests go through a [`WaitEngine`] that answers them only once released.
+    wait_release: Option<Arc<AtomicBool>>,
+    /// `Engine::cancel_waits` calls.
+    cancelled: Arc<AtomicUsize>,
+    /// `RequestHandler::reset` calls.
+    resets: AtomicUsize,
+}
+
+/// An engine whose requests all wait for an outside event ([`Outcome::Wait`]): it keeps only
+/// their ids and answers "wait" once the test releases them.
+struct WaitEngine {
+    waiting: Vec<u64>,
+    release: Arc<AtomicBool>,
+    submitted: Arc<AtomicUsize>,
+    cancelled: Arc<AtomicUsize>,
+}
+
+impl Engine for WaitEngine {
+    fn submit(&mut self, id: u64, _q: u16, _r: &[VolatileSlice<'_>], _w: &[VolatileSlice<'_>]) -> Outcome {
+        self.waiting.push(id);
+        self.submitted.fetch_add(1, Ordering::SeqCst);
+        Outcome::Wait
+    }
+    fn poll(&mut self, _done: &mut dyn FnMut(u64, u32)) -> usize {
+        0
+    }
+    fn in_flight(&self) -> usize {
+        0
+    }
+    fn poll_waits(&mut self, answer: &mut dyn FnMut(u64, &[u8])) -> usize {
+        if !self.release.load(Ordering::SeqCst) {
+            return 0;
+        }
+        let n = self.waiting.len();
+        for id in self.waiting.drain(..) {
+            answer(id, b"wait");
+        }
+        n
+    }
+    fn cancel_waits(&mut self) {
+        if !self.waiting.is_empty() {
+            self.cancelled.fetch_add(self.waiting.len(), Ordering::SeqCst);
+        }
+        self.waiting.clear();
+    }
 }
 
 /// An asynchronous engine that writes its reply at once but reports completion only after the
@@ -84,8 +129,20 @@ impl RequestHandler for TestHandler {
     }
 
     fn engine(&self, _poller: usize) -> Option<Box<dyn Engine>> {
+        if let Some(release) = self.wait_release.clone() {
+            return Some(Box::new(WaitEngine {
+                waiting: Vec::new(),
+                release,
+                submitted: self.engine_submitted.clone(),
+                cancelled: self.cancelled.clone(),
+            }));
+        }
         let release = self.engine_release.clone()?;
         Some(Box::new(HeldEngine { pending: Vec::new(), release, submitted: self.engine_submitted.clone() }))
+    }
+
+    fn reset(&self) {
+        self.resets.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -101,11 +158,18 @@ impl Dev {
         Dev::start_with(None)
     }
     fn start_with(engine_release: Option<Arc<AtomicBool>>) -> Dev {
+        Dev::start_engines(engine_release, None)
+    }
+    fn start_engines(engine_release: Option<Arc<AtomicBool>>, wait_release: Option<Arc<AtomicBool>>) -> Dev {
         let profile =
             Profile { request_queues: 2, queue_size: 16, doorbells: Doorbells::Shared, ..Profile::default() };
-        Dev::start_profile(engine_release, profile)
+        Dev::start_profile(engine_release, wait_release, profile)
     }
-    fn start_profile(engine_release: Option<Arc<AtomicBool>>, profile: Profile) -> Dev {
+    fn start_profile(
+        engine_release: Option<Arc<AtomicBool>>,
+        wait_release: Option<Arc<AtomicBool>>,
+        profile: Profile,
+    ) -> Dev {
         let dir = tempfile::tempdir().unwrap();
         let handler = Arc::new(TestHandler {
             calls: AtomicUsize::new(0),
@@ -113,6 +177,9 @@ impl Dev {
             engine_release,
             engine_submitted: Arc::new(AtomicUsize::new(0)),
             panic_next: AtomicBool::new(false),
+            wait_release,
+            cancelled: Arc::new(AtomicUsize::new(0)),
+            resets: AtomicUsize::new(0),
         });
         let server = Server::bind(&dir.path().join("dev.sock"), &profile, handler.clone()).unwrap();
         let stop = server.stop_handle();
@@ -442,7 +509,7 @@ fn region_info_with_sparse_mmap_and_fd() {
 fn region_info_without_mmap_when_doorbells_come_through_the_socket() {
     let profile =
         Profile { request_queues: 2, queue_size: 16, doorbells: Doorbells::Socket, ..Profile::default() };
-    let dev = Dev::start_profile(None, profile);
+    let dev = Dev::start_profile(None, None, profile);
     let mut c = dev.client();
     let ri = wire::RegionInfo { argsz: 64, index: 4, ..Default::default() };
     let r = c.call(cmd::DEVICE_GET_REGION_INFO, ri.as_slice()).ok();
@@ -862,6 +929,59 @@ fn engine_requests_complete_asynchronously_and_unmap_waits_for_them() {
     std::os::unix::fs::FileExt::read_exact_at(&mem, &mut reply, BUF).unwrap();
     assert_eq!(&reply, b"asyn");
     assert_eq!(dev.handler.calls.load(Ordering::SeqCst), 0, "the engine, not handle(), served it");
+}
+
+#[test]
+fn waiting_requests_do_not_hold_up_unmap_and_go_with_a_reset() {
+    let release = Arc::new(AtomicBool::new(false));
+    let dev = Dev::start_engines(None, Some(release.clone()));
+    let mut c = dev.client();
+    let mem = memfd("guest", 0x100000).unwrap();
+    let e = EventFd::new(0).unwrap();
+    activate(&mut c, &mem, &e);
+    post(&mem, 0, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while dev.handler.engine_submitted.load(Ordering::SeqCst) == 0 {
+        assert!(std::time::Instant::now() < deadline, "request never reached the engine");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(used_idx(&mem), 0, "a waiting request must not be completed");
+    // Memory changes do not wait for it: DMA_MAP and DMA_UNMAP of another window are answered
+    // while it waits.
+    let extra = memfd("extra", 0x10000).unwrap();
+    let t0 = std::time::Instant::now();
+    assert_eq!(c.dma_map(0x400000, 0x10000, Some(&extra)).errno(), 0);
+    assert_eq!(c.dma_unmap(0x400000, 0x10000, 0).errno(), 0);
+    assert!(t0.elapsed() < Duration::from_secs(2), "DMA changes waited for a waiting request");
+    assert_eq!(used_idx(&mem), 0);
+    // The answer goes into the request's writable buffer, through the current memory.
+    release.store(true, Ordering::SeqCst);
+    e.read().unwrap();
+    assert_eq!(used_idx(&mem), 1);
+    let mut reply = [0u8; 4];
+    std::os::unix::fs::FileExt::read_exact_at(&mem, &mut reply, BUF).unwrap();
+    assert_eq!(&reply, b"wait");
+    let mut used = [0u8; 8];
+    std::os::unix::fs::FileExt::read_exact_at(&mem, &mut used, RING + 0x2000 + 4).unwrap();
+    assert_eq!(u32::from_le_bytes(used[4..8].try_into().unwrap()), 4, "used length of the answer");
+    // A request that waits when the driver resets the device is dropped unanswered, and the
+    // handler hears of the reset.
+    release.store(false, Ordering::SeqCst);
+    post(&mem, 1, 2);
+    while dev.handler.engine_submitted.load(Ordering::SeqCst) < 2 {
+        assert!(std::time::Instant::now() < deadline, "second request never reached the engine");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let resets = dev.handler.resets.load(Ordering::SeqCst);
+    c.region_write(4, 0x14, &[0]).ok();
+    assert_eq!(c.read32(4, 0x14) & 0xff, 0, "reset");
+    assert_eq!(dev.handler.cancelled.load(Ordering::SeqCst), 1, "the waiting request was cancelled");
+    assert!(dev.handler.resets.load(Ordering::SeqCst) > resets, "RequestHandler::reset was called");
+    release.store(true, Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(used_idx(&mem), 1, "nothing is answered into a reset queue");
+    assert_eq!(dev.handler.calls.load(Ordering::SeqCst), 0, "the engine, not handle(), served them");
 }
 
 #[test]

@@ -275,6 +275,25 @@ pub struct Completion {
     pub data: Vec<u8>,
 }
 
+/// A lock request (GETLK, SETLK, SETLKW) as [`FsDriver::submit_lk`] sends it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LockReq {
+    /// File handle.
+    pub fh: u64,
+    /// Lock owner (the kernel's id for a process's file table).
+    pub owner: u64,
+    /// `F_RDLCK`, `F_WRLCK` or `F_UNLCK`.
+    pub typ: i32,
+    /// First byte.
+    pub start: u64,
+    /// Last byte, inclusive.
+    pub end: u64,
+    /// Pid of the requester.
+    pub pid: u32,
+    /// A flock(2) lock (`FUSE_LK_FLOCK`; whole file, owned by the handle).
+    pub flock: bool,
+}
+
 /// FUSE_INIT outcome.
 #[derive(Debug, Clone, Copy)]
 pub struct InitInfo {
@@ -789,6 +808,11 @@ impl FsDriver {
         } else {
             self.current_queue
         }
+    }
+
+    /// The unique the next request will get (Linux numbers them in steps of 2).
+    pub fn peek_next_unique(&self) -> u64 {
+        self.next_unique + 2
     }
 
     fn alloc_unique(&mut self) -> u64 {
@@ -1424,8 +1448,118 @@ impl FsDriver {
 
     /// FLUSH.
     pub fn flush(&mut self, nodeid: u64, fh: u64) -> Result<()> {
-        let f = abi::FlushIn { fh, ..Default::default() }.to_bytes();
+        self.flush_owner(nodeid, fh, 0)
+    }
+
+    /// FLUSH on behalf of lock owner `lock_owner` (a close(2): the owner's POSIX locks go).
+    pub fn flush_owner(&mut self, nodeid: u64, fh: u64, lock_owner: u64) -> Result<()> {
+        let f = abi::FlushIn { fh, lock_owner, ..Default::default() }.to_bytes();
         self.empty_reply(opcode::FLUSH, nodeid, &[&f])
+    }
+
+    /// RELEASE of a file that used flock(2): `FUSE_RELEASE_FLOCK_UNLOCK` with `lock_owner`.
+    pub fn release_flock(&mut self, nodeid: u64, fh: u64, lock_owner: u64) -> Result<()> {
+        let r = abi::ReleaseIn {
+            fh,
+            release_flags: abi::FUSE_RELEASE_FLOCK_UNLOCK,
+            lock_owner,
+            ..Default::default()
+        }
+        .to_bytes();
+        self.empty_reply(opcode::RELEASE, nodeid, &[&r])
+    }
+
+    /// Submits GETLK, SETLK or SETLKW (`op`) on `queue` without waiting for the reply; returns
+    /// its unique. Collect the result with [`FsDriver::lk_result`].
+    pub fn submit_lk(&mut self, queue: u16, op: u32, nodeid: u64, req: &LockReq) -> Result<u64> {
+        let arg = abi::LkIn {
+            fh: req.fh,
+            owner: req.owner,
+            lk_start: req.start,
+            lk_end: req.end,
+            lk_typ: req.typ as u32,
+            lk_pid: req.pid,
+            lk_flags: if req.flock { abi::FUSE_LK_FLOCK } else { 0 },
+            padding: 0,
+        }
+        .to_bytes();
+        let out = if op == opcode::GETLK { abi::FileLock::SIZE } else { 0 };
+        self.submit(queue, op, nodeid, &[&arg], &[], out, 0)
+    }
+
+    /// Waits for the lock request `unique` (from [`FsDriver::submit_lk`]) and checks its reply:
+    /// the lock a GETLK reports, `None` for SETLK/SETLKW; a FUSE error is `Err(Fuse)`.
+    pub fn lk_result(&mut self, op: u32, unique: u64) -> Result<Option<abi::FileLock>> {
+        let c = self.wait_for(unique)?;
+        Self::lk_reply(&c, op)
+    }
+
+    /// Checks the reply `c` of a lock request `op`, as [`FsDriver::lk_result`].
+    pub fn lk_reply(c: &Completion, op: u32) -> Result<Option<abi::FileLock>> {
+        let (h, p) = Self::parse_reply(c, op, c.token)?;
+        if h.error != 0 {
+            return Err(DriverError::Fuse { opcode: op, errno: -h.error });
+        }
+        if op != opcode::GETLK {
+            Self::exact(op, &p, 0)?;
+            return Ok(None);
+        }
+        Self::exact(op, &p, abi::FileLock::SIZE)?;
+        let lk = abi::FileLock::decode(&p).expect("length checked");
+        let typ = lk.typ as i32;
+        if ![libc::F_RDLCK, libc::F_WRLCK, libc::F_UNLCK].contains(&typ)
+            || (typ != libc::F_UNLCK && (lk.start > lk.end || lk.end > abi::OFFSET_MAX))
+        {
+            return Err(DriverError::BadReply { opcode: op, reason: format!("invalid lock {lk:?}") });
+        }
+        Ok(Some(lk))
+    }
+
+    /// The completion of `token` if it has arrived, without waiting (others are kept for later).
+    pub fn try_take(&mut self, token: u64) -> Result<Option<Completion>> {
+        self.reap()?;
+        Ok(self.ready.iter().position(|c| c.token == token).and_then(|i| self.ready.remove(i)))
+    }
+
+    /// Whether request `token` is still waiting for its completion.
+    pub fn is_pending(&self, token: u64) -> bool {
+        self.pending.contains_key(&token)
+    }
+
+    /// SETLK on the current request queue.
+    pub fn setlk(&mut self, nodeid: u64, req: &LockReq) -> Result<()> {
+        let q = self.pick_queue();
+        let u = self.submit_lk(q, opcode::SETLK, nodeid, req)?;
+        self.lk_result(opcode::SETLK, u).map(drop)
+    }
+
+    /// GETLK on the current request queue: the conflicting lock, or one of type `F_UNLCK`.
+    pub fn getlk(&mut self, nodeid: u64, req: &LockReq) -> Result<abi::FileLock> {
+        let q = self.pick_queue();
+        let u = self.submit_lk(q, opcode::GETLK, nodeid, req)?;
+        Ok(self.lk_result(opcode::GETLK, u)?.expect("GETLK replies carry a lock"))
+    }
+
+    /// INTERRUPT of request `unique` on the hiprio queue (one buffer, no reply, as Linux would
+    /// lay it out: its own unique is `unique | FUSE_INT_REQ_BIT`); waits for the used entry.
+    pub fn interrupt(&mut self, unique: u64) -> Result<()> {
+        let token = unique | abi::FUSE_INT_REQ_BIT;
+        if self.pending.contains_key(&token) {
+            return Err(DriverError::Unsupported(format!("an INTERRUPT of {unique} is in flight")));
+        }
+        let len = InHeader::SIZE + abi::InterruptIn::SIZE;
+        let mut b = self.in_header(opcode::INTERRUPT, token, 0, len).to_bytes();
+        abi::InterruptIn { unique }.encode_into(&mut b);
+        let mut segs = Vec::new();
+        self.submit_layout(0, token, &[&b], &[len], len, &[], 0, &mut segs)?;
+        let c = self.wait_for(token)?;
+        if c.used_len != 0 {
+            return Err(DriverError::BadReply {
+                opcode: opcode::INTERRUPT,
+                reason: format!("used length {} for a request without reply buffers", c.used_len),
+            });
+        }
+        Ok(())
     }
 
     /// FSYNC.

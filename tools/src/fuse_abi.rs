@@ -151,6 +151,15 @@ pub mod init_flags {
         | PASSTHROUGH;
 }
 
+/// `fuse_lk_in.lk_flags`: a flock(2) lock.
+pub const FUSE_LK_FLOCK: u32 = 1;
+/// `fuse_release_in.release_flags`: drop the flock lock of `lock_owner`.
+pub const FUSE_RELEASE_FLOCK_UNLOCK: u32 = 1 << 1;
+/// Bit 0 of an INTERRUPT's own unique (Linux `FUSE_INT_REQ_BIT`).
+pub const FUSE_INT_REQ_BIT: u64 = 1;
+/// The kernel's largest lock offset ("to the end of the file").
+pub const OFFSET_MAX: u64 = i64::MAX as u64;
+
 /// SETATTR valid bits.
 #[allow(missing_docs)]
 pub mod fattr {
@@ -584,6 +593,50 @@ wire_struct! {
         pub fsync_flags: u32,
         /// Padding.
         pub padding: u32,
+    }
+}
+
+wire_struct! {
+    /// `fuse_file_lock`.
+    pub struct FileLock {
+        /// First byte.
+        pub start: u64,
+        /// Last byte, inclusive (`OFFSET_MAX`: to the end of the file).
+        pub end: u64,
+        /// `F_RDLCK`, `F_WRLCK` or `F_UNLCK`.
+        pub typ: u32,
+        /// Holder (GETLK reply) or requester.
+        pub pid: u32,
+    }
+}
+
+wire_struct! {
+    /// `fuse_lk_in` (GETLK, SETLK, SETLKW).
+    pub struct LkIn {
+        /// File handle.
+        pub fh: u64,
+        /// Lock owner.
+        pub owner: u64,
+        /// The lock.
+        pub lk_start: u64,
+        /// Last byte of the lock.
+        pub lk_end: u64,
+        /// Type of the lock.
+        pub lk_typ: u32,
+        /// Pid of the lock.
+        pub lk_pid: u32,
+        /// `FUSE_LK_FLOCK` for flock(2).
+        pub lk_flags: u32,
+        /// Padding.
+        pub padding: u32,
+    }
+}
+
+wire_struct! {
+    /// `fuse_interrupt_in`.
+    pub struct InterruptIn {
+        /// The request to interrupt.
+        pub unique: u64,
     }
 }
 

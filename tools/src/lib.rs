@@ -32,7 +32,7 @@ pub mod virtio;
 pub mod virtqueue;
 
 pub use driver::{
-    Completion, DeviceFacts, DriverError, DriverOptions, FsDriver, InitInfo, IoDone, IoSpec, LoopConfig,
-    LoopReport, QueueFullPolicy,
+    Completion, DeviceFacts, DriverError, DriverOptions, FsDriver, InitInfo, IoDone, IoSpec, LockReq,
+    LoopConfig, LoopReport, QueueFullPolicy,
 };
 pub use vfio_user::{Client, ClientError};

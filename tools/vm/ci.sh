@@ -2,8 +2,9 @@
 # tools/vm/ci.sh [OUT_DIR]: the real-client stage of the test command, from zero.
 # Installs QEMU and the guest kernel (setup.sh, idempotent), builds the guest image and the
 # release daemon, then runs against the daemon with the CI profile (2 vCPUs, 2 request queues):
-#   1. every guest suite in one boot (pjdfstest, fsx, 64 MiB bigfile + remount, dmesg check),
-#      and checks from the daemon's exit report that both request queues carried requests;
+#   1. every guest suite in one boot (pjdfstest, fsx, 64 MiB bigfile + remount, locks, dmesg
+#      check), and checks from the daemon's exit report that both request queues carried
+#      requests and that SETLKW requests reached the daemon and waited there;
 #   2. a guest reboot (device reset) and a remount with the data checked;
 #   3. QEMU killed with SIGKILL mid-write, then a new QEMU attaching and checking the data.
 # Exit status 0 only if everything passed. Env: VM_CACHE, FSX_OPS (default 20000).
@@ -39,12 +40,21 @@ if bash "$HERE/run-device-test.sh" --out "$OUT/suites" --config "$CONFIG" \
   else
     echo "FAIL: multi-queue: a request queue carried nothing ($counts)"; fail=1
   fi
+  # The locks suite's SETLKWs reached the daemon (POSIX_LOCKS negotiated) and some waited there.
+  locks=$(grep -a 'lock requests:' "$OUT/suites/daemon.log" | tail -1 | sed 's/.*lock requests: //')
+  echo "daemon lock requests: ${locks:-none}"
+  setlkw=$(echo "$locks" | tr ' ' '\n' | sed -n 's/^setlkw=//p'); waited=$(echo "$locks" | tr ' ' '\n' | sed -n 's/^waited=//p')
+  if [ "${setlkw:-0}" -gt 0 ] && [ "${waited:-0}" -gt 0 ]; then
+    echo "locks: the daemon served SETLKW ($setlkw, $waited of them waited)"
+  else
+    echo "FAIL: locks: the daemon saw no waiting SETLKW (${locks:-no lock requests logged})"; fail=1
+  fi
   echo "boot to first mount: $(tr -d '\r' < "$OUT/suites/console.log" | sed -n 's/^VMMOUNT: .* mounted at \([0-9.]*\)s uptime/\1/p' | head -1) s guest uptime"
   tr -d '\r' < "$OUT/suites/console.log" | grep -a '^VMHARNESS: boot-done' | head -1 || true
 else
   echo "FAIL: guest suites"; fail=1
 fi
-tr -d '\r' < "$OUT/suites/console.log" | grep -a -E '^(VMRESULT|Summary:|pjdfstest: |fsx: |All operations|bigfile: )' || true
+tr -d '\r' < "$OUT/suites/console.log" | grep -a -E '^(VMRESULT|Summary:|pjdfstest: |fsx: |All operations|bigfile: |locktest: |locks: )' || true
 
 step "guest reboot (device reset) and remount"
 bash "$HERE/run-device-test.sh" --allow-reboot --out "$OUT/reboot" --config "$CONFIG" \

@@ -94,6 +94,12 @@ mkdir -p "$ov/harness"
 cp "$SCRIPT" "$ov/guest.sh"
 cp "$HERE"/guest/* "$ov/harness/"
 cp "$HERE/pjdfstest-exceptions.txt" "$ov/harness/" 2>/dev/null || true
+# The lock suite's test program, static (the image has no compiler; glibc's static libc.a is in
+# the host's libc6-dev, which setup.sh installs).
+if ! "${CC:-cc}" -static -O2 -Wall -o "$ov/harness/locktest" "$HERE/locktest.c" 2> "$work/locktest.cc.log"; then
+  echo "run-guest: cannot build tools/vm/locktest.c (gcc and libc6-dev needed); the locks suite will fail:" >&2
+  cat "$work/locktest.cc.log" >&2
+fi
 chmod 755 "$ov/guest.sh" "$ov"/harness/*.sh
 for kv in ${GUEST_ENV[@]+"${GUEST_ENV[@]}"}; do
   key=${kv%%=*}; val=${kv#*=}

@@ -53,8 +53,9 @@ quiet() {
 [ "$(uname -m)" = x86_64 ] || die "x86_64 host required"
 
 # ---------------------------------------------------------------- 1. host packages
-# debootstrap builds the chroot; libacl1-dev lets pjdfstest (exacl crate) link.
-HOST_PKGS="debootstrap libacl1-dev"
+# debootstrap builds the chroot; libacl1-dev lets pjdfstest (exacl crate) link; gcc and
+# libc6-dev build the lock suite's static test program (run-guest.sh).
+HOST_PKGS="debootstrap libacl1-dev gcc libc6-dev"
 if ! stamp_ok host-pkgs "$HOST_PKGS"; then
   missing=""
   for p in $HOST_PKGS; do

@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use crate::abi::ROOT_ID;
@@ -48,6 +49,8 @@ pub struct Inode {
     pub kind: u32,
     /// For a directory: the directory it was last found in (`None` for the root).
     parent: Mutex<Option<Arc<Inode>>>,
+    /// Open handles on it.
+    pub opens: AtomicU64,
 }
 
 impl Inode {
@@ -102,6 +105,7 @@ impl InodeTable {
             key: InodeKey::of(st),
             kind: u32::from(st.stx_mode) & libc::S_IFMT,
             parent: Mutex::new(None),
+            opens: AtomicU64::new(0),
         });
         let mut inner = Inner { next_id: ROOT_ID + 1, ..Default::default() };
         inner.by_id.insert(ROOT_ID, Slot { inode: root.clone(), refs: 1 });
@@ -173,7 +177,8 @@ impl InodeTable {
         let id = inner.next_id;
         inner.next_id += 1;
         let parent = parent.filter(|_| kind == libc::S_IFDIR).cloned();
-        let inode = Arc::new(Inode { id, fd, key, kind, parent: Mutex::new(parent) });
+        let inode =
+            Arc::new(Inode { id, fd, key, kind, parent: Mutex::new(parent), opens: AtomicU64::new(0) });
         inner.by_id.insert(id, Slot { inode: inode.clone(), refs: 1 });
         inner.by_key.insert(key, id);
         inode

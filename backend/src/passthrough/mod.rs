@@ -51,8 +51,8 @@ use std::time::Duration;
 
 use crate::abi::{self, ROOT_ID};
 use crate::filesystem::{
-    CachePolicy, Context, DirEntry, DirPlusSink, DirSink, Entry, Error, FileSystem, Opened, Result, SetAttr,
-    SetTime, Stat, StatFs, Statx, Timespec, XattrReply,
+    CachePolicy, Context, DirEntry, DirPlusSink, DirSink, Entry, Error, FileSystem, LockAccess, Opened,
+    Result, SetAttr, SetTime, Stat, StatFs, Statx, Timespec, XattrReply,
 };
 use crate::io::{Reader, Writer};
 
@@ -140,6 +140,8 @@ pub(crate) struct Handle {
     memory_backed: bool,
     /// `RWF_NOWAIT` reads (bit 0) / writes (bit 1) were refused for this file: don't try again.
     no_nowait: std::sync::atomic::AtomicU8,
+    /// The access mode it was opened with (`O_RDONLY`, `O_WRONLY` or `O_RDWR`).
+    access: i32,
 }
 
 /// A passthrough filesystem over a host directory. See the module documentation.
@@ -355,7 +357,7 @@ impl PassthroughFs {
         Ok(h)
     }
 
-    fn add_handle(&self, inode: Arc<Inode>, file: File, dir: bool) -> u64 {
+    fn add_handle(&self, inode: Arc<Inode>, file: File, dir: bool, oflags: i32) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let dir = dir.then(|| Mutex::new(Vec::new()));
         // tmpfs and ramfs (`RAMFS_MAGIC`, which libc does not name).
@@ -363,7 +365,9 @@ impl PassthroughFs {
         let memory_backed = dir.is_none()
             && sys::fstatfs(file.as_fd())
                 .is_ok_and(|st| st.f_type == libc::TMPFS_MAGIC || st.f_type == RAMFS_MAGIC);
-        let h = Arc::new(Handle { inode, file, dir, memory_backed, no_nowait: Default::default() });
+        inode.opens.fetch_add(1, Ordering::AcqRel);
+        let access = oflags & libc::O_ACCMODE;
+        let h = Arc::new(Handle { inode, file, dir, memory_backed, no_nowait: Default::default(), access });
         self.handles.write().unwrap_or_else(PoisonError::into_inner).insert(fh, h);
         fh
     }
@@ -376,7 +380,9 @@ impl PassthroughFs {
                 _ => return Err(Error::BadHandle),
             }
         };
-        drop(gone);
+        if let Some(h) = gone {
+            h.inode.opens.fetch_sub(1, Ordering::AcqRel);
+        }
         Ok(())
     }
 
@@ -448,7 +454,7 @@ impl PassthroughFs {
     }
 
     /// Wraps a freshly opened file (CREATE, TMPFILE) as a node plus a handle.
-    fn adopt(&self, parent: &Arc<Inode>, file: OwnedFd) -> Result<(Entry, Opened)> {
+    fn adopt(&self, parent: &Arc<Inode>, file: OwnedFd, oflags: i32) -> Result<(Entry, Opened)> {
         let st = sys::fstatx(file.as_fd()).map_err(os)?;
         if kind_of(&st) != libc::S_IFREG {
             return Err(Error::Io);
@@ -462,7 +468,7 @@ impl PassthroughFs {
         }
         let inode = self.inodes.intern(opath, key, libc::S_IFREG, Some(parent));
         let entry = self.entry(&inode, &st);
-        let fh = self.add_handle(inode, File::from(file), false);
+        let fh = self.add_handle(inode, File::from(file), false, oflags);
         Ok((entry, Opened { fh, open_flags: self.cfg.cache.file_open_flags() }))
     }
 
@@ -534,6 +540,9 @@ impl FileSystem for PassthroughFs {
 
     fn destroy(&self) {
         let handles = std::mem::take(&mut *self.handles.write().unwrap_or_else(PoisonError::into_inner));
+        for h in handles.values() {
+            h.inode.opens.fetch_sub(1, Ordering::AcqRel);
+        }
         drop(handles);
         self.inodes.clear();
     }
@@ -725,7 +734,10 @@ impl FileSystem for PassthroughFs {
         // With the caller's ids: the host checks the access mode (and an O_TRUNC clears
         // set-user-id as for that caller).
         let file = as_caller(ctx, || self.reopen(&inode, oflags))?;
-        Ok(Opened { fh: self.add_handle(inode, file, false), open_flags: self.cfg.cache.file_open_flags() })
+        Ok(Opened {
+            fh: self.add_handle(inode, file, false, oflags),
+            open_flags: self.cfg.cache.file_open_flags(),
+        })
     }
 
     fn read(
@@ -816,6 +828,23 @@ impl FileSystem for PassthroughFs {
         self.remove_handle(fh, ino)
     }
 
+    fn lock_handle(&self, _ctx: &Context, ino: u64, fh: u64, access: LockAccess) -> Result<()> {
+        // The locks live in the server (for the one guest this device serves), not on the host
+        // file: see DESIGN.md ("FUSE semantics").
+        let h = self.handle(fh, ino)?;
+        if h.inode.kind != libc::S_IFREG {
+            return Err(Error::InvalidArgument);
+        }
+        match (access, h.access) {
+            (LockAccess::Read, libc::O_WRONLY) | (LockAccess::Write, libc::O_RDONLY) => Err(Error::BadHandle),
+            _ => Ok(()),
+        }
+    }
+
+    fn has_open_handles(&self, ino: u64) -> bool {
+        self.inodes.get(ino).is_some_and(|inode| inode.opens.load(Ordering::Acquire) > 0)
+    }
+
     fn fsync(&self, _ctx: &Context, ino: u64, fh: u64, datasync: bool) -> Result<()> {
         let h = self.file_handle(fh, ino)?;
         sys::fsync(h.file.as_fd(), datasync).map_err(os)
@@ -824,7 +853,10 @@ impl FileSystem for PassthroughFs {
     fn opendir(&self, ctx: &Context, ino: u64, _flags: u32) -> Result<Opened> {
         let inode = self.dir(ino)?;
         let file = as_caller(ctx, || self.reopen(&inode, libc::O_RDONLY | libc::O_DIRECTORY))?;
-        Ok(Opened { fh: self.add_handle(inode, file, true), open_flags: self.cfg.cache.dir_open_flags() })
+        Ok(Opened {
+            fh: self.add_handle(inode, file, true, libc::O_RDONLY),
+            open_flags: self.cfg.cache.dir_open_flags(),
+        })
     }
 
     fn readdir(&self, ctx: &Context, ino: u64, fh: u64, offset: u64, sink: &mut DirSink<'_>) -> Result<()> {
@@ -903,7 +935,7 @@ impl FileSystem for PassthroughFs {
         as_caller(ctx, || {
             self.creation_umask(umask)?;
             let file = sys::openat2(dir.fd(), name.c(), oflags, mode & 0o7777, RESOLVE).map_err(os)?;
-            self.adopt(&dir, file)
+            self.adopt(&dir, file, oflags)
         })
     }
 
@@ -920,7 +952,7 @@ impl FileSystem for PassthroughFs {
         as_caller(ctx, || {
             self.creation_umask(umask)?;
             let file = sys::openat2(dir.fd(), c".", oflags, mode & 0o7777, RESOLVE).map_err(os)?;
-            self.adopt(&dir, file)
+            self.adopt(&dir, file, oflags)
         })
     }
 

@@ -6,8 +6,8 @@
 //! the guest's reply buffers after the 16-byte reply header), WRITE (straight from the guest's
 //! payload buffers) and FSYNC; anything else, anything unusual (request extensions, a handle it
 //! does not know, a reply area too small, a WRITE that must clear set-user-id under the writer's
-//! identity, a full ring) goes to [`Server::handle`], which answers it — errors included —
-//! exactly as without the engine.
+//! identity, a full ring) goes to [`Server::serve`], which answers it — errors included —
+//! exactly as without the engine (a SETLKW that has to wait comes back as [`Submitted::Wait`]).
 //!
 //! How a transfer runs depends on the [`IoMode`]:
 //! - [`IoMode::Ring`]: always `READV`/`WRITEV`/`FSYNC` on the ring; the request stays pending.
@@ -39,7 +39,7 @@ use vm_memory::{ByteValued, VolatileSlice};
 use super::{sys, Handle, PassthroughFs};
 use crate::abi::{self, opcode as op, InHeader, OutHeader};
 use crate::io::Reader;
-use crate::server::{Server, MAX_WRITE};
+use crate::server::{LockWait, Served, Server, MAX_WRITE};
 
 const HDR: usize = std::mem::size_of::<OutHeader>();
 const WRITE_OUT: usize = std::mem::size_of::<abi::WriteOut>();
@@ -53,6 +53,9 @@ pub enum Submitted {
     Done(u32),
     /// On the ring: [`UringEngine::poll`] reports it.
     Pending,
+    /// A SETLKW waiting for its lock ([`Served::Wait`]): the caller parks it (see
+    /// [`crate::waits::LockWaits`]); the engine holds nothing of it.
+    Wait(LockWait),
 }
 
 /// How READ, WRITE and FSYNC are served (see the module documentation).
@@ -282,7 +285,10 @@ impl UringEngine {
             }
             None => {
                 self.stats.sync_requests += 1;
-                Submitted::Done(u32::try_from(self.server.handle(readable, writable)).unwrap_or(0))
+                match self.server.serve(readable, writable) {
+                    Served::Replied(n) => Submitted::Done(u32::try_from(n).unwrap_or(0)),
+                    Served::Wait(wait) => Submitted::Wait(wait),
+                }
             }
         }
     }

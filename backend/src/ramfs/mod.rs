@@ -1,5 +1,5 @@
 //! [`RamFs`]: an in-memory filesystem with POSIX semantics (permission bits, POSIX ACLs, extended
-//! attributes, record locks), checked against the caller's uid/gid because the guest mounts
+//! attributes; advisory locks are the server's), checked against the caller's uid/gid because the guest mounts
 //! without `default_permissions`: the kernel leaves every permission decision to us. (Negotiating
 //! `FUSE_POSIX_ACL` turns `default_permissions` on; the kernel then checks too, with the caller's
 //! supplementary groups, which FUSE does not tell us, and our checks stay as a second line.)
@@ -16,11 +16,11 @@
 //!   between the chunks and guest memory under the file's own lock.
 //! - `handles`: file handle -> `Arc<Handle>`, sharded like `inodes`.
 //! - Per inode also `xattrs` (extended attributes other than ACLs; the ACLs live in `meta`, where
-//!   the permission checks read them) and `locks` (POSIX record locks).
+//!   the permission checks read them). Advisory locks are the server's ([`crate::locks`]); the
+//!   filesystem only vouches for the handles they come through.
 //!
 //! Lock order: `tree` -> an `inodes`/`handles` shard -> `data` -> `meta` -> `xattrs`; at most one
-//! `meta` at a time (COPY_FILE_RANGE takes two `data` locks, in inode-number order); nothing is
-//! taken under `locks`. Capacity (bytes of chunks, extended attributes and ACLs) and inode count are
+//! `meta` at a time (COPY_FILE_RANGE takes two `data` locks, in inode-number order). Capacity (bytes of chunks, extended attributes and ACLs) and inode count are
 //! bounded by [`RamFsConfig`].
 
 use std::collections::btree_map;
@@ -30,17 +30,16 @@ use std::time::Duration;
 
 use crate::abi::{self, ROOT_ID};
 use crate::filesystem::{
-    CachePolicy, Context, DirEntry, DirPlusSink, DirSink, Entry, Error, FileLock, FileSystem, LockType,
-    Opened, Result, SetAttr, SetTime, Stat, StatFs, Statx, Timespec, XattrReply,
+    CachePolicy, Context, DirEntry, DirPlusSink, DirSink, Entry, Error, FileSystem, LockAccess, Opened,
+    Result, SetAttr, SetTime, Stat, StatFs, Statx, Timespec, XattrReply,
 };
 use crate::io::{Reader, Writer};
 
 mod acl;
-mod locks;
 mod node;
 mod xattr;
 
-use node::{coarse_secs, dir_mut, lock, now, rd, stat_of, wr, Body, Dir, FileData, Inode, Meta, Table, Tree};
+use node::{coarse_secs, dir_mut, now, rd, stat_of, wr, Body, Dir, FileData, Inode, Meta, Table, Tree};
 
 pub use xattr::XATTR_INODE_MAX;
 
@@ -161,8 +160,6 @@ pub struct RamFs {
     ninodes: AtomicU64,
     /// `FUSE_INIT` flags of the session (what `init` accepted).
     session: AtomicU64,
-    /// POSIX lock records held, all files together (bounded by [`locks::MAX_LOCKS_TOTAL`]).
-    lock_records: AtomicU64,
 }
 
 impl Default for RamFs {
@@ -191,7 +188,6 @@ impl RamFs {
             used: AtomicU64::new(0),
             ninodes: AtomicU64::new(1),
             session: AtomicU64::new(0),
-            lock_records: AtomicU64::new(0),
         };
         fs.inodes.insert(ROOT_ID, root);
         wr(&fs.tree).insert(ROOT_ID, Dir::new(ROOT_ID));
@@ -206,11 +202,6 @@ impl RamFs {
     /// Inodes currently alive (linked, looked up by the kernel, or open).
     pub fn inode_count(&self) -> u64 {
         self.ninodes.load(Ordering::Relaxed)
-    }
-
-    /// POSIX lock records held, all files together.
-    pub fn lock_count(&self) -> u64 {
-        self.lock_records.load(Ordering::Relaxed)
     }
 
     /// Lookup references the kernel holds on `ino` (`None` if the inode is gone).
@@ -505,17 +496,10 @@ impl RamFs {
         Ok(Opened { fh, open_flags })
     }
 
-    /// Drops handle `fh`, the locks of `lock_owner` on its file, and every lock of the file with
-    /// its last handle.
-    fn release_handle(&self, ino: u64, fh: u64, lock_owner: u64) -> Result<()> {
+    /// Drops handle `fh`.
+    fn release_handle(&self, ino: u64, fh: u64) -> Result<()> {
         let h = self.handles.remove_if(fh, |h| h.inode.ino == ino).ok_or(Error::BadHandle)?;
-        self.unlock_with(&h.inode, |locks| {
-            if h.inode.opens.fetch_sub(1, Ordering::AcqRel) == 1 {
-                locks.clear();
-            } else {
-                locks.release_owner(lock_owner);
-            }
-        });
+        h.inode.opens.fetch_sub(1, Ordering::AcqRel);
         self.maybe_evict(&h.inode);
         Ok(())
     }
@@ -559,25 +543,6 @@ impl RamFs {
             done += n;
         }
         Ok(done)
-    }
-
-    /// Runs `f`, which only removes locks, on the lock table of `inode`, and gives back the
-    /// records it dropped.
-    fn unlock_with(&self, inode: &Inode, f: impl FnOnce(&mut locks::LockTable)) {
-        let mut table = lock(&inode.locks);
-        let before = table.len();
-        f(&mut table);
-        let dropped = before.saturating_sub(table.len());
-        self.lock_records.fetch_sub(dropped as u64, Ordering::AcqRel);
-    }
-
-    /// The handle a lock request names, on a regular file, with a valid range.
-    fn lock_handle(&self, ino: u64, fh: u64, lk: &FileLock) -> Result<Arc<Handle>> {
-        let h = self.handle(fh, ino)?;
-        if h.inode.kind != S_IFREG || lk.start > lk.end {
-            return Err(Error::InvalidArgument);
-        }
-        Ok(h)
     }
 
     /// Copies `count` bytes at `off_in` of `src` (`None`: `dst` itself) to `off_out` of `dst`, a
@@ -698,7 +663,6 @@ impl FileSystem for RamFs {
             shard.retain(|_, inode| {
                 inode.lookups.store(0, Ordering::Release);
                 inode.opens.store(0, Ordering::Release);
-                self.unlock_with(inode, locks::LockTable::clear);
                 let keep = inode.ino == ROOT_ID || rd(&inode.meta).nlink > 0;
                 if !keep {
                     gone.push(inode.clone());
@@ -1219,15 +1183,13 @@ impl FileSystem for RamFs {
         Ok(written)
     }
 
-    fn flush(&self, _ctx: &Context, ino: u64, fh: u64, lock_owner: u64) -> Result<()> {
-        // Closing any descriptor of a file drops its process's POSIX locks on it.
-        let h = self.handle(fh, ino)?;
-        self.unlock_with(&h.inode, |locks| locks.release_owner(lock_owner));
-        Ok(())
+    fn flush(&self, _ctx: &Context, ino: u64, fh: u64, _lock_owner: u64) -> Result<()> {
+        // Nothing is buffered; the server drops the closing process's locks.
+        self.handle(fh, ino).map(|_| ())
     }
 
-    fn release(&self, _ctx: &Context, ino: u64, fh: u64, _flags: u32, lock_owner: u64) -> Result<()> {
-        self.release_handle(ino, fh, lock_owner)
+    fn release(&self, _ctx: &Context, ino: u64, fh: u64, _flags: u32, _lock_owner: u64) -> Result<()> {
+        self.release_handle(ino, fh)
     }
 
     fn fsync(&self, _ctx: &Context, ino: u64, fh: u64, _datasync: bool) -> Result<()> {
@@ -1323,7 +1285,7 @@ impl FileSystem for RamFs {
     }
 
     fn releasedir(&self, _ctx: &Context, ino: u64, fh: u64, _flags: u32) -> Result<()> {
-        self.release_handle(ino, fh, 0)
+        self.release_handle(ino, fh)
     }
 
     fn fsyncdir(&self, _ctx: &Context, ino: u64, fh: u64, _datasync: bool) -> Result<()> {
@@ -1540,43 +1502,19 @@ impl FileSystem for RamFs {
         self.remove_xattr(ctx, ino, name)
     }
 
-    fn getlk(&self, _ctx: &Context, ino: u64, fh: u64, owner: u64, lk: &FileLock) -> Result<FileLock> {
-        let h = self.lock_handle(ino, fh, lk)?;
-        let found = lock(&h.inode.locks).conflict(owner, lk);
-        Ok(found.unwrap_or(FileLock { typ: LockType::Unlock, ..*lk }))
+    fn lock_handle(&self, _ctx: &Context, ino: u64, fh: u64, access: LockAccess) -> Result<()> {
+        let h = self.handle(fh, ino)?;
+        if h.inode.kind != S_IFREG {
+            return Err(Error::InvalidArgument);
+        }
+        match (access, h.flags & O_ACCMODE) {
+            (LockAccess::Read, O_WRONLY) | (LockAccess::Write, O_RDONLY) => Err(Error::BadHandle),
+            _ => Ok(()),
+        }
     }
 
-    fn setlk(
-        &self,
-        _ctx: &Context,
-        ino: u64,
-        fh: u64,
-        owner: u64,
-        lk: &FileLock,
-        _sleep: bool,
-    ) -> Result<()> {
-        // A SETLKW that would wait fails with EAGAIN like SETLK: waiting needs the asynchronous
-        // completion path the device does not have yet, which is why POSIX_LOCKS is not offered
-        // and the kernel never sends these (see `locks.rs`).
-        let h = self.lock_handle(ino, fh, lk)?;
-        match (lk.typ, h.flags & O_ACCMODE) {
-            (LockType::Read, O_WRONLY) => return Err(Error::BadHandle),
-            (LockType::Write, O_RDONLY) => return Err(Error::BadHandle),
-            _ => {}
-        }
-        // Room for the most records one request can add, settled once it is done.
-        let grow = locks::MAX_GROWTH;
-        self.lock_records
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                n.checked_add(grow).filter(|&n| n <= locks::MAX_LOCKS_TOTAL)
-            })
-            .map_err(|_| Error::NoLocks)?;
-        let mut table = lock(&h.inode.locks);
-        let before = table.len() as u64;
-        let result = table.set(owner, lk);
-        let unused = (before + grow).saturating_sub(table.len() as u64);
-        self.lock_records.fetch_sub(unused, Ordering::AcqRel);
-        result
+    fn has_open_handles(&self, ino: u64) -> bool {
+        self.inodes.get(ino).is_some_and(|inode| inode.opens.load(Ordering::Acquire) > 0)
     }
 
     fn lseek(&self, _ctx: &Context, ino: u64, fh: u64, offset: u64, whence: u32) -> Result<u64> {

@@ -4,10 +4,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::acl::{AclEntry, ExtAcl};
-use super::locks::LockTable;
 use super::{BLOCK_SIZE, CHUNK64, FIRST_COOKIE, SHARDS};
 use super::{S_IFDIR, S_IFMT, S_ISGID, S_ISUID, S_ISVTX, S_IXGRP, X_OK};
 use crate::filesystem::{Context, Error, Result, Stat, Timespec};
@@ -55,10 +54,6 @@ pub(super) fn rd<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 
 pub(super) fn wr<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(PoisonError::into_inner)
-}
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A map from server-assigned ids, split over [`SHARDS`] locks.
@@ -231,8 +226,6 @@ pub(super) struct Inode {
     pub(super) kind: u32,
     pub(super) meta: RwLock<Meta>,
     pub(super) xattrs: RwLock<Xattrs>,
-    /// POSIX record locks (regular files).
-    pub(super) locks: Mutex<LockTable>,
     /// References the kernel holds (entries handed out minus FORGETs).
     pub(super) lookups: AtomicU64,
     /// Open handles.
@@ -247,7 +240,6 @@ impl Inode {
             kind,
             meta: RwLock::new(meta),
             xattrs: RwLock::default(),
-            locks: Mutex::default(),
             lookups: AtomicU64::new(lookups),
             opens: AtomicU64::new(0),
             body,

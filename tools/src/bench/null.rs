@@ -22,7 +22,7 @@ pub struct NullData {
 impl NullData {
     /// A handler over an empty RAM filesystem.
     pub fn new() -> Self {
-        NullData { inner: FuseHandler::new(RamFs::new()) }
+        NullData { inner: FuseHandler::synchronous(RamFs::new()) }
     }
 }
 

@@ -1,11 +1,11 @@
 #!/bin/sh
 # Guest suite driver: every suite in one boot (saves a boot per suite).
-# Env: VM_SUITES (default "pjdfstest fsx bigfile dmesg-check").
+# Env: VM_SUITES (default "pjdfstest fsx bigfile locks dmesg-check").
 . /harness/lib.sh
 rc=0
 npass=0
 nfail=0
-for s in ${VM_SUITES:-pjdfstest fsx bigfile dmesg-check}; do
+for s in ${VM_SUITES:-pjdfstest fsx bigfile locks dmesg-check}; do
   echo "===== suite $s"
   if sh "/harness/$s.sh"; then
     echo "===== suite $s: ok"
