@@ -1,8 +1,8 @@
 //! [`RamFs`]: an in-memory filesystem with POSIX semantics (permission bits, POSIX ACLs, extended
-//! attributes; advisory locks are the server's), checked against the caller's uid/gid because the guest mounts
-//! without `default_permissions`: the kernel leaves every permission decision to us. (Negotiating
-//! `FUSE_POSIX_ACL` turns `default_permissions` on; the kernel then checks too, with the caller's
-//! supplementary groups, which FUSE does not tell us, and our checks stay as a second line.)
+//! attributes; advisory locks are the server's), checked against the caller's uid/gid. Linux's
+//! virtio-fs mounts with `default_permissions` (and negotiating `FUSE_POSIX_ACL` would turn it on
+//! anyway), so the guest kernel checks first, with the caller's supplementary groups, which FUSE
+//! does not tell us; our checks are a second line, for a guest kernel that skips its own.
 //!
 //! Layout and locking:
 //! - `inodes`: node id -> `Arc<Inode>`, sharded `RwLock<HashMap>`s. An inode stays while it has a
