@@ -967,19 +967,22 @@ mod tests {
         assert_eq!(svg.matches("<polyline").count(), 8, "one line per 4k row");
     }
 
-    #[test]
-    fn null_backend_answers_without_data() {
-        let cfg = BenchConfig {
-            backend: Backend::Null,
+    /// A run small enough for a unit test: 8-entry queues, 100 requests per phase, 1 MiB file.
+    fn tiny() -> BenchConfig {
+        BenchConfig {
             queue_size: 8,
             ops: Some(100),
             file_size: 1 << 20,
             idle_spin_us: 50,
             pin: false,
             floor_duration: Duration::from_millis(20),
-            only: Some("QD=1,1M seqread".into()),
             ..Default::default()
-        };
+        }
+    }
+
+    #[test]
+    fn null_backend_answers_without_data() {
+        let cfg = BenchConfig { backend: Backend::Null, only: Some("QD=1,1M seqread".into()), ..tiny() };
         let r = run(&cfg, &mut |_| {}).unwrap();
         let names: Vec<&str> = r.rows.iter().map(|r| r.workload.as_str()).collect();
         assert_eq!(names, ["4k randread", "4k randwrite", "1M seqread"]);
@@ -989,18 +992,7 @@ mod tests {
 
     #[test]
     fn rounds_give_medians_and_per_round_targets() {
-        let cfg = BenchConfig {
-            queue_size: 8,
-            ops: Some(100),
-            file_size: 1 << 20,
-            idle_spin_us: 50,
-            pin: false,
-            floor_duration: Duration::from_millis(20),
-            only: Some("QD=1".into()),
-            rounds: 3,
-            wakeup_requests: 20,
-            ..Default::default()
-        };
+        let cfg = BenchConfig { only: Some("QD=1".into()), rounds: 3, wakeup_requests: 20, ..tiny() };
         let mut lines = Vec::new();
         let r = run(&cfg, &mut |l| lines.push(l.to_string())).unwrap();
         assert_eq!(r.round_rows.len(), 3);
