@@ -660,7 +660,7 @@ fn read_extensions(ctx: &Context, mut r: Reader<'_>) -> Result<Context> {
     while r.bytes_left() > 0 {
         let h: abi::ExtHeader = r.read_obj().map_err(|_| RequestError::Extension("truncated header"))?;
         let size = h.size as usize;
-        if size < HEADER || size % 8 != 0 {
+        if size < HEADER || size & 7 != 0 {
             return Err(RequestError::Extension("bad size"));
         }
         let mut body = r.split_at(size - HEADER).map_err(|_| RequestError::Extension("past the end"))?;

@@ -15,8 +15,8 @@
 //! A few calls are allowed only with the arguments the daemon uses: `clone` only for threads
 //! (`CLONE_THREAD`; no new processes), `unshare` only `CLONE_FS` (the per-thread filesystem
 //! context of [`super::creds`]; no namespaces), `prctl` only `PR_SET_NAME` (thread names),
-//! `ioctl` only `FIONBIO`, `mmap`/`mprotect` never with `PROT_EXEC`, `socket`... none (the
-//! daemon opens no socket after binding). `clone3` passes its flags in memory, where a filter
+//! `ioctl` only `FIONBIO`, `setsockopt` only `SO_SNDTIMEO`, `mmap`/`mprotect` never with
+//! `PROT_EXEC`; no `socket` at all (the daemon opens none after binding). `clone3` passes its flags in memory, where a filter
 //! cannot look, so a second filter makes it fail with `ENOSYS`, and glibc falls back to `clone`.
 //!
 //! What happens to a call not on the list is the [`SeccompMode`]: the default, `trap`, has the
@@ -96,17 +96,23 @@ fn rule(conds: Vec<SeccompCondition>) -> SeccompRule {
     SeccompRule::new(conds).unwrap_or_else(|e| panic!("seccomp rule: {e}"))
 }
 
+/// A condition on argument `arg` as a 64-bit value (`unsigned long` arguments).
 fn cond(arg: u8, op: SeccompCmpOp, value: u64) -> SeccompCondition {
     // Argument indices below 6 never fail to build.
     SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, value)
         .unwrap_or_else(|e| panic!("seccomp condition: {e}"))
 }
 
-/// Argument `arg`, as a 32-bit value, equals `value` (for `int` arguments: the upper half of the
+/// A condition on argument `arg` as a 32-bit value (`int` arguments: the upper half of the
 /// register is not defined).
+fn cond32(arg: u8, op: SeccompCmpOp, value: u32) -> SeccompCondition {
+    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, u64::from(value))
+        .unwrap_or_else(|e| panic!("seccomp condition: {e}"))
+}
+
+/// Argument `arg`, an `int`, equals `value`.
 fn arg32_eq(arg: u8, value: u32) -> SeccompRule {
-    rule(vec![SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, u64::from(value))
-        .unwrap_or_else(|e| panic!("seccomp condition: {e}"))])
+    rule(vec![cond32(arg, SeccompCmpOp::Eq, value)])
 }
 
 macro_rules! allow {
@@ -121,7 +127,7 @@ macro_rules! allow {
 /// The allowlist for this architecture (see the module documentation).
 pub fn allowlist() -> Vec<Allowed> {
     let mut l = Vec::new();
-    let no_exec = |arg| rule(vec![cond(arg, SeccompCmpOp::MaskedEq(libc::PROT_EXEC as u64), 0)]);
+    let no_exec = |arg| rule(vec![cond32(arg, SeccompCmpOp::MaskedEq(libc::PROT_EXEC as u64), 0)]);
     // Memory: the heap, thread stacks, DMA windows from the client's descriptors, io_uring rings.
     allow!(l, SYS_brk);
     allow!(l, SYS_mmap, no_exec(2));
@@ -181,7 +187,14 @@ pub fn allowlist() -> Vec<Allowed> {
     allow!(l, SYS_sendmsg);
     allow!(l, SYS_recvfrom);
     allow!(l, SYS_sendto);
-    allow!(l, SYS_setsockopt);
+    allow!(
+        l,
+        SYS_setsockopt,
+        rule(vec![
+            cond32(1, SeccompCmpOp::Eq, libc::SOL_SOCKET as u32),
+            cond32(2, SeccompCmpOp::Eq, libc::SO_SNDTIMEO as u32)
+        ])
+    );
     allow!(l, SYS_getsockopt);
     allow!(l, SYS_shutdown);
     allow!(l, SYS_memfd_create);
@@ -205,6 +218,9 @@ pub fn allowlist() -> Vec<Allowed> {
     allow!(l, SYS_linkat);
     allow!(l, SYS_unlinkat);
     allow!(l, SYS_renameat2);
+    // glibc's renameat2 with no flags is renameat where the architecture has it.
+    #[cfg(target_arch = "x86_64")]
+    allow!(l, SYS_renameat);
     allow!(l, SYS_readlinkat);
     allow!(l, SYS_fchownat);
     allow!(l, SYS_fchmodat);

@@ -515,7 +515,8 @@ extern "C" fn sigsys_handler(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx
     }
 }
 
-/// Installs [`sigsys_handler`] for `SIGSYS`, once: the report of a trapping seccomp filter.
+/// Installs the `SIGSYS` handler that reports a call a trapping seccomp filter refused: one line
+/// naming the call on standard error, then death by the signal (once: `SA_RESETHAND`).
 pub fn install_sigsys_reporter() -> io::Result<()> {
     // SAFETY: zeroed `sigaction` is a valid "no flags, empty mask" value we then fill in.
     let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
