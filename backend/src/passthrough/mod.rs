@@ -21,9 +21,13 @@
 //!   same inode. Attribute and xattr changes go through the same `/proc/self/fd/N` paths (or
 //!   `AT_EMPTY_PATH` on the descriptor), which land on the inode itself, a symlink included.
 //! - Each operation runs with the caller's filesystem uid and gid on the serving thread (see
-//!   [`creds`]), with no supplementary groups, so the host kernel checks permissions as it would
-//!   for that user. Guest root is root on the share (as virtiofsd without id mapping): mount the
+//!   [`creds`]), with no supplementary groups but the one a creation carries
+//!   (`FUSE_CREATE_SUPP_GROUP`), so the host kernel checks permissions as it would for that user. Guest root is root on the share (as virtiofsd without id mapping): mount the
 //!   shared directory `nosuid,nodev` on the host.
+//!
+//! The daemon runs this inside a sandbox of its own (see [`sandbox`]): a mount namespace whose
+//! root is the shared directory, and a seccomp filter ([`seccomp`]); the passthrough is then
+//! created on `/` with the `/proc/self/fd` the sandbox opened ([`PassthroughFs::with_proc_fd`]).
 //!
 //! Assumptions: no untrusted host process moves directories out from under the shared
 //! directory while the daemon holds them (a held directory moved outside would stay reachable, as
