@@ -267,6 +267,22 @@ fn sandbox_and_filter_can_be_turned_off() {
     assert!(share.join("d").is_dir());
 }
 
+/// Without the namespace sandbox (the default when unprivileged) but with the filter, the daemon
+/// still stops cleanly on SIGTERM and removes its socket file (which it can still name).
+#[test]
+fn filtered_daemon_without_namespaces_stops_cleanly() {
+    let (base, share) = new_share();
+    let mut daemon = Daemon::start(base.path(), &share, &["--sandbox", "none", "--seccomp", "kill"]);
+    let mut d = daemon.connect();
+    d.mkdir(1, "d", 0o755).unwrap();
+    d.shutdown().unwrap();
+    // SAFETY: plain system call on our own child's pid.
+    unsafe { libc::kill(daemon.pid() as i32, libc::SIGTERM) };
+    let status = daemon.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{status}\n{}", daemon.log());
+    assert!(!daemon.sock.exists(), "socket file removed at exit");
+}
+
 /// `--seccomp=log`: the filter is installed, with the kernel logging what it lacks instead of
 /// killing; the daemon says so.
 #[test]

@@ -217,6 +217,9 @@ pub fn allowlist() -> Vec<Allowed> {
     allow!(l, SYS_symlinkat);
     allow!(l, SYS_linkat);
     allow!(l, SYS_unlinkat);
+    // The socket file removed at exit without the namespace sandbox (std's remove_file).
+    #[cfg(target_arch = "x86_64")]
+    allow!(l, SYS_unlink);
     allow!(l, SYS_renameat2);
     // glibc's renameat2 with no flags is renameat where the architecture has it.
     #[cfg(target_arch = "x86_64")]
