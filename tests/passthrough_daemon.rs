@@ -283,6 +283,27 @@ fn filtered_daemon_without_namespaces_stops_cleanly() {
     assert!(!daemon.sock.exists(), "socket file removed at exit");
 }
 
+/// Every data path (`--io-mode`: the io_uring, inline zero-copy, the bounce buffer) under the
+/// filter in kill mode.
+#[test]
+fn every_io_mode_runs_under_the_filter() {
+    for mode in ["ring", "hybrid", "sync"] {
+        let (base, share) = new_share();
+        let daemon = Daemon::start(base.path(), &share, &["--io-mode", mode, "--seccomp", "kill"]);
+        let mut d = daemon.connect();
+        let (e, o) = d.create(1, "f", 0o644, RDWR).unwrap();
+        let data = vec![0x5au8; 256 << 10];
+        assert_eq!(d.write(e.nodeid, o.fh, 4096, &data).unwrap() as usize, data.len(), "{mode}");
+        d.fsync(e.nodeid, o.fh, true).unwrap();
+        d.fsync(e.nodeid, o.fh, false).unwrap();
+        assert_eq!(d.read(e.nodeid, o.fh, 4096, 128 << 10).unwrap(), &data[..128 << 10], "{mode}");
+        d.release(e.nodeid, o.fh).unwrap();
+        d.shutdown().unwrap();
+        assert_eq!(std::fs::metadata(share.join("f")).unwrap().len(), 4096 + (256 << 10), "{mode}");
+        assert!(!status_field(daemon.pid(), "State:").starts_with('Z'), "{mode}: {}", daemon.log());
+    }
+}
+
 /// `--seccomp=log`: the filter is installed, with the kernel logging what it lacks instead of
 /// killing; the daemon says so.
 #[test]

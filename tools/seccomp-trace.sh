@@ -25,9 +25,16 @@ trap 'umount -l "$SHARE" 2>/dev/null || true' EXIT
 
 # A wrapper the harness can start as "the daemon": strace writes one file per process tree.
 WRAP=$OUT/traced-daemon.sh
+# strace does not pass SIGTERM on to its tracee: the wrapper forwards it to the daemon.
 cat > "$WRAP" <<W
-#!/bin/sh
-exec strace -f -qq -o "$OUT/trace.\$\$" "$DAEMON" "\$@" --seccomp off
+#!/bin/bash
+strace -f -qq -o "$OUT/trace.\$\$" "$DAEMON" "\$@" --seccomp off &
+spid=\$!
+fwd() { for p in \$(pgrep -P "\$spid"); do kill -TERM "\$p"; done; }
+trap fwd TERM INT
+wait "\$spid"; rc=\$?
+if [ \$rc -gt 128 ]; then wait "\$spid"; rc=\$?; fi
+exit \$rc
 W
 chmod +x "$WRAP"
 
@@ -62,7 +69,7 @@ for path in sorted(glob.glob(out + "/trace.*")):
         m = re.match(r"^\d+\s+([a-z0-9_]+)\(", line)
         if m:
             seen[m.group(1)] += 1
-allowed = set(re.findall(r"allow!\(l, SYS_([a-z0-9_]+)", open(src).read()))
+allowed = set(re.findall(r"allow!\(\s*l,\s*SYS_([a-z0-9_]+)", open(src).read()))
 print("system calls after the filter point (calls, name):")
 for name, n in sorted(seen.items(), key=lambda kv: -kv[1]):
     print(f"{n:>10}  {name}{'' if name in allowed else '   <-- NOT IN THE ALLOWLIST'}")
