@@ -251,6 +251,22 @@ fn sandboxed_daemon_sees_only_the_shared_directory_and_still_serves_it() {
     assert!(!status_field(daemon.pid(), "State:").starts_with('Z'), "the daemon died");
 }
 
+/// Sharing `/` itself: nothing to pivot into, and the sandbox's own procfs mounts do not show in
+/// the share (the daemon reads nothing here but the root's listing).
+#[test]
+fn sharing_the_root_hides_the_sandboxs_procfs() {
+    if !is_root() {
+        return;
+    }
+    let base = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(base.path(), Path::new("/"), &["--sandbox", "namespace"]);
+    let mounts = std::fs::read_to_string(format!("/proc/{}/mountinfo", daemon.pid())).unwrap();
+    assert!(!mounts.contains("subset=pid") && !mounts.contains("/fd /proc"), "{mounts}");
+    let mut d = daemon.connect();
+    assert_ne!(d.lookup(1, "etc").unwrap().nodeid, 0);
+    d.shutdown().unwrap();
+}
+
 /// `--sandbox=none --seccomp=off`: the daemon stays in our namespaces, unfiltered (and still
 /// drops its privileges).
 #[test]

@@ -189,13 +189,10 @@ pub fn enter_namespace(shared_dir: &Path) -> Result<Confined, SandboxError> {
     let proc_self_fd =
         sys::open(c"/proc", libc::O_PATH | libc::O_DIRECTORY).map_err(mount_err("open /proc/self/fd"))?;
 
-    // The shared directory as a mount of its own (pivot_root wants one), submounts included.
-    sys::mount(Some(&cdir), &cdir, None, libc::MS_BIND | libc::MS_REC, None)
-        .map_err(mount_err("bind-mount the shared directory onto itself"))?;
-    let new_root =
-        sys::open(&cdir, libc::O_PATH | libc::O_DIRECTORY).map_err(mount_err("open the new root"))?;
     let old_root =
         sys::open(c"/", libc::O_PATH | libc::O_DIRECTORY).map_err(mount_err("open the old root"))?;
+    let shared =
+        sys::open(&cdir, libc::O_PATH | libc::O_DIRECTORY).map_err(mount_err("open the shared directory"))?;
     let same = |a: &OwnedFd, b: &OwnedFd| -> io::Result<bool> {
         let (x, y) = (sys::fstatx(a.as_fd())?, sys::fstatx(b.as_fd())?);
         Ok(x.stx_mnt_id == y.stx_mnt_id
@@ -203,15 +200,28 @@ pub fn enter_namespace(shared_dir: &Path) -> Result<Confined, SandboxError> {
             && x.stx_dev_major == y.stx_dev_major
             && x.stx_dev_minor == y.stx_dev_minor)
     };
-    if !same(&new_root, &old_root).map_err(mount_err("compare the old and new roots"))? {
-        sys::fchdir(new_root.as_fd()).map_err(mount_err("enter the shared directory"))?;
-        // The old root goes on top of the new one, then away.
-        sys::pivot_root(c".", c".").map_err(mount_err("pivot_root into the shared directory"))?;
-        sys::fchdir(old_root.as_fd()).map_err(mount_err("enter the old root"))?;
-        sys::mount(None, c".", None, libc::MS_SLAVE | libc::MS_REC, None)
-            .map_err(mount_err("make the old root a slave"))?;
-        sys::umount2(c".", libc::MNT_DETACH).map_err(mount_err("detach the old root"))?;
+    if same(&shared, &old_root).map_err(mount_err("compare the shared directory with the root"))? {
+        // Sharing the root itself: nothing to pivot, but the two mounts on /proc must not show
+        // in the share (the descriptor keeps the /proc/self/fd one alive).
+        for what in ["detach the /proc/self/fd bind mount", "detach the private procfs"] {
+            sys::umount2(c"/proc", libc::MNT_DETACH).map_err(mount_err(what))?;
+        }
+        sys::fchdir(old_root.as_fd()).map_err(mount_err("enter the root"))?;
+        return Ok(Confined { proc_self_fd, shared_dir: dir, proc_restricted });
     }
+    drop(shared);
+    // The shared directory as a mount of its own (pivot_root wants one), submounts included.
+    sys::mount(Some(&cdir), &cdir, None, libc::MS_BIND | libc::MS_REC, None)
+        .map_err(mount_err("bind-mount the shared directory onto itself"))?;
+    let new_root =
+        sys::open(&cdir, libc::O_PATH | libc::O_DIRECTORY).map_err(mount_err("open the new root"))?;
+    sys::fchdir(new_root.as_fd()).map_err(mount_err("enter the shared directory"))?;
+    // The old root goes on top of the new one, then away.
+    sys::pivot_root(c".", c".").map_err(mount_err("pivot_root into the shared directory"))?;
+    sys::fchdir(old_root.as_fd()).map_err(mount_err("enter the old root"))?;
+    sys::mount(None, c".", None, libc::MS_SLAVE | libc::MS_REC, None)
+        .map_err(mount_err("make the old root a slave"))?;
+    sys::umount2(c".", libc::MNT_DETACH).map_err(mount_err("detach the old root"))?;
     drop(old_root);
     sys::fchdir(new_root.as_fd()).map_err(mount_err("enter the new root"))?;
     Ok(Confined { proc_self_fd, shared_dir: dir, proc_restricted })
