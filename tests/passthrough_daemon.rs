@@ -210,7 +210,13 @@ fn sandboxed_daemon_sees_only_the_shared_directory_and_still_serves_it() {
     let dir = d.mkdir(1, "dir", 0o755).unwrap();
     let l = d.symlink(dir.nodeid, "link", "../file").unwrap();
     assert_eq!(d.readlink(l.nodeid).unwrap(), b"../file");
-    d.link(e.nodeid, dir.nodeid, "hard").unwrap();
+    let hard = d.link(e.nodeid, dir.nodeid, "hard").unwrap();
+    // Inode identity (device, inode, mount id) holds inside the namespace: the same host inode
+    // is the same node, however it is reached.
+    assert_eq!(hard.nodeid, e.nodeid, "a hard link is the same node");
+    assert_eq!(d.lookup(dir.nodeid, "hard").unwrap().nodeid, e.nodeid);
+    assert_eq!(d.lookup(1, "host-file").unwrap().nodeid, host.nodeid, "a second lookup");
+    assert_eq!(d.lookup(dir.nodeid, "..").unwrap().nodeid, 1);
     d.mknod(dir.nodeid, "fifo", libc::S_IFIFO | 0o600, 0).unwrap();
     // SETXATTR, GETXATTR, LISTXATTR, REMOVEXATTR (path-based calls on /proc/self/fd entries).
     let set = [8u32.to_ne_bytes(), 0u32.to_ne_bytes(), 0u32.to_ne_bytes(), 0u32.to_ne_bytes()].concat();
