@@ -305,14 +305,25 @@ impl RunningDevice {
         profile: Profile,
         handler: Arc<dyn RequestHandler>,
     ) -> Result<Self, ServerError> {
-        let server = vfio_user::Server::bind(socket, &profile, handler)?;
+        Self::start_on(vfio_user::Listener::bind(socket)?, profile, handler)
+    }
+
+    /// Starts a device on a socket bound earlier (see [`vfio_user::Listener`]): its threads start
+    /// here, not before.
+    pub fn start_on(
+        listener: vfio_user::Listener,
+        profile: Profile,
+        handler: Arc<dyn RequestHandler>,
+    ) -> Result<Self, ServerError> {
+        let socket = listener.path().to_path_buf();
+        let server = vfio_user::Server::new(listener, &profile, handler)?;
         let stop = server.stop_handle();
         let stats = server.stats();
         let join = std::thread::Builder::new()
             .name("vfio-user".into())
             .spawn(move || server.run())
             .map_err(ServerError::Setup)?;
-        Ok(RunningDevice { socket: socket.to_path_buf(), stop, stats, join: Some(join) })
+        Ok(RunningDevice { socket, stop, stats, join: Some(join) })
     }
 
     /// The socket the device listens on.

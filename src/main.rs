@@ -10,10 +10,13 @@ use clap::Parser;
 use log::{error, info};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use virtiofs_backend::filesystem::CachePolicy;
+use virtiofs_backend::passthrough::sandbox::{self, SandboxMode};
+use virtiofs_backend::passthrough::seccomp::{self, SeccompMode};
 use virtiofs_backend::passthrough::uring::IoMode;
-use virtiofs_backend::passthrough::{sandbox, PassthroughConfig};
+use virtiofs_backend::passthrough::PassthroughConfig;
 use virtiofs_backend::ramfs::RamFsConfig;
 use virtiofs_backend::{PassthroughFs, RamFs};
+use virtiofs_device::vfio_user::Listener;
 use virtiofs_dpu::config::Profile;
 use virtiofs_dpu::{FuseHandler, PassthroughHandler, RunningDevice};
 
@@ -46,6 +49,16 @@ struct Args {
     /// --shared-dir (the host may change the directory too).
     #[arg(long, value_name = "POLICY")]
     cache: Option<CachePolicy>,
+    /// With --shared-dir, how the daemon confines itself once its socket is bound: `namespace`
+    /// (new mount, IPC and network namespaces whose root is the shared directory; needs root,
+    /// the default for root) or `none` (the default otherwise).
+    #[arg(long, value_name = "MODE", requires = "shared_dir")]
+    sandbox: Option<SandboxMode>,
+    /// With --shared-dir, what a system call outside the daemon's allowlist does: `trap` (the
+    /// daemon logs the call's number and dies of SIGSYS), `kill` (the kernel kills it), `log`
+    /// (allowed, logged by the kernel's audit) or `off` (no filter).
+    #[arg(long, value_name = "MODE", default_value = "trap", requires = "shared_dir")]
+    seccomp: SeccompMode,
 }
 
 fn main() -> ExitCode {
@@ -61,7 +74,7 @@ fn main() -> ExitCode {
         },
         None => Profile::default(),
     };
-    if let Some(tag) = args.tag {
+    if let Some(tag) = args.tag.clone() {
         profile.tag = tag;
     }
     if let Err(e) = profile.validate().and_then(|()| profile.check_machine()) {
@@ -87,37 +100,10 @@ fn main() -> ExitCode {
             let handler = Arc::new(FuseHandler::new(RamFs::with_config(cfg)));
             RunningDevice::start_with(&args.socket_path, profile, handler)
         }
-        Some(dir) => {
-            let mut cfg = PassthroughConfig::new(dir);
-            cfg.cache = args.cache.unwrap_or(cfg.cache);
-            info!("shared directory {}, cache {}", dir.display(), cfg.cache);
-            let fs = match PassthroughFs::new(cfg) {
-                Ok(fs) => fs,
-                Err(e) => {
-                    error!("{}", error_chain(&e));
-                    return ExitCode::from(2);
-                }
-            };
-            // Before the device starts its threads: they inherit the reduced capabilities.
-            match sandbox::drop_privileges() {
-                Ok(d) if d.privileged => info!(
-                    "shared directory {}: no_new_privs, {} capabilities dropped from the bounding set, kept {}",
-                    dir.display(),
-                    d.bounding,
-                    sandbox::KEPT_CAPS.iter().map(|c| c.1).collect::<Vec<_>>().join(",")
-                ),
-                Ok(_) => info!("shared directory {}: unprivileged, no_new_privs set", dir.display()),
-                Err(e) => {
-                    error!("cannot drop privileges: {e}");
-                    return ExitCode::FAILURE;
-                }
-            }
-            RunningDevice::start_with(
-                &args.socket_path,
-                profile,
-                Arc::new(PassthroughHandler::new(fs, args.io_mode)),
-            )
-        }
+        Some(dir) => match confine_and_serve(dir, &args, profile) {
+            Ok(started) => started,
+            Err(code) => return code,
+        },
     };
     let device = match started {
         Ok(d) => d,
@@ -142,6 +128,65 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--shared-dir`: checks the directory, binds the socket, confines the process (namespaces,
+/// capabilities, seccomp: see `virtiofs_backend::passthrough::sandbox`) and only then starts the
+/// device's threads, which inherit all of it.
+fn confine_and_serve(
+    dir: &std::path::Path,
+    args: &Args,
+    profile: Profile,
+) -> Result<Result<RunningDevice, virtiofs_device::vfio_user::ServerError>, ExitCode> {
+    let fail = |code: u8, e: &dyn std::error::Error| {
+        error!("{}", error_chain(e));
+        ExitCode::from(code)
+    };
+    let config = |root: &std::path::Path| {
+        let mut cfg = PassthroughConfig::new(root);
+        cfg.cache = args.cache.unwrap_or(cfg.cache);
+        cfg
+    };
+    // The directory is checked on the host's terms first (the same errors in every mode).
+    let fs = PassthroughFs::new(config(dir)).map_err(|e| fail(2, &e))?;
+    info!("shared directory {}, cache {}", dir.display(), config(dir).cache);
+    let mode = args.sandbox.unwrap_or_else(SandboxMode::default_for_this_process);
+    let mut listener = Listener::bind(&args.socket_path).map_err(|e| fail(1, &e))?;
+    let fs = match mode {
+        SandboxMode::None => {
+            info!("shared directory {}: no sandbox (--sandbox=none)", dir.display());
+            fs
+        }
+        SandboxMode::Namespace => {
+            drop(fs);
+            let confined = sandbox::enter_namespace(dir).map_err(|e| fail(1, &e))?;
+            // The path no longer names the socket (it would name a file in the share).
+            listener.keep_socket_file();
+            info!(
+                "sandbox: new mount, IPC and network namespaces; root is now {} (procfs {})",
+                confined.shared_dir.display(),
+                if confined.proc_restricted { "subset=pid,hidepid=invisible" } else { "unrestricted" }
+            );
+            // Everything the passthrough holds is opened here, inside the new root.
+            PassthroughFs::with_proc_fd(config(std::path::Path::new("/")), confined.proc_self_fd)
+                .map_err(|e| fail(1, &e))?
+        }
+    };
+    match sandbox::drop_privileges() {
+        Ok(d) if d.privileged => info!(
+            "no_new_privs, {} capabilities dropped from the bounding set, kept {}",
+            d.bounding,
+            sandbox::KEPT_CAPS.iter().map(|c| c.1).collect::<Vec<_>>().join(",")
+        ),
+        Ok(_) => info!("unprivileged, no_new_privs set"),
+        Err(e) => return Err(fail(1, &e)),
+    }
+    seccomp::install(args.seccomp).map_err(|e| fail(1, &e))?;
+    match args.seccomp {
+        SeccompMode::Off => info!("seccomp: off"),
+        m => info!("seccomp: {} system calls allowed, others: {m:?}", seccomp::allowlist().len()),
+    }
+    Ok(RunningDevice::start_on(listener, profile, Arc::new(PassthroughHandler::new(fs, args.io_mode))))
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -222,6 +222,27 @@ pub struct InHeader {
     pub padding: u16,
 }
 
+/// Request extension types (`enum fuse_ext_type`).
+pub mod ext {
+    /// Types 0 to this one are security contexts (`fuse_secctx_header`, whose second field is
+    /// the number of contexts), sent with `FUSE_SECURITY_CTX`.
+    pub const MAX_NR_SECCTX: u32 = 31;
+    /// Supplementary groups (`struct fuse_supp_groups`), sent with `FUSE_CREATE_SUPP_GROUP`.
+    pub const GROUPS: u32 = 32;
+}
+
+/// Header of one request extension (`struct fuse_ext_header`). Extensions follow the
+/// arguments, `in_header.total_extlen * 8` bytes in all; each is `size` bytes (a multiple of 8,
+/// this header included).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ExtHeader {
+    /// Bytes of this extension, header included.
+    pub size: u32,
+    /// One of [`ext`].
+    pub typ: u32,
+}
+
 /// Header of every reply (`struct fuse_out_header`).
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -794,6 +815,7 @@ macro_rules! byte_valued {
 
 byte_valued!(
     InHeader,
+    ExtHeader,
     OutHeader,
     Attr,
     EntryOut,
@@ -851,6 +873,7 @@ mod tests {
     #[test]
     fn sizes_match_the_kernel_header() {
         assert_eq!(size_of::<InHeader>(), 40);
+        assert_eq!(size_of::<ExtHeader>(), 8);
         assert_eq!(size_of::<OutHeader>(), 16);
         assert_eq!(size_of::<Attr>(), 88);
         assert_eq!(size_of::<EntryOut>(), 128);

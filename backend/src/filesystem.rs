@@ -12,9 +12,14 @@ use std::time::Duration;
 
 use crate::io::{Reader, Writer};
 
-/// Who is asking: the fsuid, fsgid and thread group of the guest process behind a request.
+/// Who is asking: the fsuid, fsgid and thread group of the guest process behind a request, and
+/// at most one of its supplementary groups.
 ///
-/// FUSE carries no supplementary groups, so permission checks can only use `gid`.
+/// FUSE carries supplementary groups only in a request extension (`FUSE_EXT_GROUPS`), which the
+/// kernel adds with `FUSE_CREATE_SUPP_GROUP` to creations (CREATE, MKNOD, MKDIR, SYMLINK,
+/// TMPFILE) when the parent directory's group is one of the caller's supplementary groups and not
+/// its fsgid: exactly the case where group membership decides the permission check on the
+/// parent. Elsewhere permission checks can only use `gid`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Context {
     /// Filesystem user id of the caller.
@@ -23,6 +28,16 @@ pub struct Context {
     pub gid: u32,
     /// Thread group id of the caller.
     pub pid: u32,
+    /// A supplementary group of the caller, from the request's `FUSE_EXT_GROUPS` extension.
+    pub supp_gid: Option<u32>,
+}
+
+impl Context {
+    /// Whether the caller is in group `gid`, as far as the request tells: its fsgid or the
+    /// supplementary group it carries.
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.supp_gid == Some(gid)
+    }
 }
 
 /// A point in time, seconds and nanoseconds since the Unix epoch (seconds may be negative).

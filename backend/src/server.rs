@@ -48,8 +48,8 @@ const MAX_COPY_REPLY: u64 = u32::MAX as u64 & !0xfff;
 ///   later as SETATTR with explicit times from whichever task flushes (our checks give explicit
 ///   times to the owner only), and write dirty pages back without the writer's identity (so
 ///   set-user-id clearing loses the caller); not handled yet.
-/// - `EXPORT_SUPPORT`, `CACHE_SYMLINKS`, `SECURITY_CTX`, `CREATE_SUPP_GROUP`, `PASSTHROUGH`,
-///   DAX and submount flags: not implemented.
+/// - `EXPORT_SUPPORT`, `CACHE_SYMLINKS`, `SECURITY_CTX`, `PASSTHROUGH`, DAX and submount flags:
+///   not implemented.
 const SUPPORTED_INIT_FLAGS: u64 = abi::init::ASYNC_READ
     | abi::init::PARALLEL_DIROPS
     | abi::init::BIG_WRITES
@@ -75,6 +75,9 @@ const SUPPORTED_INIT_FLAGS: u64 = abi::init::ASYNC_READ
     // kernel flushes and invalidates the mapping's pages around direct I/O); without it mmap
     // fails with ENODEV, as it does under virtiofsd --cache=never.
     | abi::init::DIRECT_IO_ALLOW_MMAP
+    // Creations carry the caller's supplementary group that owns the parent directory (a
+    // `FUSE_EXT_GROUPS` request extension), see `read_extensions`.
+    | abi::init::CREATE_SUPP_GROUP
     // POSIX_LOCKS and FLOCK_LOCKS, when SETLKW can wait without blocking a poller (see there).
     | LOCK_FLAGS;
 
@@ -113,6 +116,9 @@ enum RequestError {
     /// Invalid flags or values in the arguments.
     #[error("invalid argument")]
     Invalid,
+    /// Malformed request extensions.
+    #[error("malformed request extension: {0}")]
+    Extension(&'static str),
     /// A request other than INIT before INIT.
     #[error("session not initialised")]
     NotInitialized,
@@ -138,7 +144,8 @@ impl RequestError {
             RequestError::LengthMismatch { .. }
             | RequestError::WriteSize { .. }
             | RequestError::BadName
-            | RequestError::Invalid => libc::EINVAL,
+            | RequestError::Invalid
+            | RequestError::Extension(_) => libc::EINVAL,
             RequestError::NameTooLong => libc::ENAMETOOLONG,
             RequestError::NotInitialized => libc::EIO,
             RequestError::Protocol { .. } => libc::EPROTO,
@@ -345,7 +352,7 @@ impl<F: FileSystem> Server<F> {
                 return Served::Replied(reply_error(writable, 0, libc::EINVAL));
             }
         };
-        let ctx = Context { uid: hdr.uid, gid: hdr.gid, pid: hdr.pid };
+        let ctx = Context { uid: hdr.uid, gid: hdr.gid, pid: hdr.pid, supp_gid: None };
         match self.dispatch(&hdr, &ctx, actual, r, Writer::new(writable), park.as_deref_mut()) {
             Ok(n) => match park.and_then(Option::take) {
                 Some(wait) => Served::Wait(wait),
@@ -373,10 +380,19 @@ impl<F: FileSystem> Server<F> {
         if hdr.len as usize != actual {
             return Err(RequestError::LengthMismatch { header: hdr.len as usize, actual });
         }
-        // Request extensions (security context, supplementary groups) trail the arguments; we
-        // negotiate none, so just cut them off.
+        // Request extensions (supplementary groups, security contexts) trail the arguments.
         let ext = usize::from(hdr.total_extlen) * 8;
-        let args_len = r.bytes_left().checked_sub(ext).ok_or(RequestError::Invalid)?;
+        let args_len =
+            r.bytes_left().checked_sub(ext).ok_or(RequestError::Extension("longer than the request"))?;
+        let with_ext;
+        let ctx = if ext == 0 {
+            ctx
+        } else {
+            let mut ext_r = r.clone();
+            ext_r.consume(args_len)?;
+            with_ext = read_extensions(ctx, ext_r)?;
+            &with_ext
+        };
         r.truncate(args_len);
 
         // Requests without a reply never touch the writable buffers.
@@ -885,6 +901,41 @@ impl<F: FileSystem> Server<F> {
         }
         Ok(0)
     }
+}
+
+/// The caller's context with what the request extensions in `r` (all of `r`) add to it: the
+/// supplementary group of a `FUSE_EXT_GROUPS` extension (the kernel sends one group; only the
+/// first is kept). Security contexts (types up to `FUSE_MAX_NR_SECCTX`, sent only with
+/// `FUSE_SECURITY_CTX`, which we do not negotiate) and types we do not know are skipped, as a
+/// newer kernel's extensions must not break an older server. Malformed extensions (a size that is
+/// not a multiple of 8, below the header, or past the end; a group list longer than its
+/// extension; two group extensions) are `EINVAL`.
+fn read_extensions(ctx: &Context, mut r: Reader<'_>) -> Result<Context> {
+    const HEADER: usize = size_of::<abi::ExtHeader>();
+    let mut ctx = *ctx;
+    let mut groups_seen = false;
+    while r.bytes_left() > 0 {
+        let h: abi::ExtHeader = r.read_obj().map_err(|_| RequestError::Extension("truncated header"))?;
+        let size = h.size as usize;
+        if size < HEADER || size & 7 != 0 {
+            return Err(RequestError::Extension("bad size"));
+        }
+        let mut body = r.split_at(size - HEADER).map_err(|_| RequestError::Extension("past the end"))?;
+        if h.typ != abi::ext::GROUPS {
+            continue;
+        }
+        if std::mem::replace(&mut groups_seen, true) {
+            return Err(RequestError::Extension("two group lists"));
+        }
+        let n: u32 = body.read_obj().map_err(|_| RequestError::Extension("short group list"))?;
+        if n as usize > body.bytes_left() / size_of::<u32>() {
+            return Err(RequestError::Extension("group count past the end"));
+        }
+        if n > 0 {
+            ctx.supp_gid = Some(body.read_obj::<u32>()?);
+        }
+    }
+    Ok(ctx)
 }
 
 fn is_no_reply(op: u32) -> bool {

@@ -44,6 +44,7 @@ fn init_negotiates_linux_6_12() {
         | abi::init::POSIX_ACL
         | abi::init::SETXATTR_EXT
         | abi::init::DIRECT_IO_ALLOW_MMAP
+        | abi::init::CREATE_SUPP_GROUP
         | abi::init::MAX_PAGES
         | abi::init::INIT_EXT;
     assert_eq!(flags, want, "exactly the flags we honour, plus MAX_PAGES and INIT_EXT");

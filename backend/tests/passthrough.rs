@@ -5,7 +5,7 @@ mod passthrough_common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-use passthrough_common::{is_root, Fuse, Tree, ROOT};
+use passthrough_common::{groups_ext, is_root, Fuse, Tree, ROOT};
 use virtiofs_backend::abi;
 
 const RDWR: u32 = libc::O_RDWR as u32;
@@ -428,4 +428,42 @@ fn requests_run_with_the_callers_identity() {
     assert_eq!(std::fs::metadata(t.host("suid")).unwrap().mode() & 0o7777, 0o777);
     // ... and the serving thread is root again afterwards.
     f.as_user(0, 0).chmod(secret.nodeid, 0o640).unwrap();
+}
+
+/// `FUSE_EXT_GROUPS`: a creation in a directory the caller may write only through a supplementary
+/// group succeeds on the host with that group, and only for that request.
+#[test]
+fn creations_run_with_the_supplementary_group_they_carry() {
+    use vm_memory::ByteValued;
+    if !is_root() {
+        return;
+    }
+    const TEAM: u32 = 4242;
+    let t = Tree::new();
+    let f = Fuse::new(&t.share);
+    let team = f.mkdir(ROOT, b"team", 0o775).unwrap().nodeid;
+    f.chown(team, u32::MAX, TEAM).unwrap();
+    let u = f.as_user(1000, 1000);
+    let g = groups_ext(&[TEAM]);
+    assert_eq!(u.mkdir(team, b"d", 0o755).unwrap_err(), libc::EACCES, "the host refuses without the group");
+    let mkdir = abi::MkdirIn { mode: 0o755, umask: 0 };
+    let d = u.raw_ext(abi::opcode::MKDIR, team, &[mkdir.as_slice(), b"d\0"], &g).result().unwrap();
+    let d: abi::EntryOut = passthrough_common::parse(&d);
+    let m = std::fs::metadata(t.host("team/d")).unwrap();
+    assert_eq!((m.uid(), m.gid(), d.attr.gid), (1000, 1000, 1000));
+    let create = abi::CreateIn { flags: libc::O_RDWR as u32, mode: 0o644, umask: 0, open_flags: 0 };
+    u.raw_ext(abi::opcode::CREATE, team, &[create.as_slice(), b"f\0"], &g).result().unwrap();
+    u.raw_ext(abi::opcode::TMPFILE, team, &[create.as_slice(), b"/\0"], &g).result().unwrap();
+    let mknod = abi::MknodIn { mode: libc::S_IFIFO | 0o644, rdev: 0, umask: 0, padding: 0 };
+    u.raw_ext(abi::opcode::MKNOD, team, &[mknod.as_slice(), b"p\0"], &g).result().unwrap();
+    u.raw_ext(abi::opcode::SYMLINK, team, &[b"l\0", b"target\0"], &g).result().unwrap();
+    assert_eq!(std::fs::metadata(t.host("team/f")).unwrap().uid(), 1000);
+    // This thread served the requests: its supplementary groups are empty again.
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+    let groups = status.lines().find_map(|l| l.strip_prefix("Groups:")).unwrap().trim().to_string();
+    assert_eq!(groups, "", "the group lasted beyond its request");
+    assert_eq!(u.mkdir(team, b"e", 0o755).unwrap_err(), libc::EACCES);
+    // Another group grants nothing.
+    let r = u.raw_ext(abi::opcode::MKDIR, team, &[mkdir.as_slice(), b"x\0"], &groups_ext(&[5555]));
+    assert_eq!(r.result().unwrap_err(), libc::EACCES);
 }

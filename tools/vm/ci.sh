@@ -6,8 +6,12 @@
 #      check), and checks from the daemon's exit report that both request queues carried
 #      requests and that SETLKW requests reached the daemon and waited there;
 #   2. a guest reboot (device reset) and a remount with the data checked;
-#   3. QEMU killed with SIGKILL mid-write, then a new QEMU attaching and checking the data.
-# Exit status 0 only if everything passed. Env: VM_CACHE, FSX_OPS (default 20000).
+#   3. QEMU killed with SIGKILL mid-write, then a new QEMU attaching and checking the data;
+#   4. the passthrough backend (--shared-dir on a tmpfs), sandboxed (namespaces, seccomp in trap
+#      mode: the default), in one boot: pjdfstest, fsx (PT_FSX_OPS, default 100000 ops),
+#      escape.sh with a host canary beside the share, suppgroup.sh; then checks that the canary
+#      is untouched and that the daemon reported no system call outside its allowlist.
+# Exit status 0 only if everything passed. Env: VM_CACHE, FSX_OPS (default 20000), PT_FSX_OPS.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -31,7 +35,8 @@ export VFDPU_DAEMON=$TARGET/release/virtiofs-dpu
 fail=0
 step "guest suites against the device"
 if bash "$HERE/run-device-test.sh" --out "$OUT/suites" --config "$CONFIG" \
-     -e "FSX_OPS=${FSX_OPS:-20000}" "$HERE/guest/all.sh"; then
+     -e "FSX_OPS=${FSX_OPS:-20000}" -e "VM_SUITES=pjdfstest fsx bigfile suppgroup dmesg-check" \
+     "$HERE/guest/all.sh"; then
   counts=$(grep -a 'requests per queue' "$OUT/suites/daemon.log" | sed 's/.*requests per queue: //')
   echo "per-queue requests (q0 = hiprio): $counts"
   q1=$(echo "$counts" | tr ' ' '\n' | sed -n 's/^q1=//p'); q2=$(echo "$counts" | tr ' ' '\n' | sed -n 's/^q2=//p')
@@ -63,8 +68,37 @@ bash "$HERE/run-device-test.sh" --allow-reboot --out "$OUT/reboot" --config "$CO
 step "QEMU killed mid-write; a new QEMU attaches"
 bash "$HERE/run-fault-test.sh" --out "$OUT/fault" --config "$CONFIG" || { echo "FAIL: fault"; fail=1; }
 
+step "passthrough backend, sandboxed: pjdfstest, fsx, escape, suppgroup"
+PT=$(mktemp -d /tmp/vfdpu-pt.XXXXXX)
+mount -t tmpfs -o size=1g,mode=0755 tmpfs "$PT"
+mkdir "$PT/share"
+SECRET="vfdpu-ci-canary-$$-$RANDOM$RANDOM"
+echo "$SECRET" > "$PT/vfdpu-escape-canary"
+canary_before=$(stat -c %Y:%s "$PT/vfdpu-escape-canary")
+if bash "$HERE/run-device-test.sh" --out "$OUT/passthrough" --config "$CONFIG" --timeout 1800 \
+     --daemon-arg --shared-dir --daemon-arg "$PT/share" \
+     -e "FSX_OPS=${PT_FSX_OPS:-100000}" -e "VM_SUITES=pjdfstest fsx escape suppgroup" \
+     -e ESCAPE_CANARY_NAME=vfdpu-escape-canary -e "ESCAPE_CANARY_TEXT=$SECRET" "$HERE/guest/all.sh"; then
+  :
+else
+  echo "FAIL: passthrough guest suites"; fail=1
+fi
+tr -d '\r' < "$OUT/passthrough/console.log" |
+  grep -a -E '^(VMRESULT|Summary:|pjdfstest: |fsx: |All operations|escape: FAIL|suppgroup: FAIL)' || true
+grep -a -E 'sandbox:|seccomp:' "$OUT/passthrough/daemon.log" || true
+if [ "$(cat "$PT/vfdpu-escape-canary")" != "$SECRET" ] || [ "$(stat -c %Y:%s "$PT/vfdpu-escape-canary")" != "$canary_before" ]; then
+  echo "FAIL: the canary beside the share changed"; fail=1
+fi
+if ! grep -q 'sandbox: new mount, IPC and network namespaces' "$OUT/passthrough/daemon.log"; then
+  echo "FAIL: the passthrough daemon did not enter its sandbox"; fail=1
+fi
+if grep -a 'seccomp: system call' "$OUT/passthrough/daemon.log"; then
+  echo "FAIL: the daemon made a system call outside its allowlist"; fail=1
+fi
+umount "$PT" && rmdir "$PT"
+
 if [ $fail = 0 ]; then
-  echo "vm: 3 passed, 0 failed"
+  echo "vm: 4 passed, 0 failed"
 else
   echo "vm: logs in $OUT"
   echo "vm: FAILED"

@@ -21,9 +21,13 @@
 //!   same inode. Attribute and xattr changes go through the same `/proc/self/fd/N` paths (or
 //!   `AT_EMPTY_PATH` on the descriptor), which land on the inode itself, a symlink included.
 //! - Each operation runs with the caller's filesystem uid and gid on the serving thread (see
-//!   [`creds`]), with no supplementary groups, so the host kernel checks permissions as it would
-//!   for that user. Guest root is root on the share (as virtiofsd without id mapping): mount the
+//!   [`creds`]), with no supplementary groups but the one a creation carries
+//!   (`FUSE_CREATE_SUPP_GROUP`), so the host kernel checks permissions as it would for that user. Guest root is root on the share (as virtiofsd without id mapping): mount the
 //!   shared directory `nosuid,nodev` on the host.
+//!
+//! The daemon runs this inside a sandbox of its own (see [`sandbox`]): a mount namespace whose
+//! root is the shared directory, and a seccomp filter ([`seccomp`]); the passthrough is then
+//! created on `/` with the `/proc/self/fd` the sandbox opened ([`PassthroughFs::with_proc_fd`]).
 //!
 //! Assumptions: no untrusted host process moves directories out from under the shared
 //! directory while the daemon holds them (a held directory moved outside would stay reachable, as
@@ -59,6 +63,7 @@ use crate::io::{Reader, Writer};
 pub mod creds;
 pub mod inode;
 pub mod sandbox;
+pub mod seccomp;
 pub mod sys;
 pub mod uring;
 
@@ -268,7 +273,7 @@ fn open_flags(flags: u32) -> Result<i32> {
 
 /// Runs `f` with the caller's filesystem ids on this thread.
 fn as_caller<T>(ctx: &Context, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    let _guard = creds::Guard::enter(ctx.uid, ctx.gid).map_err(os)?;
+    let _guard = creds::Guard::enter(ctx.uid, ctx.gid, ctx.supp_gid).map_err(os)?;
     f()
 }
 
@@ -280,12 +285,19 @@ impl PassthroughFs {
     /// Opens `cfg.root` (following symlinks in that path: it is the administrator's) and checks
     /// that the kernel has what the confinement needs.
     pub fn new(cfg: PassthroughConfig) -> std::result::Result<Self, SetupError> {
+        let proc_fd =
+            sys::open(c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY).map_err(SetupError::Proc)?;
+        Self::with_proc_fd(cfg, proc_fd)
+    }
+
+    /// As [`PassthroughFs::new`], reopening nodes through `proc_fd`, a descriptor on this
+    /// process's `/proc/self/fd` directory (a sandboxed daemon opens it before its root changes,
+    /// see [`sandbox::enter_namespace`]).
+    pub fn with_proc_fd(cfg: PassthroughConfig, proc_fd: OwnedFd) -> std::result::Result<Self, SetupError> {
         let root_err = |source| SetupError::Root { path: cfg.root.clone(), source };
         let path = sys::cstring(cfg.root.as_os_str().as_bytes()).map_err(root_err)?;
         let root_fd = sys::open(&path, libc::O_PATH | libc::O_DIRECTORY).map_err(root_err)?;
         let st = sys::fstatx(root_fd.as_fd()).map_err(root_err)?;
-        let proc_fd =
-            sys::open(c"/proc/self/fd", libc::O_PATH | libc::O_DIRECTORY).map_err(SetupError::Proc)?;
         // Its magic links are what reopening relies on: it must be procfs.
         let fs_type = sys::fstatfs(proc_fd.as_fd()).map_err(SetupError::Proc)?.f_type;
         if fs_type != libc::PROC_SUPER_MAGIC {
@@ -398,6 +410,14 @@ impl PassthroughFs {
             entry_timeout: self.cfg.cache.timeout(),
             attr_timeout: self.cfg.cache.timeout(),
         }
+    }
+
+    /// The `/proc/self/fd` entry of `fd`, for a path-based call relative to the working
+    /// directory, which this makes the `/proc/self/fd` directory (once per thread, see
+    /// [`creds::enter_dir`]).
+    fn proc_entry(&self, fd: std::os::fd::BorrowedFd<'_>) -> Result<sys::FdPath> {
+        creds::enter_dir(self.proc_fd.as_fd()).map_err(os)?;
+        Ok(sys::FdPath::new(fd))
     }
 
     /// Opens node `inode` for I/O through its `/proc/self/fd` entry and checks the result is the
@@ -594,7 +614,7 @@ impl FileSystem for PassthroughFs {
                 match &handle {
                     // Through the handle its access mode decides, as ftruncate(2).
                     Some(h) => sys::ftruncate(h.file.as_fd(), size).map_err(os)?,
-                    None => sys::truncate(path.path(), size).map_err(os)?,
+                    None => sys::truncate(self.proc_entry(inode.fd())?.name(), size).map_err(os)?,
                 }
             }
             if attr.atime.is_some() || attr.mtime.is_some() {
@@ -792,7 +812,8 @@ impl FileSystem for PassthroughFs {
         // when the writer lacks CAP_FSETID); the kernel tells us when, with HANDLE_KILLPRIV_V2.
         let kill = write_flags & abi::write_flags::KILL_SUIDGID != 0
             || !self.session_has(abi::init::HANDLE_KILLPRIV_V2);
-        let guard = if kill { Some(creds::Guard::enter(ctx.uid, ctx.gid).map_err(os)?) } else { None };
+        let guard =
+            if kill { Some(creds::Guard::enter(ctx.uid, ctx.gid, ctx.supp_gid).map_err(os)?) } else { None };
         let res = BOUNCE.with(|b| {
             let mut buf = b.borrow_mut();
             let mut done = 0;
@@ -972,21 +993,21 @@ impl FileSystem for PassthroughFs {
     ) -> Result<()> {
         let inode = self.inode(ino)?;
         let name = sys::cstring(name).map_err(os)?;
-        let path = sys::FdPath::new(inode.fd());
-        as_caller(ctx, || sys::setxattr(path.path(), &name, value, flags as i32).map_err(os))
+        let path = self.proc_entry(inode.fd())?;
+        as_caller(ctx, || sys::setxattr(path.name(), &name, value, flags as i32).map_err(os))
     }
 
     fn getxattr(&self, ctx: &Context, ino: u64, name: &[u8], size: u32) -> Result<XattrReply> {
         let inode = self.inode(ino)?;
         let name = sys::cstring(name).map_err(os)?;
-        let path = sys::FdPath::new(inode.fd());
+        let path = self.proc_entry(inode.fd())?;
         as_caller(ctx, || {
             if size == 0 {
-                let n = sys::getxattr(path.path(), &name, &mut []).map_err(os)?;
+                let n = sys::getxattr(path.name(), &name, &mut []).map_err(os)?;
                 return Ok(XattrReply::Size(n as u32));
             }
             let mut buf = vec![0u8; (size as usize).min(XATTR_SIZE_MAX)];
-            let n = sys::getxattr(path.path(), &name, &mut buf).map_err(os)?;
+            let n = sys::getxattr(path.name(), &name, &mut buf).map_err(os)?;
             buf.truncate(n);
             Ok(XattrReply::Data(buf))
         })
@@ -994,14 +1015,14 @@ impl FileSystem for PassthroughFs {
 
     fn listxattr(&self, ctx: &Context, ino: u64, size: u32) -> Result<XattrReply> {
         let inode = self.inode(ino)?;
-        let path = sys::FdPath::new(inode.fd());
+        let path = self.proc_entry(inode.fd())?;
         as_caller(ctx, || {
             if size == 0 {
-                let n = sys::listxattr(path.path(), &mut []).map_err(os)?;
+                let n = sys::listxattr(path.name(), &mut []).map_err(os)?;
                 return Ok(XattrReply::Size(n as u32));
             }
             let mut buf = vec![0u8; (size as usize).min(XATTR_SIZE_MAX)];
-            let n = sys::listxattr(path.path(), &mut buf).map_err(os)?;
+            let n = sys::listxattr(path.name(), &mut buf).map_err(os)?;
             buf.truncate(n);
             Ok(XattrReply::Data(buf))
         })
@@ -1010,8 +1031,8 @@ impl FileSystem for PassthroughFs {
     fn removexattr(&self, ctx: &Context, ino: u64, name: &[u8]) -> Result<()> {
         let inode = self.inode(ino)?;
         let name = sys::cstring(name).map_err(os)?;
-        let path = sys::FdPath::new(inode.fd());
-        as_caller(ctx, || sys::removexattr(path.path(), &name).map_err(os))
+        let path = self.proc_entry(inode.fd())?;
+        as_caller(ctx, || sys::removexattr(path.name(), &name).map_err(os))
     }
 
     fn lseek(&self, _ctx: &Context, ino: u64, fh: u64, offset: u64, whence: u32) -> Result<u64> {

@@ -4,8 +4,9 @@
 //! Conventions: names are `&CStr` (the caller validated them as single path components), file
 //! descriptors are borrowed (`BorrowedFd`) or returned owned (`OwnedFd`), failures are
 //! `io::Error`s carrying the host errno. Nothing here follows a symlink unless the function says
-//! so: the `*_proc` helpers resolve `/proc/self/fd/N` magic links, which land on the very inode
-//! the descriptor holds (a symlink inode stays a symlink; it is never followed further).
+//! so: the path-based calls given a `/proc/self/fd` entry ([`FdPath`]) resolve its magic link,
+//! which lands on the very inode the descriptor holds (a symlink inode stays a symlink; it is
+//! never followed further).
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -217,7 +218,7 @@ pub fn utimensat(
     check(unsafe { libc::utimensat(dirfd.as_raw_fd(), name.as_ptr(), times.as_ptr(), flags) }).map(drop)
 }
 
-/// `truncate(path, len)`; `path` is a `/proc/self/fd/N` path.
+/// `truncate(path, len)`; `path` is a `/proc/self/fd` entry relative to the working directory.
 pub fn truncate(path: &CStr, len: u64) -> io::Result<()> {
     let len = i64::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
     // SAFETY: `path` is NUL-terminated and only read during the call.
@@ -409,6 +410,253 @@ pub fn capset(effective: u64, permitted: u64, inheritable: u64) -> io::Result<()
     check_long(unsafe { libc::syscall(libc::SYS_capset, &hdr as *const Header, data.as_ptr()) }).map(drop)
 }
 
+/// `unshare(flags)`: the calling thread leaves the namespaces (or shared contexts) `flags` name.
+pub fn unshare(flags: i32) -> io::Result<()> {
+    // SAFETY: no memory is involved.
+    check(unsafe { libc::unshare(flags) }).map(drop)
+}
+
+fn opt_ptr(s: Option<&CStr>) -> *const libc::c_char {
+    s.map_or(std::ptr::null(), CStr::as_ptr)
+}
+
+/// `mount(source, target, fstype, flags, data)`; `None` passes a null pointer.
+pub fn mount(
+    source: Option<&CStr>,
+    target: &CStr,
+    fstype: Option<&CStr>,
+    flags: libc::c_ulong,
+    data: Option<&CStr>,
+) -> io::Result<()> {
+    // SAFETY: every pointer is null or a NUL-terminated string only read during the call
+    // (`data` is a mount option string for the filesystems we mount).
+    check(unsafe {
+        libc::mount(opt_ptr(source), target.as_ptr(), opt_ptr(fstype), flags, opt_ptr(data).cast())
+    })
+    .map(drop)
+}
+
+/// `umount2(target, flags)`.
+pub fn umount2(target: &CStr, flags: i32) -> io::Result<()> {
+    // SAFETY: `target` is NUL-terminated and only read during the call.
+    check(unsafe { libc::umount2(target.as_ptr(), flags) }).map(drop)
+}
+
+/// `pivot_root(new_root, put_old)`.
+pub fn pivot_root(new_root: &CStr, put_old: &CStr) -> io::Result<()> {
+    // SAFETY: both strings are NUL-terminated and only read during the call.
+    check_long(unsafe { libc::syscall(libc::SYS_pivot_root, new_root.as_ptr(), put_old.as_ptr()) }).map(drop)
+}
+
+/// `fchdir(fd)`: the calling thread's filesystem context (the process's, unless the thread
+/// unshared it) gets `fd` as its working directory.
+pub fn fchdir(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: plain system call on a borrowed descriptor.
+    check(unsafe { libc::fchdir(fd.as_raw_fd()) }).map(drop)
+}
+
+/// The calling process's effective user id.
+pub fn geteuid() -> u32 {
+    // SAFETY: no preconditions, no memory involved.
+    unsafe { libc::geteuid() }
+}
+
+/// `SIGSYS` handler for a seccomp filter that traps: writes one line naming the refused system
+/// call to standard error, then has the signal kill the process (`SA_RESETHAND` restored the
+/// default action; the `SIGSYS` raised here is blocked until the handler returns, then delivered).
+/// Only async-signal-safe work: formatting into a stack buffer, `write(2)`, `raise(3)`.
+extern "C" fn sigsys_handler(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    /// The `SIGSYS` part of `siginfo_t` (`_sigsys` in the kernel's union; libc does not name it).
+    #[repr(C)]
+    struct SigsysInfo {
+        signo: i32,
+        errno: i32,
+        code: i32,
+        _pad: i32,
+        call_addr: *mut libc::c_void,
+        syscall: i32,
+        arch: u32,
+    }
+    let nr = if info.is_null() {
+        -1
+    } else {
+        // SAFETY: the kernel passes a valid siginfo for a SA_SIGINFO handler; for a seccomp
+        // SIGSYS its union holds `_sigsys`, laid out as `SigsysInfo` on 64-bit Linux.
+        unsafe { (*info.cast::<SigsysInfo>()).syscall }
+    };
+    let mut buf = [0u8; 160];
+    let mut len = 0;
+    let mut put = |bytes: &[u8]| {
+        let n = bytes.len().min(buf.len() - len);
+        buf[len..len + n].copy_from_slice(&bytes[..n]);
+        len += n;
+    };
+    put(b"virtiofs-dpu: seccomp: system call ");
+    let mut digits = [0u8; 12];
+    let mut i = digits.len();
+    let mut v = nr.unsigned_abs();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    if nr < 0 {
+        put(b"-");
+    }
+    put(&digits[i..]);
+    put(b" is not in the allowlist (--seccomp=log runs on and logs each one)\n");
+    // SAFETY: `buf` is readable for `len` bytes; write(2) and raise(3) are async-signal-safe.
+    unsafe {
+        let _ = libc::write(2, buf.as_ptr().cast(), len);
+        libc::raise(libc::SIGSYS);
+    }
+}
+
+/// Installs the `SIGSYS` handler that reports a call a trapping seccomp filter refused: one line
+/// naming the call on standard error, then death by the signal (once: `SA_RESETHAND`).
+pub fn install_sigsys_reporter() -> io::Result<()> {
+    // SAFETY: zeroed `sigaction` is a valid "no flags, empty mask" value we then fill in.
+    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+    let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = sigsys_handler;
+    sa.sa_sigaction = handler as libc::sighandler_t;
+    sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESETHAND;
+    // SAFETY: `sa` is a valid sigaction whose handler only does async-signal-safe work; the old
+    // action is not wanted (null).
+    check(unsafe { libc::sigaction(libc::SIGSYS, &sa, std::ptr::null_mut()) }).map(drop)
+}
+
+/// Runs `child` in a forked child process whose standard error goes to a pipe; returns its wait
+/// status and what it wrote there. For tests of process-wide state (a seccomp filter) that must
+/// not touch the test process: `child` may only make system calls (no allocation, no locks: other
+/// threads of the parent may have held them at the fork) and its return value is the child's
+/// exit status.
+#[cfg(test)]
+pub fn in_child(child: impl FnOnce() -> i32) -> io::Result<(i32, Vec<u8>)> {
+    use std::io::Read;
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is a writable array of two ints.
+    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: the kernel just returned both descriptors; nobody else owns them.
+    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: the child runs only `child`, which by contract makes plain system calls, then
+    // leaves with `_exit` (no destructors, no atexit handlers).
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: plain system calls on descriptors this process holds; then `_exit` ends it.
+        unsafe {
+            libc::dup2(wr.as_raw_fd(), 2);
+            libc::_exit(child());
+        }
+    }
+    drop(wr);
+    let mut out = Vec::new();
+    let _ = std::fs::File::from(rd).read_to_end(&mut out);
+    let mut status = 0;
+    loop {
+        // SAFETY: `status` is a writable int; `pid` is our child.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            return Ok((status, out));
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// What [`probe`] tries, in a child under a seccomp filter.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy)]
+pub enum Probe {
+    /// Calls the daemon makes (`getpid`, `openat`, `close`, `unshare(CLONE_FS)`), and `clone3`,
+    /// which must fail with `ENOSYS`. Returns 0 if all behaved.
+    Allowed,
+    /// `socket(AF_INET, SOCK_STREAM)`.
+    Socket,
+    /// `mount` of a tmpfs on a path that does not exist (harmless should the filter fail).
+    Mount,
+    /// `clone(SIGCHLD)`: a new process.
+    Fork,
+    /// `unshare(CLONE_NEWNS)`.
+    UnshareNs,
+    /// An executable anonymous mapping.
+    ExecMmap,
+}
+
+/// Makes the calls `p` names (see [`Probe`]); returns an exit status for [`in_child`]: 0 when
+/// everything went as the filter should let it (or 1 when a forbidden call returned).
+#[cfg(test)]
+pub fn probe(p: Probe) -> i32 {
+    // SAFETY: plain system calls with valid (or deliberately null, where the filter must decide
+    // before the kernel reads anything) arguments; a `clone` that succeeds is left at once.
+    unsafe {
+        match p {
+            Probe::Allowed => {
+                if libc::getpid() <= 0 {
+                    return 2;
+                }
+                let fd = libc::openat(libc::AT_FDCWD, c"/".as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+                if fd < 0 || libc::close(fd) != 0 {
+                    return 3;
+                }
+                if libc::unshare(libc::CLONE_FS) != 0 {
+                    return 4;
+                }
+                let r = libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0usize);
+                if r != -1 || *libc::__errno_location() != libc::ENOSYS {
+                    return 5;
+                }
+                0
+            }
+            Probe::Socket => {
+                libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+                1
+            }
+            Probe::Mount => {
+                let target = c"/nonexistent-virtiofs-dpu-seccomp-probe";
+                libc::mount(c"none".as_ptr(), target.as_ptr(), c"tmpfs".as_ptr(), 0, std::ptr::null());
+                1
+            }
+            Probe::Fork => {
+                let r = libc::syscall(
+                    libc::SYS_clone,
+                    libc::SIGCHLD as libc::c_ulong,
+                    0usize,
+                    0usize,
+                    0usize,
+                    0usize,
+                );
+                if r == 0 {
+                    libc::_exit(0);
+                }
+                1
+            }
+            Probe::UnshareNs => {
+                libc::unshare(libc::CLONE_NEWNS);
+                1
+            }
+            Probe::ExecMmap => {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    4096,
+                    libc::PROT_READ | libc::PROT_EXEC,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                );
+                1
+            }
+        }
+    }
+}
+
 /// Raises the soft limit on open files to the hard limit; returns the new limit.
 pub fn raise_nofile_limit() -> io::Result<u64> {
     let mut lim = MaybeUninit::<libc::rlimit64>::zeroed();
@@ -424,21 +672,19 @@ pub fn raise_nofile_limit() -> io::Result<u64> {
     Ok(lim.rlim_cur)
 }
 
-/// A NUL-terminated decimal file descriptor number, as a name in `/proc/self/fd` or as the full
-/// path `/proc/self/fd/N`, without allocating.
+/// A NUL-terminated decimal file descriptor number, the name of its entry in `/proc/self/fd`,
+/// without allocating. Path-based calls use it relative to a `/proc/self/fd` directory descriptor
+/// (`*at`) or to a working directory set to it (see `creds::enter_dir`): a sandboxed daemon has
+/// no `/proc` in its root.
 pub struct FdPath {
-    buf: [u8; 32],
+    buf: [u8; 16],
     len: usize,
-    name_at: usize,
 }
 
 impl FdPath {
-    const PREFIX: &'static [u8] = b"/proc/self/fd/";
-
     /// The `/proc/self/fd` entry of `fd`.
     pub fn new(fd: BorrowedFd<'_>) -> Self {
-        let mut buf = [0u8; 32];
-        buf[..Self::PREFIX.len()].copy_from_slice(Self::PREFIX);
+        let mut buf = [0u8; 16];
         let mut digits = [0u8; 12];
         let mut n = fd.as_raw_fd().unsigned_abs();
         let mut i = digits.len();
@@ -451,19 +697,13 @@ impl FdPath {
             }
         }
         let d = &digits[i..];
-        let at = Self::PREFIX.len();
-        buf[at..at + d.len()].copy_from_slice(d);
-        // buf[at + d.len()] is already the NUL.
-        FdPath { buf, len: at + d.len() + 1, name_at: at }
+        buf[..d.len()].copy_from_slice(d);
+        // buf[d.len()] is already the NUL.
+        FdPath { buf, len: d.len() + 1 }
     }
 
     /// `N`, relative to the `/proc/self/fd` directory.
     pub fn name(&self) -> &CStr {
-        CStr::from_bytes_with_nul(&self.buf[self.name_at..self.len]).unwrap_or(EMPTY)
-    }
-
-    /// `/proc/self/fd/N`.
-    pub fn path(&self) -> &CStr {
         CStr::from_bytes_with_nul(&self.buf[..self.len]).unwrap_or(EMPTY)
     }
 }
@@ -484,6 +724,5 @@ mod tests {
         let p = FdPath::new(f.as_fd());
         let n = f.as_raw_fd().to_string();
         assert_eq!(p.name().to_bytes(), n.as_bytes());
-        assert_eq!(p.path().to_bytes(), format!("/proc/self/fd/{n}").as_bytes());
     }
 }

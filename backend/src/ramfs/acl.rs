@@ -155,8 +155,8 @@ impl ExtAcl {
 
     /// `posix_acl_permission` for a caller who is not the owner: the first named user matching,
     /// else the owning group and named groups (any one granting `want`), each limited by the mask;
-    /// when a group matched but none grants, no access; else the other bits. Only the primary
-    /// group is known (FUSE carries no supplementary groups).
+    /// when a group matched but none grants, no access; else the other bits. Group membership is
+    /// what the request tells ([`Context::in_group`]).
     pub(super) fn permits(&self, ctx: &Context, file_gid: u32, mode: u32, want: u32) -> bool {
         let mask = (mode >> 3) & 7;
         let grants = |perm: u16| u32::from(perm) & want == want;
@@ -165,13 +165,13 @@ impl ExtAcl {
             return masked(e.perm);
         }
         let mut found = false;
-        if ctx.gid == file_gid {
+        if ctx.in_group(file_gid) {
             found = true;
             if grants(self.group_obj) {
                 return masked(self.group_obj);
             }
         }
-        for e in self.named.iter().filter(|e| e.tag == ACL_GROUP && e.id == ctx.gid) {
+        for e in self.named.iter().filter(|e| e.tag == ACL_GROUP && ctx.in_group(e.id)) {
             found = true;
             if grants(e.perm) {
                 return masked(e.perm);
@@ -305,7 +305,7 @@ mod tests {
         assert_eq!(perm, 0o761);
         let ext = ext.unwrap();
         assert_eq!(ext.entries(perm).collect::<Vec<_>>(), acl, "read back as written");
-        let ctx = |uid, gid| Context { uid, gid, pid: 0 };
+        let ctx = |uid, gid| Context { uid, gid, pid: 0, supp_gid: None };
         // Named user: rw- under mask rw-.
         assert!(ext.permits(&ctx(1000, 1), 500, perm, 6));
         assert!(!ext.permits(&ctx(1000, 1), 500, perm, 1));

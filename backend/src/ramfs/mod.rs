@@ -1,8 +1,12 @@
 //! [`RamFs`]: an in-memory filesystem with POSIX semantics (permission bits, POSIX ACLs, extended
 //! attributes; advisory locks are the server's), checked against the caller's uid/gid. Linux's
 //! virtio-fs mounts with `default_permissions` (and negotiating `FUSE_POSIX_ACL` would turn it on
-//! anyway), so the guest kernel checks first, with the caller's supplementary groups, which FUSE
-//! does not tell us; our checks are a second line, for a guest kernel that skips its own.
+//! anyway), so the guest kernel checks first, with the caller's supplementary groups; our checks
+//! are a second line, for a guest kernel that skips its own. FUSE tells us of a supplementary
+//! group only on creations, when it owns the parent directory (`FUSE_CREATE_SUPP_GROUP`, see
+//! [`Context`]); group checks count it ([`Context::in_group`]). A new node's group is the
+//! directory's when the directory is set-group-id, else the caller's fsgid, never the
+//! supplementary group.
 //!
 //! Layout and locking:
 //! - `inodes`: node id -> `Arc<Inode>`, sharded `RwLock<HashMap>`s. An inode stays while it has a
@@ -737,7 +741,7 @@ impl FileSystem for RamFs {
             }
         }
         if let Some(gid) = attr.gid {
-            if !root && (ctx.uid != m.uid || (gid != m.gid && gid != ctx.gid)) {
+            if !root && (ctx.uid != m.uid || (gid != m.gid && !ctx.in_group(gid))) {
                 return Err(Error::NotPermitted);
             }
         }
@@ -784,7 +788,7 @@ impl FileSystem for RamFs {
         }
         if let Some(mode) = attr.mode {
             let mut perm = mode & 0o7777;
-            if !root && ctx.gid != m.gid {
+            if !root && !ctx.in_group(m.gid) {
                 perm &= !S_ISGID;
             }
             m.mode = (m.mode & S_IFMT) | perm;

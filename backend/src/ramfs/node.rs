@@ -163,7 +163,7 @@ impl Meta {
                 return acl.permits(ctx, self.gid, self.mode, mask);
             }
         }
-        let bits = if ctx.gid == self.gid { self.mode >> 3 } else { self.mode } & 7;
+        let bits = if ctx.in_group(self.gid) { self.mode >> 3 } else { self.mode } & 7;
         bits & mask == mask
     }
 
@@ -184,7 +184,7 @@ impl Meta {
     pub(super) fn kill_suid(&mut self, ctx: &Context) -> bool {
         let old = self.mode;
         self.mode &= !S_ISUID;
-        let in_group = ctx.uid == 0 || ctx.gid == self.gid;
+        let in_group = ctx.uid == 0 || ctx.in_group(self.gid);
         if self.mode & S_IXGRP != 0 || !in_group {
             self.mode &= !S_ISGID;
         }

@@ -290,7 +290,7 @@ impl RamFs {
                     let (perm, ext) = acl::split_access(&e);
                     self.recharge(&mut m, old, ext.as_ref().map_or(0, |a| a.value_size()))?;
                     m.mode = (m.mode & !0o777) | perm;
-                    let in_group = ctx.uid == 0 || ctx.gid == m.gid;
+                    let in_group = ctx.uid == 0 || ctx.in_group(m.gid);
                     if acl_kill_sgid.unwrap_or(!in_group) {
                         m.mode &= !S_ISGID;
                     }

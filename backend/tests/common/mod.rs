@@ -217,6 +217,21 @@ impl Fuse {
         reply
     }
 
+    /// Sends a request whose arguments are followed by the request extensions `ext`, with
+    /// `total_extlen` as given (normally `ext.len() / 8`).
+    pub fn call_ext(&self, op: u32, nodeid: u64, args: &[&[u8]], ext: &[u8], total_extlen: u16) -> Reply {
+        let mut all: Vec<&[u8]> = args.to_vec();
+        all.push(ext);
+        let mut req = self.req(op, nodeid, &all);
+        req[36..38].copy_from_slice(&total_extlen.to_ne_bytes());
+        let reply = handle_raw(&self.srv, &req, usize::MAX, HDR + (2 << 20), usize::MAX);
+        if reply.n != 0 {
+            let sent: abi::InHeader = parse(&req);
+            assert_eq!(reply.hdr.unique, sent.unique, "reply echoes unique");
+        }
+        reply
+    }
+
     pub fn init(&self, minor: u32, flags: u64) -> R<abi::InitOut> {
         let body = self.call(opcode::INIT, 0, &[&init_in(minor, flags)]).result()?;
         let mut full = body.clone();
@@ -563,6 +578,20 @@ impl Fuse {
         let arg = abi::StatxIn { sx_mask: 0xfff, ..Default::default() };
         Ok(parse(&self.call(opcode::STATX, ino, &[vm_memory::ByteValued::as_slice(&arg)]).result()?))
     }
+}
+
+/// A `FUSE_EXT_GROUPS` request extension as the kernel builds it (`get_create_supp_group`): an
+/// 8-byte header, `nr_groups`, the groups, padded to 8 bytes.
+pub fn groups_ext(groups: &[u32]) -> Vec<u8> {
+    let body = 4 + 4 * groups.len();
+    let size = (8 + body + 7) & !7;
+    let mut v = abi::ExtHeader { size: size as u32, typ: abi::ext::GROUPS }.as_slice().to_vec();
+    v.extend_from_slice(&(groups.len() as u32).to_ne_bytes());
+    for g in groups {
+        v.extend_from_slice(&g.to_ne_bytes());
+    }
+    v.resize(size, 0);
+    v
 }
 
 pub const O_RDONLY: u32 = libc::O_RDONLY as u32;

@@ -147,7 +147,15 @@ impl Fuse {
     }
 
     pub fn raw(&self, op: u32, nodeid: u64, args: &[&[u8]]) -> Reply {
+        self.raw_ext(op, nodeid, args, &[])
+    }
+
+    /// A request whose arguments are followed by the request extensions `ext` (whole 8-byte
+    /// units, as `total_extlen` counts them).
+    pub fn raw_ext(&self, op: u32, nodeid: u64, args: &[&[u8]], ext: &[u8]) -> Reply {
         self.unique.set(self.unique.get() + 2);
+        let args: Vec<&[u8]> = args.iter().copied().chain((!ext.is_empty()).then_some(ext)).collect();
+        let args = &args[..];
         let len = std::mem::size_of::<abi::InHeader>() + args.iter().map(|a| a.len()).sum::<usize>();
         let hdr = abi::InHeader {
             len: len as u32,
@@ -157,7 +165,7 @@ impl Fuse {
             uid: self.uid.get(),
             gid: self.gid.get(),
             pid: 42,
-            total_extlen: 0,
+            total_extlen: (ext.len() / 8) as u16,
             padding: 0,
         };
         let mut req = hdr.as_slice().to_vec();
@@ -451,6 +459,18 @@ impl Fuse {
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> R<()> {
         self.raw(opcode::REMOVEXATTR, ino, &[&cstr(name)]).result().map(drop)
     }
+}
+
+/// A `FUSE_EXT_GROUPS` request extension as the kernel builds it (`get_create_supp_group`).
+pub fn groups_ext(groups: &[u32]) -> Vec<u8> {
+    let size = (8 + 4 + 4 * groups.len() + 7) & !7;
+    let mut v = abi::ExtHeader { size: size as u32, typ: abi::ext::GROUPS }.as_slice().to_vec();
+    v.extend_from_slice(&(groups.len() as u32).to_ne_bytes());
+    for g in groups {
+        v.extend_from_slice(&g.to_ne_bytes());
+    }
+    v.resize(size, 0);
+    v
 }
 
 pub fn is_root() -> bool {

@@ -7,4 +7,4 @@
 mod server;
 pub mod wire;
 
-pub use server::{Server, ServerError, StopHandle};
+pub use server::{Listener, Server, ServerError, StopHandle};

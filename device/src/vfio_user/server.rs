@@ -105,10 +105,51 @@ struct Conn {
     negotiated: bool,
 }
 
+/// A bound vfio-user socket, not served yet: [`Server::new`] serves it.
+///
+/// Binding is separate from starting the device so that a daemon can bind its socket, then
+/// confine itself (a new root, a system-call filter) before any device thread exists.
+#[derive(Debug)]
+pub struct Listener {
+    path: PathBuf,
+    listener: UnixListener,
+    /// Remove the socket file when the server stops.
+    unlink: bool,
+}
+
+impl Listener {
+    /// Binds `path` (replacing a stale socket file there).
+    pub fn bind(path: &Path) -> Result<Self, ServerError> {
+        let bind_err = |source| ServerError::Bind { path: path.display().to_string(), source };
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            use std::os::unix::fs::FileTypeExt;
+            if meta.file_type().is_socket() {
+                std::fs::remove_file(path).map_err(bind_err)?;
+            }
+        }
+        let listener = UnixListener::bind(path).map_err(bind_err)?;
+        listener.set_nonblocking(true).map_err(ServerError::Setup)?;
+        Ok(Listener { path: path.to_path_buf(), listener, unlink: true })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Leaves the socket file in place when the server stops. For a process whose root directory
+    /// changed after binding: the path then names something else, or nothing (the next start
+    /// replaces the stale socket).
+    pub fn keep_socket_file(&mut self) {
+        self.unlink = false;
+    }
+}
+
 /// The vfio-user server of one virtio-fs device.
 pub struct Server {
     path: PathBuf,
     listener: UnixListener,
+    unlink: bool,
     poll: Poll,
     waker: Arc<Waker>,
     stop: Arc<AtomicBool>,
@@ -133,15 +174,17 @@ impl Server {
         profile: &Profile,
         handler: Arc<dyn RequestHandler>,
     ) -> Result<Self, ServerError> {
-        let bind_err = |source| ServerError::Bind { path: path.display().to_string(), source };
-        if let Ok(meta) = std::fs::symlink_metadata(path) {
-            use std::os::unix::fs::FileTypeExt;
-            if meta.file_type().is_socket() {
-                std::fs::remove_file(path).map_err(bind_err)?;
-            }
-        }
-        let listener = UnixListener::bind(path).map_err(bind_err)?;
-        listener.set_nonblocking(true).map_err(ServerError::Setup)?;
+        Self::new(Listener::bind(path)?, profile, handler)
+    }
+
+    /// Starts the pollers of a device shaped by `profile`, whose requests go to `handler`, to be
+    /// served on `listener` by [`Server::run`].
+    pub fn new(
+        listener: Listener,
+        profile: &Profile,
+        handler: Arc<dyn RequestHandler>,
+    ) -> Result<Self, ServerError> {
+        let Listener { path, listener, unlink } = listener;
         let poll = Poll::new().map_err(ServerError::Setup)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(ServerError::Setup)?);
         poll.registry()
@@ -169,8 +212,9 @@ impl Server {
         };
         let vectors = func.msix().len();
         Ok(Server {
-            path: path.to_path_buf(),
+            path,
             listener,
+            unlink,
             poll,
             waker: waker.clone(),
             stop: Arc::new(AtomicBool::new(false)),
@@ -217,7 +261,9 @@ impl Server {
         }
         info!("stopping");
         self.disconnect();
-        let _ = std::fs::remove_file(&self.path);
+        if self.unlink {
+            let _ = std::fs::remove_file(&self.path);
+        }
         Ok(self.dev.pollers.stats().clone())
     }
 
@@ -798,8 +844,13 @@ impl Device {
     }
 }
 
-/// Whether `f` is an eventfd (what an interrupt descriptor must be: we write 8 bytes to it).
+/// Whether `f` can be an eventfd (what an interrupt descriptor must be: we write 8 bytes to it):
+/// an anonymous-inode file. Without procfs (a sandboxed daemon has none) the kinds of anonymous
+/// inode cannot be told apart, but the others (epoll, timerfd, signalfd, io_uring, ...) fail a
+/// write at once; what is refused is anything a write could block on or change: a pipe, a
+/// socket, a file, a memfd.
 fn is_eventfd(f: &File) -> bool {
-    std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd()))
-        .is_ok_and(|p| p.as_os_str() == "anon_inode:[eventfd]")
+    /// `ANON_INODE_FS_MAGIC` (`linux/magic.h`).
+    const ANON_INODE_FS_MAGIC: u64 = 0x0904_1934;
+    rustix::fs::fstatfs(f).is_ok_and(|st| st.f_type as u64 == ANON_INODE_FS_MAGIC)
 }
