@@ -9,7 +9,7 @@
 #   3. QEMU killed with SIGKILL mid-write, then a new QEMU attaching and checking the data;
 #   4. the passthrough backend (--shared-dir on a tmpfs), sandboxed (namespaces, seccomp in trap
 #      mode: the default), in one boot: pjdfstest, fsx (PT_FSX_OPS, default 100000 ops),
-#      escape.sh with a host canary beside the share, suppgroup.sh; then checks that the canary
+#      escape.sh with a host canary beside the share, locks.sh, suppgroup.sh; then checks that the canary
 #      is untouched and that the daemon reported no system call outside its allowlist.
 # Exit status 0 only if everything passed. Env: VM_CACHE, FSX_OPS (default 20000), PT_FSX_OPS.
 set -euo pipefail
@@ -35,7 +35,7 @@ export VFDPU_DAEMON=$TARGET/release/virtiofs-dpu
 fail=0
 step "guest suites against the device"
 if bash "$HERE/run-device-test.sh" --out "$OUT/suites" --config "$CONFIG" \
-     -e "FSX_OPS=${FSX_OPS:-20000}" -e "VM_SUITES=pjdfstest fsx bigfile suppgroup dmesg-check" \
+     -e "FSX_OPS=${FSX_OPS:-20000}" -e "VM_SUITES=pjdfstest fsx bigfile locks suppgroup dmesg-check" \
      "$HERE/guest/all.sh"; then
   counts=$(grep -a 'requests per queue' "$OUT/suites/daemon.log" | sed 's/.*requests per queue: //')
   echo "per-queue requests (q0 = hiprio): $counts"
@@ -46,7 +46,7 @@ if bash "$HERE/run-device-test.sh" --out "$OUT/suites" --config "$CONFIG" \
     echo "FAIL: multi-queue: a request queue carried nothing ($counts)"; fail=1
   fi
   # The locks suite's SETLKWs reached the daemon (POSIX_LOCKS negotiated) and some waited there.
-  locks=$(grep -a 'lock requests:' "$OUT/suites/daemon.log" | tail -1 | sed 's/.*lock requests: //')
+  locks=$(grep -a 'lock requests:' "$OUT/suites/daemon.log" | tail -1 | sed 's/.*lock requests: //' || true)
   echo "daemon lock requests: ${locks:-none}"
   setlkw=$(echo "$locks" | tr ' ' '\n' | sed -n 's/^setlkw=//p'); waited=$(echo "$locks" | tr ' ' '\n' | sed -n 's/^waited=//p')
   if [ "${setlkw:-0}" -gt 0 ] && [ "${waited:-0}" -gt 0 ]; then
@@ -77,7 +77,7 @@ echo "$SECRET" > "$PT/vfdpu-escape-canary"
 canary_before=$(stat -c %Y:%s "$PT/vfdpu-escape-canary")
 if bash "$HERE/run-device-test.sh" --out "$OUT/passthrough" --config "$CONFIG" --timeout 1800 \
      --daemon-arg --shared-dir --daemon-arg "$PT/share" \
-     -e "FSX_OPS=${PT_FSX_OPS:-100000}" -e "VM_SUITES=pjdfstest fsx escape suppgroup" \
+     -e "FSX_OPS=${PT_FSX_OPS:-100000}" -e "VM_SUITES=pjdfstest fsx escape locks suppgroup" \
      -e ESCAPE_CANARY_NAME=vfdpu-escape-canary -e "ESCAPE_CANARY_TEXT=$SECRET" "$HERE/guest/all.sh"; then
   :
 else
