@@ -893,10 +893,9 @@ fn pipelined_maps_keep_descriptors_with_their_message() {
     c.still_serves();
 }
 
-#[test]
-fn engine_requests_complete_asynchronously_and_unmap_waits_for_them() {
-    let release = Arc::new(AtomicBool::new(false));
-    let dev = Dev::start_with(Some(release.clone()));
+/// Activates the device, posts one request and waits until the engine holds it (and a little more,
+/// so that a wrong early completion would have happened).
+fn one_request_in_the_engine(dev: &Dev) -> (Client, File, EventFd) {
     let mut c = dev.client();
     let mem = memfd("guest", 0x100000).unwrap();
     let e = EventFd::new(0).unwrap();
@@ -908,6 +907,14 @@ fn engine_requests_complete_asynchronously_and_unmap_waits_for_them() {
         std::thread::sleep(Duration::from_millis(1));
     }
     std::thread::sleep(Duration::from_millis(100));
+    (c, mem, e)
+}
+
+#[test]
+fn engine_requests_complete_asynchronously_and_unmap_waits_for_them() {
+    let release = Arc::new(AtomicBool::new(false));
+    let dev = Dev::start_with(Some(release.clone()));
+    let (mut c, mem, _e) = one_request_in_the_engine(&dev);
     assert_eq!(used_idx(&mem), 0, "a pending request must not be completed");
     let (_, b) = c.msg(
         cmd::DMA_UNMAP,
@@ -935,17 +942,7 @@ fn engine_requests_complete_asynchronously_and_unmap_waits_for_them() {
 fn waiting_requests_do_not_hold_up_unmap_and_go_with_a_reset() {
     let release = Arc::new(AtomicBool::new(false));
     let dev = Dev::start_engines(None, Some(release.clone()));
-    let mut c = dev.client();
-    let mem = memfd("guest", 0x100000).unwrap();
-    let e = EventFd::new(0).unwrap();
-    activate(&mut c, &mem, &e);
-    post(&mem, 0, 0);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while dev.handler.engine_submitted.load(Ordering::SeqCst) == 0 {
-        assert!(std::time::Instant::now() < deadline, "request never reached the engine");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    std::thread::sleep(Duration::from_millis(100));
+    let (mut c, mem, e) = one_request_in_the_engine(&dev);
     assert_eq!(used_idx(&mem), 0, "a waiting request must not be completed");
     // Memory changes do not wait for it: DMA_MAP and DMA_UNMAP of another window are answered
     // while it waits.
@@ -969,6 +966,7 @@ fn waiting_requests_do_not_hold_up_unmap_and_go_with_a_reset() {
     // handler hears of the reset.
     release.store(false, Ordering::SeqCst);
     post(&mem, 1, 2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while dev.handler.engine_submitted.load(Ordering::SeqCst) < 2 {
         assert!(std::time::Instant::now() < deadline, "second request never reached the engine");
         std::thread::sleep(Duration::from_millis(1));
