@@ -19,6 +19,10 @@ OUT=${1:-$(mktemp -d /tmp/vfdpu-ci.XXXXXX)}
 mkdir -p "$OUT"
 CONFIG=$REPO/hw-configs/ci.toml
 step() { echo "=== vm: $*"; }
+# report LOG PREFIX: the last daemon log line's "key=value ..." after PREFIX (empty if none).
+report() { grep -a "$2" "$1" | tail -1 | sed "s/.*$2 //" || true; }
+# field REPORT KEY: the value of KEY in a "key=value ..." report (empty if absent).
+field() { echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
 
 step "setup (QEMU, guest kernel, pjdfstest, fsx)"
 t0=$(date +%s)
@@ -37,18 +41,18 @@ step "guest suites against the device"
 if bash "$HERE/run-device-test.sh" --out "$OUT/suites" --config "$CONFIG" \
      -e "FSX_OPS=${FSX_OPS:-20000}" -e "VM_SUITES=pjdfstest fsx bigfile locks suppgroup dmesg-check" \
      "$HERE/guest/all.sh"; then
-  counts=$(grep -a 'requests per queue' "$OUT/suites/daemon.log" | sed 's/.*requests per queue: //')
+  counts=$(report "$OUT/suites/daemon.log" 'requests per queue:')
   echo "per-queue requests (q0 = hiprio): $counts"
-  q1=$(echo "$counts" | tr ' ' '\n' | sed -n 's/^q1=//p'); q2=$(echo "$counts" | tr ' ' '\n' | sed -n 's/^q2=//p')
+  q1=$(field "$counts" q1); q2=$(field "$counts" q2)
   if [ "${q1:-0}" -gt 0 ] && [ "${q2:-0}" -gt 0 ]; then
     echo "multi-queue: both request queues used"
   else
     echo "FAIL: multi-queue: a request queue carried nothing ($counts)"; fail=1
   fi
   # The locks suite's SETLKWs reached the daemon (POSIX_LOCKS negotiated) and some waited there.
-  locks=$(grep -a 'lock requests:' "$OUT/suites/daemon.log" | tail -1 | sed 's/.*lock requests: //' || true)
+  locks=$(report "$OUT/suites/daemon.log" 'lock requests:')
   echo "daemon lock requests: ${locks:-none}"
-  setlkw=$(echo "$locks" | tr ' ' '\n' | sed -n 's/^setlkw=//p'); waited=$(echo "$locks" | tr ' ' '\n' | sed -n 's/^waited=//p')
+  setlkw=$(field "$locks" setlkw); waited=$(field "$locks" waited)
   if [ "${setlkw:-0}" -gt 0 ] && [ "${waited:-0}" -gt 0 ]; then
     echo "locks: the daemon served SETLKW ($setlkw, $waited of them waited)"
   else
