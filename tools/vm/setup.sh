@@ -19,14 +19,45 @@
 #                     6.1 kernel with its virtio/fuse modules (for tools/vm/compare.sh)
 #
 # Needs root (apt-get, debootstrap, chroot) and cargo on PATH. Host: Debian 12+ x86_64.
-# Env: VM_CACHE, MIRROR (Debian mirror URL), CARGO_JOBS (default: nproc),
+# Env: VM_CACHE, MIRROR (Debian mirror URL; default: the one the host's apt sources name), CARGO_JOBS (default: nproc),
 #      VM_KERNELS (default "trixie"; "trixie bookworm" adds the 6.1 kernel), KPKG_BOOKWORM.
 set -euo pipefail
 
 CACHE=${1:-${VM_CACHE:-/var/tmp/virtiofs-dpu-vm}}
 mkdir -p "$CACHE"
 CACHE=$(cd "$CACHE" && pwd)
-MIRROR=${MIRROR:-http://deb.debian.org/debian}
+# host_mirror: the Debian archive the host's own apt uses (deb822 .sources or one-line
+# sources.list entries of type deb whose suites name the host's release, not -security).
+host_mirror() {
+  local codename
+  codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+  [ -n "$codename" ] || return 1
+  {
+    for f in /etc/apt/sources.list.d/*.sources; do
+      [ -r "$f" ] || continue
+      # one stanza per blank-line-separated block
+      awk -v cn="$codename" '
+        function flush() {
+          if (types ~ /(^| )deb( |$)/ && enabled != "no" && (" " suites " ") ~ (" " cn " ")) {
+            n = split(uris, u, " "); for (i = 1; i <= n; i++) if (u[i] !~ /-security\/?$/) print u[i]
+          }
+          types = ""; uris = ""; suites = ""; enabled = ""
+        }
+        /^[ \t]*#/ { next }
+        /^[ \t]*$/ { flush(); next }
+        { key = tolower($1); sub(/:$/, "", key); $1 = ""; sub(/^ +/, "")
+          if (key == "types") types = $0; else if (key == "uris") uris = $0
+          else if (key == "suites") suites = $0; else if (key == "enabled") enabled = tolower($0) }
+        END { flush() }' "$f"
+    done
+    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+      [ -r "$f" ] || continue
+      # deb [options] URI SUITE COMPONENTS...
+      sed -e 's/\[[^]]*\]//' "$f" | awk -v cn="$codename" \
+        '$1 == "deb" && $3 == cn && $2 !~ /-security\/?$/ { print $2 }'
+    done
+  } | head -n 1 | grep .
+}
 SUITE=trixie
 C=$CACHE/chroot
 ST=$CACHE/stamps
@@ -35,6 +66,11 @@ echo "=== setup.sh $(date)" >> "$CACHE/setup.log"
 
 log() { echo "[vm-setup $(date +%T)] $*"; }
 die() { echo "[vm-setup] ERROR: $*" >&2; exit 1; }
+# MIRROR overrides; by default the host's own Debian mirror.
+if [ -z "${MIRROR:-}" ]; then
+  MIRROR=$(host_mirror) || die "no Debian mirror found in the host's apt sources: set MIRROR=URL"
+fi
+MIRROR=${MIRROR%/}
 # stamp_ok NAME CONTENT: true when step NAME already ran with the same inputs
 stamp_ok() { [ -f "$ST/$1" ] && [ "$(cat "$ST/$1")" = "$2" ]; }
 stamp_set() { printf '%s' "$2" > "$ST/$1"; }
