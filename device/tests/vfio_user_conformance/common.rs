@@ -2,8 +2,6 @@
 //! handler of the test's own, and the driver model's client on it ([`Conn`] for single messages,
 //! [`Dev::driver`] for a brought-up virtio-fs function with virtqueues).
 
-#![allow(dead_code)] // each test module uses a part
-
 use std::borrow::Borrow;
 use std::fs::File;
 use std::os::fd::{AsRawFd, RawFd};
