@@ -58,6 +58,9 @@ fn requests_are_served_and_interrupt() {
         interrupts += d.take_interrupts(vector);
         std::thread::sleep(Duration::from_millis(1));
     }
+    std::thread::sleep(Duration::from_millis(50));
+    interrupts += d.take_interrupts(vector);
+    assert_eq!(interrupts, 1, "one interrupt for one completion");
     assert_eq!(dev.handler.calls.load(Ordering::SeqCst), 1);
 }
 
