@@ -14,7 +14,7 @@ if [ "${1:-}" = --vm ]; then VM=1; shift; fi
 OUT=${1:-$(mktemp -d /tmp/vfdpu-seccomp.XXXXXX)}
 mkdir -p "$OUT"
 command -v strace >/dev/null || { echo "strace not installed (apt-get install strace)"; exit 2; }
-(cd "$REPO" && cargo build --release -q --bin virtiofs-dpu -p virtiofs-dpu && cargo build --release -q -p virtiofs-tools --bin virtiofs-bench)
+(cd "$REPO" && cargo build --release -q --bin virtiofs-dpu -p virtiofs-dpu && cargo build --release -q -p virtiofs-bench)
 TARGET=$(cd "$REPO" && cargo metadata --format-version 1 --no-deps |
   python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 DAEMON=$TARGET/release/virtiofs-dpu

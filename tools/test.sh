@@ -7,6 +7,14 @@
 # VFDPU_SKIP_VM=1 skips stage 2 (for quick local runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The driver model (virtiofs-tools) is an independent implementation of vfio-user, virtio and FUSE:
+# it must not pull in the device, the backend or the root crate (the benchmark, which does, is its
+# own crate). The root crate has virtiofs-tools as a dev-dependency; `cargo tree -p` shows only
+# what virtiofs-tools itself depends on.
+if cargo tree -p virtiofs-tools -e normal,dev --prefix none | grep -E '^virtiofs-(device|backend|dpu) '; then
+  echo "virtiofs-tools depends on the device, the backend or the root crate" >&2
+  exit 1
+fi
 cargo test --workspace --all-targets
 if [ "${VFDPU_SKIP_VM:-0}" != 1 ]; then
   tools/vm/ci.sh "${VFDPU_VM_OUT:-}"

@@ -1,6 +1,12 @@
 //! The FUSE wire structures the driver sends and parses, written from `<linux/fuse.h>`
-//! (protocol 7.41, as in Linux 6.12). Independent of the backend crate on purpose: two
-//! implementations of the ABI catch each other's mistakes.
+//! (protocol 7.41, as in Linux 6.12).
+//!
+//! **A second implementation on purpose.** The backend has its own (`backend/src/abi.rs`), and
+//! this one is written from the header alone, without looking at or importing it (this crate
+//! does not depend on the backend). Every end-to-end test then runs one implementation against
+//! the other: a wrong field order, size or padding on either side shows up as a failing test,
+//! where one shared definition would encode and decode the same mistake and pass. Do not merge
+//! the two; fix a mismatch against `<linux/fuse.h>`.
 
 use crate::wire_struct;
 

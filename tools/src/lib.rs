@@ -12,17 +12,17 @@
 //! - [`fuse_abi`]: the FUSE wire structures, written independently of the backend crate.
 //! - [`driver`]: [`driver::FsDriver`], which brings the device up and sends FUSE requests, one at
 //!   a time or as a closed loop with Linux's queue-full policies ([`driver::QueueFullPolicy`]).
-//! - [`mod@bench`]: the `virtiofs-bench` benchmark (latency percentiles, IOPS, bandwidth, the
-//!   shared-memory ping-pong floor, table/JSON/SVG output).
 //!
 //! The driver discovers everything from the device (PCI ids, capabilities, queue counts, tag),
-//! like Linux does; no driver module uses the device crate. Only [`mod@bench`] does, to run the
-//! device in-process.
+//! like Linux does. The crate depends on neither the device, the backend nor the root crate
+//! (tools/test.sh checks it with `cargo tree`), so its wire format and FUSE ABI stay an
+//! independent implementation of the specifications. The benchmark that runs the device
+//! in-process is the `virtiofs-bench` crate (bench/); the tests that start a device live in the
+//! root crate's tests/ and the device's conformance tests.
 #![deny(missing_docs)]
 
 pub mod wire;
 
-pub mod bench;
 pub mod driver;
 pub mod fuse_abi;
 pub mod memory;

@@ -6,8 +6,13 @@
 //! id and command, the error bit/errno, and the payload sizes of the command it answers. A reply
 //! with the error bit becomes [`ClientError::Remote`] carrying the server's errno.
 //!
-//! Besides typed calls, [`Client::send_raw`] and [`Client::recv_reply`] let conformance tests send
-//! malformed messages and look at whatever comes back.
+//! Besides typed calls, a raw API lets conformance tests send malformed messages and look at
+//! whatever comes back: [`Client::send_raw`] (any bytes, any fds), [`Client::send_command`] (a
+//! framed command, e.g. posted or pipelined), [`Client::call_raw`] (a command and its reply, error
+//! replies included, fds kept), [`Client::recv_message`] and [`Client::try_recv_message`] (is a
+//! reply there yet?). The device's conformance tests (`device/tests/vfio_user_conformance/`)
+//! drive the server through this client rather than through the device's own wire structures,
+//! so that a layout mistake on either side shows up instead of cancelling out.
 //!
 //! Message layout (all fields host-endian, i.e. little endian here):
 //!
@@ -122,6 +127,16 @@ impl Header {
     /// Whether the error bit is set.
     pub fn is_error(&self) -> bool {
         self.flags & flags::ERROR != 0
+    }
+}
+
+wire_struct! {
+    /// VERSION request and reply head (the JSON capabilities follow, NUL-terminated).
+    pub struct Version {
+        /// Major version (0).
+        pub major: u16,
+        /// Minor version.
+        pub minor: u16,
     }
 }
 
@@ -242,6 +257,17 @@ wire_struct! {
 }
 
 wire_struct! {
+    /// The sparse-mmap capability's body after its [`CapHeader`] (`struct
+    /// vfio_region_info_cap_sparse_mmap`); `nr_areas` [`SparseArea`]s follow.
+    pub struct SparseMmapHead {
+        /// Number of areas.
+        pub nr_areas: u32,
+        /// Padding.
+        pub reserved: u32,
+    }
+}
+
+wire_struct! {
     /// One area of the sparse-mmap capability.
     pub struct SparseArea {
         /// Offset of the area in the region (add the region's mmap offset for `mmap`).
@@ -307,6 +333,17 @@ pub struct Reply {
     pub payload: Vec<u8>,
     /// File descriptors that came with the message.
     pub fds: Vec<File>,
+}
+
+impl Reply {
+    /// The errno of an error reply (the error bit set), 0 otherwise.
+    pub fn errno(&self) -> i32 {
+        if self.header.is_error() {
+            self.header.error as i32
+        } else {
+            0
+        }
+    }
 }
 
 /// What the server answered to VERSION.
@@ -377,6 +414,7 @@ impl Default for ClientCaps {
 /// A vfio-user client connection.
 pub struct Client {
     stream: UnixStream,
+    timeout: Duration,
     next_id: u16,
     max_data_xfer: usize,
     poisoned: bool,
@@ -400,14 +438,20 @@ impl Client {
 
     /// Wraps an already connected stream.
     pub fn from_stream(stream: UnixStream) -> Result<Client> {
-        let mut c =
-            Client { stream, next_id: 0, max_data_xfer: DEFAULT_MAX_DATA_XFER as usize, poisoned: false };
+        let mut c = Client {
+            stream,
+            timeout: Duration::from_secs(5),
+            next_id: 0,
+            max_data_xfer: DEFAULT_MAX_DATA_XFER as usize,
+            poisoned: false,
+        };
         c.set_timeout(Duration::from_secs(5))?;
         Ok(c)
     }
 
     /// Sets the read and write timeout of the socket.
     pub fn set_timeout(&mut self, timeout: Duration) -> Result<()> {
+        self.timeout = timeout;
         self.stream.set_read_timeout(Some(timeout)).map_err(ClientError::Io)?;
         self.stream.set_write_timeout(Some(timeout)).map_err(ClientError::Io)
     }
@@ -454,6 +498,27 @@ impl Client {
         Ok((r.header, r.payload, r.fds))
     }
 
+    /// Receives one message if one starts arriving within `wait` (at least 1 ms); `None` when
+    /// nothing came, e.g. to check that the server has not answered yet. The client's timeout
+    /// still bounds the rest of a message that started.
+    pub fn try_recv_message(&mut self, wait: Duration) -> Result<Option<Reply>> {
+        let timeout = self.timeout;
+        self.stream.set_read_timeout(Some(wait.max(Duration::from_millis(1)))).map_err(ClientError::Io)?;
+        let mut fds = Vec::new();
+        let mut hb = [0u8; HEADER_SIZE];
+        let first = if self.poisoned {
+            Err(proto(0, "stream desynchronised by an earlier partial message"))
+        } else {
+            self.read_exact_fds(&mut hb[..1], &mut fds, true)
+        };
+        self.stream.set_read_timeout(Some(timeout)).map_err(ClientError::Io)?;
+        match first {
+            Err(ClientError::Timeout) if !self.poisoned => Ok(None),
+            Err(e) => Err(e),
+            Ok(()) => self.recv_rest(hb, 1, fds).map(Some),
+        }
+    }
+
     /// Receives one message as a [`Reply`].
     pub fn recv_message(&mut self) -> Result<Reply> {
         if self.poisoned {
@@ -462,6 +527,12 @@ impl Client {
         let mut fds = Vec::new();
         let mut hb = [0u8; HEADER_SIZE];
         self.read_exact_fds(&mut hb, &mut fds, true)?;
+        self.recv_rest(hb, HEADER_SIZE, fds)
+    }
+
+    /// Completes a message whose first `got` header bytes are in `hb`.
+    fn recv_rest(&mut self, mut hb: [u8; HEADER_SIZE], got: usize, mut fds: Vec<File>) -> Result<Reply> {
+        self.read_exact_fds(&mut hb[got..], &mut fds, false)?;
         let header = Header::decode(&hb).expect("header buffer has the header size");
         if (header.msg_size as usize) < HEADER_SIZE || header.msg_size > MAX_REPLY_SIZE {
             self.poisoned = true;
@@ -557,12 +628,39 @@ impl Client {
         Ok(())
     }
 
+    /// Sends a command message (header with a fresh id, `extra_flags` such as
+    /// [`flags::NO_REPLY`], then `payload`) with `fds`, without waiting; returns its id.
+    pub fn send_command(
+        &mut self,
+        command: u16,
+        extra_flags: u32,
+        payload: &[u8],
+        fds: &[RawFd],
+    ) -> Result<u16> {
+        let (id, msg) = self.encode_command(command, extra_flags, payload);
+        self.send_raw(&msg, fds)?;
+        Ok(id)
+    }
+
+    /// Sends a command and returns the reply, error replies included (see [`Reply::errno`]),
+    /// with any fds that came with it. The reply is checked as [`Client::check_reply`] does
+    /// (type, id, command, flags, no payload beside an error), except that the error bit is
+    /// not an error here.
+    pub fn call_raw(&mut self, command: u16, payload: &[u8], fds: &[RawFd]) -> Result<Reply> {
+        let id = self.send_command(command, 0, payload, fds)?;
+        let reply = self.recv_message()?;
+        match Self::check_reply(&reply, id, command) {
+            Ok(()) | Err(ClientError::Remote { .. }) => Ok(reply),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Sends a command and returns its validated reply.
     pub fn request(&mut self, command: u16, payload: &[u8], fds: &[RawFd]) -> Result<Reply> {
-        let (id, msg) = self.encode_command(command, 0, payload);
-        self.send_raw(&msg, fds)?;
-        let reply = self.recv_message()?;
-        Self::check_reply(&reply, id, command)?;
+        let reply = self.call_raw(command, payload, fds)?;
+        if reply.header.is_error() {
+            return Err(ClientError::Remote { command, errno: reply.errno() });
+        }
         if !reply.fds.is_empty() && command != command::DEVICE_GET_REGION_INFO {
             return Err(proto(command, format!("reply carries {} unexpected fds", reply.fds.len())));
         }
@@ -586,9 +684,7 @@ impl Client {
             "{{\"capabilities\":{{\"max_msg_fds\":{},\"max_data_xfer_size\":{},\"pgsizes\":{}}}}}",
             caps.max_msg_fds, caps.max_data_xfer_size, caps.pgsizes
         );
-        let mut p = Vec::new();
-        p.extend_from_slice(&0u16.to_le_bytes());
-        p.extend_from_slice(&1u16.to_le_bytes());
+        let mut p = Version { major: 0, minor: 1 }.to_bytes();
         p.extend_from_slice(json.as_bytes());
         p.push(0);
         let r = self.request(command::VERSION, &p, &[])?;
@@ -922,11 +1018,9 @@ fn map_io(e: io::Error) -> ClientError {
 /// Parses and validates a VERSION reply payload.
 pub fn parse_version_reply(p: &[u8]) -> Result<VersionInfo> {
     let c = command::VERSION;
-    if p.len() < 4 {
-        return Err(proto(c, format!("payload {} bytes, need 4", p.len())));
-    }
-    let major = u16::from_le_bytes([p[0], p[1]]);
-    let minor = u16::from_le_bytes([p[2], p[3]]);
+    let Some(Version { major, minor }) = Version::decode(p) else {
+        return Err(proto(c, format!("payload {} bytes, need {}", p.len(), Version::SIZE)));
+    };
     if major != 0 {
         return Err(proto(c, format!("major version {major}, proposed 0")));
     }
@@ -942,7 +1036,7 @@ pub fn parse_version_reply(p: &[u8]) -> Result<VersionInfo> {
         pgsizes: 4096,
         unexpected_caps: Vec::new(),
     };
-    let data = &p[4..];
+    let data = &p[Version::SIZE..];
     if data.is_empty() {
         return Ok(info);
     }
@@ -1019,15 +1113,17 @@ pub fn parse_region_caps(info: &RegionInfoRaw, payload: &[u8]) -> Result<RegionC
             if h.version != 1 {
                 return Err(proto(c, format!("region {idx}: sparse-mmap version {}", h.version)));
             }
-            if body.len() < 8 {
+            let Some(head) = SparseMmapHead::decode(body) else {
                 return Err(proto(c, format!("region {idx}: truncated sparse-mmap capability")));
-            }
-            let nr = u32::from_le_bytes(body[0..4].try_into().expect("4 bytes")) as usize;
-            let areas = &body[8..];
+            };
+            let nr = head.nr_areas as usize;
+            let areas = &body[SparseMmapHead::SIZE..];
             if nr > areas.len() / SparseArea::SIZE {
                 return Err(proto(c, format!("region {idx}: {nr} sparse areas do not fit the reply")));
             }
-            if h.next != 0 && (h.next as usize) < next + CapHeader::SIZE + 8 + nr * SparseArea::SIZE {
+            if h.next != 0
+                && (h.next as usize) < next + CapHeader::SIZE + SparseMmapHead::SIZE + nr * SparseArea::SIZE
+            {
                 return Err(proto(c, format!("region {idx}: next capability overlaps the areas")));
             }
             for i in 0..nr {
@@ -1082,6 +1178,46 @@ mod tests {
         assert_eq!(RegionInfoRaw::SIZE, 32);
         assert_eq!(IrqSet::SIZE, 20);
         assert_eq!(RegionAccess::SIZE, 16);
+        assert_eq!((Version::SIZE, SparseMmapHead::SIZE, CapHeader::SIZE), (4, 8, 8));
+    }
+
+    #[test]
+    fn call_raw_returns_error_replies_and_their_fds() {
+        let (mut c, mut s) = pair();
+        s.write_all(&reply_bytes(0, command::DMA_MAP, flags::TYPE_REPLY | flags::ERROR, 17, &[])).unwrap();
+        let r = c.call_raw(command::DMA_MAP, &[0u8; 32], &[]).unwrap();
+        assert_eq!((r.errno(), r.header.msg_id), (17, 0));
+        // The request went out framed, with a fresh id.
+        let mut b = [0u8; 48];
+        std::io::Read::read_exact(&mut s, &mut b).unwrap();
+        let h = Header::decode(&b).unwrap();
+        assert_eq!((h.msg_id, h.command, h.msg_size, h.flags), (0, command::DMA_MAP, 48, 0));
+        // A reply for another id is still a protocol error.
+        s.write_all(&reply_bytes(9, command::DMA_MAP, flags::TYPE_REPLY, 0, &[])).unwrap();
+        assert!(matches!(c.call_raw(command::DMA_MAP, &[], &[]), Err(ClientError::Protocol { .. })));
+        // fds of a reply are kept.
+        let f = tempfile::tempfile().unwrap();
+        let ok = reply_bytes(2, command::DEVICE_GET_INFO, flags::TYPE_REPLY, 0, &[1, 2, 3, 4]);
+        s.send_with_fds(&[&ok[..]], &[f.as_raw_fd()]).unwrap();
+        let r = c.call_raw(command::DEVICE_GET_INFO, &[], &[]).unwrap();
+        assert_eq!((r.errno(), r.payload.as_slice(), r.fds.len()), (0, &[1u8, 2, 3, 4][..], 1));
+    }
+
+    #[test]
+    fn try_recv_message_waits_only_as_told() {
+        let (mut c, mut s) = pair();
+        let id = c.send_command(command::REGION_WRITE, flags::NO_REPLY, &[7], &[]).unwrap();
+        let mut b = [0u8; 17];
+        std::io::Read::read_exact(&mut s, &mut b).unwrap();
+        assert_eq!(Header::decode(&b).unwrap().flags, flags::NO_REPLY);
+        let t0 = std::time::Instant::now();
+        assert!(c.try_recv_message(Duration::from_millis(20)).unwrap().is_none());
+        assert!(t0.elapsed() < Duration::from_millis(250), "waited for the client timeout");
+        s.write_all(&reply_bytes(id, command::REGION_WRITE, flags::TYPE_REPLY, 0, &[5; 3])).unwrap();
+        let r = c.try_recv_message(Duration::from_millis(20)).unwrap().expect("a message was there");
+        assert_eq!((r.header.msg_id, r.payload.as_slice()), (id, &[5u8; 3][..]));
+        // The normal timeout is back.
+        assert!(matches!(c.device_reset(), Err(ClientError::Timeout)));
     }
 
     #[test]

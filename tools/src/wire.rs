@@ -7,6 +7,15 @@
 //!
 //! vfio-user is specified in host endianness and FUSE/virtio in little endian; this crate only
 //! targets little-endian hosts (x86_64, aarch64), where both are the same.
+//!
+//! **A second implementation on purpose.** The device has its own vfio-user wire format
+//! (`device/src/vfio_user/wire.rs`) and the backend its own FUSE ABI (`backend/src/abi.rs`); the
+//! structures this crate encodes ([`crate::vfio_user`], [`crate::virtqueue`],
+//! [`crate::fuse_abi`]) are written from the specifications alone and share no code with them
+//! (the crate depends on neither; tools/test.sh checks). The device's conformance tests and
+//! every end-to-end test therefore run one implementation against the other, so a layout mistake
+//! on either side fails a test instead of cancelling out, as it would if both sides used one
+//! definition. Keep them apart; settle a mismatch against the specification.
 
 /// A fixed-size field of a wire structure.
 pub trait WireField: Sized + Copy {

@@ -22,7 +22,7 @@ use serde::Serialize;
 use virtiofs_dpu::config::{Doorbells, Polling, Profile};
 
 use super::BenchError;
-use crate::driver::{DriverOptions, FsDriver};
+use virtiofs_tools::driver::{DriverOptions, FsDriver};
 
 /// Parameters of the wake-up measurement.
 #[derive(Debug, Clone)]

@@ -1,7 +1,7 @@
 //! `virtiofs-bench`: 4 KiB latency at QD 1, QD = queue size and QD = 2 x queue size under both
 //! queue-full policies, sequential bandwidth, and the shared-memory ping-pong floor.
 //!
-//! `cargo run --release -p virtiofs-tools --bin virtiofs-bench` runs the device in-process with
+//! `cargo run --release -p virtiofs-bench` runs the device in-process with
 //! its RAM filesystem; `--socket-path` measures a running daemon instead. See BENCHMARKS.md.
 
 use std::io::{IsTerminal, Write};
@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use virtiofs_tools::bench::{self, BenchConfig};
+use virtiofs_bench::{self as bench, BenchConfig};
 
 /// Benchmarks the virtio-fs device through the userspace driver model.
 #[derive(Debug, Parser)]
