@@ -1,9 +1,10 @@
 //! POSIX record locks, LSEEK (SEEK_DATA/SEEK_HOLE), COPY_FILE_RANGE, TMPFILE, STATX, SYNCFS,
 //! FSYNCDIR, and the two ways of clearing set-user-id (HANDLE_KILLPRIV and _V2).
 
-mod common;
+mod harness;
 
-use common::*;
+use harness::ram::Fuse;
+use harness::*;
 use virtiofs_backend::abi::{self, opcode};
 use virtiofs_backend::ramfs::{RamFsConfig, MAX_COPY};
 use virtiofs_backend::RamFs;

@@ -1,10 +1,11 @@
 //! Happy paths and POSIX semantics of the FUSE operations, driven through `Server::handle`.
 
-mod common;
+mod harness;
 
 use std::collections::HashSet;
 
-use common::*;
+use harness::ram::Fuse;
+use harness::*;
 use virtiofs_backend::abi::{self, opcode};
 use virtiofs_backend::ramfs::RamFsConfig;
 use virtiofs_backend::{RamFs, Server};
@@ -179,7 +180,7 @@ fn happy_path_sequence() {
     assert_eq!(f.getattr(ROOT).unwrap().nlink, 2);
 
     // statfs.
-    let st = f.statfs().unwrap();
+    let st = f.statfs(ROOT).unwrap();
     assert_eq!((st.bsize, st.frsize, st.namelen), (4096, 4096, 255));
     assert_eq!(st.blocks, (1 << 30) / 4096);
     assert!(st.bfree < st.blocks, "the open unlinked file still holds data");
@@ -473,7 +474,7 @@ fn capacity_and_sparse_files() {
     let big = vec![1u8; 300 << 10];
     assert_eq!(f.write(e.nodeid, o.fh, 0, &big).unwrap(), 256 << 10);
     assert_eq!(f.write(e.nodeid, o.fh, 1 << 30, b"x"), Err(libc::ENOSPC));
-    assert_eq!(f.statfs().unwrap().bfree, 0);
+    assert_eq!(f.statfs(ROOT).unwrap().bfree, 0);
     // Writes past the maximum file size.
     assert_eq!(f.write(e.nodeid, o.fh, i64::MAX as u64, b"x"), Err(libc::EFBIG));
     assert_eq!(f.truncate(e.nodeid, u64::MAX), Err(libc::EFBIG));

@@ -2,11 +2,12 @@
 //! host file and request buffers cut into odd pieces; everything else (and every unusual case)
 //! answered synchronously by the server, exactly as without the engine.
 
-mod passthrough_common;
+mod harness;
 
 use std::sync::Arc;
 
-use passthrough_common::{parse, Tree, HDR, LINUX_FLAGS, ROOT};
+use harness::passthrough::Tree;
+use harness::{parse, HDR, LINUX_FLAGS, ROOT};
 use virtiofs_backend::abi::{self, opcode};
 use virtiofs_backend::passthrough::uring::{IoMode, Submitted, UringEngine};
 use virtiofs_backend::passthrough::{PassthroughConfig, PassthroughFs};
@@ -145,8 +146,7 @@ fn sync(server: &Server<PassthroughFs>, op: u32, nodeid: u64, args: &[&[u8]]) ->
 
 fn create(server: &Server<PassthroughFs>, name: &[u8]) -> (u64, u64) {
     let arg = abi::CreateIn { flags: libc::O_RDWR as u32, mode: 0o644, umask: 0, open_flags: 0 };
-    let body =
-        sync(server, opcode::CREATE, ROOT, &[arg.as_slice(), &passthrough_common::cstr(name)]).unwrap();
+    let body = sync(server, opcode::CREATE, ROOT, &[arg.as_slice(), &harness::cstr(name)]).unwrap();
     let e: abi::EntryOut = parse(&body);
     let o: abi::OpenOut = parse(&body[128..]);
     (e.nodeid, o.fh)

@@ -1,9 +1,10 @@
 //! Permission checks with non-root callers: the guest mounts without `default_permissions`, so the
 //! server is the only line of defence.
 
-mod common;
+mod harness;
 
-use common::*;
+use harness::ram::Fuse;
+use harness::*;
 use virtiofs_backend::abi::{self, opcode};
 
 const S_IFREG: u32 = libc::S_IFREG;

@@ -2,9 +2,10 @@
 //! permission rules for non-root callers, and ACLs kept in step with the mode, enforced and
 //! inherited.
 
-mod common;
+mod harness;
 
-use common::*;
+use harness::ram::Fuse;
+use harness::*;
 use virtiofs_backend::abi::{self, opcode};
 use virtiofs_backend::ramfs::RamFsConfig;
 use virtiofs_backend::RamFs;
