@@ -192,6 +192,12 @@ pub type Dirent = (u64, u64, u32, Vec<u8>);
 /// A READDIRPLUS entry: (entry, next offset, name).
 pub type DirentPlus = (abi::EntryOut, u64, Vec<u8>);
 
+/// What the generic tests ask of a backend beyond [`FileSystem`].
+pub trait TestFs: FileSystem {
+    /// Lookup references the kernel holds on node `ino` (`None` once the node is gone).
+    fn lookup_count(&self, ino: u64) -> Option<u64>;
+}
+
 /// `(entry, open)` of CREATE or TMPFILE as `(entry, file handle)`.
 pub fn with_fh((entry, open): (abi::EntryOut, abi::OpenOut)) -> (abi::EntryOut, u64) {
     (entry, open.fh)
@@ -735,23 +741,33 @@ pub const O_TRUNC: u32 = libc::O_TRUNC as u32;
 
 /// Runs the generic test bodies named on both backends: for each `body`, a module `body` with
 /// the tests `ramfs` (a fresh [`ram`] session) and `passthrough` (a session over a fresh host
-/// tree, see [`passthrough::Tree`]). A body is `fn body<F: FileSystem>(f: &Fuse<F>)`.
+/// tree whose shared directory is like the RAM filesystem's root, see
+/// [`passthrough::Tree::like_ramfs`]). A body is `fn body<F: TestFs>(f: &Fuse<F>)`. Bodies
+/// listed after `as_root:` act as other users, which the passthrough does with `setfsuid`: their
+/// passthrough test does nothing unless it runs as root, as the passthrough's own identity tests.
 #[macro_export]
 macro_rules! both_backends {
+    (as_root: $($body:ident),* $(,)?) => {
+        $( $crate::both_backends!(@one $body, $crate::harness::passthrough::is_root()); )*
+    };
     ($($body:ident),* $(,)?) => {
-        $(
-            mod $body {
-                #[test]
-                fn ramfs() {
-                    super::$body(&$crate::harness::ram::Fuse::new());
-                }
-
-                #[test]
-                fn passthrough() {
-                    let t = $crate::harness::passthrough::Tree::new();
-                    super::$body(&$crate::harness::passthrough::Fuse::new(&t.share));
-                }
+        $( $crate::both_backends!(@one $body, true); )*
+    };
+    (@one $body:ident, $run_passthrough:expr) => {
+        mod $body {
+            #[test]
+            fn ramfs() {
+                super::$body(&$crate::harness::ram::Fuse::new());
             }
-        )*
+
+            #[test]
+            fn passthrough() {
+                if !$run_passthrough {
+                    return;
+                }
+                let t = $crate::harness::passthrough::Tree::like_ramfs();
+                super::$body(&$crate::harness::passthrough::Fuse::new(&t.share));
+            }
+        }
     };
 }

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 use virtiofs_backend::passthrough::{PassthroughConfig, PassthroughFs};
 
+use super::TestFs;
+
 /// A session over a passthrough of a host directory.
 pub type Fuse = super::Fuse<PassthroughFs>;
 
@@ -26,6 +28,12 @@ impl super::Fuse<PassthroughFs> {
         let mut f = Self::with_fs(fs).recording();
         f.dot_attrs = false;
         f
+    }
+}
+
+impl TestFs for PassthroughFs {
+    fn lookup_count(&self, ino: u64) -> Option<u64> {
+        PassthroughFs::lookup_count(self, ino)
     }
 }
 
@@ -51,6 +59,14 @@ impl Tree {
         // Others may search the share (the tests act as other users too).
         std::fs::set_permissions(&share, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
         Tree { base, share }
+    }
+
+    /// A tree whose shared directory is like the root of a fresh RAM filesystem (root's, 0755),
+    /// for the tests both backends run.
+    pub fn like_ramfs() -> Tree {
+        let t = Self::new();
+        std::fs::set_permissions(&t.share, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        t
     }
 
     pub fn host(&self, rel: &str) -> PathBuf {

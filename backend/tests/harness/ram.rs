@@ -2,6 +2,8 @@
 
 use virtiofs_backend::RamFs;
 
+use super::TestFs;
+
 /// A session over a RAM filesystem.
 pub type Fuse = super::Fuse<RamFs>;
 
@@ -14,5 +16,11 @@ impl super::Fuse<RamFs> {
     /// A fresh RamFs after a Linux-6.12-like INIT.
     pub fn new() -> Self {
         Self::uninit().initialised()
+    }
+}
+
+impl TestFs for RamFs {
+    fn lookup_count(&self, ino: u64) -> Option<u64> {
+        RamFs::lookup_count(self, ino)
     }
 }
