@@ -2,9 +2,10 @@
 //! (`FUSE_CREATE_SUPP_GROUP`) counts in the permission check of a creation, malformed extensions
 //! are EINVAL with nothing done, and security contexts and unknown types are skipped.
 
-mod common;
+mod harness;
 
-use common::*;
+use harness::ram::Fuse;
+use harness::*;
 use virtiofs_backend::abi::{self, opcode};
 use vm_memory::ByteValued;
 

@@ -1,9 +1,10 @@
 //! POSIX record locks, LSEEK (SEEK_DATA/SEEK_HOLE), COPY_FILE_RANGE, TMPFILE, STATX, SYNCFS,
 //! FSYNCDIR, and the two ways of clearing set-user-id (HANDLE_KILLPRIV and _V2).
 
-mod common;
+mod harness;
 
-use common::*;
+use harness::ram::Fuse;
+use harness::*;
 use virtiofs_backend::abi::{self, opcode};
 use virtiofs_backend::ramfs::{RamFsConfig, MAX_COPY};
 use virtiofs_backend::RamFs;
@@ -21,9 +22,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed) ^ (i >> 10) as u8).collect()
 }
 
-#[test]
-fn posix_locks() {
-    let f = Fuse::new();
+fn posix_locks<F: TestFs>(f: &harness::Fuse<F>) {
     let (e, o) = f.create(ROOT, b"f", 0o666, O_RDWR | O_CREAT).unwrap();
     let (ino, fh) = (e.nodeid, o.fh);
     let ro = f.open(ino, O_RDONLY).unwrap();
@@ -103,6 +102,7 @@ fn posix_locks() {
     assert_eq!(f.setlk(ino, 9999, 1, RD, 0, 1), Err(libc::EBADF));
 }
 
+// RAM filesystem only: data and holes come in 64 KiB chunks here, in host blocks there.
 #[test]
 fn lseek_data_and_holes() {
     let f = Fuse::new();
@@ -148,6 +148,7 @@ fn lseek_data_and_holes() {
     assert_eq!(f.lseek(e2.nodeid, o2.fh, 0, h), Err(libc::ENXIO));
 }
 
+// RAM filesystem only: it counts allocated bytes and the RAM filesystem's MAX_COPY.
 #[test]
 fn copy_file_range_between_and_within_files() {
     let f = Fuse::new();
@@ -242,9 +243,7 @@ fn copy_file_range_between_and_within_files() {
     assert_eq!(f.copy_file_range(a.nodeid, ao.fh, 1, b.nodeid, bo.fh, 0, u64::MAX), Err(libc::EOVERFLOW));
 }
 
-#[test]
-fn copy_file_range_updates_times_and_clears_setuid() {
-    let f = Fuse::new();
+fn copy_file_range_updates_times_and_clears_setuid<F: TestFs>(f: &harness::Fuse<F>) {
     let d = f.mkdir(ROOT, b"d", 0o777).unwrap().nodeid;
     let (a, ao) = f.create(d, b"a", 0o644, O_RDWR | O_CREAT).unwrap();
     f.write(a.nodeid, ao.fh, 0, b"hello").unwrap();
@@ -271,9 +270,7 @@ fn copy_file_range_updates_times_and_clears_setuid() {
     assert_eq!(f.getattr(b.nodeid).unwrap().size, 0);
 }
 
-#[test]
-fn tmpfile_is_unnamed_until_linked() {
-    let f = Fuse::new();
+fn tmpfile_is_unnamed_until_linked<F: TestFs>(f: &harness::Fuse<F>) {
     let d = f.mkdir(ROOT, b"d", 0o777).unwrap().nodeid;
     let before = f.getattr(d).unwrap();
     f.as_user(ALICE.0, ALICE.1);
@@ -316,6 +313,7 @@ fn tmpfile_is_unnamed_until_linked() {
     assert_eq!(r.errno(), libc::EINVAL, "truncated");
 }
 
+// RAM filesystem only: inode numbers are node ids only here.
 #[test]
 fn statx_syncfs_fsyncdir() {
     let f = Fuse::new();
@@ -351,6 +349,7 @@ fn statx_syncfs_fsyncdir() {
 
 /// The kernel's say on clearing set-user-id (HANDLE_KILLPRIV_V2) against our guess from the uid
 /// (HANDLE_KILLPRIV).
+// RAM filesystem only: two sessions with different INIT offers.
 #[test]
 fn killpriv_v1_and_v2() {
     let raw_write = |f: &Fuse, ino, fh, write_flags| {
@@ -400,9 +399,7 @@ fn killpriv_v1_and_v2() {
     }
 }
 
-#[test]
-fn fallocate_updates_times_and_clears_setuid() {
-    let f = Fuse::new();
+fn fallocate_updates_times_and_clears_setuid<F: TestFs>(f: &harness::Fuse<F>) {
     let d = f.mkdir(ROOT, b"d", 0o777).unwrap().nodeid;
     let ino = f.mknod(d, b"f", S_IFREG | 0o6777, 0).unwrap().nodeid;
     f.as_user(ALICE.0, ALICE.1);
@@ -431,3 +428,12 @@ fn fallocate_updates_times_and_clears_setuid() {
     assert_eq!(f.getattr(ino).unwrap(), before);
     let _ = ALICE;
 }
+
+both_backends!(posix_locks);
+
+both_backends!(
+    as_root:
+    copy_file_range_updates_times_and_clears_setuid,
+    tmpfile_is_unnamed_until_linked,
+    fallocate_updates_times_and_clears_setuid,
+);

@@ -1,9 +1,10 @@
 //! Malformed and hostile requests: each gets the right errno (or no reply), never a panic, and
 //! never a side effect when the reply cannot be delivered.
 
-mod common;
+mod harness;
 
-use common::*;
+use harness::ram::Fuse;
+use harness::*;
 use virtiofs_backend::abi::{self, opcode};
 use vm_memory::ByteValued;
 

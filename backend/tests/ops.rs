@@ -1,10 +1,11 @@
 //! Happy paths and POSIX semantics of the FUSE operations, driven through `Server::handle`.
 
-mod common;
+mod harness;
 
 use std::collections::HashSet;
 
-use common::*;
+use harness::ram::Fuse;
+use harness::*;
 use virtiofs_backend::abi::{self, opcode};
 use virtiofs_backend::ramfs::RamFsConfig;
 use virtiofs_backend::{RamFs, Server};
@@ -91,6 +92,7 @@ fn init_without_ext_and_old_kernels() {
     assert_eq!(f.getattr(ROOT), Err(libc::EIO), "still not initialised");
 }
 
+// RAM filesystem only: STATFS and the data left are the RAM filesystem's.
 #[test]
 fn happy_path_sequence() {
     let f = Fuse::new();
@@ -179,7 +181,7 @@ fn happy_path_sequence() {
     assert_eq!(f.getattr(ROOT).unwrap().nlink, 2);
 
     // statfs.
-    let st = f.statfs().unwrap();
+    let st = f.statfs(ROOT).unwrap();
     assert_eq!((st.bsize, st.frsize, st.namelen), (4096, 4096, 255));
     assert_eq!(st.blocks, (1 << 30) / 4096);
     assert!(st.bfree < st.blocks, "the open unlinked file still holds data");
@@ -202,9 +204,7 @@ fn happy_path_sequence() {
     assert_eq!(f.fs().lookup_count(other.nodeid), Some(2));
 }
 
-#[test]
-fn split_buffers_everywhere() {
-    let f = Fuse::new();
+fn split_buffers_everywhere<F: TestFs>(f: &harness::Fuse<F>) {
     let (e, o) = f.create(ROOT, b"f", 0o644, O_RDWR | O_CREAT).unwrap();
     let data = pattern(70_000, 3);
     // A WRITE cut into 7-byte buffers.
@@ -227,6 +227,7 @@ fn split_buffers_everywhere() {
     assert_eq!(entry.nodeid, e.nodeid);
 }
 
+// RAM filesystem only: a host directory need not list an entry added during the listing.
 #[test]
 fn readdir_paginates_with_stable_offsets() {
     let f = Fuse::new();
@@ -282,9 +283,7 @@ fn readdir_paginates_with_stable_offsets() {
     assert_eq!(f.releasedir(d, fh), Err(libc::EBADF), "released twice");
 }
 
-#[test]
-fn rename_semantics() {
-    let f = Fuse::new();
+fn rename_semantics<F: TestFs>(f: &harness::Fuse<F>) {
     let a = f.mkdir(ROOT, b"a", 0o755).unwrap().nodeid;
     let b = f.mkdir(a, b"b", 0o755).unwrap().nodeid;
     let c = f.mkdir(ROOT, b"c", 0o755).unwrap().nodeid;
@@ -338,6 +337,7 @@ fn rename_semantics() {
     assert!((after.ctime, after.ctimensec) > (before.ctime, before.ctimensec));
 }
 
+// RAM filesystem only: a host truncate to the same size still sets mtime.
 #[test]
 fn times_follow_posix() {
     let f = Fuse::new();
@@ -385,6 +385,8 @@ fn times_follow_posix() {
     assert!((other.mtime, other.mtimensec) > (before.mtime, before.mtimensec));
 }
 
+// RAM filesystem only: the RAM filesystem answers LOOKUP of ".", the passthrough refuses it
+// (EINVAL).
 #[test]
 fn special_files_and_links() {
     let f = Fuse::new();
@@ -421,9 +423,7 @@ fn special_files_and_links() {
     assert_eq!(f.symlink(ROOT, b"toolong", &[b'a'; 4096]), Err(libc::ENAMETOOLONG));
 }
 
-#[test]
-fn open_flags_and_handles() {
-    let f = Fuse::new();
+fn open_flags_and_handles<F: TestFs>(f: &harness::Fuse<F>) {
     let (e, o) = f.create(ROOT, b"f", 0o644, O_WRONLY | O_CREAT).unwrap();
     f.write(e.nodeid, o.fh, 0, b"hello").unwrap();
     // CREATE on an existing name: EEXIST with O_EXCL, otherwise an open (with O_TRUNC honoured).
@@ -459,6 +459,7 @@ fn open_flags_and_handles() {
     assert_eq!(f.release(e.nodeid, t), Err(libc::EBADF));
 }
 
+// RAM filesystem only: the limits are the RAM filesystem's.
 #[test]
 fn capacity_and_sparse_files() {
     let cfg = RamFsConfig { capacity: 256 << 10, max_inodes: 4, ..Default::default() };
@@ -473,7 +474,7 @@ fn capacity_and_sparse_files() {
     let big = vec![1u8; 300 << 10];
     assert_eq!(f.write(e.nodeid, o.fh, 0, &big).unwrap(), 256 << 10);
     assert_eq!(f.write(e.nodeid, o.fh, 1 << 30, b"x"), Err(libc::ENOSPC));
-    assert_eq!(f.statfs().unwrap().bfree, 0);
+    assert_eq!(f.statfs(ROOT).unwrap().bfree, 0);
     // Writes past the maximum file size.
     assert_eq!(f.write(e.nodeid, o.fh, i64::MAX as u64, b"x"), Err(libc::EFBIG));
     assert_eq!(f.truncate(e.nodeid, u64::MAX), Err(libc::EFBIG));
@@ -486,6 +487,7 @@ fn capacity_and_sparse_files() {
     assert_eq!(f.fs().used_bytes(), 0);
 }
 
+// RAM filesystem only: it counts the RAM filesystem's allocated bytes.
 #[test]
 fn fallocate_modes() {
     let f = Fuse::new();
@@ -519,6 +521,7 @@ fn fallocate_modes() {
     assert_eq!(fa(libc::FALLOC_FL_PUNCH_HOLE as u32, 0, 1), libc::EOPNOTSUPP);
 }
 
+// RAM filesystem only: the root's inode number is the node id only here.
 #[test]
 fn destroy_drops_references_and_reinit_works() {
     let f = Fuse::new();
@@ -673,3 +676,5 @@ fn cache_policy_sets_timeouts_and_open_flags() {
     assert_eq!("never".parse::<CachePolicy>(), Ok(CachePolicy::Never));
     assert!("sometimes".parse::<CachePolicy>().is_err());
 }
+
+both_backends!(rename_semantics, open_flags_and_handles, split_buffers_everywhere,);

@@ -1,11 +1,12 @@
 //! The passthrough filesystem through the FUSE server: the operations, checked against what the
 //! host directory shows, with the caller's identity in force.
 
-mod passthrough_common;
+mod harness;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-use passthrough_common::{groups_ext, is_root, Fuse, Tree, ROOT};
+use harness::passthrough::{is_root, Fuse, Tree};
+use harness::{groups_ext, with_fh, Xattr, ROOT};
 use virtiofs_backend::abi;
 
 const RDWR: u32 = libc::O_RDWR as u32;
@@ -17,7 +18,7 @@ fn files_and_directories_show_on_the_host() {
     let d = f.mkdir(ROOT, b"dir", 0o755).unwrap();
     assert_eq!(d.attr.mode & libc::S_IFMT, libc::S_IFDIR);
     assert!(t.host("dir").is_dir());
-    let (e, fh) = f.create(d.nodeid, b"file", 0o644, RDWR).unwrap();
+    let (e, fh) = f.create(d.nodeid, b"file", 0o644, RDWR).map(with_fh).unwrap();
     let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
     assert_eq!(f.write(e.nodeid, fh, 0, &data).unwrap() as usize, data.len());
     assert_eq!(std::fs::read(t.host("dir/file")).unwrap(), data);
@@ -76,7 +77,7 @@ fn host_files_are_served_with_stable_inode_numbers() {
     use vm_memory::ByteValued;
     arg.extend_from_slice(abi::ForgetOne { nodeid: c2.nodeid, nlookup: 1 }.as_slice());
     arg.extend_from_slice(abi::ForgetOne { nodeid: b.nodeid, nlookup: 1 }.as_slice());
-    assert_eq!(f.raw(abi::opcode::BATCH_FORGET, 0, &[&arg]).n, 0);
+    assert_eq!(f.call(abi::opcode::BATCH_FORGET, 0, &[&arg]).n, 0);
     assert_eq!(f.fs().lookup_count(c2.nodeid), None);
     // `b` is gone from the table, but `a` is still known.
     assert_eq!(f.fs().lookup_count(a.nodeid), Some(1));
@@ -86,7 +87,7 @@ fn host_files_are_served_with_stable_inode_numbers() {
 fn open_files_survive_rename_and_unlink() {
     let t = Tree::new();
     let f = Fuse::new(&t.share);
-    let (e, fh) = f.create(ROOT, b"f", 0o600, RDWR).unwrap();
+    let (e, fh) = f.create(ROOT, b"f", 0o600, RDWR).map(with_fh).unwrap();
     f.write(e.nodeid, fh, 0, b"still here").unwrap();
     std::fs::rename(t.host("f"), t.host("g")).unwrap();
     assert_eq!(f.read(e.nodeid, fh, 0, 100).unwrap(), b"still here");
@@ -106,13 +107,13 @@ fn open_files_survive_rename_and_unlink() {
 fn setattr_changes_the_host_file() {
     let t = Tree::new();
     let f = Fuse::new(&t.share);
-    let (e, fh) = f.create(ROOT, b"f", 0o644, RDWR).unwrap();
+    let (e, fh) = f.create(ROOT, b"f", 0o644, RDWR).map(with_fh).unwrap();
     f.write(e.nodeid, fh, 0, &[7u8; 10000]).unwrap();
     let a = f.chmod(e.nodeid, 0o640).unwrap();
     assert_eq!(a.mode & 0o7777, 0o640);
     assert_eq!(std::fs::metadata(t.host("f")).unwrap().permissions().mode() & 0o7777, 0o640);
-    assert_eq!(f.truncate(e.nodeid, 100, None).unwrap().size, 100);
-    assert_eq!(f.truncate(e.nodeid, 50, Some(fh)).unwrap().size, 50);
+    assert_eq!(f.truncate(e.nodeid, 100).unwrap().size, 100);
+    assert_eq!(f.ftruncate(e.nodeid, 50, fh).unwrap().size, 50);
     assert_eq!(std::fs::metadata(t.host("f")).unwrap().len(), 50);
     let valid = abi::fattr::ATIME | abi::fattr::MTIME;
     let a = f
@@ -135,14 +136,14 @@ fn setattr_changes_the_host_file() {
     let a = f.setattr(e.nodeid, abi::SetattrIn { valid: now, ..Default::default() }).unwrap();
     assert!(a.mtime > 2000);
     if is_root() {
-        let a = f.chown(e.nodeid, 1234, 5678).unwrap();
+        let a = f.chown(e.nodeid, Some(1234), Some(5678)).unwrap();
         assert_eq!((a.uid, a.gid), (1234, 5678));
         let m = std::fs::metadata(t.host("f")).unwrap();
         assert_eq!((m.uid(), m.gid()), (1234, 5678));
     }
     // A directory cannot be truncated; a symlink has no mode of its own.
     let d = f.mkdir(ROOT, b"d", 0o755).unwrap();
-    assert_eq!(f.truncate(d.nodeid, 0, None).unwrap_err(), libc::EISDIR);
+    assert_eq!(f.truncate(d.nodeid, 0).unwrap_err(), libc::EISDIR);
     let l = f.symlink(ROOT, b"l", b"f").unwrap();
     assert_eq!(f.chmod(l.nodeid, 0o600).unwrap_err(), libc::EOPNOTSUPP);
     f.release(e.nodeid, fh).unwrap();
@@ -156,7 +157,7 @@ fn symlinks_hard_links_and_special_files() {
     assert_eq!(l.attr.mode & libc::S_IFMT, libc::S_IFLNK);
     assert_eq!(f.readlink(l.nodeid).unwrap(), b"some/where/../else");
     assert_eq!(std::fs::read_link(t.host("l")).unwrap().as_os_str(), "some/where/../else");
-    let (e, fh) = f.create(ROOT, b"f", 0o644, RDWR).unwrap();
+    let (e, fh) = f.create(ROOT, b"f", 0o644, RDWR).map(with_fh).unwrap();
     f.release(e.nodeid, fh).unwrap();
     let h = f.link(e.nodeid, ROOT, b"h").unwrap();
     assert_eq!(h.nodeid, e.nodeid);
@@ -235,22 +236,21 @@ fn directory_listing_pages_and_plus_takes_references() {
 fn xattrs() {
     let t = Tree::new();
     let f = Fuse::new(&t.share);
-    let (e, fh) = f.create(ROOT, b"f", 0o644, RDWR).unwrap();
+    let (e, fh) = f.create(ROOT, b"f", 0o644, RDWR).map(with_fh).unwrap();
     f.release(e.nodeid, fh).unwrap();
     match f.setxattr(e.nodeid, b"user.test", b"value", 0) {
         Err(libc::EOPNOTSUPP) => return, // the host filesystem has no user xattrs
         r => r.unwrap(),
     }
-    let size: abi::GetxattrOut = passthrough_common::parse(&f.getxattr(e.nodeid, b"user.test", 0).unwrap());
-    assert_eq!(size.size, 5);
-    assert_eq!(f.getxattr(e.nodeid, b"user.test", 100).unwrap(), b"value");
+    assert_eq!(f.getxattr(e.nodeid, b"user.test", 0).unwrap(), Xattr::Size(5));
+    assert_eq!(f.getxattr(e.nodeid, b"user.test", 100).unwrap(), Xattr::Data(b"value".to_vec()));
     assert_eq!(f.getxattr(e.nodeid, b"user.test", 2).unwrap_err(), libc::ERANGE);
     assert_eq!(f.getxattr(e.nodeid, b"user.nope", 100).unwrap_err(), libc::ENODATA);
     assert_eq!(
         f.setxattr(e.nodeid, b"user.test", b"v", libc::XATTR_CREATE as u32).unwrap_err(),
         libc::EEXIST
     );
-    let list = f.listxattr(e.nodeid, 1000).unwrap();
+    let Xattr::Data(list) = f.listxattr(e.nodeid, 1000).unwrap() else { panic!("no data") };
     assert!(list.windows(10).any(|w| w == b"user.test\0"), "{list:?}");
     f.removexattr(e.nodeid, b"user.test").unwrap();
     assert_eq!(f.getxattr(e.nodeid, b"user.test", 100).unwrap_err(), libc::ENODATA);
@@ -260,18 +260,18 @@ fn xattrs() {
 fn fallocate_lseek_and_copy_file_range() {
     let t = Tree::new();
     let f = Fuse::new(&t.share);
-    let (e, fh) = f.create(ROOT, b"f", 0o644, RDWR).unwrap();
+    let (e, fh) = f.create(ROOT, b"f", 0o644, RDWR).map(with_fh).unwrap();
     f.write(e.nodeid, fh, 0, &vec![1u8; 1 << 20]).unwrap();
     let mode = (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) as u32;
     let arg = abi::FallocateIn { fh, offset: 256 << 10, length: 256 << 10, mode, padding: 0 };
     use vm_memory::ByteValued;
-    f.raw(abi::opcode::FALLOCATE, e.nodeid, &[arg.as_slice()]).result().unwrap();
+    f.call(abi::opcode::FALLOCATE, e.nodeid, &[arg.as_slice()]).result().unwrap();
     assert_eq!(f.read(e.nodeid, fh, 256 << 10, 16).unwrap(), vec![0u8; 16]);
     assert_eq!(f.getattr(e.nodeid).unwrap().size, 1 << 20);
     let seek = |off: u64, whence: i32| -> Result<u64, i32> {
         let arg = abi::LseekIn { fh, offset: off, whence: whence as u32, padding: 0 };
-        let body = f.raw(abi::opcode::LSEEK, e.nodeid, &[arg.as_slice()]).result()?;
-        Ok(passthrough_common::parse::<abi::LseekOut>(&body).offset)
+        let body = f.call(abi::opcode::LSEEK, e.nodeid, &[arg.as_slice()]).result()?;
+        Ok(harness::parse::<abi::LseekOut>(&body).offset)
     };
     // Filesystems that report holes put one at the punched range.
     let hole = seek(0, libc::SEEK_HOLE).unwrap();
@@ -280,7 +280,7 @@ fn fallocate_lseek_and_copy_file_range() {
         assert_eq!(seek(hole, libc::SEEK_DATA).unwrap(), 512 << 10);
     }
     assert_eq!(seek(2 << 20, libc::SEEK_DATA).unwrap_err(), libc::ENXIO);
-    let (e2, fh2) = f.create(ROOT, b"g", 0o644, RDWR).unwrap();
+    let (e2, fh2) = f.create(ROOT, b"g", 0o644, RDWR).map(with_fh).unwrap();
     let arg = abi::CopyFileRangeIn {
         fh_in: fh,
         off_in: 0,
@@ -290,11 +290,11 @@ fn fallocate_lseek_and_copy_file_range() {
         len: 4096,
         flags: 0,
     };
-    let body = f.raw(abi::opcode::COPY_FILE_RANGE, e.nodeid, &[arg.as_slice()]).result().unwrap();
-    assert_eq!(passthrough_common::parse::<abi::WriteOut>(&body).size, 4096);
+    let body = f.call(abi::opcode::COPY_FILE_RANGE, e.nodeid, &[arg.as_slice()]).result().unwrap();
+    assert_eq!(harness::parse::<abi::WriteOut>(&body).size, 4096);
     assert_eq!(std::fs::metadata(t.host("g")).unwrap().len(), 4106);
     let sync = abi::SyncfsIn::default();
-    f.raw(abi::opcode::SYNCFS, ROOT, &[sync.as_slice()]).result().unwrap();
+    f.call(abi::opcode::SYNCFS, ROOT, &[sync.as_slice()]).result().unwrap();
     let dfh = f.opendir(ROOT).unwrap();
     f.fsync(ROOT, dfh, true).unwrap();
     f.releasedir(ROOT, dfh).unwrap();
@@ -304,7 +304,7 @@ fn fallocate_lseek_and_copy_file_range() {
 fn tmpfile_then_link() {
     let t = Tree::new();
     let f = Fuse::new(&t.share);
-    let (e, fh) = match f.tmpfile(ROOT, 0o600, RDWR) {
+    let (e, fh) = match f.tmpfile(ROOT, 0o600, RDWR, 0).map(with_fh) {
         Err(libc::EOPNOTSUPP) => return, // host filesystem without O_TMPFILE
         r => r.unwrap(),
     };
@@ -324,7 +324,7 @@ fn umask_applies_with_dont_mask() {
     assert_eq!(d.attr.mode & 0o777, 0o750);
     // Without DONT_MASK the guest applied it already: the host applies none.
     let g = Fuse::uninit(&t.share);
-    g.init(passthrough_common::LINUX_FLAGS & !abi::init::DONT_MASK).unwrap();
+    g.init(41, harness::LINUX_FLAGS & !abi::init::DONT_MASK).unwrap();
     let d = g.mkdir_umask(ROOT, b"e", 0o777, 0o027).unwrap();
     assert_eq!(d.attr.mode & 0o777, 0o777);
 }
@@ -348,7 +348,7 @@ fn dot_dot_is_the_tracked_parent_and_stops_at_the_root() {
     let up = f.lookup(b.nodeid, b"..").unwrap();
     assert_eq!(up.attr.ino, std::fs::metadata(t.host("c")).unwrap().ino());
     assert_eq!(f.lookup(ROOT, b".").unwrap_err(), libc::EINVAL);
-    let (e, fh) = f.create(ROOT, b"file", 0o644, RDWR).unwrap();
+    let (e, fh) = f.create(ROOT, b"file", 0o644, RDWR).map(with_fh).unwrap();
     f.release(e.nodeid, fh).unwrap();
     assert_eq!(f.lookup(e.nodeid, b"..").unwrap_err(), libc::ENOTDIR);
 }
@@ -358,13 +358,13 @@ fn destroy_forgets_every_node_and_handle() {
     let t = Tree::new();
     let f = Fuse::new(&t.share);
     let d = f.mkdir(ROOT, b"d", 0o755).unwrap();
-    let (e, _fh) = f.create(d.nodeid, b"f", 0o644, RDWR).unwrap();
+    let (e, _fh) = f.create(d.nodeid, b"f", 0o644, RDWR).map(with_fh).unwrap();
     let _dh = f.opendir(d.nodeid).unwrap();
     assert_eq!(f.fs().handle_count(), 2);
-    f.raw(abi::opcode::DESTROY, 0, &[]).result().unwrap();
+    f.call(abi::opcode::DESTROY, 0, &[]).result().unwrap();
     assert_eq!(f.fs().handle_count(), 0);
     assert_eq!(f.fs().node_count(), 1);
-    f.init(passthrough_common::LINUX_FLAGS).unwrap();
+    f.init(41, harness::LINUX_FLAGS).unwrap();
     assert_eq!(f.getattr(e.nodeid).unwrap_err(), libc::ENOENT);
     assert!(f.getattr(ROOT).is_ok());
 }
@@ -378,13 +378,13 @@ fn requests_run_with_the_callers_identity() {
     let f = Fuse::new(&t.share);
     // Root creates a private directory and a private file.
     let priv_dir = f.mkdir(ROOT, b"private", 0o700).unwrap();
-    let (secret, fh) = f.create(ROOT, b"secret", 0o600, RDWR).unwrap();
+    let (secret, fh) = f.create(ROOT, b"secret", 0o600, RDWR).map(with_fh).unwrap();
     f.write(secret.nodeid, fh, 0, b"root only").unwrap();
     f.release(secret.nodeid, fh).unwrap();
 
     let u = f.as_user(1000, 1000);
     // New files belong to the caller.
-    let (mine, fh) = u.create(ROOT, b"mine", 0o644, RDWR).unwrap();
+    let (mine, fh) = u.create(ROOT, b"mine", 0o644, RDWR).map(with_fh).unwrap();
     assert_eq!((mine.attr.uid, mine.attr.gid), (1000, 1000));
     let m = std::fs::metadata(t.host("mine")).unwrap();
     assert_eq!((m.uid(), m.gid()), (1000, 1000));
@@ -392,12 +392,12 @@ fn requests_run_with_the_callers_identity() {
     let d = u.mkdir(ROOT, b"mydir", 0o755).unwrap();
     assert_eq!(d.attr.uid, 1000);
     // What an owner may do to its own file goes through /proc/self/fd under its ids.
-    u.truncate(mine.nodeid, 10, None).unwrap();
+    u.truncate(mine.nodeid, 10).unwrap();
     u.chmod(mine.nodeid, 0o600).unwrap();
     let now = abi::fattr::MTIME | abi::fattr::MTIME_NOW;
     u.setattr(mine.nodeid, abi::SetattrIn { valid: now, ..Default::default() }).unwrap();
     if u.setxattr(mine.nodeid, b"user.mine", b"1", 0).is_ok() {
-        assert_eq!(u.getxattr(mine.nodeid, b"user.mine", 10).unwrap(), b"1");
+        assert_eq!(u.getxattr(mine.nodeid, b"user.mine", 10).unwrap(), Xattr::Data(b"1".to_vec()));
     }
     u.link(mine.nodeid, ROOT, b"mine2").unwrap();
     assert_eq!(std::fs::metadata(t.host("mine")).unwrap().len(), 10);
@@ -407,11 +407,11 @@ fn requests_run_with_the_callers_identity() {
     assert_eq!(u.mkdir(priv_dir.nodeid, b"x", 0o755).unwrap_err(), libc::EACCES);
     assert_eq!(u.opendir(priv_dir.nodeid).unwrap_err(), libc::EACCES);
     assert_eq!(u.chmod(secret.nodeid, 0o666).unwrap_err(), libc::EPERM);
-    assert_eq!(u.chown(mine.nodeid, 0, 0).unwrap_err(), libc::EPERM);
-    assert_eq!(u.truncate(secret.nodeid, 0, None).unwrap_err(), libc::EACCES);
+    assert_eq!(u.chown(mine.nodeid, Some(0), Some(0)).unwrap_err(), libc::EPERM);
+    assert_eq!(u.truncate(secret.nodeid, 0).unwrap_err(), libc::EACCES);
     assert_eq!(u.unlink(priv_dir.nodeid, b"x").unwrap_err(), libc::EACCES);
     let sticky = f.as_user(0, 0).mkdir(ROOT, b"tmp", 0o1777).unwrap();
-    let (rootfile, fh) = f.create(sticky.nodeid, b"rootfile", 0o666, RDWR).unwrap();
+    let (rootfile, fh) = f.create(sticky.nodeid, b"rootfile", 0o666, RDWR).map(with_fh).unwrap();
     f.release(rootfile.nodeid, fh).unwrap();
     let u = f.as_user(1000, 1000);
     assert_eq!(u.unlink(sticky.nodeid, b"rootfile").unwrap_err(), libc::EPERM, "sticky directory");
@@ -422,7 +422,7 @@ fn requests_run_with_the_callers_identity() {
     assert_eq!(f.as_user(1000, 1000).lookup(g0.nodeid, b"x").unwrap_err(), libc::EACCES);
     assert_eq!(f.as_user(1000, 0).lookup(g0.nodeid, b"x").unwrap_err(), libc::ENOENT, "fsgid 0 is in");
     // A write by another user clears set-user-id (the host does it under the writer's ids).
-    let (suid, fh) = f.as_user(1000, 1000).create(ROOT, b"suid", 0o666, RDWR).unwrap();
+    let (suid, fh) = f.as_user(1000, 1000).create(ROOT, b"suid", 0o666, RDWR).map(with_fh).unwrap();
     f.as_user(1000, 1000).chmod(suid.nodeid, 0o4777).unwrap();
     f.as_user(2000, 2000).write_flags(suid.nodeid, fh, 0, b"x", abi::write_flags::KILL_SUIDGID).unwrap();
     assert_eq!(std::fs::metadata(t.host("suid")).unwrap().mode() & 0o7777, 0o777);
@@ -442,21 +442,21 @@ fn creations_run_with_the_supplementary_group_they_carry() {
     let t = Tree::new();
     let f = Fuse::new(&t.share);
     let team = f.mkdir(ROOT, b"team", 0o775).unwrap().nodeid;
-    f.chown(team, u32::MAX, TEAM).unwrap();
+    f.chown(team, Some(u32::MAX), Some(TEAM)).unwrap();
     let u = f.as_user(1000, 1000);
     let g = groups_ext(&[TEAM]);
     assert_eq!(u.mkdir(team, b"d", 0o755).unwrap_err(), libc::EACCES, "the host refuses without the group");
     let mkdir = abi::MkdirIn { mode: 0o755, umask: 0 };
-    let d = u.raw_ext(abi::opcode::MKDIR, team, &[mkdir.as_slice(), b"d\0"], &g).result().unwrap();
-    let d: abi::EntryOut = passthrough_common::parse(&d);
+    let d = u.call_with_ext(abi::opcode::MKDIR, team, &[mkdir.as_slice(), b"d\0"], &g).result().unwrap();
+    let d: abi::EntryOut = harness::parse(&d);
     let m = std::fs::metadata(t.host("team/d")).unwrap();
     assert_eq!((m.uid(), m.gid(), d.attr.gid), (1000, 1000, 1000));
     let create = abi::CreateIn { flags: libc::O_RDWR as u32, mode: 0o644, umask: 0, open_flags: 0 };
-    u.raw_ext(abi::opcode::CREATE, team, &[create.as_slice(), b"f\0"], &g).result().unwrap();
-    u.raw_ext(abi::opcode::TMPFILE, team, &[create.as_slice(), b"/\0"], &g).result().unwrap();
+    u.call_with_ext(abi::opcode::CREATE, team, &[create.as_slice(), b"f\0"], &g).result().unwrap();
+    u.call_with_ext(abi::opcode::TMPFILE, team, &[create.as_slice(), b"/\0"], &g).result().unwrap();
     let mknod = abi::MknodIn { mode: libc::S_IFIFO | 0o644, rdev: 0, umask: 0, padding: 0 };
-    u.raw_ext(abi::opcode::MKNOD, team, &[mknod.as_slice(), b"p\0"], &g).result().unwrap();
-    u.raw_ext(abi::opcode::SYMLINK, team, &[b"l\0", b"target\0"], &g).result().unwrap();
+    u.call_with_ext(abi::opcode::MKNOD, team, &[mknod.as_slice(), b"p\0"], &g).result().unwrap();
+    u.call_with_ext(abi::opcode::SYMLINK, team, &[b"l\0", b"target\0"], &g).result().unwrap();
     assert_eq!(std::fs::metadata(t.host("team/f")).unwrap().uid(), 1000);
     // This thread served the requests: its supplementary groups are empty again.
     let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
@@ -464,6 +464,6 @@ fn creations_run_with_the_supplementary_group_they_carry() {
     assert_eq!(groups, "", "the group lasted beyond its request");
     assert_eq!(u.mkdir(team, b"e", 0o755).unwrap_err(), libc::EACCES);
     // Another group grants nothing.
-    let r = u.raw_ext(abi::opcode::MKDIR, team, &[mkdir.as_slice(), b"x\0"], &groups_ext(&[5555]));
+    let r = u.call_with_ext(abi::opcode::MKDIR, team, &[mkdir.as_slice(), b"x\0"], &groups_ext(&[5555]));
     assert_eq!(r.result().unwrap_err(), libc::EACCES);
 }

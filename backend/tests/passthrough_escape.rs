@@ -2,17 +2,18 @@
 //! single components, `..` at the root, symlinks out of the root (absolute and relative), a
 //! symlink swapped in for a directory or file between LOOKUP and use (once, and racing), hard
 //! links and renames towards the outside, forged node ids and handles, and special files. A
-//! canary file and directory beside the shared directory (see `passthrough_common::Canary`) must
+//! canary file and directory beside the shared directory (see `harness::passthrough::Canary`) must
 //! stay untouched: not read, written, created in, listed or stat'ed.
 
-mod passthrough_common;
+mod harness;
 
 use std::os::unix::fs::{symlink, MetadataExt};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use passthrough_common::{is_root, Canary, Fuse, Tree, ROOT};
+use harness::passthrough::{is_root, Canary, Fuse, Tree};
+use harness::{with_fh, Xattr, ROOT};
 use virtiofs_backend::abi::{self, opcode};
 use virtiofs_backend::filesystem::{Context, Error, FileSystem};
 use vm_memory::ByteValued;
@@ -57,10 +58,10 @@ fn names_that_are_not_one_component_are_refused() {
         }
         assert_eq!(f.lookup(ROOT, b".").unwrap_err(), libc::EINVAL);
         // An embedded NUL ends the name: the rest is never looked at.
-        let r = f.raw(opcode::LOOKUP, ROOT, &[b"f\0/../canary.txt\0"]).result().unwrap();
-        assert_eq!(passthrough_common::parse::<abi::EntryOut>(&r).nodeid, file.nodeid);
+        let r = f.call(opcode::LOOKUP, ROOT, &[b"f\0/../canary.txt\0"]).result().unwrap();
+        assert_eq!(harness::parse::<abi::EntryOut>(&r).nodeid, file.nodeid);
         // Empty names.
-        assert_eq!(f.raw(opcode::LOOKUP, ROOT, &[b"\0"]).result().unwrap_err(), libc::EINVAL);
+        assert_eq!(f.call(opcode::LOOKUP, ROOT, &[b"\0"]).result().unwrap_err(), libc::EINVAL);
         // The same checks hold when the filesystem is called directly, past the server's.
         let fs = f.fs();
         let ctx = Context::default();
@@ -172,9 +173,9 @@ fn symlinks_out_of_the_root_are_never_followed() {
             assert_eq!(f.mkdir(e.nodeid, b"planted", 0o777).unwrap_err(), libc::ENOTDIR);
             assert_eq!(f.symlink(e.nodeid, b"planted", b"x").unwrap_err(), libc::ENOTDIR);
             assert_eq!(f.mknod(e.nodeid, b"planted", libc::S_IFREG, 0).unwrap_err(), libc::ENOTDIR);
-            assert_eq!(f.tmpfile(e.nodeid, 0o600, RDWR).unwrap_err(), libc::ENOTDIR);
+            assert_eq!(f.tmpfile(e.nodeid, 0o600, RDWR, 0).unwrap_err(), libc::ENOTDIR);
             assert_eq!(f.unlink(e.nodeid, &c.inner_name).unwrap_err(), libc::ENOTDIR);
-            assert_eq!(f.truncate(e.nodeid, 0, None).unwrap_err(), libc::EINVAL);
+            assert_eq!(f.truncate(e.nodeid, 0).unwrap_err(), libc::EINVAL);
             assert_eq!(f.chmod(e.nodeid, 0o777).unwrap_err(), libc::EOPNOTSUPP);
             let times = abi::SetattrIn {
                 valid: abi::fattr::ATIME | abi::fattr::MTIME,
@@ -185,11 +186,11 @@ fn symlinks_out_of_the_root_are_never_followed() {
             let a = f.setattr(e.nodeid, times).unwrap();
             assert_eq!(a.mtime, 2, "{what}: the link's own times");
             if is_root() {
-                let a = f.chown(e.nodeid, 4321, 4321).unwrap();
+                let a = f.chown(e.nodeid, Some(4321), Some(4321)).unwrap();
                 assert_eq!(a.uid, 4321, "{what}: the link's own owner");
                 // trusted.* xattrs may sit on a symlink: they must land on the link.
                 if f.setxattr(e.nodeid, b"trusted.planted", b"1", 0).is_ok() {
-                    let list = f.listxattr(e.nodeid, 4096).unwrap();
+                    let Xattr::Data(list) = f.listxattr(e.nodeid, 4096).unwrap() else { panic!("no data") };
                     assert!(list.windows(15).any(|w| w == b"trusted.planted"));
                     f.removexattr(e.nodeid, b"trusted.planted").unwrap();
                 }
@@ -233,7 +234,7 @@ fn a_symlink_swapped_in_after_lookup_is_not_followed() {
         let d = f.lookup(ROOT, b"d").unwrap();
         std::fs::rename(t.host("d"), t.host("d.moved")).unwrap();
         symlink(&c.dir, t.host("d")).unwrap();
-        let (e, fh) = f.create(d.nodeid, b"new", 0o644, RDWR).unwrap();
+        let (e, fh) = f.create(d.nodeid, b"new", 0o644, RDWR).map(with_fh).unwrap();
         f.write(e.nodeid, fh, 0, b"lands in the original").unwrap();
         f.release(e.nodeid, fh).unwrap();
         assert_eq!(std::fs::read(t.host("d.moved/new")).unwrap(), b"lands in the original");
@@ -260,7 +261,7 @@ fn a_symlink_swapped_in_after_lookup_is_not_followed() {
         f.release(file.nodeid, fh).unwrap();
         assert_eq!(std::fs::read(t.host("f.moved")).unwrap(), b"written");
         // SETATTR, xattrs and LINK through the stale node also reach the original only.
-        f.truncate(file.nodeid, 2, None).unwrap();
+        f.truncate(file.nodeid, 2).unwrap();
         f.chmod(file.nodeid, 0o600).unwrap();
         assert_eq!(std::fs::metadata(t.host("f.moved")).unwrap().len(), 2);
         let _ = f.setxattr(file.nodeid, b"user.x", b"1", 0);
@@ -320,8 +321,8 @@ fn a_symlink_racing_a_directory_is_never_followed() {
                 links += 1;
             }
             // Whatever the node is, nothing may land in or be read from the canary directory.
-            if let Ok((ce, fh)) = f.create(e.nodeid, &name, 0o666, RDWR) {
-                let _ = f.release(ce.nodeid, fh);
+            if let Ok((ce, o)) = f.create(e.nodeid, &name, 0o666, RDWR) {
+                let _ = f.release(ce.nodeid, o.fh);
             }
             let _ = f.mkdir(e.nodeid, &name, 0o777);
             let _ = f.symlink(e.nodeid, &[b"s-".as_slice(), &name].concat(), b"x");
@@ -444,7 +445,7 @@ fn special_files_are_never_opened() {
                 assert_eq!(f.open(n, flags as u32).unwrap_err(), libc::ENXIO);
             }
             assert_eq!(f.opendir(n).unwrap_err(), libc::ENOTDIR);
-            assert_eq!(f.truncate(n, 0, None).unwrap_err(), libc::EINVAL);
+            assert_eq!(f.truncate(n, 0).unwrap_err(), libc::EINVAL);
             f.getattr(n).unwrap();
             let _ = f.listxattr(n, 100);
             let _ = f.getxattr(n, b"user.x", 100);
@@ -462,14 +463,14 @@ fn setxattr_and_setattr_through_crafted_requests_stay_inside() {
         std::fs::write(t.host("f"), b"ff").unwrap();
         let file = f.lookup(ROOT, b"f").unwrap();
         let fh = f.open(file.nodeid, RDWR).unwrap();
-        assert_eq!(f.truncate(l.nodeid, 0, Some(fh)).unwrap_err(), libc::EBADF);
+        assert_eq!(f.ftruncate(l.nodeid, 0, fh).unwrap_err(), libc::EBADF);
         let arg =
             abi::SetattrIn { valid: abi::fattr::SIZE | abi::fattr::FH, fh, size: 0, ..Default::default() };
-        assert_eq!(f.raw(opcode::SETATTR, l.nodeid, &[arg.as_slice()]).result().unwrap_err(), libc::EBADF);
+        assert_eq!(f.call(opcode::SETATTR, l.nodeid, &[arg.as_slice()]).result().unwrap_err(), libc::EBADF);
         f.release(file.nodeid, fh).unwrap();
         // A handle-less FALLOCATE/COPY on the symlink is refused for want of a handle.
         let fa = abi::FallocateIn { fh: 12345, offset: 0, length: 10, mode: 0, padding: 0 };
-        assert_eq!(f.raw(opcode::FALLOCATE, l.nodeid, &[fa.as_slice()]).result().unwrap_err(), libc::EBADF);
+        assert_eq!(f.call(opcode::FALLOCATE, l.nodeid, &[fa.as_slice()]).result().unwrap_err(), libc::EBADF);
     });
 }
 

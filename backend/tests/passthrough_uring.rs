@@ -2,11 +2,12 @@
 //! host file and request buffers cut into odd pieces; everything else (and every unusual case)
 //! answered synchronously by the server, exactly as without the engine.
 
-mod passthrough_common;
+mod harness;
 
 use std::sync::Arc;
 
-use passthrough_common::{parse, Tree, HDR, LINUX_FLAGS, ROOT};
+use harness::passthrough::Tree;
+use harness::{parse, request, HDR, LINUX_FLAGS, ROOT};
 use virtiofs_backend::abi::{self, opcode};
 use virtiofs_backend::passthrough::uring::{IoMode, Submitted, UringEngine};
 use virtiofs_backend::passthrough::{PassthroughConfig, PassthroughFs};
@@ -35,26 +36,6 @@ fn cut(bytes: &[u8], sizes: &[usize]) -> Vec<Vec<u8>> {
         out.push(bytes[at..].to_vec());
     }
     out
-}
-
-fn request(op: u32, nodeid: u64, unique: u64, args: &[&[u8]]) -> Vec<u8> {
-    let len = std::mem::size_of::<abi::InHeader>() + args.iter().map(|a| a.len()).sum::<usize>();
-    let hdr = abi::InHeader {
-        len: len as u32,
-        opcode: op,
-        unique,
-        nodeid,
-        uid: 0,
-        gid: 0,
-        pid: 1,
-        total_extlen: 0,
-        padding: 0,
-    };
-    let mut v = hdr.as_slice().to_vec();
-    for a in args {
-        v.extend_from_slice(a);
-    }
-    v
 }
 
 impl Req {
@@ -124,7 +105,7 @@ fn init(server: &Server<PassthroughFs>) {
         .as_slice()
         .to_vec();
     v.extend_from_slice(abi::InitInExt { flags2: (LINUX_FLAGS >> 32) as u32, unused: [0; 11] }.as_slice());
-    let mut req = request(opcode::INIT, 0, 1, &[&v]);
+    let mut req = request(opcode::INIT, 0, 1, 0, 0, &[&v]);
     let mut out = vec![0u8; 4096];
     let n = server.handle(&[VolatileSlice::from(&mut req[..])], &[VolatileSlice::from(&mut out[..])]);
     let h: abi::OutHeader = parse(&out);
@@ -133,7 +114,7 @@ fn init(server: &Server<PassthroughFs>) {
 
 /// Sends `op` through the server (synchronously) and returns the body.
 fn sync(server: &Server<PassthroughFs>, op: u32, nodeid: u64, args: &[&[u8]]) -> Result<Vec<u8>, i32> {
-    let mut req = request(op, nodeid, 3, args);
+    let mut req = request(op, nodeid, 3, 0, 0, args);
     let mut out = vec![0u8; 1 << 20];
     let n = server.handle(&[VolatileSlice::from(&mut req[..])], &[VolatileSlice::from(&mut out[..])]);
     let h: abi::OutHeader = parse(&out);
@@ -145,8 +126,7 @@ fn sync(server: &Server<PassthroughFs>, op: u32, nodeid: u64, args: &[&[u8]]) ->
 
 fn create(server: &Server<PassthroughFs>, name: &[u8]) -> (u64, u64) {
     let arg = abi::CreateIn { flags: libc::O_RDWR as u32, mode: 0o644, umask: 0, open_flags: 0 };
-    let body =
-        sync(server, opcode::CREATE, ROOT, &[arg.as_slice(), &passthrough_common::cstr(name)]).unwrap();
+    let body = sync(server, opcode::CREATE, ROOT, &[arg.as_slice(), &harness::cstr(name)]).unwrap();
     let e: abi::EntryOut = parse(&body);
     let o: abi::OpenOut = parse(&body[128..]);
     (e.nodeid, o.fh)
@@ -154,11 +134,18 @@ fn create(server: &Server<PassthroughFs>, name: &[u8]) -> (u64, u64) {
 
 fn write_req(node: u64, fh: u64, offset: u64, data: &[u8], flags: u32) -> Vec<u8> {
     let arg = abi::WriteIn { fh, offset, size: data.len() as u32, write_flags: flags, ..Default::default() };
-    request(opcode::WRITE, node, 11, &[arg.as_slice(), data])
+    request(opcode::WRITE, node, 11, 0, 0, &[arg.as_slice(), data])
 }
 
 fn read_req(node: u64, fh: u64, offset: u64, size: u32) -> Vec<u8> {
-    request(opcode::READ, node, 12, &[abi::ReadIn { fh, offset, size, ..Default::default() }.as_slice()])
+    request(
+        opcode::READ,
+        node,
+        12,
+        0,
+        0,
+        &[abi::ReadIn { fh, offset, size, ..Default::default() }.as_slice()],
+    )
 }
 
 #[test]
@@ -215,7 +202,7 @@ fn reads_and_writes_go_through_the_ring_with_any_buffer_layout() {
     // FSYNC and FDATASYNC.
     for flags in [0, abi::FSYNC_FDATASYNC] {
         let arg = abi::FsyncIn { fh, fsync_flags: flags, padding: 0 };
-        let mut r = Req::new(&request(opcode::FSYNC, node, 13, &[arg.as_slice()]), &[80], HDR, &[HDR]);
+        let mut r = Req::new(&request(opcode::FSYNC, node, 13, 0, 0, &[arg.as_slice()]), &[80], HDR, &[HDR]);
         assert_eq!(r.submit(&mut e, 1), Submitted::Pending);
         let done = reap(&mut e, 1);
         let (h, body) = r.reply(done[0].1);
@@ -233,7 +220,7 @@ fn everything_else_is_answered_by_the_server() {
     let (node, fh) = create(&s.server, b"f");
     // Other opcodes.
     let mut r = Req::new(
-        &request(opcode::GETATTR, node, 5, &[abi::GetattrIn::default().as_slice()]),
+        &request(opcode::GETATTR, node, 5, 0, 0, &[abi::GetattrIn::default().as_slice()]),
         &[56],
         120,
         &[120],
@@ -339,7 +326,7 @@ fn hybrid_mode_completes_inline_what_cannot_block() {
             );
         }
         let arg = abi::FsyncIn { fh, fsync_flags: 0, padding: 0 };
-        let mut r = Req::new(&request(opcode::FSYNC, node, 13, &[arg.as_slice()]), &[80], HDR, &[HDR]);
+        let mut r = Req::new(&request(opcode::FSYNC, node, 13, 0, 0, &[arg.as_slice()]), &[80], HDR, &[HDR]);
         let (h, _) = run(&mut e, &mut r);
         assert_eq!(h.error, 0);
         let st = e.stats();

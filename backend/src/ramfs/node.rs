@@ -1,5 +1,6 @@
 //! The data structures behind [`RamFs`](super::RamFs): inodes with their attributes and file
-//! chunks, directory contents with stable READDIR cookies, and the sharded id tables.
+//! chunks, open handles, directory contents with stable READDIR cookies, the sharded id tables,
+//! and the sizes of that layout (chunk, block, shard count).
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -7,9 +8,19 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::acl::{AclEntry, ExtAcl};
-use super::{BLOCK_SIZE, CHUNK64, FIRST_COOKIE, SHARDS};
-use super::{S_IFDIR, S_IFMT, S_ISGID, S_ISUID, S_ISVTX, S_IXGRP, X_OK};
+use super::consts::{S_IFDIR, S_IFMT, S_ISGID, S_ISUID, S_ISVTX, S_IXGRP, X_OK};
 use crate::filesystem::{Context, Error, Result, Stat, Timespec};
+
+/// Bytes of one chunk of file data.
+pub(super) const CHUNK: usize = 64 * 1024;
+/// [`CHUNK`] as a file offset.
+pub(super) const CHUNK64: u64 = CHUNK as u64;
+/// The block size attributes and STATFS report.
+pub(super) const BLOCK_SIZE: u32 = 4096;
+/// Locks each id table is split over.
+pub(super) const SHARDS: usize = 16;
+/// READDIR positions 0 and 1 are `.` and `..`; entries get cookies from here on.
+pub(super) const FIRST_COOKIE: u64 = 2;
 
 /// A fast hasher for server-assigned integer keys (node ids, file handles). Names, which the guest
 /// chooses, keep the default DoS-resistant hasher.
@@ -211,6 +222,12 @@ impl FileData {
     pub(super) fn blocks(&self) -> u64 {
         self.chunks.len() as u64 * (CHUNK64 / 512)
     }
+}
+
+/// An open file or directory: the inode it keeps alive and the flags it was opened with.
+pub(super) struct Handle {
+    pub(super) inode: Arc<Inode>,
+    pub(super) flags: u32,
 }
 
 pub(super) enum Body {

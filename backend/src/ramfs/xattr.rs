@@ -17,13 +17,12 @@
 use std::sync::Arc;
 
 use super::acl::{self, AclEntry};
+use super::consts::{R_OK, S_IFDIR, S_IFLNK, S_IFREG, S_ISGID, S_ISVTX, W_OK};
 use super::node::{rd, wr, Inode, Meta};
-use super::{RamFs, R_OK, S_IFDIR, S_IFLNK, S_IFREG, S_ISGID, S_ISVTX, W_OK};
+use super::{RamFs, XATTR_INODE_MAX};
 use crate::filesystem::{Context, Error, Result, XattrReply};
 use crate::server::{XATTR_NAME_MAX, XATTR_SIZE_MAX};
 
-/// Bytes of extended attribute names and values (ACLs included) one inode may hold.
-pub const XATTR_INODE_MAX: u64 = 256 << 10;
 /// Longest LISTXATTR answer the kernel can take (`XATTR_LIST_MAX`).
 const XATTR_LIST_MAX: usize = 64 << 10;
 const XATTR_CREATE: u32 = libc::XATTR_CREATE as u32;

@@ -1,12 +1,20 @@
-//! A FUSE "kernel" for tests: builds requests as bytes, hands them to `Server::handle` as volatile
-//! slices (optionally cut into many small buffers), and decodes the replies.
+//! A FUSE "kernel" for the tests of every backend: builds requests as bytes, hands them to
+//! `Server::handle` as volatile slices (optionally cut into many small buffers), and decodes the
+//! replies into typed results. [`Fuse`] is generic over the [`FileSystem`]; what is truly
+//! backend-specific (constructors, the passthrough's host tree and canary) lives in [`ram`] and
+//! [`passthrough`]. A test that checks behaviour both backends share is one generic body run on
+//! both (see [`both_backends!`]).
 #![allow(dead_code)]
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
 use virtiofs_backend::abi::{self, opcode};
-use virtiofs_backend::{RamFs, Server};
+use virtiofs_backend::filesystem::FileSystem;
+use virtiofs_backend::Server;
 use vm_memory::{ByteValued, VolatileSlice};
+
+pub mod passthrough;
+pub mod ram;
 
 pub const ROOT: u64 = abi::ROOT_ID;
 pub const HDR: usize = std::mem::size_of::<abi::OutHeader>();
@@ -74,7 +82,13 @@ pub fn request(op: u32, nodeid: u64, unique: u64, uid: u32, gid: u32, args: &[&[
 
 /// Runs `handle` on `req` cut into `split`-byte buffers, with a `cap`-byte reply area cut into
 /// `reply_split`-byte buffers.
-pub fn handle_raw(srv: &Server<RamFs>, req: &[u8], split: usize, cap: usize, reply_split: usize) -> Reply {
+pub fn handle_raw<F: FileSystem>(
+    srv: &Server<F>,
+    req: &[u8],
+    split: usize,
+    cap: usize,
+    reply_split: usize,
+) -> Reply {
     let mut rbufs: Vec<Vec<u8>> = req.chunks(split.max(1)).map(|c| c.to_vec()).collect();
     let mut wbufs: Vec<Vec<u8>> = if cap == 0 {
         Vec::new()
@@ -100,12 +114,22 @@ pub fn handle_raw(srv: &Server<RamFs>, req: &[u8], split: usize, cap: usize, rep
     Reply { n, hdr, body: out[HDR..n].to_vec() }
 }
 
-/// One FUSE session against a RamFs, acting as caller `uid`/`gid`.
-pub struct Fuse {
-    pub srv: Server<RamFs>,
+/// One FUSE session against a filesystem `F`, acting as caller `uid`/`gid`.
+pub struct Fuse<F: FileSystem> {
+    pub srv: Server<F>,
     unique: Cell<u64>,
     pub uid: Cell<u32>,
     pub gid: Cell<u32>,
+    /// Whether replies are recorded in `seen_inos` and `seen_bytes` (the escape tests check them).
+    record: bool,
+    /// Every inode number (attr.ino / d_ino) a reply showed.
+    pub seen_inos: RefCell<Vec<u64>>,
+    /// Every reply body, concatenated (searched for canary content).
+    pub seen_bytes: RefCell<Vec<u8>>,
+    /// Whether READDIRPLUS gives `.` and `..` attributes (the RAM filesystem fills in their inode
+    /// numbers; the passthrough sends them empty, node id and inode number 0: the kernel takes
+    /// neither a reference nor attributes from them).
+    pub dot_attrs: bool,
 }
 
 pub fn init_in(minor: u32, flags: u64) -> Vec<u8> {
@@ -168,26 +192,46 @@ pub type Dirent = (u64, u64, u32, Vec<u8>);
 /// A READDIRPLUS entry: (entry, next offset, name).
 pub type DirentPlus = (abi::EntryOut, u64, Vec<u8>);
 
-impl Fuse {
-    /// A fresh RamFs, not initialised.
-    pub fn uninit() -> Self {
-        Self::with_fs(RamFs::new())
-    }
+/// What the generic tests ask of a backend beyond [`FileSystem`].
+pub trait TestFs: FileSystem {
+    /// Lookup references the kernel holds on node `ino` (`None` once the node is gone).
+    fn lookup_count(&self, ino: u64) -> Option<u64>;
+}
 
+/// `(entry, open)` of CREATE or TMPFILE as `(entry, file handle)`.
+pub fn with_fh((entry, open): (abi::EntryOut, abi::OpenOut)) -> (abi::EntryOut, u64) {
+    (entry, open.fh)
+}
+
+impl<F: FileSystem> Fuse<F> {
     /// A session over `fs`, not initialised.
-    pub fn with_fs(fs: RamFs) -> Self {
-        Fuse { srv: Server::new(fs), unique: Cell::new(0), uid: Cell::new(0), gid: Cell::new(0) }
+    pub fn with_fs(fs: F) -> Self {
+        Fuse {
+            srv: Server::new(fs),
+            unique: Cell::new(0),
+            uid: Cell::new(0),
+            gid: Cell::new(0),
+            record: false,
+            seen_inos: RefCell::default(),
+            seen_bytes: RefCell::default(),
+            dot_attrs: true,
+        }
     }
 
-    /// A fresh RamFs after a Linux-6.12-like INIT.
-    pub fn new() -> Self {
-        let f = Self::uninit();
-        let out = f.init(41, LINUX_FLAGS).expect("init");
+    /// The session after a Linux-6.12-like INIT.
+    pub fn initialised(self) -> Self {
+        let out = self.init(41, LINUX_FLAGS).expect("init");
         assert_eq!(out.minor, abi::KERNEL_MINOR_VERSION);
-        f
+        self
     }
 
-    pub fn fs(&self) -> &RamFs {
+    /// Records every reply from now on (see `seen_inos`, `seen_bytes`).
+    pub fn recording(mut self) -> Self {
+        self.record = true;
+        self
+    }
+
+    pub fn fs(&self) -> &F {
         self.srv.filesystem()
     }
 
@@ -209,27 +253,75 @@ impl Fuse {
     /// Sends a request in one buffer with a roomy reply area.
     pub fn call(&self, op: u32, nodeid: u64, args: &[&[u8]]) -> Reply {
         let req = self.req(op, nodeid, args);
-        let reply = handle_raw(&self.srv, &req, usize::MAX, HDR + (2 << 20), usize::MAX);
-        if reply.n != 0 {
-            let sent: abi::InHeader = parse(&req);
-            assert_eq!(reply.hdr.unique, sent.unique, "reply echoes unique");
-        }
-        reply
+        self.send(op, &req)
     }
 
     /// Sends a request whose arguments are followed by the request extensions `ext`, with
-    /// `total_extlen` as given (normally `ext.len() / 8`).
+    /// `total_extlen` as given (normally `ext.len() / 8`, see [`Self::call_with_ext`]).
     pub fn call_ext(&self, op: u32, nodeid: u64, args: &[&[u8]], ext: &[u8], total_extlen: u16) -> Reply {
         let mut all: Vec<&[u8]> = args.to_vec();
         all.push(ext);
         let mut req = self.req(op, nodeid, &all);
         req[36..38].copy_from_slice(&total_extlen.to_ne_bytes());
-        let reply = handle_raw(&self.srv, &req, usize::MAX, HDR + (2 << 20), usize::MAX);
+        self.send(op, &req)
+    }
+
+    /// [`Self::call_ext`] with `total_extlen` counting the whole 8-byte units of `ext`.
+    pub fn call_with_ext(&self, op: u32, nodeid: u64, args: &[&[u8]], ext: &[u8]) -> Reply {
+        self.call_ext(op, nodeid, args, ext, (ext.len() / 8) as u16)
+    }
+
+    fn send(&self, op: u32, req: &[u8]) -> Reply {
+        let reply = handle_raw(&self.srv, req, usize::MAX, HDR + (2 << 20), usize::MAX);
         if reply.n != 0 {
-            let sent: abi::InHeader = parse(&req);
+            let sent: abi::InHeader = parse(req);
             assert_eq!(reply.hdr.unique, sent.unique, "reply echoes unique");
+            if self.record {
+                self.record(op, &reply.body);
+            }
         }
         reply
+    }
+
+    fn record(&self, op: u32, body: &[u8]) {
+        self.seen_bytes.borrow_mut().extend_from_slice(body);
+        let mut inos = self.seen_inos.borrow_mut();
+        match op {
+            opcode::LOOKUP
+            | opcode::MKDIR
+            | opcode::MKNOD
+            | opcode::SYMLINK
+            | opcode::LINK
+            | opcode::CREATE
+            | opcode::TMPFILE
+                if body.len() >= std::mem::size_of::<abi::EntryOut>() =>
+            {
+                let e: abi::EntryOut = parse(body);
+                inos.push(e.attr.ino);
+            }
+            opcode::GETATTR | opcode::SETATTR if body.len() >= std::mem::size_of::<abi::AttrOut>() => {
+                let a: abi::AttrOut = parse(body);
+                inos.push(a.attr.ino);
+            }
+            opcode::READDIR => {
+                let mut at = 0;
+                while at + 24 <= body.len() {
+                    let d: abi::Dirent = parse(&body[at..]);
+                    inos.push(d.ino);
+                    at += abi::dirent_size(d.namelen as usize);
+                }
+            }
+            opcode::READDIRPLUS => {
+                let mut at = 0;
+                while at + 152 <= body.len() {
+                    let d: abi::DirentPlus = parse(&body[at..]);
+                    inos.push(d.dirent.ino);
+                    inos.push(d.entry_out.attr.ino);
+                    at += abi::direntplus_size(d.dirent.namelen as usize);
+                }
+            }
+            _ => {}
+        }
     }
 
     pub fn init(&self, minor: u32, flags: u64) -> R<abi::InitOut> {
@@ -288,6 +380,15 @@ impl Fuse {
             valid |= abi::fattr::KILL_SUIDGID;
         }
         self.setattr(ino, abi::SetattrIn { valid, size, ..Default::default() })
+    }
+
+    /// A truncate through open handle `fh` (`ftruncate`).
+    pub fn ftruncate(&self, ino: u64, size: u64, fh: u64) -> R<abi::Attr> {
+        let mut valid = abi::fattr::SIZE | abi::fattr::FH;
+        if self.kernel_kills() {
+            valid |= abi::fattr::KILL_SUIDGID;
+        }
+        self.setattr(ino, abi::SetattrIn { valid, size, fh, ..Default::default() })
     }
 
     pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32) -> R<abi::EntryOut> {
@@ -353,9 +454,25 @@ impl Fuse {
 
     pub fn write(&self, ino: u64, fh: u64, offset: u64, data: &[u8]) -> R<u32> {
         let write_flags = if self.kernel_kills() { abi::write_flags::KILL_SUIDGID } else { 0 };
+        self.write_flags(ino, fh, offset, data, write_flags)
+    }
+
+    /// A WRITE with `write_flags` as given.
+    pub fn write_flags(&self, ino: u64, fh: u64, offset: u64, data: &[u8], write_flags: u32) -> R<u32> {
         let arg = abi::WriteIn { fh, offset, size: data.len() as u32, write_flags, ..Default::default() };
         let out: abi::WriteOut = parse(&self.call(opcode::WRITE, ino, &[arg.as_slice(), data]).result()?);
         Ok(out.size)
+    }
+
+    pub fn fsync(&self, ino: u64, fh: u64, dir: bool) -> R<()> {
+        let arg = abi::FsyncIn { fh, fsync_flags: 0, padding: 0 };
+        let op = if dir { opcode::FSYNCDIR } else { opcode::FSYNC };
+        self.call(op, ino, &[arg.as_slice()]).result().map(drop)
+    }
+
+    pub fn flush(&self, ino: u64, fh: u64) -> R<()> {
+        let arg = abi::FlushIn { fh, ..Default::default() };
+        self.call(opcode::FLUSH, ino, &[arg.as_slice()]).result().map(drop)
     }
 
     pub fn unlink(&self, parent: u64, name: &[u8]) -> R<()> {
@@ -394,8 +511,8 @@ impl Fuse {
         self.call(opcode::ACCESS, ino, &[arg.as_slice()]).result().map(|_| ())
     }
 
-    pub fn statfs(&self) -> R<abi::Kstatfs> {
-        let out: abi::StatfsOut = parse(&self.call(opcode::STATFS, ROOT, &[]).result()?);
+    pub fn statfs(&self, ino: u64) -> R<abi::Kstatfs> {
+        let out: abi::StatfsOut = parse(&self.call(opcode::STATFS, ino, &[]).result()?);
         Ok(out.st)
     }
 
@@ -415,6 +532,22 @@ impl Fuse {
         Ok(out)
     }
 
+    /// Every name of directory node `ino`, sorted, paging through READDIR with small buffers.
+    pub fn list(&self, ino: u64) -> R<Vec<Vec<u8>>> {
+        let fh = self.opendir(ino)?;
+        let mut names = Vec::new();
+        let mut off = 0;
+        loop {
+            let page = self.readdir(ino, fh, off, 128)?;
+            let Some(last) = page.last() else { break };
+            off = last.1;
+            names.extend(page.into_iter().map(|e| e.3));
+        }
+        self.releasedir(ino, fh)?;
+        names.sort();
+        Ok(names)
+    }
+
     /// READDIRPLUS: (entry, next offset, name) per entry.
     pub fn readdirplus(&self, ino: u64, fh: u64, offset: u64, size: u32) -> R<Vec<DirentPlus>> {
         let body =
@@ -424,7 +557,12 @@ impl Fuse {
         while at < body.len() {
             let d: abi::DirentPlus = parse(&body[at..]);
             let name = body[at + 152..at + 152 + d.dirent.namelen as usize].to_vec();
-            assert_eq!(d.entry_out.attr.ino, d.dirent.ino);
+            let dot = name == b"." || name == b"..";
+            if dot && !self.dot_attrs {
+                assert_eq!((d.entry_out.nodeid, d.entry_out.attr.ino), (0, 0), "an empty entry for {name:?}");
+            } else {
+                assert_eq!(d.entry_out.attr.ino, d.dirent.ino);
+            }
             out.push((d.entry_out, d.dirent.off, name));
             at += abi::direntplus_size(d.dirent.namelen as usize);
         }
@@ -457,7 +595,7 @@ pub fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
     v
 }
 
-impl Fuse {
+impl<F: FileSystem> Fuse<F> {
     /// SETXATTR as the kernel sends it (16-byte argument with SETXATTR_EXT, else 8 bytes).
     pub fn setxattr_ext(&self, ino: u64, name: &[u8], value: &[u8], flags: u32, ext_flags: u32) -> R<()> {
         let arg = abi::SetxattrIn { size: value.len() as u32, flags, setxattr_flags: ext_flags, padding: 0 };
@@ -600,3 +738,36 @@ pub const O_RDWR: u32 = libc::O_RDWR as u32;
 pub const O_CREAT: u32 = libc::O_CREAT as u32;
 pub const O_EXCL: u32 = libc::O_EXCL as u32;
 pub const O_TRUNC: u32 = libc::O_TRUNC as u32;
+
+/// Runs the generic test bodies named on both backends: for each `body`, a module `body` with
+/// the tests `ramfs` (a fresh [`ram`] session) and `passthrough` (a session over a fresh host
+/// tree whose shared directory is like the RAM filesystem's root, see
+/// [`passthrough::Tree::like_ramfs`]). A body is `fn body<F: TestFs>(f: &Fuse<F>)`. Bodies
+/// listed after `as_root:` act as other users, which the passthrough does with `setfsuid`: their
+/// passthrough test does nothing unless it runs as root, as the passthrough's own identity tests.
+#[macro_export]
+macro_rules! both_backends {
+    (as_root: $($body:ident),* $(,)?) => {
+        $( $crate::both_backends!(@one $body, $crate::harness::passthrough::is_root()); )*
+    };
+    ($($body:ident),* $(,)?) => {
+        $( $crate::both_backends!(@one $body, true); )*
+    };
+    (@one $body:ident, $run_passthrough:expr) => {
+        mod $body {
+            #[test]
+            fn ramfs() {
+                super::$body(&$crate::harness::ram::Fuse::new());
+            }
+
+            #[test]
+            fn passthrough() {
+                if !$run_passthrough {
+                    return;
+                }
+                let t = $crate::harness::passthrough::Tree::like_ramfs();
+                super::$body(&$crate::harness::passthrough::Fuse::new(&t.share));
+            }
+        }
+    };
+}
