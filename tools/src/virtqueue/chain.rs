@@ -90,7 +90,12 @@ pub(super) struct ChainShape {
 }
 
 /// Checks a chain (non-empty, readable before writable, fits the ring) and whether there is room.
-pub(super) fn check_chain(segs: &[Segment], indirect: bool, size: u16, free: u16) -> Result<ChainShape, QueueError> {
+pub(super) fn check_chain(
+    segs: &[Segment],
+    indirect: bool,
+    size: u16,
+    free: u16,
+) -> Result<ChainShape, QueueError> {
     if segs.is_empty() {
         return Err(QueueError::BadChain("empty chain".into()));
     }
@@ -179,4 +184,3 @@ impl IndirectPool {
         }
     }
 }
-

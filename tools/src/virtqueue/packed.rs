@@ -39,7 +39,7 @@
 use std::sync::atomic::{fence, Ordering};
 
 use super::chain::{
-    check_chain, desc_bytes, vring_need_event, IndirectPool, InFlight, QueueError, Segment, UsedElem,
+    check_chain, desc_bytes, vring_need_event, InFlight, IndirectPool, QueueError, Segment, UsedElem,
     VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
 };
 use crate::memory::{DmaBuf, GuestRam};
@@ -262,7 +262,8 @@ impl PackedQueue {
         self.free_id = self.id_next[usize::from(id)];
         self.num_free -= c.needed;
         self.num_added = self.num_added.wrapping_add(c.needed);
-        self.in_flight[usize::from(id)] = Some(InFlight { token, ndesc: c.needed, writable: c.writable, indirect });
+        self.in_flight[usize::from(id)] =
+            Some(InFlight { token, ndesc: c.needed, writable: c.writable, indirect });
         self.inflight_count += 1;
         Ok(id)
     }
@@ -366,7 +367,11 @@ impl PackedQueue {
         }
         self.inflight_count -= 1;
         if self.event_flags == RING_EVENT_FLAGS_DESC {
-            mem.store_u16(self.driver_event.iova, off_wrap(self.next_used, self.used_wrap), Ordering::Release)?;
+            mem.store_u16(
+                self.driver_event.iova,
+                off_wrap(self.next_used, self.used_wrap),
+                Ordering::Release,
+            )?;
             fence(Ordering::SeqCst);
         }
         Ok(Some(UsedElem { token: f.token, len, head: id }))
@@ -390,7 +395,11 @@ impl PackedQueue {
     pub fn enable_interrupts(&mut self, mem: &GuestRam) -> Result<bool, QueueError> {
         if self.event_idx {
             // Offset and wrap counter before the flags that make the device look at them.
-            mem.store_u16(self.driver_event.iova, off_wrap(self.next_used, self.used_wrap), Ordering::Release)?;
+            mem.store_u16(
+                self.driver_event.iova,
+                off_wrap(self.next_used, self.used_wrap),
+                Ordering::Release,
+            )?;
         }
         if self.event_flags == RING_EVENT_FLAGS_DISABLE {
             let f = if self.event_idx { RING_EVENT_FLAGS_DESC } else { RING_EVENT_FLAGS_ENABLE };

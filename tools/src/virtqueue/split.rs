@@ -20,7 +20,7 @@
 use std::sync::atomic::{fence, Ordering};
 
 use super::chain::{
-    check_chain, desc_bytes, vring_need_event, IndirectPool, InFlight, QueueError, Segment, UsedElem,
+    check_chain, desc_bytes, vring_need_event, InFlight, IndirectPool, QueueError, Segment, UsedElem,
     VRING_AVAIL_F_NO_INTERRUPT, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
     VRING_USED_F_NO_NOTIFY,
 };
