@@ -1,11 +1,15 @@
 //! End-to-end: the device with its RAM filesystem on a tempdir socket, driven by the host-side
 //! driver model (`virtiofs_tools::FsDriver`) the way QEMU + Linux virtio-fs would drive it.
+//!
+//! Every scenario runs on both virtqueue layouts: a helper takes the [`RingLayout`] and two
+//! `#[test]`s call it, `..._split` and `..._packed`.
 
 use std::path::PathBuf;
 
 use virtiofs_dpu::config::Profile;
 use virtiofs_dpu::RunningDevice;
 use virtiofs_tools::fuse_abi::{self as abi, opcode};
+use virtiofs_tools::virtqueue::RingLayout;
 use virtiofs_tools::{DriverError, DriverOptions, FsDriver};
 
 const ROOT: u64 = 1;
@@ -27,7 +31,10 @@ impl Setup {
     }
 
     fn connect(&self, opts: DriverOptions) -> FsDriver {
-        FsDriver::connect(&self.socket, opts).expect("driver brings the device up")
+        let ring = opts.ring;
+        let d = FsDriver::connect(&self.socket, opts).expect("driver brings the device up");
+        assert_eq!(d.facts().ring, ring, "the layout asked for is the one negotiated");
+        d
     }
 }
 
@@ -111,10 +118,9 @@ fn init(d: &mut FsDriver) {
     assert!(i.max_write as usize >= CHUNK, "max_write {} below {CHUNK}", i.max_write);
 }
 
-#[test]
-fn bring_up_reports_the_device() {
+fn bring_up_reports_the_device(ring: RingLayout) {
     let s = Setup::new(Profile::default());
-    let d = s.connect(DriverOptions::default());
+    let d = s.connect(DriverOptions { ring, ..Default::default() });
     let f = d.facts();
     assert_eq!(f.tag, "virtiofs");
     assert_eq!(f.num_request_queues, 1);
@@ -131,15 +137,14 @@ fn bring_up_reports_the_device() {
     d.shutdown().unwrap();
     drop(s);
     let busy = Setup::new(Profile { polling: virtiofs_dpu::config::Polling::Busy, ..Profile::default() });
-    let d = busy.connect(DriverOptions::default());
+    let d = busy.connect(DriverOptions { ring, ..Default::default() });
     assert!(d.facts().notify_mapped, "busy polling: the notify area is sparse-mmappable");
     d.shutdown().unwrap();
 }
 
-#[test]
-fn polling_completions() {
+fn polling_completions(ring: RingLayout) {
     let s = Setup::new(Profile::default());
-    let mut d = s.connect(DriverOptions::default());
+    let mut d = s.connect(DriverOptions { ring, ..Default::default() });
     init(&mut d);
     workload(&mut d, "poll", MIB);
     d.forget(ROOT, 1).unwrap();
@@ -147,10 +152,9 @@ fn polling_completions() {
     d.shutdown().unwrap();
 }
 
-#[test]
-fn interrupt_completions() {
+fn interrupt_completions(ring: RingLayout) {
     let s = Setup::new(Profile::default());
-    let mut d = s.connect(DriverOptions { use_interrupts: true, ..Default::default() });
+    let mut d = s.connect(DriverOptions { ring, use_interrupts: true, ..Default::default() });
     init(&mut d);
     workload(&mut d, "irq", MIB);
     eprintln!("irq stats {:?} notify {:?}", d.stats(), d.notify_counts());
@@ -158,11 +162,11 @@ fn interrupt_completions() {
     d.shutdown().unwrap();
 }
 
-#[test]
-fn two_request_queues() {
+fn two_request_queues(ring: RingLayout) {
     let profile = Profile { request_queues: 2, ..Default::default() };
     let s = Setup::new(profile);
-    let mut d = s.connect(DriverOptions { request_queues: 2, spread_requests: true, ..Default::default() });
+    let mut d =
+        s.connect(DriverOptions { ring, request_queues: 2, spread_requests: true, ..Default::default() });
     assert_eq!(d.facts().num_request_queues, 2);
     assert_eq!(d.request_queues(), 2);
     init(&mut d);
@@ -173,7 +177,8 @@ fn two_request_queues() {
     drop(d);
     drop(s);
     let s = Setup::new(Profile { request_queues: 2, ..Default::default() });
-    let mut d = s.connect(DriverOptions { request_queues: 2, use_interrupts: true, ..Default::default() });
+    let mut d =
+        s.connect(DriverOptions { ring, request_queues: 2, use_interrupts: true, ..Default::default() });
     init(&mut d);
     for q in 1..=2 {
         d.use_queue(q);
@@ -184,8 +189,7 @@ fn two_request_queues() {
 
 /// One poller per request queue, hiprio riding on poller 0 (`queue_mapping = "request-queues"`),
 /// with doorbells through the socket: every queue is served, FORGETs on hiprio included.
-#[test]
-fn one_poller_per_request_queue() {
+fn one_poller_per_request_queue(ring: RingLayout) {
     use virtiofs_dpu::config::QueueMapping;
     let profile = Profile {
         request_queues: 2,
@@ -194,7 +198,8 @@ fn one_poller_per_request_queue() {
         ..Default::default()
     };
     let s = Setup::new(profile);
-    let mut d = s.connect(DriverOptions { request_queues: 2, use_interrupts: true, ..Default::default() });
+    let mut d =
+        s.connect(DriverOptions { ring, request_queues: 2, use_interrupts: true, ..Default::default() });
     init(&mut d);
     for q in 1..=2 {
         d.use_queue(q);
@@ -207,8 +212,7 @@ fn one_poller_per_request_queue() {
     assert!(stats[0] >= 1 && stats[1] > 0 && stats[2] > 0, "per-queue requests {stats:?}");
 }
 
-#[test]
-fn ring_feature_variants() {
+fn ring_feature_variants(ring: RingLayout) {
     let s = Setup::new(Profile::default());
     for (i, (event_idx, indirect, posted, irq)) in [
         (false, false, true, false),
@@ -220,6 +224,7 @@ fn ring_feature_variants() {
     .enumerate()
     {
         let mut d = s.connect(DriverOptions {
+            ring,
             event_idx,
             indirect_desc: indirect,
             posted_writes: posted,
@@ -232,11 +237,10 @@ fn ring_feature_variants() {
     }
 }
 
-#[test]
-fn queue_depth_and_queue_full() {
+fn queue_depth_and_queue_full(ring: RingLayout) {
     let s = Setup::new(Profile::default());
     // Small queue without indirect descriptors: a 16 KiB read takes 1 + 1 + 1 + 4 descriptors.
-    let mut d = s.connect(DriverOptions { queue_size: 16, indirect_desc: false, ..Default::default() });
+    let mut d = s.connect(DriverOptions { ring, queue_size: 16, indirect_desc: false, ..Default::default() });
     d.init().unwrap();
     let (file, open) = d.create(ROOT, "qd", 0o644, libc::O_RDWR as u32).unwrap();
     // Linux caps requests at queue size - 4 pages: 12 pages = 48 KiB here.
@@ -281,10 +285,9 @@ fn queue_depth_and_queue_full() {
     d.release(file.nodeid, open.fh).unwrap();
 }
 
-#[test]
-fn symlink_link_and_errors() {
+fn symlink_link_and_errors(ring: RingLayout) {
     let s = Setup::new(Profile::default());
-    let mut d = s.connect(DriverOptions::default());
+    let mut d = s.connect(DriverOptions { ring, ..Default::default() });
     init(&mut d);
     let (f, o) = d.create(ROOT, "target", 0o600, libc::O_RDWR as u32).unwrap();
     d.release(f.nodeid, o.fh).unwrap();
@@ -334,8 +337,7 @@ fn symlink_link_and_errors() {
 
 /// Adaptive polling with doorbells on the socket: a parked poller is woken by the driver's
 /// doorbell, not by its timer, and a polling one asks for no doorbells at all.
-#[test]
-fn parked_poller_wakes_on_doorbell() {
+fn parked_poller_wakes_on_doorbell(ring: RingLayout) {
     use std::time::{Duration, Instant};
     use virtiofs_dpu::config::{Doorbells, Polling};
     // Park after 20 ms idle, for up to 100 ms: timer-only wake-ups would cost ~50 ms a request.
@@ -347,7 +349,7 @@ fn parked_poller_wakes_on_doorbell() {
         ..Profile::default()
     };
     let s = Setup::new(profile);
-    let mut d = s.connect(DriverOptions::default());
+    let mut d = s.connect(DriverOptions { ring, ..Default::default() });
     assert!(!d.facts().notify_mapped, "the notify area is trapped, not mmapped");
     d.init().unwrap();
 
@@ -381,3 +383,33 @@ fn parked_poller_wakes_on_doorbell() {
     );
     d.shutdown().unwrap();
 }
+
+/// Two `#[test]`s per scenario, one per virtqueue layout.
+macro_rules! on_both_layouts {
+    ($($name:ident),* $(,)?) => {
+        mod split {
+            $(#[test]
+            fn $name() {
+                super::$name(super::RingLayout::Split)
+            })*
+        }
+        mod packed {
+            $(#[test]
+            fn $name() {
+                super::$name(super::RingLayout::Packed)
+            })*
+        }
+    };
+}
+
+on_both_layouts!(
+    bring_up_reports_the_device,
+    polling_completions,
+    interrupt_completions,
+    two_request_queues,
+    one_poller_per_request_queue,
+    ring_feature_variants,
+    queue_depth_and_queue_full,
+    symlink_link_and_errors,
+    parked_poller_wakes_on_doorbell,
+);
