@@ -12,6 +12,8 @@ use virtiofs_tools::fuse_abi::{self as abi, opcode};
 use virtiofs_tools::virtqueue::RingLayout;
 use virtiofs_tools::{DriverError, DriverOptions, FsDriver};
 
+#[macro_use]
+mod rings;
 const ROOT: u64 = 1;
 const MIB: usize = 1 << 20;
 const CHUNK: usize = 128 << 10;
@@ -544,24 +546,6 @@ fn packed_ring_needs_the_feature() {
     let d = s.connect(DriverOptions { ring: RingLayout::Packed, ..Default::default() });
     assert_ne!(d.facts().driver_features & RING_PACKED, 0);
     d.shutdown().unwrap();
-}
-
-/// Two `#[test]`s per scenario, one per virtqueue layout.
-macro_rules! on_both_layouts {
-    ($($name:ident),* $(,)?) => {
-        mod split {
-            $(#[test]
-            fn $name() {
-                super::$name(super::RingLayout::Split)
-            })*
-        }
-        mod packed {
-            $(#[test]
-            fn $name() {
-                super::$name(super::RingLayout::Packed)
-            })*
-        }
-    };
 }
 
 on_both_layouts!(
