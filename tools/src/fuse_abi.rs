@@ -1,6 +1,10 @@
 //! The FUSE wire structures the driver sends and parses, written from `<linux/fuse.h>`
-//! (protocol 7.41, as in Linux 6.12). Independent of the backend crate on purpose: two
-//! implementations of the ABI catch each other's mistakes.
+//! (protocol 7.41, as in Linux 6.12).
+//!
+//! Written independently of the backend's ABI module (`backend/src/abi.rs`) on purpose, and to
+//! stay so: neither is derived from or checked against the other's source, so a layout or
+//! constant mistake in one shows up as a failing end-to-end test instead of cancelling out. Do not
+//! replace either with the other.
 
 use crate::wire_struct;
 

@@ -15,7 +15,7 @@ use crate::virtqueue::Segment;
 impl FsDriver {
     /// Adds a chain of `readable` buffers (each its own descriptor) followed by writable
     /// segments of the given lengths, and rings the doorbell if the device wants it. Returns
-    /// the token. [`QueueError::Full`] when the queue has no room.
+    /// the token. [`QueueError::Full`](crate::virtqueue::QueueError::Full) when the queue has no room.
     pub fn submit_raw(&mut self, queue: u16, readable: &[&[u8]], writable: &[u32]) -> Result<u64> {
         self.check_queue(queue)?;
         let token = self.alloc_unique();

@@ -5,9 +5,12 @@
 //! GET_IRQ_INFO (MSI-X); DMA_MAP of the driver's memfd; DEVICE_RESET (if the device says it is
 //! resettable); config space: ids, BARs, capability list, virtio caps, MSI-X cap; command register
 //! (memory + bus master); mmap of the notify area if offered; virtio reset, ACKNOWLEDGE, DRIVER,
-//! feature negotiation, FEATURES_OK (re-read); device config (tag, num_request_queues); MSI-X
-//! enable and SET_IRQS with one eventfd per vector; config vector; per-queue setup (size, ring
-//! addresses, vector, notify offset); queue_enable for all queues; DRIVER_OK.
+//! feature negotiation (VIRTIO_F_RING_PACKED only if [`DriverOptions::ring`] asks for it, and
+//! then the device must offer it, else [`DriverError::FeatureNotOffered`]), FEATURES_OK
+//! (re-read); device config (tag, num_request_queues); MSI-X enable and SET_IRQS with one eventfd
+//! per vector; config vector; per-queue setup (size, ring addresses, vector, notify offset);
+//! queue_enable for all queues; DRIVER_OK. The queues are [`crate::virtqueue::Virtqueue`]s of
+//! the negotiated layout, split or packed; nothing above them depends on which.
 //!
 //! Requests are laid out like Linux `virtio_fs_enqueue_req`: device-readable `fuse_in_header`,
 //! then the in-arguments in one buffer, then data pages; device-writable `fuse_out_header`, the
@@ -19,6 +22,18 @@
 //! Replies are validated (the out header's `len` equals the used length, `unique` matches, errors
 //! are negative errnos with no payload, fixed-size replies have their exact size) so a device bug
 //! surfaces as [`DriverError::BadReply`] or [`DriverError::Queue`] instead of silent corruption.
+//!
+//! Modules, by concern (each imports only the ones before it, never this one):
+//!
+//! | module | what |
+//! |---|---|
+//! | `options.rs` | [`DriverOptions`], [`QueueFullPolicy`] |
+//! | `error.rs` | [`DriverError`] |
+//! | `state.rs` | [`FsDriver`]'s fields, [`DeviceFacts`], [`Completion`], counters, accessors |
+//! | `bringup.rs` | [`FsDriver::connect`] (the sequence above), [`FsDriver::shutdown`] |
+//! | `io.rs` | request layout, submission, completion polling and waiting, [`FsDriver::call`] |
+//! | `ops.rs` | the typed FUSE operations and their reply checks |
+//! | `closed_loop.rs` | [`FsDriver::run_closed_loop`] |
 
 mod bringup;
 mod closed_loop;

@@ -34,12 +34,15 @@ pub struct DriverOptions {
     pub check_bar_sizing: bool,
     /// Use the mmapped notify area when the device offers one.
     pub mmap_notify: bool,
-    /// Spread requests round-robin over the request queues (else use [`FsDriver::use_queue`]).
+    /// Spread requests round-robin over the request queues (else use
+    /// [`FsDriver::use_queue`](super::FsDriver::use_queue)).
     pub spread_requests: bool,
     /// Timeout for vfio-user replies and for FUSE completions.
     pub timeout: Duration,
-    /// What [`FsDriver::run_closed_loop`] does with a request whose virtqueue is full (the
-    /// one-request calls and [`FsDriver::submit`] return [`QueueError::Full`] instead).
+    /// What [`FsDriver::run_closed_loop`](super::FsDriver::run_closed_loop) does with a request
+    /// whose virtqueue is full (the one-request calls and
+    /// [`FsDriver::submit`](super::FsDriver::submit) return
+    /// [`QueueError::Full`](crate::virtqueue::QueueError::Full) instead).
     pub queue_full: QueueFullPolicy,
 }
 
