@@ -71,13 +71,93 @@ pub fn vring_need_event(event_idx: u16, new_idx: u16, old: u16) -> bool {
 
 /// What the driver remembers of a chain it made available.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct InFlight {
-    pub(super) token: u64,
+struct InFlight {
+    token: u64,
     /// Ring descriptors it occupies (1 when indirect).
-    pub(super) ndesc: u16,
+    ndesc: u16,
     /// Device-writable bytes: the most a used entry may claim.
-    pub(super) writable: u64,
-    pub(super) indirect: Option<DmaBuf>,
+    writable: u64,
+    indirect: Option<DmaBuf>,
+}
+
+/// The driver's own record of a ring, which the device is judged against: the chains in flight
+/// under their slot (split: head index; packed: buffer id), the free descriptors, and the indirect
+/// tables kept per slot.
+#[derive(Debug)]
+pub(super) struct Shadow {
+    pub(super) index: u16,
+    pub(super) size: u16,
+    pub(super) num_free: u16,
+    /// Chains in flight.
+    pub(super) count: u16,
+    in_flight: Vec<Option<InFlight>>,
+    pub(super) pool: IndirectPool,
+}
+
+impl Shadow {
+    pub(super) fn new(index: u16, size: u16) -> Shadow {
+        let n = usize::from(size);
+        Shadow { index, size, num_free: size, count: 0, in_flight: vec![None; n], pool: IndirectPool::new(n) }
+    }
+
+    /// Checks a chain and whether it fits now.
+    pub(super) fn check(&self, segs: &[Segment], indirect: bool) -> Result<ChainShape, QueueError> {
+        check_chain(segs, indirect, self.size, self.num_free)
+    }
+
+    pub(super) fn bug(&self, reason: String) -> QueueError {
+        QueueError::DeviceBug { queue: self.index, reason }
+    }
+
+    /// Records chain `c` as in flight under `slot`.
+    pub(super) fn start(&mut self, slot: u16, token: u64, c: &ChainShape, indirect: Option<DmaBuf>) {
+        self.in_flight[usize::from(slot)] =
+            Some(InFlight { token, ndesc: c.needed, writable: c.writable, indirect });
+        self.num_free -= c.needed;
+        self.count += 1;
+    }
+
+    /// Checks a used entry naming `id` with `len` bytes written (`place`: where it was found, for
+    /// the message) and ends its chain. Returns the chain's token and ring descriptors; on error
+    /// the chain stays in flight.
+    pub(super) fn finish(
+        &mut self,
+        mem: &GuestRam,
+        id: u32,
+        len: u32,
+        place: std::fmt::Arguments<'_>,
+    ) -> Result<(u64, u16), QueueError> {
+        if id >= u32::from(self.size) {
+            return Err(self.bug(format!("used id {id} ({place}) >= queue size {}", self.size)));
+        }
+        let slot = id as u16;
+        let Some(f) = self.in_flight[usize::from(slot)] else {
+            return Err(self.bug(format!("used id {id} ({place}) is not a chain in flight")));
+        };
+        if u64::from(len) > f.writable {
+            return Err(self.bug(format!(
+                "used len {len} ({place}) exceeds the {} writable bytes of chain {id}",
+                f.writable
+            )));
+        }
+        self.in_flight[usize::from(slot)] = None;
+        self.num_free += f.ndesc;
+        self.count -= 1;
+        if let Some(t) = f.indirect {
+            self.pool.put_back(mem, slot, t);
+        }
+        Ok((f.token, f.ndesc))
+    }
+
+    /// Frees every indirect table (the device must no longer use the ring).
+    pub(super) fn destroy(&mut self, mem: &GuestRam) {
+        for f in self.in_flight.iter_mut().filter_map(Option::take) {
+            if let Some(b) = f.indirect {
+                mem.free(b);
+            }
+        }
+        self.pool.destroy(mem);
+    }
 }
 
 /// A chain that passed [`check_chain`].
@@ -90,12 +170,7 @@ pub(super) struct ChainShape {
 }
 
 /// Checks a chain (non-empty, readable before writable, fits the ring) and whether there is room.
-pub(super) fn check_chain(
-    segs: &[Segment],
-    indirect: bool,
-    size: u16,
-    free: u16,
-) -> Result<ChainShape, QueueError> {
+fn check_chain(segs: &[Segment], indirect: bool, size: u16, free: u16) -> Result<ChainShape, QueueError> {
     if segs.is_empty() {
         return Err(QueueError::BadChain("empty chain".into()));
     }
@@ -137,7 +212,7 @@ pub(super) struct IndirectPool {
 }
 
 impl IndirectPool {
-    pub(super) fn new(n: usize) -> IndirectPool {
+    fn new(n: usize) -> IndirectPool {
         IndirectPool { tables: vec![None; n], scratch: Vec::new() }
     }
 
@@ -178,7 +253,7 @@ impl IndirectPool {
         }
     }
 
-    pub(super) fn destroy(&mut self, mem: &GuestRam) {
+    fn destroy(&mut self, mem: &GuestRam) {
         for b in self.tables.iter_mut().filter_map(Option::take) {
             mem.free(b);
         }

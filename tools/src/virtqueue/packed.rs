@@ -39,8 +39,8 @@
 use std::sync::atomic::{fence, Ordering};
 
 use super::chain::{
-    check_chain, desc_bytes, vring_need_event, InFlight, IndirectPool, QueueError, Segment, UsedElem,
-    VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+    desc_bytes, vring_need_event, QueueError, Segment, Shadow, UsedElem, VRING_DESC_F_INDIRECT,
+    VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
 };
 use crate::memory::{DmaBuf, GuestRam};
 
@@ -83,8 +83,7 @@ fn off_wrap(off: u16, wrap: bool) -> u16 {
 /// The driver side of one packed virtqueue.
 #[derive(Debug)]
 pub struct PackedQueue {
-    index: u16,
-    size: u16,
+    shadow: Shadow,
     ring: DmaBuf,
     driver_event: DmaBuf,
     device_event: DmaBuf,
@@ -96,19 +95,13 @@ pub struct PackedQueue {
     /// Next slot the device will write a used descriptor to, and the used wrap counter.
     next_used: u16,
     used_wrap: bool,
-    num_free: u16,
     /// Ring slots made available since the last [`PackedQueue::kick_prepare`].
     num_added: u16,
     /// Free buffer ids, linked through `id_next`.
     free_id: u16,
     id_next: Vec<u16>,
-    /// Per buffer id: the chain in flight.
-    in_flight: Vec<Option<InFlight>>,
-    inflight_count: u16,
     /// What the driver last wrote to its event suppression flags.
     event_flags: u16,
-    /// Indirect tables kept per buffer id.
-    pool: IndirectPool,
 }
 
 impl PackedQueue {
@@ -128,8 +121,7 @@ impl PackedQueue {
         let driver_event = mem.alloc_zeroed(4, 4096)?;
         let device_event = mem.alloc_zeroed(4, 4096)?;
         Ok(PackedQueue {
-            index,
-            size,
+            shadow: Shadow::new(index, size),
             ring,
             driver_event,
             device_event,
@@ -139,25 +131,16 @@ impl PackedQueue {
             avail_wrap: true,
             next_used: 0,
             used_wrap: true,
-            num_free: size,
             num_added: 0,
             free_id: 0,
             id_next: (1..=size).collect(),
-            in_flight: vec![None; n],
-            inflight_count: 0,
             event_flags: RING_EVENT_FLAGS_ENABLE,
-            pool: IndirectPool::new(n),
         })
     }
 
     /// Frees the ring and event areas (the device must no longer use them).
     pub fn destroy(mut self, mem: &GuestRam) {
-        for f in self.in_flight.iter().flatten() {
-            if let Some(b) = f.indirect {
-                mem.free(b);
-            }
-        }
-        self.pool.destroy(mem);
+        self.shadow.destroy(mem);
         mem.free(self.ring);
         mem.free(self.driver_event);
         mem.free(self.device_event);
@@ -165,11 +148,11 @@ impl PackedQueue {
 
     /// Queue index.
     pub fn index(&self) -> u16 {
-        self.index
+        self.shadow.index
     }
     /// Queue size.
     pub fn size(&self) -> u16 {
-        self.size
+        self.shadow.size
     }
     /// DMA address of the descriptor ring (`queue_desc`).
     pub fn ring_addr(&self) -> u64 {
@@ -185,11 +168,11 @@ impl PackedQueue {
     }
     /// Free ring slots.
     pub fn num_free(&self) -> u16 {
-        self.num_free
+        self.shadow.num_free
     }
     /// Buffers made available and not yet used.
     pub fn in_flight(&self) -> u16 {
-        self.inflight_count
+        self.shadow.count
     }
     /// Next slot the driver reads a used descriptor from, and its used wrap counter.
     pub fn next_used(&self) -> (u16, bool) {
@@ -200,21 +183,17 @@ impl PackedQueue {
         self.ring.iova + 16 * u64::from(slot)
     }
 
-    fn bug(&self, reason: String) -> QueueError {
-        QueueError::DeviceBug { queue: self.index, reason }
-    }
-
     /// Makes a chain (readable segments first, then writable) available. Uses an indirect table
     /// when negotiated and the chain has more than one segment. Returns the buffer id. Call
     /// [`PackedQueue::kick_prepare`] to decide on notifying.
     pub fn add_chain(&mut self, mem: &GuestRam, segs: &[Segment], token: u64) -> Result<u16, QueueError> {
-        let c = check_chain(segs, self.indirect, self.size, self.num_free)?;
+        let c = self.shadow.check(segs, self.indirect)?;
         let id = self.free_id;
         let head = self.next_avail;
         let head_wrap = self.avail_wrap;
         let (head_bytes, head_flags, indirect) = if c.indirect {
             let n = segs.len();
-            let table = self.pool.write_table(mem, id, segs, |_, s| {
+            let table = self.shadow.pool.write_table(mem, id, segs, |_, s| {
                 desc_bytes(s.addr, s.len, 0, if s.write { VRING_DESC_F_WRITE } else { 0 })
             })?;
             let d = desc_bytes(table.iova, (16 * n) as u32, id, 0);
@@ -234,7 +213,7 @@ impl PackedQueue {
                     mem.write(self.slot_addr(slot), &desc_bytes(s.addr, s.len, id, f | avail_flags(wrap)))?;
                 }
                 slot += 1;
-                if slot == self.size {
+                if slot == self.shadow.size {
                     slot = 0;
                     wrap = !wrap;
                 }
@@ -248,23 +227,20 @@ impl PackedQueue {
             .and_then(|()| mem.store_u16(at + 14, head_flags, Ordering::Release));
         if let Err(e) = published {
             if let Some(t) = indirect {
-                self.pool.put_back(mem, id, t);
+                self.shadow.pool.put_back(mem, id, t);
             }
             return Err(e.into());
         }
         let end = u32::from(head) + u32::from(c.needed);
-        if end >= u32::from(self.size) {
-            self.next_avail = (end - u32::from(self.size)) as u16;
+        if end >= u32::from(self.shadow.size) {
+            self.next_avail = (end - u32::from(self.shadow.size)) as u16;
             self.avail_wrap = !self.avail_wrap;
         } else {
             self.next_avail = end as u16;
         }
         self.free_id = self.id_next[usize::from(id)];
-        self.num_free -= c.needed;
         self.num_added = self.num_added.wrapping_add(c.needed);
-        self.in_flight[usize::from(id)] =
-            Some(InFlight { token, ndesc: c.needed, writable: c.writable, indirect });
-        self.inflight_count += 1;
+        self.shadow.start(id, token, &c, indirect);
         Ok(id)
     }
 
@@ -283,7 +259,7 @@ impl PackedQueue {
         let ow = snapshot as u16;
         let mut event = ow & !(1 << RING_EVENT_WRAP_BIT);
         if (ow >> RING_EVENT_WRAP_BIT != 0) != self.avail_wrap {
-            event = event.wrapping_sub(self.size);
+            event = event.wrapping_sub(self.shadow.size);
         }
         Ok(vring_need_event(event, new, old))
     }
@@ -313,8 +289,8 @@ impl PackedQueue {
     pub fn describe(&self, mem: &GuestRam) -> String {
         format!(
             "queue {}: {} in flight, next used slot {} (wrap {}) has flags {:?}, device event {:?}",
-            self.index,
-            self.inflight_count,
+            self.shadow.index,
+            self.shadow.count,
             self.next_used,
             u8::from(self.used_wrap),
             self.used_flags(mem).ok(),
@@ -330,8 +306,8 @@ impl PackedQueue {
             return Ok(None);
         }
         let slot = self.next_used;
-        if self.inflight_count == 0 {
-            return Err(self.bug(format!("used descriptor in slot {slot} with no buffer in flight")));
+        if self.shadow.count == 0 {
+            return Err(self.shadow.bug(format!("used descriptor in slot {slot} with no buffer in flight")));
         }
         // The acquire load of the flags orders this read after the device's writes.
         let mut d = [0u8; 16];
@@ -339,33 +315,16 @@ impl PackedQueue {
         let raw_len = u32::from_le_bytes(d[8..12].try_into().expect("4 bytes"));
         let id = u16::from_le_bytes([d[12], d[13]]);
         let len = if flags & VRING_DESC_F_WRITE != 0 { raw_len } else { 0 };
-        if id >= self.size {
-            return Err(self.bug(format!("used id {id} in slot {slot} >= queue size {}", self.size)));
-        }
-        let Some(f) = self.in_flight[usize::from(id)].take() else {
-            return Err(self.bug(format!("used id {id} in slot {slot} is not a buffer in flight")));
-        };
-        if u64::from(len) > f.writable {
-            self.in_flight[usize::from(id)] = Some(f);
-            return Err(self.bug(format!(
-                "used len {len} exceeds the {} writable bytes of buffer {id} (slot {slot})",
-                f.writable
-            )));
-        }
-        let end = u32::from(slot) + u32::from(f.ndesc);
-        if end >= u32::from(self.size) {
-            self.next_used = (end - u32::from(self.size)) as u16;
+        let (token, ndesc) = self.shadow.finish(mem, u32::from(id), len, format_args!("ring slot {slot}"))?;
+        let end = u32::from(slot) + u32::from(ndesc);
+        if end >= u32::from(self.shadow.size) {
+            self.next_used = (end - u32::from(self.shadow.size)) as u16;
             self.used_wrap = !self.used_wrap;
         } else {
             self.next_used = end as u16;
         }
         self.id_next[usize::from(id)] = self.free_id;
         self.free_id = id;
-        self.num_free += f.ndesc;
-        if let Some(t) = f.indirect {
-            self.pool.put_back(mem, id, t);
-        }
-        self.inflight_count -= 1;
         if self.event_flags == RING_EVENT_FLAGS_DESC {
             mem.store_u16(
                 self.driver_event.iova,
@@ -374,7 +333,7 @@ impl PackedQueue {
             )?;
             fence(Ordering::SeqCst);
         }
-        Ok(Some(UsedElem { token: f.token, len, head: id }))
+        Ok(Some(UsedElem { token, len, head: id }))
     }
 
     fn set_event_flags(&mut self, mem: &GuestRam, flags: u16) -> Result<(), QueueError> {

@@ -20,17 +20,15 @@
 use std::sync::atomic::{fence, Ordering};
 
 use super::chain::{
-    check_chain, desc_bytes, vring_need_event, InFlight, IndirectPool, QueueError, Segment, UsedElem,
-    VRING_AVAIL_F_NO_INTERRUPT, VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
-    VRING_USED_F_NO_NOTIFY,
+    desc_bytes, vring_need_event, QueueError, Segment, Shadow, UsedElem, VRING_AVAIL_F_NO_INTERRUPT,
+    VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, VRING_USED_F_NO_NOTIFY,
 };
 use crate::memory::{DmaBuf, GuestRam, MemoryError};
 
 /// The driver side of one split virtqueue.
 #[derive(Debug)]
 pub struct SplitQueue {
-    index: u16,
-    size: u16,
+    shadow: Shadow,
     desc: DmaBuf,
     avail: DmaBuf,
     used: DmaBuf,
@@ -38,15 +36,10 @@ pub struct SplitQueue {
     indirect: bool,
     next: Vec<u16>,
     free_head: u16,
-    num_free: u16,
     avail_idx: u16,
     num_added: u16,
     last_used: u16,
     avail_flags: u16,
-    in_flight: Vec<Option<InFlight>>,
-    inflight_count: u16,
-    /// Indirect tables kept per head index for reuse.
-    pool: IndirectPool,
 }
 
 impl SplitQueue {
@@ -70,8 +63,7 @@ impl SplitQueue {
             *x = ((i + 1) % n) as u16;
         }
         Ok(SplitQueue {
-            index,
-            size,
+            shadow: Shadow::new(index, size),
             desc,
             avail,
             used,
@@ -79,25 +71,16 @@ impl SplitQueue {
             indirect,
             next,
             free_head: 0,
-            num_free: size,
             avail_idx: 0,
             num_added: 0,
             last_used: 0,
             avail_flags: 0,
-            in_flight: vec![None; n],
-            inflight_count: 0,
-            pool: IndirectPool::new(n),
         })
     }
 
     /// Frees the rings (the device must no longer use them).
     pub fn destroy(mut self, mem: &GuestRam) {
-        for f in self.in_flight.iter().flatten() {
-            if let Some(b) = f.indirect {
-                mem.free(b);
-            }
-        }
-        self.pool.destroy(mem);
+        self.shadow.destroy(mem);
         mem.free(self.desc);
         mem.free(self.avail);
         mem.free(self.used);
@@ -105,11 +88,11 @@ impl SplitQueue {
 
     /// Queue index.
     pub fn index(&self) -> u16 {
-        self.index
+        self.shadow.index
     }
     /// Queue size.
     pub fn size(&self) -> u16 {
-        self.size
+        self.shadow.size
     }
     /// DMA address of the descriptor table.
     pub fn desc_addr(&self) -> u64 {
@@ -125,11 +108,11 @@ impl SplitQueue {
     }
     /// Free descriptors.
     pub fn num_free(&self) -> u16 {
-        self.num_free
+        self.shadow.num_free
     }
     /// Chains submitted and not yet completed.
     pub fn in_flight(&self) -> u16 {
-        self.inflight_count
+        self.shadow.count
     }
 
     fn write_desc(
@@ -148,12 +131,12 @@ impl SplitQueue {
     /// indirect table when negotiated and the chain has more than one segment (as Linux does).
     /// Returns the head index. Call [`SplitQueue::kick_prepare`] to decide on notifying.
     pub fn add_chain(&mut self, mem: &GuestRam, segs: &[Segment], token: u64) -> Result<u16, QueueError> {
-        let c = check_chain(segs, self.indirect, self.size, self.num_free)?;
+        let c = self.shadow.check(segs, self.indirect)?;
         let head = self.free_head;
         let mut indirect = None;
         if c.indirect {
             let n = segs.len();
-            let table = self.pool.write_table(mem, head, segs, |i, s| {
+            let table = self.shadow.pool.write_table(mem, head, segs, |i, s| {
                 let mut f = if s.write { VRING_DESC_F_WRITE } else { 0 };
                 let nx = if i + 1 < n {
                     f |= VRING_DESC_F_NEXT;
@@ -173,7 +156,7 @@ impl SplitQueue {
                 0,
             );
             if let Err(e) = r {
-                self.pool.put_back(mem, head, table);
+                self.shadow.pool.put_back(mem, head, table);
                 return Err(e.into());
             }
             self.free_head = self.next[usize::from(head)];
@@ -193,12 +176,9 @@ impl SplitQueue {
             }
             self.free_head = self.next[usize::from(i)];
         }
-        self.num_free -= c.needed;
-        self.in_flight[usize::from(head)] =
-            Some(InFlight { token, ndesc: c.needed, writable: c.writable, indirect });
-        self.inflight_count += 1;
+        self.shadow.start(head, token, &c, indirect);
         // Publish: ring entry, then (release) the index.
-        let slot = self.avail_idx % self.size;
+        let slot = self.avail_idx % self.shadow.size;
         mem.write(self.avail.iova + 4 + 2 * u64::from(slot), &head.to_le_bytes())?;
         self.avail_idx = self.avail_idx.wrapping_add(1);
         self.num_added = self.num_added.wrapping_add(1);
@@ -214,7 +194,7 @@ impl SplitQueue {
         let old = new.wrapping_sub(self.num_added);
         self.num_added = 0;
         if self.event_idx {
-            let ev = mem.load_u16(self.used.iova + 4 + 8 * u64::from(self.size), Ordering::Acquire)?;
+            let ev = mem.load_u16(self.used.iova + 4 + 8 * u64::from(self.shadow.size), Ordering::Acquire)?;
             Ok(vring_need_event(ev, new, old))
         } else {
             let f = mem.load_u16(self.used.iova, Ordering::Acquire)?;
@@ -241,14 +221,10 @@ impl SplitQueue {
     pub fn describe(&self, mem: &GuestRam) -> String {
         format!(
             "queue {}: {} in flight, device used idx {:?}",
-            self.index,
-            self.inflight_count,
+            self.shadow.index,
+            self.shadow.count,
             self.device_used_idx(mem).ok()
         )
-    }
-
-    fn bug(&self, reason: String) -> QueueError {
-        QueueError::DeviceBug { queue: self.index, reason }
     }
 
     /// Takes the next used element, if any, after validating it, and frees its descriptors.
@@ -258,52 +234,35 @@ impl SplitQueue {
             return Ok(None);
         }
         let pending = used_idx.wrapping_sub(self.last_used);
-        if pending > self.inflight_count {
-            return Err(self.bug(format!(
+        if pending > self.shadow.count {
+            return Err(self.shadow.bug(format!(
                 "used idx {used_idx} is {pending} ahead of the driver's {} with only {} chains in flight",
-                self.last_used, self.inflight_count
+                self.last_used, self.shadow.count
             )));
         }
-        let slot = self.last_used % self.size;
+        let slot = self.last_used % self.shadow.size;
         let mut e = [0u8; 8];
         mem.read(self.used.iova + 4 + 8 * u64::from(slot), &mut e)?;
         let id = u32::from_le_bytes(e[0..4].try_into().expect("4 bytes"));
         let len = u32::from_le_bytes(e[4..8].try_into().expect("4 bytes"));
-        if id >= u32::from(self.size) {
-            return Err(self.bug(format!("used id {id} >= queue size {}", self.size)));
-        }
         let head = id as u16;
-        let Some(f) = self.in_flight[usize::from(head)].take() else {
-            return Err(self.bug(format!("used id {id} is not the head of a chain in flight")));
-        };
-        if u64::from(len) > f.writable {
-            self.in_flight[usize::from(head)] = Some(f);
-            return Err(self.bug(format!(
-                "used len {len} exceeds the chain's {} writable bytes (head {head})",
-                f.writable
-            )));
-        }
+        let (token, ndesc) = self.shadow.finish(mem, id, len, format_args!("used ring slot {slot}"))?;
         // Free the chain using the shadow links (not the device-visible table).
         let mut last = head;
-        for _ in 1..f.ndesc {
+        for _ in 1..ndesc {
             last = self.next[usize::from(last)];
         }
         self.next[usize::from(last)] = self.free_head;
         self.free_head = head;
-        self.num_free += f.ndesc;
-        if let Some(t) = f.indirect {
-            self.pool.put_back(mem, head, t);
-        }
-        self.inflight_count -= 1;
         self.last_used = self.last_used.wrapping_add(1);
         if self.event_idx && self.avail_flags & VRING_AVAIL_F_NO_INTERRUPT == 0 {
             mem.store_u16(self.used_event_addr(), self.last_used, Ordering::Release)?;
         }
-        Ok(Some(UsedElem { token: f.token, len, head }))
+        Ok(Some(UsedElem { token, len, head }))
     }
 
     fn used_event_addr(&self) -> u64 {
-        self.avail.iova + 4 + 2 * u64::from(self.size)
+        self.avail.iova + 4 + 2 * u64::from(self.shadow.size)
     }
 
     /// Asks the device not to interrupt (Linux `virtqueue_disable_cb_split`).
