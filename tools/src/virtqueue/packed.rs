@@ -75,6 +75,16 @@ pub fn is_used(flags: u16, wrap: bool) -> bool {
     avail == used && used == wrap
 }
 
+/// Ring position `pos` with wrap counter `wrap`, moved on by `n` slots of a ring of `size`.
+fn advance(pos: u16, wrap: bool, n: u16, size: u16) -> (u16, bool) {
+    let end = u32::from(pos) + u32::from(n);
+    if end >= u32::from(size) {
+        ((end - u32::from(size)) as u16, !wrap)
+    } else {
+        (end as u16, wrap)
+    }
+}
+
 /// `off_wrap` of ring offset `off` with wrap counter `wrap`.
 fn off_wrap(off: u16, wrap: bool) -> u16 {
     off | (u16::from(wrap) << RING_EVENT_WRAP_BIT)
@@ -212,11 +222,7 @@ impl PackedQueue {
                 } else {
                     mem.write(self.slot_addr(slot), &desc_bytes(s.addr, s.len, id, f | avail_flags(wrap)))?;
                 }
-                slot += 1;
-                if slot == self.shadow.size {
-                    slot = 0;
-                    wrap = !wrap;
-                }
+                (slot, wrap) = advance(slot, wrap, 1, self.shadow.size);
             }
             let (d, f) = first.expect("a chain has a first segment");
             (d, f, None)
@@ -231,13 +237,7 @@ impl PackedQueue {
             }
             return Err(e.into());
         }
-        let end = u32::from(head) + u32::from(c.needed);
-        if end >= u32::from(self.shadow.size) {
-            self.next_avail = (end - u32::from(self.shadow.size)) as u16;
-            self.avail_wrap = !self.avail_wrap;
-        } else {
-            self.next_avail = end as u16;
-        }
+        (self.next_avail, self.avail_wrap) = advance(head, head_wrap, c.needed, self.shadow.size);
         self.free_id = self.id_next[usize::from(id)];
         self.num_added = self.num_added.wrapping_add(c.needed);
         self.shadow.start(id, token, &c, indirect);
@@ -316,13 +316,7 @@ impl PackedQueue {
         let id = u16::from_le_bytes([d[12], d[13]]);
         let len = if flags & VRING_DESC_F_WRITE != 0 { raw_len } else { 0 };
         let (token, ndesc) = self.shadow.finish(mem, u32::from(id), len, format_args!("ring slot {slot}"))?;
-        let end = u32::from(slot) + u32::from(ndesc);
-        if end >= u32::from(self.shadow.size) {
-            self.next_used = (end - u32::from(self.shadow.size)) as u16;
-            self.used_wrap = !self.used_wrap;
-        } else {
-            self.next_used = end as u16;
-        }
+        (self.next_used, self.used_wrap) = advance(slot, self.used_wrap, ndesc, self.shadow.size);
         self.id_next[usize::from(id)] = self.free_id;
         self.free_id = id;
         if self.event_flags == RING_EVENT_FLAGS_DESC {
@@ -499,6 +493,30 @@ mod tests {
         assert_eq!((q.num_free(), q.in_flight()), (8, 0));
         // 200 rounds of 3 slots wrapped the 8-slot ring many times.
         assert!(next_token > 100 + 8);
+    }
+
+    #[test]
+    fn a_chain_as_long_as_the_ring_flips_the_wrap_counter() {
+        // Linux once kept the counter when a chain of exactly `size` descriptors started mid-ring.
+        let mem = GuestRam::new(1 << 20, 1 << 32).unwrap();
+        let mut q = PackedQueue::new(&mem, 1, 4, false, false).unwrap();
+        let mut dev = FakeDevice::new();
+        let s = segs(&mem, 2, 2);
+        q.add_chain(&mem, &s[..1], 1).unwrap();
+        let t = dev.take(&mem, &q).unwrap();
+        dev.complete(&mem, &q, &t, 0);
+        q.pop_used(&mem).unwrap().unwrap();
+        q.add_chain(&mem, &s, 2).unwrap();
+        assert_eq!((q.next_avail, q.avail_wrap), (1, false), "slots 1, 2, 3, 0: one full lap");
+        let t = dev.take(&mem, &q).unwrap();
+        assert_eq!((t.slots, t.descs.len()), (4, 4));
+        dev.complete(&mem, &q, &t, 128);
+        assert_eq!(q.pop_used(&mem).unwrap().unwrap().token, 2);
+        assert_eq!(q.next_used(), (1, false));
+        q.add_chain(&mem, &s[..1], 3).unwrap();
+        let t = dev.take(&mem, &q).expect("the device sees the next lap's descriptor");
+        dev.complete(&mem, &q, &t, 0);
+        assert_eq!(q.pop_used(&mem).unwrap().unwrap().token, 3);
     }
 
     #[test]
