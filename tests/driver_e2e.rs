@@ -1,13 +1,19 @@
 //! End-to-end: the device with its RAM filesystem on a tempdir socket, driven by the host-side
 //! driver model (`virtiofs_tools::FsDriver`) the way QEMU + Linux virtio-fs would drive it.
+//!
+//! Every scenario runs on both virtqueue layouts: a helper takes the [`RingLayout`] and two
+//! `#[test]`s call it, `..._split` and `..._packed`.
 
 use std::path::PathBuf;
 
 use virtiofs_dpu::config::Profile;
 use virtiofs_dpu::RunningDevice;
 use virtiofs_tools::fuse_abi::{self as abi, opcode};
+use virtiofs_tools::virtqueue::RingLayout;
 use virtiofs_tools::{DriverError, DriverOptions, FsDriver};
 
+#[macro_use]
+mod rings;
 const ROOT: u64 = 1;
 const MIB: usize = 1 << 20;
 const CHUNK: usize = 128 << 10;
@@ -27,7 +33,10 @@ impl Setup {
     }
 
     fn connect(&self, opts: DriverOptions) -> FsDriver {
-        FsDriver::connect(&self.socket, opts).expect("driver brings the device up")
+        let ring = opts.ring;
+        let d = FsDriver::connect(&self.socket, opts).expect("driver brings the device up");
+        assert_eq!(d.facts().ring, ring, "the layout asked for is the one negotiated");
+        d
     }
 }
 
@@ -111,10 +120,9 @@ fn init(d: &mut FsDriver) {
     assert!(i.max_write as usize >= CHUNK, "max_write {} below {CHUNK}", i.max_write);
 }
 
-#[test]
-fn bring_up_reports_the_device() {
+fn bring_up_reports_the_device(ring: RingLayout) {
     let s = Setup::new(Profile::default());
-    let d = s.connect(DriverOptions::default());
+    let d = s.connect(DriverOptions { ring, ..Default::default() });
     let f = d.facts();
     assert_eq!(f.tag, "virtiofs");
     assert_eq!(f.num_request_queues, 1);
@@ -131,15 +139,14 @@ fn bring_up_reports_the_device() {
     d.shutdown().unwrap();
     drop(s);
     let busy = Setup::new(Profile { polling: virtiofs_dpu::config::Polling::Busy, ..Profile::default() });
-    let d = busy.connect(DriverOptions::default());
+    let d = busy.connect(DriverOptions { ring, ..Default::default() });
     assert!(d.facts().notify_mapped, "busy polling: the notify area is sparse-mmappable");
     d.shutdown().unwrap();
 }
 
-#[test]
-fn polling_completions() {
+fn polling_completions(ring: RingLayout) {
     let s = Setup::new(Profile::default());
-    let mut d = s.connect(DriverOptions::default());
+    let mut d = s.connect(DriverOptions { ring, ..Default::default() });
     init(&mut d);
     workload(&mut d, "poll", MIB);
     d.forget(ROOT, 1).unwrap();
@@ -147,10 +154,9 @@ fn polling_completions() {
     d.shutdown().unwrap();
 }
 
-#[test]
-fn interrupt_completions() {
+fn interrupt_completions(ring: RingLayout) {
     let s = Setup::new(Profile::default());
-    let mut d = s.connect(DriverOptions { use_interrupts: true, ..Default::default() });
+    let mut d = s.connect(DriverOptions { ring, use_interrupts: true, ..Default::default() });
     init(&mut d);
     workload(&mut d, "irq", MIB);
     eprintln!("irq stats {:?} notify {:?}", d.stats(), d.notify_counts());
@@ -158,11 +164,11 @@ fn interrupt_completions() {
     d.shutdown().unwrap();
 }
 
-#[test]
-fn two_request_queues() {
+fn two_request_queues(ring: RingLayout) {
     let profile = Profile { request_queues: 2, ..Default::default() };
     let s = Setup::new(profile);
-    let mut d = s.connect(DriverOptions { request_queues: 2, spread_requests: true, ..Default::default() });
+    let mut d =
+        s.connect(DriverOptions { ring, request_queues: 2, spread_requests: true, ..Default::default() });
     assert_eq!(d.facts().num_request_queues, 2);
     assert_eq!(d.request_queues(), 2);
     init(&mut d);
@@ -173,7 +179,8 @@ fn two_request_queues() {
     drop(d);
     drop(s);
     let s = Setup::new(Profile { request_queues: 2, ..Default::default() });
-    let mut d = s.connect(DriverOptions { request_queues: 2, use_interrupts: true, ..Default::default() });
+    let mut d =
+        s.connect(DriverOptions { ring, request_queues: 2, use_interrupts: true, ..Default::default() });
     init(&mut d);
     for q in 1..=2 {
         d.use_queue(q);
@@ -184,8 +191,7 @@ fn two_request_queues() {
 
 /// One poller per request queue, hiprio riding on poller 0 (`queue_mapping = "request-queues"`),
 /// with doorbells through the socket: every queue is served, FORGETs on hiprio included.
-#[test]
-fn one_poller_per_request_queue() {
+fn one_poller_per_request_queue(ring: RingLayout) {
     use virtiofs_dpu::config::QueueMapping;
     let profile = Profile {
         request_queues: 2,
@@ -194,7 +200,8 @@ fn one_poller_per_request_queue() {
         ..Default::default()
     };
     let s = Setup::new(profile);
-    let mut d = s.connect(DriverOptions { request_queues: 2, use_interrupts: true, ..Default::default() });
+    let mut d =
+        s.connect(DriverOptions { ring, request_queues: 2, use_interrupts: true, ..Default::default() });
     init(&mut d);
     for q in 1..=2 {
         d.use_queue(q);
@@ -207,8 +214,7 @@ fn one_poller_per_request_queue() {
     assert!(stats[0] >= 1 && stats[1] > 0 && stats[2] > 0, "per-queue requests {stats:?}");
 }
 
-#[test]
-fn ring_feature_variants() {
+fn ring_feature_variants(ring: RingLayout) {
     let s = Setup::new(Profile::default());
     for (i, (event_idx, indirect, posted, irq)) in [
         (false, false, true, false),
@@ -220,6 +226,7 @@ fn ring_feature_variants() {
     .enumerate()
     {
         let mut d = s.connect(DriverOptions {
+            ring,
             event_idx,
             indirect_desc: indirect,
             posted_writes: posted,
@@ -232,11 +239,10 @@ fn ring_feature_variants() {
     }
 }
 
-#[test]
-fn queue_depth_and_queue_full() {
+fn queue_depth_and_queue_full(ring: RingLayout) {
     let s = Setup::new(Profile::default());
     // Small queue without indirect descriptors: a 16 KiB read takes 1 + 1 + 1 + 4 descriptors.
-    let mut d = s.connect(DriverOptions { queue_size: 16, indirect_desc: false, ..Default::default() });
+    let mut d = s.connect(DriverOptions { ring, queue_size: 16, indirect_desc: false, ..Default::default() });
     d.init().unwrap();
     let (file, open) = d.create(ROOT, "qd", 0o644, libc::O_RDWR as u32).unwrap();
     // Linux caps requests at queue size - 4 pages: 12 pages = 48 KiB here.
@@ -281,10 +287,9 @@ fn queue_depth_and_queue_full() {
     d.release(file.nodeid, open.fh).unwrap();
 }
 
-#[test]
-fn symlink_link_and_errors() {
+fn symlink_link_and_errors(ring: RingLayout) {
     let s = Setup::new(Profile::default());
-    let mut d = s.connect(DriverOptions::default());
+    let mut d = s.connect(DriverOptions { ring, ..Default::default() });
     init(&mut d);
     let (f, o) = d.create(ROOT, "target", 0o600, libc::O_RDWR as u32).unwrap();
     d.release(f.nodeid, o.fh).unwrap();
@@ -334,8 +339,7 @@ fn symlink_link_and_errors() {
 
 /// Adaptive polling with doorbells on the socket: a parked poller is woken by the driver's
 /// doorbell, not by its timer, and a polling one asks for no doorbells at all.
-#[test]
-fn parked_poller_wakes_on_doorbell() {
+fn parked_poller_wakes_on_doorbell(ring: RingLayout) {
     use std::time::{Duration, Instant};
     use virtiofs_dpu::config::{Doorbells, Polling};
     // Park after 20 ms idle, for up to 100 ms: timer-only wake-ups would cost ~50 ms a request.
@@ -347,7 +351,7 @@ fn parked_poller_wakes_on_doorbell() {
         ..Profile::default()
     };
     let s = Setup::new(profile);
-    let mut d = s.connect(DriverOptions::default());
+    let mut d = s.connect(DriverOptions { ring, ..Default::default() });
     assert!(!d.facts().notify_mapped, "the notify area is trapped, not mmapped");
     d.init().unwrap();
 
@@ -381,3 +385,179 @@ fn parked_poller_wakes_on_doorbell() {
     );
     d.shutdown().unwrap();
 }
+
+/// Many requests with several in flight on a 16-entry ring without indirect descriptors (each
+/// request takes 3 to 5 slots), so the ring wraps dozens of times; a SETLKW that waits the whole
+/// time holds its slots, so every other request completes before it (out of order), and so do
+/// the requests around it. Then readdir, unlink and the waiter's grant.
+fn many_requests_wrap_the_ring(ring: RingLayout) {
+    use virtiofs_tools::LockReq;
+    let s = Setup::new(Profile { queue_size: 16, ..Profile::default() });
+    for event_idx in [false, true] {
+        let mut d = s.connect(DriverOptions {
+            ring,
+            queue_size: 16,
+            indirect_desc: false,
+            event_idx,
+            ..Default::default()
+        });
+        d.init().unwrap();
+        let name = format!("wrap{}", u8::from(event_idx));
+        let dir = d.mkdir(ROOT, &name, 0o755).unwrap();
+        let (file, fa) = d.create(dir.nodeid, "f", 0o644, libc::O_RDWR as u32).unwrap();
+        let fb = d.open(file.nodeid, libc::O_RDWR as u32).unwrap();
+        let lock = |fh, owner| LockReq {
+            fh,
+            owner,
+            typ: libc::F_WRLCK,
+            end: u64::MAX >> 1,
+            pid: 9,
+            ..Default::default()
+        };
+        d.setlk(file.nodeid, &lock(fa.fh, 1)).unwrap();
+        let waiter = d.submit_lk(1, opcode::SETLKW, file.nodeid, &lock(fb.fh, 2)).unwrap();
+        // Writes of 4 KiB blocks, then reads of them, keeping as many in flight as fit.
+        const BLOCKS: u64 = 16;
+        let block = |i: u64| pattern(4096, i as u8);
+        let mut want = std::collections::HashMap::new();
+        let (mut issued, mut done, mut max_in_flight) = (0u64, 0u64, 0usize);
+        let total = 600u64;
+        while done < total {
+            while issued < total {
+                let b = issued % BLOCKS;
+                let r = if issued < BLOCKS || issued % 3 == 0 {
+                    let w = abi::WriteIn { fh: fa.fh, offset: b * 4096, size: 4096, ..Default::default() }
+                        .to_bytes();
+                    d.submit(1, opcode::WRITE, file.nodeid, &[&w], &block(b), abi::WriteOut::SIZE, 0)
+                        .map(|t| (t, opcode::WRITE, b))
+                } else {
+                    let r = abi::ReadIn { fh: fa.fh, offset: b * 4096, size: 4096, ..Default::default() }
+                        .to_bytes();
+                    d.submit(1, opcode::READ, file.nodeid, &[&r], &[], 0, 4096).map(|t| (t, opcode::READ, b))
+                };
+                match r {
+                    Ok((t, op, b)) => {
+                        want.insert(t, (op, b));
+                        issued += 1;
+                    }
+                    Err(e) if e.is_queue_full() => break,
+                    Err(e) => panic!("{e:?}"),
+                }
+            }
+            max_in_flight = max_in_flight.max(d.in_flight());
+            for c in d.wait_completions().unwrap() {
+                let (op, b) = want.remove(&c.token).unwrap_or_else(|| panic!("unknown token {}", c.token));
+                let (h, p) = FsDriver::parse_reply(&c, op, c.token).unwrap();
+                assert_eq!(h.error, 0, "{op} of block {b}");
+                if op == opcode::READ {
+                    assert!(p == block(b), "block {b} reads back what was written");
+                } else {
+                    assert_eq!(abi::WriteOut::decode(&p).unwrap().size, 4096);
+                }
+                done += 1;
+            }
+        }
+        // The waiter and at least two others were in flight at once.
+        assert!(max_in_flight >= 3, "{max_in_flight} in flight at most");
+        assert!(d.is_pending(waiter), "the SETLKW still waits after {total} later requests");
+        let dh = d.opendir(dir.nodeid).unwrap();
+        let names: Vec<Vec<u8>> =
+            d.readdir_all(dir.nodeid, dh.fh).unwrap().into_iter().map(|e| e.name).collect();
+        assert!(names.contains(&b"f".to_vec()), "{names:?}");
+        d.releasedir(dir.nodeid, dh.fh).unwrap();
+        d.setlk(file.nodeid, &LockReq { typ: libc::F_UNLCK, ..lock(fa.fh, 1) }).unwrap();
+        assert_eq!(d.lk_result(opcode::SETLKW, waiter).unwrap(), None, "granted once the holder unlocked");
+        d.release(file.nodeid, fa.fh).unwrap();
+        d.release(file.nodeid, fb.fh).unwrap();
+        d.unlink(dir.nodeid, "f").unwrap();
+        assert_eq!(d.lookup(dir.nodeid, "f").unwrap_err().fuse_errno(), Some(libc::ENOENT));
+        d.rmdir(ROOT, &name).unwrap();
+        assert_eq!(d.in_flight(), 0);
+        d.shutdown().unwrap();
+    }
+}
+
+/// The closed loop at twice the queue size, under both queue-full policies: requests park when
+/// the ring is full and every one completes once, with the data it asked for.
+fn closed_loop_with_a_full_ring(ring: RingLayout) {
+    use virtiofs_tools::{LoopConfig, QueueFullPolicy};
+    let s = Setup::new(Profile { queue_size: 8, ..Profile::default() });
+    for policy in QueueFullPolicy::ALL {
+        let mut d =
+            s.connect(DriverOptions { ring, queue_size: 8, queue_full: policy, ..Default::default() });
+        d.init().unwrap();
+        let (file, open) = d.create(ROOT, &format!("loop-{policy}"), 0o644, libc::O_RDWR as u32).unwrap();
+        for b in 0..8u64 {
+            d.write(file.nodeid, open.fh, b * 4096, &pattern(4096, b as u8)).unwrap();
+        }
+        let mut seen = vec![0u8; 1000];
+        let r = d
+            .run_closed_loop(
+                &LoopConfig::new(16, 1000),
+                |seq, spec| {
+                    spec.opcode = opcode::READ;
+                    spec.nodeid = file.nodeid;
+                    let offset = (seq % 8) * 4096;
+                    abi::ReadIn { fh: open.fh, offset, size: 4096, ..Default::default() }
+                        .encode_into(&mut spec.args);
+                    spec.out_data = 4096;
+                },
+                |c| {
+                    assert_eq!((c.errno, c.payload_len), (0, 4096));
+                    assert!(c.reply_data()? == pattern(4096, (c.seq % 8) as u8), "seq {}", c.seq);
+                    seen[c.seq as usize] += 1;
+                    Ok(())
+                },
+            )
+            .unwrap();
+        assert!(seen.iter().all(|&n| n == 1), "{policy}: every request completes exactly once");
+        assert_eq!(r.completed, 1000);
+        assert!(r.parked > 0, "{policy}: QD 16 on an 8-entry ring parks requests");
+        match policy {
+            QueueFullPolicy::Refill => assert_eq!(r.refills, r.parked),
+            QueueFullPolicy::Retry1ms => assert!(r.retry_timer_fires > 0 && r.retried == r.parked, "{r:?}"),
+        }
+        d.release(file.nodeid, open.fh).unwrap();
+        d.shutdown().unwrap();
+    }
+}
+
+/// A packed ring is only used when the device offers it: a device whose profile turns packed
+/// rings off refuses, by its feature bits, a driver that insists, and serves one that asks for
+/// split rings.
+#[test]
+fn packed_ring_needs_the_feature() {
+    use virtiofs_tools::virtio::features::RING_PACKED;
+    let s = Setup::new(Profile { packed_ring: false, ..Profile::default() });
+    let e = FsDriver::connect(&s.socket, DriverOptions { ring: RingLayout::Packed, ..Default::default() })
+        .unwrap_err();
+    assert!(matches!(e, DriverError::FeatureNotOffered { name: "VIRTIO_F_RING_PACKED", bit: 34 }), "{e:?}");
+    let mut d = s.connect(DriverOptions::default());
+    assert_eq!(d.facts().device_features & RING_PACKED, 0);
+    init(&mut d);
+    d.getattr(ROOT).unwrap();
+    d.shutdown().unwrap();
+    // The default profile offers packed rings; a split driver does not take them.
+    let s = Setup::new(Profile::default());
+    let d = s.connect(DriverOptions::default());
+    assert_ne!(d.facts().device_features & RING_PACKED, 0);
+    assert_eq!(d.facts().driver_features & RING_PACKED, 0);
+    d.shutdown().unwrap();
+    let d = s.connect(DriverOptions { ring: RingLayout::Packed, ..Default::default() });
+    assert_ne!(d.facts().driver_features & RING_PACKED, 0);
+    d.shutdown().unwrap();
+}
+
+on_both_layouts!(
+    bring_up_reports_the_device,
+    polling_completions,
+    interrupt_completions,
+    two_request_queues,
+    one_poller_per_request_queue,
+    ring_feature_variants,
+    queue_depth_and_queue_full,
+    symlink_link_and_errors,
+    parked_poller_wakes_on_doorbell,
+    many_requests_wrap_the_ring,
+    closed_loop_with_a_full_ring,
+);

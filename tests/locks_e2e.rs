@@ -6,7 +6,9 @@
 //! answering other requests, and complete once the conflict goes, also when the unlock arrives
 //! through another queue served by another poller; an INTERRUPT (hiprio queue, another poller)
 //! ends it with EINTR; a device reset, a client that disconnects or a DMA remap with a request
-//! waiting must not hang; a two-owner cycle is EDEADLK.
+//! waiting must not hang; a two-owner cycle is EDEADLK. Every test runs on split and on packed
+//! virtqueues (`split::*`, `packed::*`): a waiting SETLKW is a buffer the device completes long
+//! after the ones behind it, out of ring order.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,8 +21,11 @@ use virtiofs_dpu::config::Profile;
 use virtiofs_dpu::{PassthroughHandler, RunningDevice};
 use virtiofs_tools::fuse_abi::{self as abi, init_flags, opcode, OFFSET_MAX};
 use virtiofs_tools::vfio_user::{DMA_MAP_FLAG_READ, DMA_MAP_FLAG_WRITE};
+use virtiofs_tools::virtqueue::RingLayout;
 use virtiofs_tools::{DriverError, DriverOptions, FsDriver, LockReq};
 
+#[macro_use]
+mod rings;
 const ROOT: u64 = 1;
 const RDWR: u32 = libc::O_RDWR as u32;
 const RD: i32 = libc::F_RDLCK;
@@ -42,10 +47,11 @@ struct Dev {
     _dir: tempfile::TempDir,
     device: Option<RunningDevice>,
     socket: PathBuf,
+    ring: RingLayout,
 }
 
 impl Dev {
-    fn start(backend: Backend, profile: Profile) -> Dev {
+    fn start(backend: Backend, ring: RingLayout, profile: Profile) -> Dev {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("locks.sock");
         let device = match backend {
@@ -58,11 +64,11 @@ impl Dev {
                 RunningDevice::start_with(&socket, profile, handler).expect("device starts")
             }
         };
-        Dev { _dir: dir, device: Some(device), socket }
+        Dev { _dir: dir, device: Some(device), socket, ring }
     }
 
     fn connect(&self, request_queues: u16) -> FsDriver {
-        let opts = DriverOptions { request_queues, ..Default::default() };
+        let opts = DriverOptions { request_queues, ring: self.ring, ..Default::default() };
         let mut d = FsDriver::connect(&self.socket, opts).expect("driver brings the device up");
         let info = d.init().unwrap();
         assert_ne!(info.flags & init_flags::POSIX_LOCKS, 0, "POSIX_LOCKS negotiated");
@@ -114,8 +120,8 @@ fn file(d: &mut FsDriver, name: &str) -> (u64, u64, u64) {
     (e.nodeid, o.fh, other.fh)
 }
 
-fn setlkw_waits_while_the_queue_goes_on(backend: Backend) {
-    let dev = Dev::start(backend, Profile::default());
+fn setlkw_waits_while_the_queue_goes_on(backend: Backend, ring: RingLayout) {
+    let dev = Dev::start(backend, ring, Profile::default());
     let mut d = dev.connect(1);
     let (ino, fa, fb) = file(&mut d, "f");
     d.setlk(ino, &posix(fa, 1, WR, 0, OFFSET_MAX)).unwrap();
@@ -148,19 +154,17 @@ fn setlkw_waits_while_the_queue_goes_on(backend: Backend) {
     d.shutdown().unwrap();
 }
 
-#[test]
-fn ram_setlkw_waits_while_the_queue_goes_on() {
-    setlkw_waits_while_the_queue_goes_on(Backend::Ram);
+fn ram_setlkw_waits_while_the_queue_goes_on(ring: RingLayout) {
+    setlkw_waits_while_the_queue_goes_on(Backend::Ram, ring);
 }
 
-#[test]
-fn passthrough_setlkw_waits_while_the_queue_goes_on() {
-    setlkw_waits_while_the_queue_goes_on(Backend::Passthrough(IoMode::Hybrid));
-    setlkw_waits_while_the_queue_goes_on(Backend::Passthrough(IoMode::Sync));
+fn passthrough_setlkw_waits_while_the_queue_goes_on(ring: RingLayout) {
+    setlkw_waits_while_the_queue_goes_on(Backend::Passthrough(IoMode::Hybrid), ring);
+    setlkw_waits_while_the_queue_goes_on(Backend::Passthrough(IoMode::Sync), ring);
 }
 
-fn granted_across_pollers(backend: Backend) {
-    let dev = Dev::start(backend, two_pollers());
+fn granted_across_pollers(backend: Backend, ring: RingLayout) {
+    let dev = Dev::start(backend, ring, two_pollers());
     let mut d = dev.connect(2);
     let (ino, fa, fb) = file(&mut d, "f");
     // The holder works on queue 2 (poller 0), the waiter on queue 1 (poller 1).
@@ -193,15 +197,14 @@ fn granted_across_pollers(backend: Backend) {
     d.shutdown().unwrap();
 }
 
-#[test]
-fn setlkw_granted_across_pollers() {
+fn setlkw_granted_across_pollers(ring: RingLayout) {
     for b in BACKENDS {
-        granted_across_pollers(b);
+        granted_across_pollers(b, ring);
     }
 }
 
-fn interrupt(backend: Backend) {
-    let dev = Dev::start(backend, two_pollers());
+fn interrupt(backend: Backend, ring: RingLayout) {
+    let dev = Dev::start(backend, ring, two_pollers());
     let mut d = dev.connect(2);
     let (ino, fa, fb) = file(&mut d, "f");
     d.use_queue(2);
@@ -228,15 +231,14 @@ fn interrupt(backend: Backend) {
     d.shutdown().unwrap();
 }
 
-#[test]
-fn interrupt_ends_a_waiting_setlkw() {
+fn interrupt_ends_a_waiting_setlkw(ring: RingLayout) {
     for b in BACKENDS {
-        interrupt(b);
+        interrupt(b, ring);
     }
 }
 
-fn deadlock(backend: Backend) {
-    let dev = Dev::start(backend, Profile::default());
+fn deadlock(backend: Backend, ring: RingLayout) {
+    let dev = Dev::start(backend, ring, Profile::default());
     let mut d = dev.connect(1);
     let (ino, fa, fb) = file(&mut d, "f");
     d.setlk(ino, &posix(fa, 1, WR, 0, 0)).unwrap();
@@ -253,17 +255,16 @@ fn deadlock(backend: Backend) {
     d.shutdown().unwrap();
 }
 
-#[test]
-fn deadlock_of_two_owners_is_edeadlk() {
+fn deadlock_of_two_owners_is_edeadlk(ring: RingLayout) {
     for b in BACKENDS {
-        deadlock(b);
+        deadlock(b, ring);
     }
 }
 
 /// A reset with a request waiting, then a client that goes away with one waiting: neither
 /// hangs, the next client attaches, and it finds none of the old session's locks.
-fn reset_and_disconnect(backend: Backend) {
-    let dev = Dev::start(backend, two_pollers());
+fn reset_and_disconnect(backend: Backend, ring: RingLayout) {
+    let dev = Dev::start(backend, ring, two_pollers());
     for round in 0..2 {
         let mut d = dev.connect(2);
         let (ino, fa, fb) = file(&mut d, &format!("f{round}"));
@@ -280,7 +281,7 @@ fn reset_and_disconnect(backend: Backend) {
         } else {
             drop(d);
         }
-        let opts = DriverOptions { request_queues: 2, ..Default::default() };
+        let opts = DriverOptions { request_queues: 2, ring: dev.ring, ..Default::default() };
         let mut d = FsDriver::connect(&dev.socket, opts).expect("the next client attaches");
         assert!(t0.elapsed() < Duration::from_secs(5), "reattach took {:?}", t0.elapsed());
         // The reset dropped the locks, even before the new driver's INIT (the old handle still
@@ -298,15 +299,14 @@ fn reset_and_disconnect(backend: Backend) {
     }
 }
 
-#[test]
-fn reset_or_disconnect_with_a_waiting_setlkw_does_not_hang() {
+fn reset_or_disconnect_with_a_waiting_setlkw_does_not_hang(ring: RingLayout) {
     for b in BACKENDS {
-        reset_and_disconnect(b);
+        reset_and_disconnect(b, ring);
     }
 }
 
-fn remap(backend: Backend) {
-    let dev = Dev::start(backend, Profile::default());
+fn remap(backend: Backend, ring: RingLayout) {
+    let dev = Dev::start(backend, ring, Profile::default());
     let mut d = dev.connect(1);
     let (ino, fa, fb) = file(&mut d, "f");
     d.setlk(ino, &posix(fa, 1, WR, 0, 0)).unwrap();
@@ -329,15 +329,14 @@ fn remap(backend: Backend) {
     d.shutdown().unwrap();
 }
 
-#[test]
-fn dma_remap_with_a_waiting_setlkw() {
+fn dma_remap_with_a_waiting_setlkw(ring: RingLayout) {
     for b in BACKENDS {
-        remap(b);
+        remap(b, ring);
     }
 }
 
-fn many_waiters_and_flock(backend: Backend) {
-    let dev = Dev::start(backend, Profile::default());
+fn many_waiters_and_flock(backend: Backend, ring: RingLayout) {
+    let dev = Dev::start(backend, ring, Profile::default());
     let mut d = dev.connect(1);
     let (ino, fa, fb) = file(&mut d, "f");
     d.setlk(ino, &posix(fa, 1, WR, 0, OFFSET_MAX)).unwrap();
@@ -370,15 +369,14 @@ fn many_waiters_and_flock(backend: Backend) {
     d.shutdown().unwrap();
 }
 
-#[test]
-fn many_waiters_and_flock_locks() {
+fn many_waiters_and_flock_locks(ring: RingLayout) {
     for b in BACKENDS {
-        many_waiters_and_flock(b);
+        many_waiters_and_flock(b, ring);
     }
 }
 
-fn malformed(backend: Backend) {
-    let dev = Dev::start(backend, Profile::default());
+fn malformed(backend: Backend, ring: RingLayout) {
+    let dev = Dev::start(backend, ring, Profile::default());
     let mut d = dev.connect(1);
     let (ino, fa, _) = file(&mut d, "f");
     let dir = d.mkdir(ROOT, "d", 0o755).unwrap();
@@ -405,9 +403,20 @@ fn malformed(backend: Backend) {
     d.shutdown().unwrap();
 }
 
-#[test]
-fn malformed_lock_requests_are_errnos() {
+fn malformed_lock_requests_are_errnos(ring: RingLayout) {
     for b in BACKENDS {
-        malformed(b);
+        malformed(b, ring);
     }
 }
+
+on_both_layouts!(
+    ram_setlkw_waits_while_the_queue_goes_on,
+    passthrough_setlkw_waits_while_the_queue_goes_on,
+    setlkw_granted_across_pollers,
+    interrupt_ends_a_waiting_setlkw,
+    deadlock_of_two_owners_is_edeadlk,
+    reset_or_disconnect_with_a_waiting_setlkw_does_not_hang,
+    dma_remap_with_a_waiting_setlkw,
+    many_waiters_and_flock_locks,
+    malformed_lock_requests_are_errnos,
+);

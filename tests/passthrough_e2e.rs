@@ -2,7 +2,9 @@
 //! on a poller's io_uring), driven
 //! by the host driver model over vfio-user: the ordinary workload, then crafted FUSE requests that
 //! try to leave the shared directory. A canary file and directory beside it (watched with
-//! inotify, snapshotted, and searched for in every reply) must stay untouched.
+//! inotify, snapshotted, and searched for in every reply) must stay untouched. The workloads run
+//! on split and on packed virtqueues (`split::*`, `packed::*`): on the io_uring path the device
+//! completes requests out of order.
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -15,8 +17,11 @@ use virtiofs_backend::PassthroughFs;
 use virtiofs_dpu::config::Profile;
 use virtiofs_dpu::{PassthroughHandler, RunningDevice};
 use virtiofs_tools::fuse_abi::{self as abi, opcode};
+use virtiofs_tools::virtqueue::RingLayout;
 use virtiofs_tools::{DriverOptions, FsDriver};
 
+#[macro_use]
+mod rings;
 const ROOT: u64 = 1;
 const RDWR: u32 = libc::O_RDWR as u32;
 const SECRET: &[u8] = b"E2E-CANARY-SECRET-91c3f0";
@@ -31,6 +36,7 @@ struct Setup {
     inotify: std::fs::File,
     before: Vec<(PathBuf, Snapshot)>,
     outside_inos: Vec<u64>,
+    ring: RingLayout,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -59,10 +65,10 @@ fn snapshot(p: &Path) -> Snapshot {
 
 impl Setup {
     fn new() -> Setup {
-        Self::with_mode(IoMode::Ring)
+        Self::with(IoMode::Ring, RingLayout::Split)
     }
 
-    fn with_mode(mode: IoMode) -> Setup {
+    fn with(mode: IoMode, ring: RingLayout) -> Setup {
         let base = tempfile::tempdir().unwrap();
         let share = base.path().join("share");
         std::fs::create_dir(&share).unwrap();
@@ -90,12 +96,13 @@ impl Setup {
             // SAFETY: `c` is NUL-terminated; the mask is a plain integer.
             assert!(unsafe { libc::inotify_add_watch(fd, c.as_ptr(), libc::IN_ALL_EVENTS) } >= 0);
         }
-        Setup { handler, base, share, device: Some(device), socket, inotify, before, outside_inos }
+        Setup { handler, base, share, device: Some(device), socket, inotify, before, outside_inos, ring }
     }
 
     fn connect(&self) -> FsDriver {
-        let mut d =
-            FsDriver::connect(&self.socket, DriverOptions::default()).expect("driver brings the device up");
+        let mut d = FsDriver::connect(&self.socket, DriverOptions { ring: self.ring, ..Default::default() })
+            .expect("driver brings the device up");
+        assert_eq!(d.facts().ring, self.ring);
         d.init().unwrap();
         d
     }
@@ -158,18 +165,16 @@ fn raw_lookup(d: &mut FsDriver, parent: u64, name: &[u8]) -> (i32, Option<abi::E
     (-h.error, abi::EntryOut::decode(&p))
 }
 
-#[test]
-fn workload_on_a_shared_directory() {
-    let s = Setup::new();
+fn workload_on_a_shared_directory(ring: RingLayout) {
+    let s = Setup::with(IoMode::Ring, ring);
     workload(&s);
     // 8 WRITEs, 8 READs and the FSYNC went through a poller's io_uring.
     assert!(s.handler.ring_requests() >= 17, "ring requests: {}", s.handler.ring_requests());
 }
 
-#[test]
-fn workload_in_hybrid_and_sync_modes() {
+fn workload_in_hybrid_and_sync_modes(ring: RingLayout) {
     for mode in [IoMode::Hybrid, IoMode::Sync] {
-        let s = Setup::with_mode(mode);
+        let s = Setup::with(mode, ring);
         workload(&s);
         if mode == IoMode::Sync {
             assert_eq!(s.handler.ring_requests(), 0);
@@ -348,3 +353,5 @@ fn crafted_requests_stay_beneath_the_root() {
     d.shutdown().unwrap();
     s.check("crafted", &inos);
 }
+
+on_both_layouts!(workload_on_a_shared_directory, workload_in_hybrid_and_sync_modes);

@@ -8,7 +8,7 @@
 //! - [`memory`]: the driver's "guest RAM", a memfd shared with the device by DMA_MAP.
 //! - [`pci`]: config space (ids, BARs, capability list, virtio and MSI-X capabilities).
 //! - [`virtio`]: the virtio-pci modern register interface (common config, notify, device config).
-//! - [`virtqueue`]: the driver side of a split virtqueue, distrusting the device.
+//! - [`virtqueue`]: the driver side of split and packed virtqueues, distrusting the device.
 //! - [`fuse_abi`]: the FUSE wire structures, written independently of the backend crate.
 //! - [`driver`]: [`driver::FsDriver`], which brings the device up and sends FUSE requests, one at
 //!   a time or as a closed loop with Linux's queue-full policies ([`driver::QueueFullPolicy`]).

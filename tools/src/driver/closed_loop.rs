@@ -29,7 +29,9 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use super::{device, DriverError, FsDriver, QueueFullPolicy, Result, PAGE_SIZE, RETRY_DELAY};
+use super::error::{device, DriverError, Result};
+use super::options::{QueueFullPolicy, RETRY_DELAY};
+use super::state::{FsDriver, PAGE_SIZE};
 use crate::fuse_abi::{InHeader, OutHeader};
 use crate::memory::{DmaBuf, GuestRam};
 use crate::virtqueue::{QueueError, Segment};
@@ -574,21 +576,10 @@ impl FsDriver {
     }
 
     fn stuck(&self, outstanding: usize, parked: usize) -> DriverError {
-        let queues: Vec<String> = self.queues[1..]
-            .iter()
-            .map(|q| {
-                format!(
-                    "queue {}: {} in flight, device used idx {:?}",
-                    q.vq.index(),
-                    q.vq.in_flight(),
-                    q.vq.device_used_idx(&self.mem).ok()
-                )
-            })
-            .collect();
         DriverError::Timeout(format!(
             "closed loop made no progress for {:?} ({outstanding} outstanding, {parked} parked); {}",
             self.opts.timeout,
-            queues.join("; ")
+            self.describe_queues(1, false)
         ))
     }
 }

@@ -19,86 +19,16 @@
 
 use std::sync::atomic::{fence, Ordering};
 
+use super::chain::{
+    desc_bytes, vring_need_event, QueueError, Segment, Shadow, UsedElem, VRING_AVAIL_F_NO_INTERRUPT,
+    VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE, VRING_USED_F_NO_NOTIFY,
+};
 use crate::memory::{DmaBuf, GuestRam, MemoryError};
-
-/// Descriptor flag: chain continues at `next`.
-pub const VRING_DESC_F_NEXT: u16 = 1;
-/// Descriptor flag: device writes this buffer.
-pub const VRING_DESC_F_WRITE: u16 = 2;
-/// Descriptor flag: buffer is an indirect descriptor table.
-pub const VRING_DESC_F_INDIRECT: u16 = 4;
-/// Used ring flag: device does not want notifications.
-pub const VRING_USED_F_NO_NOTIFY: u16 = 1;
-/// Avail ring flag: driver does not want interrupts.
-pub const VRING_AVAIL_F_NO_INTERRUPT: u16 = 1;
-
-/// Errors of a virtqueue.
-#[derive(Debug, thiserror::Error)]
-pub enum QueueError {
-    /// Not enough free descriptors for the chain.
-    #[error("queue full: {needed} descriptors needed, {free} free")]
-    Full {
-        /// Descriptors the chain needs.
-        needed: u16,
-        /// Descriptors free.
-        free: u16,
-    },
-    /// The chain is malformed (empty, readable after writable, too long).
-    #[error("invalid chain: {0}")]
-    BadChain(String),
-    /// The device broke the virtqueue protocol.
-    #[error("device bug on queue {queue}: {reason}")]
-    DeviceBug {
-        /// Queue index.
-        queue: u16,
-        /// What was wrong.
-        reason: String,
-    },
-    /// Guest memory access failed.
-    #[error("guest memory")]
-    Memory(#[from] MemoryError),
-}
-
-/// One buffer of a chain.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Segment {
-    /// DMA address.
-    pub addr: u64,
-    /// Length.
-    pub len: u32,
-    /// Device-writable.
-    pub write: bool,
-}
-
-/// A completed chain.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UsedElem {
-    /// The token given at submission.
-    pub token: u64,
-    /// Bytes the device says it wrote.
-    pub len: u32,
-    /// Head descriptor index.
-    pub head: u16,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct InFlight {
-    token: u64,
-    ndesc: u16,
-    writable: u64,
-    indirect: Option<DmaBuf>,
-}
-
-/// Returns whether the driver must notify (virtio `vring_need_event`).
-pub fn vring_need_event(event_idx: u16, new_idx: u16, old: u16) -> bool {
-    new_idx.wrapping_sub(event_idx).wrapping_sub(1) < new_idx.wrapping_sub(old)
-}
 
 /// The driver side of one split virtqueue.
 #[derive(Debug)]
 pub struct SplitQueue {
-    index: u16,
-    size: u16,
+    shadow: Shadow,
     desc: DmaBuf,
     avail: DmaBuf,
     used: DmaBuf,
@@ -106,17 +36,10 @@ pub struct SplitQueue {
     indirect: bool,
     next: Vec<u16>,
     free_head: u16,
-    num_free: u16,
     avail_idx: u16,
     num_added: u16,
     last_used: u16,
     avail_flags: u16,
-    in_flight: Vec<Option<InFlight>>,
-    inflight_count: u16,
-    /// Indirect tables kept per head index for reuse (Linux kmallocs one per request; a reused
-    /// table keeps the driver model's allocator out of the request path).
-    indirect_pool: Vec<Option<DmaBuf>>,
-    scratch: Vec<u8>,
 }
 
 impl SplitQueue {
@@ -140,8 +63,7 @@ impl SplitQueue {
             *x = ((i + 1) % n) as u16;
         }
         Ok(SplitQueue {
-            index,
-            size,
+            shadow: Shadow::new(index, size),
             desc,
             avail,
             used,
@@ -149,28 +71,16 @@ impl SplitQueue {
             indirect,
             next,
             free_head: 0,
-            num_free: size,
             avail_idx: 0,
             num_added: 0,
             last_used: 0,
             avail_flags: 0,
-            in_flight: vec![None; n],
-            inflight_count: 0,
-            indirect_pool: vec![None; n],
-            scratch: Vec::new(),
         })
     }
 
     /// Frees the rings (the device must no longer use them).
-    pub fn destroy(self, mem: &GuestRam) {
-        for f in self.in_flight.iter().flatten() {
-            if let Some(b) = f.indirect {
-                mem.free(b);
-            }
-        }
-        for b in self.indirect_pool.iter().flatten() {
-            mem.free(*b);
-        }
+    pub fn destroy(mut self, mem: &GuestRam) {
+        self.shadow.destroy(mem);
         mem.free(self.desc);
         mem.free(self.avail);
         mem.free(self.used);
@@ -178,11 +88,11 @@ impl SplitQueue {
 
     /// Queue index.
     pub fn index(&self) -> u16 {
-        self.index
+        self.shadow.index
     }
     /// Queue size.
     pub fn size(&self) -> u16 {
-        self.size
+        self.shadow.size
     }
     /// DMA address of the descriptor table.
     pub fn desc_addr(&self) -> u64 {
@@ -198,20 +108,11 @@ impl SplitQueue {
     }
     /// Free descriptors.
     pub fn num_free(&self) -> u16 {
-        self.num_free
+        self.shadow.num_free
     }
     /// Chains submitted and not yet completed.
     pub fn in_flight(&self) -> u16 {
-        self.inflight_count
-    }
-
-    fn encode_desc(addr: u64, len: u32, flags: u16, next: u16) -> [u8; 16] {
-        let mut d = [0u8; 16];
-        d[0..8].copy_from_slice(&addr.to_le_bytes());
-        d[8..12].copy_from_slice(&len.to_le_bytes());
-        d[12..14].copy_from_slice(&flags.to_le_bytes());
-        d[14..16].copy_from_slice(&next.to_le_bytes());
-        d
+        self.shadow.count
     }
 
     fn write_desc(
@@ -223,51 +124,19 @@ impl SplitQueue {
         flags: u16,
         next: u16,
     ) -> Result<(), MemoryError> {
-        mem.write(table + 16 * u64::from(i), &Self::encode_desc(addr, len, flags, next))
+        mem.write(table + 16 * u64::from(i), &desc_bytes(addr, len, flags, next))
     }
 
     /// Adds a chain (readable segments first, then writable) and makes it available. Uses an
     /// indirect table when negotiated and the chain has more than one segment (as Linux does).
     /// Returns the head index. Call [`SplitQueue::kick_prepare`] to decide on notifying.
     pub fn add_chain(&mut self, mem: &GuestRam, segs: &[Segment], token: u64) -> Result<u16, QueueError> {
-        if segs.is_empty() {
-            return Err(QueueError::BadChain("empty chain".into()));
-        }
-        if segs.windows(2).any(|w| w[0].write && !w[1].write) {
-            return Err(QueueError::BadChain("readable segment after a writable one".into()));
-        }
-        let writable: u64 = segs.iter().filter(|s| s.write).map(|s| u64::from(s.len)).sum();
-        let use_indirect = self.indirect && segs.len() > 1;
-        let needed: u16 = if use_indirect {
-            1
-        } else {
-            u16::try_from(segs.len()).map_err(|_| QueueError::BadChain("chain longer than 65535".into()))?
-        };
-        if needed > self.size {
-            return Err(QueueError::BadChain(format!(
-                "chain of {needed} descriptors exceeds queue size {}",
-                self.size
-            )));
-        }
-        if needed > self.num_free {
-            return Err(QueueError::Full { needed, free: self.num_free });
-        }
+        let c = self.shadow.check(segs, self.indirect)?;
         let head = self.free_head;
         let mut indirect = None;
-        if use_indirect {
+        if c.indirect {
             let n = segs.len();
-            let table = match self.indirect_pool[usize::from(head)].take() {
-                Some(t) if t.len >= 16 * n => t,
-                old => {
-                    if let Some(t) = old {
-                        mem.free(t);
-                    }
-                    mem.alloc(16 * n, 16)?
-                }
-            };
-            // The whole table in one write.
-            self.scratch.clear();
-            for (i, s) in segs.iter().enumerate() {
+            let table = self.shadow.pool.write_table(mem, head, segs, |i, s| {
                 let mut f = if s.write { VRING_DESC_F_WRITE } else { 0 };
                 let nx = if i + 1 < n {
                     f |= VRING_DESC_F_NEXT;
@@ -275,13 +144,9 @@ impl SplitQueue {
                 } else {
                     0
                 };
-                self.scratch.extend_from_slice(&Self::encode_desc(s.addr, s.len, f, nx));
-            }
-            if let Err(e) = mem.write(table.iova, &self.scratch) {
-                mem.free(table);
-                return Err(e.into());
-            }
-            Self::write_desc(
+                desc_bytes(s.addr, s.len, f, nx)
+            })?;
+            let r = Self::write_desc(
                 mem,
                 self.desc.iova,
                 head,
@@ -289,7 +154,11 @@ impl SplitQueue {
                 (16 * n) as u32,
                 VRING_DESC_F_INDIRECT,
                 0,
-            )?;
+            );
+            if let Err(e) = r {
+                self.shadow.pool.put_back(mem, head, table);
+                return Err(e.into());
+            }
             self.free_head = self.next[usize::from(head)];
             indirect = Some(table);
         } else {
@@ -307,11 +176,9 @@ impl SplitQueue {
             }
             self.free_head = self.next[usize::from(i)];
         }
-        self.num_free -= needed;
-        self.in_flight[usize::from(head)] = Some(InFlight { token, ndesc: needed, writable, indirect });
-        self.inflight_count += 1;
+        self.shadow.start(head, token, &c, indirect);
         // Publish: ring entry, then (release) the index.
-        let slot = self.avail_idx % self.size;
+        let slot = self.avail_idx % self.shadow.size;
         mem.write(self.avail.iova + 4 + 2 * u64::from(slot), &head.to_le_bytes())?;
         self.avail_idx = self.avail_idx.wrapping_add(1);
         self.num_added = self.num_added.wrapping_add(1);
@@ -327,7 +194,7 @@ impl SplitQueue {
         let old = new.wrapping_sub(self.num_added);
         self.num_added = 0;
         if self.event_idx {
-            let ev = mem.load_u16(self.used.iova + 4 + 8 * u64::from(self.size), Ordering::Acquire)?;
+            let ev = mem.load_u16(self.used.iova + 4 + 8 * u64::from(self.shadow.size), Ordering::Acquire)?;
             Ok(vring_need_event(ev, new, old))
         } else {
             let f = mem.load_u16(self.used.iova, Ordering::Acquire)?;
@@ -350,8 +217,14 @@ impl SplitQueue {
         Ok(self.device_used_idx(mem)? != self.last_used)
     }
 
-    fn bug(&self, reason: String) -> QueueError {
-        QueueError::DeviceBug { queue: self.index, reason }
+    /// Where the device stands, for a timeout message.
+    pub fn describe(&self, mem: &GuestRam) -> String {
+        format!(
+            "queue {}: {} in flight, device used idx {:?}",
+            self.shadow.index,
+            self.shadow.count,
+            self.device_used_idx(mem).ok()
+        )
     }
 
     /// Takes the next used element, if any, after validating it, and frees its descriptors.
@@ -361,54 +234,35 @@ impl SplitQueue {
             return Ok(None);
         }
         let pending = used_idx.wrapping_sub(self.last_used);
-        if pending > self.inflight_count {
-            return Err(self.bug(format!(
+        if pending > self.shadow.count {
+            return Err(self.shadow.bug(format!(
                 "used idx {used_idx} is {pending} ahead of the driver's {} with only {} chains in flight",
-                self.last_used, self.inflight_count
+                self.last_used, self.shadow.count
             )));
         }
-        let slot = self.last_used % self.size;
+        let slot = self.last_used % self.shadow.size;
         let mut e = [0u8; 8];
         mem.read(self.used.iova + 4 + 8 * u64::from(slot), &mut e)?;
         let id = u32::from_le_bytes(e[0..4].try_into().expect("4 bytes"));
         let len = u32::from_le_bytes(e[4..8].try_into().expect("4 bytes"));
-        if id >= u32::from(self.size) {
-            return Err(self.bug(format!("used id {id} >= queue size {}", self.size)));
-        }
         let head = id as u16;
-        let Some(f) = self.in_flight[usize::from(head)].take() else {
-            return Err(self.bug(format!("used id {id} is not the head of a chain in flight")));
-        };
-        if u64::from(len) > f.writable {
-            self.in_flight[usize::from(head)] = Some(f);
-            return Err(self.bug(format!(
-                "used len {len} exceeds the chain's {} writable bytes (head {head})",
-                f.writable
-            )));
-        }
+        let (token, ndesc) = self.shadow.finish(mem, id, len, format_args!("used ring slot {slot}"))?;
         // Free the chain using the shadow links (not the device-visible table).
         let mut last = head;
-        for _ in 1..f.ndesc {
+        for _ in 1..ndesc {
             last = self.next[usize::from(last)];
         }
         self.next[usize::from(last)] = self.free_head;
         self.free_head = head;
-        self.num_free += f.ndesc;
-        if let Some(t) = f.indirect {
-            if let Some(old) = self.indirect_pool[usize::from(head)].replace(t) {
-                mem.free(old);
-            }
-        }
-        self.inflight_count -= 1;
         self.last_used = self.last_used.wrapping_add(1);
         if self.event_idx && self.avail_flags & VRING_AVAIL_F_NO_INTERRUPT == 0 {
             mem.store_u16(self.used_event_addr(), self.last_used, Ordering::Release)?;
         }
-        Ok(Some(UsedElem { token: f.token, len, head }))
+        Ok(Some(UsedElem { token, len, head }))
     }
 
     fn used_event_addr(&self) -> u64 {
-        self.avail.iova + 4 + 2 * u64::from(self.size)
+        self.avail.iova + 4 + 2 * u64::from(self.shadow.size)
     }
 
     /// Asks the device not to interrupt (Linux `virtqueue_disable_cb_split`).
