@@ -120,6 +120,16 @@ impl<'a> Cursor<'a> {
         self.done += n;
     }
 
+    /// The bytes left, as iovecs (addresses into the buffers), without consuming them.
+    fn iovecs(&self, out: &mut Vec<libc::iovec>) {
+        let mut c = self.clone();
+        let n = c.left;
+        c.consume_pieces(n, |piece, _| {
+            let base = piece.ptr_guard_mut().as_ptr().cast::<libc::c_void>();
+            out.push(libc::iovec { iov_base: base, iov_len: piece.len() });
+        });
+    }
+
     /// Splits off a cursor over the next `n` bytes and advances `self` past them.
     #[inline]
     fn split(&mut self, n: usize) -> Option<Cursor<'a>> {
@@ -220,6 +230,12 @@ impl<'a> Reader<'a> {
         n
     }
 
+    /// Appends the bytes left to `out` as iovecs naming the guest buffers (for a system call
+    /// that reads them: `pwritev2`, io_uring), consuming nothing.
+    pub fn iovecs(&self, out: &mut Vec<libc::iovec>) {
+        self.cur.iovecs(out);
+    }
+
     /// Splits off a reader over the next `n` bytes and advances `self` past them.
     #[inline]
     pub fn split_at(&mut self, n: usize) -> Result<Reader<'a>, Error> {
@@ -300,6 +316,12 @@ impl<'a> Writer<'a> {
             }
         });
         Ok(())
+    }
+
+    /// Appends the room left to `out` as iovecs naming the guest buffers (for a system call
+    /// that fills them: `preadv2`, io_uring, a socket's `recvmsg`), consuming nothing.
+    pub fn iovecs(&self, out: &mut Vec<libc::iovec>) {
+        self.cur.iovecs(out);
     }
 
     /// Splits off a writer over the next `n` bytes and advances `self` past them (used to fill a

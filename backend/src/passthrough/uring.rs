@@ -2,12 +2,13 @@
 //! and the guest's buffers (no bounce copy), on an io_uring owned by the poller when they would
 //! block; every other request through the [`Server`] synchronously.
 //!
-//! [`UringEngine::submit`] decodes just enough of a request to recognise READ (data straight into
-//! the guest's reply buffers after the 16-byte reply header), WRITE (straight from the guest's
-//! payload buffers) and FSYNC; anything else, anything unusual (request extensions, a handle it
-//! does not know, a reply area too small, a WRITE that must clear set-user-id under the writer's
-//! identity, a full ring) goes to [`Server::serve`], which answers it — errors included —
-//! exactly as without the engine (a SETLKW that has to wait comes back as [`Submitted::Wait`]).
+//! [`UringEngine::submit`] decodes a request once, with the server's decoder
+//! ([`Request::parse`]), and serves READ (data straight into the guest's reply buffers after the
+//! 16-byte reply header), WRITE (straight from the guest's payload buffers) and FSYNC; anything
+//! else, anything unusual (a handle it does not know, a reply area too small, a WRITE that must
+//! clear set-user-id under the writer's identity, a full ring) goes to the server decoded, which
+//! answers it — errors included — exactly as without the engine (a SETLKW that has to wait comes
+//! back as [`Submitted::Wait`]).
 //!
 //! How a transfer runs depends on the [`IoMode`]:
 //! - [`IoMode::Ring`]: always `READV`/`WRITEV`/`FSYNC` on the ring; the request stays pending.
@@ -37,9 +38,10 @@ use io_uring::{opcode, types, IoUring};
 use vm_memory::{ByteValued, VolatileSlice};
 
 use super::{sys, Handle, PassthroughFs};
-use crate::abi::{self, opcode as op, InHeader, OutHeader};
+use crate::abi::{self, InHeader, OutHeader};
 use crate::io::Reader;
-use crate::server::{LockWait, Served, Server, MAX_WRITE};
+use crate::request::{NameBuf, Op, Request};
+use crate::server::{LockWait, Served, Server};
 
 const HDR: usize = std::mem::size_of::<OutHeader>();
 const WRITE_OUT: usize = std::mem::size_of::<abi::WriteOut>();
@@ -267,94 +269,83 @@ impl UringEngine {
     }
 
     /// Serves one request: inline, on the ring, or at once through the server. `id` is the
-    /// caller's.
+    /// caller's. The request is decoded once ([`Request::parse`]); what this engine does not
+    /// serve goes to the server decoded.
     pub fn submit(
         &mut self,
         id: u64,
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
     ) -> Submitted {
-        match self.try_fast(id, readable, writable) {
-            Some(Submitted::Pending) => {
-                self.stats.async_requests += 1;
-                Submitted::Pending
-            }
-            Some(done) => {
-                self.stats.inline_requests += 1;
-                done
-            }
-            None => {
-                self.stats.sync_requests += 1;
-                match self.server.serve(readable, writable) {
-                    Served::Replied(n) => Submitted::Done(u32::try_from(n).unwrap_or(0)),
-                    Served::Wait(wait) => Submitted::Wait(wait),
+        let mut r = Reader::new(readable);
+        let Ok(hdr) = r.read_obj::<InHeader>() else {
+            self.stats.sync_requests += 1;
+            return served(self.server.serve(readable, writable));
+        };
+        let mut names = NameBuf::new();
+        let parsed = Request::parse(&hdr, r, &mut names, self.server.negotiated());
+        if let Ok(req) = &parsed {
+            match self.try_fast(id, req, writable) {
+                Some(Submitted::Pending) => {
+                    self.stats.async_requests += 1;
+                    return Submitted::Pending;
                 }
+                Some(done) => {
+                    self.stats.inline_requests += 1;
+                    return done;
+                }
+                None => {}
             }
         }
+        self.stats.sync_requests += 1;
+        served(self.server.serve_parsed(&hdr, parsed, writable, true))
     }
 
     /// READ, WRITE or FSYNC without the server: `None` leaves the request to it.
-    fn try_fast(
-        &mut self,
-        id: u64,
-        readable: &[VolatileSlice<'_>],
-        writable: &[VolatileSlice<'_>],
-    ) -> Option<Submitted> {
+    fn try_fast(&mut self, id: u64, req: &Request<'_>, writable: &[VolatileSlice<'_>]) -> Option<Submitted> {
         let &index = self.free.last()?;
-        let mut r = Reader::new(readable);
-        let total = r.bytes_left();
-        let Ok(hdr) = r.read_obj::<InHeader>() else { return None };
-        if hdr.len as usize != total || hdr.total_extlen != 0 {
-            return None;
-        }
         let fs = self.server.filesystem();
         let slot = &mut self.slots[index as usize];
-        let (kind, fh, offset, want) = match hdr.opcode {
-            op::READ => {
-                let Ok(arg) = r.read_obj::<abi::ReadIn>() else { return None };
-                let (reply, pieces) = carve(writable, HDR, arg.size as usize, &mut slot.iov)?;
+        let (kind, fh, offset, want) = match req.op {
+            Op::Read { fh, offset, size } => {
+                let (reply, pieces) = carve(writable, HDR, size as usize, &mut slot.iov)?;
                 slot.reply = reply;
                 slot.reply_pieces = pieces;
-                (Kind::Read, arg.fh, arg.offset, arg.size as usize)
+                (Kind::Read, fh, offset, size as usize)
             }
-            op::WRITE => {
-                let Ok(arg) = r.read_obj::<abi::WriteIn>() else { return None };
-                let size = arg.size as usize;
+            Op::Write { fh, offset, size, write_flags, ref data } => {
                 // Clearing set-user-id needs the writer's identity: the synchronous path has it.
                 let v2 = self.server.negotiated() & abi::init::HANDLE_KILLPRIV_V2 != 0;
-                if size != r.bytes_left()
-                    || arg.size > MAX_WRITE
-                    || !v2
-                    || arg.write_flags & abi::write_flags::KILL_SUIDGID != 0
-                {
+                if !v2 || write_flags & abi::write_flags::KILL_SUIDGID != 0 {
                     return None;
                 }
-                carve(readable, total - size, size, &mut slot.iov)?;
+                slot.iov.clear();
+                data.iovecs(&mut slot.iov);
                 let mut none = Vec::new();
                 let (reply, pieces) = carve(writable, HDR + WRITE_OUT, 0, &mut none)?;
                 slot.reply = reply;
                 slot.reply_pieces = pieces;
-                (Kind::Write, arg.fh, arg.offset, size)
+                (Kind::Write, fh, offset, size as usize)
             }
-            op::FSYNC => {
-                let Ok(arg) = r.read_obj::<abi::FsyncIn>() else { return None };
+            Op::Fsync { fh, datasync } => {
                 let mut none = Vec::new();
                 let (reply, pieces) = carve(writable, HDR, 0, &mut none)?;
                 slot.reply = reply;
                 slot.reply_pieces = pieces;
-                slot.datasync = arg.fsync_flags & abi::FSYNC_FDATASYNC != 0;
-                (Kind::Fsync, arg.fh, 0, 0)
+                slot.datasync = datasync;
+                (Kind::Fsync, fh, 0, 0)
             }
             _ => return None,
         };
+        let hdr_nodeid = req.nodeid;
         // Unknown handles, directories and wrong nodes: the server says why.
-        let Ok(handle) = fs.handle(fh, hdr.nodeid) else { return None };
+        let Ok(handle) = fs.handle(fh, hdr_nodeid) else { return None };
         let in_range = matches!(offset.checked_add(want as u64), Some(end) if end <= i64::MAX as u64);
         if handle.dir.is_some() || !in_range {
             return None;
         }
         slot.id = id;
-        slot.unique = hdr.unique;
+        slot.unique = req.unique;
         slot.kind = kind;
         slot.handle = Some(handle);
         slot.iov_at = 0;
@@ -575,6 +566,13 @@ impl UringEngine {
             at += n;
         }
         len as u32
+    }
+}
+
+fn served(s: Served) -> Submitted {
+    match s {
+        Served::Replied(n) => Submitted::Done(u32::try_from(n).unwrap_or(0)),
+        Served::Wait(wait) => Submitted::Wait(wait),
     }
 }
 
