@@ -817,4 +817,16 @@ pub trait FileSystem: Send + Sync {
     fn statx(&self, ctx: &Context, ino: u64, fh: Option<u64>) -> Result<(Statx, Duration)> {
         Err(Error::NotImplemented)
     }
+
+    /// The engine of poller `poller` for requests that may complete later ([`crate::seam`]:
+    /// the buffer rule and the bounded-time rule are there), created on that poller's own
+    /// thread; it keeps the poller's share of the filesystem's asynchronous state (an io_uring,
+    /// sockets). `None`, the default: every request is answered at once through the methods
+    /// above, on the poller's thread.
+    fn engine(&self, poller: usize) -> Option<Box<dyn crate::seam::FsEngine<Self>>>
+    where
+        Self: Sized,
+    {
+        None
+    }
 }

@@ -333,6 +333,94 @@ impl<'a> Writer<'a> {
     }
 }
 
+/// The buffers of a pending request, kept past the call that brought them, so that the request
+/// can be completed later ([`crate::seam`]): the server holds a pending request's writable
+/// buffers (and a WRITE's payload) here, in a preallocated slot, and gives the filesystem's
+/// engine a [`Writer`] or [`Reader`] over them again when it finishes the request.
+///
+/// Holding copies the buffer list (addresses and lengths) into storage this value keeps and
+/// reuses: no allocation once it has held as many buffers as a request brings. It is only valid
+/// under the device poller's contract for pending requests (`Outcome::Pending` in the device's
+/// `Engine` trait): the poller keeps every buffer of a pending request mapped (it keeps the
+/// memory snapshot the request came with) and untouched until its engine reports the request,
+/// and drains its engine before it changes memory or stops queues. The holder must
+/// [`clear`](HeldBuffers::clear) it when the request is reported, and never use it after.
+#[derive(Default)]
+pub struct HeldBuffers {
+    slices: Vec<VolatileSlice<'static>>,
+}
+
+// SAFETY: the slices name guest memory that stays mapped while they are held (the poller's
+// contract above), and they are only touched from the thread that owns the engine holding them
+// (the poller); moving them with the engine between threads before it starts changes nothing.
+unsafe impl Send for HeldBuffers {}
+
+impl std::fmt::Debug for HeldBuffers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldBuffers").field("buffers", &self.slices.len()).finish()
+    }
+}
+
+impl HeldBuffers {
+    /// Holds nothing.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Holds `bufs` (all of them), instead of what was held.
+    pub fn hold(&mut self, bufs: &[VolatileSlice<'_>]) {
+        self.slices.clear();
+        for b in bufs {
+            self.push(b);
+        }
+    }
+
+    /// Holds the bytes `r` has left, instead of what was held.
+    pub fn hold_reader(&mut self, r: &Reader<'_>) {
+        self.slices.clear();
+        let mut c = r.cur.clone();
+        let n = c.left;
+        let mut pieces = std::mem::take(&mut self.slices);
+        c.consume_pieces(n, |piece, _| pieces.push(extend(&piece)));
+        self.slices = pieces;
+    }
+
+    fn push(&mut self, b: &VolatileSlice<'_>) {
+        self.slices.push(extend(b));
+    }
+
+    /// Forgets the buffers (the request was reported); the storage stays for the next.
+    pub fn clear(&mut self) {
+        self.slices.clear();
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.slices.is_empty()
+    }
+
+    /// A writer over the held buffers, from their start.
+    pub fn writer(&self) -> Writer<'_> {
+        Writer::new(&self.slices)
+    }
+
+    /// A reader over the held buffers, from their start.
+    pub fn reader(&self) -> Reader<'_> {
+        Reader::new(&self.slices)
+    }
+}
+
+/// `b` with its lifetime extended to `'static`, for [`HeldBuffers`]; the result is only ever
+/// handed out again borrowed from the holder, so no `'static` slice escapes.
+fn extend(b: &VolatileSlice<'_>) -> VolatileSlice<'static> {
+    let ptr = b.ptr_guard_mut().as_ptr();
+    // SAFETY: `ptr` and `b.len()` describe one guest buffer of a request the device's poller
+    // left pending: under its `Engine` contract (see [`HeldBuffers`]) that memory stays mapped
+    // and is not reused until the request is reported, which is when the holder clears it; it is
+    // accessed only through volatile copies, as every guest buffer is.
+    unsafe { VolatileSlice::new(ptr, b.len()) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

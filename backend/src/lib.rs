@@ -18,6 +18,7 @@ pub mod locks;
 pub mod passthrough;
 pub mod ramfs;
 pub mod request;
+pub mod seam;
 pub mod server;
 pub mod waits;
 

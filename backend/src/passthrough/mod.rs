@@ -158,6 +158,10 @@ pub struct PassthroughFs {
     next_fh: AtomicU64,
     /// The `FUSE_INIT` flags of the session.
     session: AtomicU64,
+    /// How pollers serve READ, WRITE and FSYNC ([`PassthroughFs::set_io_mode`]).
+    io_mode: uring::IoMode,
+    /// The counters of every poller's ring.
+    engines: Mutex<Vec<Arc<uring::StatsCell>>>,
 }
 
 impl std::fmt::Debug for PassthroughFs {
@@ -285,7 +289,52 @@ impl PassthroughFs {
             handles: RwLock::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             session: AtomicU64::new(0),
+            io_mode: uring::IoMode::Sync,
+            engines: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Ring entries per poller.
+    pub const RING_ENTRIES: u32 = 256;
+
+    /// How each poller serves READ, WRITE and FSYNC: [`uring::IoMode::Sync`] (the default) through
+    /// the synchronous methods, with a bounce buffer; otherwise on an io_uring of the poller's own
+    /// ([`uring::Ring`], the filesystem's per-poller engine on the seam), inline when that cannot
+    /// block with [`uring::IoMode::Hybrid`].
+    pub fn set_io_mode(&mut self, mode: uring::IoMode) {
+        self.io_mode = mode;
+    }
+
+    /// The I/O mode ([`PassthroughFs::set_io_mode`]).
+    pub fn io_mode(&self) -> uring::IoMode {
+        self.io_mode
+    }
+
+    /// What every poller's ring did so far, added up.
+    pub fn engine_stats(&self) -> uring::EngineStats {
+        let cells = self.engines.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut total = uring::EngineStats::default();
+        for c in cells.iter() {
+            total += c.get();
+        }
+        total
+    }
+
+    /// Poller `poller`'s ring, unless the I/O mode is synchronous or there is no io_uring.
+    fn ring(&self, poller: usize) -> Option<uring::Ring> {
+        if self.io_mode == uring::IoMode::Sync {
+            return None;
+        }
+        match uring::Ring::new(Self::RING_ENTRIES, self.io_mode) {
+            Ok(ring) => {
+                self.engines.lock().unwrap_or_else(PoisonError::into_inner).push(ring.stats_cell());
+                Some(ring)
+            }
+            Err(e) => {
+                log::warn!("poller {poller}: no io_uring ({e}); serving I/O synchronously");
+                None
+            }
+        }
     }
 
     /// The shared directory.

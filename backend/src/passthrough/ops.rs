@@ -539,4 +539,8 @@ impl FileSystem for PassthroughFs {
         let btime = (st.stx_mask & libc::STATX_BTIME != 0).then(|| ts(&st.stx_btime));
         Ok((Statx { stat: to_stat(&st), btime }, self.cfg.cache.timeout()))
     }
+
+    fn engine(&self, poller: usize) -> Option<Box<dyn crate::seam::FsEngine<Self>>> {
+        self.ring(poller).map(|r| Box::new(r) as Box<dyn crate::seam::FsEngine<Self>>)
+    }
 }

@@ -12,18 +12,24 @@ use super::{Result, Server};
 use crate::abi;
 use crate::filesystem::{self, Context, FileSystem, Reply, SetAttr, XattrReply};
 use crate::io::{Reader, Writer};
-use crate::request::{Op, RequestError};
+use crate::request::Op;
 
-impl<F: FileSystem> Server<F> {
+type FsResult<T> = filesystem::Result<T>;
+
+/// The synchronous dispatcher over filesystem `F`.
+pub(crate) struct Dispatch<'f, F>(pub(crate) &'f F);
+
+impl<F: FileSystem> Dispatch<'_, F> {
     /// Serves `op` through the synchronous [`FileSystem`] methods. Session operations (INIT,
-    /// DESTROY, FORGET, INTERRUPT, locks) are the server's own and never come here.
-    pub(super) fn call(
+    /// DESTROY, FORGET, INTERRUPT, locks) are the server's own and never come here
+    /// (`EINVAL`); nor do the locks a RELEASE or FLUSH ends ([`Server::after`]).
+    pub(crate) fn call(
         &self,
         ctx: &Context,
         ino: u64,
         op: &mut Op<'_>,
         data: &mut Writer<'_>,
-    ) -> Result<Reply> {
+    ) -> FsResult<Reply> {
         match op {
             Op::Lookup { name } => self.lookup(ctx, ino, name),
             Op::Getattr { fh } => self.getattr(ctx, ino, *fh),
@@ -79,32 +85,32 @@ impl<F: FileSystem> Server<F> {
             | Op::Forget { .. }
             | Op::BatchForget { .. }
             | Op::Interrupt { .. }
-            | Op::Lock(_) => Err(RequestError::Invalid),
+            | Op::Lock(_) => Err(filesystem::Error::InvalidArgument),
         }
     }
 
-    fn lookup(&self, ctx: &Context, ino: u64, name: &[u8]) -> Result<Reply> {
-        Ok(Reply::Entry(self.fs.lookup(ctx, ino, name)?))
+    fn lookup(&self, ctx: &Context, ino: u64, name: &[u8]) -> FsResult<Reply> {
+        Ok(Reply::Entry(self.0.lookup(ctx, ino, name)?))
     }
 
-    fn getattr(&self, ctx: &Context, ino: u64, fh: Option<u64>) -> Result<Reply> {
-        let (attr, valid) = self.fs.getattr(ctx, ino, fh)?;
+    fn getattr(&self, ctx: &Context, ino: u64, fh: Option<u64>) -> FsResult<Reply> {
+        let (attr, valid) = self.0.getattr(ctx, ino, fh)?;
         Ok(Reply::Attr(attr, valid))
     }
 
-    fn setattr(&self, ctx: &Context, ino: u64, set: &SetAttr) -> Result<Reply> {
-        let (attr, valid) = self.fs.setattr(ctx, ino, set)?;
+    fn setattr(&self, ctx: &Context, ino: u64, set: &SetAttr) -> FsResult<Reply> {
+        let (attr, valid) = self.0.setattr(ctx, ino, set)?;
         Ok(Reply::Attr(attr, valid))
     }
 
-    fn readlink(&self, ctx: &Context, ino: u64, data: &mut Writer<'_>) -> Result<Reply> {
-        let target = self.fs.readlink(ctx, ino)?;
+    fn readlink(&self, ctx: &Context, ino: u64, data: &mut Writer<'_>) -> FsResult<Reply> {
+        let target = self.0.readlink(ctx, ino)?;
         data.write_all(&target)?;
         Ok(Reply::Data(target.len()))
     }
 
-    fn symlink(&self, ctx: &Context, parent: u64, name: &[u8], target: &[u8]) -> Result<Reply> {
-        Ok(Reply::Entry(self.fs.symlink(ctx, parent, name, target)?))
+    fn symlink(&self, ctx: &Context, parent: u64, name: &[u8], target: &[u8]) -> FsResult<Reply> {
+        Ok(Reply::Entry(self.0.symlink(ctx, parent, name, target)?))
     }
 
     fn mknod(
@@ -115,21 +121,21 @@ impl<F: FileSystem> Server<F> {
         mode: u32,
         rdev: u32,
         umask: u32,
-    ) -> Result<Reply> {
-        Ok(Reply::Entry(self.fs.mknod(ctx, parent, name, mode, rdev, umask)?))
+    ) -> FsResult<Reply> {
+        Ok(Reply::Entry(self.0.mknod(ctx, parent, name, mode, rdev, umask)?))
     }
 
-    fn mkdir(&self, ctx: &Context, parent: u64, name: &[u8], mode: u32, umask: u32) -> Result<Reply> {
-        Ok(Reply::Entry(self.fs.mkdir(ctx, parent, name, mode, umask)?))
+    fn mkdir(&self, ctx: &Context, parent: u64, name: &[u8], mode: u32, umask: u32) -> FsResult<Reply> {
+        Ok(Reply::Entry(self.0.mkdir(ctx, parent, name, mode, umask)?))
     }
 
-    fn unlink(&self, ctx: &Context, parent: u64, name: &[u8]) -> Result<Reply> {
-        self.fs.unlink(ctx, parent, name)?;
+    fn unlink(&self, ctx: &Context, parent: u64, name: &[u8]) -> FsResult<Reply> {
+        self.0.unlink(ctx, parent, name)?;
         Ok(Reply::Empty)
     }
 
-    fn rmdir(&self, ctx: &Context, parent: u64, name: &[u8]) -> Result<Reply> {
-        self.fs.rmdir(ctx, parent, name)?;
+    fn rmdir(&self, ctx: &Context, parent: u64, name: &[u8]) -> FsResult<Reply> {
+        self.0.rmdir(ctx, parent, name)?;
         Ok(Reply::Empty)
     }
 
@@ -141,21 +147,21 @@ impl<F: FileSystem> Server<F> {
         newdir: u64,
         newname: &[u8],
         flags: u32,
-    ) -> Result<Reply> {
-        self.fs.rename(ctx, olddir, oldname, newdir, newname, flags)?;
+    ) -> FsResult<Reply> {
+        self.0.rename(ctx, olddir, oldname, newdir, newname, flags)?;
         Ok(Reply::Empty)
     }
 
-    fn link(&self, ctx: &Context, ino: u64, newparent: u64, name: &[u8]) -> Result<Reply> {
-        Ok(Reply::Entry(self.fs.link(ctx, ino, newparent, name)?))
+    fn link(&self, ctx: &Context, ino: u64, newparent: u64, name: &[u8]) -> FsResult<Reply> {
+        Ok(Reply::Entry(self.0.link(ctx, ino, newparent, name)?))
     }
 
-    fn open(&self, ctx: &Context, ino: u64, flags: u32, kill_priv: bool) -> Result<Reply> {
-        Ok(Reply::Open(self.fs.open(ctx, ino, flags, kill_priv)?))
+    fn open(&self, ctx: &Context, ino: u64, flags: u32, kill_priv: bool) -> FsResult<Reply> {
+        Ok(Reply::Open(self.0.open(ctx, ino, flags, kill_priv)?))
     }
 
-    fn opendir(&self, ctx: &Context, ino: u64, flags: u32) -> Result<Reply> {
-        Ok(Reply::Open(self.fs.opendir(ctx, ino, flags)?))
+    fn opendir(&self, ctx: &Context, ino: u64, flags: u32) -> FsResult<Reply> {
+        Ok(Reply::Open(self.0.opendir(ctx, ino, flags)?))
     }
 
     fn read(
@@ -166,8 +172,8 @@ impl<F: FileSystem> Server<F> {
         offset: u64,
         size: u32,
         data: &mut Writer<'_>,
-    ) -> Result<Reply> {
-        Ok(Reply::Data(self.fs.read(ctx, ino, fh, offset, size, data)?))
+    ) -> FsResult<Reply> {
+        Ok(Reply::Data(self.0.read(ctx, ino, fh, offset, size, data)?))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -180,12 +186,12 @@ impl<F: FileSystem> Server<F> {
         size: u32,
         write_flags: u32,
         payload: &mut Reader<'_>,
-    ) -> Result<Reply> {
-        Ok(Reply::Written(self.fs.write(ctx, ino, fh, offset, size, write_flags, payload)?))
+    ) -> FsResult<Reply> {
+        Ok(Reply::Written(self.0.write(ctx, ino, fh, offset, size, write_flags, payload)?))
     }
 
-    fn statfs(&self, ctx: &Context, ino: u64) -> Result<Reply> {
-        Ok(Reply::StatFs(self.fs.statfs(ctx, ino)?))
+    fn statfs(&self, ctx: &Context, ino: u64) -> FsResult<Reply> {
+        Ok(Reply::StatFs(self.0.statfs(ctx, ino)?))
     }
 
     fn release(
@@ -196,13 +202,205 @@ impl<F: FileSystem> Server<F> {
         flags: u32,
         lock_owner: u64,
         flock_unlock: bool,
-    ) -> Result<Reply> {
-        let r = self.fs.release(ctx, ino, fh, flags, lock_owner);
-        self.after_release(ino, fh, lock_owner, flock_unlock, r)
+    ) -> FsResult<Reply> {
+        // The locks it ends are the server's ([`Server::after`]).
+        let _ = flock_unlock;
+        self.0.release(ctx, ino, fh, flags, lock_owner)?;
+        Ok(Reply::Empty)
+    }
+
+    fn releasedir(&self, ctx: &Context, ino: u64, fh: u64, flags: u32) -> FsResult<Reply> {
+        self.0.releasedir(ctx, ino, fh, flags)?;
+        Ok(Reply::Empty)
+    }
+
+    fn fsync(&self, ctx: &Context, ino: u64, fh: u64, datasync: bool) -> FsResult<Reply> {
+        self.0.fsync(ctx, ino, fh, datasync)?;
+        Ok(Reply::Empty)
+    }
+
+    fn fsyncdir(&self, ctx: &Context, ino: u64, fh: u64, datasync: bool) -> FsResult<Reply> {
+        self.0.fsyncdir(ctx, ino, fh, datasync)?;
+        Ok(Reply::Empty)
+    }
+
+    fn flush(&self, ctx: &Context, ino: u64, fh: u64, lock_owner: u64) -> FsResult<Reply> {
+        // The locks it ends are the server's ([`Server::after`]).
+        self.0.flush(ctx, ino, fh, lock_owner)?;
+        Ok(Reply::Empty)
+    }
+
+    fn readdir(
+        &self,
+        ctx: &Context,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        data: &mut Writer<'_>,
+    ) -> FsResult<Reply> {
+        self.0.readdir(ctx, ino, fh, offset, &mut |e| add_dirent(data, &e, None))?;
+        Ok(Reply::Data(data.bytes_written()))
+    }
+
+    fn readdirplus(
+        &self,
+        ctx: &Context,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        data: &mut Writer<'_>,
+    ) -> FsResult<Reply> {
+        self.0.readdirplus(ctx, ino, fh, offset, &mut |e, entry| add_dirent(data, &e, Some(entry)))?;
+        Ok(Reply::Data(data.bytes_written()))
+    }
+
+    fn access(&self, ctx: &Context, ino: u64, mask: u32) -> FsResult<Reply> {
+        self.0.access(ctx, ino, mask)?;
+        Ok(Reply::Empty)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn create(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        flags: u32,
+        umask: u32,
+        kill_priv: bool,
+    ) -> FsResult<Reply> {
+        let (entry, opened) = self.0.create(ctx, parent, name, mode, flags, umask, kill_priv)?;
+        Ok(Reply::Created(entry, opened))
+    }
+
+    fn tmpfile(&self, ctx: &Context, parent: u64, mode: u32, flags: u32, umask: u32) -> FsResult<Reply> {
+        let (entry, opened) = self.0.tmpfile(ctx, parent, mode, flags, umask)?;
+        Ok(Reply::Created(entry, opened))
+    }
+
+    fn fallocate(
+        &self,
+        ctx: &Context,
+        ino: u64,
+        fh: u64,
+        mode: u32,
+        offset: u64,
+        length: u64,
+    ) -> FsResult<Reply> {
+        self.0.fallocate(ctx, ino, fh, mode, offset, length)?;
+        Ok(Reply::Empty)
+    }
+
+    fn setxattr(
+        &self,
+        ctx: &Context,
+        ino: u64,
+        name: &[u8],
+        flags: u32,
+        acl_kill_sgid: Option<bool>,
+        value: &mut Reader<'_>,
+    ) -> FsResult<Reply> {
+        // Bounded by the decoder (XATTR_SIZE_MAX).
+        let mut v = Vec::new();
+        let n = value.bytes_left();
+        value.read_to(&mut v, n);
+        self.0.setxattr(ctx, ino, name, &v, flags, acl_kill_sgid)?;
+        Ok(Reply::Empty)
+    }
+
+    fn getxattr(
+        &self,
+        ctx: &Context,
+        ino: u64,
+        name: &[u8],
+        size: u32,
+        data: &mut Writer<'_>,
+    ) -> FsResult<Reply> {
+        let reply = self.0.getxattr(ctx, ino, name, size)?;
+        xattr_reply(reply, size, data)
+    }
+
+    fn listxattr(&self, ctx: &Context, ino: u64, size: u32, data: &mut Writer<'_>) -> FsResult<Reply> {
+        let reply = self.0.listxattr(ctx, ino, size)?;
+        xattr_reply(reply, size, data)
+    }
+
+    fn removexattr(&self, ctx: &Context, ino: u64, name: &[u8]) -> FsResult<Reply> {
+        self.0.removexattr(ctx, ino, name)?;
+        Ok(Reply::Empty)
+    }
+
+    fn lseek(&self, ctx: &Context, ino: u64, fh: u64, offset: u64, whence: u32) -> FsResult<Reply> {
+        Ok(Reply::Offset(self.0.lseek(ctx, ino, fh, offset, whence)?))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn copy_file_range(
+        &self,
+        ctx: &Context,
+        ino_in: u64,
+        fh_in: u64,
+        off_in: u64,
+        ino_out: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+    ) -> FsResult<Reply> {
+        let n = self.0.copy_file_range(ctx, ino_in, fh_in, off_in, ino_out, fh_out, off_out, len, 0)?;
+        Ok(Reply::Written(n))
+    }
+
+    fn syncfs(&self, ctx: &Context, ino: u64) -> FsResult<Reply> {
+        self.0.syncfs(ctx, ino)?;
+        Ok(Reply::Empty)
+    }
+
+    fn statx(&self, ctx: &Context, ino: u64, fh: Option<u64>) -> FsResult<Reply> {
+        let (st, valid) = self.0.statx(ctx, ino, fh)?;
+        Ok(Reply::Statx(st, valid))
+    }
+}
+
+/// The session state a filesystem operation changes, kept by the server whatever the backend
+/// (and whether the operation ran at once or later, [`crate::seam`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Post {
+    /// Nothing.
+    None,
+    /// A RELEASE: the handle's locks go.
+    Release { fh: u64, lock_owner: u64, flock_unlock: bool },
+    /// A FLUSH: the owner's POSIX locks go.
+    Flush { lock_owner: u64 },
+}
+
+impl Post {
+    pub(crate) fn of(op: &Op<'_>) -> Post {
+        match *op {
+            Op::Release { fh, lock_owner, flock_unlock, .. } => {
+                Post::Release { fh, lock_owner, flock_unlock }
+            }
+            Op::Flush { lock_owner, .. } => Post::Flush { lock_owner },
+            _ => Post::None,
+        }
+    }
+}
+
+impl<F: FileSystem> Server<F> {
+    /// The filesystem's answer `r` to a request on `ino`, with the session state it changes
+    /// applied ([`Post`]).
+    pub(crate) fn after(&self, post: Post, ino: u64, r: FsResult<Reply>) -> Result<Reply> {
+        match post {
+            Post::None => Ok(r?),
+            Post::Release { fh, lock_owner, flock_unlock } => {
+                self.after_release(ino, fh, lock_owner, flock_unlock, r.map(drop))
+            }
+            Post::Flush { lock_owner } => self.after_flush(ino, lock_owner, r.map(drop)),
+        }
     }
 
     /// The locks a RELEASE ends (whatever the filesystem, once it succeeded).
-    pub(super) fn after_release(
+    fn after_release(
         &self,
         ino: u64,
         fh: u64,
@@ -221,33 +419,8 @@ impl<F: FileSystem> Server<F> {
         Ok(Reply::Empty)
     }
 
-    fn releasedir(&self, ctx: &Context, ino: u64, fh: u64, flags: u32) -> Result<Reply> {
-        self.fs.releasedir(ctx, ino, fh, flags)?;
-        Ok(Reply::Empty)
-    }
-
-    fn fsync(&self, ctx: &Context, ino: u64, fh: u64, datasync: bool) -> Result<Reply> {
-        self.fs.fsync(ctx, ino, fh, datasync)?;
-        Ok(Reply::Empty)
-    }
-
-    fn fsyncdir(&self, ctx: &Context, ino: u64, fh: u64, datasync: bool) -> Result<Reply> {
-        self.fs.fsyncdir(ctx, ino, fh, datasync)?;
-        Ok(Reply::Empty)
-    }
-
-    fn flush(&self, ctx: &Context, ino: u64, fh: u64, lock_owner: u64) -> Result<Reply> {
-        let r = self.fs.flush(ctx, ino, fh, lock_owner);
-        self.after_flush(ino, lock_owner, r)
-    }
-
     /// The locks a FLUSH ends (whatever the filesystem said, unless the handle does not exist).
-    pub(super) fn after_flush(
-        &self,
-        ino: u64,
-        lock_owner: u64,
-        flushed: filesystem::Result<()>,
-    ) -> Result<Reply> {
+    fn after_flush(&self, ino: u64, lock_owner: u64, flushed: filesystem::Result<()>) -> Result<Reply> {
         // Closing any descriptor of a file drops its process's POSIX locks on it, whatever the
         // flush itself says (close(2) does too); not for a handle that does not exist.
         if flushed != Err(filesystem::Error::BadHandle) {
@@ -256,137 +429,13 @@ impl<F: FileSystem> Server<F> {
         flushed?;
         Ok(Reply::Empty)
     }
-
-    fn readdir(&self, ctx: &Context, ino: u64, fh: u64, offset: u64, data: &mut Writer<'_>) -> Result<Reply> {
-        self.fs.readdir(ctx, ino, fh, offset, &mut |e| add_dirent(data, &e, None))?;
-        Ok(Reply::Data(data.bytes_written()))
-    }
-
-    fn readdirplus(
-        &self,
-        ctx: &Context,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        data: &mut Writer<'_>,
-    ) -> Result<Reply> {
-        self.fs.readdirplus(ctx, ino, fh, offset, &mut |e, entry| add_dirent(data, &e, Some(entry)))?;
-        Ok(Reply::Data(data.bytes_written()))
-    }
-
-    fn access(&self, ctx: &Context, ino: u64, mask: u32) -> Result<Reply> {
-        self.fs.access(ctx, ino, mask)?;
-        Ok(Reply::Empty)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn create(
-        &self,
-        ctx: &Context,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        flags: u32,
-        umask: u32,
-        kill_priv: bool,
-    ) -> Result<Reply> {
-        let (entry, opened) = self.fs.create(ctx, parent, name, mode, flags, umask, kill_priv)?;
-        Ok(Reply::Created(entry, opened))
-    }
-
-    fn tmpfile(&self, ctx: &Context, parent: u64, mode: u32, flags: u32, umask: u32) -> Result<Reply> {
-        let (entry, opened) = self.fs.tmpfile(ctx, parent, mode, flags, umask)?;
-        Ok(Reply::Created(entry, opened))
-    }
-
-    fn fallocate(
-        &self,
-        ctx: &Context,
-        ino: u64,
-        fh: u64,
-        mode: u32,
-        offset: u64,
-        length: u64,
-    ) -> Result<Reply> {
-        self.fs.fallocate(ctx, ino, fh, mode, offset, length)?;
-        Ok(Reply::Empty)
-    }
-
-    fn setxattr(
-        &self,
-        ctx: &Context,
-        ino: u64,
-        name: &[u8],
-        flags: u32,
-        acl_kill_sgid: Option<bool>,
-        value: &mut Reader<'_>,
-    ) -> Result<Reply> {
-        // Bounded by the decoder (XATTR_SIZE_MAX).
-        let mut v = Vec::new();
-        let n = value.bytes_left();
-        value.read_to(&mut v, n);
-        self.fs.setxattr(ctx, ino, name, &v, flags, acl_kill_sgid)?;
-        Ok(Reply::Empty)
-    }
-
-    fn getxattr(
-        &self,
-        ctx: &Context,
-        ino: u64,
-        name: &[u8],
-        size: u32,
-        data: &mut Writer<'_>,
-    ) -> Result<Reply> {
-        let reply = self.fs.getxattr(ctx, ino, name, size)?;
-        xattr_reply(reply, size, data)
-    }
-
-    fn listxattr(&self, ctx: &Context, ino: u64, size: u32, data: &mut Writer<'_>) -> Result<Reply> {
-        let reply = self.fs.listxattr(ctx, ino, size)?;
-        xattr_reply(reply, size, data)
-    }
-
-    fn removexattr(&self, ctx: &Context, ino: u64, name: &[u8]) -> Result<Reply> {
-        self.fs.removexattr(ctx, ino, name)?;
-        Ok(Reply::Empty)
-    }
-
-    fn lseek(&self, ctx: &Context, ino: u64, fh: u64, offset: u64, whence: u32) -> Result<Reply> {
-        Ok(Reply::Offset(self.fs.lseek(ctx, ino, fh, offset, whence)?))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn copy_file_range(
-        &self,
-        ctx: &Context,
-        ino_in: u64,
-        fh_in: u64,
-        off_in: u64,
-        ino_out: u64,
-        fh_out: u64,
-        off_out: u64,
-        len: u64,
-    ) -> Result<Reply> {
-        let n = self.fs.copy_file_range(ctx, ino_in, fh_in, off_in, ino_out, fh_out, off_out, len, 0)?;
-        Ok(Reply::Written(n))
-    }
-
-    fn syncfs(&self, ctx: &Context, ino: u64) -> Result<Reply> {
-        self.fs.syncfs(ctx, ino)?;
-        Ok(Reply::Empty)
-    }
-
-    fn statx(&self, ctx: &Context, ino: u64, fh: Option<u64>) -> Result<Reply> {
-        let (st, valid) = self.fs.statx(ctx, ino, fh)?;
-        Ok(Reply::Statx(st, valid))
-    }
 }
 
 /// A GETXATTR or LISTXATTR answer into the data part (checked against the caller's `size`).
-fn xattr_reply(reply: XattrReply, size: u32, data: &mut Writer<'_>) -> Result<Reply> {
+fn xattr_reply(reply: XattrReply, size: u32, data: &mut Writer<'_>) -> FsResult<Reply> {
     match reply {
         XattrReply::Size(n) => Ok(Reply::XattrSize(n)),
-        XattrReply::Data(v) if v.len() > size as usize => Err(filesystem::Error::OutOfRange.into()),
+        XattrReply::Data(v) if v.len() > size as usize => Err(filesystem::Error::OutOfRange),
         XattrReply::Data(v) => {
             data.write_all(&v)?;
             Ok(Reply::Data(v.len()))

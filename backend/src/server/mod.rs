@@ -1,6 +1,7 @@
 //! The FUSE server: takes one request from a descriptor chain's buffers, decodes it
-//! ([`crate::request`]), executes it (the session's own operations here, the filesystem's in
-//! [`dispatch`], one method per operation), and encodes the typed reply ([`reply`]).
+//! ([`crate::request`]), executes it (the session's own operations in this file, the
+//! filesystem's in `dispatch.rs`, one method per operation, or on the filesystem's per-poller
+//! engine through [`PollerEngine`], `engine.rs`), and encodes the typed reply (`reply.rs`).
 //!
 //! The guest is untrusted: the decoder checks every length and argument, and every failure
 //! becomes an errno in the reply header rather than a panic. Operations that hand the kernel a
@@ -8,6 +9,7 @@
 //! buffer cannot leak a lookup count or a handle.
 
 mod dispatch;
+mod engine;
 mod reply;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,6 +22,9 @@ use crate::io::{Reader, Writer};
 use crate::locks::{LockError, LockKind, LockManager, SetOutcome, WaitId};
 pub use crate::request::RequestError;
 use crate::request::{InitArgs, LockOp, LockRequest, NameBuf, Op, Request};
+pub(crate) use dispatch::Dispatch;
+use dispatch::Post;
+pub use engine::{PollerEngine, Submitted};
 pub use reply::DirentWriter;
 use reply::{check_fits, encode, reply_error, reply_obj, split_reply, OUT_HEADER_SIZE};
 
@@ -123,8 +128,9 @@ struct LockCounters {
     deadlocks: AtomicU64,
 }
 
-/// A snapshot of the server's lock request counters ([`Server::lock_stats`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// A snapshot of the server's lock request counters ([`Server::lock_stats`]); serialisable, for
+/// the daemon's statistics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LockStats {
     /// GETLK requests.
     pub getlk: u64,
@@ -348,7 +354,8 @@ impl<F: FileSystem> Server<F> {
             Session::Fs(w) => w,
         };
         let (mut data, limit) = data_part(&req.op, &w)?;
-        let reply = self.call(&req.ctx, req.nodeid, &mut req.op, &mut data)?;
+        let r = Dispatch(&self.fs).call(&req.ctx, req.nodeid, &mut req.op, &mut data);
+        let reply = self.after(Post::of(&req.op), req.nodeid, r)?;
         encode(w, req.unique, &reply, limit).map(Served::Replied)
     }
 
