@@ -70,7 +70,7 @@ impl<F: FileSystem + 'static> RequestHandler for FuseHandler<F> {
     fn engine(&self, poller: usize) -> Option<Box<dyn Engine>> {
         self.engines.then(|| {
             let engine = FuseEngine {
-                inner: PollerEngine::new(self.server.clone(), poller),
+                inner: PollerEngine::for_poller(self.server.clone(), poller),
                 pending: self.pending.clone(),
             };
             Box::new(engine) as Box<dyn Engine>
@@ -115,7 +115,7 @@ pub struct FuseEngine<F: FileSystem> {
 impl<F: FileSystem> FuseEngine<F> {
     /// The engine of poller `poller` for requests to `server` (call it on that poller's thread).
     pub fn new(server: Arc<Server<F>>, poller: usize) -> Self {
-        FuseEngine { inner: PollerEngine::new(server, poller), pending: Arc::default() }
+        FuseEngine { inner: PollerEngine::for_poller(server, poller), pending: Arc::default() }
     }
 }
 

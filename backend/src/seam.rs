@@ -115,7 +115,7 @@ impl std::fmt::Debug for Completions<'_> {
     }
 }
 
-impl Completions<'_> {
+impl<'c> Completions<'c> {
     /// Completes the pending request `token` with `reply` (the server encodes it into the
     /// request's reply buffers; for [`Reply::Data`] the data must already be in
     /// [`Completions::data`]). A token that is not pending is ignored.
@@ -127,8 +127,9 @@ impl Completions<'_> {
 
     /// The data part of the pending request `token`'s reply buffers (after the reply header),
     /// from its start, as in [`FsEngine::start`]; `None` if `token` is not pending.
-    pub fn data(&self, token: Token) -> Option<Writer<'_>> {
-        let h = self.held.get(token.index()).filter(|h| h.busy)?;
+    pub fn data(&self, token: Token) -> Option<Writer<'c>> {
+        let held: &'c [Held] = self.held;
+        let h = held.get(token.index()).filter(|h| h.busy)?;
         let mut w = h.writable.writer();
         w.split_at(std::mem::size_of::<crate::abi::OutHeader>()).ok()?;
         w.split_at(h.data_len.min(w.available())).ok()
@@ -136,8 +137,9 @@ impl Completions<'_> {
 
     /// The payload of the pending WRITE `token`, from its start; `None` if `token` is not a
     /// pending WRITE.
-    pub fn payload(&self, token: Token) -> Option<Reader<'_>> {
-        let h = self.held.get(token.index()).filter(|h| h.busy && !h.payload.is_empty())?;
+    pub fn payload(&self, token: Token) -> Option<Reader<'c>> {
+        let held: &'c [Held] = self.held;
+        let h = held.get(token.index()).filter(|h| h.busy && !h.payload.is_empty())?;
         Some(h.payload.reader())
     }
 }

@@ -320,6 +320,11 @@ impl PassthroughFs {
         total
     }
 
+    /// Counts `cell` in [`PassthroughFs::engine_stats`].
+    fn register_engine(&self, cell: Arc<uring::StatsCell>) {
+        self.engines.lock().unwrap_or_else(PoisonError::into_inner).push(cell);
+    }
+
     /// Poller `poller`'s ring, unless the I/O mode is synchronous or there is no io_uring.
     fn ring(&self, poller: usize) -> Option<uring::Ring> {
         if self.io_mode == uring::IoMode::Sync {
@@ -327,7 +332,7 @@ impl PassthroughFs {
         }
         match uring::Ring::new(Self::RING_ENTRIES, self.io_mode) {
             Ok(ring) => {
-                self.engines.lock().unwrap_or_else(PoisonError::into_inner).push(ring.stats_cell());
+                self.register_engine(ring.stats_cell());
                 Some(ring)
             }
             Err(e) => {

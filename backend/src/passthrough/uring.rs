@@ -35,7 +35,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use io_uring::{opcode, types, IoUring};
-use vm_memory::VolatileSlice;
 
 use super::{sys, Handle, PassthroughFs};
 use crate::abi;
@@ -539,45 +538,22 @@ impl Drop for Ring {
     }
 }
 
-/// A poller's engine over a passthrough server with a [`Ring`]: [`PollerEngine`] with the
-/// passthrough's io_uring, for callers that drive one directly (tests).
-#[derive(Debug)]
-pub struct UringEngine {
-    inner: PollerEngine<PassthroughFs>,
-    stats: Arc<StatsCell>,
-}
+/// The passthrough's [`PollerEngine`] over a [`Ring`] of its own, for callers that drive one
+/// directly (tests; the daemon's pollers get theirs from `FileSystem::engine`).
+pub type UringEngine = PollerEngine<PassthroughFs>;
 
-impl UringEngine {
-    /// A ring of `entries` for requests to `server`'s passthrough filesystem, serving transfers
-    /// as `mode` says ([`IoMode::Sync`] is taken as [`IoMode::Hybrid`]: an engine has a ring).
+impl PollerEngine<PassthroughFs> {
+    /// An engine for requests to `server`'s passthrough filesystem with a ring of `entries`,
+    /// serving transfers as `mode` says ([`IoMode::Sync`] is taken as [`IoMode::Hybrid`]: an
+    /// engine has a ring).
     pub fn new(server: Arc<Server<PassthroughFs>>, entries: u32, mode: IoMode) -> std::io::Result<Self> {
         let ring = Ring::new(entries, mode)?;
-        let stats = ring.stats_cell();
-        Ok(UringEngine { inner: PollerEngine::with_engine(server, Some(Box::new(ring))), stats })
+        server.filesystem().register_engine(ring.stats_cell());
+        Ok(PollerEngine::with_engine(server, Some(Box::new(ring))))
     }
 
-    /// Requests on the ring.
-    pub fn in_flight(&self) -> usize {
-        self.inner.in_flight()
-    }
-
-    /// What the ring did so far.
+    /// What the rings of the filesystem did so far ([`PassthroughFs::engine_stats`]).
     pub fn stats(&self) -> EngineStats {
-        self.stats.get()
-    }
-
-    /// Serves one request ([`PollerEngine::submit`]). `id` is the caller's.
-    pub fn submit(
-        &mut self,
-        id: u64,
-        readable: &[VolatileSlice<'_>],
-        writable: &[VolatileSlice<'_>],
-    ) -> Submitted {
-        self.inner.submit(id, readable, writable)
-    }
-
-    /// Reports finished requests as `(id, reply length)` ([`PollerEngine::poll`]).
-    pub fn poll(&mut self, done: &mut dyn FnMut(u64, u32)) -> usize {
-        self.inner.poll(done)
+        self.server().filesystem().engine_stats()
     }
 }

@@ -51,9 +51,7 @@ impl<F: FileSystem> Dispatch<'_, F> {
                 self.write(ctx, ino, *fh, *offset, *size, *write_flags, payload)
             }
             Op::Statfs => self.statfs(ctx, ino),
-            Op::Release { fh, flags, lock_owner, flock_unlock } => {
-                self.release(ctx, ino, *fh, *flags, *lock_owner, *flock_unlock)
-            }
+            Op::Release { fh, flags, lock_owner, .. } => self.release(ctx, ino, *fh, *flags, *lock_owner),
             Op::Releasedir { fh, flags } => self.releasedir(ctx, ino, *fh, *flags),
             Op::Fsync { fh, datasync } => self.fsync(ctx, ino, *fh, *datasync),
             Op::Fsyncdir { fh, datasync } => self.fsyncdir(ctx, ino, *fh, *datasync),
@@ -194,17 +192,8 @@ impl<F: FileSystem> Dispatch<'_, F> {
         Ok(Reply::StatFs(self.0.statfs(ctx, ino)?))
     }
 
-    fn release(
-        &self,
-        ctx: &Context,
-        ino: u64,
-        fh: u64,
-        flags: u32,
-        lock_owner: u64,
-        flock_unlock: bool,
-    ) -> FsResult<Reply> {
+    fn release(&self, ctx: &Context, ino: u64, fh: u64, flags: u32, lock_owner: u64) -> FsResult<Reply> {
         // The locks it ends are the server's ([`Server::after`]).
-        let _ = flock_unlock;
         self.0.release(ctx, ino, fh, flags, lock_owner)?;
         Ok(Reply::Empty)
     }

@@ -85,7 +85,7 @@ impl<F: FileSystem> PollerEngine<F> {
     /// The engine of poller `poller` for requests to `server`: with the filesystem's own
     /// engine for that poller, if it has one ([`FileSystem::engine`]). Call it on the poller's
     /// thread.
-    pub fn new(server: Arc<Server<F>>, poller: usize) -> Self {
+    pub fn for_poller(server: Arc<Server<F>>, poller: usize) -> Self {
         let fs_engine = server.filesystem().engine(poller);
         Self::with_engine(server, fs_engine)
     }
