@@ -1,7 +1,9 @@
 //! The [`FileSystem`] trait a backend implements, and the plain types its operations exchange.
 //!
-//! The [`Server`](crate::Server) decodes a FUSE request, calls one method here and encodes the result;
-//! a filesystem never sees wire structs or errnos. Every method takes `&self` (requests arrive
+//! The [`Server`](crate::Server) decodes a FUSE request ([`crate::request`]), calls one method
+//! here (or hands the decoded request to the filesystem's per-poller engine, [`FileSystem::engine`]
+//! and [`crate::seam`], when it has one) and encodes the result, a [`Reply`]; a filesystem never
+//! sees wire structs or errnos ([`Error::from_errno`] is the one errno table, both ways). Every method takes `&self` (requests arrive
 //! concurrently from several queues) and the caller's [`Context`], and defaults to
 //! [`Error::NotImplemented`], which the server answers with `ENOSYS` (for most operations the kernel
 //! then stops sending it). Names are raw bytes without the NUL terminator; the server has already

@@ -3,9 +3,11 @@
 //!
 //! Guest memory may change under our feet (the guest is untrusted and has other vCPUs), so neither
 //! type ever hands out a `&[u8]` into it: every access is a copy between a [`VolatileSlice`] and
-//! memory we own. Both are plain cursors (an index into the buffer list, an offset inside the current
-//! buffer and a byte budget); nothing allocates, and an operation that cannot complete in full fails
-//! before touching anything.
+//! memory we own (or, for system calls, an iovec the kernel copies through). Both are plain cursors
+//! (an index into the buffer list, an offset inside the current buffer and a byte budget); nothing
+//! allocates, and an operation that cannot complete in full fails before touching anything.
+//! [`HeldBuffers`] keeps a pending request's buffers past the call that brought them, under the
+//! device poller's contract for pending requests: the only `unsafe` of this module.
 
 use std::cmp::min;
 

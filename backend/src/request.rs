@@ -112,19 +112,22 @@ impl RequestError {
 
 type Result<T> = std::result::Result<T, RequestError>;
 
-/// Stack room for the names of one request. Nearly every name section (one name, two for
-/// RENAME) fits the short array; the long one is used only for longer sections (a symlink
-/// target). Neither is zeroed before it is needed, so a request without names costs nothing.
+/// Stack room for the names (and the larger decoded arguments) of one request. Nearly every name
+/// section (one name, two for RENAME) fits the short array; the long one is used only for longer
+/// sections (a symlink target). Neither is zeroed before it is needed, so a request without names
+/// costs nothing.
 pub struct NameBuf {
     short: Option<[u8; SHORT_NAMES]>,
     long: Option<[u8; limits::NAME_BUF]>,
+    /// A SETATTR's decoded arguments (kept here, not in the [`Op`], which stays small).
+    setattr: Option<SetAttr>,
 }
 
 impl NameBuf {
     /// Room, unused.
     #[inline]
     pub fn new() -> Self {
-        NameBuf { short: None, long: None }
+        NameBuf { short: None, long: None, setattr: None }
     }
 }
 
@@ -217,7 +220,7 @@ pub enum Op<'a> {
         fh: Option<u64>,
     },
     /// Change attributes.
-    Setattr(SetAttr),
+    Setattr(&'a SetAttr),
     /// A symlink's target.
     Readlink,
     /// Create a symlink.
@@ -550,7 +553,7 @@ fn decode<'a>(op: u32, mut r: Reader<'a>, names: &'a mut NameBuf, negotiated: u6
             let arg: abi::GetattrIn = r.read_obj()?;
             Op::Getattr { fh: (arg.getattr_flags & abi::GETATTR_FH != 0).then_some(arg.fh) }
         }
-        opcode::SETATTR => Op::Setattr(decode_setattr(&r.read_obj()?)?),
+        opcode::SETATTR => Op::Setattr(names.setattr.insert(decode_setattr(&r.read_obj()?)?)),
         opcode::READLINK => Op::Readlink,
         opcode::SYMLINK => {
             let (name, rest) = split_name(read_names(&mut r, names)?, true)?;

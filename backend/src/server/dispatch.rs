@@ -376,28 +376,25 @@ impl Post {
 }
 
 impl<F: FileSystem> Server<F> {
-    /// The filesystem's answer `r` to a request on `ino`, with the session state it changes
-    /// applied ([`Post`]).
-    pub(crate) fn after(&self, post: Post, ino: u64, r: FsResult<Reply>) -> Result<Reply> {
+    /// Applies what the filesystem's answer `r` to a request on `ino` changes in the session
+    /// ([`Post`]).
+    #[inline]
+    pub(crate) fn after(&self, post: Post, ino: u64, r: &FsResult<Reply>) {
+        let done = r.as_ref().map(drop).map_err(|e| *e);
         match post {
-            Post::None => Ok(r?),
+            Post::None => {}
             Post::Release { fh, lock_owner, flock_unlock } => {
-                self.after_release(ino, fh, lock_owner, flock_unlock, r.map(drop))
+                self.after_release(ino, fh, lock_owner, flock_unlock, done)
             }
-            Post::Flush { lock_owner } => self.after_flush(ino, lock_owner, r.map(drop)),
+            Post::Flush { lock_owner } => self.after_flush(ino, lock_owner, done),
         }
     }
 
     /// The locks a RELEASE ends (whatever the filesystem, once it succeeded).
-    fn after_release(
-        &self,
-        ino: u64,
-        fh: u64,
-        lock_owner: u64,
-        flock_unlock: bool,
-        released: filesystem::Result<()>,
-    ) -> Result<Reply> {
-        released?;
+    fn after_release(&self, ino: u64, fh: u64, lock_owner: u64, flock_unlock: bool, released: FsResult<()>) {
+        if released.is_err() {
+            return;
+        }
         // The handle's flock lock goes with it, and the OFD locks of the owner the kernel names
         // (it does, with FLOCK_UNLOCK, for files that used flock).
         let owner = (flock_unlock || lock_owner != 0).then_some(lock_owner);
@@ -405,18 +402,15 @@ impl<F: FileSystem> Server<F> {
         if !self.fs.has_open_handles(ino) {
             self.locks.clear_file(ino);
         }
-        Ok(Reply::Empty)
     }
 
     /// The locks a FLUSH ends (whatever the filesystem said, unless the handle does not exist).
-    fn after_flush(&self, ino: u64, lock_owner: u64, flushed: filesystem::Result<()>) -> Result<Reply> {
+    fn after_flush(&self, ino: u64, lock_owner: u64, flushed: FsResult<()>) {
         // Closing any descriptor of a file drops its process's POSIX locks on it, whatever the
         // flush itself says (close(2) does too); not for a handle that does not exist.
         if flushed != Err(filesystem::Error::BadHandle) {
             self.locks.release_owner(ino, lock_owner);
         }
-        flushed?;
-        Ok(Reply::Empty)
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use vm_memory::VolatileSlice;
 
 use super::dispatch::{Dispatch, Post};
-use super::reply::{encode, error_into};
+use super::reply::error_into;
 use super::{data_part, LockWait, Result, Served, Server, Session};
 use crate::abi::InHeader;
 use crate::filesystem::{self, FileSystem, Reply};
@@ -134,16 +134,23 @@ impl<F: FileSystem> PollerEngine<F> {
             let served = self.server.serve_parsed(&hdr, parsed, writable, true);
             return self.served(id, served);
         }
-        let mut req = match parsed {
-            Ok(req) => req,
-            Err(e) => return self.served(id, self.server.fail(&hdr, e, writable)),
-        };
-        match self.start(id, &mut req, writable) {
-            Ok(submitted) => submitted,
+        // Used in place: a decoded request is not moved.
+        let mut parsed = parsed;
+        if let Ok(req) = &mut parsed {
+            return match self.start(id, req, writable) {
+                Ok(submitted) => submitted,
+                Err(e) => {
+                    let served = self.server.fail_request(req, e, writable);
+                    self.served(id, served)
+                }
+            };
+        }
+        match parsed {
             Err(e) => {
-                let served = self.server.fail_request(&req, e, writable);
+                let served = self.server.fail(&hdr, e, writable);
                 self.served(id, served)
             }
+            Ok(_) => Submitted::Done(0),
         }
     }
 
@@ -203,8 +210,7 @@ impl<F: FileSystem> PollerEngine<F> {
                 return Ok(Submitted::Pending);
             }
         };
-        let reply = server.after(post, req.nodeid, r)?;
-        let n = encode(w, req.unique, &reply, limit)?;
+        let n = server.finish(post, req.nodeid, req.unique, &r, w, limit)?;
         Ok(Submitted::Done(u32::try_from(n).unwrap_or(0)))
     }
 
@@ -225,10 +231,7 @@ impl<F: FileSystem> PollerEngine<F> {
             };
             let slot = self.slots[i];
             let w = h.writable.writer();
-            let encoded = self
-                .server
-                .after(slot.post, slot.nodeid, r)
-                .and_then(|reply| encode(w.clone(), slot.unique, &reply, slot.limit));
+            let encoded = self.server.finish(slot.post, slot.nodeid, slot.unique, &r, w.clone(), slot.limit);
             let len = match encoded {
                 Ok(len) => len,
                 Err(e) => {

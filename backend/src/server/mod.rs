@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use vm_memory::{ByteValued, VolatileSlice};
 
 use crate::abi::{self, InHeader, OutHeader};
-use crate::filesystem::{FileLock, FileSystem, LockAccess, LockType, Reply};
+use crate::filesystem::{self, FileLock, FileSystem, LockAccess, LockType, Reply};
 use crate::io::{Reader, Writer};
 use crate::locks::{LockError, LockKind, LockManager, SetOutcome, WaitId};
 pub use crate::request::RequestError;
@@ -297,12 +297,12 @@ impl<F: FileSystem> Server<F> {
     pub(crate) fn serve_parsed(
         &self,
         hdr: &InHeader,
-        parsed: Result<Request<'_>>,
+        mut parsed: Result<Request<'_>>,
         writable: &[VolatileSlice<'_>],
         can_wait: bool,
     ) -> Served {
         match parsed {
-            Ok(mut req) => self.execute(&mut req, writable, can_wait),
+            Ok(ref mut req) => self.execute(req, writable, can_wait),
             Err(e) => self.fail(hdr, e, writable),
         }
     }
@@ -354,9 +354,28 @@ impl<F: FileSystem> Server<F> {
             Session::Fs(w) => w,
         };
         let (mut data, limit) = data_part(&req.op, &w)?;
+        let post = Post::of(&req.op);
         let r = Dispatch(&self.fs).call(&req.ctx, req.nodeid, &mut req.op, &mut data);
-        let reply = self.after(Post::of(&req.op), req.nodeid, r)?;
-        encode(w, req.unique, &reply, limit).map(Served::Replied)
+        self.finish(post, req.nodeid, req.unique, &r, w, limit).map(Served::Replied)
+    }
+
+    /// Applies what the filesystem's answer `r` changes in the session and encodes it into `w`
+    /// (all of the writable buffers); returns the reply's length.
+    #[inline]
+    fn finish(
+        &self,
+        post: Post,
+        ino: u64,
+        unique: u64,
+        r: &filesystem::Result<Reply>,
+        w: Writer<'_>,
+        limit: u64,
+    ) -> Result<usize> {
+        self.after(post, ino, r);
+        match r {
+            Ok(reply) => encode(w, unique, reply, limit),
+            Err(e) => Err((*e).into()),
+        }
     }
 
     /// Serves the operations the server answers itself (INIT, DESTROY, FORGET, BATCH_FORGET,
@@ -558,7 +577,19 @@ enum Session<'w> {
 
 /// The data part of the reply buffers an operation writes into (after the reply header), and
 /// the cap of the count its reply reports ([`reply::encode`]'s `limit`).
+#[inline]
 fn data_part<'w>(op: &Op<'_>, w: &Writer<'w>) -> Result<(Writer<'w>, u64)> {
+    match *op {
+        Op::Read { .. }
+        | Op::Readdir { .. }
+        | Op::Readdirplus { .. }
+        | Op::Readlink
+        | Op::Getxattr { .. }
+        | Op::Listxattr { .. } => {}
+        Op::Write { size, .. } => return Ok((Writer::new(&[]), u64::from(size))),
+        Op::CopyFileRange { len, .. } => return Ok((Writer::new(&[]), len)),
+        _ => return Ok((Writer::new(&[]), 0)),
+    }
     let mut body = w.clone();
     body.split_at(OUT_HEADER_SIZE)?;
     let avail = body.available();
@@ -573,10 +604,7 @@ fn data_part<'w>(op: &Op<'_>, w: &Writer<'w>) -> Result<(Writer<'w>, u64)> {
             let n = avail.min(size as usize);
             (n, n as u64)
         }
-        Op::Readlink | Op::Getxattr { .. } | Op::Listxattr { .. } => (avail, avail as u64),
-        Op::Write { size, .. } => (0, u64::from(size)),
-        Op::CopyFileRange { len, .. } => (0, len),
-        _ => (0, 0),
+        _ => (avail, avail as u64),
     };
     Ok((body.split_at(len)?, limit))
 }

@@ -22,7 +22,12 @@ type Result<T> = std::result::Result<T, RequestError>;
 /// length for [`Reply::Data`], the request's size for [`Reply::Written`].
 pub(crate) fn encode(w: Writer<'_>, unique: u64, reply: &Reply, limit: u64) -> Result<usize> {
     match reply {
-        Reply::Empty => reply_bytes(w, unique, &[]),
+        Reply::Empty => {
+            check_fits(&w, 0)?;
+            let mut w = w;
+            w.write_obj(&OutHeader { len: OUT_HEADER_SIZE as u32, error: 0, unique })?;
+            Ok(OUT_HEADER_SIZE)
+        }
         Reply::Entry(e) => reply_obj(w, unique, &entry_out(e)),
         Reply::Attr(attr, valid) => reply_obj(w, unique, &attr_out(attr, *valid)),
         Reply::Statx(st, valid) => {
@@ -115,16 +120,13 @@ pub(crate) fn finish_reply(hw: &mut Writer<'_>, unique: u64, body: usize) -> Res
     Ok(len)
 }
 
-pub(crate) fn reply_obj<T: ByteValued>(w: Writer<'_>, unique: u64, body: &T) -> Result<usize> {
-    reply_bytes(w, unique, body.as_slice())
-}
-
-fn reply_bytes(mut w: Writer<'_>, unique: u64, body: &[u8]) -> Result<usize> {
+#[inline]
+pub(crate) fn reply_obj<T: ByteValued>(mut w: Writer<'_>, unique: u64, body: &T) -> Result<usize> {
     // Header first: the body's size is known, and once both fit neither write can fail.
-    check_fits(&w, body.len())?;
-    let len = OUT_HEADER_SIZE + body.len();
+    check_fits(&w, size_of::<T>())?;
+    let len = OUT_HEADER_SIZE + size_of::<T>();
     w.write_obj(&OutHeader { len: len as u32, error: 0, unique })?;
-    w.write_all(body)?;
+    w.write_obj(body)?;
     Ok(len)
 }
 
