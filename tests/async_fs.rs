@@ -168,6 +168,21 @@ impl Setup {
     fn connect(&self) -> FsDriver {
         FsDriver::connect(&self.socket, DriverOptions::default()).expect("driver brings the device up")
     }
+
+    /// A session with file `f` in the root holding `data`; its node id and handle.
+    fn with_file(&self, data: &[u8]) -> (FsDriver, u64, u64) {
+        let mut d = self.connect();
+        d.init().unwrap();
+        let (file, open) = d.create(ROOT, "f", 0o644, libc::O_RDWR as u32).unwrap();
+        d.write(file.nodeid, open.fh, 0, data).unwrap();
+        (d, file.nodeid, open.fh)
+    }
+}
+
+/// Submits a 4 KiB READ at `offset` without waiting for it; its token.
+fn submit_read(d: &mut FsDriver, node: u64, fh: u64, offset: u64) -> u64 {
+    let arg = virtiofs_tools::fuse_abi::ReadIn { fh, offset, size: 4096, ..Default::default() };
+    d.submit(1, opcode::READ, node, &[&arg.to_bytes()], &[], 0, 4096).unwrap()
 }
 
 impl Drop for Setup {
@@ -239,19 +254,11 @@ fn every_operation_completes_later() {
 #[test]
 fn requests_in_flight_together_complete_in_reverse_order() {
     let s = Setup::new();
-    let mut d = s.connect();
-    d.init().unwrap();
-    let (file, open) = d.create(ROOT, "f", 0o644, libc::O_RDWR as u32).unwrap();
     let data: Vec<u8> = (0..8192).map(|j| (j / 1024) as u8).collect();
-    d.write(file.nodeid, open.fh, 0, &data).unwrap();
+    let (mut d, node, fh) = s.with_file(&data);
     // Hold completions so that several requests are pending at once, then let them go together.
     s.counters().hold.store(true, Ordering::Release);
-    let read = |d: &mut FsDriver, off: u64| {
-        let arg =
-            virtiofs_tools::fuse_abi::ReadIn { fh: open.fh, offset: off, size: 4096, ..Default::default() };
-        d.submit(1, opcode::READ, file.nodeid, &[&arg.to_bytes()], &[], 0, 4096).unwrap()
-    };
-    let tokens: Vec<u64> = (0..4).map(|i| read(&mut d, i * 1024)).collect();
+    let tokens: Vec<u64> = (0..4).map(|i| submit_read(&mut d, node, fh, i * 1024)).collect();
     std::thread::sleep(Duration::from_millis(50));
     assert!(d.poll_completions().unwrap().is_empty(), "held: nothing completes");
     s.counters().hold.store(false, Ordering::Release);
@@ -275,14 +282,10 @@ fn requests_in_flight_together_complete_in_reverse_order() {
 #[test]
 fn a_queue_stop_drains_pending_requests() {
     let s = Setup::new();
-    let mut d = s.connect();
-    d.init().unwrap();
-    let (file, open) = d.create(ROOT, "f", 0o644, libc::O_RDWR as u32).unwrap();
-    d.write(file.nodeid, open.fh, 0, &[1u8; 4096]).unwrap();
+    let (mut d, node, fh) = s.with_file(&[1u8; 4096]);
     let c = s.counters();
     c.hold.store(true, Ordering::Release);
-    let arg = virtiofs_tools::fuse_abi::ReadIn { fh: open.fh, offset: 0, size: 4096, ..Default::default() };
-    let token = d.submit(1, opcode::READ, file.nodeid, &[&arg.to_bytes()], &[], 0, 4096).unwrap();
+    let token = submit_read(&mut d, node, fh, 0);
     std::thread::sleep(Duration::from_millis(100));
     assert!(d.try_take(token).unwrap().is_none(), "the READ is pending");
     let completed = c.completed.load(Ordering::Relaxed);
