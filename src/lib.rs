@@ -13,10 +13,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use virtiofs_backend::filesystem::FileSystem;
-use virtiofs_backend::passthrough::uring::{IoMode, Submitted, UringEngine};
+use virtiofs_backend::passthrough::uring::{EngineStats, IoMode};
 use virtiofs_backend::passthrough::{PassthroughConfig, SetupError};
-use virtiofs_backend::server::{LockStats, Served};
-use virtiofs_backend::waits::LockWaits;
+use virtiofs_backend::server::{LockStats, PollerEngine, Submitted};
 use virtiofs_backend::{PassthroughFs, RamFs, Server};
 use virtiofs_device::config::Profile;
 use virtiofs_device::poller::{Engine, Outcome, QueueStats, RequestHandler};
@@ -26,30 +25,40 @@ use vm_memory::VolatileSlice;
 pub use virtiofs_device::config;
 
 /// Serves virtio-fs requests with a FUSE server over filesystem `F`. Each poller gets an engine
-/// ([`FuseEngine`]) that serves requests at once and keeps the SETLKW requests that must wait for
-/// a lock, so the server offers `POSIX_LOCKS` and `FLOCK_LOCKS`.
+/// ([`FuseEngine`]) that hands requests to the filesystem's own engine for that poller when it
+/// has one (the asynchronous filesystem seam, `virtiofs_backend::seam`: the passthrough's
+/// io_uring), serves the others at once, and keeps the SETLKW requests that must wait for a
+/// lock, so the server offers `POSIX_LOCKS` and `FLOCK_LOCKS`.
 pub struct FuseHandler<F: FileSystem> {
     server: Arc<Server<F>>,
     /// Pollers get engines (and SETLKW can wait).
     engines: bool,
+    /// Requests left pending on a filesystem engine, all pollers together.
+    pending: Arc<AtomicU64>,
 }
 
 impl<F: FileSystem> FuseHandler<F> {
     /// A handler serving `fs`.
     pub fn new(fs: F) -> Self {
-        FuseHandler { server: Arc::new(Server::with_lock_waits(fs)), engines: true }
+        FuseHandler { server: Arc::new(Server::with_lock_waits(fs)), engines: true, pending: Arc::default() }
     }
 
     /// A handler serving `fs` through [`RequestHandler::handle`] alone, without engines (for
     /// wrappers that intercept `handle`): nothing can wait, so the server does not offer
-    /// `POSIX_LOCKS` or `FLOCK_LOCKS` and the guest kernel keeps its locks itself.
+    /// `POSIX_LOCKS` or `FLOCK_LOCKS` and the guest kernel keeps its locks itself, and the
+    /// filesystem's own engines are not used.
     pub fn synchronous(fs: F) -> Self {
-        FuseHandler { server: Arc::new(Server::new(fs)), engines: false }
+        FuseHandler { server: Arc::new(Server::new(fs)), engines: false, pending: Arc::default() }
     }
 
     /// The FUSE server.
     pub fn server(&self) -> &Arc<Server<F>> {
         &self.server
+    }
+
+    /// Requests left pending on a filesystem's engine so far, all pollers together.
+    pub fn pending_requests(&self) -> u64 {
+        self.pending.load(Ordering::Relaxed)
     }
 }
 
@@ -58,8 +67,14 @@ impl<F: FileSystem + 'static> RequestHandler for FuseHandler<F> {
         u32::try_from(self.server.handle(readable, writable)).unwrap_or(0)
     }
 
-    fn engine(&self, _poller: usize) -> Option<Box<dyn Engine>> {
-        self.engines.then(|| Box::new(FuseEngine::new(self.server.clone())) as Box<dyn Engine>)
+    fn engine(&self, poller: usize) -> Option<Box<dyn Engine>> {
+        self.engines.then(|| {
+            let engine = FuseEngine {
+                inner: PollerEngine::for_poller(self.server.clone(), poller),
+                pending: self.pending.clone(),
+            };
+            Box::new(engine) as Box<dyn Engine>
+        })
     }
 
     fn reset(&self) {
@@ -87,17 +102,20 @@ fn log_lock_stats(s: LockStats) {
     }
 }
 
-/// A poller's engine for a [`FuseHandler`]: every request is served at once through
-/// [`Server::serve`], except a SETLKW that has to wait, which is parked ([`Outcome::Wait`]) and
-/// answered from [`Engine::poll_waits`] once its lock is granted (or it is interrupted).
+/// A poller's engine for a [`FuseHandler`]: the device's [`Engine`] face of the backend's
+/// [`PollerEngine`]. Requests are served at once, or left pending on the filesystem's engine
+/// ([`Outcome::Pending`], reported from [`Engine::poll`]), or, for a SETLKW that has to wait,
+/// parked ([`Outcome::Wait`]) and answered from [`Engine::poll_waits`] once its lock is granted
+/// (or it is interrupted).
 pub struct FuseEngine<F: FileSystem> {
-    waits: LockWaits<F>,
+    inner: PollerEngine<F>,
+    pending: Arc<AtomicU64>,
 }
 
 impl<F: FileSystem> FuseEngine<F> {
-    /// An engine for requests to `server`.
-    pub fn new(server: Arc<Server<F>>) -> Self {
-        FuseEngine { waits: LockWaits::new(server) }
+    /// The engine of poller `poller` for requests to `server` (call it on that poller's thread).
+    pub fn new(server: Arc<Server<F>>, poller: usize) -> Self {
+        FuseEngine { inner: PollerEngine::for_poller(server, poller), pending: Arc::default() }
     }
 }
 
@@ -109,157 +127,78 @@ impl<F: FileSystem + 'static> Engine for FuseEngine<F> {
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
     ) -> Outcome {
-        match self.waits.server().serve(readable, writable) {
-            Served::Replied(n) => Outcome::Done(u32::try_from(n).unwrap_or(0)),
-            Served::Wait(wait) => {
-                self.waits.park(id, wait);
-                Outcome::Wait
-            }
-        }
-    }
-
-    fn poll(&mut self, _done: &mut dyn FnMut(u64, u32)) -> usize {
-        0
-    }
-
-    fn in_flight(&self) -> usize {
-        0
-    }
-
-    fn poll_waits(&mut self, answer: &mut dyn FnMut(u64, &[u8])) -> usize {
-        self.waits.poll(answer)
-    }
-
-    fn cancel_waits(&mut self) {
-        self.waits.cancel_all();
-    }
-}
-
-/// Serves virtio-fs requests from a host directory: a FUSE server over a [`PassthroughFs`],
-/// with (unless [`IoMode::Sync`]) an engine per poller for READ, WRITE and FSYNC ([`UringEngine`]:
-/// zero-copy between the host file and the guest buffers, inline when that cannot block, else on
-/// an io_uring owned by the poller, whose completions it polls on its own core). Either way each
-/// poller's engine keeps the SETLKW requests that must wait, as [`FuseEngine`] does.
-pub struct PassthroughHandler {
-    server: Arc<Server<PassthroughFs>>,
-    mode: IoMode,
-    /// Requests served on a ring, all pollers together.
-    ring_requests: Arc<AtomicU64>,
-}
-
-impl PassthroughHandler {
-    /// Ring entries per poller by default.
-    pub const RING_ENTRIES: u32 = 256;
-
-    /// A handler serving `fs`, its data path as `mode` says.
-    pub fn new(fs: PassthroughFs, mode: IoMode) -> Self {
-        PassthroughHandler {
-            server: Arc::new(Server::with_lock_waits(fs)),
-            mode,
-            ring_requests: Arc::default(),
-        }
-    }
-
-    /// Requests left pending on a ring so far, all pollers together.
-    pub fn ring_requests(&self) -> u64 {
-        self.ring_requests.load(Ordering::Relaxed)
-    }
-
-    /// The FUSE server.
-    pub fn server(&self) -> &Arc<Server<PassthroughFs>> {
-        &self.server
-    }
-}
-
-impl RequestHandler for PassthroughHandler {
-    fn handle(&self, _queue: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32 {
-        u32::try_from(self.server.handle(readable, writable)).unwrap_or(0)
-    }
-
-    fn engine(&self, poller: usize) -> Option<Box<dyn Engine>> {
-        if self.mode == IoMode::Sync {
-            return Some(Box::new(FuseEngine::new(self.server.clone())));
-        }
-        match UringEngine::new(self.server.clone(), Self::RING_ENTRIES, self.mode) {
-            Ok(ring) => Some(Box::new(UringAdapter {
-                ring,
-                waits: LockWaits::new(self.server.clone()),
-                ring_requests: self.ring_requests.clone(),
-            })),
-            Err(e) => {
-                log::warn!("poller {poller}: no io_uring ({e}); serving I/O synchronously");
-                Some(Box::new(FuseEngine::new(self.server.clone())))
-            }
-        }
-    }
-
-    fn reset(&self) {
-        self.server.reset();
-    }
-}
-
-impl Drop for PassthroughHandler {
-    fn drop(&mut self) {
-        log_lock_stats(self.server.lock_stats());
-    }
-}
-
-/// The device's [`Engine`] face of a [`UringEngine`], plus the poller's waiting SETLKW requests.
-struct UringAdapter {
-    ring: UringEngine,
-    waits: LockWaits<PassthroughFs>,
-    /// Requests left pending on a ring, all pollers together.
-    ring_requests: Arc<AtomicU64>,
-}
-
-impl Engine for UringAdapter {
-    fn submit(
-        &mut self,
-        id: u64,
-        _queue: u16,
-        readable: &[VolatileSlice<'_>],
-        writable: &[VolatileSlice<'_>],
-    ) -> Outcome {
-        match self.ring.submit(id, readable, writable) {
+        match self.inner.submit(id, readable, writable) {
             Submitted::Done(n) => Outcome::Done(n),
             Submitted::Pending => {
-                self.ring_requests.fetch_add(1, Ordering::Relaxed);
+                self.pending.fetch_add(1, Ordering::Relaxed);
                 Outcome::Pending
             }
-            Submitted::Wait(wait) => {
-                self.waits.park(id, wait);
-                Outcome::Wait
-            }
+            Submitted::Wait(_) => Outcome::Wait,
         }
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u64, u32)) -> usize {
-        self.ring.poll(done)
+        self.inner.poll(done)
     }
 
     fn in_flight(&self) -> usize {
-        self.ring.in_flight()
+        self.inner.in_flight()
     }
 
     fn poll_waits(&mut self, answer: &mut dyn FnMut(u64, &[u8])) -> usize {
-        self.waits.poll(answer)
+        self.inner.poll_waits(answer)
     }
 
     fn cancel_waits(&mut self) {
-        self.waits.cancel_all();
+        self.inner.cancel_waits();
     }
 }
 
-impl Drop for UringAdapter {
-    fn drop(&mut self) {
-        let s = self.ring.stats();
-        log::debug!(
-            "io_uring engine: {} requests inline, {} on the ring, {} synchronous, {} resubmits",
-            s.inline_requests,
-            s.async_requests,
-            s.sync_requests,
-            s.resubmits
-        );
+/// Serves virtio-fs requests from a host directory: a [`FuseHandler`] over a [`PassthroughFs`]
+/// whose pollers (unless [`IoMode::Sync`]) serve READ, WRITE and FSYNC on the passthrough's
+/// per-poller io_uring engine (zero-copy between the host file and the guest buffers, inline
+/// when that cannot block; see `virtiofs_backend::passthrough::uring`).
+pub struct PassthroughHandler {
+    inner: FuseHandler<PassthroughFs>,
+}
+
+impl PassthroughHandler {
+    /// Ring entries per poller.
+    pub const RING_ENTRIES: u32 = PassthroughFs::RING_ENTRIES;
+
+    /// A handler serving `fs`, its data path as `mode` says.
+    pub fn new(mut fs: PassthroughFs, mode: IoMode) -> Self {
+        fs.set_io_mode(mode);
+        PassthroughHandler { inner: FuseHandler::new(fs) }
+    }
+
+    /// Requests left pending on a ring so far, all pollers together.
+    pub fn ring_requests(&self) -> u64 {
+        self.inner.pending_requests()
+    }
+
+    /// What the pollers' rings did so far, added up.
+    pub fn engine_stats(&self) -> EngineStats {
+        self.inner.server().filesystem().engine_stats()
+    }
+
+    /// The FUSE server.
+    pub fn server(&self) -> &Arc<Server<PassthroughFs>> {
+        self.inner.server()
+    }
+}
+
+impl RequestHandler for PassthroughHandler {
+    fn handle(&self, queue: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32 {
+        self.inner.handle(queue, readable, writable)
+    }
+
+    fn engine(&self, poller: usize) -> Option<Box<dyn Engine>> {
+        self.inner.engine(poller)
+    }
+
+    fn reset(&self) {
+        self.inner.reset();
     }
 }
 

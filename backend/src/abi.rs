@@ -20,6 +20,37 @@ pub const ROOT_ID: u64 = 1;
 /// The longest name component a FUSE kernel may send (it enforces this before sending).
 pub const FUSE_NAME_MAX: usize = 1024;
 
+/// Limits of the protocol and of Linux that requests are checked against (the server's and
+/// every backend's: one place).
+pub mod limits {
+    /// Largest WRITE payload we accept (and advertise as `max_write`).
+    pub const MAX_WRITE: u32 = 1 << 20;
+    /// `max_pages` advertised with `FUSE_MAX_PAGES` (256 x 4 KiB = [`MAX_WRITE`]).
+    pub const MAX_PAGES: u16 = 256;
+    /// Longest extended attribute name (`XATTR_NAME_MAX`).
+    pub const XATTR_NAME_MAX: usize = 255;
+    /// Largest extended attribute value or name list (`XATTR_SIZE_MAX`).
+    pub const XATTR_SIZE_MAX: usize = 64 << 10;
+    /// Longest name component (`NAME_MAX`).
+    pub const NAME_MAX: usize = 255;
+    /// Longest name section of a request (two names plus a symlink target fit).
+    pub const NAME_BUF: usize = 8192;
+    /// Most bytes one COPY_FILE_RANGE may report (its reply is a 32-bit count); page-aligned, as
+    /// newer kernels cap it.
+    pub const MAX_COPY_REPLY: u64 = u32::MAX as u64 & !0xfff;
+    /// `fallocate(2)` mode bits Linux knows (`FALLOC_FL_*`); any other bit is `EOPNOTSUPP`.
+    pub const FALLOC_KNOWN: u32 = (libc::FALLOC_FL_KEEP_SIZE
+        | libc::FALLOC_FL_PUNCH_HOLE
+        | libc::FALLOC_FL_COLLAPSE_RANGE
+        | libc::FALLOC_FL_ZERO_RANGE
+        | libc::FALLOC_FL_INSERT_RANGE
+        | libc::FALLOC_FL_UNSHARE_RANGE) as u32;
+    /// The largest `lseek(2)` whence (`SEEK_HOLE`); SET, CUR, END, DATA and HOLE are 0 to 4.
+    pub const SEEK_MAX: u32 = libc::SEEK_HOLE as u32;
+    /// The `renameat2(2)` flags a RENAME2 may carry (not both at once).
+    pub const RENAME_KNOWN: u32 = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE;
+}
+
 /// FUSE request opcodes (`enum fuse_opcode`). `FUSE_COPY_FILE_RANGE_64` (53) came with 7.45; a
 /// kernel speaking 7.41 never sends it, so it is not listed (it is answered `ENOSYS` like any
 /// unknown opcode).

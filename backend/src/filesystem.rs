@@ -1,7 +1,9 @@
 //! The [`FileSystem`] trait a backend implements, and the plain types its operations exchange.
 //!
-//! The [`Server`](crate::Server) decodes a FUSE request, calls one method here and encodes the result;
-//! a filesystem never sees wire structs or errnos. Every method takes `&self` (requests arrive
+//! The [`Server`](crate::Server) decodes a FUSE request ([`crate::request`]), calls one method
+//! here (or hands the decoded request to the filesystem's per-poller engine, [`FileSystem::engine`]
+//! and [`crate::seam`], when it has one) and encodes the result, a [`Reply`]; a filesystem never
+//! sees wire structs or errnos ([`Error::from_errno`] is the one errno table, both ways). Every method takes `&self` (requests arrive
 //! concurrently from several queues) and the caller's [`Context`], and defaults to
 //! [`Error::NotImplemented`], which the server answers with `ENOSYS` (for most operations the kernel
 //! then stops sending it). Names are raw bytes without the NUL terminator; the server has already
@@ -273,6 +275,41 @@ pub enum XattrReply {
     Data(Vec<u8>),
 }
 
+/// The typed answer to a request, which the server encodes into the request's reply buffers
+/// (the FUSE encoding stays in the server). The server produces it from the synchronous
+/// [`FileSystem`] methods; a filesystem's per-poller engine hands it over when it finishes a
+/// request ([`crate::seam`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    /// Success without a body (UNLINK, RENAME, FSYNC, RELEASE, SETXATTR, ...).
+    Empty,
+    /// A name resolved or created (LOOKUP, MKNOD, MKDIR, SYMLINK, LINK): the kernel holds one
+    /// more lookup reference on it.
+    Entry(Entry),
+    /// Attributes and how long they may be cached (GETATTR, SETATTR).
+    Attr(Stat, Duration),
+    /// `statx` attributes and how long they may be cached (STATX).
+    Statx(Statx, Duration),
+    /// A new handle (OPEN, OPENDIR).
+    Open(Opened),
+    /// A created and opened file (CREATE, TMPFILE).
+    Created(Entry, Opened),
+    /// This many bytes were written into the data part of the reply buffers (the part after
+    /// the reply header): READ, READLINK, READDIR, READDIRPLUS, and GETXATTR or LISTXATTR with a
+    /// size. Never more than the request allows (READ's size, ...): the server caps it.
+    Data(usize),
+    /// The size of an attribute value or list (GETXATTR or LISTXATTR with size 0).
+    XattrSize(u32),
+    /// Bytes written or copied (WRITE, COPY_FILE_RANGE).
+    Written(usize),
+    /// The resulting offset (LSEEK).
+    Offset(u64),
+    /// Filesystem statistics (STATFS).
+    StatFs(StatFs),
+    /// The conflicting lock, or one of type [`LockType::Unlock`] (GETLK; answered by the server).
+    Lock(FileLock),
+}
+
 /// The kind of a POSIX record lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LockType {
@@ -391,34 +428,60 @@ pub enum Error {
     Os(i32),
 }
 
-impl Error {
-    /// The errno this error is reported as.
-    pub fn errno(self) -> i32 {
-        match self {
-            Error::NotImplemented => libc::ENOSYS,
-            Error::NotFound => libc::ENOENT,
-            Error::Exists => libc::EEXIST,
-            Error::NotDir => libc::ENOTDIR,
-            Error::IsDir => libc::EISDIR,
-            Error::NotEmpty => libc::ENOTEMPTY,
-            Error::AccessDenied => libc::EACCES,
-            Error::NotPermitted => libc::EPERM,
-            Error::NameTooLong => libc::ENAMETOOLONG,
-            Error::InvalidArgument => libc::EINVAL,
-            Error::NoSpace => libc::ENOSPC,
-            Error::BadHandle => libc::EBADF,
-            Error::FileTooLarge => libc::EFBIG,
-            Error::TooManyLinks => libc::EMLINK,
-            Error::NotSupported => libc::EOPNOTSUPP,
-            Error::OutOfRange => libc::ERANGE,
-            Error::NoData => libc::ENODATA,
-            Error::TooBig => libc::E2BIG,
-            Error::NoSuchAddress => libc::ENXIO,
-            Error::Overflow => libc::EOVERFLOW,
-            Error::Io => libc::EIO,
-            Error::Os(e) if e > 0 => e,
-            Error::Os(_) => libc::EIO,
+/// The one errno table: each variant and the errno it stands for, both ways.
+macro_rules! errno_table {
+    ($($variant:ident = $errno:ident,)*) => {
+        impl Error {
+            /// The errno this error is reported as.
+            pub fn errno(self) -> i32 {
+                match self {
+                    $(Error::$variant => libc::$errno,)*
+                    Error::Os(e) if e > 0 => e,
+                    Error::Os(_) => libc::EIO,
+                }
+            }
+
+            /// The error an errno stands for: its variant, or [`Error::Os`] for errnos without
+            /// one.
+            pub fn from_errno(errno: i32) -> Self {
+                match errno {
+                    $(libc::$errno => Error::$variant,)*
+                    other => Error::Os(other),
+                }
+            }
         }
+    };
+}
+
+errno_table! {
+    NotImplemented = ENOSYS,
+    NotFound = ENOENT,
+    Exists = EEXIST,
+    NotDir = ENOTDIR,
+    IsDir = EISDIR,
+    NotEmpty = ENOTEMPTY,
+    AccessDenied = EACCES,
+    NotPermitted = EPERM,
+    NameTooLong = ENAMETOOLONG,
+    InvalidArgument = EINVAL,
+    NoSpace = ENOSPC,
+    BadHandle = EBADF,
+    FileTooLarge = EFBIG,
+    TooManyLinks = EMLINK,
+    NotSupported = EOPNOTSUPP,
+    OutOfRange = ERANGE,
+    NoData = ENODATA,
+    TooBig = E2BIG,
+    NoSuchAddress = ENXIO,
+    Overflow = EOVERFLOW,
+    Io = EIO,
+}
+
+/// A host error as the guest gets it: its errno's variant; an error without an errno is
+/// [`Error::Io`].
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        e.raw_os_error().map_or(Error::Io, Error::from_errno)
     }
 }
 
@@ -755,5 +818,17 @@ pub trait FileSystem: Send + Sync {
     /// `fh`: the open handle the request names, if any.
     fn statx(&self, ctx: &Context, ino: u64, fh: Option<u64>) -> Result<(Statx, Duration)> {
         Err(Error::NotImplemented)
+    }
+
+    /// The engine of poller `poller` for requests that may complete later ([`crate::seam`]:
+    /// the buffer rule and the bounded-time rule are there), created on that poller's own
+    /// thread; it keeps the poller's share of the filesystem's asynchronous state (an io_uring,
+    /// sockets). `None`, the default: every request is answered at once through the methods
+    /// above, on the poller's thread.
+    fn engine(&self, poller: usize) -> Option<Box<dyn crate::seam::FsEngine<Self>>>
+    where
+        Self: Sized,
+    {
+        None
     }
 }

@@ -3,9 +3,11 @@
 //!
 //! Guest memory may change under our feet (the guest is untrusted and has other vCPUs), so neither
 //! type ever hands out a `&[u8]` into it: every access is a copy between a [`VolatileSlice`] and
-//! memory we own. Both are plain cursors (an index into the buffer list, an offset inside the current
-//! buffer and a byte budget); nothing allocates, and an operation that cannot complete in full fails
-//! before touching anything.
+//! memory we own (or, for system calls, an iovec the kernel copies through). Both are plain cursors
+//! (an index into the buffer list, an offset inside the current buffer and a byte budget); nothing
+//! allocates, and an operation that cannot complete in full fails before touching anything.
+//! [`HeldBuffers`] keeps a pending request's buffers past the call that brought them, under the
+//! device poller's contract for pending requests: the only `unsafe` of this module.
 
 use std::cmp::min;
 
@@ -120,6 +122,16 @@ impl<'a> Cursor<'a> {
         self.done += n;
     }
 
+    /// The bytes left, as iovecs (addresses into the buffers), without consuming them.
+    fn iovecs(&self, out: &mut Vec<libc::iovec>) {
+        let mut c = self.clone();
+        let n = c.left;
+        c.consume_pieces(n, |piece, _| {
+            let base = piece.ptr_guard_mut().as_ptr().cast::<libc::c_void>();
+            out.push(libc::iovec { iov_base: base, iov_len: piece.len() });
+        });
+    }
+
     /// Splits off a cursor over the next `n` bytes and advances `self` past them.
     #[inline]
     fn split(&mut self, n: usize) -> Option<Cursor<'a>> {
@@ -220,6 +232,12 @@ impl<'a> Reader<'a> {
         n
     }
 
+    /// Appends the bytes left to `out` as iovecs naming the guest buffers (for a system call
+    /// that reads them: `pwritev2`, io_uring), consuming nothing.
+    pub fn iovecs(&self, out: &mut Vec<libc::iovec>) {
+        self.cur.iovecs(out);
+    }
+
     /// Splits off a reader over the next `n` bytes and advances `self` past them.
     #[inline]
     pub fn split_at(&mut self, n: usize) -> Result<Reader<'a>, Error> {
@@ -302,6 +320,12 @@ impl<'a> Writer<'a> {
         Ok(())
     }
 
+    /// Appends the room left to `out` as iovecs naming the guest buffers (for a system call
+    /// that fills them: `preadv2`, io_uring, a socket's `recvmsg`), consuming nothing.
+    pub fn iovecs(&self, out: &mut Vec<libc::iovec>) {
+        self.cur.iovecs(out);
+    }
+
     /// Splits off a writer over the next `n` bytes and advances `self` past them (used to fill a
     /// reply header after its body).
     #[inline]
@@ -309,6 +333,94 @@ impl<'a> Writer<'a> {
         let left = self.cur.left;
         self.cur.split(n).map(|cur| Writer { cur }).ok_or(Error::ShortWrite { wanted: n, left })
     }
+}
+
+/// The buffers of a pending request, kept past the call that brought them, so that the request
+/// can be completed later ([`crate::seam`]): the server holds a pending request's writable
+/// buffers (and a WRITE's payload) here, in a preallocated slot, and gives the filesystem's
+/// engine a [`Writer`] or [`Reader`] over them again when it finishes the request.
+///
+/// Holding copies the buffer list (addresses and lengths) into storage this value keeps and
+/// reuses: no allocation once it has held as many buffers as a request brings. It is only valid
+/// under the device poller's contract for pending requests (`Outcome::Pending` in the device's
+/// `Engine` trait): the poller keeps every buffer of a pending request mapped (it keeps the
+/// memory snapshot the request came with) and untouched until its engine reports the request,
+/// and drains its engine before it changes memory or stops queues. The holder must
+/// [`clear`](HeldBuffers::clear) it when the request is reported, and never use it after.
+#[derive(Default)]
+pub struct HeldBuffers {
+    slices: Vec<VolatileSlice<'static>>,
+}
+
+// SAFETY: the slices name guest memory that stays mapped while they are held (the poller's
+// contract above), and they are only touched from the thread that owns the engine holding them
+// (the poller); moving them with the engine between threads before it starts changes nothing.
+unsafe impl Send for HeldBuffers {}
+
+impl std::fmt::Debug for HeldBuffers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldBuffers").field("buffers", &self.slices.len()).finish()
+    }
+}
+
+impl HeldBuffers {
+    /// Holds nothing.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Holds `bufs` (all of them), instead of what was held.
+    pub fn hold(&mut self, bufs: &[VolatileSlice<'_>]) {
+        self.slices.clear();
+        for b in bufs {
+            self.push(b);
+        }
+    }
+
+    /// Holds the bytes `r` has left, instead of what was held.
+    pub fn hold_reader(&mut self, r: &Reader<'_>) {
+        self.slices.clear();
+        let mut c = r.cur.clone();
+        let n = c.left;
+        let mut pieces = std::mem::take(&mut self.slices);
+        c.consume_pieces(n, |piece, _| pieces.push(extend(&piece)));
+        self.slices = pieces;
+    }
+
+    fn push(&mut self, b: &VolatileSlice<'_>) {
+        self.slices.push(extend(b));
+    }
+
+    /// Forgets the buffers (the request was reported); the storage stays for the next.
+    pub fn clear(&mut self) {
+        self.slices.clear();
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.slices.is_empty()
+    }
+
+    /// A writer over the held buffers, from their start.
+    pub fn writer(&self) -> Writer<'_> {
+        Writer::new(&self.slices)
+    }
+
+    /// A reader over the held buffers, from their start.
+    pub fn reader(&self) -> Reader<'_> {
+        Reader::new(&self.slices)
+    }
+}
+
+/// `b` with its lifetime extended to `'static`, for [`HeldBuffers`]; the result is only ever
+/// handed out again borrowed from the holder, so no `'static` slice escapes.
+fn extend(b: &VolatileSlice<'_>) -> VolatileSlice<'static> {
+    let ptr = b.ptr_guard_mut().as_ptr();
+    // SAFETY: `ptr` and `b.len()` describe one guest buffer of a request the device's poller
+    // left pending: under its `Engine` contract (see [`HeldBuffers`]) that memory stays mapped
+    // and is not reused until the request is reported, which is when the holder clears it; it is
+    // accessed only through volatile copies, as every guest buffer is.
+    unsafe { VolatileSlice::new(ptr, b.len()) }
 }
 
 #[cfg(test)]

@@ -1,13 +1,14 @@
 //! The FUSE layer of the virtio-fs device: it turns one request, given as the guest buffers of a
 //! descriptor chain, into a filesystem operation and writes the reply back into the chain.
 //!
-//! Layers, bottom up: [`abi`] (wire structs, the only byte-casting code), [`io`] (copying cursors over
-//! guest buffers), [`filesystem`] (the [`filesystem::FileSystem`] trait and its plain types),
-//! [`server`] (the dispatcher, which validates untrusted input and owns errno encoding; it keeps
-//! the advisory locks of every backend in [`locks`] and parks SETLKW requests that must wait,
-//! which a poller's engine keeps in [`waits`]),
-//! [`ramfs`] (an in-memory POSIX filesystem) and [`passthrough`] (a host directory, confined beneath
-//! it). Nothing here knows about PCI, virtqueues or vfio-user.
+//! Layers, bottom up: [`abi`] (wire structs and the protocol's limits, the only byte-casting
+//! code), [`io`] (copying cursors over guest buffers), [`filesystem`] (the
+//! [`filesystem::FileSystem`] trait and its plain types), [`request`] (the decoder: one typed
+//! [`request::Request`] per FUSE request, every untrusted argument checked), [`server`] (executes
+//! decoded requests and encodes replies; it keeps the advisory locks of every backend in
+//! [`locks`] and parks SETLKW requests that must wait, which a poller's engine keeps in
+//! [`waits`]), [`ramfs`] (an in-memory POSIX filesystem) and [`passthrough`] (a host directory,
+//! confined beneath it). Nothing here knows about PCI, virtqueues or vfio-user.
 #![deny(missing_docs)]
 
 pub mod abi;
@@ -16,6 +17,8 @@ pub mod io;
 pub mod locks;
 pub mod passthrough;
 pub mod ramfs;
+pub mod request;
+pub mod seam;
 pub mod server;
 pub mod waits;
 

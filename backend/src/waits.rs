@@ -1,9 +1,11 @@
 //! The SETLKW requests one poller keeps waiting ([`LockWaits`]).
 //!
-//! A poller's engine hands every request to [`Server::serve`]; a SETLKW that has to wait comes
-//! back as [`Served::Wait`](crate::server::Served::Wait), and the engine parks it here with the
-//! poller's id for it (the poller keeps the request's reply buffers; the server never writes
-//! into them later). Every poll round the engine calls [`LockWaits::poll`]: with nothing parked
+//! A poller's engine ([`crate::server::PollerEngine`]) serves every request through the server;
+//! a SETLKW that has to wait comes back as [`Served::Wait`](crate::server::Served::Wait), and
+//! the engine parks it here with the poller's id for it. A waiting request is not pending on
+//! the filesystem seam ([`crate::seam`]): it holds no buffers (the poller keeps where its reply
+//! goes and writes the reply this hands out through the memory mapped then), and a drain does
+//! not wait for it. Every poll round the engine calls [`LockWaits::poll`]: with nothing parked
 //! that is one branch; with requests parked it is one atomic load of the lock table's generation
 //! unless something changed since the last round, and only then does it ask the server about
 //! each parked request and hand out the replies that are ready. A lock released through any

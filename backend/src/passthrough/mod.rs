@@ -53,7 +53,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
-use crate::abi::{self, ROOT_ID};
+use crate::abi::{self, limits, ROOT_ID};
 use crate::filesystem::{
     CachePolicy, Context, DirEntry, DirPlusSink, DirSink, Entry, Error, FileSystem, LockAccess, Opened,
     Result, SetAttr, SetTime, Stat, StatFs, Statx, Timespec, XattrReply,
@@ -62,6 +62,7 @@ use crate::io::{Reader, Writer};
 
 pub mod creds;
 pub mod inode;
+mod ops;
 pub mod sandbox;
 pub mod seccomp;
 pub mod sys;
@@ -74,8 +75,6 @@ pub const NAME_MAX: usize = 255;
 /// Most bytes one COPY_FILE_RANGE copies (the kernel loops for more), so that a poller is never
 /// held long by one request.
 pub const MAX_COPY: u64 = 16 << 20;
-/// Largest extended attribute value or list we fetch (`XATTR_SIZE_MAX`).
-const XATTR_SIZE_MAX: usize = 64 << 10;
 /// Bounce buffer for the synchronous READ/WRITE path.
 const IO_CHUNK: usize = 1 << 20;
 /// Buffer for one `getdents64` call.
@@ -159,42 +158,15 @@ pub struct PassthroughFs {
     next_fh: AtomicU64,
     /// The `FUSE_INIT` flags of the session.
     session: AtomicU64,
+    /// How pollers serve READ, WRITE and FSYNC ([`PassthroughFs::set_io_mode`]).
+    io_mode: uring::IoMode,
+    /// The counters of every poller's ring.
+    engines: Mutex<Vec<Arc<uring::StatsCell>>>,
 }
 
 impl std::fmt::Debug for PassthroughFs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PassthroughFs").field("root", &self.cfg.root).finish_non_exhaustive()
-    }
-}
-
-/// Maps a host error to the errno the guest gets.
-fn os(e: io::Error) -> Error {
-    let Some(code) = e.raw_os_error() else {
-        return Error::Io;
-    };
-    match code {
-        libc::ENOSYS => Error::NotImplemented,
-        libc::ENOENT => Error::NotFound,
-        libc::EEXIST => Error::Exists,
-        libc::ENOTDIR => Error::NotDir,
-        libc::EISDIR => Error::IsDir,
-        libc::ENOTEMPTY => Error::NotEmpty,
-        libc::EACCES => Error::AccessDenied,
-        libc::EPERM => Error::NotPermitted,
-        libc::ENAMETOOLONG => Error::NameTooLong,
-        libc::EINVAL => Error::InvalidArgument,
-        libc::ENOSPC => Error::NoSpace,
-        libc::EBADF => Error::BadHandle,
-        libc::EFBIG => Error::FileTooLarge,
-        libc::EMLINK => Error::TooManyLinks,
-        libc::EOPNOTSUPP => Error::NotSupported,
-        libc::ERANGE => Error::OutOfRange,
-        libc::ENODATA => Error::NoData,
-        libc::E2BIG => Error::TooBig,
-        libc::ENXIO => Error::NoSuchAddress,
-        libc::EOVERFLOW => Error::Overflow,
-        libc::EIO => Error::Io,
-        other => Error::Os(other),
     }
 }
 
@@ -273,7 +245,7 @@ fn open_flags(flags: u32) -> Result<i32> {
 
 /// Runs `f` with the caller's filesystem ids on this thread.
 fn as_caller<T>(ctx: &Context, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    let _guard = creds::Guard::enter(ctx.uid, ctx.gid, ctx.supp_gid).map_err(os)?;
+    let _guard = creds::Guard::enter(ctx.uid, ctx.gid, ctx.supp_gid).map_err(Error::from)?;
     f()
 }
 
@@ -317,7 +289,57 @@ impl PassthroughFs {
             handles: RwLock::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             session: AtomicU64::new(0),
+            io_mode: uring::IoMode::Sync,
+            engines: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Ring entries per poller.
+    pub const RING_ENTRIES: u32 = 256;
+
+    /// How each poller serves READ, WRITE and FSYNC: [`uring::IoMode::Sync`] (the default) through
+    /// the synchronous methods, with a bounce buffer; otherwise on an io_uring of the poller's own
+    /// ([`uring::Ring`], the filesystem's per-poller engine on the seam), inline when that cannot
+    /// block with [`uring::IoMode::Hybrid`].
+    pub fn set_io_mode(&mut self, mode: uring::IoMode) {
+        self.io_mode = mode;
+    }
+
+    /// The I/O mode ([`PassthroughFs::set_io_mode`]).
+    pub fn io_mode(&self) -> uring::IoMode {
+        self.io_mode
+    }
+
+    /// What every poller's ring did so far, added up.
+    pub fn engine_stats(&self) -> uring::EngineStats {
+        let cells = self.engines.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut total = uring::EngineStats::default();
+        for c in cells.iter() {
+            total += c.get();
+        }
+        total
+    }
+
+    /// Counts `cell` in [`PassthroughFs::engine_stats`].
+    fn register_engine(&self, cell: Arc<uring::StatsCell>) {
+        self.engines.lock().unwrap_or_else(PoisonError::into_inner).push(cell);
+    }
+
+    /// Poller `poller`'s ring, unless the I/O mode is synchronous or there is no io_uring.
+    fn ring(&self, poller: usize) -> Option<uring::Ring> {
+        if self.io_mode == uring::IoMode::Sync {
+            return None;
+        }
+        match uring::Ring::new(Self::RING_ENTRIES, self.io_mode) {
+            Ok(ring) => {
+                self.register_engine(ring.stats_cell());
+                Some(ring)
+            }
+            Err(e) => {
+                log::warn!("poller {poller}: no io_uring ({e}); serving I/O synchronously");
+                None
+            }
+        }
     }
 
     /// The shared directory.
@@ -416,7 +438,7 @@ impl PassthroughFs {
     /// directory, which this makes the `/proc/self/fd` directory (once per thread, see
     /// [`creds::enter_dir`]).
     fn proc_entry(&self, fd: std::os::fd::BorrowedFd<'_>) -> Result<sys::FdPath> {
-        creds::enter_dir(self.proc_fd.as_fd()).map_err(os)?;
+        creds::enter_dir(self.proc_fd.as_fd()).map_err(Error::from)?;
         Ok(sys::FdPath::new(fd))
     }
 
@@ -424,8 +446,8 @@ impl PassthroughFs {
     /// same inode. The caller checked the type (regular file or directory).
     fn reopen(&self, inode: &Inode, flags: i32) -> Result<File> {
         let name = sys::FdPath::new(inode.fd());
-        let fd = sys::openat(self.proc_fd.as_fd(), name.name(), flags, 0).map_err(os)?;
-        let st = sys::fstatx(fd.as_fd()).map_err(os)?;
+        let fd = sys::openat(self.proc_fd.as_fd(), name.name(), flags, 0).map_err(Error::from)?;
+        let st = sys::fstatx(fd.as_fd()).map_err(Error::from)?;
         if InodeKey::of(&st) != inode.key {
             log::error!("passthrough: /proc/self/fd reopen of node {} reached another inode", inode.id);
             return Err(Error::Io);
@@ -441,13 +463,14 @@ impl PassthroughFs {
         }
         // Fast path: a node we already hold (a revalidation). `statx` on one component without
         // following a final symlink; the node found is ours, held by its own descriptor.
-        let st = sys::statx(dir.fd(), name.c(), libc::AT_SYMLINK_NOFOLLOW).map_err(os)?;
+        let st = sys::statx(dir.fd(), name.c(), libc::AT_SYMLINK_NOFOLLOW).map_err(Error::from)?;
         if let Some(inode) = self.inodes.lookup_key(&InodeKey::of(&st)) {
             inode.set_parent(dir);
             return Ok(self.entry(&inode, &st));
         }
-        let fd = sys::openat2(dir.fd(), name.c(), libc::O_PATH | libc::O_NOFOLLOW, 0, RESOLVE).map_err(os)?;
-        let st = sys::fstatx(fd.as_fd()).map_err(os)?;
+        let fd = sys::openat2(dir.fd(), name.c(), libc::O_PATH | libc::O_NOFOLLOW, 0, RESOLVE)
+            .map_err(Error::from)?;
+        let st = sys::fstatx(fd.as_fd()).map_err(Error::from)?;
         let inode = self.inodes.intern(fd, InodeKey::of(&st), kind_of(&st), Some(dir));
         Ok(self.entry(&inode, &st))
     }
@@ -462,12 +485,12 @@ impl PassthroughFs {
         } else {
             dir.parent().ok_or(Error::NotFound)?
         };
-        let inode = self.inodes.reref(&target, || target.fd().try_clone_to_owned()).map_err(os)?;
+        let inode = self.inodes.reref(&target, || target.fd().try_clone_to_owned()).map_err(Error::from)?;
         let st = match sys::fstatx(inode.fd()) {
             Ok(st) => st,
             Err(e) => {
                 self.inodes.forget(inode.id, 1);
-                return Err(os(e));
+                return Err(Error::from(e));
             }
         };
         Ok(self.entry(&inode, &st))
@@ -475,15 +498,15 @@ impl PassthroughFs {
 
     /// Wraps a freshly opened file (CREATE, TMPFILE) as a node plus a handle.
     fn adopt(&self, parent: &Arc<Inode>, file: OwnedFd, oflags: i32) -> Result<(Entry, Opened)> {
-        let st = sys::fstatx(file.as_fd()).map_err(os)?;
+        let st = sys::fstatx(file.as_fd()).map_err(Error::from)?;
         if kind_of(&st) != libc::S_IFREG {
             return Err(Error::Io);
         }
         // An O_PATH descriptor on the same inode, through the magic link of the open one.
         let path = sys::FdPath::new(file.as_fd());
-        let opath = sys::openat(self.proc_fd.as_fd(), path.name(), libc::O_PATH, 0).map_err(os)?;
+        let opath = sys::openat(self.proc_fd.as_fd(), path.name(), libc::O_PATH, 0).map_err(Error::from)?;
         let key = InodeKey::of(&st);
-        if InodeKey::of(&sys::fstatx(opath.as_fd()).map_err(os)?) != key {
+        if InodeKey::of(&sys::fstatx(opath.as_fd()).map_err(Error::from)?) != key {
             return Err(Error::Io);
         }
         let inode = self.inodes.intern(opath, key, libc::S_IFREG, Some(parent));
@@ -496,7 +519,7 @@ impl PassthroughFs {
     /// applies it unless the parent has a default ACL), else none (the guest applied it).
     fn creation_umask(&self, umask: u32) -> Result<()> {
         let mask = if self.session_has(abi::init::DONT_MASK) { umask } else { 0 };
-        creds::set_umask(mask).map_err(os)
+        creds::set_umask(mask).map_err(Error::from)
     }
 
     fn listing(
@@ -514,10 +537,10 @@ impl PassthroughFs {
         };
         let mut buf = buf.lock().unwrap_or_else(PoisonError::into_inner);
         buf.resize(DIRENT_BUF, 0);
-        sys::lseek(h.file.as_fd(), offset, libc::SEEK_SET as u32).map_err(os)?;
+        sys::lseek(h.file.as_fd(), offset, libc::SEEK_SET as u32).map_err(Error::from)?;
         let root_ino = self.inodes.root().key.ino;
         loop {
-            let n = sys::getdents64(h.file.as_fd(), &mut buf).map_err(os)?;
+            let n = sys::getdents64(h.file.as_fd(), &mut buf).map_err(Error::from)?;
             if n == 0 {
                 return Ok(());
             }
@@ -542,539 +565,6 @@ impl PassthroughFs {
                 }
             }
         }
-    }
-}
-
-impl FileSystem for PassthroughFs {
-    fn init(&self, capable: u64) -> Result<u64> {
-        // What the server can honour suits us: the host kernel clears set-user-id/set-group-id
-        // on write, truncate and chown under the caller's ids (HANDLE_KILLPRIV(_V2)), applies
-        // the umask per thread (DONT_MASK, see `creation_umask`) and keeps POSIX ACLs.
-        let mut wanted = capable;
-        if !self.cfg.posix_acl {
-            wanted &= !abi::init::POSIX_ACL;
-        }
-        self.session.store(wanted, Ordering::Relaxed);
-        Ok(wanted)
-    }
-
-    fn destroy(&self) {
-        let handles = std::mem::take(&mut *self.handles.write().unwrap_or_else(PoisonError::into_inner));
-        for h in handles.values() {
-            h.inode.opens.fetch_sub(1, Ordering::AcqRel);
-        }
-        drop(handles);
-        self.inodes.clear();
-    }
-
-    fn lookup(&self, ctx: &Context, parent: u64, name: &[u8]) -> Result<Entry> {
-        let dir = self.inode(parent)?;
-        if name == b".." {
-            return as_caller(ctx, || self.lookup_dotdot(&dir));
-        }
-        let name = Name::new(name)?;
-        as_caller(ctx, || self.do_lookup(&dir, &name))
-    }
-
-    fn forget(&self, _ctx: &Context, ino: u64, nlookup: u64) {
-        self.inodes.forget(ino, nlookup);
-    }
-
-    fn getattr(&self, _ctx: &Context, ino: u64, _fh: Option<u64>) -> Result<(Stat, Duration)> {
-        let inode = self.inode(ino)?;
-        let st = sys::fstatx(inode.fd()).map_err(os)?;
-        Ok((to_stat(&st), self.cfg.cache.timeout()))
-    }
-
-    fn setattr(&self, ctx: &Context, ino: u64, attr: &SetAttr) -> Result<(Stat, Duration)> {
-        let inode = self.inode(ino)?;
-        let handle = match attr.fh {
-            Some(fh) => Some(self.file_handle(fh, ino)?),
-            None => None,
-        };
-        let path = sys::FdPath::new(inode.fd());
-        as_caller(ctx, || {
-            if let Some(mode) = attr.mode {
-                if inode.kind == libc::S_IFLNK {
-                    return Err(Error::NotSupported);
-                }
-                sys::fchmodat(self.proc_fd.as_fd(), path.name(), mode & 0o7777).map_err(os)?;
-            }
-            if attr.uid.is_some() || attr.gid.is_some() {
-                let uid = attr.uid.unwrap_or(u32::MAX);
-                let gid = attr.gid.unwrap_or(u32::MAX);
-                sys::fchown_fd(inode.fd(), uid, gid).map_err(os)?;
-            }
-            if let Some(size) = attr.size {
-                match inode.kind {
-                    libc::S_IFREG => {}
-                    libc::S_IFDIR => return Err(Error::IsDir),
-                    _ => return Err(Error::InvalidArgument),
-                }
-                match &handle {
-                    // Through the handle its access mode decides, as ftruncate(2).
-                    Some(h) => sys::ftruncate(h.file.as_fd(), size).map_err(os)?,
-                    None => sys::truncate(self.proc_entry(inode.fd())?.name(), size).map_err(os)?,
-                }
-            }
-            if attr.atime.is_some() || attr.mtime.is_some() {
-                let times = [set_time(attr.atime), set_time(attr.mtime)];
-                sys::utimensat(self.proc_fd.as_fd(), path.name(), &times, 0).map_err(os)?;
-            }
-            // ctime cannot be set on the host: it is whatever the changes above made it.
-            Ok(())
-        })?;
-        let st = sys::fstatx(inode.fd()).map_err(os)?;
-        Ok((to_stat(&st), self.cfg.cache.timeout()))
-    }
-
-    fn readlink(&self, _ctx: &Context, ino: u64) -> Result<Vec<u8>> {
-        let inode = self.inode(ino)?;
-        if inode.kind != libc::S_IFLNK {
-            return Err(Error::InvalidArgument);
-        }
-        sys::readlink_fd(inode.fd()).map_err(os)
-    }
-
-    fn symlink(&self, ctx: &Context, parent: u64, name: &[u8], target: &[u8]) -> Result<Entry> {
-        let dir = self.dir(parent)?;
-        let name = Name::new(name)?;
-        let target = sys::cstring(target).map_err(os)?;
-        as_caller(ctx, || {
-            sys::symlinkat(&target, dir.fd(), name.c()).map_err(os)?;
-            self.do_lookup(&dir, &name)
-        })
-    }
-
-    fn mknod(
-        &self,
-        ctx: &Context,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        rdev: u32,
-        umask: u32,
-    ) -> Result<Entry> {
-        let dir = self.dir(parent)?;
-        let name = Name::new(name)?;
-        as_caller(ctx, || {
-            self.creation_umask(umask)?;
-            sys::mknodat(dir.fd(), name.c(), mode, u64::from(rdev)).map_err(os)?;
-            self.do_lookup(&dir, &name)
-        })
-    }
-
-    fn mkdir(&self, ctx: &Context, parent: u64, name: &[u8], mode: u32, umask: u32) -> Result<Entry> {
-        let dir = self.dir(parent)?;
-        let name = Name::new(name)?;
-        as_caller(ctx, || {
-            self.creation_umask(umask)?;
-            sys::mkdirat(dir.fd(), name.c(), mode & 0o7777).map_err(os)?;
-            self.do_lookup(&dir, &name)
-        })
-    }
-
-    fn unlink(&self, ctx: &Context, parent: u64, name: &[u8]) -> Result<()> {
-        let dir = self.dir(parent)?;
-        let name = Name::new(name)?;
-        as_caller(ctx, || sys::unlinkat(dir.fd(), name.c(), 0).map_err(os))
-    }
-
-    fn rmdir(&self, ctx: &Context, parent: u64, name: &[u8]) -> Result<()> {
-        let dir = self.dir(parent)?;
-        let name = Name::new(name)?;
-        as_caller(ctx, || sys::unlinkat(dir.fd(), name.c(), libc::AT_REMOVEDIR).map_err(os))
-    }
-
-    fn rename(
-        &self,
-        ctx: &Context,
-        olddir: u64,
-        oldname: &[u8],
-        newdir: u64,
-        newname: &[u8],
-        flags: u32,
-    ) -> Result<()> {
-        let old = self.dir(olddir)?;
-        let new = self.dir(newdir)?;
-        let oldname = Name::new(oldname)?;
-        let newname = Name::new(newname)?;
-        as_caller(ctx, || sys::renameat2(old.fd(), oldname.c(), new.fd(), newname.c(), flags).map_err(os))?;
-        // Moved directories now live in their new parent (both ways for an exchange).
-        let mut moved = vec![(&new, &newname)];
-        if flags & libc::RENAME_EXCHANGE != 0 {
-            moved.push((&old, &oldname));
-        }
-        for (dir, name) in moved {
-            if let Ok(st) = sys::statx(dir.fd(), name.c(), libc::AT_SYMLINK_NOFOLLOW) {
-                if kind_of(&st) == libc::S_IFDIR {
-                    if let Some(inode) = self.inodes.lookup_key(&InodeKey::of(&st)) {
-                        inode.set_parent(dir);
-                        self.inodes.forget(inode.id, 1);
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn link(&self, ctx: &Context, ino: u64, newparent: u64, newname: &[u8]) -> Result<Entry> {
-        let inode = self.inode(ino)?;
-        let dir = self.dir(newparent)?;
-        let name = Name::new(newname)?;
-        if inode.is_dir() {
-            return Err(Error::NotPermitted);
-        }
-        let path = sys::FdPath::new(inode.fd());
-        as_caller(ctx, || {
-            // The magic link resolves to the node's own inode (a symlink stays a symlink).
-            sys::linkat(self.proc_fd.as_fd(), path.name(), dir.fd(), name.c(), libc::AT_SYMLINK_FOLLOW)
-                .map_err(os)
-        })?;
-        let inode = self.inodes.reref(&inode, || inode.fd().try_clone_to_owned()).map_err(os)?;
-        match sys::fstatx(inode.fd()) {
-            Ok(st) => Ok(self.entry(&inode, &st)),
-            Err(e) => {
-                self.inodes.forget(inode.id, 1);
-                Err(os(e))
-            }
-        }
-    }
-
-    fn open(&self, ctx: &Context, ino: u64, flags: u32, _kill_priv: bool) -> Result<Opened> {
-        let inode = self.inode(ino)?;
-        match inode.kind {
-            libc::S_IFREG => {}
-            libc::S_IFDIR => return Err(Error::IsDir),
-            libc::S_IFLNK => return Err(Error::Os(libc::ELOOP)),
-            // Device nodes, FIFOs and sockets are the guest's business, never opened here.
-            _ => return Err(Error::NoSuchAddress),
-        }
-        let oflags = open_flags(flags)?;
-        // With the caller's ids: the host checks the access mode (and an O_TRUNC clears
-        // set-user-id as for that caller).
-        let file = as_caller(ctx, || self.reopen(&inode, oflags))?;
-        Ok(Opened {
-            fh: self.add_handle(inode, file, false, oflags),
-            open_flags: self.cfg.cache.file_open_flags(),
-        })
-    }
-
-    fn read(
-        &self,
-        _ctx: &Context,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        size: u32,
-        w: &mut Writer<'_>,
-    ) -> Result<usize> {
-        let h = self.file_handle(fh, ino)?;
-        let want = (size as usize).min(w.available());
-        BOUNCE.with(|b| {
-            let mut buf = b.borrow_mut();
-            let mut done = 0;
-            while done < want {
-                let chunk = (want - done).min(IO_CHUNK);
-                if buf.len() < chunk {
-                    buf.resize(chunk, 0);
-                }
-                let n = match h.file.read_at(&mut buf[..chunk], offset + done as u64) {
-                    Ok(0) => break,
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) if done > 0 => {
-                        log::debug!("passthrough: short read after {done} bytes: {e}");
-                        break;
-                    }
-                    Err(e) => return Err(os(e)),
-                };
-                w.write_all(&buf[..n])?;
-                done += n;
-            }
-            Ok(done)
-        })
-    }
-
-    fn write(
-        &self,
-        ctx: &Context,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        size: u32,
-        write_flags: u32,
-        r: &mut Reader<'_>,
-    ) -> Result<usize> {
-        let h = self.file_handle(fh, ino)?;
-        let size = size as usize;
-        // The caller's ids matter only for clearing set-user-id/set-group-id (the host does it
-        // when the writer lacks CAP_FSETID); the kernel tells us when, with HANDLE_KILLPRIV_V2.
-        let kill = write_flags & abi::write_flags::KILL_SUIDGID != 0
-            || !self.session_has(abi::init::HANDLE_KILLPRIV_V2);
-        let guard =
-            if kill { Some(creds::Guard::enter(ctx.uid, ctx.gid, ctx.supp_gid).map_err(os)?) } else { None };
-        let res = BOUNCE.with(|b| {
-            let mut buf = b.borrow_mut();
-            let mut done = 0;
-            while done < size {
-                let chunk = (size - done).min(IO_CHUNK);
-                buf.clear();
-                if r.read_to(&mut buf, chunk) != chunk {
-                    return Err(Error::InvalidArgument);
-                }
-                let mut at = 0;
-                while at < chunk {
-                    match h.file.write_at(&buf[at..chunk], offset + (done + at) as u64) {
-                        Ok(0) => return Err(Error::Io),
-                        Ok(n) => at += n,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(_) if done + at > 0 => return Ok(done + at),
-                        Err(e) => return Err(os(e)),
-                    }
-                }
-                done += chunk;
-            }
-            Ok(done)
-        });
-        drop(guard);
-        res
-    }
-
-    fn flush(&self, _ctx: &Context, ino: u64, fh: u64, _lock_owner: u64) -> Result<()> {
-        self.handle(fh, ino).map(drop)
-    }
-
-    fn release(&self, _ctx: &Context, ino: u64, fh: u64, _flags: u32, _lock_owner: u64) -> Result<()> {
-        self.remove_handle(fh, ino)
-    }
-
-    fn lock_handle(&self, _ctx: &Context, ino: u64, fh: u64, access: LockAccess) -> Result<()> {
-        // The locks live in the server (for the one guest this device serves), not on the host
-        // file: see DESIGN.md ("FUSE semantics").
-        let h = self.handle(fh, ino)?;
-        if h.inode.kind != libc::S_IFREG {
-            return Err(Error::InvalidArgument);
-        }
-        match (access, h.access) {
-            (LockAccess::Read, libc::O_WRONLY) | (LockAccess::Write, libc::O_RDONLY) => Err(Error::BadHandle),
-            _ => Ok(()),
-        }
-    }
-
-    fn has_open_handles(&self, ino: u64) -> bool {
-        self.inodes.get(ino).is_some_and(|inode| inode.opens.load(Ordering::Acquire) > 0)
-    }
-
-    fn fsync(&self, _ctx: &Context, ino: u64, fh: u64, datasync: bool) -> Result<()> {
-        let h = self.file_handle(fh, ino)?;
-        sys::fsync(h.file.as_fd(), datasync).map_err(os)
-    }
-
-    fn opendir(&self, ctx: &Context, ino: u64, _flags: u32) -> Result<Opened> {
-        let inode = self.dir(ino)?;
-        let file = as_caller(ctx, || self.reopen(&inode, libc::O_RDONLY | libc::O_DIRECTORY))?;
-        Ok(Opened {
-            fh: self.add_handle(inode, file, true, libc::O_RDONLY),
-            open_flags: self.cfg.cache.dir_open_flags(),
-        })
-    }
-
-    fn readdir(&self, ctx: &Context, ino: u64, fh: u64, offset: u64, sink: &mut DirSink<'_>) -> Result<()> {
-        self.listing(ctx, ino, fh, offset, sink)
-    }
-
-    fn readdirplus(
-        &self,
-        ctx: &Context,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        sink: &mut DirPlusSink<'_>,
-    ) -> Result<()> {
-        let dir = self.dir(ino)?;
-        as_caller(ctx, || {
-            self.listing(ctx, ino, fh, offset, |e| {
-                let entry = if e.name == b"." || e.name == b".." {
-                    Entry::default()
-                } else {
-                    // An entry that vanished or that the caller may not look up is listed
-                    // without attributes (node id 0), as the kernel allows.
-                    Name::new(e.name).and_then(|n| self.do_lookup(&dir, &n)).unwrap_or_default()
-                };
-                let taken = sink(e, &entry);
-                if !taken && entry.ino != 0 {
-                    self.inodes.forget(entry.ino, 1);
-                }
-                taken
-            })
-        })
-    }
-
-    fn releasedir(&self, _ctx: &Context, ino: u64, fh: u64, _flags: u32) -> Result<()> {
-        self.remove_handle(fh, ino)
-    }
-
-    fn fsyncdir(&self, _ctx: &Context, ino: u64, fh: u64, datasync: bool) -> Result<()> {
-        let h = self.handle(fh, ino)?;
-        sys::fsync(h.file.as_fd(), datasync).map_err(os)
-    }
-
-    fn statfs(&self, _ctx: &Context, ino: u64) -> Result<StatFs> {
-        let inode = self.inode(ino)?;
-        let st = sys::fstatfs(inode.fd()).map_err(os)?;
-        Ok(StatFs {
-            blocks: st.f_blocks,
-            bfree: st.f_bfree,
-            bavail: st.f_bavail,
-            files: st.f_files,
-            ffree: st.f_ffree,
-            bsize: st.f_bsize as u32,
-            namelen: st.f_namelen as u32,
-            frsize: st.f_frsize as u32,
-        })
-    }
-
-    fn access(&self, ctx: &Context, ino: u64, mask: u32) -> Result<()> {
-        let inode = self.inode(ino)?;
-        as_caller(ctx, || sys::faccess_fd(inode.fd(), mask).map_err(os))
-    }
-
-    fn create(
-        &self,
-        ctx: &Context,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        flags: u32,
-        umask: u32,
-        _kill_priv: bool,
-    ) -> Result<(Entry, Opened)> {
-        let dir = self.dir(parent)?;
-        let name = Name::new(name)?;
-        let oflags = open_flags(flags)? | libc::O_CREAT | libc::O_NOFOLLOW | (flags as i32 & libc::O_EXCL);
-        as_caller(ctx, || {
-            self.creation_umask(umask)?;
-            let file = sys::openat2(dir.fd(), name.c(), oflags, mode & 0o7777, RESOLVE).map_err(os)?;
-            self.adopt(&dir, file, oflags)
-        })
-    }
-
-    fn tmpfile(
-        &self,
-        ctx: &Context,
-        parent: u64,
-        mode: u32,
-        flags: u32,
-        umask: u32,
-    ) -> Result<(Entry, Opened)> {
-        let dir = self.dir(parent)?;
-        let oflags = open_flags(flags)? | libc::O_TMPFILE | (flags as i32 & libc::O_EXCL);
-        as_caller(ctx, || {
-            self.creation_umask(umask)?;
-            let file = sys::openat2(dir.fd(), c".", oflags, mode & 0o7777, RESOLVE).map_err(os)?;
-            self.adopt(&dir, file, oflags)
-        })
-    }
-
-    fn fallocate(&self, ctx: &Context, ino: u64, fh: u64, mode: u32, offset: u64, length: u64) -> Result<()> {
-        let h = self.file_handle(fh, ino)?;
-        as_caller(ctx, || sys::fallocate(h.file.as_fd(), mode, offset, length).map_err(os))
-    }
-
-    fn setxattr(
-        &self,
-        ctx: &Context,
-        ino: u64,
-        name: &[u8],
-        value: &[u8],
-        flags: u32,
-        _acl_kill_sgid: Option<bool>,
-    ) -> Result<()> {
-        let inode = self.inode(ino)?;
-        let name = sys::cstring(name).map_err(os)?;
-        let path = self.proc_entry(inode.fd())?;
-        as_caller(ctx, || sys::setxattr(path.name(), &name, value, flags as i32).map_err(os))
-    }
-
-    fn getxattr(&self, ctx: &Context, ino: u64, name: &[u8], size: u32) -> Result<XattrReply> {
-        let inode = self.inode(ino)?;
-        let name = sys::cstring(name).map_err(os)?;
-        let path = self.proc_entry(inode.fd())?;
-        as_caller(ctx, || {
-            if size == 0 {
-                let n = sys::getxattr(path.name(), &name, &mut []).map_err(os)?;
-                return Ok(XattrReply::Size(n as u32));
-            }
-            let mut buf = vec![0u8; (size as usize).min(XATTR_SIZE_MAX)];
-            let n = sys::getxattr(path.name(), &name, &mut buf).map_err(os)?;
-            buf.truncate(n);
-            Ok(XattrReply::Data(buf))
-        })
-    }
-
-    fn listxattr(&self, ctx: &Context, ino: u64, size: u32) -> Result<XattrReply> {
-        let inode = self.inode(ino)?;
-        let path = self.proc_entry(inode.fd())?;
-        as_caller(ctx, || {
-            if size == 0 {
-                let n = sys::listxattr(path.name(), &mut []).map_err(os)?;
-                return Ok(XattrReply::Size(n as u32));
-            }
-            let mut buf = vec![0u8; (size as usize).min(XATTR_SIZE_MAX)];
-            let n = sys::listxattr(path.name(), &mut buf).map_err(os)?;
-            buf.truncate(n);
-            Ok(XattrReply::Data(buf))
-        })
-    }
-
-    fn removexattr(&self, ctx: &Context, ino: u64, name: &[u8]) -> Result<()> {
-        let inode = self.inode(ino)?;
-        let name = sys::cstring(name).map_err(os)?;
-        let path = self.proc_entry(inode.fd())?;
-        as_caller(ctx, || sys::removexattr(path.name(), &name).map_err(os))
-    }
-
-    fn lseek(&self, _ctx: &Context, ino: u64, fh: u64, offset: u64, whence: u32) -> Result<u64> {
-        let h = self.file_handle(fh, ino)?;
-        sys::lseek(h.file.as_fd(), offset, whence).map_err(os)
-    }
-
-    fn copy_file_range(
-        &self,
-        ctx: &Context,
-        ino_in: u64,
-        fh_in: u64,
-        off_in: u64,
-        ino_out: u64,
-        fh_out: u64,
-        off_out: u64,
-        len: u64,
-        flags: u64,
-    ) -> Result<usize> {
-        if flags != 0 {
-            return Err(Error::InvalidArgument);
-        }
-        let hin = self.file_handle(fh_in, ino_in)?;
-        let hout = self.file_handle(fh_out, ino_out)?;
-        let len = len.min(MAX_COPY) as usize;
-        as_caller(ctx, || {
-            sys::copy_file_range(hin.file.as_fd(), off_in, hout.file.as_fd(), off_out, len).map_err(os)
-        })
-    }
-
-    fn syncfs(&self, _ctx: &Context, ino: u64) -> Result<()> {
-        let inode = self.inode(ino)?;
-        let target = if inode.is_dir() { inode } else { self.inodes.root().clone() };
-        let dir = self.reopen(&target, libc::O_RDONLY | libc::O_DIRECTORY)?;
-        sys::syncfs(dir.as_fd()).map_err(os)
-    }
-
-    fn statx(&self, _ctx: &Context, ino: u64, _fh: Option<u64>) -> Result<(Statx, Duration)> {
-        let inode = self.inode(ino)?;
-        let st = sys::fstatx(inode.fd()).map_err(os)?;
-        let btime = (st.stx_mask & libc::STATX_BTIME != 0).then(|| ts(&st.stx_btime));
-        Ok((Statx { stat: to_stat(&st), btime }, self.cfg.cache.timeout()))
     }
 }
 

@@ -1,13 +1,13 @@
 //! The passthrough's data path on a poller: READ, WRITE and FSYNC straight between the host file
 //! and the guest's buffers (no bounce copy), on an io_uring owned by the poller when they would
-//! block; every other request through the [`Server`] synchronously.
-//!
-//! [`UringEngine::submit`] decodes just enough of a request to recognise READ (data straight into
-//! the guest's reply buffers after the 16-byte reply header), WRITE (straight from the guest's
-//! payload buffers) and FSYNC; anything else, anything unusual (request extensions, a handle it
-//! does not know, a reply area too small, a WRITE that must clear set-user-id under the writer's
-//! identity, a full ring) goes to [`Server::serve`], which answers it — errors included —
-//! exactly as without the engine (a SETLKW that has to wait comes back as [`Submitted::Wait`]).
+//! block. [`Ring`] is the passthrough's per-poller engine on the filesystem seam
+//! ([`crate::seam::FsEngine`], made by [`PassthroughFs`]'s `FileSystem::engine`): the server
+//! decodes every request once and starts it here; READ, WRITE and FSYNC on an open file are
+//! served by the ring, everything else, and anything unusual (a handle it does not know, a WRITE
+//! that must clear set-user-id under the writer's identity, no free slot), is handed back
+//! ([`Started::Sync`]) and answered by the synchronous methods, exactly as without the engine.
+//! The server writes every reply header (at completion, into the buffers it holds for the
+//! pending request).
 //!
 //! How a transfer runs depends on the [`IoMode`]:
 //! - [`IoMode::Ring`]: always `READV`/`WRITEV`/`FSYNC` on the ring; the request stays pending.
@@ -18,48 +18,37 @@
 //!   page-cache miss, a filesystem without `RWF_NOWAIT`, an FSYNC to storage — goes on the ring
 //!   from where the inline part stopped, so the poller never waits for storage.
 //!
-//! [`UringEngine::poll`] reaps completions from the completion ring without a system call
-//! (completion polling); it enters the kernel only to submit. A short read or write (not at end
-//! of file) is resubmitted for the rest, so a reply is only ever short at end of file, as with the
-//! synchronous path.
+//! [`Ring::poll`](crate::seam::FsEngine::poll) reaps completions from the completion ring without
+//! a system call (completion polling); it enters the kernel only to submit. A short read or write
+//! (not at end of file) is resubmitted for the rest, so a reply is only ever short at end of
+//! file, as with the synchronous path. Storage answers in bounded time, which is what the seam's
+//! drain rule needs.
 //!
-//! Safety contract: the caller (the device's poller) keeps every buffer of a pending request
-//! mapped and untouched until `poll` reports it, and calls `poll` from the thread that submitted.
-//! The engine keeps the request's open file (`Arc<Handle>`) and its iovec array alive until the
-//! completion, so a concurrent RELEASE cannot close the descriptor under the kernel. This module
-//! and `sys.rs` hold all the `unsafe` of the passthrough.
+//! Safety contract (the seam's buffer rule): the device's poller keeps every buffer of a pending
+//! request mapped and untouched until it is reported, and calls the engine from the thread that
+//! created it. The ring keeps the request's open file (`Arc<Handle>`) and its iovec array alive
+//! until the completion, so a concurrent RELEASE cannot close the descriptor under the kernel.
+//! This module and `sys.rs` hold all the system-call `unsafe` of the passthrough.
 
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use io_uring::{opcode, types, IoUring};
-use vm_memory::{ByteValued, VolatileSlice};
 
 use super::{sys, Handle, PassthroughFs};
-use crate::abi::{self, opcode as op, InHeader, OutHeader};
-use crate::io::Reader;
-use crate::server::{LockWait, Served, Server, MAX_WRITE};
+use crate::abi;
+use crate::filesystem::{Error, Reply};
+use crate::io::Writer;
+use crate::request::{Op, Request};
+use crate::seam::{Completions, FsEngine, Started, Token};
+use crate::server::{PollerEngine, Server};
 
-const HDR: usize = std::mem::size_of::<OutHeader>();
-const WRITE_OUT: usize = std::mem::size_of::<abi::WriteOut>();
-/// Most buffers one reply header may span (a real driver uses one).
-const HDR_PIECES: usize = 4;
-
-/// What [`UringEngine::submit`] did with a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Submitted {
-    /// Answered at once (synchronously): this many bytes of reply.
-    Done(u32),
-    /// On the ring: [`UringEngine::poll`] reports it.
-    Pending,
-    /// A SETLKW waiting for its lock ([`Served::Wait`]): the caller parks it (see
-    /// [`crate::waits::LockWaits`]); the engine holds nothing of it.
-    Wait(LockWait),
-}
+pub use crate::server::Submitted;
 
 /// How READ, WRITE and FSYNC are served (see the module documentation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum IoMode {
     /// Through the server, synchronously, with a bounce buffer (no engine).
     Sync,
@@ -83,17 +72,54 @@ impl std::str::FromStr for IoMode {
     }
 }
 
-/// Counters of an engine.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+/// Counters of an engine (one poller's, or all pollers' added up:
+/// [`PassthroughFs::engine_stats`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct EngineStats {
     /// Requests completed inline, zero-copy, without the ring.
     pub inline_requests: u64,
     /// Requests served through the ring.
     pub async_requests: u64,
-    /// Requests served synchronously.
+    /// Requests handed back to the synchronous methods.
     pub sync_requests: u64,
     /// Short transfers resubmitted for the rest.
     pub resubmits: u64,
+}
+
+impl std::ops::AddAssign for EngineStats {
+    fn add_assign(&mut self, o: Self) {
+        self.inline_requests += o.inline_requests;
+        self.async_requests += o.async_requests;
+        self.sync_requests += o.sync_requests;
+        self.resubmits += o.resubmits;
+    }
+}
+
+/// One poller's counters, written only by that poller (relaxed stores, no read-modify-write
+/// shared with another core) and read by anyone; a cache line of its own.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+pub(crate) struct StatsCell {
+    inline_requests: AtomicU64,
+    async_requests: AtomicU64,
+    sync_requests: AtomicU64,
+    resubmits: AtomicU64,
+}
+
+impl StatsCell {
+    fn bump(c: &AtomicU64) {
+        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn get(&self) -> EngineStats {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        EngineStats {
+            inline_requests: g(&self.inline_requests),
+            async_requests: g(&self.async_requests),
+            sync_requests: g(&self.sync_requests),
+            resubmits: g(&self.resubmits),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,17 +129,8 @@ enum Kind {
     Fsync,
 }
 
-/// A guest memory range, kept as an address (the mapping outlives the request; see the
-/// module's safety contract).
-#[derive(Debug, Clone, Copy, Default)]
-struct Range {
-    addr: usize,
-    len: usize,
-}
-
 struct Slot {
-    id: u64,
-    unique: u64,
+    token: Token,
     kind: Kind,
     handle: Option<Arc<Handle>>,
     /// Where the data goes (READ) or comes from (WRITE); consumed from the front on resubmits.
@@ -124,9 +141,6 @@ struct Slot {
     want: usize,
     done: usize,
     datasync: bool,
-    /// The reply header (and WRITE's `fuse_write_out`) in the writable buffers.
-    reply: [Range; HDR_PIECES],
-    reply_pieces: usize,
 }
 
 // SAFETY: the raw pointers in `iov` name guest memory that the poller keeps mapped for the life
@@ -152,8 +166,7 @@ impl Slot {
 
     fn new() -> Self {
         Slot {
-            id: 0,
-            unique: 0,
+            token: Token(0),
             kind: Kind::Read,
             handle: None,
             iov: Vec::new(),
@@ -162,15 +175,26 @@ impl Slot {
             want: 0,
             done: 0,
             datasync: false,
-            reply: [Range::default(); HDR_PIECES],
-            reply_pieces: 0,
         }
+    }
+
+    /// The reply to the finished transfer (`error`: 0 or an errno).
+    fn reply(&self, error: i32) -> crate::filesystem::Result<Reply> {
+        if error != 0 {
+            return Err(Error::from_errno(error));
+        }
+        let n = self.done.min(self.want);
+        Ok(match self.kind {
+            Kind::Read => Reply::Data(n),
+            Kind::Write => Reply::Written(n),
+            Kind::Fsync => Reply::Empty,
+        })
     }
 }
 
-/// An io_uring for one poller. See the module documentation.
-pub struct UringEngine {
-    server: Arc<Server<PassthroughFs>>,
+/// The passthrough's engine on one poller: an io_uring and its request slots. See the module
+/// documentation.
+pub struct Ring {
     mode: IoMode,
     ring: IoUring,
     slots: Vec<Slot>,
@@ -178,62 +202,22 @@ pub struct UringEngine {
     in_flight: usize,
     /// Entries pushed since the last submit.
     queued: usize,
-    stats: EngineStats,
+    stats: Arc<StatsCell>,
     /// Scratch lists for `poll`, kept to avoid allocating per round.
     cqes: Vec<(u64, i32)>,
     resubmit: Vec<u32>,
 }
 
-impl std::fmt::Debug for UringEngine {
+impl std::fmt::Debug for Ring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UringEngine").field("in_flight", &self.in_flight).field("stats", &self.stats).finish()
+        f.debug_struct("Ring").field("in_flight", &self.in_flight).field("stats", &self.stats.get()).finish()
     }
 }
 
-/// Splits the first `skip` bytes of `bufs` off as ranges (at most [`HDR_PIECES`]), then the next
-/// `len` bytes as iovecs; `None` when the buffers are shorter.
-fn carve(
-    bufs: &[VolatileSlice<'_>],
-    skip: usize,
-    len: usize,
-    iov: &mut Vec<libc::iovec>,
-) -> Option<([Range; HDR_PIECES], usize)> {
-    let mut head = [Range::default(); HDR_PIECES];
-    let mut pieces = 0;
-    let mut need_head = skip;
-    let mut need_data = len;
-    iov.clear();
-    for b in bufs {
-        let base = b.ptr_guard_mut().as_ptr() as usize;
-        let mut at = 0;
-        if need_head > 0 {
-            let n = need_head.min(b.len());
-            if n > 0 {
-                if pieces == HDR_PIECES {
-                    return None;
-                }
-                head[pieces] = Range { addr: base, len: n };
-                pieces += 1;
-            }
-            need_head -= n;
-            at = n;
-        }
-        if need_head == 0 && need_data > 0 && at < b.len() {
-            let n = need_data.min(b.len() - at);
-            iov.push(libc::iovec { iov_base: (base + at) as *mut libc::c_void, iov_len: n });
-            need_data -= n;
-        }
-        if need_head == 0 && need_data == 0 {
-            return Some((head, pieces));
-        }
-    }
-    (need_head == 0 && need_data == 0).then_some((head, pieces))
-}
-
-impl UringEngine {
-    /// A ring of `entries` for requests to `server`'s passthrough filesystem, serving transfers
-    /// as `mode` says ([`IoMode::Sync`] is taken as [`IoMode::Hybrid`]: an engine has a ring).
-    pub fn new(server: Arc<Server<PassthroughFs>>, entries: u32, mode: IoMode) -> std::io::Result<Self> {
+impl Ring {
+    /// A ring of `entries`, serving transfers as `mode` says ([`IoMode::Sync`] is taken as
+    /// [`IoMode::Hybrid`]: an engine has a ring).
+    pub fn new(entries: u32, mode: IoMode) -> std::io::Result<Self> {
         // A plain ring: the kernel delivers the task work of completions finished by its workers
         // by interrupting the poller (COOP_TASKRUN, which waits for us to enter the kernel,
         // measured slower and with a millisecond tail on a busy-polling thread).
@@ -242,143 +226,81 @@ impl UringEngine {
         let n = ring.params().sq_entries() as usize;
         let slots = (0..n).map(|_| Slot::new()).collect();
         let free = (0..n as u32).rev().collect();
-        Ok(UringEngine {
-            server,
+        Ok(Ring {
             mode,
             ring,
             slots,
             free,
             in_flight: 0,
             queued: 0,
-            stats: EngineStats::default(),
+            stats: Arc::default(),
             cqes: Vec::with_capacity(n),
             resubmit: Vec::with_capacity(n),
         })
     }
 
-    /// Requests on the ring.
-    pub fn in_flight(&self) -> usize {
-        self.in_flight
-    }
-
     /// What the engine did so far.
     pub fn stats(&self) -> EngineStats {
-        self.stats
+        self.stats.get()
     }
 
-    /// Serves one request: inline, on the ring, or at once through the server. `id` is the
-    /// caller's.
-    pub fn submit(
-        &mut self,
-        id: u64,
-        readable: &[VolatileSlice<'_>],
-        writable: &[VolatileSlice<'_>],
-    ) -> Submitted {
-        match self.try_fast(id, readable, writable) {
-            Some(Submitted::Pending) => {
-                self.stats.async_requests += 1;
-                Submitted::Pending
-            }
-            Some(done) => {
-                self.stats.inline_requests += 1;
-                done
-            }
-            None => {
-                self.stats.sync_requests += 1;
-                match self.server.serve(readable, writable) {
-                    Served::Replied(n) => Submitted::Done(u32::try_from(n).unwrap_or(0)),
-                    Served::Wait(wait) => Submitted::Wait(wait),
-                }
-            }
-        }
+    pub(crate) fn stats_cell(&self) -> Arc<StatsCell> {
+        self.stats.clone()
     }
 
-    /// READ, WRITE or FSYNC without the server: `None` leaves the request to it.
-    fn try_fast(
+    /// Sets slot `index` up for READ, WRITE or FSYNC; `None` leaves the request to the
+    /// synchronous methods.
+    fn prepare(
         &mut self,
-        id: u64,
-        readable: &[VolatileSlice<'_>],
-        writable: &[VolatileSlice<'_>],
-    ) -> Option<Submitted> {
-        let &index = self.free.last()?;
-        let mut r = Reader::new(readable);
-        let total = r.bytes_left();
-        let Ok(hdr) = r.read_obj::<InHeader>() else { return None };
-        if hdr.len as usize != total || hdr.total_extlen != 0 {
-            return None;
-        }
-        let fs = self.server.filesystem();
+        fs: &PassthroughFs,
+        index: u32,
+        req: &Request<'_>,
+        data: &Writer<'_>,
+    ) -> Option<()> {
         let slot = &mut self.slots[index as usize];
-        let (kind, fh, offset, want) = match hdr.opcode {
-            op::READ => {
-                let Ok(arg) = r.read_obj::<abi::ReadIn>() else { return None };
-                let (reply, pieces) = carve(writable, HDR, arg.size as usize, &mut slot.iov)?;
-                slot.reply = reply;
-                slot.reply_pieces = pieces;
-                (Kind::Read, arg.fh, arg.offset, arg.size as usize)
+        slot.iov.clear();
+        let (kind, fh, offset, want) = match req.op {
+            Op::Read { fh, offset, size } => {
+                data.iovecs(&mut slot.iov);
+                (Kind::Read, fh, offset, size as usize)
             }
-            op::WRITE => {
-                let Ok(arg) = r.read_obj::<abi::WriteIn>() else { return None };
-                let size = arg.size as usize;
+            Op::Write { fh, offset, size, write_flags, data: ref payload } => {
                 // Clearing set-user-id needs the writer's identity: the synchronous path has it.
-                let v2 = self.server.negotiated() & abi::init::HANDLE_KILLPRIV_V2 != 0;
-                if size != r.bytes_left()
-                    || arg.size > MAX_WRITE
-                    || !v2
-                    || arg.write_flags & abi::write_flags::KILL_SUIDGID != 0
+                if !fs.session_has(abi::init::HANDLE_KILLPRIV_V2)
+                    || write_flags & abi::write_flags::KILL_SUIDGID != 0
                 {
                     return None;
                 }
-                carve(readable, total - size, size, &mut slot.iov)?;
-                let mut none = Vec::new();
-                let (reply, pieces) = carve(writable, HDR + WRITE_OUT, 0, &mut none)?;
-                slot.reply = reply;
-                slot.reply_pieces = pieces;
-                (Kind::Write, arg.fh, arg.offset, size)
+                payload.iovecs(&mut slot.iov);
+                (Kind::Write, fh, offset, size as usize)
             }
-            op::FSYNC => {
-                let Ok(arg) = r.read_obj::<abi::FsyncIn>() else { return None };
-                let mut none = Vec::new();
-                let (reply, pieces) = carve(writable, HDR, 0, &mut none)?;
-                slot.reply = reply;
-                slot.reply_pieces = pieces;
-                slot.datasync = arg.fsync_flags & abi::FSYNC_FDATASYNC != 0;
-                (Kind::Fsync, arg.fh, 0, 0)
+            Op::Fsync { fh, datasync } => {
+                slot.datasync = datasync;
+                (Kind::Fsync, fh, 0, 0)
             }
             _ => return None,
         };
-        // Unknown handles, directories and wrong nodes: the server says why.
-        let Ok(handle) = fs.handle(fh, hdr.nodeid) else { return None };
+        // Unknown handles, directories and wrong nodes: the synchronous path says why.
+        let handle = fs.handle(fh, req.nodeid).ok()?;
         let in_range = matches!(offset.checked_add(want as u64), Some(end) if end <= i64::MAX as u64);
         if handle.dir.is_some() || !in_range {
             return None;
         }
-        slot.id = id;
-        slot.unique = hdr.unique;
         slot.kind = kind;
         slot.handle = Some(handle);
         slot.iov_at = 0;
         slot.offset = offset;
         slot.want = want;
         slot.done = 0;
-        if self.mode == IoMode::Hybrid {
-            if let Some(error) = self.inline(index, false) {
-                let len = self.finish(index, error);
-                self.slots[index as usize].handle = None;
-                return Some(Submitted::Done(len));
-            }
-        }
-        if !self.push(index) {
-            // The ring is full or broken: finish here, waiting if need be (a reply must not be
-            // short before the end of the file: the guest would take it for the end).
-            let error = self.inline(index, true).unwrap_or(libc::EIO);
-            let len = self.finish(index, error);
-            self.slots[index as usize].handle = None;
-            return Some(Submitted::Done(len));
-        }
-        self.free.pop();
-        self.in_flight += 1;
-        Some(Submitted::Pending)
+        Some(())
+    }
+
+    /// Ends slot `index`'s request here (not pending): its reply.
+    fn finish_now(&mut self, index: u32, error: i32) -> Started {
+        let slot = &mut self.slots[index as usize];
+        let reply = slot.reply(error);
+        slot.handle = None;
+        Started::Done(reply)
     }
 
     /// Does the transfer of slot `index` (from `done` on) here. `Some(errno)` (0: success):
@@ -476,8 +398,54 @@ impl UringEngine {
         true
     }
 
-    /// Submits what was queued and reports finished requests as `(id, reply length)`.
-    pub fn poll(&mut self, done: &mut dyn FnMut(u64, u32)) -> usize {
+    /// Reports slot `index` finished to `done` and frees it.
+    fn complete(&mut self, index: u32, error: i32, done: &mut Completions<'_>) {
+        let slot = &mut self.slots[index as usize];
+        done.complete(slot.token, slot.reply(error));
+        slot.handle = None;
+        self.free.push(index);
+        self.in_flight -= 1;
+    }
+}
+
+impl FsEngine<PassthroughFs> for Ring {
+    fn start(
+        &mut self,
+        fs: &PassthroughFs,
+        token: Token,
+        req: &mut Request<'_>,
+        data: &mut Writer<'_>,
+    ) -> Started {
+        let Some(&index) = self.free.last() else {
+            StatsCell::bump(&self.stats.sync_requests);
+            return Started::Sync;
+        };
+        if self.prepare(fs, index, req, data).is_none() {
+            StatsCell::bump(&self.stats.sync_requests);
+            return Started::Sync;
+        }
+        self.slots[index as usize].token = token;
+        if self.mode == IoMode::Hybrid {
+            if let Some(error) = self.inline(index, false) {
+                StatsCell::bump(&self.stats.inline_requests);
+                return self.finish_now(index, error);
+            }
+        }
+        if !self.push(index) {
+            // The ring is full or broken: finish here, waiting if need be (a reply must not be
+            // short before the end of the file: the guest would take it for the end).
+            StatsCell::bump(&self.stats.inline_requests);
+            let error = self.inline(index, true).unwrap_or(libc::EIO);
+            return self.finish_now(index, error);
+        }
+        StatsCell::bump(&self.stats.async_requests);
+        self.free.pop();
+        self.in_flight += 1;
+        Started::Pending
+    }
+
+    /// Submits what was queued and completes finished requests.
+    fn poll(&mut self, _fs: &PassthroughFs, done: &mut Completions<'_>) {
         let overflow = self.ring.submission().cq_overflow();
         if self.queued > 0 || (self.in_flight > 0 && overflow) {
             match self.ring.submit() {
@@ -485,7 +453,9 @@ impl UringEngine {
                 Err(e) => log::warn!("passthrough io_uring: submit: {e}"),
             }
         }
-        let mut reported = 0;
+        if self.in_flight == 0 {
+            return;
+        }
         let mut cqes = std::mem::take(&mut self.cqes);
         let mut resubmit = std::mem::take(&mut self.resubmit);
         cqes.clear();
@@ -514,80 +484,76 @@ impl UringEngine {
                     }
                 }
             };
-            if !finished {
+            if finished {
+                self.complete(index, error, done);
+            } else {
                 resubmit.push(index);
-                continue;
             }
-            let len = self.finish(index, error);
-            done(self.slots[index as usize].id, len);
-            self.slots[index as usize].handle = None;
-            self.free.push(index);
-            self.in_flight -= 1;
-            reported += 1;
         }
         for &index in &resubmit {
-            self.stats.resubmits += 1;
+            StatsCell::bump(&self.stats.resubmits);
             if !self.push(index) {
                 let error = self.inline(index, true).unwrap_or(libc::EIO);
-                let len = self.finish(index, error);
-                done(self.slots[index as usize].id, len);
-                self.slots[index as usize].handle = None;
-                self.free.push(index);
-                self.in_flight -= 1;
-                reported += 1;
+                self.complete(index, error, done);
             }
         }
         self.cqes = cqes;
         self.resubmit = resubmit;
-        reported
     }
 
-    /// Writes the reply header (and WRITE's count) of slot `index`; returns the reply length.
-    fn finish(&self, index: u32, error: i32) -> u32 {
-        let slot = &self.slots[index as usize];
-        let mut reply = [0u8; HDR + WRITE_OUT];
-        let len = if error != 0 {
-            HDR
-        } else {
-            match slot.kind {
-                Kind::Read => HDR + slot.done.min(slot.want),
-                Kind::Write => {
-                    let out = abi::WriteOut { size: slot.done.min(slot.want) as u32, padding: 0 };
-                    reply[HDR..].copy_from_slice(out.as_slice());
-                    HDR + WRITE_OUT
-                }
-                Kind::Fsync => HDR,
-            }
-        };
-        let hdr = OutHeader { len: len as u32, error: -error, unique: slot.unique };
-        reply[..HDR].copy_from_slice(hdr.as_slice());
-        let head = if error == 0 && slot.kind == Kind::Write { HDR + WRITE_OUT } else { HDR };
-        let mut at = 0;
-        for r in &slot.reply[..slot.reply_pieces] {
-            if at >= head {
-                break;
-            }
-            let n = r.len.min(head - at);
-            // SAFETY: `r` is part of the request's writable buffers, which the poller keeps mapped
-            // until this request is reported (module safety contract); `n <= r.len`.
-            let dst = unsafe { VolatileSlice::new(r.addr as *mut u8, n) };
-            dst.copy_from(&reply[at..at + n]);
-            at += n;
-        }
-        len as u32
+    fn in_flight(&self) -> usize {
+        self.in_flight
     }
 }
 
-impl Drop for UringEngine {
+impl Drop for Ring {
     fn drop(&mut self) {
         // The kernel may still write into guest buffers: wait (bounded) for what is in flight.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while self.in_flight > 0 && std::time::Instant::now() < deadline {
             let _ = self.ring.submit_and_wait(1);
-            let n = self.poll(&mut |_, _| {});
-            if n == 0 {
+            let mut cqes = std::mem::take(&mut self.cqes);
+            cqes.clear();
+            cqes.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+            for &(user_data, _) in &cqes {
+                if let Some(slot) = self.slots.get_mut(user_data as usize) {
+                    if slot.handle.take().is_some() {
+                        self.in_flight -= 1;
+                    }
+                }
+            }
+            if cqes.is_empty() {
                 std::thread::yield_now();
             }
+            self.cqes = cqes;
         }
+        let s = self.stats.get();
+        log::debug!(
+            "io_uring engine: {} requests inline, {} on the ring, {} synchronous, {} resubmits",
+            s.inline_requests,
+            s.async_requests,
+            s.sync_requests,
+            s.resubmits
+        );
+    }
+}
+
+/// The passthrough's [`PollerEngine`] over a [`Ring`] of its own, for callers that drive one
+/// directly (tests; the daemon's pollers get theirs from `FileSystem::engine`).
+pub type UringEngine = PollerEngine<PassthroughFs>;
+
+impl PollerEngine<PassthroughFs> {
+    /// An engine for requests to `server`'s passthrough filesystem with a ring of `entries`,
+    /// serving transfers as `mode` says ([`IoMode::Sync`] is taken as [`IoMode::Hybrid`]: an
+    /// engine has a ring).
+    pub fn new(server: Arc<Server<PassthroughFs>>, entries: u32, mode: IoMode) -> std::io::Result<Self> {
+        let ring = Ring::new(entries, mode)?;
+        server.filesystem().register_engine(ring.stats_cell());
+        Ok(PollerEngine::with_engine(server, Some(Box::new(ring))))
+    }
+
+    /// What the rings of the filesystem did so far ([`PassthroughFs::engine_stats`]).
+    pub fn stats(&self) -> EngineStats {
+        self.server().filesystem().engine_stats()
     }
 }

@@ -1,0 +1,274 @@
+//! A poller's side of the server: [`PollerEngine`] serves the requests of one poller, hands
+//! them to the filesystem's engine when it has one ([`crate::seam`]), keeps the pending ones in
+//! preallocated slots (their reply buffers held, [`HeldBuffers`](crate::io::HeldBuffers)),
+//! encodes their replies when the engine completes them, and keeps the poller's waiting SETLKW
+//! requests ([`LockWaits`]).
+
+use std::sync::Arc;
+
+use vm_memory::VolatileSlice;
+
+use super::dispatch::{Dispatch, Post};
+use super::reply::error_into;
+use super::{data_part, LockWait, Result, Served, Server, Session};
+use crate::abi::InHeader;
+use crate::filesystem::{self, FileSystem, Reply};
+use crate::io::Reader;
+use crate::request::{NameBuf, Op, Request};
+use crate::seam::{Completions, FsEngine, Held, Started, Token};
+use crate::waits::LockWaits;
+
+/// What [`PollerEngine::submit`] did with a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Submitted {
+    /// Answered at once: this many bytes of reply.
+    Done(u32),
+    /// Pending in the filesystem's engine: [`PollerEngine::poll`] reports it.
+    Pending,
+    /// A SETLKW waiting for its lock ([`Served::Wait`]), parked in the engine's
+    /// [`LockWaits`]: [`PollerEngine::poll_waits`] answers it. Its buffers are not held.
+    Wait(LockWait),
+}
+
+/// What the server keeps of a pending request besides its buffers.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    /// The poller's id for it.
+    id: u64,
+    unique: u64,
+    nodeid: u64,
+    post: Post,
+    /// The cap of the count its reply reports ([`super::reply::encode`]).
+    limit: u64,
+}
+
+impl Default for Slot {
+    fn default() -> Self {
+        Slot { id: 0, unique: 0, nodeid: 0, post: Post::None, limit: 0 }
+    }
+}
+
+/// The requests of one poller: served at once through the server, or started on the
+/// filesystem's engine ([`FileSystem::engine`]) and completed from [`PollerEngine::poll`];
+/// SETLKW requests that must wait are parked ([`LockWaits`]). The device's poller drives it
+/// through its `Engine` face (the root crate's `FuseEngine`).
+///
+/// Contract (the device poller's, for `Outcome::Pending`): every buffer of a request answered
+/// [`Submitted::Pending`] stays mapped and untouched until [`PollerEngine::poll`] reports it,
+/// and all calls come from one thread.
+pub struct PollerEngine<F: FileSystem> {
+    // Dropped first: an engine may wait in its drop for what the kernel still does with the
+    // buffers.
+    fs_engine: Option<Box<dyn FsEngine<F>>>,
+    server: Arc<Server<F>>,
+    slots: Vec<Slot>,
+    held: Vec<Held>,
+    free: Vec<u32>,
+    in_flight: usize,
+    /// Completions of one poll round (capacity kept).
+    done: Vec<(Token, filesystem::Result<Reply>)>,
+    waits: LockWaits<F>,
+}
+
+impl<F: FileSystem> std::fmt::Debug for PollerEngine<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PollerEngine")
+            .field("fs_engine", &self.fs_engine.is_some())
+            .field("in_flight", &self.in_flight)
+            .field("slots", &self.slots.len())
+            .field("waits", &self.waits)
+            .finish()
+    }
+}
+
+impl<F: FileSystem> PollerEngine<F> {
+    /// The engine of poller `poller` for requests to `server`: with the filesystem's own
+    /// engine for that poller, if it has one ([`FileSystem::engine`]). Call it on the poller's
+    /// thread.
+    pub fn for_poller(server: Arc<Server<F>>, poller: usize) -> Self {
+        let fs_engine = server.filesystem().engine(poller);
+        Self::with_engine(server, fs_engine)
+    }
+
+    /// An engine for requests to `server` whose filesystem requests go to `fs_engine` (`None`:
+    /// all at once through the synchronous methods).
+    pub fn with_engine(server: Arc<Server<F>>, fs_engine: Option<Box<dyn FsEngine<F>>>) -> Self {
+        PollerEngine {
+            fs_engine,
+            waits: LockWaits::new(server.clone()),
+            server,
+            slots: Vec::new(),
+            held: Vec::new(),
+            free: Vec::new(),
+            in_flight: 0,
+            done: Vec::new(),
+        }
+    }
+
+    /// The server.
+    pub fn server(&self) -> &Arc<Server<F>> {
+        &self.server
+    }
+
+    /// Whether the filesystem gave this poller an engine.
+    pub fn has_fs_engine(&self) -> bool {
+        self.fs_engine.is_some()
+    }
+
+    /// Serves one request (`id` is the caller's): at once, pending on the filesystem's engine,
+    /// or waiting for a lock. See the type's contract for the buffers.
+    pub fn submit(
+        &mut self,
+        id: u64,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+    ) -> Submitted {
+        let mut r = Reader::new(readable);
+        let Ok(hdr) = r.read_obj::<InHeader>() else {
+            let served = self.server.serve(readable, writable);
+            return self.served(id, served);
+        };
+        let mut names = NameBuf::new();
+        let parsed = Request::parse(&hdr, r, &mut names, self.server.negotiated());
+        if self.fs_engine.is_none() {
+            let served = self.server.serve_parsed(&hdr, parsed, writable, true);
+            return self.served(id, served);
+        }
+        // Used in place: a decoded request is not moved.
+        let mut parsed = parsed;
+        if let Ok(req) = &mut parsed {
+            return match self.start(id, req, writable) {
+                Ok(submitted) => submitted,
+                Err(e) => {
+                    let served = self.server.fail_request(req, e, writable);
+                    self.served(id, served)
+                }
+            };
+        }
+        match parsed {
+            Err(e) => {
+                let served = self.server.fail(&hdr, e, writable);
+                self.served(id, served)
+            }
+            Ok(_) => Submitted::Done(0),
+        }
+    }
+
+    fn served(&mut self, id: u64, served: Served) -> Submitted {
+        match served {
+            Served::Replied(n) => Submitted::Done(u32::try_from(n).unwrap_or(0)),
+            Served::Wait(wait) => {
+                self.waits.park(id, wait);
+                Submitted::Wait(wait)
+            }
+        }
+    }
+
+    /// Hands a decoded request to the filesystem's engine (after the session's own operations).
+    fn start(&mut self, id: u64, req: &mut Request<'_>, writable: &[VolatileSlice<'_>]) -> Result<Submitted> {
+        let server = &*self.server;
+        let w = match server.session_op(req, writable, true)? {
+            Session::Done(served) => return Ok(self.served(id, served)),
+            Session::Fs(w) => w,
+        };
+        let (mut data, limit) = data_part(&req.op, &w)?;
+        let post = Post::of(&req.op);
+        let index = match self.free.last() {
+            Some(&i) => i,
+            None => {
+                // More pending requests than ever before: one more slot (kept from now on).
+                self.slots.push(Slot::default());
+                self.held.push(Held::default());
+                let i = u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX);
+                self.free.push(i);
+                i
+            }
+        };
+        let payload = match &req.op {
+            Op::Write { data, .. } => Some(data.clone()),
+            _ => None,
+        };
+        let data_len = data.available();
+        let Some(engine) = self.fs_engine.as_deref_mut() else {
+            return Err(super::RequestError::Invalid);
+        };
+        let r = match engine.start(&server.fs, Token(index), req, &mut data) {
+            Started::Done(r) => r,
+            Started::Sync => Dispatch(&server.fs).call(&req.ctx, req.nodeid, &mut req.op, &mut data),
+            Started::Pending => {
+                self.free.pop();
+                self.in_flight += 1;
+                let h = &mut self.held[index as usize];
+                h.writable.hold(writable);
+                match &payload {
+                    Some(p) => h.payload.hold_reader(p),
+                    None => h.payload.clear(),
+                }
+                h.data_len = data_len;
+                h.busy = true;
+                self.slots[index as usize] = Slot { id, unique: req.unique, nodeid: req.nodeid, post, limit };
+                return Ok(Submitted::Pending);
+            }
+        };
+        let n = server.finish(post, req.nodeid, req.unique, &r, w, limit)?;
+        Ok(Submitted::Done(u32::try_from(n).unwrap_or(0)))
+    }
+
+    /// Polls the filesystem's engine and reports the requests it finished as `(id, reply
+    /// length)`, their replies encoded into their buffers; returns how many.
+    pub fn poll(&mut self, done: &mut dyn FnMut(u64, u32)) -> usize {
+        let Some(engine) = self.fs_engine.as_deref_mut() else {
+            return 0;
+        };
+        let mut finished = std::mem::take(&mut self.done);
+        finished.clear();
+        engine.poll(&self.server.fs, &mut Completions { held: &self.held, done: &mut finished });
+        let mut n = 0;
+        for (token, r) in finished.drain(..) {
+            let i = token.index();
+            let Some(h) = self.held.get_mut(i).filter(|h| h.busy) else {
+                continue;
+            };
+            let slot = self.slots[i];
+            let w = h.writable.writer();
+            let encoded = self.server.finish(slot.post, slot.nodeid, slot.unique, &r, w.clone(), slot.limit);
+            let len = match encoded {
+                Ok(len) => len,
+                Err(e) => {
+                    log::trace!("fuse: unique {} failed: {e}", slot.unique);
+                    error_into(w, slot.unique, e.errno())
+                }
+            };
+            h.writable.clear();
+            h.payload.clear();
+            h.busy = false;
+            self.free.push(token.0);
+            self.in_flight -= 1;
+            done(slot.id, u32::try_from(len).unwrap_or(0));
+            n += 1;
+        }
+        self.done = finished;
+        n
+    }
+
+    /// Requests answered [`Submitted::Pending`] and not reported yet.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Answers the parked SETLKW requests whose lock came (or that were interrupted), as `(id,
+    /// reply bytes)`; returns how many.
+    pub fn poll_waits(&mut self, answer: &mut dyn FnMut(u64, &[u8])) -> usize {
+        self.waits.poll(answer)
+    }
+
+    /// Parked SETLKW requests.
+    pub fn waiting(&self) -> usize {
+        self.waits.len()
+    }
+
+    /// Drops every parked SETLKW request unanswered (the queues stop).
+    pub fn cancel_waits(&mut self) {
+        self.waits.cancel_all();
+    }
+}

@@ -1,0 +1,610 @@
+//! The FUSE server: takes one request from a descriptor chain's buffers, decodes it
+//! ([`crate::request`]), executes it (the session's own operations in this file, the
+//! filesystem's in `dispatch.rs`, one method per operation, or on the filesystem's per-poller
+//! engine through [`PollerEngine`], `engine.rs`), and encodes the typed reply (`reply.rs`).
+//!
+//! The guest is untrusted: the decoder checks every length and argument, and every failure
+//! becomes an errno in the reply header rather than a panic. Operations that hand the kernel a
+//! reference (an entry or a handle) first check that the reply will fit, so a too-small reply
+//! buffer cannot leak a lookup count or a handle.
+
+mod dispatch;
+mod engine;
+mod reply;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use vm_memory::{ByteValued, VolatileSlice};
+
+use crate::abi::{self, InHeader, OutHeader};
+use crate::filesystem::{self, FileLock, FileSystem, LockAccess, LockType, Reply};
+use crate::io::{Reader, Writer};
+use crate::locks::{LockError, LockKind, LockManager, SetOutcome, WaitId};
+pub use crate::request::RequestError;
+use crate::request::{InitArgs, LockOp, LockRequest, NameBuf, Op, Request};
+pub(crate) use dispatch::Dispatch;
+use dispatch::Post;
+pub use engine::{PollerEngine, Submitted};
+pub use reply::DirentWriter;
+use reply::{check_fits, encode, reply_error, reply_obj, split_reply, OUT_HEADER_SIZE};
+
+/// `max_pages` advertised (moved to [`abi::limits`]).
+pub use crate::abi::limits::MAX_PAGES;
+/// Largest WRITE payload (moved to [`abi::limits`]).
+pub use crate::abi::limits::MAX_WRITE;
+/// Longest extended attribute name (moved to [`abi::limits`]).
+pub use crate::abi::limits::XATTR_NAME_MAX;
+/// Largest extended attribute value (moved to [`abi::limits`]).
+pub use crate::abi::limits::XATTR_SIZE_MAX;
+
+/// INIT flags we can honour when the kernel offers them (the filesystem then picks; see
+/// [`FileSystem::init`]).
+///
+/// Left out on purpose:
+/// - `WRITEBACK_CACHE`: the kernel would then own mtime/ctime and the size, and push them back
+///   later as SETATTR with explicit times from whichever task flushes (our checks give explicit
+///   times to the owner only), and write dirty pages back without the writer's identity (so
+///   set-user-id clearing loses the caller); not handled yet.
+/// - `EXPORT_SUPPORT`, `CACHE_SYMLINKS`, `SECURITY_CTX`, `PASSTHROUGH`, DAX and submount flags:
+///   not implemented.
+const SUPPORTED_INIT_FLAGS: u64 = abi::init::ASYNC_READ
+    | abi::init::PARALLEL_DIROPS
+    | abi::init::BIG_WRITES
+    | abi::init::AUTO_INVAL_DATA
+    | abi::init::ASYNC_DIO
+    | abi::init::ATOMIC_O_TRUNC
+    | abi::init::DO_READDIRPLUS
+    | abi::init::READDIRPLUS_AUTO
+    // The filesystem clears set-user-id/set-group-id on write, truncate and chown itself. Without
+    // this the kernel sends those clears as SETATTR(mode) in the writer's name, which a
+    // non-owner may not do.
+    | abi::init::HANDLE_KILLPRIV
+    // V2: the kernel says when to clear (write/setattr/open flags), and marks the superblock
+    // SB_NOSEC so it stops asking GETXATTR("security.capability") before every write.
+    | abi::init::HANDLE_KILLPRIV_V2
+    // The filesystem applies the umask (or a parent's default ACL instead).
+    | abi::init::DONT_MASK
+    // The filesystem keeps POSIX ACLs; the kernel then enforces them too (default_permissions).
+    | abi::init::POSIX_ACL
+    // SETXATTR carries setxattr_flags (SETXATTR_ACL_KILL_SGID).
+    | abi::init::SETXATTR_EXT
+    // Files opened with FOPEN_DIRECT_IO (`--cache never`) may still be mmapped shared (the
+    // kernel flushes and invalidates the mapping's pages around direct I/O); without it mmap
+    // fails with ENODEV, as it does under virtiofsd --cache=never.
+    | abi::init::DIRECT_IO_ALLOW_MMAP
+    // Creations carry the caller's supplementary group that owns the parent directory (a
+    // `FUSE_EXT_GROUPS` request extension), see `read_extensions`.
+    | abi::init::CREATE_SUPP_GROUP
+    // POSIX_LOCKS and FLOCK_LOCKS, when SETLKW can wait without blocking a poller (see there).
+    | LOCK_FLAGS;
+
+/// Advisory locks, kept by the server for every backend ([`crate::locks`]): `POSIX_LOCKS`
+/// (fcntl record locks and OFD locks: GETLK, SETLK, SETLKW) and `FLOCK_LOCKS` (`flock(2)` as
+/// SETLK/SETLKW with `FUSE_LK_FLOCK`). Offered only by a server made with
+/// [`Server::with_lock_waits`], whose caller parks the SETLKW requests that must wait
+/// ([`Server::serve`] answers them [`Served::Wait`]) and answers them later from a poller's
+/// engine (see [`crate::waits`]); waiting never blocks a thread. Without them the guest kernel
+/// keeps both kinds itself, which is exact for the single guest a device serves; the locks are
+/// in-process either way, so host processes never see them (DESIGN.md, "FUSE semantics").
+/// Linux's virtio-fs sends no FUSE_INTERRUPT, so a guest process waiting in F_SETLKW on the
+/// device is woken by the grant only, not by a signal (DESIGN.md, "FUSE semantics").
+const LOCK_FLAGS: u64 = abi::init::POSIX_LOCKS | abi::init::FLOCK_LOCKS;
+
+type Result<T> = std::result::Result<T, RequestError>;
+
+/// What [`Server::serve`] did with a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// Answered: this many bytes of reply were written (0: no reply).
+    Replied(usize),
+    /// A SETLKW that has to wait for a conflicting lock to go. Nothing was written; the caller
+    /// keeps the request's reply buffers and answers it with [`Server::wait_reply`] (see
+    /// [`crate::waits::LockWaits`]).
+    Wait(LockWait),
+}
+
+/// A SETLKW request waiting for its lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockWait {
+    id: WaitId,
+    unique: u64,
+}
+
+impl LockWait {
+    /// The FUSE unique of the waiting request.
+    pub fn unique(&self) -> u64 {
+        self.unique
+    }
+}
+
+/// Counters of lock requests, all sessions together.
+#[derive(Debug, Default)]
+struct LockCounters {
+    getlk: AtomicU64,
+    setlk: AtomicU64,
+    setlkw: AtomicU64,
+    waited: AtomicU64,
+    interrupted: AtomicU64,
+    deadlocks: AtomicU64,
+}
+
+/// A snapshot of the server's lock request counters ([`Server::lock_stats`]); serialisable, for
+/// the daemon's statistics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LockStats {
+    /// GETLK requests.
+    pub getlk: u64,
+    /// SETLK requests (POSIX and flock).
+    pub setlk: u64,
+    /// SETLKW requests (POSIX and flock).
+    pub setlkw: u64,
+    /// SETLKW requests that had to wait (parked).
+    pub waited: u64,
+    /// Waiting or arriving SETLKW requests answered `EINTR` because of an INTERRUPT.
+    pub interrupted: u64,
+    /// SETLKW requests answered `EDEADLK`.
+    pub deadlocks: u64,
+}
+
+/// Serves FUSE requests for one filesystem. Shareable between poller threads (`Arc<Server<F>>`).
+pub struct Server<F: FileSystem> {
+    fs: F,
+    initialized: AtomicBool,
+    /// The `FUSE_INIT` flags of the session (what we answered).
+    negotiated: AtomicU64,
+    /// The advisory locks of the session.
+    locks: LockManager,
+    /// The caller parks SETLKW requests that must wait ([`Server::with_lock_waits`]).
+    lock_waits: bool,
+    counters: LockCounters,
+}
+
+impl<F: FileSystem> Server<F> {
+    /// A server for `fs`, waiting for INIT, whose caller answers every request at once
+    /// ([`Server::handle`]): it does not offer `POSIX_LOCKS` or `FLOCK_LOCKS`, so the guest
+    /// kernel keeps its locks itself; lock requests sent anyway are served, and a SETLKW that
+    /// would wait fails with `EAGAIN` like SETLK.
+    pub fn new(fs: F) -> Self {
+        Self::build(fs, false)
+    }
+
+    /// A server for `fs` whose caller can keep a request pending: it serves requests through
+    /// [`Server::serve`] and parks the SETLKW requests answered [`Served::Wait`] until
+    /// [`Server::wait_reply`] has their answer. INIT then offers `POSIX_LOCKS` and
+    /// `FLOCK_LOCKS`.
+    pub fn with_lock_waits(fs: F) -> Self {
+        Self::build(fs, true)
+    }
+
+    fn build(fs: F, lock_waits: bool) -> Self {
+        Server {
+            fs,
+            initialized: AtomicBool::new(false),
+            negotiated: AtomicU64::new(0),
+            locks: LockManager::new(),
+            lock_waits,
+            counters: LockCounters::default(),
+        }
+    }
+
+    /// The lock table.
+    pub fn locks(&self) -> &LockManager {
+        &self.locks
+    }
+
+    /// Lock requests served so far.
+    pub fn lock_stats(&self) -> LockStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        LockStats {
+            getlk: get(&c.getlk),
+            setlk: get(&c.setlk),
+            setlkw: get(&c.setlkw),
+            waited: get(&c.waited),
+            interrupted: get(&c.interrupted),
+            deadlocks: get(&c.deadlocks),
+        }
+    }
+
+    /// Changes whenever a waiting SETLKW may be answerable ([`LockManager::generation`]).
+    #[inline]
+    pub fn lock_generation(&self) -> u64 {
+        self.locks.generation()
+    }
+
+    /// The reply to the waiting request `wait` (a bare `fuse_out_header`: 0, `EINTR` after an
+    /// INTERRUPT, `EIO` when the session ended, `ENOLCK`), or `None` while it still waits.
+    pub fn wait_reply(&self, wait: &LockWait) -> Option<[u8; OUT_HEADER_SIZE]> {
+        let r = self.locks.poll_wait(wait.id)?;
+        if r == Err(LockError::Interrupted) {
+            self.counters.interrupted.fetch_add(1, Ordering::Relaxed);
+        }
+        let error = r.err().map_or(0, |e| -e.errno());
+        let out = OutHeader { len: OUT_HEADER_SIZE as u32, error, unique: wait.unique };
+        let mut bytes = [0u8; OUT_HEADER_SIZE];
+        bytes.copy_from_slice(out.as_slice());
+        Some(bytes)
+    }
+
+    /// The device was reset, so the driver's session is gone even without DESTROY: every lock
+    /// goes now (a rebooted guest must not find its old kernel's locks, not even before its
+    /// INIT), and waiting requests still registered end. The filesystem's session state stays
+    /// until the next INIT (which drops it) or DESTROY.
+    pub fn reset(&self) {
+        self.locks.end_session();
+    }
+
+    /// Drops a waiting request without an answer (the device reset: its buffers are gone).
+    pub fn cancel_wait(&self, wait: &LockWait) {
+        self.locks.cancel_wait(wait.id);
+    }
+
+    /// The `FUSE_INIT` flags of the current session ([`abi::init`]).
+    pub fn negotiated(&self) -> u64 {
+        self.negotiated.load(Ordering::Acquire)
+    }
+
+    /// The filesystem being served.
+    pub fn filesystem(&self) -> &F {
+        &self.fs
+    }
+
+    /// Serve one FUSE request at once. `readable`: the device-readable buffers of the
+    /// descriptor chain (`fuse_in_header` + args + payload); `writable`: the device-writable
+    /// buffers (`fuse_out_header` + reply). Returns the number of bytes written into `writable`
+    /// (0 for requests without a reply: FORGET, BATCH_FORGET, INTERRUPT, and when `writable`
+    /// cannot hold even a reply header).
+    ///
+    /// A SETLKW that would have to wait cannot here: it fails with `EAGAIN` on a server made
+    /// with [`Server::new`] (which never offered `POSIX_LOCKS`), and with `ENOLCK` on one made
+    /// with [`Server::with_lock_waits`], whose callers use [`Server::serve`].
+    pub fn handle(&self, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> usize {
+        match self.serve_with(readable, writable, false) {
+            Served::Replied(n) => n,
+            Served::Wait(_) => 0,
+        }
+    }
+
+    /// Serve one FUSE request, as [`Server::handle`] does, except that a SETLKW that has to wait
+    /// (on a server made with [`Server::with_lock_waits`]) is left pending: [`Served::Wait`].
+    pub fn serve(&self, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> Served {
+        self.serve_with(readable, writable, true)
+    }
+
+    /// Decodes and serves one request. `can_wait`: the caller can keep a SETLKW pending.
+    fn serve_with(
+        &self,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+        can_wait: bool,
+    ) -> Served {
+        let mut r = Reader::new(readable);
+        let hdr: InHeader = match r.read_obj() {
+            Ok(h) => h,
+            Err(e) => {
+                log::debug!("fuse: request without header: {e}");
+                return Served::Replied(reply_error(writable, 0, libc::EINVAL));
+            }
+        };
+        let mut names = NameBuf::new();
+        let parsed = Request::parse(&hdr, r, &mut names, self.negotiated());
+        self.serve_parsed(&hdr, parsed, writable, can_wait)
+    }
+
+    /// Serves a request another decoder read the header of: `parsed` is what
+    /// [`Request::parse`] made of it (the passthrough's io_uring path decodes once and hands
+    /// over what it does not serve itself).
+    pub(crate) fn serve_parsed(
+        &self,
+        hdr: &InHeader,
+        mut parsed: Result<Request<'_>>,
+        writable: &[VolatileSlice<'_>],
+        can_wait: bool,
+    ) -> Served {
+        match parsed {
+            Ok(ref mut req) => self.execute(req, writable, can_wait),
+            Err(e) => self.fail(hdr, e, writable),
+        }
+    }
+
+    /// Serves a decoded request through the synchronous methods (and the server's own session
+    /// state).
+    pub(crate) fn execute(
+        &self,
+        req: &mut Request<'_>,
+        writable: &[VolatileSlice<'_>],
+        can_wait: bool,
+    ) -> Served {
+        match self.run(req, writable, can_wait) {
+            Ok(served) => served,
+            Err(e) => self.fail_request(req, e, writable),
+        }
+    }
+
+    fn fail_request(&self, req: &Request<'_>, e: RequestError, writable: &[VolatileSlice<'_>]) -> Served {
+        if req.is_no_reply() {
+            return Served::Replied(0);
+        }
+        log::trace!("fuse: opcode {} unique {} failed: {e}", req.opcode, req.unique);
+        Served::Replied(reply_error(writable, req.unique, e.errno()))
+    }
+
+    /// A request that could not be decoded: its error, or `EIO` before INIT (unless the request
+    /// is malformed as a whole, or has no reply).
+    fn fail(&self, hdr: &InHeader, e: RequestError, writable: &[VolatileSlice<'_>]) -> Served {
+        if crate::request::is_no_reply(hdr.opcode) {
+            return Served::Replied(0);
+        }
+        let e = if !e.is_framing()
+            && hdr.opcode != abi::opcode::INIT
+            && !self.initialized.load(Ordering::Acquire)
+        {
+            RequestError::NotInitialized
+        } else {
+            e
+        };
+        log::trace!("fuse: opcode {} unique {} failed: {e}", hdr.opcode, hdr.unique);
+        Served::Replied(reply_error(writable, hdr.unique, e.errno()))
+    }
+
+    /// The session's own operations, then the filesystem's through [`Server::call`].
+    fn run(&self, req: &mut Request<'_>, writable: &[VolatileSlice<'_>], can_wait: bool) -> Result<Served> {
+        let w = match self.session_op(req, writable, can_wait)? {
+            Session::Done(served) => return Ok(served),
+            Session::Fs(w) => w,
+        };
+        let (mut data, limit) = data_part(&req.op, &w)?;
+        let post = Post::of(&req.op);
+        let r = Dispatch(&self.fs).call(&req.ctx, req.nodeid, &mut req.op, &mut data);
+        self.finish(post, req.nodeid, req.unique, &r, w, limit).map(Served::Replied)
+    }
+
+    /// Applies what the filesystem's answer `r` changes in the session and encodes it into `w`
+    /// (all of the writable buffers); returns the reply's length.
+    #[inline]
+    fn finish(
+        &self,
+        post: Post,
+        ino: u64,
+        unique: u64,
+        r: &filesystem::Result<Reply>,
+        w: Writer<'_>,
+        limit: u64,
+    ) -> Result<usize> {
+        self.after(post, ino, r);
+        match r {
+            Ok(reply) => encode(w, unique, reply, limit),
+            Err(e) => Err((*e).into()),
+        }
+    }
+
+    /// Serves the operations the server answers itself (INIT, DESTROY, FORGET, BATCH_FORGET,
+    /// INTERRUPT, locks), and refuses requests before INIT; any other is left to the
+    /// filesystem, with its reply buffers (checked to hold what it needs).
+    fn session_op<'w>(
+        &self,
+        req: &mut Request<'_>,
+        writable: &'w [VolatileSlice<'w>],
+        can_wait: bool,
+    ) -> Result<Session<'w>> {
+        let (ctx, ino) = (req.ctx, req.nodeid);
+        // Requests without a reply never touch the writable buffers.
+        match &mut req.op {
+            Op::Forget { nlookup } => {
+                self.fs.forget(&ctx, ino, *nlookup);
+                return Ok(Session::Done(Served::Replied(0)));
+            }
+            Op::BatchForget { count, forgets } => {
+                // Bounded by the bytes present, whatever `count` claims.
+                for _ in 0..*count {
+                    let Ok(one) = forgets.read_obj::<abi::ForgetOne>() else {
+                        break;
+                    };
+                    self.fs.forget(&ctx, one.nodeid, one.nlookup);
+                }
+                return Ok(Session::Done(Served::Replied(0)));
+            }
+            Op::Interrupt { unique } => {
+                self.do_interrupt(*unique);
+                return Ok(Session::Done(Served::Replied(0)));
+            }
+            _ => {}
+        }
+        let w = Writer::new(writable);
+        if w.available() < OUT_HEADER_SIZE {
+            return Ok(Session::Done(Served::Replied(0)));
+        }
+        if let Op::Init(args) = &req.op {
+            return self.do_init(req.unique, args, w).map(|n| Session::Done(Served::Replied(n)));
+        }
+        if !self.initialized.load(Ordering::Acquire) {
+            return Err(RequestError::NotInitialized);
+        }
+        match &req.op {
+            Op::Destroy => {
+                self.initialized.store(false, Ordering::Release);
+                self.locks.end_session();
+                self.fs.destroy();
+                encode(w, req.unique, &Reply::Empty, 0).map(|n| Session::Done(Served::Replied(n)))
+            }
+            Op::Lock(lock) => self.do_lock(req.unique, &ctx, ino, lock, w, can_wait).map(Session::Done),
+            op => {
+                dispatch::check_room(op, &w)?;
+                Ok(Session::Fs(w))
+            }
+        }
+    }
+
+    fn do_init(&self, unique: u64, arg: &InitArgs, w: Writer<'_>) -> Result<usize> {
+        if arg.major != abi::KERNEL_VERSION || arg.minor < abi::MIN_KERNEL_MINOR_VERSION {
+            if arg.major > abi::KERNEL_VERSION {
+                // The kernel retries with our major version when we answer with it.
+                let out = abi::InitOut {
+                    major: abi::KERNEL_VERSION,
+                    minor: abi::KERNEL_MINOR_VERSION,
+                    ..Default::default()
+                };
+                return reply_obj(w, unique, &out);
+            }
+            return Err(RequestError::Protocol { major: arg.major, minor: arg.minor });
+        }
+        let offered = arg.flags;
+        // Kernels before 7.23 expect the short reply.
+        let len =
+            if arg.minor < 23 { abi::COMPAT_22_INIT_OUT_SIZE } else { std::mem::size_of::<abi::InitOut>() };
+        check_fits(&w, len)?;
+        if self.initialized.swap(false, Ordering::AcqRel) {
+            // A new session without DESTROY (guest reset): the old one's references are gone.
+            self.fs.destroy();
+        }
+        // A rebooted guest must not find its old kernel's locks (nor its waiters).
+        self.locks.end_session();
+        let supported =
+            if self.lock_waits { SUPPORTED_INIT_FLAGS } else { SUPPORTED_INIT_FLAGS & !LOCK_FLAGS };
+        let wanted = self.fs.init(offered & supported)? & offered & supported;
+        let mut flags = wanted;
+        if offered & abi::init::MAX_PAGES != 0 {
+            flags |= abi::init::MAX_PAGES;
+        }
+        if offered & abi::init::INIT_EXT != 0 {
+            flags |= abi::init::INIT_EXT;
+        }
+        let out = abi::InitOut {
+            major: abi::KERNEL_VERSION,
+            minor: abi::KERNEL_MINOR_VERSION,
+            max_readahead: arg.max_readahead,
+            flags: flags as u32,
+            // As virtiofsd: no limit of ours on background requests (async reads and direct I/O);
+            // the kernel keeps at most this many in flight and queues the rest itself. 64 would
+            // keep a 128-entry ring from ever filling, hiding the queue-full path of the guest.
+            max_background: u16::MAX,
+            congestion_threshold: u16::MAX / 4 * 3,
+            max_write: abi::limits::MAX_WRITE,
+            time_gran: 1,
+            max_pages: if flags & abi::init::MAX_PAGES != 0 { abi::limits::MAX_PAGES } else { 0 },
+            map_alignment: 0,
+            flags2: (flags >> 32) as u32,
+            max_stack_depth: 0,
+            unused: [0; 6],
+        };
+        let (mut hw, mut body) = split_reply(w)?;
+        body.write_all(&out.as_slice()[..len])?;
+        let n = reply::finish_reply(&mut hw, unique, len)?;
+        self.negotiated.store(flags, Ordering::Release);
+        self.initialized.store(true, Ordering::Release);
+        log::debug!("fuse: session up: kernel {}.{}, flags {:#x}", arg.major, arg.minor, flags);
+        Ok(n)
+    }
+
+    /// INTERRUPT: a waiting SETLKW it names is answered `EINTR` by its poller; one not seen yet
+    /// is remembered, and answered `EINTR` if it arrives and has to wait. No reply: Linux's
+    /// virtio-fs driver reads none on the hiprio queue (and sends no INTERRUPT at all so far),
+    /// so the `EAGAIN` "send it again later" answer of `/dev/fuse` servers has no reader here.
+    fn do_interrupt(&self, unique: u64) {
+        self.locks.interrupt(unique);
+    }
+
+    /// GETLK, SETLK and SETLKW, POSIX or (`FUSE_LK_FLOCK`) flock. `can_wait`: the caller can
+    /// keep a SETLKW that has to wait pending.
+    fn do_lock(
+        &self,
+        unique: u64,
+        ctx: &crate::filesystem::Context,
+        ino: u64,
+        l: &LockRequest,
+        w: Writer<'_>,
+        can_wait: bool,
+    ) -> Result<Served> {
+        let lock = l.lock;
+        // flock locks are owned by the open file: its handle.
+        let kind = if l.flock { LockKind::Flock { fh: l.fh } } else { LockKind::Posix { owner: l.owner } };
+        let c = &self.counters;
+        if l.op == LockOp::Get {
+            c.getlk.fetch_add(1, Ordering::Relaxed);
+            check_fits(&w, std::mem::size_of::<abi::LkOut>())?;
+            self.fs.lock_handle(ctx, ino, l.fh, LockAccess::Any)?;
+            let found = self.locks.test(ino, l.owner, &lock);
+            let out = found.unwrap_or(FileLock { typ: LockType::Unlock, ..lock });
+            return encode(w, unique, &Reply::Lock(out), 0).map(Served::Replied);
+        }
+        let access = match (l.flock, lock.typ) {
+            (true, _) | (false, LockType::Unlock) => LockAccess::Any,
+            (false, LockType::Read) => LockAccess::Read,
+            (false, LockType::Write) => LockAccess::Write,
+        };
+        self.fs.lock_handle(ctx, ino, l.fh, access)?;
+        let set = l.op == LockOp::Set;
+        if set || lock.typ == LockType::Unlock {
+            c.setlk.fetch_add(u64::from(set), Ordering::Relaxed);
+            c.setlkw.fetch_add(u64::from(!set), Ordering::Relaxed);
+            self.locks.set(ino, kind, &lock)?;
+            return encode(w, unique, &Reply::Empty, 0).map(Served::Replied);
+        }
+        c.setlkw.fetch_add(1, Ordering::Relaxed);
+        if !(can_wait && self.lock_waits) {
+            // Nobody can keep this request pending: it cannot wait.
+            return match self.locks.set(ino, kind, &lock) {
+                Err(LockError::WouldBlock) if self.lock_waits => Err(LockError::NoLocks.into()),
+                r => r
+                    .map_err(Into::into)
+                    .and_then(|()| encode(w, unique, &Reply::Empty, 0).map(Served::Replied)),
+            };
+        }
+        match self.locks.set_or_wait(ino, kind, &lock, unique) {
+            Ok(SetOutcome::Done) => encode(w, unique, &Reply::Empty, 0).map(Served::Replied),
+            Ok(SetOutcome::Wait(id)) => {
+                c.waited.fetch_add(1, Ordering::Relaxed);
+                Ok(Served::Wait(LockWait { id, unique }))
+            }
+            Err(e) => {
+                match e {
+                    LockError::Deadlock => c.deadlocks.fetch_add(1, Ordering::Relaxed),
+                    LockError::Interrupted => c.interrupted.fetch_add(1, Ordering::Relaxed),
+                    _ => 0,
+                };
+                Err(e.into())
+            }
+        }
+    }
+}
+
+/// What [`Server::session_op`] left: a served request, or the reply buffers of one for the
+/// filesystem.
+enum Session<'w> {
+    Done(Served),
+    Fs(Writer<'w>),
+}
+
+/// The data part of the reply buffers an operation writes into (after the reply header), and
+/// the cap of the count its reply reports ([`reply::encode`]'s `limit`).
+#[inline]
+fn data_part<'w>(op: &Op<'_>, w: &Writer<'w>) -> Result<(Writer<'w>, u64)> {
+    match *op {
+        Op::Read { .. }
+        | Op::Readdir { .. }
+        | Op::Readdirplus { .. }
+        | Op::Readlink
+        | Op::Getxattr { .. }
+        | Op::Listxattr { .. } => {}
+        Op::Write { size, .. } => return Ok((Writer::new(&[]), u64::from(size))),
+        Op::CopyFileRange { len, .. } => return Ok((Writer::new(&[]), len)),
+        _ => return Ok((Writer::new(&[]), 0)),
+    }
+    let mut body = w.clone();
+    body.split_at(OUT_HEADER_SIZE)?;
+    let avail = body.available();
+    let (len, limit) = match *op {
+        Op::Read { size, .. } => {
+            if avail < size as usize {
+                return Err(crate::io::Error::ShortWrite { wanted: size as usize, left: avail }.into());
+            }
+            (size as usize, u64::from(size))
+        }
+        Op::Readdir { size, .. } | Op::Readdirplus { size, .. } => {
+            let n = avail.min(size as usize);
+            (n, n as u64)
+        }
+        _ => (avail, avail as u64),
+    };
+    Ok((body.split_at(len)?, limit))
+}
