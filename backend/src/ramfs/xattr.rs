@@ -21,7 +21,7 @@ use super::consts::{R_OK, S_IFDIR, S_IFLNK, S_IFREG, S_ISGID, S_ISVTX, W_OK};
 use super::node::{rd, wr, Inode, Meta};
 use super::{RamFs, XATTR_INODE_MAX};
 use crate::filesystem::{Context, Error, Result, XattrReply};
-use crate::server::{XATTR_NAME_MAX, XATTR_SIZE_MAX};
+use crate::abi::limits::{XATTR_NAME_MAX, XATTR_SIZE_MAX};
 
 /// Longest LISTXATTR answer the kernel can take (`XATTR_LIST_MAX`).
 const XATTR_LIST_MAX: usize = 64 << 10;
@@ -181,6 +181,8 @@ impl RamFs {
         let inode = self.inode(ino)?;
         let m = rd(&inode.meta);
         match ns {
+            // Symbolic links have no ACLs: EOPNOTSUPP, as Linux's `do_get_acl`.
+            Ns::AclAccess | Ns::AclDefault if inode.kind == S_IFLNK => Err(Error::NotSupported),
             Ns::AclAccess => {
                 let acl = m.acl.as_ref().ok_or(Error::NoData)?;
                 sized(&acl::encode(acl.entries(m.mode)), size)
