@@ -5,6 +5,12 @@
 //! crate where bytes are reinterpreted as structs. All integers are in the guest's native byte order
 //! (virtio-fs is only defined between a guest and a device of the same endianness; FUSE has no
 //! byte-order conversion).
+//!
+//! **A second implementation on purpose.** The host driver model has its own FUSE structures
+//! (`tools/src/fuse_abi.rs`), written from `<linux/fuse.h>` without this module: every
+//! end-to-end test runs one against the other, so a wrong field order, size or padding on either
+//! side fails a test instead of cancelling out. Keep them apart; settle a mismatch against the
+//! header.
 
 use vm_memory::ByteValued;
 
