@@ -20,8 +20,8 @@ use super::acl::{self, AclEntry};
 use super::consts::{R_OK, S_IFDIR, S_IFLNK, S_IFREG, S_ISGID, S_ISVTX, W_OK};
 use super::node::{rd, wr, Inode, Meta};
 use super::{RamFs, XATTR_INODE_MAX};
-use crate::filesystem::{Context, Error, Result, XattrReply};
 use crate::abi::limits::{XATTR_NAME_MAX, XATTR_SIZE_MAX};
+use crate::filesystem::{Context, Error, Result, XattrReply};
 
 /// Longest LISTXATTR answer the kernel can take (`XATTR_LIST_MAX`).
 const XATTR_LIST_MAX: usize = 64 << 10;
