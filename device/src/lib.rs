@@ -4,6 +4,8 @@
 //! - [`vfio_user`]: the only module that knows sockets: the vfio-user server (control plane).
 //! - [`pci`]: the PCI function and virtio-pci transport as a pure register model.
 //! - [`memory`]: DMA windows mapped with vm-memory and published to pollers as snapshots.
+//! - [`virtq`]: the device side of split and packed virtqueues (and, with the `test-utils`
+//!   feature, a driver-side mock of both).
 //! - [`poller`]: the data plane: threads that own virtqueues and hand requests to a
 //!   [`poller::RequestHandler`].
 //! - [`config`]: hardware profiles.
@@ -11,8 +13,7 @@
 
 pub mod config;
 pub mod memory;
-pub mod packed;
 pub mod pci;
 pub mod poller;
-pub mod queue;
 pub mod vfio_user;
+pub mod virtq;

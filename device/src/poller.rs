@@ -37,7 +37,7 @@ use crate::config::{Polling, Profile};
 use crate::memory::GuestMem;
 use crate::pci::msix::MsixShared;
 use crate::pci::{QueueConfig, NO_VECTOR};
-use crate::queue::{Chain, QueueError, Ring};
+use crate::virtq::{Chain, QueueError, Ring};
 
 /// Serves one request. Implemented by the FUSE server glue; the device knows nothing of FUSE.
 pub trait RequestHandler: Send + Sync + 'static {

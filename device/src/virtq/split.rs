@@ -16,91 +16,17 @@
 
 use std::sync::atomic::{fence, Ordering};
 
-use thiserror::Error;
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend, VolatileMemory, VolatileSlice};
+use virtio_bindings::virtio_ring as vr;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
+use super::desc::{
+    push_slices, Chain, ChainError, DescTable, QueueError, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE,
+};
 use crate::memory::GuestMem;
 use crate::pci::QueueConfig;
 
-const DESC_F_NEXT: u16 = 1;
-const DESC_F_WRITE: u16 = 2;
-const DESC_F_INDIRECT: u16 = 4;
-const AVAIL_F_NO_INTERRUPT: u16 = 1;
-const USED_F_NO_NOTIFY: u16 = 1;
-
-/// Most buffers one request may have (a 1 MiB FUSE write is ~260 descriptors).
-pub const MAX_CHAIN_BUFS: usize = 1024;
-
-/// A corrupt ring: the queue cannot be served until the driver resets the device.
-#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
-pub enum QueueError {
-    /// Ring memory is not inside a mapped DMA window.
-    #[error("ring of queue {0} is outside guest memory")]
-    RingUnmapped(u16),
-    /// Ring addresses are misaligned or the size is not a power of two.
-    #[error("queue {0} is misconfigured (size or alignment)")]
-    BadConfig(u16),
-    /// The driver's avail index ran more than a ring ahead of the device.
-    #[error("queue {queue}: avail index {avail} is {ahead} entries ahead (ring size {size})")]
-    AvailOverrun {
-        /// Queue index.
-        queue: u16,
-        /// The avail index read.
-        avail: u16,
-        /// How far ahead of the device it is.
-        ahead: u16,
-        /// Ring size.
-        size: u16,
-    },
-    /// A head descriptor index out of range.
-    #[error("queue {queue}: head descriptor {head} out of range")]
-    BadHead {
-        /// Queue index.
-        queue: u16,
-        /// The head index read.
-        head: u16,
-    },
-}
-
-/// A malformed descriptor chain: fails its own request only.
-#[derive(Debug, Error, Clone, Copy, PartialEq, Eq)]
-pub enum ChainError {
-    /// A descriptor's `next` is out of range.
-    #[error("descriptor index {0} out of range")]
-    BadIndex(u16),
-    /// The chain is longer than its table: it loops.
-    #[error("descriptor chain loops")]
-    Loop,
-    /// More buffers than [`MAX_CHAIN_BUFS`].
-    #[error("descriptor chain too long")]
-    TooLong,
-    /// A device-readable buffer after a device-writable one.
-    #[error("readable descriptor after a writable one")]
-    ReadAfterWrite,
-    /// Indirect descriptors were not negotiated, are nested, are combined with NEXT, or the
-    /// table is empty or not a multiple of 16 bytes.
-    #[error("invalid indirect descriptor")]
-    BadIndirect,
-    /// A buffer is not inside mapped guest memory.
-    #[error("buffer {addr:#x}+{len:#x} is outside guest memory")]
-    BadBuffer {
-        /// Buffer address.
-        addr: u64,
-        /// Buffer length.
-        len: u32,
-    },
-}
-
-/// The buffers of one request, as guest-memory slices.
-#[derive(Default)]
-pub struct Chain<'m> {
-    /// Head descriptor index (the id returned in the used ring).
-    pub head: u16,
-    /// Device-readable buffers, in order.
-    pub readable: heapless::Vec<VolatileSlice<'m>, MAX_CHAIN_BUFS>,
-    /// Device-writable buffers, in order.
-    pub writable: heapless::Vec<VolatileSlice<'m>, MAX_CHAIN_BUFS>,
-}
+const AVAIL_F_NO_INTERRUPT: u16 = vr::VRING_AVAIL_F_NO_INTERRUPT as u16;
+const USED_F_NO_NOTIFY: u16 = vr::VRING_USED_F_NO_NOTIFY as u16;
 
 #[derive(Clone, Copy)]
 struct Desc {
@@ -110,33 +36,16 @@ struct Desc {
     next: u16,
 }
 
-/// A descriptor table (a ring's or an indirect one) resolved to guest memory once, so that each
-/// descriptor is one 16-byte volatile load instead of a region lookup and a byte copy.
-pub(crate) struct DescTable<'m> {
-    slice: VolatileSlice<'m>,
-}
-
-impl<'m> DescTable<'m> {
-    /// The `entries`-long table at `addr`; `None` unless it lies inside one mapped region.
-    pub(crate) fn new(mem: &'m GuestMem, addr: u64, entries: u32) -> Option<Self> {
-        let len = usize::try_from(u64::from(entries) * 16).ok()?;
-        mem.get_slice(GuestAddress(addr), len).ok().map(|slice| DescTable { slice })
-    }
-
-    /// The raw 16 bytes of descriptor `index` (`None` past the end).
-    pub(crate) fn raw(&self, index: u16) -> Option<[u8; 16]> {
-        self.slice.get_ref::<[u8; 16]>(usize::from(index) * 16).ok().map(|r| r.load())
-    }
-
-    fn split(&self, index: u16) -> Option<Desc> {
-        let raw = self.raw(index)?;
-        Some(Desc {
-            addr: u64::from_le_bytes(raw[0..8].try_into().ok()?),
-            len: u32::from_le_bytes(raw[8..12].try_into().ok()?),
-            flags: u16::from_le_bytes([raw[12], raw[13]]),
-            next: u16::from_le_bytes([raw[14], raw[15]]),
-        })
-    }
+/// Descriptor `index` of `table` in the split layout (one 16-byte volatile load).
+#[inline]
+fn read_desc(table: &DescTable<'_>, index: u16) -> Option<Desc> {
+    let raw = table.raw(index)?;
+    Some(Desc {
+        addr: u64::from_le_bytes(raw[0..8].try_into().ok()?),
+        len: u32::from_le_bytes(raw[8..12].try_into().ok()?),
+        flags: u16::from_le_bytes([raw[12], raw[13]]),
+        next: u16::from_le_bytes([raw[14], raw[15]]),
+    })
 }
 
 /// A split virtqueue owned by one poller.
@@ -273,7 +182,7 @@ impl SplitQueue {
             if seen > u32::from(table_len) + u32::from(!indirect) {
                 return Err(ChainError::Loop);
             }
-            let d = table.split(index).ok_or(ChainError::BadIndex(index))?;
+            let d = read_desc(&table, index).ok_or(ChainError::BadIndex(index))?;
             if d.flags & DESC_F_INDIRECT != 0 {
                 let bad =
                     !self.indirect || indirect || d.flags & DESC_F_NEXT != 0 || d.len == 0 || d.len % 16 != 0;
@@ -351,187 +260,33 @@ impl SplitQueue {
     }
 }
 
-/// A virtqueue of either layout, as negotiated (VIRTIO_F_RING_PACKED or not).
-#[derive(Debug)]
-pub enum Ring {
-    /// Split virtqueue.
-    Split(SplitQueue),
-    /// Packed virtqueue.
-    Packed(crate::packed::PackedQueue),
-}
-
-impl Ring {
-    /// The queue the driver configured, in the layout `features` negotiated.
-    pub fn new(cfg: QueueConfig, features: u64) -> Result<Ring, QueueError> {
-        use crate::pci::features as f;
-        let (event_idx, indirect) = (features & f::EVENT_IDX != 0, features & f::INDIRECT_DESC != 0);
-        if features & f::RING_PACKED != 0 {
-            crate::packed::PackedQueue::new(cfg, event_idx, indirect).map(Ring::Packed)
-        } else {
-            SplitQueue::new(cfg, event_idx, indirect).map(Ring::Split)
-        }
-    }
-
-    /// Queue index.
-    pub fn index(&self) -> u16 {
-        match self {
-            Ring::Split(q) => q.index(),
-            Ring::Packed(q) => q.index(),
-        }
-    }
-
-    /// MSI-X vector.
-    pub fn vector(&self) -> u16 {
-        match self {
-            Ring::Split(q) => q.vector(),
-            Ring::Packed(q) => q.vector(),
-        }
-    }
-
-    /// Checks the ring lies in mapped memory and turns driver notifications off.
-    pub fn attach(&mut self, mem: &GuestMem) -> Result<(), QueueError> {
-        match self {
-            Ring::Split(q) => q.attach(mem),
-            Ring::Packed(q) => q.attach(mem),
-        }
-    }
-
-    /// Asks the driver for a notification after its next request (`on`) or for none (see
-    /// [`SplitQueue::set_notify`]; packed rings use the device event suppression flags).
-    pub fn set_notify(&mut self, mem: &GuestMem, on: bool) -> Result<(), QueueError> {
-        match self {
-            Ring::Split(q) => q.set_notify(mem, on),
-            Ring::Packed(q) => q.set_notify(mem, on),
-        }
-    }
-
-    /// Whether a request is waiting (a cheap check: one or two loads).
-    pub fn has_work(&self, mem: &GuestMem) -> Result<bool, QueueError> {
-        match self {
-            Ring::Split(q) => Ok(q.pending(mem)? > 0),
-            Ring::Packed(q) => q.has_work(mem),
-        }
-    }
-
-    /// Takes the next request into `chain` (`chain.head` = the token to complete it with).
-    /// `Ok(None)`: nothing available; `Ok(Some(Err))`: a malformed chain to return unserved.
-    pub fn next<'m>(
-        &mut self,
-        mem: &'m GuestMem,
-        chain: &mut Chain<'m>,
-    ) -> Result<Option<Result<(), ChainError>>, QueueError> {
-        match self {
-            Ring::Split(q) => {
-                if q.pending(mem)? == 0 {
-                    return Ok(None);
-                }
-                let head = q.pop_head(mem)?;
-                let r = q.chain(mem, head, chain);
-                chain.head = head;
-                Ok(Some(r))
-            }
-            Ring::Packed(q) => q.next(mem, chain),
-        }
-    }
-
-    /// Returns request `token` with `len` bytes written.
-    pub fn push_used(&mut self, mem: &GuestMem, token: u16, len: u32) -> Result<(), QueueError> {
-        match self {
-            Ring::Split(q) => q.push_used(mem, token, len),
-            Ring::Packed(q) => q.push_used(mem, token, len),
-        }
-    }
-
-    /// Makes the returned requests visible (split: one used-index store per round; packed
-    /// descriptors are visible as they are written).
-    pub fn publish_used(&mut self, mem: &GuestMem) -> Result<(), QueueError> {
-        match self {
-            Ring::Split(q) => q.publish_used(mem),
-            Ring::Packed(_) => Ok(()),
-        }
-    }
-
-    /// Whether the driver wants an interrupt now.
-    pub fn needs_interrupt(&mut self, mem: &GuestMem) -> bool {
-        match self {
-            Ring::Split(q) => q.needs_interrupt(mem),
-            Ring::Packed(q) => q.needs_interrupt(mem),
-        }
-    }
-}
-
-pub(crate) fn push_slices<'m>(
-    mem: &'m GuestMem,
-    addr: u64,
-    len: u32,
-    out: &mut heapless::Vec<VolatileSlice<'m>, MAX_CHAIN_BUFS>,
-) -> Result<(), ChainError> {
-    let bad = ChainError::BadBuffer { addr, len };
-    let start = GuestAddress(addr);
-    if start.checked_add(u64::from(len)).is_none() {
-        return Err(bad);
-    }
-    // Fast path: the buffer lies in one region.
-    if let Ok(s) = mem.get_slice(start, len as usize) {
-        return out.push(s).map_err(|_| ChainError::TooLong);
-    }
-    // A buffer spanning adjacent DMA windows.
-    let mut covered = 0usize;
-    for s in mem.get_slices(start, len as usize) {
-        let s = s.map_err(|_| bad)?;
-        covered += s.len();
-        out.push(s).map_err(|_| ChainError::TooLong)?;
-    }
-    if covered == len as usize {
-        Ok(())
-    } else {
-        Err(bad)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::DmaTable;
+    use crate::virtq::mock::{guest_memory, Buf, SplitDriver};
 
     const DESC: u64 = 0x1000;
     const AVAIL: u64 = 0x2000;
     const USED: u64 = 0x3000;
+    const INDIRECT: u64 = 0x5000;
 
-    fn setup(size: u16) -> (std::sync::Arc<GuestMem>, SplitQueue) {
-        let mut t = DmaTable::default();
-        let f = tempfile::tempfile().unwrap();
-        f.set_len(0x20000).unwrap();
-        t.map(0, 0x20000, 0, Some(f)).unwrap();
-        let mem = t.snapshot();
-        let cfg = QueueConfig { index: 1, size, desc: DESC, avail: AVAIL, used: USED, vector: 1 };
+    fn setup(size: u16) -> (std::sync::Arc<GuestMem>, QueueConfig) {
+        let mem = guest_memory(0x20000, None);
+        (mem, QueueConfig { index: 1, size, desc: DESC, avail: AVAIL, used: USED, vector: 1 })
+    }
+
+    fn queue(mem: &GuestMem, cfg: QueueConfig) -> SplitQueue {
         let mut q = SplitQueue::new(cfg, true, true).unwrap();
-        q.attach(&mem).unwrap();
-        (mem, q)
-    }
-
-    fn desc(mem: &GuestMem, table: u64, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let mut raw = [0u8; 16];
-        raw[0..8].copy_from_slice(&addr.to_le_bytes());
-        raw[8..12].copy_from_slice(&len.to_le_bytes());
-        raw[12..14].copy_from_slice(&flags.to_le_bytes());
-        raw[14..16].copy_from_slice(&next.to_le_bytes());
-        mem.write_slice(&raw, GuestAddress(table + 16 * u64::from(i))).unwrap();
-    }
-
-    fn make_avail(mem: &GuestMem, heads: &[u16]) {
-        for (i, h) in heads.iter().enumerate() {
-            mem.write_obj(*h, GuestAddress(AVAIL + 4 + 2 * i as u64)).unwrap();
-        }
-        mem.write_obj(heads.len() as u16, GuestAddress(AVAIL + 2)).unwrap();
+        q.attach(mem).unwrap();
+        q
     }
 
     #[test]
     fn simple_chain_roundtrip() {
-        let (mem, mut q) = setup(8);
-        desc(&mem, DESC, 0, 0x8000, 40, DESC_F_NEXT, 1);
-        desc(&mem, DESC, 1, 0x9000, 100, DESC_F_WRITE, 0);
-        make_avail(&mem, &[0]);
+        let (mem, cfg) = setup(8);
+        let mut drv = SplitDriver::new(&mem, cfg);
+        let mut q = queue(&mem, cfg);
+        drv.push(&[Buf::readable(0x8000, 40), Buf::writable(0x9000, 100)]);
         assert_eq!(q.pending(&mem), Ok(1));
         let h = q.pop_head(&mem).unwrap();
         let mut c = Chain::default();
@@ -539,9 +294,9 @@ mod tests {
         assert_eq!((c.readable.len(), c.writable.len()), (1, 1));
         assert_eq!((c.readable[0].len(), c.writable[0].len()), (40, 100));
         q.push_used(&mem, h, 16).unwrap();
+        assert_eq!(drv.next_used(), None, "not published yet");
         q.publish_used(&mem).unwrap();
-        assert_eq!(mem.read_obj::<u16>(GuestAddress(USED + 2)).unwrap(), 1);
-        assert_eq!(mem.read_obj::<u32>(GuestAddress(USED + 8)).unwrap(), 16);
+        assert_eq!(drv.next_used(), Some((h, 16)));
         // used_event = 0: the driver wants an interrupt for entry 0.
         assert!(q.needs_interrupt(&mem));
         assert!(!q.needs_interrupt(&mem), "nothing new");
@@ -549,56 +304,69 @@ mod tests {
 
     #[test]
     fn indirect_chain() {
-        let (mem, q) = setup(8);
-        desc(&mem, 0x5000, 0, 0x8000, 40, DESC_F_NEXT, 1);
-        desc(&mem, 0x5000, 1, 0x9000, 4096, DESC_F_WRITE | DESC_F_NEXT, 2);
-        desc(&mem, 0x5000, 2, 0xa000, 4096, DESC_F_WRITE, 0);
-        desc(&mem, DESC, 3, 0x5000, 48, DESC_F_INDIRECT, 0);
+        let (mem, cfg) = setup(8);
+        let mut drv = SplitDriver::new(&mem, cfg).with_indirect_at(INDIRECT);
+        let q = queue(&mem, cfg);
+        let bufs = [Buf::readable(0x8000, 40), Buf::writable(0x9000, 4096), Buf::writable(0xa000, 4096)];
+        let head = drv.add_indirect(&bufs);
         let mut c = Chain::default();
-        q.chain(&mem, 3, &mut c).unwrap();
+        q.chain(&mem, head, &mut c).unwrap();
         assert_eq!((c.readable.len(), c.writable.len()), (1, 2));
     }
 
     #[test]
     fn malformed_chains_fail_alone() {
-        let (mem, q) = setup(8);
+        let (mem, cfg) = setup(8);
+        let drv = SplitDriver::new(&mem, cfg);
+        let q = queue(&mem, cfg);
+        let d = |i, addr, len, flags, next| drv.write_desc(DESC, i, addr, len, flags, next);
+        let ind = |i, addr, len, flags, next| drv.write_desc(INDIRECT, i, addr, len, flags, next);
         // Loop: 0 -> 1 -> 0.
-        desc(&mem, DESC, 0, 0x8000, 8, DESC_F_NEXT, 1);
-        desc(&mem, DESC, 1, 0x8000, 8, DESC_F_NEXT, 0);
+        d(0, 0x8000, 8, DESC_F_NEXT, 1);
+        d(1, 0x8000, 8, DESC_F_NEXT, 0);
         assert_eq!(q.chain(&mem, 0, &mut Chain::default()).err(), Some(ChainError::Loop));
         // next out of range.
-        desc(&mem, DESC, 2, 0x8000, 8, DESC_F_NEXT, 99);
+        d(2, 0x8000, 8, DESC_F_NEXT, 99);
         assert_eq!(q.chain(&mem, 2, &mut Chain::default()).err(), Some(ChainError::BadIndex(99)));
         // readable after writable.
-        desc(&mem, DESC, 3, 0x8000, 8, DESC_F_WRITE | DESC_F_NEXT, 4);
-        desc(&mem, DESC, 4, 0x8000, 8, 0, 0);
+        d(3, 0x8000, 8, DESC_F_WRITE | DESC_F_NEXT, 4);
+        d(4, 0x8000, 8, 0, 0);
         assert_eq!(q.chain(&mem, 3, &mut Chain::default()).err(), Some(ChainError::ReadAfterWrite));
         // buffer outside memory, and one that wraps the address space.
-        desc(&mem, DESC, 5, 0x1f000, 0x2000, 0, 0);
+        d(5, 0x1f000, 0x2000, 0, 0);
         assert!(matches!(q.chain(&mem, 5, &mut Chain::default()), Err(ChainError::BadBuffer { .. })));
-        desc(&mem, DESC, 5, u64::MAX - 4, 100, 0, 0);
+        d(5, u64::MAX - 4, 100, 0, 0);
         assert!(matches!(q.chain(&mem, 5, &mut Chain::default()), Err(ChainError::BadBuffer { .. })));
         // indirect with NEXT, nested indirect, bad size.
-        desc(&mem, DESC, 6, 0x5000, 32, DESC_F_INDIRECT | DESC_F_NEXT, 7);
+        d(6, INDIRECT, 32, DESC_F_INDIRECT | DESC_F_NEXT, 7);
         assert_eq!(q.chain(&mem, 6, &mut Chain::default()).err(), Some(ChainError::BadIndirect));
-        desc(&mem, 0x5000, 0, 0x6000, 16, DESC_F_INDIRECT, 0);
-        desc(&mem, DESC, 6, 0x5000, 16, DESC_F_INDIRECT, 0);
+        ind(0, 0x6000, 16, DESC_F_INDIRECT, 0);
+        d(6, INDIRECT, 16, DESC_F_INDIRECT, 0);
         assert_eq!(q.chain(&mem, 6, &mut Chain::default()).err(), Some(ChainError::BadIndirect));
-        desc(&mem, DESC, 6, 0x5000, 17, DESC_F_INDIRECT, 0);
+        d(6, INDIRECT, 17, DESC_F_INDIRECT, 0);
         assert_eq!(q.chain(&mem, 6, &mut Chain::default()).err(), Some(ChainError::BadIndirect));
         // Loop inside an indirect table.
-        desc(&mem, 0x5000, 0, 0x8000, 8, DESC_F_NEXT, 1);
-        desc(&mem, 0x5000, 1, 0x8000, 8, DESC_F_NEXT, 0);
-        desc(&mem, DESC, 7, 0x5000, 32, DESC_F_INDIRECT, 0);
+        ind(0, 0x8000, 8, DESC_F_NEXT, 1);
+        ind(1, 0x8000, 8, DESC_F_NEXT, 0);
+        d(7, INDIRECT, 32, DESC_F_INDIRECT, 0);
         assert_eq!(q.chain(&mem, 7, &mut Chain::default()).err(), Some(ChainError::Loop));
+        // Indirect descriptors not negotiated.
+        let mut plain = SplitQueue::new(cfg, true, false).unwrap();
+        plain.attach(&mem).unwrap();
+        d(6, INDIRECT, 16, DESC_F_INDIRECT, 0);
+        ind(0, 0x8000, 8, 0, 0);
+        assert_eq!(plain.chain(&mem, 6, &mut Chain::default()).err(), Some(ChainError::BadIndirect));
     }
 
     #[test]
     fn corrupt_rings_break_the_queue() {
-        let (mem, mut q) = setup(8);
-        mem.write_obj(9u16, GuestAddress(AVAIL + 2)).unwrap();
+        let (mem, cfg) = setup(8);
+        let mut drv = SplitDriver::new(&mem, cfg);
+        let mut q = queue(&mem, cfg);
+        drv.set_avail_idx(9);
         assert!(matches!(q.pending(&mem), Err(QueueError::AvailOverrun { .. })));
-        make_avail(&mem, &[8]);
+        drv.set_avail_idx(0);
+        drv.make_available(8);
         assert_eq!(q.pop_head(&mem), Err(QueueError::BadHead { queue: 1, head: 8 }));
         let cfg = QueueConfig { index: 2, size: 6, desc: DESC, avail: AVAIL, used: USED, vector: 0 };
         assert_eq!(SplitQueue::new(cfg, false, false).err(), Some(QueueError::BadConfig(2)));
@@ -609,9 +377,11 @@ mod tests {
 
     #[test]
     fn event_idx_suppresses() {
-        let (mem, mut q) = setup(8);
+        let (mem, cfg) = setup(8);
+        let drv = SplitDriver::new(&mem, cfg);
+        let mut q = queue(&mem, cfg);
         // Driver asks for an interrupt only after entry 2 (used_event = 2).
-        mem.write_obj(2u16, GuestAddress(AVAIL + 4 + 2 * 8)).unwrap();
+        drv.set_used_event(2);
         for _ in 0..2 {
             q.push_used(&mem, 0, 0).unwrap();
             q.publish_used(&mem).unwrap();
@@ -620,5 +390,91 @@ mod tests {
         q.push_used(&mem, 0, 0).unwrap();
         q.publish_used(&mem).unwrap();
         assert!(q.needs_interrupt(&mem));
+    }
+
+    #[test]
+    fn notification_suppression_fields() {
+        let (mem, cfg) = setup(8);
+        let mut drv = SplitDriver::new(&mem, cfg);
+        // EVENT_IDX: avail_event one behind the next index taken while polling, at it when parked.
+        let mut q = queue(&mem, cfg);
+        assert_eq!(drv.avail_event(), u16::MAX);
+        drv.push(&[Buf::writable(0x9000, 8)]);
+        assert!(q.pending(&mem).unwrap() == 1 && q.pop_head(&mem).is_ok());
+        q.set_notify(&mem, true).unwrap();
+        assert_eq!(drv.avail_event(), 1);
+        q.set_notify(&mem, false).unwrap();
+        assert_eq!(drv.avail_event(), 0);
+        // Without EVENT_IDX: VRING_USED_F_NO_NOTIFY, and the driver's NO_INTERRUPT is obeyed.
+        let mut q = SplitQueue::new(cfg, false, false).unwrap();
+        q.attach(&mem).unwrap();
+        assert_eq!(drv.used_flags(), USED_F_NO_NOTIFY);
+        q.set_notify(&mem, true).unwrap();
+        assert_eq!(drv.used_flags(), 0);
+        drv.set_avail_flags(AVAIL_F_NO_INTERRUPT);
+        q.push_used(&mem, 0, 0).unwrap();
+        q.publish_used(&mem).unwrap();
+        assert!(!q.needs_interrupt(&mem));
+        drv.set_avail_flags(0);
+        q.push_used(&mem, 0, 0).unwrap();
+        q.publish_used(&mem).unwrap();
+        assert!(q.needs_interrupt(&mem));
+    }
+
+    /// Rings built by `virtio-queue`'s own driver mock (independent of ours), served by our
+    /// queue: direct chains, an indirect table in a second DMA window, used entries read back
+    /// through that mock's used ring.
+    #[test]
+    fn rings_from_virtio_queue_mock() {
+        use virtio_queue::desc::{split::Descriptor, RawDescriptor};
+        use virtio_queue::mock::MockSplitQueue;
+        // virtio-queue's mock puts indirect tables at 0x3000_0000.
+        let mem = guest_memory(0x20000, Some((0x3000_0000, 0x10000)));
+        let mut vq = MockSplitQueue::create(&*mem, GuestAddress(0x1000), 16);
+        let raw = |addr, len, flags, next| RawDescriptor::from(Descriptor::new(addr, len, flags, next));
+        // Its descriptor allocator hands out index 0 to every chain it builds, so its indirect
+        // chain goes first and our chains after it (from index 1).
+        vq.add_indirect_chain(3).unwrap();
+        vq.add_desc_chains(
+            &[
+                raw(0x8000, 40, DESC_F_NEXT, 2),
+                raw(0x9000, 100, DESC_F_WRITE, 0),
+                raw(0xa000, 64, DESC_F_WRITE, 0),
+            ],
+            1,
+        )
+        .unwrap();
+        let cfg = QueueConfig {
+            index: 1,
+            size: 16,
+            desc: vq.desc_table_addr().0,
+            avail: vq.avail_addr().0,
+            used: vq.used_addr().0,
+            vector: 1,
+        };
+        let mut q = SplitQueue::new(cfg, false, true).unwrap();
+        q.attach(&mem).unwrap();
+        assert_eq!(q.pending(&mem), Ok(3));
+        let mut c = Chain::default();
+        let mut heads = Vec::new();
+        let mut shapes = Vec::new();
+        for _ in 0..3 {
+            let h = q.pop_head(&mem).unwrap();
+            q.chain(&mem, h, &mut c).unwrap();
+            shapes.push((c.readable.len(), c.writable.len()));
+            heads.push(h);
+        }
+        assert_eq!(heads, [0, 1, 3]);
+        assert_eq!(shapes, [(3, 0), (1, 1), (0, 1)], "virtio-queue's indirect chain: 3 readable buffers");
+        // Out of order, as an engine completes them.
+        for (&h, len) in heads.iter().rev().zip([64u32, 100, 0]) {
+            q.push_used(&mem, h, len).unwrap();
+        }
+        q.publish_used(&mem).unwrap();
+        assert_eq!(vq.used().idx().load(), 3);
+        let first = vq.used().ring().ref_at(0).unwrap().load();
+        assert_eq!((first.id(), first.len()), (3, 64));
+        let last = vq.used().ring().ref_at(2).unwrap().load();
+        assert_eq!((last.id(), last.len()), (0, 0));
     }
 }
