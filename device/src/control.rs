@@ -337,3 +337,54 @@ fn is_eventfd(f: &File) -> bool {
     const ANON_INODE_FS_MAGIC: u64 = 0x0904_1934;
     rustix::fs::fstatfs(f).is_ok_and(|st| st.f_type as u64 == ANON_INODE_FS_MAGIC)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Doorbells;
+    use vm_memory::VolatileSlice;
+
+    struct Nothing;
+    impl RequestHandler for Nothing {
+        fn handle(&self, _: u16, _: &[VolatileSlice<'_>], _: &[VolatileSlice<'_>]) -> u32 {
+            0
+        }
+    }
+
+    /// The device state driven without any transport: registers, doorbells, DMA windows and
+    /// interrupt descriptors.
+    #[test]
+    fn device_state_without_a_transport() {
+        let profile = Profile { doorbells: Doorbells::Socket, ..Profile::default() };
+        let mut dev = DeviceState::new(&profile, Arc::new(Nothing), Arc::new(|| {})).unwrap();
+        let mut id = [0u8; 4];
+        dev.region_read(7, 0, &mut id).unwrap();
+        assert_eq!(u32::from_le_bytes(id), 0x105a_1af4);
+        assert!(dev.notify_memory().unwrap().is_none(), "doorbells are register writes");
+        // A doorbell of queue 1 through the notify area is taken and counted.
+        dev.region_write(pci::VIRTIO_BAR, pci::NOTIFY_OFFSET + 4, &1u16.to_le_bytes()).unwrap();
+        assert_eq!(dev.stats().doorbells(), [0, 1]);
+        assert!(matches!(dev.region_write(2, 0, &[0]), Err(AccessError::NoRegion(2))));
+
+        assert_eq!(dev.msix_vectors(), 3, "config + hiprio + one request queue");
+        let file = tempfile::tempfile().unwrap();
+        let e = dev.set_irq_eventfds(0, 1, vec![file]).unwrap_err();
+        assert!(matches!(e, ControlError::NotEventfd(0)) && e.errno() == libc::EINVAL, "{e}");
+        let e = dev.set_irq_eventfds(2, 2, Vec::new()).unwrap_err();
+        assert!(matches!(e, ControlError::NoVectors { start: 2, count: 2, vectors: 3 }), "{e}");
+        dev.set_irq_eventfds(0, 3, Vec::new()).unwrap();
+        // A trigger under a mask pends; the unmask delivers it.
+        dev.mask_vectors(1, 1, None, true).unwrap();
+        dev.trigger_vectors(0, 2, Some(&[false, true])).unwrap();
+        assert!(dev.func.msix().is_pending(1) && !dev.func.msix().is_pending(0));
+        dev.mask_vectors(0, 3, None, false).unwrap();
+        assert!(!dev.func.msix().is_pending(1));
+
+        let window = memory::memfd("test", 0x4000).unwrap();
+        dev.dma_map(0x10000, 0x4000, 0, Some(window)).unwrap();
+        let e = dev.dma_unmap(Some((0x40000, 0x1000))).unwrap_err();
+        assert_eq!(ControlError::from(e).errno(), libc::ENOENT);
+        dev.dma_unmap(Some((0x10000, 0x4000))).unwrap();
+        dev.power_on_reset();
+    }
+}

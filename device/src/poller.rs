@@ -836,3 +836,6 @@ impl Ctx {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
