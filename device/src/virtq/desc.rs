@@ -3,6 +3,8 @@
 //! errors a ring or a chain can have. The split and packed modules import this one; it imports
 //! neither.
 
+use std::sync::atomic::{fence, Ordering};
+
 use thiserror::Error;
 use virtio_bindings::virtio_ring as vr;
 use vm_memory::{Address, GuestAddress, GuestMemoryBackend, VolatileMemory, VolatileSlice};
@@ -115,11 +117,70 @@ impl<'m> DescTable<'m> {
         mem.get_slice(GuestAddress(addr), len).ok().map(|slice| DescTable { slice })
     }
 
-    /// The raw 16 bytes of descriptor `index` (`None` past the end).
+    /// Descriptor `index` (`None` past the end), read as one 16-byte load: its address, its
+    /// length and the two 16-bit words after them (split: flags, next; packed: id, flags).
     #[inline]
-    pub(crate) fn raw(&self, index: u16) -> Option<[u8; 16]> {
-        self.slice.get_ref::<[u8; 16]>(usize::from(index) * 16).ok().map(|r| r.load())
+    pub(crate) fn get(&self, index: u16) -> Option<(u64, u32, u16, u16)> {
+        let raw = self.slice.get_ref::<[u8; 16]>(usize::from(index) * 16).ok()?.load();
+        Some((
+            u64::from_le_bytes(raw[0..8].try_into().ok()?),
+            u32::from_le_bytes(raw[8..12].try_into().ok()?),
+            u16::from_le_bytes([raw[12], raw[13]]),
+            u16::from_le_bytes([raw[14], raw[15]]),
+        ))
     }
+}
+
+/// When the driver was last interrupted, for both layouts' interrupt decision (once per poll
+/// round): whether buffers were returned since, and the used position then.
+#[derive(Debug, Default)]
+pub(crate) struct Signalled {
+    returned: bool,
+    used: u16,
+}
+
+impl Signalled {
+    /// Buffers were returned (made visible to the driver).
+    #[inline]
+    pub(crate) fn returned(&mut self) {
+        self.returned = true;
+    }
+
+    /// Starts over at used position `used` (nothing returned yet).
+    pub(crate) fn reset(&mut self, used: u16) {
+        (self.returned, self.used) = (false, used);
+    }
+
+    /// If buffers were returned since the last decision: `(used position then, now)`, `now`
+    /// recorded for the next one. Orders the caller's used-ring stores before its reads of the
+    /// driver's suppression fields (a full fence).
+    #[inline]
+    pub(crate) fn take(&mut self, now: u16) -> Option<(u16, u16)> {
+        if !self.returned {
+            return None;
+        }
+        self.returned = false;
+        fence(Ordering::SeqCst);
+        let old = std::mem::replace(&mut self.used, now);
+        Some((old, now))
+    }
+}
+
+/// `vring_need_event`: whether the used position, moving from `old` to `new`, passed `event`.
+#[inline]
+pub(crate) fn need_event(event: u16, new: u16, old: u16) -> bool {
+    new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
+}
+
+/// Checks that each `(address, length)` of queue `queue`'s ring areas lies in mapped memory.
+pub(crate) fn check_mapped(mem: &GuestMem, queue: u16, ranges: &[(u64, u64)]) -> Result<(), QueueError> {
+    for &(addr, len) in ranges {
+        let len = usize::try_from(len).map_err(|_| QueueError::RingUnmapped(queue))?;
+        if mem.get_slice(GuestAddress(addr), len).is_err() {
+            return Err(QueueError::RingUnmapped(queue));
+        }
+    }
+    Ok(())
 }
 
 /// Maps the guest buffer `addr`+`len` onto `out` (one slice, or one per DMA window it spans).

@@ -47,20 +47,22 @@ impl Ring {
         }
     }
 
+    /// The queue as the driver configured it.
+    pub fn config(&self) -> &QueueConfig {
+        match self {
+            Ring::Split(q) => q.config(),
+            Ring::Packed(q) => q.config(),
+        }
+    }
+
     /// Queue index.
     pub fn index(&self) -> u16 {
-        match self {
-            Ring::Split(q) => q.index(),
-            Ring::Packed(q) => q.index(),
-        }
+        self.config().index
     }
 
     /// MSI-X vector.
     pub fn vector(&self) -> u16 {
-        match self {
-            Ring::Split(q) => q.vector(),
-            Ring::Packed(q) => q.vector(),
-        }
+        self.config().vector
     }
 
     /// Checks the ring lies in mapped memory and turns driver notifications off.

@@ -17,9 +17,11 @@
 use std::sync::atomic::{fence, Ordering};
 
 use virtio_bindings::virtio_ring as vr;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+use vm_memory::{Bytes, GuestAddress};
 
-use super::desc::{push_slices, Chain, ChainError, DescTable, QueueError};
+use super::desc::{
+    check_mapped, need_event, push_slices, Chain, ChainError, DescTable, QueueError, Signalled,
+};
 use super::desc::{DESC_F_INDIRECT as F_INDIRECT, DESC_F_NEXT as F_NEXT, DESC_F_WRITE as F_WRITE};
 use super::desc::{
     PACKED_EVENT_DESC as EVENT_DESC, PACKED_EVENT_DISABLE as EVENT_DISABLE,
@@ -39,15 +41,23 @@ struct PDesc {
     flags: u16,
 }
 
+/// Descriptor `index` of `table` in the packed layout (one 16-byte volatile load).
 #[inline]
 fn read_pdesc(table: &DescTable<'_>, index: u16) -> Option<PDesc> {
-    let raw = table.raw(index)?;
-    Some(PDesc {
-        addr: u64::from_le_bytes(raw[0..8].try_into().ok()?),
-        len: u32::from_le_bytes(raw[8..12].try_into().ok()?),
-        id: u16::from_le_bytes([raw[12], raw[13]]),
-        flags: u16::from_le_bytes([raw[14], raw[15]]),
-    })
+    let (addr, len, id, flags) = table.get(index)?;
+    Some(PDesc { addr, len, id, flags })
+}
+
+/// Moves a ring position `n` slots on, flipping its wrap counter when it passes the end.
+#[inline]
+fn advance(pos: &mut u16, wrap: &mut bool, n: u16, size: u16) {
+    let next = u32::from(*pos) + u32::from(n);
+    if next >= u32::from(size) {
+        *wrap = !*wrap;
+        *pos = (next - u32::from(size)) as u16;
+    } else {
+        *pos = next as u16;
+    }
 }
 
 /// A packed virtqueue owned by one poller.
@@ -62,9 +72,8 @@ pub struct PackedQueue {
     used_wrap: bool,
     /// Ring slots taken by each outstanding buffer id (to advance the used position).
     slots: Box<[u16]>,
-    /// Used position when the driver was last interrupted.
-    signalled_used: u16,
-    unsignalled: bool,
+    /// Buffers returned since the last interrupt, and the used position then.
+    signalled: Signalled,
 }
 
 impl PackedQueue {
@@ -84,31 +93,20 @@ impl PackedQueue {
             next_used: 0,
             used_wrap: true,
             slots: vec![0; usize::from(cfg.size)].into_boxed_slice(),
-            signalled_used: 0,
-            unsignalled: false,
+            signalled: Signalled::default(),
         })
     }
 
-    /// Queue index.
-    pub fn index(&self) -> u16 {
-        self.cfg.index
-    }
-
-    /// MSI-X vector.
-    pub fn vector(&self) -> u16 {
-        self.cfg.vector
+    /// The queue as the driver configured it.
+    pub fn config(&self) -> &QueueConfig {
+        &self.cfg
     }
 
     /// Checks the ring and event areas lie in mapped memory and disables driver notifications.
     pub fn attach(&mut self, mem: &GuestMem) -> Result<(), QueueError> {
-        let q = self.cfg.index;
         let ranges =
             [(self.cfg.desc, 16 * u64::from(self.cfg.size)), (self.cfg.avail, 4), (self.cfg.used, 4)];
-        for (addr, len) in ranges {
-            if mem.get_slice(GuestAddress(addr), len as usize).is_err() {
-                return Err(QueueError::RingUnmapped(q));
-            }
-        }
+        check_mapped(mem, self.cfg.index, &ranges)?;
         // Poll mode: the device never wants a notification.
         self.set_notify(mem, false)
     }
@@ -127,13 +125,7 @@ impl PackedQueue {
     }
 
     fn advance_avail(&mut self, n: u16) {
-        let next = u32::from(self.next_avail) + u32::from(n);
-        if next >= u32::from(self.cfg.size) {
-            self.avail_wrap = !self.avail_wrap;
-            self.next_avail = (next - u32::from(self.cfg.size)) as u16;
-        } else {
-            self.next_avail = next as u16;
-        }
+        advance(&mut self.next_avail, &mut self.avail_wrap, n, self.cfg.size);
     }
 
     /// Whether the next ring slot holds an available buffer.
@@ -246,26 +238,16 @@ impl PackedQueue {
         fence(Ordering::Release);
         mem.store(flags.to_le(), GuestAddress(at + 14), Ordering::Release)
             .map_err(|_| QueueError::RingUnmapped(q))?;
-        let next = u32::from(self.next_used) + u32::from(taken);
-        if next >= u32::from(self.cfg.size) {
-            self.used_wrap = !self.used_wrap;
-            self.next_used = (next - u32::from(self.cfg.size)) as u16;
-        } else {
-            self.next_used = next as u16;
-        }
-        self.unsignalled = true;
+        advance(&mut self.next_used, &mut self.used_wrap, taken, self.cfg.size);
+        self.signalled.returned();
         Ok(())
     }
 
     /// Whether the driver wants an interrupt for the buffers returned since the last one.
     pub fn needs_interrupt(&mut self, mem: &GuestMem) -> bool {
-        if !self.unsignalled {
+        let Some((old, new)) = self.signalled.take(self.next_used) else {
             return false;
-        }
-        self.unsignalled = false;
-        fence(Ordering::SeqCst);
-        let (old, new) = (self.signalled_used, self.next_used);
-        self.signalled_used = new;
+        };
         let mut raw = [0u8; 4];
         if mem.read_slice(&mut raw, GuestAddress(self.cfg.avail)).is_err() {
             return true;
@@ -278,7 +260,7 @@ impl PackedQueue {
                 if (off_wrap >> EVENT_F_WRAP_CTR != 0) != self.used_wrap {
                     off = off.wrapping_sub(self.cfg.size);
                 }
-                new.wrapping_sub(off).wrapping_sub(1) < new.wrapping_sub(old)
+                need_event(off, new, old)
             }
             EVENT_ENABLE | EVENT_DESC => true,
             _ => true,

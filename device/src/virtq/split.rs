@@ -17,10 +17,11 @@
 use std::sync::atomic::{fence, Ordering};
 
 use virtio_bindings::virtio_ring as vr;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+use vm_memory::{Bytes, GuestAddress};
 
 use super::desc::{
-    push_slices, Chain, ChainError, DescTable, QueueError, DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE,
+    check_mapped, need_event, push_slices, Chain, ChainError, DescTable, QueueError, Signalled,
+    DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE,
 };
 use crate::memory::GuestMem;
 use crate::pci::QueueConfig;
@@ -39,13 +40,8 @@ struct Desc {
 /// Descriptor `index` of `table` in the split layout (one 16-byte volatile load).
 #[inline]
 fn read_desc(table: &DescTable<'_>, index: u16) -> Option<Desc> {
-    let raw = table.raw(index)?;
-    Some(Desc {
-        addr: u64::from_le_bytes(raw[0..8].try_into().ok()?),
-        len: u32::from_le_bytes(raw[8..12].try_into().ok()?),
-        flags: u16::from_le_bytes([raw[12], raw[13]]),
-        next: u16::from_le_bytes([raw[14], raw[15]]),
-    })
+    let (addr, len, flags, next) = table.get(index)?;
+    Some(Desc { addr, len, flags, next })
 }
 
 /// A split virtqueue owned by one poller.
@@ -56,10 +52,8 @@ pub struct SplitQueue {
     indirect: bool,
     next_avail: u16,
     next_used: u16,
-    /// Used index when the driver was last interrupted (for EVENT_IDX).
-    signalled_used: u16,
-    /// Used entries published since the last interrupt decision.
-    unsignalled: bool,
+    /// Used entries published since the last interrupt, and the used index then.
+    signalled: Signalled,
 }
 
 impl SplitQueue {
@@ -76,19 +70,13 @@ impl SplitQueue {
             indirect,
             next_avail: 0,
             next_used: 0,
-            signalled_used: 0,
-            unsignalled: false,
+            signalled: Signalled::default(),
         })
     }
 
-    /// Queue index.
-    pub fn index(&self) -> u16 {
-        self.cfg.index
-    }
-
-    /// MSI-X vector.
-    pub fn vector(&self) -> u16 {
-        self.cfg.vector
+    /// The queue as the driver configured it.
+    pub fn config(&self) -> &QueueConfig {
+        &self.cfg
     }
 
     /// Checks the rings lie in mapped memory and tells the driver not to notify us (poll mode).
@@ -96,11 +84,7 @@ impl SplitQueue {
         let q = self.cfg.index;
         let n = u64::from(self.cfg.size);
         let ranges = [(self.cfg.desc, 16 * n), (self.cfg.avail, 6 + 2 * n), (self.cfg.used, 6 + 8 * n)];
-        for (addr, len) in ranges {
-            if mem.get_slice(GuestAddress(addr), len as usize).is_err() {
-                return Err(QueueError::RingUnmapped(q));
-            }
-        }
+        check_mapped(mem, q, &ranges)?;
         let used_flags = if self.event_idx { 0 } else { USED_F_NO_NOTIFY };
         mem.store(used_flags.to_le(), GuestAddress(self.cfg.used), Ordering::Relaxed)
             .map_err(|_| QueueError::RingUnmapped(q))?;
@@ -111,7 +95,7 @@ impl SplitQueue {
             .map_err(|_| QueueError::RingUnmapped(q))?;
         self.next_used = u16::from_le(used_idx);
         self.next_avail = self.next_used;
-        self.signalled_used = self.next_used;
+        self.signalled.reset(self.next_used);
         // Poll mode: no notifications (with EVENT_IDX, an avail_event the driver does not pass).
         self.set_notify(mem, false)
     }
@@ -230,31 +214,23 @@ impl SplitQueue {
         fence(Ordering::Release);
         mem.store(self.next_used.to_le(), GuestAddress(self.cfg.used + 2), Ordering::Release)
             .map_err(|_| QueueError::RingUnmapped(self.cfg.index))?;
-        self.unsignalled = true;
+        self.signalled.returned();
         Ok(())
     }
 
     /// Whether the driver wants an interrupt for what was published since the last one.
     pub fn needs_interrupt(&mut self, mem: &GuestMem) -> bool {
-        if !self.unsignalled {
+        let Some((old, new)) = self.signalled.take(self.next_used) else {
             return false;
-        }
-        self.unsignalled = false;
-        // Order our used-index store before reading the driver's suppression fields.
-        fence(Ordering::SeqCst);
-        let (old, new) = (self.signalled_used, self.next_used);
+        };
         if self.event_idx {
             let at = GuestAddress(self.cfg.avail + 4 + 2 * u64::from(self.cfg.size));
             let Ok(event) = mem.load::<u16>(at, Ordering::Acquire) else {
                 return true;
             };
-            let event = u16::from_le(event);
-            self.signalled_used = new;
-            // vring_need_event: did new pass event since old?
-            new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
+            need_event(u16::from_le(event), new, old)
         } else {
             let flags = mem.load::<u16>(GuestAddress(self.cfg.avail), Ordering::Acquire).unwrap_or(0);
-            self.signalled_used = new;
             u16::from_le(flags) & AVAIL_F_NO_INTERRUPT == 0
         }
     }
