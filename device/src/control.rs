@@ -10,7 +10,7 @@
 //! signals the configuration vector.
 //!
 //! It knows nothing of sockets or of a wire format: the vfio-user adapter
-//! ([`crate::vfio_user`]) decodes messages, checks their fields and calls the methods here (as
+//! (`vfio_user`) decodes messages, checks their fields and calls the methods here (as
 //! SPDK splits `vfu_virtio.c` from its transport, and cloud-hypervisor has `transport/`). Every
 //! method runs on the control plane's thread.
 

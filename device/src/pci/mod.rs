@@ -39,8 +39,10 @@ use thiserror::Error;
 
 /// PCI vendor id of virtio devices.
 pub const VENDOR_ID: u16 = 0x1af4;
+/// The virtio device id of a file system device (`VIRTIO_ID_FS`, 26).
+pub const VIRTIO_ID_FS: u16 = virtio_bindings::virtio_ids::VIRTIO_ID_FS as u16;
 /// PCI device id of a modern virtio-fs device (0x1040 + 26).
-pub const DEVICE_ID: u16 = 0x105a;
+pub const DEVICE_ID: u16 = 0x1040 + VIRTIO_ID_FS;
 /// BAR holding the MSI-X table and PBA.
 pub const MSIX_BAR: u32 = 1;
 /// BAR holding the virtio structures.
@@ -248,7 +250,7 @@ impl VirtioFsFunction {
         put32(c, 0x14, 0); // BAR1: 32-bit memory
         put32(c, 0x20, 0b1100); // BAR4: 64-bit, prefetchable memory
         put16(c, 0x2c, VENDOR_ID);
-        put16(c, 0x2e, 26);
+        put16(c, 0x2e, VIRTIO_ID_FS);
         c[0x34] = CAP_MSIX as u8;
         c[0x3d] = 0; // no INTx: MSI-X only (an INTx we never raised would hang a fallback driver)
                      // MSI-X: table size N-1, table at BAR1+0, PBA at BAR1+0x800.
