@@ -42,7 +42,7 @@ use crate::config::{Polling, Profile};
 use crate::memory::GuestMem;
 use crate::pci::msix::MsixShared;
 use crate::pci::{QueueConfig, NO_VECTOR};
-use crate::stats::{add, sub_one, DeviceCounters, PollerCounters, QueueCounters};
+use crate::stats::{add, coarse_now_ns, sub_one, DeviceCounters, PollerCounters, QueueCounters};
 use crate::virtq::{Chain, QueueError, Ring};
 
 /// Serves one request. Implemented by the FUSE server glue; the device knows nothing of FUSE.
@@ -347,11 +347,17 @@ struct Served {
     stat: usize,
 }
 
-/// Busy and idle time of a poller, measured at the changes between the two (and every
-/// [`CLOCK_ROUNDS`] rounds), not every round.
+/// Busy and idle time of a poller, from the coarse clock (see [`coarse_now_ns`]). A round is
+/// busy if it took, completed or has pending requests; its state is known only at its end, so an
+/// idle poller reads the clock as each round starts (while it has nothing to do), and a busy one
+/// only when it turns idle and every [`CLOCK_ROUNDS`] rounds: nothing is read between a request's
+/// arrival and its completion.
 struct Clock {
-    mark: Instant,
+    /// When the current spell began.
+    mark: u64,
     busy: bool,
+    /// Start of the current round, read only while idle.
+    round_start: u64,
     busy_ns: u64,
     idle_ns: u64,
 }
@@ -360,10 +366,35 @@ struct Clock {
 const CLOCK_ROUNDS: u64 = 1024;
 
 impl Clock {
-    /// Ends the current period (busy or idle) now and starts one that is `busy` or not.
-    fn tick(&mut self, busy: bool, out: &PollerCounters) {
-        let now = Instant::now();
-        let ns = u64::try_from(now.duration_since(self.mark).as_nanos()).unwrap_or(u64::MAX);
+    fn new() -> Self {
+        let now = coarse_now_ns();
+        Clock { mark: now, busy: false, round_start: now, busy_ns: 0, idle_ns: 0 }
+    }
+
+    /// A round begins.
+    #[inline]
+    fn start_round(&mut self) {
+        if !self.busy {
+            self.round_start = coarse_now_ns();
+        }
+    }
+
+    /// The round `rounds` ended, `busy` or not.
+    #[inline]
+    fn end_round(&mut self, busy: bool, rounds: u64, out: &PollerCounters) {
+        if busy != self.busy {
+            // Idle to busy: the spell ended when this round began. Busy to idle: now (the idle
+            // round itself, a short one, is counted busy).
+            let at = if busy { self.round_start } else { coarse_now_ns() };
+            self.close(at, busy, out);
+        } else if rounds.is_multiple_of(CLOCK_ROUNDS) {
+            self.close(coarse_now_ns(), busy, out);
+        }
+    }
+
+    /// Ends the current spell at `at` and starts one that is `busy` or not.
+    fn close(&mut self, at: u64, busy: bool, out: &PollerCounters) {
+        let ns = at.saturating_sub(self.mark);
         if self.busy {
             self.busy_ns += ns;
             out.busy_ns.store(self.busy_ns, Ordering::Relaxed);
@@ -371,7 +402,7 @@ impl Clock {
             self.idle_ns += ns;
             out.idle_ns.store(self.idle_ns, Ordering::Relaxed);
         }
-        (self.mark, self.busy) = (now, busy);
+        (self.mark, self.busy) = (at.max(self.mark), busy);
     }
 }
 
@@ -441,7 +472,7 @@ fn run(ctx: Ctx) {
     let mut idle_rounds = 0u64;
     let mut idle_since = Instant::now();
     let mine = ctx.stats.poller(ctx.id);
-    let mut clock = Clock { mark: idle_since, busy: false, busy_ns: 0, idle_ns: 0 };
+    let mut clock = Clock::new();
     let mut rounds = 0u64;
     // One buffer list per memory snapshot (it borrows the snapshot): building it costs a 24 KiB
     // memset, 18 % of the poller's instructions at QD=1, idle spinning included (callgrind).
@@ -490,7 +521,7 @@ fn run(ctx: Ctx) {
                     }
                     Msg::Irqs(i) => irqs = i,
                     Msg::Shutdown => {
-                        clock.tick(false, mine);
+                        clock.close(coarse_now_ns(), false, mine);
                         return;
                     }
                 }
@@ -499,6 +530,7 @@ fn run(ctx: Ctx) {
             if !Arc::ptr_eq(&mem, &snapshot) {
                 continue 'snapshot;
             }
+            clock.start_round();
             let mut work = 0usize;
             for (slot, q) in queues.iter_mut().enumerate() {
                 if !q.attached || q.broken {
@@ -529,9 +561,7 @@ fn run(ctx: Ctx) {
             rounds += 1;
             mine.rounds.store(rounds, Ordering::Relaxed);
             let busy = work > 0 || waiting;
-            if busy != clock.busy || rounds.is_multiple_of(CLOCK_ROUNDS) {
-                clock.tick(busy, mine);
-            }
+            clock.end_round(busy, rounds, mine);
             if busy {
                 if work > 0 {
                     idle_rounds = 0;
@@ -544,8 +574,7 @@ fn run(ctx: Ctx) {
                 // Read the clock only every 64 idle rounds (it showed in profiles of the spin).
                 idle_rounds += 1;
                 if idle_rounds == 1 {
-                    // The clock was read as this idle spell began.
-                    idle_since = clock.mark;
+                    idle_since = Instant::now();
                 } else if idle_rounds.is_multiple_of(64) && idle_since.elapsed() >= ctx.spin {
                     ctx.park(&mut queues, &mem, !parked.is_empty()); // still idle next time: park again soon
                 }

@@ -14,7 +14,8 @@ use crate::stats::{DeviceStats, QueueStats};
 use crate::virtq::mock::{guest_memory, Buf, PackedDriver, SplitDriver, UsedElem};
 
 /// Serves requests by their first readable byte: 0 at once, 1 pending until `release`, 2
-/// waiting until `grant`; the reply is 4 bytes `[kind; 4]`.
+/// waiting until `grant`, 3 at once after holding the poller for [`SLOW`]; the reply is 4 bytes
+/// `[kind; 4]`.
 struct Handler {
     release: Arc<AtomicBool>,
     grant: Arc<AtomicBool>,
@@ -64,6 +65,11 @@ impl Engine for TestEngine {
             2 => {
                 self.waiting.push(id);
                 Outcome::Wait
+            }
+            3 => {
+                std::thread::sleep(SLOW);
+                writable[0].write_slice(&[3; 4], 0).unwrap();
+                Outcome::Done(4)
             }
             k => {
                 writable[0].write_slice(&[k; 4], 0).unwrap();
@@ -134,6 +140,10 @@ fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
+/// How long a slow request keeps its poller busy: longer than two jiffies at HZ=100, so the
+/// coarse clock sees it.
+const SLOW: Duration = Duration::from_millis(25);
+
 const REQ: u64 = 0x10000;
 const REPLY: u64 = 0x11000;
 
@@ -144,7 +154,9 @@ fn requests_served_pending_and_waiting_are_counted_on_both_layouts() {
     let (release, grant) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
     let handler = Arc::new(Handler { release: release.clone(), grant: grant.clone() });
     let msix = Arc::new(MsixShared::new(3));
+    let started = Instant::now();
     let mut pollers = PollerSet::spawn(&profile, handler, msix, Arc::new(|| {})).unwrap();
+    let counters = pollers.stats().clone();
     pollers.set_memory(&mem);
     // Vector 1 is queue 1's; any file takes the 8-byte interrupt write.
     let irq = tempfile::tempfile().unwrap();
@@ -189,10 +201,14 @@ fn requests_served_pending_and_waiting_are_counted_on_both_layouts() {
         // A chain with a buffer outside guest memory fails alone, counted as a bad chain.
         let bad = drv.push(&[Buf::readable(0x1f_0000, 16)], 3);
         assert_eq!(wait_for("the bad chain", || drv.next_used()), (bad, 0), "{layout}");
+        // A slow request: busy time.
+        mem.write_obj(3u8, GuestAddress(REQ + 0x300)).unwrap();
+        let slow = drv.push(&[Buf::readable(REQ + 0x300, 16), Buf::writable(REPLY + 0x300, 64)], 4);
+        assert_eq!(wait_for("the slow request", || drv.next_used()), (slow, 4), "{layout}");
         pollers.kick(1);
         let q = wait_for("the counters", || {
             let q = queue1(&pollers.stats().snapshot());
-            (q.requests == served_before + 4).then_some(q)
+            (q.requests == served_before + 5).then_some(q)
         });
         assert_eq!((q.in_flight, q.waiting), (0, 0), "{layout}: {q:?}");
         assert_eq!(q.bad_chains, if packed { 2 } else { 1 }, "{layout}: {q:?}");
@@ -203,10 +219,16 @@ fn requests_served_pending_and_waiting_are_counted_on_both_layouts() {
         served_before = q.requests;
         pollers.stop();
     }
-    let stats = pollers.stats().snapshot();
+    drop(pollers); // the pollers exit, their last spells counted
+    let elapsed = u64::try_from(started.elapsed().as_nanos()).unwrap();
+    let stats = counters.snapshot();
     let p = &stats.pollers[0];
     assert_eq!(p.queues, [0, 1]);
-    assert!(p.rounds > 0 && p.busy_ns > 0 && p.idle_ns > 0, "{p:?}");
+    assert!(p.rounds > 0, "{p:?}");
+    // Two slow requests of 25 ms: at least 40 ms busy, whatever the jiffy (1 to 10 ms); busy and
+    // idle time together no more than the test took, give or take a jiffy.
+    assert!(p.busy_ns >= 40_000_000, "{p:?}");
+    assert!(p.busy_ns + p.idle_ns <= elapsed + 10_000_000, "{p:?} in {elapsed} ns");
     assert_eq!(p.parks, 0, "busy polling never parks");
     assert_eq!(stats.queues[0].requests, 0, "nothing on hiprio");
 }
