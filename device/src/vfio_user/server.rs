@@ -242,7 +242,10 @@ impl Server {
         if self.unlink {
             let _ = std::fs::remove_file(&self.path);
         }
-        Ok(self.dev.stats())
+        // The pollers end with the device (each counts its last spell first).
+        let counters = self.dev.counters().clone();
+        drop(self);
+        Ok(counters.snapshot())
     }
 
     fn accept(&mut self) {
