@@ -568,6 +568,7 @@ fn run(ctx: Ctx) {
                 }
             } else if queues.is_empty() {
                 std::thread::park_timeout(Duration::from_millis(100));
+                clock.close(coarse_now_ns(), false, mine); // idle time readable while it naps
             } else if ctx.busy {
                 std::hint::spin_loop();
             } else {
@@ -577,6 +578,7 @@ fn run(ctx: Ctx) {
                     idle_since = Instant::now();
                 } else if idle_rounds.is_multiple_of(64) && idle_since.elapsed() >= ctx.spin {
                     ctx.park(&mut queues, &mem, !parked.is_empty()); // still idle next time: park again soon
+                    clock.close(coarse_now_ns(), false, mine);
                 }
                 std::hint::spin_loop();
             }
