@@ -27,7 +27,7 @@
 use std::fs::File;
 use std::io::Write;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -406,6 +406,15 @@ impl Clock {
     }
 }
 
+/// The queue slots with new used entries in one completion pass.
+#[derive(Default)]
+struct Touched {
+    /// Bitmap of the first 64 slots.
+    bits: u64,
+    /// Any slot past those.
+    overflow: bool,
+}
+
 /// A request that waits ([`Outcome::Wait`]).
 struct Parked {
     /// Its engine id (queue slot << 16 | head).
@@ -536,7 +545,7 @@ fn run(ctx: Ctx) {
                 if !q.attached || q.broken {
                     continue;
                 }
-                match ctx.serve(slot, q.stat, &mut q.queue, &snapshot, &mut chain, &mut engine, &mut parked) {
+                match ctx.serve(slot, q, &snapshot, &mut chain, &mut engine, &mut parked) {
                     Ok(n) => work += n,
                     Err(QueueError::RingUnmapped(i)) => {
                         // Guest memory is being remapped under a live queue; wait for the new map.
@@ -661,23 +670,22 @@ impl Ctx {
         (self.wake_control)();
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn serve<'m>(
         &self,
         slot: usize,
-        stat: usize,
-        q: &mut Ring,
+        served: &mut Served,
         mem: &'m GuestMem,
         chain: &mut Chain<'m>,
         engine: &mut Option<Box<dyn Engine>>,
         parked: &mut Vec<Parked>,
     ) -> Result<usize, QueueError> {
+        let q = &mut served.queue;
         if !q.has_work(mem)? {
             return Ok(0);
         }
         let index = usize::from(q.index());
-        let counters = self.counters(stat);
-        let count = |n: u64, field: fn(&QueueCounters) -> &std::sync::atomic::AtomicU64| {
+        let counters = self.counters(served.stat);
+        let count = |n: u64, field: fn(&QueueCounters) -> &AtomicU64| {
             if let Some(c) = counters {
                 add(field(c), n);
             }
@@ -747,10 +755,9 @@ impl Ctx {
         mem: &GuestMem,
         parked: &mut Vec<Parked>,
     ) -> usize {
-        let mut touched = 0u64; // bitmap of queue slots (first 64) with new used entries
-        let mut overflow = false;
+        let mut touched = Touched::default();
         let mut n = engine.poll(&mut |id, len| {
-            self.finish(queues, mem, id, len, false, &mut touched, &mut overflow);
+            self.finish(queues, mem, id, len, false, &mut touched);
         });
         if !parked.is_empty() {
             n += engine.poll_waits(&mut |id, reply| {
@@ -759,7 +766,7 @@ impl Ctx {
                 if open {
                     let p = parked.swap_remove(i);
                     let len = write_reply(mem, &p.reply, reply);
-                    self.finish(queues, mem, id, len, true, &mut touched, &mut overflow);
+                    self.finish(queues, mem, id, len, true, &mut touched);
                 } else {
                     let keep = &reply[..reply.len().min(MAX_WAIT_REPLY)];
                     parked[i].answer = heapless::Vec::from_slice(keep).ok();
@@ -775,18 +782,18 @@ impl Ctx {
                         let p = parked.swap_remove(i);
                         let answer = p.answer.unwrap_or_default();
                         let len = write_reply(mem, &p.reply, &answer);
-                        self.finish(queues, mem, p.id, len, true, &mut touched, &mut overflow);
+                        self.finish(queues, mem, p.id, len, true, &mut touched);
                         n += 1;
                     }
                     _ => i += 1,
                 }
             }
         }
-        if touched == 0 && !overflow {
+        if touched.bits == 0 && !touched.overflow {
             return n; // the common round: the engine finished nothing
         }
         for (slot, q) in queues.iter_mut().enumerate() {
-            if (slot < 64 && touched & (1 << slot) != 0) || (slot >= 64 && overflow) {
+            if (slot < 64 && touched.bits & (1 << slot) != 0) || (slot >= 64 && touched.overflow) {
                 if let Err(e) = q.queue.publish_used(mem) {
                     debug!("queue {}: {e}", q.queue.index());
                 }
@@ -797,7 +804,6 @@ impl Ctx {
 
     /// Pushes the used entry of engine request `id` (not yet published): a pending one, or one
     /// that `waited`.
-    #[allow(clippy::too_many_arguments)]
     fn finish(
         &self,
         queues: &mut [Served],
@@ -805,8 +811,7 @@ impl Ctx {
         id: u64,
         len: u32,
         waited: bool,
-        touched: &mut u64,
-        overflow: &mut bool,
+        touched: &mut Touched,
     ) {
         let (slot, head) = ((id >> 16) as usize, (id & 0xffff) as u16);
         let Some(q) = queues.get_mut(slot) else { return };
@@ -821,9 +826,9 @@ impl Ctx {
             add(&c.requests, 1);
         }
         if slot < 64 {
-            *touched |= 1 << slot;
+            touched.bits |= 1 << slot;
         } else {
-            *overflow = true;
+            touched.overflow = true;
         }
     }
 
