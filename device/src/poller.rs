@@ -358,6 +358,8 @@ struct Clock {
     busy: bool,
     /// Start of the current round, read only while idle.
     round_start: u64,
+    /// Rounds run.
+    rounds: u64,
     busy_ns: u64,
     idle_ns: u64,
 }
@@ -368,7 +370,7 @@ const CLOCK_ROUNDS: u64 = 1024;
 impl Clock {
     fn new() -> Self {
         let now = coarse_now_ns();
-        Clock { mark: now, busy: false, round_start: now, busy_ns: 0, idle_ns: 0 }
+        Clock { mark: now, busy: false, round_start: now, rounds: 0, busy_ns: 0, idle_ns: 0 }
     }
 
     /// A round begins.
@@ -379,21 +381,24 @@ impl Clock {
         }
     }
 
-    /// The round `rounds` ended, `busy` or not.
+    /// A round ended, `busy` or not.
     #[inline]
-    fn end_round(&mut self, busy: bool, rounds: u64, out: &PollerCounters) {
+    fn end_round(&mut self, busy: bool, out: &PollerCounters) {
+        self.rounds += 1;
         if busy != self.busy {
             // Idle to busy: the spell ended when this round began. Busy to idle: now (the idle
             // round itself, a short one, is counted busy).
             let at = if busy { self.round_start } else { coarse_now_ns() };
             self.close(at, busy, out);
-        } else if rounds.is_multiple_of(CLOCK_ROUNDS) {
+        } else if self.rounds.is_multiple_of(CLOCK_ROUNDS) {
             self.close(coarse_now_ns(), busy, out);
         }
     }
 
-    /// Ends the current spell at `at` and starts one that is `busy` or not.
+    /// Ends the current spell at `at` and starts one that is `busy` or not; publishes the
+    /// poller's time and rounds.
     fn close(&mut self, at: u64, busy: bool, out: &PollerCounters) {
+        out.rounds.store(self.rounds, Ordering::Relaxed);
         let ns = at.saturating_sub(self.mark);
         if self.busy {
             self.busy_ns += ns;
@@ -482,7 +487,6 @@ fn run(ctx: Ctx) {
     let mut idle_since = Instant::now();
     let mine = ctx.stats.poller(ctx.id);
     let mut clock = Clock::new();
-    let mut rounds = 0u64;
     // One buffer list per memory snapshot (it borrows the snapshot): building it costs a 24 KiB
     // memset, 18 % of the poller's instructions at QD=1, idle spinning included (callgrind).
     'snapshot: loop {
@@ -567,10 +571,8 @@ fn run(ctx: Ctx) {
                 }
             }
             let waiting = engine.as_ref().is_some_and(|e| e.in_flight() > 0);
-            rounds += 1;
-            mine.rounds.store(rounds, Ordering::Relaxed);
             let busy = work > 0 || waiting;
-            clock.end_round(busy, rounds, mine);
+            clock.end_round(busy, mine);
             if busy {
                 if work > 0 {
                     idle_rounds = 0;

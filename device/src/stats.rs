@@ -196,6 +196,7 @@ impl DeviceCounters {
     }
 
     /// The block poller `poller` writes.
+    #[inline]
     pub(crate) fn poller(&self, poller: usize) -> &PollerCounters {
         &self.pollers[poller]
     }

@@ -128,7 +128,9 @@ impl Ring {
         }
     }
 
-    /// Whether the driver wants an interrupt now.
+    /// Whether the driver wants an interrupt now (called for every queue every round: inlined
+    /// into the poller, the layouts' own checks not).
+    #[inline]
     pub fn needs_interrupt(&mut self, mem: &GuestMem) -> bool {
         match self {
             Ring::Split(q) => q.needs_interrupt(mem),

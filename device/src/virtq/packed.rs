@@ -129,6 +129,7 @@ impl PackedQueue {
     }
 
     /// Whether the next ring slot holds an available buffer.
+    #[inline]
     pub fn has_work(&self, mem: &GuestMem) -> Result<bool, QueueError> {
         let at = GuestAddress(self.cfg.desc + 16 * u64::from(self.next_avail) + 14);
         let flags: u16 =
@@ -138,6 +139,7 @@ impl PackedQueue {
 
     /// Takes the next available buffer into `chain` (`chain.head` = buffer id). `Ok(None)`: none
     /// available; `Ok(Some(Err))`: a malformed chain, to be returned unserved.
+    #[inline]
     pub fn next<'m>(
         &mut self,
         mem: &'m GuestMem,
@@ -220,6 +222,7 @@ impl PackedQueue {
     }
 
     /// Returns buffer `id` with `len` bytes written.
+    #[inline]
     pub fn push_used(&mut self, mem: &GuestMem, id: u16, len: u32) -> Result<(), QueueError> {
         let q = self.cfg.index;
         let taken = self.slots.get(usize::from(id)).copied().unwrap_or(0);

@@ -120,6 +120,7 @@ impl SplitQueue {
     }
 
     /// Number of requests the driver has made available and we have not taken.
+    #[inline]
     pub fn pending(&self, mem: &GuestMem) -> Result<u16, QueueError> {
         let q = self.cfg.index;
         let avail: u16 = mem
@@ -134,6 +135,7 @@ impl SplitQueue {
     }
 
     /// Takes the next available head index.
+    #[inline]
     pub fn pop_head(&mut self, mem: &GuestMem) -> Result<u16, QueueError> {
         let q = self.cfg.index;
         let slot = u64::from(self.next_avail % self.cfg.size);
@@ -150,6 +152,7 @@ impl SplitQueue {
 
     /// Validates the chain starting at `head` and maps its buffers into `chain` (cleared first;
     /// the caller reuses one `Chain` so that no 32 KiB buffer list is moved per request).
+    #[inline]
     pub fn chain<'m>(&self, mem: &'m GuestMem, head: u16, chain: &mut Chain<'m>) -> Result<(), ChainError> {
         chain.head = head;
         chain.readable.clear();
@@ -198,6 +201,7 @@ impl SplitQueue {
     }
 
     /// Returns a request to the driver with `len` bytes written.
+    #[inline]
     pub fn push_used(&mut self, mem: &GuestMem, head: u16, len: u32) -> Result<(), QueueError> {
         let slot = u64::from(self.next_used % self.cfg.size);
         let at = GuestAddress(self.cfg.used + 4 + 8 * slot);
@@ -210,6 +214,7 @@ impl SplitQueue {
     }
 
     /// Publishes the used entries pushed so far (one index store per poll round).
+    #[inline]
     pub fn publish_used(&mut self, mem: &GuestMem) -> Result<(), QueueError> {
         fence(Ordering::Release);
         mem.store(self.next_used.to_le(), GuestAddress(self.cfg.used + 2), Ordering::Release)
