@@ -18,7 +18,8 @@ use virtiofs_backend::passthrough::{PassthroughConfig, SetupError};
 use virtiofs_backend::server::{LockStats, PollerEngine, Submitted};
 use virtiofs_backend::{PassthroughFs, RamFs, Server};
 use virtiofs_device::config::Profile;
-use virtiofs_device::poller::{Engine, Outcome, QueueStats, RequestHandler};
+use virtiofs_device::poller::{Engine, Outcome, RequestHandler};
+use virtiofs_device::stats::DeviceStats;
 use virtiofs_device::vfio_user::{self, ServerError, StopHandle};
 use vm_memory::VolatileSlice;
 
@@ -217,8 +218,7 @@ pub enum StartError {
 pub struct RunningDevice {
     socket: PathBuf,
     stop: StopHandle,
-    stats: Arc<QueueStats>,
-    join: Option<JoinHandle<Result<Arc<QueueStats>, ServerError>>>,
+    join: Option<JoinHandle<Result<DeviceStats, ServerError>>>,
 }
 
 impl RunningDevice {
@@ -257,12 +257,11 @@ impl RunningDevice {
         let socket = listener.path().to_path_buf();
         let server = vfio_user::Server::new(listener, &profile, handler)?;
         let stop = server.stop_handle();
-        let stats = server.stats();
         let join = std::thread::Builder::new()
             .name("vfio-user".into())
             .spawn(move || server.run())
             .map_err(ServerError::Setup)?;
-        Ok(RunningDevice { socket, stop, stats, join: Some(join) })
+        Ok(RunningDevice { socket, stop, join: Some(join) })
     }
 
     /// The socket the device listens on.
@@ -270,9 +269,9 @@ impl RunningDevice {
         &self.socket
     }
 
-    /// Per-queue counters (index 0 = hiprio).
-    pub fn stats(&self) -> &Arc<QueueStats> {
-        &self.stats
+    /// A snapshot of the device's statistics (per queue, index 0 = hiprio, and per poller).
+    pub fn stats(&self) -> DeviceStats {
+        self.stop.stats()
     }
 
     /// A handle that stops the device from elsewhere.
@@ -280,13 +279,13 @@ impl RunningDevice {
         self.stop.clone()
     }
 
-    /// Stops the device and waits for it.
-    pub fn stop(mut self) -> Result<Arc<QueueStats>, ServerError> {
+    /// Stops the device and waits for it; returns its final statistics.
+    pub fn stop(mut self) -> Result<DeviceStats, ServerError> {
         self.stop.stop();
         match self.join.take().map(|j| j.join()) {
             Some(Ok(r)) => r,
             Some(Err(_)) => Err(ServerError::Setup(std::io::Error::other("device thread panicked"))),
-            None => Ok(self.stats.clone()),
+            None => Ok(self.stop.stats()),
         }
     }
 }

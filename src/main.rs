@@ -2,13 +2,15 @@
 //! `vfio-user-pci` (or our host driver model) attaches; the guest mounts the tag with
 //! `mount -t virtiofs TAG /mnt`.
 
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use log::{error, info};
-use signal_hook::consts::{SIGINT, SIGTERM};
+use log::{error, info, warn};
+use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
 use virtiofs_backend::filesystem::CachePolicy;
 use virtiofs_backend::passthrough::sandbox::{self, SandboxMode};
 use virtiofs_backend::passthrough::seccomp::{self, SeccompMode};
@@ -16,6 +18,7 @@ use virtiofs_backend::passthrough::uring::IoMode;
 use virtiofs_backend::passthrough::PassthroughConfig;
 use virtiofs_backend::ramfs::RamFsConfig;
 use virtiofs_backend::{PassthroughFs, RamFs};
+use virtiofs_device::stats::DeviceStats;
 use virtiofs_device::vfio_user::Listener;
 use virtiofs_dpu::config::Profile;
 use virtiofs_dpu::{FuseHandler, PassthroughHandler, RunningDevice};
@@ -59,6 +62,36 @@ struct Args {
     /// (allowed, logged by the kernel's audit) or `off` (no filter).
     #[arg(long, value_name = "MODE", default_value = "trap", requires = "shared_dir")]
     seccomp: SeccompMode,
+    /// Write the statistics as JSON to this file at exit, and on SIGUSR1 while running
+    /// (`{"device": {"queues": [...], "pollers": [...]}, "fuse": ...}`). The file is opened at
+    /// start, before any sandbox.
+    #[arg(long, value_name = "PATH")]
+    stats_file: Option<PathBuf>,
+}
+
+/// The statistics file: opened at start (a sandboxed daemon could not open it later), rewritten
+/// in place at each report.
+struct StatsFile(File);
+
+impl StatsFile {
+    fn create(path: &std::path::Path) -> std::io::Result<Self> {
+        File::create(path).map(StatsFile)
+    }
+
+    /// Replaces the file's contents with `stats` (and the place for the FUSE side's).
+    fn write(&self, stats: &DeviceStats) {
+        let report = serde_json::json!({
+            "device": stats,
+            // FUSE-side statistics (for example the lock table's) go here.
+            "fuse": serde_json::Value::Null,
+        });
+        let mut text = report.to_string();
+        text.push('\n');
+        let r = self.0.set_len(0).and_then(|()| self.0.write_all_at(text.as_bytes(), 0));
+        if let Err(e) = r {
+            warn!("cannot write the statistics file: {e}");
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -81,7 +114,14 @@ fn main() -> ExitCode {
         error!("{}", error_chain(&e));
         return ExitCode::from(2);
     }
-    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
+    let stats_file = match args.stats_file.as_deref().map(StatsFile::create).transpose() {
+        Ok(f) => f,
+        Err(e) => {
+            error!("cannot create the statistics file: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1]) {
         Ok(s) => s,
         Err(e) => {
             error!("cannot install signal handlers: {e}");
@@ -112,8 +152,14 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Some(sig) = signals.forever().next() {
-        info!("signal {sig}: shutting down");
+    for sig in signals.forever() {
+        if sig != SIGUSR1 {
+            info!("signal {sig}: shutting down");
+            break;
+        }
+        if let Some(f) = &stats_file {
+            f.write(&device.stats());
+        }
     }
     match device.stop() {
         Ok(stats) => {
@@ -121,6 +167,9 @@ fn main() -> ExitCode {
                 stats.requests().iter().enumerate().map(|(i, n)| format!("q{i}={n}")).collect();
             info!("requests per queue: {}", per_queue.join(" "));
             info!("bad chains per queue: {:?}", stats.bad_chains());
+            if let Some(f) = &stats_file {
+                f.write(&stats);
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {

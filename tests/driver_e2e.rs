@@ -161,6 +161,8 @@ fn interrupt_completions(ring: RingLayout) {
     workload(&mut d, "irq", MIB);
     eprintln!("irq stats {:?} notify {:?}", d.stats(), d.notify_counts());
     assert!(d.stats().interrupts > 0, "no MSI-X eventfd fired: {:?}", d.stats());
+    let dev = s.device.as_ref().unwrap().stats();
+    assert!(dev.interrupts().iter().sum::<u64>() > 0, "the device counted no interrupt: {dev:?}");
     d.shutdown().unwrap();
 }
 
@@ -378,6 +380,8 @@ fn parked_poller_wakes_on_doorbell(ring: RingLayout) {
         "{} doorbells for {n} requests after idle spells",
         idle_rings - busy_rings
     );
+    let taken: u64 = s.device.as_ref().unwrap().stats().doorbells().iter().sum();
+    assert!(taken >= n / 2, "the device counted {taken} doorbells");
     // 20 timer wake-ups would take ~1 s (half a 100 ms sleep each); doorbells take well under.
     assert!(
         waited < Duration::from_millis(500),

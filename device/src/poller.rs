@@ -3,11 +3,16 @@
 //! Each poller owns a disjoint set of queues by value (`&mut`, no lock) and runs rounds: take the
 //! requests the driver made available, hand each validated chain to the [`RequestHandler`], push
 //! the used entries, publish the used index once per queue per round, then decide interrupts per
-//! EVENT_IDX/NO_INTERRUPT and write each needed MSI-X eventfd once. Doorbells are never waited for:
-//! the rings are polled (the notify area is plain shared memory). With `polling = "busy"` a
-//! poller never sleeps (a dedicated DPU core); with `"adaptive"`, after `idle_spin_us` without work
-//! it backs off to short sleeps (at most `idle_sleep_us`) so that many devices can share few cores;
-//! any control message wakes it at once.
+//! EVENT_IDX/NO_INTERRUPT and write each needed MSI-X eventfd once. While it polls, the rings are
+//! all it reads: driver notifications are suppressed. With `polling = "busy"` a poller never
+//! sleeps (a dedicated DPU core); with `"adaptive"`, after `idle_spin_us` without work it backs off
+//! to sleeps of at most `idle_sleep_us` so that many devices can share few cores. With
+//! `doorbells = "socket"` it turns notifications on before it parks, and a doorbell (a
+//! REGION_WRITE to the notify area, which the control plane turns into [`PollerSet::kick`]) wakes
+//! it; with `"shared"` the notify page is plain shared memory nobody reads and a parked poller
+//! wakes at the end of its sleep. Any control message wakes it at once.
+//!
+//! Statistics: each poller writes its own block of [`crate::stats::DeviceCounters`] (see there).
 //!
 //! A handler may give each poller an [`Engine`] (an io_uring, say): requests it cannot finish at
 //! once stay pending and are completed, out of order, from the same poller's later rounds.
@@ -37,7 +42,8 @@ use crate::config::{Polling, Profile};
 use crate::memory::GuestMem;
 use crate::pci::msix::MsixShared;
 use crate::pci::{QueueConfig, NO_VECTOR};
-use crate::queue::{Chain, QueueError, Ring};
+use crate::stats::{add, coarse_now_ns, sub_one, DeviceCounters, PollerCounters, QueueCounters};
+use crate::virtq::{Chain, QueueError, Ring};
 
 /// Serves one request. Implemented by the FUSE server glue; the device knows nothing of FUSE.
 pub trait RequestHandler: Send + Sync + 'static {
@@ -133,36 +139,6 @@ pub type Irqs = Arc<[Option<File>]>;
 /// Most requests a poller takes from one queue per round before moving to the next queue.
 const ROUND_BUDGET: u16 = 64;
 
-/// Per-queue counters, readable while the device runs.
-#[derive(Debug)]
-pub struct QueueStats {
-    requests: Box<[AtomicU64]>,
-    bad_chains: Box<[AtomicU64]>,
-    interrupts: Box<[AtomicU64]>,
-}
-
-impl QueueStats {
-    fn new(queues: usize) -> Self {
-        let zeros = || (0..queues).map(|_| AtomicU64::new(0)).collect();
-        QueueStats { requests: zeros(), bad_chains: zeros(), interrupts: zeros() }
-    }
-
-    /// Requests completed on each queue (index 0 = hiprio).
-    pub fn requests(&self) -> Vec<u64> {
-        self.requests.iter().map(|c| c.load(Ordering::Relaxed)).collect()
-    }
-
-    /// Requests failed for a malformed descriptor chain, per queue.
-    pub fn bad_chains(&self) -> Vec<u64> {
-        self.bad_chains.iter().map(|c| c.load(Ordering::Relaxed)).collect()
-    }
-
-    /// Interrupts sent per queue.
-    pub fn interrupts(&self) -> Vec<u64> {
-        self.interrupts.iter().map(|c| c.load(Ordering::Relaxed)).collect()
-    }
-}
-
 enum Msg {
     Start { queues: Vec<QueueConfig>, features: u64 },
     Stop,
@@ -192,7 +168,7 @@ pub struct PollerSet {
     events: Receiver<Event>,
     seq: u64,
     broken: Vec<QueueError>,
-    stats: Arc<QueueStats>,
+    stats: Arc<DeviceCounters>,
 }
 
 struct Ctx {
@@ -203,7 +179,7 @@ struct Ctx {
     wake_control: Arc<dyn Fn() + Send + Sync>,
     handler: Arc<dyn RequestHandler>,
     msix: Arc<MsixShared>,
-    stats: Arc<QueueStats>,
+    stats: Arc<DeviceCounters>,
     busy: bool,
     spin: Duration,
     sleep: Duration,
@@ -221,7 +197,7 @@ impl PollerSet {
         wake_control: Arc<dyn Fn() + Send + Sync>,
     ) -> std::io::Result<Self> {
         let (ev_tx, ev_rx) = channel();
-        let stats = Arc::new(QueueStats::new(usize::from(profile.request_queues) + 1));
+        let stats = Arc::new(DeviceCounters::new(profile));
         let cores: Vec<Option<usize>> = if profile.poller_cores.is_empty() {
             vec![None]
         } else {
@@ -261,8 +237,8 @@ impl PollerSet {
         })
     }
 
-    /// The per-queue counters.
-    pub fn stats(&self) -> &Arc<QueueStats> {
+    /// The device's counters (read them with [`DeviceCounters::snapshot`]).
+    pub fn stats(&self) -> &Arc<DeviceCounters> {
         &self.stats
     }
 
@@ -330,6 +306,7 @@ impl PollerSet {
 
     /// Wakes the poller that owns `queue` now (a doorbell arrived through the socket).
     pub fn kick(&self, queue: u16) {
+        self.stats.doorbell(queue);
         if let Some(Some(j)) = self.pollers.get(self.profile.poller_of(queue)).map(|p| p.join.as_ref()) {
             j.thread().unpark();
         }
@@ -366,6 +343,81 @@ struct Served {
     queue: Ring,
     attached: bool,
     broken: bool,
+    /// Index of its counters in the poller's block.
+    stat: usize,
+}
+
+/// Busy and idle time of a poller, from the coarse clock (see [`coarse_now_ns`]). A round is
+/// busy if it took, completed or has pending requests; its state is known only at its end, so an
+/// idle poller reads the clock as each round starts (while it has nothing to do), and a busy one
+/// only when it turns idle and every [`CLOCK_ROUNDS`] rounds: nothing is read between a request's
+/// arrival and its completion.
+struct Clock {
+    /// When the current spell began.
+    mark: u64,
+    busy: bool,
+    /// Start of the current round, read only while idle.
+    round_start: u64,
+    /// Rounds run.
+    rounds: u64,
+    busy_ns: u64,
+    idle_ns: u64,
+}
+
+/// Rounds between two clock reads of a poller that stays busy or idle.
+const CLOCK_ROUNDS: u64 = 1024;
+
+impl Clock {
+    fn new() -> Self {
+        let now = coarse_now_ns();
+        Clock { mark: now, busy: false, round_start: now, rounds: 0, busy_ns: 0, idle_ns: 0 }
+    }
+
+    /// A round begins.
+    #[inline]
+    fn start_round(&mut self) {
+        if !self.busy {
+            self.round_start = coarse_now_ns();
+        }
+    }
+
+    /// A round ended, `busy` or not.
+    #[inline]
+    fn end_round(&mut self, busy: bool, out: &PollerCounters) {
+        self.rounds += 1;
+        if busy != self.busy {
+            // Idle to busy: the spell ended when this round began. Busy to idle: now (the idle
+            // round itself, a short one, is counted busy).
+            let at = if busy { self.round_start } else { coarse_now_ns() };
+            self.close(at, busy, out);
+        } else if self.rounds.is_multiple_of(CLOCK_ROUNDS) {
+            self.close(coarse_now_ns(), busy, out);
+        }
+    }
+
+    /// Ends the current spell at `at` and starts one that is `busy` or not; publishes the
+    /// poller's time and rounds.
+    fn close(&mut self, at: u64, busy: bool, out: &PollerCounters) {
+        out.rounds.store(self.rounds, Ordering::Relaxed);
+        let ns = at.saturating_sub(self.mark);
+        if self.busy {
+            self.busy_ns += ns;
+            out.busy_ns.store(self.busy_ns, Ordering::Relaxed);
+        } else {
+            self.idle_ns += ns;
+            out.idle_ns.store(self.idle_ns, Ordering::Relaxed);
+        }
+        (self.mark, self.busy) = (at.max(self.mark), busy);
+    }
+}
+
+/// The queue slots with new used entries in one completion pass.
+#[derive(Default)]
+struct Touched {
+    /// Bitmap of the first 64 slots.
+    bits: u64,
+    /// Any slot past those.
+    overflow: bool,
 }
 
 /// A request that waits ([`Outcome::Wait`]).
@@ -433,6 +485,8 @@ fn run(ctx: Ctx) {
     let mut engine = ctx.handler.engine(ctx.id);
     let mut idle_rounds = 0u64;
     let mut idle_since = Instant::now();
+    let mine = ctx.stats.poller(ctx.id);
+    let mut clock = Clock::new();
     // One buffer list per memory snapshot (it borrows the snapshot): building it costs a 24 KiB
     // memset, 18 % of the poller's instructions at QD=1, idle spinning included (callgrind).
     'snapshot: loop {
@@ -454,6 +508,11 @@ fn run(ctx: Ctx) {
                         );
                     }
                     parked.clear();
+                    for q in &queues {
+                        if let Some(c) = ctx.counters(q.stat) {
+                            c.waiting.store(0, Ordering::Relaxed);
+                        }
+                    }
                 }
                 // Nothing may still use the rings or the memory when they change.
                 if matches!(msg, Msg::Start { .. } | Msg::Stop | Msg::Memory(_) | Msg::Shutdown) {
@@ -474,19 +533,23 @@ fn run(ctx: Ctx) {
                         }
                     }
                     Msg::Irqs(i) => irqs = i,
-                    Msg::Shutdown => return,
+                    Msg::Shutdown => {
+                        clock.close(coarse_now_ns(), false, mine);
+                        return;
+                    }
                 }
                 let _ = ctx.events.send(Event::Ack { poller: ctx.id, seq });
             }
             if !Arc::ptr_eq(&mem, &snapshot) {
                 continue 'snapshot;
             }
+            clock.start_round();
             let mut work = 0usize;
             for (slot, q) in queues.iter_mut().enumerate() {
                 if !q.attached || q.broken {
                     continue;
                 }
-                match ctx.serve(slot, &mut q.queue, &snapshot, &mut chain, &mut engine, &mut parked) {
+                match ctx.serve(slot, q, &snapshot, &mut chain, &mut engine, &mut parked) {
                     Ok(n) => work += n,
                     Err(QueueError::RingUnmapped(i)) => {
                         // Guest memory is being remapped under a live queue; wait for the new map.
@@ -504,16 +567,19 @@ fn run(ctx: Ctx) {
             }
             for q in queues.iter_mut().filter(|q| q.attached && !q.broken) {
                 if q.queue.needs_interrupt(&mem) {
-                    ctx.signal(&irqs, q.queue.vector(), q.queue.index());
+                    ctx.signal(&irqs, q.queue.vector(), q.queue.index(), q.stat);
                 }
             }
             let waiting = engine.as_ref().is_some_and(|e| e.in_flight() > 0);
-            if work > 0 || waiting {
+            let busy = work > 0 || waiting;
+            clock.end_round(busy, mine);
+            if busy {
                 if work > 0 {
                     idle_rounds = 0;
                 }
             } else if queues.is_empty() {
                 std::thread::park_timeout(Duration::from_millis(100));
+                clock.close(coarse_now_ns(), false, mine); // idle time readable while it naps
             } else if ctx.busy {
                 std::hint::spin_loop();
             } else {
@@ -523,6 +589,7 @@ fn run(ctx: Ctx) {
                     idle_since = Instant::now();
                 } else if idle_rounds.is_multiple_of(64) && idle_since.elapsed() >= ctx.spin {
                     ctx.park(&mut queues, &mem, !parked.is_empty()); // still idle next time: park again soon
+                    clock.close(coarse_now_ns(), false, mine);
                 }
                 std::hint::spin_loop();
             }
@@ -533,12 +600,24 @@ fn run(ctx: Ctx) {
 impl Ctx {
     fn new_queue(&self, cfg: QueueConfig, f: u64) -> Option<Served> {
         match Ring::new(cfg, f) {
-            Ok(queue) => Some(Served { queue, attached: false, broken: false }),
+            Ok(queue) => {
+                let stat = match self.stats.place(cfg.index) {
+                    Some((p, local)) if p == self.id => local,
+                    _ => usize::MAX, // not a queue of ours by the profile: not counted
+                };
+                Some(Served { queue, attached: false, broken: false, stat })
+            }
             Err(e) => {
                 self.report(e);
                 None
             }
         }
+    }
+
+    /// The counters of this poller's `stat`-th queue.
+    #[inline]
+    fn counters(&self, stat: usize) -> Option<&QueueCounters> {
+        self.stats.poller(self.id).queue(stat)
     }
 
     fn attach(&self, q: &mut Served, mem: &GuestMem) {
@@ -563,7 +642,9 @@ impl Ctx {
     /// (a lock released through another poller) rings no doorbell here.
     fn park(&self, queues: &mut [Served], mem: &GuestMem, waits: bool) {
         let sleep = if waits { self.sleep.min(Duration::from_millis(1)) } else { self.sleep };
+        let parks = &self.stats.poller(self.id).parks;
         if !self.doorbells {
+            add(parks, 1);
             std::thread::park_timeout(sleep);
             return;
         }
@@ -575,6 +656,7 @@ impl Ctx {
         }
         fence(Ordering::SeqCst);
         if !queues.iter().filter(|q| q.attached && !q.broken).any(|q| q.queue.has_work(mem).unwrap_or(true)) {
+            add(parks, 1);
             std::thread::park_timeout(sleep);
         }
         for q in queues.iter_mut().filter(live) {
@@ -593,16 +675,23 @@ impl Ctx {
     fn serve<'m>(
         &self,
         slot: usize,
-        q: &mut Ring,
+        served: &mut Served,
         mem: &'m GuestMem,
         chain: &mut Chain<'m>,
         engine: &mut Option<Box<dyn Engine>>,
         parked: &mut Vec<Parked>,
     ) -> Result<usize, QueueError> {
+        let q = &mut served.queue;
         if !q.has_work(mem)? {
             return Ok(0);
         }
         let index = usize::from(q.index());
+        let counters = self.counters(served.stat);
+        let count = |n: u64, field: fn(&QueueCounters) -> &AtomicU64| {
+            if let Some(c) = counters {
+                add(field(c), n);
+            }
+        };
         let (mut taken, mut completed) = (0usize, 0u64);
         while taken < usize::from(ROUND_BUDGET) {
             let Some(valid) = q.next(mem, chain)? else { break };
@@ -625,23 +714,27 @@ impl Ctx {
                     }));
                     let outcome = call.unwrap_or_else(|_| {
                         error!("queue {index}: the request handler panicked on request {token}; failing it");
-                        self.stats.bad_chains[index].fetch_add(1, Ordering::Relaxed);
+                        count(1, |c| &c.bad_chains);
                         Outcome::Done(0)
                     });
                     match outcome {
                         Outcome::Done(len) => len.min(room),
-                        Outcome::Pending => continue,
+                        Outcome::Pending => {
+                            count(1, |c| &c.in_flight);
+                            continue;
+                        }
                         Outcome::Wait => {
                             let id = ((slot as u64) << 16) | u64::from(token);
                             let reply = guest_ranges(mem, &chain.writable);
                             parked.push(Parked { id, reply, answer: None });
+                            count(1, |c| &c.waiting);
                             continue;
                         }
                     }
                 }
                 Err(e) => {
                     warn!("queue {index}: request {token} failed: {e}");
-                    self.stats.bad_chains[index].fetch_add(1, Ordering::Relaxed);
+                    count(1, |c| &c.bad_chains);
                     0
                 }
             };
@@ -650,7 +743,7 @@ impl Ctx {
         }
         if completed > 0 {
             q.publish_used(mem)?;
-            self.stats.requests[index].fetch_add(completed, Ordering::Relaxed);
+            count(completed, |c| &c.requests);
         }
         Ok(taken)
     }
@@ -664,10 +757,9 @@ impl Ctx {
         mem: &GuestMem,
         parked: &mut Vec<Parked>,
     ) -> usize {
-        let mut touched = 0u64; // bitmap of queue slots (first 64) with new used entries
-        let mut overflow = false;
+        let mut touched = Touched::default();
         let mut n = engine.poll(&mut |id, len| {
-            self.finish(queues, mem, id, len, &mut touched, &mut overflow);
+            self.finish(queues, mem, id, len, false, &mut touched);
         });
         if !parked.is_empty() {
             n += engine.poll_waits(&mut |id, reply| {
@@ -676,7 +768,7 @@ impl Ctx {
                 if open {
                     let p = parked.swap_remove(i);
                     let len = write_reply(mem, &p.reply, reply);
-                    self.finish(queues, mem, id, len, &mut touched, &mut overflow);
+                    self.finish(queues, mem, id, len, true, &mut touched);
                 } else {
                     let keep = &reply[..reply.len().min(MAX_WAIT_REPLY)];
                     parked[i].answer = heapless::Vec::from_slice(keep).ok();
@@ -692,18 +784,18 @@ impl Ctx {
                         let p = parked.swap_remove(i);
                         let answer = p.answer.unwrap_or_default();
                         let len = write_reply(mem, &p.reply, &answer);
-                        self.finish(queues, mem, p.id, len, &mut touched, &mut overflow);
+                        self.finish(queues, mem, p.id, len, true, &mut touched);
                         n += 1;
                     }
                     _ => i += 1,
                 }
             }
         }
-        if touched == 0 && !overflow {
+        if touched.bits == 0 && !touched.overflow {
             return n; // the common round: the engine finished nothing
         }
         for (slot, q) in queues.iter_mut().enumerate() {
-            if (slot < 64 && touched & (1 << slot) != 0) || (slot >= 64 && overflow) {
+            if (slot < 64 && touched.bits & (1 << slot) != 0) || (slot >= 64 && touched.overflow) {
                 if let Err(e) = q.queue.publish_used(mem) {
                     debug!("queue {}: {e}", q.queue.index());
                 }
@@ -712,26 +804,33 @@ impl Ctx {
         n
     }
 
-    /// Pushes the used entry of engine request `id` (not yet published).
+    /// Pushes the used entry of engine request `id` (not yet published): a pending one, or one
+    /// that `waited`.
     fn finish(
         &self,
         queues: &mut [Served],
         mem: &GuestMem,
         id: u64,
         len: u32,
-        touched: &mut u64,
-        overflow: &mut bool,
+        waited: bool,
+        touched: &mut Touched,
     ) {
         let (slot, head) = ((id >> 16) as usize, (id & 0xffff) as u16);
         let Some(q) = queues.get_mut(slot) else { return };
+        let counters = self.counters(q.stat);
+        if let Some(c) = counters {
+            sub_one(if waited { &c.waiting } else { &c.in_flight });
+        }
         if q.broken || q.queue.push_used(mem, head, len).is_err() {
             return;
         }
-        self.stats.requests[usize::from(q.queue.index())].fetch_add(1, Ordering::Relaxed);
+        if let Some(c) = counters {
+            add(&c.requests, 1);
+        }
         if slot < 64 {
-            *touched |= 1 << slot;
+            touched.bits |= 1 << slot;
         } else {
-            *overflow = true;
+            touched.overflow = true;
         }
     }
 
@@ -758,7 +857,7 @@ impl Ctx {
         }
     }
 
-    fn signal(&self, irqs: &Irqs, vector: u16, queue: u16) {
+    fn signal(&self, irqs: &Irqs, vector: u16, queue: u16, stat: usize) {
         if vector == NO_VECTOR {
             return;
         }
@@ -768,8 +867,13 @@ impl Ctx {
                 if let Err(e) = (&*fd).write(&1u64.to_ne_bytes()) {
                     warn!("queue {queue}: interrupt on vector {v} failed: {e}");
                 }
-                self.stats.interrupts[usize::from(queue)].fetch_add(1, Ordering::Relaxed);
+                if let Some(c) = self.counters(stat) {
+                    add(&c.interrupts, 1);
+                }
             }
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -39,8 +39,10 @@ use thiserror::Error;
 
 /// PCI vendor id of virtio devices.
 pub const VENDOR_ID: u16 = 0x1af4;
+/// The virtio device id of a file system device (`VIRTIO_ID_FS`, 26).
+pub const VIRTIO_ID_FS: u16 = virtio_bindings::virtio_ids::VIRTIO_ID_FS as u16;
 /// PCI device id of a modern virtio-fs device (0x1040 + 26).
-pub const DEVICE_ID: u16 = 0x105a;
+pub const DEVICE_ID: u16 = 0x1040 + VIRTIO_ID_FS;
 /// BAR holding the MSI-X table and PBA.
 pub const MSIX_BAR: u32 = 1;
 /// BAR holding the virtio structures.
@@ -68,32 +70,34 @@ pub const CONFIG_SPACE_SIZE: u64 = 256;
 /// "No MSI-X vector".
 pub const NO_VECTOR: u16 = 0xffff;
 
-/// Feature bits (virtio 1.2 section 6).
+/// Feature bits (virtio 1.2 section 6), as masks of the `virtio-bindings` bit numbers.
 pub mod features {
+    use virtio_bindings::{virtio_config as c, virtio_ring as r};
     /// Indirect descriptors.
-    pub const INDIRECT_DESC: u64 = 1 << 28;
+    pub const INDIRECT_DESC: u64 = 1 << r::VIRTIO_RING_F_INDIRECT_DESC;
     /// used_event / avail_event notification suppression.
-    pub const EVENT_IDX: u64 = 1 << 29;
+    pub const EVENT_IDX: u64 = 1 << r::VIRTIO_RING_F_EVENT_IDX;
     /// Modern (virtio 1.x) device.
-    pub const VERSION_1: u64 = 1 << 32;
+    pub const VERSION_1: u64 = 1 << c::VIRTIO_F_VERSION_1;
     /// Packed virtqueue layout.
-    pub const RING_PACKED: u64 = 1 << 34;
+    pub const RING_PACKED: u64 = 1 << c::VIRTIO_F_RING_PACKED;
 }
 
-/// Device status bits.
+/// Device status bits (the `virtio-bindings` values).
 pub mod status {
+    use virtio_bindings::virtio_config as c;
     /// Guest OS found the device.
-    pub const ACKNOWLEDGE: u8 = 1;
+    pub const ACKNOWLEDGE: u8 = c::VIRTIO_CONFIG_S_ACKNOWLEDGE as u8;
     /// Guest OS knows how to drive it.
-    pub const DRIVER: u8 = 2;
+    pub const DRIVER: u8 = c::VIRTIO_CONFIG_S_DRIVER as u8;
     /// Driver is ready.
-    pub const DRIVER_OK: u8 = 4;
+    pub const DRIVER_OK: u8 = c::VIRTIO_CONFIG_S_DRIVER_OK as u8;
     /// Feature negotiation complete.
-    pub const FEATURES_OK: u8 = 8;
+    pub const FEATURES_OK: u8 = c::VIRTIO_CONFIG_S_FEATURES_OK as u8;
     /// Device hit an error it cannot recover from without a reset.
-    pub const DEVICE_NEEDS_RESET: u8 = 0x40;
+    pub const DEVICE_NEEDS_RESET: u8 = c::VIRTIO_CONFIG_S_NEEDS_RESET as u8;
     /// Driver gave up on the device.
-    pub const FAILED: u8 = 0x80;
+    pub const FAILED: u8 = c::VIRTIO_CONFIG_S_FAILED as u8;
 }
 
 const CAP_MSIX: usize = 0x40;
@@ -246,7 +250,7 @@ impl VirtioFsFunction {
         put32(c, 0x14, 0); // BAR1: 32-bit memory
         put32(c, 0x20, 0b1100); // BAR4: 64-bit, prefetchable memory
         put16(c, 0x2c, VENDOR_ID);
-        put16(c, 0x2e, 26);
+        put16(c, 0x2e, VIRTIO_ID_FS);
         c[0x34] = CAP_MSIX as u8;
         c[0x3d] = 0; // no INTx: MSI-X only (an INTx we never raised would hang a fallback driver)
                      // MSI-X: table size N-1, table at BAR1+0, PBA at BAR1+0x800.

@@ -10,6 +10,10 @@
 //! Error replies carry the real errno. A command with NO_REPLY gets no reply, not even on error
 //! (the error is logged). Descriptors a command does not take are closed and the command fails
 //! with EINVAL.
+//!
+//! This file is the protocol only: each command's payload is checked here and mapped onto a call
+//! of the device's control-plane state ([`crate::control::DeviceState`]), which holds the
+//! registers, DMA windows, interrupts and pollers and knows nothing of sockets.
 
 use std::fs::File;
 use std::io::{self, ErrorKind};
@@ -29,9 +33,11 @@ use vm_memory::ByteValued;
 
 use super::wire::{self, cmd, Header, HEADER_SIZE};
 use crate::config::Profile;
-use crate::memory::{self, DmaTable};
-use crate::pci::{self, features, DeviceEvent, VirtioFsFunction};
-use crate::poller::{Irqs, PollerSet, QueueStats, RequestHandler};
+use crate::control::{ControlError, DeviceState};
+use crate::memory;
+use crate::pci;
+use crate::poller::RequestHandler;
+use crate::stats::{DeviceCounters, DeviceStats};
 
 /// Largest REGION_READ/WRITE count we accept and announce (`max_data_xfer_size`).
 pub const MAX_DATA_XFER: usize = 1 << 20;
@@ -69,6 +75,7 @@ pub enum ServerError {
 pub struct StopHandle {
     stop: Arc<AtomicBool>,
     waker: Arc<Waker>,
+    stats: Arc<DeviceCounters>,
 }
 
 impl StopHandle {
@@ -77,18 +84,11 @@ impl StopHandle {
         self.stop.store(true, Ordering::SeqCst);
         let _ = self.waker.wake();
     }
-}
 
-/// Control-plane state of the device, independent of any one connection.
-struct Device {
-    func: VirtioFsFunction,
-    dma: DmaTable,
-    pollers: PollerSet,
-    /// MSI-X eventfds by vector (the device has no INTx, MSI or error/request interrupts).
-    msix_fds: Vec<Option<File>>,
-    /// Backing of the mmappable notify area; `None` when doorbells come through the socket
-    /// (the area is then trapped: every doorbell is a REGION_WRITE that wakes a poller).
-    notify_mem: Option<File>,
+    /// A snapshot of the device's statistics (while it runs, or after it stopped).
+    pub fn stats(&self) -> DeviceStats {
+        self.stats.snapshot()
+    }
 }
 
 /// One connected client.
@@ -153,7 +153,7 @@ pub struct Server {
     poll: Poll,
     waker: Arc<Waker>,
     stop: Arc<AtomicBool>,
-    dev: Device,
+    dev: DeviceState,
     conn: Option<Conn>,
 }
 
@@ -190,27 +190,11 @@ impl Server {
         poll.registry()
             .register(&mut SourceFd(&listener.as_raw_fd()), LISTENER, Interest::READABLE)
             .map_err(ServerError::Setup)?;
-        let mut offered = features::EVENT_IDX | features::INDIRECT_DESC;
-        if profile.packed_ring {
-            offered |= features::RING_PACKED;
-        }
-        let func = VirtioFsFunction::new(&profile.tag, profile.request_queues, profile.queue_size, offered);
         let w = waker.clone();
-        let pollers = PollerSet::spawn(
-            profile,
-            handler,
-            func.msix().clone(),
-            Arc::new(move || {
-                let _ = w.wake();
-            }),
-        )
-        .map_err(ServerError::Setup)?;
-        let notify_mem = if profile.doorbells_on_socket() {
-            None
-        } else {
-            Some(memory::memfd("virtiofs-notify", pci::VIRTIO_BAR_SIZE).map_err(ServerError::Setup)?)
-        };
-        let vectors = func.msix().len();
+        let wake = Arc::new(move || {
+            let _ = w.wake();
+        });
+        let dev = DeviceState::new(profile, handler, wake).map_err(ServerError::Setup)?;
         Ok(Server {
             path,
             listener,
@@ -218,29 +202,23 @@ impl Server {
             poll,
             waker: waker.clone(),
             stop: Arc::new(AtomicBool::new(false)),
-            dev: Device {
-                func,
-                dma: DmaTable::default(),
-                pollers,
-                msix_fds: (0..vectors).map(|_| None).collect(),
-                notify_mem,
-            },
+            dev,
             conn: None,
         })
     }
 
     /// A handle that stops [`Server::run`].
     pub fn stop_handle(&self) -> StopHandle {
-        StopHandle { stop: self.stop.clone(), waker: self.waker.clone() }
+        StopHandle { stop: self.stop.clone(), waker: self.waker.clone(), stats: self.dev.counters().clone() }
     }
 
-    /// Per-queue counters.
-    pub fn stats(&self) -> Arc<QueueStats> {
-        self.dev.pollers.stats().clone()
+    /// A snapshot of the device's statistics.
+    pub fn stats(&self) -> DeviceStats {
+        self.dev.stats()
     }
 
-    /// Serves clients, one at a time, until stopped.
-    pub fn run(mut self) -> Result<Arc<QueueStats>, ServerError> {
+    /// Serves clients, one at a time, until stopped; returns the device's final statistics.
+    pub fn run(mut self) -> Result<DeviceStats, ServerError> {
         info!("listening on {}", self.path.display());
         let mut events = Events::with_capacity(16);
         while !self.stop.load(Ordering::SeqCst) {
@@ -254,7 +232,7 @@ impl Server {
                 match ev.token() {
                     LISTENER => self.accept(),
                     CLIENT => self.client_ready(),
-                    WAKER => self.dev.handle_broken_queues(),
+                    WAKER => self.dev.check_broken_queues(),
                     _ => {}
                 }
             }
@@ -264,7 +242,10 @@ impl Server {
         if self.unlink {
             let _ = std::fs::remove_file(&self.path);
         }
-        Ok(self.dev.pollers.stats().clone())
+        // The pollers end with the device (each counts its last spell first).
+        let counters = self.dev.counters().clone();
+        drop(self);
+        Ok(counters.snapshot())
     }
 
     fn accept(&mut self) {
@@ -311,7 +292,7 @@ impl Server {
             let _ = self.poll.registry().deregister(&mut SourceFd(&conn.sock.as_raw_fd()));
             info!("client disconnected; resetting device");
         }
-        self.dev.reset_all();
+        self.dev.power_on_reset();
     }
 
     /// Reads what the client sent, one message at a time, and handles each complete message.
@@ -419,16 +400,16 @@ impl Server {
         match hdr.command {
             cmd::VERSION if negotiated => Err(libc::EINVAL),
             cmd::VERSION => version(payload),
-            cmd::DMA_MAP => self.dev.dma_map(payload, fds),
-            cmd::DMA_UNMAP => self.dev.dma_unmap(payload),
+            cmd::DMA_MAP => dma_map(&mut self.dev, payload, fds),
+            cmd::DMA_UNMAP => dma_unmap(&mut self.dev, payload),
             cmd::DEVICE_GET_INFO => device_info(payload),
-            cmd::DEVICE_GET_REGION_INFO => self.dev.region_info(payload),
-            cmd::DEVICE_GET_IRQ_INFO => self.dev.irq_info(payload),
-            cmd::DEVICE_SET_IRQS => self.dev.set_irqs(payload, fds),
-            cmd::REGION_READ => self.dev.region_read(payload),
-            cmd::REGION_WRITE => self.dev.region_write(payload),
+            cmd::DEVICE_GET_REGION_INFO => region_info(&self.dev, payload),
+            cmd::DEVICE_GET_IRQ_INFO => irq_info(&self.dev, payload),
+            cmd::DEVICE_SET_IRQS => set_irqs(&mut self.dev, payload, fds),
+            cmd::REGION_READ => region_read(&mut self.dev, payload),
+            cmd::REGION_WRITE => region_write(&mut self.dev, payload),
             cmd::DEVICE_RESET if payload.is_empty() => {
-                self.dev.device_reset();
+                self.dev.function_reset();
                 ok_empty()
             }
             cmd::DEVICE_RESET => Err(libc::EINVAL),
@@ -559,298 +540,192 @@ fn device_info(payload: &[u8]) -> CmdResult {
     Ok((info.as_slice().to_vec(), Vec::new()))
 }
 
-impl Device {
-    /// Back to power-on: queues stopped, no DMA windows, no interrupts, registers reset.
-    fn reset_all(&mut self) {
-        self.func.reset();
-        self.pollers.stop();
-        self.dma.clear();
-        self.pollers.set_memory(&self.dma.snapshot());
-        self.msix_fds.iter_mut().for_each(|f| *f = None);
-        self.publish_irqs();
-    }
+/// The errno a refused device operation is reported with (and the log line saying why).
+fn refused(what: &str, e: impl Into<ControlError>) -> i32 {
+    let e = e.into();
+    warn!("{what}: {e}");
+    e.errno()
+}
 
-    fn device_reset(&mut self) {
-        info!("device reset");
-        self.func.reset();
-        self.pollers.stop();
+fn dma_map(dev: &mut DeviceState, payload: &[u8], mut fds: Vec<File>) -> CmdResult {
+    let m = wire::read_obj::<wire::DmaMap>(payload).ok_or(libc::EINVAL)?;
+    if payload.len() != 32 || m.argsz != 32 || fds.len() > 1 || m.flags & !3 != 0 {
+        return Err(libc::EINVAL);
     }
+    dev.dma_map(m.address, m.size, m.offset, fds.pop()).map_err(|e| refused("DMA_MAP", e))?;
+    ok_empty()
+}
 
-    fn publish_irqs(&mut self) {
-        let irqs: Irqs = self.msix_fds.iter().map(|f| f.as_ref().and_then(|f| f.try_clone().ok())).collect();
-        self.pollers.set_irqs(&irqs);
+fn dma_unmap(dev: &mut DeviceState, payload: &[u8]) -> CmdResult {
+    let u = wire::read_obj::<wire::DmaUnmap>(payload).ok_or(libc::EINVAL)?;
+    if payload.len() != 24 || (u.argsz as usize) < 24 {
+        return Err(libc::EINVAL);
     }
+    let range = match u.flags {
+        0 => Some((u.address, u.size)),
+        vb::VFIO_DMA_UNMAP_FLAG_ALL if u.address == 0 && u.size == 0 => None,
+        vb::VFIO_DMA_UNMAP_FLAG_GET_DIRTY_BITMAP => return Err(libc::ENOTSUP),
+        _ => return Err(libc::EINVAL),
+    };
+    // Returns only once no poller can still touch the removed windows.
+    dev.dma_unmap(range).map_err(|e| refused("DMA_UNMAP", e))?;
+    let reply = wire::DmaUnmap { argsz: 24, ..u };
+    Ok((reply.as_slice().to_vec(), Vec::new()))
+}
 
-    fn signal(&self, vector: u16) {
-        let v = usize::from(vector);
-        if self.func.msix().deliverable_or_pend(v) {
-            if let Some(Some(f)) = self.msix_fds.get(v) {
-                use std::io::Write;
-                let _ = (&*f).write(&1u64.to_ne_bytes());
-            }
-        }
+fn region_info(dev: &DeviceState, payload: &[u8]) -> CmdResult {
+    let req = wire::read_obj::<wire::RegionInfo>(payload).ok_or(libc::EINVAL)?;
+    if payload.len() != 32 || (req.argsz as usize) < 32 || req.index >= vb::VFIO_PCI_NUM_REGIONS {
+        return Err(libc::EINVAL);
     }
-
-    fn handle_broken_queues(&mut self) {
-        let broken = self.pollers.take_broken();
-        if broken.is_empty() {
-            return;
-        }
-        for e in &broken {
-            warn!("{e}: setting DEVICE_NEEDS_RESET");
-        }
-        if let Some(v) = self.func.set_needs_reset() {
-            self.signal(v);
-        }
+    let size = dev.region_size(req.index);
+    let mut info = wire::RegionInfo { argsz: 32, flags: 0, index: req.index, cap_offset: 0, size, offset: 0 };
+    if size > 0 {
+        info.flags = vb::VFIO_REGION_INFO_FLAG_READ | vb::VFIO_REGION_INFO_FLAG_WRITE;
     }
-
-    fn dma_map(&mut self, payload: &[u8], mut fds: Vec<File>) -> CmdResult {
-        let m = wire::read_obj::<wire::DmaMap>(payload).ok_or(libc::EINVAL)?;
-        if payload.len() != 32 || m.argsz != 32 || fds.len() > 1 || m.flags & !3 != 0 {
-            return Err(libc::EINVAL);
-        }
-        let file = fds.pop();
-        let has_fd = file.is_some();
-        debug!("DMA_MAP {:#x}+{:#x} offset {:#x} fd {}", m.address, m.size, m.offset, has_fd);
-        self.dma.map(m.address, m.size, m.offset, file).map_err(|e| {
-            warn!("DMA_MAP: {e}");
-            e.errno()
-        })?;
-        if has_fd {
-            self.pollers.set_memory(&self.dma.snapshot());
-        }
-        ok_empty()
-    }
-
-    fn dma_unmap(&mut self, payload: &[u8]) -> CmdResult {
-        let u = wire::read_obj::<wire::DmaUnmap>(payload).ok_or(libc::EINVAL)?;
-        if payload.len() != 24 || (u.argsz as usize) < 24 {
-            return Err(libc::EINVAL);
-        }
-        match u.flags {
-            0 => {
-                self.dma.unmap(u.address, u.size).map_err(|e| {
-                    warn!("DMA_UNMAP: {e}");
-                    e.errno()
-                })?;
-            }
-            vb::VFIO_DMA_UNMAP_FLAG_ALL if u.address == 0 && u.size == 0 => self.dma.clear(),
-            vb::VFIO_DMA_UNMAP_FLAG_GET_DIRTY_BITMAP => return Err(libc::ENOTSUP),
-            _ => return Err(libc::EINVAL),
-        }
-        // Answer only once no poller can still touch the removed windows.
-        self.pollers.set_memory(&self.dma.snapshot());
-        let reply = wire::DmaUnmap { argsz: 24, ..u };
-        Ok((reply.as_slice().to_vec(), Vec::new()))
-    }
-
-    fn region_info(&mut self, payload: &[u8]) -> CmdResult {
-        let req = wire::read_obj::<wire::RegionInfo>(payload).ok_or(libc::EINVAL)?;
-        if payload.len() != 32 || (req.argsz as usize) < 32 || req.index >= vb::VFIO_PCI_NUM_REGIONS {
-            return Err(libc::EINVAL);
-        }
-        let size = self.func.region_size(req.index);
-        let mut info =
-            wire::RegionInfo { argsz: 32, flags: 0, index: req.index, cap_offset: 0, size, offset: 0 };
-        if size > 0 {
-            info.flags = vb::VFIO_REGION_INFO_FLAG_READ | vb::VFIO_REGION_INFO_FLAG_WRITE;
-        }
-        let mut caps = Vec::new();
-        let mut fds = Vec::new();
-        if let (pci::VIRTIO_BAR, Some(notify_mem)) = (req.index, &self.notify_mem) {
-            // The notify page is mmappable: guest doorbells land in shared memory, never on the socket.
-            info.flags |= vb::VFIO_REGION_INFO_FLAG_MMAP | vb::VFIO_REGION_INFO_FLAG_CAPS;
-            info.cap_offset = 32;
-            let cap = wire::SparseMmapCap {
-                id: vb::VFIO_REGION_INFO_CAP_SPARSE_MMAP as u16,
-                version: 1,
-                next: 0,
-                nr_areas: 1,
-                reserved: 0,
-            };
-            let area = wire::SparseArea { offset: pci::NOTIFY_OFFSET, size: pci::NOTIFY_SIZE };
-            caps.extend_from_slice(cap.as_slice());
-            caps.extend_from_slice(area.as_slice());
-            info.argsz = (32 + caps.len()) as u32;
-            if req.argsz >= info.argsz {
-                fds.push(notify_mem.try_clone().map_err(|_| libc::EIO)?);
-            } else {
-                // Too small: the client asks again with argsz. cap_offset still says where the
-                // caps will be (QEMU rejects CAPS with a cap_offset inside the fixed struct).
-                caps.clear();
-            }
-        }
-        let mut out = info.as_slice().to_vec();
-        out.extend_from_slice(&caps);
-        Ok((out, fds))
-    }
-
-    fn irq_info(&mut self, payload: &[u8]) -> CmdResult {
-        let req = wire::read_obj::<wire::IrqInfo>(payload).ok_or(libc::EINVAL)?;
-        if payload.len() != 16 || (req.argsz as usize) < 16 || req.index >= vb::VFIO_PCI_NUM_IRQS {
-            return Err(libc::EINVAL);
-        }
-        let (flags, count) = self.irq_shape(req.index);
-        let info = wire::IrqInfo { argsz: 16, flags, index: req.index, count };
-        Ok((info.as_slice().to_vec(), Vec::new()))
-    }
-
-    fn irq_shape(&self, index: u32) -> (u32, u32) {
-        match index {
-            vb::VFIO_PCI_MSIX_IRQ_INDEX => {
-                (vb::VFIO_IRQ_INFO_EVENTFD | vb::VFIO_IRQ_INFO_MASKABLE, self.msix_fds.len() as u32)
-            }
-            _ => (vb::VFIO_IRQ_INFO_EVENTFD, 0),
-        }
-    }
-
-    fn set_irqs(&mut self, payload: &[u8], fds: Vec<File>) -> CmdResult {
-        let s = wire::read_obj::<wire::IrqSet>(payload).ok_or(libc::EINVAL)?;
-        // argsz is not checked against the payload: QEMU sends the kernel-style argsz (which counts
-        // the eventfd array) while the descriptors travel as SCM_RIGHTS, not in the payload.
-        if (s.argsz as usize) < 20 || s.index >= vb::VFIO_PCI_NUM_IRQS {
-            return Err(libc::EINVAL);
-        }
-        let data_kind = s.flags & vb::VFIO_IRQ_SET_DATA_TYPE_MASK;
-        let action = s.flags & vb::VFIO_IRQ_SET_ACTION_TYPE_MASK;
-        let unknown = s.flags & !(vb::VFIO_IRQ_SET_DATA_TYPE_MASK | vb::VFIO_IRQ_SET_ACTION_TYPE_MASK);
-        if unknown != 0 || !data_kind.is_power_of_two() || !action.is_power_of_two() {
-            return Err(libc::EINVAL);
-        }
-        let (_, count) = self.irq_shape(s.index);
-        let data = &payload[20..];
-        // count 0 with DATA_NONE + TRIGGER: disable every interrupt of the index.
-        if s.count == 0 {
-            if data_kind != vb::VFIO_IRQ_SET_DATA_NONE
-                || action != vb::VFIO_IRQ_SET_ACTION_TRIGGER
-                || s.start != 0
-                || !data.is_empty()
-                || !fds.is_empty()
-            {
-                return Err(libc::EINVAL);
-            }
-            if s.index == vb::VFIO_PCI_MSIX_IRQ_INDEX {
-                self.msix_fds.iter_mut().for_each(|f| *f = None);
-                self.publish_irqs();
-            }
-            return ok_empty();
-        }
-        // Only MSI-X has vectors (the others have count 0), so past here the index is MSI-X.
-        let end = s.start.checked_add(s.count).ok_or(libc::EINVAL)?;
-        if end > count {
-            return Err(libc::EINVAL);
-        }
-        let range = s.start as usize..end as usize;
-        let selected: Vec<bool> = match data_kind {
-            vb::VFIO_IRQ_SET_DATA_NONE if data.is_empty() && fds.is_empty() => {
-                vec![true; range.len()]
-            }
-            vb::VFIO_IRQ_SET_DATA_BOOL if data.len() == range.len() && fds.is_empty() => {
-                data.iter().map(|&b| b != 0).collect()
-            }
-            vb::VFIO_IRQ_SET_DATA_EVENTFD if data.is_empty() => Vec::new(),
-            _ => return Err(libc::EINVAL),
+    let mut caps = Vec::new();
+    let mut fds = Vec::new();
+    let notify = if req.index == pci::VIRTIO_BAR {
+        dev.notify_memory().map_err(|e| refused("REGION_INFO", e))?
+    } else {
+        None
+    };
+    if let Some(notify_mem) = notify {
+        // The notify page is mmappable: guest doorbells land in shared memory, never on the socket.
+        info.flags |= vb::VFIO_REGION_INFO_FLAG_MMAP | vb::VFIO_REGION_INFO_FLAG_CAPS;
+        info.cap_offset = 32;
+        let cap = wire::SparseMmapCap {
+            id: vb::VFIO_REGION_INFO_CAP_SPARSE_MMAP as u16,
+            version: 1,
+            next: 0,
+            nr_areas: 1,
+            reserved: 0,
         };
-        if data_kind == vb::VFIO_IRQ_SET_DATA_EVENTFD {
-            if action != vb::VFIO_IRQ_SET_ACTION_TRIGGER {
-                return Err(libc::ENOTSUP); // no mask/unmask notification eventfds
-            }
-            if !fds.is_empty() && fds.len() != range.len() {
-                return Err(libc::EINVAL);
-            }
-            if let Some(bad) = fds.iter().position(|f| !is_eventfd(f)) {
-                warn!("SET_IRQS: descriptor {bad} is not an eventfd");
-                return Err(libc::EINVAL);
-            }
-            let mut fds = fds.into_iter();
-            for v in range {
-                self.msix_fds[v] = fds.next();
-            }
-            self.publish_irqs();
-            return ok_empty();
+        let area = wire::SparseArea { offset: pci::NOTIFY_OFFSET, size: pci::NOTIFY_SIZE };
+        caps.extend_from_slice(cap.as_slice());
+        caps.extend_from_slice(area.as_slice());
+        info.argsz = (32 + caps.len()) as u32;
+        if req.argsz >= info.argsz {
+            fds.push(notify_mem);
+        } else {
+            // Too small: the client asks again with argsz. cap_offset still says where the
+            // caps will be (QEMU rejects CAPS with a cap_offset inside the fixed struct).
+            caps.clear();
         }
-        for (v, on) in range.zip(selected) {
-            if !on {
-                continue;
-            }
-            match action {
-                vb::VFIO_IRQ_SET_ACTION_MASK => self.func.msix().set_vfio_mask(v, true),
-                vb::VFIO_IRQ_SET_ACTION_UNMASK => {
-                    self.func.msix().set_vfio_mask(v, false);
-                    if self.func.msix().take_pending_if_unmasked(v) {
-                        self.signal(v as u16);
-                    }
-                }
-                _ => self.signal(v as u16),
-            }
-        }
-        ok_empty()
     }
+    let mut out = info.as_slice().to_vec();
+    out.extend_from_slice(&caps);
+    Ok((out, fds))
+}
 
-    fn region_read(&mut self, payload: &[u8]) -> CmdResult {
-        let a = wire::read_obj::<wire::RegionAccess>(payload).ok_or(libc::EINVAL)?;
-        if payload.len() != 16 {
-            return Err(libc::EINVAL);
-        }
-        if a.count as usize > MAX_DATA_XFER {
-            return Err(libc::E2BIG);
-        }
-        let mut out = a.as_slice().to_vec();
-        let mut data = vec![0u8; a.count as usize];
-        self.access(a.region, a.offset, |f, r, o| f.read(r, o, &mut data))?;
-        out.extend_from_slice(&data);
-        Ok((out, Vec::new()))
+fn irq_info(dev: &DeviceState, payload: &[u8]) -> CmdResult {
+    let req = wire::read_obj::<wire::IrqInfo>(payload).ok_or(libc::EINVAL)?;
+    if payload.len() != 16 || (req.argsz as usize) < 16 || req.index >= vb::VFIO_PCI_NUM_IRQS {
+        return Err(libc::EINVAL);
     }
+    let (flags, count) = irq_shape(dev, req.index);
+    let info = wire::IrqInfo { argsz: 16, flags, index: req.index, count };
+    Ok((info.as_slice().to_vec(), Vec::new()))
+}
 
-    fn region_write(&mut self, payload: &[u8]) -> CmdResult {
-        let a = wire::read_obj::<wire::RegionAccess>(payload).ok_or(libc::EINVAL)?;
-        if a.count as usize > MAX_DATA_XFER {
-            return Err(libc::E2BIG);
+/// Flags and vector count of interrupt index `index`: only MSI-X has vectors.
+fn irq_shape(dev: &DeviceState, index: u32) -> (u32, u32) {
+    match index {
+        vb::VFIO_PCI_MSIX_IRQ_INDEX => {
+            (vb::VFIO_IRQ_INFO_EVENTFD | vb::VFIO_IRQ_INFO_MASKABLE, dev.msix_vectors() as u32)
         }
-        if payload.len() != 16 + a.count as usize {
-            return Err(libc::EINVAL);
-        }
-        let data = &payload[16..];
-        let event = self.access(a.region, a.offset, |f, r, o| f.write(r, o, data))?;
-        match event {
-            Some(DeviceEvent::Activate(act)) => {
-                info!("driver ready: features {:#x}, {} queues", act.features, act.queues.len());
-                self.pollers.set_memory(&self.dma.snapshot());
-                self.pollers.start(&act.queues, act.features);
-            }
-            Some(DeviceEvent::Reset) => {
-                debug!("virtio reset by the driver");
-                self.pollers.stop();
-            }
-            Some(DeviceEvent::Notify(q)) => {
-                debug!("doorbell for queue {q} through the socket");
-                self.pollers.kick(q);
-            }
-            None => {}
-        }
-        Ok((a.as_slice()[..16].to_vec(), Vec::new()))
-    }
-
-    fn access<T>(
-        &mut self,
-        region: u32,
-        offset: u64,
-        op: impl FnOnce(&mut VirtioFsFunction, u32, u64) -> Result<T, pci::AccessError>,
-    ) -> Result<T, i32> {
-        op(&mut self.func, region, offset).map_err(|e| {
-            debug!("region access refused: {e}");
-            libc::EINVAL
-        })
+        _ => (vb::VFIO_IRQ_INFO_EVENTFD, 0),
     }
 }
 
-/// Whether `f` can be an eventfd (what an interrupt descriptor must be: we write 8 bytes to it):
-/// an anonymous-inode file. Without procfs (a sandboxed daemon has none) the kinds of anonymous
-/// inode cannot be told apart, but the others (epoll, timerfd, signalfd, io_uring, ...) fail a
-/// write at once; what is refused is anything a write could block on or change: a pipe, a
-/// socket, a file, a memfd.
-fn is_eventfd(f: &File) -> bool {
-    /// `ANON_INODE_FS_MAGIC` (`linux/magic.h`).
-    const ANON_INODE_FS_MAGIC: u64 = 0x0904_1934;
-    rustix::fs::fstatfs(f).is_ok_and(|st| st.f_type as u64 == ANON_INODE_FS_MAGIC)
+fn set_irqs(dev: &mut DeviceState, payload: &[u8], fds: Vec<File>) -> CmdResult {
+    let s = wire::read_obj::<wire::IrqSet>(payload).ok_or(libc::EINVAL)?;
+    // argsz is not checked against the payload: QEMU sends the kernel-style argsz (which counts
+    // the eventfd array) while the descriptors travel as SCM_RIGHTS, not in the payload.
+    if (s.argsz as usize) < 20 || s.index >= vb::VFIO_PCI_NUM_IRQS {
+        return Err(libc::EINVAL);
+    }
+    let data_kind = s.flags & vb::VFIO_IRQ_SET_DATA_TYPE_MASK;
+    let action = s.flags & vb::VFIO_IRQ_SET_ACTION_TYPE_MASK;
+    let unknown = s.flags & !(vb::VFIO_IRQ_SET_DATA_TYPE_MASK | vb::VFIO_IRQ_SET_ACTION_TYPE_MASK);
+    if unknown != 0 || !data_kind.is_power_of_two() || !action.is_power_of_two() {
+        return Err(libc::EINVAL);
+    }
+    let (_, count) = irq_shape(dev, s.index);
+    let data = &payload[20..];
+    // count 0 with DATA_NONE + TRIGGER: disable every interrupt of the index.
+    if s.count == 0 {
+        if data_kind != vb::VFIO_IRQ_SET_DATA_NONE
+            || action != vb::VFIO_IRQ_SET_ACTION_TRIGGER
+            || s.start != 0
+            || !data.is_empty()
+            || !fds.is_empty()
+        {
+            return Err(libc::EINVAL);
+        }
+        if s.index == vb::VFIO_PCI_MSIX_IRQ_INDEX {
+            dev.clear_irq_eventfds();
+        }
+        return ok_empty();
+    }
+    // Only MSI-X has vectors (the others have count 0), so past here the index is MSI-X.
+    let end = s.start.checked_add(s.count).ok_or(libc::EINVAL)?;
+    if end > count {
+        return Err(libc::EINVAL);
+    }
+    let (start, n) = (s.start as usize, s.count as usize);
+    let selected: Option<Vec<bool>> = match data_kind {
+        vb::VFIO_IRQ_SET_DATA_NONE if data.is_empty() && fds.is_empty() => None,
+        vb::VFIO_IRQ_SET_DATA_BOOL if data.len() == n && fds.is_empty() => {
+            Some(data.iter().map(|&b| b != 0).collect())
+        }
+        vb::VFIO_IRQ_SET_DATA_EVENTFD if data.is_empty() => {
+            if action != vb::VFIO_IRQ_SET_ACTION_TRIGGER {
+                return Err(libc::ENOTSUP); // no mask/unmask notification eventfds
+            }
+            dev.set_irq_eventfds(start, n, fds).map_err(|e| refused("SET_IRQS", e))?;
+            return ok_empty();
+        }
+        _ => return Err(libc::EINVAL),
+    };
+    let selected = selected.as_deref();
+    let r = match action {
+        vb::VFIO_IRQ_SET_ACTION_MASK => dev.mask_vectors(start, n, selected, true),
+        vb::VFIO_IRQ_SET_ACTION_UNMASK => dev.mask_vectors(start, n, selected, false),
+        _ => dev.trigger_vectors(start, n, selected),
+    };
+    r.map_err(|e| refused("SET_IRQS", e))?;
+    ok_empty()
+}
+
+fn region_read(dev: &mut DeviceState, payload: &[u8]) -> CmdResult {
+    let a = wire::read_obj::<wire::RegionAccess>(payload).ok_or(libc::EINVAL)?;
+    if payload.len() != 16 {
+        return Err(libc::EINVAL);
+    }
+    if a.count as usize > MAX_DATA_XFER {
+        return Err(libc::E2BIG);
+    }
+    let mut out = a.as_slice().to_vec();
+    let mut data = vec![0u8; a.count as usize];
+    dev.region_read(a.region, a.offset, &mut data).map_err(access_refused)?;
+    out.extend_from_slice(&data);
+    Ok((out, Vec::new()))
+}
+
+fn region_write(dev: &mut DeviceState, payload: &[u8]) -> CmdResult {
+    let a = wire::read_obj::<wire::RegionAccess>(payload).ok_or(libc::EINVAL)?;
+    if a.count as usize > MAX_DATA_XFER {
+        return Err(libc::E2BIG);
+    }
+    if payload.len() != 16 + a.count as usize {
+        return Err(libc::EINVAL);
+    }
+    dev.region_write(a.region, a.offset, &payload[16..]).map_err(access_refused)?;
+    Ok((a.as_slice()[..16].to_vec(), Vec::new()))
+}
+
+fn access_refused(e: pci::AccessError) -> i32 {
+    debug!("region access refused: {e}");
+    libc::EINVAL
 }

@@ -16,20 +16,22 @@
 
 use std::sync::atomic::{fence, Ordering};
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+use virtio_bindings::virtio_ring as vr;
+use vm_memory::{Bytes, GuestAddress};
 
+use super::desc::{
+    check_mapped, need_event, push_slices, Chain, ChainError, DescTable, QueueError, Signalled,
+};
+use super::desc::{DESC_F_INDIRECT as F_INDIRECT, DESC_F_NEXT as F_NEXT, DESC_F_WRITE as F_WRITE};
+use super::desc::{
+    PACKED_EVENT_DESC as EVENT_DESC, PACKED_EVENT_DISABLE as EVENT_DISABLE,
+    PACKED_EVENT_ENABLE as EVENT_ENABLE, PACKED_F_AVAIL as F_AVAIL, PACKED_F_USED as F_USED,
+};
 use crate::memory::GuestMem;
 use crate::pci::QueueConfig;
-use crate::queue::{push_slices, Chain, ChainError, DescTable, QueueError};
 
-const F_NEXT: u16 = 1;
-const F_WRITE: u16 = 2;
-const F_INDIRECT: u16 = 4;
-const F_AVAIL: u16 = 1 << 7;
-const F_USED: u16 = 1 << 15;
-const EVENT_ENABLE: u16 = 0;
-const EVENT_DISABLE: u16 = 1;
-const EVENT_DESC: u16 = 2;
+/// The wrap-counter bit of an event suppression `off_wrap`.
+const EVENT_F_WRAP_CTR: u32 = vr::VRING_PACKED_EVENT_F_WRAP_CTR;
 
 #[derive(Clone, Copy)]
 struct PDesc {
@@ -39,14 +41,23 @@ struct PDesc {
     flags: u16,
 }
 
+/// Descriptor `index` of `table` in the packed layout (one 16-byte volatile load).
+#[inline]
 fn read_pdesc(table: &DescTable<'_>, index: u16) -> Option<PDesc> {
-    let raw = table.raw(index)?;
-    Some(PDesc {
-        addr: u64::from_le_bytes(raw[0..8].try_into().ok()?),
-        len: u32::from_le_bytes(raw[8..12].try_into().ok()?),
-        id: u16::from_le_bytes([raw[12], raw[13]]),
-        flags: u16::from_le_bytes([raw[14], raw[15]]),
-    })
+    let (addr, len, id, flags) = table.get(index)?;
+    Some(PDesc { addr, len, id, flags })
+}
+
+/// Moves a ring position `n` slots on, flipping its wrap counter when it passes the end.
+#[inline]
+fn advance(pos: &mut u16, wrap: &mut bool, n: u16, size: u16) {
+    let next = u32::from(*pos) + u32::from(n);
+    if next >= u32::from(size) {
+        *wrap = !*wrap;
+        *pos = (next - u32::from(size)) as u16;
+    } else {
+        *pos = next as u16;
+    }
 }
 
 /// A packed virtqueue owned by one poller.
@@ -61,9 +72,8 @@ pub struct PackedQueue {
     used_wrap: bool,
     /// Ring slots taken by each outstanding buffer id (to advance the used position).
     slots: Box<[u16]>,
-    /// Used position when the driver was last interrupted.
-    signalled_used: u16,
-    unsignalled: bool,
+    /// Buffers returned since the last interrupt, and the used position then.
+    signalled: Signalled,
 }
 
 impl PackedQueue {
@@ -83,31 +93,20 @@ impl PackedQueue {
             next_used: 0,
             used_wrap: true,
             slots: vec![0; usize::from(cfg.size)].into_boxed_slice(),
-            signalled_used: 0,
-            unsignalled: false,
+            signalled: Signalled::default(),
         })
     }
 
-    /// Queue index.
-    pub fn index(&self) -> u16 {
-        self.cfg.index
-    }
-
-    /// MSI-X vector.
-    pub fn vector(&self) -> u16 {
-        self.cfg.vector
+    /// The queue as the driver configured it.
+    pub fn config(&self) -> &QueueConfig {
+        &self.cfg
     }
 
     /// Checks the ring and event areas lie in mapped memory and disables driver notifications.
     pub fn attach(&mut self, mem: &GuestMem) -> Result<(), QueueError> {
-        let q = self.cfg.index;
         let ranges =
             [(self.cfg.desc, 16 * u64::from(self.cfg.size)), (self.cfg.avail, 4), (self.cfg.used, 4)];
-        for (addr, len) in ranges {
-            if mem.get_slice(GuestAddress(addr), len as usize).is_err() {
-                return Err(QueueError::RingUnmapped(q));
-            }
-        }
+        check_mapped(mem, self.cfg.index, &ranges)?;
         // Poll mode: the device never wants a notification.
         self.set_notify(mem, false)
     }
@@ -126,16 +125,11 @@ impl PackedQueue {
     }
 
     fn advance_avail(&mut self, n: u16) {
-        let next = u32::from(self.next_avail) + u32::from(n);
-        if next >= u32::from(self.cfg.size) {
-            self.avail_wrap = !self.avail_wrap;
-            self.next_avail = (next - u32::from(self.cfg.size)) as u16;
-        } else {
-            self.next_avail = next as u16;
-        }
+        advance(&mut self.next_avail, &mut self.avail_wrap, n, self.cfg.size);
     }
 
     /// Whether the next ring slot holds an available buffer.
+    #[inline]
     pub fn has_work(&self, mem: &GuestMem) -> Result<bool, QueueError> {
         let at = GuestAddress(self.cfg.desc + 16 * u64::from(self.next_avail) + 14);
         let flags: u16 =
@@ -145,6 +139,7 @@ impl PackedQueue {
 
     /// Takes the next available buffer into `chain` (`chain.head` = buffer id). `Ok(None)`: none
     /// available; `Ok(Some(Err))`: a malformed chain, to be returned unserved.
+    #[inline]
     pub fn next<'m>(
         &mut self,
         mem: &'m GuestMem,
@@ -227,6 +222,7 @@ impl PackedQueue {
     }
 
     /// Returns buffer `id` with `len` bytes written.
+    #[inline]
     pub fn push_used(&mut self, mem: &GuestMem, id: u16, len: u32) -> Result<(), QueueError> {
         let q = self.cfg.index;
         let taken = self.slots.get(usize::from(id)).copied().unwrap_or(0);
@@ -245,26 +241,16 @@ impl PackedQueue {
         fence(Ordering::Release);
         mem.store(flags.to_le(), GuestAddress(at + 14), Ordering::Release)
             .map_err(|_| QueueError::RingUnmapped(q))?;
-        let next = u32::from(self.next_used) + u32::from(taken);
-        if next >= u32::from(self.cfg.size) {
-            self.used_wrap = !self.used_wrap;
-            self.next_used = (next - u32::from(self.cfg.size)) as u16;
-        } else {
-            self.next_used = next as u16;
-        }
-        self.unsignalled = true;
+        advance(&mut self.next_used, &mut self.used_wrap, taken, self.cfg.size);
+        self.signalled.returned();
         Ok(())
     }
 
     /// Whether the driver wants an interrupt for the buffers returned since the last one.
     pub fn needs_interrupt(&mut self, mem: &GuestMem) -> bool {
-        if !self.unsignalled {
+        let Some((old, new)) = self.signalled.take(self.next_used) else {
             return false;
-        }
-        self.unsignalled = false;
-        fence(Ordering::SeqCst);
-        let (old, new) = (self.signalled_used, self.next_used);
-        self.signalled_used = new;
+        };
         let mut raw = [0u8; 4];
         if mem.read_slice(&mut raw, GuestAddress(self.cfg.avail)).is_err() {
             return true;
@@ -273,11 +259,11 @@ impl PackedQueue {
         match u16::from_le_bytes([raw[2], raw[3]]) {
             EVENT_DISABLE => false,
             EVENT_DESC if self.event_idx => {
-                let mut off = off_wrap & 0x7fff;
-                if (off_wrap >> 15 != 0) != self.used_wrap {
+                let mut off = off_wrap & !(1 << EVENT_F_WRAP_CTR);
+                if (off_wrap >> EVENT_F_WRAP_CTR != 0) != self.used_wrap {
                     off = off.wrapping_sub(self.cfg.size);
                 }
-                new.wrapping_sub(off).wrapping_sub(1) < new.wrapping_sub(old)
+                need_event(off, new, old)
             }
             EVENT_ENABLE | EVENT_DESC => true,
             _ => true,
@@ -288,56 +274,30 @@ impl PackedQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::DmaTable;
+    use crate::virtq::mock::{guest_memory, Buf, PackedDriver};
 
     const RING: u64 = 0x1000;
     const DRV: u64 = 0x2000;
     const DEV: u64 = 0x3000;
 
-    fn setup(size: u16, event_idx: bool) -> (std::sync::Arc<GuestMem>, PackedQueue) {
-        let mut t = DmaTable::default();
-        let f = tempfile::tempfile().unwrap();
-        f.set_len(0x20000).unwrap();
-        t.map(0, 0x20000, 0, Some(f)).unwrap();
-        let mem = t.snapshot();
+    fn setup(size: u16, event_idx: bool) -> (std::sync::Arc<GuestMem>, QueueConfig, PackedQueue) {
+        let mem = guest_memory(0x20000, None);
         let cfg = QueueConfig { index: 1, size, desc: RING, avail: DRV, used: DEV, vector: 1 };
-        let mut q = PackedQueue::new(cfg, event_idx, true).unwrap();
-        q.attach(&mem).unwrap();
-        (mem, q)
-    }
-
-    fn put(mem: &GuestMem, table: u64, i: u16, addr: u64, len: u32, id: u16, flags: u16) {
-        let mut raw = [0u8; 16];
-        raw[0..8].copy_from_slice(&addr.to_le_bytes());
-        raw[8..12].copy_from_slice(&len.to_le_bytes());
-        raw[12..14].copy_from_slice(&id.to_le_bytes());
-        raw[14..16].copy_from_slice(&flags.to_le_bytes());
-        mem.write_slice(&raw, GuestAddress(table + 16 * u64::from(i))).unwrap();
-    }
-
-    /// Flags of an available descriptor for the driver's wrap counter `wrap`.
-    fn avail(wrap: bool) -> u16 {
-        if wrap {
-            F_AVAIL
-        } else {
-            F_USED
-        }
-    }
-
-    fn flags_at(mem: &GuestMem, i: u16) -> u16 {
-        mem.read_obj::<u16>(GuestAddress(RING + 16 * u64::from(i) + 14)).unwrap()
+        let q = PackedQueue::new(cfg, event_idx, true).unwrap();
+        (mem, cfg, q)
     }
 
     #[test]
     fn chains_wrap_and_complete_out_of_order() {
-        let (mem, mut q) = setup(4, false);
-        assert_eq!(mem.read_obj::<u16>(GuestAddress(DEV + 2)).unwrap(), EVENT_DISABLE);
+        let (mem, cfg, mut q) = setup(4, false);
+        let mut drv = PackedDriver::new(&mem, cfg);
+        q.attach(&mem).unwrap();
+        assert_eq!(drv.device_event_flags(), EVENT_DISABLE);
         let mut c = Chain::default();
         assert!(q.next(&mem, &mut c).unwrap().is_none(), "empty ring");
         // Chain A (id 0): 2 descriptors; chain B (id 1): 1.
-        put(&mem, RING, 0, 0x8000, 40, 0, avail(true) | F_NEXT);
-        put(&mem, RING, 1, 0x9000, 100, 0, avail(true) | F_WRITE);
-        put(&mem, RING, 2, 0xa000, 64, 1, avail(true) | F_WRITE);
+        drv.push(&[Buf::readable(0x8000, 40), Buf::writable(0x9000, 100)], 0);
+        drv.push(&[Buf::writable(0xa000, 64)], 1);
         q.next(&mem, &mut c).unwrap().unwrap().unwrap();
         assert_eq!((c.head, c.readable.len(), c.writable.len()), (0, 1, 1));
         q.next(&mem, &mut c).unwrap().unwrap().unwrap();
@@ -345,73 +305,91 @@ mod tests {
         assert!(q.next(&mem, &mut c).unwrap().is_none());
         // Complete B first: used descriptor at slot 0, then A at slot 1.
         q.push_used(&mem, 1, 8).unwrap();
-        assert_eq!(flags_at(&mem, 0) & (F_AVAIL | F_USED), F_AVAIL | F_USED);
-        assert_eq!(mem.read_obj::<u16>(GuestAddress(RING + 12)).unwrap(), 1);
+        assert_eq!(drv.flags_at(0) & (F_AVAIL | F_USED), F_AVAIL | F_USED);
+        assert_eq!(drv.next_used(), Some((1, 8)));
         q.push_used(&mem, 0, 16).unwrap();
-        assert_eq!(mem.read_obj::<u32>(GuestAddress(RING + 16 + 8)).unwrap(), 16);
+        assert_eq!(drv.next_used(), Some((0, 16)));
+        assert_eq!(drv.next_used(), None);
         // Next round wraps: slot 3 then slot 0 with the flipped wrap counter.
-        put(&mem, RING, 3, 0x8000, 8, 2, avail(true) | F_NEXT);
-        put(&mem, RING, 0, 0x9000, 8, 2, avail(false) | F_WRITE);
+        drv.push(&[Buf::readable(0x8000, 8), Buf::writable(0x9000, 8)], 2);
+        assert_eq!(drv.flags_at(0) & (F_AVAIL | F_USED), F_USED, "driver wrap counter 0");
         q.next(&mem, &mut c).unwrap().unwrap().unwrap();
         assert_eq!((c.head, c.readable.len(), c.writable.len()), (2, 1, 1));
         q.push_used(&mem, 2, 0).unwrap();
         // Used position was 3 (after 1 + 2 slots); this used entry is at slot 3 with wrap=1.
-        assert_eq!(flags_at(&mem, 3) & (F_AVAIL | F_USED), F_AVAIL | F_USED);
+        assert_eq!(drv.flags_at(3) & (F_AVAIL | F_USED), F_AVAIL | F_USED);
+        assert_eq!(drv.next_used(), Some((2, 0)));
         assert!(q.push_used(&mem, 2, 0).is_err(), "a buffer is returned only once");
+        // Another lap on the flipped counters: the device's used wrap is 0 now.
+        drv.push(&[Buf::writable(0x9000, 8)], 3);
+        q.next(&mem, &mut c).unwrap().unwrap().unwrap();
+        q.push_used(&mem, 3, 4).unwrap();
+        assert_eq!(drv.next_used(), Some((3, 4)));
     }
 
     #[test]
     fn indirect_and_malformed() {
-        let (mem, mut q) = setup(8, false);
+        let (mem, cfg, mut q) = setup(8, false);
+        let mut drv = PackedDriver::new(&mem, cfg).with_indirect_at(0x5000);
+        q.attach(&mem).unwrap();
         let mut c = Chain::default();
-        put(&mem, 0x5000, 0, 0x8000, 40, 0, 0);
-        put(&mem, 0x5000, 1, 0x9000, 4096, 0, F_WRITE);
-        put(&mem, RING, 0, 0x5000, 32, 3, avail(true) | F_INDIRECT);
+        drv.push_indirect(&[Buf::readable(0x8000, 40), Buf::writable(0x9000, 4096)], 3);
         q.next(&mem, &mut c).unwrap().unwrap().unwrap();
         assert_eq!((c.head, c.readable.len(), c.writable.len()), (3, 1, 1));
         // Readable after writable: the request fails, the ring goes on.
-        put(&mem, RING, 1, 0x9000, 8, 4, avail(true) | F_WRITE | F_NEXT);
-        put(&mem, RING, 2, 0x8000, 8, 4, avail(true));
+        drv.push(&[Buf::writable(0x9000, 8), Buf::readable(0x8000, 8)], 4);
         assert_eq!(q.next(&mem, &mut c).unwrap().unwrap(), Err(ChainError::ReadAfterWrite));
         assert_eq!(c.head, 4);
         // Buffer outside memory.
-        put(&mem, RING, 3, 0x1f000, 0x2000, 5, avail(true));
+        drv.push(&[Buf::readable(0x1f000, 0x2000)], 5);
         assert!(matches!(q.next(&mem, &mut c).unwrap().unwrap(), Err(ChainError::BadBuffer { .. })));
+        // Indirect combined with NEXT.
+        drv.push_raw(&[(0x5000, 32, F_INDIRECT | F_NEXT), (0x8000, 8, 0)], 6);
+        assert_eq!(q.next(&mem, &mut c).unwrap().unwrap(), Err(ChainError::BadIndirect));
         // An id out of range corrupts the ring.
-        put(&mem, RING, 4, 0x8000, 8, 99, avail(true));
+        drv.push(&[Buf::readable(0x8000, 8)], 99);
         assert!(q.next(&mem, &mut c).is_err());
     }
 
     #[test]
     fn endless_chain_breaks_the_queue() {
-        let (mem, mut q) = setup(4, false);
+        let (mem, cfg, mut q) = setup(4, false);
+        let drv = PackedDriver::new(&mem, cfg);
+        q.attach(&mem).unwrap();
         for i in 0..4 {
-            put(&mem, RING, i, 0x8000, 8, 0, avail(true) | F_NEXT);
+            drv.write_desc(i, 0x8000, 8, 0, PackedDriver::avail_flags(true) | F_NEXT);
         }
         assert!(q.next(&mem, &mut Chain::default()).is_err());
     }
 
     #[test]
     fn event_suppression() {
-        let (mem, mut q) = setup(8, true);
+        let (mem, cfg, mut q) = setup(8, true);
+        let mut drv = PackedDriver::new(&mem, cfg);
+        q.attach(&mem).unwrap();
         let mut c = Chain::default();
         for i in 0..3 {
-            put(&mem, RING, i, 0x9000, 8, i, avail(true) | F_WRITE);
+            drv.push(&[Buf::writable(0x9000, 8)], i);
         }
         // Driver: disabled.
-        mem.write_obj([0u16, EVENT_DISABLE], GuestAddress(DRV)).unwrap();
+        drv.set_driver_event(0, EVENT_DISABLE);
         q.next(&mem, &mut c).unwrap().unwrap().unwrap();
         q.push_used(&mem, 0, 0).unwrap();
         assert!(!q.needs_interrupt(&mem));
         // Driver: interrupt when the used position passes 2 (wrap 1).
-        mem.write_obj([2u16 | 0x8000, EVENT_DESC], GuestAddress(DRV)).unwrap();
+        drv.set_driver_event(2 | 0x8000, EVENT_DESC);
         q.next(&mem, &mut c).unwrap().unwrap().unwrap();
         q.push_used(&mem, 1, 0).unwrap();
         assert!(!q.needs_interrupt(&mem), "used position 2 has not passed the event");
         q.next(&mem, &mut c).unwrap().unwrap().unwrap();
         q.push_used(&mem, 2, 0).unwrap();
         assert!(q.needs_interrupt(&mem));
-        mem.write_obj([0u16, EVENT_ENABLE], GuestAddress(DRV)).unwrap();
+        drv.set_driver_event(0, EVENT_ENABLE);
         assert!(!q.needs_interrupt(&mem), "nothing new");
+        // Device side: DISABLE while polling, ENABLE before parking.
+        q.set_notify(&mem, true).unwrap();
+        assert_eq!(drv.device_event_flags(), EVENT_ENABLE);
+        q.set_notify(&mem, false).unwrap();
+        assert_eq!(drv.device_event_flags(), EVENT_DISABLE);
     }
 }

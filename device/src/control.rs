@@ -1,0 +1,390 @@
+//! The device's control-plane state, apart from any transport: what a client's commands act on.
+//!
+//! [`DeviceState`] owns the PCI register model ([`crate::pci`]), the DMA table
+//! ([`crate::memory`]), the pollers ([`crate::poller`]) and the interrupt eventfds, and decides
+//! what happens on each [`DeviceEvent`] a register write returns: activation starts the queues on
+//! their pollers, a driver reset stops them, a doorbell through the socket wakes the queue's
+//! poller. It also owns the device's own resets (function-level, and back to power-on when the
+//! client goes away), the MSI-X masks as the client sets them, and the broken-queue path: a
+//! poller that finds a corrupt ring reports it, and the state sets DEVICE_NEEDS_RESET and
+//! signals the configuration vector.
+//!
+//! It knows nothing of sockets or of a wire format: the vfio-user adapter
+//! (`vfio_user`) decodes messages, checks their fields and calls the methods here (as
+//! SPDK splits `vfu_virtio.c` from its transport, and cloud-hypervisor has `transport/`). Every
+//! method runs on the control plane's thread.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::sync::Arc;
+
+use log::{debug, info, warn};
+use thiserror::Error;
+
+use crate::config::Profile;
+use crate::memory::{self, DmaTable, MemoryError};
+use crate::pci::{self, features, AccessError, DeviceEvent, VirtioFsFunction};
+use crate::poller::{Irqs, PollerSet, RequestHandler};
+use crate::stats::{DeviceCounters, DeviceStats};
+
+/// A request of the client the device refuses (each maps to the errno the transport reports).
+#[derive(Debug, Error)]
+pub enum ControlError {
+    /// A DMA table change was refused.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    /// A register access was refused.
+    #[error("region access refused")]
+    Access(#[from] AccessError),
+    /// Interrupt vectors past the device's.
+    #[error("interrupt vectors {start}+{count} do not exist ({vectors} vectors)")]
+    NoVectors {
+        /// First vector named.
+        start: usize,
+        /// How many.
+        count: usize,
+        /// Vectors the device has.
+        vectors: usize,
+    },
+    /// As many eventfds as vectors are needed (or none, to clear them).
+    #[error("{fds} eventfds for {count} vectors")]
+    EventfdCount {
+        /// Descriptors given.
+        fds: usize,
+        /// Vectors named.
+        count: usize,
+    },
+    /// An interrupt descriptor that is not an eventfd.
+    #[error("descriptor {0} is not an eventfd")]
+    NotEventfd(usize),
+    /// The notify memory could not be shared.
+    #[error("cannot share the notify memory")]
+    NotifyMemory(#[source] io::Error),
+}
+
+impl ControlError {
+    /// The errno the transport reports.
+    pub fn errno(&self) -> i32 {
+        match self {
+            ControlError::Memory(e) => e.errno(),
+            ControlError::NotifyMemory(_) => libc::EIO,
+            _ => libc::EINVAL,
+        }
+    }
+}
+
+/// Control-plane state of the device, independent of any one connection.
+pub struct DeviceState {
+    func: VirtioFsFunction,
+    dma: DmaTable,
+    pollers: PollerSet,
+    /// MSI-X eventfds by vector (the device has no INTx, MSI or error/request interrupts).
+    msix_fds: Vec<Option<File>>,
+    /// Backing of the mmappable notify area; `None` when doorbells come through the transport
+    /// (the area is then trapped: every doorbell is a register write that wakes a poller).
+    notify_mem: Option<File>,
+}
+
+impl DeviceState {
+    /// A device shaped by `profile`, whose requests go to `handler`; starts its pollers.
+    /// `wake_control` is called from a poller that found a corrupt ring: the control plane then
+    /// calls [`Self::check_broken_queues`].
+    pub fn new(
+        profile: &Profile,
+        handler: Arc<dyn RequestHandler>,
+        wake_control: Arc<dyn Fn() + Send + Sync>,
+    ) -> io::Result<Self> {
+        let mut offered = features::EVENT_IDX | features::INDIRECT_DESC;
+        if profile.packed_ring {
+            offered |= features::RING_PACKED;
+        }
+        let func = VirtioFsFunction::new(&profile.tag, profile.request_queues, profile.queue_size, offered);
+        let pollers = PollerSet::spawn(profile, handler, func.msix().clone(), wake_control)?;
+        let notify_mem = if profile.doorbells_on_socket() {
+            None
+        } else {
+            Some(memory::memfd("virtiofs-notify", pci::VIRTIO_BAR_SIZE)?)
+        };
+        let vectors = func.msix().len();
+        Ok(DeviceState {
+            func,
+            dma: DmaTable::default(),
+            pollers,
+            msix_fds: (0..vectors).map(|_| None).collect(),
+            notify_mem,
+        })
+    }
+
+    /// The device's counters, readable from any thread.
+    pub fn counters(&self) -> &Arc<DeviceCounters> {
+        self.pollers.stats()
+    }
+
+    /// A snapshot of the device's statistics.
+    pub fn stats(&self) -> DeviceStats {
+        self.counters().snapshot()
+    }
+
+    /// Back to power-on (the client went away): queues stopped, no DMA windows, no interrupts,
+    /// registers reset.
+    pub fn power_on_reset(&mut self) {
+        self.func.reset();
+        self.pollers.stop();
+        self.dma.clear();
+        self.pollers.set_memory(&self.dma.snapshot());
+        self.msix_fds.iter_mut().for_each(|f| *f = None);
+        self.publish_irqs();
+    }
+
+    /// Function-level reset: registers reset and queues stopped; DMA windows and interrupts stay.
+    pub fn function_reset(&mut self) {
+        info!("device reset");
+        self.func.reset();
+        self.pollers.stop();
+    }
+
+    /// Sets DEVICE_NEEDS_RESET (and signals the configuration vector) if a poller found a
+    /// corrupt ring since the last call.
+    pub fn check_broken_queues(&mut self) {
+        let broken = self.pollers.take_broken();
+        if broken.is_empty() {
+            return;
+        }
+        for e in &broken {
+            warn!("{e}: setting DEVICE_NEEDS_RESET");
+        }
+        if let Some(v) = self.func.set_needs_reset() {
+            self.signal(v);
+        }
+    }
+
+    /// Adds a DMA window (mapped if it comes with a file); returns once every poller sees it.
+    pub fn dma_map(
+        &mut self,
+        address: u64,
+        size: u64,
+        offset: u64,
+        file: Option<File>,
+    ) -> Result<(), MemoryError> {
+        let has_fd = file.is_some();
+        debug!("DMA_MAP {address:#x}+{size:#x} offset {offset:#x} fd {has_fd}");
+        self.dma.map(address, size, offset, file)?;
+        if has_fd {
+            self.pollers.set_memory(&self.dma.snapshot());
+        }
+        Ok(())
+    }
+
+    /// Removes the DMA windows in `address..address+size` (all of them with `None`); returns
+    /// only once no poller can still touch them.
+    pub fn dma_unmap(&mut self, range: Option<(u64, u64)>) -> Result<(), MemoryError> {
+        match range {
+            Some((address, size)) => {
+                self.dma.unmap(address, size)?;
+            }
+            None => self.dma.clear(),
+        }
+        self.pollers.set_memory(&self.dma.snapshot());
+        Ok(())
+    }
+
+    /// Size of region `index` (vfio-pci numbering); 0 if absent.
+    pub fn region_size(&self, index: u32) -> u64 {
+        self.func.region_size(index)
+    }
+
+    /// A descriptor of the memory behind the notify area, when the client may map it (doorbells
+    /// in shared memory); `Ok(None)` when doorbells are register writes.
+    pub fn notify_memory(&self) -> Result<Option<File>, ControlError> {
+        self.notify_mem.as_ref().map(|f| f.try_clone().map_err(ControlError::NotifyMemory)).transpose()
+    }
+
+    /// Number of MSI-X vectors.
+    pub fn msix_vectors(&self) -> usize {
+        self.msix_fds.len()
+    }
+
+    fn check_vectors(&self, start: usize, count: usize) -> Result<std::ops::Range<usize>, ControlError> {
+        let vectors = self.msix_vectors();
+        match start.checked_add(count) {
+            Some(end) if end <= vectors => Ok(start..end),
+            _ => Err(ControlError::NoVectors { start, count, vectors }),
+        }
+    }
+
+    /// Sets the eventfds of vectors `start..start+count` (`fds` empty: clears them).
+    pub fn set_irq_eventfds(
+        &mut self,
+        start: usize,
+        count: usize,
+        fds: Vec<File>,
+    ) -> Result<(), ControlError> {
+        let range = self.check_vectors(start, count)?;
+        if !fds.is_empty() && fds.len() != count {
+            return Err(ControlError::EventfdCount { fds: fds.len(), count });
+        }
+        if let Some(bad) = fds.iter().position(|f| !is_eventfd(f)) {
+            return Err(ControlError::NotEventfd(bad));
+        }
+        let mut fds = fds.into_iter();
+        for v in range {
+            self.msix_fds[v] = fds.next();
+        }
+        self.publish_irqs();
+        Ok(())
+    }
+
+    /// Drops every interrupt eventfd.
+    pub fn clear_irq_eventfds(&mut self) {
+        self.msix_fds.iter_mut().for_each(|f| *f = None);
+        self.publish_irqs();
+    }
+
+    /// Masks or unmasks the vectors of `start..start+count` for which `selected` is true (all
+    /// with `None`); an unmasked vector that was pending is signalled.
+    pub fn mask_vectors(
+        &mut self,
+        start: usize,
+        count: usize,
+        selected: Option<&[bool]>,
+        masked: bool,
+    ) -> Result<(), ControlError> {
+        for v in self.selected(start, count, selected)? {
+            self.func.msix().set_vfio_mask(v, masked);
+            if !masked && self.func.msix().take_pending_if_unmasked(v) {
+                self.signal(v as u16);
+            }
+        }
+        Ok(())
+    }
+
+    /// Signals the vectors of `start..start+count` for which `selected` is true (all with
+    /// `None`), as their queues would (pending if masked).
+    pub fn trigger_vectors(
+        &mut self,
+        start: usize,
+        count: usize,
+        selected: Option<&[bool]>,
+    ) -> Result<(), ControlError> {
+        for v in self.selected(start, count, selected)? {
+            self.signal(v as u16);
+        }
+        Ok(())
+    }
+
+    fn selected(
+        &self,
+        start: usize,
+        count: usize,
+        selected: Option<&[bool]>,
+    ) -> Result<Vec<usize>, ControlError> {
+        let range = self.check_vectors(start, count)?;
+        Ok(match selected {
+            None => range.collect(),
+            Some(on) => range.zip(on).filter(|(_, &on)| on).map(|(v, _)| v).collect(),
+        })
+    }
+
+    /// Reads registers of region `region` at `offset`.
+    pub fn region_read(&mut self, region: u32, offset: u64, data: &mut [u8]) -> Result<(), AccessError> {
+        self.func.read(region, offset, data)
+    }
+
+    /// Writes registers of region `region` at `offset`, and acts on what the write means:
+    /// activation starts the queues, a driver reset stops them, a doorbell wakes a poller.
+    pub fn region_write(&mut self, region: u32, offset: u64, data: &[u8]) -> Result<(), AccessError> {
+        match self.func.write(region, offset, data)? {
+            Some(DeviceEvent::Activate(act)) => {
+                info!("driver ready: features {:#x}, {} queues", act.features, act.queues.len());
+                self.pollers.set_memory(&self.dma.snapshot());
+                self.pollers.start(&act.queues, act.features);
+            }
+            Some(DeviceEvent::Reset) => {
+                debug!("virtio reset by the driver");
+                self.pollers.stop();
+            }
+            Some(DeviceEvent::Notify(q)) => {
+                debug!("doorbell for queue {q} through the transport");
+                self.pollers.kick(q);
+            }
+            None => {}
+        }
+        Ok(())
+    }
+
+    fn publish_irqs(&mut self) {
+        let irqs: Irqs = self.msix_fds.iter().map(|f| f.as_ref().and_then(|f| f.try_clone().ok())).collect();
+        self.pollers.set_irqs(&irqs);
+    }
+
+    fn signal(&self, vector: u16) {
+        let v = usize::from(vector);
+        if self.func.msix().deliverable_or_pend(v) {
+            if let Some(Some(f)) = self.msix_fds.get(v) {
+                let _ = (&*f).write(&1u64.to_ne_bytes());
+            }
+        }
+    }
+}
+
+/// Whether `f` can be an eventfd (what an interrupt descriptor must be: we write 8 bytes to it):
+/// an anonymous-inode file. Without procfs (a sandboxed daemon has none) the kinds of anonymous
+/// inode cannot be told apart, but the others (epoll, timerfd, signalfd, io_uring, ...) fail a
+/// write at once; what is refused is anything a write could block on or change: a pipe, a
+/// socket, a file, a memfd.
+fn is_eventfd(f: &File) -> bool {
+    /// `ANON_INODE_FS_MAGIC` (`linux/magic.h`).
+    const ANON_INODE_FS_MAGIC: u64 = 0x0904_1934;
+    rustix::fs::fstatfs(f).is_ok_and(|st| st.f_type as u64 == ANON_INODE_FS_MAGIC)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Doorbells;
+    use vm_memory::VolatileSlice;
+
+    struct Nothing;
+    impl RequestHandler for Nothing {
+        fn handle(&self, _: u16, _: &[VolatileSlice<'_>], _: &[VolatileSlice<'_>]) -> u32 {
+            0
+        }
+    }
+
+    /// The device state driven without any transport: registers, doorbells, DMA windows and
+    /// interrupt descriptors.
+    #[test]
+    fn device_state_without_a_transport() {
+        let profile = Profile { doorbells: Doorbells::Socket, ..Profile::default() };
+        let mut dev = DeviceState::new(&profile, Arc::new(Nothing), Arc::new(|| {})).unwrap();
+        let mut id = [0u8; 4];
+        dev.region_read(7, 0, &mut id).unwrap();
+        assert_eq!(u32::from_le_bytes(id), 0x105a_1af4);
+        assert!(dev.notify_memory().unwrap().is_none(), "doorbells are register writes");
+        // A doorbell of queue 1 through the notify area is taken and counted.
+        dev.region_write(pci::VIRTIO_BAR, pci::NOTIFY_OFFSET + 4, &1u16.to_le_bytes()).unwrap();
+        assert_eq!(dev.stats().doorbells(), [0, 1]);
+        assert!(matches!(dev.region_write(2, 0, &[0]), Err(AccessError::NoRegion(2))));
+
+        assert_eq!(dev.msix_vectors(), 3, "config + hiprio + one request queue");
+        let file = tempfile::tempfile().unwrap();
+        let e = dev.set_irq_eventfds(0, 1, vec![file]).unwrap_err();
+        assert!(matches!(e, ControlError::NotEventfd(0)) && e.errno() == libc::EINVAL, "{e}");
+        let e = dev.set_irq_eventfds(2, 2, Vec::new()).unwrap_err();
+        assert!(matches!(e, ControlError::NoVectors { start: 2, count: 2, vectors: 3 }), "{e}");
+        dev.set_irq_eventfds(0, 3, Vec::new()).unwrap();
+        // A trigger under a mask pends; the unmask delivers it.
+        dev.mask_vectors(1, 1, None, true).unwrap();
+        dev.trigger_vectors(0, 2, Some(&[false, true])).unwrap();
+        assert!(dev.func.msix().is_pending(1) && !dev.func.msix().is_pending(0));
+        dev.mask_vectors(0, 3, None, false).unwrap();
+        assert!(!dev.func.msix().is_pending(1));
+
+        let window = memory::memfd("test", 0x4000).unwrap();
+        dev.dma_map(0x10000, 0x4000, 0, Some(window)).unwrap();
+        let e = dev.dma_unmap(Some((0x40000, 0x1000))).unwrap_err();
+        assert_eq!(ControlError::from(e).errno(), libc::ENOENT);
+        dev.dma_unmap(Some((0x10000, 0x4000))).unwrap();
+        dev.power_on_reset();
+    }
+}

@@ -1,0 +1,234 @@
+//! Pollers over rings written by the driver-side mock, both layouts: requests served at once,
+//! pending in an engine and waiting, and the statistics each of them leaves.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vm_memory::{Bytes, GuestAddress, VolatileSlice};
+
+use super::*;
+use crate::config::Polling;
+use crate::pci::features;
+use crate::stats::{DeviceStats, QueueStats};
+use crate::virtq::mock::{guest_memory, Buf, PackedDriver, SplitDriver, UsedElem};
+
+/// Serves requests by their first readable byte: 0 at once, 1 pending until `release`, 2
+/// waiting until `grant`, 3 at once after holding the poller for [`SLOW`]; the reply is 4 bytes
+/// `[kind; 4]`.
+struct Handler {
+    release: Arc<AtomicBool>,
+    grant: Arc<AtomicBool>,
+}
+
+struct TestEngine {
+    release: Arc<AtomicBool>,
+    grant: Arc<AtomicBool>,
+    pending: Vec<u64>,
+    waiting: Vec<u64>,
+}
+
+fn kind(readable: &[VolatileSlice<'_>]) -> u8 {
+    readable.first().and_then(|s| s.read_obj::<u8>(0).ok()).unwrap_or(0)
+}
+
+impl RequestHandler for Handler {
+    fn handle(&self, _: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32 {
+        let k = kind(readable);
+        writable[0].write_slice(&[k; 4], 0).map_or(0, |()| 4)
+    }
+
+    fn engine(&self, _: usize) -> Option<Box<dyn Engine>> {
+        Some(Box::new(TestEngine {
+            release: self.release.clone(),
+            grant: self.grant.clone(),
+            pending: Vec::new(),
+            waiting: Vec::new(),
+        }))
+    }
+}
+
+impl Engine for TestEngine {
+    fn submit(
+        &mut self,
+        id: u64,
+        _: u16,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+    ) -> Outcome {
+        match kind(readable) {
+            1 => {
+                writable[0].write_slice(&[1; 4], 0).unwrap();
+                self.pending.push(id);
+                Outcome::Pending
+            }
+            2 => {
+                self.waiting.push(id);
+                Outcome::Wait
+            }
+            3 => {
+                std::thread::sleep(SLOW);
+                writable[0].write_slice(&[3; 4], 0).unwrap();
+                Outcome::Done(4)
+            }
+            k => {
+                writable[0].write_slice(&[k; 4], 0).unwrap();
+                Outcome::Done(4)
+            }
+        }
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(u64, u32)) -> usize {
+        if !self.release.load(Ordering::Acquire) {
+            return 0;
+        }
+        let n = self.pending.len();
+        self.pending.drain(..).for_each(|id| done(id, 4));
+        n
+    }
+
+    fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+
+    fn poll_waits(&mut self, answer: &mut dyn FnMut(u64, &[u8])) -> usize {
+        if !self.grant.load(Ordering::Acquire) {
+            return 0;
+        }
+        let n = self.waiting.len();
+        self.waiting.drain(..).for_each(|id| answer(id, &[2; 4]));
+        n
+    }
+
+    fn cancel_waits(&mut self) {
+        self.waiting.clear();
+    }
+}
+
+/// Either driver-side mock.
+enum Driver<'m> {
+    Split(SplitDriver<'m>),
+    Packed(PackedDriver<'m>),
+}
+
+impl Driver<'_> {
+    /// Makes `bufs` available (as buffer `id` on a packed ring); returns the token the device
+    /// returns it with (the head index on a split ring).
+    fn push(&mut self, bufs: &[Buf], id: u16) -> u16 {
+        match self {
+            Driver::Split(d) => d.push(bufs),
+            Driver::Packed(d) => d.push(bufs, id),
+        }
+    }
+
+    fn next_used(&mut self) -> Option<UsedElem> {
+        match self {
+            Driver::Split(d) => d.next_used(),
+            Driver::Packed(d) => d.next_used(),
+        }
+    }
+}
+
+fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// How long a slow request keeps its poller busy: longer than two jiffies at HZ=100, so the
+/// coarse clock sees it.
+const SLOW: Duration = Duration::from_millis(25);
+
+const REQ: u64 = 0x10000;
+const REPLY: u64 = 0x11000;
+
+#[test]
+fn requests_served_pending_and_waiting_are_counted_on_both_layouts() {
+    let mem = guest_memory(0x20000, None);
+    let profile = Profile { polling: Polling::Busy, ..Profile::default() };
+    let (release, grant) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let handler = Arc::new(Handler { release: release.clone(), grant: grant.clone() });
+    let msix = Arc::new(MsixShared::new(3));
+    let started = Instant::now();
+    let mut pollers = PollerSet::spawn(&profile, handler, msix, Arc::new(|| {})).unwrap();
+    let counters = pollers.stats().clone();
+    pollers.set_memory(&mem);
+    // Vector 1 is queue 1's; any file takes the 8-byte interrupt write.
+    let irq = tempfile::tempfile().unwrap();
+    pollers.set_irqs(&Arc::from(vec![None, Some(irq), None]));
+    let queue1 = |stats: &DeviceStats| -> QueueStats { stats.queues[1].clone() };
+
+    let mut served_before = 0;
+    for packed in [false, true] {
+        release.store(false, Ordering::Release);
+        grant.store(false, Ordering::Release);
+        let cfg = QueueConfig { index: 1, size: 8, desc: 0x1000, avail: 0x2000, used: 0x3000, vector: 1 };
+        let mut drv = if packed {
+            Driver::Packed(PackedDriver::new(&mem, cfg))
+        } else {
+            Driver::Split(SplitDriver::new(&mem, cfg))
+        };
+        let f = features::VERSION_1 | if packed { features::RING_PACKED } else { 0 };
+        pollers.start(&[cfg], f);
+        let layout = if packed { "packed" } else { "split" };
+
+        let mut tokens = Vec::new();
+        for (id, k) in [(0u16, 0u8), (1, 1), (2, 2)] {
+            let (req, reply) = (REQ + 0x100 * u64::from(id), REPLY + 0x100 * u64::from(id));
+            mem.write_obj(k, GuestAddress(req)).unwrap();
+            tokens.push(drv.push(&[Buf::readable(req, 16), Buf::writable(reply, 64)], id));
+        }
+        // The at-once request comes back; the other two stay, one pending and one waiting.
+        assert_eq!(wait_for("the request served at once", || drv.next_used()), (tokens[0], 4), "{layout}");
+        let q = wait_for("one pending and one waiting", || {
+            let q = queue1(&pollers.stats().snapshot());
+            (q.in_flight == 1 && q.waiting == 1).then_some(q)
+        });
+        assert_eq!(q.requests, served_before + 1, "{layout}: {q:?}");
+        assert!(drv.next_used().is_none());
+
+        release.store(true, Ordering::Release);
+        assert_eq!(wait_for("the pending request", || drv.next_used()), (tokens[1], 4), "{layout}");
+        grant.store(true, Ordering::Release);
+        assert_eq!(wait_for("the waiting request", || drv.next_used()), (tokens[2], 4), "{layout}");
+        assert_eq!(mem.read_obj::<[u8; 4]>(GuestAddress(REPLY + 0x200)).unwrap(), [2; 4], "the wait's reply");
+
+        // A chain with a buffer outside guest memory fails alone, counted as a bad chain.
+        let bad = drv.push(&[Buf::readable(0x1f_0000, 16)], 3);
+        assert_eq!(wait_for("the bad chain", || drv.next_used()), (bad, 0), "{layout}");
+        // A slow request: busy time.
+        mem.write_obj(3u8, GuestAddress(REQ + 0x300)).unwrap();
+        let slow = drv.push(&[Buf::readable(REQ + 0x300, 16), Buf::writable(REPLY + 0x300, 64)], 4);
+        assert_eq!(wait_for("the slow request", || drv.next_used()), (slow, 4), "{layout}");
+        pollers.kick(1);
+        let q = wait_for("the counters", || {
+            let q = queue1(&pollers.stats().snapshot());
+            (q.requests == served_before + 5).then_some(q)
+        });
+        assert_eq!((q.in_flight, q.waiting), (0, 0), "{layout}: {q:?}");
+        assert_eq!(q.bad_chains, if packed { 2 } else { 1 }, "{layout}: {q:?}");
+        assert_eq!(q.doorbells, if packed { 2 } else { 1 }, "{layout}: {q:?}");
+        // No EVENT_IDX and interrupts not suppressed: one per round that returned something, and
+        // each request here came back in a round of its own.
+        assert!(q.interrupts >= q.requests, "{layout}: {q:?}");
+        served_before = q.requests;
+        pollers.stop();
+    }
+    drop(pollers); // the pollers exit, their last spells counted
+    let elapsed = u64::try_from(started.elapsed().as_nanos()).unwrap();
+    let stats = counters.snapshot();
+    let p = &stats.pollers[0];
+    assert_eq!(p.queues, [0, 1]);
+    assert!(p.rounds > 0, "{p:?}");
+    // Two slow requests of 25 ms: at least 40 ms busy, whatever the jiffy (1 to 10 ms); busy and
+    // idle time together no more than the test took, give or take a jiffy.
+    assert!(p.busy_ns >= 40_000_000, "{p:?}");
+    assert!(p.busy_ns + p.idle_ns <= elapsed + 10_000_000, "{p:?} in {elapsed} ns");
+    assert_eq!(p.parks, 0, "busy polling never parks");
+    assert_eq!(stats.queues[0].requests, 0, "nothing on hiprio");
+}
