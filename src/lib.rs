@@ -25,6 +25,17 @@ use vm_memory::VolatileSlice;
 
 pub use virtiofs_device::config;
 
+/// The FUSE side's statistics, as data (the daemon writes them beside the device's).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FuseStats {
+    /// Lock requests the server saw (GETLK, SETLK, SETLKW, how many waited, ...).
+    pub locks: LockStats,
+    /// Requests left pending on a filesystem's per-poller engine, all pollers together.
+    pub pending_requests: u64,
+    /// The passthrough's io_uring engines, added up (`None` for other backends).
+    pub io: Option<EngineStats>,
+}
+
 /// Serves virtio-fs requests with a FUSE server over filesystem `F`. Each poller gets an engine
 /// ([`FuseEngine`]) that hands requests to the filesystem's own engine for that poller when it
 /// has one (the asynchronous filesystem seam, `virtiofs_backend::seam`: the passthrough's
@@ -60,6 +71,11 @@ impl<F: FileSystem> FuseHandler<F> {
     /// Requests left pending on a filesystem's engine so far, all pollers together.
     pub fn pending_requests(&self) -> u64 {
         self.pending.load(Ordering::Relaxed)
+    }
+
+    /// The FUSE side's statistics now.
+    pub fn stats(&self) -> FuseStats {
+        FuseStats { locks: self.server.lock_stats(), pending_requests: self.pending_requests(), io: None }
     }
 }
 
@@ -186,6 +202,11 @@ impl PassthroughHandler {
     /// The FUSE server.
     pub fn server(&self) -> &Arc<Server<PassthroughFs>> {
         self.inner.server()
+    }
+
+    /// The FUSE side's statistics now, the io_uring engines' included.
+    pub fn stats(&self) -> FuseStats {
+        FuseStats { io: Some(self.engine_stats()), ..self.inner.stats() }
     }
 }
 

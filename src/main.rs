@@ -21,7 +21,7 @@ use virtiofs_backend::{PassthroughFs, RamFs};
 use virtiofs_device::stats::DeviceStats;
 use virtiofs_device::vfio_user::Listener;
 use virtiofs_dpu::config::Profile;
-use virtiofs_dpu::{FuseHandler, PassthroughHandler, RunningDevice};
+use virtiofs_dpu::{FuseHandler, FuseStats, PassthroughHandler, RunningDevice};
 
 /// virtio-fs device firmware served over vfio-user.
 #[derive(Parser, Debug)]
@@ -78,13 +78,9 @@ impl StatsFile {
         File::create(path).map(StatsFile)
     }
 
-    /// Replaces the file's contents with `stats` (and the place for the FUSE side's).
-    fn write(&self, stats: &DeviceStats) {
-        let report = serde_json::json!({
-            "device": stats,
-            // FUSE-side statistics (for example the lock table's) go here.
-            "fuse": serde_json::Value::Null,
-        });
+    /// Replaces the file's contents with the device's and the FUSE side's statistics.
+    fn write(&self, stats: &DeviceStats, fuse: &FuseStats) {
+        let report = serde_json::json!({ "device": stats, "fuse": fuse });
         let mut text = report.to_string();
         text.push('\n');
         let r = self.0.set_len(0).and_then(|()| self.0.write_all_at(text.as_bytes(), 0));
@@ -132,16 +128,22 @@ fn main() -> ExitCode {
         "tag {:?}, {} request queue(s) of up to {} entries",
         profile.tag, profile.request_queues, profile.queue_size
     );
+    let fuse_stats: Box<dyn Fn() -> FuseStats>;
     let started = match &args.shared_dir {
         None => {
             let mut cfg = RamFsConfig::default();
             cfg.cache = args.cache.unwrap_or(cfg.cache);
             info!("RAM filesystem, cache {}", cfg.cache);
             let handler = Arc::new(FuseHandler::new(RamFs::with_config(cfg)));
+            let h = handler.clone();
+            fuse_stats = Box::new(move || h.stats());
             RunningDevice::start_with(&args.socket_path, profile, handler)
         }
         Some(dir) => match confine_and_serve(dir, &args, profile) {
-            Ok(started) => started,
+            Ok((started, stats)) => {
+                fuse_stats = stats;
+                started
+            }
             Err(code) => return code,
         },
     };
@@ -158,7 +160,7 @@ fn main() -> ExitCode {
             break;
         }
         if let Some(f) = &stats_file {
-            f.write(&device.stats());
+            f.write(&device.stats(), &fuse_stats());
         }
     }
     match device.stop() {
@@ -168,7 +170,7 @@ fn main() -> ExitCode {
             info!("requests per queue: {}", per_queue.join(" "));
             info!("bad chains per queue: {:?}", stats.bad_chains());
             if let Some(f) = &stats_file {
-                f.write(&stats);
+                f.write(&stats, &fuse_stats());
             }
             ExitCode::SUCCESS
         }
@@ -186,7 +188,10 @@ fn confine_and_serve(
     dir: &std::path::Path,
     args: &Args,
     profile: Profile,
-) -> Result<Result<RunningDevice, virtiofs_device::vfio_user::ServerError>, ExitCode> {
+) -> Result<
+    (Result<RunningDevice, virtiofs_device::vfio_user::ServerError>, Box<dyn Fn() -> FuseStats>),
+    ExitCode,
+> {
     let fail = |code: u8, e: &dyn std::error::Error| {
         error!("{}", error_chain(e));
         ExitCode::from(code)
@@ -235,7 +240,9 @@ fn confine_and_serve(
         SeccompMode::Off => info!("seccomp: off"),
         m => info!("seccomp: {} system calls allowed, others: {m:?}", seccomp::allowlist().len()),
     }
-    Ok(RunningDevice::start_on(listener, profile, Arc::new(PassthroughHandler::new(fs, args.io_mode))))
+    let handler = Arc::new(PassthroughHandler::new(fs, args.io_mode));
+    let h = handler.clone();
+    Ok((RunningDevice::start_on(listener, profile, handler), Box::new(move || h.stats())))
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -167,7 +167,12 @@ fn sandboxed_daemon_sees_only_the_shared_directory_and_still_serves_it() {
     let canary = base.path().join("canary");
     std::fs::write(&canary, b"beside the share").unwrap();
     let canary_meta = std::fs::metadata(&canary).unwrap();
-    let daemon = Daemon::start(base.path(), &share, &["--sandbox", "namespace", "--seccomp", "kill"]);
+    let stats = base.path().join("stats.json");
+    let mut daemon = Daemon::start(
+        base.path(),
+        &share,
+        &["--sandbox", "namespace", "--seccomp", "kill", "--stats-file", stats.to_str().unwrap()],
+    );
     let pid = daemon.pid().to_string();
     assert!(daemon.log().contains("sandbox: new mount, IPC and network namespaces"), "{}", daemon.log());
     for which in ["mnt", "net", "ipc"] {
@@ -255,6 +260,25 @@ fn sandboxed_daemon_sees_only_the_shared_directory_and_still_serves_it() {
     // The daemon is still there (no system call outside its allowlist).
     assert!(daemon.log().lines().all(|l| !l.contains("seccomp: system call")), "{}", daemon.log());
     assert!(!status_field(daemon.pid(), "State:").starts_with('Z'), "the daemon died");
+
+    // The statistics file (opened before the sandbox) is written on SIGUSR1 and at exit, under
+    // the filter in kill mode.
+    // SAFETY: plain system call on our own child's pid.
+    unsafe { libc::kill(daemon.pid() as i32, libc::SIGUSR1) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::metadata(&stats).map(|m| m.len()).unwrap_or(0) == 0 {
+        assert!(Instant::now() < deadline, "no statistics on SIGUSR1:\n{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(daemon.pid() as i32, libc::SIGTERM) };
+    let status = daemon.child.wait().unwrap();
+    assert!(status.success(), "exit {status}:\n{}", daemon.log());
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
+    let requests: u64 =
+        report["device"]["queues"].as_array().unwrap().iter().map(|q| q["requests"].as_u64().unwrap()).sum();
+    assert!(requests > 20, "the workload above: {report}");
+    assert!(report["fuse"]["io"].is_object(), "the passthrough reports its engines: {report}");
 }
 
 /// Sharing `/` itself: nothing to pivot into, and the sandbox's own procfs mounts do not show in

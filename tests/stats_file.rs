@@ -1,12 +1,13 @@
-//! The daemon's `--stats-file`: the device statistics as JSON, on SIGUSR1 while it runs and at
-//! exit, after a workload through the host driver model.
+//! The daemon's `--stats-file`: the device's and the FUSE side's statistics as JSON, on SIGUSR1
+//! while it runs and at exit, after a workload through the host driver model.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use virtiofs_device::stats::DeviceStats;
-use virtiofs_tools::{DriverOptions, FsDriver};
+use virtiofs_dpu::FuseStats;
+use virtiofs_tools::{DriverOptions, FsDriver, LockReq};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofs-dpu");
 
@@ -52,13 +53,20 @@ fn stats_file_on_sigusr1_and_at_exit() {
     for _ in 0..100 {
         d.getattr(1).unwrap();
     }
+    // Two lock requests, which the FUSE side counts.
+    let (e, o) = d.create(1, "locked", 0o644, libc::O_RDWR as u32).unwrap();
+    let lock = |typ| LockReq { fh: o.fh, owner: 7, typ, start: 0, end: u64::MAX >> 1, pid: 70, flock: false };
+    d.setlk(e.nodeid, &lock(libc::F_WRLCK)).unwrap();
+    d.setlk(e.nodeid, &lock(libc::F_UNLCK)).unwrap();
 
     kill(&child, "-USR1");
-    let running = read_report(&stats, 101);
-    assert!(running["fuse"].is_null(), "a place for the FUSE side's statistics");
+    let running = read_report(&stats, 104);
+    let fuse: FuseStats = serde_json::from_value(running["fuse"].clone()).expect("FUSE statistics");
+    assert_eq!((fuse.locks.setlk, fuse.locks.setlkw, fuse.locks.waited), (2, 0, 0), "{fuse:?}");
+    assert_eq!(fuse.io, None, "no io_uring engine on the RAM filesystem");
     let dev: DeviceStats = serde_json::from_value(running["device"].clone()).unwrap();
     assert_eq!(dev.queues.len(), 2, "hiprio + 1 request queue");
-    assert!(dev.queues[1].requests >= 101, "INIT + 100 GETATTRs on queue 1: {dev:?}");
+    assert!(dev.queues[1].requests >= 104, "INIT, 100 GETATTRs, CREATE, 2 SETLKs on queue 1: {dev:?}");
     assert_eq!((dev.queues[1].in_flight, dev.queues[1].waiting), (0, 0));
     assert_eq!(dev.pollers.len(), 1);
     let p = &dev.pollers[0];
@@ -78,8 +86,8 @@ fn stats_file_on_sigusr1_and_at_exit() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success());
-    let at_exit = read_report(&stats, 151);
+    let at_exit = read_report(&stats, 154);
     let dev: DeviceStats = serde_json::from_value(at_exit["device"].clone()).unwrap();
-    assert!(dev.queues[1].requests >= 151, "{dev:?}");
+    assert!(dev.queues[1].requests >= 154, "{dev:?}");
     assert!(dev.pollers[0].rounds >= running["device"]["pollers"][0]["rounds"].as_u64().unwrap());
 }

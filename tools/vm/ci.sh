@@ -3,7 +3,7 @@
 # Installs QEMU and the guest kernel (setup.sh, idempotent), builds the guest image and the
 # release daemon, then runs against the daemon with the CI profile (2 vCPUs, 2 request queues):
 #   1. every guest suite in one boot (pjdfstest, fsx, 64 MiB bigfile + remount, locks, dmesg
-#      check), and checks from the daemon's exit report that both request queues carried
+#      check), and checks from the daemon's statistics (JSON, written at exit) that both request queues carried
 #      requests and that SETLKW requests reached the daemon and waited there;
 #   2. a guest reboot (device reset) and a remount with the data checked;
 #   3. QEMU killed with SIGKILL mid-write, then a new QEMU attaching and checking the data;
@@ -19,10 +19,16 @@ OUT=${1:-$(mktemp -d /tmp/vfdpu-ci.XXXXXX)}
 mkdir -p "$OUT"
 CONFIG=$REPO/hw-configs/ci.toml
 step() { echo "=== vm: $*"; }
-# report LOG PREFIX: the last daemon log line's "key=value ..." after PREFIX (empty if none).
-report() { grep -a "$2" "$1" | tail -1 | sed "s/.*$2 //" || true; }
-# field REPORT KEY: the value of KEY in a "key=value ..." report (empty if absent).
-field() { echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+# stat FILE EXPR: a value from the daemon's statistics (the JSON it writes with --stats-file
+# when it stops), EXPR a Python expression over that object `s`; empty if it cannot be read.
+stat() {
+  python3 - "$1" "$2" <<'PY' 2>/dev/null || true
+import json, sys
+with open(sys.argv[1]) as f:
+    s = json.load(f)
+print(eval(sys.argv[2], {"s": s}))
+PY
+}
 
 step "setup (QEMU, guest kernel, pjdfstest, fsx)"
 t0=$(date +%s)
@@ -41,22 +47,23 @@ step "guest suites against the device"
 if bash "$HERE/run-device-test.sh" --out "$OUT/suites" --config "$CONFIG" \
      -e "FSX_OPS=${FSX_OPS:-20000}" -e "VM_SUITES=pjdfstest fsx bigfile locks suppgroup dmesg-check" \
      "$HERE/guest/all.sh"; then
-  counts=$(report "$OUT/suites/daemon.log" 'requests per queue:')
-  echo "per-queue requests (q0 = hiprio): $counts"
-  q1=$(field "$counts" q1); q2=$(field "$counts" q2)
+  st=$OUT/suites/stats.json
+  counts=$(stat "$st" '" ".join(f"q{q['queue']}={q['requests']}" for q in s["device"]["queues"])')
+  echo "per-queue requests (q0 = hiprio, from $st): ${counts:-none}"
+  q1=$(stat "$st" 's["device"]["queues"][1]["requests"]'); q2=$(stat "$st" 's["device"]["queues"][2]["requests"]')
   if [ "${q1:-0}" -gt 0 ] && [ "${q2:-0}" -gt 0 ]; then
     echo "multi-queue: both request queues used"
   else
-    echo "FAIL: multi-queue: a request queue carried nothing ($counts)"; fail=1
+    echo "FAIL: multi-queue: a request queue carried nothing (${counts:-no statistics})"; fail=1
   fi
   # The locks suite's SETLKWs reached the daemon (POSIX_LOCKS negotiated) and some waited there.
-  locks=$(report "$OUT/suites/daemon.log" 'lock requests:')
+  locks=$(stat "$st" '" ".join(f"{k}={v}" for k, v in s["fuse"]["locks"].items())')
   echo "daemon lock requests: ${locks:-none}"
-  setlkw=$(field "$locks" setlkw); waited=$(field "$locks" waited)
+  setlkw=$(stat "$st" 's["fuse"]["locks"]["setlkw"]'); waited=$(stat "$st" 's["fuse"]["locks"]["waited"]')
   if [ "${setlkw:-0}" -gt 0 ] && [ "${waited:-0}" -gt 0 ]; then
     echo "locks: the daemon served SETLKW ($setlkw, $waited of them waited)"
   else
-    echo "FAIL: locks: the daemon saw no waiting SETLKW (${locks:-no lock requests logged})"; fail=1
+    echo "FAIL: locks: the daemon saw no waiting SETLKW (${locks:-no lock statistics})"; fail=1
   fi
   echo "boot to first mount: $(tr -d '\r' < "$OUT/suites/console.log" | sed -n 's/^VMMOUNT: .* mounted at \([0-9.]*\)s uptime/\1/p' | head -1) s guest uptime"
   tr -d '\r' < "$OUT/suites/console.log" | grep -a '^VMHARNESS: boot-done' | head -1 || true

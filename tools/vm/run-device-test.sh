@@ -3,7 +3,8 @@
 #
 # Runs a guest suite against a virtio-fs device:
 #   default        our daemon (vfio-user server) attached as QEMU vfio-user-pci:
-#                    DAEMON --socket-path OUT/dev.sock --tag TAG [--config FILE] [ARGS...]
+#                    DAEMON --socket-path OUT/dev.sock --tag TAG --stats-file OUT/stats.json
+#                           [--config FILE] [ARGS...]
 #                  it is stopped with SIGTERM after the guest and must exit 0
 #                  (DAEMON_EXPECT_RC) within DAEMON_STOP_TIMEOUT seconds.
 #   --virtiofsd DIR  Debian's virtiofsd serves host DIR (vhost-user-fs-pci):
@@ -13,7 +14,8 @@
 # Exit status: the guest script's (0 = suite passed), else non-zero: 124 guest
 # timeout, 125 guest gave no status, 3 daemon failed to start / died / bad exit.
 # Logs in OUT: console.log (guest serial), daemon.log or virtiofsd.log,
-# results.txt (the guest's VMRESULT lines), run.txt (summary).
+# results.txt (the guest's VMRESULT lines), run.txt (summary), stats.json (the daemon's
+# statistics, written when it stops).
 #
 # Options:
 #   --daemon PATH        device daemon (VFDPU_DAEMON, default REPO/target/release/virtiofs-dpu)
@@ -151,7 +153,7 @@ else
   [ -x "$DAEMON" ] || { echo "run-device-test: daemon not found or not executable: $DAEMON" >&2; exit 2; }
   SNAME=daemon
   SLOG=$OUT/daemon.log
-  SCMD=("$DAEMON" --socket-path "$SOCK" --tag "$TAG")
+  SCMD=("$DAEMON" --socket-path "$SOCK" --tag "$TAG" --stats-file "$OUT/stats.json")
   [ -z "$CONFIG" ] || SCMD+=(--config "$CONFIG")
   SCMD+=(${DAEMON_ARGS[@]+"${DAEMON_ARGS[@]}"})
   DEVARGS=(-device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\",\"path\":\"$SOCK\"}}")
