@@ -128,7 +128,7 @@ fn main() -> ExitCode {
         "tag {:?}, {} request queue(s) of up to {} entries",
         profile.tag, profile.request_queues, profile.queue_size
     );
-    let fuse_stats: Box<dyn Fn() -> FuseStats>;
+    let fuse_stats: FuseStatsFn;
     let started = match &args.shared_dir {
         None => {
             let mut cfg = RamFsConfig::default();
@@ -188,10 +188,7 @@ fn confine_and_serve(
     dir: &std::path::Path,
     args: &Args,
     profile: Profile,
-) -> Result<
-    (Result<RunningDevice, virtiofs_device::vfio_user::ServerError>, Box<dyn Fn() -> FuseStats>),
-    ExitCode,
-> {
+) -> Result<(Started, FuseStatsFn), ExitCode> {
     let fail = |code: u8, e: &dyn std::error::Error| {
         error!("{}", error_chain(e));
         ExitCode::from(code)
@@ -244,6 +241,11 @@ fn confine_and_serve(
     let h = handler.clone();
     Ok((RunningDevice::start_on(listener, profile, handler), Box::new(move || h.stats())))
 }
+
+/// What starting the device gave.
+type Started = Result<RunningDevice, virtiofs_device::vfio_user::ServerError>;
+/// Reads the FUSE side's statistics of the running handler.
+type FuseStatsFn = Box<dyn Fn() -> FuseStats>;
 
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
