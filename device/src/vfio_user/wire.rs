@@ -5,6 +5,12 @@
 //! and the `recvmsg`/`sendmsg` calls that carry `SCM_RIGHTS`). Everything is host-endian, as the
 //! protocol specifies (docs/interop/vfio-user.rst in QEMU).
 //!
+//! **A second implementation on purpose.** The host driver model encodes the same messages with
+//! its own code (`tools/src/vfio_user/messages.rs`, written from the specification without this
+//! module), and the conformance tests drive this server through that client: a layout mistake on
+//! either side fails a test instead of cancelling out. Keep them apart; settle a mismatch against
+//! the specification.
+//!
 //! ```text
 //! header (16 bytes): u16 msg_id | u16 command | u32 msg_size (incl. header) | u32 flags | u32 error
 //! flags: bits 0-3 type (0 command, 1 reply), bit 4 NO_REPLY, bit 5 ERROR
