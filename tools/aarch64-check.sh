@@ -24,9 +24,12 @@ for t in backend/tests/*.rs; do
   case $name in passthrough*) continue ;; esac
   backend_tests+=(--test "$name")
 done
+# The shared test bodies (backend/tests/harness: both_backends!) run on the passthrough as
+# `NAME::passthrough`: skipped here for the same reason as the passthrough test files.
 # qemu-user refuses to install seccomp filters for its guest program (they would filter the
 # emulator's own system calls): the filter's forked-child tests run natively only. The aarch64
 # filter is still built and checked (seccomp::tests::the_list_has_no_duplicates_...).
 cargo test --target aarch64-unknown-linux-gnu -p virtiofs-backend --lib "${backend_tests[@]}" -- \
+  --skip ::passthrough \
   --skip seccomp::tests::filter_kills_on_a_forbidden_call_and_lets_allowed_ones_through \
   --skip seccomp::tests::trap_mode_reports_the_call_and_dies_of_sigsys
