@@ -48,7 +48,7 @@ if bash "$HERE/run-device-test.sh" --out "$OUT/suites" --config "$CONFIG" \
      -e "FSX_OPS=${FSX_OPS:-20000}" -e "VM_SUITES=pjdfstest fsx bigfile locks suppgroup dmesg-check" \
      "$HERE/guest/all.sh"; then
   st=$OUT/suites/stats.json
-  counts=$(stat "$st" '" ".join(f"q{q['queue']}={q['requests']}" for q in s["device"]["queues"])')
+  counts=$(stat "$st" '" ".join("q%d=%d" % (q["queue"], q["requests"]) for q in s["device"]["queues"])')
   echo "per-queue requests (q0 = hiprio, from $st): ${counts:-none}"
   q1=$(stat "$st" 's["device"]["queues"][1]["requests"]'); q2=$(stat "$st" 's["device"]["queues"][2]["requests"]')
   if [ "${q1:-0}" -gt 0 ] && [ "${q2:-0}" -gt 0 ]; then
