@@ -38,7 +38,7 @@ pub struct FuseStats {
 
 /// Serves virtio-fs requests with a FUSE server over filesystem `F`. Each poller gets an engine
 /// ([`FuseEngine`]) that hands requests to the filesystem's own engine for that poller when it
-/// has one (the asynchronous filesystem seam, `virtiofs_backend::seam`: the passthrough's
+/// has one (the asynchronous filesystem seam, `virtiofs_backend::filesystem::seam`: the passthrough's
 /// io_uring), serves the others at once, and keeps the SETLKW requests that must wait for a
 /// lock, so the server offers `POSIX_LOCKS` and `FLOCK_LOCKS`.
 pub struct FuseHandler<F: FileSystem> {

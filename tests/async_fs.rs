@@ -10,9 +10,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use virtiofs_backend::filesystem::seam::{Completions, FsEngine, Started, Token};
 use virtiofs_backend::filesystem::{self, Context, FileSystem, LockAccess, Reply};
 use virtiofs_backend::request::{Op, Request};
-use virtiofs_backend::seam::{self, Completions, FsEngine, Started, Token};
+use virtiofs_backend::server::serve_sync;
 use virtiofs_backend::server::DirentWriter;
 use virtiofs_backend::RamFs;
 use virtiofs_dpu::config::Profile;
@@ -100,7 +101,7 @@ impl FsEngine<LaterFs> for Later {
             Op::Readdirplus { fh, offset, .. } => {
                 Deferred::Readdir { token, ctx, ino, fh, offset, plus: true }
             }
-            _ => Deferred::Ready(token, seam::serve_sync(&fs.ram, req, data)),
+            _ => Deferred::Ready(token, serve_sync(&fs.ram, req, data)),
         };
         self.queue.push(d);
         Started::Pending

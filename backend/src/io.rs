@@ -336,7 +336,7 @@ impl<'a> Writer<'a> {
 }
 
 /// The buffers of a pending request, kept past the call that brought them, so that the request
-/// can be completed later ([`crate::seam`]): the server holds a pending request's writable
+/// can be completed later ([`crate::filesystem::seam`]): the server holds a pending request's writable
 /// buffers (and a WRITE's payload) here, in a preallocated slot, and gives the filesystem's
 /// engine a [`Writer`] or [`Reader`] over them again when it finishes the request.
 ///

@@ -3,11 +3,12 @@
 //!
 //! Layers, bottom up: [`abi`] (wire structs and the protocol's limits, the only byte-casting
 //! code), [`io`] (copying cursors over guest buffers), [`filesystem`] (the
-//! [`filesystem::FileSystem`] trait and its plain types), [`request`] (the decoder: one typed
+//! [`filesystem::FileSystem`] trait, its plain types and, in [`filesystem::seam`], the
+//! asynchronous seam through which a filesystem may complete any operation later), [`request`] (the decoder: one typed
 //! [`request::Request`] per FUSE request, every untrusted argument checked), [`server`] (executes
 //! decoded requests and encodes replies; it keeps the advisory locks of every backend in
 //! [`locks`] and parks SETLKW requests that must wait, which a poller's engine keeps in
-//! [`waits`]), [`ramfs`] (an in-memory POSIX filesystem) and [`passthrough`] (a host directory,
+//! [`server::waits`]), [`ramfs`] (an in-memory POSIX filesystem) and [`passthrough`] (a host directory,
 //! confined beneath it). Nothing here knows about PCI, virtqueues or vfio-user.
 #![deny(missing_docs)]
 
@@ -18,9 +19,7 @@ pub mod locks;
 pub mod passthrough;
 pub mod ramfs;
 pub mod request;
-pub mod seam;
 pub mod server;
-pub mod waits;
 
 pub use passthrough::PassthroughFs;
 pub use ramfs::RamFs;

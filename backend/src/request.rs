@@ -2,7 +2,7 @@
 //! [`Reader`] over the rest of the device-readable buffers) into a typed [`Request`], one [`Op`]
 //! variant per opcode with its arguments decoded and checked. The server executes it
 //! ([`crate::server`]); the filesystem's per-poller engine sees the same value
-//! ([`crate::seam::FsEngine`]). Parse, then execute: nothing of the guest's bytes is interpreted
+//! ([`crate::filesystem::seam::FsEngine`]). Parse, then execute: nothing of the guest's bytes is interpreted
 //! anywhere else.
 //!
 //! The guest is untrusted. Every length is checked against the buffers actually present (the

@@ -540,7 +540,7 @@ impl FileSystem for PassthroughFs {
         Ok((Statx { stat: to_stat(&st), btime }, self.cfg.cache.timeout()))
     }
 
-    fn engine(&self, poller: usize) -> Option<Box<dyn crate::seam::FsEngine<Self>>> {
-        self.ring(poller).map(|r| Box::new(r) as Box<dyn crate::seam::FsEngine<Self>>)
+    fn engine(&self, poller: usize) -> Option<Box<dyn crate::filesystem::seam::FsEngine<Self>>> {
+        self.ring(poller).map(|r| Box::new(r) as Box<dyn crate::filesystem::seam::FsEngine<Self>>)
     }
 }

@@ -1,7 +1,7 @@
 //! The passthrough's data path on a poller: READ, WRITE and FSYNC straight between the host file
 //! and the guest's buffers (no bounce copy), on an io_uring owned by the poller when they would
 //! block. [`Ring`] is the passthrough's per-poller engine on the filesystem seam
-//! ([`crate::seam::FsEngine`], made by [`PassthroughFs`]'s `FileSystem::engine`): the server
+//! ([`crate::filesystem::seam::FsEngine`], made by [`PassthroughFs`]'s `FileSystem::engine`): the server
 //! decodes every request once and starts it here; READ, WRITE and FSYNC on an open file are
 //! served by the ring, everything else, and anything unusual (a handle it does not know, a WRITE
 //! that must clear set-user-id under the writer's identity, no free slot), is handed back
@@ -18,7 +18,7 @@
 //!   page-cache miss, a filesystem without `RWF_NOWAIT`, an FSYNC to storage — goes on the ring
 //!   from where the inline part stopped, so the poller never waits for storage.
 //!
-//! [`Ring::poll`](crate::seam::FsEngine::poll) reaps completions from the completion ring without
+//! [`Ring::poll`](crate::filesystem::seam::FsEngine::poll) reaps completions from the completion ring without
 //! a system call (completion polling); it enters the kernel only to submit. A short read or write
 //! (not at end of file) is resubmitted for the rest, so a reply is only ever short at end of
 //! file, as with the synchronous path. Storage answers in bounded time, which is what the seam's
@@ -38,10 +38,10 @@ use io_uring::{opcode, types, IoUring};
 
 use super::{sys, Handle, PassthroughFs};
 use crate::abi;
+use crate::filesystem::seam::{Completions, FsEngine, Started, Token};
 use crate::filesystem::{Error, Reply};
 use crate::io::Writer;
 use crate::request::{Op, Request};
-use crate::seam::{Completions, FsEngine, Started, Token};
 use crate::server::{PollerEngine, Server};
 
 pub use crate::server::Submitted;

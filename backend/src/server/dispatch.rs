@@ -352,7 +352,7 @@ impl<F: FileSystem> Dispatch<'_, F> {
 }
 
 /// The session state a filesystem operation changes, kept by the server whatever the backend
-/// (and whether the operation ran at once or later, [`crate::seam`]).
+/// (and whether the operation ran at once or later, [`crate::filesystem::seam`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Post {
     /// Nothing.

@@ -1,5 +1,5 @@
 //! A poller's side of the server: [`PollerEngine`] serves the requests of one poller, hands
-//! them to the filesystem's engine when it has one ([`crate::seam`]), keeps the pending ones in
+//! them to the filesystem's engine when it has one ([`crate::filesystem::seam`]), keeps the pending ones in
 //! preallocated slots (their reply buffers held, [`HeldBuffers`](crate::io::HeldBuffers)),
 //! encodes their replies when the engine completes them, and keeps the poller's waiting SETLKW
 //! requests ([`LockWaits`]).
@@ -12,11 +12,11 @@ use super::dispatch::{Dispatch, Post};
 use super::reply::error_into;
 use super::{data_part, LockWait, Result, Served, Server, Session};
 use crate::abi::InHeader;
+use crate::filesystem::seam::{Completions, FsEngine, Held, Started, Token};
 use crate::filesystem::{self, FileSystem, Reply};
 use crate::io::Reader;
 use crate::request::{NameBuf, Op, Request};
-use crate::seam::{Completions, FsEngine, Held, Started, Token};
-use crate::waits::LockWaits;
+use crate::server::waits::LockWaits;
 
 /// What [`PollerEngine::submit`] did with a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

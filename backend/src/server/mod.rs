@@ -11,6 +11,7 @@
 mod dispatch;
 mod engine;
 mod reply;
+pub mod waits;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -22,7 +23,7 @@ use crate::io::{Reader, Writer};
 use crate::locks::{LockError, LockKind, LockManager, SetOutcome, WaitId};
 pub use crate::request::RequestError;
 use crate::request::{InitArgs, LockOp, LockRequest, NameBuf, Op, Request};
-pub(crate) use dispatch::Dispatch;
+use dispatch::Dispatch;
 use dispatch::Post;
 pub use engine::{PollerEngine, Submitted};
 pub use reply::DirentWriter;
@@ -83,7 +84,7 @@ const SUPPORTED_INIT_FLAGS: u64 = abi::init::ASYNC_READ
 /// SETLK/SETLKW with `FUSE_LK_FLOCK`). Offered only by a server made with
 /// [`Server::with_lock_waits`], whose caller parks the SETLKW requests that must wait
 /// ([`Server::serve`] answers them [`Served::Wait`]) and answers them later from a poller's
-/// engine (see [`crate::waits`]); waiting never blocks a thread. Without them the guest kernel
+/// engine (see [`crate::server::waits`]); waiting never blocks a thread. Without them the guest kernel
 /// keeps both kinds itself, which is exact for the single guest a device serves; the locks are
 /// in-process either way, so host processes never see them (DESIGN.md, "FUSE semantics").
 /// Linux's virtio-fs sends no FUSE_INTERRUPT, so a guest process waiting in F_SETLKW on the
@@ -99,7 +100,7 @@ pub enum Served {
     Replied(usize),
     /// A SETLKW that has to wait for a conflicting lock to go. Nothing was written; the caller
     /// keeps the request's reply buffers and answers it with [`Server::wait_reply`] (see
-    /// [`crate::waits::LockWaits`]).
+    /// [`crate::server::waits::LockWaits`]).
     Wait(LockWait),
 }
 
@@ -607,4 +608,16 @@ fn data_part<'w>(op: &Op<'_>, w: &Writer<'w>) -> Result<(Writer<'w>, u64)> {
         _ => (avail, avail as u64),
     };
     Ok((body.split_at(len)?, limit))
+}
+
+/// Serves `req` through `fs`'s synchronous [`FileSystem`] methods, as the server does for a
+/// filesystem without an engine or for [`Started::Sync`](crate::filesystem::seam::Started::Sync): for engines that answer some requests
+/// from the synchronous methods themselves (after a delay, on another path). Session operations
+/// are `EINVAL` here (they never reach an engine).
+pub fn serve_sync<F: FileSystem>(
+    fs: &F,
+    req: &mut Request<'_>,
+    data: &mut Writer<'_>,
+) -> filesystem::Result<Reply> {
+    Dispatch(fs).call(&req.ctx, req.nodeid, &mut req.op, data)
 }

@@ -1,6 +1,6 @@
 //! The reply encoder: a typed [`Reply`] (or an error) into a request's writable buffers, as FUSE
 //! wire structs. One encoder for every path: the synchronous dispatcher and the completions of
-//! a filesystem's engine ([`crate::seam`]) both end here.
+//! a filesystem's engine ([`crate::filesystem::seam`]) both end here.
 
 use std::mem::size_of;
 use std::time::Duration;
@@ -132,7 +132,7 @@ pub(crate) fn reply_obj<T: ByteValued>(mut w: Writer<'_>, unique: u64, body: &T)
 
 /// Encodes directory entries into the data part of a READDIR or READDIRPLUS reply, for the
 /// synchronous dispatcher's sinks and for an engine that lists a directory later
-/// ([`crate::seam`]): the FUSE layout of an entry stays here.
+/// ([`crate::filesystem::seam`]): the FUSE layout of an entry stays here.
 #[derive(Debug)]
 pub struct DirentWriter<'w, 'a> {
     out: &'w mut Writer<'a>,

@@ -3,7 +3,7 @@
 //! A poller's engine ([`crate::server::PollerEngine`]) serves every request through the server;
 //! a SETLKW that has to wait comes back as [`Served::Wait`](crate::server::Served::Wait), and
 //! the engine parks it here with the poller's id for it. A waiting request is not pending on
-//! the filesystem seam ([`crate::seam`]): it holds no buffers (the poller keeps where its reply
+//! the filesystem seam ([`crate::filesystem::seam`]): it holds no buffers (the poller keeps where its reply
 //! goes and writes the reply this hands out through the memory mapped then), and a drain does
 //! not wait for it. Every poll round the engine calls [`LockWaits::poll`]: with nothing parked
 //! that is one branch; with requests parked it is one atomic load of the lock table's generation

@@ -2,13 +2,15 @@
 //!
 //! The [`Server`](crate::Server) decodes a FUSE request ([`crate::request`]), calls one method
 //! here (or hands the decoded request to the filesystem's per-poller engine, [`FileSystem::engine`]
-//! and [`crate::seam`], when it has one) and encodes the result, a [`Reply`]; a filesystem never
+//! and [`crate::filesystem::seam`], when it has one) and encodes the result, a [`Reply`]; a filesystem never
 //! sees wire structs or errnos ([`Error::from_errno`] is the one errno table, both ways). Every method takes `&self` (requests arrive
 //! concurrently from several queues) and the caller's [`Context`], and defaults to
 //! [`Error::NotImplemented`], which the server answers with `ENOSYS` (for most operations the kernel
 //! then stops sending it). Names are raw bytes without the NUL terminator; the server has already
 //! checked that they are non-empty and contain no `/` or NUL, and, where a name is being created, that
 //! it is not `.` or `..`.
+
+pub mod seam;
 
 use std::time::Duration;
 
@@ -278,7 +280,7 @@ pub enum XattrReply {
 /// The typed answer to a request, which the server encodes into the request's reply buffers
 /// (the FUSE encoding stays in the server). The server produces it from the synchronous
 /// [`FileSystem`] methods; a filesystem's per-poller engine hands it over when it finishes a
-/// request ([`crate::seam`]).
+/// request ([`crate::filesystem::seam`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reply {
     /// Success without a body (UNLINK, RENAME, FSYNC, RELEASE, SETXATTR, ...).
@@ -820,12 +822,12 @@ pub trait FileSystem: Send + Sync {
         Err(Error::NotImplemented)
     }
 
-    /// The engine of poller `poller` for requests that may complete later ([`crate::seam`]:
+    /// The engine of poller `poller` for requests that may complete later ([`crate::filesystem::seam`]:
     /// the buffer rule and the bounded-time rule are there), created on that poller's own
     /// thread; it keeps the poller's share of the filesystem's asynchronous state (an io_uring,
     /// sockets). `None`, the default: every request is answered at once through the methods
     /// above, on the poller's thread.
-    fn engine(&self, poller: usize) -> Option<Box<dyn crate::seam::FsEngine<Self>>>
+    fn engine(&self, poller: usize) -> Option<Box<dyn seam::FsEngine<Self>>>
     where
         Self: Sized,
     {

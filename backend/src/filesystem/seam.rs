@@ -32,10 +32,12 @@
 //!   drain waits for as long as that takes, and DMA_UNMAP is acknowledged only after it.
 //! - A request that waits for an outside event that may take any time (a SETLKW whose lock
 //!   another request holds) is not pending: it is *waiting*, kept by the server, not by the
-//!   engine ([`crate::waits`]); it holds no buffers, a drain does not wait for it, and it
+//!   engine ([`crate::server::waits`]); it holds no buffers, a drain does not wait for it, and it
 //!   is answered through whatever memory is mapped when its event comes.
 
-use crate::filesystem::{self, FileSystem, Reply};
+#[cfg(doc)]
+use super::FileSystem;
+use super::{self as filesystem, Reply};
 use crate::io::{HeldBuffers, Reader, Writer};
 use crate::request::Request;
 
@@ -142,16 +144,4 @@ impl<'c> Completions<'c> {
         let h = held.get(token.index()).filter(|h| h.busy && !h.payload.is_empty())?;
         Some(h.payload.reader())
     }
-}
-
-/// Serves `req` through `fs`'s synchronous [`FileSystem`] methods, as the server does for a
-/// filesystem without an engine or for [`Started::Sync`]: for engines that answer some requests
-/// from the synchronous methods themselves (after a delay, on another path). Session operations
-/// are `EINVAL` here (they never reach an engine).
-pub fn serve_sync<F: FileSystem>(
-    fs: &F,
-    req: &mut Request<'_>,
-    data: &mut Writer<'_>,
-) -> filesystem::Result<Reply> {
-    crate::server::Dispatch(fs).call(&req.ctx, req.nodeid, &mut req.op, data)
 }
