@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use virtiofs_backend::filesystem::FileSystem;
@@ -45,8 +45,22 @@ pub struct FuseHandler<F: FileSystem> {
     server: Arc<Server<F>>,
     /// Pollers get engines (and SETLKW can wait).
     engines: bool,
-    /// Requests left pending on a filesystem engine, all pollers together.
-    pending: Arc<AtomicU64>,
+    /// Requests left pending on a filesystem engine: one counter per poller's engine, each on a
+    /// cache line of its own and written only by that poller (registered when the engine is
+    /// made, on the control path), added up when read.
+    pending: Arc<Mutex<Vec<Arc<PendingCount>>>>,
+}
+
+/// A per-poller count with one writer, alone on its cache line.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct PendingCount(AtomicU64);
+
+impl PendingCount {
+    /// Counts one more: a plain load and store (the engine's poller is the only writer).
+    fn bump(&self) {
+        self.0.store(self.0.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
 }
 
 impl<F: FileSystem> FuseHandler<F> {
@@ -70,7 +84,8 @@ impl<F: FileSystem> FuseHandler<F> {
 
     /// Requests left pending on a filesystem's engine so far, all pollers together.
     pub fn pending_requests(&self) -> u64 {
-        self.pending.load(Ordering::Relaxed)
+        let counts = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        counts.iter().map(|c| c.0.load(Ordering::Relaxed)).sum()
     }
 
     /// The FUSE side's statistics now.
@@ -86,10 +101,9 @@ impl<F: FileSystem + 'static> RequestHandler for FuseHandler<F> {
 
     fn engine(&self, poller: usize) -> Option<Box<dyn Engine>> {
         self.engines.then(|| {
-            let engine = FuseEngine {
-                inner: PollerEngine::for_poller(self.server.clone(), poller),
-                pending: self.pending.clone(),
-            };
+            let pending = Arc::new(PendingCount::default());
+            self.pending.lock().unwrap_or_else(|e| e.into_inner()).push(pending.clone());
+            let engine = FuseEngine { inner: PollerEngine::for_poller(self.server.clone(), poller), pending };
             Box::new(engine) as Box<dyn Engine>
         })
     }
@@ -126,7 +140,7 @@ fn log_lock_stats(s: LockStats) {
 /// (or it is interrupted).
 pub struct FuseEngine<F: FileSystem> {
     inner: PollerEngine<F>,
-    pending: Arc<AtomicU64>,
+    pending: Arc<PendingCount>,
 }
 
 impl<F: FileSystem> FuseEngine<F> {
@@ -147,7 +161,7 @@ impl<F: FileSystem + 'static> Engine for FuseEngine<F> {
         match self.inner.submit(id, readable, writable) {
             Submitted::Done(n) => Outcome::Done(n),
             Submitted::Pending => {
-                self.pending.fetch_add(1, Ordering::Relaxed);
+                self.pending.bump();
                 Outcome::Pending
             }
             Submitted::Wait(_) => Outcome::Wait,

@@ -6,7 +6,7 @@
 //! memory we own (or, for system calls, an iovec the kernel copies through). Both are plain cursors
 //! (an index into the buffer list, an offset inside the current buffer and a byte budget); nothing
 //! allocates, and an operation that cannot complete in full fails before touching anything.
-//! [`HeldBuffers`] keeps a pending request's buffers past the call that brought them, under the
+//! `HeldBuffers` keeps a pending request's buffers past the call that brought them, under the
 //! device poller's contract for pending requests: the only `unsafe` of this module.
 
 use std::cmp::min;
@@ -346,9 +346,11 @@ impl<'a> Writer<'a> {
 /// `Engine` trait): the poller keeps every buffer of a pending request mapped (it keeps the
 /// memory snapshot the request came with) and untouched until its engine reports the request,
 /// and drains its engine before it changes memory or stops queues. The holder must
-/// [`clear`](HeldBuffers::clear) it when the request is reported, and never use it after.
+/// [`clear`](HeldBuffers::clear) it when the request is reported, and never use it after. That
+/// contract is the server's to keep, so the type is private to the crate: no safe code outside
+/// it can hold buffers and touch them after they are gone.
 #[derive(Default)]
-pub struct HeldBuffers {
+pub(crate) struct HeldBuffers {
     slices: Vec<VolatileSlice<'static>>,
 }
 
@@ -364,11 +366,6 @@ impl std::fmt::Debug for HeldBuffers {
 }
 
 impl HeldBuffers {
-    /// Holds nothing.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
     /// Holds `bufs` (all of them), instead of what was held.
     pub fn hold(&mut self, bufs: &[VolatileSlice<'_>]) {
         self.slices.clear();
@@ -412,12 +409,12 @@ impl HeldBuffers {
     }
 }
 
-/// `b` with its lifetime extended to `'static`, for [`HeldBuffers`]; the result is only ever
+/// `b` with its lifetime extended to `'static`, for `HeldBuffers`; the result is only ever
 /// handed out again borrowed from the holder, so no `'static` slice escapes.
 fn extend(b: &VolatileSlice<'_>) -> VolatileSlice<'static> {
     let ptr = b.ptr_guard_mut().as_ptr();
     // SAFETY: `ptr` and `b.len()` describe one guest buffer of a request the device's poller
-    // left pending: under its `Engine` contract (see [`HeldBuffers`]) that memory stays mapped
+    // left pending: under its `Engine` contract (see `HeldBuffers`) that memory stays mapped
     // and is not reused until the request is reported, which is when the holder clears it; it is
     // accessed only through volatile copies, as every guest buffer is.
     unsafe { VolatileSlice::new(ptr, b.len()) }

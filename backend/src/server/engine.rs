@@ -1,6 +1,6 @@
 //! A poller's side of the server: [`PollerEngine`] serves the requests of one poller, hands
 //! them to the filesystem's engine when it has one ([`crate::filesystem::seam`]), keeps the pending ones in
-//! preallocated slots (their reply buffers held, [`HeldBuffers`](crate::io::HeldBuffers)),
+//! preallocated slots (their reply buffers held, `io::HeldBuffers`),
 //! encodes their replies when the engine completes them, and keeps the poller's waiting SETLKW
 //! requests ([`LockWaits`]).
 
