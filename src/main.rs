@@ -63,7 +63,7 @@ struct Args {
     #[arg(long, value_name = "MODE", default_value = "trap", requires = "shared_dir")]
     seccomp: SeccompMode,
     /// Write the statistics as JSON to this file at exit, and on SIGUSR1 while running
-    /// (`{"device": {"queues": [...], "pollers": [...]}, "fuse": ...}`). The file is opened at
+    /// (`{"device": {"queues": [...], "pollers": [...]}, "fuse": {"locks": ..., "io": ...}}`). The file is opened at
     /// start, before any sandbox.
     #[arg(long, value_name = "PATH")]
     stats_file: Option<PathBuf>,
