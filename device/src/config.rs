@@ -200,17 +200,29 @@ impl Profile {
         Ok(())
     }
 
-    /// Checks the profile fits this machine (every poller core exists). Separate from
-    /// [`Profile::validate`] so that profiles of other hardware can be checked anywhere.
+    /// Checks the profile fits this machine: every poller core is a CPU id this process may run
+    /// on (its affinity mask, as `taskset` or a cpuset sets it), not merely a number below the
+    /// count of usable CPUs. Separate from [`Profile::validate`] so that profiles of other
+    /// hardware can be checked anywhere.
     pub fn check_machine(&self) -> Result<(), ConfigError> {
-        let cores = core_affinity::get_core_ids().map(|c| c.len()).unwrap_or(usize::MAX);
-        if let Some(c) = self.poller_cores.iter().find(|&&c| c >= cores) {
+        let Some(allowed) = allowed_cpus() else { return Ok(()) };
+        if let Some(c) = self.poller_cores.iter().find(|c| !allowed.contains(c)) {
             return Err(ConfigError::Invalid {
                 key: "poller_cores",
-                reason: format!("core {c} does not exist on this machine ({cores} cores)"),
+                reason: format!("CPU {c} is not one this process may use (allowed: {})", cpu_list(&allowed)),
             });
         }
         Ok(())
+    }
+
+    /// The CPU the device's control plane runs on when pollers are pinned: the first CPU this
+    /// process may use that no poller takes, so a busy poller keeps its core to itself; `None`
+    /// when no poller is pinned or every allowed CPU has one (then the control plane floats).
+    pub fn control_cpu(&self) -> Option<usize> {
+        if self.poller_cores.is_empty() {
+            return None;
+        }
+        allowed_cpus()?.into_iter().find(|c| !self.poller_cores.contains(c))
     }
 
     /// Whether doorbells come through the socket (and wake parked pollers) rather than staying in
@@ -236,6 +248,38 @@ impl Profile {
     pub fn pollers(&self) -> usize {
         self.poller_cores.len().max(1)
     }
+}
+
+/// The CPU ids this process may run on (its affinity mask), ascending; `None` if the system does
+/// not say.
+pub fn allowed_cpus() -> Option<Vec<usize>> {
+    let mut ids: Vec<usize> = core_affinity::get_core_ids()?.into_iter().map(|c| c.id).collect();
+    ids.sort_unstable();
+    Some(ids)
+}
+
+/// `0-3,6` for `[0, 1, 2, 3, 6]`.
+fn cpu_list(ids: &[usize]) -> String {
+    let mut out = String::new();
+    let mut i = 0;
+    while i < ids.len() {
+        let start = ids[i];
+        let mut end = start;
+        while i + 1 < ids.len() && ids[i + 1] == end + 1 {
+            i += 1;
+            end = ids[i];
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        if end == start {
+            out.push_str(&start.to_string());
+        } else {
+            out.push_str(&format!("{start}-{end}"));
+        }
+        i += 1;
+    }
+    out
 }
 
 #[cfg(test)]
@@ -276,6 +320,17 @@ mod tests {
         let far = Profile::from_toml("request_queues = 4\npoller_cores = [100000]").unwrap();
         assert!(matches!(far.check_machine(), Err(ConfigError::Invalid { key: "poller_cores", .. })));
         assert_eq!(key_of("poller_cores = [0, 0]"), "poller_cores");
+        // Core ids are CPU ids of the affinity mask, not counts: the highest allowed CPU is fine
+        // (under `taskset -c 1` that is CPU 1 alone), and the control plane avoids it.
+        let allowed = allowed_cpus().unwrap();
+        let last = *allowed.last().unwrap();
+        let p = Profile::from_toml(&format!("request_queues = 4\npoller_cores = [{last}]")).unwrap();
+        p.check_machine().unwrap();
+        let control = p.control_cpu();
+        assert_ne!(control, Some(last));
+        assert_eq!(control.is_some(), allowed.len() > 1);
+        assert_eq!(Profile::default().control_cpu(), None);
+        assert_eq!(cpu_list(&[0, 1, 2, 3, 6, 8, 9]), "0-3,6,8-9");
         assert_eq!(key_of("idle_sleep_us = 0"), "idle_sleep_us");
         assert!(key_of("polling = \"sometimes\"").contains("polling"));
         assert_eq!(Profile::from_toml("polling = \"busy\"").unwrap().polling, Polling::Busy);

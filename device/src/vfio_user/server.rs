@@ -155,6 +155,8 @@ pub struct Server {
     stop: Arc<AtomicBool>,
     dev: DeviceState,
     conn: Option<Conn>,
+    /// Where [`Server::run`] pins itself ([`Profile::control_cpu`]).
+    control_cpu: Option<usize>,
 }
 
 type Reply = (Vec<u8>, Vec<File>);
@@ -204,6 +206,7 @@ impl Server {
             stop: Arc::new(AtomicBool::new(false)),
             dev,
             conn: None,
+            control_cpu: profile.control_cpu(),
         })
     }
 
@@ -220,6 +223,12 @@ impl Server {
     /// Serves clients, one at a time, until stopped; returns the device's final statistics.
     pub fn run(mut self) -> Result<DeviceStats, ServerError> {
         info!("listening on {}", self.path.display());
+        // The control plane keeps off the poller cores, so a busy poller has its core alone.
+        if let Some(cpu) = self.control_cpu {
+            if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
+                warn!("control plane: cannot pin to CPU {cpu}");
+            }
+        }
         let mut events = Events::with_capacity(16);
         while !self.stop.load(Ordering::SeqCst) {
             if let Err(e) = self.poll.poll(&mut events, None) {
