@@ -113,6 +113,10 @@ pub struct Profile {
     pub doorbells: Doorbells,
     /// Which poller serves which queue (`spread` or `request-queues`); see [`QueueMapping`].
     pub queue_mapping: QueueMapping,
+    /// Measure each request's device-side latency into the per-class histograms (two reads of
+    /// the CPU's cycle counter per batch of requests a queue gives a poll round); `false` keeps
+    /// only the counters.
+    pub latency_histograms: bool,
 }
 
 impl Default for Profile {
@@ -129,6 +133,7 @@ impl Default for Profile {
             idle_sleep_us: 200,
             doorbells: Doorbells::Auto,
             queue_mapping: QueueMapping::Spread,
+            latency_histograms: true,
         }
     }
 }
