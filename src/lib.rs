@@ -7,6 +7,7 @@
 //! or a host directory ([`RunningDevice::start_passthrough`]).
 #![deny(missing_docs)]
 
+pub mod ops;
 pub mod tally;
 
 use std::path::{Path, PathBuf};

@@ -138,6 +138,13 @@ impl Listener {
         Ok(Listener { path: path.to_path_buf(), listener, unlink: true })
     }
 
+    /// Serves a socket bound elsewhere (a descriptor a supervisor handed over), which logs call
+    /// `name`; its file, if it has one, is the supervisor's and stays at exit.
+    pub fn from_std(listener: UnixListener, name: PathBuf) -> Result<Self, ServerError> {
+        listener.set_nonblocking(true).map_err(ServerError::Setup)?;
+        Ok(Listener { path: name, listener, unlink: false })
+    }
+
     /// The socket's path.
     pub fn path(&self) -> &Path {
         &self.path
