@@ -39,7 +39,7 @@ struct Args {
     command: Option<Command>,
     /// vfio-user socket to listen on (a stale socket file is replaced). Not needed with --fd or
     /// under systemd socket activation (LISTEN_PID, LISTEN_FDS).
-    #[arg(long, required_unless_present = "fd")]
+    #[arg(long)]
     socket_path: Option<PathBuf>,
     /// Serve the listening unix socket inherited as descriptor N (from a supervisor) instead of
     /// binding --socket-path.
