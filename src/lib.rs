@@ -7,6 +7,9 @@
 //! or a host directory ([`RunningDevice::start_passthrough`]).
 #![deny(missing_docs)]
 
+pub mod ops;
+pub mod tally;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,7 +22,7 @@ use virtiofs_backend::server::{LockStats, PollerEngine, Submitted};
 use virtiofs_backend::{PassthroughFs, RamFs, Server};
 use virtiofs_device::config::Profile;
 use virtiofs_device::poller::{Engine, Outcome, RequestHandler};
-use virtiofs_device::stats::DeviceStats;
+use virtiofs_device::stats::{DeviceStats, OpClass, Tally};
 use virtiofs_device::vfio_user::{self, ServerError, StopHandle};
 use vm_memory::VolatileSlice;
 
@@ -99,6 +102,17 @@ impl<F: FileSystem + 'static> RequestHandler for FuseHandler<F> {
         u32::try_from(self.server.handle(readable, writable)).unwrap_or(0)
     }
 
+    fn handle_tallied(
+        &self,
+        queue: u16,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+    ) -> (u32, Tally) {
+        let class = tally::request_class(readable);
+        let len = self.handle(queue, readable, writable);
+        (len, tally::reply_tally(class, writable, len))
+    }
+
     fn engine(&self, poller: usize) -> Option<Box<dyn Engine>> {
         self.engines.then(|| {
             let pending = Arc::new(PendingCount::default());
@@ -172,6 +186,33 @@ impl<F: FileSystem + 'static> Engine for FuseEngine<F> {
         self.inner.poll(done)
     }
 
+    fn submit_tallied(
+        &mut self,
+        id: u64,
+        queue: u16,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+    ) -> (Outcome, Tally) {
+        let class = tally::request_class(readable);
+        let outcome = self.submit(id, queue, readable, writable);
+        let t = match outcome {
+            Outcome::Done(len) => tally::reply_tally(class, writable, len),
+            Outcome::Pending | Outcome::Wait => Tally { class, ..Tally::default() },
+        };
+        (outcome, t)
+    }
+
+    fn poll_tallied(&mut self, done: &mut dyn FnMut(u64, u32, Tally)) -> usize {
+        self.inner.poll_status(&mut |id, len, status| done(id, len, tally::status_tally(status)))
+    }
+
+    fn poll_waits_tallied(&mut self, answer: &mut dyn FnMut(u64, &[u8], Tally)) -> usize {
+        self.inner.poll_waits(&mut |id, reply| {
+            let len = u32::try_from(reply.len()).unwrap_or(u32::MAX);
+            answer(id, reply, tally::reply_bytes(OpClass::Other, reply, len))
+        })
+    }
+
     fn in_flight(&self) -> usize {
         self.inner.in_flight()
     }
@@ -227,6 +268,15 @@ impl PassthroughHandler {
 impl RequestHandler for PassthroughHandler {
     fn handle(&self, queue: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32 {
         self.inner.handle(queue, readable, writable)
+    }
+
+    fn handle_tallied(
+        &self,
+        queue: u16,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+    ) -> (u32, Tally) {
+        self.inner.handle_tallied(queue, readable, writable)
     }
 
     fn engine(&self, poller: usize) -> Option<Box<dyn Engine>> {

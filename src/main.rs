@@ -8,9 +8,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::Parser;
-use log::{error, info, warn};
-use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
+use clap::{Parser, Subcommand};
+use log::{error, info, warn, LevelFilter};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 use virtiofs_backend::filesystem::CachePolicy;
 use virtiofs_backend::passthrough::sandbox::{self, SandboxMode};
 use virtiofs_backend::passthrough::seccomp::{self, SeccompMode};
@@ -21,15 +21,52 @@ use virtiofs_backend::{PassthroughFs, RamFs};
 use virtiofs_device::stats::DeviceStats;
 use virtiofs_device::vfio_user::Listener;
 use virtiofs_dpu::config::Profile;
+use virtiofs_dpu::ops::control_socket::{BoundControlSocket, ControlClient, ControlState};
+use virtiofs_dpu::ops::deploy;
+use virtiofs_dpu::ops::logger::{self, LogFormat};
+use virtiofs_dpu::ops::report::{self, StatsReport};
 use virtiofs_dpu::{FuseHandler, FuseStats, PassthroughHandler, RunningDevice};
 
 /// virtio-fs device firmware served over vfio-user.
+///
+/// Signals: SIGINT and SIGTERM stop it cleanly; SIGUSR1 writes the statistics to the log (and
+/// to --stats-file); SIGHUP is logged and otherwise ignored (there is nothing to reload: the
+/// profile is read once, and the log and statistics files stay open).
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(version, about, subcommand_negates_reqs = true, args_conflicts_with_subcommands = true)]
 struct Args {
-    /// vfio-user socket to listen on (a stale socket file is replaced).
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// vfio-user socket to listen on (a stale socket file is replaced). Not needed with --fd or
+    /// under systemd socket activation (LISTEN_PID, LISTEN_FDS).
     #[arg(long)]
-    socket_path: PathBuf,
+    socket_path: Option<PathBuf>,
+    /// Serve the listening unix socket inherited as descriptor N (from a supervisor) instead of
+    /// binding --socket-path.
+    #[arg(long, value_name = "N", conflicts_with = "socket_path")]
+    fd: Option<i32>,
+    /// Group that owns the vfio-user socket and the control socket (a name or a gid), so that a
+    /// QEMU or libvirt in that group, not root, can connect.
+    #[arg(long, value_name = "GROUP")]
+    socket_group: Option<String>,
+    /// Permission bits of the vfio-user socket and the control socket, octal (e.g. 0660;
+    /// connecting needs write permission). Default: as the umask leaves them.
+    #[arg(long, value_name = "MODE", value_parser = deploy::parse_mode)]
+    socket_mode: Option<u32>,
+    /// Serve JSON-RPC 2.0 on this unix socket (get_device, get_stats, reset_stats,
+    /// set_log_level): read it with `virtiofs-dpu stats --control-socket PATH`.
+    #[arg(long, value_name = "PATH")]
+    control_socket: Option<PathBuf>,
+    /// Log level: off, error, warn, info, debug (every vfio-user command) or trace. Default:
+    /// RUST_LOG if it is one of these, else info.
+    #[arg(long, value_name = "LEVEL", value_parser = level_arg)]
+    log_level: Option<LevelFilter>,
+    /// Log lines as `text` or `json` (one object per line).
+    #[arg(long, value_name = "FORMAT", default_value = "text")]
+    log_format: LogFormat,
+    /// Log to the local syslog socket (/dev/log, facility daemon) instead of stderr.
+    #[arg(long)]
+    syslog: bool,
     /// Mount tag (overrides the profile's).
     #[arg(long)]
     tag: Option<String>,
@@ -69,6 +106,80 @@ struct Args {
     stats_file: Option<PathBuf>,
 }
 
+fn level_arg(s: &str) -> Result<LevelFilter, String> {
+    virtiofs_dpu::ops::control_socket::parse_level(s)
+        .ok_or_else(|| format!("{s:?}: expected off, error, warn, info, debug or trace"))
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print a running daemon's statistics from its control socket: a table (IOPS and MiB/s per
+    /// queue, latency percentiles per operation class), JSON or the Prometheus text format.
+    Stats(StatsArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct StatsArgs {
+    /// The daemon's --control-socket.
+    #[arg(long, value_name = "PATH")]
+    control_socket: PathBuf,
+    /// Print get_stats's result as JSON.
+    #[arg(long, conflicts_with = "prometheus")]
+    json: bool,
+    /// Print the Prometheus text exposition format (for a node exporter's textfile collector).
+    #[arg(long)]
+    prometheus: bool,
+    /// Print again every SECONDS, like `iostat SECONDS`: the first report covers the time since
+    /// the start (or the last reset_stats), each later one the last interval.
+    #[arg(long, value_name = "SECONDS")]
+    watch: Option<f64>,
+}
+
+/// `virtiofs-dpu stats`.
+fn stats_command(a: &StatsArgs) -> ExitCode {
+    let fail = |e: &dyn std::error::Error| {
+        eprintln!("virtiofs-dpu stats: {}", error_chain(e));
+        ExitCode::FAILURE
+    };
+    if a.watch.is_some_and(|w| !(w > 0.0 && w.is_finite())) {
+        eprintln!("virtiofs-dpu stats: --watch needs a positive number of seconds");
+        return ExitCode::from(2);
+    }
+    let mut client = match ControlClient::connect(&a.control_socket) {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
+    let mut prev: Option<StatsReport> = None;
+    loop {
+        let value = match client.call("get_stats", serde_json::Value::Null) {
+            Ok(v) => v,
+            Err(e) => return fail(&e),
+        };
+        let now: StatsReport = match serde_json::from_value(value.clone()) {
+            Ok(r) => r,
+            Err(e) => return fail(&e),
+        };
+        let shown = match &prev {
+            Some(p) => now.since(p),
+            None => now.clone(),
+        };
+        let text = if a.json {
+            format!("{}\n", serde_json::to_string(&shown).unwrap_or_default())
+        } else if a.prometheus {
+            report::prometheus(&now)
+        } else {
+            report::table(&shown)
+        };
+        print!("{text}");
+        if a.watch.is_some() && !a.json && !a.prometheus {
+            println!();
+        }
+        let Some(w) = a.watch else { return ExitCode::SUCCESS };
+        prev = Some(now);
+        std::thread::sleep(std::time::Duration::from_secs_f64(w));
+    }
+}
+
 /// The statistics file: opened at start (a sandboxed daemon could not open it later), rewritten
 /// in place at each report.
 struct StatsFile(File);
@@ -91,13 +202,23 @@ impl StatsFile {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let args = Args::parse();
+    if let Some(Command::Stats(a)) = &args.command {
+        return stats_command(a);
+    }
+    let level = args
+        .log_level
+        .or_else(|| std::env::var("RUST_LOG").ok().and_then(|v| v.parse().ok()))
+        .unwrap_or(LevelFilter::Info);
+    if let Err(e) = logger::init(level, args.log_format, args.syslog) {
+        eprintln!("virtiofs-dpu: {}", error_chain(&e));
+        return ExitCode::from(2);
+    }
     let mut profile = match &args.config {
         Some(path) => match Profile::from_file(path) {
             Ok(p) => p,
             Err(e) => {
-                error!("{}", error_chain(&e));
+                error!("profile {}: {}", path.display(), error_chain(&e));
                 return ExitCode::from(2);
             }
         },
@@ -107,9 +228,45 @@ fn main() -> ExitCode {
         profile.tag = tag;
     }
     if let Err(e) = profile.validate().and_then(|()| profile.check_machine()) {
-        error!("{}", error_chain(&e));
+        let from = args
+            .config
+            .as_ref()
+            .map_or("the default profile".to_string(), |p| format!("profile {}", p.display()));
+        error!("{from}: {}", error_chain(&e));
         return ExitCode::from(2);
     }
+    let notifier = match deploy::Notifier::from_env() {
+        Ok(n) => n,
+        Err(e) => {
+            error!("{}", error_chain(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    let gid = match args.socket_group.as_deref().map(deploy::group_id).transpose() {
+        Ok(g) => g,
+        Err(e) => {
+            error!("{}", error_chain(&e));
+            return ExitCode::from(2);
+        }
+    };
+    let listener = match bind_vfio_user(&args, gid) {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    let mut control = match args.control_socket.as_deref().map(BoundControlSocket::bind).transpose() {
+        Ok(c) => c,
+        Err(e) => {
+            error!("{}", error_chain(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(c) = &control {
+        if let Err(e) = deploy::set_socket_access(c.path(), gid, args.socket_mode) {
+            error!("{}", error_chain(&e));
+            return ExitCode::FAILURE;
+        }
+    }
+    let started_at = std::time::Instant::now();
     let stats_file = match args.stats_file.as_deref().map(StatsFile::create).transpose() {
         Ok(f) => f,
         Err(e) => {
@@ -117,29 +274,26 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1]) {
+    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1, SIGHUP]) {
         Ok(s) => s,
         Err(e) => {
             error!("cannot install signal handlers: {e}");
             return ExitCode::FAILURE;
         }
     };
-    info!(
-        "tag {:?}, {} request queue(s) of up to {} entries",
-        profile.tag, profile.request_queues, profile.queue_size
-    );
+    let config = effective_config(&args, &profile);
+    info!("starting: {}", startup_line(&config));
     let fuse_stats: FuseStatsFn;
     let started = match &args.shared_dir {
         None => {
             let mut cfg = RamFsConfig::default();
             cfg.cache = args.cache.unwrap_or(cfg.cache);
-            info!("RAM filesystem, cache {}", cfg.cache);
             let handler = Arc::new(FuseHandler::new(RamFs::with_config(cfg)));
             let h = handler.clone();
-            fuse_stats = Box::new(move || h.stats());
-            RunningDevice::start_with(&args.socket_path, profile, handler)
+            fuse_stats = Arc::new(move || h.stats());
+            RunningDevice::start_on(listener, profile, handler)
         }
-        Some(dir) => match confine_and_serve(dir, &args, profile) {
+        Some(dir) => match confine_and_serve(dir, &args, profile, listener, control.as_mut()) {
             Ok((started, stats)) => {
                 fuse_stats = stats;
                 started
@@ -154,14 +308,54 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let control = match control {
+        None => None,
+        Some(bound) => {
+            let fs = fuse_stats.clone();
+            let state = ControlState {
+                device: device.stop_handle(),
+                config,
+                fuse: Box::new(move || fs()),
+                started: started_at,
+            };
+            match bound.serve(state) {
+                Ok(c) => {
+                    info!("control socket {}", c.path().display());
+                    Some(c)
+                }
+                Err(e) => {
+                    error!("{}", error_chain(&e));
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    };
+    if let Some(n) = &notifier {
+        match n.notify(&format!("READY=1\nMAINPID={}", std::process::id())) {
+            Ok(()) => info!("told the service manager READY=1"),
+            Err(e) => warn!("{}", error_chain(&e)),
+        }
+    }
     for sig in signals.forever() {
-        if sig != SIGUSR1 {
-            info!("signal {sig}: shutting down");
-            break;
+        match sig {
+            SIGUSR1 => {
+                log_stats(&device.stats(), &fuse_stats());
+                if let Some(f) = &stats_file {
+                    f.write(&device.stats(), &fuse_stats());
+                }
+            }
+            SIGHUP => info!("SIGHUP: nothing to reload (the profile is read at start); ignored"),
+            _ => {
+                info!("signal {sig}: shutting down");
+                break;
+            }
         }
-        if let Some(f) = &stats_file {
-            f.write(&device.stats(), &fuse_stats());
-        }
+    }
+    if let Some(Err(e)) = notifier.as_ref().map(|n| n.notify("STOPPING=1")) {
+        warn!("{}", error_chain(&e));
+    }
+    if let Some(c) = control {
+        c.stop();
     }
     match device.stop() {
         Ok(stats) => {
@@ -188,6 +382,8 @@ fn confine_and_serve(
     dir: &std::path::Path,
     args: &Args,
     profile: Profile,
+    mut listener: Listener,
+    control: Option<&mut BoundControlSocket>,
 ) -> Result<(Started, FuseStatsFn), ExitCode> {
     let fail = |code: u8, e: &dyn std::error::Error| {
         error!("{}", error_chain(e));
@@ -202,7 +398,6 @@ fn confine_and_serve(
     let fs = PassthroughFs::new(config(dir)).map_err(|e| fail(2, &e))?;
     info!("shared directory {}, cache {}", dir.display(), config(dir).cache);
     let mode = args.sandbox.unwrap_or_else(SandboxMode::default_for_this_process);
-    let mut listener = Listener::bind(&args.socket_path).map_err(|e| fail(1, &e))?;
     let fs = match mode {
         SandboxMode::None => {
             info!("shared directory {}: no sandbox (--sandbox=none)", dir.display());
@@ -213,6 +408,9 @@ fn confine_and_serve(
             let confined = sandbox::enter_namespace(dir).map_err(|e| fail(1, &e))?;
             // The path no longer names the socket (it would name a file in the share).
             listener.keep_socket_file();
+            if let Some(c) = control {
+                c.keep_socket_file();
+            }
             info!(
                 "sandbox: new mount, IPC and network namespaces; root is now {} (procfs {})",
                 confined.shared_dir.display(),
@@ -239,13 +437,161 @@ fn confine_and_serve(
     }
     let handler = Arc::new(PassthroughHandler::new(fs, args.io_mode));
     let h = handler.clone();
-    Ok((RunningDevice::start_on(listener, profile, handler), Box::new(move || h.stats())))
+    Ok((RunningDevice::start_on(listener, profile, handler), Arc::new(move || h.stats())))
 }
 
 /// What starting the device gave.
 type Started = Result<RunningDevice, virtiofs_device::vfio_user::ServerError>;
 /// Reads the FUSE side's statistics of the running handler.
-type FuseStatsFn = Box<dyn Fn() -> FuseStats>;
+type FuseStatsFn = Arc<dyn Fn() -> FuseStats + Send + Sync>;
+
+/// The vfio-user socket: the descriptor of `--fd` or of systemd socket activation, or
+/// `--socket-path` bound now, given the group and mode asked for.
+fn bind_vfio_user(args: &Args, gid: Option<u32>) -> Result<Listener, ExitCode> {
+    let fail = |code: u8, e: &dyn std::error::Error| {
+        error!("{}", error_chain(e));
+        ExitCode::from(code)
+    };
+    let fd = match args.fd {
+        Some(fd) => Some(fd),
+        None if args.socket_path.is_none() => deploy::systemd_listen_fd().map_err(|e| fail(2, &e))?,
+        None => None,
+    };
+    if let Some(fd) = fd {
+        let l = deploy::adopt_listener(fd).map_err(|e| fail(2, &e))?;
+        let name = l.local_addr().ok().and_then(|a| a.as_pathname().map(|p| p.to_path_buf()));
+        let name = name.unwrap_or_else(|| PathBuf::from(format!("fd {fd}")));
+        if gid.is_some() || args.socket_mode.is_some() {
+            warn!(
+                "--socket-group and --socket-mode do not apply to an inherited socket ({})",
+                name.display()
+            );
+        }
+        return Listener::from_std(l, name).map_err(|e| fail(1, &e));
+    }
+    let Some(path) = &args.socket_path else {
+        error!("no socket: give --socket-path, --fd, or start under systemd socket activation");
+        return Err(ExitCode::from(2));
+    };
+    let listener = Listener::bind(path).map_err(|e| fail(1, &e))?;
+    deploy::set_socket_access(path, gid, args.socket_mode).map_err(|e| fail(1, &e))?;
+    Ok(listener)
+}
+
+/// The effective configuration, as `get_device` reports it and the start-up line summarizes.
+fn effective_config(args: &Args, profile: &Profile) -> serde_json::Value {
+    let pollers: Vec<serde_json::Value> = (0..profile.pollers())
+        .map(|p| {
+            let queues: Vec<u16> =
+                (0..=profile.request_queues).filter(|&q| profile.poller_of(q) == p).collect();
+            serde_json::json!({"poller": p, "core": profile.poller_cores.get(p), "queues": queues})
+        })
+        .collect();
+    let backend = match &args.shared_dir {
+        None => serde_json::json!({
+            "kind": "ramfs",
+            "cache": args.cache.unwrap_or(RamFsConfig::default().cache).to_string(),
+        }),
+        Some(dir) => serde_json::json!({
+            "kind": "passthrough",
+            "shared_dir": dir,
+            "cache": args.cache.unwrap_or(PassthroughConfig::new(dir).cache).to_string(),
+            "io_mode": format!("{:?}", args.io_mode).to_lowercase(),
+            "sandbox": format!("{:?}", args.sandbox.unwrap_or_else(SandboxMode::default_for_this_process)).to_lowercase(),
+            "seccomp": format!("{:?}", args.seccomp).to_lowercase(),
+        }),
+    };
+    serde_json::json!({
+        "profile_file": args.config,
+        "profile": profile,
+        "doorbells_effective": if profile.doorbells_on_socket() { "socket" } else { "shared" },
+        "pollers": pollers,
+        "backend": backend,
+        "socket": args.socket_path,
+        "fd": args.fd,
+        "control_socket": args.control_socket,
+        "stats_file": args.stats_file,
+        "log": {"level": log::max_level().to_string().to_lowercase(), "format": args.log_format, "syslog": args.syslog},
+    })
+}
+
+/// One line of the effective configuration's main points.
+fn startup_line(c: &serde_json::Value) -> String {
+    let p = &c["profile"];
+    let b = &c["backend"];
+    let s = |v: &serde_json::Value| v.as_str().map_or_else(|| v.to_string(), str::to_string);
+    format!(
+        "profile {}, tag {}, {} request queue(s) of {} entries, {} poller(s) (cores {}), polling {}, doorbells {}, {} rings{}, backend {} (cache {}{}), latency histograms {}",
+        c["profile_file"].as_str().unwrap_or("(built-in default)"),
+        p["tag"],
+        p["request_queues"],
+        p["queue_size"],
+        c["pollers"].as_array().map_or(0, Vec::len),
+        if p["poller_cores"].as_array().is_some_and(|a| !a.is_empty()) { p["poller_cores"].to_string() } else { "any".into() },
+        s(&p["polling"]),
+        s(&c["doorbells_effective"]),
+        if p["packed_ring"].as_bool() == Some(true) { "split or packed" } else { "split" },
+        format_args!(", queue mapping {}", s(&p["queue_mapping"])),
+        s(&b["kind"]),
+        s(&b["cache"]),
+        b.get("shared_dir").map_or(String::new(), |d| format!(", {} io {} sandbox {} seccomp {}", s(d), s(&b["io_mode"]), s(&b["sandbox"]), s(&b["seccomp"]))),
+        if p["latency_histograms"].as_bool() == Some(true) { "on" } else { "off" },
+    )
+}
+
+/// SIGUSR1: the statistics in the log, one line for the queues and one for the classes.
+fn log_stats(d: &DeviceStats, fuse: &FuseStats) {
+    let queues: Vec<String> = d
+        .queues
+        .iter()
+        .map(|q| {
+            format!(
+                "q{}: requests={} read={}B written={}B errors={} bad_chains={} interrupts={} doorbells={} in_flight={} waiting={}",
+                q.queue, q.requests, q.bytes_read, q.bytes_written, q.errors, q.bad_chains, q.interrupts, q.doorbells, q.in_flight, q.waiting
+            )
+        })
+        .collect();
+    info!("statistics: {}", queues.join("; "));
+    let classes: Vec<String> = d
+        .classes
+        .iter()
+        .filter(|c| c.requests > 0)
+        .map(|c| {
+            let l = &c.latency;
+            format!(
+                "{}: requests={} errors={} p50={:.2}us p99={:.2}us p99.9={:.2}us max={:.2}us",
+                c.class.name(),
+                c.requests,
+                c.errors,
+                l.p50_ns as f64 / 1e3,
+                l.p99_ns as f64 / 1e3,
+                l.p999_ns as f64 / 1e3,
+                l.max_ns as f64 / 1e3
+            )
+        })
+        .collect();
+    info!("statistics: {}", if classes.is_empty() { "no requests".to_string() } else { classes.join("; ") });
+    let pollers: Vec<String> = d
+        .pollers
+        .iter()
+        .map(|p| {
+            format!(
+                "poller {}: busy={}ms idle={}ms parks={}",
+                p.poller,
+                p.busy_ns / 1_000_000,
+                p.idle_ns / 1_000_000,
+                p.parks
+            )
+        })
+        .collect();
+    info!(
+        "statistics: {}; lock requests getlk={} setlk={} setlkw={}",
+        pollers.join("; "),
+        fuse.locks.getlk,
+        fuse.locks.setlk,
+        fuse.locks.setlkw
+    );
+}
 
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();

@@ -111,6 +111,8 @@ pub struct BenchConfig {
     pub idle_spin_us: u64,
     /// Pin the driver thread and the device poller to different cores (when there are two).
     pub pin: bool,
+    /// The in-process device's `latency_histograms` (its per-class latency measurement).
+    pub latency_histograms: bool,
     /// Length of the ping-pong measurement.
     pub floor_duration: Duration,
     /// Run only some phases: comma-separated filters, each a list of words that must all be
@@ -141,6 +143,7 @@ impl Default for BenchConfig {
             seq_depth: 16,
             idle_spin_us: 10_000_000,
             pin: true,
+            latency_histograms: true,
             floor_duration: Duration::from_secs(1),
             only: None,
             rounds: 1,
@@ -545,6 +548,7 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         request_queues: cfg.request_queues,
         queue_size: cfg.queue_size,
         idle_spin_us: cfg.idle_spin_us,
+        latency_histograms: cfg.latency_histograms,
         ..Default::default()
     };
     let (device, socket, setup_device) = match &cfg.socket_path {

@@ -56,6 +56,10 @@ struct Args {
     /// Do not pin the driver and the device poller to cores.
     #[arg(long)]
     no_pin: bool,
+    /// Run the in-process device with `latency_histograms = false` (no latency measurement:
+    /// to compare the statistics' cost).
+    #[arg(long)]
+    no_latency_histograms: bool,
     /// Run only some phases: comma-separated lists of words of the phase label (e.g.
     /// "randread QD=1", "QD=1,refill").
     #[arg(long)]
@@ -86,6 +90,7 @@ fn main() -> ExitCode {
         file_size: a.file_mib.max(1) << 20,
         seq_depth: a.seq_depth.max(1),
         idle_spin_us: a.idle_spin_us,
+        latency_histograms: !a.no_latency_histograms,
         pin: !a.no_pin,
         only: a.only,
         rounds: a.rounds.max(1),

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// Largest split-ring size the device accepts (the virtio limit is 32768; 1024 is what Linux and the
@@ -43,7 +43,7 @@ pub enum ConfigError {
 }
 
 /// How pollers behave when their queues are idle.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Polling {
     /// Never sleep: lowest latency, one core per poller.
@@ -54,7 +54,7 @@ pub enum Polling {
 }
 
 /// Where guest doorbells (writes to the notify area) go.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Doorbells {
     /// `shared` for busy polling, `socket` for adaptive polling.
@@ -70,7 +70,7 @@ pub enum Doorbells {
 }
 
 /// Which poller serves which queue.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum QueueMapping {
     /// Every queue, hiprio included, round robin: queue *i* goes to poller *i mod P*. With one
@@ -84,7 +84,7 @@ pub enum QueueMapping {
 }
 
 /// A hardware profile: the device's shape and its poller placement.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Profile {
     /// Free-form description of the hardware this profile is for.
@@ -113,6 +113,10 @@ pub struct Profile {
     pub doorbells: Doorbells,
     /// Which poller serves which queue (`spread` or `request-queues`); see [`QueueMapping`].
     pub queue_mapping: QueueMapping,
+    /// Measure each request's device-side latency into the per-class histograms (two reads of
+    /// the CPU's cycle counter per batch of requests a queue gives a poll round); `false` keeps
+    /// only the counters.
+    pub latency_histograms: bool,
 }
 
 impl Default for Profile {
@@ -129,6 +133,7 @@ impl Default for Profile {
             idle_sleep_us: 200,
             doorbells: Doorbells::Auto,
             queue_mapping: QueueMapping::Spread,
+            latency_histograms: true,
         }
     }
 }

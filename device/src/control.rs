@@ -134,6 +134,13 @@ impl DeviceState {
         self.pollers.set_memory(&self.dma.snapshot());
         self.msix_fds.iter_mut().for_each(|f| *f = None);
         self.publish_irqs();
+        self.counters().reset_done();
+        self.publish_state();
+    }
+
+    /// Publishes the status register and the driver's features for the statistics' readers.
+    fn publish_state(&self) {
+        self.counters().driver_state(self.func.status(), self.func.driver_features());
     }
 
     /// Function-level reset: registers reset and queues stopped; DMA windows and interrupts stay.
@@ -141,6 +148,8 @@ impl DeviceState {
         info!("device reset");
         self.func.reset();
         self.pollers.stop();
+        self.counters().reset_done();
+        self.publish_state();
     }
 
     /// Sets DEVICE_NEEDS_RESET (and signals the configuration vector) if a poller found a
@@ -156,6 +165,7 @@ impl DeviceState {
         if let Some(v) = self.func.set_needs_reset() {
             self.signal(v);
         }
+        self.publish_state();
     }
 
     /// Adds a DMA window (mapped if it comes with a file); returns once every poller sees it.
@@ -302,13 +312,16 @@ impl DeviceState {
             Some(DeviceEvent::Reset) => {
                 debug!("virtio reset by the driver");
                 self.pollers.stop();
+                self.counters().reset_done();
             }
             Some(DeviceEvent::Notify(q)) => {
                 debug!("doorbell for queue {q} through the transport");
                 self.pollers.kick(q);
+                return Ok(());
             }
             None => {}
         }
+        self.publish_state();
         Ok(())
     }
 

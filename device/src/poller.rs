@@ -42,7 +42,9 @@ use crate::config::{Polling, Profile};
 use crate::memory::GuestMem;
 use crate::pci::msix::MsixShared;
 use crate::pci::{QueueConfig, NO_VECTOR};
-use crate::stats::{add, coarse_now_ns, sub_one, DeviceCounters, PollerCounters, QueueCounters};
+use crate::stats::{
+    add, coarse_now_ns, sub_one, DeviceCounters, LatencyClock, OpClass, PollerCounters, QueueCounters, Tally,
+};
 use crate::virtq::{Chain, QueueError, Ring};
 
 /// Serves one request. Implemented by the FUSE server glue; the device knows nothing of FUSE.
@@ -51,6 +53,18 @@ pub trait RequestHandler: Send + Sync + 'static {
     /// device-writable buffers are `writable`; returns the number of bytes written (the used
     /// length). Must not block for long: it runs on a poller that serves other queues too.
     fn handle(&self, queue: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32;
+
+    /// [`Self::handle`], also telling the statistics what the request was ([`Tally`]: its
+    /// class, errno and bytes of data). The poller calls this one; the default counts every
+    /// request as [`OpClass::Other`], successful.
+    fn handle_tallied(
+        &self,
+        queue: u16,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+    ) -> (u32, Tally) {
+        (self.handle(queue, readable, writable), Tally::default())
+    }
 
     /// The asynchronous engine of poller `poller` (for example an io_uring owned by that
     /// poller's core), or `None` to serve every request synchronously through [`Self::handle`].
@@ -120,6 +134,29 @@ pub trait Engine: Send {
     /// Reports finished [`Outcome::Pending`] requests as `(id, bytes written)`; returns how many
     /// it reported.
     fn poll(&mut self, done: &mut dyn FnMut(u64, u32)) -> usize;
+    /// [`Self::submit`], also telling the statistics what the request is ([`Tally`]). Its class
+    /// counts whatever the outcome; its errno and bytes only for [`Outcome::Done`] (a pending
+    /// request's come from [`Self::poll_tallied`], a waiting one's from [`Self::poll_waits_tallied`]).
+    /// The poller calls this one; the default counts the request as [`OpClass::Other`].
+    fn submit_tallied(
+        &mut self,
+        id: u64,
+        queue: u16,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+    ) -> (Outcome, Tally) {
+        (self.submit(id, queue, readable, writable), Tally::default())
+    }
+    /// [`Self::poll`], with each request's errno and bytes (its class is the one
+    /// [`Self::submit_tallied`] gave). The poller calls this one.
+    fn poll_tallied(&mut self, done: &mut dyn FnMut(u64, u32, Tally)) -> usize {
+        self.poll(&mut |id, len| done(id, len, Tally::default()))
+    }
+    /// [`Self::poll_waits`], with each answer's errno and bytes (its class is the one
+    /// [`Self::submit_tallied`] gave). The poller calls this one.
+    fn poll_waits_tallied(&mut self, answer: &mut dyn FnMut(u64, &[u8], Tally)) -> usize {
+        self.poll_waits(&mut |id, reply| answer(id, reply, Tally::default()))
+    }
     /// [`Outcome::Pending`] requests submitted and not yet reported.
     fn in_flight(&self) -> usize;
     /// Answers [`Outcome::Wait`] requests whose event came, as `(id, reply bytes)`; returns how
@@ -180,6 +217,8 @@ struct Ctx {
     handler: Arc<dyn RequestHandler>,
     msix: Arc<MsixShared>,
     stats: Arc<DeviceCounters>,
+    /// The latency clock, if the profile measures latencies.
+    clock: Option<LatencyClock>,
     busy: bool,
     spin: Duration,
     sleep: Duration,
@@ -215,6 +254,7 @@ impl PollerSet {
                 handler: handler.clone(),
                 msix: msix.clone(),
                 stats: stats.clone(),
+                clock: stats.clock().cloned(),
                 busy: profile.polling == Polling::Busy,
                 spin: Duration::from_micros(profile.idle_spin_us),
                 sleep: Duration::from_micros(profile.idle_sleep_us),
@@ -345,6 +385,9 @@ struct Served {
     broken: bool,
     /// Index of its counters in the poller's block.
     stat: usize,
+    /// Per head (buffer id), the clock reading of the round that took it and its class, for a
+    /// request left pending in the engine.
+    starts: Box<[(u64, OpClass)]>,
 }
 
 /// Busy and idle time of a poller, from the coarse clock (see [`coarse_now_ns`]). A round is
@@ -430,6 +473,12 @@ struct Parked {
     /// The reply, once the engine gave it, while the request's queue cannot take it (its ring
     /// is not mapped at the moment).
     answer: Option<heapless::Vec<u8, MAX_WAIT_REPLY>>,
+    /// Clock reading of the round that took it (0 without latency measurement).
+    started: u64,
+    /// Its class.
+    class: OpClass,
+    /// What the engine said of `answer`.
+    tally: Tally,
 }
 
 /// Guest addresses of the first [`MAX_WAIT_REPLY`] bytes of `bufs`, which lie in `mem`.
@@ -605,7 +654,8 @@ impl Ctx {
                     Some((p, local)) if p == self.id => local,
                     _ => usize::MAX, // not a queue of ours by the profile: not counted
                 };
-                Some(Served { queue, attached: false, broken: false, stat })
+                let starts = vec![(0, OpClass::Other); usize::from(cfg.size)].into_boxed_slice();
+                Some(Served { queue, attached: false, broken: false, stat, starts })
             }
             Err(e) => {
                 self.report(e);
@@ -692,6 +742,10 @@ impl Ctx {
                 add(field(c), n);
             }
         };
+        let mine = self.stats.poller(self.id);
+        // The round took the batch now; its used entries are published together below.
+        let t0 = self.clock.as_ref().map_or(0, |c| c.now());
+        let mut by_class = [0u64; OpClass::ALL.len()];
         let (mut taken, mut completed) = (0usize, 0u64);
         while taken < usize::from(ROUND_BUDGET) {
             let Some(valid) = q.next(mem, chain)? else { break };
@@ -706,27 +760,37 @@ impl Ctx {
                     let call = std::panic::catch_unwind(AssertUnwindSafe(|| match engine {
                         Some(e) => {
                             let id = ((slot as u64) << 16) | u64::from(token);
-                            e.submit(id, q.index(), &chain.readable, &chain.writable)
+                            e.submit_tallied(id, q.index(), &chain.readable, &chain.writable)
                         }
                         None => {
-                            Outcome::Done(self.handler.handle(q.index(), &chain.readable, &chain.writable))
+                            let (len, tally) =
+                                self.handler.handle_tallied(q.index(), &chain.readable, &chain.writable);
+                            (Outcome::Done(len), tally)
                         }
                     }));
-                    let outcome = call.unwrap_or_else(|_| {
+                    let (outcome, tally) = call.unwrap_or_else(|_| {
                         error!("queue {index}: the request handler panicked on request {token}; failing it");
                         count(1, |c| &c.bad_chains);
-                        Outcome::Done(0)
+                        (Outcome::Done(0), Tally { errno: libc::EIO as u16, ..Tally::default() })
                     });
                     match outcome {
-                        Outcome::Done(len) => len.min(room),
+                        Outcome::Done(len) => {
+                            mine.count(counters, tally);
+                            by_class[tally.class.index()] += 1;
+                            len.min(room)
+                        }
                         Outcome::Pending => {
+                            if let Some(s) = served.starts.get_mut(usize::from(token)) {
+                                *s = (t0, tally.class);
+                            }
                             count(1, |c| &c.in_flight);
                             continue;
                         }
                         Outcome::Wait => {
                             let id = ((slot as u64) << 16) | u64::from(token);
                             let reply = guest_ranges(mem, &chain.writable);
-                            parked.push(Parked { id, reply, answer: None });
+                            let class = tally.class;
+                            parked.push(Parked { id, reply, answer: None, started: t0, class, tally });
                             count(1, |c| &c.waiting);
                             continue;
                         }
@@ -744,6 +808,14 @@ impl Ctx {
         if completed > 0 {
             q.publish_used(mem)?;
             count(completed, |c| &c.requests);
+            if let Some(clock) = &self.clock {
+                let ns = clock.ns(t0, clock.now());
+                for (class, &n) in OpClass::ALL.iter().zip(&by_class) {
+                    if n > 0 {
+                        mine.class(*class).time(ns, n);
+                    }
+                }
+            }
         }
         Ok(taken)
     }
@@ -758,20 +830,24 @@ impl Ctx {
         parked: &mut Vec<Parked>,
     ) -> usize {
         let mut touched = Touched::default();
-        let mut n = engine.poll(&mut |id, len| {
-            self.finish(queues, mem, id, len, false, &mut touched);
+        // Read once, at the first completion of this pass.
+        let mut now = None;
+        let mut n = engine.poll_tallied(&mut |id, len, tally| {
+            self.finish(queues, mem, id, len, None, tally, &mut now, &mut touched);
         });
         if !parked.is_empty() {
-            n += engine.poll_waits(&mut |id, reply| {
+            n += engine.poll_waits_tallied(&mut |id, reply, tally| {
                 let Some(i) = parked.iter().position(|p| p.id == id) else { return };
                 let open = queues.get((id >> 16) as usize).is_some_and(|q| q.attached && !q.broken);
                 if open {
                     let p = parked.swap_remove(i);
                     let len = write_reply(mem, &p.reply, reply);
-                    self.finish(queues, mem, id, len, true, &mut touched);
+                    let tally = Tally { class: p.class, ..tally };
+                    self.finish(queues, mem, id, len, Some(p.started), tally, &mut now, &mut touched);
                 } else {
                     let keep = &reply[..reply.len().min(MAX_WAIT_REPLY)];
                     parked[i].answer = heapless::Vec::from_slice(keep).ok();
+                    parked[i].tally = Tally { class: parked[i].class, ..tally };
                 }
             });
             // Answers that came while their queue's ring was not mapped.
@@ -784,7 +860,7 @@ impl Ctx {
                         let p = parked.swap_remove(i);
                         let answer = p.answer.unwrap_or_default();
                         let len = write_reply(mem, &p.reply, &answer);
-                        self.finish(queues, mem, p.id, len, true, &mut touched);
+                        self.finish(queues, mem, p.id, len, Some(p.started), p.tally, &mut now, &mut touched);
                         n += 1;
                     }
                     _ => i += 1,
@@ -805,27 +881,45 @@ impl Ctx {
     }
 
     /// Pushes the used entry of engine request `id` (not yet published): a pending one, or one
-    /// that `waited`.
+    /// that waited since the clock read `waited`, and counts it (`tally`; a pending request's
+    /// class is the one it was submitted with). `now`: the clock reading of this completion
+    /// pass, read at its first completion.
+    #[allow(clippy::too_many_arguments)]
     fn finish(
         &self,
         queues: &mut [Served],
         mem: &GuestMem,
         id: u64,
         len: u32,
-        waited: bool,
+        waited: Option<u64>,
+        tally: Tally,
+        now: &mut Option<u64>,
         touched: &mut Touched,
     ) {
         let (slot, head) = ((id >> 16) as usize, (id & 0xffff) as u16);
         let Some(q) = queues.get_mut(slot) else { return };
         let counters = self.counters(q.stat);
         if let Some(c) = counters {
-            sub_one(if waited { &c.waiting } else { &c.in_flight });
+            sub_one(if waited.is_some() { &c.waiting } else { &c.in_flight });
         }
         if q.broken || q.queue.push_used(mem, head, len).is_err() {
             return;
         }
         if let Some(c) = counters {
             add(&c.requests, 1);
+        }
+        let (started, tally) = match waited {
+            Some(t) => (Some(t), tally),
+            None => match q.starts.get(usize::from(head)) {
+                Some(&(t, class)) => (Some(t), Tally { class, ..tally }),
+                None => (None, Tally { class: OpClass::Other, ..tally }),
+            },
+        };
+        let mine = self.stats.poller(self.id);
+        mine.count(counters, tally);
+        if let (Some(clock), Some(t0)) = (&self.clock, started) {
+            let t1 = *now.get_or_insert_with(|| clock.now());
+            mine.class(tally.class).time(clock.ns(t0, t1), 1);
         }
         if slot < 64 {
             touched.bits |= 1 << slot;

@@ -30,6 +30,15 @@ pub enum Submitted {
     Wait(LockWait),
 }
 
+/// How a pending request ended, as [`PollerEngine::poll_status`] reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Status {
+    /// The errno it was answered with, 0 for success.
+    pub errno: i32,
+    /// Bytes of file data it read or wrote.
+    pub data: u64,
+}
+
 /// What the server keeps of a pending request besides its buffers.
 #[derive(Debug, Clone, Copy)]
 struct Slot {
@@ -217,6 +226,11 @@ impl<F: FileSystem> PollerEngine<F> {
     /// Polls the filesystem's engine and reports the requests it finished as `(id, reply
     /// length)`, their replies encoded into their buffers; returns how many.
     pub fn poll(&mut self, done: &mut dyn FnMut(u64, u32)) -> usize {
+        self.poll_status(&mut |id, len, _| done(id, len))
+    }
+
+    /// [`Self::poll`], with each request's [`Status`] (for statistics).
+    pub fn poll_status(&mut self, done: &mut dyn FnMut(u64, u32, Status)) -> usize {
         let Some(engine) = self.fs_engine.as_deref_mut() else {
             return 0;
         };
@@ -232,11 +246,17 @@ impl<F: FileSystem> PollerEngine<F> {
             let slot = self.slots[i];
             let w = h.writable.writer();
             let encoded = self.server.finish(slot.post, slot.nodeid, slot.unique, &r, w.clone(), slot.limit);
-            let len = match encoded {
-                Ok(len) => len,
+            let (len, status) = match encoded {
+                Ok(len) => {
+                    let data = match r {
+                        Ok(Reply::Data(n) | Reply::Written(n)) => (n as u64).min(slot.limit),
+                        _ => 0,
+                    };
+                    (len, Status { errno: 0, data })
+                }
                 Err(e) => {
                     log::trace!("fuse: unique {} failed: {e}", slot.unique);
-                    error_into(w, slot.unique, e.errno())
+                    (error_into(w, slot.unique, e.errno()), Status { errno: e.errno(), data: 0 })
                 }
             };
             h.writable.clear();
@@ -244,7 +264,7 @@ impl<F: FileSystem> PollerEngine<F> {
             h.busy = false;
             self.free.push(token.0);
             self.in_flight -= 1;
-            done(slot.id, u32::try_from(len).unwrap_or(0));
+            done(slot.id, u32::try_from(len).unwrap_or(0), status);
             n += 1;
         }
         self.done = finished;

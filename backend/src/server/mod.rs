@@ -25,7 +25,7 @@ pub use crate::request::RequestError;
 use crate::request::{InitArgs, LockOp, LockRequest, NameBuf, Op, Request};
 use dispatch::Dispatch;
 use dispatch::Post;
-pub use engine::{PollerEngine, Submitted};
+pub use engine::{PollerEngine, Status, Submitted};
 pub use reply::DirentWriter;
 use reply::{check_fits, encode, reply_error, reply_obj, split_reply, OUT_HEADER_SIZE};
 

@@ -329,6 +329,11 @@ impl VirtioFsFunction {
         self.request_queues + 1
     }
 
+    /// The features the driver wrote (what it accepted, once FEATURES_OK is set).
+    pub fn driver_features(&self) -> u64 {
+        self.driver_features
+    }
+
     /// Current device status.
     pub fn status(&self) -> u8 {
         self.status

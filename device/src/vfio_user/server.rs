@@ -37,7 +37,7 @@ use crate::control::{ControlError, DeviceState};
 use crate::memory;
 use crate::pci;
 use crate::poller::RequestHandler;
-use crate::stats::{DeviceCounters, DeviceStats};
+use crate::stats::{ClientState, DeviceCounters, DeviceStats};
 
 /// Largest REGION_READ/WRITE count we accept and announce (`max_data_xfer_size`).
 pub const MAX_DATA_XFER: usize = 1 << 20;
@@ -89,6 +89,12 @@ impl StopHandle {
     pub fn stats(&self) -> DeviceStats {
         self.stats.snapshot()
     }
+
+    /// The client's state (connected, driver status, negotiated features) as the control plane
+    /// last published it.
+    pub fn client(&self) -> ClientState {
+        self.stats.client()
+    }
 }
 
 /// One connected client.
@@ -130,6 +136,13 @@ impl Listener {
         let listener = UnixListener::bind(path).map_err(bind_err)?;
         listener.set_nonblocking(true).map_err(ServerError::Setup)?;
         Ok(Listener { path: path.to_path_buf(), listener, unlink: true })
+    }
+
+    /// Serves a socket bound elsewhere (a descriptor a supervisor handed over), which logs call
+    /// `name`; its file, if it has one, is the supervisor's and stays at exit.
+    pub fn from_std(listener: UnixListener, name: PathBuf) -> Result<Self, ServerError> {
+        listener.set_nonblocking(true).map_err(ServerError::Setup)?;
+        Ok(Listener { path: name, listener, unlink: false })
     }
 
     /// The socket's path.
@@ -284,6 +297,7 @@ impl Server {
         sock.set_write_timeout(Some(Duration::from_secs(5)))?;
         self.poll.registry().register(&mut SourceFd(&sock.as_raw_fd()), CLIENT, Interest::READABLE)?;
         info!("client connected");
+        self.dev.counters().client_connected(true);
         self.conn = Some(Conn {
             sock,
             buf: Vec::with_capacity(64 << 10),
@@ -300,6 +314,7 @@ impl Server {
         if let Some(conn) = self.conn.take() {
             let _ = self.poll.registry().deregister(&mut SourceFd(&conn.sock.as_raw_fd()));
             info!("client disconnected; resetting device");
+            self.dev.counters().client_connected(false);
         }
         self.dev.power_on_reset();
     }
@@ -389,9 +404,7 @@ impl Server {
         if hdr.command == cmd::VERSION && result.is_ok() {
             conn.negotiated = true;
         }
-        if let Err(errno) = &result {
-            debug!("command {} (msg {}) failed: errno {errno}", hdr.command, hdr.msg_id);
-        }
+        log_command(&hdr, &result);
         if let Err(e) = conn.reply(&hdr, result) {
             warn!("cannot send reply: {e}");
             return false;
@@ -550,6 +563,28 @@ fn device_info(payload: &[u8]) -> CmdResult {
 }
 
 /// The errno a refused device operation is reported with (and the log line saying why).
+/// At debug level, every command by name with its size and result.
+fn log_command(hdr: &Header, result: &CmdResult) {
+    if !log::log_enabled!(log::Level::Debug) {
+        return;
+    }
+    let name = cmd::name(hdr.command);
+    let (id, size) = (hdr.msg_id, hdr.msg_size);
+    match result {
+        Ok((reply, fds)) => {
+            debug!(
+                "{name} (msg {id}, {size} bytes): ok, reply {} bytes, {} fds",
+                reply.len() + HEADER_SIZE,
+                fds.len()
+            )
+        }
+        Err(errno) => debug!(
+            "{name} (msg {id}, {size} bytes): failed: errno {errno} ({})",
+            io::Error::from_raw_os_error(*errno)
+        ),
+    }
+}
+
 fn refused(what: &str, e: impl Into<ControlError>) -> i32 {
     let e = e.into();
     warn!("{what}: {e}");

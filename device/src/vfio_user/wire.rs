@@ -58,6 +58,28 @@ pub mod cmd {
     pub const DEVICE_RESET: u16 = 13;
     pub const REGION_WRITE_MULTI: u16 = 15;
     pub const DEVICE_FEATURE: u16 = 16;
+
+    /// The command's name, as the protocol specification spells it (for logs).
+    pub fn name(command: u16) -> &'static str {
+        match command {
+            VERSION => "VERSION",
+            DMA_MAP => "DMA_MAP",
+            DMA_UNMAP => "DMA_UNMAP",
+            DEVICE_GET_INFO => "DEVICE_GET_INFO",
+            DEVICE_GET_REGION_INFO => "DEVICE_GET_REGION_INFO",
+            DEVICE_GET_REGION_IO_FDS => "DEVICE_GET_REGION_IO_FDS",
+            DEVICE_GET_IRQ_INFO => "DEVICE_GET_IRQ_INFO",
+            DEVICE_SET_IRQS => "DEVICE_SET_IRQS",
+            REGION_READ => "REGION_READ",
+            REGION_WRITE => "REGION_WRITE",
+            DMA_READ => "DMA_READ",
+            DMA_WRITE => "DMA_WRITE",
+            DEVICE_RESET => "DEVICE_RESET",
+            REGION_WRITE_MULTI => "REGION_WRITE_MULTI",
+            DEVICE_FEATURE => "DEVICE_FEATURE",
+            _ => "unknown command",
+        }
+    }
 }
 
 /// The 16-byte header in front of every message.

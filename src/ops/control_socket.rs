@@ -1,0 +1,521 @@
+//! The control socket: JSON-RPC 2.0 on a unix stream socket, one JSON object (or batch array)
+//! per line each way, with SPDK's style of method names:
+//!
+//! | method | params | result |
+//! |---|---|---|
+//! | `get_device` | none | the effective configuration, the client's state, uptime |
+//! | `get_stats` | none | `{"uptime_s", "interval_s", "device": DeviceStats, "fuse": FuseStats}`, the device's counters since the last `reset_stats` |
+//! | `reset_stats` | none | `true`; the device's counters and histograms start again from zero |
+//! | `set_log_level` | `{"level": "off"\|"error"\|"warn"\|"info"\|"debug"\|"trace"}` | the previous level |
+//! | `rpc_get_methods` | none | the method names |
+//!
+//! It runs on a thread of its own and reads the device's statistics as data: the pollers'
+//! single-writer counters and the state the control plane publishes
+//! ([`virtiofs_device::stats`]); it shares no lock with them and sends them nothing. A reset is
+//! a baseline kept here ([`DeviceStats::since`]); the FUSE side's counters are not reset.
+//! Malformed input gets a JSON-RPC error (parse error, invalid request, unknown method, invalid
+//! params); a line longer than [`MAX_LINE`] ends the connection after an error; at most
+//! [`MAX_CONNECTIONS`] clients at once.
+
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::net::UnixListener as StdListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use log::{debug, warn, LevelFilter};
+use mio::net::{UnixListener, UnixStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use serde_json::{json, Value};
+use virtiofs_device::stats::DeviceStats;
+use virtiofs_device::vfio_user::StopHandle;
+
+use crate::FuseStats;
+
+/// Longest request line accepted, in bytes.
+pub const MAX_LINE: usize = 1 << 20;
+/// Most clients served at once.
+pub const MAX_CONNECTIONS: usize = 16;
+
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+
+/// Why the control socket could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlSocketError {
+    /// The socket could not be bound.
+    #[error("control socket {path}: cannot bind")]
+    Bind {
+        /// The socket's path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The event loop or its thread could not be set up.
+    #[error("control socket {path}: cannot start")]
+    Setup {
+        /// The socket's path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A JSON-RPC error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RpcError {
+    /// The line is not JSON (-32700).
+    #[error("Parse error: {0}")]
+    Parse(String),
+    /// Not a JSON-RPC 2.0 request object (-32600).
+    #[error("Invalid Request: {0}")]
+    InvalidRequest(String),
+    /// No such method (-32601).
+    #[error("Method not found: {0}")]
+    MethodNotFound(String),
+    /// The method's parameters are wrong (-32602).
+    #[error("Invalid params: {0}")]
+    InvalidParams(String),
+}
+
+impl RpcError {
+    /// The JSON-RPC error code.
+    pub fn code(&self) -> i64 {
+        match self {
+            RpcError::Parse(_) => -32700,
+            RpcError::InvalidRequest(_) => -32600,
+            RpcError::MethodNotFound(_) => -32601,
+            RpcError::InvalidParams(_) => -32602,
+        }
+    }
+
+    fn to_json(&self, id: Value) -> Value {
+        json!({"jsonrpc": "2.0", "error": {"code": self.code(), "message": self.to_string()}, "id": id})
+    }
+}
+
+/// What the control socket serves: the running device and what the daemon knows of itself.
+pub struct ControlState {
+    /// The running device (statistics and client state).
+    pub device: StopHandle,
+    /// The effective configuration, as `get_device` reports it.
+    pub config: Value,
+    /// The FUSE side's statistics.
+    pub fuse: Box<dyn Fn() -> FuseStats + Send + Sync>,
+    /// When the daemon started.
+    pub started: Instant,
+}
+
+/// The methods and the reset baseline.
+struct Methods {
+    state: ControlState,
+    baseline: Option<(DeviceStats, Instant)>,
+}
+
+/// The method names.
+pub const METHODS: [&str; 5] = ["get_device", "get_stats", "reset_stats", "set_log_level", "rpc_get_methods"];
+
+fn no_params(params: &Value) -> Result<(), RpcError> {
+    match params {
+        Value::Null => Ok(()),
+        Value::Object(m) if m.is_empty() => Ok(()),
+        Value::Array(a) if a.is_empty() => Ok(()),
+        _ => Err(RpcError::InvalidParams("this method takes no parameters".into())),
+    }
+}
+
+/// Parses a log level name.
+pub fn parse_level(s: &str) -> Option<LevelFilter> {
+    s.parse().ok()
+}
+
+impl Methods {
+    fn call(&mut self, method: &str, params: &Value) -> Result<Value, RpcError> {
+        match method {
+            "get_device" => {
+                no_params(params)?;
+                Ok(json!({
+                    "name": "virtiofs-dpu",
+                    "version": env!("CARGO_PKG_VERSION"),
+                    "pid": std::process::id(),
+                    "uptime_s": self.state.started.elapsed().as_secs_f64(),
+                    "config": self.state.config,
+                    "client": self.state.device.client(),
+                }))
+            }
+            "get_stats" => {
+                no_params(params)?;
+                let now = self.state.device.stats();
+                let (device, since) = match &self.baseline {
+                    Some((base, at)) => (now.since(base), *at),
+                    None => (now, self.state.started),
+                };
+                Ok(json!({
+                    "uptime_s": self.state.started.elapsed().as_secs_f64(),
+                    "interval_s": since.elapsed().as_secs_f64(),
+                    "device": device,
+                    "fuse": (self.state.fuse)(),
+                }))
+            }
+            "reset_stats" => {
+                no_params(params)?;
+                self.baseline = Some((self.state.device.stats(), Instant::now()));
+                Ok(Value::Bool(true))
+            }
+            "set_log_level" => {
+                let level = params
+                    .get("level")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| RpcError::InvalidParams("expected {\"level\": NAME}".into()))?;
+                let level = parse_level(level).ok_or_else(|| {
+                    RpcError::InvalidParams(format!(
+                        "level {level:?}: expected off, error, warn, info, debug or trace"
+                    ))
+                })?;
+                let before = log::max_level();
+                log::set_max_level(level);
+                log::info!("control socket: log level {before} -> {level}");
+                Ok(Value::String(before.to_string().to_lowercase()))
+            }
+            "rpc_get_methods" => {
+                no_params(params)?;
+                Ok(json!(METHODS))
+            }
+            other => Err(RpcError::MethodNotFound(other.to_string())),
+        }
+    }
+
+    /// The response to one request object (`None` for a notification).
+    fn request(&mut self, req: &Value) -> Option<Value> {
+        let Value::Object(obj) = req else {
+            return Some(RpcError::InvalidRequest("not an object".into()).to_json(Value::Null));
+        };
+        let id = obj.get("id").cloned();
+        let err_id = id.clone().unwrap_or(Value::Null);
+        match &id {
+            None | Some(Value::Null | Value::String(_) | Value::Number(_)) => {}
+            Some(_) => {
+                return Some(
+                    RpcError::InvalidRequest("id must be a string, number or null".into())
+                        .to_json(Value::Null),
+                )
+            }
+        }
+        if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+            return Some(RpcError::InvalidRequest("\"jsonrpc\" must be \"2.0\"".into()).to_json(err_id));
+        }
+        let Some(method) = obj.get("method").and_then(Value::as_str) else {
+            return Some(RpcError::InvalidRequest("\"method\" must be a string".into()).to_json(err_id));
+        };
+        let params = obj.get("params").cloned().unwrap_or(Value::Null);
+        if !matches!(params, Value::Null | Value::Object(_) | Value::Array(_)) {
+            return Some(
+                RpcError::InvalidRequest("\"params\" must be an object or an array".into()).to_json(err_id),
+            );
+        }
+        let result = self.call(method, &params);
+        debug!("control socket: {method}: {}", if result.is_ok() { "ok" } else { "error" });
+        let id = id?; // a notification gets no response
+        Some(match result {
+            Ok(v) => json!({"jsonrpc": "2.0", "result": v, "id": id}),
+            Err(e) => e.to_json(id),
+        })
+    }
+
+    /// The response line to one request line (`None`: nothing to send).
+    fn line(&mut self, line: &[u8]) -> Option<String> {
+        let text = match std::str::from_utf8(line) {
+            Ok(t) => t.trim(),
+            Err(e) => return Some(RpcError::Parse(e.to_string()).to_json(Value::Null).to_string()),
+        };
+        if text.is_empty() {
+            return None;
+        }
+        let v: Value = match serde_json::from_str(text) {
+            Ok(v) => v,
+            Err(e) => return Some(RpcError::Parse(e.to_string()).to_json(Value::Null).to_string()),
+        };
+        match v {
+            Value::Array(reqs) if reqs.is_empty() => {
+                Some(RpcError::InvalidRequest("empty batch".into()).to_json(Value::Null).to_string())
+            }
+            Value::Array(reqs) => {
+                let out: Vec<Value> = reqs.iter().filter_map(|r| self.request(r)).collect();
+                (!out.is_empty()).then(|| Value::Array(out).to_string())
+            }
+            v => self.request(&v).map(|r| r.to_string()),
+        }
+    }
+}
+
+/// A bound control socket, not served yet (bound early, before a sandbox changes the root).
+pub struct BoundControlSocket {
+    path: PathBuf,
+    listener: StdListener,
+    unlink: bool,
+}
+
+impl BoundControlSocket {
+    /// Binds `path`, replacing a stale socket file there.
+    pub fn bind(path: &Path) -> Result<Self, ControlSocketError> {
+        let err = |source| ControlSocketError::Bind { path: path.display().to_string(), source };
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            use std::os::unix::fs::FileTypeExt;
+            if meta.file_type().is_socket() {
+                std::fs::remove_file(path).map_err(err)?;
+            }
+        }
+        let listener = StdListener::bind(path).map_err(err)?;
+        listener.set_nonblocking(true).map_err(err)?;
+        Ok(BoundControlSocket { path: path.to_path_buf(), listener, unlink: true })
+    }
+
+    /// Leaves the socket file in place at exit (the process's root changed after binding, so
+    /// the path names something else now).
+    pub fn keep_socket_file(&mut self) {
+        self.unlink = false;
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Serves `state` on a thread of its own until the returned handle is stopped or dropped.
+    pub fn serve(self, state: ControlState) -> Result<ControlSocket, ControlSocketError> {
+        let path = self.path.display().to_string();
+        let setup = |source| ControlSocketError::Setup { path: path.clone(), source };
+        let poll = Poll::new().map_err(setup)?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(setup)?);
+        let mut listener = UnixListener::from_std(self.listener);
+        poll.registry().register(&mut listener, LISTENER, Interest::READABLE).map_err(setup)?;
+        let methods = Methods { state, baseline: None };
+        let join = std::thread::Builder::new()
+            .name("control-socket".into())
+            .spawn(move || run(poll, listener, methods))
+            .map_err(setup)?;
+        Ok(ControlSocket { path: self.path, unlink: self.unlink, waker, join: Some(join) })
+    }
+}
+
+/// A control socket being served.
+pub struct ControlSocket {
+    path: PathBuf,
+    unlink: bool,
+    waker: Arc<Waker>,
+    join: Option<JoinHandle<()>>,
+}
+
+impl ControlSocket {
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stops serving and removes the socket file.
+    pub fn stop(mut self) {
+        self.shut();
+    }
+
+    fn shut(&mut self) {
+        if let Some(j) = self.join.take() {
+            let _ = self.waker.wake();
+            let _ = j.join();
+            if self.unlink {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
+}
+
+impl Drop for ControlSocket {
+    fn drop(&mut self) {
+        self.shut();
+    }
+}
+
+struct Client {
+    stream: UnixStream,
+    buf: Vec<u8>,
+}
+
+fn run(mut poll: Poll, listener: UnixListener, mut methods: Methods) {
+    let mut events = Events::with_capacity(32);
+    let mut clients: HashMap<Token, Client> = HashMap::new();
+    let mut next = 2usize;
+    loop {
+        if let Err(e) = poll.poll(&mut events, None) {
+            if e.kind() == ErrorKind::Interrupted {
+                continue;
+            }
+            warn!("control socket: event loop failed: {e}");
+            return;
+        }
+        for ev in events.iter() {
+            match ev.token() {
+                WAKER => return,
+                LISTENER => loop {
+                    match listener.accept() {
+                        Ok((mut stream, _)) => {
+                            if clients.len() >= MAX_CONNECTIONS {
+                                warn!("control socket: {MAX_CONNECTIONS} clients already; refusing another");
+                                continue;
+                            }
+                            let token = Token(next);
+                            next += 1;
+                            if let Err(e) = poll.registry().register(&mut stream, token, Interest::READABLE) {
+                                warn!("control socket: cannot serve a client: {e}");
+                                continue;
+                            }
+                            clients.insert(token, Client { stream, buf: Vec::new() });
+                        }
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            warn!("control socket: accept: {e}");
+                            break;
+                        }
+                    }
+                },
+                token => {
+                    let keep = clients.get_mut(&token).is_some_and(|c| serve_client(c, &mut methods));
+                    if !keep {
+                        if let Some(mut c) = clients.remove(&token) {
+                            let _ = poll.registry().deregister(&mut c.stream);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Reads what a client sent and answers each complete line; false once it is to be dropped.
+fn serve_client(c: &mut Client, methods: &mut Methods) -> bool {
+    let mut chunk = [0u8; 4096];
+    loop {
+        match c.stream.read(&mut chunk) {
+            Ok(0) => return false,
+            Ok(n) => c.buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+        while let Some(end) = c.buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = c.buf.drain(..=end).collect();
+            if let Some(reply) = methods.line(&line[..end]) {
+                if !send(&mut c.stream, &reply) {
+                    return false;
+                }
+            }
+        }
+        if c.buf.len() > MAX_LINE {
+            let e = RpcError::InvalidRequest(format!("request longer than {MAX_LINE} bytes"));
+            let _ = send(&mut c.stream, &e.to_json(Value::Null).to_string());
+            return false;
+        }
+    }
+    true
+}
+
+/// Writes one response line, waiting at most a second for a slow reader.
+fn send(stream: &mut UnixStream, reply: &str) -> bool {
+    let mut bytes = Vec::with_capacity(reply.len() + 1);
+    bytes.extend_from_slice(reply.as_bytes());
+    bytes.push(b'\n');
+    let mut at = 0;
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while at < bytes.len() {
+        match stream.write(&bytes[at..]) {
+            Ok(0) => return false,
+            Ok(n) => at += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// A client of the control socket: one request, one response.
+pub struct ControlClient {
+    stream: std::io::BufReader<std::os::unix::net::UnixStream>,
+    next_id: u64,
+}
+
+/// Why a control-socket call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The socket could not be reached or broke.
+    #[error("control socket {path}")]
+    Io {
+        /// The socket's path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The daemon answered with an error.
+    #[error("control socket: {method}: error {code}: {message}")]
+    Rpc {
+        /// The method called.
+        method: String,
+        /// The JSON-RPC error code.
+        code: i64,
+        /// Its message.
+        message: String,
+    },
+    /// The answer was not a JSON-RPC response.
+    #[error("control socket: {method}: malformed response: {detail}")]
+    Malformed {
+        /// The method called.
+        method: String,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+impl ControlClient {
+    /// Connects to the control socket at `path`.
+    pub fn connect(path: &Path) -> Result<Self, ClientError> {
+        let io = |source| ClientError::Io { path: path.display().to_string(), source };
+        let s = std::os::unix::net::UnixStream::connect(path).map_err(io)?;
+        s.set_read_timeout(Some(Duration::from_secs(10))).map_err(io)?;
+        Ok(ControlClient { stream: std::io::BufReader::new(s), next_id: 1 })
+    }
+
+    /// Calls `method` with `params`; returns its result.
+    pub fn call(&mut self, method: &str, params: Value) -> Result<Value, ClientError> {
+        use std::io::BufRead;
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut req = json!({"jsonrpc": "2.0", "method": method, "id": id});
+        if !params.is_null() {
+            req["params"] = params;
+        }
+        let io = |source| ClientError::Io { path: String::new(), source };
+        let line = format!("{req}\n");
+        self.stream.get_mut().write_all(line.as_bytes()).map_err(io)?;
+        let mut answer = String::new();
+        self.stream.read_line(&mut answer).map_err(io)?;
+        let malformed = |detail: String| ClientError::Malformed { method: method.into(), detail };
+        let v: Value = serde_json::from_str(&answer).map_err(|e| malformed(e.to_string()))?;
+        if let Some(e) = v.get("error") {
+            return Err(ClientError::Rpc {
+                method: method.into(),
+                code: e.get("code").and_then(Value::as_i64).unwrap_or(0),
+                message: e.get("message").and_then(Value::as_str).unwrap_or("").into(),
+            });
+        }
+        if v.get("id") != Some(&json!(id)) {
+            return Err(malformed(format!("id {:?}, expected {id}", v.get("id"))));
+        }
+        v.get("result").cloned().ok_or_else(|| malformed("no result".into()))
+    }
+}
