@@ -794,5 +794,6 @@ fn ganesha_mount_fsinfo_create_write_read_commit() {
     assert_eq!(std::fs::read(g.export().join("f")).unwrap(), data, "the export holds the data");
     let st = conn.stats();
     assert_eq!((st.bad_replies, st.reconnects, st.timeouts), (0, 0, 0));
+    assert!(st.read_direct_bytes > len as u64 / 2, "the data went straight into the writer: {st:?}");
     setup::unmount(&m, &url.export, t).expect("UMNT");
 }
