@@ -366,7 +366,9 @@ impl Conn {
     }
 
     /// Queues one call (encoded into its slot's send buffer now, sent at once if the
-    /// connection can take it, else on a later poll).
+    /// connection can take it and no other call waits, else on a later poll). While it runs,
+    /// `sink` is asked about this call only: its payload, and `done(tag)` if it ends at once (a
+    /// WRITE whose payload is missing); other calls are only ever handled in [`Conn::poll`].
     pub fn call(
         &mut self,
         tag: u32,
@@ -437,7 +439,9 @@ impl Conn {
         if read_count >= DIRECT_MIN {
             self.big_reads += 1;
         }
-        if self.tx.is_none() && matches!(self.link, Link::Up { .. }) {
+        // Sent at once only when nothing else waits: then `sink` is asked about this call only
+        // (its payload), so a caller may pass a sink that knows just this call.
+        if self.tx.is_none() && self.queue.len() == 1 && matches!(self.link, Link::Up { .. }) {
             self.flush(now, sink);
         }
         Ok(())
