@@ -757,6 +757,86 @@ fn steady_state_calls_do_not_allocate() {
     assert!(conn.stats().read_direct_bytes + conn.stats().read_copied_bytes >= 500 * 65536);
 }
 
+// ---- start-up: portmapper and MOUNT ----
+
+#[test]
+fn mount_asks_the_portmapper_then_mounts() {
+    use virtiofs_backend::nfs::setup::{self, SetupError};
+    use virtiofs_backend::nfs::wire::{mount, portmap};
+    // One fake answers as portmapper (NFS and MOUNT registered at its own port), and as MOUNT.
+    let port = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let p2 = port.clone();
+    let srv = FakeServer::start(move |c| {
+        let results = match (c.prog, c.proc) {
+            (portmap::PROGRAM, portmap::PROC_GETPORT) => {
+                let mut d = virtiofs_backend::nfs::wire::xdr::Decoder::new(&c.args);
+                let (prog, vers, prot) = (d.u32().unwrap(), d.u32().unwrap(), d.u32().unwrap());
+                assert_eq!((vers, prot), (3, 6));
+                let p = if prog == 100_003 || prog == mount::PROGRAM { p2.load(Ordering::SeqCst) } else { 0 };
+                enc(|e| e.u32(p).unwrap())
+            }
+            (mount::PROGRAM, mount::PROC_MNT) => {
+                let mut d = virtiofs_backend::nfs::wire::xdr::Decoder::new(&c.args);
+                let path = d.opaque(1024, "path").unwrap().to_vec();
+                assert_eq!(c.sys, Some((0, 0, 0)), "MOUNT as root");
+                if path == b"/exp" {
+                    enc(|e| {
+                        e.u32(0).unwrap();
+                        e.opaque(&[9; 28], 64).unwrap();
+                        e.u32(1).unwrap();
+                        e.u32(1).unwrap(); // AUTH_SYS
+                    })
+                } else {
+                    enc(|e| e.u32(2).unwrap()) // MNT3ERR_NOENT
+                }
+            }
+            (mount::PROGRAM, mount::PROC_UMNT) => vec![],
+            _ => panic!("unexpected call {c:?}"),
+        };
+        vec![Act::Send(record(&reply(c.xid, &results)))]
+    });
+    port.store(u32::from(srv.addr().port()), Ordering::SeqCst);
+    let t = Duration::from_secs(3);
+    let url: virtiofs_backend::nfs::url::NfsUrl =
+        format!("nfs://127.0.0.1:{}/exp", srv.addr().port()).parse().unwrap();
+    let m = setup::mount(&url, t).unwrap();
+    assert_eq!(m.root.as_bytes(), &[9; 28]);
+    assert_eq!((m.nfs_addr, m.mount_addr), (srv.addr(), srv.addr()));
+    setup::unmount(&m, "/exp", t).unwrap();
+    let calls: Vec<(u32, u32)> = srv.calls().iter().map(|c| (c.prog, c.proc)).collect();
+    assert_eq!(calls, [(100_000, 3), (100_000, 3), (100_005, 1), (100_005, 3)]);
+    let bad: virtiofs_backend::nfs::url::NfsUrl =
+        format!("nfs://127.0.0.1:{}/nope", srv.addr().port()).parse().unwrap();
+    assert!(matches!(setup::mount(&bad, t), Err(SetupError::MountRefused { status: 2, .. })));
+    // A portmapper that does not know the program.
+    port.store(0, Ordering::SeqCst);
+    assert!(matches!(setup::mount(&url, t), Err(SetupError::NotRegistered(..))));
+    // A server that never answers: bounded by the timeout.
+    let silent = FakeServer::start(|_| vec![]);
+    let url: virtiofs_backend::nfs::url::NfsUrl =
+        format!("nfs://127.0.0.1:{}/exp", silent.addr().port()).parse().unwrap();
+    let t0 = Instant::now();
+    assert!(matches!(setup::mount(&url, Duration::from_millis(300)), Err(SetupError::TimedOut(_))));
+    assert!(t0.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn a_connection_can_move_to_its_poller_thread() {
+    fn send<T: Send>(_: &T) {}
+    let srv = FakeServer::start(|c| vec![Act::Send(record(&reply(c.xid, &[])))]);
+    let conn = Conn::new(config(srv.addr())).unwrap();
+    send(&conn);
+    std::thread::spawn(move || {
+        let mut conn = conn;
+        let mut sink = TestSink::default();
+        conn.call(1, &CRED, &Args::Null, &mut sink).unwrap();
+        run(&mut conn, &mut sink, 1, Duration::from_secs(5));
+        assert!(sink.result(1).unwrap().is_ok());
+    })
+    .join()
+    .unwrap();
+}
+
 // ---- a real server ----
 
 #[test]
@@ -836,5 +916,6 @@ fn ganesha_mount_fsinfo_create_write_read_commit() {
     let st = conn.stats();
     assert_eq!((st.bad_replies, st.reconnects, st.timeouts), (0, 0, 0));
     assert!(st.read_direct_bytes > len as u64 / 2, "the data went straight into the writer: {st:?}");
+    eprintln!("ganesha round trip: {st:?}");
     setup::unmount(&m, &url.export, t).expect("UMNT");
 }
