@@ -298,8 +298,10 @@ fn write_payload_goes_from_the_reader_including_partial_sends() {
     });
     let mut conn = Conn::new(config(srv.addr())).unwrap();
     let mut sink = TestSink::default();
-    // 3 MiB in 1500 buffers of 2 KiB (more than IOV_MAX), 5 odd bytes (padding), and a tiny one.
-    let sizes = [(1, 3 << 20, 2048), (2, 5, 5), (3, 4097, 1000)];
+    // 3 MiB in 1536 buffers of 2 KiB (more than IOV_MAX), 5 bytes (padding), 4097 bytes in
+    // 1000-byte buffers, and 17,603 bytes in 16-byte buffers (more than IOV_MAX pieces, then
+    // padding).
+    let sizes = [(1, 3 << 20, 2048), (2, 5, 5), (3, 4097, 1000), (4, 1100 * 16 + 3, 16)];
     let mut sums = HashMap::new();
     let fh = fh();
     for (tag, len, piece) in sizes {
@@ -312,7 +314,7 @@ fn write_payload_goes_from_the_reader_including_partial_sends() {
         conn.call(tag, &CRED, &Args::Write { fh: &fh, offset: 0, count: len as u32, stable }, &mut sink)
             .unwrap();
     }
-    run(&mut conn, &mut sink, 3, Duration::from_secs(20));
+    run(&mut conn, &mut sink, 4, Duration::from_secs(20));
     for (tag, len, _) in sizes {
         let s = sink.result(tag).unwrap().as_ref().unwrap_or_else(|e| panic!("call {tag}: {e}"));
         let (count, committed, v) = s.write.unwrap();
@@ -324,7 +326,7 @@ fn write_payload_goes_from_the_reader_including_partial_sends() {
     conn.call(9, &CRED, &Args::Write { fh: &fh, offset: 0, count: 10, stable: Stable::FileSync }, &mut sink)
         .unwrap();
     conn.call(10, &CRED, &Args::Null, &mut sink).unwrap();
-    run(&mut conn, &mut sink, 5, Duration::from_secs(5));
+    run(&mut conn, &mut sink, 6, Duration::from_secs(5));
     assert_eq!(sink.result(9).unwrap().as_ref().unwrap_err(), &CallError::Payload);
     assert!(sink.result(10).unwrap().is_ok());
 }

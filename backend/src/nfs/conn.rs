@@ -1081,6 +1081,7 @@ impl Conn {
         }
         let mut stuck = false;
         let mut half_sent_timed_out = false;
+        let mut timed_out = false;
         for i in 0..self.slots.len() {
             let s = self.slots[i];
             if s.state == SlotState::Free {
@@ -1094,12 +1095,22 @@ impl Conn {
                     self.tx = None;
                 }
                 self.stats.timeouts += 1;
+                timed_out = true;
                 self.finish(i, sink, Err(CallError::TimedOut));
                 continue;
             }
             if s.state == SlotState::Sent && now.duration_since(s.sent_at) >= self.cfg.retransmit {
                 stuck = true;
             }
+        }
+        if timed_out {
+            // Forget the queue entries of calls that ended before being sent, so the queue
+            // never holds more than one entry per slot (and never grows).
+            let slots = &self.slots;
+            self.queue.retain(|&(i, g)| {
+                let s = &slots[usize::from(i)];
+                s.state == SlotState::Queued && s.generation == g
+            });
         }
         if half_sent_timed_out || (stuck && matches!(self.link, Link::Up { .. })) {
             self.drop_link(now);
@@ -1165,8 +1176,13 @@ mod sys {
         for r in data {
             r.iovecs(v);
         }
-        v.truncate(super::IOV_MAX - 1);
-        push(v, tail);
+        if v.len() < super::IOV_MAX {
+            push(v, tail);
+        } else {
+            // More pieces than one call takes: these now, the rest (and the padding after
+            // them) on the next call, from the offset reached.
+            v.truncate(super::IOV_MAX);
+        }
         if v.is_empty() {
             return Ok(0);
         }
