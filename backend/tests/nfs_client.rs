@@ -921,3 +921,54 @@ fn ganesha_mount_fsinfo_create_write_read_commit() {
     eprintln!("ganesha round trip: {st:?}");
     setup::unmount(&m, &url.export, t).expect("UMNT");
 }
+
+#[test]
+fn ganesha_killed_and_restarted_calls_wait_reconnect_and_complete() {
+    let Some(mut g) = nfs_ganesha::Ganesha::start_or_skip() else {
+        return;
+    };
+    use virtiofs_backend::nfs::setup;
+    let data = pattern(100_000, 9);
+    std::fs::write(g.export().join("r"), &data).unwrap();
+    let url: virtiofs_backend::nfs::url::NfsUrl = g.url().parse().unwrap();
+    let m = setup::mount(&url, Duration::from_secs(5)).expect("MOUNT");
+    let mut cfg = config(m.nfs_addr);
+    cfg.max_io = 1 << 20;
+    cfg.timeout = Duration::from_secs(20);
+    cfg.retransmit = Duration::from_secs(2);
+    let mut conn = Conn::new(cfg).unwrap();
+    let t = Duration::from_secs(5);
+    let mut file = None;
+    setup::call_blocking(&mut conn, &Cred::ROOT, &Args::Lookup { dir: &m.root, name: b"r" }, t, &mut |r| {
+        if let Res::Lookup { fh, .. } = r {
+            file = Some(fh);
+        }
+    })
+    .expect("LOOKUP");
+    let file = file.expect("LOOKUP found r");
+
+    // SIGKILL, as a crash; calls issued during the outage wait, then complete on a new
+    // connection once the server is back (the file handle survives: VFS handles are stable).
+    g.kill();
+    let mut sink = TestSink::default();
+    sink.reads.insert(1, GuestBuf::uniform(data.len(), 4096));
+    conn.call(1, &Cred::ROOT, &Args::Read { fh: &file, offset: 0, count: data.len() as u32 }, &mut sink)
+        .unwrap();
+    conn.call(2, &Cred::ROOT, &Args::Getattr { fh: &file }, &mut sink).unwrap();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(300) {
+        conn.poll(Instant::now(), &mut sink);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(sink.done.is_empty(), "nothing ends during a short outage: {:?}", sink.done);
+    g.restart();
+    run(&mut conn, &mut sink, 2, Duration::from_secs(15));
+    let r = sink.result(1).unwrap().as_ref().unwrap_or_else(|e| panic!("READ after the restart: {e}"));
+    assert_eq!(r.read, Some((data.len() as u32, true)));
+    assert!(sink.reads[&1].contents() == data);
+    assert_eq!(sink.result(2).unwrap().as_ref().unwrap().attr.map(|a| a.size), Some(data.len() as u64));
+    let st = conn.stats();
+    assert!(st.reconnects >= 1, "{st:?}");
+    assert_eq!((st.bad_replies, st.timeouts), (0, 0));
+    eprintln!("ganesha restart: {st:?}");
+}
