@@ -452,6 +452,44 @@ fn a_record_cut_by_the_server_closing_is_sent_again_with_the_same_xid() {
 }
 
 #[test]
+fn a_write_lost_with_its_connection_is_sent_again_with_its_payload() {
+    // The first connection closes on the WRITE without answering; on the second the same XID
+    // comes with the same data, re-read from the sink.
+    let srv = FakeServer::start(|c| {
+        if c.conn == 0 {
+            return vec![Act::Close];
+        }
+        let (_, _, count, stable, data) = nfs_fake_server::write_args(&c.args);
+        let sum = data.iter().fold(0u64, |s, &b| s.wrapping_mul(131).wrapping_add(u64::from(b)));
+        vec![Act::Send(record(&reply(c.xid, &nfs_fake_server::write_ok(count, stable, sum.to_be_bytes()))))]
+    });
+    let mut conn = Conn::new(config(srv.addr())).unwrap();
+    let mut sink = TestSink::default();
+    let data = pattern(70_001, 4);
+    let b = GuestBuf::uniform(data.len(), 3000);
+    b.fill(&data);
+    sink.writes.insert(1, b);
+    let fh = fh();
+    conn.call(
+        1,
+        &CRED,
+        &Args::Write { fh: &fh, offset: 0, count: data.len() as u32, stable: Stable::FileSync },
+        &mut sink,
+    )
+    .unwrap();
+    run(&mut conn, &mut sink, 1, Duration::from_secs(5));
+    let (count, _, v) = sink.result(1).unwrap().as_ref().unwrap().write.unwrap();
+    assert_eq!(count as usize, data.len());
+    let sum = data.iter().fold(0u64, |s, &b| s.wrapping_mul(131).wrapping_add(u64::from(b)));
+    assert_eq!(u64::from_be_bytes(v), sum);
+    let calls = srv.calls();
+    assert_eq!((calls.len(), calls[0].xid), (2, calls[1].xid));
+    assert_eq!(calls[0].args, calls[1].args, "the same call, data included");
+    let st = conn.stats();
+    assert_eq!((st.reconnects, st.retransmits, st.bad_replies), (1, 1, 0));
+}
+
+#[test]
 fn unknown_xids_are_counted_and_dropped() {
     let (st, _) = hostile(
         |xid| {

@@ -1024,6 +1024,7 @@ impl Conn {
             }
             Ok((_, Ok(()))) => {}
         }
+        let results = start + d.position();
         if slot.proc == Proc::Read {
             let head = match nfs3::decode_read_head(&mut d, slot.read_count) {
                 Ok(h) => h,
@@ -1055,10 +1056,7 @@ impl Conn {
             return Ok(());
         }
         // Decoded in place; the reply borrows the receive buffer while the sink looks at it.
-        let rx = &self.rx;
-        let rec = &rx.buf[start..start + len];
-        let mut d = Decoder::new(rec);
-        let _ = rpc::decode_reply(&mut d);
+        let mut d = Decoder::new(&self.rx.buf[results..start + len]);
         match nfs3::decode_res(slot.proc, &mut d) {
             Ok(res) => {
                 self.stats.replies += 1;
