@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use mio::net::TcpStream;
@@ -314,8 +315,10 @@ impl Conn {
         }
         let now = Instant::now();
         let wall = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-        let xid_seed =
-            (wall.as_nanos() as u32) ^ (std::process::id() << 16) ^ (&cfg as *const _ as usize as u32);
+        // Distinct per connection: the time, the process and a count of connections made.
+        static MADE: AtomicU32 = AtomicU32::new(0);
+        let nth = MADE.fetch_add(1, Ordering::Relaxed);
+        let xid_seed = (wall.as_nanos() as u32) ^ (std::process::id() << 16) ^ nth.wrapping_mul(0x9e37_79b9);
         let blank = Slot {
             state: SlotState::Free,
             tag: 0,
