@@ -671,6 +671,8 @@ impl Conn {
                 )
             };
             match sent {
+                // Nothing to send or nothing taken: never spin on it.
+                Ok(0) => return,
                 Ok(n) => {
                     let off = off + n;
                     if off >= total {
