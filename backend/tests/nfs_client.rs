@@ -435,6 +435,12 @@ fn an_oversized_record_mark_fails_the_calls_on_the_wire() {
 }
 
 #[test]
+fn endless_empty_fragments_are_garbage() {
+    let (st, _) = hostile(|_| vec![Act::Send([0u8; 4].repeat(20_000))], Err(CallError::Broken));
+    assert_eq!((st.bad_replies, st.reconnects), (1, 1));
+}
+
+#[test]
 fn a_record_cut_by_the_server_closing_is_sent_again_with_the_same_xid() {
     // The record mark promises 100 bytes, 40 come, then the connection closes: the call is
     // not lost, it goes again on a new connection, with the same XID.

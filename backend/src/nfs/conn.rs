@@ -121,6 +121,8 @@ const RECV_EXTRA: usize = 8192;
 /// A record's fragments are reassembled in the receive buffer; a record longer than this
 /// (relative to the buffer) is refused as garbage.
 const RECORD_SLACK: usize = 8;
+/// Most fragments of one record (a 1 MiB reply in 4 KiB fragments has 256).
+const MAX_FRAGMENTS: usize = 1 << 14;
 /// Most iovecs one `sendmsg`/`readv` takes (IOV_MAX).
 const IOV_MAX: usize = 1024;
 /// Most socket reads per poll round, so that one busy connection does not starve the poller.
@@ -223,6 +225,8 @@ struct Rx {
     rec_len: usize,
     /// Bytes of the current record received so far, including READ data placed elsewhere.
     rec_total: usize,
+    /// Fragments of the current record so far (bounded: empty fragments would never end it).
+    frags: usize,
     /// A record mark was read and `frag_left` bytes of its fragment are still to come.
     in_frag: bool,
     frag_left: usize,
@@ -236,6 +240,7 @@ impl Rx {
         self.end = 0;
         self.rec_len = 0;
         self.rec_total = 0;
+        self.frags = 0;
         self.in_frag = false;
         self.frag_left = 0;
         self.frag_last = false;
@@ -350,6 +355,7 @@ impl Conn {
                 end: 0,
                 rec_len: 0,
                 rec_total: 0,
+                frags: 0,
                 in_frag: false,
                 frag_left: 0,
                 frag_last: false,
@@ -831,7 +837,8 @@ impl Conn {
                 self.rx.end -= 4;
                 let len = (mark & !LAST_FRAGMENT) as usize;
                 self.rx.rec_total += len;
-                if self.rx.rec_total > self.max_record() {
+                self.rx.frags += 1;
+                if self.rx.rec_total > self.max_record() || self.rx.frags > MAX_FRAGMENTS {
                     return Err(Fault::Garbage);
                 }
                 self.rx.in_frag = true;
@@ -862,6 +869,7 @@ impl Conn {
                     self.rx.start += len;
                     self.rx.rec_len = 0;
                     self.rx.rec_total = 0;
+                    self.rx.frags = 0;
                     match mode {
                         RxMode::Pad(p) => self.end_read(p, len, sink)?,
                         _ => self.record(start, len, sink)?,
