@@ -36,7 +36,9 @@ use super::conn::{CallError, Conn, Cred, Sink};
 use super::fs::{cred, decode_dev, nfs_error, stat, EngineCell, NfsFs};
 use super::nodes::OpenFile;
 use super::unstable::EntryId;
-use super::wire::nfs3::{Args, CreateHow, Fattr, Fh, Ftype, NfsTime, Nfsstat, Res, Sattr, SetTime as NfsSetTime, Stable};
+use super::wire::nfs3::{
+    Args, CreateHow, Fattr, Fh, Ftype, NfsTime, Nfsstat, Res, Sattr, SetTime as NfsSetTime, Stable,
+};
 use crate::filesystem::seam::{Completions, FsEngine, Started, Token};
 use crate::filesystem::{self, DirEntry, Entry, Error, Opened, Reply, SetAttr, SetTime, StatFs};
 use crate::io::{Reader, Writer};
@@ -171,7 +173,10 @@ struct Slot {
     unstable: Option<EntryId>,
     replay: Option<EntryId>,
     flags: u32,
+    /// ACCESS3 bits asked.
     mask: u32,
+    /// The FUSE ACCESS mask asked (ACCESS).
+    mask_req: u32,
     handle: u64,
     cookieverf: [u8; 8],
 }
@@ -204,6 +209,7 @@ impl Slot {
             replay: None,
             flags: 0,
             mask: 0,
+            mask_req: 0,
             handle: 0,
             cookieverf: [0; 8],
         }
@@ -220,9 +226,13 @@ impl Slot {
             Call::Access => Args::Access { fh: &self.fh, mask: self.mask },
             Call::Readlink => Args::Readlink { fh: &self.fh },
             Call::Symlink => Args::Symlink { dir: &self.fh, name: a, attr: &self.sattr, target: &self.long },
-            Call::Mknod => {
-                Args::Mknod { dir: &self.fh, name: a, ftype: self.mknod.0, attr: &self.sattr, rdev: self.mknod.1 }
-            }
+            Call::Mknod => Args::Mknod {
+                dir: &self.fh,
+                name: a,
+                ftype: self.mknod.0,
+                attr: &self.sattr,
+                rdev: self.mknod.1,
+            },
             Call::CreateFile => {
                 let how = match self.exclusive {
                     Some(verf) => CreateHow::Exclusive(verf),
@@ -237,7 +247,9 @@ impl Slot {
                 Args::Rename { from_dir: &self.fh, from_name: a, to_dir: &self.fh2, to_name: self.names.b() }
             }
             Call::Link => Args::Link { fh: &self.fh2, dir: &self.fh, name: a },
-            Call::Read => Args::Read { fh: &self.fh, offset: self.offset + u64::from(self.done), count: self.chunk },
+            Call::Read => {
+                Args::Read { fh: &self.fh, offset: self.offset + u64::from(self.done), count: self.chunk }
+            }
             Call::Write => Args::Write {
                 fh: &self.fh,
                 offset: self.offset + u64::from(self.done),
@@ -246,7 +258,12 @@ impl Slot {
             },
             Call::Fsstat => Args::Fsstat { fh: &self.fh },
             Call::Commit => Args::Commit { fh: &self.fh, offset: 0, count: 0 },
-            Call::Resend => Args::Write { fh: &self.obj, offset: self.offset, count: self.chunk, stable: Stable::FileSync },
+            Call::Resend => Args::Write {
+                fh: &self.obj,
+                offset: self.offset,
+                count: self.chunk,
+                stable: Stable::FileSync,
+            },
             Call::Readdir if plus => Args::Readdirplus {
                 dir: &self.fh,
                 cookie: self.offset,
@@ -315,7 +332,13 @@ impl Sink for CallSink<'_> {
 
 /// Sends slot `tag`'s next call (`payload`: a WRITE's or replay's data, from where the call
 /// starts). WRITE data goes to the replay store first when it is to be sent UNSTABLE.
-fn send(conn: &mut Conn, fs: &NfsFs, slot: &mut Slot, tag: u32, payload: Option<Reader<'_>>) -> Result<(), CallError> {
+fn send(
+    conn: &mut Conn,
+    fs: &NfsFs,
+    slot: &mut Slot,
+    tag: u32,
+    payload: Option<Reader<'_>>,
+) -> Result<(), CallError> {
     let mut payload = payload;
     if slot.call == Call::Write {
         if let Some(p) = payload.as_mut() {
@@ -647,7 +670,11 @@ fn reply(fs: &NfsFs, slot: &mut Slot, res: Res<'_>, done: &mut Completions<'_>) 
                 let Ok(e) = e else {
                     return Done(Err(Error::Io));
                 };
-                if e.name.is_empty() || e.name.len() > NAME_MAX || e.name.contains(&b'/') || e.name.contains(&0) {
+                if e.name.is_empty()
+                    || e.name.len() > NAME_MAX
+                    || e.name.contains(&b'/')
+                    || e.name.contains(&0)
+                {
                     continue;
                 }
                 let typ = e.attr.map_or(0, |a| super::fs::type_bits(a.ftype) >> 12);
@@ -816,19 +843,9 @@ impl NfsEngine {
             }
             Op::Access { mask } => {
                 slot.fh = node(req.nodeid)?;
-                if mask == 0 {
-                    // F_OK: the node exists if the server knows its handle.
-                    slot.obj = slot.fh;
-                    slot.kind = Kind::Access;
-                    slot.mask_req = 0;
-                    slot.mask = access3::READ;
-                    return Ok(None).and_then(|_| {
-                        slot.call = Call::Access;
-                        Ok(None)
-                    });
-                }
+                // F_OK (0): the node exists if the server answers for its handle.
                 slot.mask_req = mask;
-                slot.mask = access_bits(mask);
+                slot.mask = if mask == 0 { access3::READ } else { access_bits(mask) };
                 (Kind::Access, Call::Access)
             }
             Op::Readlink => {
@@ -838,7 +855,7 @@ impl NfsEngine {
             Op::Symlink { name, target } => {
                 slot.fh = node(req.nodeid)?;
                 slot.names.set(name, b"")?;
-                if target.len() > crate::abi::limits::PATH_MAX {
+                if target.len() > libc::PATH_MAX as usize {
                     return Err(Error::NameTooLong);
                 }
                 slot.long.clear();
@@ -908,7 +925,8 @@ impl NfsEngine {
                 slot.fh = a;
                 slot.fh2 = b;
                 slot.names.set(oldname, newname)?;
-                let call = if flags & libc::RENAME_NOREPLACE != 0 { Call::LookupTarget } else { Call::Rename };
+                let call =
+                    if flags & libc::RENAME_NOREPLACE != 0 { Call::LookupTarget } else { Call::Rename };
                 (Kind::Rename, call)
             }
             Op::Link { oldnodeid, name } => {
@@ -987,13 +1005,15 @@ impl NfsEngine {
             // NFSv3 directory operations are synchronous on the server (RFC 1813, 3.3.21).
             Op::Fsyncdir { .. } => return Ok(Some(Reply::Empty)),
             Op::Readdir { fh, offset, size } | Op::Readdirplus { fh, offset, size } => {
-                let f = fs.handles.get(fh).filter(|f| f.dir && f.nodeid == req.nodeid).ok_or(Error::BadHandle)?;
+                let f =
+                    fs.handles.get(fh).filter(|f| f.dir && f.nodeid == req.nodeid).ok_or(Error::BadHandle)?;
                 slot.fh = node(req.nodeid)?;
                 slot.handle = fh;
                 slot.offset = offset;
                 slot.cookieverf = if offset == 0 { [0; 8] } else { f.cookieverf };
                 slot.size = size.clamp(512, fs.limits.read);
-                let kind = if matches!(req.op, Op::Readdir { .. }) { Kind::Readdir } else { Kind::Readdirplus };
+                let kind =
+                    if matches!(req.op, Op::Readdir { .. }) { Kind::Readdir } else { Kind::Readdirplus };
                 (kind, Call::Readdir)
             }
             // What NFSv3 cannot do: ENOSYS, on which the kernel stops asking and falls back
@@ -1038,7 +1058,8 @@ impl NfsEngine {
         }
         let r = match slot.call {
             Call::Write => {
-                let payload = done.payload(slot.token).and_then(|mut p| p.consume(slot.done as usize).ok().map(|()| p));
+                let payload =
+                    done.payload(slot.token).and_then(|mut p| p.consume(slot.done as usize).ok().map(|()| p));
                 match payload {
                     Some(p) => send(conn, fs, slot, i, Some(p)),
                     None => return self.end(fs, i, Err(Error::Io), done),
@@ -1139,7 +1160,8 @@ impl FsEngine<NfsFs> for NfsEngine {
         };
         let tag = i as u32;
         // Requests queue behind a backlog: order is kept.
-        let r = if self.backlog.is_empty() { send(conn, fs, slot, tag, payload) } else { Err(CallError::Full) };
+        let r =
+            if self.backlog.is_empty() { send(conn, fs, slot, tag, payload) } else { Err(CallError::Full) };
         match r {
             Ok(()) => {
                 EngineCell::bump(&self.cell.calls);

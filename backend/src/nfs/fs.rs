@@ -22,7 +22,7 @@ use super::nodes::{HandleTable, NodeTable};
 use super::setup::{self, Mounted, SetupError};
 use super::unstable::{UnstableStats, UnstableStore};
 use super::url::NfsUrl;
-use super::wire::nfs3::{Args, Fattr, Fh, Ftype, NfsTime, Nfsstat, Res};
+use super::wire::nfs3::{Args, Fattr, Ftype, NfsTime, Nfsstat, Res};
 use crate::filesystem::seam::FsEngine;
 use crate::filesystem::{self, CachePolicy, Context, Error, FileSystem, LockAccess, Stat, Timespec};
 
@@ -223,19 +223,29 @@ impl NfsFs {
                     dir: dtpref.clamp(1024, 1 << 16),
                     max_file: maxfilesize,
                 }),
-                Res::Failed { status, .. } => Err(NfsError::Refused { call: "FSINFO", errno: status.errno() }),
+                Res::Failed { status, .. } => {
+                    Err(NfsError::Refused { call: "FSINFO", errno: status.errno() })
+                }
                 _ => Err(NfsError::Unexpected("FSINFO")),
             };
         })?;
         let limits = limits?;
         let mut root_type = Err(NfsError::Unexpected("GETATTR"));
-        setup::call_blocking(&mut conn, &ROOT_CRED, &Args::Getattr { fh: &root }, opts.timeout, &mut |res| {
-            root_type = match res {
-                Res::Attr(a) => Ok(a.ftype),
-                Res::Failed { status, .. } => Err(NfsError::Refused { call: "GETATTR", errno: status.errno() }),
-                _ => Err(NfsError::Unexpected("GETATTR")),
-            };
-        })?;
+        setup::call_blocking(
+            &mut conn,
+            &ROOT_CRED,
+            &Args::Getattr { fh: &root },
+            opts.timeout,
+            &mut |res| {
+                root_type = match res {
+                    Res::Attr(a) => Ok(a.ftype),
+                    Res::Failed { status, .. } => {
+                        Err(NfsError::Refused { call: "GETATTR", errno: status.errno() })
+                    }
+                    _ => Err(NfsError::Unexpected("GETATTR")),
+                };
+            },
+        )?;
         if root_type? != Ftype::Dir {
             return Err(NfsError::RootNotDir);
         }

@@ -265,9 +265,16 @@ impl UnstableStore {
                     }
                 }
                 if n == 0 {
-                    out.resend = inner.entries.iter().filter(|e| e.live && e.file == file && e.verf == Verf::Resend).count();
-                    out.in_flight =
-                        inner.entries.iter().filter(|e| e.live && e.file == file && e.verf == Verf::Unknown).count();
+                    out.resend = inner
+                        .entries
+                        .iter()
+                        .filter(|e| e.live && e.file == file && e.verf == Verf::Resend)
+                        .count();
+                    out.in_flight = inner
+                        .entries
+                        .iter()
+                        .filter(|e| e.live && e.file == file && e.verf == Verf::Unknown)
+                        .count();
                 }
             }
             if n == 0 {
@@ -284,7 +291,11 @@ impl UnstableStore {
     /// them: [`UnstableStore::max_entry`]); `None` when there is none.
     pub fn next_resend(&self, file: u64, out: &mut [u8]) -> Option<Replay> {
         let inner = self.lock();
-        let (i, e) = inner.entries.iter().enumerate().find(|(_, e)| e.live && e.file == file && e.verf == Verf::Resend)?;
+        let (i, e) = inner
+            .entries
+            .iter()
+            .enumerate()
+            .find(|(_, e)| e.live && e.file == file && e.verf == Verf::Resend)?;
         let len = e.len as usize;
         if len > out.len() {
             return None;
@@ -302,6 +313,23 @@ impl UnstableStore {
         drop(inner);
         self.bump(|s| s.resent += 1);
         Some(r)
+    }
+
+    /// Drops every entry of `file` (it is gone on the server, or forgotten).
+    pub fn drop_file(&self, file: u64) {
+        loop {
+            let id = {
+                let inner = self.lock();
+                if inner.live == 0 {
+                    return;
+                }
+                match inner.entries.iter().position(|e| e.live && e.file == file) {
+                    Some(i) => EntryId(i as u32),
+                    None => return,
+                }
+            };
+            self.remove(id);
+        }
     }
 
     /// Marks every entry of `file` to be sent again (a WRITE reply showed the server's
