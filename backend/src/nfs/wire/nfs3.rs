@@ -781,7 +781,7 @@ pub enum Res<'a> {
         attr: Option<Fattr>,
     },
     /// The data already went into the Writer that `Sink::read_buffer(tag)` gave (or was dropped
-    /// if it gave none); `count` bytes were placed.
+    /// if it gave none); `count` bytes were placed (or dropped).
     Read {
         count: u32,
         eof: bool,
