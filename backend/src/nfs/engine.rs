@@ -269,7 +269,7 @@ impl Slot {
                 cookie: self.offset,
                 verf: self.cookieverf,
                 dircount: self.size,
-                maxcount: self.size.saturating_mul(2).saturating_add(1024),
+                maxcount: self.chunk,
             },
             Call::Readdir => {
                 Args::Readdir { dir: &self.fh, cookie: self.offset, verf: self.cookieverf, count: self.size }
@@ -1012,6 +1012,9 @@ impl NfsEngine {
                 slot.offset = offset;
                 slot.cookieverf = if offset == 0 { [0; 8] } else { f.cookieverf };
                 slot.size = size.clamp(512, fs.limits.read);
+                // READDIRPLUS replies carry handles and attributes: room for about twice as much.
+                slot.chunk =
+                    slot.size.saturating_mul(2).saturating_add(1024).min(fs.limits.read.max(fs.limits.write));
                 let kind =
                     if matches!(req.op, Op::Readdir { .. }) { Kind::Readdir } else { Kind::Readdirplus };
                 (kind, Call::Readdir)

@@ -16,6 +16,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// Servers of this binary start one at a time (two registering with rpcbind at once fail).
+static STARTING: Mutex<()> = Mutex::new(());
+
 /// The rpcbind this binary started, and how many servers use it.
 static RPCBIND: Mutex<(Option<Child>, usize)> = Mutex::new((None, 0));
 
@@ -128,6 +131,21 @@ impl Ganesha {
     /// ports and export; returns when it answers.
     pub fn start_again(&mut self) {
         assert!(self.child.is_none(), "already running");
+        let _one = STARTING.lock().unwrap_or_else(|e| e.into_inner());
+        // Another machine-wide server registering with rpcbind at the same moment (another test
+        // binary's) makes ganesha give up ("Cannot register"): try again a few times.
+        for attempt in 0.. {
+            match self.try_start() {
+                Ok(()) => return,
+                Err(text) if attempt < 10 && text.contains("Cannot register") => {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(text) => panic!("ganesha exited at start:\n{text}"),
+            }
+        }
+    }
+
+    fn try_start(&mut self) -> Result<(), String> {
         let d = self.dir.path();
         let log = d.join("ganesha.log");
         // A fresh log: the start is seen by its "initialized" line.
@@ -157,11 +175,11 @@ impl Ganesha {
             if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
                 let text = std::fs::read_to_string(&log).unwrap_or_default();
                 self.child = None;
-                panic!("ganesha exited at start ({status}):\n{text}");
+                return Err(format!("({status})\n{text}"));
             }
             let up = std::fs::read_to_string(&log).unwrap_or_default().contains("NFS SERVER INITIALIZED");
             if up && listening(self.nfs_port) && listening(self.mount_port) {
-                return;
+                return Ok(());
             }
             assert!(Instant::now() < deadline, "ganesha did not come up on 127.0.0.1:{}", self.nfs_port);
             std::thread::sleep(Duration::from_millis(20));
