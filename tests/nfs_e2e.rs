@@ -378,3 +378,29 @@ fn two_devices_on_one_export_see_each_others_closed_writes() {
     da.shutdown().unwrap();
     db.shutdown().unwrap();
 }
+
+#[test]
+fn more_requests_than_connection_slots_wait_in_the_backlog() {
+    let g = Ganesha::start();
+    let s = Served::new(&g, |o| o.slots_per_poller = 2);
+    let mut d = s.connect();
+    let (f, open) = d.create(ROOT, "q", 0o644, RDWR).unwrap();
+    let data = pattern(5, 64 * 4096);
+    d.write(f.nodeid, open.fh, 0, &data).unwrap();
+    let tokens: Vec<(u64, usize)> = (0..32)
+        .map(|i| {
+            let off = (i % 64) * 4096;
+            let arg = abi::ReadIn { fh: open.fh, offset: off as u64, size: 4096, ..Default::default() };
+            (d.submit(1, opcode::READ, f.nodeid, &[&arg.to_bytes()], &[], 0, 4096).unwrap(), off)
+        })
+        .collect();
+    for (t, off) in tokens {
+        let c = d.wait_for(t).unwrap();
+        let (h, body) = FsDriver::parse_reply(&c, opcode::READ, t).unwrap();
+        assert_eq!(h.error, 0);
+        assert!(body == data[off..off + 4096], "READ at {off}");
+    }
+    assert!(s.fs().stats().backlogged > 0, "{:?}", s.fs().stats());
+    d.release(f.nodeid, open.fh).unwrap();
+    d.shutdown().unwrap();
+}
