@@ -105,6 +105,11 @@ pub struct ConnStats {
     pub bad_replies: u64,
     /// Well-formed replies to no call in flight (dropped).
     pub unknown_xids: u64,
+    /// READ data bytes received straight into the sinks' buffers (`readv`).
+    pub read_direct_bytes: u64,
+    /// READ data bytes copied from the receive buffer into the sinks' buffers (what came in the
+    /// same read as the reply's header).
+    pub read_copied_bytes: u64,
 }
 
 /// Bytes of one slot's send buffer: the record mark, the largest RPC call header and the
@@ -716,6 +721,7 @@ impl Conn {
                     return Ok(0);
                 }
                 let direct = n.min(want);
+                self.stats.read_direct_bytes += direct as u64;
                 let mut p = p;
                 p.placed += direct as u32;
                 rx.frag_left -= direct;
@@ -817,6 +823,8 @@ impl Conn {
                                 // The sink's buffer changed under the reply: drop the rest.
                                 p.discard = true;
                                 p.too_small = true;
+                            } else {
+                                self.stats.read_copied_bytes += avail as u64;
                             }
                         }
                         p.placed += avail as u32;
@@ -903,6 +911,8 @@ impl Conn {
             if ok.is_none() {
                 p.discard = true;
                 p.too_small = true;
+            } else {
+                self.stats.read_copied_bytes += have as u64;
             }
         }
         p.placed = have as u32;
@@ -973,7 +983,10 @@ impl Conn {
                     match sink.read_buffer(slot.tag) {
                         None => Ok(Res::Read { count: len, eof, attr }),
                         Some(mut w) => match w.write_all(data) {
-                            Ok(()) => Ok(Res::Read { count: len, eof, attr }),
+                            Ok(()) => {
+                                self.stats.read_copied_bytes += u64::from(len);
+                                Ok(Res::Read { count: len, eof, attr })
+                            }
                             Err(_) => Err(CallError::TooLarge),
                         },
                     }
