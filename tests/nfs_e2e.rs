@@ -20,6 +20,7 @@ use virtiofs_backend::nfs::{NfsFs, NfsOptions};
 use virtiofs_dpu::config::Profile;
 use virtiofs_dpu::{FuseHandler, RunningDevice};
 use virtiofs_tools::fuse_abi::{self as abi, opcode, InHeader};
+use virtiofs_tools::vfio_user::{DMA_MAP_FLAG_READ, DMA_MAP_FLAG_WRITE};
 use virtiofs_tools::{DriverOptions, FsDriver};
 
 const ROOT: u64 = 1;
@@ -312,6 +313,15 @@ fn a_server_gone_longer_than_the_timeout_fails_requests_in_bounded_time() {
     let dh = d.opendir(ROOT).unwrap();
     d.releasedir(ROOT, dh.fh).unwrap();
     assert!(d.is_pending(read) || t0.elapsed() >= timeout, "answered before the timeout");
+    // A DMA_MAP and DMA_UNMAP go through too: the pollers drain first, which the timeout
+    // bounds (the pending READ ends with EIO meanwhile).
+    let extra = tempfile::tempfile().unwrap();
+    extra.set_len(1 << 20).unwrap();
+    let at = 1u64 << 40;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&extra);
+    d.client().dma_map(DMA_MAP_FLAG_READ | DMA_MAP_FLAG_WRITE, 0, at, 1 << 20, Some(fd)).unwrap();
+    d.client().dma_unmap(0, at, 1 << 20).unwrap();
+    assert!(t0.elapsed() < timeout * 4, "DMA changes took {:?}", t0.elapsed());
     let c = d.wait_for(read).unwrap();
     let took = t0.elapsed();
     let (h, _) = FsDriver::parse_reply(&c, opcode::READ, read).unwrap();
