@@ -36,13 +36,17 @@ struct Served {
 
 impl Served {
     fn new(g: &Ganesha, tune: impl FnOnce(&mut NfsOptions)) -> Served {
+        Self::with_profile(g, Profile::default(), tune)
+    }
+
+    fn with_profile(g: &Ganesha, profile: Profile, tune: impl FnOnce(&mut NfsOptions)) -> Served {
         let mut opts = NfsOptions::new(g.url().parse().expect("the harness's URL parses"));
         tune(&mut opts);
         let fs = NfsFs::connect(opts).expect("the export mounts");
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("nfs.sock");
         let handler = Arc::new(FuseHandler::new(fs));
-        let device = RunningDevice::start_with(&socket, Profile::default(), handler.clone()).unwrap();
+        let device = RunningDevice::start_with(&socket, profile, handler.clone()).unwrap();
         Served { _dir: dir, handler, device: Some(device), socket }
     }
 
@@ -411,6 +415,35 @@ fn more_requests_than_connection_slots_wait_in_the_backlog() {
         assert!(body == data[off..off + 4096], "READ at {off}");
     }
     assert!(s.fs().stats().backlogged > 0, "{:?}", s.fs().stats());
+    d.release(f.nodeid, open.fh).unwrap();
+    d.shutdown().unwrap();
+}
+
+#[test]
+fn writes_through_two_pollers_are_replayed_by_the_flush_on_either() {
+    let mut g = Ganesha::start();
+    let profile = Profile { request_queues: 2, poller_cores: vec![0, 1], ..Default::default() };
+    let s = Served::with_profile(&g, profile, |_| {});
+    let opts = DriverOptions { request_queues: 2, spread_requests: true, ..Default::default() };
+    let mut d = FsDriver::connect(&s.socket, opts).unwrap();
+    d.init().unwrap();
+    let (f, open) = d.create(ROOT, "two", 0o644, RDWR).unwrap();
+    let mut expected = Vec::new();
+    for i in 0..16u64 {
+        let block = pattern(i as u8, 16 << 10);
+        d.write(f.nodeid, open.fh, i * (16 << 10), &block).unwrap();
+        expected.extend_from_slice(&block);
+    }
+    assert!(d.completed_on(1) > 0 && d.completed_on(2) > 0, "both queues (pollers) served writes");
+    g.kill();
+    std::fs::write(g.export().join("two"), vec![0u8; expected.len()]).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    g.start_again();
+    // One FLUSH, on one poller, replays what both pollers' connections wrote (the store is
+    // shared).
+    d.flush(f.nodeid, open.fh).unwrap();
+    assert!(std::fs::read(g.export().join("two")).unwrap() == expected, "every write is on the export");
+    assert_eq!(s.fs().stats().unstable.resent, 16);
     d.release(f.nodeid, open.fh).unwrap();
     d.shutdown().unwrap();
 }
