@@ -115,6 +115,13 @@ fn serve(script: &Arc<Mutex<Script>>, c: &Call) -> Vec<Act> {
             let verf = if stable == 0 { VERF_A } else { VERF_B };
             write_ok(count, stable, verf)
         }
+        // READ.
+        (NFS_PROG, 6) => {
+            let (_, off, count) = nfs_fake_server::read_args(&c.args);
+            let from = (off as usize).min(s.data.len());
+            let to = (from + count as usize).min(s.data.len());
+            nfs_fake_server::read_ok(&file, &s.data[from..to], to == s.data.len())
+        }
         // COMMIT.
         (NFS_PROG, 21) => {
             let verf = s.commit_verf.unwrap_or(VERF_A);
@@ -140,6 +147,10 @@ struct Rig {
 
 impl Rig {
     fn new() -> Rig {
+        Self::with(|_| {})
+    }
+
+    fn with(tune: impl FnOnce(&mut NfsOptions)) -> Rig {
         let script = Arc::new(Mutex::new(Script::default()));
         let s2 = script.clone();
         let server = FakeServer::start(move |c| serve(&s2, c));
@@ -147,10 +158,11 @@ impl Rig {
         let url = format!("nfs://127.0.0.1/exp?nfsport={port}&mountport={port}");
         let mut opts = NfsOptions::new(url.parse().unwrap());
         opts.timeout = Duration::from_secs(5);
+        tune(&mut opts);
         let fs = NfsFs::connect(opts).expect("the scripted server mounts");
         let srv = Arc::new(Server::with_lock_waits(fs));
         let e = PollerEngine::for_poller(srv.clone(), 0);
-        let mut r = Rig { server, script, srv, e, out: vec![0u8; 1 << 17] };
+        let mut r = Rig { server, script, srv, e, out: vec![0u8; (1 << 20) + 4096] };
         let mut init = request(opcode::INIT, 0, 1, 0, 0, &[&harness::init_in(41, LINUX_FLAGS)]);
         assert_eq!(r.run(&mut init).0.error, 0);
         r
@@ -287,4 +299,42 @@ fn jukebox_is_tried_again_and_credentials_go_with_every_call() {
     {
         assert_eq!(c.sys.map(|s| (s.0, s.1)), Some((1000, 100)), "proc {} as the caller", c.proc);
     }
+}
+
+#[test]
+fn without_a_store_every_write_is_file_sync_and_flush_needs_no_call() {
+    let mut r = Rig::with(|o| o.unstable_bytes = 0);
+    let (node, fh) = r.open_f();
+    let w = abi::WriteIn { fh, offset: 0, size: 5, ..Default::default() };
+    assert_eq!(r.run(&mut request(opcode::WRITE, node, 4, 1000, 100, &[w.as_slice(), b"hello"])).0.error, 0);
+    let n = r.server.calls().len();
+    let flush = abi::FlushIn { fh, ..Default::default() };
+    assert_eq!(r.run(&mut request(opcode::FLUSH, node, 5, 1000, 100, &[flush.as_slice()])).0.error, 0);
+    let calls = r.server.calls();
+    assert_eq!(calls.len(), n, "nothing to commit");
+    let w = calls.iter().find(|c| c.prog == NFS_PROG && c.proc == 7).unwrap();
+    assert_eq!(write_args(&w.args).3, 2, "FILE_SYNC");
+    assert_eq!(&r.script.lock().unwrap().data[..], b"hello");
+}
+
+#[test]
+fn reads_and_writes_larger_than_the_servers_transfer_size_go_in_pieces() {
+    let mut r = Rig::new();
+    let (node, fh) = r.open_f();
+    // The scripted server's rtmax and wtmax are 64 KiB.
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let w = abi::WriteIn { fh, offset: 0, size: data.len() as u32, ..Default::default() };
+    let (h, body) = r.run(&mut request(opcode::WRITE, node, 4, 1000, 100, &[w.as_slice(), &data]));
+    assert_eq!(h.error, 0);
+    assert_eq!(parse::<abi::WriteOut>(&body).size as usize, data.len());
+    let writes = r.server.calls().iter().filter(|c| c.prog == NFS_PROG && c.proc == 7).count();
+    assert_eq!(writes, 4, "200,000 bytes in 64 KiB pieces");
+    assert!(r.script.lock().unwrap().data == data);
+    let rd = abi::ReadIn { fh, offset: 1000, size: 199_500, ..Default::default() };
+    let (h, body) = r.run(&mut request(opcode::READ, node, 5, 1000, 100, &[rd.as_slice()]));
+    assert_eq!(h.error, 0);
+    assert_eq!(body.len(), 199_000, "short at the end of the file only");
+    assert!(body == data[1000..]);
+    let reads = r.server.calls().iter().filter(|c| c.prog == NFS_PROG && c.proc == 6).count();
+    assert_eq!(reads, 4);
 }
