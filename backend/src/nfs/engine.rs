@@ -963,7 +963,7 @@ impl NfsEngine {
                 return open_handle(fs, req.nodeid, flags, true).map(Some);
             }
             Op::Read { fh, offset, size } => {
-                self::check_handle(fs, fh, req.nodeid)?;
+                check_handle(fs, fh, req.nodeid)?;
                 slot.fh = node(req.nodeid)?;
                 slot.offset = offset;
                 slot.size = size;
@@ -974,7 +974,7 @@ impl NfsEngine {
                 (Kind::Read, Call::Read)
             }
             Op::Write { fh, offset, size, .. } => {
-                self::check_handle(fs, fh, req.nodeid)?;
+                check_handle(fs, fh, req.nodeid)?;
                 if offset.checked_add(u64::from(size)).is_none_or(|end| end > fs.limits.max_file) {
                     return Err(Error::FileTooLarge);
                 }
