@@ -676,11 +676,13 @@ fn reply(fs: &NfsFs, slot: &mut Slot, res: Res<'_>, done: &mut Completions<'_>) 
             // The next stored write of the file, if any.
             Next
         }
-        (Call::Readdir, Res::Dir { verf, entries, eof: _, .. }) => {
+        (Call::Readdir, Res::Dir { verf, entries, eof, .. }) => {
             let Some(mut w) = done.data(slot.token) else { return Done(Err(Error::Io)) };
-            fs.handles.set_cookieverf(slot.handle, verf);
             let plus = slot.kind == Kind::Readdirplus;
             let mut out = DirentWriter::new(&mut w);
+            // The cookie of the last entry given, and whether every entry of the reply fit.
+            let mut last = 0;
+            let mut all = true;
             for e in entries {
                 let Ok(e) = e else {
                     return Done(Err(Error::Io));
@@ -696,8 +698,10 @@ fn reply(fs: &NfsFs, slot: &mut Slot, res: Res<'_>, done: &mut Completions<'_>) 
                 let d = DirEntry { ino: e.fileid, offset: e.cookie, typ, name: e.name };
                 if !plus {
                     if !out.add(&d) {
+                        all = false;
                         break;
                     }
+                    last = e.cookie;
                     continue;
                 }
                 let dots = e.name == b"." || e.name == b"..";
@@ -714,9 +718,12 @@ fn reply(fs: &NfsFs, slot: &mut Slot, res: Res<'_>, done: &mut Completions<'_>) 
                     if looked_up.is_some() {
                         fs.nodes.forget(ent.ino, 1);
                     }
+                    all = false;
                     break;
                 }
+                last = e.cookie;
             }
+            fs.handles.set_cookieverf(slot.handle, verf, if eof && all { last } else { 0 });
             Done(Ok(Reply::Data(out.bytes_written())))
         }
         _ => unexpected(),
@@ -758,7 +765,8 @@ fn finish(fs: &NfsFs, slot: &mut Slot, a: &Fattr) -> Flow {
         Kind::Getattr | Kind::Setattr => Ok(Reply::Attr(stat(a), t)),
         Kind::Open => return open_file(fs, slot),
         Kind::Create => entry(fs, &slot.obj, a).and_then(|e| {
-            let file = OpenFile { nodeid: e.ino, flags: slot.flags, dir: false, cookieverf: [0; 8] };
+            let file =
+                OpenFile { nodeid: e.ino, flags: slot.flags, dir: false, cookieverf: [0; 8], eof_at: 0 };
             let opened = fs.nodes.opened(e.ino).and_then(|()| match fs.handles.open(file) {
                 Ok(fh) => Ok(fh),
                 Err(err) => {
@@ -786,7 +794,7 @@ fn open_file(fs: &NfsFs, slot: &Slot) -> Flow {
 
 fn open_handle(fs: &NfsFs, nodeid: u64, flags: u32, dir: bool) -> filesystem::Result<Reply> {
     fs.nodes.opened(nodeid)?;
-    let file = OpenFile { nodeid, flags, dir, cookieverf: [0; 8] };
+    let file = OpenFile { nodeid, flags, dir, cookieverf: [0; 8], eof_at: 0 };
     match fs.handles.open(file) {
         Ok(fh) => {
             let open_flags = if dir { fs.cache.dir_open_flags() } else { fs.cache.file_open_flags() };
@@ -1026,6 +1034,11 @@ impl NfsEngine {
                 slot.fh = node(req.nodeid)?;
                 slot.handle = fh;
                 slot.offset = offset;
+                if offset != 0 && offset == f.eof_at {
+                    // The last listing reached the end here: nothing more (the kernel asks once
+                    // more after the last entry; NFSv3 would answer an empty eof).
+                    return Ok(Some(Reply::Data(0)));
+                }
                 slot.cookieverf = if offset == 0 { [0; 8] } else { f.cookieverf };
                 slot.size = size.clamp(512, fs.limits.read);
                 // READDIRPLUS replies carry handles and attributes: room for about twice as much.

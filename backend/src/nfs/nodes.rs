@@ -308,6 +308,9 @@ pub struct OpenFile {
     pub dir: bool,
     /// The READDIR cookie verifier the server gave last (directories).
     pub cookieverf: [u8; 8],
+    /// The cookie after which the server said the directory ends, once a listing reached it
+    /// (0: not yet): a READDIR from there is answered empty without asking again.
+    pub eof_at: u64,
 }
 
 struct Handles {
@@ -357,13 +360,15 @@ impl HandleTable {
         h.slots.get(i).filter(|s| s.0 == generation).and_then(|s| s.1)
     }
 
-    /// Records the cookie verifier of directory handle `fh`.
-    pub fn set_cookieverf(&self, fh: u64, verf: [u8; 8]) {
+    /// Records the cookie verifier of directory handle `fh`, and where the listing ends if this
+    /// reply reached the end (`eof_at`, 0 if not).
+    pub fn set_cookieverf(&self, fh: u64, verf: [u8; 8], eof_at: u64) {
         let Some((i, generation)) = split(fh) else { return };
         let mut h = self.lock();
         if let Some((g, Some(f))) = h.slots.get_mut(i) {
             if *g == generation {
                 f.cookieverf = verf;
+                f.eof_at = eof_at;
             }
         }
     }
@@ -462,7 +467,7 @@ mod tests {
     #[test]
     fn handle_table_is_bounded_and_generational() {
         let h = HandleTable::new(2);
-        let f = OpenFile { nodeid: 5, flags: 0, dir: false, cookieverf: [0; 8] };
+        let f = OpenFile { nodeid: 5, flags: 0, dir: false, cookieverf: [0; 8], eof_at: 0 };
         let a = h.open(f).unwrap();
         let b = h.open(f).unwrap();
         assert_eq!(h.open(f), Err(FULL));
@@ -472,7 +477,7 @@ mod tests {
         let c = h.open(f).unwrap();
         assert_ne!(c, a);
         assert_eq!(h.get(a), None);
-        h.set_cookieverf(b, [1; 8]);
+        h.set_cookieverf(b, [1; 8], 0);
         assert_eq!(h.get(b).unwrap().cookieverf, [1; 8]);
     }
 }
