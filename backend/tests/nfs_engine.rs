@@ -115,6 +115,27 @@ fn serve(script: &Arc<Mutex<Script>>, c: &Call) -> Vec<Act> {
             let verf = if stable == 0 { VERF_A } else { VERF_B };
             write_ok(count, stable, verf)
         }
+        // SETATTR: a size truncates or extends.
+        (NFS_PROG, 2) => {
+            let mut d = virtiofs_backend::nfs::wire::xdr::Decoder::new(&c.args);
+            d.opaque(64, "fh").unwrap();
+            // sattr3: mode, uid, gid (set_it + value each), then size.
+            for _ in 0..3 {
+                if d.bool().unwrap() {
+                    d.u32().unwrap();
+                }
+            }
+            if d.bool().unwrap() {
+                let size = d.u64().unwrap() as usize;
+                s.data.resize(size, 0);
+            }
+            let a = attr(Ftype::Reg, s.data.len() as u64, 2);
+            enc(|e| {
+                e.u32(0).unwrap();
+                post_op(e, None);
+                post_op(e, Some(&a));
+            })
+        }
         // READ.
         (NFS_PROG, 6) => {
             let (_, off, count) = nfs_fake_server::read_args(&c.args);
@@ -337,4 +358,60 @@ fn reads_and_writes_larger_than_the_servers_transfer_size_go_in_pieces() {
     assert!(body == data[1000..]);
     let reads = r.server.calls().iter().filter(|c| c.prog == NFS_PROG && c.proc == 6).count();
     assert_eq!(reads, 4);
+}
+
+/// The (procedure, stable) of every WRITE, COMMIT and SETATTR the server saw, in order.
+fn data_calls(server: &FakeServer) -> Vec<(u32, u32)> {
+    server
+        .calls()
+        .iter()
+        .filter(|c| c.prog == NFS_PROG && matches!(c.proc, 2 | 7 | 21))
+        .map(|c| (c.proc, if c.proc == 7 { write_args(&c.args).3 } else { 0 }))
+        .collect()
+}
+
+#[test]
+fn a_truncate_commits_the_stored_writes_first() {
+    let mut r = Rig::new();
+    let (node, fh) = r.open_f();
+    let w = abi::WriteIn { fh, offset: 0, size: 8192, ..Default::default() };
+    assert_eq!(
+        r.run(&mut request(opcode::WRITE, node, 4, 1000, 100, &[w.as_slice(), &[1u8; 8192]])).0.error,
+        0
+    );
+    // The server restarted meanwhile: the COMMIT before the truncate replays the write, and
+    // the truncate comes after it (a replay after the truncate would bring the data back).
+    r.script.lock().unwrap().commit_verf = Some(VERF_B);
+    let sa = abi::SetattrIn { valid: abi::fattr::SIZE, size: 100, ..Default::default() };
+    let (h, body) = r.run(&mut request(opcode::SETATTR, node, 5, 1000, 100, &[sa.as_slice()]));
+    assert_eq!(h.error, 0);
+    assert_eq!(parse::<abi::AttrOut>(&body).attr.size, 100);
+    assert_eq!(data_calls(&r.server), vec![(7, 0), (21, 0), (7, 2), (2, 0)]);
+    assert_eq!(r.script.lock().unwrap().data.len(), 100);
+    assert_eq!(r.srv.filesystem().stats().unstable.bytes_now, 0);
+}
+
+#[test]
+fn a_write_that_finds_the_store_full_commits_the_files_stored_writes_first() {
+    let mut r = Rig::with(|o| o.unstable_bytes = 8192);
+    let (node, fh) = r.open_f();
+    let w = abi::WriteIn { fh, offset: 0, size: 8192, ..Default::default() };
+    assert_eq!(
+        r.run(&mut request(opcode::WRITE, node, 4, 1000, 100, &[w.as_slice(), &[1u8; 8192]])).0.error,
+        0
+    );
+    let w = abi::WriteIn { fh, offset: 0, size: 4096, ..Default::default() };
+    assert_eq!(
+        r.run(&mut request(opcode::WRITE, node, 5, 1000, 100, &[w.as_slice(), &[2u8; 4096]])).0.error,
+        0
+    );
+    // The store was full: COMMIT first (same verifier: nothing to replay), which made room, so
+    // the new write is stored and goes UNSTABLE; no older stored write of the file is left to
+    // be replayed over it.
+    assert_eq!(data_calls(&r.server), vec![(7, 0), (21, 0), (7, 0)]);
+    {
+        let s = r.script.lock().unwrap();
+        assert!(s.data[..4096].iter().all(|&b| b == 2) && s.data[4096..].iter().all(|&b| b == 1));
+    }
+    assert_eq!(r.srv.filesystem().stats().unstable.bytes_now, 4096);
 }

@@ -170,6 +170,10 @@ struct Slot {
     /// The count of the call on the wire (READ, WRITE, replay).
     chunk: u32,
     stable: Stable,
+    /// The call to go on with once a COMMIT (and its replays) is done: a WRITE that found no
+    /// room in the store, or a truncating SETATTR, of a file with stored writes commits them
+    /// first, so no replay can ever land on top of what it wrote.
+    then: Option<Call>,
     unstable: Option<EntryId>,
     replay: Option<EntryId>,
     flags: u32,
@@ -205,6 +209,7 @@ impl Slot {
             done: 0,
             chunk: 0,
             stable: Stable::FileSync,
+            then: None,
             unstable: None,
             replay: None,
             flags: 0,
@@ -352,6 +357,13 @@ fn send(
             p.truncate(slot.chunk as usize);
             slot.unstable = fs.unstable.insert(slot.nodeid, &slot.fh, slot.offset + u64::from(slot.done), p);
             slot.stable = if slot.unstable.is_some() { Stable::Unstable } else { Stable::FileSync };
+            if slot.unstable.is_none() && fs.unstable.has_answered(slot.nodeid) {
+                // No room: this one goes FILE_SYNC, after the file's stored writes are
+                // committed (a replay must never land on top of it).
+                slot.then = Some(Call::Write);
+                slot.call = Call::Commit;
+                payload = None;
+            }
         }
     }
     let args = slot.args(slot.kind == Kind::Readdirplus);
@@ -662,6 +674,9 @@ fn reply(fs: &NfsFs, slot: &mut Slot, res: Res<'_>, done: &mut Completions<'_>) 
                 log::info!("nfs: the server's write verifier changed: sending {} writes again", c.resend);
                 slot.call = Call::Resend;
                 Next
+            } else if let Some(call) = slot.then.take() {
+                slot.call = call;
+                Next
             } else {
                 Done(Ok(Reply::Empty))
             }
@@ -845,6 +860,7 @@ impl NfsEngine {
         slot.done = 0;
         slot.setattr_after = false;
         slot.exclusive = None;
+        slot.then = None;
         slot.unstable = None;
         slot.replay = None;
         slot.sattr = Sattr::default();
@@ -862,8 +878,16 @@ impl NfsEngine {
             }
             Op::Setattr(a) => {
                 slot.obj = node(req.nodeid)?;
+                slot.fh = slot.obj;
                 slot.sattr = sattr(a);
-                (Kind::Setattr, Call::SetattrObj)
+                if a.size.is_some() && fs.unstable.has_answered(req.nodeid) {
+                    // A truncate after stored writes: commit them first (a replay after it
+                    // would bring the cut data back).
+                    slot.then = Some(Call::SetattrObj);
+                    (Kind::Setattr, Call::Commit)
+                } else {
+                    (Kind::Setattr, Call::SetattrObj)
+                }
             }
             Op::Access { mask } => {
                 slot.fh = node(req.nodeid)?;
@@ -1108,7 +1132,16 @@ impl NfsEngine {
                 }
                 let Some(r) = fs.unstable.next_resend(slot.nodeid, &mut self.replay_buf) else {
                     // Everything the server lost is on it again.
-                    return self.end(fs, i, Ok(Reply::Empty), done);
+                    if self.replay_owner == Some(i) {
+                        self.replay_owner = None;
+                    }
+                    return match slot.then.take() {
+                        Some(call) => {
+                            slot.call = call;
+                            self.send_next(fs, i, done)
+                        }
+                        None => self.end(fs, i, Ok(Reply::Empty), done),
+                    };
                 };
                 self.replay_owner = Some(i);
                 slot.obj = r.fh;
