@@ -447,3 +447,32 @@ fn writes_through_two_pollers_are_replayed_by_the_flush_on_either() {
     d.release(f.nodeid, open.fh).unwrap();
     d.shutdown().unwrap();
 }
+
+#[test]
+fn a_file_unlinked_while_open_stays_usable_until_its_last_close() {
+    let g = Ganesha::start();
+    let s = Served::new(&g, |_| {});
+    let mut d = s.connect();
+    // What glibc's tmpfile() does when O_TMPFILE is not supported: create, unlink, use.
+    let (f, open) = d.create(ROOT, "tmp", 0o600, RDWR).unwrap();
+    d.unlink(ROOT, "tmp").unwrap();
+    assert_eq!(errno(d.lookup(ROOT, "tmp")), libc::ENOENT);
+    let data = pattern(4, 50_000);
+    d.write(f.nodeid, open.fh, 0, &data).unwrap();
+    assert_eq!(d.read(f.nodeid, open.fh, 0, 60_000).unwrap(), data);
+    let silly: Vec<_> = std::fs::read_dir(g.export())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with(".nfs"))
+        .collect();
+    assert_eq!(silly.len(), 1, "renamed, not removed, while open: {silly:?}");
+    d.flush(f.nodeid, open.fh).unwrap();
+    d.release(f.nodeid, open.fh).unwrap();
+    assert_eq!(std::fs::read_dir(g.export()).unwrap().count(), 0, "gone at the last close");
+    // A file nobody has open is removed at once.
+    let (h, o) = d.create(ROOT, "plain", 0o600, RDWR).unwrap();
+    d.release(h.nodeid, o.fh).unwrap();
+    d.unlink(ROOT, "plain").unwrap();
+    assert_eq!(std::fs::read_dir(g.export()).unwrap().count(), 0);
+    d.shutdown().unwrap();
+}

@@ -34,7 +34,7 @@ use vm_memory::VolatileSlice;
 
 use super::conn::{CallError, Conn, Cred, Sink};
 use super::fs::{cred, decode_dev, nfs_error, stat, EngineCell, NfsFs};
-use super::nodes::OpenFile;
+use super::nodes::{silly_name, OpenFile};
 use super::unstable::EntryId;
 use super::wire::nfs3::{
     Args, CreateHow, Fattr, Fh, Ftype, NfsTime, Nfsstat, Res, Sattr, SetTime as NfsSetTime, Stable,
@@ -576,6 +576,24 @@ fn reply(fs: &NfsFs, slot: &mut Slot, res: Res<'_>, done: &mut Completions<'_>) 
         };
     }
     match (slot.call, res) {
+        (Call::LookupName, Res::Lookup { fh, .. }) if slot.kind == Kind::Unlink => {
+            match fs.nodes.open_node(&fh) {
+                // Open: renamed to its silly name until the last close (as Linux's NFS client).
+                Some(n) => {
+                    slot.handle = n;
+                    slot.fh2 = slot.fh;
+                    let a = slot.names.a;
+                    let mut old = [0u8; NAME_MAX];
+                    old[..a].copy_from_slice(slot.names.a());
+                    if slot.names.set(&old[..a], &silly_name(n)).is_err() {
+                        return Done(Err(Error::NameTooLong));
+                    }
+                    slot.call = Call::Rename;
+                }
+                None => slot.call = Call::Remove,
+            }
+            Next
+        }
         (Call::LookupName, Res::Lookup { fh, attr, .. }) => after_object(fs, slot, fh, attr),
         (Call::LookupTarget, Res::Lookup { .. }) => Done(Err(Error::Exists)),
         (Call::GetattrObj, Res::Attr(a)) => finish(fs, slot, &a),
@@ -623,6 +641,10 @@ fn reply(fs: &NfsFs, slot: &mut Slot, res: Res<'_>, done: &mut Completions<'_>) 
                     Next
                 }
             }
+        }
+        (Call::Rename, Res::Changed { .. }) if slot.kind == Kind::Unlink => {
+            fs.nodes.set_silly(slot.handle, slot.fh);
+            Done(Ok(Reply::Empty))
         }
         (Call::Remove | Call::Rmdir | Call::Rename, Res::Changed { .. }) => Done(Ok(Reply::Empty)),
         (Call::Link, Res::Changed { attr }) => {
@@ -957,7 +979,9 @@ impl NfsEngine {
             Op::Unlink { name } => {
                 slot.fh = node(req.nodeid)?;
                 slot.names.set(name, b"")?;
-                (Kind::Unlink, Call::Remove)
+                // A file still open somewhere is renamed, not removed: LOOKUP first to know.
+                let call = if fs.nodes.any_open() { Call::LookupName } else { Call::Remove };
+                (Kind::Unlink, call)
             }
             Op::Rmdir { name } => {
                 slot.fh = node(req.nodeid)?;
@@ -1032,8 +1056,16 @@ impl NfsEngine {
             }
             Op::Release { fh, .. } => {
                 let fhandle = node(req.nodeid).ok();
-                if let Some(f) = fs.handles.close(fh) {
-                    fs.nodes.closed(f.nodeid);
+                let silly = fs.handles.close(fh).and_then(|f| fs.nodes.closed(f.nodeid));
+                if let Some(dir) = silly {
+                    // The last close of a file unlinked while open: its data is of no use any
+                    // more, and its silly name goes.
+                    fs.unstable.drop_file(req.nodeid);
+                    slot.fh = dir;
+                    slot.names.set(&silly_name(req.nodeid), b"")?;
+                    slot.kind = Kind::Unlink;
+                    slot.call = Call::Remove;
+                    return Ok(None);
                 }
                 match fhandle {
                     // The last handle of a file with uncommitted writes: commit them.
@@ -1046,7 +1078,7 @@ impl NfsEngine {
             }
             Op::Releasedir { fh, .. } => {
                 if let Some(f) = fs.handles.close(fh) {
-                    fs.nodes.closed(f.nodeid);
+                    let _ = fs.nodes.closed(f.nodeid);
                 }
                 return Ok(Some(Reply::Empty));
             }
