@@ -476,3 +476,27 @@ fn a_file_unlinked_while_open_stays_usable_until_its_last_close() {
     assert_eq!(std::fs::read_dir(g.export()).unwrap().count(), 0);
     d.shutdown().unwrap();
 }
+
+#[test]
+fn advisory_locks_stay_in_the_device_and_check_the_handle() {
+    use virtiofs_tools::LockReq;
+    let g = Ganesha::start();
+    let s = Served::new(&g, |_| {});
+    let mut d = s.connect();
+    let (f, rw) = d.create(ROOT, "l", 0o644, RDWR).unwrap();
+    let ro = d.open(f.nodeid, libc::O_RDONLY as u32).unwrap();
+    let lock =
+        |fh, owner, typ| LockReq { fh, owner, typ, start: 0, end: 99, pid: 10 + owner as u32, flock: false };
+    d.setlk(f.nodeid, &lock(rw.fh, 1, libc::F_WRLCK)).unwrap();
+    // Another owner conflicts; a write lock through a read-only handle is EBADF.
+    let calls = s.fs().stats().calls;
+    assert_eq!(errno(d.setlk(f.nodeid, &lock(ro.fh, 2, libc::F_RDLCK))), libc::EAGAIN);
+    assert_eq!(errno(d.setlk(f.nodeid, &lock(ro.fh, 2, libc::F_WRLCK))), libc::EBADF);
+    assert_eq!(errno(d.setlk(f.nodeid, &lock(9999, 2, libc::F_RDLCK))), libc::EBADF);
+    assert_eq!(s.fs().stats().calls, calls, "locks never reach the server");
+    d.setlk(f.nodeid, &lock(rw.fh, 1, libc::F_UNLCK)).unwrap();
+    d.setlk(f.nodeid, &lock(ro.fh, 2, libc::F_RDLCK)).unwrap();
+    d.release(f.nodeid, ro.fh).unwrap();
+    d.release(f.nodeid, rw.fh).unwrap();
+    d.shutdown().unwrap();
+}
