@@ -5,8 +5,18 @@
 //! [`conn`] is one non-blocking TCP connection (record marking, XIDs over a slot table,
 //! retransmission, reconnection, timeouts) owned by one poller; [`setup`] has the blocking
 //! start-up calls of the control thread (portmapper, MOUNT); [`url`] parses `nfs://` URLs.
+//!
+//! The backend on top: [`fs`] ([`NfsFs`], the `FileSystem`, and its start-up), [`engine`] (the
+//! per-poller engine that maps each FUSE request onto NFSv3 calls), [`nodes`] (node ids and
+//! open handles) and [`unstable`] (the UNSTABLE write replay store).
 
 pub mod conn;
+pub mod engine;
+pub mod fs;
+pub mod nodes;
 pub mod setup;
+pub mod unstable;
 pub mod url;
 pub mod wire;
+
+pub use fs::{NfsError, NfsFs, NfsOptions, NfsStats};
