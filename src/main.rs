@@ -157,6 +157,7 @@ fn main() -> ExitCode {
     for sig in signals.forever() {
         if sig != SIGUSR1 {
             info!("signal {sig}: shutting down");
+            exit_anyway_after(SHUTDOWN_BOUND);
             break;
         }
         if let Some(f) = &stats_file {
@@ -246,6 +247,23 @@ fn confine_and_serve(
 type Started = Result<RunningDevice, virtiofs_device::vfio_user::ServerError>;
 /// Reads the FUSE side's statistics of the running handler.
 type FuseStatsFn = Box<dyn Fn() -> FuseStats>;
+
+/// How long a signalled daemon may take to stop before it exits anyway.
+const SHUTDOWN_BOUND: std::time::Duration = std::time::Duration::from_millis(800);
+
+/// Ends the process `bound` from now if the orderly stop has not finished by then: no client can
+/// keep the daemon alive after SIGTERM (a thread stuck on a descriptor the client controls).
+fn exit_anyway_after(bound: std::time::Duration) {
+    let _ = std::thread::Builder::new().name("shutdown-bound".into()).spawn(move || {
+        // park_timeout (a futex wait) rather than sleep: nanosleep is not in the seccomp allowlist.
+        let deadline = std::time::Instant::now() + bound;
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            std::thread::park_timeout(left);
+        }
+        error!("shutdown did not finish within {bound:?}; exiting");
+        std::process::exit(1);
+    });
+}
 
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();

@@ -57,6 +57,9 @@ pub enum ControlError {
     /// An interrupt descriptor that is not an eventfd.
     #[error("descriptor {0} is not an eventfd")]
     NotEventfd(usize),
+    /// An interrupt eventfd could not be made non-blocking.
+    #[error("cannot make eventfd {0} non-blocking")]
+    Eventfd(usize, #[source] io::Error),
     /// The notify memory could not be shared.
     #[error("cannot share the notify memory")]
     NotifyMemory(#[source] io::Error),
@@ -226,6 +229,9 @@ impl DeviceState {
         if let Some(bad) = fds.iter().position(|f| !is_eventfd(f)) {
             return Err(ControlError::NotEventfd(bad));
         }
+        for (i, f) in fds.iter().enumerate() {
+            set_nonblocking(f).map_err(|e| ControlError::Eventfd(i, e))?;
+        }
         let mut fds = fds.into_iter();
         for v in range {
             self.msix_fds[v] = fds.next();
@@ -321,9 +327,36 @@ impl DeviceState {
         let v = usize::from(vector);
         if self.func.msix().deliverable_or_pend(v) {
             if let Some(Some(f)) = self.msix_fds.get(v) {
-                let _ = (&*f).write(&1u64.to_ne_bytes());
+                // EAGAIN: the counter is full, an interrupt is already pending.
+                let _ = signal_eventfd(f);
             }
         }
+    }
+}
+
+/// Makes a received interrupt eventfd non-blocking (on its open file description, which the
+/// client shares: QEMU's eventfds are `EFD_NONBLOCK` already). A client may hand over an eventfd
+/// without `EFD_NONBLOCK` whose counter it set to 2^64-2: a blocking write would then wait for
+/// ever, on the control plane or a poller.
+fn set_nonblocking(f: &File) -> io::Result<()> {
+    use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
+    let flags = fcntl_getfl(f)?;
+    if !flags.contains(OFlags::NONBLOCK) {
+        fcntl_setfl(f, flags | OFlags::NONBLOCK)?;
+    }
+    Ok(())
+}
+
+/// Signals an interrupt eventfd (adds 1 to its counter) without ever waiting: a full counter
+/// (`EAGAIN`) is an interrupt that is already pending, which the driver will see; `Ok(false)`
+/// says so. The descriptor was made non-blocking on receipt ([`DeviceState::set_irq_eventfds`]);
+/// a client that clears `O_NONBLOCK` again on its copy and fills the counter can still make this
+/// write wait (DESIGN.md, "Reliability"), which the daemon's bounded shutdown covers.
+pub(crate) fn signal_eventfd(f: &File) -> io::Result<bool> {
+    match (&*f).write(&1u64.to_ne_bytes()) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
+        Err(e) => Err(e),
     }
 }
 

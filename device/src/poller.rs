@@ -25,7 +25,6 @@
 //! request can still be using the old one: that is when DMA_UNMAP may be answered.
 
 use std::fs::File;
-use std::io::Write;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
@@ -864,7 +863,9 @@ impl Ctx {
         let v = usize::from(vector);
         if self.msix.deliverable_or_pend(v) {
             if let Some(Some(fd)) = irqs.get(v) {
-                if let Err(e) = (&*fd).write(&1u64.to_ne_bytes()) {
+                // A full counter (the driver has not read it for 2^64-2 interrupts) is an
+                // interrupt already pending: never wait for it.
+                if let Err(e) = crate::control::signal_eventfd(fd) {
                     warn!("queue {queue}: interrupt on vector {v} failed: {e}");
                 }
                 if let Some(c) = self.counters(stat) {

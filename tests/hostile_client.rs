@@ -1,0 +1,175 @@
+//! What a hostile client, guest or second process does to the `virtiofs-dpu` daemon, over its real
+//! socket (issue 11): none of it may kill, freeze or take over the daemon, and the next client is
+//! served. Each test is one finding of the issue.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use vfio_bindings::bindings::vfio::{
+    VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE, VFIO_PCI_MSIX_IRQ_INDEX,
+};
+use virtiofs_tools::vfio_user::ClientCaps;
+use virtiofs_tools::{Client, DriverOptions, FsDriver};
+
+const BIN: &str = env!("CARGO_BIN_EXE_virtiofs-dpu");
+
+/// The daemon as a subprocess, killed (and its socket directory removed) when dropped.
+struct Daemon {
+    child: Child,
+    _dir: tempfile::TempDir,
+    sock: std::path::PathBuf,
+}
+
+impl Daemon {
+    fn start(extra: &[&str]) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("d.sock");
+        Self::start_at(dir, sock, extra)
+    }
+
+    fn start_at(dir: tempfile::TempDir, sock: std::path::PathBuf, extra: &[&str]) -> Daemon {
+        let mut args = vec!["--socket-path", sock.to_str().unwrap(), "--tag", "hostile"];
+        args.extend_from_slice(extra);
+        let child = Command::new(BIN)
+            .args(&args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start virtiofs-dpu");
+        let mut d = Daemon { child, _dir: dir, sock };
+        d.wait_for_socket();
+        d
+    }
+
+    fn wait_for_socket(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.sock.exists() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("daemon exited early: {status}: {}", self.log());
+            }
+            assert!(Instant::now() < deadline, "socket never appeared");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn log(&mut self) -> String {
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        err
+    }
+
+    /// A vfio-user client past VERSION (retrying while the previous client's hang-up is handled).
+    fn client(&self) -> Client {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut c) = Client::connect(&self.sock) {
+                c.set_timeout(Duration::from_secs(5)).unwrap();
+                if c.version(&ClientCaps::default()).is_ok() {
+                    return c;
+                }
+            }
+            assert!(Instant::now() < deadline, "server never accepted a session");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn driver(&self, opts: DriverOptions) -> FsDriver {
+        FsDriver::connect(&self.sock, opts).expect("bring-up")
+    }
+
+    /// A driver session that works: INIT and a GETATTR of the root.
+    fn serves_a_new_client(&self) {
+        let mut d = self.driver(DriverOptions { timeout: Duration::from_secs(5), ..Default::default() });
+        d.init().expect("INIT on a new connection");
+        d.getattr(1).expect("GETATTR on a new connection");
+        d.shutdown().unwrap();
+    }
+
+    /// SIGTERM; asserts the process is gone within `bound`.
+    fn sigterm_gone_within(&mut self, bound: Duration) {
+        // SAFETY: kill(2) on our own child's pid, no memory involved.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) }, 0);
+        let start = Instant::now();
+        loop {
+            if self.child.try_wait().unwrap().is_some() {
+                return;
+            }
+            if start.elapsed() > bound {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("daemon still running {bound:?} after SIGTERM: {}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A blocking eventfd (no `EFD_NONBLOCK`) whose counter is 2^64-2: one more write would wait
+/// until somebody reads it.
+fn full_blocking_eventfd() -> OwnedFd {
+    // SAFETY: eventfd(2) with valid flags; the result is checked and owned below.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: a new descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut f = std::fs::File::from(fd.try_clone().unwrap());
+    f.write_all(&(u64::MAX - 1).to_ne_bytes()).unwrap();
+    fd
+}
+
+/// Issue 11, "blocking eventfd", control-plane side: SET_IRQS TRIGGER on a vector whose eventfd is
+/// full and blocking used to block the control plane for ever; SIGTERM then never ended it.
+#[test]
+fn full_blocking_eventfd_on_trigger_neither_blocks_nor_outlives_sigterm() {
+    let mut d = Daemon::start(&[]);
+    let mut c = d.client();
+    let efd = full_blocking_eventfd();
+    let eventfd_trigger = VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER;
+    c.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, eventfd_trigger, 0, 1, &[efd.as_raw_fd()], &[]).unwrap();
+    // Trigger vector 0: the device writes the full eventfd. The reply must come.
+    let trigger = VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER;
+    c.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, trigger, 0, 1, &[], &[]).expect("TRIGGER answered");
+    c.set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, trigger, 0, 1, &[], &[]).expect("and again");
+    drop(c);
+    d.serves_a_new_client();
+    d.sigterm_gone_within(Duration::from_secs(1));
+}
+
+/// Issue 11, "blocking eventfd", poller side: a queue's vector given a full blocking eventfd after
+/// DRIVER_OK used to block its poller on the first completion; no later request was served.
+#[test]
+fn full_blocking_eventfd_on_a_queue_vector_does_not_stop_the_poller() {
+    let mut d = Daemon::start(&[]);
+    let opts =
+        DriverOptions { use_interrupts: true, timeout: Duration::from_millis(300), ..Default::default() };
+    let mut drv = d.driver(opts);
+    let efd = full_blocking_eventfd();
+    let eventfd_trigger = VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER;
+    for q in 0..=drv.request_queues() {
+        let v = u32::from(drv.queue_vector(q));
+        drv.client()
+            .set_irqs(VFIO_PCI_MSIX_IRQ_INDEX, eventfd_trigger, v, 1, &[efd.as_raw_fd()], &[])
+            .unwrap();
+    }
+    // Completions come (the driver finds them in the used ring once its wait for an interrupt
+    // that cannot come ends); the poller goes on serving after each.
+    drv.init().expect("INIT");
+    for _ in 0..5 {
+        drv.getattr(1).expect("GETATTR after the poller signalled a full eventfd");
+    }
+    drop(drv);
+    d.serves_a_new_client();
+    d.sigterm_gone_within(Duration::from_secs(1));
+}
