@@ -173,3 +173,24 @@ fn full_blocking_eventfd_on_a_queue_vector_does_not_stop_the_poller() {
     d.serves_a_new_client();
     d.sigterm_gone_within(Duration::from_secs(1));
 }
+
+/// Issue 11, "CREATE over a FIFO" (passthrough): MKNOD a FIFO, then CREATE the same name without
+/// O_EXCL. Poller 0 used to block in open() waiting for a writer, and every queue and the control
+/// plane with it. Now the CREATE fails ENXIO at once and the daemon serves on; `--refuse
+/// device-nodes` makes a device MKNOD fail EPERM.
+#[test]
+fn create_over_a_fifo_does_not_block_the_passthrough() {
+    let share = tempfile::tempdir().unwrap();
+    let mut d = Daemon::start(&["--shared-dir", share.path().to_str().unwrap(), "--refuse", "device-nodes"]);
+    let mut drv = d.driver(DriverOptions { timeout: Duration::from_secs(3), ..Default::default() });
+    drv.init().unwrap();
+    drv.mknod(1, "fifo", libc::S_IFIFO | 0o666, 0).unwrap();
+    let e = drv.create(1, "fifo", 0o666, libc::O_WRONLY as u32).unwrap_err();
+    assert_eq!(e.fuse_errno(), Some(libc::ENXIO), "{e}");
+    let e = drv.mknod(1, "null", libc::S_IFCHR | 0o666, 0x103).unwrap_err();
+    assert_eq!(e.fuse_errno(), Some(libc::EPERM), "{e}");
+    drv.getattr(1).expect("the poller still serves");
+    drv.shutdown().unwrap();
+    d.serves_a_new_client();
+    d.sigterm_gone_within(Duration::from_secs(1));
+}

@@ -99,12 +99,92 @@ pub struct PassthroughConfig {
     /// Accept `FUSE_POSIX_ACL` (the guest kernel then caches and enforces ACLs too; the host
     /// filesystem stores them and applies default ACLs).
     pub posix_acl: bool,
+    /// What the guest may put on the host beyond plain files and directories.
+    pub policy: Policy,
 }
 
 impl PassthroughConfig {
     /// Serve `root` with the default settings.
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        PassthroughConfig { root: root.into(), cache: CachePolicy::Auto, posix_acl: true }
+        PassthroughConfig {
+            root: root.into(),
+            cache: CachePolicy::Auto,
+            posix_acl: true,
+            policy: Policy::default(),
+        }
+    }
+}
+
+/// What a guest (its root, usually) may create on the host that a host user could then use to
+/// gain privileges, in the spirit of virtiofsd's `--modcaps` (`--refuse` on the command line).
+/// Each is allowed by default, as in virtiofsd and as POSIX test suites expect; a share that is
+/// not mounted `nosuid,nodev` on the host should refuse them. A refused operation fails `EPERM`.
+/// Independent of these, the passthrough never *opens* a FIFO, socket or device node (OPEN and
+/// CREATE refuse them before any open: see `ops.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// MKNOD of character and block devices (FIFOs and sockets are always allowed).
+    pub device_nodes: bool,
+    /// Set-user-id bits, and set-group-id bits on anything but a directory (where the bit only
+    /// makes new entries inherit the group), in MKNOD, MKDIR, CREATE, TMPFILE and SETATTR modes.
+    pub setid: bool,
+    /// `security.capability` extended attributes (file capabilities).
+    pub file_caps: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy { device_nodes: true, setid: true, file_caps: true }
+    }
+}
+
+impl Policy {
+    /// The names `--refuse` takes.
+    pub const NAMES: [&'static str; 3] = ["device-nodes", "setid", "file-caps"];
+
+    /// The default policy with the comma-separated `list` of [`Self::NAMES`] refused.
+    pub fn refusing(list: &str) -> std::result::Result<Policy, String> {
+        let mut p = Policy::default();
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name {
+                "device-nodes" => p.device_nodes = false,
+                "setid" => p.setid = false,
+                "file-caps" => p.file_caps = false,
+                other => {
+                    return Err(format!(
+                        "unknown --refuse item {other:?} (one of {})",
+                        Self::NAMES.join(", ")
+                    ))
+                }
+            }
+        }
+        Ok(p)
+    }
+
+    /// Checks the mode of a creation or a SETATTR of a node of type `kind` (`S_IFMT` bits).
+    pub(crate) fn check_mode(&self, kind: u32, mode: u32) -> Result<()> {
+        let setid = mode & libc::S_ISUID != 0 || (mode & libc::S_ISGID != 0 && kind != libc::S_IFDIR);
+        if setid && !self.setid {
+            return Err(Error::NotPermitted);
+        }
+        Ok(())
+    }
+
+    /// Checks a MKNOD of `mode` (type and permission bits).
+    pub(crate) fn check_mknod(&self, mode: u32) -> Result<()> {
+        let kind = mode & libc::S_IFMT;
+        if (kind == libc::S_IFCHR || kind == libc::S_IFBLK) && !self.device_nodes {
+            return Err(Error::NotPermitted);
+        }
+        self.check_mode(kind, mode)
+    }
+
+    /// Checks a SETXATTR of `name`.
+    pub(crate) fn check_xattr(&self, name: &[u8]) -> Result<()> {
+        if name == b"security.capability" && !self.file_caps {
+            return Err(Error::NotPermitted);
+        }
+        Ok(())
     }
 }
 
@@ -513,6 +593,32 @@ impl PassthroughFs {
         let entry = self.entry(&inode, &st);
         let fh = self.add_handle(inode, File::from(file), false, oflags);
         Ok((entry, Opened { fh, open_flags: self.cfg.cache.file_open_flags() }))
+    }
+
+    /// Opens the existing entry `name` of `dir` for a CREATE without O_EXCL (with the caller's
+    /// ids in force): as an `O_PATH` descriptor first, then, if it is a regular file, for I/O
+    /// through its `/proc/self/fd` entry. Anything else is refused without being opened: a
+    /// directory `EISDIR`, a symlink `ELOOP` (the `O_NOFOLLOW` answer), a FIFO, socket or
+    /// device node `ENXIO` (what opening a socket gives; the guest kernel opens such nodes
+    /// itself).
+    fn open_existing(&self, dir: &Arc<Inode>, name: &Name, oflags: i32) -> Result<(Entry, Opened)> {
+        let opath = sys::openat2(dir.fd(), name.c(), libc::O_PATH | libc::O_NOFOLLOW, 0, RESOLVE)
+            .map_err(Error::from)?;
+        let st = sys::fstatx(opath.as_fd()).map_err(Error::from)?;
+        match kind_of(&st) {
+            libc::S_IFREG => {}
+            libc::S_IFDIR => return Err(Error::IsDir),
+            libc::S_IFLNK => return Err(Error::Os(libc::ELOOP)),
+            _ => return Err(Error::NoSuchAddress),
+        }
+        let path = sys::FdPath::new(opath.as_fd());
+        // Not O_NOFOLLOW here: the /proc/self/fd entry is the (magic) link to follow.
+        let reopen = oflags & !libc::O_NOFOLLOW;
+        let file = sys::openat(self.proc_fd.as_fd(), path.name(), reopen, 0).map_err(Error::from)?;
+        if InodeKey::of(&sys::fstatx(file.as_fd()).map_err(Error::from)?) != InodeKey::of(&st) {
+            return Err(Error::Io);
+        }
+        self.adopt(dir, file, oflags)
     }
 
     /// The umask for a creation: the request's when the session has `DONT_MASK` (the host then
