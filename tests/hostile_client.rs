@@ -46,7 +46,7 @@ impl Daemon {
 
     fn wait_for_socket(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.sock.exists() {
+        while std::os::unix::net::UnixStream::connect(&self.sock).is_err() {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("daemon exited early: {status}: {}", self.log());
             }
@@ -192,5 +192,86 @@ fn create_over_a_fifo_does_not_block_the_passthrough() {
     drv.getattr(1).expect("the poller still serves");
     drv.shutdown().unwrap();
     d.serves_a_new_client();
+    d.sigterm_gone_within(Duration::from_secs(1));
+}
+
+/// Runs the daemon on `sock` expecting it to refuse to start; returns its log.
+fn refused_start(sock: &std::path::Path) -> String {
+    let mut child = Command::new(BIN)
+        .args(["--socket-path", sock.to_str().unwrap(), "--tag", "second"])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run virtiofs-dpu");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the second daemon started on {} and kept running", sock.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(!status.success(), "second daemon must not start: {err}");
+    err
+}
+
+/// Issue 11, "a second daemon on the same socket path": it used to unlink the live daemon's
+/// socket and bind its own, leaving the first running with no socket. Now it refuses, naming the
+/// problem, and the first serves on. A stale socket (nobody listening) is still replaced; a file
+/// that is not a socket is its own error.
+#[test]
+fn a_live_socket_is_never_taken_over() {
+    let mut d = Daemon::start(&[]);
+    let log = refused_start(&d.sock);
+    assert!(log.contains("served by another live daemon") && log.contains("lock file"), "{log}");
+    assert!(d.sock.exists());
+    d.serves_a_new_client();
+
+    // A server that takes no lock (another program) is found by the connect probe.
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("other.sock");
+    let other = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let log = refused_start(&sock);
+    assert!(log.contains("served by another live daemon") && log.contains("accepts connections"), "{log}");
+    drop(other); // now stale: the file stays, nobody listens
+    assert!(sock.exists());
+    let mut d2 = Daemon::start_at(dir, sock, &[]);
+    d2.serves_a_new_client();
+    d2.sigterm_gone_within(Duration::from_secs(1));
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plain");
+    std::fs::write(&file, b"not a socket").unwrap();
+    let log = refused_start(&file);
+    assert!(log.contains("exists and is not a socket"), "{log}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"not a socket");
+    d.sigterm_gone_within(Duration::from_secs(1));
+}
+
+/// Issue 11, "already connected": a client that connects right after the previous one hung up
+/// could be refused while that hang-up was still being handled. It now waits and is served:
+/// no retry here, every connection must get its VERSION answered at the first try.
+#[test]
+fn the_next_client_is_served_right_after_a_hang_up() {
+    let mut d = Daemon::start(&[]);
+    for i in 0..100 {
+        let mut c = Client::connect(&d.sock).unwrap();
+        c.set_timeout(Duration::from_secs(5)).unwrap();
+        c.version(&ClientCaps::default()).unwrap_or_else(|e| panic!("connection {i} refused: {e}"));
+        // Half of them hang up with a DMA window mapped, so the reset has work to do.
+        if i % 2 == 0 {
+            let mem = tempfile::tempfile().unwrap();
+            mem.set_len(1 << 20).unwrap();
+            c.dma_map(3, 0, 1 << 32, 1 << 20, Some(mem.as_raw_fd())).unwrap();
+        }
+    }
     d.sigterm_gone_within(Duration::from_secs(1));
 }
