@@ -113,6 +113,15 @@ pub struct Profile {
     pub doorbells: Doorbells,
     /// Which poller serves which queue (`spread` or `request-queues`); see [`QueueMapping`].
     pub queue_mapping: QueueMapping,
+    /// Most DMA windows a client may have mapped at once (1 to 65535); past it DMA_MAP fails
+    /// ENOSPC. Each window with a descriptor keeps that descriptor open.
+    pub max_dma_windows: usize,
+    /// Most bytes, in MiB, the DMA windows with a descriptor may map together; past it DMA_MAP
+    /// fails ENOSPC.
+    pub max_dma_mib: u64,
+    /// Descriptors kept free for accepting the next client and for serving: a DMA window whose
+    /// descriptor would leave fewer free below RLIMIT_NOFILE fails EMFILE.
+    pub fd_reserve: u64,
 }
 
 impl Default for Profile {
@@ -129,6 +138,9 @@ impl Default for Profile {
             idle_sleep_us: 200,
             doorbells: Doorbells::Auto,
             queue_mapping: QueueMapping::Spread,
+            max_dma_windows: 4096,
+            max_dma_mib: 1 << 20,
+            fd_reserve: 128,
         }
     }
 }
@@ -172,6 +184,15 @@ impl Profile {
                 format!("must be a power of two from 2 to {MAX_QUEUE_SIZE}, got {}", self.queue_size),
             );
         }
+        if self.max_dma_windows == 0 || self.max_dma_windows > crate::memory::MAX_DMA_MAPS {
+            return invalid(
+                "max_dma_windows",
+                format!("must be 1 to {}, got {}", crate::memory::MAX_DMA_MAPS, self.max_dma_windows),
+            );
+        }
+        if self.max_dma_mib == 0 || self.max_dma_mib > (u64::MAX >> 20) {
+            return invalid("max_dma_mib", format!("must be at least 1, got {}", self.max_dma_mib));
+        }
         let mut sorted = self.poller_cores.clone();
         sorted.sort_unstable();
         if sorted.windows(2).any(|w| w[0] == w[1]) {
@@ -211,6 +232,15 @@ impl Profile {
             });
         }
         Ok(())
+    }
+
+    /// The DMA table's limits (windows, bytes, descriptors kept free).
+    pub fn dma_limits(&self) -> crate::memory::Limits {
+        crate::memory::Limits {
+            max_windows: self.max_dma_windows,
+            max_bytes: self.max_dma_mib << 20,
+            fd_reserve: self.fd_reserve,
+        }
     }
 
     /// Whether doorbells come through the socket (and wake parked pollers) rather than staying in

@@ -102,20 +102,16 @@ impl DeviceState {
             offered |= features::RING_PACKED;
         }
         let func = VirtioFsFunction::new(&profile.tag, profile.request_queues, profile.queue_size, offered);
-        let pollers = PollerSet::spawn(profile, handler, func.msix().clone(), wake_control)?;
+        let dma = DmaTable::with_limits(profile.dma_limits());
+        let pollers =
+            PollerSet::spawn(profile, handler, func.msix().clone(), dma.faults().clone(), wake_control)?;
         let notify_mem = if profile.doorbells_on_socket() {
             None
         } else {
             Some(memory::memfd("virtiofs-notify", pci::VIRTIO_BAR_SIZE)?)
         };
         let vectors = func.msix().len();
-        Ok(DeviceState {
-            func,
-            dma: DmaTable::default(),
-            pollers,
-            msix_fds: (0..vectors).map(|_| None).collect(),
-            notify_mem,
-        })
+        Ok(DeviceState { func, dma, pollers, msix_fds: (0..vectors).map(|_| None).collect(), notify_mem })
     }
 
     /// The device's counters, readable from any thread.
@@ -133,8 +129,9 @@ impl DeviceState {
     pub fn power_on_reset(&mut self) {
         self.func.reset();
         self.pollers.stop();
-        self.dma.clear();
+        let removed = self.dma.clear();
         self.pollers.set_memory(&self.dma.snapshot());
+        drop(removed); // no poller can touch them now: their SIGBUS watch may end
         self.msix_fds.iter_mut().for_each(|f| *f = None);
         self.publish_irqs();
     }
@@ -181,13 +178,12 @@ impl DeviceState {
     /// Removes the DMA windows in `address..address+size` (all of them with `None`); returns
     /// only once no poller can still touch them.
     pub fn dma_unmap(&mut self, range: Option<(u64, u64)>) -> Result<(), MemoryError> {
-        match range {
-            Some((address, size)) => {
-                self.dma.unmap(address, size)?;
-            }
+        let removed = match range {
+            Some((address, size)) => self.dma.unmap(address, size)?,
             None => self.dma.clear(),
-        }
+        };
         self.pollers.set_memory(&self.dma.snapshot());
+        drop(removed); // no poller can touch them now: their SIGBUS watch may end
         Ok(())
     }
 

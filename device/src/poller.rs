@@ -178,6 +178,9 @@ struct Ctx {
     wake_control: Arc<dyn Fn() + Send + Sync>,
     handler: Arc<dyn RequestHandler>,
     msix: Arc<MsixShared>,
+    /// SIGBUS faults repaired in the device's DMA windows (`memory::sigbus`): when it moves, the
+    /// client's memory went away under a request and the queues are broken.
+    faults: Arc<AtomicU64>,
     stats: Arc<DeviceCounters>,
     busy: bool,
     spin: Duration,
@@ -193,6 +196,7 @@ impl PollerSet {
         profile: &Profile,
         handler: Arc<dyn RequestHandler>,
         msix: Arc<MsixShared>,
+        faults: Arc<AtomicU64>,
         wake_control: Arc<dyn Fn() + Send + Sync>,
     ) -> std::io::Result<Self> {
         let (ev_tx, ev_rx) = channel();
@@ -213,6 +217,7 @@ impl PollerSet {
                 wake_control: wake_control.clone(),
                 handler: handler.clone(),
                 msix: msix.clone(),
+                faults: faults.clone(),
                 stats: stats.clone(),
                 busy: profile.polling == Polling::Busy,
                 spin: Duration::from_micros(profile.idle_spin_us),
@@ -486,6 +491,7 @@ fn run(ctx: Ctx) {
     let mut idle_since = Instant::now();
     let mine = ctx.stats.poller(ctx.id);
     let mut clock = Clock::new();
+    let mut faults_seen = ctx.faults.load(Ordering::Acquire);
     // One buffer list per memory snapshot (it borrows the snapshot): building it costs a 24 KiB
     // memset, 18 % of the poller's instructions at QD=1, idle spinning included (callgrind).
     'snapshot: loop {
@@ -519,6 +525,7 @@ fn run(ctx: Ctx) {
                 }
                 match msg {
                     Msg::Start { queues: cfgs, features: f } => {
+                        faults_seen = ctx.faults.load(Ordering::Acquire);
                         queues = cfgs.into_iter().filter_map(|c| ctx.new_queue(c, f)).collect();
                         for q in &mut queues {
                             ctx.attach(q, &mem);
@@ -563,6 +570,16 @@ fn run(ctx: Ctx) {
             }
             if let Some(e) = engine.as_mut() {
                 work += ctx.complete(e.as_mut(), &mut queues, &mem, &mut parked);
+            }
+            let faults = ctx.faults.load(Ordering::Relaxed);
+            if faults != faults_seen {
+                // Client memory went away under this round: what it read or wrote there was
+                // zeros or lost. No queue goes on; the driver must reset the device.
+                faults_seen = faults;
+                for q in queues.iter_mut().filter(|q| !q.broken) {
+                    q.broken = true;
+                    ctx.report(QueueError::MemoryLost(q.queue.index()));
+                }
             }
             for q in queues.iter_mut().filter(|q| q.attached && !q.broken) {
                 if q.queue.needs_interrupt(&mem) {

@@ -12,10 +12,15 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use thiserror::Error;
-use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap, GuestRegionMmap};
+use vm_memory::{
+    FileOffset, GuestAddress, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap, MemoryRegionAddress,
+};
+
+pub mod sigbus;
 
 /// The guest memory a poller sees: an immutable snapshot of the mapped DMA windows.
 pub type GuestMem = GuestMemoryMmap<()>;
@@ -69,8 +74,41 @@ pub enum MemoryError {
         file_len: u64,
     },
     /// Too many windows.
-    #[error("too many DMA windows (max {MAX_DMA_MAPS})")]
-    TooMany,
+    #[error("too many DMA windows (max {max})")]
+    TooMany {
+        /// The limit.
+        max: usize,
+    },
+    /// The windows would map more bytes than allowed.
+    #[error("DMA windows would map {bytes:#x} bytes (max {max:#x})")]
+    TooLarge {
+        /// What would be mapped.
+        bytes: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// Taking the window's descriptor would leave too few for serving (accepting the next
+    /// client, the backend's files).
+    #[error("DMA window descriptor {fd} is within {reserve} of the descriptor limit {limit}")]
+    NoDescriptors {
+        /// The descriptor received.
+        fd: i32,
+        /// The soft RLIMIT_NOFILE.
+        limit: u64,
+        /// Descriptors kept free.
+        reserve: u64,
+    },
+    /// A window that can shrink could not be watched for SIGBUS.
+    #[error("cannot watch DMA window {address:#x}+{size:#x} for SIGBUS")]
+    Watch {
+        /// Start of the window.
+        address: u64,
+        /// Its size.
+        size: u64,
+        /// Why.
+        #[source]
+        source: sigbus::WatchError,
+    },
     /// mmap of the passed file descriptor failed (for example the file is smaller than the window).
     #[error("cannot map DMA window {address:#x}+{size:#x}")]
     Map {
@@ -91,7 +129,10 @@ impl MemoryError {
             MemoryError::InvalidRange { .. } | MemoryError::PartialUnmap { .. } => libc::EINVAL,
             MemoryError::Overlap { .. } => libc::EEXIST,
             MemoryError::NotMapped { .. } => libc::ENOENT,
-            MemoryError::TooMany => libc::ENOSPC,
+            MemoryError::TooMany { .. } | MemoryError::TooLarge { .. } | MemoryError::Watch { .. } => {
+                libc::ENOSPC
+            }
+            MemoryError::NoDescriptors { .. } => libc::EMFILE,
             MemoryError::Map { .. } | MemoryError::FileTooSmall { .. } => libc::EINVAL,
         }
     }
@@ -99,19 +140,73 @@ impl MemoryError {
 
 /// One DMA window.
 #[derive(Debug)]
-struct Window {
+pub struct Window {
     size: u64,
     /// The mapping, or `None` for a window shared without a file descriptor.
     region: Option<Arc<GuestRegionMmap<()>>>,
+    /// The SIGBUS watch of a mapping that can shrink (dropped after the pollers let go of it).
+    _watch: Option<sigbus::Watch>,
+}
+
+/// Windows taken out of the table: drop them only once no poller can touch them (after the
+/// memory broadcast), since that ends their SIGBUS watch.
+#[derive(Debug, Default)]
+#[must_use = "drop removed windows after the pollers switched memory"]
+pub struct Removed(Vec<Window>);
+
+impl Removed {
+    /// How many windows were removed.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether none was.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Bounds on what a client may map.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Most windows.
+    pub max_windows: usize,
+    /// Most bytes mapped (windows with a descriptor).
+    pub max_bytes: u64,
+    /// Descriptors kept free below RLIMIT_NOFILE: a window whose descriptor number is past
+    /// `limit - reserve` is refused (descriptors are allocated lowest first, so every number
+    /// below it is taken).
+    pub fd_reserve: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_windows: MAX_DMA_MAPS, max_bytes: u64::MAX, fd_reserve: 0 }
+    }
 }
 
 /// The DMA windows of the current client, keyed by DMA address.
 #[derive(Debug, Default)]
 pub struct DmaTable {
     windows: BTreeMap<u64, Window>,
+    limits: Limits,
+    /// Bytes mapped now.
+    mapped: u64,
+    /// SIGBUS faults repaired in this table's windows (see [`sigbus`]); pollers compare it.
+    faults: Arc<AtomicU64>,
 }
 
 impl DmaTable {
+    /// An empty table with these limits.
+    pub fn with_limits(limits: Limits) -> Self {
+        DmaTable { limits, ..Default::default() }
+    }
+
+    /// The count of SIGBUS faults repaired in this table's windows (it only grows).
+    pub fn faults(&self) -> &Arc<AtomicU64> {
+        &self.faults
+    }
+
     /// Records a window; with `file`, maps `size` bytes of it at `offset`.
     pub fn map(
         &mut self,
@@ -134,9 +229,28 @@ impl DmaTable {
         if overlaps_before || overlaps_inside {
             return Err(MemoryError::Overlap { address, size });
         }
-        if self.windows.len() >= MAX_DMA_MAPS {
-            return Err(MemoryError::TooMany);
+        let max = self.limits.max_windows.min(MAX_DMA_MAPS);
+        if self.windows.len() >= max {
+            return Err(MemoryError::TooMany { max });
         }
+        if file.is_some() && self.mapped.saturating_add(size) > self.limits.max_bytes {
+            return Err(MemoryError::TooLarge {
+                bytes: self.mapped.saturating_add(size),
+                max: self.limits.max_bytes,
+            });
+        }
+        if let Some(f) = &file {
+            use std::os::fd::AsRawFd;
+            let fd = f.as_raw_fd();
+            if let Ok(limit) = rustix::process::getrlimit(rustix::process::Resource::Nofile).current.ok_or(())
+            {
+                let reserve = self.limits.fd_reserve;
+                if fd as u64 + reserve >= limit {
+                    return Err(MemoryError::NoDescriptors { fd, limit, reserve });
+                }
+            }
+        }
+        let mut watch = None;
         let region = match file {
             Some(file) => {
                 // Touching a mapping beyond the end of its file raises SIGBUS: refuse such windows.
@@ -145,23 +259,31 @@ impl DmaTable {
                 if offset.checked_add(size).is_none_or(|e| e > len) {
                     return Err(MemoryError::FileTooSmall { address, size, file_len: len });
                 }
+                let (cannot_shrink, page) = sigbus::cannot_shrink(&file);
                 let r = GuestRegionMmap::from_range(
                     GuestAddress(address),
                     size as usize,
                     Some(FileOffset::new(file, offset)),
                 )
                 .map_err(|source| MemoryError::Map { address, size, source })?;
+                if !cannot_shrink {
+                    let host = r.get_host_address(MemoryRegionAddress(0)).map_or(0, |p| p as usize);
+                    let w = sigbus::watch(host, size as usize, page, &self.faults)
+                        .map_err(|source| MemoryError::Watch { address, size, source })?;
+                    watch = Some(w);
+                }
+                self.mapped += size;
                 Some(Arc::new(r))
             }
             None => None,
         };
-        self.windows.insert(address, Window { size, region });
+        self.windows.insert(address, Window { size, region, _watch: watch });
         Ok(())
     }
 
     /// Removes every window inside `address..address+size`; the range must not cut a window.
-    /// Returns how many windows were removed.
-    pub fn unmap(&mut self, address: u64, size: u64) -> Result<usize, MemoryError> {
+    /// Returns the windows removed (drop them once no poller uses them).
+    pub fn unmap(&mut self, address: u64, size: u64) -> Result<Removed, MemoryError> {
         let end = address.checked_add(size).ok_or(MemoryError::InvalidRange { address, size })?;
         if size == 0 {
             return Err(MemoryError::InvalidRange { address, size });
@@ -179,15 +301,20 @@ impl DmaTable {
         if inside.is_empty() {
             return Err(MemoryError::NotMapped { address, size });
         }
-        for a in &inside {
-            self.windows.remove(a);
-        }
-        Ok(inside.len())
+        let removed: Vec<Window> = inside.iter().filter_map(|a| self.windows.remove(a)).collect();
+        self.mapped -= removed.iter().filter(|w| w.region.is_some()).map(|w| w.size).sum::<u64>();
+        Ok(Removed(removed))
     }
 
-    /// Removes every window.
-    pub fn clear(&mut self) {
-        self.windows.clear();
+    /// Removes every window (drop them once no poller uses them).
+    pub fn clear(&mut self) -> Removed {
+        self.mapped = 0;
+        Removed(std::mem::take(&mut self.windows).into_values().collect())
+    }
+
+    /// Whether a SIGBUS fault was repaired in a window since the count was `seen`.
+    pub fn faulted_since(&self, seen: u64) -> bool {
+        self.faults.load(Ordering::Acquire) != seen
     }
 
     /// Number of windows (with or without a mapping).
@@ -244,7 +371,7 @@ mod tests {
         m.write_obj(0xabcdu32, GuestAddress(0x10010)).unwrap();
         assert_eq!(m.read_obj::<u32>(GuestAddress(0x10010)).unwrap(), 0xabcd);
         assert!(m.read_obj::<u32>(GuestAddress(0xc0000)).is_err(), "fd-less window is not readable");
-        assert_eq!(t.unmap(0x10000, 0x4000).unwrap(), 1);
+        assert_eq!(t.unmap(0x10000, 0x4000).unwrap().len(), 1);
         // The old snapshot keeps its mapping alive.
         assert_eq!(m.read_obj::<u32>(GuestAddress(0x10010)).unwrap(), 0xabcd);
         assert_eq!(t.snapshot().num_regions(), 0);
@@ -273,7 +400,7 @@ mod tests {
         assert_eq!(t.unmap(0x1000, 0x1000).unwrap_err().errno(), libc::EINVAL);
         assert_eq!(t.unmap(0x0, 0x150000).unwrap_err().errno(), libc::EINVAL);
         assert_eq!(t.unmap(0x300000, 0x1000).unwrap_err().errno(), libc::ENOENT);
-        assert_eq!(t.unmap(0, 0x80000000).unwrap(), 2);
+        assert_eq!(t.unmap(0, 0x80000000).unwrap().len(), 2);
         assert!(t.is_empty());
     }
 }
