@@ -347,3 +347,72 @@ fn dma_windows_are_bounded_by_the_profile() {
     drop(c);
     d.sigterm_gone_within(Duration::from_secs(1));
 }
+
+/// The daemon's resident memory in KiB: anonymous (heap: the RAM filesystem's data) and file
+/// pages (its code). Shared memory (the client's DMA windows the daemon touched) is the
+/// client's and not counted.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| -> u64 {
+        let line = status.lines().find(|l| l.starts_with(name)).expect("field of /proc/PID/status");
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    field("RssAnon:") + field("RssFile:")
+}
+
+/// Issue 11, "bounds", RAM filesystem: its RSS went from 4 to 139 MB after sparse writes and
+/// stayed there after unlink. Freed data now goes back to the kernel: once every file is
+/// deleted the daemon's RSS (anonymous and file pages) is back within 10 % of what it was.
+#[test]
+fn the_ram_filesystem_returns_memory_when_files_go() {
+    let mut d = Daemon::start(&[]);
+    let mut drv = d.driver(DriverOptions { timeout: Duration::from_secs(10), ..Default::default() });
+    drv.init().unwrap();
+    let pid = d.child.id();
+    // Warm up what a session allocates anyway (one file written and removed).
+    let (e, o) = drv.create(1, "warm", 0o644, libc::O_RDWR as u32).unwrap();
+    drv.write(e.nodeid, o.fh, 0, &[1u8; 4096]).unwrap();
+    drv.release(e.nodeid, o.fh).unwrap();
+    drv.unlink(1, "warm").unwrap();
+    drv.forget(e.nodeid, 1).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let before = rss_kib(pid);
+    // Sparse files: 64 KiB written every 128 KiB (64 MiB of data), then a second pass of
+    // 4 KiB writes into the holes, each taking a chunk of its own.
+    let block = vec![0x5au8; 64 << 10];
+    let mut files = Vec::new();
+    for f in 0..32 {
+        let name = format!("sparse-{f}");
+        let (e, o) = drv.create(1, &name, 0o644, libc::O_RDWR as u32).unwrap();
+        for i in 0..32u64 {
+            drv.write(e.nodeid, o.fh, i * (128 << 10), &block).unwrap();
+        }
+        for i in 0..32u64 {
+            drv.write(e.nodeid, o.fh, i * (128 << 10) + (64 << 10), &block[..4096]).unwrap();
+        }
+        files.push((name, e.nodeid, o.fh));
+    }
+    let full = rss_kib(pid);
+    assert!(full > before + 50_000, "the writes took memory: {before} KiB -> {full} KiB");
+    // Half the files truncated, the other half unlinked (still open), then all released.
+    for (i, (name, node, fh)) in files.iter().enumerate() {
+        if i % 2 == 0 {
+            drv.truncate(*node, 0, Some(*fh)).unwrap();
+        }
+        drv.unlink(1, name).unwrap();
+    }
+    for (_, node, fh) in &files {
+        drv.release(*node, *fh).unwrap();
+        drv.forget(*node, 1).unwrap();
+    }
+    drv.getattr(1).unwrap(); // FORGET has no reply: a request after it orders them
+    std::thread::sleep(Duration::from_millis(100));
+    let after = rss_kib(pid);
+    eprintln!("RSS {before} KiB before, {full} KiB full, {after} KiB after");
+    assert!(
+        after <= before + before / 10,
+        "RSS {before} KiB before, {full} KiB full, {after} KiB after deleting everything"
+    );
+    drv.shutdown().unwrap();
+    d.sigterm_gone_within(Duration::from_secs(1));
+}

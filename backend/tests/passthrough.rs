@@ -553,3 +553,34 @@ fn policy_switches_refuse_device_nodes_setid_bits_and_file_caps() {
     }
     assert!(Policy::refusing("bogus").is_err());
 }
+
+/// Issue 11, "bounds": nodes (each an `O_PATH` descriptor) and handles (each a descriptor) are
+/// bounded: a guest that looks up names and never FORGETs, or opens and never releases, gets
+/// ENFILE past `max_nodes` / `max_handles`, before any descriptor is taken or anything created;
+/// FORGET and RELEASE make room again.
+#[test]
+fn nodes_and_handles_are_bounded() {
+    let t = Tree::new();
+    for i in 0..8 {
+        std::fs::write(t.host(&format!("f{i}")), b"x").unwrap();
+    }
+    let f = Fuse::with_config(&t.share, |c| {
+        c.max_nodes = 4; // the root and three more
+        c.max_handles = 2;
+    });
+    let nodes: Vec<_> = (0..3).map(|i| f.lookup(ROOT, format!("f{i}").as_bytes()).unwrap()).collect();
+    assert_eq!(f.lookup(ROOT, b"f3").unwrap_err(), libc::ENFILE);
+    // A node already held is found again (a revalidation takes no descriptor).
+    assert_eq!(f.lookup(ROOT, b"f0").unwrap().nodeid, nodes[0].nodeid);
+    assert_eq!(f.mkdir(ROOT, b"d", 0o755).unwrap_err(), libc::ENFILE);
+    assert_eq!(f.create(ROOT, b"new", 0o644, RDWR).map(|_| ()).unwrap_err(), libc::ENFILE);
+    assert!(!t.host("d").exists() && !t.host("new").exists(), "refused before creating");
+    let a = f.open(nodes[0].nodeid, RDWR).unwrap();
+    let _b = f.open(nodes[1].nodeid, RDWR).unwrap();
+    assert_eq!(f.open(nodes[2].nodeid, RDWR).unwrap_err(), libc::ENFILE);
+    assert_eq!(f.opendir(ROOT).unwrap_err(), libc::ENFILE);
+    f.release(nodes[0].nodeid, a).unwrap();
+    f.open(nodes[2].nodeid, RDWR).unwrap();
+    f.forget(nodes[0].nodeid, 2);
+    f.lookup(ROOT, b"f3").unwrap();
+}

@@ -101,6 +101,13 @@ pub struct PassthroughConfig {
     pub posix_acl: bool,
     /// What the guest may put on the host beyond plain files and directories.
     pub policy: Policy,
+    /// Nodes the guest may hold at once (each keeps an `O_PATH` descriptor): past it a LOOKUP
+    /// of a node not held yet, and every creation, fails ENFILE. A guest that looks names up
+    /// and never FORGETs is held to this many.
+    pub max_nodes: usize,
+    /// Open file and directory handles at once (each keeps a descriptor): past it OPEN,
+    /// OPENDIR and CREATE fail ENFILE.
+    pub max_handles: usize,
 }
 
 impl PassthroughConfig {
@@ -111,6 +118,8 @@ impl PassthroughConfig {
             cache: CachePolicy::Auto,
             posix_acl: true,
             policy: Policy::default(),
+            max_nodes: 1 << 18,
+            max_handles: 1 << 16,
         }
     }
 }
@@ -471,6 +480,23 @@ impl PassthroughFs {
         Ok(h)
     }
 
+    /// ENFILE once the guest holds [`PassthroughConfig::max_nodes`] nodes (checked before the
+    /// descriptor is opened or anything is created; concurrent pollers may pass it by one each).
+    fn room_for_node(&self) -> Result<()> {
+        if self.inodes.len() >= self.cfg.max_nodes {
+            return Err(Error::Os(libc::ENFILE));
+        }
+        Ok(())
+    }
+
+    /// ENFILE once [`PassthroughConfig::max_handles`] handles are open (checked before opening).
+    fn room_for_handle(&self) -> Result<()> {
+        if self.handles.read().unwrap_or_else(PoisonError::into_inner).len() >= self.cfg.max_handles {
+            return Err(Error::Os(libc::ENFILE));
+        }
+        Ok(())
+    }
+
     fn add_handle(&self, inode: Arc<Inode>, file: File, dir: bool, oflags: i32) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let dir = dir.then(|| Mutex::new(Vec::new()));
@@ -548,6 +574,7 @@ impl PassthroughFs {
             inode.set_parent(dir);
             return Ok(self.entry(&inode, &st));
         }
+        self.room_for_node()?;
         let fd = sys::openat2(dir.fd(), name.c(), libc::O_PATH | libc::O_NOFOLLOW, 0, RESOLVE)
             .map_err(Error::from)?;
         let st = sys::fstatx(fd.as_fd()).map_err(Error::from)?;

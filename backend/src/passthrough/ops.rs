@@ -96,6 +96,7 @@ impl FileSystem for PassthroughFs {
     }
 
     fn symlink(&self, ctx: &Context, parent: u64, name: &[u8], target: &[u8]) -> Result<Entry> {
+        self.room_for_node()?;
         let dir = self.dir(parent)?;
         let name = Name::new(name)?;
         let target = sys::cstring(target).map_err(Error::from)?;
@@ -114,6 +115,7 @@ impl FileSystem for PassthroughFs {
         rdev: u32,
         umask: u32,
     ) -> Result<Entry> {
+        self.room_for_node()?;
         self.cfg.policy.check_mknod(mode)?;
         let dir = self.dir(parent)?;
         let name = Name::new(name)?;
@@ -125,6 +127,7 @@ impl FileSystem for PassthroughFs {
     }
 
     fn mkdir(&self, ctx: &Context, parent: u64, name: &[u8], mode: u32, umask: u32) -> Result<Entry> {
+        self.room_for_node()?;
         self.cfg.policy.check_mode(libc::S_IFDIR, mode)?;
         let dir = self.dir(parent)?;
         let name = Name::new(name)?;
@@ -182,6 +185,7 @@ impl FileSystem for PassthroughFs {
     }
 
     fn link(&self, ctx: &Context, ino: u64, newparent: u64, newname: &[u8]) -> Result<Entry> {
+        self.room_for_node()?;
         let inode = self.inode(ino)?;
         let dir = self.dir(newparent)?;
         let name = Name::new(newname)?;
@@ -205,6 +209,7 @@ impl FileSystem for PassthroughFs {
     }
 
     fn open(&self, ctx: &Context, ino: u64, flags: u32, _kill_priv: bool) -> Result<Opened> {
+        self.room_for_handle()?;
         let inode = self.inode(ino)?;
         match inode.kind {
             libc::S_IFREG => {}
@@ -338,6 +343,7 @@ impl FileSystem for PassthroughFs {
     }
 
     fn opendir(&self, ctx: &Context, ino: u64, _flags: u32) -> Result<Opened> {
+        self.room_for_handle()?;
         let inode = self.dir(ino)?;
         let file = as_caller(ctx, || self.reopen(&inode, libc::O_RDONLY | libc::O_DIRECTORY))?;
         Ok(Opened {
@@ -416,6 +422,8 @@ impl FileSystem for PassthroughFs {
         umask: u32,
         _kill_priv: bool,
     ) -> Result<(Entry, Opened)> {
+        self.room_for_node()?;
+        self.room_for_handle()?;
         self.cfg.policy.check_mode(libc::S_IFREG, mode)?;
         let dir = self.dir(parent)?;
         let name = Name::new(name)?;
@@ -452,6 +460,8 @@ impl FileSystem for PassthroughFs {
         flags: u32,
         umask: u32,
     ) -> Result<(Entry, Opened)> {
+        self.room_for_node()?;
+        self.room_for_handle()?;
         self.cfg.policy.check_mode(libc::S_IFREG, mode)?;
         let dir = self.dir(parent)?;
         let oflags = open_flags(flags)? | libc::O_TMPFILE | (flags as i32 & libc::O_EXCL);
