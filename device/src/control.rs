@@ -187,6 +187,11 @@ impl DeviceState {
         Ok(())
     }
 
+    /// Most DMA windows a client may map (what VERSION announces as `max_dma_maps`).
+    pub fn max_dma_windows(&self) -> usize {
+        self.dma.limits().max_windows.min(memory::MAX_DMA_MAPS)
+    }
+
     /// Size of region `index` (vfio-pci numbering); 0 if absent.
     pub fn region_size(&self, index: u32) -> u64 {
         self.func.region_size(index)

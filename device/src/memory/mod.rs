@@ -202,6 +202,11 @@ impl DmaTable {
         DmaTable { limits, ..Default::default() }
     }
 
+    /// The table's limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     /// The count of SIGBUS faults repaired in this table's windows (it only grows).
     pub fn faults(&self) -> &Arc<AtomicU64> {
         &self.faults

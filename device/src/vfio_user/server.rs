@@ -34,7 +34,6 @@ use vm_memory::ByteValued;
 use super::wire::{self, cmd, Header, HEADER_SIZE};
 use crate::config::Profile;
 use crate::control::{ControlError, DeviceState};
-use crate::memory;
 use crate::pci;
 use crate::poller::RequestHandler;
 use crate::stats::{DeviceCounters, DeviceStats};
@@ -503,7 +502,7 @@ impl Server {
         let negotiated = self.conn.as_ref().is_some_and(|c| c.negotiated);
         match hdr.command {
             cmd::VERSION if negotiated => Err(libc::EINVAL),
-            cmd::VERSION => version(payload),
+            cmd::VERSION => version(payload, self.dev.max_dma_windows()),
             cmd::DMA_MAP => dma_map(&mut self.dev, payload, fds),
             cmd::DMA_UNMAP => dma_unmap(&mut self.dev, payload),
             cmd::DEVICE_GET_INFO => device_info(payload),
@@ -575,7 +574,7 @@ impl Conn {
     }
 }
 
-fn version(payload: &[u8]) -> CmdResult {
+fn version(payload: &[u8], max_dma_maps: usize) -> CmdResult {
     let v = wire::read_obj::<wire::Version>(payload).ok_or(libc::EINVAL)?;
     if v.major != 0 {
         warn!("client wants protocol {}.{}; we speak 0.x", v.major, v.minor);
@@ -616,7 +615,7 @@ fn version(payload: &[u8]) -> CmdResult {
         ("max_msg_fds", wire::MAX_MSG_FDS as u64),
         ("max_data_xfer_size", MAX_DATA_XFER as u64),
         ("pgsizes", 4096),
-        ("max_dma_maps", memory::MAX_DMA_MAPS as u64),
+        ("max_dma_maps", max_dma_maps as u64),
     ];
     let reply_caps: serde_json::Map<String, serde_json::Value> = ours
         .iter()
