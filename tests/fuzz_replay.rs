@@ -1,13 +1,17 @@
 //! Replays every checked-in fuzz input on stable: the corpora the fuzzers built
 //! (`fuzz/corpus/<target>/`) and the inputs of crashes found and fixed
 //! (`fuzz/regressions/<target>/`, one file per finding, named after it). Each input goes through
-//! the same body the fuzz target runs (`virtiofs_fuzz_common`), so a regression fails here in
-//! `cargo test` without nightly or libFuzzer.
+//! the same body the fuzz target runs (`fuzz/common/src/lib.rs`, compiled here by path: the
+//! fuzz crates are a workspace of their own), so a regression fails here in `cargo test`
+//! without nightly or libFuzzer.
 
 use std::path::{Path, PathBuf};
 
+#[path = "../fuzz/common/src/lib.rs"]
+mod virtiofs_fuzz_common;
+
 fn inputs(target: &str) -> Vec<PathBuf> {
-    let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("fuzz/");
+    let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
     let mut all = Vec::new();
     for kind in ["corpus", "regressions"] {
         let dir = fuzz.join(kind).join(target);
