@@ -332,6 +332,25 @@ fn open_flags(flags: u32) -> Result<i32> {
     Ok(flags & OPEN_FLAGS_PASSED | libc::O_NOCTTY | libc::O_LARGEFILE)
 }
 
+/// Lowers the node and handle limits so that together they take at most three quarters of
+/// RLIMIT_NOFILE (`limit`): the rest is for the device (DMA windows, accepting the next client)
+/// and the daemon. Handles get at most a fifth of that share.
+fn fit_descriptor_limits(cfg: &mut PassthroughConfig, limit: u64) {
+    let budget = usize::try_from(limit - limit / 4).unwrap_or(usize::MAX).max(64);
+    if cfg.max_nodes.saturating_add(cfg.max_handles) <= budget {
+        return;
+    }
+    let handles = cfg.max_handles.min(budget / 5).max(1);
+    let nodes = cfg.max_nodes.min(budget - handles).max(2);
+    log::info!(
+        "passthrough: RLIMIT_NOFILE {limit}: at most {nodes} nodes and {handles} handles (configured {} and {})",
+        cfg.max_nodes,
+        cfg.max_handles
+    );
+    cfg.max_nodes = nodes;
+    cfg.max_handles = handles;
+}
+
 /// Runs `f` with the caller's filesystem ids on this thread.
 fn as_caller<T>(ctx: &Context, f: impl FnOnce() -> Result<T>) -> Result<T> {
     let _guard = creds::Guard::enter(ctx.uid, ctx.gid, ctx.supp_gid).map_err(Error::from)?;
@@ -368,8 +387,10 @@ impl PassthroughFs {
         sys::openat2(root_fd.as_fd(), c".", libc::O_PATH, 0, RESOLVE)
             .map_err(|source| SetupError::Kernel { what: "openat2 with RESOLVE_BENEATH", source })?;
         // Every node holds a descriptor: let the guest have as many as the hard limit allows.
-        if let Err(e) = sys::raise_nofile_limit() {
-            log::warn!("passthrough: cannot raise RLIMIT_NOFILE: {e}");
+        let mut cfg = cfg;
+        match sys::raise_nofile_limit() {
+            Ok(limit) => fit_descriptor_limits(&mut cfg, limit),
+            Err(e) => log::warn!("passthrough: cannot raise RLIMIT_NOFILE: {e}"),
         }
         Ok(PassthroughFs {
             inodes: InodeTable::new(root_fd, &st),
@@ -714,6 +735,16 @@ mod tests {
         let n = Name::new(&[b'x'; 255]).unwrap();
         assert_eq!(n.c().to_bytes().len(), 255);
         assert_eq!(Name::new(b"...").unwrap().c().to_bytes(), b"...");
+    }
+
+    #[test]
+    fn node_and_handle_limits_fit_the_descriptor_limit() {
+        let mut cfg = PassthroughConfig::new("/");
+        fit_descriptor_limits(&mut cfg, 1 << 22);
+        assert_eq!((cfg.max_nodes, cfg.max_handles), (1 << 18, 1 << 16), "a large limit changes nothing");
+        fit_descriptor_limits(&mut cfg, 4096);
+        assert_eq!(cfg.max_handles, 3072 / 5);
+        assert_eq!(cfg.max_nodes + cfg.max_handles, 3072, "a quarter of the descriptors stays free");
     }
 
     #[test]
