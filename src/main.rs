@@ -15,7 +15,7 @@ use virtiofs_backend::filesystem::CachePolicy;
 use virtiofs_backend::passthrough::sandbox::{self, SandboxMode};
 use virtiofs_backend::passthrough::seccomp::{self, SeccompMode};
 use virtiofs_backend::passthrough::uring::IoMode;
-use virtiofs_backend::passthrough::PassthroughConfig;
+use virtiofs_backend::passthrough::{PassthroughConfig, Policy};
 use virtiofs_backend::ramfs::RamFsConfig;
 use virtiofs_backend::{PassthroughFs, RamFs};
 use virtiofs_device::stats::DeviceStats;
@@ -99,6 +99,13 @@ struct Args {
     /// (allowed, logged by the kernel's audit) or `off` (no filter).
     #[arg(long, value_name = "MODE", default_value = "trap", requires = "shared_dir")]
     seccomp: SeccompMode,
+    /// With --shared-dir, a comma-separated list of what the guest may not create on the host:
+    /// `device-nodes` (MKNOD of character/block devices), `setid` (set-user-id bits, and
+    /// set-group-id bits outside directories), `file-caps` (`security.capability` xattrs); each
+    /// then fails EPERM. All are allowed by default: refuse them unless the host mounts the
+    /// share nosuid,nodev.
+    #[arg(long, value_name = "LIST", value_parser = Policy::refusing, requires = "shared_dir")]
+    refuse: Option<Policy>,
     /// Write the statistics as JSON to this file at exit, and on SIGUSR1 while running
     /// (`{"device": {"queues": [...], "pollers": [...]}, "fuse": {"locks": ..., "io": ...}}`). The file is opened at
     /// start, before any sandbox.
@@ -347,6 +354,7 @@ fn main() -> ExitCode {
             SIGHUP => info!("SIGHUP: nothing to reload (the profile is read at start); ignored"),
             _ => {
                 info!("signal {sig}: shutting down");
+                exit_anyway_after(SHUTDOWN_BOUND);
                 break;
             }
         }
@@ -392,6 +400,7 @@ fn confine_and_serve(
     let config = |root: &std::path::Path| {
         let mut cfg = PassthroughConfig::new(root);
         cfg.cache = args.cache.unwrap_or(cfg.cache);
+        cfg.policy = args.refuse.unwrap_or_default();
         cfg
     };
     // The directory is checked on the host's terms first (the same errors in every mode).
@@ -591,6 +600,23 @@ fn log_stats(d: &DeviceStats, fuse: &FuseStats) {
         fuse.locks.setlk,
         fuse.locks.setlkw
     );
+}
+
+/// How long a signalled daemon may take to stop before it exits anyway.
+const SHUTDOWN_BOUND: std::time::Duration = std::time::Duration::from_millis(800);
+
+/// Ends the process `bound` from now if the orderly stop has not finished by then: no client can
+/// keep the daemon alive after SIGTERM (a thread stuck on a descriptor the client controls).
+fn exit_anyway_after(bound: std::time::Duration) {
+    let _ = std::thread::Builder::new().name("shutdown-bound".into()).spawn(move || {
+        // park_timeout (a futex wait) rather than sleep: nanosleep is not in the seccomp allowlist.
+        let deadline = std::time::Instant::now() + bound;
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            std::thread::park_timeout(left);
+        }
+        error!("shutdown did not finish within {bound:?}; exiting");
+        std::process::exit(1);
+    });
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

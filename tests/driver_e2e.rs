@@ -368,12 +368,13 @@ fn parked_poller_wakes_on_doorbell(ring: RingLayout) {
 
     // Requests after idle spells: each finds the poller parked and rings it awake.
     let n = 20;
-    let started = Instant::now();
+    let mut waits = Vec::with_capacity(n as usize);
     for _ in 0..n {
         std::thread::sleep(Duration::from_millis(40));
+        let t = Instant::now();
         d.getattr(ROOT).unwrap();
+        waits.push(t.elapsed());
     }
-    let waited = started.elapsed().saturating_sub(Duration::from_millis(40 * n));
     let (_, idle_rings) = d.notify_counts();
     assert!(
         idle_rings - busy_rings >= n / 2,
@@ -382,11 +383,11 @@ fn parked_poller_wakes_on_doorbell(ring: RingLayout) {
     );
     let taken: u64 = s.device.as_ref().unwrap().stats().doorbells().iter().sum();
     assert!(taken >= n / 2, "the device counted {taken} doorbells");
-    // 20 timer wake-ups would take ~1 s (half a 100 ms sleep each); doorbells take well under.
-    assert!(
-        waited < Duration::from_millis(500),
-        "{n} requests after idle spells took {waited:?} beyond the idle time"
-    );
+    // A timer wake-up would take half the 100 ms sleep on average; a doorbell takes well under.
+    // The median, not the sum, so that a loaded machine's few slow rounds do not decide.
+    waits.sort_unstable();
+    let median = waits[waits.len() / 2];
+    assert!(median < Duration::from_millis(25), "median request after an idle spell took {median:?}");
     d.shutdown().unwrap();
 }
 

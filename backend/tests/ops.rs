@@ -678,3 +678,24 @@ fn cache_policy_sets_timeouts_and_open_flags() {
 }
 
 both_backends!(rename_semantics, open_flags_and_handles, split_buffers_everywhere,);
+
+/// Issue 11, "bounds": a guest that opens and never releases is held to `max_handles` (ENFILE,
+/// nothing changed by the refused OPEN, not even an O_TRUNC), and a RELEASE makes room again.
+#[test]
+fn open_handles_are_bounded() {
+    let cfg = RamFsConfig { max_handles: 4, ..Default::default() };
+    let f = Fuse::with_fs(RamFs::with_config(cfg)).initialised();
+    let (e, fh0) = f.create(ROOT, b"f", 0o644, libc::O_RDWR as u32).map(with_fh).unwrap();
+    f.write(e.nodeid, fh0, 0, b"data").unwrap();
+    let mut fhs = vec![fh0];
+    for _ in 0..3 {
+        fhs.push(f.open(e.nodeid, libc::O_RDONLY as u32).unwrap());
+    }
+    assert_eq!(f.open(e.nodeid, (libc::O_RDWR | libc::O_TRUNC) as u32).unwrap_err(), libc::ENFILE);
+    assert_eq!(f.opendir(ROOT).unwrap_err(), libc::ENFILE);
+    assert_eq!(f.create(ROOT, b"g", 0o644, libc::O_RDWR as u32).map(|_| ()).unwrap_err(), libc::ENFILE);
+    assert_eq!(f.getattr(e.nodeid).unwrap().size, 4, "the refused O_TRUNC changed nothing");
+    f.release(e.nodeid, fhs.pop().unwrap()).unwrap();
+    let d = f.opendir(ROOT).unwrap();
+    f.releasedir(ROOT, d).unwrap();
+}

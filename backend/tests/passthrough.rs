@@ -467,3 +467,120 @@ fn creations_run_with_the_supplementary_group_they_carry() {
     let r = u.call_with_ext(abi::opcode::MKDIR, team, &[mkdir.as_slice(), b"x\0"], &groups_ext(&[5555]));
     assert_eq!(r.result().unwrap_err(), libc::EACCES);
 }
+
+/// Issue 11, "CREATE over a FIFO / device node": a CREATE without O_EXCL naming an existing
+/// FIFO, device node or socket used to open it (a FIFO's open waits for a writer, blocking the
+/// poller for ever; a device's open has side effects). They are refused unopened with ENXIO; a
+/// regular file is still opened (and truncated when asked), a directory is EISDIR, a symlink ELOOP.
+#[test]
+fn create_over_an_existing_special_file_opens_nothing() {
+    let t = Tree::new();
+    let f = Fuse::new(&t.share);
+    f.mknod(ROOT, b"fifo", libc::S_IFIFO | 0o666, 0).unwrap();
+    let sock = std::os::unix::net::UnixListener::bind(t.host("sock")).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = f.create(ROOT, b"fifo", 0o666, RDWR).map(|_| ());
+        let r2 = f.create(ROOT, b"fifo", 0o666, libc::O_WRONLY as u32).map(|_| ());
+        let _ = tx.send((f, r, r2));
+    });
+    let (f, r, r2) =
+        rx.recv_timeout(std::time::Duration::from_secs(5)).expect("CREATE over a FIFO returns at once");
+    assert_eq!(r.unwrap_err(), libc::ENXIO);
+    assert_eq!(r2.unwrap_err(), libc::ENXIO);
+    assert_eq!(f.create(ROOT, b"sock", 0o666, RDWR).map(|_| ()).unwrap_err(), libc::ENXIO);
+    drop(sock);
+    if is_root() {
+        f.mknod(ROOT, b"null", libc::S_IFCHR | 0o666, 0x103).unwrap();
+        assert_eq!(f.create(ROOT, b"null", 0o666, RDWR).map(|_| ()).unwrap_err(), libc::ENXIO);
+    }
+    // With O_EXCL every existing name is EEXIST, as before.
+    let excl = RDWR | libc::O_EXCL as u32;
+    assert_eq!(f.create(ROOT, b"fifo", 0o666, excl).map(|_| ()).unwrap_err(), libc::EEXIST);
+    // A regular file is opened; O_TRUNC empties it.
+    std::fs::write(t.host("reg"), b"old contents").unwrap();
+    let (e, fh) = f.create(ROOT, b"reg", 0o666, RDWR | libc::O_TRUNC as u32).map(with_fh).unwrap();
+    assert_eq!(e.attr.size, 0);
+    f.release(e.nodeid, fh).unwrap();
+    assert_eq!(std::fs::read(t.host("reg")).unwrap(), b"");
+    f.mkdir(ROOT, b"d", 0o755).unwrap();
+    assert_eq!(f.create(ROOT, b"d", 0o666, RDWR).map(|_| ()).unwrap_err(), libc::EISDIR);
+    std::os::unix::fs::symlink("reg", t.host("l")).unwrap();
+    assert_eq!(f.create(ROOT, b"l", 0o666, RDWR).map(|_| ()).unwrap_err(), libc::ELOOP);
+    // OPEN of a FIFO looked up by the guest is refused the same way.
+    let fifo = f.lookup(ROOT, b"fifo").unwrap();
+    assert_eq!(f.open(fifo.nodeid, RDWR).map(|_| ()).unwrap_err(), libc::ENXIO);
+}
+
+/// The `--refuse` policy switches: device-node MKNOD, set-user-id / set-group-id bits and
+/// `security.capability` xattrs fail EPERM when refused, and are allowed by default.
+#[test]
+fn policy_switches_refuse_device_nodes_setid_bits_and_file_caps() {
+    use virtiofs_backend::passthrough::Policy;
+    let t = Tree::new();
+    let f =
+        Fuse::with_config(&t.share, |c| c.policy = Policy::refusing("device-nodes,setid,file-caps").unwrap());
+    assert_eq!(f.mknod(ROOT, b"chr", libc::S_IFCHR | 0o666, 0x103).unwrap_err(), libc::EPERM);
+    assert_eq!(f.mknod(ROOT, b"blk", libc::S_IFBLK | 0o666, 0x700).unwrap_err(), libc::EPERM);
+    assert!(!t.host("chr").exists() && !t.host("blk").exists());
+    f.mknod(ROOT, b"fifo", libc::S_IFIFO | 0o666, 0).unwrap();
+    assert_eq!(f.mknod(ROOT, b"suid", libc::S_IFREG | 0o4755, 0).unwrap_err(), libc::EPERM);
+    assert_eq!(f.create(ROOT, b"sgid", 0o2755, RDWR).map(|_| ()).unwrap_err(), libc::EPERM);
+    let (e, fh) = f.create(ROOT, b"plain", 0o755, RDWR).map(with_fh).unwrap();
+    f.release(e.nodeid, fh).unwrap();
+    assert_eq!(f.chmod(e.nodeid, 0o4755).unwrap_err(), libc::EPERM);
+    assert_eq!(f.chmod(e.nodeid, 0o2755).unwrap_err(), libc::EPERM);
+    assert_eq!(std::fs::metadata(t.host("plain")).unwrap().permissions().mode() & 0o7777, 0o755);
+    // Set-group-id on a directory only makes entries inherit its group: allowed.
+    let d = f.mkdir(ROOT, b"d", 0o2755).unwrap();
+    f.chmod(d.nodeid, 0o2775).unwrap();
+    assert_eq!(f.mkdir(ROOT, b"d2", 0o4755).unwrap_err(), libc::EPERM);
+    // A v2 file capability (cap_net_raw): refused before the host sees it.
+    let cap: [u8; 20] = [0, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    assert_eq!(f.setxattr(e.nodeid, b"security.capability", &cap, 0).unwrap_err(), libc::EPERM);
+    f.setxattr(e.nodeid, b"user.ok", b"v", 0).unwrap();
+
+    // The defaults allow all of it (as virtiofsd and the POSIX suites expect).
+    let t = Tree::new();
+    let f = Fuse::new(&t.share);
+    let (e, fh) = f.create(ROOT, b"plain", 0o755, RDWR).map(with_fh).unwrap();
+    f.release(e.nodeid, fh).unwrap();
+    f.chmod(e.nodeid, 0o4755).unwrap();
+    assert_eq!(std::fs::metadata(t.host("plain")).unwrap().permissions().mode() & 0o7777, 0o4755);
+    if is_root() {
+        f.mknod(ROOT, b"chr", libc::S_IFCHR | 0o666, 0x103).unwrap();
+        f.setxattr(e.nodeid, b"security.capability", &cap, 0).unwrap();
+    }
+    assert!(Policy::refusing("bogus").is_err());
+}
+
+/// Issue 11, "bounds": nodes (each an `O_PATH` descriptor) and handles (each a descriptor) are
+/// bounded: a guest that looks up names and never FORGETs, or opens and never releases, gets
+/// ENFILE past `max_nodes` / `max_handles`, before any descriptor is taken or anything created;
+/// FORGET and RELEASE make room again.
+#[test]
+fn nodes_and_handles_are_bounded() {
+    let t = Tree::new();
+    for i in 0..8 {
+        std::fs::write(t.host(&format!("f{i}")), b"x").unwrap();
+    }
+    let f = Fuse::with_config(&t.share, |c| {
+        c.max_nodes = 4; // the root and three more
+        c.max_handles = 2;
+    });
+    let nodes: Vec<_> = (0..3).map(|i| f.lookup(ROOT, format!("f{i}").as_bytes()).unwrap()).collect();
+    assert_eq!(f.lookup(ROOT, b"f3").unwrap_err(), libc::ENFILE);
+    // A node already held is found again (a revalidation takes no descriptor).
+    assert_eq!(f.lookup(ROOT, b"f0").unwrap().nodeid, nodes[0].nodeid);
+    assert_eq!(f.mkdir(ROOT, b"d", 0o755).unwrap_err(), libc::ENFILE);
+    assert_eq!(f.create(ROOT, b"new", 0o644, RDWR).map(|_| ()).unwrap_err(), libc::ENFILE);
+    assert!(!t.host("d").exists() && !t.host("new").exists(), "refused before creating");
+    let a = f.open(nodes[0].nodeid, RDWR).unwrap();
+    let _b = f.open(nodes[1].nodeid, RDWR).unwrap();
+    assert_eq!(f.open(nodes[2].nodeid, RDWR).unwrap_err(), libc::ENFILE);
+    assert_eq!(f.opendir(ROOT).unwrap_err(), libc::ENFILE);
+    f.release(nodes[0].nodeid, a).unwrap();
+    f.open(nodes[2].nodeid, RDWR).unwrap();
+    f.forget(nodes[0].nodeid, 2);
+    f.lookup(ROOT, b"f3").unwrap();
+}

@@ -117,6 +117,15 @@ pub struct Profile {
     /// the CPU's cycle counter per batch of requests a queue gives a poll round); `false` keeps
     /// only the counters.
     pub latency_histograms: bool,
+    /// Most DMA windows a client may have mapped at once (1 to 65535); past it DMA_MAP fails
+    /// ENOSPC. Each window with a descriptor keeps that descriptor open.
+    pub max_dma_windows: usize,
+    /// Most bytes, in MiB, the DMA windows with a descriptor may map together; past it DMA_MAP
+    /// fails ENOSPC.
+    pub max_dma_mib: u64,
+    /// Descriptors kept free for accepting the next client and for serving: a DMA window whose
+    /// descriptor would leave fewer free below RLIMIT_NOFILE fails EMFILE.
+    pub fd_reserve: u64,
 }
 
 impl Default for Profile {
@@ -134,6 +143,9 @@ impl Default for Profile {
             doorbells: Doorbells::Auto,
             queue_mapping: QueueMapping::Spread,
             latency_histograms: true,
+            max_dma_windows: 4096,
+            max_dma_mib: 1 << 20,
+            fd_reserve: 128,
         }
     }
 }
@@ -176,6 +188,15 @@ impl Profile {
                 "queue_size",
                 format!("must be a power of two from 2 to {MAX_QUEUE_SIZE}, got {}", self.queue_size),
             );
+        }
+        if self.max_dma_windows == 0 || self.max_dma_windows > crate::memory::MAX_DMA_MAPS {
+            return invalid(
+                "max_dma_windows",
+                format!("must be 1 to {}, got {}", crate::memory::MAX_DMA_MAPS, self.max_dma_windows),
+            );
+        }
+        if self.max_dma_mib == 0 || self.max_dma_mib > (u64::MAX >> 20) {
+            return invalid("max_dma_mib", format!("must be at least 1, got {}", self.max_dma_mib));
         }
         let mut sorted = self.poller_cores.clone();
         sorted.sort_unstable();
@@ -228,6 +249,15 @@ impl Profile {
             return None;
         }
         allowed_cpus()?.into_iter().find(|c| !self.poller_cores.contains(c))
+    }
+
+    /// The DMA table's limits (windows, bytes, descriptors kept free).
+    pub fn dma_limits(&self) -> crate::memory::Limits {
+        crate::memory::Limits {
+            max_windows: self.max_dma_windows,
+            max_bytes: self.max_dma_mib << 20,
+            fd_reserve: self.fd_reserve,
+        }
     }
 
     /// Whether doorbells come through the socket (and wake parked pollers) rather than staying in

@@ -57,6 +57,9 @@ pub enum ControlError {
     /// An interrupt descriptor that is not an eventfd.
     #[error("descriptor {0} is not an eventfd")]
     NotEventfd(usize),
+    /// An interrupt eventfd could not be made non-blocking.
+    #[error("cannot make eventfd {0} non-blocking")]
+    Eventfd(usize, #[source] io::Error),
     /// The notify memory could not be shared.
     #[error("cannot share the notify memory")]
     NotifyMemory(#[source] io::Error),
@@ -99,20 +102,16 @@ impl DeviceState {
             offered |= features::RING_PACKED;
         }
         let func = VirtioFsFunction::new(&profile.tag, profile.request_queues, profile.queue_size, offered);
-        let pollers = PollerSet::spawn(profile, handler, func.msix().clone(), wake_control)?;
+        let dma = DmaTable::with_limits(profile.dma_limits());
+        let pollers =
+            PollerSet::spawn(profile, handler, func.msix().clone(), dma.faults().clone(), wake_control)?;
         let notify_mem = if profile.doorbells_on_socket() {
             None
         } else {
             Some(memory::memfd("virtiofs-notify", pci::VIRTIO_BAR_SIZE)?)
         };
         let vectors = func.msix().len();
-        Ok(DeviceState {
-            func,
-            dma: DmaTable::default(),
-            pollers,
-            msix_fds: (0..vectors).map(|_| None).collect(),
-            notify_mem,
-        })
+        Ok(DeviceState { func, dma, pollers, msix_fds: (0..vectors).map(|_| None).collect(), notify_mem })
     }
 
     /// The device's counters, readable from any thread.
@@ -130,8 +129,9 @@ impl DeviceState {
     pub fn power_on_reset(&mut self) {
         self.func.reset();
         self.pollers.stop();
-        self.dma.clear();
+        let removed = self.dma.clear();
         self.pollers.set_memory(&self.dma.snapshot());
+        drop(removed); // no poller can touch them now: their SIGBUS watch may end
         self.msix_fds.iter_mut().for_each(|f| *f = None);
         self.publish_irqs();
         self.counters().reset_done();
@@ -188,14 +188,18 @@ impl DeviceState {
     /// Removes the DMA windows in `address..address+size` (all of them with `None`); returns
     /// only once no poller can still touch them.
     pub fn dma_unmap(&mut self, range: Option<(u64, u64)>) -> Result<(), MemoryError> {
-        match range {
-            Some((address, size)) => {
-                self.dma.unmap(address, size)?;
-            }
+        let removed = match range {
+            Some((address, size)) => self.dma.unmap(address, size)?,
             None => self.dma.clear(),
-        }
+        };
         self.pollers.set_memory(&self.dma.snapshot());
+        drop(removed); // no poller can touch them now: their SIGBUS watch may end
         Ok(())
+    }
+
+    /// Most DMA windows a client may map (what VERSION announces as `max_dma_maps`).
+    pub fn max_dma_windows(&self) -> usize {
+        self.dma.limits().max_windows.min(memory::MAX_DMA_MAPS)
     }
 
     /// Size of region `index` (vfio-pci numbering); 0 if absent.
@@ -235,6 +239,9 @@ impl DeviceState {
         }
         if let Some(bad) = fds.iter().position(|f| !is_eventfd(f)) {
             return Err(ControlError::NotEventfd(bad));
+        }
+        for (i, f) in fds.iter().enumerate() {
+            set_nonblocking(f).map_err(|e| ControlError::Eventfd(i, e))?;
         }
         let mut fds = fds.into_iter();
         for v in range {
@@ -334,9 +341,36 @@ impl DeviceState {
         let v = usize::from(vector);
         if self.func.msix().deliverable_or_pend(v) {
             if let Some(Some(f)) = self.msix_fds.get(v) {
-                let _ = (&*f).write(&1u64.to_ne_bytes());
+                // EAGAIN: the counter is full, an interrupt is already pending.
+                let _ = signal_eventfd(f);
             }
         }
+    }
+}
+
+/// Makes a received interrupt eventfd non-blocking (on its open file description, which the
+/// client shares: QEMU's eventfds are `EFD_NONBLOCK` already). A client may hand over an eventfd
+/// without `EFD_NONBLOCK` whose counter it set to 2^64-2: a blocking write would then wait for
+/// ever, on the control plane or a poller.
+fn set_nonblocking(f: &File) -> io::Result<()> {
+    use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
+    let flags = fcntl_getfl(f)?;
+    if !flags.contains(OFlags::NONBLOCK) {
+        fcntl_setfl(f, flags | OFlags::NONBLOCK)?;
+    }
+    Ok(())
+}
+
+/// Signals an interrupt eventfd (adds 1 to its counter) without ever waiting: a full counter
+/// (`EAGAIN`) is an interrupt that is already pending, which the driver will see; `Ok(false)`
+/// says so. The descriptor was made non-blocking on receipt ([`DeviceState::set_irq_eventfds`]);
+/// a client that clears `O_NONBLOCK` again on its copy and fills the counter can still make this
+/// write wait (DESIGN.md, "Reliability"), which the daemon's bounded shutdown covers.
+pub(crate) fn signal_eventfd(f: &File) -> io::Result<bool> {
+    match (&*f).write(&1u64.to_ne_bytes()) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
+        Err(e) => Err(e),
     }
 }
 

@@ -25,7 +25,6 @@
 //! request can still be using the old one: that is when DMA_UNMAP may be answered.
 
 use std::fs::File;
-use std::io::Write;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
@@ -216,6 +215,9 @@ struct Ctx {
     wake_control: Arc<dyn Fn() + Send + Sync>,
     handler: Arc<dyn RequestHandler>,
     msix: Arc<MsixShared>,
+    /// SIGBUS faults repaired in the device's DMA windows (`memory::sigbus`): when it moves, the
+    /// client's memory went away under a request and the queues are broken.
+    faults: Arc<AtomicU64>,
     stats: Arc<DeviceCounters>,
     /// The latency clock, if the profile measures latencies.
     clock: Option<LatencyClock>,
@@ -233,6 +235,7 @@ impl PollerSet {
         profile: &Profile,
         handler: Arc<dyn RequestHandler>,
         msix: Arc<MsixShared>,
+        faults: Arc<AtomicU64>,
         wake_control: Arc<dyn Fn() + Send + Sync>,
     ) -> std::io::Result<Self> {
         let (ev_tx, ev_rx) = channel();
@@ -253,6 +256,7 @@ impl PollerSet {
                 wake_control: wake_control.clone(),
                 handler: handler.clone(),
                 msix: msix.clone(),
+                faults: faults.clone(),
                 stats: stats.clone(),
                 clock: stats.clock().cloned(),
                 busy: profile.polling == Polling::Busy,
@@ -536,6 +540,7 @@ fn run(ctx: Ctx) {
     let mut idle_since = Instant::now();
     let mine = ctx.stats.poller(ctx.id);
     let mut clock = Clock::new();
+    let mut faults_seen = ctx.faults.load(Ordering::Acquire);
     // One buffer list per memory snapshot (it borrows the snapshot): building it costs a 24 KiB
     // memset, 18 % of the poller's instructions at QD=1, idle spinning included (callgrind).
     'snapshot: loop {
@@ -569,6 +574,7 @@ fn run(ctx: Ctx) {
                 }
                 match msg {
                     Msg::Start { queues: cfgs, features: f } => {
+                        faults_seen = ctx.faults.load(Ordering::Acquire);
                         queues = cfgs.into_iter().filter_map(|c| ctx.new_queue(c, f)).collect();
                         for q in &mut queues {
                             ctx.attach(q, &mem);
@@ -613,6 +619,16 @@ fn run(ctx: Ctx) {
             }
             if let Some(e) = engine.as_mut() {
                 work += ctx.complete(e.as_mut(), &mut queues, &mem, &mut parked);
+            }
+            let faults = ctx.faults.load(Ordering::Relaxed);
+            if faults != faults_seen {
+                // Client memory went away under this round: what it read or wrote there was
+                // zeros or lost. No queue goes on; the driver must reset the device.
+                faults_seen = faults;
+                for q in queues.iter_mut().filter(|q| !q.broken) {
+                    q.broken = true;
+                    ctx.report(QueueError::MemoryLost(q.queue.index()));
+                }
             }
             for q in queues.iter_mut().filter(|q| q.attached && !q.broken) {
                 if q.queue.needs_interrupt(&mem) {
@@ -958,7 +974,9 @@ impl Ctx {
         let v = usize::from(vector);
         if self.msix.deliverable_or_pend(v) {
             if let Some(Some(fd)) = irqs.get(v) {
-                if let Err(e) = (&*fd).write(&1u64.to_ne_bytes()) {
+                // A full counter (the driver has not read it for 2^64-2 interrupts) is an
+                // interrupt already pending: never wait for it.
+                if let Err(e) = crate::control::signal_eventfd(fd) {
                     warn!("queue {queue}: interrupt on vector {v} failed: {e}");
                 }
                 if let Some(c) = self.counters(stat) {

@@ -99,12 +99,101 @@ pub struct PassthroughConfig {
     /// Accept `FUSE_POSIX_ACL` (the guest kernel then caches and enforces ACLs too; the host
     /// filesystem stores them and applies default ACLs).
     pub posix_acl: bool,
+    /// What the guest may put on the host beyond plain files and directories.
+    pub policy: Policy,
+    /// Nodes the guest may hold at once (each keeps an `O_PATH` descriptor): past it a LOOKUP
+    /// of a node not held yet, and every creation, fails ENFILE. A guest that looks names up
+    /// and never FORGETs is held to this many.
+    pub max_nodes: usize,
+    /// Open file and directory handles at once (each keeps a descriptor): past it OPEN,
+    /// OPENDIR and CREATE fail ENFILE.
+    pub max_handles: usize,
 }
 
 impl PassthroughConfig {
     /// Serve `root` with the default settings.
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        PassthroughConfig { root: root.into(), cache: CachePolicy::Auto, posix_acl: true }
+        PassthroughConfig {
+            root: root.into(),
+            cache: CachePolicy::Auto,
+            posix_acl: true,
+            policy: Policy::default(),
+            max_nodes: 1 << 18,
+            max_handles: 1 << 16,
+        }
+    }
+}
+
+/// What a guest (its root, usually) may create on the host that a host user could then use to
+/// gain privileges, in the spirit of virtiofsd's `--modcaps` (`--refuse` on the command line).
+/// Each is allowed by default, as in virtiofsd and as POSIX test suites expect; a share that is
+/// not mounted `nosuid,nodev` on the host should refuse them. A refused operation fails `EPERM`.
+/// Independent of these, the passthrough never *opens* a FIFO, socket or device node (OPEN and
+/// CREATE refuse them before any open: see `ops.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// MKNOD of character and block devices (FIFOs and sockets are always allowed).
+    pub device_nodes: bool,
+    /// Set-user-id bits, and set-group-id bits on anything but a directory (where the bit only
+    /// makes new entries inherit the group), in MKNOD, MKDIR, CREATE, TMPFILE and SETATTR modes.
+    pub setid: bool,
+    /// `security.capability` extended attributes (file capabilities).
+    pub file_caps: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy { device_nodes: true, setid: true, file_caps: true }
+    }
+}
+
+impl Policy {
+    /// The names `--refuse` takes.
+    pub const NAMES: [&'static str; 3] = ["device-nodes", "setid", "file-caps"];
+
+    /// The default policy with the comma-separated `list` of [`Self::NAMES`] refused.
+    pub fn refusing(list: &str) -> std::result::Result<Policy, String> {
+        let mut p = Policy::default();
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name {
+                "device-nodes" => p.device_nodes = false,
+                "setid" => p.setid = false,
+                "file-caps" => p.file_caps = false,
+                other => {
+                    return Err(format!(
+                        "unknown --refuse item {other:?} (one of {})",
+                        Self::NAMES.join(", ")
+                    ))
+                }
+            }
+        }
+        Ok(p)
+    }
+
+    /// Checks the mode of a creation or a SETATTR of a node of type `kind` (`S_IFMT` bits).
+    pub(crate) fn check_mode(&self, kind: u32, mode: u32) -> Result<()> {
+        let setid = mode & libc::S_ISUID != 0 || (mode & libc::S_ISGID != 0 && kind != libc::S_IFDIR);
+        if setid && !self.setid {
+            return Err(Error::NotPermitted);
+        }
+        Ok(())
+    }
+
+    /// Checks a MKNOD of `mode` (type and permission bits).
+    pub(crate) fn check_mknod(&self, mode: u32) -> Result<()> {
+        let kind = mode & libc::S_IFMT;
+        if (kind == libc::S_IFCHR || kind == libc::S_IFBLK) && !self.device_nodes {
+            return Err(Error::NotPermitted);
+        }
+        self.check_mode(kind, mode)
+    }
+
+    /// Checks a SETXATTR of `name`.
+    pub(crate) fn check_xattr(&self, name: &[u8]) -> Result<()> {
+        if name == b"security.capability" && !self.file_caps {
+            return Err(Error::NotPermitted);
+        }
+        Ok(())
     }
 }
 
@@ -243,6 +332,25 @@ fn open_flags(flags: u32) -> Result<i32> {
     Ok(flags & OPEN_FLAGS_PASSED | libc::O_NOCTTY | libc::O_LARGEFILE)
 }
 
+/// Lowers the node and handle limits so that together they take at most three quarters of
+/// RLIMIT_NOFILE (`limit`): the rest is for the device (DMA windows, accepting the next client)
+/// and the daemon. Handles get at most a fifth of that share.
+fn fit_descriptor_limits(cfg: &mut PassthroughConfig, limit: u64) {
+    let budget = usize::try_from(limit - limit / 4).unwrap_or(usize::MAX).max(64);
+    if cfg.max_nodes.saturating_add(cfg.max_handles) <= budget {
+        return;
+    }
+    let handles = cfg.max_handles.min(budget / 5).max(1);
+    let nodes = cfg.max_nodes.min(budget - handles).max(2);
+    log::info!(
+        "passthrough: RLIMIT_NOFILE {limit}: at most {nodes} nodes and {handles} handles (configured {} and {})",
+        cfg.max_nodes,
+        cfg.max_handles
+    );
+    cfg.max_nodes = nodes;
+    cfg.max_handles = handles;
+}
+
 /// Runs `f` with the caller's filesystem ids on this thread.
 fn as_caller<T>(ctx: &Context, f: impl FnOnce() -> Result<T>) -> Result<T> {
     let _guard = creds::Guard::enter(ctx.uid, ctx.gid, ctx.supp_gid).map_err(Error::from)?;
@@ -279,8 +387,10 @@ impl PassthroughFs {
         sys::openat2(root_fd.as_fd(), c".", libc::O_PATH, 0, RESOLVE)
             .map_err(|source| SetupError::Kernel { what: "openat2 with RESOLVE_BENEATH", source })?;
         // Every node holds a descriptor: let the guest have as many as the hard limit allows.
-        if let Err(e) = sys::raise_nofile_limit() {
-            log::warn!("passthrough: cannot raise RLIMIT_NOFILE: {e}");
+        let mut cfg = cfg;
+        match sys::raise_nofile_limit() {
+            Ok(limit) => fit_descriptor_limits(&mut cfg, limit),
+            Err(e) => log::warn!("passthrough: cannot raise RLIMIT_NOFILE: {e}"),
         }
         Ok(PassthroughFs {
             inodes: InodeTable::new(root_fd, &st),
@@ -391,6 +501,23 @@ impl PassthroughFs {
         Ok(h)
     }
 
+    /// ENFILE once the guest holds [`PassthroughConfig::max_nodes`] nodes (checked before the
+    /// descriptor is opened or anything is created; concurrent pollers may pass it by one each).
+    fn room_for_node(&self) -> Result<()> {
+        if self.inodes.len() >= self.cfg.max_nodes {
+            return Err(Error::Os(libc::ENFILE));
+        }
+        Ok(())
+    }
+
+    /// ENFILE once [`PassthroughConfig::max_handles`] handles are open (checked before opening).
+    fn room_for_handle(&self) -> Result<()> {
+        if self.handles.read().unwrap_or_else(PoisonError::into_inner).len() >= self.cfg.max_handles {
+            return Err(Error::Os(libc::ENFILE));
+        }
+        Ok(())
+    }
+
     fn add_handle(&self, inode: Arc<Inode>, file: File, dir: bool, oflags: i32) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let dir = dir.then(|| Mutex::new(Vec::new()));
@@ -468,6 +595,7 @@ impl PassthroughFs {
             inode.set_parent(dir);
             return Ok(self.entry(&inode, &st));
         }
+        self.room_for_node()?;
         let fd = sys::openat2(dir.fd(), name.c(), libc::O_PATH | libc::O_NOFOLLOW, 0, RESOLVE)
             .map_err(Error::from)?;
         let st = sys::fstatx(fd.as_fd()).map_err(Error::from)?;
@@ -513,6 +641,32 @@ impl PassthroughFs {
         let entry = self.entry(&inode, &st);
         let fh = self.add_handle(inode, File::from(file), false, oflags);
         Ok((entry, Opened { fh, open_flags: self.cfg.cache.file_open_flags() }))
+    }
+
+    /// Opens the existing entry `name` of `dir` for a CREATE without O_EXCL (with the caller's
+    /// ids in force): as an `O_PATH` descriptor first, then, if it is a regular file, for I/O
+    /// through its `/proc/self/fd` entry. Anything else is refused without being opened: a
+    /// directory `EISDIR`, a symlink `ELOOP` (the `O_NOFOLLOW` answer), a FIFO, socket or
+    /// device node `ENXIO` (what opening a socket gives; the guest kernel opens such nodes
+    /// itself).
+    fn open_existing(&self, dir: &Arc<Inode>, name: &Name, oflags: i32) -> Result<(Entry, Opened)> {
+        let opath = sys::openat2(dir.fd(), name.c(), libc::O_PATH | libc::O_NOFOLLOW, 0, RESOLVE)
+            .map_err(Error::from)?;
+        let st = sys::fstatx(opath.as_fd()).map_err(Error::from)?;
+        match kind_of(&st) {
+            libc::S_IFREG => {}
+            libc::S_IFDIR => return Err(Error::IsDir),
+            libc::S_IFLNK => return Err(Error::Os(libc::ELOOP)),
+            _ => return Err(Error::NoSuchAddress),
+        }
+        let path = sys::FdPath::new(opath.as_fd());
+        // Not O_NOFOLLOW here: the /proc/self/fd entry is the (magic) link to follow.
+        let reopen = oflags & !libc::O_NOFOLLOW;
+        let file = sys::openat(self.proc_fd.as_fd(), path.name(), reopen, 0).map_err(Error::from)?;
+        if InodeKey::of(&sys::fstatx(file.as_fd()).map_err(Error::from)?) != InodeKey::of(&st) {
+            return Err(Error::Io);
+        }
+        self.adopt(dir, file, oflags)
     }
 
     /// The umask for a creation: the request's when the session has `DONT_MASK` (the host then
@@ -581,6 +735,16 @@ mod tests {
         let n = Name::new(&[b'x'; 255]).unwrap();
         assert_eq!(n.c().to_bytes().len(), 255);
         assert_eq!(Name::new(b"...").unwrap().c().to_bytes(), b"...");
+    }
+
+    #[test]
+    fn node_and_handle_limits_fit_the_descriptor_limit() {
+        let mut cfg = PassthroughConfig::new("/");
+        fit_descriptor_limits(&mut cfg, 1 << 22);
+        assert_eq!((cfg.max_nodes, cfg.max_handles), (1 << 18, 1 << 16), "a large limit changes nothing");
+        fit_descriptor_limits(&mut cfg, 4096);
+        assert_eq!(cfg.max_handles, 3072 / 5);
+        assert_eq!(cfg.max_nodes + cfg.max_handles, 3072, "a quarter of the descriptors stays free");
     }
 
     #[test]

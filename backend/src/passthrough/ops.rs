@@ -56,6 +56,7 @@ impl FileSystem for PassthroughFs {
                 if inode.kind == libc::S_IFLNK {
                     return Err(Error::NotSupported);
                 }
+                self.cfg.policy.check_mode(inode.kind, mode)?;
                 sys::fchmodat(self.proc_fd.as_fd(), path.name(), mode & 0o7777).map_err(Error::from)?;
             }
             if attr.uid.is_some() || attr.gid.is_some() {
@@ -95,6 +96,7 @@ impl FileSystem for PassthroughFs {
     }
 
     fn symlink(&self, ctx: &Context, parent: u64, name: &[u8], target: &[u8]) -> Result<Entry> {
+        self.room_for_node()?;
         let dir = self.dir(parent)?;
         let name = Name::new(name)?;
         let target = sys::cstring(target).map_err(Error::from)?;
@@ -113,6 +115,8 @@ impl FileSystem for PassthroughFs {
         rdev: u32,
         umask: u32,
     ) -> Result<Entry> {
+        self.room_for_node()?;
+        self.cfg.policy.check_mknod(mode)?;
         let dir = self.dir(parent)?;
         let name = Name::new(name)?;
         as_caller(ctx, || {
@@ -123,6 +127,8 @@ impl FileSystem for PassthroughFs {
     }
 
     fn mkdir(&self, ctx: &Context, parent: u64, name: &[u8], mode: u32, umask: u32) -> Result<Entry> {
+        self.room_for_node()?;
+        self.cfg.policy.check_mode(libc::S_IFDIR, mode)?;
         let dir = self.dir(parent)?;
         let name = Name::new(name)?;
         as_caller(ctx, || {
@@ -179,6 +185,7 @@ impl FileSystem for PassthroughFs {
     }
 
     fn link(&self, ctx: &Context, ino: u64, newparent: u64, newname: &[u8]) -> Result<Entry> {
+        self.room_for_node()?;
         let inode = self.inode(ino)?;
         let dir = self.dir(newparent)?;
         let name = Name::new(newname)?;
@@ -202,6 +209,7 @@ impl FileSystem for PassthroughFs {
     }
 
     fn open(&self, ctx: &Context, ino: u64, flags: u32, _kill_priv: bool) -> Result<Opened> {
+        self.room_for_handle()?;
         let inode = self.inode(ino)?;
         match inode.kind {
             libc::S_IFREG => {}
@@ -335,6 +343,7 @@ impl FileSystem for PassthroughFs {
     }
 
     fn opendir(&self, ctx: &Context, ino: u64, _flags: u32) -> Result<Opened> {
+        self.room_for_handle()?;
         let inode = self.dir(ino)?;
         let file = as_caller(ctx, || self.reopen(&inode, libc::O_RDONLY | libc::O_DIRECTORY))?;
         Ok(Opened {
@@ -413,14 +422,33 @@ impl FileSystem for PassthroughFs {
         umask: u32,
         _kill_priv: bool,
     ) -> Result<(Entry, Opened)> {
+        self.room_for_node()?;
+        self.room_for_handle()?;
+        self.cfg.policy.check_mode(libc::S_IFREG, mode)?;
         let dir = self.dir(parent)?;
         let name = Name::new(name)?;
-        let oflags = open_flags(flags)? | libc::O_CREAT | libc::O_NOFOLLOW | (flags as i32 & libc::O_EXCL);
+        let oflags = open_flags(flags)? | libc::O_NOFOLLOW;
+        let excl = flags as i32 & libc::O_EXCL != 0;
         as_caller(ctx, || {
             self.creation_umask(umask)?;
-            let file =
-                sys::openat2(dir.fd(), name.c(), oflags, mode & 0o7777, RESOLVE).map_err(Error::from)?;
-            self.adopt(&dir, file, oflags)
+            // Create exclusively first: what O_CREAT | O_EXCL makes is always a new regular file.
+            // An existing name is opened only once it is known to be a regular file, so a FIFO
+            // (whose open waits for a writer), a device node (whose open has side effects) or a
+            // socket is never opened, whatever the guest sends. A name removed in between is
+            // tried again.
+            for _ in 0..3 {
+                let create = oflags | libc::O_CREAT | libc::O_EXCL;
+                match sys::openat2(dir.fd(), name.c(), create, mode & 0o7777, RESOLVE) {
+                    Ok(file) => return self.adopt(&dir, file, oflags),
+                    Err(e) if e.raw_os_error() == Some(libc::EEXIST) && !excl => {}
+                    Err(e) => return Err(Error::from(e)),
+                }
+                match self.open_existing(&dir, &name, oflags) {
+                    Err(Error::NotFound) => continue,
+                    r => return r,
+                }
+            }
+            Err(Error::NotFound)
         })
     }
 
@@ -432,6 +460,9 @@ impl FileSystem for PassthroughFs {
         flags: u32,
         umask: u32,
     ) -> Result<(Entry, Opened)> {
+        self.room_for_node()?;
+        self.room_for_handle()?;
+        self.cfg.policy.check_mode(libc::S_IFREG, mode)?;
         let dir = self.dir(parent)?;
         let oflags = open_flags(flags)? | libc::O_TMPFILE | (flags as i32 & libc::O_EXCL);
         as_caller(ctx, || {
@@ -455,6 +486,7 @@ impl FileSystem for PassthroughFs {
         flags: u32,
         _acl_kill_sgid: Option<bool>,
     ) -> Result<()> {
+        self.cfg.policy.check_xattr(name)?;
         let inode = self.inode(ino)?;
         let name = sys::cstring(name).map_err(Error::from)?;
         let path = self.proc_entry(inode.fd())?;

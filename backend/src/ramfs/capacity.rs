@@ -7,6 +7,10 @@ use std::sync::atomic::Ordering;
 
 use super::node::{rd, wr, Body, Inode, BLOCK_SIZE, CHUNK, CHUNK64};
 use super::{RamFs, NAME_MAX};
+
+/// Bytes of chunks freed after which the allocator gives its free pages back to the kernel (one
+/// trim per this much freed bounds what a guest alternating writes and truncations costs).
+pub(super) const TRIM_AFTER: u64 = 4 << 20;
 use crate::abi::ROOT_ID;
 use crate::filesystem::{Error, Result, StatFs};
 
@@ -63,8 +67,21 @@ impl RamFs {
         Ok(vec![0u8; CHUNK].into_boxed_slice())
     }
 
+    /// Returns `n` chunks, already freed, to the capacity; once [`TRIM_AFTER`] bytes were freed
+    /// since the allocator last gave memory back, or the filesystem holds no data any more, the
+    /// allocator's free pages go back to the kernel ([`super::sys::return_free_memory`]): freed
+    /// 64 KiB chunks stay in the allocator's heaps otherwise, and the daemon's RSS with them.
     pub(super) fn release_chunks(&self, n: usize) {
-        self.uncharge(n as u64 * CHUNK64);
+        if n == 0 {
+            return;
+        }
+        let bytes = n as u64 * CHUNK64;
+        self.uncharge(bytes);
+        let freed = self.freed_since_trim.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        if freed >= TRIM_AFTER || self.used.load(Ordering::Acquire) == 0 {
+            self.freed_since_trim.store(0, Ordering::Release);
+            super::sys::return_free_memory();
+        }
     }
 
     /// Takes an inode of the inode limit and `bytes` of the capacity (its ACLs), or neither.
@@ -84,6 +101,7 @@ impl RamFs {
         for shard in self.handles.shards.iter() {
             wr(shard).clear();
         }
+        self.nhandles.store(0, Ordering::Release);
         let mut gone = Vec::new();
         for shard in self.inodes.shards.iter() {
             let mut shard = wr(shard);

@@ -20,7 +20,9 @@ impl RamFs {
     pub(super) fn truncate_locked(&self, data: &mut FileData, m: &mut Meta, size: u64) {
         if size < m.size {
             let dropped = data.chunks.split_off(&size.div_ceil(CHUNK64));
-            self.release_chunks(dropped.len());
+            let n = dropped.len();
+            drop(dropped); // freed before the release, which may give the memory back
+            self.release_chunks(n);
             let tail = (size % CHUNK64) as usize;
             if tail != 0 {
                 if let Some(chunk) = data.chunks.get_mut(&(size / CHUNK64)) {
@@ -298,7 +300,9 @@ impl RamFs {
                 if first_full < end_full {
                     let mut middle = data.chunks.split_off(&first_full);
                     let mut tail = middle.split_off(&end_full);
-                    self.release_chunks(middle.len());
+                    let n = middle.len();
+                    drop(middle); // freed before the release, which may give the memory back
+                    self.release_chunks(n);
                     data.chunks.append(&mut tail);
                 }
                 for (from, to) in

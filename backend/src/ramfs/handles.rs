@@ -45,6 +45,13 @@ impl RamFs {
         if check && !inode.meta().may(ctx, mask) {
             return Err(Error::AccessDenied);
         }
+        // The handle limit, taken before anything changes (ENFILE: the system's open file
+        // table is full, as far as the guest is concerned).
+        self.nhandles
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.cfg.max_handles).then_some(n + 1)
+            })
+            .map_err(|_| Error::Os(libc::ENFILE))?;
         if let (true, Body::File(data)) = (trunc, &inode.body) {
             let mut data = wr(data);
             let mut m = wr(&inode.meta);
@@ -69,6 +76,7 @@ impl RamFs {
     /// Drops handle `fh`.
     pub(super) fn release_handle(&self, ino: u64, fh: u64) -> Result<()> {
         let h = self.handles.remove_if(fh, |h| h.inode.ino == ino).ok_or(Error::BadHandle)?;
+        self.nhandles.fetch_sub(1, Ordering::AcqRel);
         h.inode.opens.fetch_sub(1, Ordering::AcqRel);
         self.maybe_evict(&h.inode);
         Ok(())

@@ -53,6 +53,7 @@ mod data;
 mod handles;
 mod namespace;
 mod node;
+mod sys;
 mod xattr;
 
 use consts::S_IFDIR;
@@ -81,8 +82,13 @@ pub struct RamFsConfig {
     pub cache: CachePolicy,
     /// Bytes of file data the filesystem may hold.
     pub capacity: u64,
-    /// Inodes the filesystem may hold.
+    /// Inodes the filesystem may hold (past it a creation fails ENOSPC). A guest that looks
+    /// names up and never FORGETs creates nothing: lookups only count references on inodes
+    /// that exist.
     pub max_inodes: u64,
+    /// Open file and directory handles at once (past it OPEN, OPENDIR and CREATE fail ENFILE):
+    /// a guest that opens and never releases is held to this many.
+    pub max_handles: u64,
     /// Permission bits of the root directory (owned by 0:0).
     pub root_mode: u32,
     /// Accept `FUSE_POSIX_ACL`. ACLs are stored, inherited and enforced here either way (a kernel
@@ -99,6 +105,7 @@ impl Default for RamFsConfig {
             cache: CachePolicy::Always,
             capacity: 1 << 30,
             max_inodes: 1 << 20,
+            max_handles: 1 << 16,
             root_mode: 0o755,
             posix_acl: true,
         }
@@ -122,8 +129,12 @@ pub struct RamFs {
     next_fh: AtomicU64,
     /// Bytes of allocated chunks.
     used: AtomicU64,
+    /// Bytes of chunks freed since the allocator last returned memory to the kernel.
+    freed_since_trim: AtomicU64,
     /// Live inodes.
     ninodes: AtomicU64,
+    /// Open handles.
+    nhandles: AtomicU64,
     /// `FUSE_INIT` flags of the session (what `init` accepted).
     session: AtomicU64,
 }
@@ -152,6 +163,8 @@ impl RamFs {
             next_ino: AtomicU64::new(ROOT_ID + 1),
             next_fh: AtomicU64::new(1),
             used: AtomicU64::new(0),
+            freed_since_trim: AtomicU64::new(0),
+            nhandles: AtomicU64::new(0),
             ninodes: AtomicU64::new(1),
             session: AtomicU64::new(0),
         };

@@ -22,6 +22,17 @@ impl super::Fuse<PassthroughFs> {
         Self::uninit(root).initialised()
     }
 
+    /// A passthrough of `root` with the configuration `adjust` makes, after INIT.
+    #[allow(dead_code)] // not every test binary uses it
+    pub fn with_config(root: &Path, adjust: impl FnOnce(&mut PassthroughConfig)) -> Self {
+        let mut cfg = PassthroughConfig::new(root);
+        adjust(&mut cfg);
+        let fs = PassthroughFs::new(cfg).expect("passthrough starts");
+        let mut f = Self::with_fs(fs).recording();
+        f.dot_attrs = false;
+        f.initialised()
+    }
+
     /// A passthrough of `root`, not initialised.
     pub fn uninit(root: &Path) -> Self {
         let fs = PassthroughFs::new(PassthroughConfig::new(root)).expect("passthrough starts");

@@ -155,7 +155,7 @@ fn requests_served_pending_and_waiting_are_counted_on_both_layouts() {
     let handler = Arc::new(Handler { release: release.clone(), grant: grant.clone() });
     let msix = Arc::new(MsixShared::new(3));
     let started = Instant::now();
-    let mut pollers = PollerSet::spawn(&profile, handler, msix, Arc::new(|| {})).unwrap();
+    let mut pollers = PollerSet::spawn(&profile, handler, msix, Default::default(), Arc::new(|| {})).unwrap();
     let counters = pollers.stats().clone();
     pollers.set_memory(&mem);
     // Vector 1 is queue 1's; any file takes the 8-byte interrupt write.

@@ -34,7 +34,6 @@ use vm_memory::ByteValued;
 use super::wire::{self, cmd, Header, HEADER_SIZE};
 use crate::config::Profile;
 use crate::control::{ControlError, DeviceState};
-use crate::memory;
 use crate::pci;
 use crate::poller::RequestHandler;
 use crate::stats::{ClientState, DeviceCounters, DeviceStats};
@@ -46,6 +45,13 @@ const MAX_MSG_SIZE: usize = HEADER_SIZE + 16 + MAX_DATA_XFER;
 /// Largest VERSION JSON we parse.
 const MAX_VERSION_JSON: usize = 4096;
 
+/// How long a connection that arrives while a client is connected waits to be served (the
+/// previous client's hang-up may be on its way) before it is refused.
+const WAITING_GRACE: Duration = Duration::from_secs(1);
+/// How soon accept is tried again after it failed for want of a descriptor (EMFILE, ENFILE):
+/// the listener reports no new readiness for connections already in the backlog.
+const ACCEPT_RETRY: Duration = Duration::from_millis(50);
+
 const LISTENER: Token = Token(0);
 const CLIENT: Token = Token(1);
 const WAKER: Token = Token(2);
@@ -53,6 +59,20 @@ const WAKER: Token = Token(2);
 /// Errors that stop the server (per-message errors are replies, not these).
 #[derive(Debug, Error)]
 pub enum ServerError {
+    /// Another live daemon serves this socket path (it holds the lock file, or answers on it).
+    #[error("{path} is served by another live daemon ({how}); not taking it over")]
+    InUse {
+        /// Socket path.
+        path: String,
+        /// How that was found.
+        how: &'static str,
+    },
+    /// Something that is not a socket is in the way.
+    #[error("{path} exists and is not a socket; not replacing it")]
+    NotASocket {
+        /// Socket path.
+        path: String,
+    },
     /// Binding the socket failed.
     #[error("cannot listen on {path}")]
     Bind {
@@ -121,28 +141,68 @@ pub struct Listener {
     listener: UnixListener,
     /// Remove the socket file when the server stops.
     unlink: bool,
+    /// The lock file beside the socket, locked (`flock`) for as long as this process lives;
+    /// `None` for a socket a supervisor handed over (its owner guards the path).
+    _lock: Option<File>,
 }
 
 impl Listener {
-    /// Binds `path` (replacing a stale socket file there).
+    /// Binds `path`, replacing a stale socket file there but never a live one.
+    ///
+    /// `PATH.lock` beside the socket is locked first (`flock`, exclusive, not waiting): a second
+    /// daemon on the same path finds it held and stops with [`ServerError::InUse`]. The lock
+    /// file is left in place at exit (unlinking it would let two daemons lock two different
+    /// files of the same name); the lock itself ends with the process, however it ends. With the
+    /// lock held, a socket file already at `path` is probed with a connect: a server answering
+    /// there (one that does not take the lock) is [`ServerError::InUse`] too, a refused connect
+    /// means a stale socket, which is replaced. Anything but a socket is
+    /// [`ServerError::NotASocket`].
     pub fn bind(path: &Path) -> Result<Self, ServerError> {
-        let bind_err = |source| ServerError::Bind { path: path.display().to_string(), source };
+        use std::os::unix::fs::FileTypeExt;
+        let shown = || path.display().to_string();
+        let bind_err = |source| ServerError::Bind { path: shown(), source };
+        let mut lock_path = path.as_os_str().to_owned();
+        lock_path.push(".lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&lock_path)
+            .map_err(bind_err)?;
+        match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK => {
+                return Err(ServerError::InUse { path: shown(), how: "its lock file is held" });
+            }
+            Err(e) => return Err(bind_err(e.into())),
+        }
         if let Ok(meta) = std::fs::symlink_metadata(path) {
-            use std::os::unix::fs::FileTypeExt;
-            if meta.file_type().is_socket() {
-                std::fs::remove_file(path).map_err(bind_err)?;
+            if !meta.file_type().is_socket() {
+                return Err(ServerError::NotASocket { path: shown() });
+            }
+            match UnixStream::connect(path) {
+                Ok(_) => return Err(ServerError::InUse { path: shown(), how: "it accepts connections" }),
+                Err(e) if e.kind() == ErrorKind::ConnectionRefused || e.kind() == ErrorKind::NotFound => {
+                    info!("replacing the stale socket {}", path.display());
+                    match std::fs::remove_file(path) {
+                        Err(e) if e.kind() != ErrorKind::NotFound => return Err(bind_err(e)),
+                        _ => {}
+                    }
+                }
+                Err(e) => return Err(bind_err(e)),
             }
         }
         let listener = UnixListener::bind(path).map_err(bind_err)?;
         listener.set_nonblocking(true).map_err(ServerError::Setup)?;
-        Ok(Listener { path: path.to_path_buf(), listener, unlink: true })
+        Ok(Listener { path: path.to_path_buf(), listener, unlink: true, _lock: Some(lock) })
     }
 
     /// Serves a socket bound elsewhere (a descriptor a supervisor handed over), which logs call
     /// `name`; its file, if it has one, is the supervisor's and stays at exit.
     pub fn from_std(listener: UnixListener, name: PathBuf) -> Result<Self, ServerError> {
         listener.set_nonblocking(true).map_err(ServerError::Setup)?;
-        Ok(Listener { path: name, listener, unlink: false })
+        Ok(Listener { path: name, listener, unlink: false, _lock: None })
     }
 
     /// The socket's path.
@@ -170,6 +230,12 @@ pub struct Server {
     conn: Option<Conn>,
     /// Where [`Server::run`] pins itself ([`Profile::control_cpu`]).
     control_cpu: Option<usize>,
+    /// A connection accepted while `conn` was still connected, and since when it waits.
+    waiting: Option<(UnixStream, std::time::Instant)>,
+    /// Accept failed for want of descriptors: try again after [`ACCEPT_RETRY`].
+    accept_again: bool,
+    /// The socket's lock (see [`Listener::bind`]), held until the server is dropped.
+    _lock: Option<File>,
 }
 
 type Reply = (Vec<u8>, Vec<File>);
@@ -199,7 +265,7 @@ impl Server {
         profile: &Profile,
         handler: Arc<dyn RequestHandler>,
     ) -> Result<Self, ServerError> {
-        let Listener { path, listener, unlink } = listener;
+        let Listener { path, listener, unlink, _lock } = listener;
         let poll = Poll::new().map_err(ServerError::Setup)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(ServerError::Setup)?);
         poll.registry()
@@ -220,6 +286,9 @@ impl Server {
             dev,
             conn: None,
             control_cpu: profile.control_cpu(),
+            waiting: None,
+            accept_again: false,
+            _lock,
         })
     }
 
@@ -244,7 +313,12 @@ impl Server {
         }
         let mut events = Events::with_capacity(16);
         while !self.stop.load(Ordering::SeqCst) {
-            if let Err(e) = self.poll.poll(&mut events, None) {
+            let timeout = match (&self.waiting, self.accept_again) {
+                (_, true) => Some(ACCEPT_RETRY),
+                (Some((_, since)), false) => Some(WAITING_GRACE.saturating_sub(since.elapsed())),
+                (None, false) => None,
+            };
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == ErrorKind::Interrupted {
                     continue;
                 }
@@ -258,6 +332,10 @@ impl Server {
                     _ => {}
                 }
             }
+            if std::mem::take(&mut self.accept_again) {
+                self.accept();
+            }
+            self.serve_waiting();
         }
         info!("stopping");
         self.disconnect();
@@ -274,20 +352,46 @@ impl Server {
         loop {
             match self.listener.accept() {
                 Ok((sock, _)) => {
-                    if self.conn.is_some() {
+                    if self.conn.is_none() {
+                        if let Err(e) = self.attach(sock) {
+                            error!("cannot serve new client: {e}");
+                        }
+                    } else if self.waiting.is_none() {
+                        // The current client may be hanging up (its end of stream not handled
+                        // yet): this one waits a moment rather than being refused.
+                        self.waiting = Some((sock, std::time::Instant::now()));
+                    } else {
                         warn!("a client is already connected; refusing another");
-                        continue; // dropping `sock` closes it
-                    }
-                    if let Err(e) = self.attach(sock) {
-                        error!("cannot serve new client: {e}");
+                        // dropping `sock` closes it
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    error!("accept: {e}");
+                    // EMFILE/ENFILE leave the connection in the backlog, and the listener will
+                    // not report it again: retry on a timer until a descriptor is free.
+                    if !self.accept_again {
+                        warn!("accept: {e}; retrying");
+                    }
+                    self.accept_again = true;
                     return;
                 }
             }
+        }
+    }
+
+    /// Serves the waiting connection once the current client is gone, or refuses it once it
+    /// waited [`WAITING_GRACE`] behind a client that stays.
+    fn serve_waiting(&mut self) {
+        let Some((_, since)) = &self.waiting else { return };
+        if self.conn.is_none() {
+            let (sock, _) = self.waiting.take().expect("checked above");
+            if let Err(e) = self.attach(sock) {
+                error!("cannot serve new client: {e}");
+            }
+        } else if since.elapsed() >= WAITING_GRACE {
+            warn!("a client is already connected; refusing another");
+            self.waiting = None;
         }
     }
 
@@ -421,7 +525,7 @@ impl Server {
         let negotiated = self.conn.as_ref().is_some_and(|c| c.negotiated);
         match hdr.command {
             cmd::VERSION if negotiated => Err(libc::EINVAL),
-            cmd::VERSION => version(payload),
+            cmd::VERSION => version(payload, self.dev.max_dma_windows()),
             cmd::DMA_MAP => dma_map(&mut self.dev, payload, fds),
             cmd::DMA_UNMAP => dma_unmap(&mut self.dev, payload),
             cmd::DEVICE_GET_INFO => device_info(payload),
@@ -493,7 +597,7 @@ impl Conn {
     }
 }
 
-fn version(payload: &[u8]) -> CmdResult {
+fn version(payload: &[u8], max_dma_maps: usize) -> CmdResult {
     let v = wire::read_obj::<wire::Version>(payload).ok_or(libc::EINVAL)?;
     if v.major != 0 {
         warn!("client wants protocol {}.{}; we speak 0.x", v.major, v.minor);
@@ -534,7 +638,7 @@ fn version(payload: &[u8]) -> CmdResult {
         ("max_msg_fds", wire::MAX_MSG_FDS as u64),
         ("max_data_xfer_size", MAX_DATA_XFER as u64),
         ("pgsizes", 4096),
-        ("max_dma_maps", memory::MAX_DMA_MAPS as u64),
+        ("max_dma_maps", max_dma_maps as u64),
     ];
     let reply_caps: serde_json::Map<String, serde_json::Value> = ours
         .iter()

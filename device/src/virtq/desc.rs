@@ -53,6 +53,10 @@ pub enum QueueError {
         /// Ring size.
         size: u16,
     },
+    /// Guest memory the queue used went away under the device (the client shrank a DMA
+    /// window's file: a SIGBUS, repaired with zero pages).
+    #[error("queue {0}: client memory went away under the device (SIGBUS)")]
+    MemoryLost(u16),
     /// A head descriptor index out of range.
     #[error("queue {queue}: head descriptor {head} out of range")]
     BadHead {

@@ -586,12 +586,7 @@ impl FsDriver {
 
 fn check_reply(h: &OutHeader, used: u32, unique: u64, opcode: u32) -> Result<()> {
     let bad = |reason: String| Err(DriverError::BadReply { opcode, reason });
-    if h.len != used {
-        return bad(format!("out header len {} differs from used length {used}", h.len));
-    }
-    if h.unique != unique {
-        return bad(format!("out header unique {} for request {unique}", h.unique));
-    }
+    super::io::verify_response(opcode, used, &h.to_bytes(), unique)?;
     if h.error > 0 || h.error < -4095 {
         return bad(format!("error {} is not a negative errno", h.error));
     }

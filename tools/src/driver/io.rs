@@ -26,7 +26,7 @@ impl FsDriver {
         for r in readable {
             lens.push(r.len());
         }
-        self.submit_layout(queue, token, readable, &lens, in_len, writable, out_len, &mut in_segs)?;
+        self.submit_layout(queue, token, None, readable, &lens, in_len, writable, out_len, &mut in_segs)?;
         Ok(token)
     }
 
@@ -35,6 +35,7 @@ impl FsDriver {
         &mut self,
         queue: u16,
         token: u64,
+        fuse_opcode: Option<u32>,
         parts: &[&[u8]],
         in_seg_lens: &[usize],
         in_len: usize,
@@ -97,7 +98,7 @@ impl FsDriver {
             free(&self.mem);
             return Err(e.into());
         }
-        self.pending.insert(token, Pending { queue, in_buf, out_buf, out_len });
+        self.pending.insert(token, Pending { queue, fuse_opcode, in_buf, out_buf, out_len });
         self.stats.submitted += 1;
         let qs = &mut self.queues[usize::from(queue)];
         if qs.vq.kick_prepare(&self.mem)? {
@@ -152,7 +153,17 @@ impl FsDriver {
         }
         let out_len = OutHeader::SIZE + out_args + out_data;
         let mut segs = Vec::new();
-        self.submit_layout(queue, unique, &parts, &in_lens, total, &out_lens, out_len, &mut segs)?;
+        self.submit_layout(
+            queue,
+            unique,
+            Some(opcode),
+            &parts,
+            &in_lens,
+            total,
+            &out_lens,
+            out_len,
+            &mut segs,
+        )?;
         Ok(unique)
     }
 
@@ -176,6 +187,18 @@ impl FsDriver {
                 self.mem.free(p.in_buf);
                 if let Some(b) = p.out_buf {
                     self.mem.free(b);
+                }
+                if let (Some(opcode), true) = (p.fuse_opcode, p.out_len > 0) {
+                    if u.len as usize > p.out_len {
+                        return Err(DriverError::BadReply {
+                            opcode,
+                            reason: format!(
+                                "used length {} past the {} bytes of reply buffers",
+                                u.len, p.out_len
+                            ),
+                        });
+                    }
+                    verify_response(opcode, u.len, &data, u.token)?;
                 }
                 self.ready.push_back(Completion { token: u.token, queue: p.queue, used_len: u.len, data });
                 self.stats.completed += 1;
@@ -267,16 +290,7 @@ impl FsDriver {
     /// Checks a FUSE reply against its request: returns the out header and the payload.
     pub fn parse_reply(c: &Completion, opcode: u32, unique: u64) -> Result<(OutHeader, Vec<u8>)> {
         let bad = |reason: String| DriverError::BadReply { opcode, reason };
-        if (c.used_len as usize) < OutHeader::SIZE {
-            return Err(bad(format!("used length {} shorter than fuse_out_header", c.used_len)));
-        }
-        let h = OutHeader::decode(&c.data).expect("length checked");
-        if h.len != c.used_len {
-            return Err(bad(format!("out header len {} differs from used length {}", h.len, c.used_len)));
-        }
-        if h.unique != unique {
-            return Err(bad(format!("out header unique {} for request {unique}", h.unique)));
-        }
+        let h = verify_response(opcode, c.used_len, &c.data, unique)?;
         if h.error > 0 || h.error < -4095 {
             return Err(bad(format!("error {} is not a negative errno", h.error)));
         }
@@ -313,6 +327,7 @@ impl FsDriver {
         self.submit_layout(
             queue,
             unique,
+            Some(opcode),
             &parts,
             &lens,
             total,
@@ -354,5 +369,45 @@ impl FsDriver {
     /// Whether request `token` is still waiting for its completion.
     pub fn is_pending(&self, token: u64) -> bool {
         self.pending.contains_key(&token)
+    }
+}
+
+/// The checks Linux 7.1's `virtio_fs_verify_response` makes of every reply before it looks at
+/// it (a failure is EIO there, an error here): the used length covers the out header, the
+/// header's `len` equals the used length, and its `unique` is the request's. Applied to every
+/// completion of a FUSE request ([`FsDriver::submit`]) as it is collected, so every
+/// end-to-end test enforces them, and again by [`FsDriver::parse_reply`] and the closed loop.
+pub fn verify_response(opcode: u32, used_len: u32, data: &[u8], unique: u64) -> Result<OutHeader> {
+    let bad = |reason: String| DriverError::BadReply { opcode, reason };
+    if (used_len as usize) < OutHeader::SIZE {
+        return Err(bad(format!("used length {used_len} shorter than fuse_out_header")));
+    }
+    let h = OutHeader::decode(data)
+        .ok_or_else(|| bad(format!("{} reply bytes, shorter than fuse_out_header", data.len())))?;
+    if h.len != used_len {
+        return Err(bad(format!("out header len {} differs from used length {used_len}", h.len)));
+    }
+    if h.unique != unique {
+        return Err(bad(format!("out header unique {} for request {unique}", h.unique)));
+    }
+    Ok(h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(len: u32, error: i32, unique: u64) -> Vec<u8> {
+        OutHeader { len, error, unique }.to_bytes().to_vec()
+    }
+
+    #[test]
+    fn verify_response_applies_linux_7_1_checks() {
+        assert!(verify_response(1, 16, &reply(16, 0, 7), 7).is_ok());
+        assert!(verify_response(1, 15, &reply(16, 0, 7), 7).is_err(), "used length below the header");
+        assert!(verify_response(1, 0, &[], 7).is_err(), "a bad chain's used length 0");
+        assert!(verify_response(1, 32, &reply(16, 0, 7), 7).is_err(), "oh.len differs from used length");
+        assert!(verify_response(1, 16, &reply(24, 0, 7), 7).is_err(), "oh.len differs from used length");
+        assert!(verify_response(1, 16, &reply(16, 0, 8), 7).is_err(), "unique differs");
     }
 }

@@ -47,6 +47,7 @@ pub use crate::virtqueue::RingLayout;
 pub use bringup::VIRTIO_FS_CONFIG_LEN;
 pub use closed_loop::{slot_pattern, IoDone, IoSpec, LoopConfig, LoopReport, MAX_IN_ARGS, MAX_OUT_ARGS};
 pub use error::{DriverError, Result};
+pub use io::verify_response;
 pub use ops::{LockReq, MAX_PAGES_LIMIT};
 pub use options::{DriverOptions, QueueFullPolicy, RETRY_DELAY};
 pub use state::{Completion, DeviceFacts, DriverStats, FsDriver, InitInfo, PAGE_SIZE};

@@ -382,7 +382,7 @@ impl FsDriver {
         let mut b = self.in_header(opcode::INTERRUPT, token, 0, len).to_bytes();
         abi::InterruptIn { unique }.encode_into(&mut b);
         let mut segs = Vec::new();
-        self.submit_layout(0, token, &[&b], &[len], len, &[], 0, &mut segs)?;
+        self.submit_layout(0, token, Some(opcode::INTERRUPT), &[&b], &[len], len, &[], 0, &mut segs)?;
         let c = self.wait_for(token)?;
         if c.used_len != 0 {
             return Err(DriverError::BadReply {
@@ -517,7 +517,7 @@ impl FsDriver {
         abi::ForgetIn { nlookup }.encode_into(&mut b);
         let mut segs = Vec::new();
         let len = b.len();
-        self.submit_layout(0, unique, &[&b], &[len], len, &[], 0, &mut segs)?;
+        self.submit_layout(0, unique, Some(opcode::FORGET), &[&b], &[len], len, &[], 0, &mut segs)?;
         let c = self.wait_for(unique)?;
         if c.used_len != 0 {
             return Err(DriverError::BadReply {

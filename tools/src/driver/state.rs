@@ -82,6 +82,9 @@ pub struct InitInfo {
 #[derive(Debug)]
 pub(super) struct Pending {
     pub(super) queue: u16,
+    /// The opcode of a FUSE request laid out by [`FsDriver::submit`] (its reply is checked as
+    /// Linux's `virtio_fs_verify_response` does); `None` for raw chains.
+    pub(super) fuse_opcode: Option<u32>,
     pub(super) in_buf: DmaBuf,
     pub(super) out_buf: Option<DmaBuf>,
     pub(super) out_len: usize,
