@@ -16,6 +16,7 @@ pub mod abi;
 pub mod filesystem;
 pub mod io;
 pub mod locks;
+pub mod nfs;
 pub mod passthrough;
 pub mod ramfs;
 pub mod request;

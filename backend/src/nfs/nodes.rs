@@ -1,0 +1,476 @@
+//! The NFS backend's node and handle tables: the device's own FUSE node ids mapped to NFS file
+//! handles, and the device-side open file handles.
+//!
+//! [`NodeTable`] gives every NFS file handle the device has told the kernel about a node id of
+//! its own (never the server's fileid, which is only `st_ino`): the low 32 bits are an index
+//! into a preallocated array, the high 32 bits its generation, bumped when the index is reused,
+//! so a node id the kernel forgot and sends again (a hostile or buggy guest) is stale, not some
+//! other file. Handles are deduplicated by their bytes (an open-addressing index over the same
+//! array: the same file looked up twice, or listed by READDIRPLUS, is one node), each node
+//! counts the kernel's lookup references and is freed when FORGET or BATCH_FORGET drops the
+//! last one (and no handle of it is open). The root is index 0, generation 0: node id 1, never
+//! freed. The table is bounded (`max_nodes`): a lookup that needs a new node when it is full
+//! fails with `ENFILE` (the kernel drops unused inodes under memory pressure and forgets them,
+//! which frees room).
+//!
+//! [`HandleTable`] keeps open files and directories (OPEN, CREATE, OPENDIR): NFSv3 has no open
+//! state, so a handle is the device's alone: its node, its access mode (for the lock checks,
+//! `FileSystem::lock_handle`) and, for a directory, the READDIR cookie verifier.
+//!
+//! Both tables are shared by every poller (one file's requests come through several queues)
+//! behind a short mutex each, like the RAM filesystem's state: every operation is a few array
+//! accesses under it, nothing allocates after construction.
+
+use std::sync::{Mutex, MutexGuard};
+
+use crate::filesystem::Error;
+use crate::nfs::wire::nfs3::Fh;
+
+/// The root's node id (FUSE's `FUSE_ROOT_ID`).
+pub const ROOT: u64 = 1;
+
+/// The error of a lookup that needs a new node when the table is full.
+pub const FULL: Error = Error::Os(libc::ENFILE);
+
+/// The error of a node id or handle the tables do not know (forgotten, or never given).
+pub const STALE: Error = Error::Os(libc::ESTALE);
+
+const EMPTY: u32 = u32::MAX;
+
+#[derive(Clone, Copy)]
+struct Node {
+    fh: Fh,
+    hash: u64,
+    generation: u32,
+    live: bool,
+    nlookup: u64,
+    opens: u32,
+}
+
+struct Inner {
+    nodes: Vec<Node>,
+    free: Vec<u32>,
+    /// Open-addressing index (linear probing, backward-shift deletion): node indexes by the
+    /// hash of their handle bytes; `EMPTY` marks a free bucket.
+    index: Vec<u32>,
+    live: usize,
+}
+
+/// Node ids ↔ NFS file handles (see the module documentation).
+pub struct NodeTable {
+    inner: Mutex<Inner>,
+    max: usize,
+}
+
+impl std::fmt::Debug for NodeTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeTable").field("live", &self.len()).field("max", &self.max).finish()
+    }
+}
+
+/// FNV-1a over the handle bytes, then a multiplicative mix (handles are server-chosen bytes:
+/// an attacker who controls the server can only slow its own lookups).
+fn hash(fh: &Fh) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in fh.as_bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^ (h >> 29)
+}
+
+fn nodeid(index: u32, generation: u32) -> u64 {
+    (u64::from(generation) << 32) | (u64::from(index) + 1)
+}
+
+fn split(nodeid: u64) -> Option<(usize, u32)> {
+    let low = (nodeid & 0xffff_ffff) as u32;
+    let index = low.checked_sub(1)?;
+    Some((index as usize, (nodeid >> 32) as u32))
+}
+
+impl Inner {
+    fn mask(&self) -> usize {
+        self.index.len() - 1
+    }
+
+    fn node(&self, nodeid: u64) -> Option<(usize, &Node)> {
+        let (i, generation) = split(nodeid)?;
+        self.nodes.get(i).filter(|n| n.live && n.generation == generation).map(|n| (i, n))
+    }
+
+    fn node_mut(&mut self, nodeid: u64) -> Option<&mut Node> {
+        let (i, generation) = split(nodeid)?;
+        self.nodes.get_mut(i).filter(|n| n.live && n.generation == generation)
+    }
+
+    fn find(&self, fh: &Fh, h: u64) -> Option<u32> {
+        let mask = self.mask();
+        let mut b = (h as usize) & mask;
+        loop {
+            let i = self.index[b];
+            if i == EMPTY {
+                return None;
+            }
+            let n = &self.nodes[i as usize];
+            if n.hash == h && n.fh.as_bytes() == fh.as_bytes() {
+                return Some(i);
+            }
+            b = (b + 1) & mask;
+        }
+    }
+
+    fn insert_index(&mut self, i: u32, h: u64) {
+        let mask = self.mask();
+        let mut b = (h as usize) & mask;
+        while self.index[b] != EMPTY {
+            b = (b + 1) & mask;
+        }
+        self.index[b] = i;
+    }
+
+    fn remove_index(&mut self, i: u32) {
+        let mask = self.mask();
+        let h = self.nodes[i as usize].hash;
+        let mut b = (h as usize) & mask;
+        while self.index[b] != i {
+            if self.index[b] == EMPTY {
+                return;
+            }
+            b = (b + 1) & mask;
+        }
+        // Backward-shift deletion: move later members of the probe run into the hole.
+        let mut hole = b;
+        let mut j = (b + 1) & mask;
+        loop {
+            let k = self.index[j];
+            if k == EMPTY {
+                break;
+            }
+            let home = (self.nodes[k as usize].hash as usize) & mask;
+            // Is `home` cyclically outside (hole, j]? Then k may move into the hole.
+            let outside = if hole <= j { home <= hole || home > j } else { home <= hole && home > j };
+            if outside {
+                self.index[hole] = k;
+                hole = j;
+            }
+            j = (j + 1) & mask;
+        }
+        self.index[hole] = EMPTY;
+    }
+
+    fn release_if_unused(&mut self, i: usize) {
+        let n = self.nodes[i];
+        if i == 0 || !n.live || n.nlookup > 0 || n.opens > 0 {
+            return;
+        }
+        self.remove_index(i as u32);
+        let n = &mut self.nodes[i];
+        n.live = false;
+        n.generation = n.generation.wrapping_add(1);
+        self.free.push(i as u32);
+        self.live -= 1;
+    }
+}
+
+impl NodeTable {
+    /// A table with the export's root handle as node 1, room for `max` nodes (the root
+    /// included; at least 2).
+    pub fn new(root: Fh, max: usize) -> Self {
+        let max = max.clamp(2, u32::MAX as usize / 4);
+        let mut nodes = Vec::with_capacity(max);
+        let h = hash(&root);
+        nodes.push(Node { fh: root, hash: h, generation: 0, live: true, nlookup: 1, opens: 0 });
+        let buckets = (max * 2).next_power_of_two();
+        let mut inner = Inner { nodes, free: Vec::with_capacity(max), index: vec![EMPTY; buckets], live: 1 };
+        inner.insert_index(0, h);
+        NodeTable { inner: Mutex::new(inner), max }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The handle of `nodeid`, or [`STALE`].
+    pub fn fh(&self, nodeid: u64) -> Result<Fh, Error> {
+        self.lock().node(nodeid).map(|(_, n)| n.fh).ok_or(STALE)
+    }
+
+    /// The handles of two nodes at once (one lock).
+    pub fn fh2(&self, a: u64, b: u64) -> Result<(Fh, Fh), Error> {
+        let inner = self.lock();
+        let fa = inner.node(a).map(|(_, n)| n.fh).ok_or(STALE)?;
+        let fb = inner.node(b).map(|(_, n)| n.fh).ok_or(STALE)?;
+        Ok((fa, fb))
+    }
+
+    /// The node of handle `fh` with one more lookup reference (a new node if the handle is
+    /// new): what a LOOKUP, CREATE, MKDIR, ... or a READDIRPLUS entry gives the kernel.
+    /// [`FULL`] when a new node is needed and there is no room.
+    pub fn reference(&self, fh: &Fh) -> Result<u64, Error> {
+        let h = hash(fh);
+        let mut inner = self.lock();
+        if let Some(i) = inner.find(fh, h) {
+            let n = &mut inner.nodes[i as usize];
+            n.nlookup = n.nlookup.saturating_add(1);
+            return Ok(nodeid(i, n.generation));
+        }
+        let i = match inner.free.pop() {
+            Some(i) => i,
+            None if inner.nodes.len() < self.max => {
+                inner.nodes.push(Node { fh: *fh, hash: h, generation: 1, live: false, nlookup: 0, opens: 0 });
+                (inner.nodes.len() - 1) as u32
+            }
+            None => return Err(FULL),
+        };
+        let n = &mut inner.nodes[i as usize];
+        n.fh = *fh;
+        n.hash = h;
+        n.live = true;
+        n.nlookup = 1;
+        n.opens = 0;
+        let generation = n.generation;
+        inner.insert_index(i, h);
+        inner.live += 1;
+        Ok(nodeid(i, generation))
+    }
+
+    /// Drops `n` lookup references of `nodeid` (FORGET); the node goes when none is left and
+    /// no handle of it is open. Unknown node ids are ignored.
+    pub fn forget(&self, nodeid: u64, n: u64) {
+        let mut inner = self.lock();
+        let Some((i, _)) = inner.node(nodeid) else { return };
+        let node = &mut inner.nodes[i];
+        node.nlookup = node.nlookup.saturating_sub(n);
+        inner.release_if_unused(i);
+    }
+
+    /// Counts an open handle of `nodeid` (kept while it is open).
+    pub fn opened(&self, nodeid: u64) -> Result<(), Error> {
+        let mut inner = self.lock();
+        let n = inner.node_mut(nodeid).ok_or(STALE)?;
+        n.opens = n.opens.saturating_add(1);
+        Ok(())
+    }
+
+    /// A handle of `nodeid` was closed.
+    pub fn closed(&self, nodeid: u64) {
+        let mut inner = self.lock();
+        let Some((i, _)) = inner.node(nodeid) else { return };
+        let node = &mut inner.nodes[i];
+        node.opens = node.opens.saturating_sub(1);
+        inner.release_if_unused(i);
+    }
+
+    /// Whether `nodeid` has open handles.
+    pub fn has_opens(&self, nodeid: u64) -> bool {
+        self.lock().node(nodeid).is_some_and(|(_, n)| n.opens > 0)
+    }
+
+    /// The session ended: the kernel dropped every reference; only the root stays.
+    pub fn reset(&self) {
+        let mut inner = self.lock();
+        for i in 1..inner.nodes.len() {
+            if inner.nodes[i].live {
+                inner.nodes[i].nlookup = 0;
+                inner.nodes[i].opens = 0;
+                inner.release_if_unused(i);
+            }
+        }
+    }
+
+    /// Live nodes, the root included.
+    pub fn len(&self) -> usize {
+        self.lock().live
+    }
+
+    /// Never: the root is always there.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The bound.
+    pub fn capacity(&self) -> usize {
+        self.max
+    }
+}
+
+/// What an open handle is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFile {
+    /// Its node.
+    pub nodeid: u64,
+    /// `open(2)` flags.
+    pub flags: u32,
+    /// A directory (OPENDIR).
+    pub dir: bool,
+    /// The READDIR cookie verifier the server gave last (directories).
+    pub cookieverf: [u8; 8],
+}
+
+struct Handles {
+    slots: Vec<(u32, Option<OpenFile>)>,
+    free: Vec<u32>,
+}
+
+/// The device-side open handles (see the module documentation): a preallocated table, handle
+/// = generation << 32 | index + 1.
+pub struct HandleTable {
+    inner: Mutex<Handles>,
+}
+
+impl std::fmt::Debug for HandleTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandleTable").finish_non_exhaustive()
+    }
+}
+
+impl HandleTable {
+    /// Room for `max` open handles.
+    pub fn new(max: usize) -> Self {
+        let max = max.clamp(1, u32::MAX as usize / 4);
+        let slots = vec![(0u32, None); max];
+        let free = (0..max as u32).rev().collect();
+        HandleTable { inner: Mutex::new(Handles { slots, free }) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Handles> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new handle for `file`; `ENFILE` when all are open.
+    pub fn open(&self, file: OpenFile) -> Result<u64, Error> {
+        let mut h = self.lock();
+        let i = h.free.pop().ok_or(FULL)?;
+        let slot = &mut h.slots[i as usize];
+        slot.0 = slot.0.wrapping_add(1);
+        slot.1 = Some(file);
+        Ok(nodeid(i, slot.0))
+    }
+
+    /// The open file of `fh`, if it is open.
+    pub fn get(&self, fh: u64) -> Option<OpenFile> {
+        let (i, generation) = split(fh)?;
+        let h = self.lock();
+        h.slots.get(i).filter(|s| s.0 == generation).and_then(|s| s.1)
+    }
+
+    /// Records the cookie verifier of directory handle `fh`.
+    pub fn set_cookieverf(&self, fh: u64, verf: [u8; 8]) {
+        let Some((i, generation)) = split(fh) else { return };
+        let mut h = self.lock();
+        if let Some((g, Some(f))) = h.slots.get_mut(i) {
+            if *g == generation {
+                f.cookieverf = verf;
+            }
+        }
+    }
+
+    /// Closes `fh`; its open file, if it was open.
+    pub fn close(&self, fh: u64) -> Option<OpenFile> {
+        let (i, generation) = split(fh)?;
+        let mut h = self.lock();
+        let slot = h.slots.get_mut(i).filter(|s| s.0 == generation)?;
+        let file = slot.1.take()?;
+        h.free.push(i as u32);
+        Some(file)
+    }
+
+    /// Closes every handle (the session ended).
+    pub fn reset(&self) {
+        let mut h = self.lock();
+        let h = &mut *h;
+        h.free.clear();
+        for (i, s) in h.slots.iter_mut().enumerate().rev() {
+            s.1 = None;
+            h.free.push(i as u32);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fh(n: u32) -> Fh {
+        Fh::new(&[n.to_le_bytes().as_slice(), b"handle-bytes"].concat()).unwrap()
+    }
+
+    #[test]
+    fn handles_are_deduplicated_counted_and_freed() {
+        let t = NodeTable::new(fh(0), 4);
+        assert_eq!(t.fh(ROOT).unwrap().as_bytes(), fh(0).as_bytes());
+        let a = t.reference(&fh(1)).unwrap();
+        assert_ne!(a, ROOT);
+        assert_eq!(t.reference(&fh(1)).unwrap(), a, "same handle, same node");
+        let b = t.reference(&fh(2)).unwrap();
+        let c = t.reference(&fh(3)).unwrap();
+        assert_eq!(t.reference(&fh(4)), Err(FULL));
+        assert_eq!(t.len(), 4);
+        t.forget(a, 1);
+        assert!(t.fh(a).is_ok(), "one reference left");
+        t.forget(a, 1);
+        assert_eq!(t.fh(a), Err(STALE));
+        let d = t.reference(&fh(4)).unwrap();
+        assert_ne!(d, a, "a reused index has a new generation");
+        assert_eq!(d & 0xffff_ffff, a & 0xffff_ffff);
+        // The index still finds everything after deletions.
+        assert_eq!(t.reference(&fh(2)).unwrap(), b);
+        assert_eq!(t.reference(&fh(3)).unwrap(), c);
+        assert_eq!(t.reference(&fh(0)).unwrap(), ROOT, "the root's handle is node 1");
+        t.forget(ROOT, u64::MAX);
+        assert!(t.fh(ROOT).is_ok(), "the root is never freed");
+    }
+
+    #[test]
+    fn open_handles_keep_a_forgotten_node() {
+        let t = NodeTable::new(fh(0), 8);
+        let a = t.reference(&fh(1)).unwrap();
+        t.opened(a).unwrap();
+        t.forget(a, 1);
+        assert!(t.has_opens(a));
+        assert!(t.fh(a).is_ok());
+        t.closed(a);
+        assert_eq!(t.fh(a), Err(STALE));
+        assert_eq!(t.fh(0), Err(STALE));
+        assert_eq!(t.fh(u64::MAX), Err(STALE));
+    }
+
+    #[test]
+    fn many_inserts_and_removals_keep_the_index_consistent() {
+        let t = NodeTable::new(fh(0), 300);
+        let mut ids = Vec::new();
+        for round in 0..5u32 {
+            for i in 1..290u32 {
+                ids.push((i, t.reference(&fh(i + round * 1000)).unwrap()));
+            }
+            for (k, &(i, id)) in ids.iter().enumerate() {
+                if k % 3 != 0 {
+                    t.forget(id, 1);
+                } else {
+                    assert_eq!(t.reference(&fh(i + round * 1000)).unwrap(), id);
+                    t.forget(id, 2);
+                }
+            }
+            ids.clear();
+            assert_eq!(t.len(), 1);
+        }
+    }
+
+    #[test]
+    fn handle_table_is_bounded_and_generational() {
+        let h = HandleTable::new(2);
+        let f = OpenFile { nodeid: 5, flags: 0, dir: false, cookieverf: [0; 8] };
+        let a = h.open(f).unwrap();
+        let b = h.open(f).unwrap();
+        assert_eq!(h.open(f), Err(FULL));
+        assert_eq!(h.get(a), Some(f));
+        assert_eq!(h.close(a), Some(f));
+        assert_eq!(h.close(a), None);
+        let c = h.open(f).unwrap();
+        assert_ne!(c, a);
+        assert_eq!(h.get(a), None);
+        h.set_cookieverf(b, [1; 8]);
+        assert_eq!(h.get(b).unwrap().cookieverf, [1; 8]);
+    }
+}
