@@ -8,12 +8,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use log::{error, info, warn};
 use signal_hook::consts::{SIGINT, SIGTERM, SIGUSR1};
 use virtiofs_backend::filesystem::CachePolicy;
+use virtiofs_backend::nfs::fs::NfsFs;
 use virtiofs_backend::passthrough::sandbox::{self, SandboxMode};
-use virtiofs_backend::passthrough::seccomp::{self, SeccompMode};
+use virtiofs_backend::passthrough::seccomp::{self, Network, SeccompMode};
 use virtiofs_backend::passthrough::uring::IoMode;
 use virtiofs_backend::passthrough::PassthroughConfig;
 use virtiofs_backend::ramfs::RamFsConfig;
@@ -21,6 +23,7 @@ use virtiofs_backend::{PassthroughFs, RamFs};
 use virtiofs_device::stats::DeviceStats;
 use virtiofs_device::vfio_user::Listener;
 use virtiofs_dpu::config::Profile;
+use virtiofs_dpu::remote::{self, RemoteKeys};
 use virtiofs_dpu::{FuseHandler, FuseStats, PassthroughHandler, RunningDevice};
 
 /// virtio-fs device firmware served over vfio-user.
@@ -41,6 +44,12 @@ struct Args {
     /// nosuid,nodev on the host.
     #[arg(long, value_name = "DIR")]
     shared_dir: Option<PathBuf>,
+    /// Serve this NFSv3 export instead: `nfs://HOST[:PORT]/EXPORT[?nfsport=N&mountport=M]`
+    /// (PORT: the portmapper's, default 111; nfsport/mountport skip it). Overrides the
+    /// profile's `remote`; the `nfs_*` profile keys tune it. Requests go with the guest
+    /// caller's uid, gid and groups (AUTH_SYS).
+    #[arg(long, value_name = "URL", conflicts_with = "shared_dir")]
+    remote: Option<String>,
     /// With --shared-dir, how READ/WRITE/FSYNC are served: `hybrid` (zero-copy, inline when it
     /// cannot block, else on an io_uring per poller), `ring` (always on the io_uring) or `sync`
     /// (through the FUSE server with a bounce buffer).
@@ -52,15 +61,16 @@ struct Args {
     /// --shared-dir (the host may change the directory too).
     #[arg(long, value_name = "POLICY")]
     cache: Option<CachePolicy>,
-    /// With --shared-dir, how the daemon confines itself once its socket is bound: `namespace`
-    /// (new mount, IPC and network namespaces whose root is the shared directory; needs root,
-    /// the default for root) or `none` (the default otherwise).
-    #[arg(long, value_name = "MODE", requires = "shared_dir")]
+    /// With --shared-dir or --remote, how the daemon confines itself once its socket is bound:
+    /// `namespace` (new mount, IPC and, with --shared-dir, network namespaces whose root is the
+    /// shared directory, or for --remote an empty read-only one; needs root, the default for
+    /// root) or `none` (the default otherwise).
+    #[arg(long, value_name = "MODE")]
     sandbox: Option<SandboxMode>,
-    /// With --shared-dir, what a system call outside the daemon's allowlist does: `trap` (the
-    /// daemon logs the call's number and dies of SIGSYS), `kill` (the kernel kills it), `log`
-    /// (allowed, logged by the kernel's audit) or `off` (no filter).
-    #[arg(long, value_name = "MODE", default_value = "trap", requires = "shared_dir")]
+    /// With --shared-dir or --remote, what a system call outside the daemon's allowlist does:
+    /// `trap` (the daemon logs the call's number and dies of SIGSYS), `kill` (the kernel kills
+    /// it), `log` (allowed, logged by the kernel's audit) or `off` (no filter).
+    #[arg(long, value_name = "MODE", default_value = "trap")]
     seccomp: SeccompMode,
     /// Write the statistics as JSON to this file at exit, and on SIGUSR1 while running
     /// (`{"device": {"queues": [...], "pollers": [...]}, "fuse": {"locks": ..., "io": ...}}`). The file is opened at
@@ -92,17 +102,26 @@ impl StatsFile {
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let args = Args::parse();
-    let mut profile = match &args.config {
-        Some(path) => match Profile::from_file(path) {
+    let matches = Args::command().get_matches();
+    let args = match Args::from_arg_matches(&matches) {
+        Ok(a) => a,
+        Err(e) => e.exit(),
+    };
+    let (mut profile, remote_keys) = match &args.config {
+        Some(path) => match remote::load_profile(path) {
             Ok(p) => p,
             Err(e) => {
                 error!("{}", error_chain(&e));
                 return ExitCode::from(2);
             }
         },
-        None => Profile::default(),
+        None => (Profile::default(), RemoteKeys::default()),
     };
+    let remote_url = args.remote.clone().or_else(|| remote_keys.remote.clone());
+    if let Err(msg) = check_backend_flags(&matches, &args, remote_url.is_some()) {
+        error!("{msg}");
+        return ExitCode::from(2);
+    }
     if let Some(tag) = args.tag.clone() {
         profile.tag = tag;
     }
@@ -130,6 +149,16 @@ fn main() -> ExitCode {
     );
     let fuse_stats: FuseStatsFn;
     let started = match &args.shared_dir {
+        None if remote_url.is_some() => {
+            let url = remote_url.as_deref().unwrap_or_default();
+            match confine_and_serve_remote(url, &remote_keys, &args, profile) {
+                Ok((started, stats)) => {
+                    fuse_stats = stats;
+                    started
+                }
+                Err(code) => return code,
+            }
+        }
         None => {
             let mut cfg = RamFsConfig::default();
             cfg.cache = args.cache.unwrap_or(cfg.cache);
@@ -240,6 +269,78 @@ fn confine_and_serve(
     let handler = Arc::new(PassthroughHandler::new(fs, args.io_mode));
     let h = handler.clone();
     Ok((RunningDevice::start_on(listener, profile, handler), Box::new(move || h.stats())))
+}
+
+/// The backend flags that need a host backend (`--shared-dir` or a remote) and the ones that
+/// exclude each other, as given on the command line.
+fn check_backend_flags(m: &clap::ArgMatches, args: &Args, remote: bool) -> Result<(), String> {
+    let given = |id: &str| m.value_source(id) == Some(ValueSource::CommandLine);
+    if args.shared_dir.is_some() && remote {
+        return Err(
+            "--shared-dir and a remote (--remote or the profile's `remote`) exclude each other".into()
+        );
+    }
+    if args.shared_dir.is_none() && !remote {
+        for flag in ["sandbox", "seccomp"] {
+            if given(flag) {
+                return Err(format!("--{flag} needs --shared-dir or --remote"));
+            }
+        }
+    }
+    if remote && given("io_mode") {
+        return Err("--io-mode is for --shared-dir".into());
+    }
+    Ok(())
+}
+
+/// `--remote` (or the profile's `remote`): mounts the NFS export on this thread (blocking,
+/// before any other thread exists), binds the socket, confines the process in the NFS mode of
+/// the sandbox (mount and IPC namespaces with an empty read-only root but the host's network,
+/// no capabilities, the allowlist with the TCP client's calls: see
+/// `virtiofs_backend::passthrough::sandbox`) and only then starts the device, whose pollers
+/// each connect to the server.
+fn confine_and_serve_remote(
+    url: &str,
+    keys: &RemoteKeys,
+    args: &Args,
+    profile: Profile,
+) -> Result<(Started, FuseStatsFn), ExitCode> {
+    let fail = |code: u8, e: &dyn std::error::Error| {
+        error!("{}", error_chain(e));
+        ExitCode::from(code)
+    };
+    let opts = remote::nfs_options(url, keys, args.cache).map_err(|e| fail(2, &e))?;
+    info!(
+        "NFS export {url}, cache {}, timeout {:?}, retransmit {:?}, {} slots per poller",
+        opts.cache, opts.timeout, opts.retransmit, opts.slots_per_poller
+    );
+    let fs = NfsFs::connect(opts).map_err(|e| fail(1, &e))?;
+    let mut listener = Listener::bind(&args.socket_path).map_err(|e| fail(1, &e))?;
+    match args.sandbox.unwrap_or_else(SandboxMode::default_for_this_process) {
+        SandboxMode::None => info!("NFS export: no sandbox (--sandbox=none)"),
+        SandboxMode::Namespace => {
+            sandbox::enter_namespace_keeping_network().map_err(|e| fail(1, &e))?;
+            listener.keep_socket_file();
+            info!("sandbox: new mount and IPC namespaces (the network kept for the NFS server), root an empty read-only tmpfs");
+        }
+    }
+    match sandbox::drop_privileges_keeping(sandbox::NFS_KEPT_CAPS) {
+        Ok(d) if d.privileged => info!("no_new_privs, {} capabilities dropped, none kept", d.bounding),
+        Ok(_) => info!("unprivileged, no_new_privs set"),
+        Err(e) => return Err(fail(1, &e)),
+    }
+    seccomp::install_with(args.seccomp, Network::TcpClient).map_err(|e| fail(1, &e))?;
+    match args.seccomp {
+        SeccompMode::Off => info!("seccomp: off"),
+        m => info!(
+            "seccomp: {} system calls allowed (TCP client included), others: {m:?}",
+            seccomp::allowlist_with(Network::TcpClient).len()
+        ),
+    }
+    let handler = Arc::new(FuseHandler::new(fs));
+    let h = handler.clone();
+    let stats = move || FuseStats { nfs: Some(h.server().filesystem().stats()), ..h.stats() };
+    Ok((RunningDevice::start_on(listener, profile, handler), Box::new(stats)))
 }
 
 /// What starting the device gave.
