@@ -105,6 +105,11 @@ pub struct ConnStats {
     pub bad_replies: u64,
     /// Well-formed replies to no call in flight (dropped).
     pub unknown_xids: u64,
+    /// READ data bytes received straight into the sinks' buffers (`readv`).
+    pub read_direct_bytes: u64,
+    /// READ data bytes copied from the receive buffer into the sinks' buffers (what came in the
+    /// same read as the reply's header).
+    pub read_copied_bytes: u64,
 }
 
 /// Bytes of one slot's send buffer: the record mark, the largest RPC call header and the
@@ -122,6 +127,13 @@ const READS_PER_POLL: usize = 16;
 /// First reconnection delay after a failed connect; it doubles up to [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_millis(1);
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
+/// READs asking this much or more get their data straight into the sink's buffers: while one is
+/// in flight, a read at a record boundary takes only [`PEEK`] bytes (a READ reply's header and
+/// attributes are 132), so that the data after them is left in the socket for `readv`. Smaller
+/// READs are copied from the receive buffer: one `memcpy` of a few KiB costs less than the
+/// extra system call.
+const DIRECT_MIN: u32 = 16 << 10;
+const PEEK: usize = 256;
 /// The last-fragment bit of a record mark.
 const LAST_FRAGMENT: u32 = 0x8000_0000;
 
@@ -266,8 +278,9 @@ pub struct Conn {
     /// `slots.len() * CALL_BUF` bytes: slot `i`'s encoded call at `i * CALL_BUF`.
     calls: Box<[u8]>,
     free: Vec<u16>,
-    /// Slots to send, in order.
-    queue: VecDeque<u16>,
+    /// Slots to send, in order, with the generation of the call queued (an entry whose call
+    /// ended meanwhile is skipped, even if the slot holds a newer call).
+    queue: VecDeque<(u16, u16)>,
     /// The slot being sent and how many bytes of its record went out.
     tx: Option<(u16, usize)>,
     rx: Rx,
@@ -278,6 +291,8 @@ pub struct Conn {
     /// Timers are checked when `now` reaches this, every `tick`.
     next_timer: Instant,
     tick: Duration,
+    /// READs in flight asking at least [`DIRECT_MIN`] bytes.
+    big_reads: usize,
     stats: ConnStats,
 }
 
@@ -342,6 +357,7 @@ impl Conn {
             stamp: wall.as_secs() as u32,
             next_timer: now + tick,
             tick,
+            big_reads: 0,
             stats: ConnStats::default(),
             cfg,
         };
@@ -350,7 +366,9 @@ impl Conn {
     }
 
     /// Queues one call (encoded into its slot's send buffer now, sent at once if the
-    /// connection can take it, else on a later poll).
+    /// connection can take it and no other call waits, else on a later poll). While it runs,
+    /// `sink` is asked about this call only: its payload, and `done(tag)` if it ends at once (a
+    /// WRITE whose payload is missing); other calls are only ever handled in [`Conn::poll`].
     pub fn call(
         &mut self,
         tag: u32,
@@ -416,9 +434,14 @@ impl Conn {
             sent_at: now,
             was_sent: false,
         };
-        self.queue.push_back(idx);
+        self.queue.push_back((idx, generation));
         self.stats.calls += 1;
-        if self.tx.is_none() && matches!(self.link, Link::Up { .. }) {
+        if read_count >= DIRECT_MIN {
+            self.big_reads += 1;
+        }
+        // Sent at once only when nothing else waits: then `sink` is asked about this call only
+        // (its payload), so a caller may pass a sink that knows just this call.
+        if self.tx.is_none() && self.queue.len() == 1 && matches!(self.link, Link::Up { .. }) {
             self.flush(now, sink);
         }
         Ok(())
@@ -436,7 +459,7 @@ impl Conn {
         self.progress_link(now);
         if matches!(self.link, Link::Up { .. }) {
             self.flush(now, sink);
-            self.receive(now, sink);
+            self.receive(now, sink, false);
             if matches!(self.link, Link::Up { .. }) && self.tx.is_none() && !self.queue.is_empty() {
                 self.flush(now, sink);
             }
@@ -546,7 +569,7 @@ impl Conn {
             let s = &mut self.slots[i];
             if s.state != SlotState::Free {
                 s.state = SlotState::Queued;
-                self.queue.push_back(i as u16);
+                self.queue.push_back((i as u16, s.generation));
             }
         }
     }
@@ -566,10 +589,13 @@ impl Conn {
 
     /// Ends slot `i`'s call: tells the sink, frees the slot.
     fn finish(&mut self, i: usize, sink: &mut dyn Sink, res: Result<Res<'_>, CallError>) {
-        let tag = self.slots[i].tag;
-        self.slots[i].state = SlotState::Free;
-        self.free.push(i as u16);
+        let tag = self.free_slot(i);
         sink.done(tag, res);
+    }
+
+    /// Frees slot `i`; returns its tag.
+    fn free_slot(&mut self, i: usize) -> u32 {
+        free_slot(&mut self.slots, &mut self.free, &mut self.big_reads, i)
     }
 
     // ---- sending ----
@@ -580,11 +606,11 @@ impl Conn {
             let (idx, off) = match self.tx {
                 Some(t) => t,
                 None => {
-                    let Some(idx) = self.queue.pop_front() else {
+                    let Some((idx, generation)) = self.queue.pop_front() else {
                         return;
                     };
                     let s = &mut self.slots[usize::from(idx)];
-                    if s.state != SlotState::Queued {
+                    if s.state != SlotState::Queued || s.generation != generation {
                         continue;
                     }
                     s.state = SlotState::Sent;
@@ -625,7 +651,11 @@ impl Conn {
                 r.truncate(data_len);
                 let skip = data_off.min(data_len);
                 if r.consume(skip).is_err() {
-                    continue;
+                    // Cannot happen (checked above); never loop on it.
+                    self.tx = None;
+                    self.finish(i, sink, Err(CallError::Payload));
+                    self.drop_link(now);
+                    return;
                 }
                 let pad_from = data_off.saturating_sub(data_len);
                 let pad = &ZEROS[..xdr::pad(data_len)];
@@ -658,13 +688,12 @@ impl Conn {
 
     // ---- receiving ----
 
-    fn receive(&mut self, now: Instant, sink: &mut dyn Sink) {
+    /// Reads and consumes replies; when nothing is expected, only if `look` (a timer tick: EOF,
+    /// unsolicited bytes).
+    fn receive(&mut self, now: Instant, sink: &mut dyn Sink, look: bool) {
         for _ in 0..READS_PER_POLL {
-            if self.in_flight() == 0 && self.rx.start == self.rx.end {
-                // Nothing expected: look at the socket only on timer ticks (EOF, garbage).
-                if now < self.next_timer {
-                    return;
-                }
+            if !look && self.in_flight() == 0 && self.rx.start == self.rx.end {
+                return;
             }
             let Link::Up { stream } = &self.link else {
                 return;
@@ -679,8 +708,13 @@ impl Conn {
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(_) => {
-                    self.reset(now, sink, Fault::Lost);
+                Err(e) => {
+                    let fault = if e.kind() == std::io::ErrorKind::InvalidData {
+                        Fault::Garbage
+                    } else {
+                        Fault::Lost
+                    };
+                    self.reset(now, sink, fault);
                     return;
                 }
             }
@@ -694,29 +728,36 @@ impl Conn {
     /// One read from the socket: straight into the sink's buffer (and the receive buffer after
     /// it) when a READ's data is due and nothing is buffered, else into the receive buffer.
     fn fill(&mut self, fd: std::os::fd::RawFd, sink: &mut dyn Sink) -> std::io::Result<usize> {
+        self.rx.compact();
+        let target = match self.rx.mode {
+            RxMode::Data(p) => self.read_target(&p),
+            _ => None,
+        };
         let rx = &mut self.rx;
-        rx.compact();
-        if let RxMode::Data(p) = rx.mode {
-            if !p.discard && rx.start == rx.end && rx.in_frag && rx.frag_left > 0 {
+        if let (RxMode::Data(mut p), Some(tag)) = (rx.mode, target) {
+            if rx.start == rx.end && rx.in_frag && rx.frag_left > 0 {
                 let want = (p.len - p.placed) as usize;
                 let want = want.min(rx.frag_left);
-                let tag = self.slots[usize::from(p.slot)].tag;
                 rx.start = 0;
                 rx.end = 0;
+                let w = sink.read_buffer(tag).and_then(|mut w| w.split_at(p.placed as usize).ok().map(|_| w));
+                let Some(w) = w else {
+                    // The sink's buffer is gone or shorter than it was: drop the rest.
+                    p.discard = true;
+                    p.too_small = true;
+                    rx.mode = RxMode::Data(p);
+                    return Ok(1);
+                };
                 let n = {
-                    let Some(mut w) = sink.read_buffer(tag) else {
-                        return Err(std::io::Error::from(std::io::ErrorKind::InvalidData));
-                    };
-                    if w.split_at(p.placed as usize).is_err() {
-                        return Err(std::io::Error::from(std::io::ErrorKind::InvalidData));
-                    }
-                    sys::recv_into(fd, &mut self.iov, &w, want, &mut rx.buf[..])?
+                    // Another big READ may follow: leave its data in the socket too.
+                    let tail = if self.big_reads > 1 { PEEK } else { rx.buf.len() };
+                    sys::recv_into(fd, &mut self.iov, &w, want, &mut rx.buf[..tail])?
                 };
                 if n == 0 {
                     return Ok(0);
                 }
                 let direct = n.min(want);
-                let mut p = p;
+                self.stats.read_direct_bytes += direct as u64;
                 p.placed += direct as u32;
                 rx.frag_left -= direct;
                 rx.end = n - direct;
@@ -736,7 +777,18 @@ impl Conn {
             }
         }
         let end = rx.end;
-        let n = sys::recv(fd, &mut rx.buf[end..])?;
+        let boundary = match rx.mode {
+            RxMode::Record => true,
+            RxMode::Data(_) => !rx.in_frag,
+            RxMode::Pad(_) => false,
+        };
+        let limit = if self.big_reads > 0 && rx.start == rx.end && boundary {
+            // At a record boundary with a big READ in flight: its header only (see DIRECT_MIN).
+            (end + PEEK).min(rx.buf.len())
+        } else {
+            rx.buf.len()
+        };
+        let n = sys::recv(fd, &mut rx.buf[end..limit])?;
         rx.end += n;
         Ok(n)
     }
@@ -745,11 +797,18 @@ impl Conn {
         self.rx.buf.len() - RECORD_SLACK
     }
 
+    /// The tag of the READ whose data is being placed, if that call is still waiting for it (it
+    /// may have timed out or been aborted meanwhile, and its slot reused).
+    fn read_target(&self, p: &ReadProgress) -> Option<u32> {
+        let s = self.slots.get(usize::from(p.slot))?;
+        (!p.discard && s.state == SlotState::Sent && s.xid == p.xid).then_some(s.tag)
+    }
+
     /// Looks up the call a reply is for.
     fn slot_of(&self, xid: u32) -> Option<usize> {
         let i = ((xid ^ self.xid_seed) & 0xffff) as usize;
         let s = self.slots.get(i)?;
-        (s.state != SlotState::Free && s.xid == xid).then_some(i)
+        (s.state == SlotState::Sent && s.xid == xid).then_some(i)
     }
 
     /// Consumes what the receive buffer holds: record marks, whole records, READ data.
@@ -806,8 +865,7 @@ impl Conn {
                 RxMode::Data(mut p) => {
                     let avail = self.rx.raw().min(self.rx.frag_left).min((p.len - p.placed) as usize);
                     if avail > 0 {
-                        if !p.discard {
-                            let tag = self.slots[usize::from(p.slot)].tag;
+                        if let Some(tag) = self.read_target(&p) {
                             let start = self.rx.start;
                             let placed = sink.read_buffer(tag).and_then(|mut w| {
                                 w.split_at(p.placed as usize).ok()?;
@@ -817,6 +875,8 @@ impl Conn {
                                 // The sink's buffer changed under the reply: drop the rest.
                                 p.discard = true;
                                 p.too_small = true;
+                            } else {
+                                self.stats.read_copied_bytes += avail as u64;
                             }
                         }
                         p.placed += avail as u32;
@@ -832,7 +892,10 @@ impl Conn {
                         self.rx.in_frag = false;
                         if self.rx.frag_last {
                             // The record ended inside the data.
-                            return self.call_garbage(usize::from(p.slot), sink);
+                            if self.read_target(&ReadProgress { discard: false, ..p }).is_some() {
+                                return self.call_garbage(usize::from(p.slot), sink);
+                            }
+                            return Err(Fault::Garbage);
                         }
                         continue;
                     }
@@ -903,6 +966,8 @@ impl Conn {
             if ok.is_none() {
                 p.discard = true;
                 p.too_small = true;
+            } else {
+                self.stats.read_copied_bytes += have as u64;
             }
         }
         p.placed = have as u32;
@@ -915,8 +980,8 @@ impl Conn {
     /// The end of a READ whose data was placed as it came: `pad` bytes of padding remain.
     fn end_read(&mut self, p: ReadProgress, pad: usize, sink: &mut dyn Sink) -> Result<(), Fault> {
         let i = usize::from(p.slot);
-        if self.slots[i].state == SlotState::Free || self.slots[i].xid != p.xid {
-            // Timed out meanwhile: nothing to tell.
+        if self.read_target(&ReadProgress { discard: false, ..p }).is_none() {
+            // Ended meanwhile (timed out, aborted): nothing to tell.
             return Ok(());
         }
         if pad != xdr::pad(p.len as usize) {
@@ -973,7 +1038,10 @@ impl Conn {
                     match sink.read_buffer(slot.tag) {
                         None => Ok(Res::Read { count: len, eof, attr }),
                         Some(mut w) => match w.write_all(data) {
-                            Ok(()) => Ok(Res::Read { count: len, eof, attr }),
+                            Ok(()) => {
+                                self.stats.read_copied_bytes += u64::from(len);
+                                Ok(Res::Read { count: len, eof, attr })
+                            }
                             Err(_) => Err(CallError::TooLarge),
                         },
                     }
@@ -994,9 +1062,7 @@ impl Conn {
         match nfs3::decode_res(slot.proc, &mut d) {
             Ok(res) => {
                 self.stats.replies += 1;
-                let tag = slot.tag;
-                self.slots[i].state = SlotState::Free;
-                self.free.push(i as u16);
+                let tag = free_slot(&mut self.slots, &mut self.free, &mut self.big_reads, i);
                 sink.done(tag, Ok(res));
                 Ok(())
             }
@@ -1010,11 +1076,12 @@ impl Conn {
         if let Link::Up { .. } = self.link {
             if self.in_flight() == 0 && self.rx.start == self.rx.end {
                 // Idle: a look at the socket for EOF or unsolicited bytes.
-                self.receive(now, sink);
+                self.receive(now, sink, true);
             }
         }
         let mut stuck = false;
         let mut half_sent_timed_out = false;
+        let mut timed_out = false;
         for i in 0..self.slots.len() {
             let s = self.slots[i];
             if s.state == SlotState::Free {
@@ -1028,6 +1095,7 @@ impl Conn {
                     self.tx = None;
                 }
                 self.stats.timeouts += 1;
+                timed_out = true;
                 self.finish(i, sink, Err(CallError::TimedOut));
                 continue;
             }
@@ -1035,10 +1103,31 @@ impl Conn {
                 stuck = true;
             }
         }
+        if timed_out {
+            // Forget the queue entries of calls that ended before being sent, so the queue
+            // never holds more than one entry per slot (and never grows).
+            let slots = &self.slots;
+            self.queue.retain(|&(i, g)| {
+                let s = &slots[usize::from(i)];
+                s.state == SlotState::Queued && s.generation == g
+            });
+        }
         if half_sent_timed_out || (stuck && matches!(self.link, Link::Up { .. })) {
             self.drop_link(now);
         }
     }
+}
+
+/// Frees slot `i` (by fields, for callers that hold a borrow of the receive buffer); returns
+/// its tag.
+fn free_slot(slots: &mut [Slot], free: &mut Vec<u16>, big_reads: &mut usize, i: usize) -> u32 {
+    let s = &mut slots[i];
+    s.state = SlotState::Free;
+    if s.read_count >= DIRECT_MIN {
+        *big_reads -= 1;
+    }
+    free.push(i as u16);
+    s.tag
 }
 
 /// The system calls of the connection: `sendmsg` of a call (its encoded part, a WRITE's data
@@ -1087,8 +1176,13 @@ mod sys {
         for r in data {
             r.iovecs(v);
         }
-        v.truncate(super::IOV_MAX - 1);
-        push(v, tail);
+        if v.len() < super::IOV_MAX {
+            push(v, tail);
+        } else {
+            // More pieces than one call takes: these now, the rest (and the padding after
+            // them) on the next call, from the offset reached.
+            v.truncate(super::IOV_MAX);
+        }
         if v.is_empty() {
             return Ok(0);
         }

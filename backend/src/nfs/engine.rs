@@ -269,7 +269,7 @@ impl Slot {
                 cookie: self.offset,
                 verf: self.cookieverf,
                 dircount: self.size,
-                maxcount: self.size.saturating_mul(2).saturating_add(1024),
+                maxcount: self.chunk,
             },
             Call::Readdir => {
                 Args::Readdir { dir: &self.fh, cookie: self.offset, verf: self.cookieverf, count: self.size }
@@ -284,7 +284,12 @@ enum Flow {
     Done(filesystem::Result<Reply>),
     /// `slot.call` is the next call to send.
     Next,
+    /// The server is busy (NFS3ERR_JUKEBOX): send the same call again a little later.
+    Later,
 }
+
+/// How long a call the server answered JUKEBOX waits before it is sent again.
+const JUKEBOX_DELAY: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// The NFS engine of one poller (see the module documentation).
 pub struct NfsEngine {
@@ -296,6 +301,8 @@ pub struct NfsEngine {
     backlog: VecDeque<u32>,
     /// Slots whose next call goes out after this poll round's replies.
     next: Vec<u32>,
+    /// Slots whose call goes again once the server was busy, and when.
+    later: Vec<(u32, Instant)>,
     /// Slots waiting for the replay buffer (one replays at a time).
     replay_wait: VecDeque<u32>,
     replay_owner: Option<u32>,
@@ -435,6 +442,7 @@ struct PollSink<'e, 'c> {
     slots: &'e mut [Slot],
     done: &'e mut Completions<'c>,
     next: &'e mut Vec<u32>,
+    later: &'e mut Vec<(u32, Instant)>,
     replay: &'e [VolatileSlice<'e>],
     replay_owner: &'e mut Option<u32>,
     busy: &'e mut usize,
@@ -515,6 +523,12 @@ impl Sink for PollSink<'_, '_> {
                 complete(self.fs, slot, i, r, self.done, self.busy, self.replay_owner, self.cell);
             }
             Flow::Next => self.next.push(i),
+            Flow::Later => {
+                if let Some(id) = slot.unstable.take() {
+                    self.fs.unstable.remove(id);
+                }
+                self.later.push((i, Instant::now() + JUKEBOX_DELAY));
+            }
         }
     }
 }
@@ -529,11 +543,12 @@ fn reply(fs: &NfsFs, slot: &mut Slot, res: Res<'_>, done: &mut Completions<'_>) 
     // Failures first: a few are steps of a sequence, not errors.
     if let Res::Failed { status, .. } = res {
         return match (slot.call, status) {
+            (_, Nfsstat::Jukebox) => Flow::Later,
             (Call::LookupTarget, Nfsstat::NoEnt) => {
                 slot.call = Call::Rename;
                 Next
             }
-            (Call::CreateFile, Nfsstat::Exist) if slot.exclusive.is_none() => {
+            (Call::CreateFile, Nfsstat::Exist) if slot.exclusive.is_none() && slot.kind == Kind::Create => {
                 // Created meanwhile by someone else: open it (truncated if asked).
                 slot.setattr_after = slot.flags & libc::O_TRUNC as u32 != 0;
                 slot.sattr = Sattr { size: Some(0), ..Sattr::default() };
@@ -806,6 +821,7 @@ impl NfsEngine {
             busy: 0,
             backlog: VecDeque::with_capacity(n),
             next: Vec::with_capacity(n),
+            later: Vec::with_capacity(n),
             replay_wait: VecDeque::with_capacity(n),
             replay_owner: None,
             replay_buf: Vec::new(),
@@ -1012,6 +1028,9 @@ impl NfsEngine {
                 slot.offset = offset;
                 slot.cookieverf = if offset == 0 { [0; 8] } else { f.cookieverf };
                 slot.size = size.clamp(512, fs.limits.read);
+                // READDIRPLUS replies carry handles and attributes: room for about twice as much.
+                slot.chunk =
+                    slot.size.saturating_mul(2).saturating_add(1024).min(fs.limits.read.max(fs.limits.write));
                 let kind =
                     if matches!(req.op, Op::Readdir { .. }) { Kind::Readdir } else { Kind::Readdirplus };
                 (kind, Call::Readdir)
@@ -1194,6 +1213,7 @@ impl FsEngine<NfsFs> for NfsEngine {
                 slots: &mut self.slots,
                 done,
                 next: &mut self.next,
+                later: &mut self.later,
                 replay: &slices,
                 replay_owner: &mut self.replay_owner,
                 busy: &mut self.busy,
@@ -1207,6 +1227,17 @@ impl FsEngine<NfsFs> for NfsEngine {
         }
         next.clear();
         self.next = next;
+        // Calls the server was too busy for, once their delay is over.
+        let mut k = 0;
+        while k < self.later.len() {
+            let (i, at) = self.later[k];
+            if now >= at {
+                self.later.swap_remove(k);
+                self.send_next(fs, i, done);
+            } else {
+                k += 1;
+            }
+        }
         // The replay buffer is free: the first waiting slot takes it.
         if self.replay_owner.is_none() {
             if let Some(i) = self.replay_wait.pop_front() {

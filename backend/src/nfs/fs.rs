@@ -414,7 +414,12 @@ impl FileSystem for NfsFs {
     }
 
     fn forget(&self, _ctx: &Context, ino: u64, nlookup: u64) {
-        self.nodes.forget(ino, nlookup);
+        // A node the kernel forgot with writes still stored (their COMMIT at RELEASE failed):
+        // nobody can FLUSH or FSYNC them any more, and the node id is not reused.
+        if self.nodes.forget(ino, nlookup) && self.unstable.has(ino) {
+            log::warn!("nfs: node {ino} forgotten with uncommitted writes; dropping them");
+            self.unstable.drop_file(ino);
+        }
     }
 
     fn lock_handle(&self, _ctx: &Context, ino: u64, fh: u64, access: LockAccess) -> filesystem::Result<()> {

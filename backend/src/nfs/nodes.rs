@@ -159,10 +159,11 @@ impl Inner {
         self.index[hole] = EMPTY;
     }
 
-    fn release_if_unused(&mut self, i: usize) {
+    /// Frees node `i` if nothing holds it any more; whether it did.
+    fn release_if_unused(&mut self, i: usize) -> bool {
         let n = self.nodes[i];
         if i == 0 || !n.live || n.nlookup > 0 || n.opens > 0 {
-            return;
+            return false;
         }
         self.remove_index(i as u32);
         let n = &mut self.nodes[i];
@@ -170,6 +171,7 @@ impl Inner {
         n.generation = n.generation.wrapping_add(1);
         self.free.push(i as u32);
         self.live -= 1;
+        true
     }
 }
 
@@ -236,13 +238,13 @@ impl NodeTable {
     }
 
     /// Drops `n` lookup references of `nodeid` (FORGET); the node goes when none is left and
-    /// no handle of it is open. Unknown node ids are ignored.
-    pub fn forget(&self, nodeid: u64, n: u64) {
+    /// no handle of it is open (then `true`). Unknown node ids are ignored.
+    pub fn forget(&self, nodeid: u64, n: u64) -> bool {
         let mut inner = self.lock();
-        let Some((i, _)) = inner.node(nodeid) else { return };
+        let Some((i, _)) = inner.node(nodeid) else { return false };
         let node = &mut inner.nodes[i];
         node.nlookup = node.nlookup.saturating_sub(n);
-        inner.release_if_unused(i);
+        inner.release_if_unused(i)
     }
 
     /// Counts an open handle of `nodeid` (kept while it is open).
@@ -253,13 +255,13 @@ impl NodeTable {
         Ok(())
     }
 
-    /// A handle of `nodeid` was closed.
-    pub fn closed(&self, nodeid: u64) {
+    /// A handle of `nodeid` was closed; whether the node went with it.
+    pub fn closed(&self, nodeid: u64) -> bool {
         let mut inner = self.lock();
-        let Some((i, _)) = inner.node(nodeid) else { return };
+        let Some((i, _)) = inner.node(nodeid) else { return false };
         let node = &mut inner.nodes[i];
         node.opens = node.opens.saturating_sub(1);
-        inner.release_if_unused(i);
+        inner.release_if_unused(i)
     }
 
     /// Whether `nodeid` has open handles.

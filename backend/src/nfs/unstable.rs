@@ -288,7 +288,7 @@ impl UnstableStore {
     }
 
     /// The next entry of `file` to send again, its bytes copied into `out` (which must hold
-    /// them: [`UnstableStore::max_entry`]); `None` when there is none.
+    /// them: one WRITE of the server's `wtmax` at most); `None` when there is none.
     pub fn next_resend(&self, file: u64, out: &mut [u8]) -> Option<Replay> {
         let inner = self.lock();
         let (i, e) = inner

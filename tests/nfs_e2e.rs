@@ -1,0 +1,416 @@
+//! End to end on the NFS backend: the device serving an nfs-ganesha export (`NfsFs`, every
+//! request through the pollers' NFS engines), driven by the host driver model over vfio-user.
+//! Data is checked on the export directory directly (the server's own view). Then the faults:
+//! the server SIGKILLed and restarted mid-workload, a restart between WRITE and COMMIT (the
+//! write verifier changes: the data is sent again), the server gone longer than the timeout
+//! (EIO in bounded time while requests that need no server go on; serving again when it is
+//! back), a file removed by another client (ESTALE, then a lookup recovers), and two devices on
+//! one export.
+
+#[path = "../backend/tests/harness/ganesha.rs"]
+mod ganesha;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ganesha::Ganesha;
+use virtiofs_backend::nfs::{NfsFs, NfsOptions};
+use virtiofs_dpu::config::Profile;
+use virtiofs_dpu::{FuseHandler, RunningDevice};
+use virtiofs_tools::fuse_abi::{self as abi, opcode, InHeader};
+use virtiofs_tools::vfio_user::{DMA_MAP_FLAG_READ, DMA_MAP_FLAG_WRITE};
+use virtiofs_tools::{DriverOptions, FsDriver};
+
+const ROOT: u64 = 1;
+const RDWR: u32 = libc::O_RDWR as u32;
+
+/// A device serving `g`'s export.
+struct Served {
+    _dir: tempfile::TempDir,
+    handler: Arc<FuseHandler<NfsFs>>,
+    device: Option<RunningDevice>,
+    socket: PathBuf,
+}
+
+impl Served {
+    fn new(g: &Ganesha, tune: impl FnOnce(&mut NfsOptions)) -> Served {
+        let mut opts = NfsOptions::new(g.url().parse().expect("the harness's URL parses"));
+        tune(&mut opts);
+        let fs = NfsFs::connect(opts).expect("the export mounts");
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("nfs.sock");
+        let handler = Arc::new(FuseHandler::new(fs));
+        let device = RunningDevice::start_with(&socket, Profile::default(), handler.clone()).unwrap();
+        Served { _dir: dir, handler, device: Some(device), socket }
+    }
+
+    fn connect(&self) -> FsDriver {
+        let mut d =
+            FsDriver::connect(&self.socket, DriverOptions::default()).expect("driver brings the device up");
+        d.init().unwrap();
+        d
+    }
+
+    fn fs(&self) -> &NfsFs {
+        self.handler.server().filesystem()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(d) = self.device.take() {
+            let _ = d.stop();
+        }
+    }
+}
+
+fn errno<T: std::fmt::Debug>(r: Result<T, virtiofs_tools::DriverError>) -> i32 {
+    match r {
+        Err(e) => e.fuse_errno().unwrap_or_else(|| panic!("not a FUSE error: {e}")),
+        Ok(v) => panic!("expected an error, got {v:?}"),
+    }
+}
+
+fn pattern(seed: u8, n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// A request with the caller's identity set to `uid`/`gid`; the reply's header and body.
+fn call_as(d: &mut FsDriver, uid: u32, gid: u32, op: u32, nodeid: u64, args: &[&[u8]]) -> (i32, Vec<u8>) {
+    let unique = d.peek_next_unique();
+    let len: usize = InHeader::SIZE + args.iter().map(|a| a.len()).sum::<usize>();
+    let hdr = InHeader {
+        len: len as u32,
+        opcode: op,
+        unique,
+        nodeid,
+        uid,
+        gid,
+        pid: 1,
+        total_extlen: 0,
+        padding: 0,
+    }
+    .to_bytes();
+    let mut parts: Vec<&[u8]> = vec![&hdr];
+    parts.extend_from_slice(args);
+    let token = d.submit_raw(1, &parts, &[16, 4096]).unwrap();
+    assert_eq!(token, unique);
+    let c = d.wait_for(token).unwrap();
+    let (h, body) = FsDriver::parse_reply(&c, op, unique).unwrap();
+    (h.error, body)
+}
+
+#[test]
+fn every_operation_against_a_real_export() {
+    let g = Ganesha::start();
+    let s = Served::new(&g, |_| {});
+    let mut d = s.connect();
+    let exp = g.export();
+
+    // CREATE, WRITE, READ: the data is on the export.
+    let (f, open) = d.create(ROOT, "file", 0o640, RDWR).unwrap();
+    let data = pattern(1, 300_000);
+    assert_eq!(d.write(f.nodeid, open.fh, 0, &data).unwrap() as usize, data.len());
+    assert_eq!(d.read(f.nodeid, open.fh, 0, 300_000).unwrap(), data);
+    assert_eq!(d.read(f.nodeid, open.fh, 299_000, 4096).unwrap(), &data[299_000..], "short at end of file");
+    d.flush(f.nodeid, open.fh).unwrap();
+    d.release(f.nodeid, open.fh).unwrap();
+    assert!(std::fs::read(exp.join("file")).unwrap() == data, "the export holds what was written");
+    assert_eq!(std::fs::metadata(exp.join("file")).unwrap().mode() & 0o7777, 0o640);
+    let e = d.lookup(ROOT, "file").unwrap();
+    assert_eq!(e.nodeid, f.nodeid, "one node per file handle");
+    assert_eq!(e.attr.size, data.len() as u64);
+    assert_eq!(
+        e.attr.ino,
+        std::fs::metadata(exp.join("file")).unwrap().ino(),
+        "st_ino is the server's fileid"
+    );
+    assert_eq!(errno(d.lookup(ROOT, "missing")), libc::ENOENT);
+    assert_eq!(errno(d.create(ROOT, "file", 0o644, RDWR | libc::O_EXCL as u32)), libc::EEXIST);
+
+    // MKDIR, SYMLINK, LINK, RENAME, READDIR.
+    let dir = d.mkdir(ROOT, "dir", 0o755).unwrap();
+    assert!(exp.join("dir").is_dir());
+    let l = d.symlink(dir.nodeid, "link", "../file").unwrap();
+    assert_eq!(d.readlink(l.nodeid).unwrap(), b"../file");
+    assert_eq!(std::fs::read_link(exp.join("dir/link")).unwrap(), PathBuf::from("../file"));
+    let h = d.link(f.nodeid, dir.nodeid, "hard").unwrap();
+    assert_eq!(h.nodeid, f.nodeid);
+    assert_eq!(h.attr.nlink, 2);
+    d.rename(ROOT, "file", dir.nodeid, "moved").unwrap();
+    assert!(exp.join("dir/moved").is_file() && !exp.join("file").exists());
+    assert_eq!(
+        errno(d.rename2(dir.nodeid, "moved", dir.nodeid, "hard", libc::RENAME_NOREPLACE)),
+        libc::EEXIST
+    );
+    assert_eq!(
+        errno(d.rename2(dir.nodeid, "moved", dir.nodeid, "hard", libc::RENAME_EXCHANGE)),
+        libc::EINVAL
+    );
+    d.rename2(dir.nodeid, "moved", dir.nodeid, "fresh", libc::RENAME_NOREPLACE).unwrap();
+    for i in 0..200 {
+        std::fs::write(exp.join(format!("dir/n{i:03}")), b"x").unwrap();
+    }
+    let dh = d.opendir(dir.nodeid).unwrap();
+    let mut names: Vec<String> = d
+        .readdir_all(dir.nodeid, dh.fh)
+        .unwrap()
+        .into_iter()
+        .map(|e| String::from_utf8(e.name).unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 205, "200 files, fresh, hard, link, . and ..: {names:?}");
+    assert!(names.contains(&"fresh".to_string()) && names.contains(&"n199".to_string()));
+    let plus = d.readdirplus(dir.nodeid, dh.fh, 0, 4096).unwrap();
+    assert!(!plus.is_empty());
+    d.releasedir(dir.nodeid, dh.fh).unwrap();
+
+    // SETATTR: truncate, chmod, utimes.
+    let mut sa = abi::SetattrIn { valid: abi::fattr::SIZE, size: 1000, ..Default::default() };
+    assert_eq!(d.setattr(f.nodeid, &sa).unwrap().size, 1000);
+    assert_eq!(std::fs::metadata(exp.join("dir/fresh")).unwrap().len(), 1000);
+    sa = abi::SetattrIn { valid: abi::fattr::MODE, mode: 0o600, ..Default::default() };
+    assert_eq!(d.setattr(f.nodeid, &sa).unwrap().mode & 0o7777, 0o600);
+    sa = abi::SetattrIn { valid: abi::fattr::MTIME, mtime: 1_000_000, ..Default::default() };
+    assert_eq!(d.setattr(f.nodeid, &sa).unwrap().mtime, 1_000_000);
+    assert_eq!(std::fs::metadata(exp.join("dir/fresh")).unwrap().mtime(), 1_000_000);
+
+    // UNLINK, RMDIR, STATFS, MKNOD (a FIFO).
+    let fifo = d.mknod(ROOT, "fifo", libc::S_IFIFO | 0o600, 0).unwrap();
+    assert_eq!(fifo.attr.mode & libc::S_IFMT, libc::S_IFIFO);
+    d.unlink(ROOT, "fifo").unwrap();
+    assert_eq!(errno(d.rmdir(ROOT, "dir")), libc::ENOTEMPTY);
+    for n in ["link", "hard", "fresh"] {
+        d.unlink(dir.nodeid, n).unwrap();
+    }
+    for i in 0..200 {
+        d.unlink(dir.nodeid, &format!("n{i:03}")).unwrap();
+    }
+    d.rmdir(ROOT, "dir").unwrap();
+    assert!(!exp.join("dir").exists());
+    let st = d.statfs(ROOT).unwrap();
+    assert!(st.blocks > 0 && st.bsize > 0);
+
+    // What NFSv3 cannot do: the errno on which Linux stops asking or falls back.
+    let (x, xo) = d.create(ROOT, "x", 0o644, RDWR).unwrap();
+    let get = [64u32.to_ne_bytes(), 0u32.to_ne_bytes()].concat(); // fuse_getxattr_in
+    let (e, _) = d.call(1, opcode::GETXATTR, x.nodeid, &[&get, b"user.a\0"], 64).unwrap();
+    assert_eq!(-e.error, libc::ENOSYS, "xattrs: ENOSYS, the kernel stops asking");
+    // fuse_fallocate_in: fh, offset, length, mode, padding.
+    let fa = [xo.fh.to_ne_bytes(), 0u64.to_ne_bytes(), 4096u64.to_ne_bytes(), [0; 8]].concat();
+    let (e, _) = d.call(1, opcode::FALLOCATE, x.nodeid, &[&fa], 0).unwrap();
+    assert_eq!(-e.error, libc::ENOSYS, "fallocate: the kernel answers EOPNOTSUPP from then on");
+    d.release(x.nodeid, xo.fh).unwrap();
+    assert!(s.fs().stats().requests > 0);
+    d.shutdown().unwrap();
+}
+
+#[test]
+fn requests_carry_the_callers_credentials() {
+    let g = Ganesha::start();
+    let s = Served::new(&g, |_| {});
+    let mut d = s.connect();
+    let shared = d.mkdir(ROOT, "shared", 0o777).unwrap();
+    std::fs::set_permissions(g.export().join("shared"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let args = abi::CreateIn { flags: RDWR, mode: 0o644, umask: 0, open_flags: 0 }.to_bytes();
+    let (err, _) = call_as(&mut d, 1000, 1000, opcode::CREATE, shared.nodeid, &[&args, b"mine\0"]);
+    assert_eq!(err, 0);
+    let m = std::fs::metadata(g.export().join("shared/mine")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (1000, 1000), "created as the caller");
+    // Another user may not remove it from a directory only root may write.
+    std::fs::set_permissions(g.export().join("shared"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (err, _) = call_as(&mut d, 1001, 1001, opcode::UNLINK, shared.nodeid, &[b"mine\0"]);
+    assert_eq!(-err, libc::EACCES);
+    d.shutdown().unwrap();
+}
+
+#[test]
+fn a_server_restart_mid_workload_loses_nothing() {
+    let mut g = Ganesha::start();
+    let s = Served::new(&g, |o| o.retransmit = Duration::from_millis(500));
+    let mut d = s.connect();
+    let (f, open) = d.create(ROOT, "w", 0o644, RDWR).unwrap();
+    let block = 64 << 10;
+    let n = 64;
+    let mut expected = Vec::new();
+    for i in 0..n {
+        if i == n / 2 {
+            g.kill();
+            // The writer below waits through the outage; the server comes back meanwhile.
+            let restart = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(400));
+                g.start_again();
+                g
+            });
+            let data = pattern(i as u8, block);
+            assert_eq!(d.write(f.nodeid, open.fh, (i * block) as u64, &data).unwrap() as usize, block);
+            expected.extend_from_slice(&data);
+            g = restart.join().unwrap();
+            continue;
+        }
+        let data = pattern(i as u8, block);
+        assert_eq!(d.write(f.nodeid, open.fh, (i * block) as u64, &data).unwrap() as usize, block);
+        expected.extend_from_slice(&data);
+    }
+    d.fsync(f.nodeid, open.fh, false).unwrap();
+    assert_eq!(d.read(f.nodeid, open.fh, 0, 1 << 20).unwrap(), &expected[..1 << 20]);
+    d.flush(f.nodeid, open.fh).unwrap();
+    d.release(f.nodeid, open.fh).unwrap();
+    assert!(std::fs::read(g.export().join("w")).unwrap() == expected, "the export holds what was written");
+    let st = s.fs().stats();
+    assert!(st.reconnects >= 1, "{st:?}");
+    d.shutdown().unwrap();
+}
+
+#[test]
+fn a_verifier_change_between_write_and_commit_sends_the_data_again() {
+    let mut g = Ganesha::start();
+    let s = Served::new(&g, |_| {});
+    let mut d = s.connect();
+    let (f, open) = d.create(ROOT, "v", 0o644, RDWR).unwrap();
+    let data = pattern(7, 200_000);
+    d.write(f.nodeid, open.fh, 0, &data).unwrap();
+    assert!(s.fs().stats().unstable.stored > 0, "the WRITE went UNSTABLE");
+    // The server dies before any COMMIT and loses what it had not committed: made
+    // deterministic by overwriting the file behind its back while it is down.
+    g.kill();
+    std::fs::write(g.export().join("v"), vec![0u8; data.len()]).unwrap();
+    // Ganesha's write verifier is its start time in seconds: the new one must start in another.
+    std::thread::sleep(Duration::from_millis(1100));
+    g.start_again();
+    // FLUSH commits: the new server's verifier differs, so the stored writes go again.
+    d.flush(f.nodeid, open.fh).unwrap();
+    let st = s.fs().stats();
+    assert!(
+        std::fs::read(g.export().join("v")).unwrap() == data,
+        "FLUSH acknowledged: the data is there ({st:?})"
+    );
+    assert!(st.unstable.resent >= 1, "{st:?}");
+    assert_eq!(st.unstable.bytes_now, 0, "committed writes leave the store");
+    d.release(f.nodeid, open.fh).unwrap();
+    d.shutdown().unwrap();
+}
+
+#[test]
+fn a_server_gone_longer_than_the_timeout_fails_requests_in_bounded_time() {
+    let mut g = Ganesha::start();
+    let timeout = Duration::from_secs(1);
+    let s = Served::new(&g, |o| {
+        o.timeout = timeout;
+        o.retransmit = Duration::from_millis(300);
+    });
+    let mut d = s.connect();
+    let (f, open) = d.create(ROOT, "t", 0o644, RDWR).unwrap();
+    d.write(f.nodeid, open.fh, 0, &pattern(3, 4096)).unwrap();
+    d.fsync(f.nodeid, open.fh, false).unwrap();
+    g.kill();
+    let t0 = Instant::now();
+    let arg = abi::ReadIn { fh: open.fh, offset: 0, size: 4096, ..Default::default() };
+    let read = d.submit(1, opcode::READ, f.nodeid, &[&arg.to_bytes()], &[], 0, 4096).unwrap();
+    // Requests that need no server go on meanwhile (an OPENDIR is the device's own).
+    let dh = d.opendir(ROOT).unwrap();
+    d.releasedir(ROOT, dh.fh).unwrap();
+    assert!(d.is_pending(read) || t0.elapsed() >= timeout, "answered before the timeout");
+    // A DMA_MAP and DMA_UNMAP go through too: the pollers drain first, which the timeout
+    // bounds (the pending READ ends with EIO meanwhile).
+    let extra = tempfile::tempfile().unwrap();
+    extra.set_len(1 << 20).unwrap();
+    let at = 1u64 << 40;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&extra);
+    d.client().dma_map(DMA_MAP_FLAG_READ | DMA_MAP_FLAG_WRITE, 0, at, 1 << 20, Some(fd)).unwrap();
+    d.client().dma_unmap(0, at, 1 << 20).unwrap();
+    assert!(t0.elapsed() < timeout * 4, "DMA changes took {:?}", t0.elapsed());
+    let c = d.wait_for(read).unwrap();
+    let took = t0.elapsed();
+    let (h, _) = FsDriver::parse_reply(&c, opcode::READ, read).unwrap();
+    assert_eq!(-h.error, libc::EIO);
+    assert!(took >= timeout / 2 && took < timeout * 4, "EIO after {took:?} (timeout {timeout:?})");
+    assert!(s.fs().stats().timed_out >= 1);
+    // Back: served again.
+    g.start_again();
+    assert_eq!(d.read(f.nodeid, open.fh, 0, 4096).unwrap(), pattern(3, 4096));
+    d.release(f.nodeid, open.fh).unwrap();
+    d.shutdown().unwrap();
+}
+
+#[test]
+fn a_file_removed_by_another_client_is_stale_until_looked_up_again() {
+    let g = Ganesha::start();
+    let s = Served::new(&g, |_| {});
+    let mut d = s.connect();
+    let (f, open) = d.create(ROOT, "gone", 0o644, RDWR).unwrap();
+    d.write(f.nodeid, open.fh, 0, b"old").unwrap();
+    d.release(f.nodeid, open.fh).unwrap();
+    // Another client (a second device on the export) removes it.
+    let other = Served::new(&g, |_| {});
+    let mut d2 = other.connect();
+    d2.unlink(ROOT, "gone").unwrap();
+    assert!(!g.export().join("gone").exists());
+    // The old handle names a file that is no more.
+    assert_eq!(errno(d.getattr(f.nodeid)), libc::ESTALE);
+    let o = d.open(f.nodeid, libc::O_RDONLY as u32);
+    assert_eq!(errno(o), libc::ESTALE);
+    // The guest's next lookup of the name recovers: no such file, then the new one.
+    assert_eq!(errno(d.lookup(ROOT, "gone")), libc::ENOENT);
+    std::fs::write(g.export().join("gone"), b"another file").unwrap();
+    let again = d.lookup(ROOT, "gone").unwrap();
+    assert_eq!(again.attr.size, 12);
+    let o = d.open(again.nodeid, libc::O_RDONLY as u32).unwrap();
+    assert_eq!(d.read(again.nodeid, o.fh, 0, 100).unwrap(), b"another file");
+    d.release(again.nodeid, o.fh).unwrap();
+    d.forget(f.nodeid, 1).unwrap();
+    d.shutdown().unwrap();
+    d2.shutdown().unwrap();
+}
+
+#[test]
+fn two_devices_on_one_export_see_each_others_closed_writes() {
+    let g = Ganesha::start();
+    let a = Served::new(&g, |_| {});
+    let b = Served::new(&g, |_| {});
+    let mut da = a.connect();
+    let mut db = b.connect();
+    let (f, open) = da.create(ROOT, "shared", 0o644, RDWR).unwrap();
+    let seen = db.lookup(ROOT, "shared").unwrap();
+    assert_eq!(seen.attr.size, 0);
+    let data = pattern(9, 10_000);
+    da.write(f.nodeid, open.fh, 0, &data).unwrap();
+    da.flush(f.nodeid, open.fh).unwrap();
+    da.release(f.nodeid, open.fh).unwrap();
+    // After the attribute timeout (cache auto: 1 s) the other device sees the new size.
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(db.getattr(seen.nodeid).unwrap().size, data.len() as u64);
+    let o = db.open(seen.nodeid, libc::O_RDONLY as u32).unwrap();
+    assert_eq!(db.read(seen.nodeid, o.fh, 0, 20_000).unwrap(), data);
+    db.release(seen.nodeid, o.fh).unwrap();
+    da.shutdown().unwrap();
+    db.shutdown().unwrap();
+}
+
+#[test]
+fn more_requests_than_connection_slots_wait_in_the_backlog() {
+    let g = Ganesha::start();
+    let s = Served::new(&g, |o| o.slots_per_poller = 2);
+    let mut d = s.connect();
+    let (f, open) = d.create(ROOT, "q", 0o644, RDWR).unwrap();
+    let data = pattern(5, 64 * 4096);
+    d.write(f.nodeid, open.fh, 0, &data).unwrap();
+    let tokens: Vec<(u64, usize)> = (0..32)
+        .map(|i| {
+            let off = (i % 64) * 4096;
+            let arg = abi::ReadIn { fh: open.fh, offset: off as u64, size: 4096, ..Default::default() };
+            (d.submit(1, opcode::READ, f.nodeid, &[&arg.to_bytes()], &[], 0, 4096).unwrap(), off)
+        })
+        .collect();
+    for (t, off) in tokens {
+        let c = d.wait_for(t).unwrap();
+        let (h, body) = FsDriver::parse_reply(&c, opcode::READ, t).unwrap();
+        assert_eq!(h.error, 0);
+        assert!(body == data[off..off + 4096], "READ at {off}");
+    }
+    assert!(s.fs().stats().backlogged > 0, "{:?}", s.fs().stats());
+    d.release(f.nodeid, open.fh).unwrap();
+    d.shutdown().unwrap();
+}
