@@ -32,7 +32,7 @@
 //! The NFS daemon (`--remote`) gets the same list plus what its pollers' TCP connections need
 //! ([`Network::TcpClient`], [`allowlist_with`]): `socket` only for `AF_INET`/`AF_INET6` stream
 //! sockets, `connect`, `getsockopt` only `SO_ERROR` (a non-blocking connect's outcome),
-//! `setsockopt` also `TCP_NODELAY`, `getpeername`/`getsockname`, `readv`/`writev`, `shutdown`,
+//! `setsockopt` also `TCP_NODELAY` and `SO_RCVTIMEO`, `getpeername`/`getsockname`, `readv`/`writev`, `shutdown`,
 //! `poll`/`ppoll` (the blocking UMNT call at exit).
 //! No `bind` or `listen`: it reconnects, it never serves on the network.
 //!
@@ -278,6 +278,11 @@ pub fn allowlist_with(net: Network) -> Vec<Allowed> {
             cond32(1, SeccompCmpOp::Eq, libc::IPPROTO_TCP as u32),
             cond32(2, SeccompCmpOp::Eq, libc::TCP_NODELAY as u32),
         ]));
+        // The blocking UMNT call's read timeout.
+        s.rules.push(rule(vec![
+            cond32(1, SeccompCmpOp::Eq, libc::SOL_SOCKET as u32),
+            cond32(2, SeccompCmpOp::Eq, libc::SO_RCVTIMEO as u32),
+        ]));
     }
     let stream = |family: i32| {
         rule(vec![
@@ -430,7 +435,7 @@ mod tests {
             assert!(list.iter().any(|a| a.name == name), "{name} is not allowed");
         }
         let setsockopt = list.iter().find(|a| a.nr == libc::SYS_setsockopt).unwrap();
-        assert_eq!(setsockopt.rules.len(), 2, "SO_SNDTIMEO and TCP_NODELAY");
+        assert_eq!(setsockopt.rules.len(), 3, "SO_SNDTIMEO, TCP_NODELAY and SO_RCVTIMEO");
         for name in
             ["SYS_mount", "SYS_bind", "SYS_listen", "SYS_execve", "SYS_ptrace", "SYS_setns", "SYS_seccomp"]
         {
