@@ -130,7 +130,8 @@ URL=$(bash "$REPO/tools/nfs/ganesha.sh" start "$NFSD")
 if bash "$HERE/run-device-test.sh" --out "$OUT/nfs" --config "$CONFIG" --timeout 1800 \
      --daemon-arg --remote --daemon-arg "$URL" \
      -e "FSX_OPS=${NFS_FSX_OPS:-20000}" -e "VM_SUITES=pjdfstest fsx bigfile locks dmesg-check" \
-     -e PJDFSTEST_EXCEPTIONS=pjdfstest-exceptions-nfs.txt "$HERE/guest/all.sh"; then
+     -e PJDFSTEST_EXCEPTIONS=pjdfstest-exceptions-nfs.txt -e FSX_CONFIG=/harness/fsx-nfs.toml \
+     "$HERE/guest/all.sh"; then
   st=$OUT/nfs/stats.json
   nfs=$(stat "$st" '" ".join(f"{k}={v}" for k, v in s["fuse"]["nfs"].items() if k != "unstable")')
   echo "daemon NFS counters: ${nfs:-none}"
