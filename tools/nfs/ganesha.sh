@@ -120,8 +120,12 @@ ensure_rpcbind() {
 stop_rpcbind_if_ours() {
   local pid
   pid=$(cat "$RPCBIND_PIDFILE" 2>/dev/null) || return 0
-  # Another instance (ours or not) still registered there: keep it.
-  if pgrep -x ganesha.nfsd > /dev/null; then return 0; fi
+  # Another instance (ours or not) still registered there: keep it. (Zombies do not count: the
+  # server just stopped may not be reaped by init yet.)
+  local g
+  for g in $(pgrep -x ganesha.nfsd || true); do
+    if alive "$g"; then return 0; fi
+  done
   if alive "$pid" && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = rpcbind ]; then
     kill -TERM "$pid" 2>/dev/null || true
     local n=50
