@@ -36,13 +36,17 @@ struct Served {
 
 impl Served {
     fn new(g: &Ganesha, tune: impl FnOnce(&mut NfsOptions)) -> Served {
+        Self::with_profile(g, Profile::default(), tune)
+    }
+
+    fn with_profile(g: &Ganesha, profile: Profile, tune: impl FnOnce(&mut NfsOptions)) -> Served {
         let mut opts = NfsOptions::new(g.url().parse().expect("the harness's URL parses"));
         tune(&mut opts);
         let fs = NfsFs::connect(opts).expect("the export mounts");
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("nfs.sock");
         let handler = Arc::new(FuseHandler::new(fs));
-        let device = RunningDevice::start_with(&socket, Profile::default(), handler.clone()).unwrap();
+        let device = RunningDevice::start_with(&socket, profile, handler.clone()).unwrap();
         Served { _dir: dir, handler, device: Some(device), socket }
     }
 
@@ -154,12 +158,12 @@ fn every_operation_against_a_real_export() {
         std::fs::write(exp.join(format!("dir/n{i:03}")), b"x").unwrap();
     }
     let dh = d.opendir(dir.nodeid).unwrap();
-    let mut names: Vec<String> = d
-        .readdir_all(dir.nodeid, dh.fh)
-        .unwrap()
-        .into_iter()
-        .map(|e| String::from_utf8(e.name).unwrap())
-        .collect();
+    let all = d.readdir_all(dir.nodeid, dh.fh).unwrap();
+    // Past the last entry the server said "end" already: answered without asking again.
+    let calls = s.fs().stats().calls;
+    assert!(d.readdir(dir.nodeid, dh.fh, all.last().unwrap().off, 4096).unwrap().is_empty());
+    assert_eq!(s.fs().stats().calls, calls);
+    let mut names: Vec<String> = all.into_iter().map(|e| String::from_utf8(e.name).unwrap()).collect();
     names.sort();
     assert_eq!(names.len(), 205, "200 files, fresh, hard, link, . and ..: {names:?}");
     assert!(names.contains(&"fresh".to_string()) && names.contains(&"n199".to_string()));
@@ -412,5 +416,87 @@ fn more_requests_than_connection_slots_wait_in_the_backlog() {
     }
     assert!(s.fs().stats().backlogged > 0, "{:?}", s.fs().stats());
     d.release(f.nodeid, open.fh).unwrap();
+    d.shutdown().unwrap();
+}
+
+#[test]
+fn writes_through_two_pollers_are_replayed_by_the_flush_on_either() {
+    let mut g = Ganesha::start();
+    let profile = Profile { request_queues: 2, poller_cores: vec![0, 1], ..Default::default() };
+    let s = Served::with_profile(&g, profile, |_| {});
+    let opts = DriverOptions { request_queues: 2, spread_requests: true, ..Default::default() };
+    let mut d = FsDriver::connect(&s.socket, opts).unwrap();
+    d.init().unwrap();
+    let (f, open) = d.create(ROOT, "two", 0o644, RDWR).unwrap();
+    let mut expected = Vec::new();
+    for i in 0..16u64 {
+        let block = pattern(i as u8, 16 << 10);
+        d.write(f.nodeid, open.fh, i * (16 << 10), &block).unwrap();
+        expected.extend_from_slice(&block);
+    }
+    assert!(d.completed_on(1) > 0 && d.completed_on(2) > 0, "both queues (pollers) served writes");
+    g.kill();
+    std::fs::write(g.export().join("two"), vec![0u8; expected.len()]).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    g.start_again();
+    // One FLUSH, on one poller, replays what both pollers' connections wrote (the store is
+    // shared).
+    d.flush(f.nodeid, open.fh).unwrap();
+    assert!(std::fs::read(g.export().join("two")).unwrap() == expected, "every write is on the export");
+    assert_eq!(s.fs().stats().unstable.resent, 16);
+    d.release(f.nodeid, open.fh).unwrap();
+    d.shutdown().unwrap();
+}
+
+#[test]
+fn a_file_unlinked_while_open_stays_usable_until_its_last_close() {
+    let g = Ganesha::start();
+    let s = Served::new(&g, |_| {});
+    let mut d = s.connect();
+    // What glibc's tmpfile() does when O_TMPFILE is not supported: create, unlink, use.
+    let (f, open) = d.create(ROOT, "tmp", 0o600, RDWR).unwrap();
+    d.unlink(ROOT, "tmp").unwrap();
+    assert_eq!(errno(d.lookup(ROOT, "tmp")), libc::ENOENT);
+    let data = pattern(4, 50_000);
+    d.write(f.nodeid, open.fh, 0, &data).unwrap();
+    assert_eq!(d.read(f.nodeid, open.fh, 0, 60_000).unwrap(), data);
+    let silly: Vec<_> = std::fs::read_dir(g.export())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with(".nfs"))
+        .collect();
+    assert_eq!(silly.len(), 1, "renamed, not removed, while open: {silly:?}");
+    d.flush(f.nodeid, open.fh).unwrap();
+    d.release(f.nodeid, open.fh).unwrap();
+    assert_eq!(std::fs::read_dir(g.export()).unwrap().count(), 0, "gone at the last close");
+    // A file nobody has open is removed at once.
+    let (h, o) = d.create(ROOT, "plain", 0o600, RDWR).unwrap();
+    d.release(h.nodeid, o.fh).unwrap();
+    d.unlink(ROOT, "plain").unwrap();
+    assert_eq!(std::fs::read_dir(g.export()).unwrap().count(), 0);
+    d.shutdown().unwrap();
+}
+
+#[test]
+fn advisory_locks_stay_in_the_device_and_check_the_handle() {
+    use virtiofs_tools::LockReq;
+    let g = Ganesha::start();
+    let s = Served::new(&g, |_| {});
+    let mut d = s.connect();
+    let (f, rw) = d.create(ROOT, "l", 0o644, RDWR).unwrap();
+    let ro = d.open(f.nodeid, libc::O_RDONLY as u32).unwrap();
+    let lock =
+        |fh, owner, typ| LockReq { fh, owner, typ, start: 0, end: 99, pid: 10 + owner as u32, flock: false };
+    d.setlk(f.nodeid, &lock(rw.fh, 1, libc::F_WRLCK)).unwrap();
+    // Another owner conflicts; a write lock through a read-only handle is EBADF.
+    let calls = s.fs().stats().calls;
+    assert_eq!(errno(d.setlk(f.nodeid, &lock(ro.fh, 2, libc::F_RDLCK))), libc::EAGAIN);
+    assert_eq!(errno(d.setlk(f.nodeid, &lock(ro.fh, 2, libc::F_WRLCK))), libc::EBADF);
+    assert_eq!(errno(d.setlk(f.nodeid, &lock(9999, 2, libc::F_RDLCK))), libc::EBADF);
+    assert_eq!(s.fs().stats().calls, calls, "locks never reach the server");
+    d.setlk(f.nodeid, &lock(rw.fh, 1, libc::F_UNLCK)).unwrap();
+    d.setlk(f.nodeid, &lock(ro.fh, 2, libc::F_RDLCK)).unwrap();
+    d.release(f.nodeid, ro.fh).unwrap();
+    d.release(f.nodeid, rw.fh).unwrap();
     d.shutdown().unwrap();
 }

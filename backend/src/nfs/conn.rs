@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use mio::net::TcpStream;
@@ -120,6 +121,8 @@ const RECV_EXTRA: usize = 8192;
 /// A record's fragments are reassembled in the receive buffer; a record longer than this
 /// (relative to the buffer) is refused as garbage.
 const RECORD_SLACK: usize = 8;
+/// Most fragments of one record (a 1 MiB reply in 4 KiB fragments has 256).
+const MAX_FRAGMENTS: usize = 1 << 14;
 /// Most iovecs one `sendmsg`/`readv` takes (IOV_MAX).
 const IOV_MAX: usize = 1024;
 /// Most socket reads per poll round, so that one busy connection does not starve the poller.
@@ -222,6 +225,8 @@ struct Rx {
     rec_len: usize,
     /// Bytes of the current record received so far, including READ data placed elsewhere.
     rec_total: usize,
+    /// Fragments of the current record so far (bounded: empty fragments would never end it).
+    frags: usize,
     /// A record mark was read and `frag_left` bytes of its fragment are still to come.
     in_frag: bool,
     frag_left: usize,
@@ -235,6 +240,7 @@ impl Rx {
         self.end = 0;
         self.rec_len = 0;
         self.rec_total = 0;
+        self.frags = 0;
         self.in_frag = false;
         self.frag_left = 0;
         self.frag_last = false;
@@ -314,8 +320,10 @@ impl Conn {
         }
         let now = Instant::now();
         let wall = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-        let xid_seed =
-            (wall.as_nanos() as u32) ^ (std::process::id() << 16) ^ (&cfg as *const _ as usize as u32);
+        // Distinct per connection: the time, the process and a count of connections made.
+        static MADE: AtomicU32 = AtomicU32::new(0);
+        let nth = MADE.fetch_add(1, Ordering::Relaxed);
+        let xid_seed = (wall.as_nanos() as u32) ^ (std::process::id() << 16) ^ nth.wrapping_mul(0x9e37_79b9);
         let blank = Slot {
             state: SlotState::Free,
             tag: 0,
@@ -347,6 +355,7 @@ impl Conn {
                 end: 0,
                 rec_len: 0,
                 rec_total: 0,
+                frags: 0,
                 in_frag: false,
                 frag_left: 0,
                 frag_last: false,
@@ -668,6 +677,8 @@ impl Conn {
                 )
             };
             match sent {
+                // Nothing to send or nothing taken: never spin on it.
+                Ok(0) => return,
                 Ok(n) => {
                     let off = off + n;
                     if off >= total {
@@ -826,7 +837,8 @@ impl Conn {
                 self.rx.end -= 4;
                 let len = (mark & !LAST_FRAGMENT) as usize;
                 self.rx.rec_total += len;
-                if self.rx.rec_total > self.max_record() {
+                self.rx.frags += 1;
+                if self.rx.rec_total > self.max_record() || self.rx.frags > MAX_FRAGMENTS {
                     return Err(Fault::Garbage);
                 }
                 self.rx.in_frag = true;
@@ -857,6 +869,7 @@ impl Conn {
                     self.rx.start += len;
                     self.rx.rec_len = 0;
                     self.rx.rec_total = 0;
+                    self.rx.frags = 0;
                     match mode {
                         RxMode::Pad(p) => self.end_read(p, len, sink)?,
                         _ => self.record(start, len, sink)?,
@@ -1024,6 +1037,7 @@ impl Conn {
             }
             Ok((_, Ok(()))) => {}
         }
+        let results = start + d.position();
         if slot.proc == Proc::Read {
             let head = match nfs3::decode_read_head(&mut d, slot.read_count) {
                 Ok(h) => h,
@@ -1055,10 +1069,7 @@ impl Conn {
             return Ok(());
         }
         // Decoded in place; the reply borrows the receive buffer while the sink looks at it.
-        let rx = &self.rx;
-        let rec = &rx.buf[start..start + len];
-        let mut d = Decoder::new(rec);
-        let _ = rpc::decode_reply(&mut d);
+        let mut d = Decoder::new(&self.rx.buf[results..start + len]);
         match nfs3::decode_res(slot.proc, &mut d) {
             Ok(res) => {
                 self.stats.replies += 1;

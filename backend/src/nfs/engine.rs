@@ -34,7 +34,7 @@ use vm_memory::VolatileSlice;
 
 use super::conn::{CallError, Conn, Cred, Sink};
 use super::fs::{cred, decode_dev, nfs_error, stat, EngineCell, NfsFs};
-use super::nodes::OpenFile;
+use super::nodes::{silly_name, OpenFile};
 use super::unstable::EntryId;
 use super::wire::nfs3::{
     Args, CreateHow, Fattr, Fh, Ftype, NfsTime, Nfsstat, Res, Sattr, SetTime as NfsSetTime, Stable,
@@ -170,6 +170,10 @@ struct Slot {
     /// The count of the call on the wire (READ, WRITE, replay).
     chunk: u32,
     stable: Stable,
+    /// The call to go on with once a COMMIT (and its replays) is done: a WRITE that found no
+    /// room in the store, or a truncating SETATTR, of a file with stored writes commits them
+    /// first, so no replay can ever land on top of what it wrote.
+    then: Option<Call>,
     unstable: Option<EntryId>,
     replay: Option<EntryId>,
     flags: u32,
@@ -205,6 +209,7 @@ impl Slot {
             done: 0,
             chunk: 0,
             stable: Stable::FileSync,
+            then: None,
             unstable: None,
             replay: None,
             flags: 0,
@@ -352,6 +357,13 @@ fn send(
             p.truncate(slot.chunk as usize);
             slot.unstable = fs.unstable.insert(slot.nodeid, &slot.fh, slot.offset + u64::from(slot.done), p);
             slot.stable = if slot.unstable.is_some() { Stable::Unstable } else { Stable::FileSync };
+            if slot.unstable.is_none() && fs.unstable.has_answered(slot.nodeid) {
+                // No room: this one goes FILE_SYNC, after the file's stored writes are
+                // committed (a replay must never land on top of it).
+                slot.then = Some(Call::Write);
+                slot.call = Call::Commit;
+                payload = None;
+            }
         }
     }
     let args = slot.args(slot.kind == Kind::Readdirplus);
@@ -564,6 +576,24 @@ fn reply(fs: &NfsFs, slot: &mut Slot, res: Res<'_>, done: &mut Completions<'_>) 
         };
     }
     match (slot.call, res) {
+        (Call::LookupName, Res::Lookup { fh, .. }) if slot.kind == Kind::Unlink => {
+            match fs.nodes.open_node(&fh) {
+                // Open: renamed to its silly name until the last close (as Linux's NFS client).
+                Some(n) => {
+                    slot.handle = n;
+                    slot.fh2 = slot.fh;
+                    let a = slot.names.a;
+                    let mut old = [0u8; NAME_MAX];
+                    old[..a].copy_from_slice(slot.names.a());
+                    if slot.names.set(&old[..a], &silly_name(n)).is_err() {
+                        return Done(Err(Error::NameTooLong));
+                    }
+                    slot.call = Call::Rename;
+                }
+                None => slot.call = Call::Remove,
+            }
+            Next
+        }
         (Call::LookupName, Res::Lookup { fh, attr, .. }) => after_object(fs, slot, fh, attr),
         (Call::LookupTarget, Res::Lookup { .. }) => Done(Err(Error::Exists)),
         (Call::GetattrObj, Res::Attr(a)) => finish(fs, slot, &a),
@@ -611,6 +641,10 @@ fn reply(fs: &NfsFs, slot: &mut Slot, res: Res<'_>, done: &mut Completions<'_>) 
                     Next
                 }
             }
+        }
+        (Call::Rename, Res::Changed { .. }) if slot.kind == Kind::Unlink => {
+            fs.nodes.set_silly(slot.handle, slot.fh);
+            Done(Ok(Reply::Empty))
         }
         (Call::Remove | Call::Rmdir | Call::Rename, Res::Changed { .. }) => Done(Ok(Reply::Empty)),
         (Call::Link, Res::Changed { attr }) => {
@@ -662,6 +696,9 @@ fn reply(fs: &NfsFs, slot: &mut Slot, res: Res<'_>, done: &mut Completions<'_>) 
                 log::info!("nfs: the server's write verifier changed: sending {} writes again", c.resend);
                 slot.call = Call::Resend;
                 Next
+            } else if let Some(call) = slot.then.take() {
+                slot.call = call;
+                Next
             } else {
                 Done(Ok(Reply::Empty))
             }
@@ -676,11 +713,13 @@ fn reply(fs: &NfsFs, slot: &mut Slot, res: Res<'_>, done: &mut Completions<'_>) 
             // The next stored write of the file, if any.
             Next
         }
-        (Call::Readdir, Res::Dir { verf, entries, eof: _, .. }) => {
+        (Call::Readdir, Res::Dir { verf, entries, eof, .. }) => {
             let Some(mut w) = done.data(slot.token) else { return Done(Err(Error::Io)) };
-            fs.handles.set_cookieverf(slot.handle, verf);
             let plus = slot.kind == Kind::Readdirplus;
             let mut out = DirentWriter::new(&mut w);
+            // The cookie of the last entry given, and whether every entry of the reply fit.
+            let mut last = 0;
+            let mut all = true;
             for e in entries {
                 let Ok(e) = e else {
                     return Done(Err(Error::Io));
@@ -696,8 +735,10 @@ fn reply(fs: &NfsFs, slot: &mut Slot, res: Res<'_>, done: &mut Completions<'_>) 
                 let d = DirEntry { ino: e.fileid, offset: e.cookie, typ, name: e.name };
                 if !plus {
                     if !out.add(&d) {
+                        all = false;
                         break;
                     }
+                    last = e.cookie;
                     continue;
                 }
                 let dots = e.name == b"." || e.name == b"..";
@@ -714,9 +755,12 @@ fn reply(fs: &NfsFs, slot: &mut Slot, res: Res<'_>, done: &mut Completions<'_>) 
                     if looked_up.is_some() {
                         fs.nodes.forget(ent.ino, 1);
                     }
+                    all = false;
                     break;
                 }
+                last = e.cookie;
             }
+            fs.handles.set_cookieverf(slot.handle, verf, if eof && all { last } else { 0 });
             Done(Ok(Reply::Data(out.bytes_written())))
         }
         _ => unexpected(),
@@ -758,7 +802,8 @@ fn finish(fs: &NfsFs, slot: &mut Slot, a: &Fattr) -> Flow {
         Kind::Getattr | Kind::Setattr => Ok(Reply::Attr(stat(a), t)),
         Kind::Open => return open_file(fs, slot),
         Kind::Create => entry(fs, &slot.obj, a).and_then(|e| {
-            let file = OpenFile { nodeid: e.ino, flags: slot.flags, dir: false, cookieverf: [0; 8] };
+            let file =
+                OpenFile { nodeid: e.ino, flags: slot.flags, dir: false, cookieverf: [0; 8], eof_at: 0 };
             let opened = fs.nodes.opened(e.ino).and_then(|()| match fs.handles.open(file) {
                 Ok(fh) => Ok(fh),
                 Err(err) => {
@@ -786,7 +831,7 @@ fn open_file(fs: &NfsFs, slot: &Slot) -> Flow {
 
 fn open_handle(fs: &NfsFs, nodeid: u64, flags: u32, dir: bool) -> filesystem::Result<Reply> {
     fs.nodes.opened(nodeid)?;
-    let file = OpenFile { nodeid, flags, dir, cookieverf: [0; 8] };
+    let file = OpenFile { nodeid, flags, dir, cookieverf: [0; 8], eof_at: 0 };
     match fs.handles.open(file) {
         Ok(fh) => {
             let open_flags = if dir { fs.cache.dir_open_flags() } else { fs.cache.file_open_flags() };
@@ -837,6 +882,7 @@ impl NfsEngine {
         slot.done = 0;
         slot.setattr_after = false;
         slot.exclusive = None;
+        slot.then = None;
         slot.unstable = None;
         slot.replay = None;
         slot.sattr = Sattr::default();
@@ -854,8 +900,16 @@ impl NfsEngine {
             }
             Op::Setattr(a) => {
                 slot.obj = node(req.nodeid)?;
+                slot.fh = slot.obj;
                 slot.sattr = sattr(a);
-                (Kind::Setattr, Call::SetattrObj)
+                if a.size.is_some() && fs.unstable.has_answered(req.nodeid) {
+                    // A truncate after stored writes: commit them first (a replay after it
+                    // would bring the cut data back).
+                    slot.then = Some(Call::SetattrObj);
+                    (Kind::Setattr, Call::Commit)
+                } else {
+                    (Kind::Setattr, Call::SetattrObj)
+                }
             }
             Op::Access { mask } => {
                 slot.fh = node(req.nodeid)?;
@@ -925,7 +979,9 @@ impl NfsEngine {
             Op::Unlink { name } => {
                 slot.fh = node(req.nodeid)?;
                 slot.names.set(name, b"")?;
-                (Kind::Unlink, Call::Remove)
+                // A file still open somewhere is renamed, not removed: LOOKUP first to know.
+                let call = if fs.nodes.any_open() { Call::LookupName } else { Call::Remove };
+                (Kind::Unlink, call)
             }
             Op::Rmdir { name } => {
                 slot.fh = node(req.nodeid)?;
@@ -963,7 +1019,7 @@ impl NfsEngine {
                 return open_handle(fs, req.nodeid, flags, true).map(Some);
             }
             Op::Read { fh, offset, size } => {
-                self::check_handle(fs, fh, req.nodeid)?;
+                check_handle(fs, fh, req.nodeid)?;
                 slot.fh = node(req.nodeid)?;
                 slot.offset = offset;
                 slot.size = size;
@@ -974,7 +1030,7 @@ impl NfsEngine {
                 (Kind::Read, Call::Read)
             }
             Op::Write { fh, offset, size, .. } => {
-                self::check_handle(fs, fh, req.nodeid)?;
+                check_handle(fs, fh, req.nodeid)?;
                 if offset.checked_add(u64::from(size)).is_none_or(|end| end > fs.limits.max_file) {
                     return Err(Error::FileTooLarge);
                 }
@@ -1000,8 +1056,16 @@ impl NfsEngine {
             }
             Op::Release { fh, .. } => {
                 let fhandle = node(req.nodeid).ok();
-                if let Some(f) = fs.handles.close(fh) {
-                    fs.nodes.closed(f.nodeid);
+                let silly = fs.handles.close(fh).and_then(|f| fs.nodes.closed(f.nodeid));
+                if let Some(dir) = silly {
+                    // The last close of a file unlinked while open: its data is of no use any
+                    // more, and its silly name goes.
+                    fs.unstable.drop_file(req.nodeid);
+                    slot.fh = dir;
+                    slot.names.set(&silly_name(req.nodeid), b"")?;
+                    slot.kind = Kind::Unlink;
+                    slot.call = Call::Remove;
+                    return Ok(None);
                 }
                 match fhandle {
                     // The last handle of a file with uncommitted writes: commit them.
@@ -1014,7 +1078,7 @@ impl NfsEngine {
             }
             Op::Releasedir { fh, .. } => {
                 if let Some(f) = fs.handles.close(fh) {
-                    fs.nodes.closed(f.nodeid);
+                    let _ = fs.nodes.closed(f.nodeid);
                 }
                 return Ok(Some(Reply::Empty));
             }
@@ -1026,6 +1090,11 @@ impl NfsEngine {
                 slot.fh = node(req.nodeid)?;
                 slot.handle = fh;
                 slot.offset = offset;
+                if offset != 0 && offset == f.eof_at {
+                    // The last listing reached the end here: nothing more (the kernel asks once
+                    // more after the last entry; NFSv3 would answer an empty eof).
+                    return Ok(Some(Reply::Data(0)));
+                }
                 slot.cookieverf = if offset == 0 { [0; 8] } else { f.cookieverf };
                 slot.size = size.clamp(512, fs.limits.read);
                 // READDIRPLUS replies carry handles and attributes: room for about twice as much.
@@ -1095,7 +1164,16 @@ impl NfsEngine {
                 }
                 let Some(r) = fs.unstable.next_resend(slot.nodeid, &mut self.replay_buf) else {
                     // Everything the server lost is on it again.
-                    return self.end(fs, i, Ok(Reply::Empty), done);
+                    if self.replay_owner == Some(i) {
+                        self.replay_owner = None;
+                    }
+                    return match slot.then.take() {
+                        Some(call) => {
+                            slot.call = call;
+                            self.send_next(fs, i, done)
+                        }
+                        None => self.end(fs, i, Ok(Reply::Empty), done),
+                    };
                 };
                 self.replay_owner = Some(i);
                 slot.obj = r.fh;

@@ -330,20 +330,19 @@ impl Drop for NfsFs {
     }
 }
 
+/// AUTH_SYS's machine name: the host name (at most 255 bytes), or the program's name.
 fn machine_name() -> String {
-    let mut buf = [0u8; 256];
-    match rustix_hostname(&mut buf) {
-        Some(n) if n > 0 => String::from_utf8_lossy(&buf[..n]).into_owned(),
-        _ => "virtiofs-dpu".to_owned(),
+    match std::fs::read("/proc/sys/kernel/hostname") {
+        Ok(name) => {
+            let name = name.strip_suffix(b"\n").unwrap_or(&name);
+            let n = name.len().min(255);
+            match std::str::from_utf8(&name[..n]) {
+                Ok(s) if !s.is_empty() => s.to_owned(),
+                _ => "virtiofs-dpu".to_owned(),
+            }
+        }
+        Err(_) => "virtiofs-dpu".to_owned(),
     }
-}
-
-fn rustix_hostname(buf: &mut [u8]) -> Option<usize> {
-    let name = std::fs::read("/proc/sys/kernel/hostname").ok()?;
-    let name = name.strip_suffix(b"\n").unwrap_or(&name);
-    let n = name.len().min(buf.len()).min(255);
-    buf[..n].copy_from_slice(&name[..n]);
-    Some(n)
 }
 
 /// The caller's credentials for AUTH_SYS: uid, gid and the supplementary group FUSE gives.

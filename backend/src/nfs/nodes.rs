@@ -45,6 +45,9 @@ struct Node {
     live: bool,
     nlookup: u64,
     opens: u32,
+    /// Unlinked while open: renamed to its silly name in this directory, removed at the last
+    /// close.
+    silly: Option<Fh>,
 }
 
 struct Inner {
@@ -54,6 +57,8 @@ struct Inner {
     /// hash of their handle bytes; `EMPTY` marks a free bucket.
     index: Vec<u32>,
     live: usize,
+    /// Open handles of all nodes together.
+    opens: u64,
 }
 
 /// Node ids ↔ NFS file handles (see the module documentation).
@@ -182,9 +187,10 @@ impl NodeTable {
         let max = max.clamp(2, u32::MAX as usize / 4);
         let mut nodes = Vec::with_capacity(max);
         let h = hash(&root);
-        nodes.push(Node { fh: root, hash: h, generation: 0, live: true, nlookup: 1, opens: 0 });
+        nodes.push(Node { fh: root, hash: h, generation: 0, live: true, nlookup: 1, opens: 0, silly: None });
         let buckets = (max * 2).next_power_of_two();
-        let mut inner = Inner { nodes, free: Vec::with_capacity(max), index: vec![EMPTY; buckets], live: 1 };
+        let mut inner =
+            Inner { nodes, free: Vec::with_capacity(max), index: vec![EMPTY; buckets], live: 1, opens: 0 };
         inner.insert_index(0, h);
         NodeTable { inner: Mutex::new(inner), max }
     }
@@ -220,7 +226,15 @@ impl NodeTable {
         let i = match inner.free.pop() {
             Some(i) => i,
             None if inner.nodes.len() < self.max => {
-                inner.nodes.push(Node { fh: *fh, hash: h, generation: 1, live: false, nlookup: 0, opens: 0 });
+                inner.nodes.push(Node {
+                    fh: *fh,
+                    hash: h,
+                    generation: 1,
+                    live: false,
+                    nlookup: 0,
+                    opens: 0,
+                    silly: None,
+                });
                 (inner.nodes.len() - 1) as u32
             }
             None => return Err(FULL),
@@ -231,6 +245,7 @@ impl NodeTable {
         n.live = true;
         n.nlookup = 1;
         n.opens = 0;
+        n.silly = None;
         let generation = n.generation;
         inner.insert_index(i, h);
         inner.live += 1;
@@ -252,16 +267,45 @@ impl NodeTable {
         let mut inner = self.lock();
         let n = inner.node_mut(nodeid).ok_or(STALE)?;
         n.opens = n.opens.saturating_add(1);
+        inner.opens += 1;
         Ok(())
     }
 
-    /// A handle of `nodeid` was closed; whether the node went with it.
-    pub fn closed(&self, nodeid: u64) -> bool {
+    /// A handle of `nodeid` was closed. When it was the last of a node unlinked while open,
+    /// the directory its silly name is in (to be removed now).
+    pub fn closed(&self, nodeid: u64) -> Option<Fh> {
         let mut inner = self.lock();
-        let Some((i, _)) = inner.node(nodeid) else { return false };
+        let (i, _) = inner.node(nodeid)?;
         let node = &mut inner.nodes[i];
-        node.opens = node.opens.saturating_sub(1);
-        inner.release_if_unused(i)
+        if node.opens == 0 {
+            return None;
+        }
+        node.opens -= 1;
+        let silly = if node.opens == 0 { node.silly.take() } else { None };
+        inner.opens = inner.opens.saturating_sub(1);
+        inner.release_if_unused(i);
+        silly
+    }
+
+    /// Whether any node has an open handle (else an UNLINK needs no look at what it removes).
+    pub fn any_open(&self) -> bool {
+        self.lock().opens > 0
+    }
+
+    /// The node of handle `fh` if it has open handles (an UNLINK of it renames it instead).
+    pub fn open_node(&self, fh: &Fh) -> Option<u64> {
+        let h = hash(fh);
+        let inner = self.lock();
+        let i = inner.find(fh, h)?;
+        let n = &inner.nodes[i as usize];
+        (n.opens > 0).then(|| nodeid(i, n.generation))
+    }
+
+    /// `nodeid` was unlinked while open: renamed to [`silly_name`] in directory `dir`.
+    pub fn set_silly(&self, nodeid: u64, dir: Fh) {
+        if let Some(n) = self.lock().node_mut(nodeid) {
+            n.silly = Some(dir);
+        }
     }
 
     /// Whether `nodeid` has open handles.
@@ -276,9 +320,11 @@ impl NodeTable {
             if inner.nodes[i].live {
                 inner.nodes[i].nlookup = 0;
                 inner.nodes[i].opens = 0;
+                inner.nodes[i].silly = None;
                 inner.release_if_unused(i);
             }
         }
+        inner.opens = 0;
     }
 
     /// Live nodes, the root included.
@@ -297,6 +343,20 @@ impl NodeTable {
     }
 }
 
+/// Length of a silly name.
+pub const SILLY_LEN: usize = 20;
+
+/// The name a file unlinked while open gets until its last close: `.nfs` and its node id in
+/// hexadecimal (as Linux's NFS client, `.nfsXXXX`).
+pub fn silly_name(nodeid: u64) -> [u8; SILLY_LEN] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut n = *b".nfs0000000000000000";
+    for k in 0..16 {
+        n[4 + k] = HEX[((nodeid >> (60 - 4 * k)) & 0xf) as usize];
+    }
+    n
+}
+
 /// What an open handle is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OpenFile {
@@ -308,6 +368,9 @@ pub struct OpenFile {
     pub dir: bool,
     /// The READDIR cookie verifier the server gave last (directories).
     pub cookieverf: [u8; 8],
+    /// The cookie after which the server said the directory ends, once a listing reached it
+    /// (0: not yet): a READDIR from there is answered empty without asking again.
+    pub eof_at: u64,
 }
 
 struct Handles {
@@ -357,13 +420,15 @@ impl HandleTable {
         h.slots.get(i).filter(|s| s.0 == generation).and_then(|s| s.1)
     }
 
-    /// Records the cookie verifier of directory handle `fh`.
-    pub fn set_cookieverf(&self, fh: u64, verf: [u8; 8]) {
+    /// Records the cookie verifier of directory handle `fh`, and where the listing ends if this
+    /// reply reached the end (`eof_at`, 0 if not).
+    pub fn set_cookieverf(&self, fh: u64, verf: [u8; 8], eof_at: u64) {
         let Some((i, generation)) = split(fh) else { return };
         let mut h = self.lock();
         if let Some((g, Some(f))) = h.slots.get_mut(i) {
             if *g == generation {
                 f.cookieverf = verf;
+                f.eof_at = eof_at;
             }
         }
     }
@@ -432,9 +497,14 @@ mod tests {
         t.forget(a, 1);
         assert!(t.has_opens(a));
         assert!(t.fh(a).is_ok());
-        t.closed(a);
+        assert!(t.any_open());
+        assert_eq!(t.open_node(&fh(1)), Some(a));
+        t.set_silly(a, fh(0));
+        assert_eq!(t.closed(a).map(|d| d.as_bytes().to_vec()), Some(fh(0).as_bytes().to_vec()));
+        assert!(!t.any_open());
         assert_eq!(t.fh(a), Err(STALE));
         assert_eq!(t.fh(0), Err(STALE));
+        assert_eq!(&silly_name(0x1_0000_0002), b".nfs0000000100000002");
         assert_eq!(t.fh(u64::MAX), Err(STALE));
     }
 
@@ -462,7 +532,7 @@ mod tests {
     #[test]
     fn handle_table_is_bounded_and_generational() {
         let h = HandleTable::new(2);
-        let f = OpenFile { nodeid: 5, flags: 0, dir: false, cookieverf: [0; 8] };
+        let f = OpenFile { nodeid: 5, flags: 0, dir: false, cookieverf: [0; 8], eof_at: 0 };
         let a = h.open(f).unwrap();
         let b = h.open(f).unwrap();
         assert_eq!(h.open(f), Err(FULL));
@@ -472,7 +542,7 @@ mod tests {
         let c = h.open(f).unwrap();
         assert_ne!(c, a);
         assert_eq!(h.get(a), None);
-        h.set_cookieverf(b, [1; 8]);
+        h.set_cookieverf(b, [1; 8], 0);
         assert_eq!(h.get(b).unwrap().cookieverf, [1; 8]);
     }
 }

@@ -49,6 +49,8 @@ struct Entry {
     len: u32,
     first: u32,
     verf: Verf,
+    /// Order of the writes (replays go in it: a later write of the same bytes wins).
+    seq: u64,
 }
 
 struct Inner {
@@ -60,6 +62,7 @@ struct Inner {
     entries: Vec<Entry>,
     free_entries: Vec<u32>,
     live: usize,
+    seq: u64,
 }
 
 /// What a COMMIT's verifier meant for a file's entries.
@@ -127,6 +130,7 @@ impl UnstableStore {
             entries: Vec::with_capacity(pages),
             free_entries: Vec::with_capacity(pages),
             live: 0,
+            seq: 0,
         };
         UnstableStore { inner: Mutex::new(inner), stats: Mutex::default(), pages }
     }
@@ -173,7 +177,9 @@ impl UnstableStore {
         inner.free_page = inner.next[last as usize];
         inner.next[last as usize] = NONE;
         inner.free_pages -= need;
-        let e = Entry { live: true, file, fh: *fh, offset, len: len as u32, first, verf: Verf::Unknown };
+        inner.seq += 1;
+        let seq = inner.seq;
+        let e = Entry { live: true, file, fh: *fh, offset, len: len as u32, first, verf: Verf::Unknown, seq };
         let id = match inner.free_entries.pop() {
             Some(i) => {
                 inner.entries[i as usize] = e;
@@ -232,6 +238,13 @@ impl UnstableStore {
         self.bump(|s| s.bytes_now = bytes);
     }
 
+    /// Whether `file` has stored writes the server answered (a COMMIT would cover them or
+    /// replay them; those still on the wire are concurrent with whatever asks).
+    pub fn has_answered(&self, file: u64) -> bool {
+        let inner = self.lock();
+        inner.live > 0 && inner.entries.iter().any(|e| e.live && e.file == file && e.verf != Verf::Unknown)
+    }
+
     /// Whether `file` has stored writes.
     pub fn has(&self, file: u64) -> bool {
         let inner = self.lock();
@@ -287,15 +300,17 @@ impl UnstableStore {
         }
     }
 
-    /// The next entry of `file` to send again, its bytes copied into `out` (which must hold
-    /// them: one WRITE of the server's `wtmax` at most); `None` when there is none.
+    /// The next entry of `file` to send again (the oldest: replays keep the order the writes
+    /// were made in), its bytes copied into `out` (which must hold them: one WRITE of the
+    /// server's `wtmax` at most); `None` when there is none.
     pub fn next_resend(&self, file: u64, out: &mut [u8]) -> Option<Replay> {
         let inner = self.lock();
         let (i, e) = inner
             .entries
             .iter()
             .enumerate()
-            .find(|(_, e)| e.live && e.file == file && e.verf == Verf::Resend)?;
+            .filter(|(_, e)| e.live && e.file == file && e.verf == Verf::Resend)
+            .min_by_key(|(_, e)| e.seq)?;
         let len = e.len as usize;
         if len > out.len() {
             return None;
@@ -402,6 +417,26 @@ mod tests {
         // All pages are free again.
         let big = vec![9u8; 4 * PAGE];
         assert!(with_reader(&big, |r| s.insert(1, &fh(), 0, r)).is_some());
+    }
+
+    #[test]
+    fn replays_go_in_the_order_the_writes_were_made() {
+        let s = UnstableStore::new(8 * PAGE);
+        let a = with_reader(b"first", |r| s.insert(1, &fh(), 0, r)).unwrap();
+        let b = with_reader(b"other", |r| s.insert(2, &fh(), 0, r)).unwrap();
+        s.remove(b);
+        // The second write of file 1 reuses the freed entry slot (before `a` in the table).
+        let c = with_reader(b"second", |r| s.insert(1, &fh(), 0, r)).unwrap();
+        assert_eq!(c, b);
+        s.written(a, [1; 8], false);
+        s.written(c, [1; 8], false);
+        assert_eq!(s.committed(1, [2; 8]).resend, 2);
+        let mut out = [0u8; PAGE];
+        let r = s.next_resend(1, &mut out).unwrap();
+        assert_eq!((r.id, &out[..5]), (a, &b"first"[..]));
+        s.remove(r.id);
+        let r = s.next_resend(1, &mut out).unwrap();
+        assert_eq!((r.id, &out[..6]), (c, &b"second"[..]));
     }
 
     #[test]

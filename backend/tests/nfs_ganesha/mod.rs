@@ -163,13 +163,31 @@ impl Ganesha {
     }
 
     fn spawn(&mut self) {
+        // ganesha unregisters and registers NFS and MOUNT with the portmapper as it starts: two
+        // starting at once can make one fail ("Cannot register NFS V3"). Starts are one at a time
+        // in this process, and retried when another process raced us.
+        static STARTING: Mutex<()> = Mutex::new(());
+        let _one = STARTING.lock().unwrap_or_else(|e| e.into_inner());
         let log = self.dir.path().join("ganesha.log");
+        for attempt in 1.. {
+            let _ = std::fs::remove_file(&log);
+            match self.try_spawn(&log) {
+                Ok(()) => return,
+                Err(why) if why.contains("Cannot register") && attempt < 5 => {
+                    std::thread::sleep(Duration::from_millis(100 * attempt));
+                }
+                Err(why) => panic!("{why}"),
+            }
+        }
+    }
+
+    fn try_spawn(&mut self, log: &Path) -> Result<(), String> {
         let child = Command::new(which("ganesha.nfsd").unwrap())
             .arg("-F")
             .arg("-f")
             .arg(&self.conf)
             .arg("-L")
-            .arg(&log)
+            .arg(log)
             .arg("-p")
             .arg(self.dir.path().join("ganesha.pid"))
             .stdin(Stdio::null())
@@ -181,19 +199,18 @@ impl Ganesha {
         let t0 = Instant::now();
         loop {
             if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!(
-                    "ganesha.nfsd exited ({st}) at start; its log:\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
+                self.child = None;
+                let log = std::fs::read_to_string(log).unwrap_or_default();
+                return Err(format!("ganesha.nfsd exited ({st}) at start; its log:\n{log}"));
             }
             if listening(self.nfs_port) && listening(self.mount_port) && self.mount_answers() {
-                return;
+                return Ok(());
             }
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "ganesha.nfsd did not come up; log:\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
+            if t0.elapsed() > Duration::from_secs(20) {
+                self.stop();
+                let log = std::fs::read_to_string(log).unwrap_or_default();
+                return Err(format!("ganesha.nfsd did not come up in 20 s; its log:\n{log}"));
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
