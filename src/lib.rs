@@ -4,10 +4,12 @@
 //! crate is the seam: [`FuseHandler`] adapts a backend [`Server`] to the device's
 //! [`RequestHandler`], and [`RunningDevice`] runs a device on a socket in a thread of its own (for
 //! the daemon, the tests and the benchmarks), serving a RAM filesystem ([`RunningDevice::start`])
-//! or a host directory ([`RunningDevice::start_passthrough`]).
+//! or a host directory ([`RunningDevice::start_passthrough`]). [`remote`] turns the daemon's
+//! `--remote` URL and profile keys into the NFS backend's options.
 #![deny(missing_docs)]
 
 pub mod ops;
+pub mod remote;
 pub mod tally;
 
 use std::path::{Path, PathBuf};
@@ -16,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use virtiofs_backend::filesystem::FileSystem;
+use virtiofs_backend::nfs::fs::NfsStats;
 use virtiofs_backend::passthrough::uring::{EngineStats, IoMode};
 use virtiofs_backend::passthrough::{PassthroughConfig, SetupError};
 use virtiofs_backend::server::{LockStats, PollerEngine, Submitted};
@@ -37,6 +40,10 @@ pub struct FuseStats {
     pub pending_requests: u64,
     /// The passthrough's io_uring engines, added up (`None` for other backends).
     pub io: Option<EngineStats>,
+    /// The NFS backend: requests, calls, retransmits, reconnects, timeouts (`None` for other
+    /// backends).
+    #[serde(default)]
+    pub nfs: Option<NfsStats>,
 }
 
 /// Serves virtio-fs requests with a FUSE server over filesystem `F`. Each poller gets an engine
@@ -93,7 +100,12 @@ impl<F: FileSystem> FuseHandler<F> {
 
     /// The FUSE side's statistics now.
     pub fn stats(&self) -> FuseStats {
-        FuseStats { locks: self.server.lock_stats(), pending_requests: self.pending_requests(), io: None }
+        FuseStats {
+            locks: self.server.lock_stats(),
+            pending_requests: self.pending_requests(),
+            io: None,
+            nfs: None,
+        }
     }
 }
 

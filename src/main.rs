@@ -8,12 +8,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use log::{error, info, warn, LevelFilter};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 use virtiofs_backend::filesystem::CachePolicy;
+use virtiofs_backend::nfs::fs::NfsFs;
 use virtiofs_backend::passthrough::sandbox::{self, SandboxMode};
-use virtiofs_backend::passthrough::seccomp::{self, SeccompMode};
+use virtiofs_backend::passthrough::seccomp::{self, Network, SeccompMode};
 use virtiofs_backend::passthrough::uring::IoMode;
 use virtiofs_backend::passthrough::{PassthroughConfig, Policy};
 use virtiofs_backend::ramfs::RamFsConfig;
@@ -25,6 +27,7 @@ use virtiofs_dpu::ops::control_socket::{BoundControlSocket, ControlClient, Contr
 use virtiofs_dpu::ops::deploy;
 use virtiofs_dpu::ops::logger::{self, LogFormat};
 use virtiofs_dpu::ops::report::{self, StatsReport};
+use virtiofs_dpu::remote::{self, RemoteKeys};
 use virtiofs_dpu::{FuseHandler, FuseStats, PassthroughHandler, RunningDevice};
 
 /// virtio-fs device firmware served over vfio-user.
@@ -78,6 +81,12 @@ struct Args {
     /// nosuid,nodev on the host.
     #[arg(long, value_name = "DIR")]
     shared_dir: Option<PathBuf>,
+    /// Serve this NFSv3 export instead: `nfs://HOST[:PORT]/EXPORT[?nfsport=N&mountport=M]`
+    /// (PORT: the portmapper's, default 111; nfsport/mountport skip it). Overrides the
+    /// profile's `remote`; the `nfs_*` profile keys tune it. Requests go with the guest
+    /// caller's uid, gid and groups (AUTH_SYS).
+    #[arg(long, value_name = "URL", conflicts_with = "shared_dir")]
+    remote: Option<String>,
     /// With --shared-dir, how READ/WRITE/FSYNC are served: `hybrid` (zero-copy, inline when it
     /// cannot block, else on an io_uring per poller), `ring` (always on the io_uring) or `sync`
     /// (through the FUSE server with a bounce buffer).
@@ -89,15 +98,16 @@ struct Args {
     /// --shared-dir (the host may change the directory too).
     #[arg(long, value_name = "POLICY")]
     cache: Option<CachePolicy>,
-    /// With --shared-dir, how the daemon confines itself once its socket is bound: `namespace`
-    /// (new mount, IPC and network namespaces whose root is the shared directory; needs root,
-    /// the default for root) or `none` (the default otherwise).
-    #[arg(long, value_name = "MODE", requires = "shared_dir")]
+    /// With --shared-dir or --remote, how the daemon confines itself once its socket is bound:
+    /// `namespace` (new mount, IPC and, with --shared-dir, network namespaces whose root is the
+    /// shared directory, or for --remote an empty read-only one; needs root, the default for
+    /// root) or `none` (the default otherwise).
+    #[arg(long, value_name = "MODE")]
     sandbox: Option<SandboxMode>,
-    /// With --shared-dir, what a system call outside the daemon's allowlist does: `trap` (the
-    /// daemon logs the call's number and dies of SIGSYS), `kill` (the kernel kills it), `log`
-    /// (allowed, logged by the kernel's audit) or `off` (no filter).
-    #[arg(long, value_name = "MODE", default_value = "trap", requires = "shared_dir")]
+    /// With --shared-dir or --remote, what a system call outside the daemon's allowlist does:
+    /// `trap` (the daemon logs the call's number and dies of SIGSYS), `kill` (the kernel kills
+    /// it), `log` (allowed, logged by the kernel's audit) or `off` (no filter).
+    #[arg(long, value_name = "MODE", default_value = "trap")]
     seccomp: SeccompMode,
     /// With --shared-dir, a comma-separated list of what the guest may not create on the host:
     /// `device-nodes` (MKNOD of character/block devices), `setid` (set-user-id bits, and
@@ -209,7 +219,11 @@ impl StatsFile {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let matches = Args::command().get_matches();
+    let args = match Args::from_arg_matches(&matches) {
+        Ok(a) => a,
+        Err(e) => e.exit(),
+    };
     if let Some(Command::Stats(a)) = &args.command {
         return stats_command(a);
     }
@@ -221,16 +235,21 @@ fn main() -> ExitCode {
         eprintln!("virtiofs-dpu: {}", error_chain(&e));
         return ExitCode::from(2);
     }
-    let mut profile = match &args.config {
-        Some(path) => match Profile::from_file(path) {
+    let (mut profile, remote_keys) = match &args.config {
+        Some(path) => match remote::load_profile(path) {
             Ok(p) => p,
             Err(e) => {
                 error!("profile {}: {}", path.display(), error_chain(&e));
                 return ExitCode::from(2);
             }
         },
-        None => Profile::default(),
+        None => (Profile::default(), RemoteKeys::default()),
     };
+    let remote_url = args.remote.clone().or_else(|| remote_keys.remote.clone());
+    if let Err(msg) = check_backend_flags(&matches, &args, remote_url.is_some()) {
+        error!("{msg}");
+        return ExitCode::from(2);
+    }
     if let Some(tag) = args.tag.clone() {
         profile.tag = tag;
     }
@@ -255,6 +274,13 @@ fn main() -> ExitCode {
             error!("{}", error_chain(&e));
             return ExitCode::from(2);
         }
+    };
+    let remote_fs = match remote_url.as_deref() {
+        Some(url) => match mount_remote(url, &remote_keys, &args) {
+            Ok(fs) => Some(fs),
+            Err(code) => return code,
+        },
+        None => None,
     };
     let listener = match bind_vfio_user(&args, gid) {
         Ok(l) => l,
@@ -288,11 +314,18 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let config = effective_config(&args, &profile);
+    let config = effective_config(&args, &profile, remote_url.as_deref(), &remote_keys);
     info!("starting: {}", startup_line(&config));
     let fuse_stats: FuseStatsFn;
-    let started = match &args.shared_dir {
-        None => {
+    let started = match (args.shared_dir.as_deref(), remote_fs) {
+        (None, Some(fs)) => match confine_and_serve_remote(fs, &args, profile, listener, control.as_mut()) {
+            Ok((started, stats)) => {
+                fuse_stats = stats;
+                started
+            }
+            Err(code) => return code,
+        },
+        (None, None) => {
             let mut cfg = RamFsConfig::default();
             cfg.cache = args.cache.unwrap_or(cfg.cache);
             let handler = Arc::new(FuseHandler::new(RamFs::with_config(cfg)));
@@ -300,7 +333,7 @@ fn main() -> ExitCode {
             fuse_stats = Arc::new(move || h.stats());
             RunningDevice::start_on(listener, profile, handler)
         }
-        Some(dir) => match confine_and_serve(dir, &args, profile, listener, control.as_mut()) {
+        (Some(dir), _) => match confine_and_serve(dir, &args, profile, listener, control.as_mut()) {
             Ok((started, stats)) => {
                 fuse_stats = stats;
                 started
@@ -449,6 +482,91 @@ fn confine_and_serve(
     Ok((RunningDevice::start_on(listener, profile, handler), Arc::new(move || h.stats())))
 }
 
+/// The backend flags that need a host backend (`--shared-dir` or a remote) and the ones that
+/// exclude each other, as given on the command line.
+fn check_backend_flags(m: &clap::ArgMatches, args: &Args, remote: bool) -> Result<(), String> {
+    let given = |id: &str| m.value_source(id) == Some(ValueSource::CommandLine);
+    if args.shared_dir.is_some() && remote {
+        return Err(
+            "--shared-dir and a remote (--remote or the profile's `remote`) exclude each other".into()
+        );
+    }
+    if args.shared_dir.is_none() && !remote {
+        for flag in ["sandbox", "seccomp"] {
+            if given(flag) {
+                return Err(format!("--{flag} needs --shared-dir or --remote"));
+            }
+        }
+    }
+    if remote && given("io_mode") {
+        return Err("--io-mode is for --shared-dir".into());
+    }
+    Ok(())
+}
+
+/// `--remote` (or the profile's `remote`): mounts the NFS export on this thread (blocking,
+/// before any other thread exists and before the socket is bound, so a daemon that cannot mount
+/// leaves no socket); [`confine_and_serve_remote`] then confines the process in the NFS mode of
+/// the sandbox (mount and IPC namespaces with an empty read-only root but the host's network,
+/// no capabilities, the allowlist with the TCP client's calls: see
+/// `virtiofs_backend::passthrough::sandbox`) and only then starts the device, whose pollers
+/// each connect to the server.
+fn mount_remote(url: &str, keys: &RemoteKeys, args: &Args) -> Result<NfsFs, ExitCode> {
+    let fail = |code: u8, e: &dyn std::error::Error| {
+        error!("{}", error_chain(e));
+        ExitCode::from(code)
+    };
+    let opts = remote::nfs_options(url, keys, args.cache).map_err(|e| fail(2, &e))?;
+    info!(
+        "NFS export {url}, cache {}, timeout {:?}, retransmit {:?}, {} slots per poller",
+        opts.cache, opts.timeout, opts.retransmit, opts.slots_per_poller
+    );
+    NfsFs::connect(opts).map_err(|e| fail(1, &e))
+}
+
+/// Serves the mounted export `fs` on `listener` once the process is confined (see
+/// [`mount_remote`]).
+fn confine_and_serve_remote(
+    fs: NfsFs,
+    args: &Args,
+    profile: Profile,
+    mut listener: Listener,
+    control: Option<&mut BoundControlSocket>,
+) -> Result<(Started, FuseStatsFn), ExitCode> {
+    let fail = |code: u8, e: &dyn std::error::Error| {
+        error!("{}", error_chain(e));
+        ExitCode::from(code)
+    };
+    match args.sandbox.unwrap_or_else(SandboxMode::default_for_this_process) {
+        SandboxMode::None => info!("NFS export: no sandbox (--sandbox=none)"),
+        SandboxMode::Namespace => {
+            sandbox::enter_namespace_keeping_network().map_err(|e| fail(1, &e))?;
+            listener.keep_socket_file();
+            if let Some(c) = control {
+                c.keep_socket_file();
+            }
+            info!("sandbox: new mount and IPC namespaces (the network kept for the NFS server), root an empty read-only tmpfs");
+        }
+    }
+    match sandbox::drop_privileges_keeping(sandbox::NFS_KEPT_CAPS) {
+        Ok(d) if d.privileged => info!("no_new_privs, {} capabilities dropped, none kept", d.bounding),
+        Ok(_) => info!("unprivileged, no_new_privs set"),
+        Err(e) => return Err(fail(1, &e)),
+    }
+    seccomp::install_with(args.seccomp, Network::TcpClient).map_err(|e| fail(1, &e))?;
+    match args.seccomp {
+        SeccompMode::Off => info!("seccomp: off"),
+        m => info!(
+            "seccomp: {} system calls allowed (TCP client included), others: {m:?}",
+            seccomp::allowlist_with(Network::TcpClient).len()
+        ),
+    }
+    let handler = Arc::new(FuseHandler::new(fs));
+    let h = handler.clone();
+    let stats = move || FuseStats { nfs: Some(h.server().filesystem().stats()), ..h.stats() };
+    Ok((RunningDevice::start_on(listener, profile, handler), Arc::new(stats)))
+}
+
 /// What starting the device gave.
 type Started = Result<RunningDevice, virtiofs_device::vfio_user::ServerError>;
 /// Reads the FUSE side's statistics of the running handler.
@@ -488,7 +606,12 @@ fn bind_vfio_user(args: &Args, gid: Option<u32>) -> Result<Listener, ExitCode> {
 }
 
 /// The effective configuration, as `get_device` reports it and the start-up line summarizes.
-fn effective_config(args: &Args, profile: &Profile) -> serde_json::Value {
+fn effective_config(
+    args: &Args,
+    profile: &Profile,
+    remote_url: Option<&str>,
+    keys: &RemoteKeys,
+) -> serde_json::Value {
     let pollers: Vec<serde_json::Value> = (0..profile.pollers())
         .map(|p| {
             let queues: Vec<u16> =
@@ -497,6 +620,23 @@ fn effective_config(args: &Args, profile: &Profile) -> serde_json::Value {
         })
         .collect();
     let backend = match &args.shared_dir {
+        None if remote_url.is_some() => {
+            match remote::nfs_options(remote_url.unwrap_or_default(), keys, args.cache) {
+                Ok(o) => serde_json::json!({
+                    "kind": "nfs",
+                    "url": remote_url,
+                    "cache": o.cache.to_string(),
+                    "timeout_ms": o.timeout.as_millis() as u64,
+                    "retransmit_ms": o.retransmit.as_millis() as u64,
+                    "slots_per_poller": o.slots_per_poller,
+                    "max_nodes": o.max_nodes,
+                    "unstable_bytes": o.unstable_bytes,
+                    "sandbox": format!("{:?}", args.sandbox.unwrap_or_else(SandboxMode::default_for_this_process)).to_lowercase(),
+                    "seccomp": format!("{:?}", args.seccomp).to_lowercase(),
+                }),
+                Err(e) => serde_json::json!({"kind": "nfs", "url": remote_url, "error": e.to_string()}),
+            }
+        }
         None => serde_json::json!({
             "kind": "ramfs",
             "cache": args.cache.unwrap_or(RamFsConfig::default().cache).to_string(),
@@ -543,7 +683,11 @@ fn startup_line(c: &serde_json::Value) -> String {
         format_args!(", queue mapping {}", s(&p["queue_mapping"])),
         s(&b["kind"]),
         s(&b["cache"]),
-        b.get("shared_dir").map_or(String::new(), |d| format!(", {} io {} sandbox {} seccomp {}", s(d), s(&b["io_mode"]), s(&b["sandbox"]), s(&b["seccomp"]))),
+        match (b.get("shared_dir"), b.get("url")) {
+            (Some(d), _) => format!(", {} io {} sandbox {} seccomp {}", s(d), s(&b["io_mode"]), s(&b["sandbox"]), s(&b["seccomp"])),
+            (None, Some(u)) => format!(", {} timeout {} ms sandbox {} seccomp {}", s(u), b["timeout_ms"], s(&b["sandbox"]), s(&b["seccomp"])),
+            (None, None) => String::new(),
+        },
         if p["latency_histograms"].as_bool() == Some(true) { "on" } else { "off" },
     )
 }

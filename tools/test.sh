@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The project's test command (README, .ci/run):
+#   0. the NFS test server's packages (nfs-ganesha, nfs-ganesha-vfs, rpcbind: tools/nfs/ganesha.sh
+#      install, idempotent, the host's apt); the NFS tests start their own ganesha instances
+#      with tools/nfs/ganesha.sh on the loopback;
 #   1. every Rust test in the workspace (unit, protocol conformance, driver model end to end,
-#      daemon subprocess, allocation count);
+#      daemon subprocess, allocation count, the NFS backend against ganesha);
 #   2. the real client: QEMU's vfio-user-pci and a Debian Linux guest mounting the device
 #      (tools/vm/ci.sh; installs QEMU and the guest kernel from Debian packages on first use).
 # VFDPU_SKIP_VM=1 skips stage 2 (for quick local runs).
@@ -15,6 +18,10 @@ if cargo tree -p virtiofs-tools -e normal,dev --prefix none | grep -E '^virtiofs
   echo "virtiofs-tools depends on the device, the backend or the root crate" >&2
   exit 1
 fi
+echo "=== NFS test server packages"
+tools/nfs/ganesha.sh install
+# The NFS tests fail, rather than skip, where ganesha cannot run.
+export VIRTIOFS_REQUIRE_NFS=1
 cargo test --workspace --all-targets
 if [ "${VFDPU_SKIP_VM:-0}" != 1 ]; then
   tools/vm/ci.sh "${VFDPU_VM_OUT:-}"

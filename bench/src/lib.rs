@@ -23,6 +23,7 @@
 //! out as 496 KiB FUSE requests. The table shows the request size actually sent.
 #![deny(missing_docs)]
 
+pub mod nfs_raw;
 pub mod null;
 pub mod pingpong;
 pub mod plot;
@@ -127,6 +128,9 @@ pub struct BenchConfig {
     /// Requests per variant of the adaptive-polling wake-up measurement ([`wakeup`]; in-process
     /// only; 0 skips it).
     pub wakeup_requests: usize,
+    /// Serve this NFS export (`nfs://...`) from the in-process device instead of `backend`, add
+    /// QD=16 phases, and run the raw NFS client's phases ([`nfs_raw`]) in every round.
+    pub remote: Option<String>,
 }
 
 impl Default for BenchConfig {
@@ -148,6 +152,7 @@ impl Default for BenchConfig {
             only: None,
             rounds: 1,
             wakeup_requests: 0,
+            remote: None,
         }
     }
 }
@@ -415,7 +420,7 @@ struct Bench<'a> {
 
 impl Bench<'_> {
     fn layout(&mut self) -> Result<(), BenchError> {
-        let (e, o) = self.d.create(ROOT, "virtiofs-bench.dat", 0o644, libc::O_RDWR as u32)?;
+        let (e, o) = self.d.create(ROOT, BENCH_FILE, 0o644, libc::O_RDWR as u32)?;
         self.node = e.nodeid;
         self.fh = o.fh;
         let chunk: Vec<u8> = (0..self.max_request).map(|i| (i as u8).wrapping_mul(7)).collect();
@@ -557,11 +562,20 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
             profile.poller_cores = poller_core.into_iter().collect();
             profile.validate().map_err(|e| BenchError::Config(e.to_string()))?;
             let sock = dir.path().join("virtiofs.sock");
-            let (dev, what) = match cfg.backend {
-                Backend::RamFs => {
+            let (dev, what) = match (&cfg.remote, cfg.backend) {
+                (Some(url), _) => {
+                    let keys = virtiofs_dpu::remote::RemoteKeys::default();
+                    let opts = virtiofs_dpu::remote::nfs_options(url, &keys, None)
+                        .map_err(|e| BenchError::Device(Box::new(e)))?;
+                    let fs = virtiofs_backend::nfs::fs::NfsFs::connect(opts)
+                        .map_err(|e| BenchError::Device(Box::new(e)))?;
+                    let handler = Arc::new(virtiofs_dpu::FuseHandler::new(fs));
+                    (virtiofs_dpu::RunningDevice::start_with(&sock, profile.clone(), handler), "NFS export")
+                }
+                (None, Backend::RamFs) => {
                     (virtiofs_dpu::RunningDevice::start(&sock, profile.clone()), "RAM filesystem")
                 }
-                Backend::Null => (
+                (None, Backend::Null) => (
                     virtiofs_dpu::RunningDevice::start_with(
                         &sock,
                         profile.clone(),
@@ -607,8 +621,29 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
     let mut b = Bench { cfg, d, node: 0, fh: 0, max_request, progress };
     b.layout()?;
     let mut list = phases(usize::from(q), cfg.seq_depth);
+    let mut raw_list = Vec::new();
+    let mut raw = None;
+    if let Some(url) = &cfg.remote {
+        // The NFS targets' depth beside Q and 2Q.
+        for write in [true, false] {
+            let p = Phase {
+                write,
+                pattern: Pattern::Random,
+                block: 4 * KIB,
+                depth: NFS_QD,
+                depth_label: "16",
+                policy: None,
+            };
+            list.insert(2, p);
+        }
+        // 1 MiB calls the size of the device's requests (capped by max_pages), for a fair ratio.
+        raw_list = raw_phases(cfg.seq_depth, max_request.min(MIB));
+        let depth = raw_list.iter().map(|p| p.depth).max().unwrap_or(1);
+        raw = Some(nfs_raw::RawClient::new(url, BENCH_FILE, depth, MIB)?);
+    }
     if let Some(o) = &cfg.only {
         list.retain(|p| selected(&p.label(), o));
+        raw_list.retain(|p| selected(&format!("{} QD={}", p.name(), p.depth_label), o));
     }
     let rounds = cfg.rounds.max(1);
     let mut round_rows = Vec::with_capacity(rounds);
@@ -623,9 +658,23 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
             (b.progress)(&label);
             rows.push(b.run_phase(ph, &label)?);
         }
+        if let Some(r) = raw.as_mut() {
+            for (i, ph) in raw_list.iter().enumerate() {
+                (b.progress)(&format!(
+                    "[round {}/{rounds}, raw {}/{}] {}",
+                    round + 1,
+                    i + 1,
+                    raw_list.len(),
+                    ph.name()
+                ));
+                rows.push(r.run(ph, cfg.file_size, cfg.warmup, cfg.duration, cfg.ops)?);
+            }
+        }
         round_rows.push(rows);
     }
-    let rows: Vec<Row> = (0..list.len()).map(|i| median_row(round_rows.iter().map(|r| &r[i]))).collect();
+    let per_round = round_rows.first().map_or(0, Vec::len);
+    let rows: Vec<Row> = (0..per_round).map(|i| median_row(round_rows.iter().map(|r| &r[i]))).collect();
+    drop(raw);
     let Bench { d, node, fh, .. } = b;
     let mut d = d;
     d.release(node, fh)?;
@@ -722,6 +771,76 @@ fn combine_targets(per_round: &[Vec<Target>]) -> Vec<Target> {
         .collect()
 }
 
+/// The NFS targets' queue depth.
+const NFS_QD: usize = 16;
+/// The file the phases read and write.
+const BENCH_FILE: &str = "virtiofs-bench.dat";
+
+/// The raw NFS client's phases: 4k random at QD=1 and QD=16, 1 MiB sequential.
+fn raw_phases(seq_depth: usize, seq_block: usize) -> Vec<nfs_raw::RawPhase> {
+    let p = |write, sequential, block, depth, depth_label| nfs_raw::RawPhase {
+        write,
+        sequential,
+        block,
+        depth,
+        depth_label,
+    };
+    vec![
+        p(false, false, 4 * KIB, 1, "1"),
+        p(true, false, 4 * KIB, 1, "1"),
+        p(false, false, 4 * KIB, NFS_QD, "16"),
+        p(true, false, 4 * KIB, NFS_QD, "16"),
+        p(false, true, seq_block, seq_depth, "seq"),
+        p(true, true, seq_block, seq_depth, "seq"),
+    ]
+}
+
+/// The NFS targets: device cost at QD=1 (p50 through the device minus the raw
+/// client's), QD=16 4k read IOPS and 1 MiB sequential bandwidth as raw over device.
+fn nfs_targets(rows: &[Row]) -> Vec<Target> {
+    let find = |w: &str, label: &str| {
+        rows.iter().find(|r| r.workload == w && r.depth_label == label && r.policy.is_none())
+    };
+    let t = |name: String, value: f64, limit: f64, unit: &str| Target {
+        name,
+        value,
+        limit,
+        unit: unit.into(),
+        met: value <= limit,
+        per_round: vec![value],
+        rounds_met: usize::from(value <= limit),
+    };
+    let mut v = Vec::new();
+    for kind in ["read", "write"] {
+        if let (Some(d), Some(r)) =
+            (find(&format!("4k rand{kind}"), "1"), find(&format!("raw NFS 4k rand{kind}"), "1"))
+        {
+            v.push(t(format!("NFS QD=1 4k {kind} p50: device - raw client"), d.p50_us - r.p50_us, 2.0, "us"));
+        }
+    }
+    if let (Some(d), Some(r)) = (find("4k randread", "16"), find("raw NFS 4k randread", "16")) {
+        v.push(t(
+            "NFS QD=16 4k read IOPS: raw client / device".into(),
+            r.iops / d.iops.max(1e-9),
+            1.0 / 0.9,
+            "x",
+        ));
+    }
+    for kind in ["read", "write"] {
+        if let (Some(d), Some(r)) =
+            (find(&format!("1M seq{kind}"), "seq"), find(&format!("raw NFS 1M seq{kind}"), "seq"))
+        {
+            v.push(t(
+                format!("NFS 1 MiB seq{kind} MiB/s: raw client / device"),
+                r.mib_s / d.mib_s.max(1e-9),
+                1.0 / 0.8,
+                "x",
+            ));
+        }
+    }
+    v
+}
+
 fn targets(rows: &[Row], floor: &pingpong::Floor) -> Vec<Target> {
     let find = |w: &str, label: &str, p: Option<QueueFullPolicy>| {
         rows.iter().find(|r| r.workload == w && r.depth_label == label && r.policy == p)
@@ -735,7 +854,7 @@ fn targets(rows: &[Row], floor: &pingpong::Floor) -> Vec<Target> {
         per_round: vec![value],
         rounds_met: usize::from(value <= limit),
     };
-    let mut v = Vec::new();
+    let mut v = nfs_targets(rows);
     if let Some(r) = find("4k randread", "1", None) {
         v.push(t("QD=1 4k read p50 / ping-pong p50".into(), r.p50_us * 1000.0 / floor.p50_ns, 5.0, "x"));
         v.push(t("QD=1 4k read p99.9".into(), r.p999_us, 40.0, "us"));
@@ -842,7 +961,7 @@ pub fn render_table(r: &BenchReport) -> String {
     let _ = writeln!(s);
     let _ = writeln!(
         s,
-        "{:<13} {:>4} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>8}",
+        "{:<19} {:>4} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>8}",
         "workload",
         "req",
         "QD",
@@ -857,12 +976,12 @@ pub fn render_table(r: &BenchReport) -> String {
     );
     for row in &r.rows {
         let qd = match row.depth_label.as_str() {
-            "1" | "seq" => row.depth.to_string(),
+            "1" | "16" | "seq" => row.depth.to_string(),
             l => format!("{}={}", l, row.depth),
         };
         let _ = writeln!(
             s,
-            "{:<13} {:>4} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10.0} {:>9.1} {:>8}",
+            "{:<19} {:>4} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10.0} {:>9.1} {:>8}",
             row.workload,
             size(row.request_bytes),
             qd,

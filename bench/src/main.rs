@@ -64,6 +64,11 @@ struct Args {
     /// "randread QD=1", "QD=1,refill").
     #[arg(long)]
     only: Option<String>,
+    /// Serve this NFS export (`nfs://HOST[:PORT]/EXPORT[?nfsport=N&mountport=M]`) from the
+    /// in-process device, add QD=16 phases, and run the same NFS client raw (no device, no
+    /// FUSE) in every round: the device's cost is the difference (targets at the end).
+    #[arg(long, value_name = "URL", conflicts_with = "socket_path")]
+    remote: Option<String>,
     /// Print the report as JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -95,6 +100,7 @@ fn main() -> ExitCode {
         only: a.only,
         rounds: a.rounds.max(1),
         wakeup_requests: a.wakeup_requests,
+        remote: a.remote,
         ..Default::default()
     };
     let tty = std::io::stderr().is_terminal();

@@ -10,8 +10,14 @@
 #   4. the passthrough backend (--shared-dir on a tmpfs), sandboxed (namespaces, seccomp in trap
 #      mode: the default), in one boot: pjdfstest, fsx (PT_FSX_OPS, default 100000 ops),
 #      escape.sh with a host canary beside the share, locks.sh, suppgroup.sh; then checks that the canary
-#      is untouched and that the daemon reported no system call outside its allowlist.
-# Exit status 0 only if everything passed. Env: VM_CACHE, FSX_OPS (default 20000), PT_FSX_OPS.
+#      is untouched and that the daemon reported no system call outside its allowlist;
+#   5. the NFS backend (--remote on a ganesha export, tools/nfs/ganesha.sh), sandboxed, in one
+#      boot: pjdfstest (failures listed with their NFSv3 reasons in pjdfstest-exceptions-nfs.txt),
+#      fsx (NFS_FSX_OPS, default 20000), the 64 MiB bigfile + remount check, locks; then checks
+#      from the statistics that the requests went to the server and SETLKWs waited in the device;
+#   6. ganesha killed with SIGKILL and restarted while a guest writes (run-nfs-fault-test.sh).
+# Exit status 0 only if everything passed. Env: VM_CACHE, FSX_OPS (default 20000), PT_FSX_OPS,
+# NFS_FSX_OPS, VFDPU_VM_STAGES (default "ram passthrough nfs": which backends' stages run).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -30,6 +36,9 @@ print(eval(sys.argv[2], {"s": s}))
 PY
 }
 
+STAGES=" ${VFDPU_VM_STAGES:-ram passthrough nfs} "
+stage() { [[ $STAGES == *" $1 "* ]]; }
+
 step "setup (QEMU, guest kernel, pjdfstest, fsx)"
 t0=$(date +%s)
 bash "$HERE/setup.sh"
@@ -43,6 +52,7 @@ TARGET=$(cd "$REPO" && cargo metadata --format-version 1 --no-deps |
 export VFDPU_DAEMON=$TARGET/release/virtiofs-dpu
 
 fail=0
+if stage ram; then
 step "guest suites against the device"
 if bash "$HERE/run-device-test.sh" --out "$OUT/suites" --config "$CONFIG" \
      -e "FSX_OPS=${FSX_OPS:-20000}" -e "VM_SUITES=pjdfstest fsx bigfile locks suppgroup dmesg-check" \
@@ -78,7 +88,9 @@ bash "$HERE/run-device-test.sh" --allow-reboot --out "$OUT/reboot" --config "$CO
 
 step "QEMU killed mid-write; a new QEMU attaches"
 bash "$HERE/run-fault-test.sh" --out "$OUT/fault" --config "$CONFIG" || { echo "FAIL: fault"; fail=1; }
+fi
 
+if stage passthrough; then
 step "passthrough backend, sandboxed: pjdfstest, fsx, escape, suppgroup"
 PT=$(mktemp -d /tmp/vfdpu-pt.XXXXXX)
 mount -t tmpfs -o size=1g,mode=0755 tmpfs "$PT"
@@ -107,9 +119,49 @@ if grep -a 'seccomp: system call' "$OUT/passthrough/daemon.log"; then
   echo "FAIL: the daemon made a system call outside its allowlist"; fail=1
 fi
 umount "$PT" && rmdir "$PT"
+fi
+
+if stage nfs; then
+step "NFS backend (ganesha export), sandboxed: pjdfstest, fsx, bigfile, locks"
+t0=$(date +%s)
+bash "$REPO/tools/nfs/ganesha.sh" install
+NFSD=$(mktemp -d /tmp/vfdpu-nfs.XXXXXX)
+URL=$(bash "$REPO/tools/nfs/ganesha.sh" start "$NFSD")
+if bash "$HERE/run-device-test.sh" --out "$OUT/nfs" --config "$CONFIG" --timeout 1800 \
+     --daemon-arg --remote --daemon-arg "$URL" \
+     -e "FSX_OPS=${NFS_FSX_OPS:-20000}" -e "VM_SUITES=pjdfstest fsx bigfile locks dmesg-check" \
+     -e PJDFSTEST_EXCEPTIONS=pjdfstest-exceptions-nfs.txt -e FSX_CONFIG=/harness/fsx-nfs.toml \
+     "$HERE/guest/all.sh"; then
+  st=$OUT/nfs/stats.json
+  nfs=$(stat "$st" '" ".join(f"{k}={v}" for k, v in s["fuse"]["nfs"].items() if k != "unstable")')
+  echo "daemon NFS counters: ${nfs:-none}"
+  calls=$(stat "$st" 's["fuse"]["nfs"]["calls"]')
+  [ "${calls:-0}" -gt 0 ] || { echo "FAIL: nfs: the daemon reports no NFS call (${nfs:-no statistics})"; fail=1; }
+  waited=$(stat "$st" 's["fuse"]["locks"]["waited"]')
+  [ "${waited:-0}" -gt 0 ] || { echo "FAIL: nfs: no SETLKW waited in the device"; fail=1; }
+else
+  echo "FAIL: NFS guest suites"; fail=1
+fi
+tr -d '\r' < "$OUT/nfs/console.log" |
+  grep -a -E '^(VMRESULT|Summary:|pjdfstest: |fsx: |All operations|bigfile: |locks: )' || true
+grep -a -E 'sandbox:|seccomp:' "$OUT/nfs/daemon.log" || true
+grep -q 'sandbox: new mount and IPC namespaces' "$OUT/nfs/daemon.log" ||
+  { echo "FAIL: the NFS daemon did not enter its sandbox"; fail=1; }
+if grep -a 'seccomp: system call' "$OUT/nfs/daemon.log"; then
+  echo "FAIL: the NFS daemon made a system call outside its allowlist"; fail=1
+fi
+bash "$REPO/tools/nfs/ganesha.sh" stop "$NFSD"
+rm -rf "$NFSD"
+echo "NFS suites: $(( $(date +%s) - t0 )) s"
+
+step "NFS server killed (SIGKILL) and restarted under a guest writer"
+t0=$(date +%s)
+bash "$HERE/run-nfs-fault-test.sh" --out "$OUT/nfs-fault" --config "$CONFIG" || { echo "FAIL: nfs fault"; fail=1; }
+echo "NFS fault test: $(( $(date +%s) - t0 )) s"
+fi
 
 if [ $fail = 0 ]; then
-  echo "vm: 4 passed, 0 failed"
+  echo "vm: all stages passed ($STAGES)"
 else
   echo "vm: logs in $OUT"
   echo "vm: FAILED"

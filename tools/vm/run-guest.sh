@@ -4,7 +4,7 @@
 # Boots the test guest (q35, TCG unless hardware KVM is usable, RAM in a shared
 # memfd so vhost-user / vfio-user servers can map it) with GUEST_SCRIPT as
 # /guest.sh and the whole tools/vm/guest/ directory as /harness/ (plus
-# pjdfstest-exceptions.txt). The guest powers off when the script ends.
+# the pjdfstest-exceptions*.txt lists). The guest powers off when the script ends.
 #
 # Exit status: the guest script's exit status; 124 when the timeout hit;
 # 125 when the guest never reported one (QEMU failed to start, kernel panic,
@@ -93,7 +93,7 @@ ov=$work/ov
 mkdir -p "$ov/harness"
 cp "$SCRIPT" "$ov/guest.sh"
 cp "$HERE"/guest/* "$ov/harness/"
-cp "$HERE/pjdfstest-exceptions.txt" "$ov/harness/" 2>/dev/null || true
+cp "$HERE"/pjdfstest-exceptions*.txt "$ov/harness/" 2>/dev/null || true
 # The lock suite's test program, static (the image has no compiler; glibc's static libc.a is in
 # the host's libc6-dev, which setup.sh installs).
 if ! "${CC:-cc}" -static -O2 -Wall -o "$ov/harness/locktest" "$HERE/locktest.c" 2> "$work/locktest.cc.log"; then

@@ -29,6 +29,15 @@
 //! why all of this happens before the device's threads exist ([`enter_namespace`] refuses to run
 //! in a process that already has more than one thread).
 //!
+//! The NFS daemon (`virtiofs-dpu --remote`) is confined by the same steps in a mode of its own:
+//! [`enter_namespace_keeping_network`] makes new mount and IPC namespaces whose root is an empty,
+//! read-only tmpfs (the daemon names no file once it serves), but keeps the host's network
+//! namespace (its pollers connect to the server again after an outage);
+//! [`drop_privileges_keeping`] with [`NFS_KEPT_CAPS`] (none: the caller's credentials travel in
+//! the RPC's AUTH_SYS, nothing is done as them locally); and the allowlist with
+//! [`Network::TcpClient`](super::seccomp::Network::TcpClient) (TCP sockets and what connecting
+//! and reconnecting need).
+//!
 //! Not done: a PID namespace (it needs a fork, and the daemon's pid is what the harness and
 //! the tests watch; the fresh procfs hides other processes where `hidepid` is available), and
 //! running as an unprivileged user with uid/gid mappings. When the daemon exits from inside the
@@ -55,9 +64,16 @@ pub const KEPT_CAPS: &[(u32, &str)] = &[
     (31, "CAP_SETFCAP"),
 ];
 
+/// Capabilities the NFS daemon keeps: none (see the module documentation).
+pub const NFS_KEPT_CAPS: &[(u32, &str)] = &[];
+
 /// The kept capabilities as a mask.
 pub fn kept_mask() -> u64 {
-    KEPT_CAPS.iter().fold(0, |m, &(bit, _)| m | (1 << bit))
+    mask_of(KEPT_CAPS)
+}
+
+fn mask_of(caps: &[(u32, &str)]) -> u64 {
+    caps.iter().fold(0, |m, &(bit, _)| m | (1 << bit))
 }
 
 /// How the daemon confines what it can name (`--sandbox`).
@@ -227,6 +243,37 @@ pub fn enter_namespace(shared_dir: &Path) -> Result<Confined, SandboxError> {
     Ok(Confined { proc_self_fd, shared_dir: dir, proc_restricted })
 }
 
+/// Enters new mount and IPC namespaces, not a network one, whose root is an empty read-only
+/// tmpfs (for the NFS daemon, see the module documentation). Call on the only thread of the
+/// process, after everything the daemon needs from the host's filesystem is open.
+pub fn enter_namespace_keeping_network() -> Result<(), SandboxError> {
+    let threads = thread_count().map_err(mount_err("count the threads in /proc/self/task"))?;
+    if threads != 1 {
+        return Err(SandboxError::Threads(threads));
+    }
+    sys::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWIPC).map_err(SandboxError::Unshare)?;
+    sys::mount(None, c"/", None, libc::MS_SLAVE | libc::MS_REC, None)
+        .map_err(mount_err("make the mounts slaves"))?;
+    let old_root =
+        sys::open(c"/", libc::O_PATH | libc::O_DIRECTORY).map_err(mount_err("open the old root"))?;
+    // The new root: an empty tmpfs, read-only from the start, mounted (in this namespace only)
+    // on a directory every Linux system has.
+    let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    sys::mount(Some(c"none"), c"/proc", Some(c"tmpfs"), flags, Some(c"size=4k,mode=0555"))
+        .map_err(mount_err("mount an empty tmpfs for the new root"))?;
+    let new_root =
+        sys::open(c"/proc", libc::O_PATH | libc::O_DIRECTORY).map_err(mount_err("open the new root"))?;
+    sys::fchdir(new_root.as_fd()).map_err(mount_err("enter the new root"))?;
+    sys::pivot_root(c".", c".").map_err(mount_err("pivot_root into the empty root"))?;
+    sys::fchdir(old_root.as_fd()).map_err(mount_err("enter the old root"))?;
+    sys::mount(None, c".", None, libc::MS_SLAVE | libc::MS_REC, None)
+        .map_err(mount_err("make the old root a slave"))?;
+    sys::umount2(c".", libc::MNT_DETACH).map_err(mount_err("detach the old root"))?;
+    drop(old_root);
+    sys::fchdir(new_root.as_fd()).map_err(mount_err("enter the new root"))?;
+    Ok(())
+}
+
 /// What [`drop_privileges`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dropped {
@@ -240,9 +287,14 @@ pub struct Dropped {
 /// Drops privileges as the module documentation says. Call on the main thread before other
 /// threads start.
 pub fn drop_privileges() -> io::Result<Dropped> {
+    drop_privileges_keeping(KEPT_CAPS)
+}
+
+/// [`drop_privileges`], keeping the capabilities `kept` instead of [`KEPT_CAPS`].
+pub fn drop_privileges_keeping(kept: &[(u32, &str)]) -> io::Result<Dropped> {
     sys::set_no_new_privs()?;
     let mut bounding = 0;
-    let kept = kept_mask();
+    let kept = mask_of(kept);
     for cap in 0..64u32 {
         if kept & (1 << cap) != 0 {
             continue;

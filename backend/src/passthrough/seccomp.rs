@@ -29,6 +29,13 @@
 //! flags in memory, where a filter cannot look, so a second filter makes it fail with `ENOSYS`,
 //! and glibc falls back to `clone`.
 //!
+//! The NFS daemon (`--remote`) gets the same list plus what its pollers' TCP connections need
+//! ([`Network::TcpClient`], [`allowlist_with`]): `socket` only for `AF_INET`/`AF_INET6` stream
+//! sockets, `connect`, `getsockopt` only `SO_ERROR` (a non-blocking connect's outcome),
+//! `setsockopt` also `TCP_NODELAY` and `SO_RCVTIMEO`, `getpeername`/`getsockname`, `readv`/`writev`, `shutdown`,
+//! `poll`/`ppoll` (the blocking UMNT call at exit).
+//! No `bind` or `listen`: it reconnects, it never serves on the network.
+//!
 //! What happens to a call not on the list is the [`SeccompMode`]: the default, `trap`, has the
 //! kernel send `SIGSYS`, whose handler writes the call's number to standard error before the
 //! signal kills the process: a missing entry names itself in the daemon's log.
@@ -82,6 +89,15 @@ pub enum SeccompError {
     /// The `SIGSYS` reporter could not be installed.
     #[error("cannot install the SIGSYS handler")]
     Signal(#[source] std::io::Error),
+}
+
+/// What network access the daemon keeps beyond its vfio-user socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Network {
+    /// None: no socket is made after the filter is in (the passthrough daemon).
+    None,
+    /// TCP client connections, made and made again by the pollers (the NFS daemon).
+    TcpClient,
 }
 
 /// The architecture the daemon is built for.
@@ -252,6 +268,53 @@ pub fn allowlist() -> Vec<Allowed> {
     l
 }
 
+/// The allowlist for this architecture with the network access `net` (see the module
+/// documentation): [`allowlist`], plus for [`Network::TcpClient`] the TCP client's calls.
+pub fn allowlist_with(net: Network) -> Vec<Allowed> {
+    let mut l = allowlist();
+    if net == Network::None {
+        return l;
+    }
+    if let Some(s) = l.iter_mut().find(|a| a.nr == libc::SYS_setsockopt) {
+        s.rules.push(rule(vec![
+            cond32(1, SeccompCmpOp::Eq, libc::IPPROTO_TCP as u32),
+            cond32(2, SeccompCmpOp::Eq, libc::TCP_NODELAY as u32),
+        ]));
+        // The blocking UMNT call's read timeout.
+        s.rules.push(rule(vec![
+            cond32(1, SeccompCmpOp::Eq, libc::SOL_SOCKET as u32),
+            cond32(2, SeccompCmpOp::Eq, libc::SO_RCVTIMEO as u32),
+        ]));
+    }
+    let stream = |family: i32| {
+        rule(vec![
+            cond32(0, SeccompCmpOp::Eq, family as u32),
+            // The type without SOCK_NONBLOCK and SOCK_CLOEXEC.
+            cond32(1, SeccompCmpOp::MaskedEq(0xf), libc::SOCK_STREAM as u32),
+        ])
+    };
+    allow!(l, SYS_socket, stream(libc::AF_INET), stream(libc::AF_INET6));
+    allow!(l, SYS_connect);
+    allow!(
+        l,
+        SYS_getsockopt,
+        rule(vec![
+            cond32(1, SeccompCmpOp::Eq, libc::SOL_SOCKET as u32),
+            cond32(2, SeccompCmpOp::Eq, libc::SO_ERROR as u32)
+        ])
+    );
+    allow!(l, SYS_getpeername);
+    allow!(l, SYS_getsockname);
+    allow!(l, SYS_readv);
+    allow!(l, SYS_writev);
+    allow!(l, SYS_shutdown);
+    // The blocking MOUNT UMNT when the daemon stops (std's connect with a timeout polls).
+    #[cfg(target_arch = "x86_64")]
+    allow!(l, SYS_poll);
+    allow!(l, SYS_ppoll);
+    l
+}
+
 /// The compiled filters (see [`filters`]).
 pub struct Filters {
     /// Fails `clone3` with `ENOSYS`, allows everything else.
@@ -278,6 +341,11 @@ impl Filters {
 /// The filters for `mode`: the allowlist (calls outside it get `mode`'s action) and one that
 /// fails `clone3` with `ENOSYS` (see the module documentation). `None` for [`SeccompMode::Off`].
 pub fn filters(mode: SeccompMode) -> Result<Option<Filters>, SeccompError> {
+    filters_with(mode, Network::None)
+}
+
+/// [`filters`] over [`allowlist_with`]`(net)`.
+pub fn filters_with(mode: SeccompMode, net: Network) -> Result<Option<Filters>, SeccompError> {
     let mismatch = match mode {
         SeccompMode::Kill => SeccompAction::KillProcess,
         SeccompMode::Trap => SeccompAction::Trap,
@@ -285,7 +353,7 @@ pub fn filters(mode: SeccompMode) -> Result<Option<Filters>, SeccompError> {
         SeccompMode::Off => return Ok(None),
     };
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    for a in allowlist() {
+    for a in allowlist_with(net) {
         rules.entry(a.nr).or_default().extend(a.rules);
     }
     let allow =
@@ -307,7 +375,12 @@ pub fn filters(mode: SeccompMode) -> Result<Option<Filters>, SeccompError> {
 /// started later); for [`SeccompMode::Trap`] first the `SIGSYS` reporter. Sets
 /// `PR_SET_NO_NEW_PRIVS` (the kernel requires it for an unprivileged filter).
 pub fn install(mode: SeccompMode) -> Result<(), SeccompError> {
-    let Some(f) = filters(mode)? else {
+    install_with(mode, Network::None)
+}
+
+/// [`install`] with the network access `net`.
+pub fn install_with(mode: SeccompMode, net: Network) -> Result<(), SeccompError> {
+    let Some(f) = filters_with(mode, net)? else {
         return Ok(());
     };
     if mode == SeccompMode::Trap {
@@ -351,6 +424,60 @@ mod tests {
         ] {
             assert!(list.iter().all(|a| a.name != name), "{name} is allowed");
         }
+    }
+
+    #[test]
+    fn the_tcp_client_list_adds_sockets_and_still_forbids_the_rest() {
+        let list = allowlist_with(Network::TcpClient);
+        let mut nrs: Vec<i64> = list.iter().map(|a| a.nr).collect();
+        nrs.sort_unstable();
+        nrs.dedup();
+        assert_eq!(nrs.len(), list.len(), "a system call is listed twice");
+        for name in ["SYS_socket", "SYS_connect", "SYS_getsockopt", "SYS_readv", "SYS_writev"] {
+            assert!(list.iter().any(|a| a.name == name), "{name} is not allowed");
+        }
+        let setsockopt = list.iter().find(|a| a.nr == libc::SYS_setsockopt).unwrap();
+        assert_eq!(setsockopt.rules.len(), 3, "SO_SNDTIMEO, TCP_NODELAY and SO_RCVTIMEO");
+        for name in
+            ["SYS_mount", "SYS_bind", "SYS_listen", "SYS_execve", "SYS_ptrace", "SYS_setns", "SYS_seccomp"]
+        {
+            assert!(list.iter().all(|a| a.name != name), "{name} is allowed");
+        }
+        for mode in [SeccompMode::Kill, SeccompMode::Trap, SeccompMode::Log] {
+            assert!(filters_with(mode, Network::TcpClient).unwrap().is_some());
+        }
+    }
+
+    /// With the TCP client's list (in a forked child) a TCP connection can be tried (refused by
+    /// the closed port: the calls went through) and a UDP socket kills the child with `SIGSYS`.
+    #[test]
+    fn tcp_client_filter_allows_stream_sockets_only() {
+        let f = filters_with(SeccompMode::Kill, Network::TcpClient).unwrap().unwrap();
+        // A port nothing listens on: bound, then closed.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (status, _) = sys::in_child(|| {
+            if f.apply_to_this_thread().is_err() {
+                return 90;
+            }
+            match std::net::TcpStream::connect(("127.0.0.1", port)) {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => 0,
+                _ => 91,
+            }
+        })
+        .unwrap();
+        assert!(libc::WIFEXITED(status), "a TCP connect killed the child: status {status:#x}");
+        assert_eq!(libc::WEXITSTATUS(status), 0, "the TCP connect was not refused by the closed port");
+        let (status, _) = sys::in_child(|| {
+            if f.apply_to_this_thread().is_err() {
+                return 90;
+            }
+            i32::from(std::net::UdpSocket::bind("127.0.0.1:0").is_ok())
+        })
+        .unwrap();
+        assert!(
+            libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSYS,
+            "UDP: status {status:#x}"
+        );
     }
 
     // Under qemu-user (the aarch64 check) the emulator refuses to install seccomp filters, so

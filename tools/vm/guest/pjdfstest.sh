@@ -2,10 +2,12 @@
 # Guest suite: pjdfstest (POSIX conformance) on the virtiofs mount.
 # Prints pjdfstest's summary and a VMRESULT line; fails when a test fails that
 # is not listed in /harness/pjdfstest-exceptions.txt (tools/vm/pjdfstest-exceptions.txt).
-# Env: PJDFSTEST_ARGS (extra args, e.g. test name patterns), PJDFSTEST_CONFIG.
+# Env: PJDFSTEST_ARGS (extra args, e.g. test name patterns), PJDFSTEST_CONFIG,
+# PJDFSTEST_EXCEPTIONS (the list's name in /harness, default pjdfstest-exceptions.txt; the NFS
+# backend's is pjdfstest-exceptions-nfs.txt).
 . /harness/lib.sh
 CFG=${PJDFSTEST_CONFIG:-/harness/pjdfstest.toml}
-EXC=/harness/pjdfstest-exceptions.txt
+EXC=/harness/${PJDFSTEST_EXCEPTIONS:-pjdfstest-exceptions.txt}
 LOGF=/tmp/pjdfstest.log
 vm_mount /mnt || exit 1
 chmod 0755 /mnt
