@@ -224,8 +224,8 @@ impl PollerThread {
 /// holds off reading while a poller sleeps on the source ([`PollerSet::hold_source`]) until one
 /// came out of that sleep ([`PollerSet::source_released`], which it is woken to look at).
 /// Orders (all SeqCst): the poller stores `asleep` true before its last look at the rings and
-/// sleeps; on waking it stores `asleep` false, counts `woken`, then reads `holding` and wakes the
-/// control plane if set. The control plane stores `holding`, reads `woken`, then `asleep`: if it
+/// sleeps; on waking it stores `asleep` false, and once it has served what it found it counts
+/// `woken`, then reads `holding` and wakes the control plane if set. The control plane stores `holding`, reads `woken`, then `asleep`: if it
 /// saw a poller asleep, that poller's count and its read of `holding` come later, so the
 /// control plane is woken with `woken` moved on.
 struct SourceWatch {
@@ -693,6 +693,8 @@ fn run(ctx: Ctx, mut sleeper: Sleeper) {
     let mut engine = ctx.handler.engine(ctx.id);
     let mut idle_rounds = 0u64;
     let mut idle_since = Instant::now();
+    // Woke from a sleep on the doorbell source and has not yet told the control plane.
+    let mut release = false;
     let mine = ctx.stats.poller(ctx.id);
     let mut clock = Clock::new();
     // One buffer list per memory snapshot (it borrows the snapshot): building it costs a 24 KiB
@@ -781,6 +783,11 @@ fn run(ctx: Ctx, mut sleeper: Sleeper) {
             }
             let waiting = engine.as_ref().is_some_and(|e| e.in_flight() > 0);
             let busy = work > 0 || waiting;
+            if release && !busy {
+                // The request the doorbell brought is served: now the control plane may read it.
+                ctx.release_source();
+                release = false;
+            }
             clock.end_round(busy, mine);
             if busy {
                 if work > 0 {
@@ -798,7 +805,7 @@ fn run(ctx: Ctx, mut sleeper: Sleeper) {
                     idle_since = Instant::now();
                 } else if idle_rounds.is_multiple_of(64) && idle_since.elapsed() >= ctx.spin {
                     // Still idle next time: park again soon.
-                    ctx.park(&mut sleeper, &mut queues, &mem, !parked.is_empty());
+                    release |= ctx.park(&mut sleeper, &mut queues, &mem, !parked.is_empty());
                     clock.close(coarse_now_ns(), false, mine);
                 }
                 std::hint::spin_loop();
@@ -854,13 +861,16 @@ impl Ctx {
     ///
     /// With requests waiting on an outside event (`waits`) the sleep is at most 1 ms: the event
     /// (a lock released through another poller) rings no doorbell here.
-    fn park(&self, sleeper: &mut Sleeper, queues: &mut [Served], mem: &GuestMem, waits: bool) {
+    ///
+    /// Returns true if it slept on the doorbell source: the caller then calls
+    /// [`Self::release_source`] once it has served what woke it (see [`SourceWatch`]).
+    fn park(&self, sleeper: &mut Sleeper, queues: &mut [Served], mem: &GuestMem, waits: bool) -> bool {
         let sleep = if waits { self.sleep.min(Duration::from_millis(1)) } else { self.sleep };
         let parks = &self.stats.poller(self.id).parks;
         if !self.doorbells {
             add(parks, 1);
             sleeper.sleep(sleep);
-            return;
+            return false;
         }
         let live = |q: &&mut Served| q.attached && !q.broken;
         for q in queues.iter_mut().filter(live) {
@@ -880,15 +890,22 @@ impl Ctx {
         }
         if let Some(a) = asleep {
             a.store(false, Ordering::SeqCst);
-            self.watch.woken.fetch_add(1, Ordering::SeqCst);
-            if self.watch.holding.load(Ordering::SeqCst) {
-                (self.wake_control)();
-            }
         }
         for q in queues.iter_mut().filter(live) {
             if let Err(e) = q.queue.set_notify(mem, false) {
                 debug!("queue {}: {e}", q.queue.index());
             }
+        }
+        asleep.is_some()
+    }
+
+    /// Tells a control plane that holds off reading the doorbell source that this poller came out
+    /// of its sleep on it. Called after the first round that found nothing more to do, so that
+    /// the control plane's wake-up does not delay the request that woke the poller.
+    fn release_source(&self) {
+        self.watch.woken.fetch_add(1, Ordering::SeqCst);
+        if self.watch.holding.load(Ordering::SeqCst) {
+            (self.wake_control)();
         }
     }
 
