@@ -241,27 +241,49 @@ struct SourceWatch {
 const WAKE: Token = Token(0);
 /// Token of the doorbell source.
 const DOORBELL: Token = Token(1);
+/// Token of the sleep's timer.
+const TIMER: Token = Token(2);
 
-/// Where a parked poller sleeps: an epoll set with the control plane's [`Waker`] and, when the
-/// transport gave one, the doorbell source (edge-triggered: each new arrival wakes the poller
-/// once, whether or not anybody has read what came before).
+/// Where a parked poller sleeps: an epoll set with the control plane's [`Waker`], a timer and,
+/// when the transport gave one, the doorbell source (edge-triggered: each new arrival wakes the
+/// poller once, whether or not anybody has read what came before). The timer is a timerfd armed
+/// before each sleep: epoll's own timeout counts whole milliseconds, and sleeps are often
+/// shorter (`idle_sleep_us` = 200).
 struct Sleeper {
     poll: Poll,
     events: Events,
+    timer: OwnedFd,
     doorbell: Option<Arc<OwnedFd>>,
 }
 
 impl Sleeper {
     fn new() -> std::io::Result<(Self, Arc<Waker>)> {
+        use rustix::time::{timerfd_create, TimerfdClockId, TimerfdFlags};
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
-        Ok((Sleeper { poll, events: Events::with_capacity(4), doorbell: None }, waker))
+        let timer =
+            timerfd_create(TimerfdClockId::Monotonic, TimerfdFlags::CLOEXEC | TimerfdFlags::NONBLOCK)?;
+        poll.registry().register(&mut SourceFd(&timer.as_raw_fd()), TIMER, Interest::READABLE)?;
+        Ok((Sleeper { poll, events: Events::with_capacity(4), timer, doorbell: None }, waker))
     }
 
     /// Sleeps until woken, a doorbell may have come, or `timeout` passed; returns whether the
     /// doorbell source woke it.
     fn sleep(&mut self, timeout: Duration) -> bool {
-        if let Err(e) = self.poll.poll(&mut self.events, Some(timeout)) {
+        use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
+        // Arming resets the timer's count, so an expiry of an earlier sleep is not seen again.
+        let zero = Timespec { tv_sec: 0, tv_nsec: 0 };
+        let at = Timespec {
+            tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(timeout.subsec_nanos().max(1)),
+        };
+        let armed = timerfd_settime(
+            &self.timer,
+            TimerfdTimerFlags::empty(),
+            &Itimerspec { it_interval: zero, it_value: at },
+        );
+        let limit = if armed.is_ok() { None } else { Some(timeout) };
+        if let Err(e) = self.poll.poll(&mut self.events, limit) {
             if e.kind() != std::io::ErrorKind::Interrupted {
                 warn!("poller sleep failed: {e}");
                 std::thread::sleep(timeout);
