@@ -232,3 +232,65 @@ fn requests_served_pending_and_waiting_are_counted_on_both_layouts() {
     assert_eq!(p.parks, 0, "busy polling never parks");
     assert_eq!(stats.queues[0].requests, 0, "nothing on hiprio");
 }
+
+/// A parked adaptive poller waits on the doorbell source the transport gave it: a doorbell
+/// (the source turning readable) wakes it in one hop, with no kick from the control plane, while
+/// without one it would sleep on. Once the source is taken back, a kick wakes it again.
+#[test]
+fn a_parked_poller_serves_a_doorbell_from_its_doorbell_source() {
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+
+    let mem = guest_memory(0x20000, None);
+    // A sleep far longer than the test: only a wake-up can end it.
+    let profile = Profile {
+        polling: Polling::Adaptive,
+        doorbells: crate::config::Doorbells::Socket,
+        idle_spin_us: 100,
+        idle_sleep_us: 60_000_000,
+        ..Profile::default()
+    };
+    let handler = Arc::new(Handler { release: Arc::default(), grant: Arc::default() });
+    let mut pollers = PollerSet::spawn(
+        &profile,
+        handler,
+        Arc::new(MsixShared::new(3)),
+        Default::default(),
+        Arc::new(|| {}),
+    )
+    .unwrap();
+    pollers.set_memory(&mem);
+    let (client, source) = UnixStream::pair().unwrap();
+    pollers.set_doorbell_source(Some(source.into()));
+    let cfg = QueueConfig { index: 1, size: 8, desc: 0x1000, avail: 0x2000, used: 0x3000, vector: 1 };
+    let mut drv = SplitDriver::new(&mem, cfg);
+    pollers.start(&[cfg], features::VERSION_1);
+    let parks = |p: &PollerSet| p.stats().snapshot().pollers[0].parks;
+
+    for round in 0..2u64 {
+        // Asleep on the source, past its last look at the rings (parks counts after it).
+        let asleep = |p: &PollerSet| p.watch.asleep[0].load(Ordering::SeqCst);
+        wait_for("the poller to park", || (asleep(&pollers) && parks(&pollers) > round).then_some(()));
+        if round == 1 {
+            // Back to the control plane's path: the next doorbell needs a kick.
+            let before = parks(&pollers);
+            pollers.set_doorbell_source(None);
+            wait_for("the poller to park again", || (parks(&pollers) > before).then_some(()));
+            assert!(!asleep(&pollers));
+        }
+        assert_eq!(drv.used_flags() & 1, 0, "a parked poller asks for doorbells");
+        let (req, reply) = (REQ + 0x100 * round, REPLY + 0x100 * round);
+        mem.write_obj(0u8, GuestAddress(req)).unwrap();
+        let token = drv.push(&[Buf::readable(req, 16), Buf::writable(reply, 64)]);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(drv.next_used().is_none(), "round {round}: a parked poller does not see a request by itself");
+        if round == 0 {
+            (&client).write_all(&[0]).unwrap();
+        } else {
+            pollers.kick(1);
+        }
+        assert_eq!(wait_for("the doorbell's request", || drv.next_used()), (token, 4), "round {round}");
+    }
+    let q = pollers.stats().snapshot().queues[1].clone();
+    assert_eq!(q.doorbells, 1, "only the kick went through the control plane: {q:?}");
+}
