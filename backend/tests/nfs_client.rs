@@ -5,13 +5,14 @@
 //! to end in bounded time; the hostile cases check that the call fails (Broken), the connection
 //! is reset and reconnected, the counters say so, and nothing panics.
 
+#[path = "harness/counting.rs"]
+mod counting;
+#[path = "harness/ganesha.rs"]
+mod ganesha;
 mod nfs_fake_server;
-mod nfs_ganesha;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use nfs_fake_server::{attr, enc, fragments, read_ok, read_ok_with, record, reply, Act, FakeServer};
@@ -19,44 +20,6 @@ use virtiofs_backend::io::{Reader, Writer};
 use virtiofs_backend::nfs::conn::{CallError, Conn, ConnConfig, ConnStats, Cred, Sink};
 use virtiofs_backend::nfs::wire::nfs3::{Args, Fattr, Fh, Ftype, Proc, Res, Stable};
 use vm_memory::VolatileSlice;
-
-// ---- a counting allocator (see tests/alloc_count.rs): counts on threads that ask for it ----
-
-struct Counting;
-static COUNTED_ALLOCS: AtomicU64 = AtomicU64::new(0);
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-fn note() {
-    if COUNTING.try_with(|c| c.get()).unwrap_or(false) {
-        COUNTED_ALLOCS.fetch_add(1, Ordering::Relaxed);
-    }
-}
-// SAFETY: every method forwards to the system allocator unchanged; counting touches only an
-// atomic and a const-initialised thread-local, neither of which allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: forwarded with the caller's layout.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` was allocated by System with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: as for alloc.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: `ptr`/`layout` come from a previous System allocation.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-#[global_allocator]
-static ALLOC: Counting = Counting;
 
 // ---- guest-like buffers and a recording sink ----
 
@@ -792,11 +755,11 @@ fn steady_state_calls_do_not_allocate() {
         }
     };
     round(&mut conn, &mut sink, 30); // warm-up
-    COUNTING.with(|c| c.set(true));
-    let before = COUNTED_ALLOCS.load(Ordering::Relaxed);
+    counting::count_here(true);
+    let before = counting::counted();
     round(&mut conn, &mut sink, 1500);
-    let allocs = COUNTED_ALLOCS.load(Ordering::Relaxed) - before;
-    COUNTING.with(|c| c.set(false));
+    let allocs = counting::counted() - before;
+    counting::count_here(false);
     assert_eq!(sink.failed, 0);
     assert_eq!(allocs, 0, "allocations in 1500 steady-state calls");
     assert!(conn.stats().read_direct_bytes + conn.stats().read_copied_bytes >= 500 * 65536);
@@ -886,9 +849,7 @@ fn a_connection_can_move_to_its_poller_thread() {
 
 #[test]
 fn ganesha_mount_fsinfo_create_write_read_commit() {
-    let Some(g) = nfs_ganesha::Ganesha::start_or_skip() else {
-        return;
-    };
+    let g = ganesha::Ganesha::start();
     use virtiofs_backend::nfs::setup;
     use virtiofs_backend::nfs::wire::nfs3::{CreateHow, Sattr};
     let url: virtiofs_backend::nfs::url::NfsUrl = g.url().parse().unwrap();
@@ -967,9 +928,7 @@ fn ganesha_mount_fsinfo_create_write_read_commit() {
 
 #[test]
 fn ganesha_killed_and_restarted_calls_wait_reconnect_and_complete() {
-    let Some(mut g) = nfs_ganesha::Ganesha::start_or_skip() else {
-        return;
-    };
+    let mut g = ganesha::Ganesha::start();
     use virtiofs_backend::nfs::setup;
     let data = pattern(100_000, 9);
     std::fs::write(g.export().join("r"), &data).unwrap();
@@ -1004,7 +963,7 @@ fn ganesha_killed_and_restarted_calls_wait_reconnect_and_complete() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert!(sink.done.is_empty(), "nothing ends during a short outage: {:?}", sink.done);
-    g.restart();
+    g.start_again();
     run(&mut conn, &mut sink, 2, Duration::from_secs(15));
     let r = sink.result(1).unwrap().as_ref().unwrap_or_else(|e| panic!("READ after the restart: {e}"));
     assert_eq!(r.read, Some((data.len() as u32, true)));
