@@ -404,6 +404,39 @@ fn endless_empty_fragments_are_garbage() {
 }
 
 #[test]
+fn records_of_many_empty_fragments_cost_time_linear_in_their_bytes() {
+    // Records of 16,000 empty fragments each (the most one record may have is 16,384), ending
+    // in a reply to no call, 4 MiB of them at once, then the reply: each record mark is dropped
+    // without moving the bytes behind it (that was a memmove of the rest of the buffer per
+    // mark: minutes of a blocked poller for these 4 MiB), and the call completes.
+    let a = attr(Ftype::Reg, 1, 1);
+    let srv = FakeServer::start(move |c| {
+        let mut unknown = vec![0u8; 4 * 16_000];
+        unknown.extend_from_slice(&record(&reply(c.xid ^ 0x0001_0000, &nfs_fake_server::getattr_ok(&a))));
+        let mut all = unknown.repeat(64);
+        all.extend_from_slice(&record(&reply(c.xid, &nfs_fake_server::getattr_ok(&a))));
+        vec![Act::Send(all)]
+    });
+    let mut conn = Conn::new(config(srv.addr())).unwrap();
+    let mut sink = TestSink::default();
+    let fh = fh();
+    conn.call(1, &CRED, &Args::Getattr { fh: &fh }, &mut sink).unwrap();
+    let mut longest = Duration::ZERO;
+    let t0 = Instant::now();
+    while sink.done.is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "no reply: {:?}", conn.stats());
+        let t = Instant::now();
+        conn.poll(Instant::now(), &mut sink);
+        longest = longest.max(t.elapsed());
+    }
+    assert_eq!(sink.result(1).unwrap().as_ref().unwrap().attr, Some(a));
+    let st = conn.stats();
+    assert_eq!((st.unknown_xids, st.bad_replies), (64, 0), "{st:?}");
+    // Generous for a debug build under emulation; quadratic cost was far beyond it.
+    assert!(longest < Duration::from_secs(2), "one poll round took {longest:?}");
+}
+
+#[test]
 fn a_record_cut_by_the_server_closing_is_sent_again_with_the_same_xid() {
     // The record mark promises 100 bytes, 40 come, then the connection closes: the call is
     // not lost, it goes again on a new connection, with the same XID.
