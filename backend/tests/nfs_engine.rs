@@ -37,6 +37,8 @@ struct Script {
     commit_verf: Option<[u8; 8]>,
     /// The file's contents as the server holds them.
     data: Vec<u8>,
+    /// Answer every READ with one byte, not at its end (however far the offset).
+    trickle_reads: bool,
 }
 
 fn dir_attr() -> Fattr {
@@ -139,6 +141,9 @@ fn serve(script: &Arc<Mutex<Script>>, c: &Call) -> Vec<Act> {
         // READ.
         (NFS_PROG, 6) => {
             let (_, off, count) = nfs_fake_server::read_args(&c.args);
+            if s.trickle_reads {
+                return vec![Act::Send(record(&reply(c.xid, &nfs_fake_server::read_ok(&file, b"x", false))))];
+            }
             let from = (off as usize).min(s.data.len());
             let to = (from + count as usize).min(s.data.len());
             nfs_fake_server::read_ok(&file, &s.data[from..to], to == s.data.len())
@@ -414,4 +419,26 @@ fn a_write_that_finds_the_store_full_commits_the_files_stored_writes_first() {
         assert!(s.data[..4096].iter().all(|&b| b == 2) && s.data[4096..].iter().all(|&b| b == 1));
     }
     assert_eq!(r.srv.filesystem().stats().unstable.bytes_now, 4096);
+}
+
+#[test]
+fn a_read_at_the_end_of_the_offset_space_stops_there_however_the_server_answers() {
+    // A server that gives one byte per READ and never says EOF, to a READ whose offset plus
+    // size passes 2^64: the request is cut at the last offset (no call's offset wraps or
+    // overflows) and answered with the bytes it got.
+    let mut r = Rig::new();
+    let (node, fh) = r.open_f();
+    r.script.lock().unwrap().trickle_reads = true;
+    let read = abi::ReadIn { fh, offset: u64::MAX - 4, size: 4096, ..Default::default() };
+    let (h, body) = r.run(&mut request(opcode::READ, node, 9, 1000, 100, &[read.as_slice()]));
+    assert_eq!((h.error, body.len()), (0, 4));
+    assert_eq!(body, b"xxxx");
+    let offsets: Vec<u64> = r
+        .server
+        .calls()
+        .iter()
+        .filter(|c| c.prog == NFS_PROG && c.proc == 6)
+        .map(|c| nfs_fake_server::read_args(&c.args).1)
+        .collect();
+    assert_eq!(offsets, [u64::MAX - 4, u64::MAX - 3, u64::MAX - 2, u64::MAX - 1]);
 }

@@ -1022,6 +1022,9 @@ impl NfsEngine {
                 check_handle(fs, fh, req.nodeid)?;
                 slot.fh = node(req.nodeid)?;
                 slot.offset = offset;
+                // Cut at the end of the offset space: no call's offset (`offset` plus what came
+                // so far) can overflow, however few bytes the server gives per call.
+                let size = u32::try_from(u64::MAX - offset).map_or(size, |room| size.min(room));
                 slot.size = size;
                 if size == 0 {
                     return Ok(Some(Reply::Data(0)));
