@@ -90,13 +90,21 @@ fn serve(script: &Arc<Mutex<Script>>, c: &Call) -> Vec<Act> {
                 getattr_ok(&file)
             }
         }
-        // LOOKUP "f".
-        (NFS_PROG, 3) => enc(|e| {
-            e.u32(0).unwrap();
-            e.opaque(b"file-f", 64).unwrap();
-            post_op(e, Some(&file));
-            post_op(e, Some(&dir_attr()));
-        }),
+        // LOOKUP of NAME: the file "file-NAME".
+        (NFS_PROG, 3) => {
+            let mut d = virtiofs_backend::nfs::wire::xdr::Decoder::new(&c.args);
+            d.opaque(64, "dir").unwrap();
+            let fh = [&b"file-"[..], d.opaque(255, "name").unwrap()].concat();
+            enc(|e| {
+                e.u32(0).unwrap();
+                e.opaque(&fh, 64).unwrap();
+                post_op(e, Some(&file));
+                post_op(e, Some(&dir_attr()));
+            })
+        }
+        // REMOVE (wcc_data), RENAME (two of them): done.
+        (NFS_PROG, 12) => enc(|e| (0..3).for_each(|_| e.u32(0).unwrap())),
+        (NFS_PROG, 14) => enc(|e| (0..5).for_each(|_| e.u32(0).unwrap())),
         // ACCESS: everything asked is granted.
         (NFS_PROG, 4) => {
             let mask = u32::from_be_bytes(c.args[c.args.len() - 4..].try_into().unwrap());
@@ -441,4 +449,38 @@ fn a_read_at_the_end_of_the_offset_space_stops_there_however_the_server_answers(
         .map(|c| nfs_fake_server::read_args(&c.args).1)
         .collect();
     assert_eq!(offsets, [u64::MAX - 4, u64::MAX - 3, u64::MAX - 2, u64::MAX - 1]);
+}
+
+/// The name of a REMOVE's or RENAME's (target) name argument.
+fn name_arg(c: &Call) -> Vec<u8> {
+    let mut d = virtiofs_backend::nfs::wire::xdr::Decoder::new(&c.args);
+    d.opaque(64, "dir").unwrap();
+    let name = d.opaque(255, "name").unwrap();
+    if c.proc == 14 {
+        d.opaque(64, "to dir").unwrap();
+        return d.opaque(255, "to name").unwrap().to_vec();
+    }
+    name.to_vec()
+}
+
+#[test]
+fn a_release_goes_by_the_node_of_its_handle_not_the_node_id_the_guest_names() {
+    // "f" is unlinked while open (renamed to its silly name); its RELEASE, sent with another
+    // node's id, still removes f's silly name (not one made of the other node's id).
+    let mut r = Rig::new();
+    let (node, fh) = r.open_f();
+    let (h, body) = r.run(&mut request(opcode::LOOKUP, 1, 20, 1000, 100, &[b"g\0"]));
+    assert_eq!(h.error, 0);
+    let other = parse::<abi::EntryOut>(&body).nodeid;
+    assert_ne!(other, node);
+    assert_eq!(r.run(&mut request(opcode::UNLINK, 1, 21, 1000, 100, &[b"f\0"])).0.error, 0);
+    let renames: Vec<Call> =
+        r.server.calls().into_iter().filter(|c| c.prog == NFS_PROG && c.proc == 14).collect();
+    assert_eq!(renames.len(), 1, "renamed, not removed, while open");
+    let silly = name_arg(&renames[0]);
+    let release = abi::ReleaseIn { fh, ..Default::default() };
+    assert_eq!(r.run(&mut request(opcode::RELEASE, other, 22, 1000, 100, &[release.as_slice()])).0.error, 0);
+    let removes: Vec<Vec<u8>> =
+        r.server.calls().iter().filter(|c| c.prog == NFS_PROG && c.proc == 12).map(name_arg).collect();
+    assert_eq!(removes, [silly], "the silly name of the file whose handle was closed goes");
 }
