@@ -697,7 +697,7 @@ fn late_data_of_a_timed_out_read_never_lands_in_the_next_calls_buffer() {
             let cut = rec.len() - da.len() + 1000;
             vec![
                 Act::Send(rec[..cut].to_vec()),
-                Act::Sleep(Duration::from_millis(550)),
+                Act::Sleep(Duration::from_millis(1300)),
                 Act::Send(rec[cut..].to_vec()),
             ]
         } else {
@@ -705,7 +705,9 @@ fn late_data_of_a_timed_out_read_never_lands_in_the_next_calls_buffer() {
         }
     });
     let mut cfg = config(srv.addr());
-    cfg.timeout = Duration::from_millis(400);
+    // A ends by 1.1 s (the timeout and a tick), before the rest of its data comes at 1.3 s;
+    // B, sent then, has until 2 s: room for a slow machine (the tests run under qemu-user too).
+    cfg.timeout = Duration::from_millis(1000);
     let mut conn = Conn::new(cfg).unwrap();
     let mut sink = TestSink::default();
     sink.reads.insert(1, GuestBuf::uniform(65536, 4096));
