@@ -24,6 +24,12 @@ for t in backend/tests/*.rs; do
   case $name in passthrough*) continue ;; esac
   backend_tests+=(--test "$name")
 done
+# The NFS tests run here too: the client's and the engine's against the tests' fake server
+# (loopback only: nfs_client, nfs_engine), and those against a real nfs-ganesha (nfs_client's
+# ganesha_*, nfs_alloc): the emulated test spawns the host's own ganesha.nfsd and rpcbind, so they
+# need root and the Debian packages as in the x86 stage, and fail saying so without them. The
+# device end to end on NFS (tests/nfs_e2e.rs, root crate) runs in the x86 stage with the other
+# root-crate tests.
 # The shared test bodies (backend/tests/harness: both_backends!) run on the passthrough as
 # `NAME::passthrough`: skipped here for the same reason as the passthrough test files.
 # qemu-user refuses to install seccomp filters for its guest program (they would filter the

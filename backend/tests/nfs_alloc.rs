@@ -5,13 +5,12 @@
 //! server allocate inside `submit` and `poll` on this thread (the test's own buffers are made
 //! before); after a warm-up the count must not move.
 
+#[path = "harness/counting.rs"]
+mod counting;
 #[path = "harness/ganesha.rs"]
 mod ganesha;
 mod harness;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,54 +21,13 @@ use virtiofs_backend::server::{PollerEngine, Submitted};
 use virtiofs_backend::Server;
 use vm_memory::{ByteValued, VolatileSlice};
 
-struct Counting;
-
-static COUNTED: AtomicU64 = AtomicU64::new(0);
-
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-
-fn note() {
-    if COUNTING.try_with(|c| c.get()).unwrap_or(false) {
-        COUNTED.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-// SAFETY: every method forwards to the system allocator unchanged; counting touches only an
-// atomic and a const-initialised thread-local, neither of which allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: forwarded with the caller's layout.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` was allocated by System with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        note();
-        // SAFETY: as for alloc.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        note();
-        // SAFETY: `ptr`/`layout` come from a previous System allocation.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
-
 /// Runs one request through the engine to its reply, counting allocations meanwhile; the
 /// reply's header.
 fn run(e: &mut PollerEngine<NfsFs>, req: &mut [u8], out: &mut [u8]) -> abi::OutHeader {
     let len = {
         let readable = [VolatileSlice::from(&mut *req)];
         let writable = [VolatileSlice::from(&mut *out)];
-        COUNTING.with(|c| c.set(true));
+        counting::count_here(true);
         let mut len = match e.submit(1, &readable, &writable) {
             Submitted::Done(n) => Some(n),
             Submitted::Pending => None,
@@ -80,7 +38,7 @@ fn run(e: &mut PollerEngine<NfsFs>, req: &mut [u8], out: &mut [u8]) -> abi::OutH
             e.poll(&mut |_, n| len = Some(n));
             assert!(Instant::now() < deadline, "no reply");
         }
-        COUNTING.with(|c| c.set(false));
+        counting::count_here(false);
         len.unwrap_or(0)
     };
     let h: abi::OutHeader = parse(out);
@@ -105,7 +63,7 @@ fn steady_state_read_write_getattr_do_not_allocate() {
     let open: abi::OpenOut = parse(&out[HDR + std::mem::size_of::<abi::EntryOut>()..]);
     let (node, fh) = (entry.nodeid, open.fh);
     // The server's first pending request made its slot: the counting hook works.
-    assert!(COUNTED.load(Ordering::Relaxed) > 0, "no allocation seen at all: the counting hook is broken");
+    assert!(counting::counted() > 0, "no allocation seen at all: the counting hook is broken");
 
     let block = vec![0x5au8; 4096];
     let w = abi::WriteIn { fh, offset: 0, size: 4096, ..Default::default() };
@@ -128,12 +86,12 @@ fn steady_state_read_write_getattr_do_not_allocate() {
     for i in 0..256 {
         round(&mut e, &mut out, i);
     }
-    let before = COUNTED.load(Ordering::Relaxed);
+    let before = counting::counted();
     let n = 1000;
     for i in 0..n {
         round(&mut e, &mut out, i);
     }
-    let allocs = COUNTED.load(Ordering::Relaxed) - before;
+    let allocs = counting::counted() - before;
     assert_eq!(allocs, 0, "{allocs} heap allocations for {} requests through the NFS engine", 3 * n);
     let st = server.filesystem().stats();
     assert!(st.unstable.stored >= n as u64, "the writes went UNSTABLE through the store: {st:?}");

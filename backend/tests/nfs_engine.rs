@@ -37,6 +37,8 @@ struct Script {
     commit_verf: Option<[u8; 8]>,
     /// The file's contents as the server holds them.
     data: Vec<u8>,
+    /// Answer every READ with one byte, not at its end (however far the offset).
+    trickle_reads: bool,
 }
 
 fn dir_attr() -> Fattr {
@@ -88,13 +90,21 @@ fn serve(script: &Arc<Mutex<Script>>, c: &Call) -> Vec<Act> {
                 getattr_ok(&file)
             }
         }
-        // LOOKUP "f".
-        (NFS_PROG, 3) => enc(|e| {
-            e.u32(0).unwrap();
-            e.opaque(b"file-f", 64).unwrap();
-            post_op(e, Some(&file));
-            post_op(e, Some(&dir_attr()));
-        }),
+        // LOOKUP of NAME: the file "file-NAME".
+        (NFS_PROG, 3) => {
+            let mut d = virtiofs_backend::nfs::wire::xdr::Decoder::new(&c.args);
+            d.opaque(64, "dir").unwrap();
+            let fh = [&b"file-"[..], d.opaque(255, "name").unwrap()].concat();
+            enc(|e| {
+                e.u32(0).unwrap();
+                e.opaque(&fh, 64).unwrap();
+                post_op(e, Some(&file));
+                post_op(e, Some(&dir_attr()));
+            })
+        }
+        // REMOVE (wcc_data), RENAME (two of them): done.
+        (NFS_PROG, 12) => enc(|e| (0..3).for_each(|_| e.u32(0).unwrap())),
+        (NFS_PROG, 14) => enc(|e| (0..5).for_each(|_| e.u32(0).unwrap())),
         // ACCESS: everything asked is granted.
         (NFS_PROG, 4) => {
             let mask = u32::from_be_bytes(c.args[c.args.len() - 4..].try_into().unwrap());
@@ -139,6 +149,9 @@ fn serve(script: &Arc<Mutex<Script>>, c: &Call) -> Vec<Act> {
         // READ.
         (NFS_PROG, 6) => {
             let (_, off, count) = nfs_fake_server::read_args(&c.args);
+            if s.trickle_reads {
+                return vec![Act::Send(record(&reply(c.xid, &nfs_fake_server::read_ok(&file, b"x", false))))];
+            }
             let from = (off as usize).min(s.data.len());
             let to = (from + count as usize).min(s.data.len());
             nfs_fake_server::read_ok(&file, &s.data[from..to], to == s.data.len())
@@ -414,4 +427,60 @@ fn a_write_that_finds_the_store_full_commits_the_files_stored_writes_first() {
         assert!(s.data[..4096].iter().all(|&b| b == 2) && s.data[4096..].iter().all(|&b| b == 1));
     }
     assert_eq!(r.srv.filesystem().stats().unstable.bytes_now, 4096);
+}
+
+#[test]
+fn a_read_at_the_end_of_the_offset_space_stops_there_however_the_server_answers() {
+    // A server that gives one byte per READ and never says EOF, to a READ whose offset plus
+    // size passes 2^64: the request is cut at the last offset (no call's offset wraps or
+    // overflows) and answered with the bytes it got.
+    let mut r = Rig::new();
+    let (node, fh) = r.open_f();
+    r.script.lock().unwrap().trickle_reads = true;
+    let read = abi::ReadIn { fh, offset: u64::MAX - 4, size: 4096, ..Default::default() };
+    let (h, body) = r.run(&mut request(opcode::READ, node, 9, 1000, 100, &[read.as_slice()]));
+    assert_eq!((h.error, body.len()), (0, 4));
+    assert_eq!(body, b"xxxx");
+    let offsets: Vec<u64> = r
+        .server
+        .calls()
+        .iter()
+        .filter(|c| c.prog == NFS_PROG && c.proc == 6)
+        .map(|c| nfs_fake_server::read_args(&c.args).1)
+        .collect();
+    assert_eq!(offsets, [u64::MAX - 4, u64::MAX - 3, u64::MAX - 2, u64::MAX - 1]);
+}
+
+/// The name of a REMOVE's or RENAME's (target) name argument.
+fn name_arg(c: &Call) -> Vec<u8> {
+    let mut d = virtiofs_backend::nfs::wire::xdr::Decoder::new(&c.args);
+    d.opaque(64, "dir").unwrap();
+    let name = d.opaque(255, "name").unwrap();
+    if c.proc == 14 {
+        d.opaque(64, "to dir").unwrap();
+        return d.opaque(255, "to name").unwrap().to_vec();
+    }
+    name.to_vec()
+}
+
+#[test]
+fn a_release_goes_by_the_node_of_its_handle_not_the_node_id_the_guest_names() {
+    // "f" is unlinked while open (renamed to its silly name); its RELEASE, sent with another
+    // node's id, still removes f's silly name (not one made of the other node's id).
+    let mut r = Rig::new();
+    let (node, fh) = r.open_f();
+    let (h, body) = r.run(&mut request(opcode::LOOKUP, 1, 20, 1000, 100, &[b"g\0"]));
+    assert_eq!(h.error, 0);
+    let other = parse::<abi::EntryOut>(&body).nodeid;
+    assert_ne!(other, node);
+    assert_eq!(r.run(&mut request(opcode::UNLINK, 1, 21, 1000, 100, &[b"f\0"])).0.error, 0);
+    let renames: Vec<Call> =
+        r.server.calls().into_iter().filter(|c| c.prog == NFS_PROG && c.proc == 14).collect();
+    assert_eq!(renames.len(), 1, "renamed, not removed, while open");
+    let silly = name_arg(&renames[0]);
+    let release = abi::ReleaseIn { fh, ..Default::default() };
+    assert_eq!(r.run(&mut request(opcode::RELEASE, other, 22, 1000, 100, &[release.as_slice()])).0.error, 0);
+    let removes: Vec<Vec<u8>> =
+        r.server.calls().iter().filter(|c| c.prog == NFS_PROG && c.proc == 12).map(name_arg).collect();
+    assert_eq!(removes, [silly], "the silly name of the file whose handle was closed goes");
 }

@@ -216,13 +216,19 @@ struct ReadProgress {
 }
 
 /// The receive side: one buffer, allocated once. `buf[start..start + rec_len]` is the current
-/// record assembled so far (record marks removed), `buf[start + rec_len..end]` bytes received
-/// and not yet looked at.
+/// record assembled so far (record marks removed), `buf[start + rec_len + gap..end]` bytes
+/// received and not yet looked at.
 struct Rx {
     buf: Box<[u8]>,
     start: usize,
     end: usize,
     rec_len: usize,
+    /// Bytes of the record marks dropped since the record began, between the record assembled so
+    /// far and the raw bytes: a fragment's bytes move down over it as they are taken, so each
+    /// byte moves once per fragment (moving everything behind each mark instead costs the whole
+    /// buffer per mark: a hostile server's empty fragments would stall the poller). Zero while
+    /// `rec_len` is.
+    gap: usize,
     /// Bytes of the current record received so far, including READ data placed elsewhere.
     rec_total: usize,
     /// Fragments of the current record so far (bounded: empty fragments would never end it).
@@ -239,6 +245,7 @@ impl Rx {
         self.start = 0;
         self.end = 0;
         self.rec_len = 0;
+        self.gap = 0;
         self.rec_total = 0;
         self.frags = 0;
         self.in_frag = false;
@@ -247,8 +254,41 @@ impl Rx {
         self.mode = RxMode::Record;
     }
 
+    /// Where the raw bytes begin.
+    fn raw_at(&self) -> usize {
+        self.start + self.rec_len + self.gap
+    }
+
     fn raw(&self) -> usize {
-        self.end - (self.start + self.rec_len)
+        self.end - self.raw_at()
+    }
+
+    /// Appends `n` raw bytes to the record assembled so far (moving them over the gap).
+    fn take(&mut self, n: usize) {
+        if self.gap > 0 {
+            let from = self.raw_at();
+            let to = self.start + self.rec_len;
+            self.buf.copy_within(from..from + n, to);
+        }
+        self.rec_len += n;
+    }
+
+    /// Closes the gap (the raw bytes move down behind the record), for room at the end.
+    fn squeeze(&mut self) {
+        if self.gap > 0 {
+            let from = self.raw_at();
+            let end = self.end;
+            self.buf.copy_within(from..end, self.start + self.rec_len);
+            self.end -= self.gap;
+            self.gap = 0;
+        }
+    }
+
+    /// The record assembled so far is consumed (`start` moves past it and the gap).
+    fn consume_record(&mut self) {
+        self.start += self.rec_len + self.gap;
+        self.rec_len = 0;
+        self.gap = 0;
     }
 
     /// Moves what is kept to the buffer's start when the room after it runs short.
@@ -354,6 +394,7 @@ impl Conn {
                 start: 0,
                 end: 0,
                 rec_len: 0,
+                gap: 0,
                 rec_total: 0,
                 frags: 0,
                 in_frag: false,
@@ -777,6 +818,9 @@ impl Conn {
             }
         }
         if rx.end == rx.buf.len() {
+            rx.squeeze();
+        }
+        if rx.end == rx.buf.len() {
             if rx.start > 0 {
                 rx.buf.copy_within(rx.start..rx.end, 0);
                 rx.end -= rx.start;
@@ -826,15 +870,18 @@ impl Conn {
     fn process(&mut self, sink: &mut dyn Sink) -> Result<(), Fault> {
         loop {
             if !self.rx.in_frag {
-                let at = self.rx.start + self.rx.rec_len;
+                let at = self.rx.raw_at();
                 if self.rx.end - at < 4 {
                     return Ok(());
                 }
                 let b = &self.rx.buf[at..at + 4];
                 let mark = u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
-                let end = self.rx.end;
-                self.rx.buf.copy_within(at + 4..end, at);
-                self.rx.end -= 4;
+                // The mark is dropped where it is: into the gap, or before the record begins.
+                if self.rx.rec_len == 0 {
+                    self.rx.start += 4;
+                } else {
+                    self.rx.gap += 4;
+                }
                 let len = (mark & !LAST_FRAGMENT) as usize;
                 self.rx.rec_total += len;
                 self.rx.frags += 1;
@@ -848,7 +895,7 @@ impl Conn {
             match self.rx.mode {
                 RxMode::Record | RxMode::Pad(_) => {
                     let take = self.rx.raw().min(self.rx.frag_left);
-                    self.rx.rec_len += take;
+                    self.rx.take(take);
                     self.rx.frag_left -= take;
                     if self.rx.frag_left > 0 {
                         if let RxMode::Record = self.rx.mode {
@@ -866,8 +913,7 @@ impl Conn {
                     let mode = self.rx.mode;
                     self.rx.mode = RxMode::Record;
                     let (start, len) = (self.rx.start, self.rx.rec_len);
-                    self.rx.start += len;
-                    self.rx.rec_len = 0;
+                    self.rx.consume_record();
                     self.rx.rec_total = 0;
                     self.rx.frags = 0;
                     match mode {
@@ -984,8 +1030,7 @@ impl Conn {
             }
         }
         p.placed = have as u32;
-        self.rx.start += len;
-        self.rx.rec_len = 0;
+        self.rx.consume_record();
         self.rx.mode = RxMode::Data(p);
         Ok(())
     }

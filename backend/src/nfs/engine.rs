@@ -1022,6 +1022,9 @@ impl NfsEngine {
                 check_handle(fs, fh, req.nodeid)?;
                 slot.fh = node(req.nodeid)?;
                 slot.offset = offset;
+                // Cut at the end of the offset space: no call's offset (`offset` plus what came
+                // so far) can overflow, however few bytes the server gives per call.
+                let size = u32::try_from(u64::MAX - offset).map_or(size, |room| size.min(room));
                 slot.size = size;
                 if size == 0 {
                     return Ok(Some(Reply::Data(0)));
@@ -1055,21 +1058,29 @@ impl NfsEngine {
                 (Kind::Commit, Call::Commit)
             }
             Op::Release { fh, .. } => {
-                let fhandle = node(req.nodeid).ok();
-                let silly = fs.handles.close(fh).and_then(|f| fs.nodes.closed(f.nodeid));
-                if let Some(dir) = silly {
+                // Everything goes by the node of the handle closed, not the request's node id
+                // (a guest could name another node: its writes would be dropped, or the silly
+                // name of the wrong file removed and the right one left on the server). The
+                // node's file handle is taken first: the close may free the node.
+                let before = fs.handles.get(fh).map(|f| (f.nodeid, node(f.nodeid).ok()));
+                let Some(f) = fs.handles.close(fh) else { return Ok(Some(Reply::Empty)) };
+                let nodeid = f.nodeid;
+                slot.nodeid = nodeid;
+                if let Some(dir) = fs.nodes.closed(nodeid) {
                     // The last close of a file unlinked while open: its data is of no use any
                     // more, and its silly name goes.
-                    fs.unstable.drop_file(req.nodeid);
+                    fs.unstable.drop_file(nodeid);
                     slot.fh = dir;
-                    slot.names.set(&silly_name(req.nodeid), b"")?;
+                    slot.names.set(&silly_name(nodeid), b"")?;
                     slot.kind = Kind::Unlink;
                     slot.call = Call::Remove;
                     return Ok(None);
                 }
-                match fhandle {
+                match before {
                     // The last handle of a file with uncommitted writes: commit them.
-                    Some(h) if fs.unstable.has(req.nodeid) && !fs.nodes.has_opens(req.nodeid) => {
+                    Some((n, Some(h)))
+                        if n == nodeid && fs.unstable.has(nodeid) && !fs.nodes.has_opens(nodeid) =>
+                    {
                         slot.fh = h;
                         (Kind::Commit, Call::Commit)
                     }

@@ -1,17 +1,20 @@
-//! An nfs-ganesha server for the NFS backend's tests: NFSv3 over TCP with FSAL_VFS, exporting a
-//! temporary directory, its NFS and MOUNT ports bound to 127.0.0.1 (the portmapper is not asked:
-//! the URL names both ports). [`Ganesha::kill`] and [`Ganesha::start_again`] make the fault
-//! tests' outages (SIGKILL, then a new server on the same ports, with a new write verifier).
+//! An nfs-ganesha server for the NFS tests (the client's, the engine's allocation count, the
+//! device's end to end): NFSv3 over TCP with FSAL_VFS, exporting a temporary directory, its NFS
+//! and MOUNT ports private and bound to 127.0.0.1 (clients are given both in the URL,
+//! `?nfsport=&mountport=`, so several servers may run at once and none depends on which one the
+//! portmapper knows last). [`Ganesha::kill`], [`Ganesha::start_again`] and [`Ganesha::restart`]
+//! make the fault tests' outages (SIGKILL, then a new server on the same ports, with a new write
+//! verifier); dropping the server stops it.
 //!
 //! NFSv3 servers register with rpcbind at start (ganesha exits without one); one rpcbind serves
 //! the machine: it is started here only if none listens on port 111, and stopped when the last
 //! server of this test binary goes. Ganesha needs root (FSAL_VFS opens files by handle) and the
 //! Debian packages `nfs-ganesha`, `nfs-ganesha-vfs` and `rpcbind`, which the project's test
-//! command installs: without them the tests fail saying so.
+//! command installs: without them the tests fail saying so (never skip).
 #![allow(dead_code)]
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -31,21 +34,35 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-fn have(program: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
-        || Path::new("/usr/sbin").join(program).is_file()
+/// `program` on `PATH` or in the system directories (a test run by `sudo` may have a short
+/// `PATH`).
+fn which(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/usr/bin".into(), "/sbin".into()])
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
 }
 
-/// Fails the test unless the server can run here (root, the packages installed).
-pub fn require() {
+/// Why the server cannot run here (not root, a package missing), or `Ok`.
+pub fn can_run() -> Result<(), String> {
     // SAFETY: a plain system call without arguments.
-    let uid = unsafe { libc::geteuid() };
-    assert_eq!(uid, 0, "the NFS tests need root: ganesha's FSAL_VFS opens files by handle");
-    assert!(
-        have("ganesha.nfsd") && have("rpcbind"),
-        "the NFS tests need nfs-ganesha, nfs-ganesha-vfs and rpcbind (Debian packages; the \
-         project's test command installs them)"
-    );
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("the NFS tests need root: ganesha's FSAL_VFS opens files by handle".into());
+    }
+    if which("ganesha.nfsd").is_none() || which("rpcbind").is_none() {
+        return Err("the NFS tests need nfs-ganesha, nfs-ganesha-vfs and rpcbind (Debian packages; \
+                    the project's test command installs them)"
+            .into());
+    }
+    Ok(())
+}
+
+/// Fails the test, saying why, unless the server can run here.
+pub fn require() {
+    if let Err(why) = can_run() {
+        panic!("{why}");
+    }
 }
 
 fn rpcbind_acquire() {
@@ -55,8 +72,7 @@ fn rpcbind_acquire() {
         return;
     }
     let _ = std::fs::create_dir_all("/run/rpcbind");
-    let bin = if Path::new("/usr/sbin/rpcbind").exists() { "/usr/sbin/rpcbind" } else { "rpcbind" };
-    let child = Command::new(bin)
+    let child = Command::new(which("rpcbind").expect("rpcbind is installed"))
         .arg("-f")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -150,12 +166,7 @@ impl Ganesha {
         let log = d.join("ganesha.log");
         // A fresh log: the start is seen by its "initialized" line.
         std::fs::write(&log, b"").unwrap();
-        let bin = if Path::new("/usr/bin/ganesha.nfsd").exists() {
-            "/usr/bin/ganesha.nfsd"
-        } else {
-            "ganesha.nfsd"
-        };
-        let child = Command::new(bin)
+        let child = Command::new(which("ganesha.nfsd").expect("ganesha.nfsd is installed"))
             .arg("-F")
             .arg("-f")
             .arg(d.join("ganesha.conf"))
@@ -184,6 +195,12 @@ impl Ganesha {
             assert!(Instant::now() < deadline, "ganesha did not come up on 127.0.0.1:{}", self.nfs_port);
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// SIGKILL then a new server on the same ports and export, answering when this returns.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.start_again();
     }
 
     /// SIGKILL: the server is gone at once, without a word to its clients.
