@@ -213,9 +213,10 @@ fn requests_served_pending_and_waiting_are_counted_on_both_layouts() {
         assert_eq!((q.in_flight, q.waiting), (0, 0), "{layout}: {q:?}");
         assert_eq!(q.bad_chains, if packed { 2 } else { 1 }, "{layout}: {q:?}");
         assert_eq!(q.doorbells, if packed { 2 } else { 1 }, "{layout}: {q:?}");
-        // No EVENT_IDX and interrupts not suppressed: one per round that returned something, and
-        // each request here came back in a round of its own.
-        assert!(q.interrupts >= q.requests, "{layout}: {q:?}");
+        // No EVENT_IDX and interrupts not suppressed: one per round that returned something.
+        // The test waits for each request before it sends the next, but a slow machine (qemu-user)
+        // can still see two come back in one round: at least one interrupt, at most one per request.
+        assert!(q.interrupts >= 1 && q.interrupts <= q.requests, "{layout}: {q:?}");
         served_before = q.requests;
         pollers.stop();
     }
