@@ -376,3 +376,36 @@ fn help_documents_every_option() {
         assert!(help.contains(flag), "--help lacks {flag}:\n{help}");
     }
 }
+
+#[test]
+fn passthrough_takes_the_same_options() {
+    let share = tempfile::tempdir().unwrap();
+    let dir = share.path().to_str().unwrap();
+    let daemon = Daemon::start(&["--shared-dir", dir, "--sandbox", "none", "--no-xattr", "--no-readdirplus"]);
+    let mut d = daemon.driver();
+    let f = flags(&d);
+    assert_eq!(
+        f & (init_flags::POSIX_ACL | init_flags::DO_READDIRPLUS | init_flags::READDIRPLUS_AUTO),
+        0,
+        "{f:#x}"
+    );
+    let (ino, fh) = new_file(&mut d, "f");
+    // Served by the passthrough's per-poller engine path too: answered before the filesystem.
+    assert_eq!(setxattr(&mut d, ino, "user.k", b"v"), libc::ENOSYS);
+    assert_eq!(getxattr(&mut d, ino, "user.k"), Err(libc::ENOSYS));
+    assert_eq!(d.write(ino, fh, 0, b"data").unwrap(), 4);
+    drop(d);
+    drop(daemon);
+
+    let daemon = Daemon::start(&["--shared-dir", dir, "--sandbox", "none", "--no-posix-acl"]);
+    let d = daemon.driver();
+    assert_eq!(flags(&d) & init_flags::POSIX_ACL, 0);
+    assert_ne!(flags(&d) & init_flags::DO_READDIRPLUS, 0);
+    // The RAM filesystem's limits do not apply to a shared directory.
+    let out = Command::new(BIN)
+        .args(["--socket-path", "/nonexistent/s", "--shared-dir", dir, "--ramfs-size", "1G"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--ramfs-size"));
+}
