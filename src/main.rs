@@ -171,8 +171,8 @@ struct Args {
     #[arg(long, help_heading = "virtiofsd options that do not apply")]
     print_capabilities: bool,
     /// Refused (exit status 2), as are --migration-on-error, --migration-verify-handles and
-    /// --migration-confirm-paths: the device does not migrate (it offers QEMU no migration
-    /// region, so QEMU blocks migrating the VM), and accepting them would promise otherwise.
+    /// --migration-confirm-paths: the device does not migrate (it offers QEMU no VFIO
+    /// migration support, so QEMU blocks migrating the VM), and accepting them would promise otherwise.
     #[arg(long, value_name = "MODE", help_heading = "virtiofsd options that do not apply")]
     migration_mode: Option<String>,
     /// Refused: see --migration-mode.
@@ -218,7 +218,7 @@ impl Args {
         ];
         migration.into_iter().flatten().next().map(|flag| {
             format!(
-                "{flag}: this device does not migrate (it offers QEMU no migration region, so QEMU \
+                "{flag}: this device does not migrate (it offers QEMU no VFIO migration support, so QEMU \
                  blocks migrating the VM); drop the --migration-* options"
             )
         })

@@ -47,7 +47,18 @@ impl Daemon {
     }
 
     fn driver(&self) -> FsDriver {
-        let mut d = FsDriver::connect(&self.sock, DriverOptions::default()).expect("bring-up");
+        // The socket file appears at bind(2), a moment before listen(2): a connection in between
+        // is refused.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut d = loop {
+            match FsDriver::connect(&self.sock, DriverOptions::default()) {
+                Ok(d) => break d,
+                Err(e) if Instant::now() < deadline && format!("{e:?}").contains("ConnectionRefused") => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(e) => panic!("bring-up: {e:?}"),
+            }
+        };
         d.init().unwrap();
         d
     }
