@@ -10,6 +10,7 @@
 
 pub mod ops;
 pub mod remote;
+pub mod sys;
 pub mod tally;
 
 use std::path::{Path, PathBuf};
@@ -21,7 +22,7 @@ use virtiofs_backend::filesystem::FileSystem;
 use virtiofs_backend::nfs::fs::NfsStats;
 use virtiofs_backend::passthrough::uring::{EngineStats, IoMode};
 use virtiofs_backend::passthrough::{PassthroughConfig, SetupError};
-use virtiofs_backend::server::{LockStats, PollerEngine, Submitted};
+use virtiofs_backend::server::{LockStats, PollerEngine, ServerOptions, Submitted};
 use virtiofs_backend::{PassthroughFs, RamFs, Server};
 use virtiofs_device::config::Profile;
 use virtiofs_device::poller::{Engine, Outcome, RequestHandler};
@@ -76,7 +77,13 @@ impl PendingCount {
 impl<F: FileSystem> FuseHandler<F> {
     /// A handler serving `fs`.
     pub fn new(fs: F) -> Self {
-        FuseHandler { server: Arc::new(Server::with_lock_waits(fs)), engines: true, pending: Arc::default() }
+        Self::with_options(fs, ServerOptions::default())
+    }
+
+    /// A handler serving `fs`, offering what `options` allow (`--no-xattr`, `--no-readdirplus`).
+    pub fn with_options(fs: F, options: ServerOptions) -> Self {
+        let server = Server::with_lock_waits(fs).with_options(options);
+        FuseHandler { server: Arc::new(server), engines: true, pending: Arc::default() }
     }
 
     /// A handler serving `fs` through [`RequestHandler::handle`] alone, without engines (for
@@ -251,9 +258,14 @@ impl PassthroughHandler {
     pub const RING_ENTRIES: u32 = PassthroughFs::RING_ENTRIES;
 
     /// A handler serving `fs`, its data path as `mode` says.
-    pub fn new(mut fs: PassthroughFs, mode: IoMode) -> Self {
+    pub fn new(fs: PassthroughFs, mode: IoMode) -> Self {
+        Self::with_options(fs, mode, ServerOptions::default())
+    }
+
+    /// A handler serving `fs`, its data path as `mode` says, offering what `options` allow.
+    pub fn with_options(mut fs: PassthroughFs, mode: IoMode, options: ServerOptions) -> Self {
         fs.set_io_mode(mode);
-        PassthroughHandler { inner: FuseHandler::new(fs) }
+        PassthroughHandler { inner: FuseHandler::with_options(fs, options) }
     }
 
     /// Requests left pending on a ring so far, all pollers together.

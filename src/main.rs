@@ -19,6 +19,7 @@ use virtiofs_backend::passthrough::seccomp::{self, Network, SeccompMode};
 use virtiofs_backend::passthrough::uring::IoMode;
 use virtiofs_backend::passthrough::{PassthroughConfig, Policy};
 use virtiofs_backend::ramfs::RamFsConfig;
+use virtiofs_backend::server::ServerOptions;
 use virtiofs_backend::{PassthroughFs, RamFs};
 use virtiofs_device::stats::DeviceStats;
 use virtiofs_device::vfio_user::Listener;
@@ -26,6 +27,7 @@ use virtiofs_dpu::config::Profile;
 use virtiofs_dpu::ops::control_socket::{BoundControlSocket, ControlClient, ControlState};
 use virtiofs_dpu::ops::deploy;
 use virtiofs_dpu::ops::logger::{self, LogFormat};
+use virtiofs_dpu::ops::options::{self, BackendProfile};
 use virtiofs_dpu::ops::report::{self, StatsReport};
 use virtiofs_dpu::remote::{self, RemoteKeys};
 use virtiofs_dpu::{FuseHandler, FuseStats, PassthroughHandler, RunningDevice};
@@ -121,6 +123,133 @@ struct Args {
     /// start, before any sandbox.
     #[arg(long, value_name = "PATH")]
     stats_file: Option<PathBuf>,
+    /// Serve extended attributes (SETXATTR, GETXATTR, LISTXATTR, REMOVEXATTR): the default,
+    /// where virtiofsd's is off.
+    #[arg(long, help_heading = "Filesystem (virtiofsd's options)", overrides_with = "no_xattr")]
+    xattr: bool,
+    /// Answer the extended-attribute requests ENOSYS, as virtiofsd without --xattr does (the
+    /// guest kernel then stops sending them and getxattr(2) and setxattr(2) fail with
+    /// EOPNOTSUPP); implies --no-posix-acl.
+    #[arg(long, help_heading = "Filesystem (virtiofsd's options)", overrides_with = "xattr")]
+    no_xattr: bool,
+    /// Offer FUSE_POSIX_ACL: the guest kernel enforces POSIX ACLs and applies default ACLs
+    /// (kept by the filesystem as system.posix_acl_* attributes). The default, where
+    /// virtiofsd's is off; needs extended attributes.
+    #[arg(
+        long,
+        help_heading = "Filesystem (virtiofsd's options)",
+        overrides_with = "no_posix_acl",
+        conflicts_with = "no_xattr"
+    )]
+    posix_acl: bool,
+    /// Do not offer FUSE_POSIX_ACL (the guest kernel checks the mode bits only).
+    #[arg(long, help_heading = "Filesystem (virtiofsd's options)", overrides_with = "posix_acl")]
+    no_posix_acl: bool,
+    /// Offer READDIRPLUS (directory listings carry each entry's attributes). The default,
+    /// except with --cache never, as virtiofsd.
+    #[arg(long, help_heading = "Filesystem (virtiofsd's options)", overrides_with = "no_readdirplus")]
+    readdirplus: bool,
+    /// Do not offer READDIRPLUS: the guest lists with READDIR and looks entries up one by one.
+    #[arg(long, help_heading = "Filesystem (virtiofsd's options)", overrides_with = "readdirplus")]
+    no_readdirplus: bool,
+    /// Set the soft and hard limit of open descriptors to N (raising the hard limit needs
+    /// CAP_SYS_RESOURCE); 0 leaves the limit alone. Default: the soft limit raised to the hard
+    /// one (the passthrough holds one descriptor per inode the guest knows).
+    #[arg(long, value_name = "N", help_heading = "Filesystem (virtiofsd's options)")]
+    rlimit_nofile: Option<u64>,
+    /// Bytes of file data, extended attributes and ACLs the RAM filesystem may hold (K, M, G, T
+    /// suffixes, powers of 1024); writes past it fail with ENOSPC. Overrides the profile's
+    /// `ramfs_size`. Default 1G.
+    #[arg(
+        long,
+        value_name = "SIZE",
+        value_parser = options::parse_size,
+        conflicts_with = "shared_dir",
+        help_heading = "Filesystem (virtiofsd's options)"
+    )]
+    ramfs_size: Option<u64>,
+    /// Inodes the RAM filesystem may hold, the root included; creating more fails with ENOSPC.
+    /// Overrides the profile's `ramfs_inodes`. Default 1048576.
+    #[arg(
+        long,
+        value_name = "N",
+        value_parser = options::parse_inodes,
+        conflicts_with = "shared_dir",
+        help_heading = "Filesystem (virtiofsd's options)"
+    )]
+    ramfs_inodes: Option<u64>,
+    /// Accepted and ignored, with a warning: requests are served by the profile's pollers (one
+    /// thread per `poller_cores` entry, each owning its queues and never blocking), not by a
+    /// thread pool.
+    #[arg(long, value_name = "N", help_heading = "virtiofsd options that do not apply")]
+    thread_pool_size: Option<usize>,
+    /// Refused (exit status 2): it prints a vhost-user backend's capabilities, and this daemon
+    /// is a vfio-user device (QEMU's vfio-user-pci), not a vhost-user backend.
+    #[arg(long, help_heading = "virtiofsd options that do not apply")]
+    print_capabilities: bool,
+    /// Refused (exit status 2), as are --migration-on-error, --migration-verify-handles and
+    /// --migration-confirm-paths: the device does not migrate (it offers QEMU no VFIO
+    /// migration support, so QEMU blocks migrating the VM), and accepting them would promise otherwise.
+    #[arg(long, value_name = "MODE", help_heading = "virtiofsd options that do not apply")]
+    migration_mode: Option<String>,
+    /// Refused: see --migration-mode.
+    #[arg(long, value_name = "WHAT", help_heading = "virtiofsd options that do not apply")]
+    migration_on_error: Option<String>,
+    /// Refused: see --migration-mode.
+    #[arg(long, help_heading = "virtiofsd options that do not apply")]
+    migration_verify_handles: bool,
+    /// Refused: see --migration-mode.
+    #[arg(long, help_heading = "virtiofsd options that do not apply")]
+    migration_confirm_paths: bool,
+}
+
+impl Args {
+    /// What the FUSE server offers, from --no-xattr and --(no-)readdirplus.
+    fn server_options(&self) -> ServerOptions {
+        let never = self.cache == Some(CachePolicy::Never);
+        ServerOptions {
+            xattr: !self.no_xattr,
+            readdirplus: self.readdirplus || (!self.no_readdirplus && !never),
+        }
+    }
+
+    /// Whether FUSE_POSIX_ACL is offered: unless --no-posix-acl or --no-xattr.
+    fn posix_acl(&self) -> bool {
+        !self.no_posix_acl && !self.no_xattr
+    }
+
+    /// The refusal of a virtiofsd option this daemon does not take, if one was given.
+    fn refused_option(&self) -> Option<String> {
+        if self.print_capabilities {
+            return Some(
+                "--print-capabilities: prints a vhost-user backend's capabilities, and virtiofs-dpu is a \
+                 vfio-user device (QEMU's -device vfio-user-pci), not a vhost-user backend: it has none to print"
+                    .into(),
+            );
+        }
+        let migration = [
+            self.migration_mode.as_ref().map(|_| "--migration-mode"),
+            self.migration_on_error.as_ref().map(|_| "--migration-on-error"),
+            self.migration_verify_handles.then_some("--migration-verify-handles"),
+            self.migration_confirm_paths.then_some("--migration-confirm-paths"),
+        ];
+        migration.into_iter().flatten().next().map(|flag| {
+            format!(
+                "{flag}: this device does not migrate (it offers QEMU no VFIO migration support, so QEMU \
+                 blocks migrating the VM); drop the --migration-* options"
+            )
+        })
+    }
+
+    /// The RAM filesystem's configuration: the flags over the profile's keys over the defaults.
+    fn ramfs_config(&self, keys: &BackendProfile) -> RamFsConfig {
+        let mut cfg = RamFsConfig::default();
+        cfg.cache = self.cache.unwrap_or(cfg.cache);
+        cfg.capacity = self.ramfs_size.or(keys.ramfs_size).unwrap_or(cfg.capacity);
+        cfg.max_inodes = self.ramfs_inodes.or(keys.ramfs_inodes).unwrap_or(cfg.max_inodes);
+        cfg.posix_acl = self.posix_acl();
+        cfg
+    }
 }
 
 fn level_arg(s: &str) -> Result<LevelFilter, String> {
@@ -235,7 +364,17 @@ fn main() -> ExitCode {
         eprintln!("virtiofs-dpu: {}", error_chain(&e));
         return ExitCode::from(2);
     }
-    let (mut profile, remote_keys) = match &args.config {
+    if let Some(why) = args.refused_option() {
+        error!("{why}");
+        return ExitCode::from(2);
+    }
+    if let Some(n) = args.thread_pool_size {
+        warn!(
+            "--thread-pool-size {n}: ignored: requests are served by the profile's pollers (one thread per \
+             poller_cores entry, each owning its queues), not by a thread pool"
+        );
+    }
+    let (mut profile, backend_keys, remote_keys) = match &args.config {
         Some(path) => match remote::load_profile(path) {
             Ok(p) => p,
             Err(e) => {
@@ -243,12 +382,19 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         },
-        None => (Profile::default(), RemoteKeys::default()),
+        None => (Profile::default(), BackendProfile::default(), RemoteKeys::default()),
     };
     let remote_url = args.remote.clone().or_else(|| remote_keys.remote.clone());
     if let Err(msg) = check_backend_flags(&matches, &args, remote_url.is_some()) {
         error!("{msg}");
         return ExitCode::from(2);
+    }
+    if (args.shared_dir.is_some() || remote_url.is_some()) && backend_keys != BackendProfile::default() {
+        warn!("the profile's ramfs_size and ramfs_inodes apply to the RAM filesystem only");
+    }
+    if let Err(e) = set_nofile_limit(args.rlimit_nofile) {
+        error!("{e}");
+        return ExitCode::FAILURE;
     }
     if let Some(tag) = args.tag.clone() {
         profile.tag = tag;
@@ -314,7 +460,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let config = effective_config(&args, &profile, remote_url.as_deref(), &remote_keys);
+    let config = effective_config(&args, &profile, &backend_keys, remote_url.as_deref(), &remote_keys);
     info!("starting: {}", startup_line(&config));
     let fuse_stats: FuseStatsFn;
     let started = match (args.shared_dir.as_deref(), remote_fs) {
@@ -326,9 +472,8 @@ fn main() -> ExitCode {
             Err(code) => return code,
         },
         (None, None) => {
-            let mut cfg = RamFsConfig::default();
-            cfg.cache = args.cache.unwrap_or(cfg.cache);
-            let handler = Arc::new(FuseHandler::new(RamFs::with_config(cfg)));
+            let cfg = args.ramfs_config(&backend_keys);
+            let handler = Arc::new(FuseHandler::with_options(RamFs::with_config(cfg), args.server_options()));
             let h = handler.clone();
             fuse_stats = Arc::new(move || h.stats());
             RunningDevice::start_on(listener, profile, handler)
@@ -434,6 +579,7 @@ fn confine_and_serve(
         let mut cfg = PassthroughConfig::new(root);
         cfg.cache = args.cache.unwrap_or(cfg.cache);
         cfg.policy = args.refuse.unwrap_or_default();
+        cfg.posix_acl = args.posix_acl();
         cfg
     };
     // The directory is checked on the host's terms first (the same errors in every mode).
@@ -477,7 +623,7 @@ fn confine_and_serve(
         SeccompMode::Off => info!("seccomp: off"),
         m => info!("seccomp: {} system calls allowed, others: {m:?}", seccomp::allowlist().len()),
     }
-    let handler = Arc::new(PassthroughHandler::new(fs, args.io_mode));
+    let handler = Arc::new(PassthroughHandler::with_options(fs, args.io_mode, args.server_options()));
     let h = handler.clone();
     Ok((RunningDevice::start_on(listener, profile, handler), Arc::new(move || h.stats())))
 }
@@ -561,7 +707,7 @@ fn confine_and_serve_remote(
             seccomp::allowlist_with(Network::TcpClient).len()
         ),
     }
-    let handler = Arc::new(FuseHandler::new(fs));
+    let handler = Arc::new(FuseHandler::with_options(fs, args.server_options()));
     let h = handler.clone();
     let stats = move || FuseStats { nfs: Some(h.server().filesystem().stats()), ..h.stats() };
     Ok((RunningDevice::start_on(listener, profile, handler), Arc::new(stats)))
@@ -609,6 +755,7 @@ fn bind_vfio_user(args: &Args, gid: Option<u32>) -> Result<Listener, ExitCode> {
 fn effective_config(
     args: &Args,
     profile: &Profile,
+    backend_keys: &BackendProfile,
     remote_url: Option<&str>,
     keys: &RemoteKeys,
 ) -> serde_json::Value {
@@ -619,6 +766,7 @@ fn effective_config(
             serde_json::json!({"poller": p, "core": profile.poller_cores.get(p), "queues": queues})
         })
         .collect();
+    let opts = args.server_options();
     let backend = match &args.shared_dir {
         None if remote_url.is_some() => {
             match remote::nfs_options(remote_url.unwrap_or_default(), keys, args.cache) {
@@ -637,14 +785,25 @@ fn effective_config(
                 Err(e) => serde_json::json!({"kind": "nfs", "url": remote_url, "error": e.to_string()}),
             }
         }
-        None => serde_json::json!({
-            "kind": "ramfs",
-            "cache": args.cache.unwrap_or(RamFsConfig::default().cache).to_string(),
-        }),
+        None => {
+            let cfg = args.ramfs_config(backend_keys);
+            serde_json::json!({
+                "kind": "ramfs",
+                "cache": cfg.cache.to_string(),
+                "size": cfg.capacity,
+                "inodes": cfg.max_inodes,
+                "xattr": opts.xattr,
+                "posix_acl": cfg.posix_acl,
+                "readdirplus": opts.readdirplus,
+            })
+        }
         Some(dir) => serde_json::json!({
             "kind": "passthrough",
             "shared_dir": dir,
             "cache": args.cache.unwrap_or(PassthroughConfig::new(dir).cache).to_string(),
+            "xattr": opts.xattr,
+            "posix_acl": args.posix_acl(),
+            "readdirplus": opts.readdirplus,
             "io_mode": format!("{:?}", args.io_mode).to_lowercase(),
             "sandbox": format!("{:?}", args.sandbox.unwrap_or_else(SandboxMode::default_for_this_process)).to_lowercase(),
             "seccomp": format!("{:?}", args.seccomp).to_lowercase(),
@@ -670,7 +829,7 @@ fn startup_line(c: &serde_json::Value) -> String {
     let b = &c["backend"];
     let s = |v: &serde_json::Value| v.as_str().map_or_else(|| v.to_string(), str::to_string);
     format!(
-        "profile {}, tag {}, {} request queue(s) of {} entries, {} poller(s) (cores {}), polling {}, doorbells {}, {} rings{}, backend {} (cache {}{}), latency histograms {}",
+        "profile {}, tag {}, {} request queue(s) of {} entries, {} poller(s) (cores {}), polling {}, doorbells {}, {} rings{}, backend {} (cache {}{}{}, xattr {}, posix acl {}, readdirplus {}), latency histograms {}",
         c["profile_file"].as_str().unwrap_or("(built-in default)"),
         p["tag"],
         p["request_queues"],
@@ -688,8 +847,39 @@ fn startup_line(c: &serde_json::Value) -> String {
             (None, Some(u)) => format!(", {} timeout {} ms sandbox {} seccomp {}", s(u), b["timeout_ms"], s(&b["sandbox"]), s(&b["seccomp"])),
             (None, None) => String::new(),
         },
+        b.get("size").map_or(String::new(), |n| format!(", size {n} bytes, {} inodes", b["inodes"])),
+        onoff(&b["xattr"]),
+        onoff(&b["posix_acl"]),
+        onoff(&b["readdirplus"]),
         if p["latency_histograms"].as_bool() == Some(true) { "on" } else { "off" },
     )
+}
+
+fn onoff(v: &serde_json::Value) -> &'static str {
+    if v.as_bool() == Some(true) {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+/// `--rlimit-nofile`: `Some(0)` leaves the limit alone, `Some(n)` sets soft and hard to `n`,
+/// `None` raises the soft limit to the hard one.
+fn set_nofile_limit(want: Option<u64>) -> Result<(), String> {
+    use virtiofs_dpu::sys;
+    let (soft, hard) = sys::nofile_limit().map_err(|e| format!("cannot read RLIMIT_NOFILE: {e}"))?;
+    let (new_soft, new_hard) = match want {
+        Some(0) => return Ok(()),
+        Some(n) => (n, n),
+        None if soft == hard => return Ok(()),
+        None => (hard, hard),
+    };
+    sys::set_nofile_limit(new_soft, new_hard).map_err(|e| {
+        let hint = if new_hard > hard { " (raising the hard limit needs CAP_SYS_RESOURCE)" } else { "" };
+        format!("--rlimit-nofile {new_hard}: cannot set the limit of open files (now soft {soft}, hard {hard}): {e}{hint}")
+    })?;
+    log::debug!("open files limit: soft {new_soft}, hard {new_hard} (was {soft}, {hard})");
+    Ok(())
 }
 
 /// SIGUSR1: the statistics in the log, one line for the queues and one for the classes.

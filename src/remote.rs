@@ -15,6 +15,8 @@ use virtiofs_backend::nfs::fs::NfsOptions;
 use virtiofs_backend::nfs::url::{NfsUrl, UrlError};
 use virtiofs_device::config::{ConfigError, Profile};
 
+use crate::ops::options::{self, BackendProfile};
+
 /// The remote backend's profile keys (all optional; `--remote` overrides `remote`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -46,6 +48,9 @@ pub enum RemoteError {
     /// The profile file cannot be read or its device part is invalid.
     #[error(transparent)]
     Profile(#[from] ConfigError),
+    /// A local backend's key (`ramfs_size`, `ramfs_inodes`) or the device's part is invalid.
+    #[error(transparent)]
+    Options(#[from] options::ProfileError),
     /// The profile file is not TOML.
     #[error("profile {path}: not a TOML table")]
     Toml {
@@ -85,14 +90,14 @@ pub enum RemoteError {
 
 /// Reads a profile file: the device's keys become the [`Profile`], the remote ones
 /// [`RemoteKeys`].
-pub fn load_profile(path: &Path) -> Result<(Profile, RemoteKeys), RemoteError> {
+pub fn load_profile(path: &Path) -> Result<(Profile, BackendProfile, RemoteKeys), RemoteError> {
     let text = std::fs::read_to_string(path)
         .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
     split_profile(&text, &path.display().to_string())
 }
 
 /// [`load_profile`] on the file's text (`path` names it in errors).
-pub fn split_profile(text: &str, path: &str) -> Result<(Profile, RemoteKeys), RemoteError> {
+pub fn split_profile(text: &str, path: &str) -> Result<(Profile, BackendProfile, RemoteKeys), RemoteError> {
     let mut table: toml::Table =
         toml::from_str(text).map_err(|source| RemoteError::Toml { path: path.to_owned(), source })?;
     let mut remote = toml::Table::new();
@@ -104,9 +109,11 @@ pub fn split_profile(text: &str, path: &str) -> Result<(Profile, RemoteKeys), Re
     }
     let keys = RemoteKeys::deserialize(remote)
         .map_err(|source| RemoteError::Keys { path: path.to_owned(), source })?;
-    // The rest is the device's, checked by its own parser (unknown keys named there).
-    let device = toml::to_string(&table).unwrap_or_default();
-    Ok((Profile::from_toml(&device)?, keys))
+    // The rest is the local backends' keys and the device's, checked by their own parsers
+    // (unknown keys named there).
+    let rest = toml::to_string(&table).unwrap_or_default();
+    let (profile, backend) = options::parse_profile(&rest)?;
+    Ok((profile, backend, keys))
 }
 
 /// The backend's options for `url` (from `--remote` or the profile's `remote`), the profile's
@@ -162,7 +169,7 @@ mod tests {
     fn remote_keys_are_split_from_the_device_profile() {
         let text = "tag = \"nfsfs\"\nrequest_queues = 2\nremote = \"nfs://127.0.0.1/srv?nfsport=2049&mountport=20048\"\n\
                     nfs_timeout_ms = 5000\nnfs_slots = 32\n";
-        let (profile, keys) = split_profile(text, "t.toml").unwrap();
+        let (profile, _, keys) = split_profile(text, "t.toml").unwrap();
         assert_eq!(profile.tag, "nfsfs");
         assert_eq!(profile.request_queues, 2);
         assert_eq!(keys.nfs_timeout_ms, Some(5000));

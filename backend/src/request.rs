@@ -75,6 +75,9 @@ pub enum RequestError {
     /// An opcode we do not serve.
     #[error("unsupported opcode {0}")]
     Opcode(u32),
+    /// Operations the daemon was told not to serve (`ServerOptions`, e.g. `--no-xattr`).
+    #[error("{0} are disabled")]
+    Disabled(&'static str),
     /// The filesystem failed the operation (or a check answered as it would).
     #[error(transparent)]
     Fs(#[from] filesystem::Error),
@@ -97,7 +100,7 @@ impl RequestError {
             RequestError::NameTooLong => libc::ENAMETOOLONG,
             RequestError::NotInitialized => libc::EIO,
             RequestError::Protocol { .. } => libc::EPROTO,
-            RequestError::Opcode(_) => libc::ENOSYS,
+            RequestError::Opcode(_) | RequestError::Disabled(_) => libc::ENOSYS,
             RequestError::Fs(e) => e.errno(),
             RequestError::Lock(e) => e.errno(),
         }

@@ -3,7 +3,6 @@
 //! or systemd socket activation: `LISTEN_PID` and `LISTEN_FDS`), and `sd_notify` readiness
 //! (`READY=1` to `NOTIFY_SOCKET` once the socket listens), without a system library.
 
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram, UnixListener};
@@ -128,10 +127,7 @@ pub fn adopt_listener(fd: i32) -> Result<UnixListener, DeployError> {
     if !target.to_string_lossy().starts_with("socket:") {
         return Err(bad(format!("not a socket ({})", target.display())));
     }
-    // SAFETY: `fd` is open (its /proc entry exists) and is a socket the process inherited; this
-    // runs once at start-up, before anything else could have taken ownership of it, and the
-    // OwnedFd made here becomes its only owner.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let owned = crate::sys::adopt_inherited_fd(fd).map_err(|e| bad(format!("not open: {e}")))?;
     let listener = UnixListener::from(owned);
     match listener.local_addr() {
         Ok(_) => {}

@@ -7,4 +7,5 @@
 pub mod control_socket;
 pub mod deploy;
 pub mod logger;
+pub mod options;
 pub mod report;

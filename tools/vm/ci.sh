@@ -16,6 +16,9 @@
 #      fsx (NFS_FSX_OPS, default 20000), the 64 MiB bigfile + remount check, locks; then checks
 #      from the statistics that the requests went to the server and SETLKWs waited in the device;
 #   6. ganesha killed with SIGKILL and restarted while a guest writes (run-nfs-fault-test.sh).
+# Stages 1, 2 and 4 run QEMU as an unprivileged user (vfdpu-qemu, created here if missing) in
+# the group that owns the daemon's sockets (--socket-group, --socket-mode 0660), as a deployment
+# does, and read the daemon's statistics through its control socket (`virtiofs-dpu stats --json`).
 # Exit status 0 only if everything passed. Env: VM_CACHE, FSX_OPS (default 20000), PT_FSX_OPS,
 # NFS_FSX_OPS, VFDPU_VM_STAGES (default "ram passthrough nfs": which backends' stages run).
 set -euo pipefail
@@ -25,8 +28,9 @@ OUT=${1:-$(mktemp -d /tmp/vfdpu-ci.XXXXXX)}
 mkdir -p "$OUT"
 CONFIG=$REPO/hw-configs/ci.toml
 step() { echo "=== vm: $*"; }
-# stat FILE EXPR: a value from the daemon's statistics (the JSON it writes with --stats-file
-# when it stops), EXPR a Python expression over that object `s`; empty if it cannot be read.
+# stat FILE EXPR: a value from the daemon's statistics (the JSON `virtiofs-dpu stats --json`
+# read from its control socket after the guest, or the one --stats-file writes when it stops),
+# EXPR a Python expression over that object `s`; empty if it cannot be read.
 stat() {
   python3 - "$1" "$2" <<'PY' 2>/dev/null || true
 import json, sys
@@ -50,14 +54,23 @@ step "release daemon"
 TARGET=$(cd "$REPO" && cargo metadata --format-version 1 --no-deps |
   python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
 export VFDPU_DAEMON=$TARGET/release/virtiofs-dpu
+# An unprivileged user for QEMU, in a group of its own that will own the daemon's sockets.
+QUSER=vfdpu-qemu
+step "unprivileged QEMU user $QUSER"
+getent group "$QUSER" > /dev/null || groupadd --system "$QUSER"
+id -u "$QUSER" > /dev/null 2>&1 ||
+  useradd --system --gid "$QUSER" --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$QUSER"
+if getent group kvm > /dev/null; then usermod -a -G kvm "$QUSER"; fi
+echo "QEMU runs as $(id "$QUSER")"
+AS_USER=(--qemu-user "$QUSER" --socket-group "$QUSER")
 
 fail=0
 if stage ram; then
 step "guest suites against the device"
-if bash "$HERE/run-device-test.sh" --out "$OUT/suites" --config "$CONFIG" \
+if bash "$HERE/run-device-test.sh" --out "$OUT/suites" --config "$CONFIG" "${AS_USER[@]}" \
      -e "FSX_OPS=${FSX_OPS:-20000}" -e "VM_SUITES=pjdfstest fsx bigfile locks suppgroup dmesg-check" \
      "$HERE/guest/all.sh"; then
-  st=$OUT/suites/stats.json
+  st=$OUT/suites/live-stats.json
   counts=$(stat "$st" '" ".join("q%d=%d" % (q["queue"], q["requests"]) for q in s["device"]["queues"])')
   echo "per-queue requests (q0 = hiprio, from $st): ${counts:-none}"
   q1=$(stat "$st" 's["device"]["queues"][1]["requests"]'); q2=$(stat "$st" 's["device"]["queues"][2]["requests"]')
@@ -83,7 +96,7 @@ fi
 tr -d '\r' < "$OUT/suites/console.log" | grep -a -E '^(VMRESULT|Summary:|pjdfstest: |fsx: |All operations|bigfile: |locktest: |locks: )' || true
 
 step "guest reboot (device reset) and remount"
-bash "$HERE/run-device-test.sh" --allow-reboot --out "$OUT/reboot" --config "$CONFIG" \
+bash "$HERE/run-device-test.sh" --allow-reboot --out "$OUT/reboot" --config "$CONFIG" "${AS_USER[@]}" \
   "$HERE/guest/reboot.sh" || { echo "FAIL: reboot"; fail=1; }
 
 step "QEMU killed mid-write; a new QEMU attaches"
@@ -98,7 +111,7 @@ mkdir "$PT/share"
 SECRET="vfdpu-ci-canary-$$-$RANDOM$RANDOM"
 echo "$SECRET" > "$PT/vfdpu-escape-canary"
 canary_before=$(stat -c %Y:%s "$PT/vfdpu-escape-canary")
-if bash "$HERE/run-device-test.sh" --out "$OUT/passthrough" --config "$CONFIG" --timeout 1800 \
+if bash "$HERE/run-device-test.sh" --out "$OUT/passthrough" --config "$CONFIG" --timeout 1800 "${AS_USER[@]}" \
      --daemon-arg --shared-dir --daemon-arg "$PT/share" \
      -e "FSX_OPS=${PT_FSX_OPS:-100000}" -e "VM_SUITES=pjdfstest fsx escape locks suppgroup" \
      -e ESCAPE_CANARY_NAME=vfdpu-escape-canary -e "ESCAPE_CANARY_TEXT=$SECRET" "$HERE/guest/all.sh"; then

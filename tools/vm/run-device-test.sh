@@ -3,10 +3,12 @@
 #
 # Runs a guest suite against a virtio-fs device:
 #   default        our daemon (vfio-user server) attached as QEMU vfio-user-pci:
-#                    DAEMON --socket-path OUT/dev.sock --tag TAG --stats-file OUT/stats.json
-#                           [--config FILE] [ARGS...]
-#                  it is stopped with SIGTERM after the guest and must exit 0
-#                  (DAEMON_EXPECT_RC) within DAEMON_STOP_TIMEOUT seconds.
+#                    DAEMON --socket-path SOCKDIR/dev.sock --tag TAG --stats-file OUT/stats.json
+#                           --control-socket SOCKDIR/ctl.sock [--config FILE] [ARGS...]
+#                  after the guest, its statistics are read through the control socket
+#                  (`DAEMON stats --json`, into OUT/live-stats.json) while it still runs; then it
+#                  is stopped with SIGTERM and must exit 0 (DAEMON_EXPECT_RC) within
+#                  DAEMON_STOP_TIMEOUT seconds.
 #   --virtiofsd DIR  Debian's virtiofsd serves host DIR (vhost-user-fs-pci):
 #                  the peer, for validating suites and for benchmark comparison.
 # The guest gets the tag on its kernel command line (vm.tag=TAG).
@@ -15,7 +17,7 @@
 # timeout, 125 guest gave no status, 3 daemon failed to start / died / bad exit.
 # Logs in OUT: console.log (guest serial), daemon.log or virtiofsd.log,
 # results.txt (the guest's VMRESULT lines), run.txt (summary), stats.json (the daemon's
-# statistics, written when it stops).
+# statistics, written when it stops), live-stats.json (read from its control socket before).
 #
 # Options:
 #   --daemon PATH        device daemon (VFDPU_DAEMON, default REPO/target/release/virtiofs-dpu)
@@ -30,6 +32,10 @@
 #                        passed to run-guest.sh (see there; VM_* env defaults)
 #   --interactive        console on this terminal (used by dev-vm.sh)
 #   --allow-reboot       a guest reboot resets the machine and its devices (run-guest.sh)
+#   --qemu-user USER     run QEMU as USER (run-guest.sh --user; VM_QEMU_USER)
+#   --socket-group GROUP the daemon's sockets belong to GROUP, mode 0660 (--socket-group,
+#                        --socket-mode), in a directory GROUP may enter: what a QEMU that is
+#                        not root needs (VFDPU_SOCKET_GROUP)
 # Env: DAEMON_WAIT (socket wait, 30 s), RUST_LOG (passed to the daemon).
 set -euo pipefail
 
@@ -43,6 +49,7 @@ VFSD_ARGS=()
 TAG=${VM_TAG:-vfdpu}
 OUT=${VM_OUT:-}
 RG_ARGS=()
+SGROUP=${VFDPU_SOCKET_GROUP:-}
 SCRIPT=""
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
@@ -56,6 +63,8 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;
     --cache|--timeout|--mem|--smp|--append|-e) RG_ARGS+=("$1" "$2"); shift 2 ;;
     --interactive|--allow-reboot) RG_ARGS+=("$1"); shift ;;
+    --qemu-user) RG_ARGS+=(--user "$2"); shift 2 ;;
+    --socket-group) SGROUP=$2; shift 2 ;;
     -h|--help) usage ;;
     --) shift; break ;;
     -*) echo "run-device-test: unknown option $1" >&2; usage ;;
@@ -77,6 +86,12 @@ log() { echo "[device-test $(date +%T)] $*" | tee -a "$OUT/run.txt" >&2; }
 # A unix socket path must fit in sun_path (108 bytes): keep it short.
 SOCKDIR=$(mktemp -d /tmp/vfdpu-sock.XXXXXX)
 SOCK=$SOCKDIR/dev.sock
+CTL=$SOCKDIR/ctl.sock
+if [ -n "$SGROUP" ]; then
+  # The group may enter the directory (and, with the sockets' mode, connect); nobody else.
+  chgrp "$SGROUP" "$SOCKDIR"
+  chmod 0750 "$SOCKDIR"
+fi
 SPID=""        # the server: our daemon or virtiofsd
 SNAME=""
 stop_server() { # SIGNAL WAIT_SECONDS -> sets SRC (server exit status, or 'timeout')
@@ -153,7 +168,9 @@ else
   [ -x "$DAEMON" ] || { echo "run-device-test: daemon not found or not executable: $DAEMON" >&2; exit 2; }
   SNAME=daemon
   SLOG=$OUT/daemon.log
-  SCMD=("$DAEMON" --socket-path "$SOCK" --tag "$TAG" --stats-file "$OUT/stats.json")
+  SCMD=("$DAEMON" --socket-path "$SOCK" --tag "$TAG" --stats-file "$OUT/stats.json"
+        --control-socket "$CTL")
+  [ -z "$SGROUP" ] || SCMD+=(--socket-group "$SGROUP" --socket-mode 0660)
   [ -z "$CONFIG" ] || SCMD+=(--config "$CONFIG")
   SCMD+=(${DAEMON_ARGS[@]+"${DAEMON_ARGS[@]}"})
   DEVARGS=(-device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\",\"path\":\"$SOCK\"}}")
@@ -163,7 +180,7 @@ log "starting $SNAME: ${SCMD[*]}"
 "${SCMD[@]}" < /dev/null > "$SLOG" 2>&1 &
 SPID=$!
 wait_socket "$SNAME" "$SLOG"
-log "$SNAME up (pid $SPID), socket $SOCK"
+log "$SNAME up (pid $SPID), socket $SOCK ($(stat -c '%U:%G %a' "$SOCK"))"
 
 grc=0
 RG=(bash "$HERE/run-guest.sh" --log "$OUT/console.log" --append "vm.tag=$TAG"
@@ -188,6 +205,14 @@ if [ "$SNAME" = daemon ]; then
     log "FAIL: daemon died during the run (exit status $SRC); see $SLOG"
     rc=3
   else
+    # The statistics through the control socket, as an operator reads them.
+    if "$DAEMON" stats --control-socket "$CTL" --json > "$OUT/live-stats.json" 2>> "$OUT/run.txt"; then
+      log "statistics read through the control socket: $OUT/live-stats.json"
+    else
+      log "FAIL: cannot read the statistics through the control socket $CTL"
+      rm -f "$OUT/live-stats.json"
+      [ "$rc" != 0 ] || rc=3
+    fi
     stop_server TERM "${DAEMON_STOP_TIMEOUT:-10}"
     if [ "$SRC" != "${DAEMON_EXPECT_RC:-0}" ]; then
       log "FAIL: daemon exit status after SIGTERM: $SRC (expected ${DAEMON_EXPECT_RC:-0}); see $SLOG"

@@ -21,6 +21,8 @@
 #   -e KEY=VALUE      export KEY=VALUE to the guest script (repeatable)
 #   --interactive     console on this terminal (Ctrl-A X quits), still logged
 #   --allow-reboot    a guest reboot resets the machine (and the devices) instead of ending QEMU
+#   --user USER       run QEMU as USER, with USER's groups (VM_QEMU_USER; needs root), as a
+#                     deployment runs it: the device socket must let USER's group connect
 #   everything after -- goes to QEMU verbatim (devices, chardevs, ...)
 # Env: VM_ACCEL=kvm|tcg forces the accelerator; VM_QEMU overrides the binary;
 #      VM_KEEP=1 keeps the per-run dir (initrd) so FILE.cmd can be re-run by hand.
@@ -34,6 +36,7 @@ MEM=${VM_MEM:-2G}
 SMP=${VM_SMP:-2}
 APPEND=${VM_APPEND:-}
 INTERACTIVE=0
+QUSER=${VM_QEMU_USER:-}
 REBOOT=-no-reboot
 GUEST_ENV=()
 SCRIPT=""
@@ -49,6 +52,7 @@ while [ $# -gt 0 ]; do
     -e) GUEST_ENV+=("$2"); shift 2 ;;
     --interactive) INTERACTIVE=1; shift ;;
     --allow-reboot) REBOOT=""; shift ;;
+    --user) QUSER=$2; shift 2 ;;
     -h|--help) usage ;;
     --) shift; break ;;
     -*) echo "run-guest: unknown option $1" >&2; usage ;;
@@ -109,11 +113,22 @@ done > "$ov/harness/env"
 ( cd "$ov" && find . -mindepth 1 | "$CACHE/bin/busybox" cpio -o -H newc 2>/dev/null ) > "$work/ov.cpio"
 cat "$G/base.cpio" "$work/ov.cpio" > "$work/initrd"
 
+# QEMU as another user: it reads the initrd and writes the console log as that user.
+RUNAS=()
+if [ -n "$QUSER" ]; then
+  [ "$(id -u)" = 0 ] || { echo "run-guest: --user needs root" >&2; exit 2; }
+  id -u "$QUSER" > /dev/null 2>&1 || { echo "run-guest: no such user: $QUSER" >&2; exit 2; }
+  RUNAS=(setpriv --reuid="$(id -u "$QUSER")" --regid="$(id -g "$QUSER")" --init-groups --inh-caps=-all --)
+  chmod 755 "$work"
+  chmod 644 "$work/initrd"
+  : > "$LOG"
+  chown "$QUSER" "$LOG"
+fi
 ACCEL=${VM_ACCEL:-}
 if [ -z "$ACCEL" ]; then
   # /dev/kvm existing is not enough: on a PVM host (kvm_pvm, e.g. nested in
   # Firecracker) a stock kernel dies early with an emulation failure.
-  if [ -w /dev/kvm ] && { [ -d /sys/module/kvm_intel ] || [ -d /sys/module/kvm_amd ]; }; then
+  if ${RUNAS[@]+"${RUNAS[@]}"} test -w /dev/kvm && { [ -d /sys/module/kvm_intel ] || [ -d /sys/module/kvm_amd ]; }; then
     ACCEL=kvm
   else
     ACCEL=tcg
@@ -137,17 +152,17 @@ QARGS=(
   -display none -vga none -nodefaults -no-user-config ${REBOOT:+$REBOOT}
   "${CONSOLE[@]}" "$@"
 )
-log "accel=$ACCEL smp=$SMP mem=$MEM timeout=${TIMEOUT}s script=$(basename "$SCRIPT") log=$LOG"
-{ printf '%q ' "$QEMU" "${QARGS[@]}"; echo; } > "$LOG.cmd"   # for reproducing by hand
+log "accel=$ACCEL smp=$SMP mem=$MEM timeout=${TIMEOUT}s script=$(basename "$SCRIPT") log=$LOG${QUSER:+ user=$QUSER}"
+{ printf '%q ' ${RUNAS[@]+"${RUNAS[@]}"} "$QEMU" "${QARGS[@]}"; echo; } > "$LOG.cmd"   # for reproducing by hand
 t0=$(date +%s.%N)
 set +e
 if [ "$INTERACTIVE" = 1 ]; then
   # Foreground: QEMU needs the terminal. timeout still bounds the session.
-  timeout --foreground -k 10 "$TIMEOUT" "$QEMU" "${QARGS[@]}"
+  timeout --foreground -k 10 "$TIMEOUT" ${RUNAS[@]+"${RUNAS[@]}"} "$QEMU" "${QARGS[@]}"
   qrc=$?
 else
   # Own process group (timeout setpgid()s), so cleanup can kill it whole.
-  timeout -k 10 "$TIMEOUT" "$QEMU" "${QARGS[@]}" < /dev/null > "$work/qemu.out" 2>&1 &
+  timeout -k 10 "$TIMEOUT" ${RUNAS[@]+"${RUNAS[@]}"} "$QEMU" "${QARGS[@]}" < /dev/null > "$work/qemu.out" 2>&1 &
   QPID=$!
   wait "$QPID"
   qrc=$?

@@ -147,9 +147,44 @@ pub struct LockStats {
     pub deadlocks: u64,
 }
 
+/// What the server offers whatever the filesystem can do (virtiofsd's `--xattr` and
+/// `--readdirplus` options). The default offers everything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ServerOptions {
+    /// Serve SETXATTR, GETXATTR, LISTXATTR and REMOVEXATTR. Off: they are answered `ENOSYS`
+    /// without reaching the filesystem (the guest kernel then stops sending them and its
+    /// callers get `EOPNOTSUPP`), and `POSIX_ACL` and `SETXATTR_EXT` are not offered (ACLs are
+    /// extended attributes).
+    pub xattr: bool,
+    /// Offer `DO_READDIRPLUS` and `READDIRPLUS_AUTO` at INIT. Off: the guest lists directories
+    /// with READDIR and looks each entry up on its own.
+    pub readdirplus: bool,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions { xattr: true, readdirplus: true }
+    }
+}
+
+impl ServerOptions {
+    /// The INIT flags these options leave out.
+    fn withheld_init_flags(&self) -> u64 {
+        let mut flags = 0;
+        if !self.xattr {
+            flags |= abi::init::POSIX_ACL | abi::init::SETXATTR_EXT;
+        }
+        if !self.readdirplus {
+            flags |= abi::init::DO_READDIRPLUS | abi::init::READDIRPLUS_AUTO;
+        }
+        flags
+    }
+}
+
 /// Serves FUSE requests for one filesystem. Shareable between poller threads (`Arc<Server<F>>`).
 pub struct Server<F: FileSystem> {
     fs: F,
+    options: ServerOptions,
     initialized: AtomicBool,
     /// The `FUSE_INIT` flags of the session (what we answered).
     negotiated: AtomicU64,
@@ -180,12 +215,24 @@ impl<F: FileSystem> Server<F> {
     fn build(fs: F, lock_waits: bool) -> Self {
         Server {
             fs,
+            options: ServerOptions::default(),
             initialized: AtomicBool::new(false),
             negotiated: AtomicU64::new(0),
             locks: LockManager::new(),
             lock_waits,
             counters: LockCounters::default(),
         }
+    }
+
+    /// The same server with `options` (before it serves anything).
+    pub fn with_options(mut self, options: ServerOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// What the server offers ([`ServerOptions`]).
+    pub fn options(&self) -> ServerOptions {
+        self.options
     }
 
     /// The lock table.
@@ -429,6 +476,11 @@ impl<F: FileSystem> Server<F> {
                 encode(w, req.unique, &Reply::Empty, 0).map(|n| Session::Done(Served::Replied(n)))
             }
             Op::Lock(lock) => self.do_lock(req.unique, &ctx, ino, lock, w, can_wait).map(Session::Done),
+            Op::Setxattr { .. } | Op::Getxattr { .. } | Op::Listxattr { .. } | Op::Removexattr { .. }
+                if !self.options.xattr =>
+            {
+                Err(RequestError::Disabled("extended attributes"))
+            }
             op => {
                 dispatch::check_room(op, &w)?;
                 Ok(Session::Fs(w))
@@ -462,6 +514,7 @@ impl<F: FileSystem> Server<F> {
         self.locks.end_session();
         let supported =
             if self.lock_waits { SUPPORTED_INIT_FLAGS } else { SUPPORTED_INIT_FLAGS & !LOCK_FLAGS };
+        let supported = supported & !self.options.withheld_init_flags();
         let wanted = self.fs.init(offered & supported)? & offered & supported;
         let mut flags = wanted;
         if offered & abi::init::MAX_PAGES != 0 {

@@ -1,0 +1,51 @@
+//! The root crate's system calls: every `unsafe` block of the daemon's own code lives here, each
+//! with its `// SAFETY:` reason (the device's and the backend's are in their own `sys` modules).
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+/// Takes ownership of descriptor `fd`, inherited open from the process that started this one
+/// (`--fd N`, systemd socket activation). Checks through `/proc/self/fd` that it is open, so
+/// that no closed or reused number is adopted; the caller checks what kind of file it is.
+///
+/// Call it at most once per descriptor, at start-up: the returned `OwnedFd` must be its only
+/// owner, which nothing else in the process can be before the call (no code of ours opened it,
+/// and start-up has not handed it to anything).
+pub fn adopt_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
+    if fd < 3 {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "0, 1 and 2 are stdin, stdout and stderr"));
+    }
+    // Open: its /proc entry exists (and `fcntl(F_GETFD)` agrees, for a /proc of another pid
+    // namespace).
+    std::fs::read_link(format!("/proc/self/fd/{fd}"))?;
+    // SAFETY: `F_GETFD` on any integer reads the descriptor's flags and touches no memory.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is open (checked just above) and was inherited, not opened by this process:
+    // no `File`, socket or other owner in this process holds it, and this function's contract
+    // (once per descriptor, at start-up) keeps a second `OwnedFd` from being made, so the one
+    // made here is its only owner and closes it exactly once.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The soft and hard limits of open descriptors (`RLIMIT_NOFILE`).
+pub fn nofile_limit() -> io::Result<(u64, u64)> {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `r` is a valid, writable `rlimit` that the call fills.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((r.rlim_cur, r.rlim_max))
+}
+
+/// Sets the soft and hard limits of open descriptors (`RLIMIT_NOFILE`). Raising the hard limit
+/// needs `CAP_SYS_RESOURCE`; neither can exceed `/proc/sys/fs/nr_open`.
+pub fn set_nofile_limit(soft: u64, hard: u64) -> io::Result<()> {
+    let r = libc::rlimit { rlim_cur: soft, rlim_max: hard };
+    // SAFETY: `r` is a valid `rlimit` the call only reads.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
