@@ -137,11 +137,15 @@ fi
 CPU=max
 [ "$ACCEL" = kvm ] && CPU=host
 
+# The console log reaches QEMU as descriptor 3, opened here: a QEMU running as --user may not
+# search the directories above the log (a CI's mktemp -d is 0700), and reopening the descriptor
+# through /proc/self/fd needs no search of them, only write access to the file (its owner).
+CLOG=/proc/self/fd/3
 if [ "$INTERACTIVE" = 1 ]; then
-  CONSOLE=(-chardev "stdio,id=con0,mux=on,signal=off,logfile=$LOG" -serial chardev:con0
+  CONSOLE=(-chardev "stdio,id=con0,mux=on,signal=off,logfile=$CLOG" -serial chardev:con0
            -object monitor-hmp,id=mon0,chardev=con0)
 else
-  CONSOLE=(-serial "file:$LOG")
+  CONSOLE=(-serial "file:$CLOG")
 fi
 : > "$LOG"
 QARGS=(
@@ -153,16 +157,16 @@ QARGS=(
   "${CONSOLE[@]}" "$@"
 )
 log "accel=$ACCEL smp=$SMP mem=$MEM timeout=${TIMEOUT}s script=$(basename "$SCRIPT") log=$LOG${QUSER:+ user=$QUSER}"
-{ printf '%q ' ${RUNAS[@]+"${RUNAS[@]}"} "$QEMU" "${QARGS[@]}"; echo; } > "$LOG.cmd"   # for reproducing by hand
+{ printf '%q ' ${RUNAS[@]+"${RUNAS[@]}"} "$QEMU" "${QARGS[@]}"; echo "3>>$LOG"; } > "$LOG.cmd"   # for reproducing by hand
 t0=$(date +%s.%N)
 set +e
 if [ "$INTERACTIVE" = 1 ]; then
   # Foreground: QEMU needs the terminal. timeout still bounds the session.
-  timeout --foreground -k 10 "$TIMEOUT" ${RUNAS[@]+"${RUNAS[@]}"} "$QEMU" "${QARGS[@]}"
+  timeout --foreground -k 10 "$TIMEOUT" ${RUNAS[@]+"${RUNAS[@]}"} "$QEMU" "${QARGS[@]}" 3>>"$LOG"
   qrc=$?
 else
   # Own process group (timeout setpgid()s), so cleanup can kill it whole.
-  timeout -k 10 "$TIMEOUT" ${RUNAS[@]+"${RUNAS[@]}"} "$QEMU" "${QARGS[@]}" < /dev/null > "$work/qemu.out" 2>&1 &
+  timeout -k 10 "$TIMEOUT" ${RUNAS[@]+"${RUNAS[@]}"} "$QEMU" "${QARGS[@]}" < /dev/null > "$work/qemu.out" 2>&1 3>>"$LOG" &
   QPID=$!
   wait "$QPID"
   qrc=$?
