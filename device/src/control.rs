@@ -16,7 +16,6 @@
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use log::{debug, info, warn};
@@ -130,7 +129,6 @@ impl DeviceState {
     pub fn power_on_reset(&mut self) {
         self.func.reset();
         self.pollers.stop();
-        self.pollers.set_doorbell_source(None);
         let removed = self.dma.clear();
         self.pollers.set_memory(&self.dma.snapshot());
         drop(removed); // no poller can touch them now: their SIGBUS watch may end
@@ -143,32 +141,6 @@ impl DeviceState {
     /// Publishes the status register and the driver's features for the statistics' readers.
     fn publish_state(&self) {
         self.counters().driver_state(self.func.status(), self.func.driver_features());
-    }
-
-    /// Lets the pollers wait on `fd` while parked, a descriptor of the transport's that turns
-    /// readable whenever a doorbell may have come (`None`: before it goes away), so that a
-    /// doorbell wakes its poller without the control plane in between
-    /// ([`PollerSet::set_doorbell_source`]); ignored unless doorbells come through the transport.
-    pub fn set_doorbell_source(&mut self, fd: Option<OwnedFd>) {
-        self.pollers.set_doorbell_source(fd);
-    }
-
-    /// The doorbell source turned readable: `Some(mark)` if a poller sleeps on it, and then the
-    /// transport leaves it unread until [`Self::source_released`]`(mark)` (it is woken through
-    /// `wake_control` when that may have changed) or a short time passed; `None`: read it now
-    /// ([`PollerSet::hold_source`]).
-    pub fn hold_source(&self) -> Option<u64> {
-        self.pollers.hold_source()
-    }
-
-    /// Whether the hold that [`Self::hold_source`] began with `mark` is over.
-    pub fn source_released(&self, mark: u64) -> bool {
-        self.pollers.source_released(mark)
-    }
-
-    /// Ends a hold without waiting any longer.
-    pub fn release_source(&self) {
-        self.pollers.release_source();
     }
 
     /// Function-level reset: registers reset and queues stopped; DMA windows and interrupts stay.

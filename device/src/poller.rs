@@ -8,12 +8,9 @@
 //! sleeps (a dedicated DPU core); with `"adaptive"`, after `idle_spin_us` without work it backs off
 //! to sleeps of at most `idle_sleep_us` so that many devices can share few cores. With
 //! `doorbells = "socket"` it turns notifications on before it parks, and a doorbell (a
-//! REGION_WRITE to the notify area) wakes it: in one hop when the transport gave the pollers a
-//! *doorbell source* ([`PollerSet::set_doorbell_source`], a descriptor that turns readable when a
-//! doorbell may have come: a parked poller waits on it itself), otherwise through the control
-//! plane, which turns the doorbell into [`PollerSet::kick`]. With `"shared"` the notify page is
-//! plain shared memory nobody reads and a parked poller wakes at the end of its sleep. Any
-//! control message wakes it at once.
+//! REGION_WRITE to the notify area, which the control plane turns into [`PollerSet::kick`]) wakes
+//! it; with `"shared"` the notify page is plain shared memory nobody reads and a parked poller
+//! wakes at the end of its sleep. Any control message wakes it at once.
 //!
 //! Statistics: each poller writes its own block of [`crate::stats::DeviceCounters`] (see there).
 //!
@@ -28,17 +25,14 @@
 //! request can still be using the old one: that is when DMA_UNMAP may be answered.
 
 use std::fs::File;
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use log::{debug, error, warn};
-use mio::unix::SourceFd;
-use mio::{Events, Interest, Poll, Token, Waker};
 use vm_memory::{
     Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress, VolatileSlice,
 };
@@ -182,15 +176,10 @@ pub type Irqs = Arc<[Option<File>]>;
 const ROUND_BUDGET: u16 = 64;
 
 enum Msg {
-    Start {
-        queues: Vec<QueueConfig>,
-        features: u64,
-    },
+    Start { queues: Vec<QueueConfig>, features: u64 },
     Stop,
     Memory(Arc<GuestMem>),
     Irqs(Irqs),
-    /// The descriptor to wait on while parked (None: none any more).
-    Doorbells(Option<Arc<OwnedFd>>),
     Shutdown,
 }
 
@@ -203,110 +192,7 @@ enum Event {
 
 struct PollerThread {
     tx: Sender<(u64, Msg)>,
-    /// Wakes the poller from its park (an eventfd its [`Sleeper`] waits on).
-    waker: Arc<Waker>,
     join: Option<JoinHandle<()>>,
-}
-
-impl PollerThread {
-    fn wake(&self) {
-        if let Err(e) = self.waker.wake() {
-            warn!("cannot wake a poller: {e}");
-        }
-    }
-}
-
-/// How the pollers and the thread that reads the doorbell source share it, without a lock.
-///
-/// Readiness is no message: epoll looks at the source again before it reports it, so if the
-/// control plane reads the doorbell first, a poller asleep on it sleeps on. So the control plane
-/// holds off reading while a poller sleeps on the source ([`PollerSet::hold_source`]) until one
-/// came out of that sleep ([`PollerSet::source_released`], which it is woken to look at).
-/// Orders (all SeqCst): the poller stores `asleep` true before its last look at the rings and
-/// sleeps; on waking it stores `asleep` false, and once it has served what it found it counts
-/// `woken`, then reads `holding` and wakes the control plane if set. The control plane stores `holding`, reads `woken`, then `asleep`: if it
-/// saw a poller asleep, that poller's count and its read of `holding` come later, so the
-/// control plane is woken with `woken` moved on.
-struct SourceWatch {
-    /// Per poller: asleep on the doorbell source.
-    asleep: Box<[AtomicBool]>,
-    /// Times a poller came out of a sleep on the source.
-    woken: AtomicU64,
-    /// The control plane holds off reading the source.
-    holding: AtomicBool,
-}
-
-/// Token of the control plane's wake-ups in a poller's [`Sleeper`].
-const WAKE: Token = Token(0);
-/// Token of the doorbell source.
-const DOORBELL: Token = Token(1);
-/// Token of the sleep's timer.
-const TIMER: Token = Token(2);
-
-/// Where a parked poller sleeps: an epoll set with the control plane's [`Waker`], a timer and,
-/// when the transport gave one, the doorbell source (edge-triggered: each new arrival wakes the
-/// poller once, whether or not anybody has read what came before). The timer is a timerfd armed
-/// before each sleep: epoll's own timeout counts whole milliseconds, and sleeps are often
-/// shorter (`idle_sleep_us` = 200).
-struct Sleeper {
-    poll: Poll,
-    events: Events,
-    timer: OwnedFd,
-    doorbell: Option<Arc<OwnedFd>>,
-}
-
-impl Sleeper {
-    fn new() -> std::io::Result<(Self, Arc<Waker>)> {
-        use rustix::time::{timerfd_create, TimerfdClockId, TimerfdFlags};
-        let poll = Poll::new()?;
-        let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
-        let timer =
-            timerfd_create(TimerfdClockId::Monotonic, TimerfdFlags::CLOEXEC | TimerfdFlags::NONBLOCK)?;
-        poll.registry().register(&mut SourceFd(&timer.as_raw_fd()), TIMER, Interest::READABLE)?;
-        Ok((Sleeper { poll, events: Events::with_capacity(4), timer, doorbell: None }, waker))
-    }
-
-    /// Sleeps until woken, a doorbell may have come, or `timeout` passed; returns whether the
-    /// doorbell source woke it.
-    fn sleep(&mut self, timeout: Duration) -> bool {
-        use rustix::time::{timerfd_settime, Itimerspec, TimerfdTimerFlags, Timespec};
-        // Arming resets the timer's count, so an expiry of an earlier sleep is not seen again.
-        let zero = Timespec { tv_sec: 0, tv_nsec: 0 };
-        let at = Timespec {
-            tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
-            tv_nsec: i64::from(timeout.subsec_nanos().max(1)),
-        };
-        let armed = timerfd_settime(
-            &self.timer,
-            TimerfdTimerFlags::empty(),
-            &Itimerspec { it_interval: zero, it_value: at },
-        );
-        let limit = if armed.is_ok() { None } else { Some(timeout) };
-        if let Err(e) = self.poll.poll(&mut self.events, limit) {
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                warn!("poller sleep failed: {e}");
-                std::thread::sleep(timeout);
-            }
-            return false;
-        }
-        self.events.iter().any(|e| e.token() == DOORBELL)
-    }
-
-    /// Waits on `fd` from now on instead of the previous source.
-    fn set_doorbell(&mut self, fd: Option<Arc<OwnedFd>>) {
-        let registry = self.poll.registry();
-        if let Some(old) = self.doorbell.take() {
-            let _ = registry.deregister(&mut SourceFd(&old.as_raw_fd()));
-        }
-        if let Some(fd) = fd {
-            match registry.register(&mut SourceFd(&fd.as_raw_fd()), DOORBELL, Interest::READABLE) {
-                Ok(()) => self.doorbell = Some(fd),
-                Err(e) => {
-                    warn!("cannot wait on the doorbell source: {e}; doorbells wake through the control plane")
-                }
-            }
-        }
-    }
 }
 
 /// The control plane's handle on all pollers of one device.
@@ -319,9 +205,6 @@ pub struct PollerSet {
     seq: u64,
     broken: Vec<QueueError>,
     stats: Arc<DeviceCounters>,
-    /// The pollers wait on a doorbell source: [`Self::kick`] wakes only one asleep on it.
-    doorbell_source: bool,
-    watch: Arc<SourceWatch>,
 }
 
 struct Ctx {
@@ -341,9 +224,8 @@ struct Ctx {
     busy: bool,
     spin: Duration,
     sleep: Duration,
-    /// Doorbells arrive on the socket (and wake us): ask for them before parking.
+    /// Doorbells arrive on the socket (and unpark us): ask for them before parking.
     doorbells: bool,
-    watch: Arc<SourceWatch>,
 }
 
 impl PollerSet {
@@ -363,15 +245,9 @@ impl PollerSet {
         } else {
             profile.poller_cores.iter().map(|&c| Some(c)).collect()
         };
-        let watch = Arc::new(SourceWatch {
-            asleep: cores.iter().map(|_| AtomicBool::new(false)).collect(),
-            woken: AtomicU64::new(0),
-            holding: AtomicBool::new(false),
-        });
         let mut pollers = Vec::new();
         for (id, core) in cores.into_iter().enumerate() {
             let (tx, rx) = channel();
-            let (sleeper, waker) = Sleeper::new()?;
             let ctx = Ctx {
                 id,
                 core,
@@ -387,13 +263,12 @@ impl PollerSet {
                 spin: Duration::from_micros(profile.idle_spin_us),
                 sleep: Duration::from_micros(profile.idle_sleep_us),
                 doorbells: profile.doorbells_on_socket(),
-                watch: watch.clone(),
             };
             let join = std::thread::Builder::new()
                 .name(format!("poller-{id}"))
                 .stack_size(4 << 20)
-                .spawn(move || run(ctx, sleeper))?;
-            pollers.push(PollerThread { tx, waker, join: Some(join) });
+                .spawn(move || run(ctx))?;
+            pollers.push(PollerThread { tx, join: Some(join) });
         }
         Ok(PollerSet {
             pollers,
@@ -403,8 +278,6 @@ impl PollerSet {
             seq: 0,
             broken: Vec::new(),
             stats,
-            doorbell_source: false,
-            watch,
         })
     }
 
@@ -420,7 +293,9 @@ impl PollerSet {
         let mut waiting: Vec<bool> = Vec::with_capacity(self.pollers.len());
         for (i, p) in self.pollers.iter().enumerate() {
             let sent = p.tx.send((seq, make(i))).is_ok();
-            p.wake();
+            if let Some(j) = &p.join {
+                j.thread().unpark();
+            }
             waiting.push(sent);
         }
         let started = Instant::now();
@@ -473,70 +348,12 @@ impl PollerSet {
         self.broadcast(|_| Msg::Irqs(irqs.clone()));
     }
 
-    /// Gives the pollers a descriptor that turns readable whenever a doorbell may have come (the
-    /// transport's: the vfio-user client's socket, on which a doorbell is a REGION_WRITE
-    /// message), or takes it back (`None`, before the descriptor goes away). A parked poller
-    /// then waits on it itself: a doorbell wakes it in one hop, without waiting for the thread
-    /// that reads the transport, and [`Self::kick`] only counts. Only for doorbells through the
-    /// transport (`doorbells = "socket"`); otherwise the descriptor is dropped. Returns once
-    /// every poller has applied it.
-    pub fn set_doorbell_source(&mut self, fd: Option<OwnedFd>) {
-        let fd = fd.filter(|_| self.profile.doorbells_on_socket()).map(Arc::new);
-        if fd.is_none() && !self.doorbell_source {
-            return;
-        }
-        // Until every poller waits on the new source, kicks still wake them.
-        self.doorbell_source = false;
-        self.broadcast(|_| Msg::Doorbells(fd.clone()));
-        self.doorbell_source = fd.is_some();
-    }
-
-    /// A doorbell for `queue` arrived through the transport: counts it, and wakes the poller that
-    /// owns the queue, unless it waits on the doorbell source and is awake (the doorbell woke it,
-    /// or it was polling and sees the request in its rings).
+    /// Wakes the poller that owns `queue` now (a doorbell arrived through the socket).
     pub fn kick(&self, queue: u16) {
         self.stats.doorbell(queue);
-        let owner = self.profile.poller_of(queue);
-        if self.doorbell_source && !self.watch.asleep.get(owner).is_some_and(|a| a.load(Ordering::SeqCst)) {
-            return;
+        if let Some(Some(j)) = self.pollers.get(self.profile.poller_of(queue)).map(|p| p.join.as_ref()) {
+            j.thread().unpark();
         }
-        if let Some(p) = self.pollers.get(owner) {
-            p.wake();
-        }
-    }
-
-    /// The doorbell source turned readable: `Some(mark)` if a poller sleeps on it, and then the
-    /// caller leaves it unread (so that the poller sees the doorbell itself) until
-    /// [`Self::source_released`]`(mark)`; it is woken (the `wake_control` of [`Self::spawn`])
-    /// when that may have changed. `None`: read it now.
-    pub fn hold_source(&self) -> Option<u64> {
-        if !self.doorbell_source {
-            return None;
-        }
-        let w = &self.watch;
-        w.holding.store(true, Ordering::SeqCst);
-        let mark = w.woken.load(Ordering::SeqCst);
-        if w.asleep.iter().any(|a| a.load(Ordering::SeqCst)) {
-            Some(mark)
-        } else {
-            w.holding.store(false, Ordering::SeqCst);
-            None
-        }
-    }
-
-    /// Whether a poller came out of its sleep on the doorbell source since [`Self::hold_source`]
-    /// returned `mark`: then the caller reads the source (and the hold ends).
-    pub fn source_released(&self, mark: u64) -> bool {
-        let released = self.watch.woken.load(Ordering::SeqCst) != mark;
-        if released {
-            self.release_source();
-        }
-        released
-    }
-
-    /// Ends a hold without waiting for a poller (the caller waited long enough).
-    pub fn release_source(&self) {
-        self.watch.holding.store(false, Ordering::SeqCst);
     }
 
     /// Queues that pollers found corrupt since the last call.
@@ -554,7 +371,9 @@ impl Drop for PollerSet {
     fn drop(&mut self) {
         for p in &self.pollers {
             let _ = p.tx.send((0, Msg::Shutdown));
-            p.wake();
+            if let Some(j) = &p.join {
+                j.thread().unpark();
+            }
         }
         for p in &mut self.pollers {
             if let Some(j) = p.join.take() {
@@ -706,7 +525,7 @@ fn write_reply(mem: &GuestMem, to: &[(u64, u32)], bytes: &[u8]) -> u32 {
     at as u32
 }
 
-fn run(ctx: Ctx, mut sleeper: Sleeper) {
+fn run(ctx: Ctx) {
     if let Some(core) = ctx.core {
         if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
             warn!("poller {}: cannot pin to core {core}", ctx.id);
@@ -719,8 +538,6 @@ fn run(ctx: Ctx, mut sleeper: Sleeper) {
     let mut engine = ctx.handler.engine(ctx.id);
     let mut idle_rounds = 0u64;
     let mut idle_since = Instant::now();
-    // Woke from a sleep on the doorbell source and has not yet told the control plane.
-    let mut release = false;
     let mine = ctx.stats.poller(ctx.id);
     let mut clock = Clock::new();
     let mut faults_seen = ctx.faults.load(Ordering::Acquire);
@@ -771,7 +588,6 @@ fn run(ctx: Ctx, mut sleeper: Sleeper) {
                         }
                     }
                     Msg::Irqs(i) => irqs = i,
-                    Msg::Doorbells(fd) => sleeper.set_doorbell(fd),
                     Msg::Shutdown => {
                         clock.close(coarse_now_ns(), false, mine);
                         return;
@@ -821,18 +637,13 @@ fn run(ctx: Ctx, mut sleeper: Sleeper) {
             }
             let waiting = engine.as_ref().is_some_and(|e| e.in_flight() > 0);
             let busy = work > 0 || waiting;
-            if release && !busy {
-                // The request the doorbell brought is served: now the control plane may read it.
-                ctx.release_source();
-                release = false;
-            }
             clock.end_round(busy, mine);
             if busy {
                 if work > 0 {
                     idle_rounds = 0;
                 }
             } else if queues.is_empty() {
-                sleeper.sleep(Duration::from_millis(100));
+                std::thread::park_timeout(Duration::from_millis(100));
                 clock.close(coarse_now_ns(), false, mine); // idle time readable while it naps
             } else if ctx.busy {
                 std::hint::spin_loop();
@@ -842,8 +653,7 @@ fn run(ctx: Ctx, mut sleeper: Sleeper) {
                 if idle_rounds == 1 {
                     idle_since = Instant::now();
                 } else if idle_rounds.is_multiple_of(64) && idle_since.elapsed() >= ctx.spin {
-                    // Still idle next time: park again soon.
-                    release |= ctx.park(&mut sleeper, &mut queues, &mem, !parked.is_empty());
+                    ctx.park(&mut queues, &mem, !parked.is_empty()); // still idle next time: park again soon
                     clock.close(coarse_now_ns(), false, mine);
                 }
                 std::hint::spin_loop();
@@ -891,24 +701,18 @@ impl Ctx {
     /// queue to ring after its next request and looks at the rings once more (the driver stores
     /// its avail index, fences, then reads our suppression fields; we store those, fence, then
     /// read the avail index: one of us sees the other), so a request made at any moment either
-    /// is seen here or rings the doorbell that wakes us: straight from the doorbell source if
-    /// the transport gave one (its readiness is edge-triggered and recorded even before we
-    /// sleep, so a doorbell that came between the last look and the sleep ends the sleep at
-    /// once), else through [`PollerSet::kick`]. Notifications are off again before polling
-    /// resumes.
+    /// is seen here or rings the doorbell that unparks us. Notifications are off again before
+    /// polling resumes.
     ///
     /// With requests waiting on an outside event (`waits`) the sleep is at most 1 ms: the event
     /// (a lock released through another poller) rings no doorbell here.
-    ///
-    /// Returns true if it slept on the doorbell source: the caller then calls
-    /// [`Self::release_source`] once it has served what woke it (see [`SourceWatch`]).
-    fn park(&self, sleeper: &mut Sleeper, queues: &mut [Served], mem: &GuestMem, waits: bool) -> bool {
+    fn park(&self, queues: &mut [Served], mem: &GuestMem, waits: bool) {
         let sleep = if waits { self.sleep.min(Duration::from_millis(1)) } else { self.sleep };
         let parks = &self.stats.poller(self.id).parks;
         if !self.doorbells {
             add(parks, 1);
-            sleeper.sleep(sleep);
-            return false;
+            std::thread::park_timeout(sleep);
+            return;
         }
         let live = |q: &&mut Served| q.attached && !q.broken;
         for q in queues.iter_mut().filter(live) {
@@ -916,34 +720,15 @@ impl Ctx {
                 debug!("queue {}: {e}", q.queue.index());
             }
         }
-        // Asleep on the source from before the last look (see `SourceWatch`).
-        let asleep = sleeper.doorbell.is_some().then(|| &self.watch.asleep[self.id]);
-        if let Some(a) = asleep {
-            a.store(true, Ordering::SeqCst);
-        }
         fence(Ordering::SeqCst);
         if !queues.iter().filter(|q| q.attached && !q.broken).any(|q| q.queue.has_work(mem).unwrap_or(true)) {
             add(parks, 1);
-            sleeper.sleep(sleep);
-        }
-        if let Some(a) = asleep {
-            a.store(false, Ordering::SeqCst);
+            std::thread::park_timeout(sleep);
         }
         for q in queues.iter_mut().filter(live) {
             if let Err(e) = q.queue.set_notify(mem, false) {
                 debug!("queue {}: {e}", q.queue.index());
             }
-        }
-        asleep.is_some()
-    }
-
-    /// Tells a control plane that holds off reading the doorbell source that this poller came out
-    /// of its sleep on it. Called after the first round that found nothing more to do, so that
-    /// the control plane's wake-up does not delay the request that woke the poller.
-    fn release_source(&self) {
-        self.watch.woken.fetch_add(1, Ordering::SeqCst);
-        if self.watch.holding.load(Ordering::SeqCst) {
-            (self.wake_control)();
         }
     }
 

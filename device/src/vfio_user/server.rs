@@ -22,7 +22,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use log::{debug, error, info, warn};
 use mio::unix::SourceFd;
@@ -55,9 +55,6 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(50);
 const LISTENER: Token = Token(0);
 const CLIENT: Token = Token(1);
 const WAKER: Token = Token(2);
-/// Longest the control plane leaves a doorbell unread for a poller asleep on the socket to see it
-/// first ([`DeviceState::hold_source`]); the poller's own wake-up normally ends the hold sooner.
-const HOLD_MAX: Duration = Duration::from_millis(1);
 
 /// Errors that stop the server (per-message errors are replies, not these).
 #[derive(Debug, Error)]
@@ -315,18 +312,11 @@ impl Server {
             }
         }
         let mut events = Events::with_capacity(16);
-        // A doorbell left unread for a poller asleep on the socket: since when, and its mark.
-        let mut held: Option<(Instant, u64)> = None;
         while !self.stop.load(Ordering::SeqCst) {
-            let waiting = match (&self.waiting, self.accept_again) {
+            let timeout = match (&self.waiting, self.accept_again) {
                 (_, true) => Some(ACCEPT_RETRY),
                 (Some((_, since)), false) => Some(WAITING_GRACE.saturating_sub(since.elapsed())),
                 (None, false) => None,
-            };
-            let hold = held.map(|(t, _)| HOLD_MAX.saturating_sub(t.elapsed()));
-            let timeout = match (waiting, hold) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
             };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == ErrorKind::Interrupted {
@@ -337,10 +327,7 @@ impl Server {
             for ev in events.iter() {
                 match ev.token() {
                     LISTENER => self.accept(),
-                    CLIENT if held.is_none() => match self.dev.hold_source() {
-                        Some(mark) => held = Some((Instant::now(), mark)),
-                        None => self.client_ready(),
-                    },
+                    CLIENT => self.client_ready(),
                     WAKER => self.dev.check_broken_queues(),
                     _ => {}
                 }
@@ -349,13 +336,6 @@ impl Server {
                 self.accept();
             }
             self.serve_waiting();
-            if let Some((since, mark)) = held {
-                if self.dev.source_released(mark) || since.elapsed() >= HOLD_MAX {
-                    self.dev.release_source();
-                    held = None;
-                    self.client_ready();
-                }
-            }
         }
         info!("stopping");
         self.disconnect();
@@ -422,11 +402,6 @@ impl Server {
         self.poll.registry().register(&mut SourceFd(&sock.as_raw_fd()), CLIENT, Interest::READABLE)?;
         info!("client connected");
         self.dev.counters().client_connected(true);
-        // A doorbell is a REGION_WRITE on this socket: parked pollers wait on its readiness.
-        match sock.try_clone() {
-            Ok(dup) => self.dev.set_doorbell_source(Some(dup.into())),
-            Err(e) => warn!("doorbells wake the pollers through the control plane: {e}"),
-        }
         self.conn = Some(Conn {
             sock,
             buf: Vec::with_capacity(64 << 10),
