@@ -201,10 +201,6 @@ pub fn allowlist() -> Vec<Allowed> {
     #[cfg(target_arch = "x86_64")]
     allow!(l, SYS_epoll_wait);
     allow!(l, SYS_eventfd2);
-    // A parked poller's sleep ends on a timerfd armed per sleep (epoll's own timeout counts whole
-    // milliseconds); pollers create theirs when they start, after the filter is installed.
-    allow!(l, SYS_timerfd_create);
-    allow!(l, SYS_timerfd_settime);
     // The vfio-user socket: one client at a time, descriptors with the messages.
     allow!(l, SYS_accept4);
     allow!(l, SYS_recvmsg);
