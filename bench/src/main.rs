@@ -75,7 +75,14 @@ struct Args {
     /// Also write a latency-percentile chart (SVG) to this file.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Judge the run against its targets (printed after the table, or to stderr with --json):
+    /// the exit code is 3 if any target is missed (1: the run failed, 2: bad arguments).
+    #[arg(long)]
+    check: bool,
 }
+
+/// Exit code of a run whose targets `--check` found missed.
+const MISSED: u8 = 3;
 
 fn main() -> ExitCode {
     let a = Args::parse();
@@ -147,6 +154,17 @@ fn main() -> ExitCode {
         if let Err(e) = std::fs::write(&p, bench::plot::render_svg(&report)) {
             eprintln!("virtiofs-bench: cannot write {}: {e}", p.display());
             return ExitCode::FAILURE;
+        }
+    }
+    if a.check {
+        let (text, met) = bench::render_check(&report);
+        if a.json {
+            eprint!("{text}");
+        } else {
+            print!("\n{text}");
+        }
+        if !met {
+            return ExitCode::from(MISSED);
         }
     }
     ExitCode::SUCCESS

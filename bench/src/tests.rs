@@ -38,14 +38,23 @@ fn smoke_run_has_every_row() {
     // Queue size 8 caps requests at 4 pages, as Linux does.
     assert_eq!(r.setup.max_request, 16 << 10);
     assert!(r.rows.iter().filter(|w| w.depth == 16).all(|w| w.parked > 0));
-    assert_eq!(r.targets.len(), 6);
+    assert_eq!(r.targets.len(), 7);
     assert!(r.floor.p50_ns > 0.0 && r.qd1_read_p50_over_floor > 0.0);
+    // The floor with the data's copy: out of a buffer the size of the test file, and below the
+    // ping-pong-only ratio.
+    assert_eq!(r.copy.buffer_bytes, cfg.file_size);
+    assert!(r.copy.copies > 0 && r.copy.p50_ns > 0.0, "{:?}", r.copy);
+    assert!(r.qd1_read_p50_over_floor_and_copy > 0.0);
+    assert!(r.qd1_read_p50_over_floor_and_copy < r.qd1_read_p50_over_floor);
+    let copy_target = r.targets.iter().find(|t| t.name.contains("4 KiB copy")).unwrap();
+    assert_eq!(copy_target.value, r.qd1_read_p50_over_floor_and_copy);
+    assert_eq!(copy_target.limit, 2.0);
 
     let table = render_table(&r);
     for w in ["4k randread", "4k randwrite", "64k seqread", "64k seqwrite", "1M seqread", "1M seqwrite"] {
         assert!(table.contains(w), "{w} missing from\n{table}");
     }
-    assert_eq!(table.matches("retry-1ms").count(), 4, "{table}");
+    assert_eq!(table.matches("retry-1ms").count(), 2, "one row per 4k workload: {table}");
     assert!(table.contains("ping-pong") && table.contains("idle_spin_us=50"), "{table}");
     let json: serde_json::Value = serde_json::to_value(&r).unwrap();
     assert_eq!(json["rows"].as_array().unwrap().len(), 12);
@@ -97,7 +106,11 @@ fn rounds_give_medians_and_per_round_targets() {
     assert_eq!(t.per_round.len(), 3);
     assert_eq!(t.rounds_met, t.per_round.iter().filter(|v| **v <= t.limit).count());
     let table = render_table(&r);
-    assert!(table.contains("rounds:  3") && table.contains("of 3 rounds"), "{table}");
+    assert!(table.contains("rounds:  3") && !table.contains("target"), "targets only with --check: {table}");
+    let (check, met) = render_check(&r);
+    assert!(check.contains("of 3 rounds"), "{check}");
+    assert_eq!(met, r.targets.iter().all(|t| t.met), "{check}");
+    assert_eq!(check.matches("MISSED").count(), r.targets.iter().filter(|t| !t.met).count(), "{check}");
     let variants: Vec<&str> = r.wakeup.iter().map(|w| w.variant.as_str()).collect();
     assert_eq!(variants, ["busy", "adaptive, timer", "adaptive, doorbell"]);
     assert!(r.wakeup.iter().all(|w| w.requests == 20 && w.p50_us > 0.0 && w.p50_us <= w.max_us));

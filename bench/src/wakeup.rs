@@ -50,6 +50,8 @@ pub struct WakeRow {
     pub p50_us: f64,
     /// 99th percentile, µs.
     pub p99_us: f64,
+    /// 99.9th percentile, µs.
+    pub p999_us: f64,
     /// Largest, µs.
     pub max_us: f64,
     /// p50 minus the busy variant's p50, µs (0 for busy itself).
@@ -90,6 +92,7 @@ pub fn measure(cfg: &WakeupConfig, dir: &Path) -> Result<Vec<WakeRow>, BenchErro
             requests: cfg.requests,
             p50_us: p50,
             p99_us: us(0.99),
+            p999_us: us(0.999),
             max_us: hist.max() as f64 / 1000.0,
             added_p50_us: p50 - base,
             socket_doorbells: rung,
