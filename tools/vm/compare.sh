@@ -6,7 +6,14 @@
 # (vfio-user-pci, profile hw-configs/bench-guest.toml with that polling mode), then virtiofsd
 # (vhost-user-fs-pci,queue-size=128, serving a fresh tmpfs dir under /dev/shm), both servers with
 # the same guest cache policy (--fs-cache);
-# with several --kernels, the variants run per kernel within the round. Every guest runs
+# with several --kernels, the variants run per kernel within the round, and with several
+# --layouts per layout within the kernel:
+#   shared     the guest has --smp vCPUs (default 2) and nothing is pinned: vCPUs, QEMU and the
+#              file server share the box's cores (the development setup);
+#   dedicated  the DPU case: a 1-vCPU guest with QEMU pinned to core 0 (taskset -c 0) and the
+#              file server pinned to core 1 (taskset -c 1): our daemon with the profile
+#              --dedicated-config (default hw-configs/bench-dedicated.toml: a busy poller on
+#              core 1; --polling does not apply), or virtiofsd with all its threads. Every guest runs
 # guest/fio-compare.sh (same kernel, same vCPUs, same RAM, same jobs). Then fio-compare.py
 # prints the medians per variant and the ratio tables; OUT/summary.md has the same.
 #
@@ -30,15 +37,18 @@
 #   --fs-cache P        guest cache policy of both servers, virtiofsd's --cache and our daemon's
 #                       --cache: never, auto or always (default auto, virtiofsd's default: entries
 #                       and attributes cached for 1 s, so a read is one FUSE round trip)
-#   --smp N | --mem SIZE  guest vCPUs / RAM (default 2 / 2G)
+#   --layouts L[,L]     shared, dedicated (default both; see above)
+#   --dedicated-config FILE  our profile in the dedicated layout (default
+#                       hw-configs/bench-dedicated.toml; same queue_size as --config)
+#   --smp N | --mem SIZE  guest vCPUs in the shared layout / RAM (default 2 / 2G)
 #   --daemon PATH       our daemon (default target/release/virtiofs-dpu; copied into OUT first)
 #   --out DIR           output dir (default a new /tmp/vfdpu-compare.XXXXXX)
 #   --no-setup          skip setup.sh / build-guest.sh (they are idempotent and take ~0.5 s)
 # Env: VM_CACHE (harness cache).
-# Default run: 6 boots, ~6-7 min on 2 TCG cores. The machine's other load moves the numbers by
+# Default run: 12 boots (2 layouts x 2 servers x 3 rounds), ~13 min on 2 TCG cores. The machine's other load moves the numbers by
 # 2x from boot to boot: on a shared box run it under `nice -n -10` and use more --rounds.
 # Results and what they mean: tools/vm/COMPARE-RESULTS.md.
-# Output: OUT/<round>-<kernel>-<variant>/{console.log,daemon.log|virtiofsd.log,meta}, OUT/summary.md,
+# Output: OUT/<round>-<kernel>-<layout>-<variant>/{console.log,daemon.log|virtiofsd.log,meta}, OUT/summary.md,
 # OUT/summary.json. Exit status 0 when every guest run passed.
 set -euo pipefail
 
@@ -50,6 +60,8 @@ RAMP=2
 JOBS="randread-4k-qd1 randwrite-4k-qd1 randread-4k-qdN seqwrite-1m"
 POLLING=adaptive
 CONFIG=$REPO/hw-configs/bench-guest.toml
+DCONFIG=$REPO/hw-configs/bench-dedicated.toml
+LAYOUTS=shared,dedicated
 KERNELS=trixie
 SERVERS=ours,virtiofsd
 FS_CACHE=auto
@@ -69,6 +81,8 @@ while [ $# -gt 0 ]; do
     --jobs) JOBS=$2; shift 2 ;;
     --polling) POLLING=$2; shift 2 ;;
     --config) CONFIG=$2; shift 2 ;;
+    --dedicated-config) DCONFIG=$2; shift 2 ;;
+    --layouts) LAYOUTS=$2; shift 2 ;;
     --kernels) KERNELS=$2; shift 2 ;;
     --servers) SERVERS=$2; shift 2 ;;
     --fs-cache) FS_CACHE=$2; shift 2 ;;
@@ -81,7 +95,7 @@ while [ $# -gt 0 ]; do
     *) echo "compare: unknown argument $1" >&2; usage ;;
   esac
 done
-KERNELS=${KERNELS//,/ }; POLLING=${POLLING//,/ }; SERVERS=${SERVERS//,/ }
+KERNELS=${KERNELS//,/ }; POLLING=${POLLING//,/ }; SERVERS=${SERVERS//,/ }; LAYOUTS=${LAYOUTS//,/ }
 for n in "$ROUNDS" "$RUNTIME" "$RAMP" "$SMP"; do
   case $n in ''|*[!0-9]*) echo "compare: not a number: '$n'" >&2; exit 2 ;; esac
 done
@@ -94,8 +108,18 @@ pname() { echo "$1" | tr ':' '-'; }   # adaptive:1000:50 -> adaptive-1000-50
 for s in $SERVERS; do case $s in ours|virtiofsd) ;; *) echo "compare: unknown server $s" >&2; exit 2 ;; esac; done
 [ -n "${JOBS// /}" ] || { echo "compare: --jobs is empty" >&2; exit 2; }
 [ -f "$CONFIG" ] || { echo "compare: no profile $CONFIG" >&2; exit 2; }
-QSIZE=$(sed -n 's/^queue_size *= *\([0-9]*\).*/\1/p' "$CONFIG" | head -1)
-QSIZE=${QSIZE:-128}
+qsize() { local q; q=$(sed -n 's/^queue_size *= *\([0-9]*\).*/\1/p' "$1" | head -1); echo "${q:-128}"; }
+QSIZE=$(qsize "$CONFIG")
+for l in $LAYOUTS; do case $l in shared|dedicated) ;; *) echo "compare: unknown layout $l" >&2; exit 2 ;; esac; done
+[ -n "${LAYOUTS// /}" ] || { echo "compare: --layouts is empty" >&2; exit 2; }
+if [[ " $LAYOUTS " == *" dedicated "* ]]; then
+  [ -f "$DCONFIG" ] || { echo "compare: no profile $DCONFIG" >&2; exit 2; }
+  [ "$(qsize "$DCONFIG")" = "$QSIZE" ] ||
+    { echo "compare: $DCONFIG and $CONFIG have different queue sizes (the QD job and virtiofsd use one)" >&2; exit 2; }
+  command -v taskset > /dev/null || { echo "compare: the dedicated layout needs taskset (util-linux)" >&2; exit 2; }
+  # Cores 0 and 1 must both be ours to use.
+  taskset -c 0,1 true 2> /dev/null || { echo "compare: the dedicated layout needs CPUs 0 and 1" >&2; exit 2; }
+fi
 QD=$((2 * QSIZE))
 
 [ -n "$OUT" ] || OUT=$(mktemp -d /tmp/vfdpu-compare.XXXXXX)
@@ -129,7 +153,14 @@ if [[ " $SERVERS " == *" ours "* ]]; then
     grep -q "^polling = \"$mode\"" "$OUT/profiles/$(pname "$m").toml" ||
       { echo "compare: $CONFIG has no polling = line" >&2; exit 2; }
   done
+  cp "$DCONFIG" "$OUT/profiles/dedicated.toml"
+  # The dedicated layout's file server runs on core 1 (with all its threads).
+  printf '#!/bin/sh\nexec taskset -c 1 "%s" "$@"\n' "$OUT/bin/virtiofs-dpu" > "$OUT/bin/virtiofs-dpu-core1"
+  chmod +x "$OUT/bin/virtiofs-dpu-core1"
 fi
+# ... and QEMU on core 0.
+printf '#!/bin/sh\nexec taskset -c 0 "%s" "$@"\n' "$CACHE/bin/qemu-system-x86_64" > "$OUT/bin/qemu-core0"
+chmod +x "$OUT/bin/qemu-core0"
 
 {
   echo "date: $(date -u +%FT%TZ)"
@@ -139,8 +170,9 @@ fi
   [ ! -e "$OUT/bin/virtiofs-dpu" ] || echo "daemon: $DAEMON sha256 $(sha256sum "$OUT/bin/virtiofs-dpu" | cut -c1-16) mtime $(date -u -r "$DAEMON" +%FT%TZ)"
   echo "scripts: repo HEAD $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?') (the daemon line says which binary ran)"
   echo "profile: $CONFIG (queue_size $QSIZE -> QD $QD); polling: $POLLING"
+  echo "layouts: $LAYOUTS (dedicated: 1 vCPU, QEMU on core 0, file server on core 1, our profile $DCONFIG)"
   echo "rounds $ROUNDS, runtime ${RUNTIME}s + ramp ${RAMP}s per job, jobs: $JOBS"
-  echo "guest: smp $SMP, mem $MEM, kernels: $KERNELS; servers: $SERVERS"
+  echo "guest: smp $SMP (shared layout), mem $MEM, kernels: $KERNELS; servers: $SERVERS"
   echo "guest cache policy (both servers): $FS_CACHE"
   echo "virtiofsd: --cache=$FS_CACHE --sandbox=namespace, vhost-user-fs-pci queue-size=$QSIZE, tmpfs dir"
 } > "$OUT/config.txt"
@@ -168,18 +200,25 @@ cpu_busy() { awk '/^cpu /{print $2+$3+$4+$7+$8, $2+$3+$4+$5+$6+$7+$8}' /proc/sta
 GUEST_ENV=(-e "FIO_JOBS=$JOBS" -e "FIO_RUNTIME=$RUNTIME" -e "FIO_RAMP=$RAMP" -e "FIO_QD=$QD")
 TIMEOUT=$(( 120 + $(echo $JOBS | wc -w) * (RUNTIME + RAMP + 30) ))
 
-run_ours() { # DIR KCACHE POLLING
-  bash "$HERE/run-device-test.sh" --daemon "$OUT/bin/virtiofs-dpu" --config "$OUT/profiles/$3.toml" \
+# Per layout: guest vCPUs, the QEMU binary (VM_QEMU of run-guest.sh), and what runs the servers.
+lsmp() { if [ "$1" = dedicated ]; then echo 1; else echo "$SMP"; fi; }
+lqemu() { if [ "$1" = dedicated ]; then echo "$OUT/bin/qemu-core0"; else echo "$CACHE/bin/qemu-system-x86_64"; fi; }
+
+run_ours() { # DIR KCACHE POLLING LAYOUT
+  local daemon=$OUT/bin/virtiofs-dpu profile=$OUT/profiles/$3.toml
+  if [ "$4" = dedicated ]; then daemon=$OUT/bin/virtiofs-dpu-core1; profile=$OUT/profiles/dedicated.toml; fi
+  VM_QEMU=$(lqemu "$4") bash "$HERE/run-device-test.sh" --daemon "$daemon" --config "$profile" \
     --daemon-arg --cache --daemon-arg "$FS_CACHE" \
-    --tag "$TAG" --out "$1" --cache "$2" --smp "$SMP" --mem "$MEM" --timeout "$TIMEOUT" \
-    "${GUEST_ENV[@]}" -e "FIO_LABEL=ours-$3" "$HERE/guest/fio-compare.sh"
+    --tag "$TAG" --out "$1" --cache "$2" --smp "$(lsmp "$4")" --mem "$MEM" --timeout "$TIMEOUT" \
+    "${GUEST_ENV[@]}" -e "FIO_LABEL=ours-$3-$4" "$HERE/guest/fio-compare.sh"
 }
 
-run_virtiofsd() { # DIR KCACHE
-  local dir=$1 kc=$2 rc=0 n=300
+run_virtiofsd() { # DIR KCACHE LAYOUT
+  local dir=$1 kc=$2 rc=0 n=300 pin=()
+  [ "$3" != dedicated ] || pin=(taskset -c 1)
   SHARE=$(mktemp -d /dev/shm/vfdpu-share.XXXXXX)
   SOCKDIR=$(mktemp -d /tmp/vfdpu-cmp.XXXXXX)
-  "$CACHE/bin/virtiofsd" --socket-path="$SOCKDIR/vfsd.sock" --shared-dir="$SHARE" \
+  ${pin[@]+"${pin[@]}"} "$CACHE/bin/virtiofsd" --socket-path="$SOCKDIR/vfsd.sock" --shared-dir="$SHARE" \
     --cache="$FS_CACHE" --sandbox=namespace --log-level=warn \
     < /dev/null > "$dir/virtiofsd.log" 2>&1 &
   VPID=$!
@@ -187,8 +226,8 @@ run_virtiofsd() { # DIR KCACHE
   if [ ! -S "$SOCKDIR/vfsd.sock" ]; then
     log "virtiofsd did not start; see $dir/virtiofsd.log"; rc=3
   else
-    bash "$HERE/run-guest.sh" --cache "$kc" --log "$dir/console.log" --smp "$SMP" --mem "$MEM" \
-      --timeout "$TIMEOUT" --append "vm.tag=$TAG" "${GUEST_ENV[@]}" -e "FIO_LABEL=virtiofsd" \
+    VM_QEMU=$(lqemu "$3") bash "$HERE/run-guest.sh" --cache "$kc" --log "$dir/console.log" --smp "$(lsmp "$3")" \
+      --mem "$MEM" --timeout "$TIMEOUT" --append "vm.tag=$TAG" "${GUEST_ENV[@]}" -e "FIO_LABEL=virtiofsd-$3" \
       "$HERE/guest/fio-compare.sh" -- \
       -chardev "socket,id=vfsd0,path=$SOCKDIR/vfsd.sock" \
       -device "vhost-user-fs-pci,chardev=vfsd0,tag=$TAG,queue-size=$QSIZE" || rc=$?
@@ -203,37 +242,44 @@ run_virtiofsd() { # DIR KCACHE
 }
 
 # ---------------------------------------------------------------- rounds
-variants=()
-for s in $SERVERS; do
-  if [ "$s" = ours ]; then for m in $POLLING; do variants+=("ours-$(pname "$m")"); done; else variants+=(virtiofsd); fi
-done
+variants_of() { # LAYOUT: our polling modes (busy alone, from the profile, when dedicated), virtiofsd
+  local s m
+  for s in $SERVERS; do
+    if [ "$s" = virtiofsd ]; then echo virtiofsd
+    elif [ "$1" = dedicated ]; then echo "ours-$(sed -n 's/^polling *= *"\([a-z]*\)".*/\1/p' "$DCONFIG" | head -1)"
+    else for m in $POLLING; do echo "ours-$(pname "$m")"; done
+    fi
+  done
+}
 fails=0
 t0=$(date +%s)
 for r in $(seq 1 "$ROUNDS"); do
   for k in $KERNELS; do
-    for v in "${variants[@]}"; do
-      dir=$OUT/$r-$k-$v
+   for l in $LAYOUTS; do
+    for v in $(variants_of "$l"); do
+      dir=$OUT/$r-$k-$l-$v
       mkdir -p "$dir"
       read -r b0 t0c < <(cpu_busy)
       s0=$(date +%s.%N)
-      log "round $r/$ROUNDS kernel $k: $v"
+      log "round $r/$ROUNDS kernel $k, $l cores: $v"
       rc=0
       if [ "$v" = virtiofsd ]; then
-        run_virtiofsd "$dir" "$(kcache "$k")" > "$dir/runner.log" 2>&1 || rc=$?
+        run_virtiofsd "$dir" "$(kcache "$k")" "$l" > "$dir/runner.log" 2>&1 || rc=$?
       else
-        run_ours "$dir" "$(kcache "$k")" "${v#ours-}" > "$dir/runner.log" 2>&1 || rc=$?
+        run_ours "$dir" "$(kcache "$k")" "${v#ours-}" "$l" > "$dir/runner.log" 2>&1 || rc=$?
       fi
       read -r b1 t1c < <(cpu_busy)
       wall=$(awk -v a="$s0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
       busy=$(awk -v a="$b0" -v b="$b1" -v c="$t0c" -v d="$t1c" 'BEGIN{if (d>c) printf "%.0f", 100*(b-a)/(d-c); else print "?"}')
-      printf 'round=%s kernel=%s variant=%s rc=%s wall=%s host_busy_pct=%s loadavg=%s\n' \
-        "$r" "$k" "$v" "$rc" "$wall" "$busy" "$(cut -d' ' -f1 /proc/loadavg)" > "$dir/meta"
+      printf 'round=%s kernel=%s layout=%s variant=%s rc=%s wall=%s host_busy_pct=%s loadavg=%s\n' \
+        "$r" "$k" "$l" "$v" "$rc" "$wall" "$busy" "$(cut -d' ' -f1 /proc/loadavg)" > "$dir/meta"
       log "  rc=$rc wall=${wall}s host cpu busy ${busy}% ($(tr -d '\r' < "$dir/console.log" 2>/dev/null | grep -a '^VMRESULT: suite=fio-compare' | head -1))"
       if [ $rc != 0 ]; then
         fails=$((fails + 1))
         tail -n 15 "$dir/runner.log" | sed 's/^/    /' >&2
       fi
     done
+   done
   done
 done
 log "all rounds: $(( $(date +%s) - t0 )) s, $fails failed run(s)"
