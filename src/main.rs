@@ -152,6 +152,18 @@ struct Args {
     /// Do not offer READDIRPLUS: the guest lists with READDIR and looks entries up one by one.
     #[arg(long, help_heading = "Filesystem (virtiofsd's options)", overrides_with = "readdirplus")]
     no_readdirplus: bool,
+    /// Offer FUSE_WRITEBACK_CACHE (as virtiofsd's --writeback): the guest kernel keeps written
+    /// data in its page cache and writes it back later in large requests; it then owns the size
+    /// and the times. Faster buffered writes; what the guest had not written back is lost if it
+    /// crashes, and the host sees data, size and times only once they are written back. Off by
+    /// default. The RAM filesystem and --shared-dir (not --remote); needs a guest kernel with
+    /// FUSE_HANDLE_KILLPRIV_V2 (Linux 5.11+), else it is not offered.
+    #[arg(long, help_heading = "Filesystem (virtiofsd's options)", overrides_with = "no_writeback")]
+    writeback: bool,
+    /// Do not offer FUSE_WRITEBACK_CACHE (the default): every write reaches the device before
+    /// write(2) returns.
+    #[arg(long, help_heading = "Filesystem (virtiofsd's options)", overrides_with = "writeback")]
+    no_writeback: bool,
     /// Set the soft and hard limit of open descriptors to N (raising the hard limit needs
     /// CAP_SYS_RESOURCE); 0 leaves the limit alone. Default: the soft limit raised to the hard
     /// one (the passthrough holds one descriptor per inode the guest knows).
@@ -210,6 +222,7 @@ impl Args {
         ServerOptions {
             xattr: !self.no_xattr,
             readdirplus: self.readdirplus || (!self.no_readdirplus && !never),
+            writeback: self.writeback,
         }
     }
 
@@ -647,6 +660,12 @@ fn check_backend_flags(m: &clap::ArgMatches, args: &Args, remote: bool) -> Resul
     if remote && given("io_mode") {
         return Err("--io-mode is for --shared-dir".into());
     }
+    if remote && args.writeback {
+        return Err(
+            "--writeback is for the RAM filesystem and --shared-dir: the NFS backend does not offer it"
+                .into(),
+        );
+    }
     Ok(())
 }
 
@@ -795,6 +814,7 @@ fn effective_config(
                 "xattr": opts.xattr,
                 "posix_acl": cfg.posix_acl,
                 "readdirplus": opts.readdirplus,
+                "writeback": opts.writeback,
             })
         }
         Some(dir) => serde_json::json!({
@@ -804,6 +824,7 @@ fn effective_config(
             "xattr": opts.xattr,
             "posix_acl": args.posix_acl(),
             "readdirplus": opts.readdirplus,
+            "writeback": opts.writeback,
             "io_mode": format!("{:?}", args.io_mode).to_lowercase(),
             "sandbox": format!("{:?}", args.sandbox.unwrap_or_else(SandboxMode::default_for_this_process)).to_lowercase(),
             "seccomp": format!("{:?}", args.seccomp).to_lowercase(),
@@ -829,7 +850,7 @@ fn startup_line(c: &serde_json::Value) -> String {
     let b = &c["backend"];
     let s = |v: &serde_json::Value| v.as_str().map_or_else(|| v.to_string(), str::to_string);
     format!(
-        "profile {}, tag {}, {} request queue(s) of {} entries, {} poller(s) (cores {}), polling {}, doorbells {}, {} rings{}, backend {} (cache {}{}{}, xattr {}, posix acl {}, readdirplus {}), latency histograms {}",
+        "profile {}, tag {}, {} request queue(s) of {} entries, {} poller(s) (cores {}), polling {}, doorbells {}, {} rings{}, backend {} (cache {}{}{}, xattr {}, posix acl {}, readdirplus {}{}), latency histograms {}",
         c["profile_file"].as_str().unwrap_or("(built-in default)"),
         p["tag"],
         p["request_queues"],
@@ -851,6 +872,7 @@ fn startup_line(c: &serde_json::Value) -> String {
         onoff(&b["xattr"]),
         onoff(&b["posix_acl"]),
         onoff(&b["readdirplus"]),
+        if b["writeback"].as_bool() == Some(true) { ", writeback on" } else { "" },
         if p["latency_histograms"].as_bool() == Some(true) { "on" } else { "off" },
     )
 }

@@ -522,10 +522,18 @@ pub trait FileSystem: Send + Sync {
     /// `security.capability` itself on write, truncate and chown), `DONT_MASK` (it applies the
     /// `umask` argument of MKNOD, MKDIR, CREATE and TMPFILE itself) and `POSIX_ACL` (it stores
     /// `system.posix_acl_*`, keeps the mode in step with them and makes new nodes inherit default
-    /// ACLs; the kernel then also checks permissions itself, as with `default_permissions`).
+    /// ACLs; the kernel then also checks permissions itself, as with `default_permissions`) and
+    /// `WRITEBACK_CACHE` (it then also takes `HANDLE_KILLPRIV_V2`, lets handles opened write-only
+    /// be read, leaves `O_APPEND` to the kernel and lets a caller who may write a file set its
+    /// times; see `server::SUPPORTED_INIT_FLAGS`).
     fn init(&self, capable: u64) -> Result<u64> {
         use crate::abi::init;
-        Ok(capable & !(init::HANDLE_KILLPRIV | init::HANDLE_KILLPRIV_V2 | init::DONT_MASK | init::POSIX_ACL))
+        Ok(capable
+            & !(init::HANDLE_KILLPRIV
+                | init::HANDLE_KILLPRIV_V2
+                | init::DONT_MASK
+                | init::POSIX_ACL
+                | init::WRITEBACK_CACHE))
     }
 
     /// The session ends: the kernel drops every lookup reference and handle it held.

@@ -669,6 +669,36 @@ impl PassthroughFs {
         self.adopt(dir, file, oflags)
     }
 
+    /// Opens with `open(flags)`, adjusted for writeback caching: the kernel then owns the file
+    /// position of `O_APPEND` writes (it sends them at the end it knows, so the host file is not
+    /// opened `O_APPEND`, which would move every write to the host's end), and reads through any
+    /// handle to fill the rest of a partly written page, so a write-only open is tried
+    /// read-write first. If the caller may not read the file, it stays write-only: writes of
+    /// whole pages work, a write-back that needs to read the page first fails `EBADF` (as under
+    /// virtiofsd, whose host opens are not made as the caller, they would succeed).
+    fn open_with<T>(&self, flags: i32, mut open: impl FnMut(i32) -> Result<T>) -> Result<T> {
+        if !self.session_has(abi::init::WRITEBACK_CACHE) {
+            return open(flags);
+        }
+        let flags = flags & !libc::O_APPEND;
+        if flags & libc::O_ACCMODE == libc::O_WRONLY {
+            match open(flags & !libc::O_ACCMODE | libc::O_RDWR) {
+                Err(Error::AccessDenied) => {}
+                r => return r,
+            }
+        }
+        open(flags)
+    }
+
+    /// Whether, with writeback caching, the caller (whose ids are in force) may set the times of
+    /// `inode` as a writer: through a handle open for writing, or with write permission (what
+    /// the guest kernel checked before it turned a `touch` into explicit times).
+    fn writer_sets_times(&self, handle: Option<&Handle>, inode: &Inode) -> bool {
+        self.session_has(abi::init::WRITEBACK_CACHE)
+            && (handle.is_some_and(|h| h.access != libc::O_RDONLY)
+                || sys::faccess_fd(inode.fd(), libc::W_OK as u32).is_ok())
+    }
+
     /// The umask for a creation: the request's when the session has `DONT_MASK` (the host then
     /// applies it unless the parent has a default ACL), else none (the guest applied it).
     fn creation_umask(&self, umask: u32) -> Result<()> {

@@ -78,11 +78,25 @@ impl FileSystem for PassthroughFs {
             }
             if attr.atime.is_some() || attr.mtime.is_some() {
                 let times = [set_time(attr.atime), set_time(attr.mtime)];
-                sys::utimensat(self.proc_fd.as_fd(), path.name(), &times, 0).map_err(Error::from)?;
+                match sys::utimensat(self.proc_fd.as_fd(), path.name(), &times, 0) {
+                    // With writeback caching the kernel sends every change of the times as
+                    // explicit times (a writer's `touch`, the mtime of data it writes back, from
+                    // whichever task flushes), which the host lets only the owner set. Through
+                    // a handle open for writing they are the writer's: set below, as the daemon.
+                    Err(e)
+                        if e.raw_os_error() == Some(libc::EPERM)
+                            && self.writer_sets_times(handle.as_deref(), &inode) =>
+                    {
+                        return Ok(Some(times));
+                    }
+                    r => r.map_err(Error::from)?,
+                }
             }
             // ctime cannot be set on the host: it is whatever the changes above made it.
-            Ok(())
-        })?;
+            Ok(None)
+        })?
+        .map_or(Ok(()), |times| sys::utimensat(self.proc_fd.as_fd(), path.name(), &times, 0))
+        .map_err(Error::from)?;
         let st = sys::fstatx(inode.fd()).map_err(Error::from)?;
         Ok((to_stat(&st), self.cfg.cache.timeout()))
     }
@@ -221,7 +235,7 @@ impl FileSystem for PassthroughFs {
         let oflags = open_flags(flags)?;
         // With the caller's ids: the host checks the access mode (and an O_TRUNC clears
         // set-user-id as for that caller).
-        let file = as_caller(ctx, || self.reopen(&inode, oflags))?;
+        let (file, oflags) = as_caller(ctx, || self.open_with(oflags, |f| Ok((self.reopen(&inode, f)?, f))))?;
         Ok(Opened {
             fh: self.add_handle(inode, file, false, oflags),
             open_flags: self.cfg.cache.file_open_flags(),
@@ -437,13 +451,18 @@ impl FileSystem for PassthroughFs {
             // socket is never opened, whatever the guest sends. A name removed in between is
             // tried again.
             for _ in 0..3 {
-                let create = oflags | libc::O_CREAT | libc::O_EXCL;
-                match sys::openat2(dir.fd(), name.c(), create, mode & 0o7777, RESOLVE) {
-                    Ok(file) => return self.adopt(&dir, file, oflags),
-                    Err(e) if e.raw_os_error() == Some(libc::EEXIST) && !excl => {}
-                    Err(e) => return Err(Error::from(e)),
+                let created = self.open_with(oflags, |f| {
+                    let create = f | libc::O_CREAT | libc::O_EXCL;
+                    match sys::openat2(dir.fd(), name.c(), create, mode & 0o7777, RESOLVE) {
+                        Ok(file) => self.adopt(&dir, file, f).map(Some),
+                        Err(e) if e.raw_os_error() == Some(libc::EEXIST) && !excl => Ok(None),
+                        Err(e) => Err(Error::from(e)),
+                    }
+                })?;
+                if let Some(r) = created {
+                    return Ok(r);
                 }
-                match self.open_existing(&dir, &name, oflags) {
+                match self.open_with(oflags, |f| self.open_existing(&dir, &name, f)) {
                     Err(Error::NotFound) => continue,
                     r => return r,
                 }
@@ -467,8 +486,10 @@ impl FileSystem for PassthroughFs {
         let oflags = open_flags(flags)? | libc::O_TMPFILE | (flags as i32 & libc::O_EXCL);
         as_caller(ctx, || {
             self.creation_umask(umask)?;
-            let file = sys::openat2(dir.fd(), c".", oflags, mode & 0o7777, RESOLVE).map_err(Error::from)?;
-            self.adopt(&dir, file, oflags)
+            self.open_with(oflags, |f| {
+                let file = sys::openat2(dir.fd(), c".", f, mode & 0o7777, RESOLVE).map_err(Error::from)?;
+                self.adopt(&dir, file, f)
+            })
         })
     }
 

@@ -26,6 +26,11 @@ impl RamFs {
         self.session.load(Ordering::Relaxed) & abi::init::HANDLE_KILLPRIV_V2 != 0
     }
 
+    /// Whether `WRITEBACK_CACHE` is in force (see `set_attr`).
+    pub(super) fn writeback(&self) -> bool {
+        self.session.load(Ordering::Relaxed) & abi::init::WRITEBACK_CACHE != 0
+    }
+
     /// Whether a write or truncate by `ctx` clears set-user-id/set-group-id: with
     /// `HANDLE_KILLPRIV_V2` the kernel's `flag` says so (the caller lacks `CAP_FSETID`); otherwise
     /// every non-root caller is taken to lack it.
@@ -76,14 +81,19 @@ impl RamFs {
                 return Err(Error::NotPermitted);
             }
         }
-        let explicit_time =
-            matches!(attr.atime, Some(SetTime::At(_))) || matches!(attr.mtime, Some(SetTime::At(_)));
-        if explicit_time && !owner {
-            return Err(Error::NotPermitted);
-        }
         // A handle open for writing (ftruncate, which also sets mtime to now) already proved
         // write access.
         let write_handle = handle.as_ref().is_some_and(|h| h.flags & O_ACCMODE != O_RDONLY);
+        let explicit_time =
+            matches!(attr.atime, Some(SetTime::At(_))) || matches!(attr.mtime, Some(SetTime::At(_)));
+        // With writeback caching the kernel owns the times: it sends every change of them as
+        // explicit times (a `touch` by a writer too, and the mtime/ctime of data it writes back,
+        // from whichever task flushes), having checked the caller itself (virtio-fs mounts with
+        // `default_permissions`). Whoever may write the file may then set them.
+        let writer_may_set = self.writeback() && (write_handle || m.may(ctx, W_OK));
+        if explicit_time && !owner && !writer_may_set {
+            return Err(Error::NotPermitted);
+        }
         if (attr.atime.is_some() || attr.mtime.is_some()) && !owner && !write_handle && !m.may(ctx, W_OK) {
             return Err(Error::AccessDenied);
         }

@@ -41,11 +41,18 @@ pub use crate::abi::limits::XATTR_SIZE_MAX;
 /// INIT flags we can honour when the kernel offers them (the filesystem then picks; see
 /// [`FileSystem::init`]).
 ///
+/// `WRITEBACK_CACHE` is offered only with [`ServerOptions::writeback`] and only to a kernel that
+/// also offers `HANDLE_KILLPRIV_V2` (see [`Server`]'s INIT): the kernel then keeps dirty pages,
+/// owns the size and mtime/ctime (pushed back as SETATTR with explicit times from whichever task
+/// flushes) and writes pages back without the writer's identity; with `HANDLE_KILLPRIV_V2` it
+/// sends the writes that must clear set-user-id through (in the writer's name, with
+/// `FUSE_WRITE_KILL_SUIDGID`), so a written-back page never has to. A filesystem that accepts
+/// `WRITEBACK_CACHE` (the default [`FileSystem::init`] refuses it) must accept
+/// `HANDLE_KILLPRIV_V2` too, let a handle opened write-only be read (the kernel reads the rest of
+/// a partly written page), leave `O_APPEND` to the kernel, and let whoever may write a file set
+/// its times (DESIGN.md, "Writeback caching").
+///
 /// Left out on purpose:
-/// - `WRITEBACK_CACHE`: the kernel would then own mtime/ctime and the size, and push them back
-///   later as SETATTR with explicit times from whichever task flushes (our checks give explicit
-///   times to the owner only), and write dirty pages back without the writer's identity (so
-///   set-user-id clearing loses the caller); not handled yet.
 /// - `EXPORT_SUPPORT`, `CACHE_SYMLINKS`, `SECURITY_CTX`, `PASSTHROUGH`, DAX and submount flags:
 ///   not implemented.
 const SUPPORTED_INIT_FLAGS: u64 = abi::init::ASYNC_READ
@@ -77,7 +84,9 @@ const SUPPORTED_INIT_FLAGS: u64 = abi::init::ASYNC_READ
     // `FUSE_EXT_GROUPS` request extension), see `read_extensions`.
     | abi::init::CREATE_SUPP_GROUP
     // POSIX_LOCKS and FLOCK_LOCKS, when SETLKW can wait without blocking a poller (see there).
-    | LOCK_FLAGS;
+    | LOCK_FLAGS
+    // With `ServerOptions::writeback` only (see above).
+    | abi::init::WRITEBACK_CACHE;
 
 /// Advisory locks, kept by the server for every backend ([`crate::locks`]): `POSIX_LOCKS`
 /// (fcntl record locks and OFD locks: GETLK, SETLK, SETLKW) and `FLOCK_LOCKS` (`flock(2)` as
@@ -159,11 +168,16 @@ pub struct ServerOptions {
     /// Offer `DO_READDIRPLUS` and `READDIRPLUS_AUTO` at INIT. Off: the guest lists directories
     /// with READDIR and looks each entry up on its own.
     pub readdirplus: bool,
+    /// Offer `WRITEBACK_CACHE` at INIT (virtiofsd's `--writeback`): the guest kernel keeps
+    /// written data in its page cache and writes it back later, in large requests. Off by
+    /// default, as in virtiofsd: a crash of the guest loses what it had not written back, and
+    /// the host sees the data, size and times only once they are.
+    pub writeback: bool,
 }
 
 impl Default for ServerOptions {
     fn default() -> Self {
-        ServerOptions { xattr: true, readdirplus: true }
+        ServerOptions { xattr: true, readdirplus: true, writeback: false }
     }
 }
 
@@ -176,6 +190,9 @@ impl ServerOptions {
         }
         if !self.readdirplus {
             flags |= abi::init::DO_READDIRPLUS | abi::init::READDIRPLUS_AUTO;
+        }
+        if !self.writeback {
+            flags |= abi::init::WRITEBACK_CACHE;
         }
         flags
     }
@@ -514,8 +531,16 @@ impl<F: FileSystem> Server<F> {
         self.locks.end_session();
         let supported =
             if self.lock_waits { SUPPORTED_INIT_FLAGS } else { SUPPORTED_INIT_FLAGS & !LOCK_FLAGS };
-        let supported = supported & !self.options.withheld_init_flags();
-        let wanted = self.fs.init(offered & supported)? & offered & supported;
+        let mut supported = supported & !self.options.withheld_init_flags();
+        if offered & abi::init::HANDLE_KILLPRIV_V2 == 0 {
+            // Without it a page written back in no one's name could not clear set-user-id.
+            supported &= !abi::init::WRITEBACK_CACHE;
+        }
+        let mut wanted = self.fs.init(offered & supported)? & offered & supported;
+        if wanted & abi::init::HANDLE_KILLPRIV_V2 == 0 && wanted & abi::init::WRITEBACK_CACHE != 0 {
+            log::warn!("fuse: the filesystem took WRITEBACK_CACHE without HANDLE_KILLPRIV_V2: not offered");
+            wanted &= !abi::init::WRITEBACK_CACHE;
+        }
         let mut flags = wanted;
         if offered & abi::init::MAX_PAGES != 0 {
             flags |= abi::init::MAX_PAGES;

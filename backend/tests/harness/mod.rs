@@ -218,6 +218,13 @@ impl<F: FileSystem> Fuse<F> {
         }
     }
 
+    /// The same session with the server offering what `options` allow (before INIT).
+    #[allow(dead_code)] // not every test binary uses it
+    pub fn with_server_options(mut self, options: virtiofs_backend::server::ServerOptions) -> Self {
+        self.srv = self.srv.with_options(options);
+        self
+    }
+
     /// The session after a Linux-6.12-like INIT.
     pub fn initialised(self) -> Self {
         let out = self.init(41, LINUX_FLAGS).expect("init");
