@@ -45,6 +45,10 @@ pub struct FuseStats {
     /// backends).
     #[serde(default)]
     pub nfs: Option<NfsStats>,
+    /// The `FUSE_INIT` flags of the current session (what the server answered; 0 before the
+    /// guest's INIT), e.g. whether `WRITEBACK_CACHE` (bit 16) is in force.
+    #[serde(default)]
+    pub init_flags: u64,
 }
 
 /// Serves virtio-fs requests with a FUSE server over filesystem `F`. Each poller gets an engine
@@ -112,6 +116,7 @@ impl<F: FileSystem> FuseHandler<F> {
             pending_requests: self.pending_requests(),
             io: None,
             nfs: None,
+            init_flags: self.server.negotiated(),
         }
     }
 }

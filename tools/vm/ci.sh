@@ -15,12 +15,15 @@
 #      boot: pjdfstest (failures listed with their NFSv3 reasons in pjdfstest-exceptions-nfs.txt),
 #      fsx (NFS_FSX_OPS, default 20000), the 64 MiB bigfile + remount check, locks; then checks
 #      from the statistics that the requests went to the server and SETLKWs waited in the device;
-#   6. ganesha killed with SIGKILL and restarted while a guest writes (run-nfs-fault-test.sh).
+#   6. ganesha killed with SIGKILL and restarted while a guest writes (run-nfs-fault-test.sh);
+#   7. writeback caching (--writeback), one boot per backend: the RAM filesystem and the
+#      passthrough (a tmpfs share, sandboxed), each pjdfstest and fsx (WB_FSX_OPS, default
+#      10000); checks from the statistics that the session negotiated FUSE_WRITEBACK_CACHE.
 # Stages 1, 2 and 4 run QEMU as an unprivileged user (vfdpu-qemu, created here if missing) in
 # the group that owns the daemon's sockets (--socket-group, --socket-mode 0660), as a deployment
 # does, and read the daemon's statistics through its control socket (`virtiofs-dpu stats --json`).
 # Exit status 0 only if everything passed. Env: VM_CACHE, FSX_OPS (default 20000), PT_FSX_OPS,
-# NFS_FSX_OPS, VFDPU_VM_STAGES (default "ram passthrough nfs": which backends' stages run).
+# NFS_FSX_OPS, WB_FSX_OPS, VFDPU_VM_STAGES (default "ram passthrough nfs writeback": which stages run).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -40,7 +43,7 @@ print(eval(sys.argv[2], {"s": s}))
 PY
 }
 
-STAGES=" ${VFDPU_VM_STAGES:-ram passthrough nfs} "
+STAGES=" ${VFDPU_VM_STAGES:-ram passthrough nfs writeback} "
 stage() { [[ $STAGES == *" $1 "* ]]; }
 
 step "setup (QEMU, guest kernel, pjdfstest, fsx)"
@@ -171,6 +174,37 @@ step "NFS server killed (SIGKILL) and restarted under a guest writer"
 t0=$(date +%s)
 bash "$HERE/run-nfs-fault-test.sh" --out "$OUT/nfs-fault" --config "$CONFIG" || { echo "FAIL: nfs fault"; fail=1; }
 echo "NFS fault test: $(( $(date +%s) - t0 )) s"
+fi
+
+if stage writeback; then
+# Writeback caching: the guest kernel keeps dirty pages and owns size and times (SETATTR with
+# explicit times from whichever task flushes); pjdfstest's permission and time checks and fsx's
+# data checks must hold with it on both local backends.
+WBT=$(mktemp -d /tmp/vfdpu-wb.XXXXXX)
+mount -t tmpfs -o size=1g,mode=0755 tmpfs "$WBT"
+mkdir "$WBT/share"
+for backend in ramfs passthrough; do
+  step "writeback caching ($backend): pjdfstest, fsx"
+  t0=$(date +%s)
+  extra=(--daemon-arg --writeback)
+  [ $backend = passthrough ] && extra+=(--daemon-arg --shared-dir --daemon-arg "$WBT/share")
+  if bash "$HERE/run-device-test.sh" --out "$OUT/writeback-$backend" --config "$CONFIG" --timeout 900 "${AS_USER[@]}" \
+       "${extra[@]}" -e "FSX_OPS=${WB_FSX_OPS:-10000}" -e "VM_SUITES=pjdfstest fsx dmesg-check" \
+       "$HERE/guest/all.sh"; then
+    flags=$(stat "$OUT/writeback-$backend/live-stats.json" 's["fuse"]["init_flags"]')
+    if [ $(( ${flags:-0} & (1 << 16) )) -ne 0 ]; then
+      echo "writeback ($backend): FUSE_WRITEBACK_CACHE negotiated (INIT flags $flags)"
+    else
+      echo "FAIL: writeback ($backend): the session did not negotiate FUSE_WRITEBACK_CACHE (INIT flags ${flags:-unknown})"; fail=1
+    fi
+  else
+    echo "FAIL: writeback ($backend) guest suites"; fail=1
+  fi
+  tr -d '\r' < "$OUT/writeback-$backend/console.log" |
+    grep -a -E '^(VMRESULT|Summary:|pjdfstest: |fsx: |All operations)' || true
+  echo "writeback ($backend): $(( $(date +%s) - t0 )) s"
+done
+umount "$WBT" && rmdir "$WBT"
 fi
 
 if [ $fail = 0 ]; then
