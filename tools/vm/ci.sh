@@ -190,6 +190,7 @@ for backend in ramfs passthrough; do
   [ $backend = passthrough ] && extra+=(--daemon-arg --shared-dir --daemon-arg "$WBT/share")
   if bash "$HERE/run-device-test.sh" --out "$OUT/writeback-$backend" --config "$CONFIG" --timeout 900 "${AS_USER[@]}" \
        "${extra[@]}" -e "FSX_OPS=${WB_FSX_OPS:-10000}" -e "VM_SUITES=pjdfstest fsx dmesg-check" \
+       -e PJDFSTEST_EXCEPTIONS=pjdfstest-exceptions-writeback.txt \
        "$HERE/guest/all.sh"; then
     flags=$(stat "$OUT/writeback-$backend/live-stats.json" 's["fuse"]["init_flags"]')
     if [ $(( ${flags:-0} & (1 << 16) )) -ne 0 ]; then
