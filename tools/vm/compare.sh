@@ -17,8 +17,11 @@
 # guest/fio-compare.sh (same kernel, same vCPUs, same RAM, same jobs). Then fio-compare.py
 # prints the medians per variant and the ratio tables; OUT/summary.md has the same.
 #
-# Jobs (all O_DIRECT, one fio thread; see guest/fio-compare.sh): randread-4k-qd1, randwrite-4k-qd1
-# (psync), randread-4k-qdN (libaio, iodepth 2 x queue size = 256), seqwrite-1m (psync).
+# Jobs (see guest/fio-compare.sh; the default four are O_DIRECT, one fio thread): randread-4k-qd1,
+# randwrite-4k-qd1 (psync), randread-4k-qdN (libaio, iodepth 2 x queue size = 256), seqwrite-1m
+# (psync); and the seeds' jobs, by --jobs: seqwrite-1m-cpu1 (pinned to guest CPU 1: run it with a
+# profile of one request queue and one of two, see hw-configs/bench-guest-2q.toml) and
+# write-1m-buffered-2j (buffered, two jobs, with --writeback off,on).
 #
 # Options:
 #   --rounds N          rounds (default 3)
@@ -40,6 +43,9 @@
 #   --layouts L[,L]     shared, dedicated (default both; see above)
 #   --dedicated-config FILE  our profile in the dedicated layout (default
 #                       hw-configs/bench-dedicated.toml; same queue_size as --config)
+#   --writeback W[,W]   off, on (default off): with on, each server also runs with writeback
+#                       caching (our --writeback, virtiofsd's --writeback), its own setup in
+#                       the tables (ours with writeback against virtiofsd with writeback)
 #   --smp N | --mem SIZE  guest vCPUs in the shared layout / RAM (default 2 / 2G)
 #   --daemon PATH       our daemon (default target/release/virtiofs-dpu; copied into OUT first)
 #   --out DIR           output dir (default a new /tmp/vfdpu-compare.XXXXXX)
@@ -62,6 +68,7 @@ POLLING=adaptive
 CONFIG=$REPO/hw-configs/bench-guest.toml
 DCONFIG=$REPO/hw-configs/bench-dedicated.toml
 LAYOUTS=shared,dedicated
+WRITEBACK=off
 KERNELS=trixie
 SERVERS=ours,virtiofsd
 FS_CACHE=auto
@@ -83,6 +90,7 @@ while [ $# -gt 0 ]; do
     --config) CONFIG=$2; shift 2 ;;
     --dedicated-config) DCONFIG=$2; shift 2 ;;
     --layouts) LAYOUTS=$2; shift 2 ;;
+    --writeback) WRITEBACK=$2; shift 2 ;;
     --kernels) KERNELS=$2; shift 2 ;;
     --servers) SERVERS=$2; shift 2 ;;
     --fs-cache) FS_CACHE=$2; shift 2 ;;
@@ -96,6 +104,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 KERNELS=${KERNELS//,/ }; POLLING=${POLLING//,/ }; SERVERS=${SERVERS//,/ }; LAYOUTS=${LAYOUTS//,/ }
+WRITEBACK=${WRITEBACK//,/ }
+for w in $WRITEBACK; do case $w in on|off) ;; *) echo "compare: --writeback takes off and/or on" >&2; exit 2 ;; esac; done
 for n in "$ROUNDS" "$RUNTIME" "$RAMP" "$SMP"; do
   case $n in ''|*[!0-9]*) echo "compare: not a number: '$n'" >&2; exit 2 ;; esac
 done
@@ -173,7 +183,7 @@ chmod +x "$OUT/bin/qemu-core0"
   echo "layouts: $LAYOUTS (dedicated: 1 vCPU, QEMU on core 0, file server on core 1, our profile $DCONFIG)"
   echo "rounds $ROUNDS, runtime ${RUNTIME}s + ramp ${RAMP}s per job, jobs: $JOBS"
   echo "guest: smp $SMP (shared layout), mem $MEM, kernels: $KERNELS; servers: $SERVERS"
-  echo "guest cache policy (both servers): $FS_CACHE"
+  echo "guest cache policy (both servers): $FS_CACHE; writeback caching: $WRITEBACK"
   echo "virtiofsd: --cache=$FS_CACHE --sandbox=namespace, vhost-user-fs-pci queue-size=$QSIZE, tmpfs dir"
 } > "$OUT/config.txt"
 sed 's/^/  /' "$OUT/config.txt" >&2
@@ -204,22 +214,24 @@ TIMEOUT=$(( 120 + $(echo $JOBS | wc -w) * (RUNTIME + RAMP + 30) ))
 lsmp() { if [ "$1" = dedicated ]; then echo 1; else echo "$SMP"; fi; }
 lqemu() { if [ "$1" = dedicated ]; then echo "$OUT/bin/qemu-core0"; else echo "$CACHE/bin/qemu-system-x86_64"; fi; }
 
-run_ours() { # DIR KCACHE POLLING LAYOUT
-  local daemon=$OUT/bin/virtiofs-dpu profile=$OUT/profiles/$3.toml
+run_ours() { # DIR KCACHE POLLING LAYOUT WRITEBACK
+  local daemon=$OUT/bin/virtiofs-dpu profile=$OUT/profiles/$3.toml wb=()
   if [ "$4" = dedicated ]; then daemon=$OUT/bin/virtiofs-dpu-core1; profile=$OUT/profiles/dedicated.toml; fi
+  [ "$5" != on ] || wb=(--daemon-arg --writeback)
   VM_QEMU=$(lqemu "$4") bash "$HERE/run-device-test.sh" --daemon "$daemon" --config "$profile" \
-    --daemon-arg --cache --daemon-arg "$FS_CACHE" \
+    --daemon-arg --cache --daemon-arg "$FS_CACHE" ${wb[@]+"${wb[@]}"} \
     --tag "$TAG" --out "$1" --cache "$2" --smp "$(lsmp "$4")" --mem "$MEM" --timeout "$TIMEOUT" \
     "${GUEST_ENV[@]}" -e "FIO_LABEL=ours-$3-$4" "$HERE/guest/fio-compare.sh"
 }
 
-run_virtiofsd() { # DIR KCACHE LAYOUT
-  local dir=$1 kc=$2 rc=0 n=300 pin=()
+run_virtiofsd() { # DIR KCACHE LAYOUT WRITEBACK
+  local dir=$1 kc=$2 rc=0 n=300 pin=() wb=()
   [ "$3" != dedicated ] || pin=(taskset -c 1)
+  [ "$4" != on ] || wb=(--writeback)
   SHARE=$(mktemp -d /dev/shm/vfdpu-share.XXXXXX)
   SOCKDIR=$(mktemp -d /tmp/vfdpu-cmp.XXXXXX)
   ${pin[@]+"${pin[@]}"} "$CACHE/bin/virtiofsd" --socket-path="$SOCKDIR/vfsd.sock" --shared-dir="$SHARE" \
-    --cache="$FS_CACHE" --sandbox=namespace --log-level=warn \
+    --cache="$FS_CACHE" --sandbox=namespace --log-level=warn ${wb[@]+"${wb[@]}"} \
     < /dev/null > "$dir/virtiofsd.log" 2>&1 &
   VPID=$!
   while [ ! -S "$SOCKDIR/vfsd.sock" ] && [ $n -gt 0 ] && kill -0 "$VPID" 2>/dev/null; do sleep 0.1; n=$((n - 1)); done
@@ -256,29 +268,32 @@ t0=$(date +%s)
 for r in $(seq 1 "$ROUNDS"); do
   for k in $KERNELS; do
    for l in $LAYOUTS; do
+   for w in $WRITEBACK; do
     for v in $(variants_of "$l"); do
       dir=$OUT/$r-$k-$l-$v
+      [ "$w" = off ] || dir=$OUT/$r-$k-$l-wb-$v
       mkdir -p "$dir"
       read -r b0 t0c < <(cpu_busy)
       s0=$(date +%s.%N)
-      log "round $r/$ROUNDS kernel $k, $l cores: $v"
+      log "round $r/$ROUNDS kernel $k, $l cores, writeback $w: $v"
       rc=0
       if [ "$v" = virtiofsd ]; then
-        run_virtiofsd "$dir" "$(kcache "$k")" "$l" > "$dir/runner.log" 2>&1 || rc=$?
+        run_virtiofsd "$dir" "$(kcache "$k")" "$l" "$w" > "$dir/runner.log" 2>&1 || rc=$?
       else
-        run_ours "$dir" "$(kcache "$k")" "${v#ours-}" "$l" > "$dir/runner.log" 2>&1 || rc=$?
+        run_ours "$dir" "$(kcache "$k")" "${v#ours-}" "$l" "$w" > "$dir/runner.log" 2>&1 || rc=$?
       fi
       read -r b1 t1c < <(cpu_busy)
       wall=$(awk -v a="$s0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
       busy=$(awk -v a="$b0" -v b="$b1" -v c="$t0c" -v d="$t1c" 'BEGIN{if (d>c) printf "%.0f", 100*(b-a)/(d-c); else print "?"}')
-      printf 'round=%s kernel=%s layout=%s variant=%s rc=%s wall=%s host_busy_pct=%s loadavg=%s\n' \
-        "$r" "$k" "$l" "$v" "$rc" "$wall" "$busy" "$(cut -d' ' -f1 /proc/loadavg)" > "$dir/meta"
+      printf 'round=%s kernel=%s layout=%s writeback=%s variant=%s rc=%s wall=%s host_busy_pct=%s loadavg=%s\n' \
+        "$r" "$k" "$l" "$w" "$v" "$rc" "$wall" "$busy" "$(cut -d' ' -f1 /proc/loadavg)" > "$dir/meta"
       log "  rc=$rc wall=${wall}s host cpu busy ${busy}% ($(tr -d '\r' < "$dir/console.log" 2>/dev/null | grep -a '^VMRESULT: suite=fio-compare' | head -1))"
       if [ $rc != 0 ]; then
         fails=$((fails + 1))
         tail -n 15 "$dir/runner.log" | sed 's/^/    /' >&2
       fi
     done
+   done
    done
   done
 done

@@ -9,6 +9,13 @@
 #   randwrite-4k-qd1   4k random write, psync, iodepth 1
 #   randread-4k-qdN    4k random read,  libaio, iodepth FIO_QD (compare.sh: 2 x the queue size)
 #   seqwrite-1m        1 MiB sequential write, psync, iodepth 1
+#   seqwrite-1m-cpu1   the same pinned to CPU 1 (--cpus_allowed=1): with one request queue per
+#                      vCPU the guest driver puts it on CPU 1's own queue (the seed's core-local
+#                      queue choice); with one queue, on the only one
+#   write-1m-buffered-2j  buffered (not O_DIRECT) 1 MiB sequential writes, two fio jobs of
+#                      FIO_WB_SIZE (256M) each on files of their own, then fsync, size-based (not
+#                      --runtime): the writeback seed's job, group-reported; the bandwidth includes
+#                      the final fsync, so a page cache that only absorbed the data gains nothing
 # Latency percentiles are fio's total latency (lat = submission + completion): with libaio a
 # request that waits for a FUSE background slot waits inside io_submit (fio's slat), with psync
 # slat is zero; lat counts both the same way.
@@ -49,13 +56,24 @@ for job in $JOBS; do
     randwrite-4k-qd1) args="--rw=randwrite --bs=4k --ioengine=psync --iodepth=1" ;;
     randread-4k-qdN)  args="--rw=randread --bs=4k --ioengine=libaio --iodepth=$QD" ;;
     seqwrite-1m)      args="--rw=write --bs=1M --ioengine=psync --iodepth=1" ;;
+    seqwrite-1m-cpu1) args="--rw=write --bs=1M --ioengine=psync --iodepth=1 --cpus_allowed=1" ;;
+    write-1m-buffered-2j) args="" ;;
     *) echo "fio-compare: unknown job $job"; fails=$((fails + 1)); continue ;;
   esac
   rc=0
+  if [ "$job" = write-1m-buffered-2j ]; then
+    rm -f /mnt/wb.0 /mnt/wb.1
+    fio --name="$job" --directory=/mnt --filename_format='wb.$jobnum' --size="${FIO_WB_SIZE:-256M}" \
+        --rw=write --bs=1M --direct=0 --numjobs=2 --ioengine=psync --end_fsync=1 --group_reporting \
+        --lat_percentiles=1 --percentile_list=50:99:99.9 \
+        --output-format=json --output=/tmp/fio.json > /tmp/fio.err 2>&1 || rc=$?
+    rm -f /mnt/wb.0 /mnt/wb.1
+  else
   # shellcheck disable=SC2086
   fio --name="$job" --filename=$F --size=$SIZE --direct=1 --numjobs=1 --time_based \
       --runtime="$RT" --ramp_time="$RAMP" --lat_percentiles=1 --percentile_list=50:99:99.9 \
       --output-format=json --output=/tmp/fio.json $args > /tmp/fio.err 2>&1 || rc=$?
+  fi
   echo "VMFIO-BEGIN $job"
   cat /tmp/fio.json
   echo
