@@ -53,3 +53,8 @@ fn fuse_ramfs() {
 fn fuse_passthrough() {
     replay("fuse_passthrough", virtiofs_fuzz_common::fuse_passthrough);
 }
+
+#[test]
+fn nfs_reply() {
+    replay("nfs_reply", virtiofs_fuzz_common::nfs_reply);
+}

@@ -18,12 +18,16 @@
 #   6. ganesha killed with SIGKILL and restarted while a guest writes (run-nfs-fault-test.sh);
 #   7. writeback caching (--writeback), one boot per backend: the RAM filesystem and the
 #      passthrough (a tmpfs share, sandboxed), each pjdfstest and fsx (WB_FSX_OPS, default
-#      10000); checks from the statistics that the session negotiated FUSE_WRITEBACK_CACHE.
+#      10000); checks from the statistics that the session negotiated FUSE_WRITEBACK_CACHE;
+#   8. the guest on Linux 7.x (trixie-backports; its driver checks every reply, any EIO fails):
+#      kernel7.sh (file verified after drop_caches, directories, renames), fsx (K7_FSX_OPS,
+#      default 5000), the queue-full fio job, the dmesg check.
 # Stages 1, 2 and 4 run QEMU as an unprivileged user (vfdpu-qemu, created here if missing) in
 # the group that owns the daemon's sockets (--socket-group, --socket-mode 0660), as a deployment
 # does, and read the daemon's statistics through its control socket (`virtiofs-dpu stats --json`).
 # Exit status 0 only if everything passed. Env: VM_CACHE, FSX_OPS (default 20000), PT_FSX_OPS,
-# NFS_FSX_OPS, WB_FSX_OPS, VFDPU_VM_STAGES (default "ram passthrough nfs writeback": which stages run).
+# NFS_FSX_OPS, WB_FSX_OPS, K7_FSX_OPS, VFDPU_VM_STAGES (default "ram passthrough nfs writeback
+# kernel7": which stages run).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -43,7 +47,7 @@ print(eval(sys.argv[2], {"s": s}))
 PY
 }
 
-STAGES=" ${VFDPU_VM_STAGES:-ram passthrough nfs writeback} "
+STAGES=" ${VFDPU_VM_STAGES:-ram passthrough nfs writeback kernel7} "
 stage() { [[ $STAGES == *" $1 "* ]]; }
 
 step "setup (QEMU, guest kernel, pjdfstest, fsx)"
@@ -206,6 +210,44 @@ for backend in ramfs passthrough; do
   echo "writeback ($backend): $(( $(date +%s) - t0 )) s"
 done
 umount "$WBT" && rmdir "$WBT"
+fi
+
+# ---- stage kernel7: the guest on Linux 7.x (trixie-backports), whose virtio-fs driver checks
+# every reply (virtio_fs_verify_response: used length >= the out header, oh.len == used length,
+# unique matching, else EIO): a short workload through the device (kernel7.sh: a file verified
+# after drop_caches, directories and renames), a short fsx, the queue-full fio job (libaio QD =
+# 2 x the queue size: requests wait for ring slots), and the dmesg check. setup.sh fetches the
+# kernel (VM_KERNELS=backports); CACHE/alt/backports is a cache dir for run-guest.sh with that
+# kernel and the main guest image (the drivers are built in: no modules to add). 7.x logs an
+# information line per tag ("discovered new tag") that the dmesg check would take for a problem.
+kernel7_stage() {
+  local cache=${VM_CACHE:-/var/tmp/virtiofs-dpu-vm} t0 alt
+  t0=$(date +%s)
+  VM_KERNELS="trixie backports" bash "$HERE/setup.sh" > "$OUT/kernel7-setup.log" 2>&1 ||
+    { tail -n 20 "$OUT/kernel7-setup.log"; echo "FAIL: kernel7: setup"; fail=1; return; }
+  cache=$(cd "$cache" && pwd)
+  alt=$cache/alt/backports
+  mkdir -p "$alt/guest"
+  ln -sfn ../../bin "$alt/bin"
+  ln -sfn "$cache/guest/base.cpio" "$alt/guest/base.cpio"
+  ln -sfn "$(readlink -f "$cache/kernel-backports/vmlinuz")" "$alt/guest/vmlinuz"
+  echo "kernel7: $(cat "$cache/kernel-backports/package")"
+  if bash "$HERE/run-device-test.sh" --cache "$alt" --out "$OUT/kernel7" --config "$CONFIG" --timeout 600 \
+       "${AS_USER[@]}" -e "VM_SUITES=kernel7 fsx fio-compare dmesg-check" -e "FSX_OPS=${K7_FSX_OPS:-5000}" \
+       -e FIO_JOBS=randread-4k-qdN -e FIO_QD=256 -e FIO_RUNTIME=5 -e FIO_RAMP=1 -e FIO_SIZE=32M \
+       -e "VM_DMESG_ALLOW=virtiofs virtio[0-9]+: discovered new tag" \
+       "$HERE/guest/all.sh"; then
+    :
+  else
+    echo "FAIL: kernel7 guest suites"; fail=1
+  fi
+  tr -d '\r' < "$OUT/kernel7/console.log" |
+    grep -a -E '^(VMRESULT|kernel7: |fsx: |All operations|  dmesg: )' || true
+  echo "kernel7 stage: $(( $(date +%s) - t0 )) s"
+}
+if stage kernel7; then
+step "Linux 7.x guest (trixie-backports): workload, fsx, queue-full fio, dmesg"
+kernel7_stage
 fi
 
 if [ $fail = 0 ]; then

@@ -17,10 +17,13 @@
 #                     missing or records different inputs
 #   CACHE/kernel-bookworm/  only with VM_KERNELS="trixie bookworm": Debian bookworm's
 #                     6.1 kernel with its virtio/fuse modules (for tools/vm/compare.sh)
+#   CACHE/kernel-backports/ only with "backports" in VM_KERNELS: the trixie-backports Linux 7.x
+#                     kernel (for the kernel7 stage of tools/vm/ci.sh)
 #
 # Needs root (apt-get, debootstrap, chroot) and cargo on PATH. Host: Debian 12+ x86_64.
 # Env: VM_CACHE, MIRROR (Debian mirror URL; default: the one the host's apt sources name), CARGO_JOBS (default: nproc),
-#      VM_KERNELS (default "trixie"; "trixie bookworm" adds the 6.1 kernel), KPKG_BOOKWORM.
+#      VM_KERNELS (default "trixie"; "trixie bookworm" adds the 6.1 kernel, "backports" the 7.x one),
+#      KPKG_BOOKWORM, KPKG_BACKPORTS.
 set -euo pipefail
 
 CACHE=${1:-${VM_CACHE:-/var/tmp/virtiofs-dpu-vm}}
@@ -206,9 +209,47 @@ for k in $VM_KERNELS; do
         stamp_set kernel-bookworm "bookworm $MIRROR ${KPKG_BOOKWORM:-}"
       fi
       ;;
-    *) die "unknown kernel in VM_KERNELS: $k (known: trixie bookworm)" ;;
+    backports) ;;  # step 4c
+    *) die "unknown kernel in VM_KERNELS: $k (known: trixie bookworm backports)" ;;
   esac
 done
+
+# ---------------------------------------------------------------- 4c. Linux 7.x guest kernel (optional)
+# VM_KERNELS="... backports" also fetches the trixie-backports kernel (Linux 7.x, whose virtio-fs
+# driver checks every reply: virtio_fs_verify_response) into CACHE/kernel-backports, for the
+# kernel7 stage of tools/vm/ci.sh. The package linux-image-amd64/trixie-backports names is, from
+# 7.x on, a meta package: the image is in its linux-binary-VERSION dependency (vmlinuz and config
+# under usr/lib/modules/VERSION/), the modules in linux-modules-VERSION, which is not needed:
+# virtio_pci, fuse and virtiofs are built in (checked). KPKG_BACKPORTS overrides the version's
+# image package. Uses the chroot's trixie-backports source (step 3).
+kernel_backports() {
+  local KBP=$CACHE/kernel-backports img pkgs deps vmlinuz config opt
+  if stamp_ok kernel-backports "$MIRROR ${KPKG_BACKPORTS:-}" && [ -e "$KBP/vmlinuz" ]; then return 0; fi
+  img=${KPKG_BACKPORTS:-$(chroot "$C" apt-cache depends "linux-image-amd64/$SUITE-backports" 2>/dev/null |
+                          awk '/Depends: linux-image-[0-9]/{print $2; exit}')}
+  [ -n "$img" ] || die "cannot resolve the $SUITE-backports kernel package"
+  # The image and what it depends on that holds the kernel: linux-binary-* and linux-base-*
+  # (7.x), or nothing more (an image package that carries the kernel itself).
+  deps=$(chroot "$C" apt-cache depends "$img" 2>/dev/null |
+         awk '/Depends: linux-(binary|base)-[0-9]/{print $2}' | sort -u | tr '\n' ' ')
+  pkgs="$img $deps"
+  log "downloading + extracting $pkgs($SUITE-backports)"
+  rm -rf "$KBP" "$C/tmp/kdl-backports"
+  mkdir -p "$C/tmp/kdl-backports" "$KBP"
+  quiet timeout 900 chroot "$C" sh -c "cd /tmp/kdl-backports && apt-get -o APT::Sandbox::User=root download $pkgs"
+  for d in "$C"/tmp/kdl-backports/*.deb; do dpkg-deb -x "$d" "$KBP"; done
+  rm -rf "$C/tmp/kdl-backports"
+  vmlinuz=$(find "$KBP/boot" "$KBP/usr/lib/modules" -name 'vmlinuz*' -type f 2>/dev/null | head -1 || true)
+  config=$(find "$KBP/boot" "$KBP/usr/lib/modules" -name 'config*' -type f 2>/dev/null | head -1 || true)
+  [ -n "$vmlinuz" ] && [ -n "$config" ] || die "no vmlinuz/config in $pkgs"
+  for opt in VIRTIO_PCI FUSE_FS VIRTIO_FS DEVTMPFS; do
+    grep -q "^CONFIG_$opt=y" "$config" || die "$SUITE-backports kernel lacks CONFIG_$opt=y"
+  done
+  ln -sf "$vmlinuz" "$KBP/vmlinuz"
+  printf '%s\n' "$img" > "$KBP/package"
+  stamp_set kernel-backports "$MIRROR ${KPKG_BACKPORTS:-}"
+}
+case " $VM_KERNELS " in *" backports "*) kernel_backports ;; esac
 
 # ---------------------------------------------------------------- 5. host wrappers
 # Trixie binaries run on an older host through the chroot's loader and libs;
@@ -250,5 +291,6 @@ rm -rf "$CACHE/cargo-target"   # ~300 MB of build products, not needed any more
 log "QEMU: $("$CACHE/bin/qemu-system-x86_64" --version | head -1)"
 log "virtiofsd: $("$CACHE/bin/virtiofsd" --version 2>&1 | head -1)"
 [ ! -e "$CACHE/kernel-bookworm/package" ] || log "extra kernel: $(cat "$CACHE/kernel-bookworm/package") (bookworm)"
+[ ! -e "$CACHE/kernel-backports/package" ] || log "extra kernel: $(cat "$CACHE/kernel-backports/package") ($SUITE-backports)"
 log "kernel: $KPKG; tools: $(ls "$CACHE/tools/bin" | tr '\n' ' ')"
 log "done: $CACHE ($(du -sh "$CACHE" 2>/dev/null | cut -f1))"

@@ -368,8 +368,13 @@ impl VirtioFsFunction {
     }
 
     /// Reads from region `region` at `offset`.
+    /// A read of no bytes reads nothing and has no side effect (an ISR read clears it only when
+    /// it reads it).
     pub fn read(&mut self, region: u32, offset: u64, data: &mut [u8]) -> Result<(), AccessError> {
         self.check(region, offset, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
         match region {
             7 => self.config_read(offset as usize, data),
             MSIX_BAR => self.msix_table.read(&self.msix, offset, data),
@@ -379,7 +384,8 @@ impl VirtioFsFunction {
         Ok(())
     }
 
-    /// Writes to region `region` at `offset`; returns what the control plane must act on.
+    /// Writes to region `region` at `offset`; returns what the control plane must act on. A
+    /// write of no bytes changes nothing.
     pub fn write(
         &mut self,
         region: u32,
@@ -387,6 +393,9 @@ impl VirtioFsFunction {
         data: &[u8],
     ) -> Result<Option<DeviceEvent>, AccessError> {
         self.check(region, offset, data.len())?;
+        if data.is_empty() {
+            return Ok(None);
+        }
         Ok(match region {
             7 => self.config_write(offset as usize, data),
             MSIX_BAR => {
@@ -743,6 +752,30 @@ mod tests {
         );
         assert_eq!(f.read(2, 0, &mut [0; 4]), Err(AccessError::NoRegion(2)));
         assert!(f.read(7, u64::MAX, &mut [0; 4]).is_err());
+    }
+
+    /// Fuzz finding (`vfio_user`, regression input `zero-length-isr-read`): a REGION_READ of
+    /// 0 bytes at the ISR indexed the empty buffer and panicked the control plane.
+    #[test]
+    fn zero_length_accesses_are_no_ops() {
+        let mut f = func();
+        assert_eq!(f.set_needs_reset(), None);
+        let at = [
+            (4, 0),
+            (4, COMMON_OFFSET + 0x16),
+            (4, ISR_OFFSET),
+            (4, DEVICE_CFG_OFFSET),
+            (4, NOTIFY_OFFSET),
+            (4, VIRTIO_BAR_SIZE),
+            (MSIX_BAR, 0),
+            (7, 0),
+            (7, PCI_CFG_DATA as u64),
+        ];
+        for (region, off) in at {
+            assert_eq!(f.read(region, off, &mut []), Ok(()), "read of 0 bytes at {region}:{off:#x}");
+            assert_eq!(f.write(region, off, &[]), Ok(None), "write of 0 bytes at {region}:{off:#x}");
+        }
+        assert_eq!(rd(&mut f, 4, ISR_OFFSET, 1), 2, "a read of no bytes does not clear the ISR");
     }
 
     #[test]

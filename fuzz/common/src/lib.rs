@@ -1,6 +1,6 @@
 //! The bodies of the fuzz targets in `fuzz/fuzz_targets/` (cargo-fuzz, nightly), kept in a
 //! workspace member so that their corpora (`fuzz/corpus/<target>/`) and the inputs of fixed
-//! crashes (`fuzz/regressions/<target>/`) replay as ordinary tests on stable (`tests/replay.rs`),
+//! crashes (`fuzz/regressions/<target>/`) replay as ordinary tests on stable (`tests/fuzz_replay.rs`),
 //! as vm-virtio's `fuzz/` does.
 //!
 //! - [`vfio_user`]: a byte stream of vfio-user messages (some with a memfd or an eventfd
@@ -9,12 +9,18 @@
 //!   (cloud-hypervisor's `fuzz_targets/block.rs` shape: queue registers and memory from the
 //!   input, then every chain taken and returned);
 //! - [`fuse_ramfs`] and [`fuse_passthrough`]: a session of FUSE requests through the decoder
-//!   and the server against the RAM filesystem, and against a passthrough of a fresh directory.
+//!   and the server against the RAM filesystem, and against a passthrough of a fresh directory;
+//! - [`nfs_reply`]: what an NFS server sends the remote backend, through the reply decoders
+//!   alone, through a connection's record reassembly and reply matching over loopback TCP, and
+//!   through the blocking start-up calls (see [`nfs`]).
 //!
 //! Inputs are framed as records `[len: u16 le][flags: u8][len bytes]`; what `flags` means is
 //! per target. Nothing here may panic on any input: a panic is the finding.
 
 #![deny(missing_docs)]
+
+pub mod nfs;
+pub use nfs::nfs_reply;
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
