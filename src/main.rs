@@ -21,16 +21,18 @@ use virtiofs_backend::passthrough::{PassthroughConfig, Policy};
 use virtiofs_backend::ramfs::RamFsConfig;
 use virtiofs_backend::server::ServerOptions;
 use virtiofs_backend::{PassthroughFs, RamFs};
+use virtiofs_device::poller::{PollerPool, RequestHandler};
 use virtiofs_device::stats::DeviceStats;
 use virtiofs_device::vfio_user::Listener;
 use virtiofs_dpu::config::Profile;
+use virtiofs_dpu::functions::{Defaults, FunctionSet, FuseStatsFn};
 use virtiofs_dpu::ops::control_socket::{BoundControlSocket, ControlClient, ControlState};
 use virtiofs_dpu::ops::deploy;
 use virtiofs_dpu::ops::logger::{self, LogFormat};
 use virtiofs_dpu::ops::options::{self, BackendProfile};
 use virtiofs_dpu::ops::report::{self, StatsReport};
 use virtiofs_dpu::remote::{self, RemoteKeys};
-use virtiofs_dpu::{FuseHandler, FuseStats, PassthroughHandler, RunningDevice};
+use virtiofs_dpu::{FuseHandler, FuseStats, PassthroughHandler};
 
 /// virtio-fs device firmware served over vfio-user.
 ///
@@ -335,15 +337,34 @@ impl StatsFile {
         File::create(path).map(StatsFile)
     }
 
-    /// Replaces the file's contents with the device's and the FUSE side's statistics.
-    fn write(&self, stats: &DeviceStats, fuse: &FuseStats) {
-        let report = serde_json::json!({ "device": stats, "fuse": fuse });
+    /// Replaces the file's contents with the functions' statistics: the first one's as
+    /// `device` and `fuse`, and with several functions every one under `functions`.
+    fn write(&self, all: &[(String, DeviceStats, FuseStats)]) {
+        let Some((_, stats, fuse)) = all.first() else { return };
+        let mut report = serde_json::json!({ "device": stats, "fuse": fuse });
+        if all.len() > 1 {
+            let each: Vec<serde_json::Value> = all
+                .iter()
+                .map(|(tag, d, f)| serde_json::json!({"tag": tag, "device": d, "fuse": f}))
+                .collect();
+            report["functions"] = serde_json::Value::Array(each);
+        }
         let mut text = report.to_string();
         text.push('\n');
         let r = self.0.set_len(0).and_then(|()| self.0.write_all_at(text.as_bytes(), 0));
         if let Err(e) = r {
             warn!("cannot write the statistics file: {e}");
         }
+    }
+
+    /// [`Self::write`] of the running functions.
+    fn write_all(&self, functions: &FunctionSet) {
+        let all: Vec<(String, DeviceStats, FuseStats)> = functions
+            .tags()
+            .into_iter()
+            .filter_map(|t| functions.stats(Some(&t)).map(|(d, f)| (t, d, f)))
+            .collect();
+        self.write(&all);
     }
 }
 
@@ -374,16 +395,40 @@ fn main() -> ExitCode {
              poller_cores entry, each owning its queues), not by a thread pool"
         );
     }
-    let (mut profile, backend_keys, remote_keys) = match &args.config {
-        Some(path) => match remote::load_profile(path) {
-            Ok(p) => p,
+    // The profile file's table; its `[[function]]` array, if any, makes a daemon of several
+    // functions (the rest are the daemon's keys and the functions' defaults).
+    let (mut file_table, function_tables) = match &args.config {
+        Some(path) => match read_table(path) {
+            Ok(t) => t,
             Err(e) => {
-                error!("profile {}: {}", path.display(), error_chain(&e));
+                error!("profile {}: {e}", path.display());
                 return ExitCode::from(2);
             }
         },
+        None => (toml::Table::new(), None),
+    };
+    let (mut profile, backend_keys, remote_keys) = match &args.config {
+        Some(path) => {
+            if function_tables.is_some() {
+                // The daemon-wide part: every key a function table may override stays a default.
+                file_table.retain(|k, _| k != "remote" && !k.starts_with("nfs_"));
+            }
+            match remote::split_profile(
+                &toml::to_string(&file_table).unwrap_or_default(),
+                &path.display().to_string(),
+            ) {
+                Ok(p) => p,
+                Err(e) => {
+                    error!("profile {}: {}", path.display(), error_chain(&e));
+                    return ExitCode::from(2);
+                }
+            }
+        }
         None => (Profile::default(), BackendProfile::default(), RemoteKeys::default()),
     };
+    if let Some(tables) = function_tables {
+        return serve_functions(&args, &matches, profile, &file_table, tables);
+    }
     let remote_url = args.remote.clone().or_else(|| remote_keys.remote.clone());
     if let Err(msg) = check_backend_flags(&matches, &args, remote_url.is_some()) {
         error!("{msg}");
@@ -453,7 +498,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1, SIGHUP]) {
+    let signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1, SIGHUP]) {
         Ok(s) => s,
         Err(e) => {
             error!("cannot install signal handlers: {e}");
@@ -462,47 +507,218 @@ fn main() -> ExitCode {
     };
     let config = effective_config(&args, &profile, &backend_keys, remote_url.as_deref(), &remote_keys);
     info!("starting: {}", startup_line(&config));
-    let fuse_stats: FuseStatsFn;
-    let started = match (args.shared_dir.as_deref(), remote_fs) {
-        (None, Some(fs)) => match confine_and_serve_remote(fs, &args, profile, listener, control.as_mut()) {
-            Ok((started, stats)) => {
-                fuse_stats = stats;
-                started
-            }
+    let runtime_ok = match (&args.shared_dir, remote_fs.is_some()) {
+        (None, false) => true,
+        _ => {
+            args.sandbox.unwrap_or_else(SandboxMode::default_for_this_process) == SandboxMode::None
+                && args.seccomp == SeccompMode::Off
+        }
+    };
+    let kind = config["backend"]["kind"].as_str().map_or("ramfs", |k| {
+        if k == "nfs" {
+            "nfs"
+        } else if k == "passthrough" {
+            "passthrough"
+        } else {
+            "ramfs"
+        }
+    });
+    let (listener, handler, fuse_stats): Confined = match (args.shared_dir.as_deref(), remote_fs) {
+        (None, Some(fs)) => match confine_and_serve_remote(fs, &args, listener, control.as_mut()) {
+            Ok(c) => c,
             Err(code) => return code,
         },
         (None, None) => {
             let cfg = args.ramfs_config(&backend_keys);
             let handler = Arc::new(FuseHandler::with_options(RamFs::with_config(cfg), args.server_options()));
             let h = handler.clone();
-            fuse_stats = Arc::new(move || h.stats());
-            RunningDevice::start_on(listener, profile, handler)
+            (listener, handler, Arc::new(move || h.stats()))
         }
-        (Some(dir), _) => match confine_and_serve(dir, &args, profile, listener, control.as_mut()) {
-            Ok((started, stats)) => {
-                fuse_stats = stats;
-                started
-            }
+        (Some(dir), _) => match confine_and_serve(dir, &args, listener, control.as_mut()) {
+            Ok(c) => c,
             Err(code) => return code,
         },
     };
-    let device = match started {
-        Ok(d) => d,
+    // The pollers start only now, once the process is confined: they inherit it.
+    let pool = match PollerPool::spawn(&profile) {
+        Ok(p) => p,
+        Err(e) => {
+            error!("cannot start the pollers: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let defaults = runtime_ok.then(|| function_defaults(&args, &file_table));
+    let functions = Arc::new(FunctionSet::new(
+        pool,
+        defaults,
+        "the daemon is confined (sandbox or seccomp) and can bind no new socket",
+    ));
+    if let Err(e) = functions.start(listener, profile, handler, fuse_stats, kind, None, config.clone()) {
+        error!("{}", error_chain(&e));
+        return ExitCode::FAILURE;
+    }
+    serve(functions, config, control, notifier, signals, stats_file, started_at)
+}
+
+/// Reads a profile file's table and takes its `[[function]]` array out.
+fn read_table(path: &std::path::Path) -> Result<(toml::Table, Option<Vec<toml::Table>>), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let mut table: toml::Table = toml::from_str(&text).map_err(|e| e.to_string())?;
+    let functions = match table.remove("function") {
+        None => None,
+        Some(toml::Value::Array(a)) => {
+            let mut out = Vec::new();
+            for (i, v) in a.into_iter().enumerate() {
+                match v {
+                    toml::Value::Table(t) => out.push(t),
+                    _ => return Err(format!("function {i}: not a table (write [[function]])")),
+                }
+            }
+            Some(out)
+        }
+        Some(_) => return Err("`function` must be an array of tables ([[function]])".into()),
+    };
+    Ok((table, functions))
+}
+
+/// A daemon of several functions from the profile's `[[function]]` tables, on one pool of
+/// pollers (no sandbox: see DESIGN.md "Functions").
+fn serve_functions(
+    args: &Args,
+    m: &clap::ArgMatches,
+    profile: Profile,
+    file_table: &toml::Table,
+    tables: Vec<toml::Table>,
+) -> ExitCode {
+    let given = |id: &str| m.value_source(id) == Some(ValueSource::CommandLine);
+    for flag in [
+        "socket_path",
+        "fd",
+        "shared_dir",
+        "remote",
+        "tag",
+        "sandbox",
+        "seccomp",
+        "ramfs_size",
+        "ramfs_inodes",
+    ] {
+        if given(flag) {
+            error!(
+                "--{}: the profile lists functions ([[function]]): give each one's settings in its table",
+                flag.replace('_', "-")
+            );
+            return ExitCode::from(2);
+        }
+    }
+    if tables.is_empty() {
+        error!("the profile's [[function]] list is empty");
+        return ExitCode::from(2);
+    }
+    if let Err(e) = profile.check_machine() {
+        error!("{}", error_chain(&e));
+        return ExitCode::from(2);
+    }
+    let defaults = function_defaults(args, file_table);
+    let mut specs = Vec::new();
+    for (i, t) in tables.into_iter().enumerate() {
+        match virtiofs_dpu::functions::parse_function(&defaults, t) {
+            Ok(spec) => specs.push(spec),
+            Err(e) => {
+                error!("function {i}: {}", error_chain(&e));
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if let Err(e) = set_nofile_limit(args.rlimit_nofile) {
+        error!("{e}");
+        return ExitCode::FAILURE;
+    }
+    let notifier = match deploy::Notifier::from_env() {
+        Ok(n) => n,
         Err(e) => {
             error!("{}", error_chain(&e));
             return ExitCode::FAILURE;
         }
     };
+    let control = match args.control_socket.as_deref().map(BoundControlSocket::bind).transpose() {
+        Ok(c) => c,
+        Err(e) => {
+            error!("{}", error_chain(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    let started_at = std::time::Instant::now();
+    let stats_file = match args.stats_file.as_deref().map(StatsFile::create).transpose() {
+        Ok(f) => f,
+        Err(e) => {
+            error!("cannot create the statistics file: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1, SIGHUP]) {
+        Ok(s) => s,
+        Err(e) => {
+            error!("cannot install signal handlers: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let pool = match PollerPool::spawn(&profile) {
+        Ok(p) => p,
+        Err(e) => {
+            error!("cannot start the pollers: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    info!(
+        "starting {} functions on {} shared poller(s) (cores {:?}, polling {:?}); no sandbox",
+        specs.len(),
+        pool.pollers(),
+        profile.poller_cores,
+        profile.polling
+    );
+    let functions = Arc::new(FunctionSet::new(pool, Some(defaults.clone()), ""));
+    for spec in specs {
+        let tag = spec.profile.tag.clone();
+        if let Err(e) = functions.create(spec, defaults.server_options, defaults.io_mode) {
+            error!("function {tag:?}: {}", error_chain(&e));
+            return ExitCode::FAILURE;
+        }
+    }
+    let config = serde_json::json!({
+        "profile_file": args.config,
+        "profile": profile,
+        "functions": functions.list(),
+        "control_socket": args.control_socket,
+    });
+    serve(functions, config, control, notifier, signals, stats_file, started_at)
+}
+
+/// The defaults a run-time function inherits: the profile file's device keys, the command
+/// line's FUSE options.
+fn function_defaults(args: &Args, file_table: &toml::Table) -> Defaults {
+    let mut d = Defaults::from_profile_table(file_table);
+    d.server_options = args.server_options();
+    d.posix_acl = args.posix_acl();
+    d.cache = args.cache;
+    d.io_mode = args.io_mode;
+    d
+}
+
+/// Serves the functions until a signal stops the daemon: the control socket, readiness, the
+/// statistics on SIGUSR1, the orderly stop.
+fn serve(
+    functions: Arc<FunctionSet>,
+    config: serde_json::Value,
+    control: Option<BoundControlSocket>,
+    notifier: Option<deploy::Notifier>,
+    mut signals: signal_hook::iterator::Signals,
+    stats_file: Option<StatsFile>,
+    started_at: std::time::Instant,
+) -> ExitCode {
     let control = match control {
         None => None,
         Some(bound) => {
-            let fs = fuse_stats.clone();
-            let state = ControlState {
-                device: device.stop_handle(),
-                config,
-                fuse: Box::new(move || fs()),
-                started: started_at,
-            };
+            let state = ControlState { functions: functions.clone(), config, started: started_at };
             match bound.serve(state) {
                 Ok(c) => {
                     info!("control socket {}", c.path().display());
@@ -524,9 +740,13 @@ fn main() -> ExitCode {
     for sig in signals.forever() {
         match sig {
             SIGUSR1 => {
-                log_stats(&device.stats(), &fuse_stats());
+                for tag in functions.tags() {
+                    if let Some((d, fuse)) = functions.stats(Some(&tag)) {
+                        log_stats(&tag, &d, &fuse);
+                    }
+                }
                 if let Some(f) = &stats_file {
-                    f.write(&device.stats(), &fuse_stats());
+                    f.write_all(&functions);
                 }
             }
             SIGHUP => info!("SIGHUP: nothing to reload (the profile is read at start); ignored"),
@@ -543,22 +763,27 @@ fn main() -> ExitCode {
     if let Some(c) = control {
         c.stop();
     }
-    match device.stop() {
-        Ok(stats) => {
-            let per_queue: Vec<String> =
-                stats.requests().iter().enumerate().map(|(i, n)| format!("q{i}={n}")).collect();
-            info!("requests per queue: {}", per_queue.join(" "));
-            info!("bad chains per queue: {:?}", stats.bad_chains());
-            if let Some(f) = &stats_file {
-                f.write(&stats, &fuse_stats());
+    let mut code = ExitCode::SUCCESS;
+    let mut finals = Vec::new();
+    for (tag, result, fuse) in functions.stop_all() {
+        match result {
+            Ok(stats) => {
+                let per_queue: Vec<String> =
+                    stats.requests().iter().enumerate().map(|(i, n)| format!("q{i}={n}")).collect();
+                info!("{tag}: requests per queue: {}", per_queue.join(" "));
+                info!("{tag}: bad chains per queue: {:?}", stats.bad_chains());
+                finals.push((tag, stats, fuse));
             }
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            error!("{}", error_chain(&e));
-            ExitCode::FAILURE
+            Err(e) => {
+                error!("{tag}: {}", error_chain(&e));
+                code = ExitCode::FAILURE;
+            }
         }
     }
+    if let Some(f) = &stats_file {
+        f.write(&finals);
+    }
+    code
 }
 
 /// `--shared-dir`: checks the directory, binds the socket, confines the process (namespaces,
@@ -567,10 +792,9 @@ fn main() -> ExitCode {
 fn confine_and_serve(
     dir: &std::path::Path,
     args: &Args,
-    profile: Profile,
     mut listener: Listener,
     control: Option<&mut BoundControlSocket>,
-) -> Result<(Started, FuseStatsFn), ExitCode> {
+) -> Result<Confined, ExitCode> {
     let fail = |code: u8, e: &dyn std::error::Error| {
         error!("{}", error_chain(e));
         ExitCode::from(code)
@@ -625,7 +849,7 @@ fn confine_and_serve(
     }
     let handler = Arc::new(PassthroughHandler::with_options(fs, args.io_mode, args.server_options()));
     let h = handler.clone();
-    Ok((RunningDevice::start_on(listener, profile, handler), Arc::new(move || h.stats())))
+    Ok((listener, handler, Arc::new(move || h.stats())))
 }
 
 /// The backend flags that need a host backend (`--shared-dir` or a remote) and the ones that
@@ -675,10 +899,9 @@ fn mount_remote(url: &str, keys: &RemoteKeys, args: &Args) -> Result<NfsFs, Exit
 fn confine_and_serve_remote(
     fs: NfsFs,
     args: &Args,
-    profile: Profile,
     mut listener: Listener,
     control: Option<&mut BoundControlSocket>,
-) -> Result<(Started, FuseStatsFn), ExitCode> {
+) -> Result<Confined, ExitCode> {
     let fail = |code: u8, e: &dyn std::error::Error| {
         error!("{}", error_chain(e));
         ExitCode::from(code)
@@ -710,13 +933,11 @@ fn confine_and_serve_remote(
     let handler = Arc::new(FuseHandler::with_options(fs, args.server_options()));
     let h = handler.clone();
     let stats = move || FuseStats { nfs: Some(h.server().filesystem().stats()), ..h.stats() };
-    Ok((RunningDevice::start_on(listener, profile, handler), Arc::new(stats)))
+    Ok((listener, handler, Arc::new(stats)))
 }
 
-/// What starting the device gave.
-type Started = Result<RunningDevice, virtiofs_device::vfio_user::ServerError>;
-/// Reads the FUSE side's statistics of the running handler.
-type FuseStatsFn = Arc<dyn Fn() -> FuseStats + Send + Sync>;
+/// A confined process's socket, handler and FUSE statistics, ready to start.
+type Confined = (Listener, Arc<dyn RequestHandler>, FuseStatsFn);
 
 /// The vfio-user socket: the descriptor of `--fd` or of systemd socket activation, or
 /// `--socket-path` bound now, given the group and mode asked for.
@@ -883,7 +1104,7 @@ fn set_nofile_limit(want: Option<u64>) -> Result<(), String> {
 }
 
 /// SIGUSR1: the statistics in the log, one line for the queues and one for the classes.
-fn log_stats(d: &DeviceStats, fuse: &FuseStats) {
+fn log_stats(tag: &str, d: &DeviceStats, fuse: &FuseStats) {
     let queues: Vec<String> = d
         .queues
         .iter()
@@ -894,7 +1115,7 @@ fn log_stats(d: &DeviceStats, fuse: &FuseStats) {
             )
         })
         .collect();
-    info!("statistics: {}", queues.join("; "));
+    info!("statistics of {tag}: {}", queues.join("; "));
     let classes: Vec<String> = d
         .classes
         .iter()
