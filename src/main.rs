@@ -277,6 +277,10 @@ struct StatsArgs {
     /// Print the Prometheus text exposition format (for a node exporter's textfile collector).
     #[arg(long)]
     prometheus: bool,
+    /// Only this function (by tag); default: every function of the daemon (the Prometheus
+    /// format: the first one, its metric names carry no function label).
+    #[arg(long, value_name = "TAG")]
+    function: Option<String>,
     /// Print again every SECONDS, like `iostat SECONDS`: the first report covers the time since
     /// the start (or the last reset_stats), each later one the last interval.
     #[arg(long, value_name = "SECONDS")]
@@ -297,33 +301,47 @@ fn stats_command(a: &StatsArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(&e),
     };
-    let mut prev: Option<StatsReport> = None;
+    let tags: Vec<Option<String>> = match &a.function {
+        Some(t) => vec![Some(t.clone())],
+        None if a.prometheus => vec![None],
+        None => match client.call("list_functions", serde_json::Value::Null) {
+            Ok(serde_json::Value::Array(l)) if l.len() > 1 => {
+                l.iter().map(|f| f["tag"].as_str().map(str::to_string)).collect()
+            }
+            // One function, or a daemon without list_functions: the first (only) one.
+            _ => vec![None],
+        },
+    };
+    let mut prev: Vec<Option<StatsReport>> = vec![None; tags.len()];
     loop {
-        let value = match client.call("get_stats", serde_json::Value::Null) {
-            Ok(v) => v,
-            Err(e) => return fail(&e),
-        };
-        let now: StatsReport = match serde_json::from_value(value.clone()) {
-            Ok(r) => r,
-            Err(e) => return fail(&e),
-        };
-        let shown = match &prev {
-            Some(p) => now.since(p),
-            None => now.clone(),
-        };
-        let text = if a.json {
-            format!("{}\n", serde_json::to_string(&shown).unwrap_or_default())
-        } else if a.prometheus {
-            report::prometheus(&now)
-        } else {
-            report::table(&shown)
-        };
-        print!("{text}");
-        if a.watch.is_some() && !a.json && !a.prometheus {
-            println!();
+        for (tag, prev) in tags.iter().zip(prev.iter_mut()) {
+            let params = tag.as_ref().map_or(serde_json::Value::Null, |t| serde_json::json!({ "tag": t }));
+            let value = match client.call("get_stats", params) {
+                Ok(v) => v,
+                Err(e) => return fail(&e),
+            };
+            let now: StatsReport = match serde_json::from_value(value.clone()) {
+                Ok(r) => r,
+                Err(e) => return fail(&e),
+            };
+            let shown = match &*prev {
+                Some(p) => now.since(p),
+                None => now.clone(),
+            };
+            let text = if a.json {
+                format!("{}\n", serde_json::to_string(&shown).unwrap_or_default())
+            } else if a.prometheus {
+                report::prometheus(&now)
+            } else {
+                report::table(&shown)
+            };
+            print!("{text}");
+            if (a.watch.is_some() || tags.len() > 1) && !a.json && !a.prometheus {
+                println!();
+            }
+            *prev = Some(now);
         }
         let Some(w) = a.watch else { return ExitCode::SUCCESS };
-        prev = Some(now);
         std::thread::sleep(std::time::Duration::from_secs_f64(w));
     }
 }
