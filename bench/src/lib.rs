@@ -23,6 +23,7 @@
 //! out as 496 KiB FUSE requests. The table shows the request size actually sent.
 #![deny(missing_docs)]
 
+pub mod multi;
 pub mod nfs_raw;
 pub mod null;
 pub mod pingpong;
