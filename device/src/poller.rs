@@ -693,7 +693,17 @@ struct Attached {
     deferred: VecDeque<(u64, Msg)>,
     /// Detached: the sequence number to acknowledge once its engine is gone.
     detached: Option<u64>,
+    /// Rounds in a row this function had nothing to do (no request, nothing pending).
+    quiet: u32,
 }
+
+/// Rounds without work after which a function of a shared poller turns cold.
+const QUIET_ROUNDS: u32 = 1 << 16;
+/// A cold function is looked at every this many rounds (its queues, engine, faults): on a poller
+/// with many idle functions a round costs the busy ones a sixteenth of the idle ones' checks
+/// (each an avail-index load from that function's memory), and an idle function's first request
+/// waits at most this many (then short) rounds; any request or pending work makes it hot again.
+const COLD_STRIDE: u64 = 16;
 
 impl Attached {
     fn in_flight(&self) -> usize {
@@ -831,6 +841,7 @@ fn run(ctx: Ctx) {
     let mut idle_since = Instant::now();
     let mine = ctx.stats.poller(ctx.id);
     let mut clock = Clock::new();
+    let mut round_no = 0u64;
     // One buffer list per set of memory snapshots (it borrows them): building it costs a 24 KiB
     // memset, 18 % of the poller's instructions at QD=1, idle spinning included (callgrind).
     // It is rebuilt when a function's memory changes or a function comes or goes.
@@ -864,6 +875,7 @@ fn run(ctx: Ctx) {
                             faults_seen,
                             deferred: VecDeque::new(),
                             detached: None,
+                            quiet: 0,
                         });
                         changed = true;
                     }
@@ -893,8 +905,18 @@ fn run(ctx: Ctx) {
             }
             clock.start_round();
             let mut work = 0usize;
-            for (a, snapshot) in fns.iter_mut().zip(&snapshots) {
-                work += a.round(snapshot, &mut chain);
+            round_no = round_no.wrapping_add(1);
+            let shared = fns.len() > 1;
+            for (i, (a, snapshot)) in fns.iter_mut().zip(&snapshots).enumerate() {
+                // A function quiet for long is looked at every COLD_STRIDE-th round only, so
+                // that idle functions cost a busy one on the same poller little (see COLD_STRIDE).
+                if shared && a.quiet >= QUIET_ROUNDS && (round_no + i as u64) % COLD_STRIDE != 0 {
+                    continue;
+                }
+                let n = a.round(snapshot, &mut chain);
+                let active = n > 0 || a.in_flight() > 0 || !a.parked.is_empty() || !a.deferred.is_empty();
+                a.quiet = if active { 0 } else { a.quiet.saturating_add(1) };
+                work += n;
             }
             let waiting = fns.iter().any(|a| a.in_flight() > 0);
             let busy = work > 0 || waiting;
