@@ -910,7 +910,7 @@ fn run(ctx: Ctx) {
             for (i, (a, snapshot)) in fns.iter_mut().zip(&snapshots).enumerate() {
                 // A function quiet for long is looked at every COLD_STRIDE-th round only, so
                 // that idle functions cost a busy one on the same poller little (see COLD_STRIDE).
-                if shared && a.quiet >= QUIET_ROUNDS && (round_no + i as u64) % COLD_STRIDE != 0 {
+                if shared && a.quiet >= QUIET_ROUNDS && !(round_no + i as u64).is_multiple_of(COLD_STRIDE) {
                     continue;
                 }
                 let n = a.round(snapshot, &mut chain);
