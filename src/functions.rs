@@ -191,6 +191,60 @@ pub fn parse_function(defaults: &Defaults, mut t: toml::Table) -> Result<Functio
     Ok(FunctionSpec { socket_path: PathBuf::from(socket_path), profile, backend, pollers })
 }
 
+/// A function's backend, set up: its request handler, its FUSE statistics and what
+/// `get_device` says of it.
+pub struct Built {
+    /// The handler the function's queues are served by.
+    pub handler: Arc<dyn RequestHandler>,
+    /// Its FUSE statistics.
+    pub fuse: FuseStatsFn,
+    /// The backend as `get_device` reports it.
+    pub config: Value,
+    /// `ramfs`, `passthrough` or `nfs`.
+    pub kind: &'static str,
+}
+
+impl Built {
+    /// Sets up `backend` (mounts an NFS export, opens a shared directory: on the calling thread,
+    /// blocking). A shared directory is opened through `proc_fd` (the `/proc/self/fd` of a
+    /// sandbox) when given.
+    pub fn new(
+        backend: BackendSpec,
+        options: ServerOptions,
+        io_mode: IoMode,
+        proc_fd: Option<std::os::fd::OwnedFd>,
+    ) -> Result<Built, FunctionError> {
+        let failed = |e: Box<dyn std::error::Error + Send + Sync>| FunctionError::Backend(e);
+        Ok(match backend {
+            BackendSpec::Ram(cfg) => {
+                let config = json!({"kind": "ramfs", "cache": cfg.cache.to_string(), "size": cfg.capacity, "inodes": cfg.max_inodes});
+                let h = Arc::new(FuseHandler::with_options(RamFs::with_config(cfg), options));
+                let s = h.clone();
+                Built { handler: h, fuse: Arc::new(move || s.stats()), config, kind: "ramfs" }
+            }
+            BackendSpec::SharedDir(cfg) => {
+                let config = json!({"kind": "passthrough", "shared_dir": cfg.root, "cache": cfg.cache.to_string(), "io_mode": format!("{io_mode:?}").to_lowercase()});
+                let fs = match proc_fd {
+                    Some(fd) => PassthroughFs::with_proc_fd(cfg, fd),
+                    None => PassthroughFs::new(cfg),
+                }
+                .map_err(|e| failed(Box::new(e)))?;
+                let h = Arc::new(PassthroughHandler::with_options(fs, io_mode, options));
+                let s = h.clone();
+                Built { handler: h, fuse: Arc::new(move || s.stats()), config, kind: "passthrough" }
+            }
+            BackendSpec::Remote(opts, url) => {
+                let config = json!({"kind": "nfs", "url": url, "cache": opts.cache.to_string()});
+                let fs = NfsFs::connect(*opts).map_err(|e| failed(Box::new(e)))?;
+                let h = Arc::new(FuseHandler::with_options(fs, options));
+                let s = h.clone();
+                let stats = move || FuseStats { nfs: Some(s.server().filesystem().stats()), ..s.stats() };
+                Built { handler: h, fuse: Arc::new(stats), config, kind: "nfs" }
+            }
+        })
+    }
+}
+
 /// What `list_functions` says of one function.
 #[derive(Debug, Clone, Serialize)]
 pub struct FunctionInfo {
@@ -339,37 +393,21 @@ impl FunctionSet {
             return Err(FunctionError::Exists(spec.profile.tag.clone()));
         }
         let listener = vfio_user::Listener::bind(&spec.socket_path)?;
-        let (handler, fuse, config): (Arc<dyn RequestHandler>, FuseStatsFn, Value) = match spec.backend {
-            BackendSpec::Ram(cfg) => {
-                let config = json!({"kind": "ramfs", "cache": cfg.cache.to_string(), "size": cfg.capacity, "inodes": cfg.max_inodes});
-                let h = Arc::new(FuseHandler::with_options(RamFs::with_config(cfg), options));
-                let s = h.clone();
-                (h, Arc::new(move || s.stats()), config)
-            }
-            BackendSpec::SharedDir(cfg) => {
-                let config =
-                    json!({"kind": "passthrough", "shared_dir": cfg.root, "cache": cfg.cache.to_string()});
-                let fs = PassthroughFs::new(cfg).map_err(|e| FunctionError::Backend(Box::new(e)))?;
-                let h = Arc::new(PassthroughHandler::with_options(fs, io_mode, options));
-                let s = h.clone();
-                (h, Arc::new(move || s.stats()), config)
-            }
-            BackendSpec::Remote(opts, url) => {
-                let config = json!({"kind": "nfs", "url": url, "cache": opts.cache.to_string()});
-                let fs = NfsFs::connect(*opts).map_err(|e| FunctionError::Backend(Box::new(e)))?;
-                let h = Arc::new(FuseHandler::with_options(fs, options));
-                let s = h.clone();
-                let stats = move || FuseStats { nfs: Some(s.server().filesystem().stats()), ..s.stats() };
-                (h, Arc::new(stats), config)
-            }
-        };
-        let kind = config["kind"].as_str().map_or("ramfs", |k| match k {
-            "passthrough" => "passthrough",
-            "nfs" => "nfs",
-            _ => "ramfs",
-        });
-        let config = json!({"profile": spec.profile, "backend": config, "socket": spec.socket_path});
-        self.start(listener, spec.profile, handler, fuse, kind, spec.pollers.as_deref(), config)
+        let built = Built::new(spec.backend, options, io_mode, None)?;
+        self.start_built(listener, spec.profile, spec.pollers.as_deref(), spec.socket_path, built)
+    }
+
+    /// Starts a function whose socket is bound and whose backend is set up.
+    pub fn start_built(
+        &self,
+        listener: vfio_user::Listener,
+        profile: Profile,
+        pollers: Option<&[usize]>,
+        socket_path: PathBuf,
+        built: Built,
+    ) -> Result<FunctionInfo, FunctionError> {
+        let config = json!({"profile": profile, "backend": built.config, "socket": socket_path});
+        self.start(listener, profile, built.handler, built.fuse, built.kind, pollers, config)
     }
 
     /// `create_function`: parses `params` over the daemon's defaults and starts the function.

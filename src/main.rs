@@ -415,21 +415,37 @@ fn main() -> ExitCode {
     }
     // The profile file's table; its `[[function]]` array, if any, makes a daemon of several
     // functions (the rest are the daemon's keys and the functions' defaults).
-    let (mut file_table, function_tables) = match &args.config {
+    let (mut file_table, function_tables, sandbox_root) = match &args.config {
         Some(path) => match read_table(path) {
-            Ok(t) => t,
+            Ok((t, f)) => {
+                let root = t.get("sandbox_root").map(|v| v.as_str().map(PathBuf::from));
+                match root {
+                    Some(None) => {
+                        error!("profile {}: `sandbox_root` must be a path", path.display());
+                        return ExitCode::from(2);
+                    }
+                    Some(Some(_)) if f.is_none() => {
+                        error!(
+                            "profile {}: `sandbox_root` is for a profile with [[function]] tables",
+                            path.display()
+                        );
+                        return ExitCode::from(2);
+                    }
+                    r => (t, f, r.flatten()),
+                }
+            }
             Err(e) => {
                 error!("profile {}: {e}", path.display());
                 return ExitCode::from(2);
             }
         },
-        None => (toml::Table::new(), None),
+        None => (toml::Table::new(), None, None),
     };
     let (mut profile, backend_keys, remote_keys) = match &args.config {
         Some(path) => {
             if function_tables.is_some() {
                 // The daemon-wide part: every key a function table may override stays a default.
-                file_table.retain(|k, _| k != "remote" && !k.starts_with("nfs_"));
+                file_table.retain(|k, _| k != "remote" && k != "sandbox_root" && !k.starts_with("nfs_"));
             }
             match remote::split_profile(
                 &toml::to_string(&file_table).unwrap_or_default(),
@@ -445,7 +461,7 @@ fn main() -> ExitCode {
         None => (Profile::default(), BackendProfile::default(), RemoteKeys::default()),
     };
     if let Some(tables) = function_tables {
-        return serve_functions(&args, &matches, profile, &file_table, tables);
+        return serve_functions(&args, &matches, profile, &file_table, tables, sandbox_root);
     }
     let remote_url = args.remote.clone().or_else(|| remote_keys.remote.clone());
     if let Err(msg) = check_backend_flags(&matches, &args, remote_url.is_some()) {
@@ -600,26 +616,25 @@ fn read_table(path: &std::path::Path) -> Result<(toml::Table, Option<Vec<toml::T
 }
 
 /// A daemon of several functions from the profile's `[[function]]` tables, on one pool of
-/// pollers (no sandbox: see DESIGN.md "Functions").
+/// pollers. Every socket is bound first; then, when a function serves a host directory, the
+/// process is confined as a `--shared-dir` daemon is, with `sandbox_root` (a directory holding
+/// every function's `shared_dir`) as its root, each function's passthrough opened beneath its
+/// own directory there; only then do the backends, the pollers and the control planes start.
 fn serve_functions(
     args: &Args,
     m: &clap::ArgMatches,
     profile: Profile,
     file_table: &toml::Table,
     tables: Vec<toml::Table>,
+    sandbox_root: Option<PathBuf>,
 ) -> ExitCode {
+    use virtiofs_dpu::functions::{BackendSpec, Built};
+    let fail = |code: u8, e: &dyn std::error::Error| {
+        error!("{}", error_chain(e));
+        ExitCode::from(code)
+    };
     let given = |id: &str| m.value_source(id) == Some(ValueSource::CommandLine);
-    for flag in [
-        "socket_path",
-        "fd",
-        "shared_dir",
-        "remote",
-        "tag",
-        "sandbox",
-        "seccomp",
-        "ramfs_size",
-        "ramfs_inodes",
-    ] {
+    for flag in ["socket_path", "fd", "shared_dir", "remote", "tag", "ramfs_size", "ramfs_inodes"] {
         if given(flag) {
             error!(
                 "--{}: the profile lists functions ([[function]]): give each one's settings in its table",
@@ -633,9 +648,12 @@ fn serve_functions(
         return ExitCode::from(2);
     }
     if let Err(e) = profile.check_machine() {
-        error!("{}", error_chain(&e));
-        return ExitCode::from(2);
+        return fail(2, &e);
     }
+    let gid = match args.socket_group.as_deref().map(deploy::group_id).transpose() {
+        Ok(g) => g,
+        Err(e) => return fail(2, &e),
+    };
     let defaults = function_defaults(args, file_table);
     let mut specs = Vec::new();
     for (i, t) in tables.into_iter().enumerate() {
@@ -647,24 +665,97 @@ fn serve_functions(
             }
         }
     }
+    let shared = specs.iter().any(|s| matches!(s.backend, BackendSpec::SharedDir(_)));
+    let remote = specs.iter().any(|s| matches!(s.backend, BackendSpec::Remote(..)));
+    let host = shared || remote;
+    if !host && (given("sandbox") || given("seccomp")) {
+        error!("--sandbox and --seccomp apply when a function has a shared_dir or a remote");
+        return ExitCode::from(2);
+    }
+    let mode = if shared {
+        args.sandbox.unwrap_or_else(SandboxMode::default_for_this_process)
+    } else {
+        SandboxMode::None
+    };
+    let seccomp = if host { args.seccomp } else { SeccompMode::Off };
+    // With a namespace, every shared directory as a path beneath the sandbox root.
+    let mut inside: Vec<Option<PathBuf>> = Vec::new();
+    let root = match (mode, &sandbox_root) {
+        (SandboxMode::Namespace, _) if remote => {
+            error!("functions with a remote and a namespace sandbox: not supported yet (the namespace would take the network); use --sandbox none");
+            return ExitCode::from(2);
+        }
+        (SandboxMode::Namespace, None) => {
+            error!("functions with a shared_dir under --sandbox namespace need `sandbox_root` in the profile (a directory holding every function's shared_dir), or --sandbox none");
+            return ExitCode::from(2);
+        }
+        (SandboxMode::Namespace, Some(r)) => match std::fs::canonicalize(r) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                error!("sandbox_root {}: {e}", r.display());
+                return ExitCode::from(2);
+            }
+        },
+        (SandboxMode::None, _) => None,
+    };
+    for spec in &specs {
+        let BackendSpec::SharedDir(cfg) = &spec.backend else {
+            inside.push(None);
+            continue;
+        };
+        // Checked on the host's terms first, as --shared-dir is.
+        if let Err(e) = PassthroughFs::new(cfg.clone()) {
+            error!("function {:?}: shared_dir {}: {}", spec.profile.tag, cfg.root.display(), error_chain(&e));
+            return ExitCode::from(2);
+        }
+        let Some(root) = &root else {
+            inside.push(None);
+            continue;
+        };
+        let beneath = std::fs::canonicalize(&cfg.root)
+            .ok()
+            .and_then(|d| d.strip_prefix(root).ok().map(|r| std::path::Path::new("/").join(r)));
+        match beneath {
+            Some(p) => inside.push(Some(p)),
+            None => {
+                error!(
+                    "function {:?}: shared_dir {} is not beneath sandbox_root {}",
+                    spec.profile.tag,
+                    cfg.root.display(),
+                    root.display()
+                );
+                return ExitCode::from(2);
+            }
+        }
+    }
     if let Err(e) = set_nofile_limit(args.rlimit_nofile) {
         error!("{e}");
         return ExitCode::FAILURE;
     }
     let notifier = match deploy::Notifier::from_env() {
         Ok(n) => n,
-        Err(e) => {
-            error!("{}", error_chain(&e));
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return fail(1, &e),
     };
-    let control = match args.control_socket.as_deref().map(BoundControlSocket::bind).transpose() {
+    // Every socket now, before any sandbox and before any thread.
+    let mut listeners = Vec::new();
+    for spec in &specs {
+        match Listener::bind(&spec.socket_path) {
+            Ok(l) => listeners.push(l),
+            Err(e) => return fail(1, &e),
+        }
+        if let Err(e) = deploy::set_socket_access(&spec.socket_path, gid, args.socket_mode) {
+            return fail(1, &e);
+        }
+    }
+    let mut control = match args.control_socket.as_deref().map(BoundControlSocket::bind).transpose() {
         Ok(c) => c,
-        Err(e) => {
-            error!("{}", error_chain(&e));
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return fail(1, &e),
     };
+    if let Some(c) = &control {
+        if let Err(e) = deploy::set_socket_access(c.path(), gid, args.socket_mode) {
+            return fail(1, &e);
+        }
+    }
     let started_at = std::time::Instant::now();
     let stats_file = match args.stats_file.as_deref().map(StatsFile::create).transpose() {
         Ok(f) => f,
@@ -680,6 +771,67 @@ fn serve_functions(
             return ExitCode::FAILURE;
         }
     };
+    let mut proc_fd = None;
+    if let Some(root) = &root {
+        let confined = match sandbox::enter_namespace(root) {
+            Ok(c) => c,
+            Err(e) => return fail(1, &e),
+        };
+        listeners.iter_mut().for_each(Listener::keep_socket_file);
+        if let Some(c) = control.as_mut() {
+            c.keep_socket_file();
+        }
+        info!(
+            "sandbox: new mount, IPC and network namespaces; root is now {} (every function's shared_dir beneath it)",
+            root.display()
+        );
+        proc_fd = Some(confined.proc_self_fd);
+    }
+    // The backends, on this thread: each passthrough opened inside the new root.
+    let mut built = Vec::new();
+    for (spec, inside) in specs.iter_mut().zip(&inside) {
+        let backend = std::mem::replace(&mut spec.backend, BackendSpec::Ram(Default::default()));
+        let backend = match (backend, inside) {
+            (BackendSpec::SharedDir(mut cfg), Some(p)) => {
+                cfg.root = p.clone();
+                BackendSpec::SharedDir(cfg)
+            }
+            (b, _) => b,
+        };
+        let fd = match (&proc_fd, matches!(backend, BackendSpec::SharedDir(_))) {
+            (Some(fd), true) => match fd.try_clone() {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    error!("cannot duplicate the sandbox's /proc/self/fd: {e}");
+                    return ExitCode::FAILURE;
+                }
+            },
+            _ => None,
+        };
+        match Built::new(backend, defaults.server_options, defaults.io_mode, fd) {
+            Ok(b) => built.push(b),
+            Err(e) => {
+                error!("function {:?}: {}", spec.profile.tag, error_chain(&e));
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    drop(proc_fd);
+    if host {
+        let caps = if shared { sandbox::KEPT_CAPS } else { sandbox::NFS_KEPT_CAPS };
+        match sandbox::drop_privileges_keeping(caps) {
+            Ok(d) if d.privileged => {
+                info!("no_new_privs, {} capabilities dropped from the bounding set", d.bounding)
+            }
+            Ok(_) => info!("unprivileged, no_new_privs set"),
+            Err(e) => return fail(1, &e),
+        }
+        let net = if remote { Network::TcpClient } else { Network::None };
+        if let Err(e) = seccomp::install_with(seccomp, net) {
+            return fail(1, &e);
+        }
+    }
+    let confined = mode == SandboxMode::Namespace || seccomp != SeccompMode::Off;
     let pool = match PollerPool::spawn(&profile) {
         Ok(p) => p,
         Err(e) => {
@@ -688,16 +840,24 @@ fn serve_functions(
         }
     };
     info!(
-        "starting {} functions on {} shared poller(s) (cores {:?}, polling {:?}); no sandbox",
+        "starting {} functions on {} shared poller(s) (cores {:?}, polling {:?}); sandbox {:?}, seccomp {:?}",
         specs.len(),
         pool.pollers(),
         profile.poller_cores,
-        profile.polling
+        profile.polling,
+        mode,
+        seccomp
     );
-    let functions = Arc::new(FunctionSet::new(pool, Some(defaults.clone()), ""));
-    for spec in specs {
+    let functions = Arc::new(FunctionSet::new(
+        pool,
+        (!confined).then(|| defaults.clone()),
+        "the daemon is confined (sandbox or seccomp) and can bind no new socket",
+    ));
+    for ((spec, listener), b) in specs.into_iter().zip(listeners).zip(built) {
         let tag = spec.profile.tag.clone();
-        if let Err(e) = functions.create(spec, defaults.server_options, defaults.io_mode) {
+        if let Err(e) =
+            functions.start_built(listener, spec.profile, spec.pollers.as_deref(), spec.socket_path, b)
+        {
             error!("function {tag:?}: {}", error_chain(&e));
             return ExitCode::FAILURE;
         }
@@ -705,6 +865,9 @@ fn serve_functions(
     let config = serde_json::json!({
         "profile_file": args.config,
         "profile": profile,
+        "sandbox_root": root,
+        "sandbox": format!("{mode:?}").to_lowercase(),
+        "seccomp": format!("{seccomp:?}").to_lowercase(),
         "functions": functions.list(),
         "control_socket": args.control_socket,
     });

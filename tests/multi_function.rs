@@ -109,7 +109,14 @@ fn two_functions_with_different_backends_serve_at_once() {
     .unwrap();
     let mut daemon = Daemon::start(
         dir.path(),
-        &["--config", profile.to_str().unwrap(), "--control-socket", ctl.to_str().unwrap()],
+        &[
+            "--config",
+            profile.to_str().unwrap(),
+            "--control-socket",
+            ctl.to_str().unwrap(),
+            "--sandbox",
+            "none",
+        ],
     );
     wait_for(&a);
     wait_for(&b);
@@ -339,4 +346,127 @@ fn a_broken_function_leaves_the_other_serving() {
     assert!(sb.device.bad_chains().iter().all(|&n| n == 0));
     assert!(sb.device.class(OpClass::Write).unwrap().requests >= 100);
     daemon.alive();
+}
+
+/// Two functions serving host directories beneath one `sandbox_root`, in the default confinement
+/// of a root daemon (namespaces whose root is the sandbox root, seccomp in trap mode): each
+/// resolves only beneath its own directory, `..` included, and run-time functions are refused.
+#[test]
+fn shared_directories_beneath_one_sandbox_root_stay_apart() {
+    if is_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let (da, db) = (root.path().join("a"), root.path().join("b"));
+        std::fs::create_dir(&da).unwrap();
+        std::fs::create_dir(&db).unwrap();
+        std::fs::write(db.join("secret"), b"b's").unwrap();
+        std::fs::write(root.path().join("top"), b"root's").unwrap();
+        let (a, b, ctl) = (dir.path().join("a.sock"), dir.path().join("b.sock"), dir.path().join("ctl.sock"));
+        let profile = dir.path().join("multi.toml");
+        std::fs::write(
+            &profile,
+            format!(
+                "sandbox_root = {:?}\n\n[[function]]\nsocket_path = {a:?}\ntag = \"a\"\nshared_dir = {da:?}\n\n\
+                 [[function]]\nsocket_path = {b:?}\ntag = \"b\"\nshared_dir = {db:?}\n",
+                root.path()
+            ),
+        )
+        .unwrap();
+        let mut daemon = Daemon::start(
+            dir.path(),
+            &["--config", profile.to_str().unwrap(), "--control-socket", ctl.to_str().unwrap()],
+        );
+        wait_for(&ctl);
+        let mut c = ControlClient::connect(&ctl).unwrap();
+        let dev = c.call("get_device", Value::Null).unwrap();
+        assert_eq!(dev["config"]["sandbox"], json!("namespace"), "{dev}");
+        let mut fa = driver(&a);
+        let mut fb = driver(&b);
+        write_and_read(&mut fa, "from-a", 0xa1, 4);
+        assert_eq!(std::fs::read(da.join("from-a")).unwrap(), vec![0xa1; 4 * 4096]);
+        enoent(fa.lookup(1, "secret"));
+        enoent(fa.lookup(1, "top"));
+        // `..` of a function's root is that root, not the sandbox root.
+        if let Ok(up) = fa.lookup(1, "..") {
+            enoent(fa.lookup(up.nodeid, "b"));
+            enoent(fa.lookup(up.nodeid, "top"));
+        }
+        assert!(fb.lookup(1, "secret").is_ok());
+        enoent(fb.lookup(1, "from-a"));
+        let e = c
+            .call("create_function", json!({"socket_path": dir.path().join("c.sock"), "tag": "c"}))
+            .unwrap_err();
+        assert!(
+            matches!(&e, ClientError::Rpc { code: -32000, message, .. } if message.contains("confined")),
+            "{e:?}"
+        );
+        daemon.alive();
+        drop((fa, fb));
+    } else {
+        // Without root there is no namespace: the daemon refuses it rather than serving
+        // unconfined (checked by the error path of `--sandbox namespace`).
+        let dir = tempfile::tempdir().unwrap();
+        let share = tempfile::tempdir().unwrap();
+        let profile = dir.path().join("multi.toml");
+        let sock = dir.path().join("a.sock");
+        std::fs::write(
+            &profile,
+            format!("[[function]]\nsocket_path = {sock:?}\ntag = \"a\"\nshared_dir = {:?}\n", share.path()),
+        )
+        .unwrap();
+        let out = Command::new(BIN)
+            .args(["--config", profile.to_str().unwrap(), "--sandbox", "namespace"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+    }
+}
+
+/// Functions with a shared directory in a namespace sandbox need a `sandbox_root` holding all
+/// of them; one outside it is refused at start.
+#[test]
+fn a_shared_directory_outside_the_sandbox_root_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, other) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let profile = dir.path().join("multi.toml");
+    let sock = dir.path().join("a.sock");
+    std::fs::write(
+        &profile,
+        format!(
+            "sandbox_root = {:?}\n[[function]]\nsocket_path = {sock:?}\ntag = \"a\"\nshared_dir = {:?}\n",
+            root.path(),
+            other.path()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["--config", profile.to_str().unwrap(), "--sandbox", "namespace"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("not beneath sandbox_root"), "{err}");
+    assert!(!sock.exists(), "nothing bound");
+    // Without a sandbox_root the namespace mode says what it needs.
+    std::fs::write(
+        &profile,
+        format!("[[function]]\nsocket_path = {sock:?}\ntag = \"a\"\nshared_dir = {:?}\n", other.path()),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["--config", profile.to_str().unwrap(), "--sandbox", "namespace"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("sandbox_root"), "{err}");
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
 }
