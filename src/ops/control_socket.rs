@@ -3,11 +3,17 @@
 //!
 //! | method | params | result |
 //! |---|---|---|
-//! | `get_device` | none | the effective configuration, the client's state, uptime |
-//! | `get_stats` | none | `{"uptime_s", "interval_s", "device": DeviceStats, "fuse": FuseStats}`, the device's counters since the last `reset_stats` |
-//! | `reset_stats` | none | `true`; the device's counters and histograms start again from zero |
+//! | `get_device` | `{"tag"}` or none | the effective configuration, the client's state, uptime |
+//! | `get_stats` | `{"tag"}` or none | `{"uptime_s", "interval_s", "device": DeviceStats, "fuse": FuseStats}`, the device's counters since the last `reset_stats` |
+//! | `reset_stats` | `{"tag"}` or none | `true`; the device's counters and histograms start again from zero |
 //! | `set_log_level` | `{"level": "off"\|"error"\|"warn"\|"info"\|"debug"\|"trace"}` | the previous level |
 //! | `rpc_get_methods` | none | the method names |
+//! | `create_function` | `{"socket_path", "tag", ...}` (any key of a `[[function]]` table) | the new function ([`crate::functions::FunctionInfo`]) |
+//! | `delete_function` | `{"tag"}` | `{"tag", "requests"}` once it is gone |
+//! | `list_functions` | none | every function ([`crate::functions::FunctionInfo`]) |
+//!
+//! `get_device`, `get_stats` and `reset_stats` take an optional `{"tag"}` (default: the first
+//! function; `reset_stats`: every function).
 //!
 //! It runs on a thread of its own and reads the device's statistics as data: the pollers'
 //! single-writer counters and the state the control plane publishes
