@@ -32,7 +32,7 @@ use virtiofs_dpu::ops::logger::{self, LogFormat};
 use virtiofs_dpu::ops::options::{self, BackendProfile};
 use virtiofs_dpu::ops::report::{self, StatsReport};
 use virtiofs_dpu::remote::{self, RemoteKeys};
-use virtiofs_dpu::{FuseHandler, FuseStats, PassthroughHandler};
+use virtiofs_dpu::{error_chain, FuseHandler, FuseStats, PassthroughHandler};
 
 /// virtio-fs device firmware served over vfio-user.
 ///
@@ -525,19 +525,9 @@ fn main() -> ExitCode {
         }
     }
     let started_at = std::time::Instant::now();
-    let stats_file = match args.stats_file.as_deref().map(StatsFile::create).transpose() {
-        Ok(f) => f,
-        Err(e) => {
-            error!("cannot create the statistics file: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1, SIGHUP]) {
-        Ok(s) => s,
-        Err(e) => {
-            error!("cannot install signal handlers: {e}");
-            return ExitCode::FAILURE;
-        }
+    let (stats_file, signals) = match stats_file_and_signals(&args) {
+        Ok(x) => x,
+        Err(code) => return code,
     };
     let config = effective_config(&args, &profile, &backend_keys, remote_url.as_deref(), &remote_keys);
     info!("starting: {}", startup_line(&config));
@@ -592,6 +582,21 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     serve(functions, config, control, notifier, signals, stats_file, started_at)
+}
+
+/// The statistics file (opened now, before any sandbox) and the signal handlers.
+fn stats_file_and_signals(
+    args: &Args,
+) -> Result<(Option<StatsFile>, signal_hook::iterator::Signals), ExitCode> {
+    let stats_file = args.stats_file.as_deref().map(StatsFile::create).transpose().map_err(|e| {
+        error!("cannot create the statistics file: {e}");
+        ExitCode::from(2)
+    })?;
+    let signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1, SIGHUP]).map_err(|e| {
+        error!("cannot install signal handlers: {e}");
+        ExitCode::FAILURE
+    })?;
+    Ok((stats_file, signals))
 }
 
 /// Reads a profile file's table and takes its `[[function]]` array out.
@@ -757,19 +762,9 @@ fn serve_functions(
         }
     }
     let started_at = std::time::Instant::now();
-    let stats_file = match args.stats_file.as_deref().map(StatsFile::create).transpose() {
-        Ok(f) => f,
-        Err(e) => {
-            error!("cannot create the statistics file: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1, SIGHUP]) {
-        Ok(s) => s,
-        Err(e) => {
-            error!("cannot install signal handlers: {e}");
-            return ExitCode::FAILURE;
-        }
+    let (stats_file, signals) = match stats_file_and_signals(args) {
+        Ok(x) => x,
+        Err(code) => return code,
     };
     let mut proc_fd = None;
     if let Some(root) = &root {
@@ -1353,15 +1348,4 @@ fn exit_anyway_after(bound: std::time::Duration) {
         error!("shutdown did not finish within {bound:?}; exiting");
         std::process::exit(1);
     });
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

@@ -58,6 +58,20 @@ fn wait_for(path: &Path) {
     }
 }
 
+/// A daemon started the single-function way (`a.sock`, tag `a`) with a control socket
+/// (`ctl.sock`) in a new temporary directory.
+fn single_function_daemon() -> (tempfile::TempDir, Daemon) {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, ctl) = (dir.path().join("a.sock"), dir.path().join("ctl.sock"));
+    let daemon = Daemon::start(
+        dir.path(),
+        &["--socket-path", a.to_str().unwrap(), "--tag", "a", "--control-socket", ctl.to_str().unwrap()],
+    );
+    wait_for(&a);
+    wait_for(&ctl);
+    (dir, daemon)
+}
+
 fn stats(c: &mut ControlClient, tag: &str) -> StatsReport {
     serde_json::from_value(c.call("get_stats", json!({ "tag": tag })).unwrap()).unwrap()
 }
@@ -193,14 +207,8 @@ fn two_functions_with_different_backends_serve_at_once() {
 /// own, and the removed one's client sees the disconnect and its socket file goes.
 #[test]
 fn functions_are_created_and_deleted_while_another_serves() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, mut daemon) = single_function_daemon();
     let (a, b, ctl) = (dir.path().join("a.sock"), dir.path().join("b.sock"), dir.path().join("ctl.sock"));
-    let mut daemon = Daemon::start(
-        dir.path(),
-        &["--socket-path", a.to_str().unwrap(), "--tag", "a", "--control-socket", ctl.to_str().unwrap()],
-    );
-    wait_for(&a);
-    wait_for(&ctl);
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let worker = {
@@ -289,14 +297,8 @@ fn functions_are_created_and_deleted_while_another_serves() {
 /// poller, keeps serving, and the broken one serves its next client.
 #[test]
 fn a_broken_function_leaves_the_other_serving() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, mut daemon) = single_function_daemon();
     let (a, b, ctl) = (dir.path().join("a.sock"), dir.path().join("b.sock"), dir.path().join("ctl.sock"));
-    let mut daemon = Daemon::start(
-        dir.path(),
-        &["--socket-path", a.to_str().unwrap(), "--tag", "a", "--control-socket", ctl.to_str().unwrap()],
-    );
-    wait_for(&a);
-    wait_for(&ctl);
     let mut c = ControlClient::connect(&ctl).unwrap();
     c.call("create_function", json!({"socket_path": b, "tag": "b"})).unwrap();
     let mut healthy = driver(&b);
@@ -353,73 +355,54 @@ fn a_broken_function_leaves_the_other_serving() {
 /// resolves only beneath its own directory, `..` included, and run-time functions are refused.
 #[test]
 fn shared_directories_beneath_one_sandbox_root_stay_apart() {
-    if is_root() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = tempfile::tempdir().unwrap();
-        let (da, db) = (root.path().join("a"), root.path().join("b"));
-        std::fs::create_dir(&da).unwrap();
-        std::fs::create_dir(&db).unwrap();
-        std::fs::write(db.join("secret"), b"b's").unwrap();
-        std::fs::write(root.path().join("top"), b"root's").unwrap();
-        let (a, b, ctl) = (dir.path().join("a.sock"), dir.path().join("b.sock"), dir.path().join("ctl.sock"));
-        let profile = dir.path().join("multi.toml");
-        std::fs::write(
-            &profile,
-            format!(
-                "sandbox_root = {:?}\n\n[[function]]\nsocket_path = {a:?}\ntag = \"a\"\nshared_dir = {da:?}\n\n\
+    assert!(is_root(), "the namespace sandbox needs root: run this test as root");
+    let dir = tempfile::tempdir().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let (da, db) = (root.path().join("a"), root.path().join("b"));
+    std::fs::create_dir(&da).unwrap();
+    std::fs::create_dir(&db).unwrap();
+    std::fs::write(db.join("secret"), b"b's").unwrap();
+    std::fs::write(root.path().join("top"), b"root's").unwrap();
+    let (a, b, ctl) = (dir.path().join("a.sock"), dir.path().join("b.sock"), dir.path().join("ctl.sock"));
+    let profile = dir.path().join("multi.toml");
+    std::fs::write(
+        &profile,
+        format!(
+            "sandbox_root = {:?}\n\n[[function]]\nsocket_path = {a:?}\ntag = \"a\"\nshared_dir = {da:?}\n\n\
                  [[function]]\nsocket_path = {b:?}\ntag = \"b\"\nshared_dir = {db:?}\n",
-                root.path()
-            ),
-        )
-        .unwrap();
-        let mut daemon = Daemon::start(
-            dir.path(),
-            &["--config", profile.to_str().unwrap(), "--control-socket", ctl.to_str().unwrap()],
-        );
-        wait_for(&ctl);
-        let mut c = ControlClient::connect(&ctl).unwrap();
-        let dev = c.call("get_device", Value::Null).unwrap();
-        assert_eq!(dev["config"]["sandbox"], json!("namespace"), "{dev}");
-        let mut fa = driver(&a);
-        let mut fb = driver(&b);
-        write_and_read(&mut fa, "from-a", 0xa1, 4);
-        assert_eq!(std::fs::read(da.join("from-a")).unwrap(), vec![0xa1; 4 * 4096]);
-        enoent(fa.lookup(1, "secret"));
-        enoent(fa.lookup(1, "top"));
-        // `..` of a function's root is that root, not the sandbox root.
-        if let Ok(up) = fa.lookup(1, "..") {
-            enoent(fa.lookup(up.nodeid, "b"));
-            enoent(fa.lookup(up.nodeid, "top"));
-        }
-        assert!(fb.lookup(1, "secret").is_ok());
-        enoent(fb.lookup(1, "from-a"));
-        let e = c
-            .call("create_function", json!({"socket_path": dir.path().join("c.sock"), "tag": "c"}))
-            .unwrap_err();
-        assert!(
-            matches!(&e, ClientError::Rpc { code: -32000, message, .. } if message.contains("confined")),
-            "{e:?}"
-        );
-        daemon.alive();
-        drop((fa, fb));
-    } else {
-        // Without root there is no namespace: the daemon refuses it rather than serving
-        // unconfined (checked by the error path of `--sandbox namespace`).
-        let dir = tempfile::tempdir().unwrap();
-        let share = tempfile::tempdir().unwrap();
-        let profile = dir.path().join("multi.toml");
-        let sock = dir.path().join("a.sock");
-        std::fs::write(
-            &profile,
-            format!("[[function]]\nsocket_path = {sock:?}\ntag = \"a\"\nshared_dir = {:?}\n", share.path()),
-        )
-        .unwrap();
-        let out = Command::new(BIN)
-            .args(["--config", profile.to_str().unwrap(), "--sandbox", "namespace"])
-            .output()
-            .unwrap();
-        assert!(!out.status.success());
+            root.path()
+        ),
+    )
+    .unwrap();
+    let mut daemon = Daemon::start(
+        dir.path(),
+        &["--config", profile.to_str().unwrap(), "--control-socket", ctl.to_str().unwrap()],
+    );
+    wait_for(&ctl);
+    let mut c = ControlClient::connect(&ctl).unwrap();
+    let dev = c.call("get_device", Value::Null).unwrap();
+    assert_eq!(dev["config"]["sandbox"], json!("namespace"), "{dev}");
+    let mut fa = driver(&a);
+    let mut fb = driver(&b);
+    write_and_read(&mut fa, "from-a", 0xa1, 4);
+    assert_eq!(std::fs::read(da.join("from-a")).unwrap(), vec![0xa1; 4 * 4096]);
+    enoent(fa.lookup(1, "secret"));
+    enoent(fa.lookup(1, "top"));
+    // `..` of a function's root is that root, not the sandbox root.
+    if let Ok(up) = fa.lookup(1, "..") {
+        enoent(fa.lookup(up.nodeid, "b"));
+        enoent(fa.lookup(up.nodeid, "top"));
     }
+    assert!(fb.lookup(1, "secret").is_ok());
+    enoent(fb.lookup(1, "from-a"));
+    let e =
+        c.call("create_function", json!({"socket_path": dir.path().join("c.sock"), "tag": "c"})).unwrap_err();
+    assert!(
+        matches!(&e, ClientError::Rpc { code: -32000, message, .. } if message.contains("confined")),
+        "{e:?}"
+    );
+    daemon.alive();
+    drop((fa, fb));
 }
 
 /// Functions with a shared directory in a namespace sandbox need a `sandbox_root` holding all
@@ -428,37 +411,26 @@ fn shared_directories_beneath_one_sandbox_root_stay_apart() {
 fn a_shared_directory_outside_the_sandbox_root_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let (root, other) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let profile = dir.path().join("multi.toml");
     let sock = dir.path().join("a.sock");
-    std::fs::write(
-        &profile,
-        format!(
-            "sandbox_root = {:?}\n[[function]]\nsocket_path = {sock:?}\ntag = \"a\"\nshared_dir = {:?}\n",
-            root.path(),
-            other.path()
-        ),
-    )
-    .unwrap();
-    let out = Command::new(BIN)
-        .args(["--config", profile.to_str().unwrap(), "--sandbox", "namespace"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let function =
+        format!("[[function]]\nsocket_path = {sock:?}\ntag = \"a\"\nshared_dir = {:?}\n", other.path());
+    // The daemon's stderr, once it refused to start (exit status 2).
+    let refused = |text: String| {
+        let profile = dir.path().join("multi.toml");
+        std::fs::write(&profile, text).unwrap();
+        let out = Command::new(BIN)
+            .args(["--config", profile.to_str().unwrap(), "--sandbox", "namespace"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        err
+    };
+    let err = refused(format!("sandbox_root = {:?}\n{function}", root.path()));
     assert!(err.contains("not beneath sandbox_root"), "{err}");
     assert!(!sock.exists(), "nothing bound");
     // Without a sandbox_root the namespace mode says what it needs.
-    std::fs::write(
-        &profile,
-        format!("[[function]]\nsocket_path = {sock:?}\ntag = \"a\"\nshared_dir = {:?}\n", other.path()),
-    )
-    .unwrap();
-    let out = Command::new(BIN)
-        .args(["--config", profile.to_str().unwrap(), "--sandbox", "namespace"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = refused(function.clone());
     assert!(err.contains("sandbox_root"), "{err}");
 }
 
