@@ -907,6 +907,7 @@ fn run(ctx: Ctx) {
             let mut work = 0usize;
             round_no = round_no.wrapping_add(1);
             let shared = fns.len() > 1;
+            let mut waiting = false;
             for (i, (a, snapshot)) in fns.iter_mut().zip(&snapshots).enumerate() {
                 // A function quiet for long is looked at every COLD_STRIDE-th round only, so
                 // that idle functions cost a busy one on the same poller little (see COLD_STRIDE).
@@ -914,11 +915,13 @@ fn run(ctx: Ctx) {
                     continue;
                 }
                 let n = a.round(snapshot, &mut chain);
-                let active = n > 0 || a.in_flight() > 0 || !a.parked.is_empty() || !a.deferred.is_empty();
+                let pending = a.in_flight() > 0;
+                waiting |= pending;
+                // (A cold function has nothing in flight: it would not be cold.)
+                let active = n > 0 || pending || !a.parked.is_empty() || !a.deferred.is_empty();
                 a.quiet = if active { 0 } else { a.quiet.saturating_add(1) };
                 work += n;
             }
-            let waiting = fns.iter().any(|a| a.in_flight() > 0);
             let busy = work > 0 || waiting;
             clock.end_round(busy, mine);
             if busy {
