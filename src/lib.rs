@@ -8,6 +8,7 @@
 //! `--remote` URL and profile keys into the NFS backend's options.
 #![deny(missing_docs)]
 
+pub mod functions;
 pub mod ops;
 pub mod remote;
 pub mod sys;
@@ -24,8 +25,8 @@ use virtiofs_backend::passthrough::uring::{EngineStats, IoMode};
 use virtiofs_backend::passthrough::{PassthroughConfig, SetupError};
 use virtiofs_backend::server::{LockStats, PollerEngine, ServerOptions, Submitted};
 use virtiofs_backend::{PassthroughFs, RamFs, Server};
-use virtiofs_device::config::Profile;
-use virtiofs_device::poller::{Engine, Outcome, RequestHandler};
+use virtiofs_device::config::{Placement, Profile};
+use virtiofs_device::poller::{Engine, Outcome, PollerPool, RequestHandler};
 use virtiofs_device::stats::{DeviceStats, OpClass, Tally};
 use virtiofs_device::vfio_user::{self, ServerError, StopHandle};
 use vm_memory::VolatileSlice;
@@ -368,13 +369,34 @@ impl RunningDevice {
         profile: Profile,
         handler: Arc<dyn RequestHandler>,
     ) -> Result<Self, ServerError> {
+        Self::start_with_pollers(listener, profile, handler, None)
+    }
+
+    /// Starts a device on a socket bound earlier whose queues are served by the shared
+    /// pollers of `pool`, placed as `placement` says: one function among several of a daemon
+    /// (its control plane is a thread of its own).
+    pub fn start_on_pool(
+        listener: vfio_user::Listener,
+        profile: Profile,
+        handler: Arc<dyn RequestHandler>,
+        pool: &PollerPool,
+        placement: Placement,
+    ) -> Result<Self, ServerError> {
+        Self::start_with_pollers(listener, profile, handler, Some((pool, placement)))
+    }
+
+    fn start_with_pollers(
+        listener: vfio_user::Listener,
+        profile: Profile,
+        handler: Arc<dyn RequestHandler>,
+        pool: Option<(&PollerPool, Placement)>,
+    ) -> Result<Self, ServerError> {
         let socket = listener.path().to_path_buf();
-        let server = vfio_user::Server::new(listener, &profile, handler)?;
+        let name = if pool.is_some() { format!("vfio-user-{}", profile.tag) } else { "vfio-user".into() };
+        let server = vfio_user::Server::with_pollers(listener, &profile, handler, pool)?;
         let stop = server.stop_handle();
-        let join = std::thread::Builder::new()
-            .name("vfio-user".into())
-            .spawn(move || server.run())
-            .map_err(ServerError::Setup)?;
+        let join =
+            std::thread::Builder::new().name(name).spawn(move || server.run()).map_err(ServerError::Setup)?;
         Ok(RunningDevice { socket, stop, join: Some(join) })
     }
 
@@ -411,4 +433,16 @@ impl Drop for RunningDevice {
             let _ = j.join();
         }
     }
+}
+
+/// `e` and its sources, joined by `: `.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }

@@ -21,16 +21,18 @@ use virtiofs_backend::passthrough::{PassthroughConfig, Policy};
 use virtiofs_backend::ramfs::RamFsConfig;
 use virtiofs_backend::server::ServerOptions;
 use virtiofs_backend::{PassthroughFs, RamFs};
+use virtiofs_device::poller::{PollerPool, RequestHandler};
 use virtiofs_device::stats::DeviceStats;
 use virtiofs_device::vfio_user::Listener;
 use virtiofs_dpu::config::Profile;
+use virtiofs_dpu::functions::{Defaults, FunctionSet, FuseStatsFn};
 use virtiofs_dpu::ops::control_socket::{BoundControlSocket, ControlClient, ControlState};
 use virtiofs_dpu::ops::deploy;
 use virtiofs_dpu::ops::logger::{self, LogFormat};
 use virtiofs_dpu::ops::options::{self, BackendProfile};
 use virtiofs_dpu::ops::report::{self, StatsReport};
 use virtiofs_dpu::remote::{self, RemoteKeys};
-use virtiofs_dpu::{FuseHandler, FuseStats, PassthroughHandler, RunningDevice};
+use virtiofs_dpu::{error_chain, FuseHandler, FuseStats, PassthroughHandler};
 
 /// virtio-fs device firmware served over vfio-user.
 ///
@@ -288,6 +290,10 @@ struct StatsArgs {
     /// Print the Prometheus text exposition format (for a node exporter's textfile collector).
     #[arg(long)]
     prometheus: bool,
+    /// Only this function (by tag); default: every function of the daemon (the Prometheus
+    /// format: the first one, its metric names carry no function label).
+    #[arg(long, value_name = "TAG")]
+    function: Option<String>,
     /// Print again every SECONDS, like `iostat SECONDS`: the first report covers the time since
     /// the start (or the last reset_stats), each later one the last interval.
     #[arg(long, value_name = "SECONDS")]
@@ -308,33 +314,47 @@ fn stats_command(a: &StatsArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(&e),
     };
-    let mut prev: Option<StatsReport> = None;
+    let tags: Vec<Option<String>> = match &a.function {
+        Some(t) => vec![Some(t.clone())],
+        None if a.prometheus => vec![None],
+        None => match client.call("list_functions", serde_json::Value::Null) {
+            Ok(serde_json::Value::Array(l)) if l.len() > 1 => {
+                l.iter().map(|f| f["tag"].as_str().map(str::to_string)).collect()
+            }
+            // One function, or a daemon without list_functions: the first (only) one.
+            _ => vec![None],
+        },
+    };
+    let mut prev: Vec<Option<StatsReport>> = vec![None; tags.len()];
     loop {
-        let value = match client.call("get_stats", serde_json::Value::Null) {
-            Ok(v) => v,
-            Err(e) => return fail(&e),
-        };
-        let now: StatsReport = match serde_json::from_value(value.clone()) {
-            Ok(r) => r,
-            Err(e) => return fail(&e),
-        };
-        let shown = match &prev {
-            Some(p) => now.since(p),
-            None => now.clone(),
-        };
-        let text = if a.json {
-            format!("{}\n", serde_json::to_string(&shown).unwrap_or_default())
-        } else if a.prometheus {
-            report::prometheus(&now)
-        } else {
-            report::table(&shown)
-        };
-        print!("{text}");
-        if a.watch.is_some() && !a.json && !a.prometheus {
-            println!();
+        for (tag, prev) in tags.iter().zip(prev.iter_mut()) {
+            let params = tag.as_ref().map_or(serde_json::Value::Null, |t| serde_json::json!({ "tag": t }));
+            let value = match client.call("get_stats", params) {
+                Ok(v) => v,
+                Err(e) => return fail(&e),
+            };
+            let now: StatsReport = match serde_json::from_value(value.clone()) {
+                Ok(r) => r,
+                Err(e) => return fail(&e),
+            };
+            let shown = match &*prev {
+                Some(p) => now.since(p),
+                None => now.clone(),
+            };
+            let text = if a.json {
+                format!("{}\n", serde_json::to_string(&shown).unwrap_or_default())
+            } else if a.prometheus {
+                report::prometheus(&now)
+            } else {
+                report::table(&shown)
+            };
+            print!("{text}");
+            if (a.watch.is_some() || tags.len() > 1) && !a.json && !a.prometheus {
+                println!();
+            }
+            *prev = Some(now);
         }
         let Some(w) = a.watch else { return ExitCode::SUCCESS };
-        prev = Some(now);
         std::thread::sleep(std::time::Duration::from_secs_f64(w));
     }
 }
@@ -348,15 +368,34 @@ impl StatsFile {
         File::create(path).map(StatsFile)
     }
 
-    /// Replaces the file's contents with the device's and the FUSE side's statistics.
-    fn write(&self, stats: &DeviceStats, fuse: &FuseStats) {
-        let report = serde_json::json!({ "device": stats, "fuse": fuse });
+    /// Replaces the file's contents with the functions' statistics: the first one's as
+    /// `device` and `fuse`, and with several functions every one under `functions`.
+    fn write(&self, all: &[(String, DeviceStats, FuseStats)]) {
+        let Some((_, stats, fuse)) = all.first() else { return };
+        let mut report = serde_json::json!({ "device": stats, "fuse": fuse });
+        if all.len() > 1 {
+            let each: Vec<serde_json::Value> = all
+                .iter()
+                .map(|(tag, d, f)| serde_json::json!({"tag": tag, "device": d, "fuse": f}))
+                .collect();
+            report["functions"] = serde_json::Value::Array(each);
+        }
         let mut text = report.to_string();
         text.push('\n');
         let r = self.0.set_len(0).and_then(|()| self.0.write_all_at(text.as_bytes(), 0));
         if let Err(e) = r {
             warn!("cannot write the statistics file: {e}");
         }
+    }
+
+    /// [`Self::write`] of the running functions.
+    fn write_all(&self, functions: &FunctionSet) {
+        let all: Vec<(String, DeviceStats, FuseStats)> = functions
+            .tags()
+            .into_iter()
+            .filter_map(|t| functions.stats(Some(&t)).map(|(d, f)| (t, d, f)))
+            .collect();
+        self.write(&all);
     }
 }
 
@@ -387,16 +426,56 @@ fn main() -> ExitCode {
              poller_cores entry, each owning its queues), not by a thread pool"
         );
     }
-    let (mut profile, backend_keys, remote_keys) = match &args.config {
-        Some(path) => match remote::load_profile(path) {
-            Ok(p) => p,
+    // The profile file's table; its `[[function]]` array, if any, makes a daemon of several
+    // functions (the rest are the daemon's keys and the functions' defaults).
+    let (mut file_table, function_tables, sandbox_root) = match &args.config {
+        Some(path) => match read_table(path) {
+            Ok((t, f)) => {
+                let root = t.get("sandbox_root").map(|v| v.as_str().map(PathBuf::from));
+                match root {
+                    Some(None) => {
+                        error!("profile {}: `sandbox_root` must be a path", path.display());
+                        return ExitCode::from(2);
+                    }
+                    Some(Some(_)) if f.is_none() => {
+                        error!(
+                            "profile {}: `sandbox_root` is for a profile with [[function]] tables",
+                            path.display()
+                        );
+                        return ExitCode::from(2);
+                    }
+                    r => (t, f, r.flatten()),
+                }
+            }
             Err(e) => {
-                error!("profile {}: {}", path.display(), error_chain(&e));
+                error!("profile {}: {e}", path.display());
                 return ExitCode::from(2);
             }
         },
+        None => (toml::Table::new(), None, None),
+    };
+    let (mut profile, backend_keys, remote_keys) = match &args.config {
+        Some(path) => {
+            if function_tables.is_some() {
+                // The daemon-wide part: every key a function table may override stays a default.
+                file_table.retain(|k, _| k != "remote" && k != "sandbox_root" && !k.starts_with("nfs_"));
+            }
+            match remote::split_profile(
+                &toml::to_string(&file_table).unwrap_or_default(),
+                &path.display().to_string(),
+            ) {
+                Ok(p) => p,
+                Err(e) => {
+                    error!("profile {}: {}", path.display(), error_chain(&e));
+                    return ExitCode::from(2);
+                }
+            }
+        }
         None => (Profile::default(), BackendProfile::default(), RemoteKeys::default()),
     };
+    if let Some(tables) = function_tables {
+        return serve_functions(&args, &matches, profile, &file_table, tables, sandbox_root);
+    }
     let remote_url = args.remote.clone().or_else(|| remote_keys.remote.clone());
     if let Err(msg) = check_backend_flags(&matches, &args, remote_url.is_some()) {
         error!("{msg}");
@@ -459,63 +538,376 @@ fn main() -> ExitCode {
         }
     }
     let started_at = std::time::Instant::now();
-    let stats_file = match args.stats_file.as_deref().map(StatsFile::create).transpose() {
-        Ok(f) => f,
-        Err(e) => {
-            error!("cannot create the statistics file: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1, SIGHUP]) {
-        Ok(s) => s,
-        Err(e) => {
-            error!("cannot install signal handlers: {e}");
-            return ExitCode::FAILURE;
-        }
+    let (stats_file, signals) = match stats_file_and_signals(&args) {
+        Ok(x) => x,
+        Err(code) => return code,
     };
     let config = effective_config(&args, &profile, &backend_keys, remote_url.as_deref(), &remote_keys);
     info!("starting: {}", startup_line(&config));
-    let fuse_stats: FuseStatsFn;
-    let started = match (args.shared_dir.as_deref(), remote_fs) {
-        (None, Some(fs)) => match confine_and_serve_remote(fs, &args, profile, listener, control.as_mut()) {
-            Ok((started, stats)) => {
-                fuse_stats = stats;
-                started
-            }
+    let runtime_ok = match (&args.shared_dir, remote_fs.is_some()) {
+        (None, false) => true,
+        _ => {
+            args.sandbox.unwrap_or_else(SandboxMode::default_for_this_process) == SandboxMode::None
+                && args.seccomp == SeccompMode::Off
+        }
+    };
+    let kind = config["backend"]["kind"].as_str().map_or("ramfs", |k| {
+        if k == "nfs" {
+            "nfs"
+        } else if k == "passthrough" {
+            "passthrough"
+        } else {
+            "ramfs"
+        }
+    });
+    let (listener, handler, fuse_stats): Confined = match (args.shared_dir.as_deref(), remote_fs) {
+        (None, Some(fs)) => match confine_and_serve_remote(fs, &args, listener, control.as_mut()) {
+            Ok(c) => c,
             Err(code) => return code,
         },
         (None, None) => {
             let cfg = args.ramfs_config(&backend_keys);
             let handler = Arc::new(FuseHandler::with_options(RamFs::with_config(cfg), args.server_options()));
             let h = handler.clone();
-            fuse_stats = Arc::new(move || h.stats());
-            RunningDevice::start_on(listener, profile, handler)
+            (listener, handler, Arc::new(move || h.stats()))
         }
-        (Some(dir), _) => match confine_and_serve(dir, &args, profile, listener, control.as_mut()) {
-            Ok((started, stats)) => {
-                fuse_stats = stats;
-                started
-            }
+        (Some(dir), _) => match confine_and_serve(dir, &args, listener, control.as_mut()) {
+            Ok(c) => c,
             Err(code) => return code,
         },
     };
-    let device = match started {
-        Ok(d) => d,
+    // The pollers start only now, once the process is confined: they inherit it.
+    let pool = match PollerPool::spawn(&profile) {
+        Ok(p) => p,
         Err(e) => {
-            error!("{}", error_chain(&e));
+            error!("cannot start the pollers: {e}");
             return ExitCode::FAILURE;
         }
     };
+    let defaults = runtime_ok.then(|| function_defaults(&args, &file_table));
+    let functions = Arc::new(FunctionSet::new(
+        pool,
+        defaults,
+        "the daemon is confined (sandbox or seccomp) and can bind no new socket",
+    ));
+    if let Err(e) = functions.start(listener, profile, handler, fuse_stats, kind, None, config.clone()) {
+        error!("{}", error_chain(&e));
+        return ExitCode::FAILURE;
+    }
+    serve(functions, config, control, notifier, signals, stats_file, started_at)
+}
+
+/// The statistics file (opened now, before any sandbox) and the signal handlers.
+fn stats_file_and_signals(
+    args: &Args,
+) -> Result<(Option<StatsFile>, signal_hook::iterator::Signals), ExitCode> {
+    let stats_file = args.stats_file.as_deref().map(StatsFile::create).transpose().map_err(|e| {
+        error!("cannot create the statistics file: {e}");
+        ExitCode::from(2)
+    })?;
+    let signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1, SIGHUP]).map_err(|e| {
+        error!("cannot install signal handlers: {e}");
+        ExitCode::FAILURE
+    })?;
+    Ok((stats_file, signals))
+}
+
+/// Reads a profile file's table and takes its `[[function]]` array out.
+fn read_table(path: &std::path::Path) -> Result<(toml::Table, Option<Vec<toml::Table>>), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let mut table: toml::Table = toml::from_str(&text).map_err(|e| e.to_string())?;
+    let functions = match table.remove("function") {
+        None => None,
+        Some(toml::Value::Array(a)) => {
+            let mut out = Vec::new();
+            for (i, v) in a.into_iter().enumerate() {
+                match v {
+                    toml::Value::Table(t) => out.push(t),
+                    _ => return Err(format!("function {i}: not a table (write [[function]])")),
+                }
+            }
+            Some(out)
+        }
+        Some(_) => return Err("`function` must be an array of tables ([[function]])".into()),
+    };
+    Ok((table, functions))
+}
+
+/// A daemon of several functions from the profile's `[[function]]` tables, on one pool of
+/// pollers. Every socket is bound first; then, when a function serves a host directory, the
+/// process is confined as a `--shared-dir` daemon is, with `sandbox_root` (a directory holding
+/// every function's `shared_dir`) as its root, each function's passthrough opened beneath its
+/// own directory there; only then do the backends, the pollers and the control planes start.
+fn serve_functions(
+    args: &Args,
+    m: &clap::ArgMatches,
+    profile: Profile,
+    file_table: &toml::Table,
+    tables: Vec<toml::Table>,
+    sandbox_root: Option<PathBuf>,
+) -> ExitCode {
+    use virtiofs_dpu::functions::{BackendSpec, Built};
+    let fail = |code: u8, e: &dyn std::error::Error| {
+        error!("{}", error_chain(e));
+        ExitCode::from(code)
+    };
+    let given = |id: &str| m.value_source(id) == Some(ValueSource::CommandLine);
+    for flag in ["socket_path", "fd", "shared_dir", "remote", "tag", "ramfs_size", "ramfs_inodes"] {
+        if given(flag) {
+            error!(
+                "--{}: the profile lists functions ([[function]]): give each one's settings in its table",
+                flag.replace('_', "-")
+            );
+            return ExitCode::from(2);
+        }
+    }
+    if tables.is_empty() {
+        error!("the profile's [[function]] list is empty");
+        return ExitCode::from(2);
+    }
+    if let Err(e) = profile.check_machine() {
+        return fail(2, &e);
+    }
+    let gid = match args.socket_group.as_deref().map(deploy::group_id).transpose() {
+        Ok(g) => g,
+        Err(e) => return fail(2, &e),
+    };
+    let defaults = function_defaults(args, file_table);
+    let mut specs = Vec::new();
+    for (i, t) in tables.into_iter().enumerate() {
+        match virtiofs_dpu::functions::parse_function(&defaults, t) {
+            Ok(spec) => specs.push(spec),
+            Err(e) => {
+                error!("function {i}: {}", error_chain(&e));
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let shared = specs.iter().any(|s| matches!(s.backend, BackendSpec::SharedDir(_)));
+    let remote = specs.iter().any(|s| matches!(s.backend, BackendSpec::Remote(..)));
+    let host = shared || remote;
+    if !host && (given("sandbox") || given("seccomp")) {
+        error!("--sandbox and --seccomp apply when a function has a shared_dir or a remote");
+        return ExitCode::from(2);
+    }
+    let mode = if shared {
+        args.sandbox.unwrap_or_else(SandboxMode::default_for_this_process)
+    } else {
+        SandboxMode::None
+    };
+    let seccomp = if host { args.seccomp } else { SeccompMode::Off };
+    // With a namespace, every shared directory as a path beneath the sandbox root.
+    let mut inside: Vec<Option<PathBuf>> = Vec::new();
+    let root = match (mode, &sandbox_root) {
+        (SandboxMode::Namespace, _) if remote => {
+            error!("functions with a remote and a namespace sandbox: not supported yet (the namespace would take the network); use --sandbox none");
+            return ExitCode::from(2);
+        }
+        (SandboxMode::Namespace, None) => {
+            error!("functions with a shared_dir under --sandbox namespace need `sandbox_root` in the profile (a directory holding every function's shared_dir), or --sandbox none");
+            return ExitCode::from(2);
+        }
+        (SandboxMode::Namespace, Some(r)) => match std::fs::canonicalize(r) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                error!("sandbox_root {}: {e}", r.display());
+                return ExitCode::from(2);
+            }
+        },
+        (SandboxMode::None, _) => None,
+    };
+    for spec in &specs {
+        let BackendSpec::SharedDir(cfg) = &spec.backend else {
+            inside.push(None);
+            continue;
+        };
+        // Checked on the host's terms first, as --shared-dir is.
+        if let Err(e) = PassthroughFs::new(cfg.clone()) {
+            error!("function {:?}: shared_dir {}: {}", spec.profile.tag, cfg.root.display(), error_chain(&e));
+            return ExitCode::from(2);
+        }
+        let Some(root) = &root else {
+            inside.push(None);
+            continue;
+        };
+        let beneath = std::fs::canonicalize(&cfg.root)
+            .ok()
+            .and_then(|d| d.strip_prefix(root).ok().map(|r| std::path::Path::new("/").join(r)));
+        match beneath {
+            Some(p) => inside.push(Some(p)),
+            None => {
+                error!(
+                    "function {:?}: shared_dir {} is not beneath sandbox_root {}",
+                    spec.profile.tag,
+                    cfg.root.display(),
+                    root.display()
+                );
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if let Err(e) = set_nofile_limit(args.rlimit_nofile) {
+        error!("{e}");
+        return ExitCode::FAILURE;
+    }
+    let notifier = match deploy::Notifier::from_env() {
+        Ok(n) => n,
+        Err(e) => return fail(1, &e),
+    };
+    // Every socket now, before any sandbox and before any thread.
+    let mut listeners = Vec::new();
+    for spec in &specs {
+        match Listener::bind(&spec.socket_path) {
+            Ok(l) => listeners.push(l),
+            Err(e) => return fail(1, &e),
+        }
+        if let Err(e) = deploy::set_socket_access(&spec.socket_path, gid, args.socket_mode) {
+            return fail(1, &e);
+        }
+    }
+    let mut control = match args.control_socket.as_deref().map(BoundControlSocket::bind).transpose() {
+        Ok(c) => c,
+        Err(e) => return fail(1, &e),
+    };
+    if let Some(c) = &control {
+        if let Err(e) = deploy::set_socket_access(c.path(), gid, args.socket_mode) {
+            return fail(1, &e);
+        }
+    }
+    let started_at = std::time::Instant::now();
+    let (stats_file, signals) = match stats_file_and_signals(args) {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    let mut proc_fd = None;
+    if let Some(root) = &root {
+        let confined = match sandbox::enter_namespace(root) {
+            Ok(c) => c,
+            Err(e) => return fail(1, &e),
+        };
+        listeners.iter_mut().for_each(Listener::keep_socket_file);
+        if let Some(c) = control.as_mut() {
+            c.keep_socket_file();
+        }
+        info!(
+            "sandbox: new mount, IPC and network namespaces; root is now {} (every function's shared_dir beneath it)",
+            root.display()
+        );
+        proc_fd = Some(confined.proc_self_fd);
+    }
+    // The backends, on this thread: each passthrough opened inside the new root.
+    let mut built = Vec::new();
+    for (spec, inside) in specs.iter_mut().zip(&inside) {
+        let backend = std::mem::replace(&mut spec.backend, BackendSpec::Ram(Default::default()));
+        let backend = match (backend, inside) {
+            (BackendSpec::SharedDir(mut cfg), Some(p)) => {
+                cfg.root = p.clone();
+                BackendSpec::SharedDir(cfg)
+            }
+            (b, _) => b,
+        };
+        let fd = match (&proc_fd, matches!(backend, BackendSpec::SharedDir(_))) {
+            (Some(fd), true) => match fd.try_clone() {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    error!("cannot duplicate the sandbox's /proc/self/fd: {e}");
+                    return ExitCode::FAILURE;
+                }
+            },
+            _ => None,
+        };
+        match Built::new(backend, defaults.server_options, defaults.io_mode, fd) {
+            Ok(b) => built.push(b),
+            Err(e) => {
+                error!("function {:?}: {}", spec.profile.tag, error_chain(&e));
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    drop(proc_fd);
+    if host {
+        let caps = if shared { sandbox::KEPT_CAPS } else { sandbox::NFS_KEPT_CAPS };
+        match sandbox::drop_privileges_keeping(caps) {
+            Ok(d) if d.privileged => {
+                info!("no_new_privs, {} capabilities dropped from the bounding set", d.bounding)
+            }
+            Ok(_) => info!("unprivileged, no_new_privs set"),
+            Err(e) => return fail(1, &e),
+        }
+        let net = if remote { Network::TcpClient } else { Network::None };
+        if let Err(e) = seccomp::install_with(seccomp, net) {
+            return fail(1, &e);
+        }
+    }
+    let confined = mode == SandboxMode::Namespace || seccomp != SeccompMode::Off;
+    let pool = match PollerPool::spawn(&profile) {
+        Ok(p) => p,
+        Err(e) => {
+            error!("cannot start the pollers: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    info!(
+        "starting {} functions on {} shared poller(s) (cores {:?}, polling {:?}); sandbox {:?}, seccomp {:?}",
+        specs.len(),
+        pool.pollers(),
+        profile.poller_cores,
+        profile.polling,
+        mode,
+        seccomp
+    );
+    let functions = Arc::new(FunctionSet::new(
+        pool,
+        (!confined).then(|| defaults.clone()),
+        "the daemon is confined (sandbox or seccomp) and can bind no new socket",
+    ));
+    for ((spec, listener), b) in specs.into_iter().zip(listeners).zip(built) {
+        let tag = spec.profile.tag.clone();
+        if let Err(e) =
+            functions.start_built(listener, spec.profile, spec.pollers.as_deref(), spec.socket_path, b)
+        {
+            error!("function {tag:?}: {}", error_chain(&e));
+            return ExitCode::FAILURE;
+        }
+    }
+    let config = serde_json::json!({
+        "profile_file": args.config,
+        "profile": profile,
+        "sandbox_root": root,
+        "sandbox": format!("{mode:?}").to_lowercase(),
+        "seccomp": format!("{seccomp:?}").to_lowercase(),
+        "functions": functions.list(),
+        "control_socket": args.control_socket,
+    });
+    serve(functions, config, control, notifier, signals, stats_file, started_at)
+}
+
+/// The defaults a run-time function inherits: the profile file's device keys, the command
+/// line's FUSE options.
+fn function_defaults(args: &Args, file_table: &toml::Table) -> Defaults {
+    let mut d = Defaults::from_profile_table(file_table);
+    d.server_options = args.server_options();
+    d.posix_acl = args.posix_acl();
+    d.cache = args.cache;
+    d.io_mode = args.io_mode;
+    d
+}
+
+/// Serves the functions until a signal stops the daemon: the control socket, readiness, the
+/// statistics on SIGUSR1, the orderly stop.
+fn serve(
+    functions: Arc<FunctionSet>,
+    config: serde_json::Value,
+    control: Option<BoundControlSocket>,
+    notifier: Option<deploy::Notifier>,
+    mut signals: signal_hook::iterator::Signals,
+    stats_file: Option<StatsFile>,
+    started_at: std::time::Instant,
+) -> ExitCode {
     let control = match control {
         None => None,
         Some(bound) => {
-            let fs = fuse_stats.clone();
-            let state = ControlState {
-                device: device.stop_handle(),
-                config,
-                fuse: Box::new(move || fs()),
-                started: started_at,
-            };
+            let state = ControlState { functions: functions.clone(), config, started: started_at };
             match bound.serve(state) {
                 Ok(c) => {
                     info!("control socket {}", c.path().display());
@@ -537,9 +929,13 @@ fn main() -> ExitCode {
     for sig in signals.forever() {
         match sig {
             SIGUSR1 => {
-                log_stats(&device.stats(), &fuse_stats());
+                for tag in functions.tags() {
+                    if let Some((d, fuse)) = functions.stats(Some(&tag)) {
+                        log_stats(&tag, &d, &fuse);
+                    }
+                }
                 if let Some(f) = &stats_file {
-                    f.write(&device.stats(), &fuse_stats());
+                    f.write_all(&functions);
                 }
             }
             SIGHUP => info!("SIGHUP: nothing to reload (the profile is read at start); ignored"),
@@ -556,22 +952,27 @@ fn main() -> ExitCode {
     if let Some(c) = control {
         c.stop();
     }
-    match device.stop() {
-        Ok(stats) => {
-            let per_queue: Vec<String> =
-                stats.requests().iter().enumerate().map(|(i, n)| format!("q{i}={n}")).collect();
-            info!("requests per queue: {}", per_queue.join(" "));
-            info!("bad chains per queue: {:?}", stats.bad_chains());
-            if let Some(f) = &stats_file {
-                f.write(&stats, &fuse_stats());
+    let mut code = ExitCode::SUCCESS;
+    let mut finals = Vec::new();
+    for (tag, result, fuse) in functions.stop_all() {
+        match result {
+            Ok(stats) => {
+                let per_queue: Vec<String> =
+                    stats.requests().iter().enumerate().map(|(i, n)| format!("q{i}={n}")).collect();
+                info!("{tag}: requests per queue: {}", per_queue.join(" "));
+                info!("{tag}: bad chains per queue: {:?}", stats.bad_chains());
+                finals.push((tag, stats, fuse));
             }
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            error!("{}", error_chain(&e));
-            ExitCode::FAILURE
+            Err(e) => {
+                error!("{tag}: {}", error_chain(&e));
+                code = ExitCode::FAILURE;
+            }
         }
     }
+    if let Some(f) = &stats_file {
+        f.write(&finals);
+    }
+    code
 }
 
 /// `--shared-dir`: checks the directory, binds the socket, confines the process (namespaces,
@@ -580,10 +981,9 @@ fn main() -> ExitCode {
 fn confine_and_serve(
     dir: &std::path::Path,
     args: &Args,
-    profile: Profile,
     mut listener: Listener,
     control: Option<&mut BoundControlSocket>,
-) -> Result<(Started, FuseStatsFn), ExitCode> {
+) -> Result<Confined, ExitCode> {
     let fail = |code: u8, e: &dyn std::error::Error| {
         error!("{}", error_chain(e));
         ExitCode::from(code)
@@ -638,7 +1038,7 @@ fn confine_and_serve(
     }
     let handler = Arc::new(PassthroughHandler::with_options(fs, args.io_mode, args.server_options()));
     let h = handler.clone();
-    Ok((RunningDevice::start_on(listener, profile, handler), Arc::new(move || h.stats())))
+    Ok((listener, handler, Arc::new(move || h.stats())))
 }
 
 /// The backend flags that need a host backend (`--shared-dir` or a remote) and the ones that
@@ -694,10 +1094,9 @@ fn mount_remote(url: &str, keys: &RemoteKeys, args: &Args) -> Result<NfsFs, Exit
 fn confine_and_serve_remote(
     fs: NfsFs,
     args: &Args,
-    profile: Profile,
     mut listener: Listener,
     control: Option<&mut BoundControlSocket>,
-) -> Result<(Started, FuseStatsFn), ExitCode> {
+) -> Result<Confined, ExitCode> {
     let fail = |code: u8, e: &dyn std::error::Error| {
         error!("{}", error_chain(e));
         ExitCode::from(code)
@@ -729,13 +1128,11 @@ fn confine_and_serve_remote(
     let handler = Arc::new(FuseHandler::with_options(fs, args.server_options()));
     let h = handler.clone();
     let stats = move || FuseStats { nfs: Some(h.server().filesystem().stats()), ..h.stats() };
-    Ok((RunningDevice::start_on(listener, profile, handler), Arc::new(stats)))
+    Ok((listener, handler, Arc::new(stats)))
 }
 
-/// What starting the device gave.
-type Started = Result<RunningDevice, virtiofs_device::vfio_user::ServerError>;
-/// Reads the FUSE side's statistics of the running handler.
-type FuseStatsFn = Arc<dyn Fn() -> FuseStats + Send + Sync>;
+/// A confined process's socket, handler and FUSE statistics, ready to start.
+type Confined = (Listener, Arc<dyn RequestHandler>, FuseStatsFn);
 
 /// The vfio-user socket: the descriptor of `--fd` or of systemd socket activation, or
 /// `--socket-path` bound now, given the group and mode asked for.
@@ -905,7 +1302,7 @@ fn set_nofile_limit(want: Option<u64>) -> Result<(), String> {
 }
 
 /// SIGUSR1: the statistics in the log, one line for the queues and one for the classes.
-fn log_stats(d: &DeviceStats, fuse: &FuseStats) {
+fn log_stats(tag: &str, d: &DeviceStats, fuse: &FuseStats) {
     let queues: Vec<String> = d
         .queues
         .iter()
@@ -916,7 +1313,7 @@ fn log_stats(d: &DeviceStats, fuse: &FuseStats) {
             )
         })
         .collect();
-    info!("statistics: {}", queues.join("; "));
+    info!("statistics of {tag}: {}", queues.join("; "));
     let classes: Vec<String> = d
         .classes
         .iter()
@@ -973,15 +1370,4 @@ fn exit_anyway_after(bound: std::time::Duration) {
         error!("shutdown did not finish within {bound:?}; exiting");
         std::process::exit(1);
     });
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

@@ -25,6 +25,7 @@
 #![deny(missing_docs)]
 
 pub mod copy;
+pub mod multi;
 pub mod nfs_raw;
 pub mod null;
 pub mod pingpong;

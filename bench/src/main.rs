@@ -69,6 +69,22 @@ struct Args {
     /// FUSE) in every round: the device's cost is the difference (targets at the end).
     #[arg(long, value_name = "URL", conflicts_with = "socket_path")]
     remote: Option<String>,
+    /// Several functions on one shared poller instead of the phase list: function B's QD=1
+    /// p99 alone and beside function A at QD = 2 x queue size (`refill`), the QD=1 p50 with
+    /// --idle-functions idle functions on the poller and without, and the memory per function
+    /// (issue 14's fairness and scale figures; --duration and --rounds apply).
+    #[arg(long, conflicts_with_all = ["socket_path", "remote"])]
+    multi: bool,
+    /// Idle functions beside the measured one in --multi.
+    #[arg(long, default_value_t = 64, requires = "multi")]
+    idle_functions: usize,
+    /// In --multi, function A's driver polls its used ring instead of waiting on interrupts
+    /// (on a 2-core machine it then shares the measuring driver's core).
+    #[arg(long, requires = "multi")]
+    a_spins: bool,
+    /// In --multi, the core of function A's driver (default: where the scheduler puts it).
+    #[arg(long, requires = "multi")]
+    a_core: Option<usize>,
     /// Print the report as JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -91,6 +107,9 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let duration = Duration::from_secs_f64(a.duration);
+    if a.multi {
+        return multi(&a, duration);
+    }
     let cfg = BenchConfig {
         socket_path: a.socket_path,
         backend: a.backend,
@@ -168,4 +187,42 @@ fn main() -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// `--multi`: the shared-poller figures.
+fn multi(a: &Args, duration: Duration) -> ExitCode {
+    let nproc = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let pinned = !a.no_pin && nproc >= 2;
+    let cfg = bench::multi::MultiConfig {
+        queue_size: a.queue_size,
+        duration,
+        warmup: Duration::from_millis(300).min(duration.mul_f64(0.15)),
+        idle_functions: a.idle_functions,
+        rounds: a.rounds.max(1),
+        poller_core: pinned.then_some(nproc - 1),
+        driver_core: pinned.then_some(0),
+        a_spins: a.a_spins,
+        a_core: a.a_core,
+    };
+    let mut progress = |line: &str| eprintln!("{line}");
+    match bench::multi::run(&cfg, &mut progress) {
+        Ok(r) if a.json => match serde_json::to_string_pretty(&r) {
+            Ok(j) => {
+                println!("{j}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("virtiofs-bench: JSON: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Ok(r) => {
+            print!("{}", bench::multi::table(&r));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("virtiofs-bench: {}", virtiofs_dpu::error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -285,6 +285,58 @@ impl Profile {
     }
 }
 
+/// Where one function's queues run among the pollers of a (possibly shared) pool: queue `q`
+/// goes to `pollers[(mapping(q) + offset) % pollers.len()]`, `mapping` being the function's
+/// [`QueueMapping`] over that many pollers. A single-function device is
+/// [`Placement::of_profile`]: every poller, offset 0, exactly [`Profile::poller_of`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Placement {
+    /// The pool's pollers this function uses (indices into the pool, ascending, no repeats).
+    pub pollers: Vec<usize>,
+    /// How many pollers the pool has.
+    pub pool_pollers: usize,
+    /// The pool's cores by poller (`None`: unpinned).
+    pub cores: Vec<Option<usize>>,
+    /// The function's queue mapping over `pollers`.
+    pub mapping: QueueMapping,
+    /// Rotation of the mapping (functions of one daemon are spread by their ordinal, so that
+    /// every function's hiprio queue does not land on the same poller).
+    pub offset: usize,
+}
+
+impl Placement {
+    /// Every poller `profile` asks for, in its mapping, unrotated: the single-function device.
+    pub fn of_profile(profile: &Profile) -> Self {
+        let n = profile.pollers();
+        Placement {
+            pollers: (0..n).collect(),
+            pool_pollers: n,
+            cores: cores_of(profile),
+            mapping: profile.queue_mapping,
+            offset: 0,
+        }
+    }
+
+    /// The pool poller that serves queue `queue` (0 = hiprio).
+    pub fn poller_of(&self, queue: u16) -> usize {
+        let n = self.pollers.len().max(1);
+        let base = match self.mapping {
+            QueueMapping::Spread => usize::from(queue),
+            QueueMapping::RequestQueues => usize::from(queue.saturating_sub(1)),
+        };
+        self.pollers.get((base + self.offset) % n).copied().unwrap_or(0)
+    }
+}
+
+/// The cores of `profile`'s pollers (`[None]`: one unpinned poller).
+pub fn cores_of(profile: &Profile) -> Vec<Option<usize>> {
+    if profile.poller_cores.is_empty() {
+        vec![None]
+    } else {
+        profile.poller_cores.iter().map(|&c| Some(c)).collect()
+    }
+}
+
 /// The CPU ids this process may run on (its affinity mask), ascending; `None` if the system does
 /// not say.
 pub fn allowed_cpus() -> Option<Vec<usize>> {

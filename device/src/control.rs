@@ -21,10 +21,10 @@ use std::sync::Arc;
 use log::{debug, info, warn};
 use thiserror::Error;
 
-use crate::config::Profile;
+use crate::config::{Placement, Profile};
 use crate::memory::{self, DmaTable, MemoryError};
 use crate::pci::{self, features, AccessError, DeviceEvent, VirtioFsFunction};
-use crate::poller::{Irqs, PollerSet, RequestHandler};
+use crate::poller::{Irqs, PollerPool, PollerSet, RequestHandler};
 use crate::stats::{DeviceCounters, DeviceStats};
 
 /// A request of the client the device refuses (each maps to the errno the transport reports).
@@ -97,14 +97,29 @@ impl DeviceState {
         handler: Arc<dyn RequestHandler>,
         wake_control: Arc<dyn Fn() + Send + Sync>,
     ) -> io::Result<Self> {
+        let pool = PollerPool::spawn(profile)?;
+        Self::on_pool(profile, &pool, Placement::of_profile(profile), handler, wake_control)
+    }
+
+    /// A device shaped by `profile` whose queues are served by the shared pollers of `pool`,
+    /// as `placement` says (one function among several of a daemon). Its registers, DMA table,
+    /// interrupts and counters are its own.
+    pub fn on_pool(
+        profile: &Profile,
+        pool: &PollerPool,
+        placement: Placement,
+        handler: Arc<dyn RequestHandler>,
+        wake_control: Arc<dyn Fn() + Send + Sync>,
+    ) -> io::Result<Self> {
         let mut offered = features::EVENT_IDX | features::INDIRECT_DESC;
         if profile.packed_ring {
             offered |= features::RING_PACKED;
         }
         let func = VirtioFsFunction::new(&profile.tag, profile.request_queues, profile.queue_size, offered);
         let dma = DmaTable::with_limits(profile.dma_limits());
+        let msix = func.msix().clone();
         let pollers =
-            PollerSet::spawn(profile, handler, func.msix().clone(), dma.faults().clone(), wake_control)?;
+            PollerSet::attach(pool, profile, placement, handler, msix, dma.faults().clone(), wake_control);
         let notify_mem = if profile.doorbells_on_socket() {
             None
         } else {

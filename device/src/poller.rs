@@ -24,8 +24,10 @@
 //! applied it *between* two requests, so once all pollers acknowledged a new memory snapshot no
 //! request can still be using the old one: that is when DMA_UNMAP may be answered.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
@@ -37,7 +39,7 @@ use vm_memory::{
     Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion, MemoryRegionAddress, VolatileSlice,
 };
 
-use crate::config::{Polling, Profile};
+use crate::config::{Placement, Polling, Profile, QueueMapping};
 use crate::memory::GuestMem;
 use crate::pci::msix::MsixShared;
 use crate::pci::{QueueConfig, NO_VECTOR};
@@ -174,32 +176,166 @@ pub type Irqs = Arc<[Option<File>]>;
 
 /// Most requests a poller takes from one queue per round before moving to the next queue.
 const ROUND_BUDGET: u16 = 64;
-
+/// A control message for one function's part of a poller.
 enum Msg {
-    Start { queues: Vec<QueueConfig>, features: u64 },
+    Start {
+        queues: Vec<QueueConfig>,
+        features: u64,
+    },
     Stop,
     Memory(Arc<GuestMem>),
     Irqs(Irqs),
+    /// The function joins this poller (its engine is made on the poller's thread).
+    Attach(Box<FnCtx>),
+    /// The function leaves this poller: its queues stop, its waits are dropped, its engine
+    /// drains and ends.
+    Detach,
+}
+
+/// What goes to a poller: one function's message, or the end of the pool.
+enum Post {
+    To { fid: u64, seq: u64, msg: Msg },
     Shutdown,
 }
 
-/// What pollers tell the control plane.
+/// What pollers tell a function's control plane.
 #[derive(Debug)]
 enum Event {
     Ack { poller: usize, seq: u64 },
     Broken(QueueError),
 }
 
-struct PollerThread {
-    tx: Sender<(u64, Msg)>,
-    join: Option<JoinHandle<()>>,
+/// The poller threads of a daemon, shared by every function attached to them ([`PollerSet`]).
+///
+/// Each poller serves the queues of several functions, each with its own memory snapshot,
+/// interrupts, engine and counters; a function's messages (start, stop, memory, interrupts)
+/// touch only that function's part of the poller. Cloning shares the pool; the threads end
+/// when the last clone, and every [`PollerSet`] on it, is gone.
+#[derive(Clone)]
+pub struct PollerPool {
+    inner: Arc<PoolInner>,
 }
 
-/// The control plane's handle on all pollers of one device.
-pub struct PollerSet {
-    pollers: Vec<PollerThread>,
-    /// Which poller serves which queue (the profile's queue mapping).
+struct PoolInner {
+    txs: Vec<Sender<Post>>,
+    threads: Vec<std::thread::Thread>,
+    joins: Vec<JoinHandle<()>>,
+    /// Set by each poller thread as it exits (normally or by a panic).
+    exited: Arc<[AtomicBool]>,
+    /// The threads' own counters (busy and idle time, rounds, parks).
+    stats: Arc<DeviceCounters>,
+    next_fid: AtomicU64,
     profile: Profile,
+}
+
+struct ExitFlag(Arc<[AtomicBool]>, usize);
+
+impl Drop for ExitFlag {
+    fn drop(&mut self) {
+        self.0[self.1].store(true, Ordering::Release);
+    }
+}
+
+impl PollerPool {
+    /// Starts the pollers `profile` asks for (`poller_cores`, polling mode, idle spin and sleep);
+    /// no function is attached yet.
+    pub fn spawn(profile: &Profile) -> std::io::Result<Self> {
+        let cores = crate::config::cores_of(profile);
+        let stats = Arc::new(DeviceCounters::pool(profile));
+        let exited: Arc<[AtomicBool]> = cores.iter().map(|_| AtomicBool::new(false)).collect();
+        let (mut txs, mut threads, mut joins) = (Vec::new(), Vec::new(), Vec::new());
+        for (id, core) in cores.into_iter().enumerate() {
+            let (tx, rx) = channel();
+            let ctx = Ctx {
+                id,
+                core,
+                rx,
+                stats: stats.clone(),
+                exited: exited.clone(),
+                busy: profile.polling == Polling::Busy,
+                spin: Duration::from_micros(profile.idle_spin_us),
+                sleep: Duration::from_micros(profile.idle_sleep_us),
+            };
+            let join = std::thread::Builder::new()
+                .name(format!("poller-{id}"))
+                .stack_size(4 << 20)
+                .spawn(move || run(ctx))?;
+            txs.push(tx);
+            threads.push(join.thread().clone());
+            joins.push(join);
+        }
+        let inner = PoolInner {
+            txs,
+            threads,
+            joins,
+            exited,
+            stats,
+            next_fid: AtomicU64::new(0),
+            profile: profile.clone(),
+        };
+        Ok(PollerPool { inner: Arc::new(inner) })
+    }
+
+    /// Number of pollers.
+    pub fn pollers(&self) -> usize {
+        self.inner.txs.len()
+    }
+
+    /// The profile the pool was started with.
+    pub fn profile(&self) -> &Profile {
+        &self.inner.profile
+    }
+
+    /// The poller threads' own counters (time, rounds, parks).
+    pub fn stats(&self) -> &Arc<DeviceCounters> {
+        &self.inner.stats
+    }
+
+    /// The placement of the `ordinal`-th function of this pool: queues spread over every poller
+    /// (or over `pollers`, indices into the pool, when given), rotated by the ordinal.
+    pub fn placement(&self, mapping: QueueMapping, pollers: Option<&[usize]>, ordinal: usize) -> Placement {
+        let n = self.pollers();
+        let mut chosen: Vec<usize> = match pollers {
+            Some(p) if !p.is_empty() => p.iter().copied().filter(|&i| i < n).collect(),
+            _ => (0..n).collect(),
+        };
+        chosen.sort_unstable();
+        chosen.dedup();
+        if chosen.is_empty() {
+            chosen.push(0);
+        }
+        let offset = ordinal % chosen.len();
+        Placement {
+            pollers: chosen,
+            pool_pollers: n,
+            cores: crate::config::cores_of(&self.inner.profile),
+            mapping,
+            offset,
+        }
+    }
+}
+
+impl Drop for PoolInner {
+    fn drop(&mut self) {
+        for (tx, t) in self.txs.iter().zip(&self.threads) {
+            let _ = tx.send(Post::Shutdown);
+            t.unpark();
+        }
+        for j in self.joins.drain(..) {
+            let _ = j.join();
+        }
+    }
+}
+
+/// One function's handle on the pollers that serve its queues (a pool of its own with
+/// [`PollerSet::spawn`], a shared one with [`PollerSet::attach`]).
+pub struct PollerSet {
+    pool: PollerPool,
+    fid: u64,
+    /// Which pool poller serves which queue.
+    placement: Placement,
+    /// The pool pollers this function is attached to (those serving at least one of its queues).
+    used: Vec<usize>,
     handler: Arc<dyn RequestHandler>,
     events: Receiver<Event>,
     seq: u64,
@@ -207,30 +343,41 @@ pub struct PollerSet {
     stats: Arc<DeviceCounters>,
 }
 
-struct Ctx {
+/// A function's part of a poller: what its messages carry and its requests are served with.
+struct FnCtx {
+    /// The poller's id.
     id: usize,
-    core: Option<usize>,
-    rx: Receiver<(u64, Msg)>,
     events: Sender<Event>,
     wake_control: Arc<dyn Fn() + Send + Sync>,
     handler: Arc<dyn RequestHandler>,
     msix: Arc<MsixShared>,
-    /// SIGBUS faults repaired in the device's DMA windows (`memory::sigbus`): when it moves, the
-    /// client's memory went away under a request and the queues are broken.
+    /// SIGBUS faults repaired in the function's DMA windows (`memory::sigbus`): when it moves,
+    /// the client's memory went away under a request and the queues are broken.
     faults: Arc<AtomicU64>,
     stats: Arc<DeviceCounters>,
     /// The latency clock, if the profile measures latencies.
     clock: Option<LatencyClock>,
-    busy: bool,
-    spin: Duration,
-    sleep: Duration,
     /// Doorbells arrive on the socket (and unpark us): ask for them before parking.
     doorbells: bool,
 }
 
+/// A poller thread's own context.
+struct Ctx {
+    id: usize,
+    core: Option<usize>,
+    rx: Receiver<Post>,
+    /// The pool's counters: this thread's time, rounds and parks.
+    stats: Arc<DeviceCounters>,
+    exited: Arc<[AtomicBool]>,
+    busy: bool,
+    spin: Duration,
+    sleep: Duration,
+}
+
 impl PollerSet {
-    /// Starts the pollers `profile` asks for. `wake_control` is called after a poller reports a
-    /// broken queue, so the control plane can set DEVICE_NEEDS_RESET.
+    /// Starts the pollers `profile` asks for, serving one function: requests to `handler`,
+    /// interrupts through `msix`. `wake_control` is called after a poller reports a broken
+    /// queue, so the control plane can set DEVICE_NEEDS_RESET.
     pub fn spawn(
         profile: &Profile,
         handler: Arc<dyn RequestHandler>,
@@ -238,20 +385,43 @@ impl PollerSet {
         faults: Arc<AtomicU64>,
         wake_control: Arc<dyn Fn() + Send + Sync>,
     ) -> std::io::Result<Self> {
+        let pool = PollerPool::spawn(profile)?;
+        Ok(Self::attach(&pool, profile, Placement::of_profile(profile), handler, msix, faults, wake_control))
+    }
+
+    /// Attaches a function shaped by `profile` to the pollers of `pool`, its queues placed as
+    /// `placement` says; returns once every poller concerned has taken it.
+    pub fn attach(
+        pool: &PollerPool,
+        profile: &Profile,
+        placement: Placement,
+        handler: Arc<dyn RequestHandler>,
+        msix: Arc<MsixShared>,
+        faults: Arc<AtomicU64>,
+        wake_control: Arc<dyn Fn() + Send + Sync>,
+    ) -> Self {
         let (ev_tx, ev_rx) = channel();
-        let stats = Arc::new(DeviceCounters::new(profile));
-        let cores: Vec<Option<usize>> = if profile.poller_cores.is_empty() {
-            vec![None]
-        } else {
-            profile.poller_cores.iter().map(|&c| Some(c)).collect()
+        let stats = Arc::new(DeviceCounters::placed(profile, &placement, Some(pool.stats().clone())));
+        let mut used: Vec<usize> = (0..=profile.request_queues).map(|q| placement.poller_of(q)).collect();
+        used.sort_unstable();
+        used.dedup();
+        used.retain(|&p| p < pool.pollers());
+        let fid = pool.inner.next_fid.fetch_add(1, Ordering::Relaxed);
+        let mut set = PollerSet {
+            pool: pool.clone(),
+            fid,
+            placement,
+            used,
+            handler: handler.clone(),
+            events: ev_rx,
+            seq: 0,
+            broken: Vec::new(),
+            stats: stats.clone(),
         };
-        let mut pollers = Vec::new();
-        for (id, core) in cores.into_iter().enumerate() {
-            let (tx, rx) = channel();
-            let ctx = Ctx {
+        let doorbells = profile.doorbells_on_socket();
+        set.broadcast(|id| {
+            Msg::Attach(Box::new(FnCtx {
                 id,
-                core,
-                rx,
                 events: ev_tx.clone(),
                 wake_control: wake_control.clone(),
                 handler: handler.clone(),
@@ -259,26 +429,10 @@ impl PollerSet {
                 faults: faults.clone(),
                 stats: stats.clone(),
                 clock: stats.clock().cloned(),
-                busy: profile.polling == Polling::Busy,
-                spin: Duration::from_micros(profile.idle_spin_us),
-                sleep: Duration::from_micros(profile.idle_sleep_us),
-                doorbells: profile.doorbells_on_socket(),
-            };
-            let join = std::thread::Builder::new()
-                .name(format!("poller-{id}"))
-                .stack_size(4 << 20)
-                .spawn(move || run(ctx))?;
-            pollers.push(PollerThread { tx, join: Some(join) });
-        }
-        Ok(PollerSet {
-            pollers,
-            profile: profile.clone(),
-            handler,
-            events: ev_rx,
-            seq: 0,
-            broken: Vec::new(),
-            stats,
-        })
+                doorbells,
+            }))
+        });
+        set
     }
 
     /// The device's counters (read them with [`DeviceCounters::snapshot`]).
@@ -286,17 +440,22 @@ impl PollerSet {
         &self.stats
     }
 
-    /// Sends one message to each poller (built by `make`) and waits until all have applied it.
+    /// Which pool poller serves which queue.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// Sends one message to each poller of this function (built by `make`) and waits until all
+    /// have applied it.
     fn broadcast(&mut self, mut make: impl FnMut(usize) -> Msg) {
         self.seq += 1;
         let seq = self.seq;
-        let mut waiting: Vec<bool> = Vec::with_capacity(self.pollers.len());
-        for (i, p) in self.pollers.iter().enumerate() {
-            let sent = p.tx.send((seq, make(i))).is_ok();
-            if let Some(j) = &p.join {
-                j.thread().unpark();
-            }
-            waiting.push(sent);
+        let pool = &self.pool.inner;
+        let mut waiting: Vec<bool> = vec![false; pool.txs.len()];
+        for &p in &self.used {
+            let sent = pool.txs[p].send(Post::To { fid: self.fid, seq, msg: make(p) }).is_ok();
+            pool.threads[p].unpark();
+            waiting[p] = sent;
         }
         let started = Instant::now();
         while waiting.iter().any(|&w| w) {
@@ -306,10 +465,10 @@ impl PollerSet {
                 Ok(Event::Broken(e)) => self.broken.push(e),
                 Err(RecvTimeoutError::Timeout) => {
                     // A poller that died cannot answer; everything else is only slow.
-                    for (i, p) in self.pollers.iter().enumerate() {
-                        if waiting[i] && p.join.as_ref().is_none_or(|j| j.is_finished()) {
+                    for (i, w) in waiting.iter_mut().enumerate() {
+                        if *w && pool.exited[i].load(Ordering::Acquire) {
                             error!("poller {i} has exited; not waiting for it");
-                            waiting[i] = false;
+                            *w = false;
                         }
                     }
                     warn!("pollers slow to acknowledge (waiting {:?})", started.elapsed());
@@ -322,11 +481,11 @@ impl PollerSet {
         }
     }
 
-    /// Starts serving `queues`, each on the poller the profile's queue mapping gives it.
+    /// Starts serving `queues`, each on the poller the placement gives it.
     pub fn start(&mut self, queues: &[QueueConfig], features: u64) {
-        let profile = self.profile.clone();
+        let placement = self.placement.clone();
         self.broadcast(|i| Msg::Start {
-            queues: queues.iter().filter(|q| profile.poller_of(q.index) == i).copied().collect(),
+            queues: queues.iter().filter(|q| placement.poller_of(q.index) == i).copied().collect(),
             features,
         });
     }
@@ -351,8 +510,8 @@ impl PollerSet {
     /// Wakes the poller that owns `queue` now (a doorbell arrived through the socket).
     pub fn kick(&self, queue: u16) {
         self.stats.doorbell(queue);
-        if let Some(Some(j)) = self.pollers.get(self.profile.poller_of(queue)).map(|p| p.join.as_ref()) {
-            j.thread().unpark();
+        if let Some(t) = self.pool.inner.threads.get(self.placement.poller_of(queue)) {
+            t.unpark();
         }
     }
 
@@ -368,18 +527,10 @@ impl PollerSet {
 }
 
 impl Drop for PollerSet {
+    /// The function leaves its pollers (queues stopped, engines drained and dropped); a pool of
+    /// its own then ends with it.
     fn drop(&mut self) {
-        for p in &self.pollers {
-            let _ = p.tx.send((0, Msg::Shutdown));
-            if let Some(j) = &p.join {
-                j.thread().unpark();
-            }
-        }
-        for p in &mut self.pollers {
-            if let Some(j) = p.join.take() {
-                let _ = j.join();
-            }
-        }
+        self.broadcast(|_| Msg::Detach);
     }
 }
 
@@ -525,86 +676,124 @@ fn write_reply(mem: &GuestMem, to: &[(u64, u32)], bytes: &[u8]) -> u32 {
     at as u32
 }
 
-fn run(ctx: Ctx) {
-    if let Some(core) = ctx.core {
-        if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
-            warn!("poller {}: cannot pin to core {core}", ctx.id);
+/// A function's part of one poller: its queues there, the memory snapshot and interrupts they
+/// are served with, its engine and its waiting requests.
+struct Attached {
+    fid: u64,
+    f: Box<FnCtx>,
+    mem: Arc<GuestMem>,
+    irqs: Irqs,
+    queues: Vec<Served>,
+    parked: Vec<Parked>,
+    engine: Option<Box<dyn Engine>>,
+    faults_seen: u64,
+    /// Messages held until the engine has drained, in arrival order; while any is held the
+    /// function's queues give no new requests (its pending ones complete), and the poller goes
+    /// on serving the other functions.
+    deferred: VecDeque<(u64, Msg)>,
+    /// Detached: the sequence number to acknowledge once its engine is gone.
+    detached: Option<u64>,
+    /// Rounds in a row this function had nothing to do (no request, nothing pending).
+    quiet: u32,
+}
+
+/// Rounds without work after which a function of a shared poller turns cold.
+const QUIET_ROUNDS: u32 = 1 << 16;
+/// A cold function is looked at every this many rounds (its queues, engine, faults): on a poller
+/// with many idle functions a round costs the busy ones a sixteenth of the idle ones' checks
+/// (each an avail-index load from that function's memory), and an idle function's first request
+/// waits at most this many (then short) rounds; any request or pending work makes it hot again.
+const COLD_STRIDE: u64 = 16;
+
+impl Attached {
+    fn in_flight(&self) -> usize {
+        self.engine.as_ref().map_or(0, |e| e.in_flight())
+    }
+
+    /// Drops the waiting requests (their queues are going away).
+    fn cancel_waits(&mut self) {
+        if let Some(e) = self.engine.as_mut() {
+            e.cancel_waits();
+        }
+        if !self.parked.is_empty() {
+            debug!("poller {}: dropping {} waiting requests with their queues", self.f.id, self.parked.len());
+        }
+        self.parked.clear();
+        for q in &self.queues {
+            if let Some(c) = self.f.counters(q.stat) {
+                c.waiting.store(0, Ordering::Relaxed);
+            }
         }
     }
-    let mut mem: Arc<GuestMem> = Arc::new(GuestMem::default());
-    let mut irqs: Irqs = Arc::from(Vec::new());
-    let mut queues: Vec<Served> = Vec::new();
-    let mut parked: Vec<Parked> = Vec::new();
-    let mut engine = ctx.handler.engine(ctx.id);
-    let mut idle_rounds = 0u64;
-    let mut idle_since = Instant::now();
-    let mine = ctx.stats.poller(ctx.id);
-    let mut clock = Clock::new();
-    let mut faults_seen = ctx.faults.load(Ordering::Acquire);
-    // One buffer list per memory snapshot (it borrows the snapshot): building it costs a 24 KiB
-    // memset, 18 % of the poller's instructions at QD=1, idle spinning included (callgrind).
-    'snapshot: loop {
-        let snapshot = mem.clone();
-        let mut chain = Chain::default();
-        loop {
-            while let Ok((seq, msg)) = ctx.rx.try_recv() {
-                // Waiting requests go with their queues (the driver reset them); they survive a
-                // memory change, holding only guest addresses.
-                if matches!(msg, Msg::Start { .. } | Msg::Stop | Msg::Shutdown) {
-                    if let Some(e) = engine.as_mut() {
-                        e.cancel_waits();
-                    }
-                    if !parked.is_empty() {
-                        debug!(
-                            "poller {}: dropping {} waiting requests with their queues",
-                            ctx.id,
-                            parked.len()
-                        );
-                    }
-                    parked.clear();
-                    for q in &queues {
-                        if let Some(c) = ctx.counters(q.stat) {
-                            c.waiting.store(0, Ordering::Relaxed);
-                        }
-                    }
+
+    /// Takes message `msg`: applied now, or held until the engine has drained (nothing may
+    /// still use the rings or the memory when they change). True if the memory snapshot or the
+    /// function itself changed.
+    fn take(&mut self, seq: u64, msg: Msg) -> bool {
+        // Waiting requests go with their queues (the driver reset them); they survive a memory
+        // change, holding only guest addresses.
+        if matches!(msg, Msg::Start { .. } | Msg::Stop | Msg::Detach) {
+            self.cancel_waits();
+        }
+        let drains = matches!(msg, Msg::Start { .. } | Msg::Stop | Msg::Memory(_) | Msg::Detach);
+        if !self.deferred.is_empty() || (drains && self.in_flight() > 0) {
+            self.deferred.push_back((seq, msg));
+            return false;
+        }
+        self.apply(seq, msg)
+    }
+
+    /// Applies the held messages once the engine has drained.
+    fn take_deferred(&mut self) -> bool {
+        let mut changed = false;
+        while self.in_flight() == 0 {
+            let Some((seq, msg)) = self.deferred.pop_front() else { break };
+            changed |= self.apply(seq, msg);
+        }
+        changed
+    }
+
+    fn apply(&mut self, seq: u64, msg: Msg) -> bool {
+        let mut changed = false;
+        match msg {
+            Msg::Start { queues: cfgs, features: f } => {
+                self.faults_seen = self.f.faults.load(Ordering::Acquire);
+                self.queues = cfgs.into_iter().filter_map(|c| self.f.new_queue(c, f)).collect();
+                for q in &mut self.queues {
+                    self.f.attach(q, &self.mem);
                 }
-                // Nothing may still use the rings or the memory when they change.
-                if matches!(msg, Msg::Start { .. } | Msg::Stop | Msg::Memory(_) | Msg::Shutdown) {
-                    ctx.drain(&mut engine, &mut queues, &mem, &mut parked);
-                }
-                match msg {
-                    Msg::Start { queues: cfgs, features: f } => {
-                        faults_seen = ctx.faults.load(Ordering::Acquire);
-                        queues = cfgs.into_iter().filter_map(|c| ctx.new_queue(c, f)).collect();
-                        for q in &mut queues {
-                            ctx.attach(q, &mem);
-                        }
-                    }
-                    Msg::Stop => queues.clear(),
-                    Msg::Memory(m) => {
-                        mem = m;
-                        for q in queues.iter_mut().filter(|q| !q.attached) {
-                            ctx.attach(q, &mem);
-                        }
-                    }
-                    Msg::Irqs(i) => irqs = i,
-                    Msg::Shutdown => {
-                        clock.close(coarse_now_ns(), false, mine);
-                        return;
-                    }
-                }
-                let _ = ctx.events.send(Event::Ack { poller: ctx.id, seq });
             }
-            if !Arc::ptr_eq(&mem, &snapshot) {
-                continue 'snapshot;
+            Msg::Stop => self.queues.clear(),
+            Msg::Memory(m) => {
+                self.mem = m;
+                for q in self.queues.iter_mut().filter(|q| !q.attached) {
+                    self.f.attach(q, &self.mem);
+                }
+                changed = true;
             }
-            clock.start_round();
-            let mut work = 0usize;
-            for (slot, q) in queues.iter_mut().enumerate() {
+            Msg::Irqs(i) => self.irqs = i,
+            Msg::Detach => {
+                self.queues.clear();
+                self.detached = Some(seq);
+                return true; // acknowledged once its engine is dropped
+            }
+            Msg::Attach(_) => {}
+        }
+        let _ = self.f.events.send(Event::Ack { poller: self.f.id, seq });
+        changed
+    }
+
+    /// One poll round of this function's queues on memory `snapshot` (the function's current
+    /// one); returns the work done.
+    fn round<'m>(&mut self, snapshot: &'m GuestMem, chain: &mut Chain<'m>) -> usize {
+        let mut work = 0usize;
+        let f = &self.f;
+        if self.deferred.is_empty() {
+            for (slot, q) in self.queues.iter_mut().enumerate() {
                 if !q.attached || q.broken {
                     continue;
                 }
-                match ctx.serve(slot, q, &snapshot, &mut chain, &mut engine, &mut parked) {
+                match f.serve(slot, q, snapshot, chain, &mut self.engine, &mut self.parked) {
                     Ok(n) => work += n,
                     Err(QueueError::RingUnmapped(i)) => {
                         // Guest memory is being remapped under a live queue; wait for the new map.
@@ -613,36 +802,133 @@ fn run(ctx: Ctx) {
                     }
                     Err(e) => {
                         q.broken = true;
-                        ctx.report(e);
+                        f.report(e);
                     }
                 }
             }
-            if let Some(e) = engine.as_mut() {
-                work += ctx.complete(e.as_mut(), &mut queues, &mem, &mut parked);
+        }
+        if let Some(e) = self.engine.as_mut() {
+            work += f.complete(e.as_mut(), &mut self.queues, &self.mem, &mut self.parked);
+        }
+        let faults = f.faults.load(Ordering::Relaxed);
+        if faults != self.faults_seen {
+            // Client memory went away under this round: what it read or wrote there was zeros
+            // or lost. No queue of this function goes on; its driver must reset the device.
+            self.faults_seen = faults;
+            for q in self.queues.iter_mut().filter(|q| !q.broken) {
+                q.broken = true;
+                f.report(QueueError::MemoryLost(q.queue.index()));
             }
-            let faults = ctx.faults.load(Ordering::Relaxed);
-            if faults != faults_seen {
-                // Client memory went away under this round: what it read or wrote there was
-                // zeros or lost. No queue goes on; the driver must reset the device.
-                faults_seen = faults;
-                for q in queues.iter_mut().filter(|q| !q.broken) {
-                    q.broken = true;
-                    ctx.report(QueueError::MemoryLost(q.queue.index()));
+        }
+        for q in self.queues.iter_mut().filter(|q| q.attached && !q.broken) {
+            if q.queue.needs_interrupt(&self.mem) {
+                f.signal(&self.irqs, q.queue.vector(), q.queue.index(), q.stat);
+            }
+        }
+        work
+    }
+}
+
+fn run(ctx: Ctx) {
+    let _exit = ExitFlag(ctx.exited.clone(), ctx.id);
+    if let Some(core) = ctx.core {
+        if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+            warn!("poller {}: cannot pin to core {core}", ctx.id);
+        }
+    }
+    let mut fns: Vec<Attached> = Vec::new();
+    let mut idle_rounds = 0u64;
+    let mut idle_since = Instant::now();
+    let mine = ctx.stats.poller(ctx.id);
+    let mut clock = Clock::new();
+    let mut round_no = 0u64;
+    // One buffer list per set of memory snapshots (it borrows them): building it costs a 24 KiB
+    // memset, 18 % of the poller's instructions at QD=1, idle spinning included (callgrind).
+    // It is rebuilt when a function's memory changes or a function comes or goes.
+    'snapshot: loop {
+        let snapshots: Vec<Arc<GuestMem>> = fns.iter().map(|a| a.mem.clone()).collect();
+        let mut chain = Chain::default();
+        loop {
+            let mut changed = false;
+            while let Ok(post) = ctx.rx.try_recv() {
+                match post {
+                    Post::Shutdown => {
+                        for a in &mut fns {
+                            a.cancel_waits();
+                            a.f.drain(&mut a.engine, &mut a.queues, &a.mem, &mut a.parked);
+                        }
+                        clock.close(coarse_now_ns(), false, mine);
+                        return;
+                    }
+                    Post::To { fid, seq, msg: Msg::Attach(f) } => {
+                        let engine = f.handler.engine(ctx.id);
+                        let faults_seen = f.faults.load(Ordering::Acquire);
+                        let _ = f.events.send(Event::Ack { poller: ctx.id, seq });
+                        fns.push(Attached {
+                            fid,
+                            f,
+                            mem: Arc::new(GuestMem::default()),
+                            irqs: Arc::from(Vec::new()),
+                            queues: Vec::new(),
+                            parked: Vec::new(),
+                            engine,
+                            faults_seen,
+                            deferred: VecDeque::new(),
+                            detached: None,
+                            quiet: 0,
+                        });
+                        changed = true;
+                    }
+                    Post::To { fid, seq, msg } => {
+                        if let Some(a) = fns.iter_mut().find(|a| a.fid == fid) {
+                            changed |= a.take(seq, msg);
+                        }
+                    }
                 }
             }
-            for q in queues.iter_mut().filter(|q| q.attached && !q.broken) {
-                if q.queue.needs_interrupt(&mem) {
-                    ctx.signal(&irqs, q.queue.vector(), q.queue.index(), q.stat);
-                }
+            for a in fns.iter_mut().filter(|a| !a.deferred.is_empty()) {
+                changed |= a.take_deferred();
             }
-            let waiting = engine.as_ref().is_some_and(|e| e.in_flight() > 0);
+            let mut i = 0;
+            while i < fns.len() {
+                let Some(seq) = fns[i].detached else {
+                    i += 1;
+                    continue;
+                };
+                let a = fns.swap_remove(i);
+                let events = a.f.events.clone();
+                drop(a); // its engine ends here, on its own poller
+                let _ = events.send(Event::Ack { poller: ctx.id, seq });
+            }
+            if changed {
+                continue 'snapshot;
+            }
+            clock.start_round();
+            let mut work = 0usize;
+            round_no = round_no.wrapping_add(1);
+            let shared = fns.len() > 1;
+            let mut waiting = false;
+            for (i, (a, snapshot)) in fns.iter_mut().zip(&snapshots).enumerate() {
+                // A function quiet for long is looked at every COLD_STRIDE-th round only, so
+                // that idle functions cost a busy one on the same poller little (see COLD_STRIDE).
+                if shared && a.quiet >= QUIET_ROUNDS && !(round_no + i as u64).is_multiple_of(COLD_STRIDE) {
+                    continue;
+                }
+                let n = a.round(snapshot, &mut chain);
+                let pending = a.in_flight() > 0;
+                waiting |= pending;
+                // (A cold function has nothing in flight: it would not be cold.)
+                let active = n > 0 || pending || !a.parked.is_empty() || !a.deferred.is_empty();
+                a.quiet = if active { 0 } else { a.quiet.saturating_add(1) };
+                work += n;
+            }
             let busy = work > 0 || waiting;
             clock.end_round(busy, mine);
             if busy {
                 if work > 0 {
                     idle_rounds = 0;
                 }
-            } else if queues.is_empty() {
+            } else if fns.iter().all(|a| a.queues.is_empty()) {
                 std::thread::park_timeout(Duration::from_millis(100));
                 clock.close(coarse_now_ns(), false, mine); // idle time readable while it naps
             } else if ctx.busy {
@@ -653,7 +939,7 @@ fn run(ctx: Ctx) {
                 if idle_rounds == 1 {
                     idle_since = Instant::now();
                 } else if idle_rounds.is_multiple_of(64) && idle_since.elapsed() >= ctx.spin {
-                    ctx.park(&mut queues, &mem, !parked.is_empty()); // still idle next time: park again soon
+                    ctx.park(&mut fns); // still idle next time: park again soon
                     clock.close(coarse_now_ns(), false, mine);
                 }
                 std::hint::spin_loop();
@@ -663,6 +949,54 @@ fn run(ctx: Ctx) {
 }
 
 impl Ctx {
+    /// Parks for up to `sleep`. With doorbells on the socket, first asks the driver of every live
+    /// queue to ring after its next request and looks at the rings once more (the driver stores
+    /// its avail index, fences, then reads our suppression fields; we store those, fence, then
+    /// read the avail index: one of us sees the other), so a request made at any moment either
+    /// is seen here or rings the doorbell that unparks us. Notifications are off again before
+    /// polling resumes. Functions whose doorbells stay in shared memory are only looked at.
+    ///
+    /// With requests waiting on an outside event (`waits`) the sleep is at most 1 ms: the event
+    /// (a lock released through another poller) rings no doorbell here.
+    fn park(&self, fns: &mut [Attached]) {
+        let waits = fns.iter().any(|a| !a.parked.is_empty());
+        let sleep = if waits { self.sleep.min(Duration::from_millis(1)) } else { self.sleep };
+        let parks = &self.stats.poller(self.id).parks;
+        if !fns.iter().any(|a| a.f.doorbells) {
+            add(parks, 1);
+            std::thread::park_timeout(sleep);
+            return;
+        }
+        let live = |q: &&mut Served| q.attached && !q.broken;
+        for a in fns.iter_mut().filter(|a| a.f.doorbells) {
+            for q in a.queues.iter_mut().filter(live) {
+                if let Err(e) = q.queue.set_notify(&a.mem, true) {
+                    debug!("queue {}: {e}", q.queue.index());
+                }
+            }
+        }
+        fence(Ordering::SeqCst);
+        let work = |a: &Attached| {
+            a.queues
+                .iter()
+                .filter(|q| q.attached && !q.broken)
+                .any(|q| q.queue.has_work(&a.mem).unwrap_or(true))
+        };
+        if !fns.iter().any(work) {
+            add(parks, 1);
+            std::thread::park_timeout(sleep);
+        }
+        for a in fns.iter_mut().filter(|a| a.f.doorbells) {
+            for q in a.queues.iter_mut().filter(live) {
+                if let Err(e) = q.queue.set_notify(&a.mem, false) {
+                    debug!("queue {}: {e}", q.queue.index());
+                }
+            }
+        }
+    }
+}
+
+impl FnCtx {
     fn new_queue(&self, cfg: QueueConfig, f: u64) -> Option<Served> {
         match Ring::new(cfg, f) {
             Ok(queue) => {
@@ -693,41 +1027,6 @@ impl Ctx {
             Err(e) => {
                 q.broken = true;
                 self.report(e);
-            }
-        }
-    }
-
-    /// Parks for up to `sleep`. With doorbells on the socket, first asks the driver of every live
-    /// queue to ring after its next request and looks at the rings once more (the driver stores
-    /// its avail index, fences, then reads our suppression fields; we store those, fence, then
-    /// read the avail index: one of us sees the other), so a request made at any moment either
-    /// is seen here or rings the doorbell that unparks us. Notifications are off again before
-    /// polling resumes.
-    ///
-    /// With requests waiting on an outside event (`waits`) the sleep is at most 1 ms: the event
-    /// (a lock released through another poller) rings no doorbell here.
-    fn park(&self, queues: &mut [Served], mem: &GuestMem, waits: bool) {
-        let sleep = if waits { self.sleep.min(Duration::from_millis(1)) } else { self.sleep };
-        let parks = &self.stats.poller(self.id).parks;
-        if !self.doorbells {
-            add(parks, 1);
-            std::thread::park_timeout(sleep);
-            return;
-        }
-        let live = |q: &&mut Served| q.attached && !q.broken;
-        for q in queues.iter_mut().filter(live) {
-            if let Err(e) = q.queue.set_notify(mem, true) {
-                debug!("queue {}: {e}", q.queue.index());
-            }
-        }
-        fence(Ordering::SeqCst);
-        if !queues.iter().filter(|q| q.attached && !q.broken).any(|q| q.queue.has_work(mem).unwrap_or(true)) {
-            add(parks, 1);
-            std::thread::park_timeout(sleep);
-        }
-        for q in queues.iter_mut().filter(live) {
-            if let Err(e) = q.queue.set_notify(mem, false) {
-                debug!("queue {}: {e}", q.queue.index());
             }
         }
     }

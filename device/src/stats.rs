@@ -29,11 +29,12 @@
 //! per-device metrics, with the counters per poller instead of shared atomics.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
 use serde::{Deserialize, Serialize};
 
-use crate::config::Profile;
+use crate::config::{Placement, Profile};
 
 /// What kind of operation a request is, as the request handler classifies it (the device keeps
 /// a latency histogram and counters per class and knows nothing else of the protocol).
@@ -677,6 +678,10 @@ pub struct DeviceCounters {
     cores: Box<[Option<usize>]>,
     /// The latency clock, `None` if the profile turned latency measurement off.
     clock: Option<LatencyClock>,
+    /// The counters of the poller threads themselves (busy and idle time, rounds, parks), when
+    /// they serve other functions too: a pool's ([`DeviceCounters::pool`]). `None`: this
+    /// device's own blocks hold them.
+    threads: Option<Arc<DeviceCounters>>,
 }
 
 /// VIRTIO_F_RING_PACKED.
@@ -684,13 +689,30 @@ const RING_PACKED: u64 = 1 << 34;
 
 impl DeviceCounters {
     /// Zeroed counters for the queues and pollers of `profile`.
+    #[cfg(test)]
     pub(crate) fn new(profile: &Profile) -> Self {
+        Self::placed(profile, &Placement::of_profile(profile), None)
+    }
+
+    /// The counters of a pool's poller threads (only their time, rounds and parks are used).
+    pub(crate) fn pool(profile: &Profile) -> Self {
+        let p = Profile { request_queues: 1, latency_histograms: false, ..profile.clone() };
+        Self::placed(&p, &Placement::of_profile(&p), None)
+    }
+
+    /// Zeroed counters for the queues of a function shaped by `profile`, placed on a pool's
+    /// pollers as `placement` says; `threads`: the pool's own counters.
+    pub(crate) fn placed(
+        profile: &Profile,
+        placement: &Placement,
+        threads: Option<Arc<DeviceCounters>>,
+    ) -> Self {
         let queues = usize::from(profile.request_queues) + 1;
-        let pollers = profile.pollers();
+        let pollers = placement.pool_pollers.max(1);
         let mut owned = vec![0usize; pollers];
         let places: Box<[(usize, usize)]> = (0..queues)
             .map(|q| {
-                let p = profile.poller_of(q as u16);
+                let p = placement.poller_of(q as u16).min(pollers - 1);
                 owned[p] += 1;
                 (p, owned[p] - 1)
             })
@@ -712,11 +734,7 @@ impl DeviceCounters {
                 })
             })
             .collect();
-        let cores = if profile.poller_cores.is_empty() {
-            vec![None].into_boxed_slice()
-        } else {
-            profile.poller_cores.iter().map(|&c| Some(c)).collect()
-        };
+        let cores = placement.cores.clone().into_boxed_slice();
         DeviceCounters {
             pollers: blocks,
             doorbells: (0..queues).map(|_| CachePadded::new(AtomicU64::new(0))).collect(),
@@ -724,6 +742,16 @@ impl DeviceCounters {
             places,
             cores,
             clock: profile.latency_histograms.then(|| LatencyClock(quanta::Clock::new())),
+            threads,
+        }
+    }
+
+    /// The block poller `poller` writes its own time, rounds and parks into.
+    #[inline]
+    pub(crate) fn thread(&self, poller: usize) -> &PollerCounters {
+        match &self.threads {
+            Some(t) => t.poller(poller),
+            None => self.poller(poller),
         }
     }
 
@@ -812,18 +840,22 @@ impl DeviceCounters {
             .pollers
             .iter()
             .enumerate()
-            .map(|(p, c)| PollerStats {
-                poller: p,
-                core: self.cores.get(p).copied().flatten(),
-                queues: (0..self.places.len() as u16)
-                    .filter(|&q| self.places[usize::from(q)].0 == p)
-                    .collect(),
-                busy_ns: load(&c.busy_ns),
-                idle_ns: load(&c.idle_ns),
-                rounds: load(&c.rounds),
-                parks: load(&c.parks),
-                classes: c.classes(),
-                errors: c.errors(),
+            .filter(|(p, _)| self.threads.is_none() || self.places.iter().any(|&(q, _)| q == *p))
+            .map(|(p, c)| {
+                let t = self.thread(p);
+                PollerStats {
+                    poller: p,
+                    core: self.cores.get(p).copied().flatten(),
+                    queues: (0..self.places.len() as u16)
+                        .filter(|&q| self.places[usize::from(q)].0 == p)
+                        .collect(),
+                    busy_ns: load(&t.busy_ns),
+                    idle_ns: load(&t.idle_ns),
+                    rounds: load(&t.rounds),
+                    parks: load(&t.parks),
+                    classes: c.classes(),
+                    errors: c.errors(),
+                }
             })
             .collect();
         let mut classes: Vec<ClassStats> =

@@ -3,11 +3,17 @@
 //!
 //! | method | params | result |
 //! |---|---|---|
-//! | `get_device` | none | the effective configuration, the client's state, uptime |
-//! | `get_stats` | none | `{"uptime_s", "interval_s", "device": DeviceStats, "fuse": FuseStats}`, the device's counters since the last `reset_stats` |
-//! | `reset_stats` | none | `true`; the device's counters and histograms start again from zero |
+//! | `get_device` | `{"tag"}` or none | the effective configuration, the client's state, uptime |
+//! | `get_stats` | `{"tag"}` or none | `{"uptime_s", "interval_s", "device": DeviceStats, "fuse": FuseStats}`, the device's counters since the last `reset_stats` |
+//! | `reset_stats` | `{"tag"}` or none | `true`; the device's counters and histograms start again from zero |
 //! | `set_log_level` | `{"level": "off"\|"error"\|"warn"\|"info"\|"debug"\|"trace"}` | the previous level |
 //! | `rpc_get_methods` | none | the method names |
+//! | `create_function` | `{"socket_path", "tag", ...}` (any key of a `[[function]]` table) | the new function ([`crate::functions::FunctionInfo`]) |
+//! | `delete_function` | `{"tag"}` | `{"tag", "requests"}` once it is gone |
+//! | `list_functions` | none | every function ([`crate::functions::FunctionInfo`]) |
+//!
+//! `get_device`, `get_stats` and `reset_stats` take an optional `{"tag"}` (default: the first
+//! function; `reset_stats`: every function).
 //!
 //! It runs on a thread of its own and reads the device's statistics as data: the pollers'
 //! single-writer counters and the state the control plane publishes
@@ -32,7 +38,7 @@ use serde_json::{json, Value};
 use virtiofs_device::stats::DeviceStats;
 use virtiofs_device::vfio_user::StopHandle;
 
-use crate::FuseStats;
+use crate::functions::{FunctionError, FunctionSet};
 
 /// Longest request line accepted, in bytes.
 pub const MAX_LINE: usize = 1 << 20;
@@ -80,6 +86,10 @@ pub enum RpcError {
     /// The method's parameters are wrong (-32602).
     #[error("Invalid params: {0}")]
     InvalidParams(String),
+    /// The method failed for a reason of the daemon's (-32000): a function's socket or backend
+    /// could not be set up, or the daemon cannot make functions.
+    #[error("Server error: {0}")]
+    Server(String),
 }
 
 impl RpcError {
@@ -90,6 +100,7 @@ impl RpcError {
             RpcError::InvalidRequest(_) => -32600,
             RpcError::MethodNotFound(_) => -32601,
             RpcError::InvalidParams(_) => -32602,
+            RpcError::Server(_) => -32000,
         }
     }
 
@@ -98,26 +109,59 @@ impl RpcError {
     }
 }
 
-/// What the control socket serves: the running device and what the daemon knows of itself.
+/// What the control socket serves: the daemon's functions and what it knows of itself.
 pub struct ControlState {
-    /// The running device (statistics and client state).
-    pub device: StopHandle,
-    /// The effective configuration, as `get_device` reports it.
+    /// The functions (statistics, client state; created and removed here).
+    pub functions: Arc<FunctionSet>,
+    /// The daemon's effective configuration, as `get_device` reports it.
     pub config: Value,
-    /// The FUSE side's statistics.
-    pub fuse: Box<dyn Fn() -> FuseStats + Send + Sync>,
     /// When the daemon started.
     pub started: Instant,
 }
 
-/// The methods and the reset baseline.
+/// The methods and the reset baselines (per function tag).
 struct Methods {
     state: ControlState,
-    baseline: Option<(DeviceStats, Instant)>,
+    baselines: HashMap<String, (DeviceStats, Instant)>,
 }
 
 /// The method names.
-pub const METHODS: [&str; 5] = ["get_device", "get_stats", "reset_stats", "set_log_level", "rpc_get_methods"];
+pub const METHODS: [&str; 8] = [
+    "get_device",
+    "get_stats",
+    "reset_stats",
+    "set_log_level",
+    "rpc_get_methods",
+    "create_function",
+    "delete_function",
+    "list_functions",
+];
+
+/// The `tag` of `params` (`None`: none given, the first function), refusing other keys.
+fn tag_param(params: &Value) -> Result<Option<String>, RpcError> {
+    match params {
+        Value::Object(m) => {
+            if let Some(k) = m.keys().find(|k| k.as_str() != "tag") {
+                return Err(RpcError::InvalidParams(format!("unknown parameter {k:?} (only \"tag\")")));
+            }
+            match m.get("tag") {
+                None => Ok(None),
+                Some(Value::String(t)) => Ok(Some(t.clone())),
+                Some(_) => Err(RpcError::InvalidParams("\"tag\" must be a string".into())),
+            }
+        }
+        other => no_params(other).map(|()| None),
+    }
+}
+
+/// A JSON object as a TOML table (a function's description), refusing nulls and non-objects.
+fn json_table(params: &Value) -> Result<toml::Table, RpcError> {
+    if !params.is_object() {
+        return Err(RpcError::InvalidParams("expected an object with \"socket_path\" and \"tag\"".into()));
+    }
+    serde_json::from_value::<toml::Table>(params.clone())
+        .map_err(|e| RpcError::InvalidParams(format!("not a function description: {e}")))
+}
 
 fn no_params(params: &Value) -> Result<(), RpcError> {
     match params {
@@ -137,34 +181,62 @@ impl Methods {
     fn call(&mut self, method: &str, params: &Value) -> Result<Value, RpcError> {
         match method {
             "get_device" => {
-                no_params(params)?;
+                let tag = tag_param(params)?;
+                let (device, _, fconfig) = self.function(tag.as_deref())?;
+                let config = if tag.is_some() { fconfig } else { self.state.config.clone() };
                 Ok(json!({
                     "name": "virtiofs-dpu",
                     "version": env!("CARGO_PKG_VERSION"),
                     "pid": std::process::id(),
                     "uptime_s": self.state.started.elapsed().as_secs_f64(),
-                    "config": self.state.config,
-                    "client": self.state.device.client(),
+                    "config": config,
+                    "client": device.client(),
+                    "functions": self.state.functions.tags(),
                 }))
             }
             "get_stats" => {
-                no_params(params)?;
-                let now = self.state.device.stats();
-                let (device, since) = match &self.baseline {
+                let tag = tag_param(params)?;
+                let (device, fuse, _) = self.function(tag.as_deref())?;
+                let name = self.tag_of(tag);
+                let now = device.stats();
+                let (device, since) = match self.baselines.get(&name) {
                     Some((base, at)) => (now.since(base), *at),
                     None => (now, self.state.started),
                 };
                 Ok(json!({
+                    "tag": name,
                     "uptime_s": self.state.started.elapsed().as_secs_f64(),
                     "interval_s": since.elapsed().as_secs_f64(),
                     "device": device,
-                    "fuse": (self.state.fuse)(),
+                    "fuse": fuse(),
                 }))
             }
             "reset_stats" => {
-                no_params(params)?;
-                self.baseline = Some((self.state.device.stats(), Instant::now()));
+                let tags = match tag_param(params)? {
+                    Some(t) => vec![t],
+                    None => self.state.functions.tags(),
+                };
+                for t in tags {
+                    let (device, _, _) = self.function(Some(&t))?;
+                    self.baselines.insert(t, (device.stats(), Instant::now()));
+                }
                 Ok(Value::Bool(true))
+            }
+            "create_function" => {
+                let table = json_table(params)?;
+                let info = self.state.functions.create_from(table).map_err(function_error)?;
+                Ok(json!(info))
+            }
+            "delete_function" => {
+                let tag = tag_param(params)?
+                    .ok_or_else(|| RpcError::InvalidParams("expected {\"tag\": TAG}".into()))?;
+                let stats = self.state.functions.delete(&tag).map_err(function_error)?;
+                self.baselines.remove(&tag);
+                Ok(json!({"tag": tag, "requests": stats.requests().iter().sum::<u64>()}))
+            }
+            "list_functions" => {
+                no_params(params)?;
+                Ok(json!(self.state.functions.list()))
             }
             "set_log_level" => {
                 let level = params
@@ -187,6 +259,22 @@ impl Methods {
             }
             other => Err(RpcError::MethodNotFound(other.to_string())),
         }
+    }
+
+    /// The function `tag` (the first with `None`).
+    fn function(
+        &self,
+        tag: Option<&str>,
+    ) -> Result<(StopHandle, crate::functions::FuseStatsFn, Value), RpcError> {
+        self.state.functions.get(tag).ok_or_else(|| match tag {
+            Some(t) => RpcError::InvalidParams(format!("no function with tag {t:?}")),
+            None => RpcError::InvalidParams("the daemon serves no function".into()),
+        })
+    }
+
+    /// `tag`, or the first function's.
+    fn tag_of(&self, tag: Option<String>) -> String {
+        tag.or_else(|| self.state.functions.tags().into_iter().next()).unwrap_or_default()
     }
 
     /// The response to one request object (`None` for a notification).
@@ -252,6 +340,17 @@ impl Methods {
     }
 }
 
+/// A function that could not be created or removed, as a JSON-RPC error: a bad description is
+/// invalid params, the rest (a socket in use, a backend that cannot start) a server error.
+fn function_error(e: FunctionError) -> RpcError {
+    match e {
+        FunctionError::Invalid(_) | FunctionError::Exists(_) | FunctionError::NotFound(_) => {
+            RpcError::InvalidParams(e.to_string())
+        }
+        other => RpcError::Server(crate::error_chain(&other)),
+    }
+}
+
 /// A bound control socket, not served yet (bound early, before a sandbox changes the root).
 pub struct BoundControlSocket {
     path: PathBuf,
@@ -293,7 +392,7 @@ impl BoundControlSocket {
         let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(setup)?);
         let mut listener = UnixListener::from_std(self.listener);
         poll.registry().register(&mut listener, LISTENER, Interest::READABLE).map_err(setup)?;
-        let methods = Methods { state, baseline: None };
+        let methods = Methods { state, baselines: HashMap::new() };
         let join = std::thread::Builder::new()
             .name("control-socket".into())
             .spawn(move || run(poll, listener, methods))

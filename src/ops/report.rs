@@ -12,6 +12,9 @@ use crate::FuseStats;
 /// The result of `get_stats`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StatsReport {
+    /// The function's tag (a daemon may serve several).
+    #[serde(default)]
+    pub tag: Option<String>,
     /// Seconds since the daemon started.
     pub uptime_s: f64,
     /// Seconds the counters cover (since the start or the last `reset_stats`).
@@ -26,6 +29,7 @@ impl StatsReport {
     /// What happened between `earlier` (a report of the same daemon) and this one.
     pub fn since(&self, earlier: &StatsReport) -> StatsReport {
         StatsReport {
+            tag: self.tag.clone(),
             uptime_s: self.uptime_s,
             interval_s: (self.uptime_s - earlier.uptime_s).max(0.0),
             device: self.device.since(&earlier.device),
@@ -55,6 +59,9 @@ pub fn table(r: &StatsReport) -> String {
     let secs = r.interval_s;
     let mib = |b: u64| rate(b, secs) / (1024.0 * 1024.0);
     let mut s = String::new();
+    if let Some(tag) = &r.tag {
+        let _ = writeln!(s, "function {tag}");
+    }
     let _ = writeln!(s, "uptime {:.1} s, over the last {:.1} s", r.uptime_s, secs);
     let _ = writeln!(
         s,

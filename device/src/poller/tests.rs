@@ -233,3 +233,69 @@ fn requests_served_pending_and_waiting_are_counted_on_both_layouts() {
     assert_eq!(p.parks, 0, "busy polling never parks");
     assert_eq!(stats.queues[0].requests, 0, "nothing on hiprio");
 }
+
+/// Two functions on one shared poller (issue 14): while function A's memory change waits for
+/// A's pending request to drain, function B's requests keep completing on the same poller; A's
+/// change is acknowledged once its request completes, and detaching A leaves B serving.
+#[test]
+fn a_drain_of_one_function_does_not_hold_up_another_on_the_same_poller() {
+    let profile = Profile { polling: Polling::Busy, ..Profile::default() };
+    let pool = PollerPool::spawn(&profile).unwrap();
+    let f = features::VERSION_1;
+    let cfg = QueueConfig { index: 1, size: 8, desc: 0x1000, avail: 0x2000, used: 0x3000, vector: 1 };
+    let function = |release: &Arc<AtomicBool>, ordinal| {
+        let handler = Arc::new(Handler { release: release.clone(), grant: Arc::new(AtomicBool::new(false)) });
+        let placement = pool.placement(QueueMapping::Spread, None, ordinal);
+        let msix = Arc::new(MsixShared::new(3));
+        PollerSet::attach(&pool, &profile, placement, handler, msix, Default::default(), Arc::new(|| {}))
+    };
+    let (release_a, release_b) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let mut a = function(&release_a, 0);
+    let mut b = function(&release_b, 1);
+    assert_eq!((a.placement().poller_of(1), b.placement().poller_of(1)), (0, 0), "one poller serves both");
+    let (mem_a, mem_b) = (guest_memory(0x20000, None), guest_memory(0x20000, None));
+    a.set_memory(&mem_a);
+    b.set_memory(&mem_b);
+    a.start(&[cfg], f);
+    b.start(&[cfg], f);
+    let mut drv_a = SplitDriver::new(&mem_a, cfg);
+    let mut drv_b = SplitDriver::new(&mem_b, cfg);
+
+    // A's request stays pending in A's engine.
+    mem_a.write_obj(1u8, GuestAddress(REQ)).unwrap();
+    let held = drv_a.push(&[Buf::readable(REQ, 16), Buf::writable(REPLY, 64)]);
+    wait_for("A's request pending", || (a.stats().snapshot().queues[1].in_flight == 1).then_some(()));
+    // A's memory change must wait for it: on another thread, as a control plane would.
+    let changed = Arc::new(AtomicBool::new(false));
+    let remap = {
+        let (changed, mem) = (changed.clone(), mem_a.clone());
+        std::thread::spawn(move || {
+            a.set_memory(&mem);
+            changed.store(true, Ordering::Release);
+            a
+        })
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(!changed.load(Ordering::Acquire), "A's memory change waits for A's pending request");
+    // Meanwhile B's requests complete on the same poller.
+    for i in 0..20u64 {
+        let req = REQ + 0x100 * (i % 4);
+        mem_b.write_obj(0u8, GuestAddress(req)).unwrap();
+        let t = drv_b.push(&[Buf::readable(req, 16), Buf::writable(REPLY, 64)]);
+        assert_eq!(wait_for("B's request", || drv_b.next_used()), (t, 4), "request {i}");
+    }
+    assert!(!changed.load(Ordering::Acquire));
+    release_a.store(true, Ordering::Release);
+    let mut a = remap.join().unwrap();
+    assert!(changed.load(Ordering::Acquire));
+    assert_eq!(wait_for("A's request", || drv_a.next_used()), (held, 4));
+    // Each function's counters are its own.
+    assert_eq!(a.stats().snapshot().queues[1].requests, 1);
+    assert_eq!(b.stats().snapshot().queues[1].requests, 20);
+    a.stop();
+    drop(a); // A leaves the poller
+    mem_b.write_obj(0u8, GuestAddress(REQ)).unwrap();
+    let t = drv_b.push(&[Buf::readable(REQ, 16), Buf::writable(REPLY, 64)]);
+    assert_eq!(wait_for("B after A left", || drv_b.next_used()), (t, 4));
+    assert_eq!(b.stats().snapshot().queues[1].requests, 21);
+}

@@ -32,10 +32,10 @@ use vfio_bindings::bindings::vfio as vb;
 use vm_memory::ByteValued;
 
 use super::wire::{self, cmd, Header, HEADER_SIZE};
-use crate::config::Profile;
+use crate::config::{Placement, Profile};
 use crate::control::{ControlError, DeviceState};
 use crate::pci;
-use crate::poller::RequestHandler;
+use crate::poller::{PollerPool, RequestHandler};
 use crate::stats::{ClientState, DeviceCounters, DeviceStats};
 
 /// Largest REGION_READ/WRITE count we accept and announce (`max_data_xfer_size`).
@@ -265,6 +265,18 @@ impl Server {
         profile: &Profile,
         handler: Arc<dyn RequestHandler>,
     ) -> Result<Self, ServerError> {
+        Self::with_pollers(listener, profile, handler, None)
+    }
+
+    /// [`Server::new`], its queues served by the shared pollers of a pool, placed as the
+    /// placement says (`None`: pollers of its own, as the profile asks). The control plane
+    /// ([`Server::run`]) stays this function's own.
+    pub fn with_pollers(
+        listener: Listener,
+        profile: &Profile,
+        handler: Arc<dyn RequestHandler>,
+        pool: Option<(&PollerPool, Placement)>,
+    ) -> Result<Self, ServerError> {
         let Listener { path, listener, unlink, _lock } = listener;
         let poll = Poll::new().map_err(ServerError::Setup)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(ServerError::Setup)?);
@@ -275,7 +287,13 @@ impl Server {
         let wake = Arc::new(move || {
             let _ = w.wake();
         });
-        let dev = DeviceState::new(profile, handler, wake).map_err(ServerError::Setup)?;
+        let (dev, control_cpu) = match pool {
+            None => (DeviceState::new(profile, handler, wake), profile.control_cpu()),
+            Some((pool, placement)) => {
+                (DeviceState::on_pool(profile, pool, placement, handler, wake), pool.profile().control_cpu())
+            }
+        };
+        let dev = dev.map_err(ServerError::Setup)?;
         Ok(Server {
             path,
             listener,
@@ -285,7 +303,7 @@ impl Server {
             stop: Arc::new(AtomicBool::new(false)),
             dev,
             conn: None,
-            control_cpu: profile.control_cpu(),
+            control_cpu,
             waiting: None,
             accept_again: false,
             _lock,

@@ -1,0 +1,358 @@
+//! Several functions on one shared poller (issue 14): fairness and scale.
+//!
+//! - **Fairness**: function B at QD=1 (4 KiB random reads) alone on the poller, then while
+//!   function A keeps its queue over-full (QD = 2 x queue size, the `refill` queue-full policy)
+//!   on the same poller: B's p99 with A over B's p99 alone (target at most 2).
+//! - **Scale**: the QD=1 4 KiB read p50 of one function with no other function on its poller,
+//!   then with 64 idle functions (each with a client that brought its queues up and sends
+//!   nothing) on the same poller (target at most 1.2x).
+//! - **Memory per function**: the resident set the daemon side of 64 functions adds (no client
+//!   yet), per function, beside the fixed size [`virtiofs_dpu::functions::memory_per_function`]
+//!   computes.
+//!
+//! Each function is a [`RunningDevice`] on one [`PollerPool`], as the daemon runs them.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use virtiofs_backend::RamFs;
+use virtiofs_device::config::{Profile, QueueMapping};
+use virtiofs_device::poller::PollerPool;
+use virtiofs_device::vfio_user::Listener;
+use virtiofs_dpu::{FuseHandler, RunningDevice};
+use virtiofs_tools::driver::{DriverOptions, FsDriver, IoSpec, LoopConfig, QueueFullPolicy};
+use virtiofs_tools::fuse_abi::{self as abi, opcode};
+
+use crate::BenchError;
+
+const KIB: usize = 1024;
+const FILE: u64 = 4 << 20;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct MultiConfig {
+    /// Queue size of every function.
+    pub queue_size: u16,
+    /// Measured time of each phase.
+    pub duration: Duration,
+    /// Warm-up of each phase.
+    pub warmup: Duration,
+    /// Idle functions of the scale measurement.
+    pub idle_functions: usize,
+    /// Rounds of each comparison (alternating; medians reported).
+    pub rounds: usize,
+    /// The poller's core (`None`: unpinned).
+    pub poller_core: Option<usize>,
+    /// The measuring driver's core.
+    pub driver_core: Option<usize>,
+    /// Function A's driver polls its used ring (spins) instead of waiting on its interrupts.
+    pub a_spins: bool,
+    /// Function A's driver's core (`None`: where the scheduler puts it).
+    pub a_core: Option<usize>,
+}
+
+/// Latency percentiles of one phase, in microseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Lat {
+    /// Requests measured.
+    pub ops: u64,
+    /// Median.
+    pub p50_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// 99.9th percentile.
+    pub p999_us: f64,
+}
+
+/// The figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct MultiReport {
+    /// Function B at QD=1, alone on the poller, per round.
+    pub b_alone: Vec<Lat>,
+    /// Function B at QD=1 beside A at QD = 2 x queue size (refill), per round.
+    pub b_beside_a: Vec<Lat>,
+    /// A's IOPS during those rounds.
+    pub a_iops: Vec<f64>,
+    /// A's driver spun (else it waited on its interrupts).
+    pub a_spins: bool,
+    /// Median of B's p99 beside A over alone.
+    pub fairness_p99_ratio: f64,
+    /// QD=1 read with no other function on the poller, per round.
+    pub qd1_alone: Vec<Lat>,
+    /// QD=1 read with `idle_functions` idle functions on the poller, per round.
+    pub qd1_with_idle: Vec<Lat>,
+    /// Idle functions.
+    pub idle_functions: usize,
+    /// Median p50 with idle functions over alone.
+    pub scale_p50_ratio: f64,
+    /// Resident bytes the daemon side of one function added (no client), measured.
+    pub rss_per_function: u64,
+    /// Resident bytes per function once each has a client with its queues up (the client's
+    /// guest memory, in this process too, included).
+    pub rss_per_connected_function: u64,
+    /// Fixed bytes per function, computed from the profile.
+    pub fixed_per_function: u64,
+}
+
+fn lat(h: &Histogram<u64>) -> Lat {
+    let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    Lat { ops: h.len(), p50_us: us(0.5), p99_us: us(0.99), p999_us: us(0.999) }
+}
+
+fn rss() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = s.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0);
+    pages * 4096
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+struct Function {
+    dev: RunningDevice,
+}
+
+fn start(pool: &PollerPool, profile: &Profile, dir: &Path, n: usize) -> Result<Function, BenchError> {
+    let sock = dir.join(format!("f{n}.sock"));
+    let listener = Listener::bind(&sock).map_err(|e| BenchError::Device(Box::new(e)))?;
+    let p = Profile { tag: format!("f{n}"), ..profile.clone() };
+    let placement = pool.placement(QueueMapping::Spread, None, n);
+    let handler = Arc::new(FuseHandler::new(RamFs::new()));
+    let dev = RunningDevice::start_on_pool(listener, p, handler, pool, placement)
+        .map_err(|e| BenchError::Device(Box::new(e)))?;
+    Ok(Function { dev })
+}
+
+/// A driver on `f` with a 4 MiB file laid out; returns it with the file's node and handle.
+fn client(f: &Function, q: u16, interrupts: bool) -> Result<(FsDriver, u64, u64), BenchError> {
+    let opts = DriverOptions {
+        queue_size: q,
+        mem_size: 8 << 20,
+        use_interrupts: interrupts,
+        queue_full: QueueFullPolicy::Refill,
+        ..Default::default()
+    };
+    let mut d = FsDriver::connect(f.dev.socket_path(), opts)?;
+    d.init()?;
+    let (e, o) = d.create(1, "file", 0o644, libc::O_RDWR as u32)?;
+    let chunk = vec![0x5au8; 64 * KIB];
+    for off in (0..FILE).step_by(chunk.len()) {
+        d.write(e.nodeid, o.fh, off, &chunk)?;
+    }
+    Ok((d, e.nodeid, o.fh))
+}
+
+/// 4 KiB random reads at `depth` for `duration` (after `warmup`); the latencies and IOPS.
+fn reads(
+    d: &mut FsDriver,
+    node: u64,
+    fh: u64,
+    depth: usize,
+    warmup: Duration,
+    duration: Duration,
+) -> Result<(Histogram<u64>, f64), BenchError> {
+    let mut cfg = LoopConfig::new(depth, u64::MAX);
+    cfg.max_data = 4 * KIB;
+    cfg.warmup = warmup;
+    cfg.duration = Some(duration);
+    let blocks = FILE / 4096;
+    let mut rng = 0x2545_f491_4f6c_dd1du64 ^ depth as u64;
+    let make = |_: u64, s: &mut IoSpec| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        s.nodeid = node;
+        s.opcode = opcode::READ;
+        abi::ReadIn { fh, offset: (rng % blocks) * 4096, size: 4096, ..Default::default() }
+            .encode_into(&mut s.args);
+        s.out_data = 4096;
+    };
+    let r = d.run_closed_loop(&cfg, make, |_| Ok(()))?;
+    let iops = r.iops();
+    Ok((r.histogram, iops))
+}
+
+fn pin(core: Option<usize>) {
+    if let Some(c) = core {
+        let _ = core_affinity::set_for_current(core_affinity::CoreId { id: c });
+    }
+}
+
+/// Runs the fairness and scale measurements (`progress`: one line per phase).
+pub fn run(cfg: &MultiConfig, progress: &mut dyn FnMut(&str)) -> Result<MultiReport, BenchError> {
+    pin(cfg.driver_core);
+    let dir = tempfile::tempdir()?;
+    let profile = Profile {
+        description: "virtiofs-bench --multi".into(),
+        queue_size: cfg.queue_size,
+        poller_cores: cfg.poller_core.into_iter().collect(),
+        idle_spin_us: 10_000_000,
+        ..Default::default()
+    };
+    let pool = PollerPool::spawn(&profile)?;
+    let q = cfg.queue_size;
+    let rounds = cfg.rounds.max(1);
+
+    // Fairness: A and B on the one poller.
+    let fa = start(&pool, &profile, dir.path(), 0)?;
+    let fb = start(&pool, &profile, dir.path(), 1)?;
+    let (mut db, nb, hb) = client(&fb, q, false)?;
+    let (da, na, ha) = client(&fa, q, !cfg.a_spins)?;
+    let da = Arc::new(std::sync::Mutex::new(da));
+    let (mut b_alone, mut b_beside_a, mut a_iops) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        progress(&format!("[fairness {}/{rounds}] B at QD=1 alone", round + 1));
+        let (h, _) = reads(&mut db, nb, hb, 1, cfg.warmup, cfg.duration)?;
+        b_alone.push(lat(&h));
+        progress(&format!("[fairness {}/{rounds}] B at QD=1 beside A at QD={} (refill)", round + 1, 2 * q));
+        let running = Arc::new(AtomicBool::new(true));
+        let a_core = cfg.a_core;
+        let a = {
+            let (da, running) = (da.clone(), running.clone());
+            // A runs a little longer on both sides than B measures.
+            let span = cfg.warmup + cfg.duration + Duration::from_millis(400);
+            std::thread::spawn(move || -> Result<f64, String> {
+                pin(a_core);
+                let mut d = da.lock().unwrap_or_else(|e| e.into_inner());
+                let r = reads(&mut d, na, ha, 2 * usize::from(q), Duration::from_millis(100), span);
+                running.store(false, Ordering::Relaxed);
+                r.map(|(_, iops)| iops).map_err(|e| e.to_string())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        let (h, _) = reads(&mut db, nb, hb, 1, cfg.warmup, cfg.duration)?;
+        let still = running.load(Ordering::Relaxed);
+        let iops = a
+            .join()
+            .map_err(|_| BenchError::Config("A's driver panicked".into()))?
+            .map_err(BenchError::Config)?;
+        if !still {
+            return Err(BenchError::Config("A's load ended before B's measurement did".into()));
+        }
+        b_beside_a.push(lat(&h));
+        a_iops.push(iops);
+    }
+    drop((db, da));
+    drop((fa, fb));
+    let ratio = median(b_beside_a.iter().map(|l| l.p99_us).collect())
+        / median(b_alone.iter().map(|l| l.p99_us).collect());
+
+    // Scale: one busy function, then 64 idle ones beside it on the same poller.
+    let busy = start(&pool, &profile, dir.path(), 2)?;
+    let (mut d, n, h) = client(&busy, q, false)?;
+    let mut qd1_alone = Vec::new();
+    let mut qd1_with_idle = Vec::new();
+    let n_idle = cfg.idle_functions.max(1) as u64;
+    let (mut rss_fn, mut rss_conn) = (0, 0);
+    // Alternate, so that drift of a shared machine hits both sides alike: the idle functions
+    // come (their clients bring their queues up), the busy one is measured, they go, it is
+    // measured alone.
+    for round in 0..rounds {
+        let before = rss();
+        let mut idle = Vec::new();
+        for i in 0..cfg.idle_functions {
+            idle.push(start(&pool, &profile, dir.path(), 3 + i)?);
+        }
+        let after_functions = rss();
+        let mut clients = Vec::new();
+        for f in &idle {
+            let opts = DriverOptions { queue_size: q, mem_size: 1 << 20, ..Default::default() };
+            let mut c = FsDriver::connect(f.dev.socket_path(), opts)?;
+            c.init()?;
+            clients.push(c);
+        }
+        if round == 0 {
+            rss_fn = after_functions.saturating_sub(before) / n_idle;
+            rss_conn = rss().saturating_sub(before) / n_idle;
+        }
+        progress(&format!(
+            "[scale {}/{rounds}] QD=1 read, {} idle functions on the poller",
+            round + 1,
+            idle.len()
+        ));
+        let (hist, _) = reads(&mut d, n, h, 1, cfg.warmup, cfg.duration)?;
+        qd1_with_idle.push(lat(&hist));
+        drop(clients);
+        drop(idle);
+        progress(&format!("[scale {}/{rounds}] QD=1 read, alone on the poller", round + 1));
+        let (hist, _) = reads(&mut d, n, h, 1, cfg.warmup, cfg.duration)?;
+        qd1_alone.push(lat(&hist));
+    }
+    drop(d);
+    let scale = median(qd1_with_idle.iter().map(|l| l.p50_us).collect())
+        / median(qd1_alone.iter().map(|l| l.p50_us).collect());
+    let placement = pool.placement(QueueMapping::Spread, None, 0);
+    Ok(MultiReport {
+        b_alone,
+        b_beside_a,
+        a_iops,
+        a_spins: cfg.a_spins,
+        fairness_p99_ratio: ratio,
+        qd1_alone,
+        qd1_with_idle,
+        idle_functions: cfg.idle_functions,
+        scale_p50_ratio: scale,
+        rss_per_function: rss_fn,
+        rss_per_connected_function: rss_conn,
+        fixed_per_function: virtiofs_dpu::functions::memory_per_function(&profile, &placement),
+    })
+}
+
+/// The report as a table.
+pub fn table(r: &MultiReport) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let row = |s: &mut String, what: &str, l: &[Lat]| {
+        let m = |f: fn(&Lat) -> f64| median(l.iter().map(f).collect());
+        let _ = writeln!(
+            s,
+            "{what:<52} {:>9.2} {:>9.2} {:>9.2}",
+            m(|l| l.p50_us),
+            m(|l| l.p99_us),
+            m(|l| l.p999_us)
+        );
+    };
+    let _ = writeln!(
+        s,
+        "{:<52} {:>9} {:>9} {:>9}",
+        "4k randread, medians over rounds (us)", "p50", "p99", "p99.9"
+    );
+    row(&mut s, "B QD=1 alone on the poller", &r.b_alone);
+    row(&mut s, "B QD=1 beside A at QD=2x queue (refill)", &r.b_beside_a);
+    row(&mut s, "QD=1 alone on the poller", &r.qd1_alone);
+    row(&mut s, &format!("QD=1 with {} idle functions on the poller", r.idle_functions), &r.qd1_with_idle);
+    let _ = writeln!(
+        s,
+        "A's IOPS beside B: {:.0} (A's driver {})",
+        median(r.a_iops.clone()),
+        if r.a_spins { "polling its used ring" } else { "waiting on its interrupts" }
+    );
+    let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+    let _ = writeln!(
+        s,
+        "fairness: B p99 beside A / alone = {:.2} (target <= 2: {})",
+        r.fairness_p99_ratio,
+        verdict(r.fairness_p99_ratio <= 2.0)
+    );
+    let _ = writeln!(
+        s,
+        "scale: QD=1 p50 with {} idle / none = {:.2} (target <= 1.2: {})",
+        r.idle_functions,
+        r.scale_p50_ratio,
+        verdict(r.scale_p50_ratio <= 1.2)
+    );
+    let _ = writeln!(
+        s,
+        "memory per function: {} KiB resident (daemon side, no client), {} KiB with a connected client, {} KiB fixed by the profile",
+        r.rss_per_function / 1024,
+        r.rss_per_connected_function / 1024,
+        r.fixed_per_function / 1024
+    );
+    s
+}

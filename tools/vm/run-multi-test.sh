@@ -1,0 +1,123 @@
+#!/bin/bash
+# tools/vm/run-multi-test.sh [--out DIR] [--daemon PATH]
+#
+# One daemon, two functions, one QEMU with two vfio-user-pci devices (issue 14): function A a
+# RAM filesystem, function B a shared directory beneath the profile's sandbox_root (the
+# daemon confined as a --shared-dir daemon is, when run as root). The guest (guest/multi.sh)
+# mounts both tags, checks that neither sees the other's files, runs fsx on both at once, and
+# unmounts B; the host then removes function B through the control socket (delete_function)
+# while the guest goes on writing on A, and checks from the control socket that A served
+# requests after B was gone and that each function's statistics counted its own fsx; B's file
+# must be on the host directory and A's not. Exit status 0 on success.
+# Logs in OUT: daemon.log, console.log, run.txt, stats-*.json.
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+DAEMON=${VFDPU_DAEMON:-$REPO/target/release/virtiofs-dpu}
+OUT=${VM_OUT:-}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --out) OUT=$2; shift 2 ;;
+    --daemon) DAEMON=$2; shift 2 ;;
+    *) echo "run-multi-test: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[ -n "$OUT" ] || OUT=$(mktemp -d /tmp/vm-multi.XXXXXX)
+mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+log() { echo "[multi-test $(date +%T)] $*" | tee -a "$OUT/run.txt" >&2; }
+: > "$OUT/run.txt"
+W=$(mktemp -d /tmp/vfdpu-multi.XXXXXX)
+mkdir -p "$W/root/share"
+DPID=""; GPID=""
+cleanup() {
+  local rc=$?
+  [ -z "$GPID" ] || { kill -TERM "$GPID" 2>/dev/null || true; wait "$GPID" 2>/dev/null || true; }
+  [ -z "$DPID" ] || { kill -KILL "$DPID" 2>/dev/null || true; wait "$DPID" 2>/dev/null || true; }
+  rm -rf "$W"
+  return $rc
+}
+trap cleanup EXIT
+SA=$W/a.sock SB=$W/b.sock CTL=$W/ctl.sock
+cat > "$W/multi.toml" <<TOML
+description = "two functions, one poller"
+request_queues = 1
+sandbox_root = "$W/root"
+
+[[function]]
+socket_path = "$SA"
+tag = "vfa"
+ramfs_size = "256M"
+
+[[function]]
+socket_path = "$SB"
+tag = "vfb"
+shared_dir = "$W/root/share"
+TOML
+"$DAEMON" --config "$W/multi.toml" --control-socket "$CTL" < /dev/null > "$OUT/daemon.log" 2>&1 &
+DPID=$!
+for _ in $(seq 300); do [ -S "$SA" ] && [ -S "$SB" ] && [ -S "$CTL" ] && break; sleep 0.1; done
+[ -S "$CTL" ] || { log "daemon never created its sockets"; cat "$OUT/daemon.log" >&2; exit 3; }
+log "daemon up (pid $DPID): $(grep -o 'starting .*' "$OUT/daemon.log" | head -1)"
+rpc() { printf '%s\n' "$1" | python3 -c '
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(sys.stdin.buffer.read())
+buf = b""
+while not buf.endswith(b"\n"):
+    c = s.recv(65536)
+    if not c: break
+    buf += c
+print(buf.decode().strip())' "$CTL"; }
+stat() { python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2"; }
+
+dev() { echo "{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\",\"path\":\"$1\"}}"; }
+bash "$HERE/run-guest.sh" --log "$OUT/console.log" --timeout "${VM_TIMEOUT:-900}" \
+  -e VM_TAG_A=vfa -e VM_TAG_B=vfb -e "FSX_OPS=${MULTI_FSX_OPS:-5000}" -e MULTI_WAIT_S=20 \
+  "$HERE/guest/multi.sh" -- -device "$(dev "$SA")" -device "$(dev "$SB")" &
+GPID=$!
+fail=0
+for _ in $(seq 6000); do
+  grep -aq '^MULTI: b-unmounted' "$OUT/console.log" 2>/dev/null && break
+  kill -0 "$GPID" 2>/dev/null || break
+  sleep 0.1
+done
+if grep -aq '^MULTI: b-unmounted' "$OUT/console.log"; then
+  rpc '{"jsonrpc":"2.0","method":"get_stats","params":{"tag":"vfa"},"id":1}' > "$OUT/stats-a-before.json"
+  rpc '{"jsonrpc":"2.0","method":"get_stats","params":{"tag":"vfb"},"id":2}' > "$OUT/stats-b.json"
+  r=$(rpc '{"jsonrpc":"2.0","method":"delete_function","params":{"tag":"vfb"},"id":3}')
+  log "delete_function vfb: $r"
+  case $r in *'"result"'*) ;; *) log "FAIL: delete_function"; fail=1 ;; esac
+  [ ! -e "$SB" ] || { log "FAIL: B's socket file is still there"; fail=1; }
+  sleep 8
+  kill -0 "$GPID" 2>/dev/null || { log "FAIL: QEMU ended when function B went away"; fail=1; }
+  rpc '{"jsonrpc":"2.0","method":"get_stats","params":{"tag":"vfa"},"id":4}' > "$OUT/stats-a-after.json"
+  rpc '{"jsonrpc":"2.0","method":"list_functions","id":5}' > "$OUT/list.json"
+else
+  log "FAIL: the guest never unmounted B"; fail=1
+fi
+set +e
+wait "$GPID"; grc=$?
+set -e
+GPID=""
+log "guest rc=$grc"
+[ "$grc" = 0 ] || fail=1
+if [ -s "$OUT/stats-a-after.json" ]; then
+  wa=$(stat "$OUT/stats-a-before.json" 'sum(c["requests"] for c in s["result"]["device"]["classes"] if c["class"] == "write")')
+  wa2=$(stat "$OUT/stats-a-after.json" 'sum(c["requests"] for c in s["result"]["device"]["classes"] if c["class"] == "write")')
+  wb=$(stat "$OUT/stats-b.json" 'sum(c["requests"] for c in s["result"]["device"]["classes"] if c["class"] == "write")')
+  n=$(stat "$OUT/list.json" 'len(s["result"])')
+  log "writes: A ${wa} before B's removal, ${wa2} after; B ${wb}; functions left: $n"
+  [ "$wa2" -gt "$wa" ] || { log "FAIL: A served no write after B was removed"; fail=1; }
+  [ "$wb" -gt 0 ] || { log "FAIL: B counted no write"; fail=1; }
+  [ "$n" = 1 ] || { log "FAIL: list_functions shows $n functions"; fail=1; }
+fi
+[ "$(cat "$W/root/share/only-b" 2>/dev/null)" = "from b" ] || { log "FAIL: B's file is not in its shared directory"; fail=1; }
+[ ! -e "$W/root/share/only-a" ] || { log "FAIL: A's file is in B's directory"; fail=1; }
+kill -TERM "$DPID"
+set +e
+wait "$DPID"; drc=$?
+set -e
+DPID=""
+log "daemon exit status $drc"
+[ "$drc" = 0 ] || fail=1
+[ "$fail" = 0 ] && log "multi-function stage: ok" || log "multi-function stage: FAILED"
+exit "$fail"
