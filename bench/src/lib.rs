@@ -294,6 +294,10 @@ pub struct BenchReport {
     pub round_rows: Vec<Vec<Row>>,
     /// What a request after an idle spell pays for waking an adaptive poller (empty if skipped).
     pub wakeup: Vec<wakeup::WakeRow>,
+    /// The NFS backend's counters at the end (`--remote`, in-process device): its calls, the
+    /// UNSTABLE store's background COMMITs, waits and high-water mark.
+    #[serde(default)]
+    pub nfs: Option<virtiofs_backend::nfs::fs::NfsStats>,
     /// Wall time of the whole run, seconds.
     pub wall_s: f64,
 }
@@ -556,6 +560,7 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         latency_histograms: cfg.latency_histograms,
         ..Default::default()
     };
+    let mut nfs_handler = None;
     let (device, socket, setup_device) = match &cfg.socket_path {
         Some(p) => (None, p.clone(), format!("external daemon at {}", p.display())),
         None => {
@@ -570,6 +575,7 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
                     let fs = virtiofs_backend::nfs::fs::NfsFs::connect(opts)
                         .map_err(|e| BenchError::Device(Box::new(e)))?;
                     let handler = Arc::new(virtiofs_dpu::FuseHandler::new(fs));
+                    nfs_handler = Some(handler.clone());
                     (virtiofs_dpu::RunningDevice::start_with(&sock, profile.clone(), handler), "NFS export")
                 }
                 (None, Backend::RamFs) => {
@@ -708,6 +714,7 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         targets,
         round_rows,
         wakeup: wake,
+        nfs: nfs_handler.map(|h| h.server().filesystem().stats()),
         wall_s: wall.elapsed().as_secs_f64(),
     })
 }
@@ -1019,6 +1026,23 @@ pub fn render_table(r: &BenchReport) -> String {
                 w.socket_doorbells
             );
         }
+    }
+    if let Some(n) = &r.nfs {
+        let u = &n.unstable;
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "nfs: {} calls, {} retransmits, {} backlogged; UNSTABLE store: {} writes stored, {} FILE_SYNC for want of room, {} waited for room, high-water {} KiB, {} background COMMITs freeing {} KiB",
+            n.calls,
+            n.retransmits,
+            n.backlogged,
+            u.stored,
+            u.full,
+            u.waited,
+            u.high_water >> 10,
+            u.background_commits,
+            u.background_freed >> 10
+        );
     }
     let _ = writeln!(s);
     let _ = writeln!(s, "QD=1 4k read p50 = {:.1} x the ping-pong floor", r.qd1_read_p50_over_floor);
