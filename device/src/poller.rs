@@ -46,6 +46,10 @@ use crate::stats::{
 };
 use crate::virtq::{Chain, QueueError, Ring};
 
+mod wait;
+pub use wait::Readiness;
+use wait::Wake;
+
 /// Serves one request. Implemented by the FUSE server glue; the device knows nothing of FUSE.
 pub trait RequestHandler: Send + Sync + 'static {
     /// Handles the request on `queue` whose device-readable buffers are `readable` and
@@ -167,6 +171,12 @@ pub trait Engine: Send {
     /// Forgets every [`Outcome::Wait`] request without answering it; the poller drops them too.
     /// Called before the queues stop or restart.
     fn cancel_waits(&mut self) {}
+    /// What an adaptive poller whose only work is this engine's pending requests may block on
+    /// instead of polling ([`Readiness`]: a descriptor and a bound), asked each time it would
+    /// spin for them; `None` (the default): poll every round.
+    fn readiness(&self) -> Option<Readiness<'_>> {
+        None
+    }
 }
 
 /// MSI-X eventfds by vector number, as set by DEVICE_SET_IRQS.
@@ -193,6 +203,15 @@ enum Event {
 struct PollerThread {
     tx: Sender<(u64, Msg)>,
     join: Option<JoinHandle<()>>,
+    wake: Arc<Wake>,
+}
+
+impl PollerThread {
+    fn wake(&self) {
+        if let Some(j) = &self.join {
+            self.wake.wake(j.thread());
+        }
+    }
 }
 
 /// The control plane's handle on all pollers of one device.
@@ -226,6 +245,8 @@ struct Ctx {
     sleep: Duration,
     /// Doorbells arrive on the socket (and unpark us): ask for them before parking.
     doorbells: bool,
+    /// Our wake-up while we block on the engine's readiness.
+    wake: Arc<Wake>,
 }
 
 impl PollerSet {
@@ -248,6 +269,7 @@ impl PollerSet {
         let mut pollers = Vec::new();
         for (id, core) in cores.into_iter().enumerate() {
             let (tx, rx) = channel();
+            let wake = Arc::new(Wake::new()?);
             let ctx = Ctx {
                 id,
                 core,
@@ -263,12 +285,13 @@ impl PollerSet {
                 spin: Duration::from_micros(profile.idle_spin_us),
                 sleep: Duration::from_micros(profile.idle_sleep_us),
                 doorbells: profile.doorbells_on_socket(),
+                wake: wake.clone(),
             };
             let join = std::thread::Builder::new()
                 .name(format!("poller-{id}"))
                 .stack_size(4 << 20)
                 .spawn(move || run(ctx))?;
-            pollers.push(PollerThread { tx, join: Some(join) });
+            pollers.push(PollerThread { tx, join: Some(join), wake });
         }
         Ok(PollerSet {
             pollers,
@@ -293,9 +316,7 @@ impl PollerSet {
         let mut waiting: Vec<bool> = Vec::with_capacity(self.pollers.len());
         for (i, p) in self.pollers.iter().enumerate() {
             let sent = p.tx.send((seq, make(i))).is_ok();
-            if let Some(j) = &p.join {
-                j.thread().unpark();
-            }
+            p.wake();
             waiting.push(sent);
         }
         let started = Instant::now();
@@ -351,8 +372,8 @@ impl PollerSet {
     /// Wakes the poller that owns `queue` now (a doorbell arrived through the socket).
     pub fn kick(&self, queue: u16) {
         self.stats.doorbell(queue);
-        if let Some(Some(j)) = self.pollers.get(self.profile.poller_of(queue)).map(|p| p.join.as_ref()) {
-            j.thread().unpark();
+        if let Some(p) = self.pollers.get(self.profile.poller_of(queue)) {
+            p.wake();
         }
     }
 
@@ -371,9 +392,7 @@ impl Drop for PollerSet {
     fn drop(&mut self) {
         for p in &self.pollers {
             let _ = p.tx.send((0, Msg::Shutdown));
-            if let Some(j) = &p.join {
-                j.thread().unpark();
-            }
+            p.wake();
         }
         for p in &mut self.pollers {
             if let Some(j) = p.join.take() {
@@ -525,6 +544,20 @@ fn write_reply(mem: &GuestMem, to: &[(u64, u32)], bytes: &[u8]) -> u32 {
     at as u32
 }
 
+/// Turns driver notifications on or off on every live queue.
+fn notify(queues: &mut [Served], mem: &GuestMem, on: bool) {
+    for q in queues.iter_mut().filter(|q| q.attached && !q.broken) {
+        if let Err(e) = q.queue.set_notify(mem, on) {
+            debug!("queue {}: {e}", q.queue.index());
+        }
+    }
+}
+
+/// Whether any live queue has a request (or cannot tell).
+fn has_work(queues: &[Served], mem: &GuestMem) -> bool {
+    queues.iter().filter(|q| q.attached && !q.broken).any(|q| q.queue.has_work(mem).unwrap_or(true))
+}
+
 fn run(ctx: Ctx) {
     if let Some(core) = ctx.core {
         if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
@@ -541,13 +574,15 @@ fn run(ctx: Ctx) {
     let mine = ctx.stats.poller(ctx.id);
     let mut clock = Clock::new();
     let mut faults_seen = ctx.faults.load(Ordering::Acquire);
+    // A message the last look before blocking on the engine found (handled first).
+    let mut stashed: Option<(u64, Msg)> = None;
     // One buffer list per memory snapshot (it borrows the snapshot): building it costs a 24 KiB
     // memset, 18 % of the poller's instructions at QD=1, idle spinning included (callgrind).
     'snapshot: loop {
         let snapshot = mem.clone();
         let mut chain = Chain::default();
         loop {
-            while let Ok((seq, msg)) = ctx.rx.try_recv() {
+            while let Some((seq, msg)) = stashed.take().or_else(|| ctx.rx.try_recv().ok()) {
                 // Waiting requests go with their queues (the driver reset them); they survive a
                 // memory change, holding only guest addresses.
                 if matches!(msg, Msg::Start { .. } | Msg::Stop | Msg::Shutdown) {
@@ -636,9 +671,17 @@ fn run(ctx: Ctx) {
                 }
             }
             let waiting = engine.as_ref().is_some_and(|e| e.in_flight() > 0);
-            let busy = work > 0 || waiting;
+            // Adaptive, and nothing but engine requests to wait for: block on the engine.
+            let ready = match &engine {
+                Some(e) if waiting && work == 0 && !ctx.busy && !queues.is_empty() => e.readiness(),
+                _ => None,
+            };
+            let busy = work > 0 || (waiting && ready.is_none());
             clock.end_round(busy, mine);
-            if busy {
+            if let Some(r) = ready {
+                stashed = ctx.wait_engine(&mut queues, &mem, &r, !parked.is_empty());
+                clock.close(coarse_now_ns(), false, mine);
+            } else if busy {
                 if work > 0 {
                     idle_rounds = 0;
                 }
@@ -714,22 +757,47 @@ impl Ctx {
             std::thread::park_timeout(sleep);
             return;
         }
-        let live = |q: &&mut Served| q.attached && !q.broken;
-        for q in queues.iter_mut().filter(live) {
-            if let Err(e) = q.queue.set_notify(mem, true) {
-                debug!("queue {}: {e}", q.queue.index());
-            }
-        }
+        notify(queues, mem, true);
         fence(Ordering::SeqCst);
-        if !queues.iter().filter(|q| q.attached && !q.broken).any(|q| q.queue.has_work(mem).unwrap_or(true)) {
+        if !has_work(queues, mem) {
             add(parks, 1);
             std::thread::park_timeout(sleep);
         }
-        for q in queues.iter_mut().filter(live) {
-            if let Err(e) = q.queue.set_notify(mem, false) {
-                debug!("queue {}: {e}", q.queue.index());
-            }
+        notify(queues, mem, false);
+    }
+
+    /// Blocks on the engine's readiness `r` and our wake-up (see `wait.rs`), with the same
+    /// doorbell protocol as [`Self::park`]: notifications on, then one more look at the rings
+    /// (and the messages: one found is returned, to be handled first) before blocking. The wait
+    /// is bounded by the engine's `within` and `idle_sleep_us` (1 ms at most with requests
+    /// waiting on an outside event).
+    fn wait_engine(
+        &self,
+        queues: &mut [Served],
+        mem: &GuestMem,
+        r: &Readiness<'_>,
+        waits: bool,
+    ) -> Option<(u64, Msg)> {
+        let mut sleep = r.within.min(self.sleep);
+        if waits {
+            sleep = sleep.min(Duration::from_millis(1));
         }
+        self.wake.arm();
+        if self.doorbells {
+            notify(queues, mem, true);
+        }
+        fence(Ordering::SeqCst);
+        let msg = self.rx.try_recv().ok();
+        if msg.is_none() && !has_work(queues, mem) {
+            add(&self.stats.poller(self.id).engine_waits, 1);
+            self.wake.wait(r, sleep);
+        } else {
+            self.wake.disarm();
+        }
+        if self.doorbells {
+            notify(queues, mem, false);
+        }
+        msg
     }
 
     fn report(&self, e: QueueError) {

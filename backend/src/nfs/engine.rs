@@ -39,7 +39,7 @@ use super::unstable::{BackgroundClaim, EntryId};
 use super::wire::nfs3::{
     Args, CreateHow, Fattr, Fh, Ftype, NfsTime, Nfsstat, Res, Sattr, SetTime as NfsSetTime, Stable,
 };
-use crate::filesystem::seam::{Completions, FsEngine, Started, Token};
+use crate::filesystem::seam::{Completions, FsEngine, Readiness, Started, Token};
 use crate::filesystem::{self, DirEntry, Entry, Error, Opened, Reply, SetAttr, SetTime, StatFs};
 use crate::io::{Reader, Writer};
 use crate::request::{Op, Request};
@@ -1501,4 +1501,23 @@ impl FsEngine<NfsFs> for NfsEngine {
     fn in_flight(&self) -> usize {
         self.busy
     }
+
+    fn readiness(&self) -> Option<Readiness<'_>> {
+        let conn = self.conn.as_ref()?;
+        let now = Instant::now();
+        let (fd, writable, mut within) = conn.readiness(now);
+        // Calls the server was too busy for go again at their time.
+        if let Some(at) = self.later.iter().map(|l| l.1).min() {
+            within = within.min(at.saturating_duration_since(now));
+        }
+        if !self.room_wait.is_empty() {
+            // Room in the store may come from another poller's COMMIT: no descriptor says so.
+            within = within.min(ROOM_LOOK);
+        }
+        Some(Readiness { fd, writable, within })
+    }
 }
+
+/// How often a poller blocked on its connection looks whether writes waiting for room in the
+/// store can go (the room may come from another poller's COMMIT).
+const ROOM_LOOK: std::time::Duration = std::time::Duration::from_millis(1);
