@@ -249,6 +249,14 @@ impl<F: FileSystem + 'static> Engine for FuseEngine<F> {
     fn cancel_waits(&mut self) {
         self.inner.cancel_waits();
     }
+
+    fn readiness(&self) -> Option<virtiofs_device::poller::Readiness<'_>> {
+        self.inner.readiness().map(|r| virtiofs_device::poller::Readiness {
+            fd: r.fd,
+            writable: r.writable,
+            within: r.within,
+        })
+    }
 }
 
 /// Serves virtio-fs requests from a host directory: a [`FuseHandler`] over a [`PassthroughFs`]

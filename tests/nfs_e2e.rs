@@ -500,3 +500,65 @@ fn advisory_locks_stay_in_the_device_and_check_the_handle() {
     d.release(f.nodeid, rw.fh).unwrap();
     d.shutdown().unwrap();
 }
+
+#[test]
+fn a_long_run_of_writes_without_flush_stays_unstable_and_the_store_bounded() {
+    // 12 MiB written without FLUSH or FSYNC through a store of 1 MiB: the engines COMMIT in the
+    // background past the high-water mark (half of it), so every write still goes UNSTABLE
+    // (none falls back to FILE_SYNC), the store never holds more than its size, and what the
+    // device acknowledged is on the export before any FLUSH.
+    const STORE: usize = 1 << 20;
+    let g = Ganesha::start();
+    let s = Served::new(&g, |o| o.unstable_bytes = STORE);
+    let mut d = s.connect();
+    let (f, open) = d.create(ROOT, "long", 0o644, RDWR).unwrap();
+    let mut expected = vec![0u8; 12 << 20];
+    // First 4 MiB sequential at QD=1 in 64 KiB writes, then 4k writes at QD=8 all over the file.
+    for (i, chunk) in expected[..4 << 20].chunks_mut(64 << 10).enumerate() {
+        chunk.copy_from_slice(&pattern(i as u8, chunk.len()));
+        d.write(f.nodeid, open.fh, (i * chunk.len()) as u64, chunk).unwrap();
+    }
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let blocks = expected.len() / 4096;
+    for round in 0..256 {
+        let mut tokens = Vec::new();
+        for k in 0..8 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let b = (rng % blocks as u64) as usize;
+            let data = pattern((round * 8 + k) as u8 ^ 0x5a, 4096);
+            expected[b * 4096..(b + 1) * 4096].copy_from_slice(&data);
+            let arg =
+                abi::WriteIn { fh: open.fh, offset: (b * 4096) as u64, size: 4096, ..Default::default() };
+            tokens.push(
+                d.submit(1, opcode::WRITE, f.nodeid, &[&arg.to_bytes()], &data, abi::WriteOut::SIZE, 0)
+                    .unwrap(),
+            );
+        }
+        for t in tokens {
+            let c = d.wait_for(t).unwrap();
+            let (h, _) = FsDriver::parse_reply(&c, opcode::WRITE, t).unwrap();
+            assert_eq!(h.error, 0);
+        }
+    }
+    // The rest of the file (sequential, 128 KiB writes): where the random writes did not go.
+    for (i, chunk) in expected[4 << 20..].chunks(128 << 10).enumerate() {
+        let at = (4 << 20) + i * (128 << 10);
+        d.write(f.nodeid, open.fh, at as u64, chunk).unwrap();
+    }
+    let st = s.fs().stats().unstable;
+    assert!(st.background_commits >= 8, "{st:?}");
+    assert_eq!(st.full, 0, "no write fell back to FILE_SYNC: {st:?}");
+    assert!(st.stored >= 2048 + 64 + 64, "every write went UNSTABLE: {st:?}");
+    assert!(st.high_water <= STORE as u64 && st.bytes_now <= STORE as u64, "{st:?}");
+    assert!(st.background_freed > 10 << 20, "the background COMMITs freed the store: {st:?}");
+    // On the server before any FLUSH (the server's own view of the file).
+    assert!(std::fs::read(g.export().join("long")).unwrap() == expected, "the export has every write");
+    // And through the device.
+    let back = d.read(f.nodeid, open.fh, 0, 128 << 10).unwrap();
+    assert!(back == expected[..128 << 10]);
+    d.release(f.nodeid, open.fh).unwrap();
+    assert_eq!(s.fs().stats().unstable.bytes_now, 0, "the last close committed the rest");
+    d.shutdown().unwrap();
+}

@@ -404,8 +404,15 @@ fn a_truncate_commits_the_stored_writes_first() {
     assert_eq!(r.srv.filesystem().stats().unstable.bytes_now, 0);
 }
 
+/// `calls` starts with `prefix`, and only COMMITs (background ones: the store is past its
+/// high-water mark) come after it.
+fn starts_with_then_commits(calls: &[(u32, u32)], prefix: &[(u32, u32)]) {
+    assert!(calls.len() >= prefix.len() && calls[..prefix.len()] == *prefix, "{calls:?}");
+    assert!(calls[prefix.len()..].iter().all(|c| c.0 == 21), "{calls:?}");
+}
+
 #[test]
-fn a_write_that_finds_the_store_full_commits_the_files_stored_writes_first() {
+fn a_write_that_finds_the_store_full_waits_for_a_background_commit() {
     let mut r = Rig::with(|o| o.unstable_bytes = 8192);
     let (node, fh) = r.open_f();
     let w = abi::WriteIn { fh, offset: 0, size: 8192, ..Default::default() };
@@ -418,15 +425,44 @@ fn a_write_that_finds_the_store_full_commits_the_files_stored_writes_first() {
         r.run(&mut request(opcode::WRITE, node, 5, 1000, 100, &[w.as_slice(), &[2u8; 4096]])).0.error,
         0
     );
-    // The store was full: COMMIT first (same verifier: nothing to replay), which made room, so
-    // the new write is stored and goes UNSTABLE; no older stored write of the file is left to
-    // be replayed over it.
-    assert_eq!(data_calls(&r.server), vec![(7, 0), (21, 0), (7, 0)]);
+    // The store was full: a COMMIT the engine sent on its own (no FLUSH) made room, and the new
+    // write went UNSTABLE into it (not FILE_SYNC).
+    starts_with_then_commits(&data_calls(&r.server), &[(7, 0), (21, 0), (7, 0)]);
     {
         let s = r.script.lock().unwrap();
         assert!(s.data[..4096].iter().all(|&b| b == 2) && s.data[4096..].iter().all(|&b| b == 1));
     }
-    assert_eq!(r.srv.filesystem().stats().unstable.bytes_now, 4096);
+    let st = r.srv.filesystem().stats().unstable;
+    assert!(st.background_commits >= 1, "{st:?}");
+    assert_eq!((st.full, st.stored, st.high_water), (0, 2, 8192), "{st:?}");
+    assert!(st.bytes_now <= 4096, "{st:?}");
+}
+
+#[test]
+fn a_background_commit_that_shows_a_restart_leaves_the_replays_to_the_next_write_of_the_file() {
+    // The server's COMMIT verifier is not the WRITEs': it restarted, losing the stored write.
+    let mut r = Rig::with(|o| o.unstable_bytes = 8192);
+    r.script.lock().unwrap().commit_verf = Some(VERF_B);
+    let (node, fh) = r.open_f();
+    let w = abi::WriteIn { fh, offset: 0, size: 8192, ..Default::default() };
+    assert_eq!(
+        r.run(&mut request(opcode::WRITE, node, 4, 1000, 100, &[w.as_slice(), &[1u8; 8192]])).0.error,
+        0
+    );
+    // The store full of what must be sent again: no COMMIT can free room, so the write commits
+    // the file itself, replays the lost write FILE_SYNC, and only then goes (UNSTABLE: room).
+    r.script.lock().unwrap().data.clear();
+    let w = abi::WriteIn { fh, offset: 0, size: 4096, ..Default::default() };
+    let e = r.run(&mut request(opcode::WRITE, node, 5, 1000, 100, &[w.as_slice(), &[2u8; 4096]])).0.error;
+    assert_eq!(e, 0);
+    starts_with_then_commits(&data_calls(&r.server), &[(7, 0), (21, 0), (21, 0), (7, 2), (7, 0)]);
+    {
+        let s = r.script.lock().unwrap();
+        assert_eq!(s.data.len(), 8192);
+        assert!(s.data[..4096].iter().all(|&b| b == 2) && s.data[4096..].iter().all(|&b| b == 1));
+    }
+    let st = r.srv.filesystem().stats().unstable;
+    assert_eq!((st.resent, st.full), (1, 1), "{st:?}");
 }
 
 #[test]

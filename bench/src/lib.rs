@@ -255,6 +255,11 @@ pub struct Row {
     pub parked: u64,
     /// Expired 1 ms retry timers.
     pub retry_timer_fires: u64,
+    /// On-CPU time of the in-process device's pollers over the phase (warm-up included) per
+    /// request completed, microseconds (from the kernel's per-thread schedstat; `None` for an
+    /// external daemon and the raw NFS client). A poller that spins while requests are on the
+    /// wire shows the whole phase here; one that blocks shows its work.
+    pub poller_cpu_us_per_op: Option<f64>,
     /// (percentile, microseconds) from p50 to p99.99, for the plot.
     pub curve: Vec<(f64, f64)>,
 }
@@ -301,6 +306,14 @@ pub struct BenchReport {
     pub round_rows: Vec<Vec<Row>>,
     /// What a request after an idle spell pays for waking an adaptive poller (empty if skipped).
     pub wakeup: Vec<wakeup::WakeRow>,
+    /// The NFS backend's counters at the end (`--remote`, in-process device): its calls, the
+    /// UNSTABLE store's background COMMITs, waits and high-water mark.
+    #[serde(default)]
+    pub nfs: Option<virtiofs_backend::nfs::fs::NfsStats>,
+    /// Times the in-process device's pollers blocked on their engine's readiness instead of
+    /// polling for requests pending there, and times they parked (all phases).
+    #[serde(default)]
+    pub poller_waits: Option<(u64, u64)>,
     /// Wall time of the whole run, seconds.
     pub wall_s: f64,
 }
@@ -416,8 +429,23 @@ fn xorshift(s: &mut u64) -> u64 {
     *s
 }
 
+/// On-CPU nanoseconds of this process's poller threads (named `poller-N`) so far.
+fn poller_cpu_ns() -> Option<u64> {
+    let mut total = 0;
+    for t in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("poller-") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
+}
+
 struct Bench<'a> {
     cfg: &'a BenchConfig,
+    in_process: bool,
     d: FsDriver,
     node: u64,
     fh: u64,
@@ -439,6 +467,11 @@ impl Bench<'_> {
                 return Err(BenchError::Config(format!("short write laying out the file at {off}")));
             }
             off += n as u64;
+        }
+        if self.cfg.remote.is_some() {
+            // The layout committed now: the measured phases must not pay for the server's sync
+            // of it (a background COMMIT of the UNSTABLE store still running into them).
+            self.d.fsync(self.node, self.fh, false)?;
         }
         Ok(())
     }
@@ -508,7 +541,9 @@ impl Bench<'_> {
             }
             Ok(())
         };
+        let cpu_before = self.in_process.then(poller_cpu_ns).flatten();
         let r: LoopReport = self.d.run_closed_loop(&cfg, make, check)?;
+        let cpu = cpu_before.zip(poller_cpu_ns()).map(|(a, b)| b.saturating_sub(a));
         let h = &r.histogram;
         Ok(Row {
             workload: ph.name(),
@@ -526,6 +561,7 @@ impl Bench<'_> {
             mib_s: r.bytes_per_sec() / MIB as f64,
             parked: r.parked,
             retry_timer_fires: r.retry_timer_fires,
+            poller_cpu_us_per_op: cpu.map(|ns| ns as f64 / 1000.0 / r.completed.max(1) as f64),
             curve: curve(h),
         })
     }
@@ -565,6 +601,7 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         latency_histograms: cfg.latency_histograms,
         ..Default::default()
     };
+    let mut nfs_handler = None;
     let (device, socket, setup_device) = match &cfg.socket_path {
         Some(p) => (None, p.clone(), format!("external daemon at {}", p.display())),
         None => {
@@ -579,6 +616,7 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
                     let fs = virtiofs_backend::nfs::fs::NfsFs::connect(opts)
                         .map_err(|e| BenchError::Device(Box::new(e)))?;
                     let handler = Arc::new(virtiofs_dpu::FuseHandler::new(fs));
+                    nfs_handler = Some(handler.clone());
                     (virtiofs_dpu::RunningDevice::start_with(&sock, profile.clone(), handler), "NFS export")
                 }
                 (None, Backend::RamFs) => {
@@ -627,7 +665,7 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         },
         rounds: cfg.rounds.max(1),
     };
-    let mut b = Bench { cfg, d, node: 0, fh: 0, max_request, progress };
+    let mut b = Bench { cfg, in_process: device.is_some(), d, node: 0, fh: 0, max_request, progress };
     b.layout()?;
     let mut list = phases(usize::from(q), cfg.seq_depth);
     let mut raw_list = Vec::new();
@@ -689,6 +727,10 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
     d.release(node, fh)?;
     d.shutdown()?;
     let in_process = device.is_some();
+    let poller_waits = device.as_ref().map(|dev| {
+        let st = dev.stats();
+        (st.pollers.iter().map(|p| p.engine_waits).sum(), st.pollers.iter().map(|p| p.parks).sum())
+    });
     if let Some(dev) = device {
         dev.stop().map_err(|e| BenchError::Device(Box::new(e)))?;
     }
@@ -720,6 +762,8 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         targets,
         round_rows,
         wakeup: wake,
+        nfs: nfs_handler.map(|h| h.server().filesystem().stats()),
+        poller_waits,
         wall_s: wall.elapsed().as_secs_f64(),
     })
 }
@@ -755,6 +799,11 @@ fn median_row<'a>(rounds: impl Iterator<Item = &'a Row> + Clone) -> Row {
         mib_s: pick(|r| r.mib_s),
         parked: rounds.clone().map(|r| r.parked).sum(),
         retry_timer_fires: rounds.clone().map(|r| r.retry_timer_fires).sum(),
+        poller_cpu_us_per_op: rounds
+            .clone()
+            .map(|r| r.poller_cpu_us_per_op)
+            .collect::<Option<Vec<f64>>>()
+            .map(median),
         ..middle.clone()
     }
 }
@@ -987,7 +1036,7 @@ pub fn render_table(r: &BenchReport) -> String {
     let _ = writeln!(s);
     let _ = writeln!(
         s,
-        "{:<19} {:>4} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>8}",
+        "{:<19} {:>4} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>8} {:>12}",
         "workload",
         "req",
         "QD",
@@ -998,7 +1047,8 @@ pub fn render_table(r: &BenchReport) -> String {
         "max us",
         "IOPS",
         "MiB/s",
-        "parked"
+        "parked",
+        "poller us/op"
     );
     for row in &r.rows {
         let qd = match row.depth_label.as_str() {
@@ -1007,7 +1057,7 @@ pub fn render_table(r: &BenchReport) -> String {
         };
         let _ = writeln!(
             s,
-            "{:<19} {:>4} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10.0} {:>9.1} {:>8}",
+            "{:<19} {:>4} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10.0} {:>9.1} {:>8} {:>12}",
             row.workload,
             size(row.request_bytes),
             qd,
@@ -1018,7 +1068,8 @@ pub fn render_table(r: &BenchReport) -> String {
             fmt_us(row.max_us),
             row.iops,
             row.mib_s,
-            row.parked
+            row.parked,
+            row.poller_cpu_us_per_op.map_or("-".to_string(), |c| format!("{c:.1}"))
         );
     }
     if !r.wakeup.is_empty() {
@@ -1046,6 +1097,27 @@ pub fn render_table(r: &BenchReport) -> String {
                 w.socket_doorbells
             );
         }
+    }
+    if let Some((waits, parks)) = r.poller_waits {
+        let _ = writeln!(s);
+        let _ = writeln!(s, "pollers: {waits} waits on the engine's readiness, {parks} parks");
+    }
+    if let Some(n) = &r.nfs {
+        let u = &n.unstable;
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "nfs: {} calls, {} retransmits, {} backlogged; UNSTABLE store: {} writes stored, {} FILE_SYNC for want of room, {} waited for room, high-water {} KiB, {} background COMMITs freeing {} KiB",
+            n.calls,
+            n.retransmits,
+            n.backlogged,
+            u.stored,
+            u.full,
+            u.waited,
+            u.high_water >> 10,
+            u.background_commits,
+            u.background_freed >> 10
+        );
     }
     let _ = writeln!(s);
     if r.qd1_read_p50_over_floor > 0.0 {

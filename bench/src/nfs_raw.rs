@@ -237,6 +237,7 @@ impl RawClient {
             mib_s: bytes as f64 / secs / MIB as f64,
             parked: 0,
             retry_timer_fires: 0,
+            poller_cpu_us_per_op: None,
             curve: curve(&hist),
         })
     }

@@ -48,6 +48,10 @@ use crate::stats::{
 };
 use crate::virtq::{Chain, QueueError, Ring};
 
+mod wait;
+pub use wait::Readiness;
+use wait::Wake;
+
 /// Serves one request. Implemented by the FUSE server glue; the device knows nothing of FUSE.
 pub trait RequestHandler: Send + Sync + 'static {
     /// Handles the request on `queue` whose device-readable buffers are `readable` and
@@ -160,6 +164,14 @@ pub trait Engine: Send {
     }
     /// [`Outcome::Pending`] requests submitted and not yet reported.
     fn in_flight(&self) -> usize;
+
+    /// What an adaptive poller whose only work is pending requests (of this engine and of the
+    /// other functions' on the same poller) may block on instead of polling ([`Readiness`]: a
+    /// descriptor and a bound), asked each time it would spin for them; `None` (the default):
+    /// poll every round.
+    fn readiness(&self) -> Option<Readiness<'_>> {
+        None
+    }
     /// Answers [`Outcome::Wait`] requests whose event came, as `(id, reply bytes)`; returns how
     /// many. Called every round while any request waits.
     fn poll_waits(&mut self, answer: &mut dyn FnMut(u64, &[u8])) -> usize {
@@ -176,6 +188,12 @@ pub type Irqs = Arc<[Option<File>]>;
 
 /// Most requests a poller takes from one queue per round before moving to the next queue.
 const ROUND_BUDGET: u16 = 64;
+/// Rounds in a row an adaptive poller polls engines whose requests are all it has before it
+/// blocks on their readiness (each round's look is a system call or so: a few microseconds,
+/// less than a remote round trip, enough for replies that stream in at depth).
+const ENGINE_SPIN_ROUNDS: u32 = 4;
+/// Most engines a poller blocks on at once; with more of them busy it polls.
+const MAX_WAIT_FDS: usize = 32;
 /// A control message for one function's part of a poller.
 enum Msg {
     Start {
@@ -219,6 +237,9 @@ pub struct PollerPool {
 struct PoolInner {
     txs: Vec<Sender<Post>>,
     threads: Vec<std::thread::Thread>,
+    /// Each thread's wake-up while it blocks on its engines (see `wait.rs`): every unpark of a
+    /// poller goes through [`PoolInner::wake`].
+    wakes: Vec<Arc<Wake>>,
     joins: Vec<JoinHandle<()>>,
     /// Set by each poller thread as it exits (normally or by a panic).
     exited: Arc<[AtomicBool]>,
@@ -243,9 +264,10 @@ impl PollerPool {
         let cores = crate::config::cores_of(profile);
         let stats = Arc::new(DeviceCounters::pool(profile));
         let exited: Arc<[AtomicBool]> = cores.iter().map(|_| AtomicBool::new(false)).collect();
-        let (mut txs, mut threads, mut joins) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut txs, mut threads, mut joins, mut wakes) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (id, core) in cores.into_iter().enumerate() {
             let (tx, rx) = channel();
+            let wake = Arc::new(Wake::new()?);
             let ctx = Ctx {
                 id,
                 core,
@@ -255,6 +277,7 @@ impl PollerPool {
                 busy: profile.polling == Polling::Busy,
                 spin: Duration::from_micros(profile.idle_spin_us),
                 sleep: Duration::from_micros(profile.idle_sleep_us),
+                wake: wake.clone(),
             };
             let join = std::thread::Builder::new()
                 .name(format!("poller-{id}"))
@@ -263,10 +286,12 @@ impl PollerPool {
             txs.push(tx);
             threads.push(join.thread().clone());
             joins.push(join);
+            wakes.push(wake);
         }
         let inner = PoolInner {
             txs,
             threads,
+            wakes,
             joins,
             exited,
             stats,
@@ -315,11 +340,20 @@ impl PollerPool {
     }
 }
 
+impl PoolInner {
+    /// Wakes poller `p`, parked or blocked on its engines.
+    fn wake(&self, p: usize) {
+        if let (Some(w), Some(t)) = (self.wakes.get(p), self.threads.get(p)) {
+            w.wake(t);
+        }
+    }
+}
+
 impl Drop for PoolInner {
     fn drop(&mut self) {
-        for (tx, t) in self.txs.iter().zip(&self.threads) {
+        for (p, tx) in self.txs.iter().enumerate() {
             let _ = tx.send(Post::Shutdown);
-            t.unpark();
+            self.wake(p);
         }
         for j in self.joins.drain(..) {
             let _ = j.join();
@@ -372,6 +406,8 @@ struct Ctx {
     busy: bool,
     spin: Duration,
     sleep: Duration,
+    /// Our wake-up while we block on our engines' readiness.
+    wake: Arc<Wake>,
 }
 
 impl PollerSet {
@@ -454,7 +490,7 @@ impl PollerSet {
         let mut waiting: Vec<bool> = vec![false; pool.txs.len()];
         for &p in &self.used {
             let sent = pool.txs[p].send(Post::To { fid: self.fid, seq, msg: make(p) }).is_ok();
-            pool.threads[p].unpark();
+            pool.wake(p);
             waiting[p] = sent;
         }
         let started = Instant::now();
@@ -510,9 +546,7 @@ impl PollerSet {
     /// Wakes the poller that owns `queue` now (a doorbell arrived through the socket).
     pub fn kick(&self, queue: u16) {
         self.stats.doorbell(queue);
-        if let Some(t) = self.pool.inner.threads.get(self.placement.poller_of(queue)) {
-            t.unpark();
-        }
+        self.pool.inner.wake(self.placement.poller_of(queue));
     }
 
     /// Queues that pollers found corrupt since the last call.
@@ -842,6 +876,10 @@ fn run(ctx: Ctx) {
     let mine = ctx.stats.poller(ctx.id);
     let mut clock = Clock::new();
     let mut round_no = 0u64;
+    // A message the last look before blocking on the engines found (handled first).
+    let mut stashed: Option<Post> = None;
+    // Rounds in a row with nothing but engine requests in flight.
+    let mut engine_idle = 0u32;
     // One buffer list per set of memory snapshots (it borrows them): building it costs a 24 KiB
     // memset, 18 % of the poller's instructions at QD=1, idle spinning included (callgrind).
     // It is rebuilt when a function's memory changes or a function comes or goes.
@@ -850,7 +888,7 @@ fn run(ctx: Ctx) {
         let mut chain = Chain::default();
         loop {
             let mut changed = false;
-            while let Ok(post) = ctx.rx.try_recv() {
+            while let Some(post) = stashed.take().or_else(|| ctx.rx.try_recv().ok()) {
                 match post {
                     Post::Shutdown => {
                         for a in &mut fns {
@@ -922,9 +960,16 @@ fn run(ctx: Ctx) {
                 a.quiet = if active { 0 } else { a.quiet.saturating_add(1) };
                 work += n;
             }
-            let busy = work > 0 || waiting;
+            // Adaptive, and nothing but engine requests to wait for for a few rounds (replies
+            // that stream in at depth come within them): block on the engines.
+            engine_idle = if waiting && work == 0 { engine_idle.saturating_add(1) } else { 0 };
+            let block = !ctx.busy && engine_idle > ENGINE_SPIN_ROUNDS && engines_can_wait(&fns);
+            let busy = work > 0 || (waiting && !block);
             clock.end_round(busy, mine);
-            if busy {
+            if block {
+                stashed = ctx.wait_engines(&mut fns);
+                clock.close(coarse_now_ns(), false, mine);
+            } else if busy {
                 if work > 0 {
                     idle_rounds = 0;
                 }
@@ -967,33 +1012,74 @@ impl Ctx {
             std::thread::park_timeout(sleep);
             return;
         }
-        let live = |q: &&mut Served| q.attached && !q.broken;
-        for a in fns.iter_mut().filter(|a| a.f.doorbells) {
-            for q in a.queues.iter_mut().filter(live) {
-                if let Err(e) = q.queue.set_notify(&a.mem, true) {
-                    debug!("queue {}: {e}", q.queue.index());
-                }
-            }
-        }
+        set_notify(fns, true);
         fence(Ordering::SeqCst);
-        let work = |a: &Attached| {
-            a.queues
-                .iter()
-                .filter(|q| q.attached && !q.broken)
-                .any(|q| q.queue.has_work(&a.mem).unwrap_or(true))
-        };
-        if !fns.iter().any(work) {
+        if !any_work(fns) {
             add(parks, 1);
             std::thread::park_timeout(sleep);
         }
-        for a in fns.iter_mut().filter(|a| a.f.doorbells) {
-            for q in a.queues.iter_mut().filter(live) {
-                if let Err(e) = q.queue.set_notify(&a.mem, false) {
-                    debug!("queue {}: {e}", q.queue.index());
-                }
+        set_notify(fns, false);
+    }
+
+    /// Blocks on the readiness of every engine with requests in flight and on our wake-up (see
+    /// `wait.rs`), with the same doorbell protocol as [`Self::park`]: notifications on, then one
+    /// more look at the rings and the messages (one found is returned, to be handled first)
+    /// before blocking. The wait is bounded by the engines' `within` and `idle_sleep_us` (1 ms
+    /// at most with requests waiting on an outside event).
+    fn wait_engines(&self, fns: &mut [Attached]) -> Option<Post> {
+        let waits = fns.iter().any(|a| !a.parked.is_empty());
+        let mut sleep = if waits { self.sleep.min(Duration::from_millis(1)) } else { self.sleep };
+        self.wake.arm();
+        set_notify(fns, true);
+        fence(Ordering::SeqCst);
+        let msg = self.rx.try_recv().ok();
+        if msg.is_none() && !any_work(fns) {
+            let mut ready: heapless::Vec<Readiness<'_>, MAX_WAIT_FDS> = heapless::Vec::new();
+            for r in fns.iter().filter(|a| a.in_flight() > 0).filter_map(|a| a.engine.as_ref()?.readiness()) {
+                sleep = sleep.min(r.within);
+                // `engines_can_wait` bounded their number.
+                let _ = ready.push(r);
+            }
+            add(&self.stats.poller(self.id).engine_waits, 1);
+            self.wake.wait(&ready, sleep);
+        } else {
+            self.wake.disarm();
+        }
+        set_notify(fns, false);
+        msg
+    }
+}
+
+/// Turns driver notifications on or off on every live queue of the functions whose doorbells
+/// come through the socket (the others' stay in shared memory and are only looked at).
+fn set_notify(fns: &mut [Attached], on: bool) {
+    for a in fns.iter_mut().filter(|a| a.f.doorbells) {
+        for q in a.queues.iter_mut().filter(|q| q.attached && !q.broken) {
+            if let Err(e) = q.queue.set_notify(&a.mem, on) {
+                debug!("queue {}: {e}", q.queue.index());
             }
         }
     }
+}
+
+/// Whether any live queue of any function has a request (or cannot tell).
+fn any_work(fns: &[Attached]) -> bool {
+    fns.iter().any(|a| {
+        a.queues.iter().filter(|q| q.attached && !q.broken).any(|q| q.queue.has_work(&a.mem).unwrap_or(true))
+    })
+}
+
+/// Whether the poller may block on its engines instead of polling them: it serves some queue,
+/// and every engine with requests in flight (at most [`MAX_WAIT_FDS`]) offers a readiness.
+fn engines_can_wait(fns: &[Attached]) -> bool {
+    let mut pending = 0;
+    for a in fns.iter().filter(|a| a.in_flight() > 0) {
+        if a.engine.as_ref().and_then(|e| e.readiness()).is_none() {
+            return false;
+        }
+        pending += 1;
+    }
+    pending > 0 && pending <= MAX_WAIT_FDS && fns.iter().any(|a| !a.queues.is_empty())
 }
 
 impl FnCtx {

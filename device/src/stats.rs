@@ -335,7 +335,7 @@ pub struct PollerStats {
     pub core: Option<usize>,
     /// The queues it serves.
     pub queues: Vec<u16>,
-    /// Time in rounds that took or completed requests or had requests pending in the engine, in
+    /// Time in rounds that took or completed requests or polled for requests pending in the engine, in
     /// nanoseconds (from the coarse clock: exact in the sum over many rounds, not per round).
     pub busy_ns: u64,
     /// Time in the other rounds, sleeps included, in nanoseconds.
@@ -344,6 +344,10 @@ pub struct PollerStats {
     pub rounds: u64,
     /// Times it parked after an idle spell (adaptive polling).
     pub parks: u64,
+    /// Times it blocked on its engine's readiness instead of polling for requests pending
+    /// there (adaptive polling).
+    #[serde(default)]
+    pub engine_waits: u64,
     /// Its requests per operation class, in [`OpClass::ALL`] order.
     pub classes: Vec<ClassStats>,
     /// Its requests answered with an error, by errno (non-zero counts only).
@@ -425,6 +429,7 @@ impl DeviceStats {
                     idle_ns: d(p.idle_ns, b.idle_ns),
                     rounds: d(p.rounds, b.rounds),
                     parks: d(p.parks, b.parks),
+                    engine_waits: d(p.engine_waits, b.engine_waits),
                     classes: classes_since(&p.classes, &b.classes),
                     errors: errors_since(&p.errors, &b.errors),
                     ..p.clone()
@@ -593,6 +598,7 @@ pub(crate) struct PollerCounters {
     pub(crate) idle_ns: AtomicU64,
     pub(crate) rounds: AtomicU64,
     pub(crate) parks: AtomicU64,
+    pub(crate) engine_waits: AtomicU64,
     /// Its queues' counters, in the order of [`DeviceCounters::place`]'s local index.
     queues: Box<[CachePadded<QueueCounters>]>,
     /// Per class, in [`OpClass::ALL`] order.
@@ -725,6 +731,7 @@ impl DeviceCounters {
                     idle_ns: AtomicU64::new(0),
                     rounds: AtomicU64::new(0),
                     parks: AtomicU64::new(0),
+                    engine_waits: AtomicU64::new(0),
                     queues: (0..n).map(|_| CachePadded::new(QueueCounters::default())).collect(),
                     classes: OpClass::ALL
                         .iter()
@@ -853,6 +860,7 @@ impl DeviceCounters {
                     idle_ns: load(&t.idle_ns),
                     rounds: load(&t.rounds),
                     parks: load(&t.parks),
+                    engine_waits: load(&t.engine_waits),
                     classes: c.classes(),
                     errors: c.errors(),
                 }

@@ -89,6 +89,25 @@ pub trait FsEngine<F>: Send {
 
     /// Requests started [`Started::Pending`] and not completed yet.
     fn in_flight(&self) -> usize;
+
+    /// What a poller whose only work is this engine's pending requests may block on instead of
+    /// calling [`Self::poll`] every round ([`Readiness`]); `None` (the default): poll.
+    fn readiness(&self) -> Option<Readiness<'_>> {
+        None
+    }
+}
+
+/// How a poller may wait for an engine's pending requests ([`FsEngine::readiness`]): until the
+/// descriptor is ready or `within` has passed, then it polls the engine again.
+#[derive(Debug, Clone, Copy)]
+pub struct Readiness<'a> {
+    /// Ready (readable, or writable if [`Self::writable`]) when the engine has progress to
+    /// make (a socket with a reply); `None`: only time (a reconnection's back-off).
+    pub fd: Option<std::os::fd::BorrowedFd<'a>>,
+    /// Wait for writability too (a send that did not finish, a connect in progress).
+    pub writable: bool,
+    /// Poll again after this long at most (the engine's timers).
+    pub within: std::time::Duration,
 }
 
 /// What a request's slot gives back to the engine at completion time.

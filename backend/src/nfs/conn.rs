@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -517,6 +517,20 @@ impl Conn {
         if timers {
             self.next_timer = now + self.tick;
             self.check_timers(now, sink);
+        }
+    }
+
+    /// What a caller with calls in flight may block on instead of calling [`Conn::poll`] in a
+    /// loop: the socket (`None` while there is none: a reconnection's back-off), whether it must
+    /// become writable too (a connect in progress, a record not all sent, calls queued), and how
+    /// long until the timers want a poll (retransmission, time-outs, the next connect). Level
+    /// triggered: bytes left in the socket by a poll's read budget keep it readable.
+    pub fn readiness(&self, now: Instant) -> (Option<BorrowedFd<'_>>, bool, Duration) {
+        let timer = self.next_timer.saturating_duration_since(now);
+        match &self.link {
+            Link::Down { retry_at } => (None, false, timer.min(retry_at.saturating_duration_since(now))),
+            Link::Connecting { stream, .. } => (Some(stream.as_fd()), true, timer),
+            Link::Up { stream } => (Some(stream.as_fd()), self.tx.is_some() || !self.queue.is_empty(), timer),
         }
     }
 

@@ -35,11 +35,11 @@ use vm_memory::VolatileSlice;
 use super::conn::{CallError, Conn, Cred, Sink};
 use super::fs::{cred, decode_dev, nfs_error, stat, EngineCell, NfsFs};
 use super::nodes::{silly_name, OpenFile};
-use super::unstable::EntryId;
+use super::unstable::{BackgroundClaim, EntryId};
 use super::wire::nfs3::{
     Args, CreateHow, Fattr, Fh, Ftype, NfsTime, Nfsstat, Res, Sattr, SetTime as NfsSetTime, Stable,
 };
-use crate::filesystem::seam::{Completions, FsEngine, Started, Token};
+use crate::filesystem::seam::{Completions, FsEngine, Readiness, Started, Token};
 use crate::filesystem::{self, DirEntry, Entry, Error, Opened, Reply, SetAttr, SetTime, StatFs};
 use crate::io::{Reader, Writer};
 use crate::request::{Op, Request};
@@ -176,6 +176,12 @@ struct Slot {
     then: Option<Call>,
     unstable: Option<EntryId>,
     replay: Option<EntryId>,
+    /// Where the stored write being sent again goes, and its length (apart from `offset` and
+    /// `chunk`: a WRITE that commits first goes on with its own after the replays).
+    replay_at: u64,
+    replay_len: u32,
+    /// The store's horizon when the slot's COMMIT was sent ([`super::unstable::UnstableStore::horizon`]).
+    horizon: u64,
     flags: u32,
     /// ACCESS3 bits asked.
     mask: u32,
@@ -212,6 +218,9 @@ impl Slot {
             then: None,
             unstable: None,
             replay: None,
+            replay_at: 0,
+            replay_len: 0,
+            horizon: 0,
             flags: 0,
             mask: 0,
             mask_req: 0,
@@ -265,8 +274,8 @@ impl Slot {
             Call::Commit => Args::Commit { fh: &self.fh, offset: 0, count: 0 },
             Call::Resend => Args::Write {
                 fh: &self.obj,
-                offset: self.offset,
-                count: self.chunk,
+                offset: self.replay_at,
+                count: self.replay_len,
                 stable: Stable::FileSync,
             },
             Call::Readdir if plus => Args::Readdirplus {
@@ -313,7 +322,25 @@ pub struct NfsEngine {
     replay_owner: Option<u32>,
     /// Where a stored write is copied to be sent again (allocated at the first replay).
     replay_buf: Vec<u8>,
+    /// Slots whose WRITE found the store full and waits for a COMMIT to free room, oldest first.
+    room_wait: VecDeque<u32>,
+    /// The background COMMIT this engine has on the wire.
+    background: Option<Background>,
+    /// No background COMMIT before then (one failed: the server is busy or gone).
+    background_after: Instant,
     cell: Arc<EngineCell>,
+}
+
+/// The connection tag of the background COMMIT (no slot has it: slots are request tokens).
+const BACKGROUND_TAG: u32 = u32::MAX;
+
+/// A COMMIT the engine sent on its own, the store past its high-water mark (no guest request
+/// waits for it; it only frees the store).
+struct Background {
+    file: u64,
+    horizon: u64,
+    /// The store's one background COMMIT is this one while held.
+    _claim: BackgroundClaim,
 }
 
 impl std::fmt::Debug for NfsEngine {
@@ -342,6 +369,22 @@ impl Sink for CallSink<'_> {
     }
 }
 
+/// Why a slot's call did not go out.
+#[derive(Debug)]
+enum SendError {
+    /// The connection refused it.
+    Call(CallError),
+    /// A WRITE found the store full, and a COMMIT (on the wire, or to be sent) will free room:
+    /// it waits in the engine (`room_wait`).
+    NoRoom,
+}
+
+impl From<CallError> for SendError {
+    fn from(e: CallError) -> Self {
+        SendError::Call(e)
+    }
+}
+
 /// Sends slot `tag`'s next call (`payload`: a WRITE's or replay's data, from where the call
 /// starts). WRITE data goes to the replay store first when it is to be sent UNSTABLE.
 fn send(
@@ -350,21 +393,33 @@ fn send(
     slot: &mut Slot,
     tag: u32,
     payload: Option<Reader<'_>>,
-) -> Result<(), CallError> {
+) -> Result<(), SendError> {
     let mut payload = payload;
     if slot.call == Call::Write {
         if let Some(p) = payload.as_mut() {
             p.truncate(slot.chunk as usize);
-            slot.unstable = fs.unstable.insert(slot.nodeid, &slot.fh, slot.offset + u64::from(slot.done), p);
+            let at = slot.offset + u64::from(slot.done);
+            slot.unstable = fs.unstable.insert(slot.nodeid, &slot.fh, &slot.cred, at, p);
             slot.stable = if slot.unstable.is_some() { Stable::Unstable } else { Stable::FileSync };
+            if slot.unstable.is_none() && fs.unstable.fits(p.bytes_left()) && fs.unstable.room_may_come() {
+                // Full, but a COMMIT frees room soon: wait for it (within the deadline) and
+                // go UNSTABLE then.
+                return Err(SendError::NoRoom);
+            }
+            if slot.unstable.is_none() && fs.unstable.enabled() {
+                fs.unstable.count_full();
+            }
             if slot.unstable.is_none() && fs.unstable.has_answered(slot.nodeid) {
-                // No room: this one goes FILE_SYNC, after the file's stored writes are
-                // committed (a replay must never land on top of it).
+                // No room and none to come: this one goes FILE_SYNC, after the file's stored
+                // writes are committed (a replay must never land on top of it).
                 slot.then = Some(Call::Write);
                 slot.call = Call::Commit;
                 payload = None;
             }
         }
+    }
+    if slot.call == Call::Commit {
+        slot.horizon = fs.unstable.horizon();
     }
     let args = slot.args(slot.kind == Kind::Readdirplus);
     let mut sink = CallSink { payload, ended: false };
@@ -375,8 +430,8 @@ fn send(
         }
     }
     match r {
-        Ok(()) if sink.ended => Err(CallError::Closed),
-        r => r,
+        Ok(()) if sink.ended => Err(CallError::Closed.into()),
+        r => r.map_err(SendError::from),
     }
 }
 
@@ -458,6 +513,8 @@ struct PollSink<'e, 'c> {
     replay: &'e [VolatileSlice<'e>],
     replay_owner: &'e mut Option<u32>,
     busy: &'e mut usize,
+    background: &'e mut Option<Background>,
+    background_after: &'e mut Instant,
     cell: &'e EngineCell,
 }
 
@@ -510,7 +567,7 @@ impl Sink for PollSink<'_, '_> {
             }
             Call::Resend => {
                 let mut r = Reader::new(self.replay);
-                r.truncate(s.chunk as usize);
+                r.truncate(s.replay_len as usize);
                 Some(r)
             }
             _ => None,
@@ -518,6 +575,29 @@ impl Sink for PollSink<'_, '_> {
     }
 
     fn done(&mut self, tag: u32, res: Result<Res<'_>, CallError>) {
+        if tag == BACKGROUND_TAG {
+            // The claim goes with it: the next background COMMIT may be sent.
+            let Some(b) = self.background.take() else { return };
+            match res {
+                Ok(Res::Commit { verf }) => {
+                    let c = self.fs.unstable.committed_background(b.file, verf, b.horizon);
+                    if c.resend > 0 {
+                        // Sent again at the file's next FLUSH, FSYNC or last close (or by a
+                        // write that finds the store full of them).
+                        log::info!(
+                            "nfs: the server's write verifier changed: {} writes to send again",
+                            c.resend
+                        );
+                    }
+                }
+                Ok(Res::Failed { status: Nfsstat::Stale, .. }) => self.fs.unstable.drop_file(b.file),
+                r => {
+                    log::debug!("nfs: background COMMIT failed: {:?}", r.err());
+                    *self.background_after = Instant::now() + JUKEBOX_DELAY;
+                }
+            }
+            return;
+        }
         let i = tag;
         let Some(slot) = self.slots.get_mut(i as usize).filter(|s| s.busy) else { return };
         let flow = match res {
@@ -691,7 +771,7 @@ fn reply(fs: &NfsFs, slot: &mut Slot, res: Res<'_>, done: &mut Completions<'_>) 
             })))
         }
         (Call::Commit, Res::Commit { verf }) => {
-            let c = fs.unstable.committed(slot.nodeid, verf);
+            let c = fs.unstable.committed(slot.nodeid, verf, slot.horizon);
             if c.resend > 0 {
                 log::info!("nfs: the server's write verifier changed: sending {} writes again", c.resend);
                 slot.call = Call::Resend;
@@ -704,7 +784,7 @@ fn reply(fs: &NfsFs, slot: &mut Slot, res: Res<'_>, done: &mut Completions<'_>) 
             }
         }
         (Call::Resend, Res::Write { count, .. }) => {
-            if count < slot.chunk {
+            if count < slot.replay_len {
                 return Done(Err(Error::Io));
             }
             if let Some(id) = slot.replay.take() {
@@ -870,6 +950,9 @@ impl NfsEngine {
             replay_wait: VecDeque::with_capacity(n),
             replay_owner: None,
             replay_buf: Vec::new(),
+            room_wait: VecDeque::with_capacity(n),
+            background: None,
+            background_after: Instant::now(),
             cell,
         }
     }
@@ -1188,8 +1271,8 @@ impl NfsEngine {
                 };
                 self.replay_owner = Some(i);
                 slot.obj = r.fh;
-                slot.offset = r.offset;
-                slot.chunk = r.len;
+                slot.replay_at = r.offset;
+                slot.replay_len = r.len;
                 slot.replay = Some(r.id);
                 let slices = [VolatileSlice::from(&mut self.replay_buf[..])];
                 let mut p = Reader::new(&slices);
@@ -1200,13 +1283,56 @@ impl NfsEngine {
         };
         match r {
             Ok(()) => EngineCell::bump(&self.cell.calls),
-            Err(CallError::Full) => {
+            Err(SendError::Call(CallError::Full)) => {
                 EngineCell::bump(&self.cell.backlogged);
                 self.backlog.push_back(i);
             }
-            Err(e) => {
+            Err(SendError::NoRoom) => self.room_wait.push_back(i),
+            Err(SendError::Call(e)) => {
                 log::debug!("nfs: call of request {i} not sent: {e}");
                 self.end(fs, i, Err(Error::Io), done);
+            }
+        }
+    }
+
+    /// Sends a background COMMIT when the store is past its high-water mark (or a write here
+    /// waits for room) and none is on the wire: of the file with the most answered bytes stored,
+    /// as its newest writer. No guest request waits for it; its reply frees the store.
+    fn maybe_commit(&mut self, fs: &NfsFs, now: Instant) {
+        let wanted = fs.unstable.past_high_water() || !self.room_wait.is_empty();
+        if self.background.is_some() || !wanted || now < self.background_after {
+            return;
+        }
+        let Some(conn) = self.conn.as_mut() else { return };
+        let Some(claim) = fs.unstable.begin_background() else { return };
+        let Some(pick) = fs.unstable.pick_commit() else { return };
+        let horizon = fs.unstable.horizon();
+        let args = Args::Commit { fh: &pick.fh, offset: 0, count: 0 };
+        let mut sink = CallSink { payload: None, ended: false };
+        match conn.call(BACKGROUND_TAG, &pick.cred, &args, &mut sink) {
+            Ok(()) if !sink.ended => {
+                EngineCell::bump(&self.cell.calls);
+                fs.unstable.count_background();
+                self.background = Some(Background { file: pick.file, horizon, _claim: claim });
+            }
+            // The connection is full or down: the next round tries again.
+            r => log::trace!("nfs: background COMMIT not sent: {r:?}"),
+        }
+    }
+
+    /// Writes waiting for room in the store go on once there is some, or once none can come
+    /// (they go FILE_SYNC then); past their deadline they end with EIO.
+    fn retry_room(&mut self, fs: &NfsFs, now: Instant, done: &mut Completions<'_>) {
+        for _ in 0..self.room_wait.len() {
+            let Some(i) = self.room_wait.pop_front() else { break };
+            let slot = &self.slots[i as usize];
+            if now > slot.deadline {
+                EngineCell::bump(&self.cell.timed_out);
+                self.end(fs, i, Err(Error::Io), done);
+            } else if fs.unstable.has_room(slot.chunk as usize) || !fs.unstable.room_may_come() {
+                self.send_next(fs, i, done);
+            } else {
+                self.room_wait.push_back(i);
             }
         }
     }
@@ -1268,19 +1394,27 @@ impl FsEngine<NfsFs> for NfsEngine {
         };
         let tag = i as u32;
         // Requests queue behind a backlog: order is kept.
-        let r =
-            if self.backlog.is_empty() { send(conn, fs, slot, tag, payload) } else { Err(CallError::Full) };
+        let r = if self.backlog.is_empty() {
+            send(conn, fs, slot, tag, payload)
+        } else {
+            Err(CallError::Full.into())
+        };
         match r {
             Ok(()) => {
                 EngineCell::bump(&self.cell.calls);
                 Started::Pending
             }
-            Err(CallError::Full) => {
+            Err(SendError::Call(CallError::Full)) => {
                 EngineCell::bump(&self.cell.backlogged);
                 self.backlog.push_back(tag);
                 Started::Pending
             }
-            Err(e) => {
+            Err(SendError::NoRoom) => {
+                fs.unstable.count_waited();
+                self.room_wait.push_back(tag);
+                Started::Pending
+            }
+            Err(SendError::Call(e)) => {
                 log::debug!("nfs: request not sent: {e}");
                 slot.busy = false;
                 self.busy -= 1;
@@ -1291,7 +1425,7 @@ impl FsEngine<NfsFs> for NfsEngine {
     }
 
     fn poll(&mut self, fs: &NfsFs, done: &mut Completions<'_>) {
-        if self.busy == 0 {
+        if self.busy == 0 && self.background.is_none() {
             return;
         }
         let now = Instant::now();
@@ -1306,6 +1440,8 @@ impl FsEngine<NfsFs> for NfsEngine {
                 replay: &slices,
                 replay_owner: &mut self.replay_owner,
                 busy: &mut self.busy,
+                background: &mut self.background,
+                background_after: &mut self.background_after,
                 cell: &self.cell,
             };
             conn.poll(now, &mut sink);
@@ -1342,6 +1478,7 @@ impl FsEngine<NfsFs> for NfsEngine {
                 self.replay_wait.push_back(i);
             }
         }
+        self.retry_room(fs, now, done);
         // The backlog, oldest first, while there is room on the connection.
         let mut n = self.backlog.len();
         while n > 0 {
@@ -1357,10 +1494,30 @@ impl FsEngine<NfsFs> for NfsEngine {
                 break;
             }
         }
+        self.maybe_commit(fs, now);
         self.publish();
     }
 
     fn in_flight(&self) -> usize {
         self.busy
     }
+
+    fn readiness(&self) -> Option<Readiness<'_>> {
+        let conn = self.conn.as_ref()?;
+        let now = Instant::now();
+        let (fd, writable, mut within) = conn.readiness(now);
+        // Calls the server was too busy for go again at their time.
+        if let Some(at) = self.later.iter().map(|l| l.1).min() {
+            within = within.min(at.saturating_duration_since(now));
+        }
+        if !self.room_wait.is_empty() {
+            // Room in the store may come from another poller's COMMIT: no descriptor says so.
+            within = within.min(ROOM_LOOK);
+        }
+        Some(Readiness { fd, writable, within })
+    }
 }
+
+/// How often a poller blocked on its connection looks whether writes waiting for room in the
+/// store can go (the room may come from another poller's COMMIT).
+const ROOM_LOOK: std::time::Duration = std::time::Duration::from_millis(1);

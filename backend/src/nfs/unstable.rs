@@ -6,18 +6,27 @@
 //! restarted in between returns a new verifier and may have lost the data, so the client must
 //! send it again (RFC 1813, 4.8). The device acknowledged the WRITE to the guest already, so the
 //! data must be kept here until then: every UNSTABLE WRITE's payload is copied (once, at start)
-//! into this preallocated, bounded store; the entry learns its verifier from the WRITE's reply;
-//! a FLUSH or FSYNC of the file sends COMMIT and drops the entries whose verifier the COMMIT
-//! returns, and sends the others again (FILE_SYNC) before it is acknowledged. When the store is
-//! full the WRITE goes FILE_SYNC instead (nothing to keep), so the bound costs speed, never data.
+//! into this preallocated, bounded store; the entry learns its verifier from the WRITE's reply,
+//! and its place in the order of answers. A COMMIT covers the entries of its file answered
+//! before it was sent ([`UnstableStore::horizon`]) with the verifier it returns; those written
+//! under another, and every later write of the file, are sent again (FILE_SYNC) in the order
+//! they were made, before a FLUSH or FSYNC is acknowledged.
+//!
+//! Past its high-water mark (half full) the engines COMMIT in the background, one COMMIT at a
+//! time for the whole store ([`UnstableStore::begin_background`]), of the file with the most
+//! answered bytes ([`UnstableStore::pick_commit`]); a write that finds the store full waits for
+//! room while a COMMIT can free some, and goes FILE_SYNC only when none can, so the bound costs
+//! speed, never data.
 //!
 //! The store is shared by every poller (one file's WRITEs come through several queues) behind a
 //! short mutex. Data lives in fixed 4 KiB pages linked into per-entry chains (entries are freed
 //! out of order, per file); nothing allocates after construction.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::io::Reader;
+use crate::nfs::conn::Cred;
 use crate::nfs::wire::nfs3::Fh;
 
 /// Bytes per page of the store.
@@ -45,12 +54,17 @@ struct Entry {
     live: bool,
     file: u64,
     fh: Fh,
+    /// The writer's credential (a background COMMIT of the file goes with it).
+    cred: Cred,
     offset: u64,
     len: u32,
     first: u32,
     verf: Verf,
     /// Order of the writes (replays go in it: a later write of the same bytes wins).
     seq: u64,
+    /// When its WRITE's reply came (the store's answer count then): a COMMIT covers only the
+    /// entries answered before it was sent.
+    answered: u64,
 }
 
 struct Inner {
@@ -62,7 +76,61 @@ struct Inner {
     entries: Vec<Entry>,
     free_entries: Vec<u32>,
     live: usize,
+    /// Live entries marked [`Verf::Resend`].
+    resend: usize,
     seq: u64,
+    /// WRITE replies recorded so far (the horizon of a COMMIT sent now).
+    answers: u64,
+}
+
+impl Inner {
+    fn used_bytes(&self, pages: usize) -> u64 {
+        ((pages - self.free_pages) * PAGE) as u64
+    }
+
+    fn set_resend(&mut self, i: usize) {
+        if self.entries[i].verf != Verf::Resend {
+            self.entries[i].verf = Verf::Resend;
+            self.resend += 1;
+        }
+    }
+
+    /// Frees entry `i` and its pages.
+    fn remove(&mut self, i: usize) {
+        let e = self.entries[i];
+        if !e.live {
+            return;
+        }
+        let mut page = e.first;
+        let mut n = 0;
+        let mut last = page;
+        while page != NONE {
+            last = page;
+            page = self.next[page as usize];
+            n += 1;
+        }
+        self.next[last as usize] = self.free_page;
+        self.free_page = e.first;
+        self.free_pages += n;
+        if e.verf == Verf::Resend {
+            self.resend -= 1;
+        }
+        self.entries[i].live = false;
+        self.free_entries.push(i as u32);
+        self.live -= 1;
+    }
+
+    /// The oldest live entry of `file` to send again.
+    fn oldest_resend(&self, file: u64) -> Option<u64> {
+        if self.resend == 0 {
+            return None;
+        }
+        self.entries
+            .iter()
+            .filter(|e| e.live && e.file == file && e.verf == Verf::Resend)
+            .map(|e| e.seq)
+            .min()
+    }
 }
 
 /// What a COMMIT's verifier meant for a file's entries.
@@ -72,7 +140,8 @@ pub struct Committed {
     pub dropped: usize,
     /// Entries to send again.
     pub resend: usize,
-    /// Entries whose WRITE is still on the wire (left alone).
+    /// Entries whose WRITE is still on the wire, or was answered after the COMMIT was sent
+    /// (left alone).
     pub in_flight: usize,
 }
 
@@ -89,17 +158,43 @@ pub struct Replay {
     pub len: u32,
 }
 
+/// A file whose stored writes a background COMMIT should cover ([`UnstableStore::pick_commit`]).
+#[derive(Debug, Clone, Copy)]
+pub struct CommitPick {
+    /// The file (its node id).
+    pub file: u64,
+    /// Its handle.
+    pub fh: Fh,
+    /// The credential of its newest stored write.
+    pub cred: Cred,
+    /// Bytes of it the COMMIT may free (written and answered).
+    pub bytes: u64,
+}
+
 /// What the store did so far (plain numbers).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct UnstableStats {
     /// Writes stored (sent UNSTABLE).
     pub stored: u64,
-    /// Writes that found the store full (sent FILE_SYNC).
+    /// Writes that found the store full with nothing in it a COMMIT could free (sent FILE_SYNC).
     pub full: u64,
     /// Writes sent again after a verifier change.
     pub resent: u64,
     /// Bytes stored now.
     pub bytes_now: u64,
+    /// The most bytes ever stored at once.
+    #[serde(default)]
+    pub high_water: u64,
+    /// COMMITs the engines sent on their own (the store past its high-water mark), without a
+    /// guest request.
+    #[serde(default)]
+    pub background_commits: u64,
+    /// Bytes those COMMITs freed.
+    #[serde(default)]
+    pub background_freed: u64,
+    /// Writes that found the store full and waited for a COMMIT to free room.
+    #[serde(default)]
+    pub waited: u64,
 }
 
 /// The bounded store of uncommitted UNSTABLE writes (see the module documentation).
@@ -107,11 +202,26 @@ pub struct UnstableStore {
     inner: Mutex<Inner>,
     stats: Mutex<UnstableStats>,
     pages: usize,
+    /// Pages in use (a copy of the locked count, for the engines' per-round look).
+    used: AtomicUsize,
+    /// A background COMMIT is on the wire (one at a time, whichever poller sent it).
+    commit_out: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for UnstableStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UnstableStore").field("pages", &self.pages).finish_non_exhaustive()
+    }
+}
+
+/// A claim on the one background COMMIT of a store ([`UnstableStore::begin_background`]):
+/// released when dropped (the COMMIT ended, or the engine that sent it went away).
+#[derive(Debug)]
+pub struct BackgroundClaim(Arc<AtomicBool>);
+
+impl Drop for BackgroundClaim {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 
@@ -130,9 +240,17 @@ impl UnstableStore {
             entries: Vec::with_capacity(pages),
             free_entries: Vec::with_capacity(pages),
             live: 0,
+            resend: 0,
             seq: 0,
+            answers: 0,
         };
-        UnstableStore { inner: Mutex::new(inner), stats: Mutex::default(), pages }
+        UnstableStore {
+            inner: Mutex::new(inner),
+            stats: Mutex::default(),
+            pages,
+            used: AtomicUsize::new(0),
+            commit_out: Arc::new(AtomicBool::new(false)),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -143,20 +261,112 @@ impl UnstableStore {
         f(&mut self.stats.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
+    /// Publishes the bytes in use after a change (under the lock).
+    fn publish(&self, inner: &Inner) -> u64 {
+        self.used.store(self.pages - inner.free_pages, Ordering::Relaxed);
+        inner.used_bytes(self.pages)
+    }
+
+    fn set_bytes(&self, bytes: u64) {
+        self.bump(|s| {
+            s.bytes_now = bytes;
+            s.high_water = s.high_water.max(bytes);
+        });
+    }
+
     /// Whether anything can be stored at all.
     pub fn enabled(&self) -> bool {
         self.pages > 0
     }
 
-    /// Stores the bytes `data` has left (not consuming it) as a write of `file` (`fh`) at
-    /// `offset`; `None` when there is no room (send it FILE_SYNC).
-    pub fn insert(&self, file: u64, fh: &Fh, offset: u64, data: &Reader<'_>) -> Option<EntryId> {
+    /// Whether a write of `len` bytes could ever be stored (the store holds that much).
+    pub fn fits(&self, len: usize) -> bool {
+        len.div_ceil(PAGE).max(1) <= self.pages && u32::try_from(len).is_ok()
+    }
+
+    /// Whether a write of `len` bytes finds room now (no lock: a hint, [`Self::insert`] decides).
+    pub fn has_room(&self, len: usize) -> bool {
+        len.div_ceil(PAGE).max(1) + self.used.load(Ordering::Relaxed) <= self.pages
+    }
+
+    /// Whether the store is at or past its high-water mark (half of it), where the engines
+    /// commit in the background (no lock).
+    pub fn past_high_water(&self) -> bool {
+        self.pages > 0 && self.used.load(Ordering::Relaxed) * 2 >= self.pages
+    }
+
+    /// Whether waiting can bring room: a background COMMIT is on the wire, or something is
+    /// stored that a COMMIT can free (answered, or answered once its WRITE's reply comes).
+    pub fn room_may_come(&self) -> bool {
+        if self.commit_out.load(Ordering::Acquire) {
+            return true;
+        }
+        let inner = self.lock();
+        inner.live > inner.resend
+    }
+
+    /// Claims the store's one background COMMIT; `None` while another is on the wire.
+    pub fn begin_background(&self) -> Option<BackgroundClaim> {
+        self.commit_out
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| BackgroundClaim(self.commit_out.clone()))
+    }
+
+    /// Counts a background COMMIT sent.
+    pub fn count_background(&self) {
+        self.bump(|s| s.background_commits += 1);
+    }
+
+    /// Counts a write sent FILE_SYNC for want of room.
+    pub fn count_full(&self) {
+        self.bump(|s| s.full += 1);
+    }
+
+    /// Counts a write that waits for room.
+    pub fn count_waited(&self) {
+        self.bump(|s| s.waited += 1);
+    }
+
+    /// The file whose answered stored writes are the most bytes (what a background COMMIT
+    /// frees most by), with the handle and the credential of its newest write; `None` when
+    /// nothing stored is answered with a verifier yet.
+    pub fn pick_commit(&self) -> Option<CommitPick> {
+        // Few files are written at once: the first eight distinct ones seen are counted.
+        let mut best: [(u64, u64, u32, u64); 8] = [(0, 0, NONE, 0); 8];
+        let mut n = 0;
+        let inner = self.lock();
+        for (i, e) in inner.entries.iter().enumerate() {
+            if !e.live || !matches!(e.verf, Verf::Known(_)) {
+                continue;
+            }
+            let bytes = u64::from(e.len).div_ceil(PAGE as u64) * PAGE as u64;
+            match best[..n].iter_mut().find(|b| b.0 == e.file) {
+                Some(b) => {
+                    b.1 += bytes;
+                    if e.seq > b.3 {
+                        (b.2, b.3) = (i as u32, e.seq);
+                    }
+                }
+                None if n < 8 => {
+                    best[n] = (e.file, bytes, i as u32, e.seq);
+                    n += 1;
+                }
+                None => {}
+            }
+        }
+        let b = best[..n].iter().max_by_key(|b| b.1)?;
+        let e = &inner.entries[b.2 as usize];
+        Some(CommitPick { file: b.0, fh: e.fh, cred: e.cred, bytes: b.1 })
+    }
+
+    /// Stores the bytes `data` has left (not consuming it) as a write of `file` (`fh`) by
+    /// `cred` at `offset`; `None` when there is no room.
+    pub fn insert(&self, file: u64, fh: &Fh, cred: &Cred, offset: u64, data: &Reader<'_>) -> Option<EntryId> {
         let len = data.bytes_left();
         let need = len.div_ceil(PAGE).max(1);
         let mut inner = self.lock();
         if need > inner.free_pages || u32::try_from(len).is_err() {
-            drop(inner);
-            self.bump(|s| s.full += 1);
             return None;
         }
         let first = inner.free_page;
@@ -179,7 +389,18 @@ impl UnstableStore {
         inner.free_pages -= need;
         inner.seq += 1;
         let seq = inner.seq;
-        let e = Entry { live: true, file, fh: *fh, offset, len: len as u32, first, verf: Verf::Unknown, seq };
+        let e = Entry {
+            live: true,
+            file,
+            fh: *fh,
+            cred: *cred,
+            offset,
+            len: len as u32,
+            first,
+            verf: Verf::Unknown,
+            seq,
+            answered: 0,
+        };
         let id = match inner.free_entries.pop() {
             Some(i) => {
                 inner.entries[i as usize] = e;
@@ -191,51 +412,48 @@ impl UnstableStore {
             }
         };
         inner.live += 1;
-        let bytes = ((self.pages - inner.free_pages) * PAGE) as u64;
+        let bytes = self.publish(&inner);
         drop(inner);
         self.bump(|s| {
             s.stored += 1;
             s.bytes_now = bytes;
+            s.high_water = s.high_water.max(bytes);
         });
         Some(EntryId(id))
     }
 
     /// The WRITE of `id` was answered with `verf`; `stable`: the server says it is on stable
-    /// storage already (FILE_SYNC), so the entry goes.
+    /// storage already (FILE_SYNC), so the entry goes. A write answered while an older write of
+    /// the file waits to be sent again is sent again after it too (the replays keep the order).
     pub fn written(&self, id: EntryId, verf: [u8; 8], stable: bool) {
         if stable {
             return self.remove(id);
         }
         let mut inner = self.lock();
-        let Some(e) = inner.entries.get_mut(id.0 as usize).filter(|e| e.live) else { return };
-        e.verf = match e.verf {
-            Verf::Unknown => Verf::Known(verf),
-            Verf::Known(v) if v == verf => Verf::Known(v),
-            _ => Verf::Resend,
-        };
+        let i = id.0 as usize;
+        let Some(e) = inner.entries.get(i).copied().filter(|e| e.live) else { return };
+        inner.answers += 1;
+        inner.entries[i].answered = inner.answers;
+        match e.verf {
+            Verf::Unknown => inner.entries[i].verf = Verf::Known(verf),
+            Verf::Known(v) if v == verf => {}
+            _ => inner.set_resend(i),
+        }
+        if inner.entries[i].verf != Verf::Resend && inner.oldest_resend(e.file).is_some_and(|s| s < e.seq) {
+            inner.set_resend(i);
+        }
     }
 
     /// Drops entry `id` (its WRITE failed, or the data is stable now).
     pub fn remove(&self, id: EntryId) {
         let mut inner = self.lock();
-        let Some(e) = inner.entries.get(id.0 as usize).copied().filter(|e| e.live) else { return };
-        let mut page = e.first;
-        let mut n = 0;
-        let mut last = page;
-        while page != NONE {
-            last = page;
-            page = inner.next[page as usize];
-            n += 1;
+        if inner.entries.get(id.0 as usize).is_none_or(|e| !e.live) {
+            return;
         }
-        inner.next[last as usize] = inner.free_page;
-        inner.free_page = e.first;
-        inner.free_pages += n;
-        inner.entries[id.0 as usize].live = false;
-        inner.free_entries.push(id.0);
-        inner.live -= 1;
-        let bytes = ((self.pages - inner.free_pages) * PAGE) as u64;
+        inner.remove(id.0 as usize);
+        let bytes = self.publish(&inner);
         drop(inner);
-        self.bump(|s| s.bytes_now = bytes);
+        self.set_bytes(bytes);
     }
 
     /// Whether `file` has stored writes the server answered (a COMMIT would cover them or
@@ -251,53 +469,67 @@ impl UnstableStore {
         inner.live > 0 && inner.entries.iter().any(|e| e.live && e.file == file)
     }
 
-    /// A COMMIT of `file` returned `verf`: the entries written under it go, those written under
-    /// another are marked to be sent again.
-    pub fn committed(&self, file: u64, verf: [u8; 8]) -> Committed {
+    /// The horizon of a COMMIT sent now: it covers the writes answered so far (the server had
+    /// them before it got the COMMIT), not those answered later (it may have had them after).
+    pub fn horizon(&self) -> u64 {
+        self.lock().answers
+    }
+
+    /// A COMMIT of `file`, sent at `horizon` ([`Self::horizon`]), returned `verf`: the entries
+    /// written under it and answered before the horizon go; those written under another (the
+    /// server restarted) are marked to be sent again, and so is every later write of the file
+    /// (replays go in the order of the writes, so the newest bytes land last).
+    pub fn committed(&self, file: u64, verf: [u8; 8], horizon: u64) -> Committed {
         let mut out = Committed::default();
-        let mut drop_ids = [0u32; 64];
-        loop {
-            let mut n = 0;
-            {
-                let mut inner = self.lock();
-                for (i, e) in inner.entries.iter_mut().enumerate() {
-                    if !e.live || e.file != file {
-                        continue;
-                    }
-                    match e.verf {
-                        Verf::Known(v) if v == verf => {
-                            if n < drop_ids.len() {
-                                drop_ids[n] = i as u32;
-                                n += 1;
-                            }
-                        }
-                        Verf::Known(_) => {
-                            e.verf = Verf::Resend;
-                        }
-                        Verf::Resend | Verf::Unknown => {}
-                    }
-                }
-                if n == 0 {
-                    out.resend = inner
-                        .entries
-                        .iter()
-                        .filter(|e| e.live && e.file == file && e.verf == Verf::Resend)
-                        .count();
-                    out.in_flight = inner
-                        .entries
-                        .iter()
-                        .filter(|e| e.live && e.file == file && e.verf == Verf::Unknown)
-                        .count();
-                }
-            }
-            if n == 0 {
-                return out;
-            }
-            for &i in &drop_ids[..n] {
-                self.remove(EntryId(i));
-            }
-            out.dropped += n;
+        let mut inner = self.lock();
+        if inner.live == 0 {
+            return out;
         }
+        for i in 0..inner.entries.len() {
+            let e = inner.entries[i];
+            if !e.live || e.file != file {
+                continue;
+            }
+            if matches!(e.verf, Verf::Known(v) if v != verf) {
+                inner.set_resend(i);
+            }
+        }
+        let oldest = inner.oldest_resend(file);
+        let before = inner.free_pages;
+        for i in 0..inner.entries.len() {
+            let e = inner.entries[i];
+            if !e.live || e.file != file {
+                continue;
+            }
+            match e.verf {
+                Verf::Known(_) if oldest.is_some_and(|s| s < e.seq) => {
+                    inner.set_resend(i);
+                    out.resend += 1;
+                }
+                Verf::Known(_) if e.answered <= horizon => {
+                    inner.remove(i);
+                    out.dropped += 1;
+                }
+                Verf::Resend => out.resend += 1,
+                Verf::Known(_) | Verf::Unknown => out.in_flight += 1,
+            }
+        }
+        let freed = ((inner.free_pages - before) * PAGE) as u64;
+        let bytes = self.publish(&inner);
+        drop(inner);
+        if freed > 0 {
+            self.set_bytes(bytes);
+        }
+        out
+    }
+
+    /// [`Self::committed`] for a background COMMIT (its freed bytes are counted apart).
+    pub fn committed_background(&self, file: u64, verf: [u8; 8], horizon: u64) -> Committed {
+        let before = self.used.load(Ordering::Relaxed);
+        let c = self.committed(file, verf, horizon);
+        let freed = before.saturating_sub(self.used.load(Ordering::Relaxed));
+        self.bump(|s| s.background_freed += (freed * PAGE) as u64);
+        c
     }
 
     /// The next entry of `file` to send again (the oldest: replays keep the order the writes
@@ -305,6 +537,9 @@ impl UnstableStore {
     /// server's `wtmax` at most); `None` when there is none.
     pub fn next_resend(&self, file: u64, out: &mut [u8]) -> Option<Replay> {
         let inner = self.lock();
+        if inner.resend == 0 {
+            return None;
+        }
         let (i, e) = inner
             .entries
             .iter()
@@ -332,30 +567,18 @@ impl UnstableStore {
 
     /// Drops every entry of `file` (it is gone on the server, or forgotten).
     pub fn drop_file(&self, file: u64) {
-        loop {
-            let id = {
-                let inner = self.lock();
-                if inner.live == 0 {
-                    return;
-                }
-                match inner.entries.iter().position(|e| e.live && e.file == file) {
-                    Some(i) => EntryId(i as u32),
-                    None => return,
-                }
-            };
-            self.remove(id);
-        }
-    }
-
-    /// Marks every entry of `file` to be sent again (a WRITE reply showed the server's
-    /// verifier changed under it).
-    pub fn mark_resend(&self, file: u64) {
         let mut inner = self.lock();
-        for e in inner.entries.iter_mut().filter(|e| e.live && e.file == file) {
-            if matches!(e.verf, Verf::Known(_)) {
-                e.verf = Verf::Resend;
+        if inner.live == 0 {
+            return;
+        }
+        for i in 0..inner.entries.len() {
+            if inner.entries[i].live && inner.entries[i].file == file {
+                inner.remove(i);
             }
         }
+        let bytes = self.publish(&inner);
+        drop(inner);
+        self.set_bytes(bytes);
     }
 
     /// Stored writes now.
@@ -385,6 +608,8 @@ mod tests {
         f(&Reader::new(&bufs))
     }
 
+    const CRED: Cred = Cred { uid: 1, gid: 2, ngroups: 0, groups: [0; 16] };
+
     fn fh() -> Fh {
         Fh::new(b"file").unwrap()
     }
@@ -393,44 +618,48 @@ mod tests {
     fn kept_until_a_commit_with_the_same_verifier() {
         let s = UnstableStore::new(4 * PAGE);
         let data: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
-        let a = with_reader(&data, |r| s.insert(7, &fh(), 100, r)).unwrap();
-        let b = with_reader(b"small", |r| s.insert(7, &fh(), 0, r)).unwrap();
-        let c = with_reader(b"other", |r| s.insert(8, &fh(), 0, r)).unwrap();
-        assert_eq!(with_reader(b"x", |r| s.insert(7, &fh(), 0, r)), None, "4 pages used: full");
-        assert_eq!(s.stats().full, 1);
+        let a = with_reader(&data, |r| s.insert(7, &fh(), &CRED, 100, r)).unwrap();
+        let b = with_reader(b"small", |r| s.insert(7, &fh(), &CRED, 0, r)).unwrap();
+        let c = with_reader(b"other", |r| s.insert(8, &fh(), &CRED, 0, r)).unwrap();
+        assert_eq!(with_reader(b"x", |r| s.insert(7, &fh(), &CRED, 0, r)), None, "4 pages used: full");
+        assert!(!s.has_room(1) && s.past_high_water());
         s.written(a, [1; 8], false);
         s.written(b, [2; 8], false);
-        // COMMIT with verifier 2: b is covered, a was written under an earlier server instance.
-        let r = s.committed(7, [2; 8]);
-        assert_eq!(r, Committed { dropped: 1, resend: 1, in_flight: 0 });
+        // COMMIT with verifier 2: a was written under an earlier server instance, so it goes
+        // again, and b (written after it) goes again after it.
+        let r = s.committed(7, [2; 8], s.horizon());
+        assert_eq!(r, Committed { dropped: 0, resend: 2, in_flight: 0 });
         let mut out = vec![0u8; 8192];
         let replay = s.next_resend(7, &mut out).unwrap();
         assert_eq!((replay.id, replay.offset, replay.len), (a, 100, 5000));
         assert_eq!(&out[..5000], &data[..]);
         s.remove(replay.id);
+        let replay = s.next_resend(7, &mut out).unwrap();
+        assert_eq!((replay.id, &out[..5]), (b, &b"small"[..]));
+        s.remove(replay.id);
         assert!(s.next_resend(7, &mut out).is_none());
         assert!(!s.has(7));
         assert!(s.has(8), "another file's write stays (in flight)");
-        assert_eq!(s.committed(8, [2; 8]), Committed { dropped: 0, resend: 0, in_flight: 1 });
+        assert_eq!(s.committed(8, [2; 8], s.horizon()), Committed { dropped: 0, resend: 0, in_flight: 1 });
         s.written(c, [3; 8], true);
         assert!(s.is_empty());
         // All pages are free again.
         let big = vec![9u8; 4 * PAGE];
-        assert!(with_reader(&big, |r| s.insert(1, &fh(), 0, r)).is_some());
+        assert!(with_reader(&big, |r| s.insert(1, &fh(), &CRED, 0, r)).is_some());
     }
 
     #[test]
     fn replays_go_in_the_order_the_writes_were_made() {
         let s = UnstableStore::new(8 * PAGE);
-        let a = with_reader(b"first", |r| s.insert(1, &fh(), 0, r)).unwrap();
-        let b = with_reader(b"other", |r| s.insert(2, &fh(), 0, r)).unwrap();
+        let a = with_reader(b"first", |r| s.insert(1, &fh(), &CRED, 0, r)).unwrap();
+        let b = with_reader(b"other", |r| s.insert(2, &fh(), &CRED, 0, r)).unwrap();
         s.remove(b);
         // The second write of file 1 reuses the freed entry slot (before `a` in the table).
-        let c = with_reader(b"second", |r| s.insert(1, &fh(), 0, r)).unwrap();
+        let c = with_reader(b"second", |r| s.insert(1, &fh(), &CRED, 0, r)).unwrap();
         assert_eq!(c, b);
         s.written(a, [1; 8], false);
         s.written(c, [1; 8], false);
-        assert_eq!(s.committed(1, [2; 8]).resend, 2);
+        assert_eq!(s.committed(1, [2; 8], s.horizon()).resend, 2);
         let mut out = [0u8; PAGE];
         let r = s.next_resend(1, &mut out).unwrap();
         assert_eq!((r.id, &out[..5]), (a, &b"first"[..]));
@@ -443,15 +672,89 @@ mod tests {
     fn an_empty_store_stores_nothing() {
         let s = UnstableStore::new(0);
         assert!(!s.enabled());
-        assert_eq!(with_reader(b"x", |r| s.insert(1, &fh(), 0, r)), None);
+        assert_eq!(with_reader(b"x", |r| s.insert(1, &fh(), &CRED, 0, r)), None);
     }
 
     #[test]
     fn verifier_changing_between_parts_means_resend() {
         let s = UnstableStore::new(PAGE);
-        let a = with_reader(b"abc", |r| s.insert(1, &fh(), 0, r)).unwrap();
+        let a = with_reader(b"abc", |r| s.insert(1, &fh(), &CRED, 0, r)).unwrap();
         s.written(a, [1; 8], false);
         s.written(a, [2; 8], false);
-        assert_eq!(s.committed(1, [2; 8]).resend, 1);
+        assert_eq!(s.committed(1, [2; 8], s.horizon()).resend, 1);
+    }
+
+    #[test]
+    fn a_commit_covers_only_writes_answered_before_it_was_sent() {
+        let s = UnstableStore::new(8 * PAGE);
+        let a = with_reader(b"a", |r| s.insert(1, &fh(), &CRED, 0, r)).unwrap();
+        let b = with_reader(b"b", |r| s.insert(1, &fh(), &CRED, 10, r)).unwrap();
+        s.written(a, [1; 8], false);
+        let horizon = s.horizon();
+        // b's reply comes after the COMMIT went out: the server may have had it after the COMMIT.
+        s.written(b, [1; 8], false);
+        assert_eq!(s.committed(1, [1; 8], horizon), Committed { dropped: 1, resend: 0, in_flight: 1 });
+        assert_eq!(s.len(), 1);
+        assert_eq!(s.committed(1, [1; 8], s.horizon()).dropped, 1);
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn writes_after_one_the_server_lost_are_sent_again_after_it() {
+        let s = UnstableStore::new(8 * PAGE);
+        let old = with_reader(b"old", |r| s.insert(1, &fh(), &CRED, 0, r)).unwrap();
+        s.written(old, [1; 8], false);
+        // The server restarted: a later write of the same bytes is answered under the new verifier.
+        let new = with_reader(b"new", |r| s.insert(1, &fh(), &CRED, 0, r)).unwrap();
+        let later = with_reader(b"later", |r| s.insert(1, &fh(), &CRED, 0, r)).unwrap();
+        s.written(new, [2; 8], false);
+        let c = s.committed(1, [2; 8], s.horizon());
+        assert_eq!(c, Committed { dropped: 0, resend: 2, in_flight: 1 }, "new must land after old again");
+        // A write answered after that goes again too, after both.
+        s.written(later, [2; 8], false);
+        let mut out = [0u8; PAGE];
+        let mut order = Vec::new();
+        while let Some(r) = s.next_resend(1, &mut out) {
+            order.push(out[..r.len as usize].to_vec());
+            s.remove(r.id);
+        }
+        assert_eq!(order, [&b"old"[..], b"new", b"later"]);
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn the_background_commit_picks_the_file_with_most_answered_bytes() {
+        let s = UnstableStore::new(16 * PAGE);
+        assert!(s.pick_commit().is_none());
+        let big = vec![1u8; 3 * PAGE];
+        let a = with_reader(&big, |r| s.insert(5, &fh(), &CRED, 0, r)).unwrap();
+        let other = Cred { uid: 7, ..CRED };
+        let b = with_reader(b"x", |r| s.insert(6, &fh(), &CRED, 0, r)).unwrap();
+        let c = with_reader(b"y", |r| s.insert(6, &fh(), &other, 0, r)).unwrap();
+        let d = with_reader(&big, |r| s.insert(7, &fh(), &CRED, 0, r)).unwrap();
+        assert!(s.pick_commit().is_none(), "nothing answered yet");
+        for id in [a, b, c] {
+            s.written(id, [1; 8], false);
+        }
+        let p = s.pick_commit().unwrap();
+        assert_eq!((p.file, p.bytes), (5, 3 * PAGE as u64), "file 7's write is still on the wire");
+        s.committed_background(5, [1; 8], s.horizon());
+        let p = s.pick_commit().unwrap();
+        assert_eq!((p.file, p.bytes, p.cred.uid), (6, 2 * PAGE as u64, 7), "the newest write's credential");
+        assert_eq!(s.stats().background_freed, 3 * PAGE as u64);
+        assert!(s.room_may_come(), "d will be answered");
+        s.remove(d);
+        assert_eq!(s.stats().high_water, 8 * PAGE as u64);
+    }
+
+    #[test]
+    fn one_background_commit_at_a_time() {
+        let s = UnstableStore::new(PAGE);
+        let claim = s.begin_background().unwrap();
+        assert!(s.begin_background().is_none());
+        assert!(s.room_may_come(), "a COMMIT is on the wire");
+        drop(claim);
+        assert!(s.begin_background().is_some());
+        assert!(!s.room_may_come(), "nothing stored, nothing on the wire");
     }
 }

@@ -276,6 +276,13 @@ impl<F: FileSystem> PollerEngine<F> {
         self.in_flight
     }
 
+    /// What the poller may block on while its only work is this engine's pending requests
+    /// (the filesystem engine's [`FsEngine::readiness`]; every completion is handed over in
+    /// each poll, so nothing else is due).
+    pub fn readiness(&self) -> Option<crate::filesystem::seam::Readiness<'_>> {
+        self.fs_engine.as_deref().and_then(|e| e.readiness())
+    }
+
     /// Answers the parked SETLKW requests whose lock came (or that were interrupted), as `(id,
     /// reply bytes)`; returns how many.
     pub fn poll_waits(&mut self, answer: &mut dyn FnMut(u64, &[u8])) -> usize {
