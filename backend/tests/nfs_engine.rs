@@ -35,6 +35,8 @@ struct Script {
     jukebox_getattr: bool,
     /// The verifier COMMIT returns.
     commit_verf: Option<[u8; 8]>,
+    /// Answer every COMMIT with NFS3ERR_IO.
+    commit_fails: bool,
     /// The file's contents as the server holds them.
     data: Vec<u8>,
     /// Answer every READ with one byte, not at its end (however far the offset).
@@ -157,6 +159,7 @@ fn serve(script: &Arc<Mutex<Script>>, c: &Call) -> Vec<Act> {
             nfs_fake_server::read_ok(&file, &s.data[from..to], to == s.data.len())
         }
         // COMMIT.
+        (NFS_PROG, 21) if s.commit_fails => nfs_fake_server::failed_post_op(5),
         (NFS_PROG, 21) => {
             let verf = s.commit_verf.unwrap_or(VERF_A);
             enc(|e| {
@@ -436,6 +439,33 @@ fn a_write_that_finds_the_store_full_waits_for_a_background_commit() {
     assert!(st.background_commits >= 1, "{st:?}");
     assert_eq!((st.full, st.stored, st.high_water), (0, 2, 8192), "{st:?}");
     assert!(st.bytes_now <= 4096, "{st:?}");
+}
+
+#[test]
+fn a_write_waits_for_room_one_retransmission_interval_at_most() {
+    // The server refuses every COMMIT: the background ones free nothing, so the write that
+    // found the store full stops waiting after `retransmit` (not its 5 s deadline) and commits
+    // the file itself, which fails with the server's error.
+    let mut r = Rig::with(|o| {
+        o.unstable_bytes = 8192;
+        o.retransmit = Duration::from_millis(300);
+    });
+    r.script.lock().unwrap().commit_fails = true;
+    let (node, fh) = r.open_f();
+    let w = abi::WriteIn { fh, offset: 0, size: 8192, ..Default::default() };
+    assert_eq!(
+        r.run(&mut request(opcode::WRITE, node, 4, 1000, 100, &[w.as_slice(), &[1u8; 8192]])).0.error,
+        0
+    );
+    let t0 = Instant::now();
+    let w = abi::WriteIn { fh, offset: 0, size: 4096, ..Default::default() };
+    let e = r.run(&mut request(opcode::WRITE, node, 5, 1000, 100, &[w.as_slice(), &[2u8; 4096]])).0.error;
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_millis(250) && took < Duration::from_secs(2), "{took:?}");
+    assert_eq!(e, -libc::EIO);
+    let st = r.srv.filesystem().stats().unstable;
+    assert!(st.background_commits >= 2 && st.waited == 1, "{st:?}");
+    assert_eq!(st.bytes_now, 8192, "the first write stays stored: nothing committed it");
 }
 
 #[test]

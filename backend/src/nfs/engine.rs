@@ -180,6 +180,9 @@ struct Slot {
     /// `chunk`: a WRITE that commits first goes on with its own after the replays).
     replay_at: u64,
     replay_len: u32,
+    /// A WRITE that found the store full waits for room until then at most (one retransmission
+    /// interval: a COMMIT that keeps failing must not hold writes until their deadline).
+    room_until: Option<Instant>,
     /// The store's horizon when the slot's COMMIT was sent ([`super::unstable::UnstableStore::horizon`]).
     horizon: u64,
     flags: u32,
@@ -220,6 +223,7 @@ impl Slot {
             replay: None,
             replay_at: 0,
             replay_len: 0,
+            room_until: None,
             horizon: 0,
             flags: 0,
             mask: 0,
@@ -401,9 +405,15 @@ fn send(
             let at = slot.offset + u64::from(slot.done);
             slot.unstable = fs.unstable.insert(slot.nodeid, &slot.fh, &slot.cred, at, p);
             slot.stable = if slot.unstable.is_some() { Stable::Unstable } else { Stable::FileSync };
-            if slot.unstable.is_none() && fs.unstable.fits(p.bytes_left()) && fs.unstable.room_may_come() {
-                // Full, but a COMMIT frees room soon: wait for it (within the deadline) and
-                // go UNSTABLE then.
+            let now = Instant::now();
+            if slot.unstable.is_none()
+                && slot.room_until.is_none_or(|t| now < t)
+                && fs.unstable.fits(p.bytes_left())
+                && fs.unstable.room_may_come()
+            {
+                // Full, but a COMMIT frees room soon: wait for it (a retransmission interval
+                // at most) and go UNSTABLE then.
+                slot.room_until.get_or_insert(now + fs.retransmit);
                 return Err(SendError::NoRoom);
             }
             if slot.unstable.is_none() && fs.unstable.enabled() {
@@ -966,6 +976,7 @@ impl NfsEngine {
         slot.setattr_after = false;
         slot.exclusive = None;
         slot.then = None;
+        slot.room_until = None;
         slot.unstable = None;
         slot.replay = None;
         slot.sattr = Sattr::default();
@@ -1329,7 +1340,10 @@ impl NfsEngine {
             if now > slot.deadline {
                 EngineCell::bump(&self.cell.timed_out);
                 self.end(fs, i, Err(Error::Io), done);
-            } else if fs.unstable.has_room(slot.chunk as usize) || !fs.unstable.room_may_come() {
+            } else if fs.unstable.has_room(slot.chunk as usize)
+                || !fs.unstable.room_may_come()
+                || slot.room_until.is_some_and(|t| now >= t)
+            {
                 self.send_next(fs, i, done);
             } else {
                 self.room_wait.push_back(i);
