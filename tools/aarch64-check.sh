@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the firmware for the DPU's Arm cores (aarch64-unknown-linux-gnu) and runs the device and
 # backend tests under Debian's qemu-user-static. Installs the target, the cross linker and
-# qemu-user-static on first use (root, Debian).
+# qemu-user-static on first use (root, Debian). `--build-only`: stop after building the daemon.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
@@ -14,6 +14,8 @@ fi
 # The daemon links for the target; the tests run under emulation (runner in .cargo/config.toml).
 cargo build --target aarch64-unknown-linux-gnu --release --bin virtiofs-dpu
 file target/aarch64-unknown-linux-gnu/release/virtiofs-dpu 2>/dev/null || true
+# --build-only: the toolchain and the daemon only (tools/vm/ci.sh's dpu stage).
+[ "${1:-}" != --build-only ] || exit 0
 cargo test --target aarch64-unknown-linux-gnu -p virtiofs-device
 # Backend: everything but the passthrough tests. qemu-user does not implement openat2 (ENOSYS) nor
 # io_uring, which the passthrough needs and which real aarch64 kernels (5.6+) have; the passthrough

@@ -22,12 +22,18 @@
 #   8. the guest on Linux 7.x (trixie-backports; its driver checks every reply, any EIO fails):
 #      kernel7.sh (file verified after drop_caches, directories, renames), fsx (K7_FSX_OPS,
 #      default 5000), the queue-full fio job, the dmesg check.
+#   9. two functions from one daemon (run-multi-test.sh): one QEMU with two vfio-user-pci
+#      devices, a RAM filesystem and a shared directory beneath the profile's sandbox_root,
+#      isolation, fsx on both at once, function B removed at run time while the guest writes on A;
+#  10. the DPU build (aarch64, tools/aarch64-check.sh --build-only) under qemu-aarch64 serving
+#      the x86 guest the same way, with two RAM-filesystem functions (qemu-user has no openat2
+#      for a shared directory).
 # Stages 1, 2 and 4 run QEMU as an unprivileged user (vfdpu-qemu, created here if missing) in
 # the group that owns the daemon's sockets (--socket-group, --socket-mode 0660), as a deployment
 # does, and read the daemon's statistics through its control socket (`virtiofs-dpu stats --json`).
 # Exit status 0 only if everything passed. Env: VM_CACHE, FSX_OPS (default 20000), PT_FSX_OPS,
-# NFS_FSX_OPS, WB_FSX_OPS, K7_FSX_OPS, VFDPU_VM_STAGES (default "ram passthrough nfs writeback
-# kernel7": which stages run).
+# NFS_FSX_OPS, WB_FSX_OPS, K7_FSX_OPS, MULTI_FSX_OPS, VFDPU_VM_STAGES (default "ram passthrough nfs
+# writeback kernel7 multi dpu": which stages run).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -47,7 +53,7 @@ print(eval(sys.argv[2], {"s": s}))
 PY
 }
 
-STAGES=" ${VFDPU_VM_STAGES:-ram passthrough nfs writeback kernel7} "
+STAGES=" ${VFDPU_VM_STAGES:-ram passthrough nfs writeback kernel7 multi dpu} "
 stage() { [[ $STAGES == *" $1 "* ]]; }
 
 step "setup (QEMU, guest kernel, pjdfstest, fsx)"
@@ -248,6 +254,31 @@ kernel7_stage() {
 if stage kernel7; then
 step "Linux 7.x guest (trixie-backports): workload, fsx, queue-full fio, dmesg"
 kernel7_stage
+fi
+
+if stage multi; then
+step "two functions from one daemon, one guest (RAM fs + shared directory), B removed at run time"
+t0=$(date +%s)
+bash "$HERE/run-multi-test.sh" --out "$OUT/multi" || { echo "FAIL: multi-function stage"; fail=1; }
+tr -d '\r' < "$OUT/multi/console.log" | grep -a -E '^(VMRESULT|multi: )' || true
+echo "multi-function stage: $(( $(date +%s) - t0 )) s"
+fi
+
+if stage dpu; then
+step "the DPU build (aarch64) under qemu-aarch64: two functions, one guest"
+t0=$(date +%s)
+(cd "$REPO" && tools/aarch64-check.sh --build-only) > "$OUT/dpu-build.log" 2>&1 ||
+  { tail -n 20 "$OUT/dpu-build.log"; echo "FAIL: dpu: aarch64 build"; fail=1; }
+A64=$(cd "$REPO" && cargo metadata --format-version 1 --no-deps |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/aarch64-unknown-linux-gnu/release/virtiofs-dpu
+mkdir -p "$OUT/dpu"
+printf '#!/bin/sh\nexec qemu-aarch64-static -L /usr/aarch64-linux-gnu %s "$@"\n' "$A64" > "$OUT/dpu/virtiofs-dpu-aarch64"
+chmod +x "$OUT/dpu/virtiofs-dpu-aarch64"
+echo "dpu: $(file -b "$A64" 2>/dev/null | cut -d, -f1-2)"
+bash "$HERE/run-multi-test.sh" --daemon "$OUT/dpu/virtiofs-dpu-aarch64" --b-ramfs --out "$OUT/dpu" ||
+  { echo "FAIL: dpu stage"; fail=1; }
+tr -d '\r' < "$OUT/dpu/console.log" | grep -a -E '^(VMRESULT|multi: )' || true
+echo "dpu stage: $(( $(date +%s) - t0 )) s"
 fi
 
 if [ $fail = 0 ]; then
