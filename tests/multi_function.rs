@@ -402,7 +402,16 @@ fn shared_directories_beneath_one_sandbox_root_stay_apart() {
         "{e:?}"
     );
     daemon.alive();
-    drop((fa, fb));
+    // Removing a function tears its io_uring down while the daemon runs under its system-call
+    // filter (a parked poller's timed wait then resumes through restart_syscall): the daemon
+    // lives on and the other function serves.
+    drop(fb);
+    c.call("delete_function", json!({"tag": "b"})).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    daemon.alive();
+    write_and_read(&mut fa, "after-b", 0xa2, 4);
+    daemon.alive();
+    drop(fa);
 }
 
 /// Functions with a shared directory in a namespace sandbox need a `sandbox_root` holding all

@@ -15,12 +15,15 @@
 #      boot: pjdfstest (failures listed with their NFSv3 reasons in pjdfstest-exceptions-nfs.txt),
 #      fsx (NFS_FSX_OPS, default 20000), the 64 MiB bigfile + remount check, locks; then checks
 #      from the statistics that the requests went to the server and SETLKWs waited in the device;
-#   6. ganesha killed with SIGKILL and restarted while a guest writes (run-nfs-fault-test.sh).
+#   6. ganesha killed with SIGKILL and restarted while a guest writes (run-nfs-fault-test.sh);
+#   7. two functions of one daemon in one QEMU (run-multi-test.sh): a RAM fs and a shared
+#      directory beneath the sandbox root, fsx on both at once, the second removed at run time
+#      while the guest writes on the first.
 # Stages 1, 2 and 4 run QEMU as an unprivileged user (vfdpu-qemu, created here if missing) in
 # the group that owns the daemon's sockets (--socket-group, --socket-mode 0660), as a deployment
 # does, and read the daemon's statistics through its control socket (`virtiofs-dpu stats --json`).
 # Exit status 0 only if everything passed. Env: VM_CACHE, FSX_OPS (default 20000), PT_FSX_OPS,
-# NFS_FSX_OPS, VFDPU_VM_STAGES (default "ram passthrough nfs": which backends' stages run).
+# NFS_FSX_OPS, VFDPU_VM_STAGES (default "ram passthrough nfs multi": which stages run).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -40,7 +43,7 @@ print(eval(sys.argv[2], {"s": s}))
 PY
 }
 
-STAGES=" ${VFDPU_VM_STAGES:-ram passthrough nfs} "
+STAGES=" ${VFDPU_VM_STAGES:-ram passthrough nfs multi} "
 stage() { [[ $STAGES == *" $1 "* ]]; }
 
 step "setup (QEMU, guest kernel, pjdfstest, fsx)"
@@ -171,6 +174,18 @@ step "NFS server killed (SIGKILL) and restarted under a guest writer"
 t0=$(date +%s)
 bash "$HERE/run-nfs-fault-test.sh" --out "$OUT/nfs-fault" --config "$CONFIG" || { echo "FAIL: nfs fault"; fail=1; }
 echo "NFS fault test: $(( $(date +%s) - t0 )) s"
+fi
+
+# Issue 14: several functions of one daemon in one guest (its own block; see run-multi-test.sh).
+if stage multi; then
+step "two functions of one daemon in one QEMU (RAM fs + shared directory), one removed at run time"
+t0=$(date +%s)
+bash "$HERE/run-multi-test.sh" --out "$OUT/multi" || { echo "FAIL: multi-function stage"; fail=1; }
+tr -d '\r' < "$OUT/multi/console.log" | grep -a -E '^(VMRESULT|multi: )' || true
+if grep -a 'seccomp: system call' "$OUT/multi/daemon.log"; then
+  echo "FAIL: the multi-function daemon made a system call outside its allowlist"; fail=1
+fi
+echo "multi-function stage: $(( $(date +%s) - t0 )) s"
 fi
 
 if [ $fail = 0 ]; then
