@@ -182,8 +182,10 @@ fn two_functions_with_different_backends_serve_at_once() {
     assert_eq!(class(&sb, OpClass::Write).bytes, blocks_b * 4096);
     assert_eq!(sb.device.queues.len(), 3, "hiprio and two request queues");
     assert!(sb.fuse.io.is_some() && sa.fuse.io.is_none(), "the passthrough's io_uring counters are its own");
-    // The shared poller's time is the same thread's in both views.
-    assert_eq!(sa.device.pollers.len(), 1);
+    // Both views show the one shared poller, with the thread's own rounds.
+    assert_eq!((sa.device.pollers.len(), sb.device.pollers.len()), (1, 1));
+    assert_eq!((sa.device.pollers[0].poller, sb.device.pollers[0].poller), (0, 0));
+    assert!(sa.device.pollers[0].rounds > 0 && sb.device.pollers[0].rounds > 0);
     // A reset of one function's counters leaves the other's.
     assert_eq!(c.call("reset_stats", json!({"tag": "ram"})).unwrap(), json!(true));
     assert_eq!(stats(&mut c, "ram").device.requests().iter().sum::<u64>(), 0);
