@@ -288,6 +288,25 @@ fn functions_are_created_and_deleted_while_another_serves() {
     c.call("create_function", json!({"socket_path": b, "tag": "b"})).unwrap();
     let mut db = driver(&b);
     enoent(db.lookup(1, "on-b"));
+    // A run-time function serving a host directory, with its own queue count.
+    let share = tempfile::tempdir().unwrap();
+    let d = dir.path().join("d.sock");
+    let info = c
+        .call(
+            "create_function",
+            json!({"socket_path": d, "tag": "d", "shared_dir": share.path(), "request_queues": 2}),
+        )
+        .unwrap();
+    assert_eq!((info["backend"].clone(), info["request_queues"].clone()), (json!("passthrough"), json!(2)));
+    let e = c
+        .call("create_function", json!({"socket_path": "/x.sock", "tag": "e", "shared_dir": "rel"}))
+        .unwrap_err();
+    assert!(matches!(&e, ClientError::Rpc { message, .. } if message.contains("absolute")), "{e:?}");
+    let mut dd = driver(&d);
+    write_and_read(&mut dd, "on-d", 0xd0, 3);
+    assert_eq!(std::fs::read(share.path().join("on-d")).unwrap(), vec![0xd0; 3 * 4096]);
+    drop(dd);
+    c.call("delete_function", json!({"tag": "d"})).unwrap();
     stop.store(true, Ordering::Relaxed);
     let slowest = worker.join().unwrap();
     assert!(slowest < Duration::from_secs(2), "a request of a took {slowest:?}");
