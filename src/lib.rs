@@ -4,7 +4,8 @@
 //! crate is the seam: [`FuseHandler`] adapts a backend [`Server`] to the device's
 //! [`RequestHandler`], and [`RunningDevice`] runs a device on a socket in a thread of its own (for
 //! the daemon, the tests and the benchmarks), serving a RAM filesystem ([`RunningDevice::start`])
-//! or a host directory ([`RunningDevice::start_passthrough`]). [`remote`] turns the daemon's
+//! or a host directory ([`RunningDevice::start_passthrough`]); [`functions`] keeps the several
+//! functions of one daemon on one pool of pollers. [`remote`] turns the daemon's
 //! `--remote` URL and profile keys into the NFS backend's options.
 #![deny(missing_docs)]
 

@@ -182,8 +182,10 @@ fn two_functions_with_different_backends_serve_at_once() {
     assert_eq!(class(&sb, OpClass::Write).bytes, blocks_b * 4096);
     assert_eq!(sb.device.queues.len(), 3, "hiprio and two request queues");
     assert!(sb.fuse.io.is_some() && sa.fuse.io.is_none(), "the passthrough's io_uring counters are its own");
-    // The shared poller's time is the same thread's in both views.
-    assert_eq!(sa.device.pollers.len(), 1);
+    // Both views show the one shared poller, with the thread's own rounds.
+    assert_eq!((sa.device.pollers.len(), sb.device.pollers.len()), (1, 1));
+    assert_eq!((sa.device.pollers[0].poller, sb.device.pollers[0].poller), (0, 0));
+    assert!(sa.device.pollers[0].rounds > 0 && sb.device.pollers[0].rounds > 0);
     // A reset of one function's counters leaves the other's.
     assert_eq!(c.call("reset_stats", json!({"tag": "ram"})).unwrap(), json!(true));
     assert_eq!(stats(&mut c, "ram").device.requests().iter().sum::<u64>(), 0);
@@ -286,6 +288,25 @@ fn functions_are_created_and_deleted_while_another_serves() {
     c.call("create_function", json!({"socket_path": b, "tag": "b"})).unwrap();
     let mut db = driver(&b);
     enoent(db.lookup(1, "on-b"));
+    // A run-time function serving a host directory, with its own queue count.
+    let share = tempfile::tempdir().unwrap();
+    let d = dir.path().join("d.sock");
+    let info = c
+        .call(
+            "create_function",
+            json!({"socket_path": d, "tag": "d", "shared_dir": share.path(), "request_queues": 2}),
+        )
+        .unwrap();
+    assert_eq!((info["backend"].clone(), info["request_queues"].clone()), (json!("passthrough"), json!(2)));
+    let e = c
+        .call("create_function", json!({"socket_path": "/x.sock", "tag": "e", "shared_dir": "rel"}))
+        .unwrap_err();
+    assert!(matches!(&e, ClientError::Rpc { message, .. } if message.contains("absolute")), "{e:?}");
+    let mut dd = driver(&d);
+    write_and_read(&mut dd, "on-d", 0xd0, 3);
+    assert_eq!(std::fs::read(share.path().join("on-d")).unwrap(), vec![0xd0; 3 * 4096]);
+    drop(dd);
+    c.call("delete_function", json!({"tag": "d"})).unwrap();
     stop.store(true, Ordering::Relaxed);
     let slowest = worker.join().unwrap();
     assert!(slowest < Duration::from_secs(2), "a request of a took {slowest:?}");
@@ -402,7 +423,16 @@ fn shared_directories_beneath_one_sandbox_root_stay_apart() {
         "{e:?}"
     );
     daemon.alive();
-    drop((fa, fb));
+    // Removing a function tears its io_uring down while the daemon runs under its system-call
+    // filter (a parked poller's timed wait then resumes through restart_syscall): the daemon
+    // lives on and the other function serves.
+    drop(fb);
+    c.call("delete_function", json!({"tag": "b"})).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    daemon.alive();
+    write_and_read(&mut fa, "after-b", 0xa2, 4);
+    daemon.alive();
+    drop(fa);
 }
 
 /// Functions with a shared directory in a namespace sandbox need a `sandbox_root` holding all

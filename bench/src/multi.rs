@@ -6,6 +6,9 @@
 //! - **Scale**: the QD=1 4 KiB read p50 of one function with no other function on its poller,
 //!   then with 64 idle functions (each with a client that brought its queues up and sends
 //!   nothing) on the same poller (target at most 1.2x).
+//! - **Churn**: that function's QD=1 reads while functions are created on its poller, brought
+//!   up by a client and removed, one after the other (what creating and removing functions at
+//!   run time costs the others).
 //! - **Memory per function**: the resident set the daemon side of 64 functions adds (no client
 //!   yet), per function, beside the fixed size [`virtiofs_dpu::functions::memory_per_function`]
 //!   computes.
@@ -66,6 +69,8 @@ pub struct Lat {
     pub p99_us: f64,
     /// 99.9th percentile.
     pub p999_us: f64,
+    /// Slowest.
+    pub max_us: f64,
 }
 
 /// The figures.
@@ -96,11 +101,23 @@ pub struct MultiReport {
     pub rss_per_connected_function: u64,
     /// Fixed bytes per function, computed from the profile.
     pub fixed_per_function: u64,
+    /// QD=1 read alone before each churn round.
+    pub churn_alone: Vec<Lat>,
+    /// QD=1 read while functions were created, used and removed on the same poller.
+    pub churn: Vec<Lat>,
+    /// Functions created and removed during each churn round.
+    pub churned: Vec<u64>,
 }
 
 fn lat(h: &Histogram<u64>) -> Lat {
     let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-    Lat { ops: h.len(), p50_us: us(0.5), p99_us: us(0.99), p999_us: us(0.999) }
+    Lat {
+        ops: h.len(),
+        p50_us: us(0.5),
+        p99_us: us(0.99),
+        p999_us: us(0.999),
+        max_us: h.max() as f64 / 1000.0,
+    }
 }
 
 fn rss() -> u64 {
@@ -284,6 +301,42 @@ pub fn run(cfg: &MultiConfig, progress: &mut dyn FnMut(&str)) -> Result<MultiRep
         let (hist, _) = reads(&mut d, n, h, 1, cfg.warmup, cfg.duration)?;
         qd1_alone.push(lat(&hist));
     }
+    // Churn: the same function's QD=1 reads while, on another thread, functions are created on
+    // its poller, brought up by a client (bring-up, INIT, one GETATTR) and removed, one after
+    // the other, for as long as the phase lasts.
+    let mut churn_alone = Vec::new();
+    let mut churn = Vec::new();
+    let mut churned = Vec::new();
+    for round in 0..rounds {
+        progress(&format!("[churn {}/{rounds}] QD=1 read, alone", round + 1));
+        let (hist, _) = reads(&mut d, n, h, 1, cfg.warmup, cfg.duration)?;
+        churn_alone.push(lat(&hist));
+        progress(&format!("[churn {}/{rounds}] QD=1 read while functions come and go", round + 1));
+        let stop = Arc::new(AtomicBool::new(false));
+        let churner = {
+            let (pool, profile, stop) = (pool.clone(), profile.clone(), stop.clone());
+            let dir = dir.path().to_path_buf();
+            std::thread::spawn(move || -> Result<u64, String> {
+                let mut made = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let f = start(&pool, &profile, &dir, 1000).map_err(|e| e.to_string())?;
+                    let opts = DriverOptions { queue_size: q, mem_size: 1 << 20, ..Default::default() };
+                    let mut c = FsDriver::connect(f.dev.socket_path(), opts).map_err(|e| e.to_string())?;
+                    c.init().map_err(|e| e.to_string())?;
+                    c.getattr(1).map_err(|e| e.to_string())?;
+                    drop(c);
+                    f.dev.stop().map_err(|e| e.to_string())?;
+                    made += 1;
+                }
+                Ok(made)
+            })
+        };
+        let (hist, _) = reads(&mut d, n, h, 1, cfg.warmup, cfg.duration)?;
+        stop.store(true, Ordering::Relaxed);
+        let made = churner.join().map_err(|_| BenchError::Config("the churn thread panicked".into()))?;
+        churned.push(made.map_err(BenchError::Config)?);
+        churn.push(lat(&hist));
+    }
     drop(d);
     let scale = median(qd1_with_idle.iter().map(|l| l.p50_us).collect())
         / median(qd1_alone.iter().map(|l| l.p50_us).collect());
@@ -301,6 +354,9 @@ pub fn run(cfg: &MultiConfig, progress: &mut dyn FnMut(&str)) -> Result<MultiRep
         rss_per_function: rss_fn,
         rss_per_connected_function: rss_conn,
         fixed_per_function: virtiofs_dpu::functions::memory_per_function(&profile, &placement),
+        churn_alone,
+        churn,
+        churned,
     })
 }
 
@@ -312,21 +368,25 @@ pub fn table(r: &MultiReport) -> String {
         let m = |f: fn(&Lat) -> f64| median(l.iter().map(f).collect());
         let _ = writeln!(
             s,
-            "{what:<52} {:>9.2} {:>9.2} {:>9.2}",
+            "{what:<52} {:>9.2} {:>9.2} {:>9.2} {:>9.1}",
             m(|l| l.p50_us),
             m(|l| l.p99_us),
-            m(|l| l.p999_us)
+            m(|l| l.p999_us),
+            m(|l| l.max_us)
         );
     };
     let _ = writeln!(
         s,
-        "{:<52} {:>9} {:>9} {:>9}",
-        "4k randread, medians over rounds (us)", "p50", "p99", "p99.9"
+        "{:<52} {:>9} {:>9} {:>9} {:>9}",
+        "4k randread, medians over rounds (us)", "p50", "p99", "p99.9", "max"
     );
     row(&mut s, "B QD=1 alone on the poller", &r.b_alone);
     row(&mut s, "B QD=1 beside A at QD=2x queue (refill)", &r.b_beside_a);
     row(&mut s, "QD=1 alone on the poller", &r.qd1_alone);
     row(&mut s, &format!("QD=1 with {} idle functions on the poller", r.idle_functions), &r.qd1_with_idle);
+    row(&mut s, "QD=1 alone (churn phase)", &r.churn_alone);
+    row(&mut s, "QD=1 while functions are created and removed", &r.churn);
+    let _ = writeln!(s, "functions created, used and removed per churn round: {:?}", r.churned);
     let _ = writeln!(
         s,
         "A's IOPS beside B: {:.0} (A's driver {})",

@@ -9,6 +9,9 @@
 //! poller that finds a corrupt ring reports it, and the state sets DEVICE_NEEDS_RESET and
 //! signals the configuration vector.
 //!
+//! A daemon of several functions has one `DeviceState` per function ([`DeviceState::on_pool`]),
+//! their queues served by shared pollers ([`crate::poller::PollerPool`]).
+//!
 //! It knows nothing of sockets or of a wire format: the vfio-user adapter
 //! (`vfio_user`) decodes messages, checks their fields and calls the methods here (as
 //! SPDK splits `vfu_virtio.c` from its transport, and cloud-hypervisor has `transport/`). Every

@@ -19,6 +19,12 @@
 //! Requests that wait on an outside event (one another request ends) are kept apart: see
 //! [`Outcome::Wait`].
 //!
+//! The poller threads are a [`PollerPool`], which several functions (devices) of one daemon may
+//! share: each function attaches a [`PollerSet`] to it, and each poller keeps that function's
+//! queues, memory snapshot, eventfds, engine and waiting requests apart from the others'. A
+//! function's messages touch only its own part of a poller; one that must wait for the
+//! function's engine to drain is held while the poller goes on serving the other functions.
+//!
 //! The control plane talks to pollers only by messages ([`PollerSet`]): start/stop queues, a new
 //! guest-memory snapshot, new interrupt eventfds. Every message is acknowledged after the poller
 //! applied it *between* two requests, so once all pollers acknowledged a new memory snapshot no

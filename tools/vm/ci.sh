@@ -261,6 +261,9 @@ step "two functions from one daemon, one guest (RAM fs + shared directory), B re
 t0=$(date +%s)
 bash "$HERE/run-multi-test.sh" --out "$OUT/multi" || { echo "FAIL: multi-function stage"; fail=1; }
 tr -d '\r' < "$OUT/multi/console.log" | grep -a -E '^(VMRESULT|multi: )' || true
+if grep -a 'seccomp: system call' "$OUT/multi/daemon.log"; then
+  echo "FAIL: the multi-function daemon made a system call outside its allowlist"; fail=1
+fi
 echo "multi-function stage: $(( $(date +%s) - t0 )) s"
 fi
 

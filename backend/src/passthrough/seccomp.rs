@@ -169,6 +169,10 @@ pub fn allowlist() -> Vec<Allowed> {
     );
     allow!(l, SYS_clone3); // refused with ENOSYS by the second filter, see `filters`
     allow!(l, SYS_futex);
+    // A timed futex wait (a parked poller) interrupted by task work (an io_uring torn down while
+    // the daemon runs, as when a function of a multi-function daemon is removed) resumes
+    // through restart_syscall; it can only restart a call that was allowed.
+    allow!(l, SYS_restart_syscall);
     allow!(l, SYS_set_robust_list);
     allow!(l, SYS_rseq);
     allow!(l, SYS_sched_yield);
