@@ -15,6 +15,7 @@ use vm_memory::{ByteValued, VolatileSlice};
 
 pub mod passthrough;
 pub mod ram;
+pub mod writeback;
 
 pub const ROOT: u64 = abi::ROOT_ID;
 pub const HDR: usize = std::mem::size_of::<abi::OutHeader>();
