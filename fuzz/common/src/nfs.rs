@@ -36,29 +36,7 @@ use vm_memory::VolatileSlice;
 use super::records;
 
 /// Every procedure the backend calls, in the order the inputs number them.
-pub const PROCS: [Proc; 21] = [
-    Proc::Null,
-    Proc::Getattr,
-    Proc::Setattr,
-    Proc::Lookup,
-    Proc::Access,
-    Proc::Readlink,
-    Proc::Read,
-    Proc::Write,
-    Proc::Create,
-    Proc::Mkdir,
-    Proc::Symlink,
-    Proc::Mknod,
-    Proc::Remove,
-    Proc::Rmdir,
-    Proc::Rename,
-    Proc::Link,
-    Proc::Readdir,
-    Proc::Readdirplus,
-    Proc::Fsstat,
-    Proc::Fsinfo,
-    Proc::Commit,
-];
+pub const PROCS: [Proc; 21] = Proc::ALL;
 
 /// Decoder numbers past [`PROCS`]: MOUNT MNT and portmapper GETPORT.
 pub const DECODE_MNT: u8 = 21;

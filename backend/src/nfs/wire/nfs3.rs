@@ -517,6 +517,33 @@ pub enum Proc {
     Commit = 21,
 }
 
+impl Proc {
+    /// Every procedure the backend calls (PATHCONF and the like it never does), in number order.
+    pub const ALL: [Proc; 21] = [
+        Proc::Null,
+        Proc::Getattr,
+        Proc::Setattr,
+        Proc::Lookup,
+        Proc::Access,
+        Proc::Readlink,
+        Proc::Read,
+        Proc::Write,
+        Proc::Create,
+        Proc::Mkdir,
+        Proc::Symlink,
+        Proc::Mknod,
+        Proc::Remove,
+        Proc::Rmdir,
+        Proc::Rename,
+        Proc::Link,
+        Proc::Readdir,
+        Proc::Readdirplus,
+        Proc::Fsstat,
+        Proc::Fsinfo,
+        Proc::Commit,
+    ];
+}
+
 /// One call's arguments, borrowed from the FUSE request. `Conn::call` encodes them.
 #[derive(Clone, Copy, Debug)]
 #[allow(missing_docs)]
@@ -1127,30 +1154,6 @@ fn decode_body<'a>(proc: Proc, d: &mut Decoder<'a>) -> Result<Res<'a>, WireError
 mod tests {
     use super::*;
 
-    const ALL: [Proc; 21] = [
-        Proc::Null,
-        Proc::Getattr,
-        Proc::Setattr,
-        Proc::Lookup,
-        Proc::Access,
-        Proc::Readlink,
-        Proc::Read,
-        Proc::Write,
-        Proc::Create,
-        Proc::Mkdir,
-        Proc::Symlink,
-        Proc::Mknod,
-        Proc::Remove,
-        Proc::Rmdir,
-        Proc::Rename,
-        Proc::Link,
-        Proc::Readdir,
-        Proc::Readdirplus,
-        Proc::Fsstat,
-        Proc::Fsinfo,
-        Proc::Commit,
-    ];
-
     fn fattr(fileid: u64) -> Fattr {
         let t = NfsTime { sec: 10, nsec: 20 };
         Fattr {
@@ -1294,7 +1297,7 @@ mod tests {
     #[test]
     fn every_procedures_reply_decodes() {
         let a = fattr(9);
-        for proc in ALL {
+        for proc in Proc::ALL {
             let body = ok_reply(proc);
             let res = decode_res(proc, &mut Decoder::new(&body)).unwrap_or_else(|e| panic!("{proc:?}: {e}"));
             match (proc, res) {
@@ -1484,7 +1487,7 @@ mod tests {
     /// successful directory listing must iterate.
     fn decode_all(b: &[u8]) -> usize {
         let mut oks = 0;
-        for proc in ALL {
+        for proc in Proc::ALL {
             if let Ok(Res::Dir { entries, .. }) = decode_res(proc, &mut Decoder::new(b)) {
                 for e in entries {
                     e.unwrap();
@@ -1504,7 +1507,7 @@ mod tests {
 
     #[test]
     fn truncated_replies_are_errors() {
-        for proc in ALL {
+        for proc in Proc::ALL {
             let body = ok_reply(proc);
             for n in 0..body.len() {
                 assert!(
@@ -1543,7 +1546,7 @@ mod tests {
             }
             oks += decode_all(&b);
         }
-        for proc in ALL {
+        for proc in Proc::ALL {
             let good = ok_reply(proc);
             for _ in 0..2_000 {
                 let mut b = good.clone();
