@@ -420,3 +420,20 @@ fn passthrough_takes_the_same_options() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--ramfs-size"));
 }
+
+#[test]
+fn writeback_is_refused_with_the_nfs_backend() {
+    // Checked before the export is mounted: no server is needed, and no socket is left.
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("s");
+    let out = Command::new(BIN)
+        .arg("--socket-path")
+        .arg(&sock)
+        .args(["--writeback", "--remote", "nfs://127.0.0.1/export"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--writeback") && err.contains("NFS backend"), "{err}");
+    assert!(!sock.exists(), "no socket for a refused start");
+}
