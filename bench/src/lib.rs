@@ -1081,20 +1081,28 @@ pub fn render_table(r: &BenchReport) -> String {
         );
         let _ = writeln!(
             s,
-            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>14} {:>16}",
-            "poller", "p50 us", "p99 us", "p99.9 us", "max us", "added p50 us", "socket doorbells"
+            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>14} {:>16} {:>13}",
+            "poller",
+            "p50 us",
+            "p99 us",
+            "p99.9 us",
+            "max us",
+            "added p50 us",
+            "socket doorbells",
+            "direct wakes"
         );
         for w in &r.wakeup {
             let _ = writeln!(
                 s,
-                "{:<20} {:>9} {:>9} {:>9} {:>9} {:>14} {:>16}",
+                "{:<20} {:>9} {:>9} {:>9} {:>9} {:>14} {:>16} {:>13}",
                 w.variant,
                 fmt_us(w.p50_us),
                 fmt_us(w.p99_us),
                 fmt_us(w.p999_us),
                 fmt_us(w.max_us),
                 fmt_us(w.added_p50_us),
-                w.socket_doorbells
+                w.socket_doorbells,
+                w.direct_wakes
             );
         }
     }

@@ -9,7 +9,9 @@
 //! - `adaptive, timer`: doorbells stay in shared memory (`doorbells = "shared"`); a parked poller
 //!   notices the request when its sleep of `idle_sleep_us` ends;
 //! - `adaptive, doorbell`: doorbells come through the socket (`doorbells = "socket"`); the
-//!   poller asks for one before it parks and the doorbell unparks it.
+//!   poller asks for one before it parks and the doorbell wakes it: directly, as the poller also
+//!   sleeps on the client's socket (counted as direct wake-ups), or through the control plane's
+//!   kick when that thread read the message first.
 //!
 //! The added wake-up latency of a variant is its p50 minus the busy p50.
 
@@ -58,6 +60,9 @@ pub struct WakeRow {
     pub added_p50_us: f64,
     /// Doorbells the driver rang through the socket.
     pub socket_doorbells: u64,
+    /// Sleeps of the poller that a doorbell ended directly (one hop: the poller woke on the
+    /// client's socket itself, not on the control plane's kick after it read the message).
+    pub direct_wakes: u64,
 }
 
 /// Runs the three variants (see the module documentation).
@@ -83,7 +88,8 @@ pub fn measure(cfg: &WakeupConfig, dir: &Path) -> Result<Vec<WakeRow>, BenchErro
         let dev = virtiofs_dpu::RunningDevice::start(&sock, profile)
             .map_err(|e| BenchError::Device(Box::new(e)))?;
         let (hist, rung) = run_variant(cfg, &sock)?;
-        dev.stop().map_err(|e| BenchError::Device(Box::new(e)))?;
+        let stats = dev.stop().map_err(|e| BenchError::Device(Box::new(e)))?;
+        let direct_wakes = stats.pollers.iter().map(|p| p.doorbell_wakes).sum();
         let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
         let p50 = us(0.5);
         let base = rows.first().map(|r| r.p50_us).unwrap_or(p50);
@@ -96,6 +102,7 @@ pub fn measure(cfg: &WakeupConfig, dir: &Path) -> Result<Vec<WakeRow>, BenchErro
             max_us: hist.max() as f64 / 1000.0,
             added_p50_us: p50 - base,
             socket_doorbells: rung,
+            direct_wakes,
         });
     }
     Ok(rows)

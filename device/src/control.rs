@@ -19,6 +19,7 @@
 
 use std::fs::File;
 use std::io::{self, Write};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use log::{debug, info, warn};
@@ -154,6 +155,16 @@ impl DeviceState {
         self.publish_irqs();
         self.counters().reset_done();
         self.publish_state();
+    }
+
+    /// Gives the pollers the transport's doorbell source (see
+    /// [`PollerSet::set_doorbell_source`]): a descriptor readable when the client may have rung
+    /// a doorbell, or `None` when the client is gone. Only with doorbells through the transport
+    /// (with the notify area in shared memory nothing rings there).
+    pub fn set_doorbell_source(&mut self, fd: Option<OwnedFd>) {
+        if self.notify_mem.is_none() {
+            self.pollers.set_doorbell_source(fd);
+        }
     }
 
     /// Publishes the status register and the driver's features for the statistics' readers.

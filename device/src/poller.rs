@@ -32,6 +32,7 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
@@ -56,7 +57,7 @@ use crate::virtq::{Chain, QueueError, Ring};
 
 mod wait;
 pub use wait::Readiness;
-use wait::Wake;
+use wait::{Wake, MAX_POLL_FDS};
 
 /// Serves one request. Implemented by the FUSE server glue; the device knows nothing of FUSE.
 pub trait RequestHandler: Send + Sync + 'static {
@@ -214,6 +215,9 @@ enum Msg {
     /// The function leaves this poller: its queues stop, its waits are dropped, its engine
     /// drains and ends.
     Detach,
+    /// The function's doorbell source (readable when its client sent something), or none: a
+    /// sleeping poller waits on it too (`wait.rs`).
+    DoorbellSource(Option<Arc<OwnedFd>>),
 }
 
 /// What goes to a poller: one function's message, or the end of the pool.
@@ -549,6 +553,17 @@ impl PollerSet {
         self.broadcast(|_| Msg::Irqs(irqs.clone()));
     }
 
+    /// Gives the pollers the function's doorbell source: a descriptor that turns readable when
+    /// a doorbell may have arrived (with doorbells through the transport, the client's
+    /// connection), or takes it back (`None`). A sleeping poller waits on it as well as on its
+    /// wake-up, so a doorbell wakes it without a second thread in between; the pollers only poll
+    /// it, never read it. Whoever owns the connection must shut it down when it ends, as the
+    /// pollers' copy keeps it open until they have applied `None`.
+    pub fn set_doorbell_source(&mut self, fd: Option<OwnedFd>) {
+        let fd = fd.map(Arc::new);
+        self.broadcast(|_| Msg::DoorbellSource(fd.clone()));
+    }
+
     /// Wakes the poller that owns `queue` now (a doorbell arrived through the socket).
     pub fn kick(&self, queue: u16) {
         self.stats.doorbell(queue);
@@ -735,6 +750,8 @@ struct Attached {
     detached: Option<u64>,
     /// Rounds in a row this function had nothing to do (no request, nothing pending).
     quiet: u32,
+    /// Its doorbell source ([`Msg::DoorbellSource`]).
+    source: Option<Arc<OwnedFd>>,
 }
 
 /// Rounds without work after which a function of a shared poller turns cold.
@@ -812,6 +829,7 @@ impl Attached {
                 changed = true;
             }
             Msg::Irqs(i) => self.irqs = i,
+            Msg::DoorbellSource(fd) => self.source = fd,
             Msg::Detach => {
                 self.queues.clear();
                 self.detached = Some(seq);
@@ -886,6 +904,10 @@ fn run(ctx: Ctx) {
     let mut stashed: Option<Post> = None;
     // Rounds in a row with nothing but engine requests in flight.
     let mut engine_idle = 0u32;
+    // The last sleep ended on a doorbell source and no request came since: the message was not
+    // a doorbell for us, and the source stays readable until the control plane has read it, so
+    // the next sleep leaves the sources out (its wake-up still comes as a kick).
+    let mut source_woke = false;
     // One buffer list per set of memory snapshots (it borrows them): building it costs a 24 KiB
     // memset, 18 % of the poller's instructions at QD=1, idle spinning included (callgrind).
     // It is rebuilt when a function's memory changes or a function comes or goes.
@@ -920,6 +942,7 @@ fn run(ctx: Ctx) {
                             deferred: VecDeque::new(),
                             detached: None,
                             quiet: 0,
+                            source: None,
                         });
                         changed = true;
                     }
@@ -972,8 +995,11 @@ fn run(ctx: Ctx) {
             let block = !ctx.busy && engine_idle > ENGINE_SPIN_ROUNDS && engines_can_wait(&fns);
             let busy = work > 0 || (waiting && !block);
             clock.end_round(busy, mine);
+            if work > 0 {
+                source_woke = false;
+            }
             if block {
-                stashed = ctx.wait_engines(&mut fns);
+                (stashed, source_woke) = ctx.sleep(&mut fns, Sleep::Engines, !source_woke);
                 clock.close(coarse_now_ns(), false, mine);
             } else if busy {
                 if work > 0 {
@@ -990,7 +1016,8 @@ fn run(ctx: Ctx) {
                 if idle_rounds == 1 {
                     idle_since = Instant::now();
                 } else if idle_rounds.is_multiple_of(64) && idle_since.elapsed() >= ctx.spin {
-                    ctx.park(&mut fns); // still idle next time: park again soon
+                    // Still idle next time: park again soon.
+                    (stashed, source_woke) = ctx.sleep(&mut fns, Sleep::Park, !source_woke);
                     clock.close(coarse_now_ns(), false, mine);
                 }
                 std::hint::spin_loop();
@@ -999,60 +1026,72 @@ fn run(ctx: Ctx) {
     }
 }
 
-impl Ctx {
-    /// Parks for up to `sleep`. With doorbells on the socket, first asks the driver of every live
-    /// queue to ring after its next request and looks at the rings once more (the driver stores
-    /// its avail index, fences, then reads our suppression fields; we store those, fence, then
-    /// read the avail index: one of us sees the other), so a request made at any moment either
-    /// is seen here or rings the doorbell that unparks us. Notifications are off again before
-    /// polling resumes. Functions whose doorbells stay in shared memory are only looked at.
-    ///
-    /// With requests waiting on an outside event (`waits`) the sleep is at most 1 ms: the event
-    /// (a lock released through another poller) rings no doorbell here.
-    fn park(&self, fns: &mut [Attached]) {
-        let waits = fns.iter().any(|a| !a.parked.is_empty());
-        let sleep = if waits { self.sleep.min(Duration::from_millis(1)) } else { self.sleep };
-        let parks = &self.stats.poller(self.id).parks;
-        if !fns.iter().any(|a| a.f.doorbells) {
-            add(parks, 1);
-            std::thread::park_timeout(sleep);
-            return;
-        }
-        set_notify(fns, true);
-        fence(Ordering::SeqCst);
-        if !any_work(fns) {
-            add(parks, 1);
-            std::thread::park_timeout(sleep);
-        }
-        set_notify(fns, false);
-    }
+/// Why a poller sleeps ([`Ctx::sleep`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sleep {
+    /// An idle spell: nothing to do.
+    Park,
+    /// Nothing to do but requests pending on the engines: wait on their readiness too.
+    Engines,
+}
 
-    /// Blocks on the readiness of every engine with requests in flight and on our wake-up (see
-    /// `wait.rs`), with the same doorbell protocol as [`Self::park`]: notifications on, then one
-    /// more look at the rings and the messages (one found is returned, to be handled first)
-    /// before blocking. The wait is bounded by the engines' `within` and `idle_sleep_us` (1 ms
-    /// at most with requests waiting on an outside event).
-    fn wait_engines(&self, fns: &mut [Attached]) -> Option<Post> {
+impl Ctx {
+    /// Sleeps for up to `idle_sleep_us` (1 ms at most with requests waiting on an outside event:
+    /// the event, a lock released through another poller, rings no doorbell here), in `poll(2)`
+    /// on our wake-up, the functions' doorbell sources (if `sources`) and, for
+    /// [`Sleep::Engines`], the readiness of every engine with requests in flight (bounded by
+    /// their `within` too).
+    ///
+    /// With doorbells on the socket, first asks the driver of every live queue to ring after its
+    /// next request, then looks at the rings and the messages once more (the driver stores its
+    /// avail index, fences, then reads our suppression fields; we store those, fence, then read
+    /// the avail index: one of us sees the other), so a request made at any moment either is
+    /// seen here or rings the doorbell that wakes us; a message found is returned, to be handled
+    /// first. Notifications are off again before polling resumes. Functions whose doorbells stay
+    /// in shared memory are only looked at. Also returns whether a doorbell source ended the
+    /// sleep (see `wait.rs`).
+    fn sleep(&self, fns: &mut [Attached], why: Sleep, sources: bool) -> (Option<Post>, bool) {
         let waits = fns.iter().any(|a| !a.parked.is_empty());
         let mut sleep = if waits { self.sleep.min(Duration::from_millis(1)) } else { self.sleep };
         self.wake.arm();
         set_notify(fns, true);
         fence(Ordering::SeqCst);
         let msg = self.rx.try_recv().ok();
+        let mut by_source = false;
         if msg.is_none() && !any_work(fns) {
             let mut ready: heapless::Vec<Readiness<'_>, MAX_WAIT_FDS> = heapless::Vec::new();
-            for r in fns.iter().filter(|a| a.in_flight() > 0).filter_map(|a| a.engine.as_ref()?.readiness()) {
-                sleep = sleep.min(r.within);
-                // `engines_can_wait` bounded their number.
-                let _ = ready.push(r);
+            if why == Sleep::Engines {
+                for r in
+                    fns.iter().filter(|a| a.in_flight() > 0).filter_map(|a| a.engine.as_ref()?.readiness())
+                {
+                    sleep = sleep.min(r.within);
+                    // `engines_can_wait` bounded their number.
+                    let _ = ready.push(r);
+                }
             }
-            add(&self.stats.poller(self.id).engine_waits, 1);
-            self.wake.wait(&ready, sleep);
+            let mut doorbells: heapless::Vec<BorrowedFd<'_>, MAX_POLL_FDS> = heapless::Vec::new();
+            if sources {
+                for fd in fns
+                    .iter()
+                    .filter(|a| a.f.doorbells && !a.queues.is_empty())
+                    .filter_map(|a| a.source.as_ref())
+                {
+                    if doorbells.push(fd.as_fd()).is_err() {
+                        break; // the rest wake us by their kicks
+                    }
+                }
+            }
+            let counters = self.stats.poller(self.id);
+            add(if why == Sleep::Engines { &counters.engine_waits } else { &counters.parks }, 1);
+            by_source = self.wake.wait(&ready, &doorbells, sleep);
+            if by_source {
+                add(&counters.doorbell_wakes, 1);
+            }
         } else {
             self.wake.disarm();
         }
         set_notify(fns, false);
-        msg
+        (msg, by_source)
     }
 }
 

@@ -348,6 +348,10 @@ pub struct PollerStats {
     /// there (adaptive polling).
     #[serde(default)]
     pub engine_waits: u64,
+    /// Sleeps (parks or engine waits) that the client's doorbell ended directly, through the
+    /// function's doorbell source, rather than through the control plane's kick.
+    #[serde(default)]
+    pub doorbell_wakes: u64,
     /// Its requests per operation class, in [`OpClass::ALL`] order.
     pub classes: Vec<ClassStats>,
     /// Its requests answered with an error, by errno (non-zero counts only).
@@ -430,6 +434,7 @@ impl DeviceStats {
                     rounds: d(p.rounds, b.rounds),
                     parks: d(p.parks, b.parks),
                     engine_waits: d(p.engine_waits, b.engine_waits),
+                    doorbell_wakes: d(p.doorbell_wakes, b.doorbell_wakes),
                     classes: classes_since(&p.classes, &b.classes),
                     errors: errors_since(&p.errors, &b.errors),
                     ..p.clone()
@@ -599,6 +604,7 @@ pub(crate) struct PollerCounters {
     pub(crate) rounds: AtomicU64,
     pub(crate) parks: AtomicU64,
     pub(crate) engine_waits: AtomicU64,
+    pub(crate) doorbell_wakes: AtomicU64,
     /// Its queues' counters, in the order of [`DeviceCounters::place`]'s local index.
     queues: Box<[CachePadded<QueueCounters>]>,
     /// Per class, in [`OpClass::ALL`] order.
@@ -732,6 +738,7 @@ impl DeviceCounters {
                     rounds: AtomicU64::new(0),
                     parks: AtomicU64::new(0),
                     engine_waits: AtomicU64::new(0),
+                    doorbell_wakes: AtomicU64::new(0),
                     queues: (0..n).map(|_| CachePadded::new(QueueCounters::default())).collect(),
                     classes: OpClass::ALL
                         .iter()
@@ -861,6 +868,7 @@ impl DeviceCounters {
                     rounds: load(&t.rounds),
                     parks: load(&t.parks),
                     engine_waits: load(&t.engine_waits),
+                    doorbell_wakes: load(&t.doorbell_wakes),
                     classes: c.classes(),
                     errors: c.errors(),
                 }

@@ -203,11 +203,17 @@ pub fn prometheus(r: &StatsReport) -> String {
         }
     }
     type PollerField = fn(&virtiofs_device::stats::PollerStats) -> f64;
-    let per_poller: [(&str, &str, PollerField); 4] = [
+    let per_poller: [(&str, &str, PollerField); 6] = [
         ("poller_busy_seconds_total", "Time in busy poll rounds.", |p| p.busy_ns as f64 / 1e9),
         ("poller_idle_seconds_total", "Time in idle poll rounds and sleeps.", |p| p.idle_ns as f64 / 1e9),
         ("poller_rounds_total", "Poll rounds.", |p| p.rounds as f64),
         ("poller_parks_total", "Times a poller parked.", |p| p.parks as f64),
+        ("poller_engine_waits_total", "Times a poller blocked on its engines' readiness.", |p| {
+            p.engine_waits as f64
+        }),
+        ("poller_doorbell_wakes_total", "Sleeps a doorbell ended directly (one hop).", |p| {
+            p.doorbell_wakes as f64
+        }),
     ];
     for (name, help, f) in per_poller {
         header(&mut s, name, "counter", help);

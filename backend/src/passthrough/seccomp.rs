@@ -24,7 +24,8 @@
 //! A few calls are allowed only with the arguments the daemon uses: `clone` only for threads
 //! (`CLONE_THREAD`; no new processes), `unshare` only `CLONE_FS` (the per-thread filesystem
 //! context of [`super::creds`]; no namespaces), `prctl` only `PR_SET_NAME` (thread names),
-//! `ioctl` only `FIONBIO`, `setsockopt` only `SO_SNDTIMEO`, `mmap`/`mprotect` never with
+//! `ppoll` (a sleeping poller: its wake-up eventfd, engines and doorbell sources), `shutdown`
+//! (the vfio-user connection when its client goes), `ioctl` only `FIONBIO`, `setsockopt` only `SO_SNDTIMEO`, `mmap`/`mprotect` never with
 //! `PROT_EXEC`; no `socket` at all (the daemon opens none after binding). `clone3` passes its
 //! flags in memory, where a filter cannot look, so a second filter makes it fail with `ENOSYS`,
 //! and glibc falls back to `clone`.
@@ -33,7 +34,7 @@
 //! ([`Network::TcpClient`], [`allowlist_with`]): `socket` only for `AF_INET`/`AF_INET6` stream
 //! sockets, `connect`, `getsockopt` only `SO_ERROR` (a non-blocking connect's outcome),
 //! `setsockopt` also `TCP_NODELAY` and `SO_RCVTIMEO`, `getpeername`/`getsockname`, `readv`/`writev`, `shutdown`,
-//! `poll`/`ppoll` (the blocking UMNT call at exit).
+//! `poll` (the blocking UMNT call at exit).
 //! No `bind` or `listen`: it reconnects, it never serves on the network.
 //!
 //! What happens to a call not on the list is the [`SeccompMode`]: the default, `trap`, has the
@@ -205,8 +206,12 @@ pub fn allowlist() -> Vec<Allowed> {
     #[cfg(target_arch = "x86_64")]
     allow!(l, SYS_epoll_wait);
     allow!(l, SYS_eventfd2);
-    // The vfio-user socket: one client at a time, descriptors with the messages.
+    // A sleeping poller waits on its wake-up, its engines and its functions' doorbell sources.
+    allow!(l, SYS_ppoll);
+    // The vfio-user socket: one client at a time, descriptors with the messages; shut down when
+    // the client goes (the pollers' copy of it, their doorbell source, is closed later).
     allow!(l, SYS_accept4);
+    allow!(l, SYS_shutdown);
     allow!(l, SYS_recvmsg);
     allow!(l, SYS_sendmsg);
     allow!(l, SYS_recvfrom);
@@ -311,11 +316,10 @@ pub fn allowlist_with(net: Network) -> Vec<Allowed> {
     allow!(l, SYS_getsockname);
     allow!(l, SYS_readv);
     allow!(l, SYS_writev);
-    allow!(l, SYS_shutdown);
-    // The blocking MOUNT UMNT when the daemon stops (std's connect with a timeout polls).
+    // The blocking MOUNT UMNT when the daemon stops (std's connect with a timeout polls; ppoll
+    // is on the base list).
     #[cfg(target_arch = "x86_64")]
     allow!(l, SYS_poll);
-    allow!(l, SYS_ppoll);
     l
 }
 

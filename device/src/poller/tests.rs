@@ -406,3 +406,55 @@ fn an_adaptive_poller_blocks_on_its_engine_and_wakes_for_replies_messages_and_do
     assert_eq!(wait_for("the pending request", || drv.next_used()), (pending, 4));
     pollers.stop();
 }
+
+#[test]
+fn a_parked_poller_wakes_on_its_doorbell_source_without_a_kick() {
+    let mem = guest_memory(0x20000, None);
+    // It parks after 1 ms and would sleep 30 s: only a wake-up can serve the request in time.
+    let profile = Profile {
+        polling: Polling::Adaptive,
+        doorbells: crate::config::Doorbells::Socket,
+        idle_spin_us: 1_000,
+        idle_sleep_us: 30_000_000,
+        ..Profile::default()
+    };
+    let handler = Arc::new(Handler { release: Default::default(), grant: Default::default() });
+    let msix = Arc::new(MsixShared::new(3));
+    let mut pollers = PollerSet::spawn(&profile, handler, msix, Default::default(), Arc::new(|| {})).unwrap();
+    pollers.set_memory(&mem);
+    let (source, client) = std::os::unix::net::UnixStream::pair().unwrap();
+    pollers.set_doorbell_source(Some(std::os::fd::OwnedFd::from(source)));
+    let cfg = QueueConfig { index: 1, size: 8, desc: 0x1000, avail: 0x2000, used: 0x3000, vector: NO_VECTOR };
+    let mut drv = Driver::Split(SplitDriver::new(&mem, cfg));
+    pollers.start(&[cfg], features::VERSION_1);
+    let parked = || pollers.stats().snapshot().pollers[0].parks > 0;
+    wait_for("the poller parked", || parked().then_some(()));
+    // Asleep for good: no park for 100 ms (an early wake-up from the set-up messages is over).
+    let parks = || pollers.stats().snapshot().pollers[0].parks;
+    let mut last = parks();
+    wait_for("the poller asleep", || {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = parks();
+        std::mem::replace(&mut last, now).eq(&now).then_some(())
+    });
+    // The driver makes a request available and "rings": a message on the client's socket, which
+    // nobody reads and nobody turns into a kick.
+    mem.write_obj(0u8, GuestAddress(REQ)).unwrap();
+    let head = drv.push(&[Buf::readable(REQ, 16), Buf::writable(REPLY, 64)], 0);
+    std::io::Write::write_all(&mut &client, b"doorbell").unwrap();
+    assert_eq!(wait_for("the request, served after a direct wake-up", || drv.next_used()), (head, 4));
+    assert!(pollers.stats().snapshot().pollers[0].doorbell_wakes >= 1);
+    // The message stays unread: the next sleep leaves the source out instead of waking on it
+    // in a loop, then takes it back once a wake-up came otherwise.
+    let before = parks();
+    std::thread::sleep(Duration::from_millis(200));
+    let after = parks();
+    assert!(after - before < 20, "{} parks in 200 ms on an unread message: it loops", after - before);
+    // Taken back, the source wakes nobody: a request now waits for a kick.
+    pollers.set_doorbell_source(None);
+    mem.write_obj(0u8, GuestAddress(REQ + 0x100)).unwrap();
+    let second = drv.push(&[Buf::readable(REQ + 0x100, 16), Buf::writable(REPLY + 0x100, 64)], 1);
+    pollers.kick(1);
+    assert_eq!(wait_for("the kicked request", || drv.next_used()), (second, 4));
+    pollers.stop();
+}

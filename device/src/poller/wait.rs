@@ -11,6 +11,15 @@
 //! eventfd is written and `poll` returns at once) or before that last look (which sees its
 //! message or request). The wait is bounded anyway: by the engines' timers and the poller's
 //! `idle_sleep_us`.
+//!
+//! **Doorbell sources** (the one-hop wake-up). With doorbells on the transport, a function's
+//! transport gives its pollers a descriptor that turns readable when the client sent something
+//! (the vfio-user client's socket: a doorbell is a REGION_WRITE message). A sleeping poller
+//! waits on it too, so the guest's doorbell wakes the poller that owns the queue directly, at the
+//! same moment as the control plane that reads the message, instead of after it (two hops). The
+//! poller never reads the descriptor. When the control plane has read the message before the
+//! poller's `poll` looked, the poller does not wake from it: the control plane's kick then writes
+//! the eventfd as before, so no wake-up is lost, only the hop not saved.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -65,10 +74,18 @@ impl Wake {
         self.armed.store(false, Ordering::SeqCst);
     }
 
-    /// Blocks until one of `ready`'s descriptors is ready, a wake-up comes, or `timeout`
-    /// passes; disarms. At most `N` descriptors (the caller's bound).
-    pub(crate) fn wait<const N: usize>(&self, ready: &heapless::Vec<Readiness<'_>, N>, timeout: Duration) {
-        let mut fds: heapless::Vec<PollFd<'_>, 65> = heapless::Vec::new();
+    /// Blocks until one of `ready`'s descriptors is ready, one of the doorbell `sources` is
+    /// readable (or hung up), a wake-up comes, or `timeout` passes; disarms. Returns whether a
+    /// doorbell source ended the wait. At most [`MAX_POLL_FDS`] descriptors in all: past them
+    /// the sources are left out (their doorbells still come as wake-ups) and then the timeout
+    /// bounds the wait (the callers stay below).
+    pub(crate) fn wait<const N: usize>(
+        &self,
+        ready: &heapless::Vec<Readiness<'_>, N>,
+        sources: &[BorrowedFd<'_>],
+        timeout: Duration,
+    ) -> bool {
+        let mut fds: heapless::Vec<PollFd<'_>, MAX_POLL_FDS> = heapless::Vec::new();
         let _ = fds.push(PollFd::new(&self.fd, PollFlags::IN));
         for r in ready.iter() {
             let Some(fd) = r.fd else { continue };
@@ -76,8 +93,13 @@ impl Wake {
             if r.writable {
                 want |= PollFlags::OUT;
             }
-            // Past 64 descriptors the timeout still ends the wait (the callers stay below).
             let _ = fds.push(PollFd::from_borrowed_fd(fd, want));
+        }
+        let first_source = fds.len();
+        for &fd in sources {
+            if fds.push(PollFd::from_borrowed_fd(fd, PollFlags::IN)).is_err() {
+                break;
+            }
         }
         let t = Timespec {
             tv_sec: timeout.as_secs().try_into().unwrap_or(i64::MAX),
@@ -90,8 +112,12 @@ impl Wake {
             let mut b = [0u8; 8];
             let _ = rustix::io::read(self.fd.as_fd(), &mut b);
         }
+        fds[first_source..].iter().any(|f| !f.revents().is_empty())
     }
 }
+
+/// Most descriptors one wait polls: the wake-up, the engines' and the doorbell sources.
+pub(crate) const MAX_POLL_FDS: usize = 65;
 
 #[cfg(test)]
 mod tests {
@@ -117,14 +143,39 @@ mod tests {
             std::thread::sleep(Duration::from_millis(50));
             w2.wake(&me);
         });
-        w.wait(&one(r), Duration::from_secs(10));
+        w.wait(&one(r), &[], Duration::from_secs(10));
         assert!(t0.elapsed() < Duration::from_secs(5), "woken, not timed out");
         waker.join().unwrap();
         // The eventfd was drained: the next wait lasts its timeout.
         w.arm();
         let t0 = Instant::now();
-        w.wait(&one(r), Duration::from_millis(20));
+        w.wait(&one(r), &[], Duration::from_millis(20));
         assert!(t0.elapsed() >= Duration::from_millis(20));
+    }
+
+    #[test]
+    fn a_doorbell_source_with_a_message_ends_the_wait_and_says_so() {
+        let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let w = Wake::new().unwrap();
+        let none = Readiness { fd: None, writable: false, within: Duration::from_secs(10) };
+        // Nothing sent: the wait lasts its timeout and no source is reported.
+        w.arm();
+        let t0 = Instant::now();
+        assert!(!w.wait(&one(none), &[a.as_fd()], Duration::from_millis(20)));
+        assert!(t0.elapsed() >= Duration::from_millis(20));
+        // A message from the client ends it at once, and the message is left for its reader.
+        std::io::Write::write_all(&mut b, b"doorbell").unwrap();
+        w.arm();
+        let t0 = Instant::now();
+        assert!(w.wait(&one(none), &[a.as_fd()], Duration::from_secs(10)));
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        let mut got = [0u8; 8];
+        std::io::Read::read_exact(&mut &a, &mut got).unwrap();
+        assert_eq!(&got, b"doorbell");
+        // A wake-up is not a source.
+        w.arm();
+        w.wake(&std::thread::current());
+        assert!(!w.wait(&one(none), &[a.as_fd()], Duration::from_secs(10)));
     }
 
     #[test]
@@ -135,7 +186,7 @@ mod tests {
         let r = Readiness { fd: Some(a.as_fd()), writable: false, within: Duration::from_secs(10) };
         w.arm();
         let t0 = Instant::now();
-        w.wait(&one(r), Duration::from_secs(10));
+        w.wait(&one(r), &[], Duration::from_secs(10));
         assert!(t0.elapsed() < Duration::from_secs(5));
     }
 }

@@ -17,7 +17,7 @@
 
 use std::fs::File;
 use std::io::{self, ErrorKind};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -129,6 +129,14 @@ struct Conn {
     /// Bytes of a refused message still to drop.
     discard: u64,
     negotiated: bool,
+}
+
+impl Drop for Conn {
+    /// Ends the connection for the client even while the pollers' copy of the socket (their
+    /// doorbell source) is still open.
+    fn drop(&mut self) {
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
 }
 
 /// A bound vfio-user socket, not served yet: [`Server::new`] serves it.
@@ -420,6 +428,12 @@ impl Server {
         self.poll.registry().register(&mut SourceFd(&sock.as_raw_fd()), CLIENT, Interest::READABLE)?;
         info!("client connected");
         self.dev.counters().client_connected(true);
+        // A copy for the pollers to sleep on: a doorbell (a REGION_WRITE) wakes the poller that
+        // owns the queue at once, not after this thread has read it (the one-hop wake-up).
+        match sock.try_clone() {
+            Ok(dup) => self.dev.set_doorbell_source(Some(OwnedFd::from(dup))),
+            Err(e) => warn!("no doorbell source for the pollers (doorbells wake them in two hops): {e}"),
+        }
         self.conn = Some(Conn {
             sock,
             buf: Vec::with_capacity(64 << 10),
@@ -437,6 +451,8 @@ impl Server {
             let _ = self.poll.registry().deregister(&mut SourceFd(&conn.sock.as_raw_fd()));
             info!("client disconnected; resetting device");
             self.dev.counters().client_connected(false);
+            drop(conn); // shut down: the client sees the end although the pollers hold a copy
+            self.dev.set_doorbell_source(None);
         }
         self.dev.power_on_reset();
     }
