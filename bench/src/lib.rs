@@ -260,6 +260,10 @@ pub struct Row {
     /// external daemon and the raw NFS client). A poller that spins while requests are on the
     /// wire shows the whole phase here; one that blocks shows its work.
     pub poller_cpu_us_per_op: Option<f64>,
+    /// NFS write phases (`--remote`): COMMITs sent in the phase (summed over rounds in the
+    /// medians' row): the device's background COMMITs plus its FSYNC's at the end, or the raw
+    /// client's (`nfs_raw`); `None` elsewhere.
+    pub commits: Option<u64>,
     /// (percentile, microseconds) from p50 to p99.99, for the plot.
     pub curve: Vec<(f64, f64)>,
 }
@@ -445,6 +449,8 @@ fn poller_cpu_ns() -> Option<u64> {
 
 struct Bench<'a> {
     cfg: &'a BenchConfig,
+    /// The in-process NFS device's filesystem (for its COMMIT counters).
+    nfs: Option<Arc<virtiofs_dpu::FuseHandler<virtiofs_backend::nfs::fs::NfsFs>>>,
     in_process: bool,
     d: FsDriver,
     node: u64,
@@ -541,9 +547,24 @@ impl Bench<'_> {
             }
             Ok(())
         };
+        let nfs_stats = || self.nfs.as_ref().map(|h| h.server().filesystem().stats().unstable);
+        let background_before = nfs_stats().map(|u| u.background_commits);
         let cpu_before = self.in_process.then(poller_cpu_ns).flatten();
         let r: LoopReport = self.d.run_closed_loop(&cfg, make, check)?;
         let cpu = cpu_before.zip(poller_cpu_ns()).map(|(a, b)| b.saturating_sub(a));
+        // A write phase on an NFS export ends with an FSYNC (a COMMIT of what the UNSTABLE store
+        // holds), timed into the phase, as the raw client's final COMMIT is (`nfs_raw`).
+        let (mut commits, mut sync_time) = (None, Duration::ZERO);
+        if write && self.cfg.remote.is_some() {
+            let stored = nfs_stats().is_none_or(|u| u.bytes_now > 0);
+            let t = Instant::now();
+            self.d.fsync(self.node, self.fh, false)?;
+            sync_time = t.elapsed();
+            let background = background_before.zip(nfs_stats()).map(|(a, u)| u.background_commits - a);
+            commits = background.map(|b| b + u64::from(stored));
+        }
+        let secs = (r.measured_time + sync_time).as_secs_f64();
+        let per_sec = |n: f64| if secs > 0.0 { n / secs } else { 0.0 };
         let h = &r.histogram;
         Ok(Row {
             workload: ph.name(),
@@ -557,11 +578,12 @@ impl Bench<'_> {
             p99_us: us(h, 0.99),
             p999_us: us(h, 0.999),
             max_us: h.max() as f64 / 1000.0,
-            iops: r.iops(),
-            mib_s: r.bytes_per_sec() / MIB as f64,
+            iops: per_sec(r.measured as f64),
+            mib_s: per_sec(r.measured_bytes as f64) / MIB as f64,
             parked: r.parked,
             retry_timer_fires: r.retry_timer_fires,
             poller_cpu_us_per_op: cpu.map(|ns| ns as f64 / 1000.0 / r.completed.max(1) as f64),
+            commits,
             curve: curve(h),
         })
     }
@@ -602,6 +624,9 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         ..Default::default()
     };
     let mut nfs_handler = None;
+    // The device's UNSTABLE store size, which the raw client's writes keep to (an external
+    // daemon: the default).
+    let mut unstable_bytes = virtiofs_backend::nfs::fs::NfsOptions::UNSTABLE_BYTES;
     let (device, socket, setup_device) = match &cfg.socket_path {
         Some(p) => (None, p.clone(), format!("external daemon at {}", p.display())),
         None => {
@@ -613,6 +638,7 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
                     let keys = virtiofs_dpu::remote::RemoteKeys::default();
                     let opts = virtiofs_dpu::remote::nfs_options(url, &keys, None)
                         .map_err(|e| BenchError::Device(Box::new(e)))?;
+                    unstable_bytes = opts.unstable_bytes;
                     let fs = virtiofs_backend::nfs::fs::NfsFs::connect(opts)
                         .map_err(|e| BenchError::Device(Box::new(e)))?;
                     let handler = Arc::new(virtiofs_dpu::FuseHandler::new(fs));
@@ -665,7 +691,16 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         },
         rounds: cfg.rounds.max(1),
     };
-    let mut b = Bench { cfg, in_process: device.is_some(), d, node: 0, fh: 0, max_request, progress };
+    let mut b = Bench {
+        cfg,
+        nfs: nfs_handler.clone(),
+        in_process: device.is_some(),
+        d,
+        node: 0,
+        fh: 0,
+        max_request,
+        progress,
+    };
     b.layout()?;
     let mut list = phases(usize::from(q), cfg.seq_depth);
     let mut raw_list = Vec::new();
@@ -686,7 +721,7 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         // 1 MiB calls the size of the device's requests (capped by max_pages), for a fair ratio.
         raw_list = raw_phases(cfg.seq_depth, max_request.min(MIB));
         let depth = raw_list.iter().map(|p| p.depth).max().unwrap_or(1);
-        raw = Some(nfs_raw::RawClient::new(url, BENCH_FILE, depth, MIB)?);
+        raw = Some(nfs_raw::RawClient::new(url, BENCH_FILE, depth, MIB, unstable_bytes)?);
     }
     if let Some(o) = &cfg.only {
         list.retain(|p| selected(&p.label(), o));
@@ -714,7 +749,17 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
                     raw_list.len(),
                     ph.name()
                 ));
-                rows.push(r.run(ph, cfg.file_size, cfg.warmup, cfg.duration, cfg.ops)?);
+                let (row, st) = r.run(ph, cfg.file_size, cfg.warmup, cfg.duration, cfg.ops)?;
+                if ph.write {
+                    (b.progress)(&format!(
+                        "  {} COMMITs (final {:.1} ms), {} waited for room, {} FILE_SYNC",
+                        st.commits,
+                        st.final_commit.as_secs_f64() * 1000.0,
+                        st.waited,
+                        st.full
+                    ));
+                }
+                rows.push(row);
             }
         }
         round_rows.push(rows);
@@ -804,6 +849,7 @@ fn median_row<'a>(rounds: impl Iterator<Item = &'a Row> + Clone) -> Row {
             .map(|r| r.poller_cpu_us_per_op)
             .collect::<Option<Vec<f64>>>()
             .map(median),
+        commits: rounds.clone().map(|r| r.commits).sum(),
         ..middle.clone()
     }
 }
@@ -1118,6 +1164,14 @@ pub fn render_table(r: &BenchReport) -> String {
             u.background_commits,
             u.background_freed >> 10
         );
+        let commits: Vec<String> = r
+            .rows
+            .iter()
+            .filter_map(|row| row.commits.map(|c| format!("{} QD={} {c}", row.workload, row.depth_label)))
+            .collect();
+        if !commits.is_empty() {
+            let _ = writeln!(s, "COMMITs per write phase (all rounds): {}", commits.join(", "));
+        }
     }
     let _ = writeln!(s);
     if r.qd1_read_p50_over_floor > 0.0 {
