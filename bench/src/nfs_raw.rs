@@ -8,7 +8,7 @@
 //! into it and WRITE data sent from it. Latency is from [`Conn::call`] (or, for a write that
 //! waits for room, from when it would have been sent) to the completion seen by [`Conn::poll`].
 //!
-//! Writes do what the device's engine does for the same job ([`Uncommitted`]): UNSTABLE, with
+//! Writes do what the device's engine does for the same job (`Uncommitted`): UNSTABLE, with
 //! the bytes of the writes sent and not yet freed by a COMMIT counted against a bound the size
 //! of the device's UNSTABLE store (`nfs_unstable_bytes`, 4 KiB-page rounded as there); once they
 //! reach half of it (the store's high-water mark) one COMMIT at a time covers the writes

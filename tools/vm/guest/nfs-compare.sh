@@ -9,10 +9,12 @@
 # neither sees the other's cache. FIO_ROUNDS rounds; in each, every job of FIO_JOBS runs on one
 # client and then the other (ours first in odd rounds, the kernel's first in even ones), each
 # with fio's JSON between
-#   VMNFS-BEGIN round=R job=J client=ours|knfs cpu0=B0/T0 cpu1=B1/T1   and   VMNFS-END rc=N
+#   VMNFS-BEGIN round=R job=J client=ours|knfs cpu0=B0/T0 cpu1=B1/T1 wall=S   and   VMNFS-END rc=N
 # where cpuN is /proc/stat's aggregate cpu line before and after the job: busy (user + nice +
-# system + irq + softirq + steal) / total, in USER_HZ ticks (tools/vm/nfs-compare.py divides the
-# busy ticks by the operations fio did). The jobs are fio_job_args' (lib.sh), O_DIRECT, one fio
+# system + irq + softirq + steal) / total, in USER_HZ ticks, and S the job's seconds
+# (tools/vm/nfs-compare.py divides the busy ticks by the operations fio did, with and without
+# the idle guest's own busy time, measured at the start of each round over as long as a job:
+#   VMNFS-IDLE round=R cpu0=B0/T0 cpu1=B1/T1 wall=S). The jobs are fio_job_args' (lib.sh), O_DIRECT, one fio
 # thread, time-based with no ramp (so fio's operation count covers the whole CPU window; fio's
 # start and exit are in it too, the same for both clients).
 #
@@ -76,17 +78,23 @@ fails=0
 r=1
 while [ "$r" -le "$ROUNDS" ]; do
   if [ $((r % 2)) = 1 ]; then order="ours knfs"; else order="knfs ours"; fi
+  # The guest's own busy time with no I/O (timer ticks, kworkers: under TCG they are not small),
+  # over as long as a job: nfs-compare.py subtracts it at this rate from each job's busy time.
+  w0=$(vm_now); c0=$(cpu); sleep "$RT"; c1=$(cpu); w1=$(vm_now)
+  echo "VMNFS-IDLE round=$r cpu0=$c0 cpu1=$c1 wall=$(awk -v a="$w0" -v b="$w1" 'BEGIN{printf "%.2f", b-a}')"
   for job in $JOBS; do
     args=$(fio_job_args "$job" "$QD") || { echo "nfs-compare: unknown job $job"; fails=$((fails + 1)); continue; }
     for c in $order; do
       rc=0
+      w0=$(vm_now)
       c0=$(cpu)
       # shellcheck disable=SC2086
       fio --name="$job" --filename="$(file_of $c)" --size="$SIZE" --direct=1 --numjobs=1 --time_based \
           --runtime="$RT" --lat_percentiles=1 --percentile_list=50:99:99.9 \
           --output-format=json --output=/tmp/fio.json $args > /tmp/fio.err 2>&1 || rc=$?
       c1=$(cpu)
-      echo "VMNFS-BEGIN round=$r job=$job client=$c cpu0=$c0 cpu1=$c1"
+      w1=$(vm_now)
+      echo "VMNFS-BEGIN round=$r job=$job client=$c cpu0=$c0 cpu1=$c1 wall=$(awk -v a="$w0" -v b="$w1" 'BEGIN{printf "%.2f", b-a}')"
       cat /tmp/fio.json
       echo
       echo "VMNFS-END rc=$rc"
