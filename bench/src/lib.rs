@@ -134,6 +134,9 @@ pub struct BenchConfig {
     /// Serve this NFS export (`nfs://...`) from the in-process device instead of `backend`, add
     /// QD=16 phases, and run the raw NFS client's phases ([`nfs_raw`]) in every round.
     pub remote: Option<String>,
+    /// With `remote`: the device's UNSTABLE store size instead of the backend's default, the
+    /// raw client's bound too.
+    pub nfs_unstable_bytes: Option<usize>,
 }
 
 impl Default for BenchConfig {
@@ -156,6 +159,7 @@ impl Default for BenchConfig {
             rounds: 1,
             wakeup_requests: 0,
             remote: None,
+            nfs_unstable_bytes: None,
         }
     }
 }
@@ -626,7 +630,8 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
     let mut nfs_handler = None;
     // The device's UNSTABLE store size, which the raw client's writes keep to (an external
     // daemon: the default).
-    let mut unstable_bytes = virtiofs_backend::nfs::fs::NfsOptions::UNSTABLE_BYTES;
+    let mut unstable_bytes =
+        cfg.nfs_unstable_bytes.unwrap_or(virtiofs_backend::nfs::fs::NfsOptions::UNSTABLE_BYTES);
     let (device, socket, setup_device) = match &cfg.socket_path {
         Some(p) => (None, p.clone(), format!("external daemon at {}", p.display())),
         None => {
@@ -636,8 +641,11 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
             let (dev, what) = match (&cfg.remote, cfg.backend) {
                 (Some(url), _) => {
                     let keys = virtiofs_dpu::remote::RemoteKeys::default();
-                    let opts = virtiofs_dpu::remote::nfs_options(url, &keys, None)
+                    let mut opts = virtiofs_dpu::remote::nfs_options(url, &keys, None)
                         .map_err(|e| BenchError::Device(Box::new(e)))?;
+                    if let Some(b) = cfg.nfs_unstable_bytes {
+                        opts.unstable_bytes = b;
+                    }
                     unstable_bytes = opts.unstable_bytes;
                     let fs = virtiofs_backend::nfs::fs::NfsFs::connect(opts)
                         .map_err(|e| BenchError::Device(Box::new(e)))?;

@@ -524,3 +524,69 @@ impl Drop for RawClient {
         let _ = setup::unmount(&self.mounted, &self.url.export, Duration::from_secs(2));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unstable(v: u8) -> Done {
+        Done { count: 4096, verf: Some([v; 8]), stable: false }
+    }
+
+    #[test]
+    fn the_bound_counts_pages_sent_and_frees_what_a_commit_covered() {
+        let mut u = Uncommitted { cap: 8 * PAGE, ..Uncommitted::default() };
+        assert!(u.has_room(8 * PAGE as usize) && !u.has_room(8 * PAGE as usize + 1));
+        // Three writes sent, one of 100 bytes: whole pages, as the store keeps them.
+        u.sent += Uncommitted::pages(4096) * 2 + Uncommitted::pages(100);
+        assert_eq!(u.stored(), 3 * PAGE);
+        assert!(!u.past_high_water() && !u.committable());
+        u.sent += Uncommitted::pages(4096);
+        assert!(u.past_high_water(), "4 of 8 pages is the high-water mark");
+        // Two answered; a COMMIT sent now covers those two only.
+        u.answer(4096, &unstable(1)).unwrap();
+        u.answer(4096, &unstable(1)).unwrap();
+        assert!(u.committable());
+        let horizon = u.answered;
+        u.answer(100, &unstable(1)).unwrap();
+        u.committed(horizon, Some([1; 8])).unwrap();
+        assert_eq!(u.stored(), 2 * PAGE, "the write answered after the COMMIT was sent stays");
+        assert!(u.committable() && !u.past_high_water());
+        // A reply older than one already seen frees nothing more.
+        u.committed(horizon, Some([1; 8])).unwrap();
+        assert_eq!(u.stored(), 2 * PAGE);
+    }
+
+    #[test]
+    fn a_stable_answer_is_not_kept_and_a_new_verifier_is_an_error() {
+        let mut u = Uncommitted { cap: 4 * PAGE, ..Uncommitted::default() };
+        u.sent += PAGE;
+        u.answer(4096, &Done { count: 4096, verf: Some([2; 8]), stable: true }).unwrap();
+        assert_eq!(u.stored(), 0);
+        assert!(!u.committable() && !u.room_may_come());
+        u.sent += PAGE;
+        u.answer(4096, &unstable(3)).unwrap();
+        assert!(u.room_may_come());
+        assert!(u.committed(u.answered, Some([4; 8])).is_err(), "the server restarted");
+        assert!(u.answer(4096, &Done { count: 4096, verf: None, stable: false }).is_err());
+    }
+
+    #[test]
+    fn no_room_means_waiting_while_a_commit_can_free_some() {
+        let mut u = Uncommitted { cap: 2 * PAGE, ..Uncommitted::default() };
+        u.sent += 2 * PAGE;
+        assert!(!u.has_room(4096));
+        // Sent but unanswered: a COMMIT can free them once answered.
+        assert!(u.room_may_come());
+        u.answer(4096, &unstable(5)).unwrap();
+        u.answer(4096, &unstable(5)).unwrap();
+        u.commit_out = Some(u.answered);
+        assert!(u.room_may_come());
+        let h = u.commit_out.take().unwrap();
+        u.committed(h, Some([5; 8])).unwrap();
+        assert!(u.has_room(2 * 4096));
+        // A bound of 0: nothing is ever stored, every write goes FILE_SYNC.
+        let z = Uncommitted::default();
+        assert!(!z.has_room(1) && !z.room_may_come() && !z.past_high_water());
+    }
+}
