@@ -20,8 +20,10 @@
 #
 # Parameters (-e KEY=VAL): KNFS_ADDR (10.0.2.100), KNFS_PORT, KNFS_MOUNTPORT, KNFS_EXPORT (the
 # export's path), FIO_JOBS (tools/vm/nfs-compare.sh's), FIO_ROUNDS (3), FIO_RUNTIME (3 s per
-# job), FIO_SIZE (64M per file), FIO_QD (16). At the end, the kernel client's per-operation counts
-# (/proc/self/mountstats: READ, WRITE, COMMIT) as VMNFS-INFO lines.
+# job), FIO_SIZE (64M per file), FIO_QD (16). At the end, as VMNFS-INFO lines: the guest's TCP
+# counters (/proc/net/snmp, /proc/net/netstat) and the kernel client's per-operation counts
+# (/proc/self/mountstats: READ, WRITE, COMMIT: ops, transmissions, timeouts, bytes sent and
+# received, then queue, RTT and execution time in ms, summed).
 . /harness/lib.sh
 
 JOBS=${FIO_JOBS:-randread-4k-qd1 randwrite-4k-qd1 randwrite-4k-qd1-sync randread-4k-qdN seqread-1m seqwrite-1m seqwrite-1m-sync}
@@ -104,6 +106,11 @@ while [ "$r" -le "$ROUNDS" ]; do
   r=$((r + 1))
 done
 rm -f "$(file_of ours)" "$(file_of knfs)"
+# The guest's TCP counters (the kernel client's transport): segments, retransmissions, delayed ACKs.
+awk '/^Tcp:/ { if (!h) { split($0, k); h = 1 } else { for (i = 2; i <= NF; i++) if (k[i] ~ /^(ActiveOpens|OutSegs|InSegs|RetransSegs)$/) printf "%s=%s ", k[i], $i; print "" } }' /proc/net/snmp |
+  sed 's/^/VMNFS-INFO tcp: /'
+awk '/^TcpExt:/ { if (!h) { split($0, k); h = 1 } else { for (i = 2; i <= NF; i++) if (k[i] ~ /^(DelayedACKs|DelayedACKLost|TCPTimeouts|TCPLossProbes|TCPSlowStartRetrans|TCPFastRetrans)$/) printf "%s=%s ", k[i], $i; print "" } }' /proc/net/netstat |
+  sed 's/^/VMNFS-INFO tcpext: /'
 sed -n '/mounted on \/mnt\/knfs /,/^device /p' /proc/self/mountstats |
   grep -E '^[[:space:]]+(READ|WRITE|COMMIT):' | sed 's/^[[:space:]]*/VMNFS-INFO knfs ops: /'
 cd /
