@@ -9,7 +9,7 @@
 # the guest (CACHE/alt/knfs: the trixie kernel with its NFS client and virtio-net modules, which
 # setup.sh and build-guest.sh make with VM_GUEST_NFS=1) also has a virtio-net NIC on QEMU's user
 # networking with restrict=on (no way out) and two guestfwd rules, 10.0.2.100:NFSPORT and
-# :MOUNTPORT to the same ports on the host's 127.0.0.1, so the kernel client mounts
+# :MOUNTPORT to the same ports on the host's 127.0.0.1 (TCP_NODELAY), so the kernel client mounts
 # 10.0.2.100:EXPORT (vers=3, proto=tcp, nolock). guest/nfs-compare.sh runs the jobs on both
 # mounts in turn (each on a file of its own) and nfs-compare.py prints the tables.
 #
@@ -138,8 +138,11 @@ sed 's/^/  /' "$OUT/config.txt" >&2
 
 NJOBS=$(echo $JOBS | wc -w)
 TIMEOUT=$(( 300 + ROUNDS * NJOBS * 2 * (RUNTIME + 30) ))
-NET="user,id=n0,restrict=on,guestfwd=tcp:10.0.2.100:$NPORT-tcp:127.0.0.1:$NPORT"
-NET="$NET,guestfwd=tcp:10.0.2.100:$MPORT-tcp:127.0.0.1:$MPORT"
+# nodelay=on (",," escapes the comma inside the option): each guestfwd is a chardev socket to the
+# server, and with Nagle on it a call the guest sends in several segments waited for the
+# server's delayed ACK, ~40 ms per 4 KiB WRITE.
+NET="user,id=n0,restrict=on,guestfwd=tcp:10.0.2.100:$NPORT-tcp:127.0.0.1:$NPORT,,nodelay=on"
+NET="$NET,guestfwd=tcp:10.0.2.100:$MPORT-tcp:127.0.0.1:$MPORT,,nodelay=on"
 log "one boot: $ROUNDS rounds x $NJOBS jobs x 2 clients on $URL"
 s0=$(date +%s)
 read -r b0 t0 < <(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat)
