@@ -178,11 +178,14 @@ if [ "${VM_GUEST_NFS:-0}" = 1 ]; then
       [ -d "$md/kernel" ] || continue
       v=$(basename "$md")
       # nfsv3's and virtio_net's modinfo depends= closure (build-guest.sh checks it again)
-      for p in fs/nfs fs/nfs_common fs/lockd fs/netfs net/sunrpc net/core/failover.ko.xz \
-               drivers/net/virtio_net.ko.xz drivers/net/net_failover.ko.xz; do
-        [ -e "$md/kernel/$p" ] || die "$KPKG has no kernel/$p"
+      # (directories, and single modules by name: .ko, .ko.xz or .ko.zst)
+      for p in fs/nfs fs/nfs_common fs/lockd fs/netfs net/sunrpc net/core/failover \
+               drivers/net/virtio_net drivers/net/net_failover; do
+        f=$md/kernel/$p
+        [ -d "$f" ] || f=$(ls "$md/kernel/$p".ko* 2>/dev/null | head -1)
+        [ -n "$f" ] && [ -e "$f" ] || die "$KPKG has no kernel/$p"
         mkdir -p "$KN/lib/modules/$v/kernel/$(dirname "$p")"
-        mv "$md/kernel/$p" "$KN/lib/modules/$v/kernel/$p"
+        mv "$f" "$KN/lib/modules/$v/kernel/$(dirname "$p")/"
       done
     done
     rm -rf "$C/tmp/kdl-nfs"
