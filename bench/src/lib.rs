@@ -737,23 +737,28 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
     }
     let rounds = cfg.rounds.max(1);
     let mut round_rows = Vec::with_capacity(rounds);
+    // Each raw phase runs right after the device phase it is compared with (same workload and
+    // depth), so the two sides of a target are measured seconds apart rather than a round apart,
+    // while the machine's load drifts; raw phases with no device counterpart run last. The rows
+    // keep their order: device phases, then raw ones.
+    let pair: Vec<Option<usize>> = raw_list
+        .iter()
+        .map(|rp| {
+            list.iter().position(|ph| {
+                format!("raw NFS {}", ph.name()) == rp.name() && ph.depth_label == rp.depth_label
+            })
+        })
+        .collect();
     for round in 0..rounds {
         let mut rows = Vec::with_capacity(list.len());
-        for (i, ph) in list.iter().enumerate() {
-            let label = if rounds > 1 {
-                format!("[round {}/{rounds}, {}/{}] {}", round + 1, i + 1, list.len(), ph.label())
-            } else {
-                format!("[{}/{}] {}", i + 1, list.len(), ph.label())
-            };
-            (b.progress)(&label);
-            rows.push(b.run_phase(ph, &label)?);
-        }
-        if let Some(r) = raw.as_mut() {
-            for (i, ph) in raw_list.iter().enumerate() {
+        let mut raw_rows: Vec<Option<Row>> = vec![None; raw_list.len()];
+        let mut run_raw =
+            |b: &mut Bench<'_>, j: usize, raw_rows: &mut Vec<Option<Row>>| -> Result<(), BenchError> {
+                let (Some(r), ph) = (raw.as_mut(), &raw_list[j]) else { return Ok(()) };
                 (b.progress)(&format!(
                     "[round {}/{rounds}, raw {}/{}] {}",
                     round + 1,
-                    i + 1,
+                    j + 1,
                     raw_list.len(),
                     ph.name()
                 ));
@@ -767,9 +772,25 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
                         st.full
                     ));
                 }
-                rows.push(row);
+                raw_rows[j] = Some(row);
+                Ok(())
+            };
+        for (i, ph) in list.iter().enumerate() {
+            let label = if rounds > 1 {
+                format!("[round {}/{rounds}, {}/{}] {}", round + 1, i + 1, list.len(), ph.label())
+            } else {
+                format!("[{}/{}] {}", i + 1, list.len(), ph.label())
+            };
+            (b.progress)(&label);
+            rows.push(b.run_phase(ph, &label)?);
+            for j in (0..raw_list.len()).filter(|&j| pair[j] == Some(i)) {
+                run_raw(&mut b, j, &mut raw_rows)?;
             }
         }
+        for j in (0..raw_list.len()).filter(|&j| pair[j].is_none()) {
+            run_raw(&mut b, j, &mut raw_rows)?;
+        }
+        rows.extend(raw_rows.into_iter().flatten());
         round_rows.push(rows);
     }
     let per_round = round_rows.first().map_or(0, Vec::len);
