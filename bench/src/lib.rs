@@ -134,6 +134,9 @@ pub struct BenchConfig {
     /// Serve this NFS export (`nfs://...`) from the in-process device instead of `backend`, add
     /// QD=16 phases, and run the raw NFS client's phases ([`nfs_raw`]) in every round.
     pub remote: Option<String>,
+    /// With `remote`: the device's UNSTABLE store size instead of the backend's default, the
+    /// raw client's bound too.
+    pub nfs_unstable_bytes: Option<usize>,
 }
 
 impl Default for BenchConfig {
@@ -156,6 +159,7 @@ impl Default for BenchConfig {
             rounds: 1,
             wakeup_requests: 0,
             remote: None,
+            nfs_unstable_bytes: None,
         }
     }
 }
@@ -260,6 +264,10 @@ pub struct Row {
     /// external daemon and the raw NFS client). A poller that spins while requests are on the
     /// wire shows the whole phase here; one that blocks shows its work.
     pub poller_cpu_us_per_op: Option<f64>,
+    /// NFS write phases (`--remote`): COMMITs sent in the phase (summed over rounds in the
+    /// medians' row): the device's background COMMITs plus its FSYNC's at the end, or the raw
+    /// client's (`nfs_raw`); `None` elsewhere.
+    pub commits: Option<u64>,
     /// (percentile, microseconds) from p50 to p99.99, for the plot.
     pub curve: Vec<(f64, f64)>,
 }
@@ -445,6 +453,8 @@ fn poller_cpu_ns() -> Option<u64> {
 
 struct Bench<'a> {
     cfg: &'a BenchConfig,
+    /// The in-process NFS device's filesystem (for its COMMIT counters).
+    nfs: Option<Arc<virtiofs_dpu::FuseHandler<virtiofs_backend::nfs::fs::NfsFs>>>,
     in_process: bool,
     d: FsDriver,
     node: u64,
@@ -541,9 +551,24 @@ impl Bench<'_> {
             }
             Ok(())
         };
+        let nfs_stats = || self.nfs.as_ref().map(|h| h.server().filesystem().stats().unstable);
+        let background_before = nfs_stats().map(|u| u.background_commits);
         let cpu_before = self.in_process.then(poller_cpu_ns).flatten();
         let r: LoopReport = self.d.run_closed_loop(&cfg, make, check)?;
         let cpu = cpu_before.zip(poller_cpu_ns()).map(|(a, b)| b.saturating_sub(a));
+        // A write phase on an NFS export ends with an FSYNC (a COMMIT of what the UNSTABLE store
+        // holds), timed into the phase, as the raw client's final COMMIT is (`nfs_raw`).
+        let (mut commits, mut sync_time) = (None, Duration::ZERO);
+        if write && self.cfg.remote.is_some() {
+            let stored = nfs_stats().is_none_or(|u| u.bytes_now > 0);
+            let t = Instant::now();
+            self.d.fsync(self.node, self.fh, false)?;
+            sync_time = t.elapsed();
+            let background = background_before.zip(nfs_stats()).map(|(a, u)| u.background_commits - a);
+            commits = background.map(|b| b + u64::from(stored));
+        }
+        let secs = (r.measured_time + sync_time).as_secs_f64();
+        let per_sec = |n: f64| if secs > 0.0 { n / secs } else { 0.0 };
         let h = &r.histogram;
         Ok(Row {
             workload: ph.name(),
@@ -557,11 +582,12 @@ impl Bench<'_> {
             p99_us: us(h, 0.99),
             p999_us: us(h, 0.999),
             max_us: h.max() as f64 / 1000.0,
-            iops: r.iops(),
-            mib_s: r.bytes_per_sec() / MIB as f64,
+            iops: per_sec(r.measured as f64),
+            mib_s: per_sec(r.measured_bytes as f64) / MIB as f64,
             parked: r.parked,
             retry_timer_fires: r.retry_timer_fires,
             poller_cpu_us_per_op: cpu.map(|ns| ns as f64 / 1000.0 / r.completed.max(1) as f64),
+            commits,
             curve: curve(h),
         })
     }
@@ -602,6 +628,10 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         ..Default::default()
     };
     let mut nfs_handler = None;
+    // The device's UNSTABLE store size, which the raw client's writes keep to (an external
+    // daemon: the default).
+    let mut unstable_bytes =
+        cfg.nfs_unstable_bytes.unwrap_or(virtiofs_backend::nfs::fs::NfsOptions::UNSTABLE_BYTES);
     let (device, socket, setup_device) = match &cfg.socket_path {
         Some(p) => (None, p.clone(), format!("external daemon at {}", p.display())),
         None => {
@@ -611,8 +641,12 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
             let (dev, what) = match (&cfg.remote, cfg.backend) {
                 (Some(url), _) => {
                     let keys = virtiofs_dpu::remote::RemoteKeys::default();
-                    let opts = virtiofs_dpu::remote::nfs_options(url, &keys, None)
+                    let mut opts = virtiofs_dpu::remote::nfs_options(url, &keys, None)
                         .map_err(|e| BenchError::Device(Box::new(e)))?;
+                    if let Some(b) = cfg.nfs_unstable_bytes {
+                        opts.unstable_bytes = b;
+                    }
+                    unstable_bytes = opts.unstable_bytes;
                     let fs = virtiofs_backend::nfs::fs::NfsFs::connect(opts)
                         .map_err(|e| BenchError::Device(Box::new(e)))?;
                     let handler = Arc::new(virtiofs_dpu::FuseHandler::new(fs));
@@ -665,7 +699,16 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         },
         rounds: cfg.rounds.max(1),
     };
-    let mut b = Bench { cfg, in_process: device.is_some(), d, node: 0, fh: 0, max_request, progress };
+    let mut b = Bench {
+        cfg,
+        nfs: nfs_handler.clone(),
+        in_process: device.is_some(),
+        d,
+        node: 0,
+        fh: 0,
+        max_request,
+        progress,
+    };
     b.layout()?;
     let mut list = phases(usize::from(q), cfg.seq_depth);
     let mut raw_list = Vec::new();
@@ -686,7 +729,7 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         // 1 MiB calls the size of the device's requests (capped by max_pages), for a fair ratio.
         raw_list = raw_phases(cfg.seq_depth, max_request.min(MIB));
         let depth = raw_list.iter().map(|p| p.depth).max().unwrap_or(1);
-        raw = Some(nfs_raw::RawClient::new(url, BENCH_FILE, depth, MIB)?);
+        raw = Some(nfs_raw::RawClient::new(url, BENCH_FILE, depth, MIB, unstable_bytes)?);
     }
     if let Some(o) = &cfg.only {
         list.retain(|p| selected(&p.label(), o));
@@ -694,8 +737,44 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
     }
     let rounds = cfg.rounds.max(1);
     let mut round_rows = Vec::with_capacity(rounds);
+    // Each raw phase runs right after the device phase it is compared with (same workload and
+    // depth), so the two sides of a target are measured seconds apart rather than a round apart,
+    // while the machine's load drifts; raw phases with no device counterpart run last. The rows
+    // keep their order: device phases, then raw ones.
+    let pair: Vec<Option<usize>> = raw_list
+        .iter()
+        .map(|rp| {
+            list.iter().position(|ph| {
+                format!("raw NFS {}", ph.name()) == rp.name() && ph.depth_label == rp.depth_label
+            })
+        })
+        .collect();
     for round in 0..rounds {
         let mut rows = Vec::with_capacity(list.len());
+        let mut raw_rows: Vec<Option<Row>> = vec![None; raw_list.len()];
+        let mut run_raw =
+            |b: &mut Bench<'_>, j: usize, raw_rows: &mut Vec<Option<Row>>| -> Result<(), BenchError> {
+                let (Some(r), ph) = (raw.as_mut(), &raw_list[j]) else { return Ok(()) };
+                (b.progress)(&format!(
+                    "[round {}/{rounds}, raw {}/{}] {}",
+                    round + 1,
+                    j + 1,
+                    raw_list.len(),
+                    ph.name()
+                ));
+                let (row, st) = r.run(ph, cfg.file_size, cfg.warmup, cfg.duration, cfg.ops)?;
+                if ph.write {
+                    (b.progress)(&format!(
+                        "  {} COMMITs (final {:.1} ms), {} waited for room, {} FILE_SYNC",
+                        st.commits,
+                        st.final_commit.as_secs_f64() * 1000.0,
+                        st.waited,
+                        st.full
+                    ));
+                }
+                raw_rows[j] = Some(row);
+                Ok(())
+            };
         for (i, ph) in list.iter().enumerate() {
             let label = if rounds > 1 {
                 format!("[round {}/{rounds}, {}/{}] {}", round + 1, i + 1, list.len(), ph.label())
@@ -704,19 +783,14 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
             };
             (b.progress)(&label);
             rows.push(b.run_phase(ph, &label)?);
-        }
-        if let Some(r) = raw.as_mut() {
-            for (i, ph) in raw_list.iter().enumerate() {
-                (b.progress)(&format!(
-                    "[round {}/{rounds}, raw {}/{}] {}",
-                    round + 1,
-                    i + 1,
-                    raw_list.len(),
-                    ph.name()
-                ));
-                rows.push(r.run(ph, cfg.file_size, cfg.warmup, cfg.duration, cfg.ops)?);
+            for j in (0..raw_list.len()).filter(|&j| pair[j] == Some(i)) {
+                run_raw(&mut b, j, &mut raw_rows)?;
             }
         }
+        for j in (0..raw_list.len()).filter(|&j| pair[j].is_none()) {
+            run_raw(&mut b, j, &mut raw_rows)?;
+        }
+        rows.extend(raw_rows.into_iter().flatten());
         round_rows.push(rows);
     }
     let per_round = round_rows.first().map_or(0, Vec::len);
@@ -804,6 +878,7 @@ fn median_row<'a>(rounds: impl Iterator<Item = &'a Row> + Clone) -> Row {
             .map(|r| r.poller_cpu_us_per_op)
             .collect::<Option<Vec<f64>>>()
             .map(median),
+        commits: rounds.clone().map(|r| r.commits).sum(),
         ..middle.clone()
     }
 }
@@ -1126,6 +1201,14 @@ pub fn render_table(r: &BenchReport) -> String {
             u.background_commits,
             u.background_freed >> 10
         );
+        let commits: Vec<String> = r
+            .rows
+            .iter()
+            .filter_map(|row| row.commits.map(|c| format!("{} QD={} {c}", row.workload, row.depth_label)))
+            .collect();
+        if !commits.is_empty() {
+            let _ = writeln!(s, "COMMITs per write phase (all rounds): {}", commits.join(", "));
+        }
     }
     let _ = writeln!(s);
     if r.qd1_read_p50_over_floor > 0.0 {

@@ -69,6 +69,10 @@ struct Args {
     /// FUSE) in every round: the device's cost is the difference (targets at the end).
     #[arg(long, value_name = "URL", conflicts_with = "socket_path")]
     remote: Option<String>,
+    /// With --remote: the device's UNSTABLE store in bytes (the daemon's `nfs_unstable_bytes`;
+    /// default 64 MiB), which the raw client's writes keep to as well.
+    #[arg(long, value_name = "BYTES", requires = "remote")]
+    nfs_unstable_bytes: Option<usize>,
     /// Several functions on one shared poller instead of the phase list: function B's QD=1
     /// p99 alone and beside function A at QD = 2 x queue size (`refill`), the QD=1 p50 with
     /// --idle-functions idle functions on the poller and without, and the memory per function
@@ -127,6 +131,7 @@ fn main() -> ExitCode {
         rounds: a.rounds.max(1),
         wakeup_requests: a.wakeup_requests,
         remote: a.remote,
+        nfs_unstable_bytes: a.nfs_unstable_bytes,
         ..Default::default()
     };
     let tty = std::io::stderr().is_terminal();

@@ -14,7 +14,8 @@
 # The archives are not compressed: under TCG, gunzipping the 64 MB initramfs
 # costs the guest ~2.5 s per boot, the copy of the raw one a few ms on the host.
 # Idempotent: rebuilds only when an input is newer than the archive.
-# Env: VM_KERNELS (default "trixie"; "trixie bookworm" also builds CACHE/alt/bookworm, see below).
+# Env: VM_KERNELS (default "trixie"; "trixie bookworm" also builds CACHE/alt/bookworm, see below),
+#      VM_GUEST_NFS (1: also CACHE/alt/knfs, see below).
 set -euo pipefail
 
 CACHE=${1:-${VM_CACHE:-/var/tmp/virtiofs-dpu-vm}}
@@ -38,24 +39,43 @@ done
 #                     /lib/modules/vm-load.list (dependency order, from each module's
 #                     modinfo depends=, what depmod writes into modules.dep); /init insmods them
 #   bin -> ../../bin  the same QEMU and virtiofsd
+# And with VM_GUEST_NFS=1 (setup.sh with the same), CACHE/alt/knfs/: the trixie kernel with its
+# NFSv3 client (sunrpc, lockd, nfs, nfsv3, ...) and virtio-net modules loaded the same way, for
+# tools/vm/nfs-compare.sh; the default image is untouched.
 build_bookworm() {
-  local KB=$CACHE/kernel-bookworm A=$CACHE/alt/bookworm
+  local KB=$CACHE/kernel-bookworm
   [ -e "$KB/vmlinuz" ] ||
     { echo "[vm-build] missing $KB/vmlinuz: run VM_KERNELS=\"trixie bookworm\" tools/vm/setup.sh" >&2; exit 1; }
+  build_alt bookworm "$KB" "$KB/vmlinuz" "$CACHE/stamps/kernel-bookworm" virtio_pci virtiofs
+}
+build_knfs() {
+  local KN=$CACHE/kernel-nfs
+  [ -d "$KN/lib/modules" ] ||
+    { echo "[vm-build] missing $KN: run VM_GUEST_NFS=1 tools/vm/setup.sh" >&2; exit 1; }
+  # The modules must be the image's own: setup.sh stamps both with the package they came from.
+  [ "$(cat "$CACHE/stamps/kernel-nfs" 2>/dev/null)" = "$(cat "$CACHE/stamps/kernel" 2>/dev/null)" ] ||
+    { echo "[vm-build] $KN is not from the kernel in $CACHE/kernel: run VM_GUEST_NFS=1 tools/vm/setup.sh" >&2; exit 1; }
+  build_alt knfs "$KN" "$CACHE/kernel/vmlinuz" "$CACHE/stamps/kernel-nfs" nfsv3 virtio_net
+}
+# build_alt NAME KDIR VMLINUZ STAMP MODULE...: CACHE/alt/NAME/guest/{vmlinuz,base.cpio}, base.cpio
+# plus the MODULEs of KDIR's modules tree and their modinfo dependencies, in load order.
+build_alt() {
+  local name=$1 KB=$2 vml=$3 stamp=$4 A=$CACHE/alt/$1
+  shift 4
   if [ -e "$A/guest/base.cpio" ] && [ -e "$A/guest/vmlinuz" ]; then
     local f stale=0
-    for f in "${BASH_SOURCE[0]}" "$OUT" "$CACHE/stamps/kernel-bookworm"; do
+    for f in "${BASH_SOURCE[0]}" "$OUT" "$stamp"; do
       if [ "$f" -nt "$A/guest/base.cpio" ]; then stale=1; fi
     done
     if [ $stale = 0 ]; then echo "[vm-build] up to date: $A/guest/base.cpio"; return 0; fi
   fi
-  local md d
+  local md d m
   md=""
   for d in "$KB"/lib/modules/*/ "$KB"/usr/lib/modules/*/; do
     if [ -z "$md" ] && [ -d "$d/kernel" ]; then md=${d%/}; fi
   done
   [ -n "$md" ] || { echo "[vm-build] no modules in $KB" >&2; exit 1; }
-  local M=$G/mods-bookworm.tmp
+  local M=$G/mods-$name.tmp
   rm -rf "$M"
   mkdir -p "$M/lib/modules" "$A/guest"
   ln -sfn ../../bin "$A/bin"
@@ -75,17 +95,16 @@ build_bookworm() {
     ko_cat "$f" > "$M/lib/modules/$name.ko"
     order="$order $name"
   }
-  visit virtio_pci
-  visit virtiofs
+  for m in "$@"; do visit "$m"; done
   printf '%s.ko\n' $order > "$M/lib/modules/vm-load.list"
   printf '%s' "$dep" > "$A/guest/modules.dep.txt"
-  ( cd "$M" && find . -mindepth 1 | "$BUSYBOX" cpio -o -H newc 2>/dev/null ) > "$G/mods-bookworm.cpio"
-  cat "$OUT" "$G/mods-bookworm.cpio" > "$A/guest/base.cpio.tmp"
+  ( cd "$M" && find . -mindepth 1 | "$BUSYBOX" cpio -o -H newc 2>/dev/null ) > "$G/mods-$name.cpio"
+  cat "$OUT" "$G/mods-$name.cpio" > "$A/guest/base.cpio.tmp"
   mv "$A/guest/base.cpio.tmp" "$A/guest/base.cpio"
-  cp "$(readlink -f "$KB/vmlinuz")" "$A/guest/vmlinuz.tmp"
+  cp "$(readlink -f "$vml")" "$A/guest/vmlinuz.tmp"
   mv "$A/guest/vmlinuz.tmp" "$A/guest/vmlinuz"
-  rm -rf "$M" "$G/mods-bookworm.cpio"
-  echo "[vm-build] wrote $A/guest (bookworm $(basename "$md"); modules:$order)"
+  rm -rf "$M" "$G/mods-$name.cpio"
+  echo "[vm-build] wrote $A/guest ($name $(basename "$md"); modules:$order)"
 }
 build_extra() {
   local k
@@ -96,6 +115,7 @@ build_extra() {
       *) echo "[vm-build] unknown kernel in VM_KERNELS: $k (known: trixie bookworm)" >&2; exit 1 ;;
     esac
   done
+  if [ "${VM_GUEST_NFS:-0}" = 1 ]; then build_knfs; fi
 }
 
 uptodate=1

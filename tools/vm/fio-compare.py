@@ -30,6 +30,17 @@ JOB_ORDER = ["randread-4k-qd1", "randwrite-4k-qd1", "randread-4k-qdN", "seqwrite
              "write-1m-buffered-2j"]
 
 
+def fio_json_job(body, rc):
+    """The first job of fio's JSON output in a console block; None for a failed run (rc) or one
+    without JSON."""
+    if rc != 0 or "{" not in body:
+        return None
+    try:
+        return json.loads(body[body.index("{"):body.rindex("}") + 1])["jobs"][0]
+    except (ValueError, KeyError, IndexError):
+        return None
+
+
 def parse_run(d):
     meta = {}
     try:
@@ -49,11 +60,8 @@ def parse_run(d):
     run = {"meta": meta, "jobs": {}, "info": re.findall(r"^VMFIO-INFO (.*)$", txt, re.M)}
     for m in re.finditer(r"^VMFIO-BEGIN (\S+)\n(.*?)^VMFIO-END \S+ rc=(\d+)", txt, re.S | re.M):
         name, body, rc = m.group(1), m.group(2), int(m.group(3))
-        if rc != 0 or "{" not in body:
-            continue
-        try:
-            j = json.loads(body[body.index("{"):body.rindex("}") + 1])["jobs"][0]
-        except (ValueError, KeyError, IndexError):
+        j = fio_json_job(body, rc)
+        if j is None:
             continue
         side = j["read"] if j["read"]["io_bytes"] else j["write"]
         lat = side.get("lat_ns", {})

@@ -15,6 +15,8 @@
 #   CACHE/bin/        wrappers: qemu-system-x86_64, virtiofsd, busybox
 #   CACHE/stamps/     one stamp per step; a step re-runs when its stamp is
 #                     missing or records different inputs
+#   CACHE/kernel-nfs/ only with VM_GUEST_NFS=1: the trixie kernel's NFS client and virtio-net
+#                     modules (for tools/vm/nfs-compare.sh)
 #   CACHE/kernel-bookworm/  only with VM_KERNELS="trixie bookworm": Debian bookworm's
 #                     6.1 kernel with its virtio/fuse modules (for tools/vm/compare.sh)
 #   CACHE/kernel-backports/ only with "backports" in VM_KERNELS: the trixie-backports Linux 7.x
@@ -23,7 +25,7 @@
 # Needs root (apt-get, debootstrap, chroot) and cargo on PATH. Host: Debian 12+ x86_64.
 # Env: VM_CACHE, MIRROR (Debian mirror URL; default: the one the host's apt sources name), CARGO_JOBS (default: nproc),
 #      VM_KERNELS (default "trixie"; "trixie bookworm" adds the 6.1 kernel, "backports" the 7.x one),
-#      KPKG_BOOKWORM, KPKG_BACKPORTS.
+#      VM_GUEST_NFS (1: keep the NFS client and virtio-net modules, see above), KPKG_BOOKWORM, KPKG_BACKPORTS.
 set -euo pipefail
 
 CACHE=${1:-${VM_CACHE:-/var/tmp/virtiofs-dpu-vm}}
@@ -157,6 +159,42 @@ if ! stamp_ok kernel "$KPKG" || [ ! -e "$CACHE/kernel/vmlinuz" ]; then
     grep -q "^CONFIG_$opt=y" "$CACHE"/kernel/boot/config-* || die "kernel lacks CONFIG_$opt=y"
   done
   stamp_set kernel "$KPKG"
+fi
+
+# ---------------------------------------------------------------- 4a. guest NFS client modules (optional)
+# VM_GUEST_NFS=1 (tools/vm/nfs-compare.sh) also keeps, from the same trixie kernel package, the
+# modules of the guest kernel's own NFSv3 client and of virtio-net (the trixie kernel has them as
+# modules, which step 4 drops) in CACHE/kernel-nfs; build-guest.sh puts them into CACHE/alt/knfs.
+# Without it, nothing changes.
+if [ "${VM_GUEST_NFS:-0}" = 1 ]; then
+  KN=$CACHE/kernel-nfs
+  if ! stamp_ok kernel-nfs "$KPKG" || [ ! -d "$KN/lib/modules" ]; then
+    log "downloading $KPKG again for its NFS client and virtio-net modules"
+    rm -rf "$KN" "$C/tmp/kdl-nfs"
+    mkdir -p "$C/tmp/kdl-nfs" "$KN/lib/modules"
+    quiet timeout 900 chroot "$C" sh -c "cd /tmp/kdl-nfs && apt-get -o APT::Sandbox::User=root download $KPKG"
+    dpkg-deb -x "$C"/tmp/kdl-nfs/*.deb "$C/tmp/kdl-nfs/x"
+    for md in "$C"/tmp/kdl-nfs/x/lib/modules/*/ "$C"/tmp/kdl-nfs/x/usr/lib/modules/*/; do
+      [ -d "$md/kernel" ] || continue
+      v=$(basename "$md")
+      # nfsv3's and virtio_net's modinfo depends= closure (build-guest.sh checks it again)
+      # (directories, and single modules by name: .ko, .ko.xz or .ko.zst)
+      for p in fs/nfs fs/nfs_common fs/lockd fs/netfs net/sunrpc net/core/failover \
+               drivers/net/virtio_net drivers/net/net_failover; do
+        f=$md/kernel/$p
+        [ -d "$f" ] || f=$(ls "$md/kernel/$p".ko* 2>/dev/null | head -1)
+        [ -n "$f" ] && [ -e "$f" ] || die "$KPKG has no kernel/$p"
+        mkdir -p "$KN/lib/modules/$v/kernel/$(dirname "$p")"
+        mv "$f" "$KN/lib/modules/$v/kernel/$(dirname "$p")/"
+      done
+    done
+    rm -rf "$C/tmp/kdl-nfs"
+    [ -n "$(ls "$KN/lib/modules")" ] || die "$KPKG has no modules directory"
+    for opt in NFS_FS NFS_V3 SUNRPC VIRTIO_NET; do
+      grep -q "^CONFIG_$opt=m" "$CACHE"/kernel/boot/config-* || die "kernel lacks CONFIG_$opt=m"
+    done
+    stamp_set kernel-nfs "$KPKG"
+  fi
 fi
 
 # ---------------------------------------------------------------- 4b. extra guest kernels (optional)

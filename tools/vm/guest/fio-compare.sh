@@ -9,6 +9,7 @@
 #   randwrite-4k-qd1   4k random write, psync, iodepth 1
 #   randread-4k-qdN    4k random read,  libaio, iodepth FIO_QD (compare.sh: 2 x the queue size)
 #   seqwrite-1m        1 MiB sequential write, psync, iodepth 1
+#   (these from fio_job_args in lib.sh, shared with guest/nfs-compare.sh)
 #   seqwrite-1m-cpu1   the same pinned to CPU 1 (--cpus_allowed=1): with one request queue per
 #                      vCPU the guest driver puts it on CPU 1's own queue (the seed's core-local
 #                      queue choice); with one queue, on the only one
@@ -52,13 +53,8 @@ echo "VMFIO-INFO layout=$SIZE in $(vm_elapsed "$t0")s"
 fails=0
 for job in $JOBS; do
   case $job in
-    randread-4k-qd1)  args="--rw=randread --bs=4k --ioengine=psync --iodepth=1" ;;
-    randwrite-4k-qd1) args="--rw=randwrite --bs=4k --ioengine=psync --iodepth=1" ;;
-    randread-4k-qdN)  args="--rw=randread --bs=4k --ioengine=libaio --iodepth=$QD" ;;
-    seqwrite-1m)      args="--rw=write --bs=1M --ioengine=psync --iodepth=1" ;;
-    seqwrite-1m-cpu1) args="--rw=write --bs=1M --ioengine=psync --iodepth=1 --cpus_allowed=1" ;;
     write-1m-buffered-2j) args="" ;;
-    *) echo "fio-compare: unknown job $job"; fails=$((fails + 1)); continue ;;
+    *) args=$(fio_job_args "$job" "$QD") || { echo "fio-compare: unknown job $job"; fails=$((fails + 1)); continue; } ;;
   esac
   rc=0
   if [ "$job" = write-1m-buffered-2j ]; then

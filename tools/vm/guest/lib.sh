@@ -52,3 +52,21 @@ vm_dmesg_check() {
   fi
   vm_result dmesg "status=ok label=$label"
 }
+
+# fio_job_args JOB QD: the fio arguments of a comparison job (guest/fio-compare.sh,
+# guest/nfs-compare.sh); every one runs with --direct=1 --numjobs=1. Unknown JOB: status 1.
+fio_job_args() {
+  case $1 in
+    randread-4k-qd1)  echo "--rw=randread --bs=4k --ioengine=psync --iodepth=1" ;;
+    randwrite-4k-qd1) echo "--rw=randwrite --bs=4k --ioengine=psync --iodepth=1" ;;
+    # O_SYNC: every write durable before it returns (the kernel NFS client's O_DIRECT writes are
+    # FILE_SYNC whatever the flags; through FUSE, O_SYNC adds an FSYNC, our COMMIT)
+    randwrite-4k-qd1-sync) echo "--rw=randwrite --bs=4k --ioengine=psync --iodepth=1 --sync=1" ;;
+    randread-4k-qdN)  echo "--rw=randread --bs=4k --ioengine=libaio --iodepth=$2" ;;
+    seqread-1m)       echo "--rw=read --bs=1M --ioengine=psync --iodepth=1" ;;
+    seqwrite-1m)      echo "--rw=write --bs=1M --ioengine=psync --iodepth=1" ;;
+    seqwrite-1m-sync) echo "--rw=write --bs=1M --ioengine=psync --iodepth=1 --sync=1" ;;
+    seqwrite-1m-cpu1) echo "--rw=write --bs=1M --ioengine=psync --iodepth=1 --cpus_allowed=1" ;;
+    *) return 1 ;;
+  esac
+}
