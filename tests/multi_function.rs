@@ -655,6 +655,36 @@ fn a_removed_function_asks_its_client_to_let_it_go() {
     assert_eq!(gone["removed"], json!("client takes no removal request: disconnected"), "{gone}");
     assert!(t.elapsed() < Duration::from_secs(5));
     assert!(dy.getattr(1).is_err());
+    // A batch holding a delete_function is answered whole once the removal is done, while the
+    // socket answers another client at once.
+    c.call("create_function", json!({"socket_path": x, "tag": "z", "remove_timeout_ms": 500})).unwrap();
+    let mut dz = FsDriver::connect(&x, quick.clone()).unwrap();
+    dz.init().unwrap();
+    let batch = {
+        let ctl = ctl.clone();
+        std::thread::spawn(move || {
+            use std::io::{BufRead, Write};
+            let mut s = std::os::unix::net::UnixStream::connect(&ctl).unwrap();
+            let line = r#"[{"jsonrpc":"2.0","method":"delete_function","params":{"tag":"z"},"id":1},{"jsonrpc":"2.0","method":"list_functions","id":2}]"#;
+            s.write_all(format!("{line}\n").as_bytes()).unwrap();
+            let mut answer = String::new();
+            std::io::BufReader::new(s).read_line(&mut answer).unwrap();
+            serde_json::from_str::<Value>(&answer).unwrap()
+        })
+    };
+    let t = Instant::now();
+    while client_of(&mut c, "z")["connected"] == json!(true) && !dz.removal_requested() {
+        assert!(t.elapsed() < Duration::from_secs(5), "z was never asked to go");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(t.elapsed() < Duration::from_millis(450), "the other client waited for the batch");
+    let answers = batch.join().unwrap();
+    let answers = answers.as_array().unwrap();
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    assert_eq!((answers[0]["id"].clone(), answers[1]["id"].clone()), (json!(1), json!(2)));
+    assert_eq!(answers[0]["result"]["removed"], json!("timed out"), "{answers:?}");
+    assert!(answers[1]["result"].is_array(), "{answers:?}");
+    drop(dz);
 
     let before = done.load(Ordering::Relaxed);
     while done.load(Ordering::Relaxed) < before + 50 {
