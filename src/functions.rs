@@ -26,7 +26,7 @@ use virtiofs_backend::{PassthroughFs, RamFs};
 use virtiofs_device::config::{Placement, Profile};
 use virtiofs_device::poller::{PollerPool, RequestHandler};
 use virtiofs_device::stats::{ClientState, DeviceStats};
-use virtiofs_device::vfio_user::{self, StopHandle};
+use virtiofs_device::vfio_user::{self, Removal, StopHandle};
 
 use crate::{remote, FuseHandler, FuseStats, PassthroughHandler, RunningDevice};
 
@@ -50,6 +50,9 @@ pub enum FunctionError {
     /// No function has this tag.
     #[error("no function with tag {0:?}")]
     NotFound(String),
+    /// The function is being removed already.
+    #[error("function {0:?} is being removed already")]
+    Removing(String),
     /// Functions cannot be added to this daemon now.
     #[error("functions cannot be created at run time: {0}")]
     Refused(&'static str),
@@ -265,6 +268,28 @@ pub struct FunctionInfo {
     /// Bytes the function's own structures take (counters and histograms, the queues' slot
     /// arrays at their largest size), apart from its backend's data and the client's memory.
     pub memory_bytes: u64,
+    /// `serving`, or `removing` while `delete_function` waits for its client to let it go.
+    pub state: FunctionState,
+}
+
+/// Where a function is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FunctionState {
+    /// It serves its socket.
+    Serving,
+    /// `delete_function` asked its client to let it go and waits (at most `remove_timeout_ms`).
+    Removing,
+}
+
+/// A function removed by [`FunctionSet::delete`]: its final statistics and how its client
+/// let it go.
+#[derive(Debug)]
+pub struct Removed {
+    /// The device's final statistics.
+    pub stats: DeviceStats,
+    /// How the removal ended.
+    pub how: Removal,
 }
 
 struct Function {
@@ -273,7 +298,9 @@ struct Function {
     backend: &'static str,
     profile: Profile,
     placement: Placement,
-    device: RunningDevice,
+    /// The running device; `None` once [`FunctionSet::delete`] took it to remove it.
+    device: Option<RunningDevice>,
+    stop: StopHandle,
     fuse: FuseStatsFn,
     config: Value,
 }
@@ -287,8 +314,9 @@ impl Function {
             request_queues: self.profile.request_queues,
             queue_size: self.profile.queue_size,
             queue_pollers: (0..=self.profile.request_queues).map(|q| self.placement.poller_of(q)).collect(),
-            client: self.device.stop_handle().client(),
+            client: self.stop.client(),
             memory_bytes: memory_per_function(&self.profile, &self.placement),
+            state: if self.device.is_some() { FunctionState::Serving } else { FunctionState::Removing },
         }
     }
 }
@@ -369,7 +397,9 @@ impl FunctionSet {
         let device =
             RunningDevice::start_on_pool(listener, profile.clone(), handler, &self.pool, placement.clone())?;
         inner.next_ordinal += 1;
-        let f = Function { tag, socket, backend, profile, placement, device, fuse, config };
+        let stop = device.stop_handle();
+        let f =
+            Function { tag, socket, backend, profile, placement, device: Some(device), stop, fuse, config };
         let info = f.info();
         log::info!(
             "function {:?} on {}: {} backend, queues on pollers {:?}",
@@ -430,19 +460,26 @@ impl FunctionSet {
         self.lock().functions.iter().any(|f| f.tag == tag)
     }
 
-    /// Stops and removes the function `tag`: its client is disconnected, its queues leave the
-    /// pollers, its socket file is removed; returns its final statistics.
-    pub fn delete(&self, tag: &str) -> Result<DeviceStats, FunctionError> {
-        let f = {
+    /// Removes the function `tag` as a surprise removal would, but asked first: its socket
+    /// takes no new client, its client is sent the device-request interrupt (QEMU then unplugs
+    /// the device from the guest, whose driver resets it) and is served until it hangs up, or
+    /// disconnected once the function's `remove_timeout_ms` ran out (at once if it set no
+    /// device-request eventfd); then its queues leave the pollers and its socket file goes.
+    /// Blocks for as long; meanwhile [`Self::list`] shows it `removing`. Returns its final
+    /// statistics and how it went.
+    pub fn delete(&self, tag: &str) -> Result<Removed, FunctionError> {
+        let device = {
             let mut inner = self.lock();
-            let i = inner.functions.iter().position(|f| f.tag == tag);
-            let i = i.ok_or_else(|| FunctionError::NotFound(tag.into()))?;
-            inner.functions.remove(i)
+            let f = inner.functions.iter_mut().find(|f| f.tag == tag);
+            let f = f.ok_or_else(|| FunctionError::NotFound(tag.into()))?;
+            f.device.take().ok_or_else(|| FunctionError::Removing(tag.into()))?
         };
-        // Outside the lock: the others stay listable while this one's control plane stops.
-        let stats = f.device.stop()?;
-        log::info!("function {tag:?} removed");
-        Ok(stats)
+        // Outside the lock: the others stay listable while this one's client lets it go.
+        let result = device.remove();
+        self.lock().functions.retain(|f| f.tag != tag);
+        let (stats, how) = result?;
+        log::info!("function {tag:?} removed: {how}");
+        Ok(Removed { stats, how })
     }
 
     /// Every function, in creation order.
@@ -463,7 +500,7 @@ impl FunctionSet {
             None => inner.functions.first(),
             Some(t) => inner.functions.iter().find(|f| f.tag == t),
         }?;
-        Some((f.device.stop_handle(), f.fuse.clone(), f.config.clone()))
+        Some((f.stop.clone(), f.fuse.clone(), f.config.clone()))
     }
 
     /// The statistics of `tag` (the first function with `None`).
@@ -476,7 +513,14 @@ impl FunctionSet {
         let all = std::mem::take(&mut self.lock().functions);
         all.into_iter()
             .map(|f| {
-                let r = f.device.stop();
+                // One being removed is stopped here; the removal waiting for it then ends.
+                let r = match f.device {
+                    Some(d) => d.stop(),
+                    None => {
+                        f.stop.stop();
+                        Ok(f.stop.stats())
+                    }
+                };
                 (f.tag, r, (f.fuse)())
             })
             .collect()

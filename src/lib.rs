@@ -435,6 +435,21 @@ impl RunningDevice {
     }
 }
 
+impl RunningDevice {
+    /// Removes the device as a surprise removal would, but asked first (see
+    /// [`StopHandle::request_removal`]): waits until its client let it go, or until the
+    /// profile's `remove_timeout_ms` ran out; returns its final statistics and how it went.
+    pub fn remove(mut self) -> Result<(DeviceStats, vfio_user::Removal), ServerError> {
+        self.stop.request_removal();
+        let stats = match self.join.take().map(|j| j.join()) {
+            Some(Ok(r)) => r?,
+            Some(Err(_)) => return Err(ServerError::Setup(std::io::Error::other("device thread panicked"))),
+            None => self.stop.stats(),
+        };
+        Ok((stats, self.stop.removal().unwrap_or(vfio_user::Removal::Stopped)))
+    }
+}
+
 impl Drop for RunningDevice {
     fn drop(&mut self) {
         if let Some(j) = self.join.take() {

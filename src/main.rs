@@ -781,11 +781,28 @@ fn serve_functions(
     };
     let mut proc_fd = None;
     if let Some(root) = &root {
+        // Where each socket is once the root is the sandbox root (canonical paths, on the host
+        // still): a socket beneath it is removed through that path when its function goes; one
+        // elsewhere cannot be reached from inside and stays (DESIGN.md, "Functions").
+        let canonical_root = std::fs::canonicalize(root).ok();
+        let inside: Vec<Option<PathBuf>> = listeners
+            .iter()
+            .map(|l| {
+                let sock = std::fs::canonicalize(l.path()).ok()?;
+                let rel = sock.strip_prefix(canonical_root.as_deref()?).ok()?;
+                Some(std::path::Path::new("/").join(rel))
+            })
+            .collect();
         let confined = match sandbox::enter_namespace(root) {
             Ok(c) => c,
             Err(e) => return fail(1, &e),
         };
-        listeners.iter_mut().for_each(Listener::keep_socket_file);
+        for (l, inside) in listeners.iter_mut().zip(inside) {
+            match inside {
+                Some(p) => l.socket_file_now_at(p),
+                None => l.keep_socket_file(),
+            }
+        }
         if let Some(c) = control.as_mut() {
             c.keep_socket_file();
         }

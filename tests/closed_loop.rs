@@ -23,6 +23,17 @@ fn file_byte(i: usize) -> u8 {
 /// A device with `queues` request queues of `size` entries, a driver on it, and a 64 KiB
 /// file of known content: (device, driver, nodeid, fh).
 fn setup(dir: &Path, size: u16, queues: u16, policy: QueueFullPolicy) -> (RunningDevice, FsDriver, u64, u64) {
+    setup_with(dir, size, queues, policy, false)
+}
+
+/// [`setup`], the driver waiting for completions on its interrupts when `interrupts`.
+fn setup_with(
+    dir: &Path,
+    size: u16,
+    queues: u16,
+    policy: QueueFullPolicy,
+    interrupts: bool,
+) -> (RunningDevice, FsDriver, u64, u64) {
     let sock = dir.join("dev.sock");
     let profile = Profile { queue_size: size, request_queues: queues, ..Default::default() };
     let dev = RunningDevice::start(&sock, profile).unwrap();
@@ -31,6 +42,7 @@ fn setup(dir: &Path, size: u16, queues: u16, policy: QueueFullPolicy) -> (Runnin
         request_queues: queues,
         queue_full: policy,
         mem_size: 8 << 20,
+        use_interrupts: interrupts,
         ..Default::default()
     };
     let mut d = FsDriver::connect(&sock, opts).unwrap();
@@ -98,6 +110,22 @@ fn refill_at_twice_the_queue_never_waits_for_a_timer() {
     assert_eq!(r.refills, r.parked, "every parked request went in from the completion path");
     assert_eq!((r.retry_timer_fires, r.retried), (0, 0), "refill never sleeps 1 ms");
     assert!(r.max_parked <= 8);
+}
+
+/// With `use_interrupts` an idle loop blocks on the queue's interrupt eventfd instead of
+/// spinning: at QD=1 nearly every request is waited for that way, and at twice the queue size
+/// (refill) nothing is lost either.
+#[test]
+fn with_interrupts_the_loop_waits_on_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_dev, mut d, node, fh) = setup_with(dir.path(), 8, 1, QueueFullPolicy::Refill, true);
+    let before = d.stats().interrupts;
+    let (r, _) = run_reads(&mut d, node, fh, 1, 500);
+    assert_eq!(r.completed, 500);
+    let woken = d.stats().interrupts - before;
+    assert!(woken > 0, "no interrupt was waited for");
+    let (r, _) = run_reads(&mut d, node, fh, 16, 2000);
+    assert!(r.parked > 0 && r.completed == 2000, "{r:?}");
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! Several virtio-fs functions from one daemon on shared pollers (issue 14), over real sockets
 //! with the host driver model: two functions with different backends serving at once, functions
 //! created and removed at run time through the control socket while another runs a workload,
-//! a broken ring and a broken memory window on one function beside a healthy one, and
+//! a broken ring and a broken memory window on one function beside a healthy one, a function
+//! removed at run time asking its client to let it go (the device-request interrupt), and
 //! per-function statistics checked against what was sent.
 
 use std::path::{Path, PathBuf};
@@ -10,11 +11,20 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::os::fd::AsRawFd;
+
 use serde_json::{json, Value};
+use vfio_bindings::bindings::vfio::{
+    VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_INFO_NORESIZE, VFIO_IRQ_SET_ACTION_MASK, VFIO_IRQ_SET_ACTION_TRIGGER,
+    VFIO_IRQ_SET_ACTION_UNMASK, VFIO_IRQ_SET_DATA_BOOL, VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE,
+    VFIO_PCI_NUM_IRQS, VFIO_PCI_REQ_IRQ_INDEX,
+};
 use virtiofs_device::stats::OpClass;
 use virtiofs_dpu::ops::control_socket::{ClientError, ControlClient};
 use virtiofs_dpu::ops::report::StatsReport;
-use virtiofs_tools::{DriverError, DriverOptions, FsDriver};
+use virtiofs_tools::vfio_user::ClientCaps;
+use virtiofs_tools::{Client, DriverError, DriverOptions, FsDriver};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofs-dpu");
 
@@ -94,6 +104,29 @@ fn write_and_read(d: &mut FsDriver, name: &str, byte: u8, n: u64) {
         assert_eq!(d.read(e.nodeid, o.fh, i * 4096, 4096).unwrap(), data, "{name} block {i}");
     }
     d.release(e.nodeid, o.fh).unwrap();
+}
+
+/// A driver on `sock` writing and reading back one block until the flag is set; the counter
+/// counts its requests, the thread returns its slowest write and read.
+fn busy(sock: &Path) -> (Arc<AtomicBool>, Arc<AtomicU64>, std::thread::JoinHandle<Duration>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let (sock, st, dn) = (sock.to_path_buf(), stop.clone(), done.clone());
+    let worker = std::thread::spawn(move || {
+        let mut d = driver(&sock);
+        let (e, o) = d.create(1, "busy", 0o644, libc::O_RDWR as u32).unwrap();
+        let data = vec![7u8; 4096];
+        let mut slowest = Duration::ZERO;
+        while !st.load(Ordering::Relaxed) {
+            let t = Instant::now();
+            d.write(e.nodeid, o.fh, 0, &data).unwrap();
+            assert_eq!(d.read(e.nodeid, o.fh, 0, 4096).unwrap(), data);
+            slowest = slowest.max(t.elapsed());
+            dn.fetch_add(2, Ordering::Relaxed);
+        }
+        slowest
+    });
+    (stop, done, worker)
 }
 
 fn enoent(r: Result<impl std::fmt::Debug, DriverError>) {
@@ -211,30 +244,17 @@ fn two_functions_with_different_backends_serve_at_once() {
 fn functions_are_created_and_deleted_while_another_serves() {
     let (dir, mut daemon) = single_function_daemon();
     let (a, b, ctl) = (dir.path().join("a.sock"), dir.path().join("b.sock"), dir.path().join("ctl.sock"));
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let worker = {
-        let (a, stop, done) = (a.clone(), stop.clone(), done.clone());
-        std::thread::spawn(move || {
-            let mut d = driver(&a);
-            let (e, o) = d.create(1, "busy", 0o644, libc::O_RDWR as u32).unwrap();
-            let data = vec![7u8; 4096];
-            let mut slowest = Duration::ZERO;
-            while !stop.load(Ordering::Relaxed) {
-                let t = Instant::now();
-                d.write(e.nodeid, o.fh, 0, &data).unwrap();
-                assert_eq!(d.read(e.nodeid, o.fh, 0, 4096).unwrap(), data);
-                slowest = slowest.max(t.elapsed());
-                done.fetch_add(2, Ordering::Relaxed);
-            }
-            slowest
-        })
-    };
+    let (stop, done, worker) = busy(&a);
     let mut c = ControlClient::connect(&ctl).unwrap();
     while done.load(Ordering::Relaxed) < 100 {
         std::thread::sleep(Duration::from_millis(5));
     }
-    let info = c.call("create_function", json!({"socket_path": b, "tag": "b", "ramfs_size": "8M"})).unwrap();
+    let info = c
+        .call(
+            "create_function",
+            json!({"socket_path": b, "tag": "b", "ramfs_size": "8M", "remove_timeout_ms": 200}),
+        )
+        .unwrap();
     assert_eq!((info["tag"].clone(), info["backend"].clone()), (json!("b"), json!("ramfs")));
     let e =
         c.call("create_function", json!({"socket_path": dir.path().join("c.sock"), "tag": "b"})).unwrap_err();
@@ -265,8 +285,9 @@ fn functions_are_created_and_deleted_while_another_serves() {
     let sb = stats(&mut c, "b");
     assert_eq!(sb.device.class(OpClass::Write).unwrap().requests, 10);
 
+    // The driver does not answer the device-request interrupt: it is disconnected at the bound.
     let gone = c.call("delete_function", json!({"tag": "b"})).unwrap();
-    assert_eq!(gone["tag"], json!("b"));
+    assert_eq!((gone["tag"].clone(), gone["removed"].clone()), (json!("b"), json!("timed out")), "{gone}");
     assert!(!b.exists(), "the removed function's socket file is gone");
     match db.getattr(1) {
         Err(_) => {}
@@ -373,7 +394,8 @@ fn a_broken_function_leaves_the_other_serving() {
 
 /// Two functions serving host directories beneath one `sandbox_root`, in the default confinement
 /// of a root daemon (namespaces whose root is the sandbox root, seccomp in trap mode): each
-/// resolves only beneath its own directory, `..` included, and run-time functions are refused.
+/// resolves only beneath its own directory, `..` included, and run-time functions are refused;
+/// a deleted function's socket file beneath the sandbox root is removed from inside it.
 #[test]
 fn shared_directories_beneath_one_sandbox_root_stay_apart() {
     assert!(is_root(), "the namespace sandbox needs root: run this test as root");
@@ -384,7 +406,10 @@ fn shared_directories_beneath_one_sandbox_root_stay_apart() {
     std::fs::create_dir(&db).unwrap();
     std::fs::write(db.join("secret"), b"b's").unwrap();
     std::fs::write(root.path().join("top"), b"root's").unwrap();
-    let (a, b, ctl) = (dir.path().join("a.sock"), dir.path().join("b.sock"), dir.path().join("ctl.sock"));
+    // b's socket lies beneath the sandbox root (not in a shared directory), a's elsewhere.
+    std::fs::create_dir(root.path().join("run")).unwrap();
+    let (a, b, ctl) =
+        (dir.path().join("a.sock"), root.path().join("run/b.sock"), dir.path().join("ctl.sock"));
     let profile = dir.path().join("multi.toml");
     std::fs::write(
         &profile,
@@ -428,6 +453,8 @@ fn shared_directories_beneath_one_sandbox_root_stay_apart() {
     // lives on and the other function serves.
     drop(fb);
     c.call("delete_function", json!({"tag": "b"})).unwrap();
+    // Its socket file went, removed through its path inside the sandbox.
+    assert!(!b.exists(), "b's socket beneath the sandbox root stays");
     std::thread::sleep(Duration::from_millis(300));
     daemon.alive();
     write_and_read(&mut fa, "after-b", 0xa2, 4);
@@ -471,4 +498,200 @@ fn is_root() -> bool {
             s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(1) == Some("0"))
         })
         .unwrap_or(false)
+}
+
+/// The errno of a vfio-user command the device refused.
+fn refused_with(r: Result<(), virtiofs_tools::ClientError>) -> i32 {
+    match r {
+        Err(e) => e.errno().unwrap_or_else(|| panic!("not an error reply: {e}")),
+        Ok(()) => panic!("accepted"),
+    }
+}
+
+/// The device-request interrupt (vfio's `VFIO_PCI_REQ_IRQ_INDEX`) as vfio-pci offers it: one
+/// interrupt, an eventfd, neither maskable nor resizable; SET_IRQS takes TRIGGER only (MASK and
+/// UNMASK: ENOTTY), `start` 0 and `count` at most 1; an eventfd is set, cleared (count 1 with no
+/// descriptor, how a vfio-user client sends vfio's fd -1; count 0 with DATA_NONE) and signalled
+/// by DATA_NONE or a true DATA_BOOL; anything else is refused with EINVAL.
+#[test]
+fn the_device_request_interrupt_follows_vfio() {
+    let (dir, mut daemon) = single_function_daemon();
+    let mut c = Client::connect(&dir.path().join("a.sock")).unwrap();
+    c.set_timeout(Duration::from_secs(5)).unwrap();
+    c.version(&ClientCaps::default()).unwrap();
+    let info = c.irq_info(VFIO_PCI_REQ_IRQ_INDEX).unwrap();
+    assert_eq!((info.count, info.flags), (1, VFIO_IRQ_INFO_EVENTFD | VFIO_IRQ_INFO_NORESIZE));
+    let (req, trigger) = (VFIO_PCI_REQ_IRQ_INDEX, VFIO_IRQ_SET_ACTION_TRIGGER);
+    let efd = EventFd::new(EFD_NONBLOCK).unwrap();
+    let fd = [efd.as_raw_fd()];
+    let eventfd = VFIO_IRQ_SET_DATA_EVENTFD | trigger;
+    for action in [VFIO_IRQ_SET_ACTION_MASK, VFIO_IRQ_SET_ACTION_UNMASK] {
+        assert_eq!(
+            refused_with(c.set_irqs(req, VFIO_IRQ_SET_DATA_NONE | action, 0, 1, &[], &[])),
+            libc::ENOTTY
+        );
+    }
+    assert_eq!(refused_with(c.set_irqs(req, eventfd, 1, 1, &fd, &[])), libc::EINVAL, "start 1");
+    assert_eq!(refused_with(c.set_irqs(req, eventfd, 0, 2, &fd, &[])), libc::EINVAL, "count 2");
+    let two = [efd.as_raw_fd(), efd.as_raw_fd()];
+    assert_eq!(refused_with(c.set_irqs(req, eventfd, 0, 1, &two, &[])), libc::EINVAL, "two descriptors");
+    let file = tempfile::tempfile().unwrap();
+    assert_eq!(
+        refused_with(c.set_irqs(req, eventfd, 0, 1, &[file.as_raw_fd()], &[])),
+        libc::EINVAL,
+        "a file"
+    );
+    let boolean = VFIO_IRQ_SET_DATA_BOOL | trigger;
+    assert_eq!(refused_with(c.set_irqs(req, boolean, 0, 1, &[], &[1, 1])), libc::EINVAL, "two bools");
+    assert_eq!(refused_with(c.set_irqs(req, boolean, 0, 0, &[], &[])), libc::EINVAL, "count 0 bool");
+    assert_eq!(refused_with(c.set_irqs(req, eventfd, 0, 0, &[], &[])), libc::EINVAL, "count 0 eventfd");
+    let none = VFIO_IRQ_SET_DATA_NONE | trigger;
+    assert_eq!(refused_with(c.set_irqs(req, none, 0, 1, &fd, &[])), libc::EINVAL, "NONE with a descriptor");
+    assert_eq!(refused_with(c.set_irqs(VFIO_PCI_NUM_IRQS, none, 0, 1, &[], &[])), libc::EINVAL, "index 5");
+    assert!(efd.read().is_err(), "nothing signalled by refused requests");
+
+    c.set_irqs(req, eventfd, 0, 1, &fd, &[]).unwrap();
+    c.set_irqs(req, none, 0, 1, &[], &[]).unwrap();
+    assert_eq!(efd.read().unwrap(), 1, "DATA_NONE signals");
+    c.set_irqs(req, boolean, 0, 1, &[], &[0]).unwrap();
+    assert!(efd.read().is_err(), "a false bool does not");
+    c.set_irqs(req, boolean, 0, 1, &[], &[1]).unwrap();
+    assert_eq!(efd.read().unwrap(), 1, "a true bool does");
+    c.set_irqs(req, eventfd, 0, 1, &[], &[]).unwrap(); // cleared (vfio's fd -1)
+    c.set_irqs(req, none, 0, 1, &[], &[]).unwrap();
+    assert!(efd.read().is_err(), "a cleared eventfd is not signalled");
+    c.set_irqs(req, eventfd, 0, 1, &fd, &[]).unwrap();
+    c.set_irqs(req, none, 0, 0, &[], &[]).unwrap(); // cleared (count 0)
+    c.set_irqs(req, none, 0, 1, &[], &[]).unwrap();
+    assert!(efd.read().is_err(), "cleared by count 0");
+    drop(c);
+    daemon.alive();
+}
+
+/// A function removed at run time as a surprise removal would, but asked first: delete_function
+/// signals its client's device-request eventfd (QEMU turns it into a hot-unplug request to the
+/// guest) and keeps serving it; a driver that lets the device go (reset, interrupts cleared,
+/// hang-up) ends the removal with "client released it", one that ignores it is disconnected
+/// once the function's `remove_timeout_ms` ran out ("timed out"), one that set no such eventfd
+/// at once. Meanwhile the control socket answers other requests and lists the function as
+/// `removing`, and the other function on the same poller keeps serving.
+#[test]
+fn a_removed_function_asks_its_client_to_let_it_go() {
+    let (dir, mut daemon) = single_function_daemon();
+    let (a, ctl) = (dir.path().join("a.sock"), dir.path().join("ctl.sock"));
+    let (stop, done, worker) = busy(&a);
+    let mut c = ControlClient::connect(&ctl).unwrap();
+    let b = dir.path().join("b.sock");
+    c.call("create_function", json!({"socket_path": b, "tag": "b", "remove_timeout_ms": 4000})).unwrap();
+    let mut db = driver(&b);
+    assert_eq!(db.facts().req_count, 1);
+    let client_of = |c: &mut ControlClient, tag: &str| {
+        let list = c.call("list_functions", Value::Null).unwrap();
+        list.as_array().unwrap().iter().find(|f| f["tag"] == json!(tag)).unwrap()["client"].clone()
+    };
+    assert_eq!(client_of(&mut c, "b")["removal_interrupt"], json!(true));
+    write_and_read(&mut db, "on-b", 0xb1, 4);
+    assert!(!db.removal_requested());
+    // The driver answers the request the way a guest's unplug and QEMU's unrealize do.
+    let releaser = std::thread::spawn(move || {
+        let asked = db.wait_removal_request(Duration::from_secs(10)).unwrap();
+        assert!(asked, "no device-request interrupt");
+        db.getattr(1).expect("still served while it lets go"); // the guest's last requests
+        std::thread::sleep(Duration::from_millis(300));
+        db.let_go().unwrap();
+        Instant::now()
+    });
+    let deleter = {
+        let ctl = ctl.clone();
+        std::thread::spawn(move || {
+            let mut c = ControlClient::connect(&ctl).unwrap();
+            let r = c.call("delete_function", json!({"tag": "b"})).unwrap();
+            (r, Instant::now())
+        })
+    };
+    // The control socket answers meanwhile, and shows the function going.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let list = c.call("list_functions", Value::Null).unwrap();
+        let state =
+            list.as_array().unwrap().iter().find(|f| f["tag"] == json!("b")).map(|f| f["state"].clone());
+        if state == Some(json!("removing")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "b never listed as removing: {list}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(!b.exists(), "the socket file goes as the removal starts");
+    let e = c.call("delete_function", json!({"tag": "b"})).unwrap_err();
+    assert!(matches!(&e, ClientError::Rpc { message, .. } if message.contains("being removed")), "{e:?}");
+    let released_at = releaser.join().unwrap();
+    let (gone, answered_at) = deleter.join().unwrap();
+    assert_eq!(gone["removed"], json!("client released it"), "{gone}");
+    assert!(gone["requests"].as_u64().unwrap() >= 10, "{gone}");
+    assert!(answered_at >= released_at && answered_at - released_at < Duration::from_secs(2));
+    let tags = c.call("list_functions", Value::Null).unwrap();
+    assert_eq!(tags.as_array().unwrap().len(), 1, "{tags}");
+
+    // A driver that ignores the request is disconnected once the bound ran out.
+    let x = dir.path().join("x.sock");
+    c.call("create_function", json!({"socket_path": x, "tag": "x", "remove_timeout_ms": 300})).unwrap();
+    // (A disconnected driver notices at its reply timeout: a short one.)
+    let quick = DriverOptions { timeout: Duration::from_secs(1), ..DriverOptions::default() };
+    let mut dx = FsDriver::connect(&x, quick.clone()).unwrap();
+    dx.init().unwrap();
+    let t = Instant::now();
+    let gone = c.call("delete_function", json!({"tag": "x"})).unwrap();
+    assert_eq!(gone["removed"], json!("timed out"), "{gone}");
+    assert!(t.elapsed() >= Duration::from_millis(300), "answered after {:?}", t.elapsed());
+    assert!(dx.removal_requested(), "it was asked");
+    assert!(dx.getattr(1).is_err(), "and then disconnected");
+    // One that set no device-request eventfd is disconnected at once.
+    c.call("create_function", json!({"socket_path": x, "tag": "y", "remove_timeout_ms": 60000})).unwrap();
+    let mut dy = FsDriver::connect(&x, DriverOptions { request_irq: false, ..quick }).unwrap();
+    dy.init().unwrap();
+    assert_eq!(client_of(&mut c, "y")["removal_interrupt"], json!(false));
+    let t = Instant::now();
+    let gone = c.call("delete_function", json!({"tag": "y"})).unwrap();
+    assert_eq!(gone["removed"], json!("client takes no removal request: disconnected"), "{gone}");
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert!(dy.getattr(1).is_err());
+    // A batch holding a delete_function is answered whole once the removal is done, while the
+    // socket answers another client at once.
+    c.call("create_function", json!({"socket_path": x, "tag": "z", "remove_timeout_ms": 500})).unwrap();
+    let mut dz = FsDriver::connect(&x, quick.clone()).unwrap();
+    dz.init().unwrap();
+    let batch = {
+        let ctl = ctl.clone();
+        std::thread::spawn(move || {
+            use std::io::{BufRead, Write};
+            let mut s = std::os::unix::net::UnixStream::connect(&ctl).unwrap();
+            let line = r#"[{"jsonrpc":"2.0","method":"delete_function","params":{"tag":"z"},"id":1},{"jsonrpc":"2.0","method":"list_functions","id":2}]"#;
+            s.write_all(format!("{line}\n").as_bytes()).unwrap();
+            let mut answer = String::new();
+            std::io::BufReader::new(s).read_line(&mut answer).unwrap();
+            serde_json::from_str::<Value>(&answer).unwrap()
+        })
+    };
+    let t = Instant::now();
+    while client_of(&mut c, "z")["connected"] == json!(true) && !dz.removal_requested() {
+        assert!(t.elapsed() < Duration::from_secs(5), "z was never asked to go");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(t.elapsed() < Duration::from_millis(450), "the other client waited for the batch");
+    let answers = batch.join().unwrap();
+    let answers = answers.as_array().unwrap();
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    assert_eq!((answers[0]["id"].clone(), answers[1]["id"].clone()), (json!(1), json!(2)));
+    assert_eq!(answers[0]["result"]["removed"], json!("timed out"), "{answers:?}");
+    assert!(answers[1]["result"].is_array(), "{answers:?}");
+    drop(dz);
+
+    let before = done.load(Ordering::Relaxed);
+    while done.load(Ordering::Relaxed) < before + 50 {
+        std::thread::sleep(Duration::from_millis(5));
+        daemon.alive();
+    }
+    stop.store(true, Ordering::Relaxed);
+    worker.join().unwrap();
+    daemon.alive();
 }

@@ -30,6 +30,7 @@ pub mod nfs_raw;
 pub mod null;
 pub mod pingpong;
 pub mod plot;
+pub mod sys;
 pub mod wakeup;
 
 use std::path::PathBuf;

@@ -89,6 +89,12 @@ struct Args {
     /// In --multi, the core of function A's driver (default: where the scheduler puts it).
     #[arg(long, requires = "multi")]
     a_core: Option<usize>,
+    /// In --multi, the fairness figure of the device on a machine without a core per driver:
+    /// B's driver blocks on its interrupt under SCHED_FIFO at this priority (1-99, needs root or
+    /// CAP_SYS_NICE), on the same core as A's driver, which spins (--a-spins and --a-core are
+    /// then ignored), so the scheduler gives B the core as soon as its completion comes.
+    #[arg(long, requires = "multi", value_parser = clap::value_parser!(i32).range(1..=99))]
+    b_realtime: Option<i32>,
     /// Print the report as JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -208,6 +214,7 @@ fn multi(a: &Args, duration: Duration) -> ExitCode {
         driver_core: pinned.then_some(0),
         a_spins: a.a_spins,
         a_core: a.a_core,
+        b_realtime: a.b_realtime,
     };
     let mut progress = |line: &str| eprintln!("{line}");
     match bench::multi::run(&cfg, &mut progress) {

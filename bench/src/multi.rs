@@ -2,7 +2,16 @@
 //!
 //! - **Fairness**: function B at QD=1 (4 KiB random reads) alone on the poller, then while
 //!   function A keeps its queue over-full (QD = 2 x queue size, the `refill` queue-full policy)
-//!   on the same poller: B's p99 with A over B's p99 alone (target at most 2).
+//!   on the same poller: B's p99 with A over B's p99 alone (target at most 2). With
+//!   [`MultiConfig::b_realtime`] the measurement is of the device, not of CPU contention on a
+//!   machine without a core for each driver: B's driver waits for each completion blocked on its
+//!   interrupt eventfd under `SCHED_FIFO`, on the same core as A's driver, which spins (polls its
+//!   used ring and refills); the scheduler preempts A for B as soon as B's interrupt comes, so
+//!   what B waits for is the poller (on a core of its own) and a wake-up, alone and beside A
+//!   alike (alone, a thread that only spins takes A's place on that core, so that B's wake-ups
+//!   find it just as busy). Without it (the first figure) B's driver spins on its used ring and A's waits on its
+//!   interrupts wherever the scheduler puts it: on two cores A's driver then takes CPU from B's
+//!   or from the poller, and the figure measures that contention as much as the device.
 //! - **Scale**: the QD=1 4 KiB read p50 of one function with no other function on its poller,
 //!   then with 64 idle functions (each with a client that brought its queues up and sends
 //!   nothing) on the same poller (target at most 1.2x).
@@ -56,6 +65,10 @@ pub struct MultiConfig {
     pub a_spins: bool,
     /// Function A's driver's core (`None`: where the scheduler puts it).
     pub a_core: Option<usize>,
+    /// The fairness measurement with B's driver blocking on its interrupt under `SCHED_FIFO` at
+    /// this priority, A's driver spinning on B's core (`a_spins` and `a_core` are then
+    /// ignored); `None`: the first measurement (B spinning).
+    pub b_realtime: Option<i32>,
 }
 
 /// Latency percentiles of one phase, in microseconds.
@@ -82,8 +95,14 @@ pub struct MultiReport {
     pub b_beside_a: Vec<Lat>,
     /// A's IOPS during those rounds.
     pub a_iops: Vec<f64>,
+    /// The share of a core A's driver thread had during those rounds (its CPU time over its
+    /// wall time).
+    pub a_cpu_share: Vec<f64>,
     /// A's driver spun (else it waited on its interrupts).
     pub a_spins: bool,
+    /// B's driver waited on its interrupt under `SCHED_FIFO` at this priority, on A's core
+    /// (else it spun on its used ring).
+    pub b_realtime: Option<i32>,
     /// Median of B's p99 beside A over alone.
     pub fairness_p99_ratio: f64,
     /// QD=1 read with no other function on the poller, per round.
@@ -118,6 +137,19 @@ fn lat(h: &Histogram<u64>) -> Lat {
         p999_us: us(0.999),
         max_us: h.max() as f64 / 1000.0,
     }
+}
+
+/// Clock ticks a second of `/proc`'s CPU times (`USER_HZ`, 100 on Linux).
+const TICKS_PER_S: f64 = 100.0;
+
+/// The calling thread's CPU time so far, user and system, in clock ticks.
+fn thread_cpu_ticks() -> u64 {
+    let s = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+    // After the command name in parentheses: field 3 on; utime and stime are fields 14 and 15.
+    let rest = s.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let field = |n: usize| f.get(n - 3).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    field(14) + field(15)
 }
 
 fn rss() -> u64 {
@@ -219,31 +251,66 @@ pub fn run(cfg: &MultiConfig, progress: &mut dyn FnMut(&str)) -> Result<MultiRep
     // Fairness: A and B on the one poller.
     let fa = start(&pool, &profile, dir.path(), 0)?;
     let fb = start(&pool, &profile, dir.path(), 1)?;
-    let (mut db, nb, hb) = client(&fb, q, false)?;
-    let (da, na, ha) = client(&fa, q, !cfg.a_spins)?;
+    let rt = cfg.b_realtime;
+    let (a_spins, a_core) = match rt {
+        Some(_) => (true, cfg.driver_core),
+        None => (cfg.a_spins, cfg.a_core),
+    };
+    let (mut db, nb, hb) = client(&fb, q, rt.is_some())?;
+    let (da, na, ha) = client(&fa, q, !a_spins)?;
+    // B's measurements (alone and beside A) under the real-time policy, the rest not.
+    let b_reads = |db: &mut FsDriver| -> Result<Histogram<u64>, BenchError> {
+        if rt.is_some() {
+            crate::sys::set_realtime(rt)?;
+        }
+        let r = reads(db, nb, hb, 1, cfg.warmup, cfg.duration);
+        if rt.is_some() {
+            crate::sys::set_realtime(None)?;
+        }
+        r.map(|(h, _)| h)
+    };
     let da = Arc::new(std::sync::Mutex::new(da));
-    let (mut b_alone, mut b_beside_a, mut a_iops) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut b_alone, mut b_beside_a, mut a_iops, mut a_cpu) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
         progress(&format!("[fairness {}/{rounds}] B at QD=1 alone", round + 1));
-        let (h, _) = reads(&mut db, nb, hb, 1, cfg.warmup, cfg.duration)?;
-        b_alone.push(lat(&h));
+        // Alone the same way: with the real-time B, a thread as CPU-bound as A's driver spins on
+        // A's core without touching the device, so that B's wake-ups find that core as busy as
+        // beside A and only A's load on the poller differs.
+        let burning = Arc::new(AtomicBool::new(rt.is_some()));
+        let burner = rt.map(|_| {
+            let burning = burning.clone();
+            std::thread::spawn(move || {
+                pin(a_core);
+                while burning.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        });
+        let h = b_reads(&mut db);
+        burning.store(false, Ordering::Relaxed);
+        if let Some(b) = burner {
+            let _ = b.join();
+        }
+        b_alone.push(lat(&h?));
         progress(&format!("[fairness {}/{rounds}] B at QD=1 beside A at QD={} (refill)", round + 1, 2 * q));
         let running = Arc::new(AtomicBool::new(true));
-        let a_core = cfg.a_core;
         let a = {
             let (da, running) = (da.clone(), running.clone());
             // A runs a little longer on both sides than B measures.
             let span = cfg.warmup + cfg.duration + Duration::from_millis(400);
-            std::thread::spawn(move || -> Result<f64, String> {
+            std::thread::spawn(move || -> Result<(f64, f64), String> {
                 pin(a_core);
                 let mut d = da.lock().unwrap_or_else(|e| e.into_inner());
+                let (t0, cpu0) = (std::time::Instant::now(), thread_cpu_ticks());
                 let r = reads(&mut d, na, ha, 2 * usize::from(q), Duration::from_millis(100), span);
                 running.store(false, Ordering::Relaxed);
-                r.map(|(_, iops)| iops).map_err(|e| e.to_string())
+                let share = (thread_cpu_ticks() - cpu0) as f64 / TICKS_PER_S / t0.elapsed().as_secs_f64();
+                r.map(|(_, iops)| (iops, share)).map_err(|e| e.to_string())
             })
         };
         std::thread::sleep(Duration::from_millis(200));
-        let (h, _) = reads(&mut db, nb, hb, 1, cfg.warmup, cfg.duration)?;
+        let h = b_reads(&mut db)?;
         let still = running.load(Ordering::Relaxed);
         let iops = a
             .join()
@@ -253,7 +320,8 @@ pub fn run(cfg: &MultiConfig, progress: &mut dyn FnMut(&str)) -> Result<MultiRep
             return Err(BenchError::Config("A's load ended before B's measurement did".into()));
         }
         b_beside_a.push(lat(&h));
-        a_iops.push(iops);
+        a_iops.push(iops.0);
+        a_cpu.push(iops.1);
     }
     drop((db, da));
     drop((fa, fb));
@@ -345,7 +413,9 @@ pub fn run(cfg: &MultiConfig, progress: &mut dyn FnMut(&str)) -> Result<MultiRep
         b_alone,
         b_beside_a,
         a_iops,
-        a_spins: cfg.a_spins,
+        a_cpu_share: a_cpu,
+        a_spins,
+        b_realtime: rt,
         fairness_p99_ratio: ratio,
         qd1_alone,
         qd1_with_idle,
@@ -380,8 +450,12 @@ pub fn table(r: &MultiReport) -> String {
         "{:<52} {:>9} {:>9} {:>9} {:>9}",
         "4k randread, medians over rounds (us)", "p50", "p99", "p99.9", "max"
     );
-    row(&mut s, "B QD=1 alone on the poller", &r.b_alone);
-    row(&mut s, "B QD=1 beside A at QD=2x queue (refill)", &r.b_beside_a);
+    let how = match r.b_realtime {
+        Some(_) => " (B blocks, RT)",
+        None => " (B spins)",
+    };
+    row(&mut s, &format!("B QD=1 alone on the poller{how}"), &r.b_alone);
+    row(&mut s, &format!("B QD=1 beside A at QD=2x queue (refill){how}"), &r.b_beside_a);
     row(&mut s, "QD=1 alone on the poller", &r.qd1_alone);
     row(&mut s, &format!("QD=1 with {} idle functions on the poller", r.idle_functions), &r.qd1_with_idle);
     row(&mut s, "QD=1 alone (churn phase)", &r.churn_alone);
@@ -389,9 +463,20 @@ pub fn table(r: &MultiReport) -> String {
     let _ = writeln!(s, "functions created, used and removed per churn round: {:?}", r.churned);
     let _ = writeln!(
         s,
-        "A's IOPS beside B: {:.0} (A's driver {})",
+        "A's IOPS beside B: {:.0}, its driver on {:.0} % of a core (A's driver {})",
         median(r.a_iops.clone()),
+        100.0 * median(r.a_cpu_share.clone()),
         if r.a_spins { "polling its used ring" } else { "waiting on its interrupts" }
+    );
+    let _ = writeln!(
+        s,
+        "B's driver: {}",
+        match r.b_realtime {
+            Some(p) => format!(
+                "blocked on its interrupt eventfd under SCHED_FIFO {p}, on A's core (the device's figure)"
+            ),
+            None => "spinning on its used ring (includes CPU contention with A's driver)".into(),
+        }
     );
     let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
     let _ = writeln!(

@@ -16,6 +16,8 @@ pub const MAX_QUEUE_SIZE: u16 = 32768;
 pub const MAX_REQUEST_QUEUES: u16 = 1023;
 /// Longest tag the device config can carry (`tag[36]`).
 pub const MAX_TAG_LEN: usize = 36;
+/// Longest `remove_timeout_ms` accepted (ten minutes).
+pub const MAX_REMOVE_TIMEOUT_MS: u64 = 600_000;
 
 /// Errors reading or validating a profile.
 #[derive(Debug, Error)]
@@ -126,6 +128,10 @@ pub struct Profile {
     /// Descriptors kept free for accepting the next client and for serving: a DMA window whose
     /// descriptor would leave fewer free below RLIMIT_NOFILE fails EMFILE.
     pub fd_reserve: u64,
+    /// How long, in milliseconds, a client asked to let the device go (a function removed at
+    /// run time: the device-request interrupt, which QEMU turns into a hot-unplug request to
+    /// the guest) may keep it before it is disconnected; 0 disconnects at once.
+    pub remove_timeout_ms: u64,
 }
 
 impl Default for Profile {
@@ -146,6 +152,7 @@ impl Default for Profile {
             max_dma_windows: 4096,
             max_dma_mib: 1 << 20,
             fd_reserve: 128,
+            remove_timeout_ms: 5000,
         }
     }
 }
@@ -219,6 +226,12 @@ impl Profile {
         }
         if self.idle_sleep_us == 0 || self.idle_sleep_us > 100_000 {
             return invalid("idle_sleep_us", format!("must be 1 to 100000, got {}", self.idle_sleep_us));
+        }
+        if self.remove_timeout_ms > MAX_REMOVE_TIMEOUT_MS {
+            return invalid(
+                "remove_timeout_ms",
+                format!("must be at most {MAX_REMOVE_TIMEOUT_MS}, got {}", self.remove_timeout_ms),
+            );
         }
         if self.idle_spin_us > 10_000_000 {
             return invalid("idle_spin_us", format!("must be at most 10000000, got {}", self.idle_spin_us));

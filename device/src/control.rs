@@ -85,8 +85,12 @@ pub struct DeviceState {
     func: VirtioFsFunction,
     dma: DmaTable,
     pollers: PollerSet,
-    /// MSI-X eventfds by vector (the device has no INTx, MSI or error/request interrupts).
+    /// MSI-X eventfds by vector (the device has no INTx, MSI or error interrupts).
     msix_fds: Vec<Option<File>>,
+    /// The device-request interrupt's eventfd (vfio's `VFIO_PCI_REQ_IRQ_INDEX`, one interrupt):
+    /// signalled when the function is to go away ([`Self::request_removal`]); QEMU's
+    /// `vfio-user-pci` then asks the guest to unplug the device through its slot.
+    req_fd: Option<File>,
     /// Backing of the mmappable notify area; `None` when doorbells come through the transport
     /// (the area is then trapped: every doorbell is a register write that wakes a poller).
     notify_mem: Option<File>,
@@ -130,7 +134,8 @@ impl DeviceState {
             Some(memory::memfd("virtiofs-notify", pci::VIRTIO_BAR_SIZE)?)
         };
         let vectors = func.msix().len();
-        Ok(DeviceState { func, dma, pollers, msix_fds: (0..vectors).map(|_| None).collect(), notify_mem })
+        let msix_fds = (0..vectors).map(|_| None).collect();
+        Ok(DeviceState { func, dma, pollers, msix_fds, req_fd: None, notify_mem })
     }
 
     /// The device's counters, readable from any thread.
@@ -152,6 +157,8 @@ impl DeviceState {
         self.pollers.set_memory(&self.dma.snapshot());
         drop(removed); // no poller can touch them now: their SIGBUS watch may end
         self.msix_fds.iter_mut().for_each(|f| *f = None);
+        self.req_fd = None;
+        self.counters().removal_interrupt(false);
         self.publish_irqs();
         self.counters().reset_done();
         self.publish_state();
@@ -278,6 +285,33 @@ impl DeviceState {
         }
         self.publish_irqs();
         Ok(())
+    }
+
+    /// Sets the device-request interrupt's eventfd (`None`: clears it).
+    pub fn set_request_eventfd(&mut self, fd: Option<File>) -> Result<(), ControlError> {
+        if let Some(f) = &fd {
+            if !is_eventfd(f) {
+                return Err(ControlError::NotEventfd(0));
+            }
+            set_nonblocking(f).map_err(|e| ControlError::Eventfd(0, e))?;
+        }
+        self.counters().removal_interrupt(fd.is_some());
+        self.req_fd = fd;
+        Ok(())
+    }
+
+    /// Signals the device-request interrupt, if the client set its eventfd: the device asks to
+    /// be let go (QEMU's `vfio-user-pci` then unplugs it from the guest, whose driver resets it,
+    /// and the client hangs up). Returns whether there was an eventfd to signal.
+    pub fn request_removal(&self) -> bool {
+        match &self.req_fd {
+            Some(f) => {
+                // EAGAIN: the counter is full, a request is pending already.
+                let _ = signal_eventfd(f);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Drops every interrupt eventfd.

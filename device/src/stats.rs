@@ -486,6 +486,10 @@ pub struct ClientState {
     pub packed_ring: bool,
     /// Device resets (driver, DEVICE_RESET or a client gone) so far.
     pub resets: u64,
+    /// The client set the device-request interrupt's eventfd: a run-time removal asks it to let
+    /// the device go (QEMU then unplugs it from the guest) before it is disconnected.
+    #[serde(default)]
+    pub removal_interrupt: bool,
 }
 
 /// The monotonic coarse clock in nanoseconds (`CLOCK_MONOTONIC_COARSE`: a few nanoseconds a
@@ -675,6 +679,7 @@ struct ClientCounters {
     status: AtomicU64,
     features: AtomicU64,
     resets: AtomicU64,
+    removal_interrupt: AtomicBool,
 }
 
 /// Every counter of one device: a block per poller and one for the control plane.
@@ -807,6 +812,12 @@ impl DeviceCounters {
         self.client.features.store(features, Ordering::Relaxed);
     }
 
+    /// Publishes whether the client set the device-request eventfd (the control plane's thread
+    /// only).
+    pub(crate) fn removal_interrupt(&self, set: bool) {
+        self.client.removal_interrupt.store(set, Ordering::Relaxed);
+    }
+
     /// Counts a device reset (the control plane's thread only).
     pub(crate) fn reset_done(&self) {
         add(&self.client.resets, 1);
@@ -823,6 +834,7 @@ impl DeviceCounters {
             features,
             packed_ring: features & RING_PACKED != 0,
             resets: c.resets.load(Ordering::Relaxed),
+            removal_interrupt: c.removal_interrupt.load(Ordering::Relaxed),
         }
     }
 

@@ -9,11 +9,22 @@
 //! | `set_log_level` | `{"level": "off"\|"error"\|"warn"\|"info"\|"debug"\|"trace"}` | the previous level |
 //! | `rpc_get_methods` | none | the method names |
 //! | `create_function` | `{"socket_path", "tag", ...}` (any key of a `[[function]]` table) | the new function ([`crate::functions::FunctionInfo`]) |
-//! | `delete_function` | `{"tag"}` | `{"tag", "requests"}` once it is gone |
+//! | `delete_function` | `{"tag"}` | `{"tag", "requests", "removed"}` once it is gone (below) |
 //! | `list_functions` | none | every function ([`crate::functions::FunctionInfo`]) |
 //!
 //! `get_device`, `get_stats` and `reset_stats` take an optional `{"tag"}` (default: the first
 //! function; `reset_stats`: every function).
+//!
+//! `delete_function` answers once the function is gone, which may take up to its
+//! `remove_timeout_ms`: its client is asked to let the device go (the device-request
+//! interrupt, which QEMU turns into a hot-unplug request to the guest) and is served until it
+//! does. `"removed"` says how it went: `"client released it"`, `"timed out"` (the client was
+//! disconnected at the bound), `"client takes no removal request: disconnected"` or
+//! `"no client"`. The wait blocks nothing else: the removal runs on a thread of its own, this
+//! socket goes on answering every other request (of this client too: responses carry the
+//! request's `id` and may come out of order; a batch holding a `delete_function` is answered as
+//! a whole once all of it is done), and `list_functions` shows the function with `"state":
+//! "removing"` meanwhile.
 //!
 //! It runs on a thread of its own and reads the device's statistics as data: the pollers'
 //! single-writer counters and the state the control plane publishes
@@ -27,6 +38,8 @@ use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixListener as StdListener;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -125,6 +138,48 @@ struct Methods {
     baselines: HashMap<String, (DeviceStats, Instant)>,
 }
 
+/// A method's work that may take long (a function's removal): run on a thread of its own.
+type Job = Box<dyn FnOnce() -> Result<Value, RpcError> + Send>;
+
+/// What a method gives: its result, or the work that will make it.
+enum Outcome {
+    Now(Value),
+    Later(Job),
+}
+
+/// The answer to one request object: a response now (`None` for a notification), or later.
+enum Answer {
+    Now(Option<Value>),
+    /// The request's `id` (`None`: a notification) and the work that makes its result.
+    Later(Option<Value>, Job),
+}
+
+/// The response line to one request line, or its parts still being worked on.
+struct LineAnswer {
+    /// One slot per request of the line (a single request: one slot).
+    slots: Vec<Option<Value>>,
+    /// The slots whose result a job makes.
+    jobs: Vec<(usize, Option<Value>, Job)>,
+    /// The line was a batch (its response is an array).
+    batch: bool,
+}
+
+impl LineAnswer {
+    fn now(response: Option<Value>) -> Self {
+        LineAnswer { slots: vec![response], jobs: Vec::new(), batch: false }
+    }
+
+    /// The response line, once every slot is filled (`None`: nothing to send).
+    fn text(self) -> Option<String> {
+        if self.batch {
+            let out: Vec<Value> = self.slots.into_iter().flatten().collect();
+            (!out.is_empty()).then(|| Value::Array(out).to_string())
+        } else {
+            self.slots.into_iter().next().flatten().map(|v| v.to_string())
+        }
+    }
+}
+
 /// The method names.
 pub const METHODS: [&str; 8] = [
     "get_device",
@@ -178,8 +233,8 @@ pub fn parse_level(s: &str) -> Option<LevelFilter> {
 }
 
 impl Methods {
-    fn call(&mut self, method: &str, params: &Value) -> Result<Value, RpcError> {
-        match method {
+    fn call(&mut self, method: &str, params: &Value) -> Result<Outcome, RpcError> {
+        let value = match method {
             "get_device" => {
                 let tag = tag_param(params)?;
                 let (device, _, fconfig) = self.function(tag.as_deref())?;
@@ -230,9 +285,16 @@ impl Methods {
             "delete_function" => {
                 let tag = tag_param(params)?
                     .ok_or_else(|| RpcError::InvalidParams("expected {\"tag\": TAG}".into()))?;
-                let stats = self.state.functions.delete(&tag).map_err(function_error)?;
                 self.baselines.remove(&tag);
-                Ok(json!({"tag": tag, "requests": stats.requests().iter().sum::<u64>()}))
+                let functions = self.state.functions.clone();
+                return Ok(Outcome::Later(Box::new(move || {
+                    let gone = functions.delete(&tag).map_err(function_error)?;
+                    Ok(json!({
+                        "tag": tag,
+                        "requests": gone.stats.requests().iter().sum::<u64>(),
+                        "removed": gone.how.describe(),
+                    }))
+                })));
             }
             "list_functions" => {
                 no_params(params)?;
@@ -258,7 +320,8 @@ impl Methods {
                 Ok(json!(METHODS))
             }
             other => Err(RpcError::MethodNotFound(other.to_string())),
-        }
+        };
+        value.map(Outcome::Now)
     }
 
     /// The function `tag` (the first with `None`).
@@ -277,66 +340,83 @@ impl Methods {
         tag.or_else(|| self.state.functions.tags().into_iter().next()).unwrap_or_default()
     }
 
-    /// The response to one request object (`None` for a notification).
-    fn request(&mut self, req: &Value) -> Option<Value> {
+    /// The answer to one request object.
+    fn request(&mut self, req: &Value) -> Answer {
+        match self.request_inner(req) {
+            Ok(a) => a,
+            Err(response) => Answer::Now(Some(response)),
+        }
+    }
+
+    /// [`Self::request`]; `Err` is an error response to send as it is.
+    fn request_inner(&mut self, req: &Value) -> Result<Answer, Value> {
         let Value::Object(obj) = req else {
-            return Some(RpcError::InvalidRequest("not an object".into()).to_json(Value::Null));
+            return Err(RpcError::InvalidRequest("not an object".into()).to_json(Value::Null));
         };
         let id = obj.get("id").cloned();
         let err_id = id.clone().unwrap_or(Value::Null);
         match &id {
             None | Some(Value::Null | Value::String(_) | Value::Number(_)) => {}
             Some(_) => {
-                return Some(
-                    RpcError::InvalidRequest("id must be a string, number or null".into())
-                        .to_json(Value::Null),
-                )
+                return Err(RpcError::InvalidRequest("id must be a string, number or null".into())
+                    .to_json(Value::Null))
             }
         }
         if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
-            return Some(RpcError::InvalidRequest("\"jsonrpc\" must be \"2.0\"".into()).to_json(err_id));
+            return Err(RpcError::InvalidRequest("\"jsonrpc\" must be \"2.0\"".into()).to_json(err_id));
         }
         let Some(method) = obj.get("method").and_then(Value::as_str) else {
-            return Some(RpcError::InvalidRequest("\"method\" must be a string".into()).to_json(err_id));
+            return Err(RpcError::InvalidRequest("\"method\" must be a string".into()).to_json(err_id));
         };
         let params = obj.get("params").cloned().unwrap_or(Value::Null);
         if !matches!(params, Value::Null | Value::Object(_) | Value::Array(_)) {
-            return Some(
-                RpcError::InvalidRequest("\"params\" must be an object or an array".into()).to_json(err_id),
+            return Err(
+                RpcError::InvalidRequest("\"params\" must be an object or an array".into()).to_json(err_id)
             );
         }
         let result = self.call(method, &params);
         debug!("control socket: {method}: {}", if result.is_ok() { "ok" } else { "error" });
-        let id = id?; // a notification gets no response
-        Some(match result {
-            Ok(v) => json!({"jsonrpc": "2.0", "result": v, "id": id}),
-            Err(e) => e.to_json(id),
+        Ok(match result {
+            Ok(Outcome::Later(job)) => Answer::Later(id, job),
+            // A notification gets no response.
+            Ok(Outcome::Now(v)) => Answer::Now(id.map(|id| json!({"jsonrpc": "2.0", "result": v, "id": id}))),
+            Err(e) => Answer::Now(id.map(|id| e.to_json(id))),
         })
     }
 
-    /// The response line to one request line (`None`: nothing to send).
-    fn line(&mut self, line: &[u8]) -> Option<String> {
+    /// The answer to one request line.
+    fn line(&mut self, line: &[u8]) -> LineAnswer {
         let text = match std::str::from_utf8(line) {
             Ok(t) => t.trim(),
-            Err(e) => return Some(RpcError::Parse(e.to_string()).to_json(Value::Null).to_string()),
+            Err(e) => return LineAnswer::now(Some(RpcError::Parse(e.to_string()).to_json(Value::Null))),
         };
         if text.is_empty() {
-            return None;
+            return LineAnswer::now(None);
         }
         let v: Value = match serde_json::from_str(text) {
             Ok(v) => v,
-            Err(e) => return Some(RpcError::Parse(e.to_string()).to_json(Value::Null).to_string()),
+            Err(e) => return LineAnswer::now(Some(RpcError::Parse(e.to_string()).to_json(Value::Null))),
         };
-        match v {
+        let (reqs, batch) = match v {
             Value::Array(reqs) if reqs.is_empty() => {
-                Some(RpcError::InvalidRequest("empty batch".into()).to_json(Value::Null).to_string())
+                return LineAnswer::now(Some(
+                    RpcError::InvalidRequest("empty batch".into()).to_json(Value::Null),
+                ))
             }
-            Value::Array(reqs) => {
-                let out: Vec<Value> = reqs.iter().filter_map(|r| self.request(r)).collect();
-                (!out.is_empty()).then(|| Value::Array(out).to_string())
+            Value::Array(reqs) => (reqs, true),
+            v => (vec![v], false),
+        };
+        let mut answer = LineAnswer { slots: Vec::with_capacity(reqs.len()), jobs: Vec::new(), batch };
+        for r in &reqs {
+            match self.request(r) {
+                Answer::Now(v) => answer.slots.push(v),
+                Answer::Later(id, job) => {
+                    answer.jobs.push((answer.slots.len(), id, job));
+                    answer.slots.push(None);
+                }
             }
-            v => self.request(&v).map(|r| r.to_string()),
         }
+        answer
     }
 }
 
@@ -393,11 +473,15 @@ impl BoundControlSocket {
         let mut listener = UnixListener::from_std(self.listener);
         poll.registry().register(&mut listener, LISTENER, Interest::READABLE).map_err(setup)?;
         let methods = Methods { state, baselines: HashMap::new() };
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, done) = mpsc::channel();
+        let later = Later { tx, waker: waker.clone(), lines: HashMap::new(), next: 0 };
+        let st = stop.clone();
         let join = std::thread::Builder::new()
             .name("control-socket".into())
-            .spawn(move || run(poll, listener, methods))
+            .spawn(move || run(poll, listener, methods, Loop { stop: st, done, later }))
             .map_err(setup)?;
-        Ok(ControlSocket { path: self.path, unlink: self.unlink, waker, join: Some(join) })
+        Ok(ControlSocket { path: self.path, unlink: self.unlink, waker, stop, join: Some(join) })
     }
 }
 
@@ -406,6 +490,8 @@ pub struct ControlSocket {
     path: PathBuf,
     unlink: bool,
     waker: Arc<Waker>,
+    /// Tells the loop to end (its waker also says that a job finished).
+    stop: Arc<AtomicBool>,
     join: Option<JoinHandle<()>>,
 }
 
@@ -422,6 +508,7 @@ impl ControlSocket {
 
     fn shut(&mut self) {
         if let Some(j) = self.join.take() {
+            self.stop.store(true, Ordering::SeqCst);
             let _ = self.waker.wake();
             let _ = j.join();
             if self.unlink {
@@ -442,7 +529,86 @@ struct Client {
     buf: Vec<u8>,
 }
 
-fn run(mut poll: Poll, listener: UnixListener, mut methods: Methods) {
+/// A finished job: the response for one slot of a waiting line.
+struct Done {
+    line: u64,
+    slot: usize,
+    response: Option<Value>,
+}
+
+/// A response line waiting for its jobs.
+struct Waiting {
+    client: Token,
+    answer: LineAnswer,
+    left: usize,
+}
+
+/// The jobs of requests that answer later ([`Outcome::Later`]) and the lines waiting for them.
+struct Later {
+    tx: mpsc::Sender<Done>,
+    waker: Arc<Waker>,
+    lines: HashMap<u64, Waiting>,
+    next: u64,
+}
+
+impl Later {
+    /// Starts the jobs of `answer` (each on a thread of its own) and keeps the line until they
+    /// are done.
+    fn start(&mut self, client: Token, mut answer: LineAnswer) {
+        let line = self.next;
+        self.next += 1;
+        let jobs = std::mem::take(&mut answer.jobs);
+        let mut left = 0;
+        for (slot, id, job) in jobs {
+            let (tx, waker) = (self.tx.clone(), self.waker.clone());
+            let id2 = id.clone();
+            let started = std::thread::Builder::new().name("control-job".into()).spawn(move || {
+                let result = job();
+                let response = id.map(|id| match result {
+                    Ok(v) => json!({"jsonrpc": "2.0", "result": v, "id": id}),
+                    Err(e) => e.to_json(id),
+                });
+                let _ = tx.send(Done { line, slot, response });
+                let _ = waker.wake();
+            });
+            match started {
+                Ok(_) => left += 1,
+                Err(e) => {
+                    let e = RpcError::Server(format!("cannot start the request's thread: {e}"));
+                    answer.slots[slot] = id2.map(|id| e.to_json(id));
+                }
+            }
+        }
+        self.lines.insert(line, Waiting { client, answer, left });
+        if left == 0 {
+            let _ = self.tx.send(Done { line, slot: usize::MAX, response: None });
+            let _ = self.waker.wake();
+        }
+    }
+
+    /// Fills a finished job's slot; returns the line's client and text once the line is whole.
+    fn finish(&mut self, done: Done) -> Option<(Token, Option<String>)> {
+        let w = self.lines.get_mut(&done.line)?;
+        if let Some(slot) = w.answer.slots.get_mut(done.slot) {
+            *slot = done.response;
+            w.left -= 1;
+        }
+        if w.left > 0 {
+            return None;
+        }
+        let w = self.lines.remove(&done.line)?;
+        Some((w.client, w.answer.text()))
+    }
+}
+
+/// The loop's own state besides its clients.
+struct Loop {
+    stop: Arc<AtomicBool>,
+    done: mpsc::Receiver<Done>,
+    later: Later,
+}
+
+fn run(mut poll: Poll, listener: UnixListener, mut methods: Methods, mut lp: Loop) {
     let mut events = Events::with_capacity(32);
     let mut clients: HashMap<Token, Client> = HashMap::new();
     let mut next = 2usize;
@@ -456,7 +622,20 @@ fn run(mut poll: Poll, listener: UnixListener, mut methods: Methods) {
         }
         for ev in events.iter() {
             match ev.token() {
-                WAKER => return,
+                WAKER => {
+                    if lp.stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    while let Ok(done) = lp.done.try_recv() {
+                        let Some((token, text)) = lp.later.finish(done) else { continue };
+                        let (Some(c), Some(text)) = (clients.get_mut(&token), text) else { continue };
+                        if !send(&mut c.stream, &text) {
+                            if let Some(mut c) = clients.remove(&token) {
+                                let _ = poll.registry().deregister(&mut c.stream);
+                            }
+                        }
+                    }
+                }
                 LISTENER => loop {
                     match listener.accept() {
                         Ok((mut stream, _)) => {
@@ -481,7 +660,9 @@ fn run(mut poll: Poll, listener: UnixListener, mut methods: Methods) {
                     }
                 },
                 token => {
-                    let keep = clients.get_mut(&token).is_some_and(|c| serve_client(c, &mut methods));
+                    let keep = clients
+                        .get_mut(&token)
+                        .is_some_and(|c| serve_client(c, token, &mut methods, &mut lp.later));
                     if !keep {
                         if let Some(mut c) = clients.remove(&token) {
                             let _ = poll.registry().deregister(&mut c.stream);
@@ -493,8 +674,9 @@ fn run(mut poll: Poll, listener: UnixListener, mut methods: Methods) {
     }
 }
 
-/// Reads what a client sent and answers each complete line; false once it is to be dropped.
-fn serve_client(c: &mut Client, methods: &mut Methods) -> bool {
+/// Reads what a client sent and answers each complete line (or starts the work of a line that
+/// answers later); false once it is to be dropped.
+fn serve_client(c: &mut Client, token: Token, methods: &mut Methods, later: &mut Later) -> bool {
     let mut chunk = [0u8; 4096];
     loop {
         match c.stream.read(&mut chunk) {
@@ -506,7 +688,10 @@ fn serve_client(c: &mut Client, methods: &mut Methods) -> bool {
         }
         while let Some(end) = c.buf.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = c.buf.drain(..=end).collect();
-            if let Some(reply) = methods.line(&line[..end]) {
+            let answer = methods.line(&line[..end]);
+            if !answer.jobs.is_empty() {
+                later.start(token, answer);
+            } else if let Some(reply) = answer.text() {
                 if !send(&mut c.stream, &reply) {
                     return false;
                 }

@@ -24,7 +24,9 @@
 #      default 5000), the queue-full fio job, the dmesg check.
 #   9. two functions from one daemon (run-multi-test.sh): one QEMU with two vfio-user-pci
 #      devices, a RAM filesystem and a shared directory beneath the profile's sandbox_root,
-#      isolation, fsx on both at once, function B removed at run time while the guest writes on A;
+#      isolation, fsx on both at once, function B removed at run time while the guest writes on A
+#      (the guest lets go of B's PCI function first: QEMU 11.1's vfio-user-pci takes no
+#      device-request interrupt and cannot be unplugged; run-multi-test.sh --unplug);
 #  10. the DPU build (aarch64, tools/aarch64-check.sh --build-only) under qemu-aarch64 serving
 #      the x86 guest the same way, with two RAM-filesystem functions (qemu-user has no openat2
 #      for a shared directory).

@@ -31,6 +31,7 @@ use thiserror::Error;
 use vfio_bindings::bindings::vfio as vb;
 use vm_memory::ByteValued;
 
+use super::removal::{self, Removal, RemovalCell};
 use super::wire::{self, cmd, Header, HEADER_SIZE};
 use crate::config::{Placement, Profile};
 use crate::control::{ControlError, DeviceState};
@@ -96,6 +97,7 @@ pub struct StopHandle {
     stop: Arc<AtomicBool>,
     waker: Arc<Waker>,
     stats: Arc<DeviceCounters>,
+    removal: Arc<RemovalCell>,
 }
 
 impl StopHandle {
@@ -103,6 +105,20 @@ impl StopHandle {
     pub fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
         let _ = self.waker.wake();
+    }
+
+    /// Asks the server to let its device go (see `removal.rs`): the client is sent the
+    /// device-request interrupt and [`Server::run`] returns once it hung up, or once the
+    /// profile's `remove_timeout_ms` ran out; at once with no client or one that set no
+    /// device-request eventfd. [`Self::removal`] then says which.
+    pub fn request_removal(&self) {
+        self.removal.request();
+        let _ = self.waker.wake();
+    }
+
+    /// How the removal ended (`None` before it did, or if none was asked).
+    pub fn removal(&self) -> Option<Removal> {
+        self.removal.outcome()
     }
 
     /// A snapshot of the device's statistics (while it runs, or after it stopped).
@@ -147,8 +163,8 @@ impl Drop for Conn {
 pub struct Listener {
     path: PathBuf,
     listener: UnixListener,
-    /// Remove the socket file when the server stops.
-    unlink: bool,
+    /// The path the socket file is removed by when the server stops (`None`: it stays).
+    unlink: Option<PathBuf>,
     /// The lock file beside the socket, locked (`flock`) for as long as this process lives;
     /// `None` for a socket a supervisor handed over (its owner guards the path).
     _lock: Option<File>,
@@ -203,14 +219,19 @@ impl Listener {
         }
         let listener = UnixListener::bind(path).map_err(bind_err)?;
         listener.set_nonblocking(true).map_err(ServerError::Setup)?;
-        Ok(Listener { path: path.to_path_buf(), listener, unlink: true, _lock: Some(lock) })
+        Ok(Listener {
+            path: path.to_path_buf(),
+            listener,
+            unlink: Some(path.to_path_buf()),
+            _lock: Some(lock),
+        })
     }
 
     /// Serves a socket bound elsewhere (a descriptor a supervisor handed over), which logs call
     /// `name`; its file, if it has one, is the supervisor's and stays at exit.
     pub fn from_std(listener: UnixListener, name: PathBuf) -> Result<Self, ServerError> {
         listener.set_nonblocking(true).map_err(ServerError::Setup)?;
-        Ok(Listener { path: name, listener, unlink: false, _lock: None })
+        Ok(Listener { path: name, listener, unlink: None, _lock: None })
     }
 
     /// The socket's path.
@@ -222,7 +243,16 @@ impl Listener {
     /// changed after binding: the path then names something else, or nothing (the next start
     /// replaces the stale socket).
     pub fn keep_socket_file(&mut self) {
-        self.unlink = false;
+        self.unlink = None;
+    }
+
+    /// The process's root directory changed after binding and the socket lies beneath the new
+    /// root, at `inside` as the process now names it: the socket file is removed through that
+    /// path when the server stops.
+    pub fn socket_file_now_at(&mut self, inside: PathBuf) {
+        if self.unlink.is_some() {
+            self.unlink = Some(inside);
+        }
     }
 }
 
@@ -230,7 +260,7 @@ impl Listener {
 pub struct Server {
     path: PathBuf,
     listener: UnixListener,
-    unlink: bool,
+    unlink: Option<PathBuf>,
     poll: Poll,
     waker: Arc<Waker>,
     stop: Arc<AtomicBool>,
@@ -244,6 +274,12 @@ pub struct Server {
     accept_again: bool,
     /// The socket's lock (see [`Listener::bind`]), held until the server is dropped.
     _lock: Option<File>,
+    /// A removal asked through [`StopHandle::request_removal`], and its outcome.
+    removal: Arc<RemovalCell>,
+    /// The removal in progress: the client was sent the device-request interrupt.
+    removing: Option<removal::Pending>,
+    /// How long a client may keep the device once asked to let it go.
+    remove_timeout: Duration,
 }
 
 type Reply = (Vec<u8>, Vec<File>);
@@ -295,6 +331,7 @@ impl Server {
         let wake = Arc::new(move || {
             let _ = w.wake();
         });
+        let remove_timeout = Duration::from_millis(profile.remove_timeout_ms);
         let (dev, control_cpu) = match pool {
             None => (DeviceState::new(profile, handler, wake), profile.control_cpu()),
             Some((pool, placement)) => {
@@ -315,12 +352,20 @@ impl Server {
             waiting: None,
             accept_again: false,
             _lock,
+            removal: Arc::default(),
+            removing: None,
+            remove_timeout,
         })
     }
 
     /// A handle that stops [`Server::run`].
     pub fn stop_handle(&self) -> StopHandle {
-        StopHandle { stop: self.stop.clone(), waker: self.waker.clone(), stats: self.dev.counters().clone() }
+        StopHandle {
+            stop: self.stop.clone(),
+            waker: self.waker.clone(),
+            stats: self.dev.counters().clone(),
+            removal: self.removal.clone(),
+        }
     }
 
     /// A snapshot of the device's statistics.
@@ -344,6 +389,10 @@ impl Server {
                 (Some((_, since)), false) => Some(WAITING_GRACE.saturating_sub(since.elapsed())),
                 (None, false) => None,
             };
+            let timeout = match &self.removing {
+                Some(r) => Some(timeout.map_or(r.left(), |t| t.min(r.left()))),
+                None => timeout,
+            };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == ErrorKind::Interrupted {
                     continue;
@@ -354,7 +403,10 @@ impl Server {
                 match ev.token() {
                     LISTENER => self.accept(),
                     CLIENT => self.client_ready(),
-                    WAKER => self.dev.check_broken_queues(),
+                    WAKER => {
+                        self.dev.check_broken_queues();
+                        self.start_removal();
+                    }
                     _ => {}
                 }
             }
@@ -362,12 +414,15 @@ impl Server {
                 self.accept();
             }
             self.serve_waiting();
+            if self.removing.is_some_and(|r| r.expired()) {
+                warn!("the client did not let the device go in {:?}: disconnecting it", self.remove_timeout);
+                self.end_removal(Removal::TimedOut);
+            }
         }
+        self.removal.end(Removal::Stopped); // unless it ended otherwise
         info!("stopping");
         self.disconnect();
-        if self.unlink {
-            let _ = std::fs::remove_file(&self.path);
-        }
+        remove_socket_file(self.unlink.take());
         // The pollers end with the device (each counts its last spell first).
         let counters = self.dev.counters().clone();
         drop(self);
@@ -453,8 +508,41 @@ impl Server {
             self.dev.counters().client_connected(false);
             drop(conn); // shut down: the client sees the end although the pollers hold a copy
             self.dev.set_doorbell_source(None);
+            if self.removing.is_some() {
+                self.end_removal(Removal::Released);
+            }
         }
         self.dev.power_on_reset();
+    }
+
+    /// Starts the removal [`StopHandle::request_removal`] asked for (once): no new client
+    /// from now on; the client is sent the device-request interrupt, or, without one (or without
+    /// a client), the server stops at once.
+    fn start_removal(&mut self) {
+        if !self.removal.requested() || self.removing.is_some() || self.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let _ = self.poll.registry().deregister(&mut SourceFd(&self.listener.as_raw_fd()));
+        self.waiting = None;
+        remove_socket_file(self.unlink.take());
+        if self.conn.is_none() {
+            self.end_removal(Removal::NoClient);
+        } else if self.dev.request_removal() {
+            info!(
+                "removal: device-request interrupt sent; waiting up to {:?} for the client",
+                self.remove_timeout
+            );
+            self.removing = Some(removal::Pending::new(self.remove_timeout));
+        } else {
+            info!("removal: the client set no device-request eventfd; disconnecting it");
+            self.end_removal(Removal::NotAsked);
+        }
+    }
+
+    /// Records how the removal ended and stops the server (whose end disconnects the client).
+    fn end_removal(&mut self, how: Removal) {
+        self.removal.end(how);
+        self.stop.store(true, Ordering::SeqCst);
     }
 
     /// Reads what the client sent, one message at a time, and handles each complete message.
@@ -628,6 +716,16 @@ impl Conn {
             sent += wire::send_with_fds(&self.sock, &[&rest], &[])?;
         }
         Ok(())
+    }
+}
+
+/// Removes the socket file at `path`, if that is still a socket (after a change of root the
+/// name may lie in a shared directory, where a guest may have put a file of its own).
+fn remove_socket_file(path: Option<PathBuf>) {
+    use std::os::unix::fs::FileTypeExt;
+    let Some(p) = path else { return };
+    if std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_socket()) {
+        let _ = std::fs::remove_file(&p);
     }
 }
 
@@ -810,14 +908,50 @@ fn irq_info(dev: &DeviceState, payload: &[u8]) -> CmdResult {
     Ok((info.as_slice().to_vec(), Vec::new()))
 }
 
-/// Flags and vector count of interrupt index `index`: only MSI-X has vectors.
+/// Flags and vector count of interrupt index `index`: MSI-X has the device's vectors, the
+/// device request (`VFIO_PCI_REQ_IRQ_INDEX`) one interrupt as vfio-pci offers it (not maskable,
+/// not resizable), the others (INTx, MSI, error) none.
 fn irq_shape(dev: &DeviceState, index: u32) -> (u32, u32) {
     match index {
         vb::VFIO_PCI_MSIX_IRQ_INDEX => {
             (vb::VFIO_IRQ_INFO_EVENTFD | vb::VFIO_IRQ_INFO_MASKABLE, dev.msix_vectors() as u32)
         }
+        vb::VFIO_PCI_REQ_IRQ_INDEX => (vb::VFIO_IRQ_INFO_EVENTFD | vb::VFIO_IRQ_INFO_NORESIZE, 1),
         _ => (vb::VFIO_IRQ_INFO_EVENTFD, 0),
     }
+}
+
+/// SET_IRQS of the device-request interrupt, as vfio-pci's `vfio_pci_set_req_trigger` takes
+/// it: only the TRIGGER action (MASK and UNMASK: ENOTTY, the kernel's answer), `start` 0 and
+/// `count` at most 1; count 0 with DATA_NONE clears the eventfd; count 1 with DATA_EVENTFD sets
+/// it (one descriptor) or clears it (none: how a vfio-user client sends vfio's fd -1), with
+/// DATA_NONE or DATA_BOOL (a nonzero byte) signals it (the loopback test vfio allows).
+fn set_req_irq(dev: &mut DeviceState, s: &wire::IrqSet, data: &[u8], mut fds: Vec<File>) -> CmdResult {
+    let data_kind = s.flags & vb::VFIO_IRQ_SET_DATA_TYPE_MASK;
+    if s.flags & vb::VFIO_IRQ_SET_ACTION_TYPE_MASK != vb::VFIO_IRQ_SET_ACTION_TRIGGER {
+        return Err(libc::ENOTTY);
+    }
+    if s.start != 0 || s.count > 1 {
+        return Err(libc::EINVAL);
+    }
+    match (data_kind, s.count) {
+        (vb::VFIO_IRQ_SET_DATA_NONE, 0) if data.is_empty() && fds.is_empty() => {
+            dev.set_request_eventfd(None).map_err(|e| refused("SET_IRQS", e))?;
+        }
+        (vb::VFIO_IRQ_SET_DATA_NONE, 1) if data.is_empty() && fds.is_empty() => {
+            dev.request_removal();
+        }
+        (vb::VFIO_IRQ_SET_DATA_BOOL, 1) if data.len() == 1 && fds.is_empty() => {
+            if data[0] != 0 {
+                dev.request_removal();
+            }
+        }
+        (vb::VFIO_IRQ_SET_DATA_EVENTFD, 1) if data.is_empty() && fds.len() <= 1 => {
+            dev.set_request_eventfd(fds.pop()).map_err(|e| refused("SET_IRQS", e))?;
+        }
+        _ => return Err(libc::EINVAL),
+    }
+    ok_empty()
 }
 
 fn set_irqs(dev: &mut DeviceState, payload: &[u8], fds: Vec<File>) -> CmdResult {
@@ -833,8 +967,11 @@ fn set_irqs(dev: &mut DeviceState, payload: &[u8], fds: Vec<File>) -> CmdResult 
     if unknown != 0 || !data_kind.is_power_of_two() || !action.is_power_of_two() {
         return Err(libc::EINVAL);
     }
-    let (_, count) = irq_shape(dev, s.index);
     let data = &payload[20..];
+    if s.index == vb::VFIO_PCI_REQ_IRQ_INDEX {
+        return set_req_irq(dev, &s, data, fds);
+    }
+    let (_, count) = irq_shape(dev, s.index);
     // count 0 with DATA_NONE + TRIGGER: disable every interrupt of the index.
     if s.count == 0 {
         if data_kind != vb::VFIO_IRQ_SET_DATA_NONE
@@ -850,7 +987,7 @@ fn set_irqs(dev: &mut DeviceState, payload: &[u8], fds: Vec<File>) -> CmdResult 
         }
         return ok_empty();
     }
-    // Only MSI-X has vectors (the others have count 0), so past here the index is MSI-X.
+    // Only MSI-X has vectors past here (the others have count 0), so the index is MSI-X.
     let end = s.start.checked_add(s.count).ok_or(libc::EINVAL)?;
     if end > count {
         return Err(libc::EINVAL);

@@ -9,8 +9,8 @@ use std::path::Path;
 
 use vfio_bindings::bindings::vfio::{
     VFIO_DEVICE_FLAGS_PCI, VFIO_DEVICE_FLAGS_RESET, VFIO_IRQ_INFO_EVENTFD, VFIO_IRQ_SET_ACTION_TRIGGER,
-    VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE, VFIO_PCI_MSIX_IRQ_INDEX, VFIO_REGION_INFO_FLAG_READ,
-    VFIO_REGION_INFO_FLAG_WRITE,
+    VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE, VFIO_PCI_MSIX_IRQ_INDEX, VFIO_PCI_REQ_IRQ_INDEX,
+    VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE,
 };
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -286,6 +286,26 @@ impl FsDriver {
             2,
             u32::from((ctrl | pci::PCI_MSIX_FLAGS_ENABLE) & !pci::PCI_MSIX_FLAGS_MASKALL),
         )?;
+        // The device-request interrupt, as QEMU's vfio_pci_register_req_notifier sets it up:
+        // asked for after the MSI-X vectors, used only if the device offers at least one.
+        let mut req_count = 0;
+        let mut req_eventfd = None;
+        if opts.request_irq && info.num_irqs > VFIO_PCI_REQ_IRQ_INDEX {
+            let req = transport.client().irq_info(VFIO_PCI_REQ_IRQ_INDEX)?;
+            req_count = req.count;
+            if req.count >= 1 && req.flags & VFIO_IRQ_INFO_EVENTFD != 0 {
+                let e = EventFd::new(EFD_NONBLOCK)?;
+                transport.client().set_irqs(
+                    VFIO_PCI_REQ_IRQ_INDEX,
+                    VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
+                    0,
+                    1,
+                    &[e.as_raw_fd()],
+                    &[],
+                )?;
+                req_eventfd = Some(e);
+            }
+        }
         let cv = transport.set_config_vector(0)?;
         if cv != 0 {
             return Err(device(format!("config_msix_vector reads back {cv:#x} after writing 0")));
@@ -356,6 +376,7 @@ impl FsDriver {
             tag,
             num_request_queues,
             msix_count: msix_info.count,
+            req_count,
             per_vq_vectors,
             notify_mapped,
             ring,
@@ -367,6 +388,7 @@ impl FsDriver {
             facts,
             queues,
             eventfds,
+            req_eventfd,
             epoll,
             pending: HashMap::new(),
             ready: VecDeque::new(),
@@ -389,6 +411,53 @@ impl FsDriver {
             }
         }
         Ok(d)
+    }
+
+    /// Whether the device asked to be let go (its device-request interrupt fired) since the
+    /// last call; always false without a device-request eventfd.
+    pub fn removal_requested(&self) -> bool {
+        self.req_eventfd.as_ref().is_some_and(|e| e.read().is_ok_and(|n| n > 0))
+    }
+
+    /// Waits up to `timeout` for the device-request interrupt.
+    pub fn wait_removal_request(&self, timeout: std::time::Duration) -> Result<bool> {
+        let Some(e) = &self.req_eventfd else { return Ok(false) };
+        let epoll = Epoll::new()?;
+        epoll.ctl(ControlOperation::Add, e.as_raw_fd(), EpollEvent::new(EventSet::IN, 0))?;
+        let mut events = [EpollEvent::default()];
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        epoll.wait(ms, &mut events)?;
+        Ok(self.removal_requested())
+    }
+
+    /// Lets the device go as a guest unplugging it and QEMU dropping it would: the driver's
+    /// remove (virtio reset), then QEMU's unrealize (MSI-X and device-request eventfds cleared,
+    /// the latter as a vfio-user client sends vfio's fd -1: DATA_EVENTFD, count 1, no
+    /// descriptor), all DMA unmapped, and the connection closed.
+    pub fn let_go(mut self) -> Result<()> {
+        let timeout = self.opts.timeout;
+        self.transport.reset(timeout)?;
+        let c = self.transport.client();
+        c.set_irqs(
+            VFIO_PCI_MSIX_IRQ_INDEX,
+            VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_TRIGGER,
+            0,
+            0,
+            &[],
+            &[],
+        )?;
+        if self.req_eventfd.take().is_some() {
+            c.set_irqs(
+                VFIO_PCI_REQ_IRQ_INDEX,
+                VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
+                0,
+                1,
+                &[],
+                &[],
+            )?;
+        }
+        c.dma_unmap(DMA_UNMAP_FLAG_ALL, 0, 0)?;
+        Ok(())
     }
 
     /// Tears down like a guest shutdown: virtio reset, disable MSI-X eventfds, unmap all DMA.

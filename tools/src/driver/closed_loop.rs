@@ -237,8 +237,11 @@ impl FsDriver {
     ///
     /// Needs the driver idle (nothing in flight); FUSE errors are counted and passed on, not
     /// treated as failures. Completions are found by polling the used rings (fio's polled I/O);
-    /// [`super::DriverOptions::use_interrupts`] does not apply. On error the slots' guest buffers
-    /// are not reclaimed.
+    /// with [`super::DriverOptions::use_interrupts`] a loop that has requests in flight, nothing
+    /// to reap and no retry timer armed blocks on the queues' interrupt eventfds instead of
+    /// spinning (interrupts re-armed and the rings looked at again first, as Linux's
+    /// `virtqueue_enable_cb` and `virtqueue_poll`). On error the slots' guest buffers are not
+    /// reclaimed.
     pub fn run_closed_loop<M, C>(
         &mut self,
         cfg: &LoopConfig,
@@ -479,7 +482,14 @@ impl FsDriver {
                 } else if idle_spins.is_multiple_of(4096) && last_progress.elapsed() > self.opts.timeout {
                     return Err(self.stuck(outstanding, parked_now));
                 }
-                std::hint::spin_loop();
+                if self.opts.use_interrupts && outstanding > 0 && timers_armed == 0 {
+                    if last_progress.elapsed() > self.opts.timeout {
+                        return Err(self.stuck(outstanding, parked_now));
+                    }
+                    self.wait_step(last_progress + self.opts.timeout)?;
+                } else {
+                    std::hint::spin_loop();
+                }
             }
         }
 

@@ -30,6 +30,10 @@ pub struct DriverOptions {
     pub posted_writes: bool,
     /// Send DEVICE_RESET before bring-up if the device supports it (QEMU does at machine reset).
     pub reset_on_connect: bool,
+    /// Set an eventfd for the device-request interrupt (vfio's `VFIO_PCI_REQ_IRQ_INDEX`) when
+    /// the device offers one, as QEMU's `vfio-user-pci` does at realize: the device signals it
+    /// when it asks to be let go ([`FsDriver::removal_requested`](super::FsDriver::removal_requested)).
+    pub request_irq: bool,
     /// Size BARs through config space (all-ones writes) and compare with the region sizes.
     pub check_bar_sizing: bool,
     /// Use the mmapped notify area when the device offers one.
@@ -111,6 +115,7 @@ impl Default for DriverOptions {
             use_interrupts: false,
             posted_writes: true,
             reset_on_connect: true,
+            request_irq: true,
             check_bar_sizing: true,
             mmap_notify: true,
             spread_requests: false,

@@ -43,6 +43,8 @@ pub struct DeviceFacts {
     pub num_request_queues: u32,
     /// MSI-X vectors the device offers (irq info count).
     pub msix_count: u32,
+    /// Device-request interrupts the device offers (irq info count of `VFIO_PCI_REQ_IRQ_INDEX`).
+    pub req_count: u32,
     /// Whether each queue has its own vector (else all share vector 1).
     pub per_vq_vectors: bool,
     /// Whether the notify area is mmapped.
@@ -121,6 +123,8 @@ pub struct FsDriver {
     pub(super) facts: DeviceFacts,
     pub(super) queues: Vec<QueueState>,
     pub(super) eventfds: Vec<EventFd>,
+    /// The device-request interrupt's eventfd, when one was set.
+    pub(super) req_eventfd: Option<EventFd>,
     pub(super) epoll: Epoll,
     pub(super) pending: HashMap<u64, Pending>,
     pub(super) ready: VecDeque<Completion>,

@@ -1,9 +1,14 @@
 #!/bin/sh
 # Guest suite for two virtio-fs functions of one daemon (issue 14): mounts both tags
 # (VM_TAG_A, VM_TAG_B), checks that a file written on one is not visible on the other, runs fsx
-# on both at once (FSX_OPS each), then unmounts B, removes its PCI function from the guest and
-# tells the host (MULTI: b-unmounted), which removes function B; the guest goes on writing on A for MULTI_WAIT_S seconds meanwhile and
-# then checks that A still serves: fsx again on A, the file written before still intact.
+# on both at once (FSX_OPS each), then tells the host (MULTI: b-ready), which removes function B
+# through the control socket while the guest writes on A. MULTI_UNPLUG=guest (the default):
+# the guest unmounts B and removes B's PCI function itself first. MULTI_UNPLUG=request: B stays
+# mounted; the device asks QEMU to let it go, QEMU asks the guest to unplug B's PCI function (its
+# slot is hot-pluggable), the guest's virtio-fs driver drains and resets the device; the guest
+# checks that B's PCI function went and that B's mount answers with an error (then unmounts it
+# lazily). Either way the guest then checks that A still serves: fsx again on A, the file
+# written before still intact; MULTI_WAIT_S bounds the wait (guest mode: the writes' duration).
 . /harness/lib.sh
 A=${VM_TAG_A:?} B=${VM_TAG_B:?}
 OPS=${FSX_OPS:-5000}
@@ -36,29 +41,61 @@ for x in a b; do
 done
 echo "multi: both fsx runs in $(vm_elapsed "$t0")s (rc a=$ra b=$rb)"
 vm_result multi-fsx "status=$status ops=$OPS"
-vm_umount /mnt/b || fail "umount b"
-# The guest lets go of B's PCI function before the host removes it, as before a hot-unplug:
-# a virtio device whose server is gone can never be reset again (Linux's vp_reset waits for the
-# status register to read 0, QEMU answers all-ones), so the guest's shutdown would hang on it.
 pci=""
 for d in /sys/fs/virtiofs/*; do
-  [ "$(cat "$d/tag" 2>/dev/null)" = "$B" ] && pci=$(dirname "$(readlink -f "$d/device")")
+  [ "$(cat "$d/tag" 2>/dev/null)" = "$B" ] && pci=$(basename "$(dirname "$(readlink -f "$d/device")")")
 done
-if [ -n "$pci" ] && [ -e "$pci/remove" ]; then
-  echo 1 > "$pci/remove" || fail "cannot remove b's PCI function $pci"
-  echo "multi: b's PCI function $(basename "$pci") removed from the guest"
+[ -n "$pci" ] && [ -e "/sys/bus/pci/devices/$pci" ] || fail "b's PCI function not found under /sys/fs/virtiofs"
+if [ "${MULTI_UNPLUG:-guest}" = guest ]; then
+  # The guest lets go of B's PCI function before the host removes it: with a QEMU that neither
+  # takes the device-request interrupt nor survives a vfio-user-pci unplug (README of the VM
+  # stages), a virtio device whose server went can never be reset again (Linux's vp_reset waits
+  # for the status register to read 0, QEMU answers all-ones) and the shutdown would hang.
+  vm_umount /mnt/b || fail "umount b"
+  echo 1 > "/sys/bus/pci/devices/$pci/remove" || fail "cannot remove b's PCI function $pci"
+  echo "multi: b's PCI function $pci removed from the guest"
 else
-  fail "b's PCI function not found under /sys/fs/virtiofs"
+  echo "multi: b is PCI function $pci, mounted, left to the host's removal"
 fi
-echo "MULTI: b-unmounted"
-# The host removes function B now (the console is one way: the guest keeps writing on A for a
-# fixed time, long enough for the host to act).
-i=0
-while [ $i -lt "${MULTI_WAIT_S:-20}" ]; do
+echo "MULTI: b-ready"
+# The host removes function B now (the console is one way): the guest writes on A meanwhile; with
+# MULTI_UNPLUG=request it waits for B's PCI function to go (at most MULTI_WAIT_S seconds): the
+# device asks QEMU to let it go (the device-request interrupt), QEMU asks this guest to unplug it
+# from its hot-pluggable slot, as a surprise removal would but announced.
+t1=$(vm_now)
+i=0 gone=0
+while [ $i -lt "$((${MULTI_WAIT_S:-20} * 5))" ]; do
   echo x >> /mnt/a/during || fail "write to a while b goes"
-  sleep 1
+  if [ "${MULTI_UNPLUG:-guest}" = request ] && [ ! -e "/sys/bus/pci/devices/$pci" ]; then gone=1; break; fi
+  sleep 0.2
   i=$((i + 1))
 done
+if [ "${MULTI_UNPLUG:-guest}" = request ]; then
+  if [ "$gone" = 1 ]; then
+    echo "multi: b's PCI function $pci gone $(vm_elapsed "$t1")s after b-ready"
+  else
+    fail "b's PCI function $pci still there after ${MULTI_WAIT_S:-20}s"
+  fi
+  # B's mount answers with an error now, not a hang; it is unmounted lazily.
+  if timeout 10 ls /mnt/b > /tmp/ls-b.log 2>&1; then
+    fail "b's mount still lists after its device went"
+  else
+    rc=$?
+    [ "$rc" = 124 ] && fail "b's mount hangs after its device went"
+    echo "multi: ls on b's mount after removal: rc=$rc ($(head -c 120 /tmp/ls-b.log | tr '\n' ' '))"
+  fi
+  umount -l /mnt/b || fail "lazy umount of b"
+  echo "multi: kernel log of the removal:"
+  dmesg | grep -Ei "$pci|virtio.?fs|pciehp|acpiphp|hotplug|eject" | tail -n 12 | sed 's/^/  dmesg: /'
+  # A few more seconds of writes on A after B went, then the host reads A's counters.
+  i=0
+  while [ $i -lt 10 ]; do
+    echo x >> /mnt/a/during || fail "write to a after b went"
+    sleep 0.2
+    i=$((i + 1))
+  done
+fi
+echo "MULTI: b-gone"
 [ "$(md5sum /mnt/a/keep | cut -d' ' -f1)" = "$sum_a" ] || fail "a's 8 MiB file changed"
 fsx -N "$OPS" -S 3 -f /harness/fsx.toml -P /tmp /mnt/a/fsx2.dat > /tmp/fsx-a2.log 2>&1
 grep -q 'All operations completed A-OK' /tmp/fsx-a2.log || { fail "fsx on a after b was removed"; tail -n 40 /tmp/fsx-a2.log; }
