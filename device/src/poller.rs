@@ -8,8 +8,9 @@
 //! sleeps (a dedicated DPU core); with `"adaptive"`, after `idle_spin_us` without work it backs off
 //! to sleeps of at most `idle_sleep_us` so that many devices can share few cores. With
 //! `doorbells = "socket"` it turns notifications on before it parks, and a doorbell (a
-//! REGION_WRITE to the notify area, which the control plane turns into [`PollerSet::kick`]) wakes
-//! it; with `"shared"` the notify page is plain shared memory nobody reads and a parked poller
+//! REGION_WRITE to the notify area) wakes it: directly, as a sleeping poller also waits on the
+//! client's socket ([`PollerSet::set_doorbell_source`]), or through the control plane's
+//! [`PollerSet::kick`] once that thread has read the message; with `"shared"` the notify page is plain shared memory nobody reads and a parked poller
 //! wakes at the end of its sleep. Any control message wakes it at once.
 //!
 //! Statistics: each poller writes its own block of [`crate::stats::DeviceCounters`] (see there).
