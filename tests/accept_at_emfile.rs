@@ -18,7 +18,10 @@ use virtiofs_tools::Client;
 
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofs-dpu");
 
-/// The daemon as a subprocess, killed when dropped.
+/// The daemon as a subprocess, killed when dropped. It binds its socket before its pollers start
+/// (they start once it is confined), so "the socket exists" does not mean "every descriptor it
+/// keeps is open": the tests wait for its `READY=1` on a `NOTIFY_SOCKET` of their own, sent once
+/// it serves, before they count its descriptors.
 struct Daemon {
     child: Child,
     dir: tempfile::TempDir,
@@ -37,19 +40,29 @@ impl Daemon {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("d.sock");
         let log = std::fs::File::create(dir.path().join("daemon.log")).unwrap();
+        let notify_path = dir.path().join("notify.sock");
+        let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
+        notify.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
         let child = Command::new(BIN)
             .args(["--socket-path", sock.to_str().unwrap(), "--tag", "emfile"])
             .env("RUST_LOG", "info")
+            .env("NOTIFY_SOCKET", &notify_path)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("start virtiofs-dpu");
         let d = Daemon { child, dir, sock };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !d.sock.exists() {
-            assert!(Instant::now() < deadline, "socket never appeared: {}", d.log());
-            std::thread::sleep(Duration::from_millis(20));
+        let mut buf = [0u8; 256];
+        loop {
+            assert!(Instant::now() < deadline, "the daemon never said READY=1: {}", d.log());
+            if let Ok(n) = notify.recv(&mut buf) {
+                if std::str::from_utf8(&buf[..n]).is_ok_and(|m| m.lines().any(|l| l == "READY=1")) {
+                    break;
+                }
+            }
         }
+        assert!(d.sock.exists(), "ready without its socket: {}", d.log());
         d
     }
 
