@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the firmware for the DPU's Arm cores (aarch64-unknown-linux-gnu) and runs the device and
-# backend tests under Debian's qemu-user-static. Installs the target, the cross linker and
-# qemu-user-static on first use (root, Debian). `--build-only`: stop after building the daemon.
+# backend tests under Debian's qemu-user-static. Installs the target, the cross linker, qemu-user-static
+# and (before the backend tests) the NFS test server's packages on first use (root, Debian).
+# `--build-only`: stop after building the daemon.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! rustup target list --installed | grep -qx aarch64-unknown-linux-gnu; then
@@ -37,6 +38,9 @@ done
 # qemu-user refuses to install seccomp filters for its guest program (they would filter the
 # emulator's own system calls): the filter's forked-child tests run natively only. The aarch64
 # filter is still built and checked (seccomp::tests::the_list_has_no_duplicates_...).
+# Those ganesha tests need the packages before they run: install them here (idempotent; the test
+# command installs them too, for the x86 stage and for runs without this check).
+tools/nfs/ganesha.sh install
 cargo test --target aarch64-unknown-linux-gnu -p virtiofs-backend --lib "${backend_tests[@]}" -- \
   --skip ::passthrough \
   --skip seccomp::tests::filter_kills_on_a_forbidden_call_and_lets_allowed_ones_through \
