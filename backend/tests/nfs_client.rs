@@ -421,19 +421,19 @@ fn records_of_many_empty_fragments_cost_time_linear_in_their_bytes() {
     let mut sink = TestSink::default();
     let fh = fh();
     conn.call(1, &CRED, &Args::Getattr { fh: &fh }, &mut sink).unwrap();
-    let mut longest = Duration::ZERO;
     let t0 = Instant::now();
     while sink.done.is_empty() {
-        assert!(t0.elapsed() < Duration::from_secs(20), "no reply: {:?}", conn.stats());
-        let t = Instant::now();
+        assert!(t0.elapsed() < Duration::from_secs(60), "no reply: {:?}", conn.stats());
         conn.poll(Instant::now(), &mut sink);
-        longest = longest.max(t.elapsed());
     }
     assert_eq!(sink.result(1).unwrap().as_ref().unwrap().attr, Some(a));
     let st = conn.stats();
     assert_eq!((st.unknown_xids, st.bad_replies), (64, 0), "{st:?}");
-    // Generous for a debug build under emulation; quadratic cost was far beyond it.
-    assert!(longest < Duration::from_secs(2), "one poll round took {longest:?}");
+    // The cost in bytes moved, not in time (the machine's speed decides that): linear in what
+    // came. A memmove of what follows each mark (up to the 4 MiB behind it) moved about
+    // 1,000,000 marks x megabytes: some 100,000 times the bytes received.
+    assert!(st.received_bytes >= 4 * 16_000 * 64, "{st:?}");
+    assert!(st.moved_bytes <= 2 * st.received_bytes, "{st:?}");
 }
 
 #[test]

@@ -111,6 +111,12 @@ pub struct ConnStats {
     /// READ data bytes copied from the receive buffer into the sinks' buffers (what came in the
     /// same read as the reply's header).
     pub read_copied_bytes: u64,
+    /// Bytes read from the socket (READ data received straight into the sinks' buffers too).
+    pub received_bytes: u64,
+    /// Bytes moved within the receive buffer (over dropped record marks, and to its start for
+    /// room): each received byte moves a bounded number of times, so whatever a server sends
+    /// costs the poller time linear in its bytes.
+    pub moved_bytes: u64,
 }
 
 /// Bytes of one slot's send buffer: the record mark, the largest RPC call header and the
@@ -238,6 +244,8 @@ struct Rx {
     frag_left: usize,
     frag_last: bool,
     mode: RxMode,
+    /// Bytes moved within `buf` so far ([`ConnStats::moved_bytes`]).
+    moved: u64,
 }
 
 impl Rx {
@@ -254,6 +262,13 @@ impl Rx {
         self.mode = RxMode::Record;
     }
 
+    /// Moves `from` to `to` within the buffer, counted ([`ConnStats::moved_bytes`]): every move
+    /// within it goes through here.
+    fn move_within(&mut self, from: std::ops::Range<usize>, to: usize) {
+        self.moved += from.len() as u64;
+        self.buf.copy_within(from, to);
+    }
+
     /// Where the raw bytes begin.
     fn raw_at(&self) -> usize {
         self.start + self.rec_len + self.gap
@@ -268,7 +283,7 @@ impl Rx {
         if self.gap > 0 {
             let from = self.raw_at();
             let to = self.start + self.rec_len;
-            self.buf.copy_within(from..from + n, to);
+            self.move_within(from..from + n, to);
         }
         self.rec_len += n;
     }
@@ -278,7 +293,7 @@ impl Rx {
         if self.gap > 0 {
             let from = self.raw_at();
             let end = self.end;
-            self.buf.copy_within(from..end, self.start + self.rec_len);
+            self.move_within(from..end, self.start + self.rec_len);
             self.end -= self.gap;
             self.gap = 0;
         }
@@ -297,7 +312,7 @@ impl Rx {
             self.start = 0;
             self.end = 0;
         } else if self.start > 0 && self.buf.len() - self.end < self.buf.len() / 4 {
-            self.buf.copy_within(self.start..self.end, 0);
+            self.move_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
         }
@@ -401,6 +416,7 @@ impl Conn {
                 frag_left: 0,
                 frag_last: false,
                 mode: RxMode::Record,
+                moved: 0,
             },
             iov: sys::Iovecs::with_capacity(IOV_MAX + 2),
             xid_seed,
@@ -541,7 +557,7 @@ impl Conn {
 
     /// The counters.
     pub fn stats(&self) -> ConnStats {
-        self.stats
+        ConnStats { moved_bytes: self.rx.moved, ..self.stats }
     }
 
     /// Whether the connection is established.
@@ -822,6 +838,7 @@ impl Conn {
                 if n == 0 {
                     return Ok(0);
                 }
+                self.stats.received_bytes += n as u64;
                 let direct = n.min(want);
                 self.stats.read_direct_bytes += direct as u64;
                 p.placed += direct as u32;
@@ -836,7 +853,7 @@ impl Conn {
         }
         if rx.end == rx.buf.len() {
             if rx.start > 0 {
-                rx.buf.copy_within(rx.start..rx.end, 0);
+                rx.move_within(rx.start..rx.end, 0);
                 rx.end -= rx.start;
                 rx.start = 0;
             } else {
@@ -859,6 +876,7 @@ impl Conn {
         };
         let n = sys::recv(fd, &mut rx.buf[end..limit])?;
         rx.end += n;
+        self.stats.received_bytes += n as u64;
         Ok(n)
     }
 
