@@ -114,6 +114,11 @@ pub struct BenchConfig {
     /// The in-process device's `idle_spin_us` (the default keeps its poller spinning, as on a
     /// dedicated DPU core).
     pub idle_spin_us: u64,
+    /// The in-process device's `polling = "busy"`: its poller never sleeps, nor blocks on a
+    /// remote backend's socket while requests are on the wire (a DPU's dedicated core). The
+    /// default is adaptive polling with `idle_spin_us`, which spins on empty rings but blocks on
+    /// the NFS socket after a few empty rounds with requests pending there.
+    pub busy_poll: bool,
     /// Pin the driver thread and the device poller to different cores (when there are two).
     pub pin: bool,
     /// The in-process device's `latency_histograms` (its per-class latency measurement).
@@ -153,6 +158,7 @@ impl Default for BenchConfig {
             file_size: 64 << 20,
             seq_depth: 16,
             idle_spin_us: 10_000_000,
+            busy_poll: false,
             pin: true,
             latency_histograms: true,
             floor_duration: Duration::from_secs(1),
@@ -215,6 +221,8 @@ pub struct Setup {
     pub idle_spin_us: Option<u64>,
     /// The in-process poller's `idle_sleep_us`.
     pub idle_sleep_us: Option<u64>,
+    /// The in-process poller busy-polls (`polling = "busy"`; None: external daemon, unknown).
+    pub busy_poll: Option<bool>,
     /// Core the device poller is pinned to.
     pub poller_core: Option<usize>,
     /// Core the driver thread is pinned to.
@@ -625,6 +633,11 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         request_queues: cfg.request_queues,
         queue_size: cfg.queue_size,
         idle_spin_us: cfg.idle_spin_us,
+        polling: if cfg.busy_poll {
+            virtiofs_dpu::config::Polling::Busy
+        } else {
+            virtiofs_dpu::config::Polling::Adaptive
+        },
         latency_histograms: cfg.latency_histograms,
         ..Default::default()
     };
@@ -689,6 +702,7 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         request_queues: d.request_queues(),
         idle_spin_us: device.as_ref().map(|_| profile.idle_spin_us),
         idle_sleep_us: device.as_ref().map(|_| profile.idle_sleep_us),
+        busy_poll: device.as_ref().map(|_| cfg.busy_poll),
         poller_core: device.as_ref().and(poller_core),
         driver_core,
         max_request,
@@ -1062,12 +1076,22 @@ pub fn render_table(r: &BenchReport) -> String {
         st.request_queues,
         size(st.max_request)
     );
-    match (st.idle_spin_us, st.idle_sleep_us) {
-        (Some(spin), Some(sleep)) => {
+    match (st.idle_spin_us, st.idle_sleep_us, st.busy_poll) {
+        (Some(_), Some(_), Some(true)) => {
             let _ = writeln!(
                 s,
-                "poller:  idle_spin_us={spin} idle_sleep_us={sleep} (dedicated-core style: spins {:.0} s before \
-                 it would park), poller core {}, driver core {}",
+                "poller:  busy (never sleeps, nor blocks on a remote backend: a dedicated core), poller core {}, \
+                 driver core {}",
+                st.poller_core.map(|c| c.to_string()).unwrap_or_else(|| "unpinned".into()),
+                st.driver_core.map(|c| c.to_string()).unwrap_or_else(|| "unpinned".into()),
+            );
+        }
+        (Some(spin), Some(sleep), _) => {
+            let _ = writeln!(
+                s,
+                "poller:  idle_spin_us={spin} idle_sleep_us={sleep} (adaptive: spins {:.0} s on empty rings before \
+                 it would park; blocks on a remote backend while its requests are out), poller core {}, driver \
+                 core {}",
                 spin as f64 / 1e6,
                 st.poller_core.map(|c| c.to_string()).unwrap_or_else(|| "unpinned".into()),
                 st.driver_core.map(|c| c.to_string()).unwrap_or_else(|| "unpinned".into()),

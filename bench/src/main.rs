@@ -53,6 +53,11 @@ struct Args {
     /// The in-process poller's idle_spin_us (default: spin as on a dedicated core).
     #[arg(long, default_value_t = 10_000_000)]
     idle_spin_us: u64,
+    /// Run the in-process poller with `polling = "busy"`: it never sleeps, nor blocks on the
+    /// NFS socket while requests are on the wire (a DPU's dedicated core). Default: adaptive
+    /// with --idle-spin-us.
+    #[arg(long, conflicts_with = "socket_path")]
+    busy_poll: bool,
     /// Do not pin the driver and the device poller to cores.
     #[arg(long)]
     no_pin: bool,
@@ -131,6 +136,7 @@ fn main() -> ExitCode {
         file_size: a.file_mib.max(1) << 20,
         seq_depth: a.seq_depth.max(1),
         idle_spin_us: a.idle_spin_us,
+        busy_poll: a.busy_poll,
         latency_histograms: !a.no_latency_histograms,
         pin: !a.no_pin,
         only: a.only,
