@@ -4,14 +4,19 @@
 //! crate is the seam: [`FuseHandler`] adapts a backend [`Server`] to the device's
 //! [`RequestHandler`], and [`RunningDevice`] runs a device on a socket in a thread of its own (for
 //! the daemon, the tests and the benchmarks), serving a RAM filesystem ([`RunningDevice::start`])
-//! or a host directory ([`RunningDevice::start_passthrough`]); [`functions`] keeps the several
-//! functions of one daemon on one pool of pollers. [`remote`] turns the daemon's
-//! `--remote` URL and profile keys into the NFS backend's options.
+//! or a host directory ([`RunningDevice::start_passthrough`]).
+//!
+//! The daemon: [`spec`] reads the command line, the profile and `create_function` into one
+//! typed [`spec::DaemonSpec`]; [`daemon`] is its one start-up path; [`backends`] sets up a
+//! function's backend; [`functions`] keeps the functions of one daemon on one pool of pollers;
+//! [`ops`] operates it (control socket, reports, logger, supervisor).
 #![deny(missing_docs)]
 
+pub mod backends;
+pub mod daemon;
 pub mod functions;
 pub mod ops;
-pub mod remote;
+pub mod spec;
 pub mod sys;
 pub mod tally;
 

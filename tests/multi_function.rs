@@ -695,3 +695,76 @@ fn a_removed_function_asks_its_client_to_let_it_go() {
     worker.join().unwrap();
     daemon.alive();
 }
+
+/// The share policy is a function key (issue 20): a `[[function]]` share and a
+/// `create_function` share with `refuse = "device-nodes"` fail MKNOD of a character device with
+/// EPERM over their sockets, while a share without it (and a daemon run as root) creates one;
+/// FIFOs stay allowed everywhere. `list_functions` and `get_device` show the policy built.
+#[test]
+fn a_function_share_refuses_device_nodes_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let (listed, open, made) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b, c, ctl) = (
+        dir.path().join("a.sock"),
+        dir.path().join("b.sock"),
+        dir.path().join("c.sock"),
+        dir.path().join("ctl.sock"),
+    );
+    let profile = dir.path().join("multi.toml");
+    std::fs::write(
+        &profile,
+        format!(
+            "[[function]]\nsocket_path = {a:?}\ntag = \"listed\"\nshared_dir = {:?}\nrefuse = \"device-nodes\"\n\n\
+             [[function]]\nsocket_path = {b:?}\ntag = \"open\"\nshared_dir = {:?}\n",
+            listed.path(),
+            open.path()
+        ),
+    )
+    .unwrap();
+    // Unconfined, so that create_function may open a new share.
+    let mut daemon = Daemon::start(
+        dir.path(),
+        &[
+            "--config",
+            profile.to_str().unwrap(),
+            "--sandbox",
+            "none",
+            "--seccomp",
+            "off",
+            "--control-socket",
+            ctl.to_str().unwrap(),
+        ],
+    );
+    wait_for(&ctl);
+    let mut ctl_client = ControlClient::connect(&ctl).unwrap();
+    let info = ctl_client
+        .call(
+            "create_function",
+            json!({"socket_path": c, "tag": "made", "shared_dir": made.path(), "refuse": ["device-nodes"]}),
+        )
+        .unwrap();
+    assert_eq!(info["spec"]["backend"]["refuse"], json!(["device-nodes"]), "{info}");
+    let list = ctl_client.call("list_functions", Value::Null).unwrap();
+    let refused: Vec<&Value> =
+        list.as_array().unwrap().iter().map(|f| &f["spec"]["backend"]["refuse"]).collect();
+    assert_eq!(refused, [&json!(["device-nodes"]), &json!([]), &json!(["device-nodes"])], "{list}");
+    let dev = ctl_client.call("get_device", json!({"tag": "listed"})).unwrap();
+    assert_eq!(dev["config"]["backend"]["refuse"], json!(["device-nodes"]), "{dev}");
+
+    let chr = libc::S_IFCHR | 0o600;
+    let rdev = 0x103; // 1:3, /dev/null's numbers
+    for (sock, share) in [(&a, listed.path()), (&c, made.path())] {
+        let mut d = driver(sock);
+        let e = d.mknod(1, "null", chr, rdev).unwrap_err();
+        assert_eq!(e.fuse_errno(), Some(libc::EPERM), "{}: {e}", sock.display());
+        assert!(!share.join("null").exists());
+        d.mknod(1, "fifo", libc::S_IFIFO | 0o600, 0).expect("FIFOs are not device nodes");
+    }
+    let mut d = driver(&b);
+    if is_root() {
+        d.mknod(1, "null", chr, rdev).expect("a share without the policy creates device nodes");
+        assert!(open.path().join("null").exists());
+    }
+    daemon.alive();
+}

@@ -126,7 +126,8 @@ impl RpcError {
 pub struct ControlState {
     /// The functions (statistics, client state; created and removed here).
     pub functions: Arc<FunctionSet>,
-    /// The daemon's effective configuration, as `get_device` reports it.
+    /// What the daemon says of itself ([`crate::spec::DaemonSpec::describe`]); `get_device`
+    /// adds it to the function's spec.
     pub config: Value,
     /// When the daemon started.
     pub started: Instant,
@@ -237,8 +238,14 @@ impl Methods {
         let value = match method {
             "get_device" => {
                 let tag = tag_param(params)?;
-                let (device, _, fconfig) = self.function(tag.as_deref())?;
-                let config = if tag.is_some() { fconfig } else { self.state.config.clone() };
+                let (device, _, mut config) = self.function(tag.as_deref())?;
+                // The function's spec, beside what the daemon says of itself.
+                if let (Some(f), Some(d)) = (config.as_object_mut(), self.state.config.as_object()) {
+                    for (k, v) in d {
+                        f.entry(k.clone()).or_insert_with(|| v.clone());
+                    }
+                    f.insert("log_level".into(), log::max_level().to_string().to_lowercase().into());
+                }
                 Ok(json!({
                     "name": "virtiofs-dpu",
                     "version": env!("CARGO_PKG_VERSION"),
@@ -279,7 +286,7 @@ impl Methods {
             }
             "create_function" => {
                 let table = json_table(params)?;
-                let info = self.state.functions.create_from(table).map_err(function_error)?;
+                let info = self.state.functions.create(table).map_err(function_error)?;
                 Ok(json!(info))
             }
             "delete_function" => {
@@ -427,6 +434,7 @@ fn function_error(e: FunctionError) -> RpcError {
         FunctionError::Invalid(_) | FunctionError::Exists(_) | FunctionError::NotFound(_) => {
             RpcError::InvalidParams(e.to_string())
         }
+        FunctionError::Spec(_) => RpcError::InvalidParams(crate::error_chain(&e)),
         other => RpcError::Server(crate::error_chain(&other)),
     }
 }

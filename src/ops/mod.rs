@@ -7,5 +7,4 @@
 pub mod control_socket;
 pub mod deploy;
 pub mod logger;
-pub mod options;
 pub mod report;

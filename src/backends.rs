@@ -1,0 +1,151 @@
+//! A function's backend set up from its [`BackendSpec`], in two steps: [`open`] on the host's
+//! terms before the daemon binds a socket or confines itself (a shared directory checked, an
+//! NFS export mounted: a daemon that cannot serve leaves no socket), then [`build`] once it is
+//! confined (a shared directory opened again inside the sandbox's root), into the request
+//! handler the function's queues are served by.
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::Arc;
+
+use virtiofs_backend::nfs::fs::{NfsError, NfsFs};
+use virtiofs_backend::passthrough::uring::IoMode;
+use virtiofs_backend::passthrough::{PassthroughConfig, SetupError};
+use virtiofs_backend::ramfs::RamFsConfig;
+use virtiofs_backend::server::ServerOptions;
+use virtiofs_backend::{PassthroughFs, RamFs};
+use virtiofs_device::poller::RequestHandler;
+
+use crate::spec::{BackendSpec, FunctionSpec};
+use crate::{FuseHandler, FuseStats, PassthroughHandler};
+
+/// Reads the FUSE side's statistics of a running function.
+pub type FuseStatsFn = Arc<dyn Fn() -> FuseStats + Send + Sync>;
+
+/// Why a backend could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The shared directory cannot be served.
+    #[error("shared_dir {dir}")]
+    SharedDir {
+        /// The directory, as the host names it.
+        dir: String,
+        /// Why.
+        #[source]
+        source: SetupError,
+    },
+    /// The NFS export cannot be mounted.
+    #[error("remote {url}")]
+    Remote {
+        /// The URL.
+        url: String,
+        /// Why.
+        #[source]
+        source: NfsError,
+    },
+}
+
+impl BackendError {
+    /// Whether the description is at fault (a directory that is not one), not the moment (a
+    /// server that does not answer).
+    pub fn is_usage(&self) -> bool {
+        matches!(self, BackendError::SharedDir { .. })
+    }
+}
+
+/// A backend opened on the host's terms ([`open`]).
+pub enum Opened {
+    /// A RAM filesystem of this configuration (made at [`build`]).
+    Ram(RamFsConfig),
+    /// A shared directory.
+    SharedDir {
+        /// The open directory; `None` when it is to be opened again inside a sandbox.
+        fs: Option<Box<PassthroughFs>>,
+        /// Its configuration (rooted on the host).
+        cfg: PassthroughConfig,
+        /// How READ, WRITE and FSYNC are served.
+        io_mode: IoMode,
+    },
+    /// A mounted NFS export.
+    Remote(Box<NfsFs>),
+}
+
+/// Opens `spec`'s backend on the calling thread, blocking: checks a shared directory (kept
+/// open if `keep`), mounts an NFS export.
+pub fn open(spec: &FunctionSpec, keep: bool) -> Result<Opened, BackendError> {
+    let posix_acl = spec.fuse.posix_acl;
+    match &spec.backend {
+        BackendSpec::Ram { cache, size, inodes } => {
+            let mut cfg = RamFsConfig::default();
+            (cfg.cache, cfg.capacity, cfg.max_inodes, cfg.posix_acl) = (*cache, *size, *inodes, posix_acl);
+            Ok(Opened::Ram(cfg))
+        }
+        BackendSpec::SharedDir { shared_dir, cache, io_mode, refuse } => {
+            let mut cfg = PassthroughConfig::new(shared_dir);
+            (cfg.cache, cfg.policy, cfg.posix_acl) = (*cache, *refuse, posix_acl);
+            let fs = PassthroughFs::new(cfg.clone()).map_err(|source| shared(&cfg.root, source))?;
+            Ok(Opened::SharedDir { fs: keep.then(|| Box::new(fs)), cfg, io_mode: *io_mode })
+        }
+        BackendSpec::Remote(r) => {
+            log::info!(
+                "NFS export {}, cache {}, timeout {:?}, retransmit {:?}, {} slots per poller",
+                r.url,
+                r.options.cache,
+                r.options.timeout,
+                r.options.retransmit,
+                r.options.slots_per_poller
+            );
+            let fs = NfsFs::connect(r.options.clone())
+                .map_err(|source| BackendError::Remote { url: r.url.clone(), source })?;
+            Ok(Opened::Remote(Box::new(fs)))
+        }
+    }
+}
+
+fn shared(dir: &Path, source: SetupError) -> BackendError {
+    BackendError::SharedDir { dir: dir.display().to_string(), source }
+}
+
+/// A function's backend, set up: its request handler and its FUSE statistics.
+pub struct Built {
+    /// The handler the function's queues are served by.
+    pub handler: Arc<dyn RequestHandler>,
+    /// Its FUSE statistics.
+    pub fuse: FuseStatsFn,
+}
+
+/// Builds the handler of a function whose FUSE server offers `options` over what [`open`]
+/// opened. A shared directory that was not kept is opened at `inside` (its path inside the
+/// sandbox's root) through the sandbox's `/proc/self/fd`, or again on the host without one.
+pub fn build(
+    options: ServerOptions,
+    opened: Opened,
+    inside: Option<(&Path, OwnedFd)>,
+) -> Result<Built, BackendError> {
+    Ok(match opened {
+        Opened::Ram(cfg) => {
+            let h = Arc::new(FuseHandler::with_options(RamFs::with_config(cfg), options));
+            let s = h.clone();
+            Built { handler: h, fuse: Arc::new(move || s.stats()) }
+        }
+        Opened::SharedDir { fs, mut cfg, io_mode } => {
+            let fs = match (fs, inside) {
+                (Some(fs), _) => *fs,
+                (None, Some((path, proc_fd))) => {
+                    cfg.root = path.to_path_buf();
+                    PassthroughFs::with_proc_fd(cfg.clone(), proc_fd).map_err(|e| shared(&cfg.root, e))?
+                }
+                (None, None) => PassthroughFs::new(cfg.clone()).map_err(|e| shared(&cfg.root, e))?,
+            };
+            let h = Arc::new(PassthroughHandler::with_options(fs, io_mode, options));
+            let s = h.clone();
+            Built { handler: h, fuse: Arc::new(move || s.stats()) }
+        }
+        Opened::Remote(fs) => {
+            let h = Arc::new(FuseHandler::with_options(*fs, options));
+            let s = h.clone();
+            let stats = move || FuseStats { nfs: Some(s.server().filesystem().stats()), ..s.stats() };
+            Built { handler: h, fuse: Arc::new(stats) }
+        }
+    })
+}
