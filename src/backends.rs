@@ -16,7 +16,7 @@ use virtiofs_backend::server::ServerOptions;
 use virtiofs_backend::{PassthroughFs, RamFs};
 use virtiofs_device::poller::RequestHandler;
 
-use crate::spec::{BackendSpec, FunctionSpec};
+use crate::settings::{BackendSpec, FunctionSpec};
 use crate::{FuseHandler, FuseStats, PassthroughHandler};
 
 /// Reads the FUSE side's statistics of a running function.

@@ -23,7 +23,7 @@ use virtiofs_device::vfio_user::{self, Removal, StopHandle};
 
 use crate::backends::{self, BackendError, Built};
 use crate::ops::deploy::{self, DeployError};
-use crate::spec::{Defaults, FunctionSpec, SpecError};
+use crate::settings::{Defaults, FunctionSpec, SpecError};
 use crate::{FuseStats, RunningDevice};
 
 pub use crate::backends::FuseStatsFn;
@@ -254,7 +254,7 @@ impl FunctionSet {
         if self.contains(spec.tag()) {
             return Err(FunctionError::Exists(spec.tag().into()));
         }
-        let crate::spec::Socket::SocketPath(path) = &spec.socket else {
+        let crate::settings::Socket::SocketPath(path) = &spec.socket else {
             return Err(FunctionError::Invalid("`socket_path` is required".into()));
         };
         let opened = backends::open(&spec, true)?;

@@ -6,8 +6,8 @@
 //! the daemon, the tests and the benchmarks), serving a RAM filesystem ([`RunningDevice::start`])
 //! or a host directory ([`RunningDevice::start_passthrough`]).
 //!
-//! The daemon: [`spec`] reads the command line, the profile and `create_function` into one
-//! typed [`spec::DaemonSpec`]; [`daemon`] is its one start-up path; [`backends`] sets up a
+//! The daemon: [`settings`] reads the command line, the profile and `create_function` into one
+//! typed [`settings::DaemonSpec`]; [`daemon`] is its one start-up path; [`backends`] sets up a
 //! function's backend; [`functions`] keeps the functions of one daemon on one pool of pollers;
 //! [`ops`] operates it (control socket, reports, logger, supervisor).
 #![deny(missing_docs)]
@@ -16,7 +16,7 @@ pub mod backends;
 pub mod daemon;
 pub mod functions;
 pub mod ops;
-pub mod spec;
+pub mod settings;
 pub mod sys;
 pub mod tally;
 

@@ -17,7 +17,7 @@ use virtiofs_dpu::ops::control_socket::ControlClient;
 use virtiofs_dpu::ops::deploy;
 use virtiofs_dpu::ops::logger::{self, LogFormat};
 use virtiofs_dpu::ops::report::{self, StatsReport};
-use virtiofs_dpu::spec::{keys, CommandLine, DaemonOptions, DaemonSpec, FunctionKeys, LogSpec, Socket};
+use virtiofs_dpu::settings::{keys, CommandLine, DaemonOptions, DaemonSpec, FunctionKeys, LogSpec, Socket};
 
 /// virtio-fs device firmware served over vfio-user.
 ///

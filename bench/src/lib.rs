@@ -654,8 +654,8 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
             let sock = dir.path().join("virtiofs.sock");
             let (dev, what) = match (&cfg.remote, cfg.backend) {
                 (Some(url), _) => {
-                    let keys = virtiofs_dpu::spec::FunctionKeys::default();
-                    let mut opts = virtiofs_dpu::spec::nfs_options(url, &keys)
+                    let keys = virtiofs_dpu::settings::FunctionKeys::default();
+                    let mut opts = virtiofs_dpu::settings::nfs_options(url, &keys)
                         .map_err(|e| BenchError::Device(Box::new(e)))?;
                     if let Some(b) = cfg.nfs_unstable_bytes {
                         opts.unstable_bytes = b;

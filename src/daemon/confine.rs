@@ -13,7 +13,7 @@ use virtiofs_device::vfio_user::Listener;
 
 use super::StartError;
 use crate::ops::control_socket::BoundControlSocket;
-use crate::spec::{BackendSpec, Confinement, DaemonSpec};
+use crate::settings::{BackendSpec, Confinement, DaemonSpec};
 
 /// Where each function's share is once the sandbox's root is the root.
 pub(super) struct Plan {

@@ -3,7 +3,7 @@
 //! 1. open each backend on the host's terms (a shared directory checked, an NFS export
 //!    mounted), so that a daemon that cannot serve binds nothing;
 //! 2. bind every socket (each function's, the control socket) and open the statistics file;
-//! 3. confine: namespaces ([`confine`]);
+//! 3. confine: namespaces (the `confine` module);
 //! 4. build each function's backend (a shared directory opened inside the sandbox's root);
 //! 5. drop privileges and install the seccomp filter;
 //! 6. spawn the pool of pollers, which inherit all of it;
@@ -29,7 +29,7 @@ use crate::error_chain;
 use crate::functions::{FunctionError, FunctionSet};
 use crate::ops::control_socket::{BoundControlSocket, ControlSocketError};
 use crate::ops::deploy::{self, DeployError};
-use crate::spec::{DaemonSpec, Socket};
+use crate::settings::{DaemonSpec, Socket};
 pub use serve::Serving;
 
 /// Why the daemon could not start.

@@ -126,7 +126,7 @@ impl RpcError {
 pub struct ControlState {
     /// The functions (statistics, client state; created and removed here).
     pub functions: Arc<FunctionSet>,
-    /// What the daemon says of itself ([`crate::spec::DaemonSpec::describe`]); `get_device`
+    /// What the daemon says of itself ([`crate::settings::DaemonSpec::describe`]); `get_device`
     /// adds it to the function's spec.
     pub config: Value,
     /// When the daemon started.

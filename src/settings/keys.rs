@@ -3,7 +3,7 @@
 //!
 //! A table holds three kinds of keys: the daemon's ([`DAEMON_KEYS`]: its pollers and sandbox),
 //! a function's own and its backend's ([`FUNCTION_KEYS`], read here into [`FunctionKeys`]), and
-//! the device's (every other key: the device crate's [`Profile`] reads them and names the ones it
+//! the device's (every other key: the device crate's `Profile` reads them and names the ones it
 //! does not know). [`take_keys`] takes the first two kinds out of a table and leaves the device's.
 
 use std::path::PathBuf;
