@@ -17,7 +17,7 @@ use virtiofs_backend::{PassthroughFs, RamFs};
 use virtiofs_device::poller::RequestHandler;
 
 use crate::settings::{BackendSpec, FunctionSpec};
-use crate::{FuseHandler, FuseStats, PassthroughHandler};
+use crate::{FuseHandler, FuseStats};
 
 /// Reads the FUSE side's statistics of a running function.
 pub type FuseStatsFn = Arc<dyn Fn() -> FuseStats + Send + Sync>;
@@ -137,9 +137,12 @@ pub fn build(
                 }
                 (None, None) => PassthroughFs::new(cfg.clone()).map_err(|e| shared(&cfg.root, e))?,
             };
-            let h = Arc::new(PassthroughHandler::with_options(fs, io_mode, options));
+            let mut fs = fs;
+            fs.set_io_mode(io_mode);
+            let h = Arc::new(FuseHandler::with_options(fs, options));
             let s = h.clone();
-            Built { handler: h, fuse: Arc::new(move || s.stats()) }
+            let stats = move || FuseStats { io: Some(s.server().filesystem().engine_stats()), ..s.stats() };
+            Built { handler: h, fuse: Arc::new(stats) }
         }
         Opened::Remote(fs) => {
             let h = Arc::new(FuseHandler::with_options(*fs, options));

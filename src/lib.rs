@@ -1,10 +1,11 @@
 //! virtiofs-dpu: wires the device (vfio-user server, PCI function, pollers) to a FUSE backend.
 //!
 //! The device crate knows nothing of FUSE and the backend knows nothing of PCI or vfio-user; this
-//! crate is the seam: [`FuseHandler`] adapts a backend [`Server`] to the device's
-//! [`RequestHandler`], and [`RunningDevice`] runs a device on a socket in a thread of its own (for
-//! the daemon, the tests and the benchmarks), serving a RAM filesystem ([`RunningDevice::start`])
-//! or a host directory ([`RunningDevice::start_passthrough`]).
+//! crate is the seam: [`FuseHandler`] adapts a backend [`Server`] over any filesystem to the
+//! device's [`RequestHandler`] (and each poller's [`FuseEngine`] to its `Engine`), and
+//! [`RunningDevice`] runs a device on a socket in a thread of its own (the daemon's functions on
+//! its shared pollers, [`RunningDevice::start_on_pool`]; one device alone for the tests and the
+//! benchmarks, [`RunningDevice::start_with`]).
 //!
 //! The daemon: [`settings`] reads the command line, the profile and `create_function` into one
 //! typed [`settings::DaemonSpec`]; [`daemon`] is its one start-up path; [`backends`] sets up a
@@ -27,10 +28,9 @@ use std::thread::JoinHandle;
 
 use virtiofs_backend::filesystem::FileSystem;
 use virtiofs_backend::nfs::fs::NfsStats;
-use virtiofs_backend::passthrough::uring::{EngineStats, IoMode};
-use virtiofs_backend::passthrough::{PassthroughConfig, SetupError};
+use virtiofs_backend::passthrough::uring::EngineStats;
 use virtiofs_backend::server::{LockStats, PollerEngine, ServerOptions, Submitted};
-use virtiofs_backend::{PassthroughFs, RamFs, Server};
+use virtiofs_backend::Server;
 use virtiofs_device::config::{Placement, Profile};
 use virtiofs_device::poller::{Engine, Outcome, PollerPool, RequestHandler};
 use virtiofs_device::stats::{DeviceStats, OpClass, Tally};
@@ -129,18 +129,19 @@ impl<F: FileSystem> FuseHandler<F> {
 }
 
 impl<F: FileSystem + 'static> RequestHandler for FuseHandler<F> {
-    fn handle(&self, _queue: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32 {
-        u32::try_from(self.server.handle(readable, writable)).unwrap_or(0)
-    }
-
-    fn handle_tallied(
+    fn handle(
         &self,
-        queue: u16,
+        _queue: u16,
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
     ) -> (u32, Tally) {
+        // Only without pollers' engines ([`FuseHandler::synchronous`]): the one pipeline, on an
+        // engine of this call's own that serves at once and parks nothing.
         let class = tally::request_class(readable);
-        let len = self.handle(queue, readable, writable);
+        let len = match PollerEngine::synchronous(self.server.clone()).submit(0, readable, writable) {
+            Submitted::Done(len) => len,
+            Submitted::Pending | Submitted::Wait(_) => 0,
+        };
         (len, tally::reply_tally(class, writable, len))
     }
 
@@ -202,42 +203,23 @@ impl<F: FileSystem + 'static> Engine for FuseEngine<F> {
         _queue: u16,
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
-    ) -> Outcome {
+    ) -> (Outcome, Tally) {
+        let class = tally::request_class(readable);
         match self.inner.submit(id, readable, writable) {
-            Submitted::Done(n) => Outcome::Done(n),
+            Submitted::Done(len) => (Outcome::Done(len), tally::reply_tally(class, writable, len)),
             Submitted::Pending => {
                 self.pending.bump();
-                Outcome::Pending
+                (Outcome::Pending, Tally { class, ..Tally::default() })
             }
-            Submitted::Wait(_) => Outcome::Wait,
+            Submitted::Wait(_) => (Outcome::Wait, Tally { class, ..Tally::default() }),
         }
     }
 
-    fn poll(&mut self, done: &mut dyn FnMut(u64, u32)) -> usize {
-        self.inner.poll(done)
+    fn poll(&mut self, done: &mut dyn FnMut(u64, u32, Tally)) -> usize {
+        self.inner.poll(&mut |id, len, status| done(id, len, tally::status_tally(status)))
     }
 
-    fn submit_tallied(
-        &mut self,
-        id: u64,
-        queue: u16,
-        readable: &[VolatileSlice<'_>],
-        writable: &[VolatileSlice<'_>],
-    ) -> (Outcome, Tally) {
-        let class = tally::request_class(readable);
-        let outcome = self.submit(id, queue, readable, writable);
-        let t = match outcome {
-            Outcome::Done(len) => tally::reply_tally(class, writable, len),
-            Outcome::Pending | Outcome::Wait => Tally { class, ..Tally::default() },
-        };
-        (outcome, t)
-    }
-
-    fn poll_tallied(&mut self, done: &mut dyn FnMut(u64, u32, Tally)) -> usize {
-        self.inner.poll_status(&mut |id, len, status| done(id, len, tally::status_tally(status)))
-    }
-
-    fn poll_waits_tallied(&mut self, answer: &mut dyn FnMut(u64, &[u8], Tally)) -> usize {
+    fn poll_waits(&mut self, answer: &mut dyn FnMut(u64, &[u8], Tally)) -> usize {
         self.inner.poll_waits(&mut |id, reply| {
             let len = u32::try_from(reply.len()).unwrap_or(u32::MAX);
             answer(id, reply, tally::reply_bytes(OpClass::Other, reply, len))
@@ -248,99 +230,13 @@ impl<F: FileSystem + 'static> Engine for FuseEngine<F> {
         self.inner.in_flight()
     }
 
-    fn poll_waits(&mut self, answer: &mut dyn FnMut(u64, &[u8])) -> usize {
-        self.inner.poll_waits(answer)
-    }
-
     fn cancel_waits(&mut self) {
         self.inner.cancel_waits();
     }
 
     fn readiness(&self) -> Option<virtiofs_device::poller::Readiness<'_>> {
-        self.inner.readiness().map(|r| virtiofs_device::poller::Readiness {
-            fd: r.fd,
-            writable: r.writable,
-            within: r.within,
-        })
+        self.inner.readiness()
     }
-}
-
-/// Serves virtio-fs requests from a host directory: a [`FuseHandler`] over a [`PassthroughFs`]
-/// whose pollers (unless [`IoMode::Sync`]) serve READ, WRITE and FSYNC on the passthrough's
-/// per-poller io_uring engine (zero-copy between the host file and the guest buffers, inline
-/// when that cannot block; see `virtiofs_backend::passthrough::uring`).
-pub struct PassthroughHandler {
-    inner: FuseHandler<PassthroughFs>,
-}
-
-impl PassthroughHandler {
-    /// Ring entries per poller.
-    pub const RING_ENTRIES: u32 = PassthroughFs::RING_ENTRIES;
-
-    /// A handler serving `fs`, its data path as `mode` says.
-    pub fn new(fs: PassthroughFs, mode: IoMode) -> Self {
-        Self::with_options(fs, mode, ServerOptions::default())
-    }
-
-    /// A handler serving `fs`, its data path as `mode` says, offering what `options` allow.
-    pub fn with_options(mut fs: PassthroughFs, mode: IoMode, options: ServerOptions) -> Self {
-        fs.set_io_mode(mode);
-        PassthroughHandler { inner: FuseHandler::with_options(fs, options) }
-    }
-
-    /// Requests left pending on a ring so far, all pollers together.
-    pub fn ring_requests(&self) -> u64 {
-        self.inner.pending_requests()
-    }
-
-    /// What the pollers' rings did so far, added up.
-    pub fn engine_stats(&self) -> EngineStats {
-        self.inner.server().filesystem().engine_stats()
-    }
-
-    /// The FUSE server.
-    pub fn server(&self) -> &Arc<Server<PassthroughFs>> {
-        self.inner.server()
-    }
-
-    /// The FUSE side's statistics now, the io_uring engines' included.
-    pub fn stats(&self) -> FuseStats {
-        FuseStats { io: Some(self.engine_stats()), ..self.inner.stats() }
-    }
-}
-
-impl RequestHandler for PassthroughHandler {
-    fn handle(&self, queue: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32 {
-        self.inner.handle(queue, readable, writable)
-    }
-
-    fn handle_tallied(
-        &self,
-        queue: u16,
-        readable: &[VolatileSlice<'_>],
-        writable: &[VolatileSlice<'_>],
-    ) -> (u32, Tally) {
-        self.inner.handle_tallied(queue, readable, writable)
-    }
-
-    fn engine(&self, poller: usize) -> Option<Box<dyn Engine>> {
-        self.inner.engine(poller)
-    }
-
-    fn reset(&self) {
-        self.inner.reset();
-    }
-}
-
-/// Why a device could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// The shared directory could not be served.
-    #[error("passthrough filesystem")]
-    Passthrough(#[from] SetupError),
-    /// The device could not start.
-    #[error("device")]
-    Device(#[from] ServerError),
 }
 
 /// A device serving one socket from a thread of its own.
@@ -351,39 +247,15 @@ pub struct RunningDevice {
 }
 
 impl RunningDevice {
-    /// Starts a device with an empty RAM filesystem on `socket` (listening when this returns).
-    pub fn start(socket: &Path, profile: Profile) -> Result<Self, ServerError> {
-        Self::start_with(socket, profile, Arc::new(FuseHandler::new(RamFs::new())))
-    }
-
-    /// Starts a device serving the host directory `cfg.root` (see
-    /// [`virtiofs_backend::passthrough`] for how it stays confined beneath it).
-    pub fn start_passthrough(
-        socket: &Path,
-        profile: Profile,
-        cfg: PassthroughConfig,
-    ) -> Result<Self, StartError> {
-        let fs = PassthroughFs::new(cfg)?;
-        Ok(Self::start_with(socket, profile, Arc::new(FuseHandler::new(fs)))?)
-    }
-
-    /// Starts a device whose requests go to `handler`.
+    /// Starts a device on `socket` (listening when this returns) whose requests go to
+    /// `handler`, with pollers of its own as `profile` places them: one device alone, for the
+    /// tests and the benchmarks. The daemon's functions start with [`Self::start_on_pool`].
     pub fn start_with(
         socket: &Path,
         profile: Profile,
         handler: Arc<dyn RequestHandler>,
     ) -> Result<Self, ServerError> {
-        Self::start_on(vfio_user::Listener::bind(socket)?, profile, handler)
-    }
-
-    /// Starts a device on a socket bound earlier (see [`vfio_user::Listener`]): its threads start
-    /// here, not before.
-    pub fn start_on(
-        listener: vfio_user::Listener,
-        profile: Profile,
-        handler: Arc<dyn RequestHandler>,
-    ) -> Result<Self, ServerError> {
-        Self::start_with_pollers(listener, profile, handler, None)
+        Self::start_with_pollers(vfio_user::Listener::bind(socket)?, profile, handler, None)
     }
 
     /// Starts a device on a socket bound earlier whose queues are served by the shared

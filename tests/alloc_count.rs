@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use virtiofs_backend::RamFs;
 use virtiofs_device::poller::{Engine, RequestHandler};
+use virtiofs_device::stats::Tally;
 use virtiofs_dpu::config::Profile;
 use virtiofs_dpu::{FuseHandler, RunningDevice};
 use virtiofs_tools::virtqueue::RingLayout;
@@ -23,7 +24,12 @@ mod counting;
 struct Marking(FuseHandler<RamFs>);
 
 impl RequestHandler for Marking {
-    fn handle(&self, queue: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32 {
+    fn handle(
+        &self,
+        queue: u16,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+    ) -> (u32, Tally) {
         counting::count_here(true);
         self.0.handle(queue, readable, writable)
     }

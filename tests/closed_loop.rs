@@ -36,7 +36,12 @@ fn setup_with(
 ) -> (RunningDevice, FsDriver, u64, u64) {
     let sock = dir.join("dev.sock");
     let profile = Profile { queue_size: size, request_queues: queues, ..Default::default() };
-    let dev = RunningDevice::start(&sock, profile).unwrap();
+    let dev = RunningDevice::start_with(
+        &sock,
+        profile,
+        std::sync::Arc::new(virtiofs_dpu::FuseHandler::new(virtiofs_backend::RamFs::new())),
+    )
+    .unwrap();
     let opts = DriverOptions {
         queue_size: size,
         request_queues: queues,

@@ -28,7 +28,12 @@ impl Setup {
     fn new(profile: Profile) -> Setup {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("virtiofs.sock");
-        let device = RunningDevice::start(&socket, profile).expect("device starts");
+        let device = RunningDevice::start_with(
+            &socket,
+            profile,
+            std::sync::Arc::new(virtiofs_dpu::FuseHandler::new(virtiofs_backend::RamFs::new())),
+        )
+        .expect("device starts");
         Setup { _dir: dir, device: Some(device), socket }
     }
 

@@ -18,7 +18,7 @@ use virtiofs_backend::passthrough::uring::IoMode;
 use virtiofs_backend::passthrough::PassthroughConfig;
 use virtiofs_backend::PassthroughFs;
 use virtiofs_dpu::config::Profile;
-use virtiofs_dpu::{PassthroughHandler, RunningDevice};
+use virtiofs_dpu::{FuseHandler, RunningDevice};
 use virtiofs_tools::fuse_abi::{self as abi, init_flags, opcode, OFFSET_MAX};
 use virtiofs_tools::vfio_user::{DMA_MAP_FLAG_READ, DMA_MAP_FLAG_WRITE};
 use virtiofs_tools::virtqueue::RingLayout;
@@ -55,12 +55,21 @@ impl Dev {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("locks.sock");
         let device = match backend {
-            Backend::Ram => RunningDevice::start(&socket, profile).expect("device starts"),
+            Backend::Ram => RunningDevice::start_with(
+                &socket,
+                profile,
+                std::sync::Arc::new(virtiofs_dpu::FuseHandler::new(virtiofs_backend::RamFs::new())),
+            )
+            .expect("device starts"),
             Backend::Passthrough(mode) => {
                 let share = dir.path().join("share");
                 std::fs::create_dir(&share).unwrap();
                 let fs = PassthroughFs::new(PassthroughConfig::new(&share)).unwrap();
-                let handler = Arc::new(PassthroughHandler::new(fs, mode));
+                let handler = Arc::new(FuseHandler::new({
+                    let mut fs = fs;
+                    fs.set_io_mode(mode);
+                    fs
+                }));
                 RunningDevice::start_with(&socket, profile, handler).expect("device starts")
             }
         };

@@ -522,11 +522,20 @@ fn a_long_run_of_writes_without_flush_stays_unstable_and_the_store_bounded() {
     let blocks = expected.len() / 4096;
     for round in 0..256 {
         let mut tokens = Vec::new();
+        // Eight different blocks: writes in flight together have no order between them (the
+        // server's threads may run them either way), so two to one block would leave either.
+        let mut picked = [usize::MAX; 8];
         for k in 0..8 {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            let b = (rng % blocks as u64) as usize;
+            let b = loop {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let b = (rng % blocks as u64) as usize;
+                if !picked.contains(&b) {
+                    break b;
+                }
+            };
+            picked[k] = b;
             let data = pattern((round * 8 + k) as u8 ^ 0x5a, 4096);
             expected[b * 4096..(b + 1) * 4096].copy_from_slice(&data);
             let arg =

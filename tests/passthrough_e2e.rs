@@ -1,4 +1,4 @@
-//! End-to-end: the device serving a host directory (`PassthroughHandler`, every READ/WRITE/FSYNC
+//! End-to-end: the device serving a host directory (a `FuseHandler` over a `PassthroughFs`, every READ/WRITE/FSYNC
 //! on a poller's io_uring), driven
 //! by the host driver model over vfio-user: the ordinary workload, then crafted FUSE requests that
 //! try to leave the shared directory. A canary file and directory beside it (watched with
@@ -15,7 +15,7 @@ use virtiofs_backend::passthrough::uring::IoMode;
 use virtiofs_backend::passthrough::PassthroughConfig;
 use virtiofs_backend::PassthroughFs;
 use virtiofs_dpu::config::Profile;
-use virtiofs_dpu::{PassthroughHandler, RunningDevice};
+use virtiofs_dpu::{FuseHandler, RunningDevice};
 use virtiofs_tools::fuse_abi::{self as abi, opcode};
 use virtiofs_tools::virtqueue::RingLayout;
 use virtiofs_tools::{DriverOptions, FsDriver};
@@ -28,7 +28,7 @@ const SECRET: &[u8] = b"E2E-CANARY-SECRET-91c3f0";
 const INNER: &str = "e2e-inner-canary-5a7d";
 
 struct Setup {
-    handler: std::sync::Arc<PassthroughHandler>,
+    handler: std::sync::Arc<FuseHandler<PassthroughFs>>,
     base: tempfile::TempDir,
     share: PathBuf,
     device: Option<RunningDevice>,
@@ -79,7 +79,11 @@ impl Setup {
         std::fs::write(cdir.join(INNER), SECRET).unwrap();
         let socket = base.path().join("dev.sock");
         let fs = PassthroughFs::new(PassthroughConfig::new(&share)).unwrap();
-        let handler = std::sync::Arc::new(PassthroughHandler::new(fs, mode));
+        let handler = std::sync::Arc::new(FuseHandler::new({
+            let mut fs = fs;
+            fs.set_io_mode(mode);
+            fs
+        }));
         let device =
             RunningDevice::start_with(&socket, Profile::default(), handler.clone()).expect("device starts");
         let watched = [canary, cdir.clone(), cdir.join(INNER), base.path().to_path_buf()];
@@ -169,7 +173,7 @@ fn workload_on_a_shared_directory(ring: RingLayout) {
     let s = Setup::with(IoMode::Ring, ring);
     workload(&s);
     // 8 WRITEs, 8 READs and the FSYNC went through a poller's io_uring.
-    assert!(s.handler.ring_requests() >= 17, "ring requests: {}", s.handler.ring_requests());
+    assert!(s.handler.pending_requests() >= 17, "ring requests: {}", s.handler.pending_requests());
 }
 
 fn workload_in_hybrid_and_sync_modes(ring: RingLayout) {
@@ -177,7 +181,7 @@ fn workload_in_hybrid_and_sync_modes(ring: RingLayout) {
         let s = Setup::with(mode, ring);
         workload(&s);
         if mode == IoMode::Sync {
-            assert_eq!(s.handler.ring_requests(), 0);
+            assert_eq!(s.handler.pending_requests(), 0);
         }
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use virtiofs_device::config::Profile;
 use virtiofs_device::poller::RequestHandler;
+use virtiofs_device::stats::Tally;
 use virtiofs_dpu::RunningDevice;
 use virtiofs_tools::{DriverError, DriverOptions, FsDriver};
 use vm_memory::{Bytes, VolatileSlice};
@@ -17,10 +18,15 @@ use vm_memory::{Bytes, VolatileSlice};
 struct WrongReplies;
 
 impl RequestHandler for WrongReplies {
-    fn handle(&self, _queue: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32 {
+    fn handle(
+        &self,
+        _queue: u16,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+    ) -> (u32, Tally) {
         let mut inh = [0u8; 40];
         if readable.first().is_none_or(|r| r.read_slice(&mut inh, 0).is_err()) {
-            return 0;
+            return (0, Tally::default());
         }
         let unique = u64::from_le_bytes(inh[8..16].try_into().unwrap());
         let nodeid = u64::from_le_bytes(inh[16..24].try_into().unwrap());
@@ -35,10 +41,11 @@ impl RequestHandler for WrongReplies {
         out[..4].copy_from_slice(&len.to_le_bytes());
         out[4..8].copy_from_slice(&(-libc::ENOENT).to_le_bytes());
         out[8..].copy_from_slice(&unique.to_le_bytes());
-        match writable.first() {
+        let used = match writable.first() {
             Some(w) if w.write_slice(&out, 0).is_ok() => used,
             _ => 0,
-        }
+        };
+        (used, Tally::default())
     }
 }
 

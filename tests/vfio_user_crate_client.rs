@@ -21,9 +21,12 @@ use vmm_sys_util::eventfd::EventFd;
 fn vfio_user_crate_client_talks_to_the_device() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("dev.sock");
-    let device =
-        RunningDevice::start(&socket, Profile { doorbells: Doorbells::Shared, ..Profile::default() })
-            .unwrap();
+    let device = RunningDevice::start_with(
+        &socket,
+        Profile { doorbells: Doorbells::Shared, ..Profile::default() },
+        std::sync::Arc::new(virtiofs_dpu::FuseHandler::new(virtiofs_backend::RamFs::new())),
+    )
+    .unwrap();
 
     // Our client first, for the ground truth (and to check reconnecting works).
     let truth = {

@@ -12,9 +12,11 @@
 //! third argument in MiB), `getattr`, `lookup`, or `none` (setup only, to subtract from an
 //! instruction count).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use virtiofs_backend::abi::{self, opcode};
+use virtiofs_backend::server::{PollerEngine, Submitted};
 use virtiofs_backend::{RamFs, Server};
 use vm_memory::{ByteValued, VolatileSlice};
 
@@ -39,13 +41,16 @@ fn header(op: u32, nodeid: u64, unique: u64, len: usize) -> abi::InHeader {
 /// Sends `parts` (readable) with `out` (writable); returns the reply length. Allocation-free, so
 /// that the driver adds little to an instruction count.
 fn call<const R: usize, const W: usize>(
-    srv: &Server<RamFs>,
+    srv: &mut PollerEngine<RamFs>,
     parts: [&mut [u8]; R],
     out: [&mut [u8]; W],
 ) -> usize {
     let rs = parts.map(VolatileSlice::from);
     let ws = out.map(VolatileSlice::from);
-    srv.handle(&rs, &ws)
+    match srv.submit(0, &rs, &ws) {
+        Submitted::Done(n) => n as usize,
+        _ => 0,
+    }
 }
 
 fn main() {
@@ -55,7 +60,7 @@ fn main() {
     let file_mib: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(8);
     let file = file_mib << 20;
 
-    let srv = Server::new(RamFs::new());
+    let mut srv = PollerEngine::synchronous(Arc::new(Server::new(RamFs::new())));
     // INIT as Linux 6.12 would (the flags that matter here: HANDLE_KILLPRIV_V2, INIT_EXT).
     let flags = abi::init::ASYNC_READ
         | abi::init::BIG_WRITES
@@ -69,14 +74,14 @@ fn main() {
     let (mut a, mut b) = (init, ext);
     let mut ohdr = [0u8; HDR_OUT];
     let mut obody = [0u8; 256];
-    let r = call(&srv, [h.as_mut_slice(), a.as_mut_slice(), b.as_mut_slice()], [&mut ohdr, &mut obody]);
+    let r = call(&mut srv, [h.as_mut_slice(), a.as_mut_slice(), b.as_mut_slice()], [&mut ohdr, &mut obody]);
     assert!(r > HDR_OUT, "init");
 
     // CREATE "bench".
     let mut cin = abi::CreateIn { flags: libc::O_RDWR as u32, mode: 0o100644, umask: 0o022, open_flags: 0 };
     let mut name = *b"bench\0";
     let mut h = header(opcode::CREATE, abi::ROOT_ID, 2, HDR_IN + 16 + name.len());
-    let r = call(&srv, [h.as_mut_slice(), cin.as_mut_slice(), &mut name], [&mut ohdr, &mut obody]);
+    let r = call(&mut srv, [h.as_mut_slice(), cin.as_mut_slice(), &mut name], [&mut ohdr, &mut obody]);
     assert!(r > HDR_OUT, "create");
     let entry: abi::EntryOut = read_obj(&obody);
     let open: abi::OpenOut = read_obj(&obody[std::mem::size_of::<abi::EntryOut>()..]);
@@ -88,12 +93,12 @@ fn main() {
     for i in 0..file / PAGE as u64 {
         let mut h = header(opcode::WRITE, ino, 3 + i, HDR_IN + 40 + PAGE);
         let mut wi = abi::WriteIn { fh, offset: i * PAGE as u64, size: PAGE as u32, ..Default::default() };
-        let r = call(&srv, [h.as_mut_slice(), wi.as_mut_slice(), &mut page], [&mut ohdr, &mut wout]);
+        let r = call(&mut srv, [h.as_mut_slice(), wi.as_mut_slice(), &mut page], [&mut ohdr, &mut wout]);
         assert_eq!(r, HDR_OUT + 8, "layout write");
     }
 
     let start = Instant::now();
-    replay(&srv, &op, n, ino, fh, file, &mut page);
+    replay(&mut srv, &op, n, ino, fh, file, &mut page);
     let el = start.elapsed();
     if n > 0 {
         println!("{op}: {:.0} ns/request ({n} requests)", el.as_nanos() as f64 / n as f64);
@@ -102,7 +107,7 @@ fn main() {
 
 /// The measured loop (`valgrind --tool=callgrind --toggle-collect='*replay*'` counts only this).
 #[inline(never)]
-fn replay(srv: &Server<RamFs>, op: &str, n: u64, ino: u64, fh: u64, file: u64, page: &mut [u8]) {
+fn replay(srv: &mut PollerEngine<RamFs>, op: &str, n: u64, ino: u64, fh: u64, file: u64, page: &mut [u8]) {
     let mut ohdr = [0u8; HDR_OUT];
     let mut wout = [0u8; 8];
     let mut eout = [0u8; std::mem::size_of::<abi::EntryOut>()];

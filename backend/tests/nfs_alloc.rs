@@ -35,7 +35,7 @@ fn run(e: &mut PollerEngine<NfsFs>, req: &mut [u8], out: &mut [u8]) -> abi::OutH
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         while len.is_none() {
-            e.poll(&mut |_, n| len = Some(n));
+            e.poll(&mut |_, n, _| len = Some(n));
             assert!(Instant::now() < deadline, "no reply");
         }
         counting::count_here(false);

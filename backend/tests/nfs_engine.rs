@@ -218,7 +218,7 @@ impl Rig {
             };
             let deadline = Instant::now() + Duration::from_secs(20);
             while len.is_none() {
-                self.e.poll(&mut |_, n| len = Some(n));
+                self.e.poll(&mut |_, n, _| len = Some(n));
                 assert!(Instant::now() < deadline, "no reply");
             }
             len.unwrap_or(0)

@@ -633,7 +633,7 @@ fn per_request_cost() {
             }
             let rs = [vm_memory::VolatileSlice::from(&mut req[..])];
             let ws = [vm_memory::VolatileSlice::from(&mut reply[..])];
-            assert!(f.srv.handle(&rs, &ws) >= HDR);
+            assert!(harness::serve(&f.srv, &rs, &ws) >= HDR);
         }
         let per = start.elapsed().as_nanos() as f64 / n as f64;
         println!("{name}: {per:.0} ns/request");

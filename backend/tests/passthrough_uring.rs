@@ -9,8 +9,9 @@ use std::sync::Arc;
 use harness::passthrough::Tree;
 use harness::{parse, request, HDR, LINUX_FLAGS, ROOT};
 use virtiofs_backend::abi::{self, opcode};
-use virtiofs_backend::passthrough::uring::{IoMode, Submitted, UringEngine};
+use virtiofs_backend::passthrough::uring::IoMode;
 use virtiofs_backend::passthrough::{PassthroughConfig, PassthroughFs};
+use virtiofs_backend::server::{PollerEngine, Submitted};
 use virtiofs_backend::Server;
 use vm_memory::{ByteValued, VolatileSlice};
 
@@ -64,7 +65,7 @@ fn reap(e: &mut UringEngine, want: usize) -> Vec<(u64, u32)> {
     let mut got = Vec::new();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while got.len() < want {
-        e.poll(&mut |id, len| got.push((id, len)));
+        e.poll(&mut |id, len, _| got.push((id, len)));
         assert!(std::time::Instant::now() < deadline, "completions never came: {got:?}");
     }
     got
@@ -93,6 +94,14 @@ fn setup() -> Setup {
     setup_tree(Tree::new())
 }
 
+/// The passthrough's engine over a ring of its own, as a poller drives it.
+type UringEngine = PollerEngine<PassthroughFs>;
+
+fn ring_engine(server: &Arc<Server<PassthroughFs>>, entries: u32, mode: IoMode) -> UringEngine {
+    let ring = server.filesystem().new_ring(entries, mode).expect("io_uring");
+    PollerEngine::with_engine(server.clone(), Some(Box::new(ring)))
+}
+
 fn setup_tree(t: Tree) -> Setup {
     let fs = PassthroughFs::new(PassthroughConfig::new(&t.share)).unwrap();
     let server = Arc::new(Server::new(fs));
@@ -100,23 +109,25 @@ fn setup_tree(t: Tree) -> Setup {
     Setup { t, server }
 }
 
-fn init(server: &Server<PassthroughFs>) {
+fn init(server: &Arc<Server<PassthroughFs>>) {
     let mut v = abi::InitInCompat { major: 7, minor: 41, max_readahead: 131072, flags: LINUX_FLAGS as u32 }
         .as_slice()
         .to_vec();
     v.extend_from_slice(abi::InitInExt { flags2: (LINUX_FLAGS >> 32) as u32, unused: [0; 11] }.as_slice());
     let mut req = request(opcode::INIT, 0, 1, 0, 0, &[&v]);
     let mut out = vec![0u8; 4096];
-    let n = server.handle(&[VolatileSlice::from(&mut req[..])], &[VolatileSlice::from(&mut out[..])]);
+    let n =
+        harness::serve(server, &[VolatileSlice::from(&mut req[..])], &[VolatileSlice::from(&mut out[..])]);
     let h: abi::OutHeader = parse(&out);
     assert_eq!((h.error, h.len as usize), (0, n));
 }
 
 /// Sends `op` through the server (synchronously) and returns the body.
-fn sync(server: &Server<PassthroughFs>, op: u32, nodeid: u64, args: &[&[u8]]) -> Result<Vec<u8>, i32> {
+fn sync(server: &Arc<Server<PassthroughFs>>, op: u32, nodeid: u64, args: &[&[u8]]) -> Result<Vec<u8>, i32> {
     let mut req = request(op, nodeid, 3, 0, 0, args);
     let mut out = vec![0u8; 1 << 20];
-    let n = server.handle(&[VolatileSlice::from(&mut req[..])], &[VolatileSlice::from(&mut out[..])]);
+    let n =
+        harness::serve(server, &[VolatileSlice::from(&mut req[..])], &[VolatileSlice::from(&mut out[..])]);
     let h: abi::OutHeader = parse(&out);
     if h.error != 0 {
         return Err(-h.error);
@@ -124,7 +135,7 @@ fn sync(server: &Server<PassthroughFs>, op: u32, nodeid: u64, args: &[&[u8]]) ->
     Ok(out[HDR..n].to_vec())
 }
 
-fn create(server: &Server<PassthroughFs>, name: &[u8]) -> (u64, u64) {
+fn create(server: &Arc<Server<PassthroughFs>>, name: &[u8]) -> (u64, u64) {
     let arg = abi::CreateIn { flags: libc::O_RDWR as u32, mode: 0o644, umask: 0, open_flags: 0 };
     let body = sync(server, opcode::CREATE, ROOT, &[arg.as_slice(), &harness::cstr(name)]).unwrap();
     let e: abi::EntryOut = parse(&body);
@@ -151,7 +162,7 @@ fn read_req(node: u64, fh: u64, offset: u64, size: u32) -> Vec<u8> {
 #[test]
 fn reads_and_writes_go_through_the_ring_with_any_buffer_layout() {
     let s = setup();
-    let mut e = UringEngine::new(s.server.clone(), 64, IoMode::Ring).expect("io_uring");
+    let mut e = ring_engine(&s.server, 64, IoMode::Ring);
     let (node, fh) = create(&s.server, b"data");
     let data: Vec<u8> = (0..(1 << 20) as u32).map(|i| (i.wrapping_mul(2654435761) >> 11) as u8).collect();
     // WRITE with the payload cut in odd pieces; the header in one buffer or split.
@@ -208,7 +219,7 @@ fn reads_and_writes_go_through_the_ring_with_any_buffer_layout() {
         let (h, body) = r.reply(done[0].1);
         assert_eq!((h.error, h.unique, body.len()), (0, 13, 0));
     }
-    let st = e.stats();
+    let st = e.server().filesystem().engine_stats();
     assert_eq!(st.sync_requests, 0, "{st:?}");
     assert!(st.async_requests >= 12, "{st:?}");
 }
@@ -216,7 +227,7 @@ fn reads_and_writes_go_through_the_ring_with_any_buffer_layout() {
 #[test]
 fn everything_else_is_answered_by_the_server() {
     let s = setup();
-    let mut e = UringEngine::new(s.server.clone(), 8, IoMode::Ring).expect("io_uring");
+    let mut e = ring_engine(&s.server, 8, IoMode::Ring);
     let (node, fh) = create(&s.server, b"f");
     // Other opcodes.
     let mut r = Req::new(
@@ -267,7 +278,7 @@ fn everything_else_is_answered_by_the_server() {
 #[test]
 fn a_release_during_a_read_keeps_the_file_open_until_completion() {
     let s = setup();
-    let mut e = UringEngine::new(s.server.clone(), 16, IoMode::Ring).expect("io_uring");
+    let mut e = ring_engine(&s.server, 16, IoMode::Ring);
     let (node, fh) = create(&s.server, b"f");
     std::fs::write(s.t.host("f"), vec![9u8; 1 << 20]).unwrap();
     let mut reqs: Vec<Req> = (0..8)
@@ -300,7 +311,7 @@ fn hybrid_mode_completes_inline_what_cannot_block() {
     for (what, t) in trees {
         let s = setup_tree(t);
         let tmpfs = what == "tmpfs";
-        let mut e = UringEngine::new(s.server.clone(), 16, IoMode::Hybrid).expect("io_uring");
+        let mut e = ring_engine(&s.server, 16, IoMode::Hybrid);
         let (node, fh) = create(&s.server, b"f");
         let data: Vec<u8> = (0..(512 << 10) as u32).map(|i| (i * 13 + 5) as u8).collect();
         for (i, chunk) in data.chunks(128 << 10).enumerate() {
@@ -314,13 +325,13 @@ fn hybrid_mode_completes_inline_what_cannot_block() {
         // Cached data: reads are page-cache hits, inline on both.
         for off in [0u64, 4096 * 7 + 3, (512 << 10) - 100] {
             let mut r = Req::new(&read_req(node, fh, off, 8192), &[80], HDR + 8192, &[HDR, 100, 8092]);
-            let before = e.stats();
+            let before = e.server().filesystem().engine_stats();
             let (h, body) = run(&mut e, &mut r);
             assert_eq!(h.error, 0);
             let end = (off as usize + 8192).min(data.len());
             assert!(body == data[off as usize..end], "{what} read at {off}");
             assert_eq!(
-                e.stats().inline_requests,
+                e.server().filesystem().engine_stats().inline_requests,
                 before.inline_requests + 1,
                 "{what}: a cached read is inline"
             );
@@ -329,7 +340,7 @@ fn hybrid_mode_completes_inline_what_cannot_block() {
         let mut r = Req::new(&request(opcode::FSYNC, node, 13, 0, 0, &[arg.as_slice()]), &[80], HDR, &[HDR]);
         let (h, _) = run(&mut e, &mut r);
         assert_eq!(h.error, 0);
-        let st = e.stats();
+        let st = e.server().filesystem().engine_stats();
         assert_eq!(st.sync_requests, 0, "{what}: {st:?}");
         if tmpfs {
             assert_eq!(st.async_requests, 0, "{what}: nothing waits for storage on tmpfs: {st:?}");
@@ -342,7 +353,7 @@ fn hybrid_mode_completes_inline_what_cannot_block() {
 #[test]
 fn a_full_ring_falls_back_to_the_server() {
     let s = setup();
-    let mut e = UringEngine::new(s.server.clone(), 2, IoMode::Ring).expect("io_uring");
+    let mut e = ring_engine(&s.server, 2, IoMode::Ring);
     let (node, fh) = create(&s.server, b"f");
     std::fs::write(s.t.host("f"), (0..=255u8).cycle().take(64 << 10).collect::<Vec<u8>>()).unwrap();
     let mut reqs: Vec<Req> = (0..4)
@@ -366,5 +377,5 @@ fn a_full_ring_falls_back_to_the_server() {
         assert_eq!(h.error, 0);
         assert!(body.iter().enumerate().all(|(j, &b)| b == ((i * 1000 + j) % 256) as u8), "read {i}");
     }
-    assert_eq!(e.stats().sync_requests, 2);
+    assert_eq!(e.server().filesystem().engine_stats().sync_requests, 2);
 }

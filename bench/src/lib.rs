@@ -667,9 +667,14 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
                     nfs_handler = Some(handler.clone());
                     (virtiofs_dpu::RunningDevice::start_with(&sock, profile.clone(), handler), "NFS export")
                 }
-                (None, Backend::RamFs) => {
-                    (virtiofs_dpu::RunningDevice::start(&sock, profile.clone()), "RAM filesystem")
-                }
+                (None, Backend::RamFs) => (
+                    virtiofs_dpu::RunningDevice::start_with(
+                        &sock,
+                        profile.clone(),
+                        Arc::new(virtiofs_dpu::FuseHandler::new(virtiofs_backend::RamFs::new())),
+                    ),
+                    "RAM filesystem",
+                ),
                 (None, Backend::Null) => (
                     virtiofs_dpu::RunningDevice::start_with(
                         &sock,

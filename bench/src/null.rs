@@ -7,6 +7,7 @@ use vm_memory::VolatileSlice;
 
 use virtiofs_backend::RamFs;
 use virtiofs_device::poller::RequestHandler;
+use virtiofs_device::stats::Tally;
 use virtiofs_dpu::FuseHandler;
 
 const IN_HEADER: usize = 40;
@@ -65,7 +66,12 @@ fn scatter(slices: &[VolatileSlice<'_>], data: &[u8]) -> bool {
 }
 
 impl RequestHandler for NullData {
-    fn handle(&self, queue: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32 {
+    fn handle(
+        &self,
+        queue: u16,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+    ) -> (u32, Tally) {
         // fuse_in_header, then fuse_read_in / fuse_write_in: size at offset 16 of either.
         let mut head = [0u8; IN_HEADER + 24];
         if gather(readable, &mut head) == head.len() {
@@ -85,7 +91,8 @@ impl RequestHandler for NullData {
                 out[8..16].copy_from_slice(unique);
                 out[16..20].copy_from_slice(&size.to_le_bytes());
                 let n = if opcode == FUSE_WRITE { OUT_HEADER + 8 } else { OUT_HEADER };
-                return if scatter(writable, &out[..n]) { len as u32 } else { 0 };
+                let len = if scatter(writable, &out[..n]) { len as u32 } else { 0 };
+                return (len, Tally::default());
             }
         }
         self.inner.handle(queue, readable, writable)

@@ -85,8 +85,12 @@ pub fn measure(cfg: &WakeupConfig, dir: &Path) -> Result<Vec<WakeRow>, BenchErro
         };
         profile.validate().map_err(|e| BenchError::Config(e.to_string()))?;
         let sock = dir.join(format!("wakeup-{i}.sock"));
-        let dev = virtiofs_dpu::RunningDevice::start(&sock, profile)
-            .map_err(|e| BenchError::Device(Box::new(e)))?;
+        let dev = virtiofs_dpu::RunningDevice::start_with(
+            &sock,
+            profile,
+            std::sync::Arc::new(virtiofs_dpu::FuseHandler::new(virtiofs_backend::RamFs::new())),
+        )
+        .map_err(|e| BenchError::Device(Box::new(e)))?;
         let (hist, rung) = run_variant(cfg, &sock)?;
         let stats = dev.stop().map_err(|e| BenchError::Device(Box::new(e)))?;
         let direct_wakes = stats.pollers.iter().map(|p| p.doorbell_wakes).sum();

@@ -452,12 +452,13 @@ fn is_eventfd(f: &File) -> bool {
 mod tests {
     use super::*;
     use crate::config::Doorbells;
+    use crate::stats::Tally;
     use vm_memory::VolatileSlice;
 
     struct Nothing;
     impl RequestHandler for Nothing {
-        fn handle(&self, _: u16, _: &[VolatileSlice<'_>], _: &[VolatileSlice<'_>]) -> u32 {
-            0
+        fn handle(&self, _: u16, _: &[VolatileSlice<'_>], _: &[VolatileSlice<'_>]) -> (u32, Tally) {
+            (0, Tally::default())
         }
     }
 

@@ -64,20 +64,15 @@ use wait::{Wake, MAX_POLL_FDS};
 pub trait RequestHandler: Send + Sync + 'static {
     /// Handles the request on `queue` whose device-readable buffers are `readable` and
     /// device-writable buffers are `writable`; returns the number of bytes written (the used
-    /// length). Must not block for long: it runs on a poller that serves other queues too.
-    fn handle(&self, queue: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32;
-
-    /// [`Self::handle`], also telling the statistics what the request was ([`Tally`]: its
-    /// class, errno and bytes of data). The poller calls this one; the default counts every
-    /// request as [`OpClass::Other`], successful.
-    fn handle_tallied(
+    /// length) and what the request was for the statistics ([`Tally`]: its class, errno and
+    /// bytes of data; `Tally::default()` counts it as [`OpClass::Other`], successful). Must not
+    /// block for long: it runs on a poller that serves other queues too.
+    fn handle(
         &self,
         queue: u16,
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
-    ) -> (u32, Tally) {
-        (self.handle(queue, readable, writable), Tally::default())
-    }
+    ) -> (u32, Tally);
 
     /// The asynchronous engine of poller `poller` (for example an io_uring owned by that
     /// poller's core), or `None` to serve every request synchronously through [`Self::handle`].
@@ -136,40 +131,21 @@ const WAIT_REPLY_PIECES: usize = 8;
 ///   [`Engine::cancel_waits`] and drops every waiting request unanswered: the driver that made
 ///   them has reset the queues.
 pub trait Engine: Send {
-    /// Starts the request `id` (opaque to the engine) on `queue`.
+    /// Starts the request `id` (opaque to the engine) on `queue`, and tells the statistics what
+    /// it is ([`Tally`]). Its class counts whatever the outcome; its errno and bytes only for
+    /// [`Outcome::Done`] (a pending request's come from [`Self::poll`], a waiting one's from
+    /// [`Self::poll_waits`]).
     fn submit(
         &mut self,
         id: u64,
         queue: u16,
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
-    ) -> Outcome;
-    /// Reports finished [`Outcome::Pending`] requests as `(id, bytes written)`; returns how many
+    ) -> (Outcome, Tally);
+    /// Reports finished [`Outcome::Pending`] requests as `(id, bytes written, tally)` (the
+    /// tally's errno and bytes; its class is the one [`Self::submit`] gave); returns how many
     /// it reported.
-    fn poll(&mut self, done: &mut dyn FnMut(u64, u32)) -> usize;
-    /// [`Self::submit`], also telling the statistics what the request is ([`Tally`]). Its class
-    /// counts whatever the outcome; its errno and bytes only for [`Outcome::Done`] (a pending
-    /// request's come from [`Self::poll_tallied`], a waiting one's from [`Self::poll_waits_tallied`]).
-    /// The poller calls this one; the default counts the request as [`OpClass::Other`].
-    fn submit_tallied(
-        &mut self,
-        id: u64,
-        queue: u16,
-        readable: &[VolatileSlice<'_>],
-        writable: &[VolatileSlice<'_>],
-    ) -> (Outcome, Tally) {
-        (self.submit(id, queue, readable, writable), Tally::default())
-    }
-    /// [`Self::poll`], with each request's errno and bytes (its class is the one
-    /// [`Self::submit_tallied`] gave). The poller calls this one.
-    fn poll_tallied(&mut self, done: &mut dyn FnMut(u64, u32, Tally)) -> usize {
-        self.poll(&mut |id, len| done(id, len, Tally::default()))
-    }
-    /// [`Self::poll_waits`], with each answer's errno and bytes (its class is the one
-    /// [`Self::submit_tallied`] gave). The poller calls this one.
-    fn poll_waits_tallied(&mut self, answer: &mut dyn FnMut(u64, &[u8], Tally)) -> usize {
-        self.poll_waits(&mut |id, reply| answer(id, reply, Tally::default()))
-    }
+    fn poll(&mut self, done: &mut dyn FnMut(u64, u32, Tally)) -> usize;
     /// [`Outcome::Pending`] requests submitted and not yet reported.
     fn in_flight(&self) -> usize;
 
@@ -180,9 +156,10 @@ pub trait Engine: Send {
     fn readiness(&self) -> Option<Readiness<'_>> {
         None
     }
-    /// Answers [`Outcome::Wait`] requests whose event came, as `(id, reply bytes)`; returns how
-    /// many. Called every round while any request waits.
-    fn poll_waits(&mut self, answer: &mut dyn FnMut(u64, &[u8])) -> usize {
+    /// Answers [`Outcome::Wait`] requests whose event came, as `(id, reply bytes, tally)` (its
+    /// errno and bytes; the class is the one [`Self::submit`] gave); returns how many. Called
+    /// every round while any request waits.
+    fn poll_waits(&mut self, answer: &mut dyn FnMut(u64, &[u8], Tally)) -> usize {
         let _ = answer;
         0
     }
@@ -1207,11 +1184,11 @@ impl FnCtx {
                     let call = std::panic::catch_unwind(AssertUnwindSafe(|| match engine {
                         Some(e) => {
                             let id = ((slot as u64) << 16) | u64::from(token);
-                            e.submit_tallied(id, q.index(), &chain.readable, &chain.writable)
+                            e.submit(id, q.index(), &chain.readable, &chain.writable)
                         }
                         None => {
                             let (len, tally) =
-                                self.handler.handle_tallied(q.index(), &chain.readable, &chain.writable);
+                                self.handler.handle(q.index(), &chain.readable, &chain.writable);
                             (Outcome::Done(len), tally)
                         }
                     }));
@@ -1279,11 +1256,11 @@ impl FnCtx {
         let mut touched = Touched::default();
         // Read once, at the first completion of this pass.
         let mut now = None;
-        let mut n = engine.poll_tallied(&mut |id, len, tally| {
+        let mut n = engine.poll(&mut |id, len, tally| {
             self.finish(queues, mem, id, len, None, tally, &mut now, &mut touched);
         });
         if !parked.is_empty() {
-            n += engine.poll_waits_tallied(&mut |id, reply, tally| {
+            n += engine.poll_waits(&mut |id, reply, tally| {
                 let Some(i) = parked.iter().position(|p| p.id == id) else { return };
                 let open = queues.get((id >> 16) as usize).is_some_and(|q| q.attached && !q.broken);
                 if open {

@@ -98,17 +98,9 @@ pub trait FsEngine<F>: Send {
 }
 
 /// How a poller may wait for an engine's pending requests ([`FsEngine::readiness`]): until the
-/// descriptor is ready or `within` has passed, then it polls the engine again.
-#[derive(Debug, Clone, Copy)]
-pub struct Readiness<'a> {
-    /// Ready (readable, or writable if [`Self::writable`]) when the engine has progress to
-    /// make (a socket with a reply); `None`: only time (a reconnection's back-off).
-    pub fd: Option<std::os::fd::BorrowedFd<'a>>,
-    /// Wait for writability too (a send that did not finish, a connect in progress).
-    pub writable: bool,
-    /// Poll again after this long at most (the engine's timers).
-    pub within: std::time::Duration,
-}
+/// descriptor is ready or `within` has passed, then it polls the engine again. The device's
+/// engines answer with the same type.
+pub use virtiofs_readiness::Readiness;
 
 /// What a request's slot gives back to the engine at completion time.
 #[derive(Debug, Default)]

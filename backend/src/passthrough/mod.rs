@@ -38,7 +38,7 @@
 //! # Data path
 //!
 //! READ and WRITE copy between the host file and the guest buffers through a per-thread bounce
-//! buffer (`pread`/`pwrite`); the io_uring engine ([`uring::UringEngine`]) serves READ, WRITE and
+//! buffer (`pread`/`pwrite`); the io_uring engine ([`uring::Ring`], the filesystem's engine of each poller) serves READ, WRITE and
 //! FSYNC zero-copy instead, on the poller's own ring, when the device gives a poller an engine.
 
 use std::collections::HashMap;
@@ -433,6 +433,16 @@ impl PassthroughFs {
     /// Counts `cell` in [`PassthroughFs::engine_stats`].
     fn register_engine(&self, cell: Arc<uring::StatsCell>) {
         self.engines.lock().unwrap_or_else(PoisonError::into_inner).push(cell);
+    }
+
+    /// A ring of `entries` for a caller that drives an engine itself (the daemon's pollers get
+    /// theirs from `FileSystem::engine`), serving transfers as `mode` says ([`uring::IoMode::Sync`]
+    /// is taken as [`uring::IoMode::Hybrid`]: an engine has a ring); counted in
+    /// [`PassthroughFs::engine_stats`].
+    pub fn new_ring(&self, entries: u32, mode: uring::IoMode) -> std::io::Result<uring::Ring> {
+        let ring = uring::Ring::new(entries, mode)?;
+        self.register_engine(ring.stats_cell());
+        Ok(ring)
     }
 
     /// Poller `poller`'s ring, unless the I/O mode is synchronous or there is no io_uring.

@@ -42,9 +42,6 @@ use crate::filesystem::seam::{Completions, FsEngine, Started, Token};
 use crate::filesystem::{Error, Reply};
 use crate::io::Writer;
 use crate::request::{Op, Request};
-use crate::server::{PollerEngine, Server};
-
-pub use crate::server::Submitted;
 
 /// How READ, WRITE and FSYNC are served (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
@@ -535,25 +532,5 @@ impl Drop for Ring {
             s.sync_requests,
             s.resubmits
         );
-    }
-}
-
-/// The passthrough's [`PollerEngine`] over a [`Ring`] of its own, for callers that drive one
-/// directly (tests; the daemon's pollers get theirs from `FileSystem::engine`).
-pub type UringEngine = PollerEngine<PassthroughFs>;
-
-impl PollerEngine<PassthroughFs> {
-    /// An engine for requests to `server`'s passthrough filesystem with a ring of `entries`,
-    /// serving transfers as `mode` says ([`IoMode::Sync`] is taken as [`IoMode::Hybrid`]: an
-    /// engine has a ring).
-    pub fn new(server: Arc<Server<PassthroughFs>>, entries: u32, mode: IoMode) -> std::io::Result<Self> {
-        let ring = Ring::new(entries, mode)?;
-        server.filesystem().register_engine(ring.stats_cell());
-        Ok(PollerEngine::with_engine(server, Some(Box::new(ring))))
-    }
-
-    /// What the rings of the filesystem did so far ([`PassthroughFs::engine_stats`]).
-    pub fn stats(&self) -> EngineStats {
-        self.server().filesystem().engine_stats()
     }
 }

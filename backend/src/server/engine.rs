@@ -9,7 +9,7 @@ use std::sync::Arc;
 use vm_memory::VolatileSlice;
 
 use super::dispatch::{Dispatch, Post};
-use super::reply::error_into;
+use super::reply::{error_into, reply_error};
 use super::{data_part, LockWait, Result, Served, Server, Session};
 use crate::abi::InHeader;
 use crate::filesystem::seam::{Completions, FsEngine, Held, Started, Token};
@@ -30,7 +30,7 @@ pub enum Submitted {
     Wait(LockWait),
 }
 
-/// How a pending request ended, as [`PollerEngine::poll_status`] reports it.
+/// How a pending request ended, as [`PollerEngine::poll`] reports it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Status {
     /// The errno it was answered with, 0 for success.
@@ -70,6 +70,8 @@ pub struct PollerEngine<F: FileSystem> {
     // buffers.
     fs_engine: Option<Box<dyn FsEngine<F>>>,
     server: Arc<Server<F>>,
+    /// SETLKW requests that must wait are parked (not failed).
+    can_wait: bool,
     slots: Vec<Slot>,
     held: Vec<Held>,
     free: Vec<u32>,
@@ -106,12 +108,23 @@ impl<F: FileSystem> PollerEngine<F> {
             fs_engine,
             waits: LockWaits::new(server.clone()),
             server,
+            can_wait: true,
             slots: Vec::new(),
             held: Vec::new(),
             free: Vec::new(),
             in_flight: 0,
             done: Vec::new(),
         }
+    }
+
+    /// An engine that serves every request at once through the filesystem's synchronous
+    /// methods and never parks one: a SETLKW that would have to wait fails (`ENOLCK` on a
+    /// server made with [`Server::with_lock_waits`], `EAGAIN` on one made with
+    /// [`Server::new`], which never offered `POSIX_LOCKS`). For callers without a poll loop (a
+    /// request handler called on its own, the tests): every [`Self::submit`] comes back
+    /// [`Submitted::Done`].
+    pub fn synchronous(server: Arc<Server<F>>) -> Self {
+        PollerEngine { can_wait: false, ..Self::with_engine(server, None) }
     }
 
     /// The server.
@@ -125,7 +138,10 @@ impl<F: FileSystem> PollerEngine<F> {
     }
 
     /// Serves one request (`id` is the caller's): at once, pending on the filesystem's engine,
-    /// or waiting for a lock. See the type's contract for the buffers.
+    /// or waiting for a lock. See the type's contract for the buffers. This is the one way a
+    /// request goes: decoded once ([`Request::parse`]), the session's own operations
+    /// ([`Server`]), then the filesystem (its engine, or its synchronous methods), and the
+    /// reply encoded by the server.
     pub fn submit(
         &mut self,
         id: u64,
@@ -133,18 +149,16 @@ impl<F: FileSystem> PollerEngine<F> {
         writable: &[VolatileSlice<'_>],
     ) -> Submitted {
         let mut r = Reader::new(readable);
-        let Ok(hdr) = r.read_obj::<InHeader>() else {
-            let served = self.server.serve(readable, writable);
-            return self.served(id, served);
+        let hdr: InHeader = match r.read_obj() {
+            Ok(h) => h,
+            Err(e) => {
+                log::debug!("fuse: request without header: {e}");
+                return Submitted::Done(done_len(reply_error(writable, 0, libc::EINVAL)));
+            }
         };
         let mut names = NameBuf::new();
-        let parsed = Request::parse(&hdr, r, &mut names, self.server.negotiated());
-        if self.fs_engine.is_none() {
-            let served = self.server.serve_parsed(&hdr, parsed, writable, true);
-            return self.served(id, served);
-        }
         // Used in place: a decoded request is not moved.
-        let mut parsed = parsed;
+        let mut parsed = Request::parse(&hdr, r, &mut names, self.server.negotiated());
         if let Ok(req) = &mut parsed {
             return match self.start(id, req, writable) {
                 Ok(submitted) => submitted,
@@ -165,7 +179,7 @@ impl<F: FileSystem> PollerEngine<F> {
 
     fn served(&mut self, id: u64, served: Served) -> Submitted {
         match served {
-            Served::Replied(n) => Submitted::Done(u32::try_from(n).unwrap_or(0)),
+            Served::Replied(n) => Submitted::Done(done_len(n)),
             Served::Wait(wait) => {
                 self.waits.park(id, wait);
                 Submitted::Wait(wait)
@@ -173,64 +187,63 @@ impl<F: FileSystem> PollerEngine<F> {
         }
     }
 
-    /// Hands a decoded request to the filesystem's engine (after the session's own operations).
+    /// Serves a decoded request: the session's own operations, then the filesystem's engine
+    /// (when it has one and takes the request) or its synchronous methods.
     fn start(&mut self, id: u64, req: &mut Request<'_>, writable: &[VolatileSlice<'_>]) -> Result<Submitted> {
         let server = &*self.server;
-        let w = match server.session_op(req, writable, true)? {
+        let w = match server.session_op(req, writable, self.can_wait)? {
             Session::Done(served) => return Ok(self.served(id, served)),
             Session::Fs(w) => w,
         };
         let (mut data, limit) = data_part(&req.op, &w)?;
         let post = Post::of(&req.op);
-        let index = match self.free.last() {
-            Some(&i) => i,
-            None => {
-                // More pending requests than ever before: one more slot (kept from now on).
-                self.slots.push(Slot::default());
-                self.held.push(Held::default());
-                let i = u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX);
-                self.free.push(i);
-                i
-            }
-        };
-        let payload = match &req.op {
-            Op::Write { data, .. } => Some(data.clone()),
-            _ => None,
-        };
-        let data_len = data.available();
-        let Some(engine) = self.fs_engine.as_deref_mut() else {
-            return Err(super::RequestError::Invalid);
-        };
-        let r = match engine.start(&server.fs, Token(index), req, &mut data) {
-            Started::Done(r) => r,
-            Started::Sync => Dispatch(&server.fs).call(&req.ctx, req.nodeid, &mut req.op, &mut data),
-            Started::Pending => {
-                self.free.pop();
-                self.in_flight += 1;
-                let h = &mut self.held[index as usize];
-                h.writable.hold(writable);
-                match &payload {
-                    Some(p) => h.payload.hold_reader(p),
-                    None => h.payload.clear(),
+        let r = match self.fs_engine.as_deref_mut() {
+            None => Dispatch(&server.fs).call(&req.ctx, req.nodeid, &mut req.op, &mut data),
+            Some(engine) => {
+                let index = match self.free.last() {
+                    Some(&i) => i,
+                    None => {
+                        // More pending requests than ever before: one more slot (kept from now on).
+                        self.slots.push(Slot::default());
+                        self.held.push(Held::default());
+                        let i = u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX);
+                        self.free.push(i);
+                        i
+                    }
+                };
+                let payload = match &req.op {
+                    Op::Write { data, .. } => Some(data.clone()),
+                    _ => None,
+                };
+                let data_len = data.available();
+                match engine.start(&server.fs, Token(index), req, &mut data) {
+                    Started::Done(r) => r,
+                    Started::Sync => Dispatch(&server.fs).call(&req.ctx, req.nodeid, &mut req.op, &mut data),
+                    Started::Pending => {
+                        self.free.pop();
+                        self.in_flight += 1;
+                        let h = &mut self.held[index as usize];
+                        h.writable.hold(writable);
+                        match &payload {
+                            Some(p) => h.payload.hold_reader(p),
+                            None => h.payload.clear(),
+                        }
+                        h.data_len = data_len;
+                        h.busy = true;
+                        self.slots[index as usize] =
+                            Slot { id, unique: req.unique, nodeid: req.nodeid, post, limit };
+                        return Ok(Submitted::Pending);
+                    }
                 }
-                h.data_len = data_len;
-                h.busy = true;
-                self.slots[index as usize] = Slot { id, unique: req.unique, nodeid: req.nodeid, post, limit };
-                return Ok(Submitted::Pending);
             }
         };
         let n = server.finish(post, req.nodeid, req.unique, &r, w, limit)?;
-        Ok(Submitted::Done(u32::try_from(n).unwrap_or(0)))
+        Ok(Submitted::Done(done_len(n)))
     }
 
     /// Polls the filesystem's engine and reports the requests it finished as `(id, reply
-    /// length)`, their replies encoded into their buffers; returns how many.
-    pub fn poll(&mut self, done: &mut dyn FnMut(u64, u32)) -> usize {
-        self.poll_status(&mut |id, len, _| done(id, len))
-    }
-
-    /// [`Self::poll`], with each request's [`Status`] (for statistics).
-    pub fn poll_status(&mut self, done: &mut dyn FnMut(u64, u32, Status)) -> usize {
+    /// length, status)`, their replies encoded into their buffers; returns how many.
+    pub fn poll(&mut self, done: &mut dyn FnMut(u64, u32, Status)) -> usize {
         let Some(engine) = self.fs_engine.as_deref_mut() else {
             return 0;
         };
@@ -298,4 +311,9 @@ impl<F: FileSystem> PollerEngine<F> {
     pub fn cancel_waits(&mut self) {
         self.waits.cancel_all();
     }
+}
+
+/// A reply length as the device counts it.
+fn done_len(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(0)
 }

@@ -19,10 +19,10 @@ use vm_memory::{ByteValued, VolatileSlice};
 
 use crate::abi::{self, InHeader, OutHeader};
 use crate::filesystem::{self, FileLock, FileSystem, LockAccess, LockType, Reply};
-use crate::io::{Reader, Writer};
+use crate::io::Writer;
 use crate::locks::{LockError, LockKind, LockManager, SetOutcome, WaitId};
 pub use crate::request::RequestError;
-use crate::request::{InitArgs, LockOp, LockRequest, NameBuf, Op, Request};
+use crate::request::{InitArgs, LockOp, LockRequest, Op, Request};
 use dispatch::Dispatch;
 use dispatch::Post;
 pub use engine::{PollerEngine, Status, Submitted};
@@ -92,7 +92,7 @@ const SUPPORTED_INIT_FLAGS: u64 = abi::init::ASYNC_READ
 /// (fcntl record locks and OFD locks: GETLK, SETLK, SETLKW) and `FLOCK_LOCKS` (`flock(2)` as
 /// SETLK/SETLKW with `FUSE_LK_FLOCK`). Offered only by a server made with
 /// [`Server::with_lock_waits`], whose caller parks the SETLKW requests that must wait
-/// ([`Server::serve`] answers them [`Served::Wait`]) and answers them later from a poller's
+/// ([`PollerEngine::submit`] answers them [`Submitted::Wait`]) and answers them later from a poller's
 /// engine (see [`crate::server::waits`]); waiting never blocks a thread. Without them the guest kernel
 /// keeps both kinds itself, which is exact for the single guest a device serves; the locks are
 /// in-process either way, so host processes never see them (DESIGN.md, "FUSE semantics").
@@ -102,7 +102,7 @@ const LOCK_FLAGS: u64 = abi::init::POSIX_LOCKS | abi::init::FLOCK_LOCKS;
 
 type Result<T> = std::result::Result<T, RequestError>;
 
-/// What [`Server::serve`] did with a request.
+/// What the server's session did with a request ([`PollerEngine`] drives it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Served {
     /// Answered: this many bytes of reply were written (0: no reply).
@@ -213,17 +213,17 @@ pub struct Server<F: FileSystem> {
 }
 
 impl<F: FileSystem> Server<F> {
-    /// A server for `fs`, waiting for INIT, whose caller answers every request at once
-    /// ([`Server::handle`]): it does not offer `POSIX_LOCKS` or `FLOCK_LOCKS`, so the guest
+    /// A server for `fs`, waiting for INIT, whose callers answer every request at once
+    /// ([`PollerEngine::synchronous`]): it does not offer `POSIX_LOCKS` or `FLOCK_LOCKS`, so the guest
     /// kernel keeps its locks itself; lock requests sent anyway are served, and a SETLKW that
     /// would wait fails with `EAGAIN` like SETLK.
     pub fn new(fs: F) -> Self {
         Self::build(fs, false)
     }
 
-    /// A server for `fs` whose caller can keep a request pending: it serves requests through
-    /// [`Server::serve`] and parks the SETLKW requests answered [`Served::Wait`] until
-    /// [`Server::wait_reply`] has their answer. INIT then offers `POSIX_LOCKS` and
+    /// A server for `fs` whose callers can keep a request pending: their [`PollerEngine`]s park
+    /// the SETLKW requests that must wait ([`Submitted::Wait`]) until [`Server::wait_reply`] has
+    /// their answer. INIT then offers `POSIX_LOCKS` and
     /// `FLOCK_LOCKS`.
     pub fn with_lock_waits(fs: F) -> Self {
         Self::build(fs, true)
@@ -314,79 +314,12 @@ impl<F: FileSystem> Server<F> {
         &self.fs
     }
 
-    /// Serve one FUSE request at once. `readable`: the device-readable buffers of the
-    /// descriptor chain (`fuse_in_header` + args + payload); `writable`: the device-writable
-    /// buffers (`fuse_out_header` + reply). Returns the number of bytes written into `writable`
-    /// (0 for requests without a reply: FORGET, BATCH_FORGET, INTERRUPT, and when `writable`
-    /// cannot hold even a reply header).
-    ///
-    /// A SETLKW that would have to wait cannot here: it fails with `EAGAIN` on a server made
-    /// with [`Server::new`] (which never offered `POSIX_LOCKS`), and with `ENOLCK` on one made
-    /// with [`Server::with_lock_waits`], whose callers use [`Server::serve`].
-    pub fn handle(&self, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> usize {
-        match self.serve_with(readable, writable, false) {
-            Served::Replied(n) => n,
-            Served::Wait(_) => 0,
-        }
-    }
-
-    /// Serve one FUSE request, as [`Server::handle`] does, except that a SETLKW that has to wait
-    /// (on a server made with [`Server::with_lock_waits`]) is left pending: [`Served::Wait`].
-    pub fn serve(&self, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> Served {
-        self.serve_with(readable, writable, true)
-    }
-
-    /// Decodes and serves one request. `can_wait`: the caller can keep a SETLKW pending.
-    fn serve_with(
+    pub(crate) fn fail_request(
         &self,
-        readable: &[VolatileSlice<'_>],
+        req: &Request<'_>,
+        e: RequestError,
         writable: &[VolatileSlice<'_>],
-        can_wait: bool,
     ) -> Served {
-        let mut r = Reader::new(readable);
-        let hdr: InHeader = match r.read_obj() {
-            Ok(h) => h,
-            Err(e) => {
-                log::debug!("fuse: request without header: {e}");
-                return Served::Replied(reply_error(writable, 0, libc::EINVAL));
-            }
-        };
-        let mut names = NameBuf::new();
-        let parsed = Request::parse(&hdr, r, &mut names, self.negotiated());
-        self.serve_parsed(&hdr, parsed, writable, can_wait)
-    }
-
-    /// Serves a request another decoder read the header of: `parsed` is what
-    /// [`Request::parse`] made of it (the passthrough's io_uring path decodes once and hands
-    /// over what it does not serve itself).
-    pub(crate) fn serve_parsed(
-        &self,
-        hdr: &InHeader,
-        mut parsed: Result<Request<'_>>,
-        writable: &[VolatileSlice<'_>],
-        can_wait: bool,
-    ) -> Served {
-        match parsed {
-            Ok(ref mut req) => self.execute(req, writable, can_wait),
-            Err(e) => self.fail(hdr, e, writable),
-        }
-    }
-
-    /// Serves a decoded request through the synchronous methods (and the server's own session
-    /// state).
-    pub(crate) fn execute(
-        &self,
-        req: &mut Request<'_>,
-        writable: &[VolatileSlice<'_>],
-        can_wait: bool,
-    ) -> Served {
-        match self.run(req, writable, can_wait) {
-            Ok(served) => served,
-            Err(e) => self.fail_request(req, e, writable),
-        }
-    }
-
-    fn fail_request(&self, req: &Request<'_>, e: RequestError, writable: &[VolatileSlice<'_>]) -> Served {
         if req.is_no_reply() {
             return Served::Replied(0);
         }
@@ -396,7 +329,7 @@ impl<F: FileSystem> Server<F> {
 
     /// A request that could not be decoded: its error, or `EIO` before INIT (unless the request
     /// is malformed as a whole, or has no reply).
-    fn fail(&self, hdr: &InHeader, e: RequestError, writable: &[VolatileSlice<'_>]) -> Served {
+    pub(crate) fn fail(&self, hdr: &InHeader, e: RequestError, writable: &[VolatileSlice<'_>]) -> Served {
         if crate::request::is_no_reply(hdr.opcode) {
             return Served::Replied(0);
         }
@@ -410,18 +343,6 @@ impl<F: FileSystem> Server<F> {
         };
         log::trace!("fuse: opcode {} unique {} failed: {e}", hdr.opcode, hdr.unique);
         Served::Replied(reply_error(writable, hdr.unique, e.errno()))
-    }
-
-    /// The session's own operations, then the filesystem's through [`Server::call`].
-    fn run(&self, req: &mut Request<'_>, writable: &[VolatileSlice<'_>], can_wait: bool) -> Result<Served> {
-        let w = match self.session_op(req, writable, can_wait)? {
-            Session::Done(served) => return Ok(served),
-            Session::Fs(w) => w,
-        };
-        let (mut data, limit) = data_part(&req.op, &w)?;
-        let post = Post::of(&req.op);
-        let r = Dispatch(&self.fs).call(&req.ctx, req.nodeid, &mut req.op, &mut data);
-        self.finish(post, req.nodeid, req.unique, &r, w, limit).map(Served::Replied)
     }
 
     /// Applies what the filesystem's answer `r` changes in the session and encodes it into `w`

@@ -7,9 +7,11 @@
 #![allow(dead_code)]
 
 use std::cell::{Cell, RefCell};
+use std::sync::Arc;
 
 use virtiofs_backend::abi::{self, opcode};
 use virtiofs_backend::filesystem::FileSystem;
+use virtiofs_backend::server::{PollerEngine, Submitted};
 use virtiofs_backend::Server;
 use vm_memory::{ByteValued, VolatileSlice};
 
@@ -81,10 +83,23 @@ pub fn request(op: u32, nodeid: u64, unique: u64, uid: u32, gid: u32, args: &[&[
     v
 }
 
+/// Serves one request at once, as a poller without a filesystem engine would (the server's one
+/// pipeline, [`PollerEngine::synchronous`]); returns the reply's length.
+pub fn serve<F: FileSystem>(
+    srv: &Arc<Server<F>>,
+    readable: &[VolatileSlice<'_>],
+    writable: &[VolatileSlice<'_>],
+) -> usize {
+    match PollerEngine::synchronous(srv.clone()).submit(0, readable, writable) {
+        Submitted::Done(n) => n as usize,
+        other => panic!("a synchronous engine answers at once, not {other:?}"),
+    }
+}
+
 /// Runs `handle` on `req` cut into `split`-byte buffers, with a `cap`-byte reply area cut into
 /// `reply_split`-byte buffers.
 pub fn handle_raw<F: FileSystem>(
-    srv: &Server<F>,
+    srv: &Arc<Server<F>>,
     req: &[u8],
     split: usize,
     cap: usize,
@@ -104,7 +119,7 @@ pub fn handle_raw<F: FileSystem>(
             rbufs.iter_mut().map(|b| VolatileSlice::from(&mut b[..])).collect();
         let writable: Vec<VolatileSlice<'_>> =
             wbufs.iter_mut().map(|b| VolatileSlice::from(&mut b[..])).collect();
-        srv.handle(&readable, &writable)
+        serve(srv, &readable, &writable)
     };
     let out: Vec<u8> = wbufs.concat();
     if n == 0 {
@@ -117,7 +132,7 @@ pub fn handle_raw<F: FileSystem>(
 
 /// One FUSE session against a filesystem `F`, acting as caller `uid`/`gid`.
 pub struct Fuse<F: FileSystem> {
-    pub srv: Server<F>,
+    pub srv: Arc<Server<F>>,
     unique: Cell<u64>,
     pub uid: Cell<u32>,
     pub gid: Cell<u32>,
@@ -208,7 +223,7 @@ impl<F: FileSystem> Fuse<F> {
     /// A session over `fs`, not initialised.
     pub fn with_fs(fs: F) -> Self {
         Fuse {
-            srv: Server::new(fs),
+            srv: Arc::new(Server::new(fs)),
             unique: Cell::new(0),
             uid: Cell::new(0),
             gid: Cell::new(0),
@@ -222,7 +237,8 @@ impl<F: FileSystem> Fuse<F> {
     /// The same session with the server offering what `options` allow (before INIT).
     #[allow(dead_code)] // not every test binary uses it
     pub fn with_server_options(mut self, options: virtiofs_backend::server::ServerOptions) -> Self {
-        self.srv = self.srv.with_options(options);
+        let srv = Arc::into_inner(self.srv).expect("the session's server is not shared before INIT");
+        self.srv = Arc::new(srv.with_options(options));
         self
     }
 

@@ -33,9 +33,9 @@ fn kind(readable: &[VolatileSlice<'_>]) -> u8 {
 }
 
 impl RequestHandler for Handler {
-    fn handle(&self, _: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32 {
+    fn handle(&self, _: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> (u32, Tally) {
         let k = kind(readable);
-        writable[0].write_slice(&[k; 4], 0).map_or(0, |()| 4)
+        (writable[0].write_slice(&[k; 4], 0).map_or(0, |()| 4), Tally::default())
     }
 
     fn engine(&self, _: usize) -> Option<Box<dyn Engine>> {
@@ -55,35 +55,35 @@ impl Engine for TestEngine {
         _: u16,
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
-    ) -> Outcome {
+    ) -> (Outcome, Tally) {
         match kind(readable) {
             1 => {
                 writable[0].write_slice(&[1; 4], 0).unwrap();
                 self.pending.push(id);
-                Outcome::Pending
+                (Outcome::Pending, Tally::default())
             }
             2 => {
                 self.waiting.push(id);
-                Outcome::Wait
+                (Outcome::Wait, Tally::default())
             }
             3 => {
                 std::thread::sleep(SLOW);
                 writable[0].write_slice(&[3; 4], 0).unwrap();
-                Outcome::Done(4)
+                (Outcome::Done(4), Tally::default())
             }
             k => {
                 writable[0].write_slice(&[k; 4], 0).unwrap();
-                Outcome::Done(4)
+                (Outcome::Done(4), Tally::default())
             }
         }
     }
 
-    fn poll(&mut self, done: &mut dyn FnMut(u64, u32)) -> usize {
+    fn poll(&mut self, done: &mut dyn FnMut(u64, u32, Tally)) -> usize {
         if !self.release.load(Ordering::Acquire) {
             return 0;
         }
         let n = self.pending.len();
-        self.pending.drain(..).for_each(|id| done(id, 4));
+        self.pending.drain(..).for_each(|id| done(id, 4, Tally::default()));
         n
     }
 
@@ -91,12 +91,12 @@ impl Engine for TestEngine {
         self.pending.len()
     }
 
-    fn poll_waits(&mut self, answer: &mut dyn FnMut(u64, &[u8])) -> usize {
+    fn poll_waits(&mut self, answer: &mut dyn FnMut(u64, &[u8], Tally)) -> usize {
         if !self.grant.load(Ordering::Acquire) {
             return 0;
         }
         let n = self.waiting.len();
-        self.waiting.drain(..).for_each(|id| answer(id, &[2; 4]));
+        self.waiting.drain(..).for_each(|id| answer(id, &[2; 4], Tally::default()));
         n
     }
 
@@ -329,8 +329,8 @@ struct SocketEngine {
 }
 
 impl RequestHandler for SocketHandler {
-    fn handle(&self, _: u16, _: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32 {
-        writable[0].write_slice(&[0; 4], 0).map_or(0, |()| 4)
+    fn handle(&self, _: u16, _: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> (u32, Tally) {
+        (writable[0].write_slice(&[0; 4], 0).map_or(0, |()| 4), Tally::default())
     }
 
     fn engine(&self, _: usize) -> Option<Box<dyn Engine>> {
@@ -347,25 +347,25 @@ impl Engine for SocketEngine {
         _: u16,
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
-    ) -> Outcome {
+    ) -> (Outcome, Tally) {
         let k = kind(readable);
         writable[0].write_slice(&[k; 4], 0).unwrap();
         if k == 1 {
             self.pending.push(id);
-            Outcome::Pending
+            (Outcome::Pending, Tally::default())
         } else {
-            Outcome::Done(4)
+            (Outcome::Done(4), Tally::default())
         }
     }
 
-    fn poll(&mut self, done: &mut dyn FnMut(u64, u32)) -> usize {
+    fn poll(&mut self, done: &mut dyn FnMut(u64, u32, Tally)) -> usize {
         self.polls.fetch_add(1, Ordering::Relaxed);
         let mut b = [0u8; 1];
         if self.pending.is_empty() || std::io::Read::read(&mut self.stream, &mut b).is_err() {
             return 0;
         }
         let n = self.pending.len();
-        self.pending.drain(..).for_each(|id| done(id, 4));
+        self.pending.drain(..).for_each(|id| done(id, 4, Tally::default()));
         n
     }
 

@@ -28,18 +28,7 @@ use std::time::Duration;
 
 use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 
-/// How a poller whose only work is an engine's pending requests may wait for them
-/// ([`super::Engine::readiness`]).
-#[derive(Debug, Clone, Copy)]
-pub struct Readiness<'a> {
-    /// Ready (readable, or writable if [`Self::writable`]) when the engine has progress to
-    /// make; `None`: nothing to wait on but time (a reconnection's back-off, say).
-    pub fd: Option<BorrowedFd<'a>>,
-    /// Wait for the descriptor to become writable too (a send that did not finish, a connect).
-    pub writable: bool,
-    /// Poll the engine again after this long at most, ready or not (its timers).
-    pub within: Duration,
-}
+pub use virtiofs_readiness::Readiness;
 
 /// A poller's wake-up while it blocks in `poll(2)` (see the module documentation).
 #[derive(Debug)]

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use vfio_bindings::bindings::vfio as vb;
 use virtiofs_device::config::{Doorbells, Profile};
 use virtiofs_device::poller::{Engine, Outcome, RequestHandler};
+use virtiofs_device::stats::Tally;
 use virtiofs_device::vfio_user::{Server, StopHandle};
 use virtiofs_tools::driver::{DriverOptions, FsDriver};
 use virtiofs_tools::memory::GuestRam;
@@ -53,24 +54,30 @@ struct WaitEngine {
 }
 
 impl Engine for WaitEngine {
-    fn submit(&mut self, id: u64, _q: u16, _r: &[VolatileSlice<'_>], _w: &[VolatileSlice<'_>]) -> Outcome {
+    fn submit(
+        &mut self,
+        id: u64,
+        _q: u16,
+        _r: &[VolatileSlice<'_>],
+        _w: &[VolatileSlice<'_>],
+    ) -> (Outcome, Tally) {
         self.waiting.push(id);
         self.submitted.fetch_add(1, Ordering::SeqCst);
-        Outcome::Wait
+        (Outcome::Wait, Tally::default())
     }
-    fn poll(&mut self, _done: &mut dyn FnMut(u64, u32)) -> usize {
+    fn poll(&mut self, _done: &mut dyn FnMut(u64, u32, Tally)) -> usize {
         0
     }
     fn in_flight(&self) -> usize {
         0
     }
-    fn poll_waits(&mut self, answer: &mut dyn FnMut(u64, &[u8])) -> usize {
+    fn poll_waits(&mut self, answer: &mut dyn FnMut(u64, &[u8], Tally)) -> usize {
         if !self.release.load(Ordering::SeqCst) {
             return 0;
         }
         let n = self.waiting.len();
         for id in self.waiting.drain(..) {
-            answer(id, b"wait");
+            answer(id, b"wait", Tally::default());
         }
         n
     }
@@ -91,19 +98,25 @@ struct HeldEngine {
 }
 
 impl Engine for HeldEngine {
-    fn submit(&mut self, id: u64, _q: u16, _r: &[VolatileSlice<'_>], w: &[VolatileSlice<'_>]) -> Outcome {
+    fn submit(
+        &mut self,
+        id: u64,
+        _q: u16,
+        _r: &[VolatileSlice<'_>],
+        w: &[VolatileSlice<'_>],
+    ) -> (Outcome, Tally) {
         w[0].copy_from(b"asyn");
         self.pending.push((id, 4));
         self.submitted.fetch_add(1, Ordering::SeqCst);
-        Outcome::Pending
+        (Outcome::Pending, Tally::default())
     }
-    fn poll(&mut self, done: &mut dyn FnMut(u64, u32)) -> usize {
+    fn poll(&mut self, done: &mut dyn FnMut(u64, u32, Tally)) -> usize {
         if !self.release.load(Ordering::SeqCst) {
             return 0;
         }
         let n = self.pending.len();
         for (id, len) in self.pending.drain(..) {
-            done(id, len);
+            done(id, len, Tally::default());
         }
         n
     }
@@ -113,7 +126,12 @@ impl Engine for HeldEngine {
 }
 
 impl RequestHandler for TestHandler {
-    fn handle(&self, _q: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> u32 {
+    fn handle(
+        &self,
+        _q: u16,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+    ) -> (u32, Tally) {
         self.calls.fetch_add(1, Ordering::SeqCst);
         if self.panic_next.swap(false, Ordering::SeqCst) {
             panic!("injected handler bug");
@@ -123,13 +141,14 @@ impl RequestHandler for TestHandler {
             let _ = release.recv_timeout(Duration::from_secs(10));
         }
         let _ = readable;
-        match writable.first() {
+        let len = match writable.first() {
             Some(w) if w.len() >= 4 => {
                 w.copy_from(b"done");
                 4
             }
             _ => 0,
-        }
+        };
+        (len, Tally::default())
     }
 
     fn engine(&self, _poller: usize) -> Option<Box<dyn Engine>> {

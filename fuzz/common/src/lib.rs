@@ -32,11 +32,13 @@ use std::time::Duration;
 
 use virtiofs_backend::filesystem::FileSystem;
 use virtiofs_backend::passthrough::{PassthroughConfig, PassthroughFs};
+use virtiofs_backend::server::PollerEngine;
 use virtiofs_backend::{RamFs, Server};
 use virtiofs_device::config::Profile;
 use virtiofs_device::memory::DmaTable;
 use virtiofs_device::pci::QueueConfig;
 use virtiofs_device::poller::RequestHandler;
+use virtiofs_device::stats::Tally;
 use virtiofs_device::virtq::{Chain, Ring};
 use vm_memory::VolatileSlice;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
@@ -63,8 +65,13 @@ pub fn records(mut data: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
 struct NoFs;
 
 impl RequestHandler for NoFs {
-    fn handle(&self, _queue: u16, _readable: &[VolatileSlice<'_>], _writable: &[VolatileSlice<'_>]) -> u32 {
-        0
+    fn handle(
+        &self,
+        _queue: u16,
+        _readable: &[VolatileSlice<'_>],
+        _writable: &[VolatileSlice<'_>],
+    ) -> (u32, Tally) {
+        (0, Tally::default())
     }
 }
 
@@ -276,7 +283,7 @@ fn init_request(unique: u64) -> Vec<u8> {
 /// readable buffers after its header, bits 4-5 choose the reply buffers (one of 16 bytes, one
 /// of 4 KiB, or 4 KiB + 64 KiB). The first record's bit 7 skips the built-in INIT. `skip` names
 /// opcodes not to send (requests the target must not run).
-fn fuse_session<F: FileSystem>(srv: &Server<F>, data: &[u8], skip: &[u32]) {
+fn fuse_session<F: FileSystem>(srv: &mut PollerEngine<F>, data: &[u8], skip: &[u32]) {
     let mut out_a = vec![0u8; 4096];
     let mut out_b = vec![0u8; 64 << 10];
     let mut first = true;
@@ -284,7 +291,7 @@ fn fuse_session<F: FileSystem>(srv: &Server<F>, data: &[u8], skip: &[u32]) {
     for (flags, body) in records(data) {
         if first && flags & 0x80 == 0 {
             let mut init = init_request(unique);
-            srv.handle(&[VolatileSlice::from(&mut init[..])], &[VolatileSlice::from(&mut out_a[..])]);
+            srv.submit(0, &[VolatileSlice::from(&mut init[..])], &[VolatileSlice::from(&mut out_a[..])]);
         }
         first = false;
         unique += 2;
@@ -311,14 +318,14 @@ fn fuse_session<F: FileSystem>(srv: &Server<F>, data: &[u8], skip: &[u32]) {
             1 => vec![VolatileSlice::from(&mut out_a[..])],
             _ => vec![VolatileSlice::from(&mut out_a[..]), VolatileSlice::from(&mut out_b[..])],
         };
-        srv.handle(&readable, &writable);
+        srv.submit(0, &readable, &writable);
     }
 }
 
 /// A FUSE session against a fresh RAM filesystem.
 pub fn fuse_ramfs(data: &[u8]) {
-    let srv = Server::new(RamFs::new());
-    fuse_session(&srv, data, &[]);
+    let mut srv = PollerEngine::synchronous(Arc::new(Server::new(RamFs::new())));
+    fuse_session(&mut srv, data, &[]);
 }
 
 /// A FUSE session against a passthrough of a fresh directory (no sandbox: the passthrough's own
@@ -327,7 +334,7 @@ pub fn fuse_ramfs(data: &[u8]) {
 pub fn fuse_passthrough(data: &[u8]) {
     let Ok(dir) = tempfile::tempdir() else { return };
     let Ok(fs) = PassthroughFs::new(PassthroughConfig::new(dir.path())) else { return };
-    let srv = Server::new(fs);
+    let mut srv = PollerEngine::synchronous(Arc::new(Server::new(fs)));
     const FALLOCATE: u32 = 43;
-    fuse_session(&srv, data, &[FALLOCATE]);
+    fuse_session(&mut srv, data, &[FALLOCATE]);
 }
