@@ -21,6 +21,7 @@ pub mod passthrough;
 pub mod ramfs;
 pub mod request;
 pub mod server;
+pub mod types;
 
 pub use passthrough::PassthroughFs;
 pub use ramfs::RamFs;

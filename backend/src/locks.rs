@@ -32,7 +32,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::filesystem::{FileLock, LockType};
+use crate::types::{FileLock, LockType};
 
 /// Most lock records (POSIX ranges and `flock` locks) one file may hold.
 pub const MAX_LOCKS_PER_FILE: usize = 4096;
@@ -42,9 +42,7 @@ pub const MAX_LOCKS: usize = 1 << 16;
 pub const MAX_WAITERS: usize = 1024;
 /// Most interrupts remembered for requests not seen yet (the oldest is forgotten first).
 pub const MAX_EARLY_INTERRUPTS: usize = 64;
-/// Largest lock offset: the kernel's `OFFSET_MAX`; a range ending here reaches the end of the
-/// file, however long it grows.
-pub const OFFSET_MAX: u64 = i64::MAX as u64;
+pub use crate::types::OFFSET_MAX;
 /// Most owners the deadlock search visits, and most waiters it expands; past either it gives up
 /// and lets the request wait (Linux gives up after 10 steps).
 const MAX_DEADLOCK_STEPS: usize = 64;

@@ -20,9 +20,10 @@
 use std::mem::size_of;
 
 use crate::abi::{self, limits, opcode, InHeader};
-use crate::filesystem::{self, Context, FileLock, LockType, SetAttr, SetTime, Timespec};
 use crate::io::{self, Reader};
-use crate::locks::{LockError, OFFSET_MAX};
+use crate::locks::LockError;
+use crate::types::OFFSET_MAX;
+use crate::types::{self as filesystem, Context, FileLock, LockType, SetAttr, SetTime, Timespec};
 
 /// Name sections up to this long (two maximal names) use the short part of a [`NameBuf`].
 const SHORT_NAMES: usize = 2 * 256;
