@@ -8,7 +8,7 @@
 #   2. a guest reboot (device reset) and a remount with the data checked;
 #   3. QEMU killed with SIGKILL mid-write, then a new QEMU attaching and checking the data;
 #   4. the passthrough backend (--shared-dir on a tmpfs), sandboxed (namespaces, seccomp in trap
-#      mode: the default), in one boot: pjdfstest, fsx (PT_FSX_OPS, default 100000 ops),
+#      mode: the default), in one boot: pjdfstest, fsx (PT_FSX_OPS, default 20000 ops),
 #      escape.sh with a host canary beside the share, locks.sh, suppgroup.sh; then checks that the canary
 #      is untouched and that the daemon reported no system call outside its allowlist;
 #   5. the NFS backend (--remote on a ganesha export, tools/nfs/ganesha.sh), sandboxed, in one
@@ -42,7 +42,18 @@ REPO=$(cd "$HERE/../.." && pwd)
 OUT=${1:-$(mktemp -d /tmp/vfdpu-ci.XXXXXX)}
 mkdir -p "$OUT"
 CONFIG=$REPO/hw-configs/ci.toml
-step() { echo "=== vm: $*"; }
+# step NAME: a stage begins (the one before it ends); every stage's wall time is printed when it
+# ends and again, all together, at the end of the run.
+STEP_NAME='' STEP_T0=0 STEP_TIMES=''
+step_done() {
+  [ -n "$STEP_NAME" ] || return 0
+  local took=$(( $(date +%s) - STEP_T0 ))
+  echo "=== vm: took ${took} s: $STEP_NAME"
+  STEP_TIMES="${STEP_TIMES}$(printf '%6d s  %s' "$took" "$STEP_NAME")
+"
+  STEP_NAME=''
+}
+step() { step_done; STEP_NAME="$*"; STEP_T0=$(date +%s); echo "=== vm: $*"; }
 # stat FILE EXPR: a value from the daemon's statistics (the JSON `virtiofs-dpu stats --json`
 # read from its control socket after the guest, or the one --stats-file writes when it stops),
 # EXPR a Python expression over that object `s`; empty if it cannot be read.
@@ -128,7 +139,7 @@ echo "$SECRET" > "$PT/vfdpu-escape-canary"
 canary_before=$(stat -c %Y:%s "$PT/vfdpu-escape-canary")
 if bash "$HERE/run-device-test.sh" --out "$OUT/passthrough" --config "$CONFIG" --timeout 1800 "${AS_USER[@]}" \
      --daemon-arg --shared-dir --daemon-arg "$PT/share" \
-     -e "FSX_OPS=${PT_FSX_OPS:-100000}" -e "VM_SUITES=pjdfstest fsx escape locks suppgroup" \
+     -e "FSX_OPS=${PT_FSX_OPS:-20000}" -e "VM_SUITES=pjdfstest fsx escape locks suppgroup" \
      -e ESCAPE_CANARY_NAME=vfdpu-escape-canary -e "ESCAPE_CANARY_TEXT=$SECRET" "$HERE/guest/all.sh"; then
   :
 else
@@ -286,6 +297,8 @@ tr -d '\r' < "$OUT/dpu/console.log" | grep -a -E '^(VMRESULT|multi: )' || true
 echo "dpu stage: $(( $(date +%s) - t0 )) s"
 fi
 
+step_done
+printf 'vm: wall time of each step\n%s' "$STEP_TIMES"
 if [ $fail = 0 ]; then
   echo "vm: all stages passed ($STAGES)"
 else
