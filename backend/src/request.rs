@@ -530,35 +530,33 @@ pub fn is_no_reply(op: u32) -> bool {
     matches!(op, opcode::FORGET | opcode::BATCH_FORGET | opcode::INTERRUPT)
 }
 
-fn decode<'a>(op: u32, mut r: Reader<'a>, names: &'a mut NameBuf, negotiated: u64) -> Result<Op<'a>> {
+fn decode<'a>(op: u32, r: Reader<'a>, names: &'a mut NameBuf, negotiated: u64) -> Result<Op<'a>> {
+    match op {
+        opcode::LOOKUP
+        | opcode::SYMLINK
+        | opcode::MKNOD
+        | opcode::MKDIR
+        | opcode::UNLINK
+        | opcode::RMDIR
+        | opcode::RENAME
+        | opcode::RENAME2
+        | opcode::LINK
+        | opcode::CREATE
+        | opcode::TMPFILE => decode_namespace(op, r, names),
+        opcode::READ | opcode::WRITE | opcode::FALLOCATE | opcode::LSEEK | opcode::COPY_FILE_RANGE => {
+            decode_data(op, r)
+        }
+        opcode::SETXATTR | opcode::GETXATTR | opcode::LISTXATTR | opcode::REMOVEXATTR => {
+            decode_xattr(op, r, names, negotiated)
+        }
+        _ => decode_session_and_handles(op, r, names),
+    }
+}
+
+/// The operations on names: creating, linking, removing and renaming entries.
+fn decode_namespace<'a>(op: u32, mut r: Reader<'a>, names: &'a mut NameBuf) -> Result<Op<'a>> {
     Ok(match op {
-        opcode::INIT => {
-            let arg: abi::InitInCompat = r.read_obj()?;
-            let mut flags = u64::from(arg.flags);
-            if arg.major == abi::KERNEL_VERSION
-                && arg.minor >= abi::MIN_KERNEL_MINOR_VERSION
-                && flags & abi::init::INIT_EXT != 0
-            {
-                // Since 7.36 the rest of fuse_init_in follows; it carries the upper 32 flag bits.
-                let ext: abi::InitInExt = r.read_obj()?;
-                flags |= u64::from(ext.flags2) << 32;
-            }
-            Op::Init(InitArgs { major: arg.major, minor: arg.minor, max_readahead: arg.max_readahead, flags })
-        }
-        opcode::DESTROY => Op::Destroy,
-        opcode::FORGET => Op::Forget { nlookup: r.read_obj::<abi::ForgetIn>()?.nlookup },
-        opcode::BATCH_FORGET => {
-            let arg: abi::BatchForgetIn = r.read_obj()?;
-            Op::BatchForget { count: arg.count, forgets: r }
-        }
-        opcode::INTERRUPT => Op::Interrupt { unique: r.read_obj::<abi::InterruptIn>()?.unique },
         opcode::LOOKUP => Op::Lookup { name: split_name(read_names(&mut r, names)?, false)?.0 },
-        opcode::GETATTR => {
-            let arg: abi::GetattrIn = r.read_obj()?;
-            Op::Getattr { fh: (arg.getattr_flags & abi::GETATTR_FH != 0).then_some(arg.fh) }
-        }
-        opcode::SETATTR => Op::Setattr(names.setattr.insert(decode_setattr(&r.read_obj()?)?)),
-        opcode::READLINK => Op::Readlink,
         opcode::SYMLINK => {
             let (name, rest) = split_name(read_names(&mut r, names)?, true)?;
             let target =
@@ -596,11 +594,27 @@ fn decode<'a>(op: u32, mut r: Reader<'a>, names: &'a mut NameBuf, negotiated: u6
             let (name, _) = split_name(read_names(&mut r, names)?, true)?;
             Op::Link { oldnodeid: arg.oldnodeid, name }
         }
-        opcode::OPEN => {
-            let arg: abi::OpenIn = r.read_obj()?;
-            Op::Open { flags: arg.flags, kill_priv: arg.open_flags & abi::OPEN_KILL_SUIDGID != 0 }
+        opcode::CREATE => {
+            let arg: abi::CreateIn = r.read_obj()?;
+            let (name, _) = split_name(read_names(&mut r, names)?, true)?;
+            let kill_priv = arg.open_flags & abi::OPEN_KILL_SUIDGID != 0;
+            Op::Create { name, mode: arg.mode, flags: arg.flags, umask: arg.umask, kill_priv }
         }
-        opcode::OPENDIR => Op::Opendir { flags: r.read_obj::<abi::OpenIn>()?.flags },
+        opcode::TMPFILE => {
+            let arg: abi::CreateIn = r.read_obj()?;
+            // The kernel names the new dentry "/"; only the terminator is checked.
+            if !read_names(&mut r, names)?.contains(&0) {
+                return Err(RequestError::BadName);
+            }
+            Op::Tmpfile { mode: arg.mode, flags: arg.flags, umask: arg.umask }
+        }
+        other => return Err(RequestError::Opcode(other)),
+    })
+}
+
+/// The operations on file data: transfers, allocation, seeking, copies.
+fn decode_data<'a>(op: u32, mut r: Reader<'a>) -> Result<Op<'a>> {
+    Ok(match op {
         opcode::READ => {
             let arg: abi::ReadIn = r.read_obj()?;
             Op::Read { fh: arg.fh, offset: arg.offset, size: arg.size }
@@ -619,6 +633,113 @@ fn decode<'a>(op: u32, mut r: Reader<'a>, names: &'a mut NameBuf, negotiated: u6
                 data: r,
             }
         }
+        opcode::FALLOCATE => {
+            let arg: abi::FallocateIn = r.read_obj()?;
+            let punch = libc::FALLOC_FL_PUNCH_HOLE as u32;
+            let keep = libc::FALLOC_FL_KEEP_SIZE as u32;
+            // As vfs_fallocate: unknown bits, and a hole punched without KEEP_SIZE.
+            if arg.mode & !limits::FALLOC_KNOWN != 0 || (arg.mode & punch != 0 && arg.mode & keep == 0) {
+                return Err(filesystem::Error::NotSupported.into());
+            }
+            Op::Fallocate { fh: arg.fh, mode: arg.mode, offset: arg.offset, length: arg.length }
+        }
+        opcode::LSEEK => {
+            let arg: abi::LseekIn = r.read_obj()?;
+            if arg.whence > limits::SEEK_MAX {
+                return Err(filesystem::Error::InvalidArgument.into());
+            }
+            Op::Lseek { fh: arg.fh, offset: arg.offset, whence: arg.whence }
+        }
+        opcode::COPY_FILE_RANGE => {
+            let arg: abi::CopyFileRangeIn = r.read_obj()?;
+            // Ranges that wrap are refused before the length is capped to what a reply holds.
+            if arg.off_in.checked_add(arg.len).is_none() || arg.off_out.checked_add(arg.len).is_none() {
+                return Err(filesystem::Error::Overflow.into());
+            }
+            if arg.flags != 0 {
+                return Err(filesystem::Error::InvalidArgument.into());
+            }
+            Op::CopyFileRange {
+                fh_in: arg.fh_in,
+                off_in: arg.off_in,
+                nodeid_out: arg.nodeid_out,
+                fh_out: arg.fh_out,
+                off_out: arg.off_out,
+                len: arg.len.min(limits::MAX_COPY_REPLY),
+            }
+        }
+        other => return Err(RequestError::Opcode(other)),
+    })
+}
+
+/// The extended attribute operations (SETXATTR's layout depends on `negotiated`).
+fn decode_xattr<'a>(op: u32, mut r: Reader<'a>, names: &'a mut NameBuf, negotiated: u64) -> Result<Op<'a>> {
+    Ok(match op {
+        opcode::SETXATTR => {
+            let ext = negotiated & abi::init::SETXATTR_EXT != 0;
+            let mut arg = abi::SetxattrIn::default();
+            let len = if ext { size_of::<abi::SetxattrIn>() } else { abi::COMPAT_SETXATTR_IN_SIZE };
+            r.read_exact(&mut vm_memory::ByteValued::as_mut_slice(&mut arg)[..len])?;
+            let known = (libc::XATTR_CREATE | libc::XATTR_REPLACE) as u32;
+            if arg.flags & !known != 0 || arg.setxattr_flags & !abi::SETXATTR_ACL_KILL_SGID != 0 {
+                return Err(RequestError::Invalid);
+            }
+            let name = read_xattr_name(&mut r, names)?;
+            let size = arg.size as usize;
+            if size > limits::XATTR_SIZE_MAX {
+                return Err(filesystem::Error::TooBig.into());
+            }
+            if size != r.bytes_left() {
+                return Err(RequestError::Invalid);
+            }
+            let acl_kill_sgid = (ext && negotiated & abi::init::POSIX_ACL != 0)
+                .then_some(arg.setxattr_flags & abi::SETXATTR_ACL_KILL_SGID != 0);
+            Op::Setxattr { name, flags: arg.flags, acl_kill_sgid, value: r }
+        }
+        opcode::GETXATTR => {
+            let arg: abi::GetxattrIn = r.read_obj()?;
+            Op::Getxattr { name: read_xattr_name(&mut r, names)?, size: arg.size }
+        }
+        opcode::LISTXATTR => Op::Listxattr { size: r.read_obj::<abi::GetxattrIn>()?.size },
+        opcode::REMOVEXATTR => Op::Removexattr { name: read_xattr_name(&mut r, names)? },
+        other => return Err(RequestError::Opcode(other)),
+    })
+}
+
+/// The session's operations, attributes, handles, directories, locks and the rest.
+fn decode_session_and_handles<'a>(op: u32, mut r: Reader<'a>, names: &'a mut NameBuf) -> Result<Op<'a>> {
+    Ok(match op {
+        opcode::INIT => {
+            let arg: abi::InitInCompat = r.read_obj()?;
+            let mut flags = u64::from(arg.flags);
+            if arg.major == abi::KERNEL_VERSION
+                && arg.minor >= abi::MIN_KERNEL_MINOR_VERSION
+                && flags & abi::init::INIT_EXT != 0
+            {
+                // Since 7.36 the rest of fuse_init_in follows; it carries the upper 32 flag bits.
+                let ext: abi::InitInExt = r.read_obj()?;
+                flags |= u64::from(ext.flags2) << 32;
+            }
+            Op::Init(InitArgs { major: arg.major, minor: arg.minor, max_readahead: arg.max_readahead, flags })
+        }
+        opcode::DESTROY => Op::Destroy,
+        opcode::FORGET => Op::Forget { nlookup: r.read_obj::<abi::ForgetIn>()?.nlookup },
+        opcode::BATCH_FORGET => {
+            let arg: abi::BatchForgetIn = r.read_obj()?;
+            Op::BatchForget { count: arg.count, forgets: r }
+        }
+        opcode::INTERRUPT => Op::Interrupt { unique: r.read_obj::<abi::InterruptIn>()?.unique },
+        opcode::GETATTR => {
+            let arg: abi::GetattrIn = r.read_obj()?;
+            Op::Getattr { fh: (arg.getattr_flags & abi::GETATTR_FH != 0).then_some(arg.fh) }
+        }
+        opcode::SETATTR => Op::Setattr(names.setattr.insert(decode_setattr(&r.read_obj()?)?)),
+        opcode::READLINK => Op::Readlink,
+        opcode::OPEN => {
+            let arg: abi::OpenIn = r.read_obj()?;
+            Op::Open { flags: arg.flags, kill_priv: arg.open_flags & abi::OPEN_KILL_SUIDGID != 0 }
+        }
+        opcode::OPENDIR => Op::Opendir { flags: r.read_obj::<abi::OpenIn>()?.flags },
         opcode::STATFS => Op::Statfs,
         opcode::RELEASE => {
             let arg: abi::ReleaseIn = r.read_obj()?;
@@ -656,83 +777,7 @@ fn decode<'a>(op: u32, mut r: Reader<'a>, names: &'a mut NameBuf, negotiated: u6
             }
         }
         opcode::ACCESS => Op::Access { mask: r.read_obj::<abi::AccessIn>()?.mask },
-        opcode::CREATE => {
-            let arg: abi::CreateIn = r.read_obj()?;
-            let (name, _) = split_name(read_names(&mut r, names)?, true)?;
-            let kill_priv = arg.open_flags & abi::OPEN_KILL_SUIDGID != 0;
-            Op::Create { name, mode: arg.mode, flags: arg.flags, umask: arg.umask, kill_priv }
-        }
-        opcode::TMPFILE => {
-            let arg: abi::CreateIn = r.read_obj()?;
-            // The kernel names the new dentry "/"; only the terminator is checked.
-            if !read_names(&mut r, names)?.contains(&0) {
-                return Err(RequestError::BadName);
-            }
-            Op::Tmpfile { mode: arg.mode, flags: arg.flags, umask: arg.umask }
-        }
-        opcode::FALLOCATE => {
-            let arg: abi::FallocateIn = r.read_obj()?;
-            let punch = libc::FALLOC_FL_PUNCH_HOLE as u32;
-            let keep = libc::FALLOC_FL_KEEP_SIZE as u32;
-            // As vfs_fallocate: unknown bits, and a hole punched without KEEP_SIZE.
-            if arg.mode & !limits::FALLOC_KNOWN != 0 || (arg.mode & punch != 0 && arg.mode & keep == 0) {
-                return Err(filesystem::Error::NotSupported.into());
-            }
-            Op::Fallocate { fh: arg.fh, mode: arg.mode, offset: arg.offset, length: arg.length }
-        }
-        opcode::SETXATTR => {
-            let ext = negotiated & abi::init::SETXATTR_EXT != 0;
-            let mut arg = abi::SetxattrIn::default();
-            let len = if ext { size_of::<abi::SetxattrIn>() } else { abi::COMPAT_SETXATTR_IN_SIZE };
-            r.read_exact(&mut vm_memory::ByteValued::as_mut_slice(&mut arg)[..len])?;
-            let known = (libc::XATTR_CREATE | libc::XATTR_REPLACE) as u32;
-            if arg.flags & !known != 0 || arg.setxattr_flags & !abi::SETXATTR_ACL_KILL_SGID != 0 {
-                return Err(RequestError::Invalid);
-            }
-            let name = read_xattr_name(&mut r, names)?;
-            let size = arg.size as usize;
-            if size > limits::XATTR_SIZE_MAX {
-                return Err(filesystem::Error::TooBig.into());
-            }
-            if size != r.bytes_left() {
-                return Err(RequestError::Invalid);
-            }
-            let acl_kill_sgid = (ext && negotiated & abi::init::POSIX_ACL != 0)
-                .then_some(arg.setxattr_flags & abi::SETXATTR_ACL_KILL_SGID != 0);
-            Op::Setxattr { name, flags: arg.flags, acl_kill_sgid, value: r }
-        }
-        opcode::GETXATTR => {
-            let arg: abi::GetxattrIn = r.read_obj()?;
-            Op::Getxattr { name: read_xattr_name(&mut r, names)?, size: arg.size }
-        }
-        opcode::LISTXATTR => Op::Listxattr { size: r.read_obj::<abi::GetxattrIn>()?.size },
-        opcode::REMOVEXATTR => Op::Removexattr { name: read_xattr_name(&mut r, names)? },
         opcode::GETLK | opcode::SETLK | opcode::SETLKW => Op::Lock(decode_lock_request(op, &r.read_obj()?)?),
-        opcode::LSEEK => {
-            let arg: abi::LseekIn = r.read_obj()?;
-            if arg.whence > limits::SEEK_MAX {
-                return Err(filesystem::Error::InvalidArgument.into());
-            }
-            Op::Lseek { fh: arg.fh, offset: arg.offset, whence: arg.whence }
-        }
-        opcode::COPY_FILE_RANGE => {
-            let arg: abi::CopyFileRangeIn = r.read_obj()?;
-            // Ranges that wrap are refused before the length is capped to what a reply holds.
-            if arg.off_in.checked_add(arg.len).is_none() || arg.off_out.checked_add(arg.len).is_none() {
-                return Err(filesystem::Error::Overflow.into());
-            }
-            if arg.flags != 0 {
-                return Err(filesystem::Error::InvalidArgument.into());
-            }
-            Op::CopyFileRange {
-                fh_in: arg.fh_in,
-                off_in: arg.off_in,
-                nodeid_out: arg.nodeid_out,
-                fh_out: arg.fh_out,
-                off_out: arg.off_out,
-                len: arg.len.min(limits::MAX_COPY_REPLY),
-            }
-        }
         opcode::SYNCFS => {
             let _arg: abi::SyncfsIn = r.read_obj()?;
             Op::Syncfs
