@@ -21,7 +21,8 @@ use super::state::{DeviceFacts, DriverStats, FsDriver, QueueState};
 use crate::memory::GuestRam;
 use crate::pci;
 use crate::vfio_user::{
-    Client, ClientCaps, Region, DMA_MAP_FLAG_READ, DMA_MAP_FLAG_WRITE, DMA_UNMAP_FLAG_ALL,
+    Client, ClientCaps, DeviceInfo, IrqInfo, Region, DMA_MAP_FLAG_READ, DMA_MAP_FLAG_WRITE,
+    DMA_UNMAP_FLAG_ALL,
 };
 use crate::virtio::{self, features, CapLocation, Layout, Transport};
 use crate::virtqueue::{RingLayout, Virtqueue};
@@ -110,35 +111,7 @@ impl FsDriver {
         let version = client.version(&ClientCaps::default())?;
 
         // Device and region information, as QEMU's vfio_populate_device reads it.
-        let info = client.device_info()?;
-        if info.flags & VFIO_DEVICE_FLAGS_PCI == 0 {
-            return Err(device(format!("DEVICE_GET_INFO flags {:#x} lack PCI", info.flags)));
-        }
-        if info.num_regions < pci::CONFIG_REGION + 1 || info.num_regions > 100 {
-            return Err(device(format!("{} regions", info.num_regions)));
-        }
-        if info.num_irqs < VFIO_PCI_MSIX_IRQ_INDEX + 1 || info.num_irqs > 50 {
-            return Err(device(format!("{} irq types", info.num_irqs)));
-        }
-        let mut regions: Vec<Option<Region>> = Vec::new();
-        let mut region_sizes = Vec::new();
-        for i in 0..info.num_regions.min(9) {
-            let r = client.region_info(i)?;
-            region_sizes.push(r.info.size);
-            regions.push(Some(r));
-        }
-        let cfg = regions[pci::CONFIG_REGION as usize].as_ref().expect("read above");
-        let rw = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
-        if cfg.info.flags & rw != rw || cfg.info.size < 256 {
-            return Err(device(format!(
-                "config region flags {:#x} size {:#x}",
-                cfg.info.flags, cfg.info.size
-            )));
-        }
-        let msix_info = client.irq_info(VFIO_PCI_MSIX_IRQ_INDEX)?;
-        if msix_info.flags & VFIO_IRQ_INFO_EVENTFD == 0 {
-            return Err(device("MSI-X irq info lacks the EVENTFD flag"));
-        }
+        let Probed { info, regions, region_sizes, msix_info } = probe(&mut client)?;
 
         // Guest RAM.
         let mem = GuestRam::new(opts.mem_size, opts.iova_base)?;
@@ -153,44 +126,7 @@ impl FsDriver {
             client.device_reset()?;
         }
 
-        // PCI config space.
-        let vendor = pci::cfg_read(&mut client, pci::PCI_VENDOR_ID, 2)? as u16;
-        let devid = pci::cfg_read(&mut client, pci::PCI_DEVICE_ID, 2)? as u16;
-        if vendor != pci::VIRTIO_PCI_VENDOR || devid != pci::VIRTIO_FS_DEVICE_ID {
-            return Err(device(format!("PCI id {vendor:04x}:{devid:04x}, expected 1af4:105a")));
-        }
-        let bars = pci::read_bars(&mut client, opts.check_bar_sizing)?;
-        for b in &bars {
-            let rsize = region_sizes.get(usize::from(b.index)).copied().unwrap_or(0);
-            if b.io {
-                return Err(device(format!("BAR {} is an I/O BAR", b.index)));
-            }
-            if opts.check_bar_sizing && b.sized != rsize {
-                return Err(device(format!(
-                    "BAR {} sizes to {:#x} through config space but the region is {rsize:#x} bytes",
-                    b.index, b.sized
-                )));
-            }
-            if rsize != 0 && !rsize.is_power_of_two() {
-                return Err(device(format!("BAR {} size {rsize:#x} is not a power of two", b.index)));
-            }
-        }
-        for (i, s) in region_sizes.iter().enumerate().take(6) {
-            if *s != 0 && !bars.iter().any(|b| usize::from(b.index) == i) {
-                return Err(device(format!("region {i} has {s:#x} bytes but config space shows no BAR {i}")));
-            }
-        }
-        let (layout, _caps) = find_virtio_caps(&mut client, &region_sizes)?;
-        let Some(msix) = layout.msix else {
-            return Err(DriverError::Unsupported("device has no MSI-X capability".into()));
-        };
-        let cmd = pci::cfg_read(&mut client, pci::PCI_COMMAND, 2)?;
-        pci::cfg_write(
-            &mut client,
-            pci::PCI_COMMAND,
-            2,
-            cmd | u32::from(pci::PCI_COMMAND_MEMORY | pci::PCI_COMMAND_MASTER),
-        )?;
+        let (bars, layout, msix) = check_pci(&mut client, &opts, &region_sizes)?;
 
         let mut transport = Transport::new(client, layout, opts.posted_writes);
         let mut notify_mapped = false;
@@ -200,40 +136,7 @@ impl FsDriver {
             }
         }
 
-        // virtio bring-up (virtio_dev_probe).
-        transport.reset(opts.timeout)?;
-        transport.add_status(virtio::STATUS_ACKNOWLEDGE)?;
-        transport.add_status(virtio::STATUS_DRIVER)?;
-        let device_features = transport.device_features()?;
-        if device_features & features::VERSION_1 == 0 {
-            return Err(device("device does not offer VIRTIO_F_VERSION_1"));
-        }
-        let mut want =
-            features::VERSION_1 | features::ACCESS_PLATFORM | features::ORDER_PLATFORM | features::RING_RESET;
-        if opts.event_idx {
-            want |= features::EVENT_IDX;
-        }
-        if opts.indirect_desc {
-            want |= features::INDIRECT_DESC;
-        }
-        if opts.ring == RingLayout::Packed {
-            if device_features & features::RING_PACKED == 0 {
-                return Err(DriverError::FeatureNotOffered {
-                    name: "VIRTIO_F_RING_PACKED",
-                    bit: features::RING_PACKED.trailing_zeros(),
-                });
-            }
-            want |= features::RING_PACKED;
-        }
-        let driver_features = device_features & want;
-        transport.set_driver_features(driver_features)?;
-        transport.add_status(virtio::STATUS_FEATURES_OK)?;
-        let st = transport.status()?;
-        if st & virtio::STATUS_FEATURES_OK == 0 {
-            return Err(device(format!(
-                "device cleared FEATURES_OK (status {st:#x}) for features {driver_features:#x}"
-            )));
-        }
+        let (device_features, driver_features) = negotiate(&mut transport, &opts)?;
 
         // Device config (virtio_fs_read_tag, virtio_fs_setup_vqs).
         let (tag, num_request_queues) = read_fs_config(&mut transport)?;
@@ -249,114 +152,10 @@ impl FsDriver {
             )));
         }
 
-        // MSI-X: one vector for config plus one per queue, else a shared one (Linux fallback).
-        let table = u32::from(msix.table_size).min(msix_info.count);
-        let per_vq_vectors = table > u32::from(nvqs);
-        let nvec: u16 = if per_vq_vectors { nvqs + 1 } else { 2 };
-        if table < 2 {
-            return Err(DriverError::Unsupported(format!("only {table} MSI-X vectors")));
-        }
-        let ctrl_off = u64::from(msix.cap_offset) + 2;
-        let ctrl = pci::cfg_read(transport.client(), ctrl_off, 2)? as u16;
-        pci::cfg_write(
-            transport.client(),
-            ctrl_off,
-            2,
-            u32::from(ctrl | pci::PCI_MSIX_FLAGS_ENABLE | pci::PCI_MSIX_FLAGS_MASKALL),
-        )?;
-        let epoll = Epoll::new()?;
-        let mut eventfds = Vec::new();
-        for v in 0..nvec {
-            let e = EventFd::new(EFD_NONBLOCK)?;
-            epoll.ctl(ControlOperation::Add, e.as_raw_fd(), EpollEvent::new(EventSet::IN, u64::from(v)))?;
-            eventfds.push(e);
-        }
-        let fds: Vec<RawFd> = eventfds.iter().map(|e| e.as_raw_fd()).collect();
-        transport.client().set_irqs(
-            VFIO_PCI_MSIX_IRQ_INDEX,
-            VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
-            0,
-            u32::from(nvec),
-            &fds,
-            &[],
-        )?;
-        pci::cfg_write(
-            transport.client(),
-            ctrl_off,
-            2,
-            u32::from((ctrl | pci::PCI_MSIX_FLAGS_ENABLE) & !pci::PCI_MSIX_FLAGS_MASKALL),
-        )?;
-        // The device-request interrupt, as QEMU's vfio_pci_register_req_notifier sets it up:
-        // asked for after the MSI-X vectors, used only if the device offers at least one.
-        let mut req_count = 0;
-        let mut req_eventfd = None;
-        if opts.request_irq && info.num_irqs > VFIO_PCI_REQ_IRQ_INDEX {
-            let req = transport.client().irq_info(VFIO_PCI_REQ_IRQ_INDEX)?;
-            req_count = req.count;
-            if req.count >= 1 && req.flags & VFIO_IRQ_INFO_EVENTFD != 0 {
-                let e = EventFd::new(EFD_NONBLOCK)?;
-                transport.client().set_irqs(
-                    VFIO_PCI_REQ_IRQ_INDEX,
-                    VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
-                    0,
-                    1,
-                    &[e.as_raw_fd()],
-                    &[],
-                )?;
-                req_eventfd = Some(e);
-            }
-        }
-        let cv = transport.set_config_vector(0)?;
-        if cv != 0 {
-            return Err(device(format!("config_msix_vector reads back {cv:#x} after writing 0")));
-        }
-
-        // Queues (vp_modern setup_vq), enabled together at the end.
-        let event_idx = driver_features & features::EVENT_IDX != 0;
-        let indirect = driver_features & features::INDIRECT_DESC != 0;
-        let ring =
-            if driver_features & features::RING_PACKED != 0 { RingLayout::Packed } else { RingLayout::Split };
-        let mut queues = Vec::new();
-        for q in 0..nvqs {
-            let max = transport.queue_size(q)?;
-            if max == 0 {
-                return Err(device(format!("queue {q} has size 0")));
-            }
-            if transport.queue_enabled(q)? {
-                return Err(device(format!("queue {q} is enabled before setup")));
-            }
-            let mut size = opts.queue_size.min(max);
-            if !size.is_power_of_two() {
-                size = 1 << (15 - size.leading_zeros());
-            }
-            let vq = Virtqueue::new(ring, &mem, q, size, event_idx, indirect)?;
-            transport.set_queue_size(q, size)?;
-            let (desc, driver, device_area) = vq.addrs();
-            transport.set_queue_addrs(q, desc, driver, device_area)?;
-            let vector = if per_vq_vectors { q + 1 } else { 1 };
-            let rb = transport.set_queue_vector(q, vector)?;
-            if rb != vector {
-                return Err(device(format!(
-                    "queue {q}: queue_msix_vector reads back {rb:#x} after writing {vector}"
-                )));
-            }
-            let noff = transport.queue_notify_off(q)?;
-            let notify_addr = transport.notify_offset(noff)?;
-            queues.push(QueueState { vq, notify_addr, vector });
-        }
-        for q in 0..nvqs {
-            transport.enable_queue(q)?;
-        }
-        for q in 0..nvqs {
-            if !transport.queue_enabled(q)? {
-                return Err(device(format!("queue {q}: queue_enable reads 0 after enabling")));
-            }
-            let got = transport.queue_addrs(q)?;
-            let vq = &queues[usize::from(q)].vq;
-            if got != vq.addrs() {
-                return Err(device(format!("queue {q}: ring addresses read back as {got:x?}")));
-            }
-        }
+        let Interrupts { per_vq_vectors, epoll, eventfds, req_count, req_eventfd } =
+            setup_interrupts(&mut transport, &opts, &info, msix, &msix_info, nvqs)?;
+        let (ring, queues) =
+            setup_queues(&mut transport, &mem, &opts, driver_features, nvqs, per_vq_vectors)?;
         transport.add_status(virtio::STATUS_DRIVER_OK)?;
         let st = transport.status()?;
         if st & virtio::STATUS_NEEDS_RESET != 0 || st & virtio::STATUS_DRIVER_OK == 0 {
@@ -504,4 +303,275 @@ fn read_fs_config(t: &mut Transport) -> Result<(String, u32)> {
     let s = std::str::from_utf8(&tag[..end])
         .map_err(|_| device(format!("tag {:?} is not UTF-8", &tag[..end])))?;
     Ok((s.to_string(), n))
+}
+
+/// What the device says of itself before any register is touched: its information, its regions
+/// (the first nine), and its MSI-X interrupt information, each checked as QEMU's
+/// `vfio_populate_device` would.
+struct Probed {
+    info: DeviceInfo,
+    regions: Vec<Option<Region>>,
+    region_sizes: Vec<u64>,
+    msix_info: IrqInfo,
+}
+
+fn probe(client: &mut Client) -> Result<Probed> {
+    // Device and region information, as QEMU's vfio_populate_device reads it.
+    let info = client.device_info()?;
+    if info.flags & VFIO_DEVICE_FLAGS_PCI == 0 {
+        return Err(device(format!("DEVICE_GET_INFO flags {:#x} lack PCI", info.flags)));
+    }
+    if info.num_regions < pci::CONFIG_REGION + 1 || info.num_regions > 100 {
+        return Err(device(format!("{} regions", info.num_regions)));
+    }
+    if info.num_irqs < VFIO_PCI_MSIX_IRQ_INDEX + 1 || info.num_irqs > 50 {
+        return Err(device(format!("{} irq types", info.num_irqs)));
+    }
+    let mut regions: Vec<Option<Region>> = Vec::new();
+    let mut region_sizes = Vec::new();
+    for i in 0..info.num_regions.min(9) {
+        let r = client.region_info(i)?;
+        region_sizes.push(r.info.size);
+        regions.push(Some(r));
+    }
+    let cfg = regions[pci::CONFIG_REGION as usize].as_ref().expect("read above");
+    let rw = VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE;
+    if cfg.info.flags & rw != rw || cfg.info.size < 256 {
+        return Err(device(format!("config region flags {:#x} size {:#x}", cfg.info.flags, cfg.info.size)));
+    }
+    let msix_info = client.irq_info(VFIO_PCI_MSIX_IRQ_INDEX)?;
+    if msix_info.flags & VFIO_IRQ_INFO_EVENTFD == 0 {
+        return Err(device("MSI-X irq info lacks the EVENTFD flag"));
+    }
+    Ok(Probed { info, regions, region_sizes, msix_info })
+}
+
+/// Checks the PCI identity, the BARs against the regions and the virtio capabilities, and
+/// enables memory decoding and bus mastering; returns the BARs, the virtio layout and the MSI-X
+/// capability.
+fn check_pci(
+    client: &mut Client,
+    opts: &DriverOptions,
+    region_sizes: &[u64],
+) -> Result<(Vec<pci::Bar>, Layout, pci::MsixCap)> {
+    // PCI config space.
+    let vendor = pci::cfg_read(client, pci::PCI_VENDOR_ID, 2)? as u16;
+    let devid = pci::cfg_read(client, pci::PCI_DEVICE_ID, 2)? as u16;
+    if vendor != pci::VIRTIO_PCI_VENDOR || devid != pci::VIRTIO_FS_DEVICE_ID {
+        return Err(device(format!("PCI id {vendor:04x}:{devid:04x}, expected 1af4:105a")));
+    }
+    let bars = pci::read_bars(client, opts.check_bar_sizing)?;
+    for b in &bars {
+        let rsize = region_sizes.get(usize::from(b.index)).copied().unwrap_or(0);
+        if b.io {
+            return Err(device(format!("BAR {} is an I/O BAR", b.index)));
+        }
+        if opts.check_bar_sizing && b.sized != rsize {
+            return Err(device(format!(
+                "BAR {} sizes to {:#x} through config space but the region is {rsize:#x} bytes",
+                b.index, b.sized
+            )));
+        }
+        if rsize != 0 && !rsize.is_power_of_two() {
+            return Err(device(format!("BAR {} size {rsize:#x} is not a power of two", b.index)));
+        }
+    }
+    for (i, s) in region_sizes.iter().enumerate().take(6) {
+        if *s != 0 && !bars.iter().any(|b| usize::from(b.index) == i) {
+            return Err(device(format!("region {i} has {s:#x} bytes but config space shows no BAR {i}")));
+        }
+    }
+    let (layout, _caps) = find_virtio_caps(client, region_sizes)?;
+    let Some(msix) = layout.msix else {
+        return Err(DriverError::Unsupported("device has no MSI-X capability".into()));
+    };
+    let cmd = pci::cfg_read(client, pci::PCI_COMMAND, 2)?;
+    pci::cfg_write(
+        client,
+        pci::PCI_COMMAND,
+        2,
+        cmd | u32::from(pci::PCI_COMMAND_MEMORY | pci::PCI_COMMAND_MASTER),
+    )?;
+    Ok((bars, layout, msix))
+}
+
+/// virtio bring-up up to FEATURES_OK (`virtio_dev_probe`): returns the device's and the
+/// driver's features.
+fn negotiate(transport: &mut Transport, opts: &DriverOptions) -> Result<(u64, u64)> {
+    // virtio bring-up (virtio_dev_probe).
+    transport.reset(opts.timeout)?;
+    transport.add_status(virtio::STATUS_ACKNOWLEDGE)?;
+    transport.add_status(virtio::STATUS_DRIVER)?;
+    let device_features = transport.device_features()?;
+    if device_features & features::VERSION_1 == 0 {
+        return Err(device("device does not offer VIRTIO_F_VERSION_1"));
+    }
+    let mut want =
+        features::VERSION_1 | features::ACCESS_PLATFORM | features::ORDER_PLATFORM | features::RING_RESET;
+    if opts.event_idx {
+        want |= features::EVENT_IDX;
+    }
+    if opts.indirect_desc {
+        want |= features::INDIRECT_DESC;
+    }
+    if opts.ring == RingLayout::Packed {
+        if device_features & features::RING_PACKED == 0 {
+            return Err(DriverError::FeatureNotOffered {
+                name: "VIRTIO_F_RING_PACKED",
+                bit: features::RING_PACKED.trailing_zeros(),
+            });
+        }
+        want |= features::RING_PACKED;
+    }
+    let driver_features = device_features & want;
+    transport.set_driver_features(driver_features)?;
+    transport.add_status(virtio::STATUS_FEATURES_OK)?;
+    let st = transport.status()?;
+    if st & virtio::STATUS_FEATURES_OK == 0 {
+        return Err(device(format!(
+            "device cleared FEATURES_OK (status {st:#x}) for features {driver_features:#x}"
+        )));
+    }
+    Ok((device_features, driver_features))
+}
+
+/// The interrupts a bring-up set: one eventfd per MSI-X vector (in `epoll`), and the
+/// device-request eventfd if the device offers one.
+struct Interrupts {
+    per_vq_vectors: bool,
+    epoll: Epoll,
+    eventfds: Vec<EventFd>,
+    req_count: u32,
+    req_eventfd: Option<EventFd>,
+}
+
+fn setup_interrupts(
+    transport: &mut Transport,
+    opts: &DriverOptions,
+    info: &DeviceInfo,
+    msix: pci::MsixCap,
+    msix_info: &IrqInfo,
+    nvqs: u16,
+) -> Result<Interrupts> {
+    // MSI-X: one vector for config plus one per queue, else a shared one (Linux fallback).
+    let table = u32::from(msix.table_size).min(msix_info.count);
+    let per_vq_vectors = table > u32::from(nvqs);
+    let nvec: u16 = if per_vq_vectors { nvqs + 1 } else { 2 };
+    if table < 2 {
+        return Err(DriverError::Unsupported(format!("only {table} MSI-X vectors")));
+    }
+    let ctrl_off = u64::from(msix.cap_offset) + 2;
+    let ctrl = pci::cfg_read(transport.client(), ctrl_off, 2)? as u16;
+    pci::cfg_write(
+        transport.client(),
+        ctrl_off,
+        2,
+        u32::from(ctrl | pci::PCI_MSIX_FLAGS_ENABLE | pci::PCI_MSIX_FLAGS_MASKALL),
+    )?;
+    let epoll = Epoll::new()?;
+    let mut eventfds = Vec::new();
+    for v in 0..nvec {
+        let e = EventFd::new(EFD_NONBLOCK)?;
+        epoll.ctl(ControlOperation::Add, e.as_raw_fd(), EpollEvent::new(EventSet::IN, u64::from(v)))?;
+        eventfds.push(e);
+    }
+    let fds: Vec<RawFd> = eventfds.iter().map(|e| e.as_raw_fd()).collect();
+    transport.client().set_irqs(
+        VFIO_PCI_MSIX_IRQ_INDEX,
+        VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
+        0,
+        u32::from(nvec),
+        &fds,
+        &[],
+    )?;
+    pci::cfg_write(
+        transport.client(),
+        ctrl_off,
+        2,
+        u32::from((ctrl | pci::PCI_MSIX_FLAGS_ENABLE) & !pci::PCI_MSIX_FLAGS_MASKALL),
+    )?;
+    // The device-request interrupt, as QEMU's vfio_pci_register_req_notifier sets it up:
+    // asked for after the MSI-X vectors, used only if the device offers at least one.
+    let mut req_count = 0;
+    let mut req_eventfd = None;
+    if opts.request_irq && info.num_irqs > VFIO_PCI_REQ_IRQ_INDEX {
+        let req = transport.client().irq_info(VFIO_PCI_REQ_IRQ_INDEX)?;
+        req_count = req.count;
+        if req.count >= 1 && req.flags & VFIO_IRQ_INFO_EVENTFD != 0 {
+            let e = EventFd::new(EFD_NONBLOCK)?;
+            transport.client().set_irqs(
+                VFIO_PCI_REQ_IRQ_INDEX,
+                VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER,
+                0,
+                1,
+                &[e.as_raw_fd()],
+                &[],
+            )?;
+            req_eventfd = Some(e);
+        }
+    }
+    let cv = transport.set_config_vector(0)?;
+    if cv != 0 {
+        return Err(device(format!("config_msix_vector reads back {cv:#x} after writing 0")));
+    }
+    Ok(Interrupts { per_vq_vectors, epoll, eventfds, req_count, req_eventfd })
+}
+
+/// Sets up `nvqs` queues in `mem` (`vp_modern` `setup_vq`) and enables them together; returns
+/// the ring layout and the queues.
+fn setup_queues(
+    transport: &mut Transport,
+    mem: &GuestRam,
+    opts: &DriverOptions,
+    driver_features: u64,
+    nvqs: u16,
+    per_vq_vectors: bool,
+) -> Result<(RingLayout, Vec<QueueState>)> {
+    // Queues (vp_modern setup_vq), enabled together at the end.
+    let event_idx = driver_features & features::EVENT_IDX != 0;
+    let indirect = driver_features & features::INDIRECT_DESC != 0;
+    let ring =
+        if driver_features & features::RING_PACKED != 0 { RingLayout::Packed } else { RingLayout::Split };
+    let mut queues = Vec::new();
+    for q in 0..nvqs {
+        let max = transport.queue_size(q)?;
+        if max == 0 {
+            return Err(device(format!("queue {q} has size 0")));
+        }
+        if transport.queue_enabled(q)? {
+            return Err(device(format!("queue {q} is enabled before setup")));
+        }
+        let mut size = opts.queue_size.min(max);
+        if !size.is_power_of_two() {
+            size = 1 << (15 - size.leading_zeros());
+        }
+        let vq = Virtqueue::new(ring, mem, q, size, event_idx, indirect)?;
+        transport.set_queue_size(q, size)?;
+        let (desc, driver, device_area) = vq.addrs();
+        transport.set_queue_addrs(q, desc, driver, device_area)?;
+        let vector = if per_vq_vectors { q + 1 } else { 1 };
+        let rb = transport.set_queue_vector(q, vector)?;
+        if rb != vector {
+            return Err(device(format!(
+                "queue {q}: queue_msix_vector reads back {rb:#x} after writing {vector}"
+            )));
+        }
+        let noff = transport.queue_notify_off(q)?;
+        let notify_addr = transport.notify_offset(noff)?;
+        queues.push(QueueState { vq, notify_addr, vector });
+    }
+    for q in 0..nvqs {
+        transport.enable_queue(q)?;
+    }
+    for q in 0..nvqs {
+        if !transport.queue_enabled(q)? {
+            return Err(device(format!("queue {q}: queue_enable reads 0 after enabling")));
+        }
+        let got = transport.queue_addrs(q)?;
+        let vq = &queues[usize::from(q)].vq;
+        if got != vq.addrs() {
+            return Err(device(format!("queue {q}: ring addresses read back as {got:x?}")));
+        }
+    }
+    Ok((ring, queues))
 }
