@@ -229,6 +229,89 @@ struct Backlog {
     timer: Option<Instant>,
 }
 
+/// The state of one closed loop ([`FsDriver::run_closed_loop`]).
+struct LoopRun {
+    // What the loop was asked for.
+    depth: usize,
+    total: u64,
+    duration: Option<Duration>,
+    warmup_ops: u64,
+    warm_until: Instant,
+    policy: QueueFullPolicy,
+    nreq: u16,
+    max_data: usize,
+    // Its requests.
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    backlog: Vec<Backlog>,
+    outstanding: usize,
+    parked_now: usize,
+    timers_armed: usize,
+    issuing: bool,
+    // Its measurements.
+    hist: Histogram<u64>,
+    r: LoopReport,
+    measure_start: Option<Instant>,
+    issue_until: Option<Instant>,
+    last_done: Instant,
+    // Scratch space kept between requests.
+    spec: IoSpec,
+    scratch: Vec<u8>,
+}
+
+impl LoopRun {
+    fn new(
+        cfg: &LoopConfig,
+        policy: QueueFullPolicy,
+        nreq: u16,
+        max_data: usize,
+        slots: Vec<Slot>,
+    ) -> Result<Self> {
+        let hist = Histogram::<u64>::new_with_bounds(1, HIST_MAX_NS, 3)
+            .map_err(|e| DriverError::Unsupported(format!("histogram: {e}")))?;
+        let r = LoopReport {
+            histogram: hist.clone(),
+            issued: 0,
+            completed: 0,
+            measured: 0,
+            measured_time: Duration::ZERO,
+            measured_bytes: 0,
+            parked: 0,
+            max_parked: 0,
+            refills: 0,
+            retry_timer_fires: 0,
+            retried: 0,
+            fuse_errors: 0,
+            per_queue: vec![0; usize::from(nreq)],
+        };
+        let start = Instant::now();
+        Ok(LoopRun {
+            depth: cfg.depth,
+            total: cfg.total,
+            duration: cfg.duration,
+            warmup_ops: cfg.warmup_ops,
+            warm_until: start + cfg.warmup,
+            policy,
+            nreq,
+            max_data,
+            free: (0..cfg.depth).rev().collect(),
+            slots,
+            backlog: (0..=nreq).map(|_| Backlog::default()).collect(),
+            outstanding: 0,
+            parked_now: 0,
+            timers_armed: 0,
+            issuing: cfg.total > 0,
+            hist,
+            r,
+            measure_start: None,
+            issue_until: None,
+            last_done: start,
+            spec: IoSpec::default(),
+            scratch: Vec::with_capacity(HDR_BLOCK),
+        })
+    }
+}
+
 impl FsDriver {
     /// Runs a closed loop: issues `cfg.total` requests (or for `cfg.duration`) keeping
     /// `cfg.depth` outstanding over the request queues in use. `make_request(seq, spec)` fills in
@@ -258,12 +341,67 @@ impl FsDriver {
         if !self.pending.is_empty() || self.queues.iter().any(|q| q.vq.in_flight() > 0) {
             return Err(DriverError::Unsupported("closed loop with requests already in flight".into()));
         }
-        let policy = self.opts.queue_full;
         let nreq = self.request_queues();
         let max_data = cfg.max_data.div_ceil(PAGE_SIZE).max(1) * PAGE_SIZE;
+        let slots = self.loop_slots(cfg.depth, max_data)?;
+        let mut run = LoopRun::new(cfg, self.opts.queue_full, nreq, max_data, slots)?;
+        let mut last_progress = Instant::now();
+        let mut idle_spins = 0u64;
+
+        loop {
+            let mut progress = false;
+            // 1. Completion path.
+            for q in 1..=nreq {
+                progress |= self.reap_queue(&mut run, q, &mut on_complete)?;
+            }
+            // 2. Delayed work of retry-1ms.
+            if run.timers_armed > 0 {
+                progress |= self.fire_retry_timers(&mut run)?;
+            }
+            // 3. The application keeps `depth` requests outstanding.
+            progress |= self.issue(&mut run, &mut make_request)?;
+            if !run.issuing && run.outstanding == 0 {
+                break;
+            }
+            if progress {
+                idle_spins = 0;
+            } else {
+                // Look at the clock only now and then: the poll loop stays a load of the used index.
+                idle_spins += 1;
+                if idle_spins == 1 {
+                    last_progress = Instant::now();
+                } else if idle_spins.is_multiple_of(4096) && last_progress.elapsed() > self.opts.timeout {
+                    return Err(self.stuck(run.outstanding, run.parked_now));
+                }
+                if self.opts.use_interrupts && run.outstanding > 0 && run.timers_armed == 0 {
+                    if last_progress.elapsed() > self.opts.timeout {
+                        return Err(self.stuck(run.outstanding, run.parked_now));
+                    }
+                    self.wait_step(last_progress + self.opts.timeout)?;
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+
+        let LoopRun { mut r, hist, slots, measure_start, last_done, .. } = run;
+        if let Some(ms) = measure_start {
+            r.measured_time = last_done.saturating_duration_since(ms);
+        }
+        r.histogram = hist;
+        for s in slots {
+            self.mem.free(s.hdr);
+            self.mem.free(s.data);
+        }
+        Ok(r)
+    }
+
+    /// The `depth` slots of a closed loop: a header block and `max_data` bytes of data each,
+    /// the data filled with the slot's pattern.
+    fn loop_slots(&mut self, depth: usize, max_data: usize) -> Result<Vec<Slot>> {
         let now = Instant::now();
-        let mut slots = Vec::with_capacity(cfg.depth);
-        for i in 0..cfg.depth {
+        let mut slots = Vec::with_capacity(depth);
+        for i in 0..depth {
             let hdr = self.mem.alloc_zeroed(HDR_BLOCK, PAGE_SIZE)?;
             let data = self.mem.alloc(max_data, PAGE_SIZE)?;
             let pattern: Vec<u8> = (0..max_data).map(|b| slot_pattern(i, b)).collect();
@@ -285,223 +423,179 @@ impl FsDriver {
                 warmup: true,
             });
         }
-        let mut backlog: Vec<Backlog> = (0..=nreq).map(|_| Backlog::default()).collect();
-        let mut hist = Histogram::<u64>::new_with_bounds(1, HIST_MAX_NS, 3)
-            .map_err(|e| DriverError::Unsupported(format!("histogram: {e}")))?;
-        let mut r = LoopReport {
-            histogram: hist.clone(),
-            issued: 0,
-            completed: 0,
-            measured: 0,
-            measured_time: Duration::ZERO,
-            measured_bytes: 0,
-            parked: 0,
-            max_parked: 0,
-            refills: 0,
-            retry_timer_fires: 0,
-            retried: 0,
-            fuse_errors: 0,
-            per_queue: vec![0; usize::from(nreq)],
-        };
-        let start = Instant::now();
-        let warm_until = start + cfg.warmup;
-        let mut measure_start: Option<Instant> = None;
-        let mut last_done = start;
-        let mut issue_until: Option<Instant> = None;
-        let mut issuing = cfg.total > 0;
-        let mut free: Vec<usize> = (0..cfg.depth).rev().collect();
-        let mut outstanding = 0usize;
-        let mut parked_now = 0usize;
-        let mut timers_armed = 0usize;
-        let mut spec = IoSpec::default();
-        let mut scratch = Vec::with_capacity(HDR_BLOCK);
-        let mut last_progress = Instant::now();
-        let mut idle_spins = 0u64;
+        Ok(slots)
+    }
 
-        loop {
-            let mut progress = false;
-            // 1. Completion path.
-            for q in 1..=nreq {
-                let mut reaped_at: Option<Instant> = None;
-                let mut freed = false;
-                while let Some(u) = self.queues[usize::from(q)].vq.pop_used(&self.mem)? {
-                    let t = *reaped_at.get_or_insert_with(Instant::now);
-                    let idx = usize::try_from(u.token).unwrap_or(usize::MAX);
-                    let s = slots
-                        .get_mut(idx)
-                        .filter(|s| s.state == SlotState::InFlight && s.queue == q)
-                        .ok_or_else(|| {
-                            device(format!(
-                                "queue {q}: completion of token {} that is not in flight",
-                                u.token
-                            ))
-                        })?;
-                    let mut h = [0u8; OutHeader::SIZE];
-                    let (errno, payload_len) = if (u.len as usize) < OutHeader::SIZE {
-                        (0, usize::MAX)
-                    } else {
-                        self.mem.read(s.hdr.iova + OUT_OFF, &mut h)?;
-                        let h = OutHeader::decode(&h).expect("16 bytes");
-                        check_reply(&h, u.len, s.unique, s.opcode)?;
-                        (-h.error, u.len as usize - OutHeader::SIZE)
-                    };
-                    if payload_len == usize::MAX {
-                        return Err(DriverError::BadReply {
-                            opcode: s.opcode,
-                            reason: format!("used length {} shorter than fuse_out_header", u.len),
-                        });
-                    }
-                    let latency = t.saturating_duration_since(s.issued);
-                    if !s.warmup {
-                        hist.saturating_record((latency.as_nanos() as u64).clamp(1, HIST_MAX_NS));
-                        r.measured += 1;
-                        r.measured_bytes += s.bytes;
-                        last_done = t;
-                    }
-                    if errno != 0 {
-                        r.fuse_errors += 1;
-                    }
-                    s.state = SlotState::Free;
-                    let done = IoDone {
-                        seq: s.seq,
-                        unique: s.unique,
-                        queue: q,
-                        opcode: s.opcode,
-                        errno,
-                        payload_len,
-                        latency,
-                        queued: s.queued,
-                        parked: s.parked,
-                        warmup: s.warmup,
-                        mem: &self.mem,
-                        out_args_at: s.hdr.iova + OUT_OFF + OutHeader::SIZE as u64,
-                        out_args: s.out_args,
-                        data_at: s.data.iova,
-                    };
-                    on_complete(&done)?;
-                    free.push(idx);
-                    outstanding -= 1;
-                    r.completed += 1;
-                    r.per_queue[usize::from(q - 1)] += 1;
-                    self.stats.completed += 1;
-                    self.completed_per_queue[usize::from(q)] += 1;
-                    progress = true;
-                    freed = true;
-                }
-                if freed && policy == QueueFullPolicy::Refill {
-                    let b = &mut backlog[usize::from(q)];
-                    while let Some(&idx) = b.parked.front() {
-                        if !self.ring_submit(&mut slots[idx], idx)? {
-                            break;
-                        }
-                        b.parked.pop_front();
-                        parked_now -= 1;
-                        r.refills += 1;
-                    }
-                }
+    /// Reaps what queue `q` completed (each checked, counted and handed to `on_complete`), then,
+    /// with [`QueueFullPolicy::Refill`], submits the requests parked on it while there is room;
+    /// returns whether anything completed.
+    #[inline]
+    fn reap_queue<C>(&mut self, run: &mut LoopRun, q: u16, on_complete: &mut C) -> Result<bool>
+    where
+        C: FnMut(&IoDone<'_>) -> Result<()>,
+    {
+        let mut reaped_at: Option<Instant> = None;
+        let mut freed = false;
+        while let Some(u) = self.queues[usize::from(q)].vq.pop_used(&self.mem)? {
+            let t = *reaped_at.get_or_insert_with(Instant::now);
+            let idx = usize::try_from(u.token).unwrap_or(usize::MAX);
+            let s = run
+                .slots
+                .get_mut(idx)
+                .filter(|s| s.state == SlotState::InFlight && s.queue == q)
+                .ok_or_else(|| {
+                    device(format!("queue {q}: completion of token {} that is not in flight", u.token))
+                })?;
+            let mut h = [0u8; OutHeader::SIZE];
+            let (errno, payload_len) = if (u.len as usize) < OutHeader::SIZE {
+                (0, usize::MAX)
+            } else {
+                self.mem.read(s.hdr.iova + OUT_OFF, &mut h)?;
+                let h = OutHeader::decode(&h).expect("16 bytes");
+                check_reply(&h, u.len, s.unique, s.opcode)?;
+                (-h.error, u.len as usize - OutHeader::SIZE)
+            };
+            if payload_len == usize::MAX {
+                return Err(DriverError::BadReply {
+                    opcode: s.opcode,
+                    reason: format!("used length {} shorter than fuse_out_header", u.len),
+                });
             }
-            // 2. Delayed work of retry-1ms.
-            if timers_armed > 0 {
-                let now = Instant::now();
-                for b in backlog.iter_mut() {
-                    if b.timer.is_none_or(|t| t > now) {
-                        continue;
-                    }
-                    b.timer = None;
-                    timers_armed -= 1;
-                    r.retry_timer_fires += 1;
-                    progress = true;
-                    while let Some(idx) = b.parked.pop_front() {
-                        if self.ring_submit(&mut slots[idx], idx)? {
-                            parked_now -= 1;
-                            r.retried += 1;
-                        } else {
-                            b.parked.push_back(idx);
-                            b.timer = Some(now + RETRY_DELAY);
-                            timers_armed += 1;
-                            break;
-                        }
-                    }
-                }
+            let r = &mut run.r;
+            let latency = t.saturating_duration_since(s.issued);
+            if !s.warmup {
+                run.hist.saturating_record((latency.as_nanos() as u64).clamp(1, HIST_MAX_NS));
+                r.measured += 1;
+                r.measured_bytes += s.bytes;
+                run.last_done = t;
             }
-            // 3. The application keeps `depth` requests outstanding.
-            while issuing && outstanding < cfg.depth {
-                let now = Instant::now();
-                if measure_start.is_none() && r.issued >= cfg.warmup_ops && now >= warm_until {
-                    measure_start = Some(now);
-                    issue_until = cfg.duration.map(|d| now + d);
-                }
-                if r.issued >= cfg.total || issue_until.is_some_and(|u| now >= u) {
-                    issuing = false;
+            if errno != 0 {
+                r.fuse_errors += 1;
+            }
+            s.state = SlotState::Free;
+            let done = IoDone {
+                seq: s.seq,
+                unique: s.unique,
+                queue: q,
+                opcode: s.opcode,
+                errno,
+                payload_len,
+                latency,
+                queued: s.queued,
+                parked: s.parked,
+                warmup: s.warmup,
+                mem: &self.mem,
+                out_args_at: s.hdr.iova + OUT_OFF + OutHeader::SIZE as u64,
+                out_args: s.out_args,
+                data_at: s.data.iova,
+            };
+            on_complete(&done)?;
+            run.free.push(idx);
+            run.outstanding -= 1;
+            r.completed += 1;
+            r.per_queue[usize::from(q - 1)] += 1;
+            self.stats.completed += 1;
+            self.completed_per_queue[usize::from(q)] += 1;
+            freed = true;
+        }
+        if freed && run.policy == QueueFullPolicy::Refill {
+            let b = &mut run.backlog[usize::from(q)];
+            while let Some(&idx) = b.parked.front() {
+                if !self.ring_submit(&mut run.slots[idx], idx)? {
                     break;
                 }
-                let idx = free.pop().expect("a free slot per outstanding request");
-                let seq = r.issued;
-                spec.args.clear();
-                spec.in_data = 0;
-                spec.out_args = 0;
-                spec.out_data = 0;
-                make_request(seq, &mut spec);
-                let q = 1 + (seq % u64::from(nreq)) as u16;
-                let unique = self.alloc_unique();
-                let s = &mut slots[idx];
-                self.prepare_slot(s, &spec, unique, max_data, &mut scratch)?;
-                s.seq = seq;
-                s.queue = q;
-                s.issued = now;
-                s.parked = false;
-                s.warmup = measure_start.is_none();
-                r.issued += 1;
-                outstanding += 1;
-                progress = true;
-                let b = &mut backlog[usize::from(q)];
-                let behind = policy == QueueFullPolicy::Refill && !b.parked.is_empty();
-                if behind || !self.ring_submit(s, idx)? {
-                    s.state = SlotState::Parked;
-                    s.parked = true;
+                b.parked.pop_front();
+                run.parked_now -= 1;
+                run.r.refills += 1;
+            }
+        }
+        Ok(freed)
+    }
+
+    /// [`QueueFullPolicy::Retry1ms`]: submits the requests parked on each queue whose timer
+    /// ran out, arming it again if the ring is still full; returns whether a timer fired.
+    fn fire_retry_timers(&mut self, run: &mut LoopRun) -> Result<bool> {
+        let now = Instant::now();
+        let mut fired = false;
+        for b in run.backlog.iter_mut() {
+            if b.timer.is_none_or(|t| t > now) {
+                continue;
+            }
+            b.timer = None;
+            run.timers_armed -= 1;
+            run.r.retry_timer_fires += 1;
+            fired = true;
+            while let Some(idx) = b.parked.pop_front() {
+                if self.ring_submit(&mut run.slots[idx], idx)? {
+                    run.parked_now -= 1;
+                    run.r.retried += 1;
+                } else {
                     b.parked.push_back(idx);
-                    parked_now += 1;
-                    r.parked += 1;
-                    r.max_parked = r.max_parked.max(parked_now);
-                    if policy == QueueFullPolicy::Retry1ms && b.timer.is_none() {
-                        b.timer = Some(now + RETRY_DELAY);
-                        timers_armed += 1;
-                    }
+                    b.timer = Some(now + RETRY_DELAY);
+                    run.timers_armed += 1;
+                    break;
                 }
             }
-            if !issuing && outstanding == 0 {
+        }
+        Ok(fired)
+    }
+
+    /// Issues requests until `depth` are outstanding (or the run's count or time is up):
+    /// each made by `make_request`, put on the next request queue in turn, or parked there
+    /// when its ring is full (or, with [`QueueFullPolicy::Refill`], when requests wait before
+    /// it); returns whether it issued any.
+    #[inline]
+    fn issue<M>(&mut self, run: &mut LoopRun, make_request: &mut M) -> Result<bool>
+    where
+        M: FnMut(u64, &mut IoSpec),
+    {
+        let mut issued = false;
+        while run.issuing && run.outstanding < run.depth {
+            let now = Instant::now();
+            if run.measure_start.is_none() && run.r.issued >= run.warmup_ops && now >= run.warm_until {
+                run.measure_start = Some(now);
+                run.issue_until = run.duration.map(|d| now + d);
+            }
+            if run.r.issued >= run.total || run.issue_until.is_some_and(|u| now >= u) {
+                run.issuing = false;
                 break;
             }
-            if progress {
-                idle_spins = 0;
-            } else {
-                // Look at the clock only now and then: the poll loop stays a load of the used index.
-                idle_spins += 1;
-                if idle_spins == 1 {
-                    last_progress = Instant::now();
-                } else if idle_spins.is_multiple_of(4096) && last_progress.elapsed() > self.opts.timeout {
-                    return Err(self.stuck(outstanding, parked_now));
-                }
-                if self.opts.use_interrupts && outstanding > 0 && timers_armed == 0 {
-                    if last_progress.elapsed() > self.opts.timeout {
-                        return Err(self.stuck(outstanding, parked_now));
-                    }
-                    self.wait_step(last_progress + self.opts.timeout)?;
-                } else {
-                    std::hint::spin_loop();
+            let idx = run.free.pop().expect("a free slot per outstanding request");
+            let seq = run.r.issued;
+            let spec = &mut run.spec;
+            spec.args.clear();
+            spec.in_data = 0;
+            spec.out_args = 0;
+            spec.out_data = 0;
+            make_request(seq, spec);
+            let q = 1 + (seq % u64::from(run.nreq)) as u16;
+            let unique = self.alloc_unique();
+            let s = &mut run.slots[idx];
+            self.prepare_slot(s, &run.spec, unique, run.max_data, &mut run.scratch)?;
+            s.seq = seq;
+            s.queue = q;
+            s.issued = now;
+            s.parked = false;
+            s.warmup = run.measure_start.is_none();
+            run.r.issued += 1;
+            run.outstanding += 1;
+            issued = true;
+            let b = &mut run.backlog[usize::from(q)];
+            let behind = run.policy == QueueFullPolicy::Refill && !b.parked.is_empty();
+            if behind || !self.ring_submit(s, idx)? {
+                s.state = SlotState::Parked;
+                s.parked = true;
+                b.parked.push_back(idx);
+                run.parked_now += 1;
+                run.r.parked += 1;
+                run.r.max_parked = run.r.max_parked.max(run.parked_now);
+                if run.policy == QueueFullPolicy::Retry1ms && b.timer.is_none() {
+                    b.timer = Some(now + RETRY_DELAY);
+                    run.timers_armed += 1;
                 }
             }
         }
-
-        if let Some(ms) = measure_start {
-            r.measured_time = last_done.saturating_duration_since(ms);
-        }
-        r.histogram = hist;
-        for s in slots {
-            self.mem.free(s.hdr);
-            self.mem.free(s.data);
-        }
-        Ok(r)
+        Ok(issued)
     }
 
     /// Writes the request into slot `s` (header and arguments; data stays in place) and lays
