@@ -10,7 +10,10 @@
 //! checked that they are non-empty and contain no `/` or NUL, and, where a name is being created, that
 //! it is not `.` or `..`.
 
+pub(crate) mod dirent;
 pub mod seam;
+
+pub use dirent::DirentWriter;
 
 use std::time::Duration;
 

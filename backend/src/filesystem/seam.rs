@@ -35,6 +35,7 @@
 //!   engine ([`crate::server::waits`]); it holds no buffers, a drain does not wait for it, and it
 //!   is answered through whatever memory is mapped when its event comes.
 
+pub use super::dirent::DirentWriter;
 #[cfg(doc)]
 use super::FileSystem;
 use super::{self as filesystem, Reply};

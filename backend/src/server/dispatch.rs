@@ -7,9 +7,10 @@
 //! [`Reply::Data`] with the byte count: a READ goes straight from the filesystem into the guest's
 //! buffers.
 
-use super::reply::{add_dirent, check_fits};
+use super::reply::check_fits;
 use super::{Result, Server};
 use crate::abi;
+use crate::filesystem::dirent::add_dirent;
 use crate::filesystem::{self, Context, FileSystem, Reply, SetAttr, XattrReply};
 use crate::io::{Reader, Writer};
 use crate::request::Op;

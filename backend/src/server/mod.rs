@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use vm_memory::{ByteValued, VolatileSlice};
 
 use crate::abi::{self, InHeader, OutHeader};
+pub use crate::filesystem::DirentWriter;
 use crate::filesystem::{self, FileLock, FileSystem, LockAccess, LockType, Reply};
 use crate::io::Writer;
 use crate::locks::{LockError, LockKind, LockManager, SetOutcome, WaitId};
@@ -26,7 +27,6 @@ use crate::request::{InitArgs, LockOp, LockRequest, Op, Request};
 use dispatch::Dispatch;
 use dispatch::Post;
 pub use engine::{PollerEngine, Status, Submitted};
-pub use reply::DirentWriter;
 use reply::{check_fits, encode, reply_error, reply_obj, split_reply, OUT_HEADER_SIZE};
 
 /// `max_pages` advertised (moved to [`abi::limits`]).

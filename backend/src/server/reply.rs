@@ -9,7 +9,8 @@ use vm_memory::{ByteValued, VolatileSlice};
 
 use super::RequestError;
 use crate::abi::{self, OutHeader};
-use crate::filesystem::{self, DirEntry, Entry, FileLock, LockType, Opened, Reply, Stat};
+use crate::filesystem::dirent::{entry_out, to_attr};
+use crate::filesystem::{self, FileLock, LockType, Opened, Reply, Stat};
 use crate::io::{self, Writer};
 
 /// Bytes of the reply header.
@@ -130,55 +131,6 @@ pub(crate) fn reply_obj<T: ByteValued>(mut w: Writer<'_>, unique: u64, body: &T)
     Ok(len)
 }
 
-/// Encodes directory entries into the data part of a READDIR or READDIRPLUS reply, for the
-/// synchronous dispatcher's sinks and for an engine that lists a directory later
-/// ([`crate::filesystem::seam`]): the FUSE layout of an entry stays here.
-#[derive(Debug)]
-pub struct DirentWriter<'w, 'a> {
-    out: &'w mut Writer<'a>,
-}
-
-impl<'w, 'a> DirentWriter<'w, 'a> {
-    /// Entries go into `out` (the data part of the reply).
-    pub fn new(out: &'w mut Writer<'a>) -> Self {
-        DirentWriter { out }
-    }
-
-    /// Adds a READDIR entry; false (nothing written) if it does not fit.
-    pub fn add(&mut self, e: &DirEntry<'_>) -> bool {
-        add_dirent(self.out, e, None)
-    }
-
-    /// Adds a READDIRPLUS entry with its lookup result; false (nothing written) if it does not
-    /// fit.
-    pub fn add_plus(&mut self, e: &DirEntry<'_>, entry: &Entry) -> bool {
-        add_dirent(self.out, e, Some(entry))
-    }
-
-    /// Bytes written so far: what [`Reply::Data`] reports.
-    pub fn bytes_written(&self) -> usize {
-        self.out.bytes_written()
-    }
-}
-
-/// Serialises one directory entry into `out`; false (nothing written) if it does not fit.
-pub(crate) fn add_dirent(out: &mut Writer<'_>, e: &DirEntry<'_>, entry: Option<&Entry>) -> bool {
-    let namelen = e.name.len();
-    let (fixed, total) = match entry {
-        None => (size_of::<abi::Dirent>(), abi::dirent_size(namelen)),
-        Some(_) => (size_of::<abi::DirentPlus>(), abi::direntplus_size(namelen)),
-    };
-    if namelen == 0 || namelen > abi::FUSE_NAME_MAX || total > out.available() {
-        return false;
-    }
-    let dirent = abi::Dirent { ino: e.ino, off: e.offset, namelen: namelen as u32, typ: e.typ };
-    let res = match entry {
-        None => out.write_obj(&dirent),
-        Some(entry) => out.write_obj(&abi::DirentPlus { entry_out: entry_out(entry), dirent }),
-    };
-    res.and_then(|_| out.write_all(e.name)).and_then(|_| out.write_zeros(total - fixed - namelen)).is_ok()
-}
-
 fn encode_lock(lock: &FileLock) -> abi::FileLock {
     let typ = match lock.typ {
         LockType::Read => libc::F_RDLCK,
@@ -198,27 +150,6 @@ fn attr_out(attr: &Stat, valid: Duration) -> abi::AttrOut {
         attr_valid_nsec: valid.subsec_nanos(),
         dummy: 0,
         attr: to_attr(attr),
-    }
-}
-
-fn to_attr(st: &Stat) -> abi::Attr {
-    abi::Attr {
-        ino: st.ino,
-        size: st.size,
-        blocks: st.blocks,
-        atime: st.atime.sec as u64,
-        mtime: st.mtime.sec as u64,
-        ctime: st.ctime.sec as u64,
-        atimensec: st.atime.nsec,
-        mtimensec: st.mtime.nsec,
-        ctimensec: st.ctime.nsec,
-        mode: st.mode,
-        nlink: st.nlink,
-        uid: st.uid,
-        gid: st.gid,
-        rdev: st.rdev,
-        blksize: st.blksize,
-        flags: 0,
     }
 }
 
@@ -257,17 +188,5 @@ fn to_statx(sx: &filesystem::Statx) -> abi::Statx {
         dev_major: 0,
         dev_minor: 0,
         spare2: [0; 14],
-    }
-}
-
-fn entry_out(e: &Entry) -> abi::EntryOut {
-    abi::EntryOut {
-        nodeid: e.ino,
-        generation: e.generation,
-        entry_valid: e.entry_timeout.as_secs(),
-        attr_valid: e.attr_timeout.as_secs(),
-        entry_valid_nsec: e.entry_timeout.subsec_nanos(),
-        attr_valid_nsec: e.attr_timeout.subsec_nanos(),
-        attr: to_attr(&e.attr),
     }
 }
