@@ -45,7 +45,7 @@ fn posix_locks<F: TestFs>(f: &harness::Fuse<F>) {
     f.setlk(ino, fh, 3, RD, 200, 300).unwrap();
     f.setlk(ino, fh, 4, RD, 250, 350).unwrap();
     assert_eq!(f.setlk(ino, fh, 5, WR, 300, 300), Err(libc::EAGAIN));
-    // Through `Server::handle` of a server that cannot park requests (POSIX_LOCKS is not
+    // Through a synchronous `PollerEngine` on a server that cannot park requests (POSIX_LOCKS is not
     // offered), SETLKW cannot wait: a conflict is EAGAIN, else it locks.
     assert_eq!(f.lk(opcode::SETLKW, ino, fh, 5, WR, 300, 300).map(|_| ()), Err(libc::EAGAIN));
     f.lk(opcode::SETLKW, ino, fh, 5, WR, 400, 400).unwrap();

@@ -1,4 +1,4 @@
-//! Happy paths and POSIX semantics of the FUSE operations, driven through `Server::handle`.
+//! Happy paths and POSIX semantics of the FUSE operations, driven through the server (a synchronous `PollerEngine`).
 
 mod harness;
 

@@ -1,5 +1,5 @@
 //! A FUSE "kernel" for the tests of every backend: builds requests as bytes, hands them to
-//! `Server::handle` as volatile slices (optionally cut into many small buffers), and decodes the
+//! the server's one pipeline (a synchronous `PollerEngine`) as volatile slices (optionally cut into many small buffers), and decodes the
 //! replies into typed results. [`Fuse`] is generic over the [`FileSystem`]; what is truly
 //! backend-specific (constructors, the passthrough's host tree and canary) lives in [`ram`] and
 //! [`passthrough`]. A test that checks behaviour both backends share is one generic body run on
