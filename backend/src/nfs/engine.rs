@@ -1,6 +1,7 @@
-//! The NFS backend's per-poller engine ([`NfsEngine`], an [`FsEngine`] of [`NfsFs`]): every FUSE
-//! request that needs the server becomes one NFSv3 call, or a short sequence of them, on the
-//! poller's own non-blocking connection ([`Conn`]), and completes from a later poll round.
+//! The NFS backend's per-poller engine ([`NfsEngine`], an [`FsEngine`] of the NFS filesystem,
+//! which lends it the pollers' [`Shared`] state and nothing else): every FUSE request that needs
+//! the server becomes one NFSv3 call, or a short sequence of them, on the poller's own
+//! non-blocking connection ([`Conn`]), and completes from a later poll round.
 //!
 //! **Slots.** The engine keeps one slot per pending request, indexed by the server's [`Token`]
 //! (so it has as many as the server has pending requests, preallocated to `slots_per_poller`
@@ -33,29 +34,23 @@ use std::time::Instant;
 use vm_memory::VolatileSlice;
 
 use super::conn::{CallError, Conn, Cred, Sink};
-use super::fs::{cred, decode_dev, nfs_error, stat, EngineCell, NfsFs};
+use super::convert::{
+    access_bits, access_ok, cred, decode_dev, nfs_error, open_mask, sattr, stat, type_bits,
+};
 use super::nodes::{silly_name, OpenFile};
+use super::shared::{EngineCell, Shared};
 use super::unstable::{BackgroundClaim, EntryId};
 use super::wire::nfs3::{
-    Args, CreateHow, Fattr, Fh, Ftype, NfsTime, Nfsstat, Res, Sattr, SetTime as NfsSetTime, Stable,
+    access as access3, Args, CreateHow, Fattr, Fh, Ftype, Nfsstat, Res, Sattr, SetTime as NfsSetTime, Stable,
 };
 use crate::filesystem::seam::{Completions, FsEngine, Readiness, Started, Token};
-use crate::filesystem::{self, DirEntry, Entry, Error, Opened, Reply, SetAttr, SetTime, StatFs};
+use crate::filesystem::{self, DirEntry, Entry, Error, Opened, Reply, StatFs};
 use crate::io::{Reader, Writer};
 use crate::request::{Op, Request};
 use crate::server::DirentWriter;
 
 /// Longest name component NFSv3 servers take (and Linux sends).
 const NAME_MAX: usize = 255;
-
-/// ACCESS3 bits (RFC 1813, 3.3.4).
-mod access3 {
-    pub const READ: u32 = 0x01;
-    pub const LOOKUP: u32 = 0x02;
-    pub const MODIFY: u32 = 0x04;
-    pub const EXTEND: u32 = 0x08;
-    pub const EXECUTE: u32 = 0x20;
-}
 
 /// Which FUSE operation a slot serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -393,7 +388,7 @@ impl From<CallError> for SendError {
 /// starts). WRITE data goes to the replay store first when it is to be sent UNSTABLE.
 fn send(
     conn: &mut Conn,
-    fs: &NfsFs,
+    fs: &Shared,
     slot: &mut Slot,
     tag: u32,
     payload: Option<Reader<'_>>,
@@ -450,72 +445,15 @@ fn set_chunk(slot: &mut Slot, max: u32) {
     slot.chunk = (slot.size - slot.done).min(max);
 }
 
-fn entry(fs: &NfsFs, fh: &Fh, attr: &Fattr) -> filesystem::Result<Entry> {
+fn entry(fs: &Shared, fh: &Fh, attr: &Fattr) -> filesystem::Result<Entry> {
     let ino = fs.nodes.reference(fh)?;
     let t = fs.cache.timeout();
     Ok(Entry { ino, generation: 0, attr: stat(attr), entry_timeout: t, attr_timeout: t })
 }
 
-fn nfs_time(t: &SetTime) -> NfsSetTime {
-    match t {
-        SetTime::Now => NfsSetTime::ServerTime,
-        SetTime::At(ts) => NfsSetTime::ClientTime(NfsTime {
-            sec: u32::try_from(ts.sec.max(0)).unwrap_or(u32::MAX),
-            nsec: ts.nsec,
-        }),
-    }
-}
-
-fn sattr(a: &SetAttr) -> Sattr {
-    Sattr {
-        mode: a.mode.map(|m| m & 0o7777),
-        uid: a.uid,
-        gid: a.gid,
-        size: a.size,
-        atime: a.atime.as_ref().map(nfs_time).unwrap_or_default(),
-        mtime: a.mtime.as_ref().map(nfs_time).unwrap_or_default(),
-    }
-}
-
-/// ACCESS3 bits for a FUSE `mask` (`R_OK | W_OK | X_OK`).
-fn access_bits(mask: u32) -> u32 {
-    let mut b = 0;
-    if mask & libc::R_OK as u32 != 0 {
-        b |= access3::READ;
-    }
-    if mask & libc::W_OK as u32 != 0 {
-        b |= access3::MODIFY | access3::EXTEND;
-    }
-    if mask & libc::X_OK as u32 != 0 {
-        b |= access3::LOOKUP | access3::EXECUTE;
-    }
-    b
-}
-
-/// Whether `granted` allows everything FUSE's `mask` asks.
-fn access_ok(mask: u32, granted: u32) -> bool {
-    (mask & libc::R_OK as u32 == 0 || granted & access3::READ != 0)
-        && (mask & libc::W_OK as u32 == 0 || granted & access3::MODIFY != 0)
-        && (mask & libc::X_OK as u32 == 0 || granted & (access3::LOOKUP | access3::EXECUTE) != 0)
-}
-
-/// The FUSE access mask an `open(2)` with `flags` needs.
-fn open_mask(flags: u32) -> u32 {
-    let w = libc::W_OK as u32;
-    let mut m = match flags & libc::O_ACCMODE as u32 {
-        x if x == libc::O_WRONLY as u32 => w,
-        x if x == libc::O_RDWR as u32 => libc::R_OK as u32 | w,
-        _ => libc::R_OK as u32,
-    };
-    if flags & libc::O_TRUNC as u32 != 0 {
-        m |= w;
-    }
-    m
-}
-
 /// The poll-time sink: replies go through the slots' state machines.
 struct PollSink<'e, 'c> {
-    fs: &'e NfsFs,
+    fs: &'e Shared,
     slots: &'e mut [Slot],
     done: &'e mut Completions<'c>,
     next: &'e mut Vec<u32>,
@@ -531,7 +469,7 @@ struct PollSink<'e, 'c> {
 /// Ends slot `i`'s request with `r`.
 #[allow(clippy::too_many_arguments)]
 fn complete(
-    fs: &NfsFs,
+    fs: &Shared,
     slot: &mut Slot,
     i: u32,
     r: filesystem::Result<Reply>,
@@ -636,7 +574,7 @@ impl Sink for PollSink<'_, '_> {
 }
 
 /// What the reply `res` to slot's current call means.
-fn reply(fs: &NfsFs, slot: &mut Slot, res: Res<'_>, done: &mut Completions<'_>) -> Flow {
+fn reply(fs: &Shared, slot: &mut Slot, res: Res<'_>, done: &mut Completions<'_>) -> Flow {
     use Flow::{Done, Next};
     let unexpected = || {
         log::warn!("nfs: unexpected reply to {:?}", slot.call);
@@ -821,7 +759,7 @@ fn reply(fs: &NfsFs, slot: &mut Slot, res: Res<'_>, done: &mut Completions<'_>) 
                 {
                     continue;
                 }
-                let typ = e.attr.map_or(0, |a| super::fs::type_bits(a.ftype) >> 12);
+                let typ = e.attr.map_or(0, |a| type_bits(a.ftype) >> 12);
                 let d = DirEntry { ino: e.fileid, offset: e.cookie, typ, name: e.name };
                 if !plus {
                     if !out.add(&d) {
@@ -869,7 +807,7 @@ impl Slot {
 }
 
 /// The object of a sequence is known: SETATTR it if asked, fetch missing attributes, or finish.
-fn after_object(fs: &NfsFs, slot: &mut Slot, fh: Fh, attr: Option<Fattr>) -> Flow {
+fn after_object(fs: &Shared, slot: &mut Slot, fh: Fh, attr: Option<Fattr>) -> Flow {
     slot.obj = fh;
     if slot.setattr_after {
         slot.setattr_after = false;
@@ -886,7 +824,7 @@ fn after_object(fs: &NfsFs, slot: &mut Slot, fh: Fh, attr: Option<Fattr>) -> Flo
 }
 
 /// The answer of a sequence whose object and attributes are known.
-fn finish(fs: &NfsFs, slot: &mut Slot, a: &Fattr) -> Flow {
+fn finish(fs: &Shared, slot: &mut Slot, a: &Fattr) -> Flow {
     let t = fs.cache.timeout();
     let r = match slot.kind {
         Kind::Getattr | Kind::Setattr => Ok(Reply::Attr(stat(a), t)),
@@ -915,11 +853,11 @@ fn finish(fs: &NfsFs, slot: &mut Slot, a: &Fattr) -> Flow {
 }
 
 /// OPEN's answer: a device-side handle.
-fn open_file(fs: &NfsFs, slot: &Slot) -> Flow {
+fn open_file(fs: &Shared, slot: &Slot) -> Flow {
     Flow::Done(open_handle(fs, slot.nodeid, slot.flags, false))
 }
 
-fn open_handle(fs: &NfsFs, nodeid: u64, flags: u32, dir: bool) -> filesystem::Result<Reply> {
+fn open_handle(fs: &Shared, nodeid: u64, flags: u32, dir: bool) -> filesystem::Result<Reply> {
     fs.nodes.opened(nodeid)?;
     let file = OpenFile { nodeid, flags, dir, cookieverf: [0; 8], eof_at: 0 };
     match fs.handles.open(file) {
@@ -937,7 +875,8 @@ fn open_handle(fs: &NfsFs, nodeid: u64, flags: u32, dir: bool) -> filesystem::Re
 impl NfsEngine {
     /// The engine of poller `poller` of `fs`, with a connection of its own (connecting in the
     /// background: the first calls wait in it until it is up).
-    pub fn new(fs: &NfsFs, poller: usize) -> Self {
+    pub fn new(fs: &impl AsRef<Shared>, poller: usize) -> Self {
+        let fs = fs.as_ref();
         let conn = match Conn::new(fs.conn_config()) {
             Ok(c) => Some(c),
             Err(e) => {
@@ -968,7 +907,7 @@ impl NfsEngine {
     }
 
     /// Fills slot `i` for `req`; `Err` answers it at once, `Ok(None)` too (with the reply).
-    fn prepare(&mut self, fs: &NfsFs, i: usize, req: &Request<'_>) -> Result<Option<Reply>, Error> {
+    fn prepare(&mut self, fs: &Shared, i: usize, req: &Request<'_>) -> Result<Option<Reply>, Error> {
         let slot = &mut self.slots[i];
         slot.cred = cred(&req.ctx);
         slot.nodeid = req.nodeid;
@@ -1237,7 +1176,7 @@ impl NfsEngine {
     }
 
     /// Sends slot `i`'s next call from a poll round (after a reply, or from the backlog).
-    fn send_next(&mut self, fs: &NfsFs, i: u32, done: &mut Completions<'_>) {
+    fn send_next(&mut self, fs: &Shared, i: u32, done: &mut Completions<'_>) {
         let Some(conn) = self.conn.as_mut() else {
             return self.end(fs, i, Err(Error::Io), done);
         };
@@ -1309,7 +1248,7 @@ impl NfsEngine {
     /// Sends a background COMMIT when the store is past its high-water mark (or a write here
     /// waits for room) and none is on the wire: of the file with the most answered bytes stored,
     /// as its newest writer. No guest request waits for it; its reply frees the store.
-    fn maybe_commit(&mut self, fs: &NfsFs, now: Instant) {
+    fn maybe_commit(&mut self, fs: &Shared, now: Instant) {
         let wanted = fs.unstable.past_high_water() || !self.room_wait.is_empty();
         if self.background.is_some() || !wanted || now < self.background_after {
             return;
@@ -1333,7 +1272,7 @@ impl NfsEngine {
 
     /// Writes waiting for room in the store go on once there is some, or once none can come
     /// (they go FILE_SYNC then); past their deadline they end with EIO.
-    fn retry_room(&mut self, fs: &NfsFs, now: Instant, done: &mut Completions<'_>) {
+    fn retry_room(&mut self, fs: &Shared, now: Instant, done: &mut Completions<'_>) {
         for _ in 0..self.room_wait.len() {
             let Some(i) = self.room_wait.pop_front() else { break };
             let slot = &self.slots[i as usize];
@@ -1351,7 +1290,7 @@ impl NfsEngine {
         }
     }
 
-    fn end(&mut self, fs: &NfsFs, i: u32, r: filesystem::Result<Reply>, done: &mut Completions<'_>) {
+    fn end(&mut self, fs: &Shared, i: u32, r: filesystem::Result<Reply>, done: &mut Completions<'_>) {
         let slot = &mut self.slots[i as usize];
         complete(fs, slot, i, r, done, &mut self.busy, &mut self.replay_owner, &self.cell);
     }
@@ -1367,15 +1306,16 @@ impl NfsEngine {
 }
 
 /// `fh` must be an open handle of `nodeid` (not a directory).
-fn check_handle(fs: &NfsFs, fh: u64, nodeid: u64) -> Result<(), Error> {
+fn check_handle(fs: &Shared, fh: u64, nodeid: u64) -> Result<(), Error> {
     match fs.handles.get(fh) {
         Some(f) if f.nodeid == nodeid && !f.dir => Ok(()),
         _ => Err(Error::BadHandle),
     }
 }
 
-impl FsEngine<NfsFs> for NfsEngine {
-    fn start(&mut self, fs: &NfsFs, token: Token, req: &mut Request<'_>, _data: &mut Writer<'_>) -> Started {
+impl<F: AsRef<Shared>> FsEngine<F> for NfsEngine {
+    fn start(&mut self, fs: &F, token: Token, req: &mut Request<'_>, _data: &mut Writer<'_>) -> Started {
+        let fs = fs.as_ref();
         EngineCell::bump(&self.cell.requests);
         let i = token.index();
         if i >= self.slots.len() {
@@ -1438,7 +1378,8 @@ impl FsEngine<NfsFs> for NfsEngine {
         }
     }
 
-    fn poll(&mut self, fs: &NfsFs, done: &mut Completions<'_>) {
+    fn poll(&mut self, fs: &F, done: &mut Completions<'_>) {
+        let fs = fs.as_ref();
         if self.busy == 0 && self.background.is_none() {
             return;
         }
