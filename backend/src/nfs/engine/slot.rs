@@ -144,7 +144,8 @@ pub(super) struct Slot {
     /// A WRITE that found the store full waits for room until then at most (one retransmission
     /// interval: a COMMIT that keeps failing must not hold writes until their deadline).
     pub(super) room_until: Option<Instant>,
-    /// The store's horizon when the slot's COMMIT was sent ([`crate::nfs::unstable::UnstableStore::horizon`]).
+    /// The store's horizon when the slot's COMMIT was sent
+    /// ([`crate::nfs::unstable::UnstableStore::horizon`]).
     pub(super) horizon: u64,
     pub(super) flags: u32,
     /// ACCESS3 bits asked.
