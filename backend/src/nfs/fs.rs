@@ -8,23 +8,26 @@
 //! what needs no server (FORGET, the lock checks, the session's end) and leave everything else
 //! [`Error::NotImplemented`], so nothing ever blocks a poller on the network.
 //!
-//! State shared by the pollers, each behind a short lock: the node table and the open handles
-//! ([`super::nodes`]) and the UNSTABLE replay store ([`super::unstable`]). DESIGN.md ("NFS
-//! backend") has the mapping of FUSE onto NFSv3.
+//! State shared by the pollers, each behind a short lock, is in [`Shared`] (the one thing an
+//! engine is given): the node table and the open handles ([`super::nodes`]) and the UNSTABLE
+//! replay store ([`super::unstable`]). DESIGN.md ("NFS backend") has the mapping of FUSE onto
+//! NFSv3.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use super::conn::{Conn, ConnConfig, Cred};
 use super::engine::NfsEngine;
 use super::nodes::{HandleTable, NodeTable};
-use super::setup::{self, Mounted, SetupError};
+use super::setup::{self, SetupError};
+pub use super::shared::Limits;
+use super::shared::Shared;
 use super::unstable::{UnstableStats, UnstableStore};
 use super::url::NfsUrl;
-use super::wire::nfs3::{Args, Fattr, Ftype, NfsTime, Nfsstat, Res};
+use super::wire::nfs3::{Args, Ftype, Res};
 use crate::filesystem::seam::FsEngine;
-use crate::filesystem::{self, CachePolicy, Context, Error, FileSystem, LockAccess, Stat, Timespec};
+use crate::filesystem::{self, CachePolicy, Context, Error, FileSystem, LockAccess};
 
 /// How the device serves an NFS export (the daemon's `--remote` and profile keys).
 #[derive(Debug, Clone)]
@@ -99,43 +102,6 @@ pub enum NfsError {
     Option(&'static str),
 }
 
-/// The server's transfer sizes, from FSINFO (capped to what FUSE moves in one request).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Largest READ count per call.
-    pub read: u32,
-    /// Largest WRITE count per call.
-    pub write: u32,
-    /// Preferred READDIR size.
-    pub dir: u32,
-    /// Largest file size.
-    pub max_file: u64,
-}
-
-/// One poller engine's counters: written only by its poller (plain stores), read by anyone.
-#[derive(Debug, Default)]
-#[repr(align(64))]
-pub(crate) struct EngineCell {
-    pub(crate) requests: AtomicU64,
-    pub(crate) errors: AtomicU64,
-    pub(crate) backlogged: AtomicU64,
-    pub(crate) timed_out: AtomicU64,
-    pub(crate) calls: AtomicU64,
-    pub(crate) retransmits: AtomicU64,
-    pub(crate) reconnects: AtomicU64,
-    pub(crate) bad_replies: AtomicU64,
-}
-
-impl EngineCell {
-    pub(crate) fn bump(c: &AtomicU64) {
-        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn set(c: &AtomicU64, v: u64) {
-        c.store(v, Ordering::Relaxed);
-    }
-}
-
 /// What the NFS backend did so far, all pollers together (plain numbers).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NfsStats {
@@ -163,28 +129,17 @@ pub struct NfsStats {
 
 /// The NFS export as a [`FileSystem`] (see the module documentation).
 pub struct NfsFs {
-    pub(crate) mounted: Mounted,
+    /// What the pollers' engines share (they are given only this).
+    shared: Shared,
     export: String,
-    pub(crate) cache: CachePolicy,
-    pub(crate) timeout: Duration,
-    pub(crate) retransmit: Duration,
-    pub(crate) slots: usize,
-    pub(crate) limits: Limits,
-    pub(crate) nodes: NodeTable,
-    pub(crate) handles: HandleTable,
-    pub(crate) unstable: UnstableStore,
-    pub(crate) machine_name: String,
-    /// Exclusive-create verifiers: unique per CREATE of this device.
-    verf: AtomicU64,
-    cells: Mutex<Vec<Arc<EngineCell>>>,
 }
 
 impl std::fmt::Debug for NfsFs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NfsFs")
             .field("export", &self.export)
-            .field("nfs", &self.mounted.nfs_addr)
-            .field("limits", &self.limits)
+            .field("nfs", &self.shared.mounted.nfs_addr)
+            .field("limits", &self.shared.limits)
             .finish_non_exhaustive()
     }
 }
@@ -256,8 +211,7 @@ impl NfsFs {
             limits.read,
             limits.write
         );
-        Ok(NfsFs {
-            export: opts.url.export.clone(),
+        let shared = Shared {
             cache: opts.cache,
             timeout: opts.timeout,
             retransmit: opts.retransmit,
@@ -270,19 +224,20 @@ impl NfsFs {
             verf: AtomicU64::new(0),
             cells: Mutex::default(),
             mounted,
-        })
+        };
+        Ok(NfsFs { export: opts.url.export.clone(), shared })
     }
 
     /// The server's transfer sizes.
     pub fn limits(&self) -> Limits {
-        self.limits
+        self.shared.limits
     }
 
     /// What the backend did so far, all pollers together.
     pub fn stats(&self) -> NfsStats {
         let mut s = NfsStats::default();
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        for c in self.cells.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        self.shared.for_each_cell(|c| {
             s.requests += g(&c.requests);
             s.errors += g(&c.errors);
             s.backlogged += g(&c.backlogged);
@@ -291,40 +246,17 @@ impl NfsFs {
             s.retransmits += g(&c.retransmits);
             s.reconnects += g(&c.reconnects);
             s.bad_replies += g(&c.bad_replies);
-        }
-        s.unstable = self.unstable.stats();
-        s.nodes = self.nodes.len() as u64;
+        });
+        s.unstable = self.shared.unstable.stats();
+        s.nodes = self.shared.nodes.len() as u64;
         s
-    }
-
-    /// The connection settings of one poller's engine.
-    pub(crate) fn conn_config(&self) -> ConnConfig {
-        ConnConfig {
-            addr: self.mounted.nfs_addr,
-            slots: self.slots,
-            max_io: self.limits.read.max(self.limits.write),
-            timeout: self.timeout,
-            retransmit: self.retransmit,
-            machine_name: self.machine_name.clone(),
-        }
-    }
-
-    pub(crate) fn register(&self, cell: Arc<EngineCell>) {
-        self.cells.lock().unwrap_or_else(|e| e.into_inner()).push(cell);
-    }
-
-    /// A verifier for an exclusive CREATE, unique for this device's life.
-    pub(crate) fn create_verf(&self) -> [u8; 8] {
-        let n = self.verf.fetch_add(1, Ordering::Relaxed);
-        let t = Timespec::now();
-        ((t.sec as u64) << 20 ^ n ^ u64::from(t.nsec)).to_be_bytes()
     }
 }
 
 impl Drop for NfsFs {
     fn drop(&mut self) {
         // Best effort: the server forgets this client's mount entry (nothing depends on it).
-        if let Err(e) = setup::unmount(&self.mounted, &self.export, Duration::from_secs(2)) {
+        if let Err(e) = setup::unmount(&self.shared.mounted, &self.export, Duration::from_secs(2)) {
             log::debug!("nfs: unmount of {}: {e}", self.export);
         }
     }
@@ -345,84 +277,23 @@ fn machine_name() -> String {
     }
 }
 
-/// The caller's credentials for AUTH_SYS: uid, gid and the supplementary group FUSE gives.
-pub(crate) fn cred(ctx: &Context) -> Cred {
-    let mut c = Cred { uid: ctx.uid, gid: ctx.gid, ngroups: 0, groups: [0; 16] };
-    if let Some(g) = ctx.supp_gid {
-        c.groups[0] = g;
-        c.ngroups = 1;
-    }
-    c
-}
-
-/// An NFS status as the guest's error.
-pub(crate) fn nfs_error(status: Nfsstat) -> Error {
-    Error::from_errno(status.errno())
-}
-
-fn time(t: NfsTime) -> Timespec {
-    Timespec { sec: i64::from(t.sec), nsec: t.nsec.min(999_999_999) }
-}
-
-/// `S_IF*` of an NFS file type.
-pub(crate) fn type_bits(t: Ftype) -> u32 {
-    match t {
-        Ftype::Reg => libc::S_IFREG,
-        Ftype::Dir => libc::S_IFDIR,
-        Ftype::Blk => libc::S_IFBLK,
-        Ftype::Chr => libc::S_IFCHR,
-        Ftype::Lnk => libc::S_IFLNK,
-        Ftype::Sock => libc::S_IFSOCK,
-        Ftype::Fifo => libc::S_IFIFO,
-    }
-}
-
-/// A device number as the kernel's `new_encode_dev` (FUSE's `rdev`).
-pub(crate) fn encode_dev(major: u32, minor: u32) -> u32 {
-    (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)
-}
-
-/// FUSE's `rdev` as (major, minor).
-pub(crate) fn decode_dev(rdev: u32) -> (u32, u32) {
-    ((rdev & 0xfff00) >> 8, (rdev & 0xff) | ((rdev >> 12) & 0xfff00))
-}
-
-/// NFS attributes as `stat(2)` shows them: `st_ino` is the server's fileid (the FUSE node id
-/// is the device's own, [`super::nodes`]).
-pub(crate) fn stat(a: &Fattr) -> Stat {
-    Stat {
-        ino: a.fileid,
-        size: a.size,
-        blocks: a.used.div_ceil(512),
-        atime: time(a.atime),
-        mtime: time(a.mtime),
-        ctime: time(a.ctime),
-        mode: type_bits(a.ftype) | (a.mode & 0o7777),
-        nlink: a.nlink,
-        uid: a.uid,
-        gid: a.gid,
-        rdev: encode_dev(a.rdev.0, a.rdev.1),
-        blksize: 4096,
-    }
-}
-
 impl FileSystem for NfsFs {
     fn destroy(&self) {
-        self.nodes.reset();
-        self.handles.reset();
+        self.shared.nodes.reset();
+        self.shared.handles.reset();
     }
 
     fn forget(&self, _ctx: &Context, ino: u64, nlookup: u64) {
         // A node the kernel forgot with writes still stored (their COMMIT at RELEASE failed):
         // nobody can FLUSH or FSYNC them any more, and the node id is not reused.
-        if self.nodes.forget(ino, nlookup) && self.unstable.has(ino) {
+        if self.shared.nodes.forget(ino, nlookup) && self.shared.unstable.has(ino) {
             log::warn!("nfs: node {ino} forgotten with uncommitted writes; dropping them");
-            self.unstable.drop_file(ino);
+            self.shared.unstable.drop_file(ino);
         }
     }
 
     fn lock_handle(&self, _ctx: &Context, ino: u64, fh: u64, access: LockAccess) -> filesystem::Result<()> {
-        let f = self.handles.get(fh).filter(|f| f.nodeid == ino).ok_or(Error::BadHandle)?;
+        let f = self.shared.handles.get(fh).filter(|f| f.nodeid == ino).ok_or(Error::BadHandle)?;
         if f.dir {
             return Err(Error::BadHandle);
         }
@@ -440,7 +311,7 @@ impl FileSystem for NfsFs {
     }
 
     fn has_open_handles(&self, ino: u64) -> bool {
-        self.nodes.has_opens(ino)
+        self.shared.nodes.has_opens(ino)
     }
 
     fn engine(&self, poller: usize) -> Option<Box<dyn FsEngine<Self>>> {
@@ -448,33 +319,10 @@ impl FileSystem for NfsFs {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn attributes_convert() {
-        let a = Fattr {
-            ftype: Ftype::Chr,
-            mode: 0o104755,
-            nlink: 2,
-            uid: 1000,
-            gid: 100,
-            size: 10,
-            used: 513,
-            rdev: (8, 300),
-            fsid: 1,
-            fileid: 77,
-            atime: NfsTime { sec: 5, nsec: 6 },
-            mtime: NfsTime { sec: 7, nsec: 8 },
-            ctime: NfsTime { sec: 9, nsec: 2_000_000_000 },
-        };
-        let s = stat(&a);
-        assert_eq!(s.mode, libc::S_IFCHR | 0o4755);
-        assert_eq!((s.ino, s.blocks, s.nlink, s.uid, s.gid), (77, 2, 2, 1000, 100));
-        assert_eq!(decode_dev(s.rdev), (8, 300));
-        assert_eq!(s.ctime.nsec, 999_999_999);
-        let c = cred(&Context { uid: 1, gid: 2, pid: 3, supp_gid: Some(4) });
-        assert_eq!((c.uid, c.gid, c.ngroups, c.groups[0]), (1, 2, 1, 4));
+/// The engines are given the shared state only ([`NfsEngine`] is an engine of any filesystem
+/// that lends it one).
+impl AsRef<Shared> for NfsFs {
+    fn as_ref(&self) -> &Shared {
+        &self.shared
     }
 }

@@ -7,14 +7,22 @@
 //! start-up calls of the control thread (portmapper, MOUNT); [`url`] parses `nfs://` URLs.
 //!
 //! The backend on top: [`fs`] ([`NfsFs`], the `FileSystem`, and its start-up), [`engine`] (the
-//! per-poller engine that maps each FUSE request onto NFSv3 calls), [`nodes`] (node ids and
-//! open handles) and [`unstable`] (the UNSTABLE write replay store).
+//! per-poller engine that maps each FUSE request onto NFSv3 calls), [`shared`] (the state the
+//! filesystem lends the engines), [`nodes`] (node ids and open handles), [`unstable`] (the
+//! UNSTABLE write replay store) and `convert` (NFS attributes, statuses and credentials as the
+//! filesystem's types).
+//!
+//! The modules use each other in one direction only: `fs` uses `engine`, both use `shared` and
+//! `convert`, and those use only the modules below them (`nodes`, `unstable`, `setup`, `conn`,
+//! `wire`), so no two modules here depend on each other.
 
 pub mod conn;
+mod convert;
 pub mod engine;
 pub mod fs;
 pub mod nodes;
 pub mod setup;
+pub mod shared;
 pub mod unstable;
 pub mod url;
 pub mod wire;

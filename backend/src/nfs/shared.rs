@@ -1,0 +1,106 @@
+//! [`Shared`]: what the NFS backend's pollers share, the one thing the filesystem gives each
+//! poller's engine. It holds the mount, the settings and the server's transfer sizes
+//! ([`Limits`]), the node table and the open handles ([`super::nodes`]), the UNSTABLE replay
+//! store ([`super::unstable`]), and every engine's counters (`EngineCell`).
+//!
+//! The filesystem (`fs`) owns it and the engines (`engine`) borrow it on every call, so
+//! neither of those modules needs the other's types: this module uses neither.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::conn::ConnConfig;
+use super::nodes::{HandleTable, NodeTable};
+use super::setup::Mounted;
+use super::unstable::UnstableStore;
+use crate::filesystem::{CachePolicy, Timespec};
+
+/// The server's transfer sizes, from FSINFO (capped to what FUSE moves in one request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest READ count per call.
+    pub read: u32,
+    /// Largest WRITE count per call.
+    pub write: u32,
+    /// Preferred READDIR size.
+    pub dir: u32,
+    /// Largest file size.
+    pub max_file: u64,
+}
+
+/// One poller engine's counters: written only by its poller (plain stores), read by anyone.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+pub(crate) struct EngineCell {
+    pub(crate) requests: AtomicU64,
+    pub(crate) errors: AtomicU64,
+    pub(crate) backlogged: AtomicU64,
+    pub(crate) timed_out: AtomicU64,
+    pub(crate) calls: AtomicU64,
+    pub(crate) retransmits: AtomicU64,
+    pub(crate) reconnects: AtomicU64,
+    pub(crate) bad_replies: AtomicU64,
+}
+
+impl EngineCell {
+    pub(crate) fn bump(c: &AtomicU64) {
+        c.store(c.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set(c: &AtomicU64, v: u64) {
+        c.store(v, Ordering::Relaxed);
+    }
+}
+
+/// The state the NFS backend's pollers share (see the module documentation), each part behind
+/// a short lock of its own where it changes.
+pub struct Shared {
+    pub(crate) mounted: Mounted,
+    pub(crate) cache: CachePolicy,
+    pub(crate) timeout: Duration,
+    pub(crate) retransmit: Duration,
+    pub(crate) slots: usize,
+    pub(crate) limits: Limits,
+    pub(crate) nodes: NodeTable,
+    pub(crate) handles: HandleTable,
+    pub(crate) unstable: UnstableStore,
+    pub(crate) machine_name: String,
+    /// Exclusive-create verifiers: unique per CREATE of this device ([`Shared::create_verf`]).
+    pub(super) verf: AtomicU64,
+    /// Every engine's counters ([`Shared::register`]).
+    pub(super) cells: Mutex<Vec<Arc<EngineCell>>>,
+}
+
+impl Shared {
+    /// The connection settings of one poller's engine.
+    pub(crate) fn conn_config(&self) -> ConnConfig {
+        ConnConfig {
+            addr: self.mounted.nfs_addr,
+            slots: self.slots,
+            max_io: self.limits.read.max(self.limits.write),
+            timeout: self.timeout,
+            retransmit: self.retransmit,
+            machine_name: self.machine_name.clone(),
+        }
+    }
+
+    /// Adds an engine's counters to those the backend's statistics sum.
+    pub(crate) fn register(&self, cell: Arc<EngineCell>) {
+        self.cells.lock().unwrap_or_else(|e| e.into_inner()).push(cell);
+    }
+
+    /// Calls `f` with every engine's counters.
+    pub(crate) fn for_each_cell(&self, mut f: impl FnMut(&EngineCell)) {
+        for c in self.cells.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            f(c);
+        }
+    }
+
+    /// A verifier for an exclusive CREATE, unique for this device's life.
+    pub(crate) fn create_verf(&self) -> [u8; 8] {
+        let n = self.verf.fetch_add(1, Ordering::Relaxed);
+        let t = Timespec::now();
+        ((t.sec as u64) << 20 ^ n ^ u64::from(t.nsec)).to_be_bytes()
+    }
+}
