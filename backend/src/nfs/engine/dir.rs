@@ -7,11 +7,11 @@
 use super::object::{entry, open_handle};
 use super::slot::{unexpected, Call, Flow, Kind, Prepared, Slot, NAME_MAX};
 use crate::filesystem::seam::Completions;
+use crate::filesystem::seam::DirentWriter;
 use crate::filesystem::{DirEntry, Entry, Error, Reply};
 use crate::nfs::convert::{nfs_error, stat, type_bits};
 use crate::nfs::shared::Shared;
 use crate::nfs::wire::nfs3::{DirEntries, Res};
-use crate::server::DirentWriter;
 
 /// OPENDIR of the request's node with `flags`: a device-side handle.
 pub(super) fn opendir(fs: &Shared, slot: &mut Slot, flags: u32) -> Result<Prepared, Error> {
