@@ -2,14 +2,17 @@
 //! descriptor chain, into a filesystem operation and writes the reply back into the chain.
 //!
 //! Layers, bottom up: [`abi`] (wire structs and the protocol's limits, the only byte-casting
-//! code), [`io`] (copying cursors over guest buffers), [`filesystem`] (the
-//! [`filesystem::FileSystem`] trait, its plain types and, in [`filesystem::seam`], the
-//! asynchronous seam through which a filesystem may complete any operation later), [`request`] (the decoder: one typed
-//! [`request::Request`] per FUSE request, every untrusted argument checked), [`server`] (executes
-//! decoded requests and encodes replies; it keeps the advisory locks of every backend in
-//! [`locks`] and parks SETLKW requests that must wait, which a poller's engine keeps in
-//! [`server::waits`]), [`ramfs`] (an in-memory POSIX filesystem) and [`passthrough`] (a host directory,
-//! confined beneath it). Nothing here knows about PCI, virtqueues or vfio-user.
+//! code), [`io`] (copying cursors over guest buffers), [`types`] (the plain values every layer
+//! shares and the one errno mapping, a leaf), [`locks`] (the advisory lock table of every
+//! backend), [`request`] (the decoder: one typed [`request::Request`] per FUSE request, every
+//! untrusted argument checked, with the argument structs the filesystem's methods take),
+//! [`filesystem`] (the [`filesystem::FileSystem`] trait and, in [`filesystem::seam`], the
+//! asynchronous seam through which a filesystem may complete any operation later), [`server`]
+//! (the session, the reply encoder and [`server::PollerEngine`], the one driver of a request; it
+//! parks SETLKW requests that must wait in [`server::waits`]), and the backends: [`ramfs`] (an
+//! in-memory POSIX filesystem), [`passthrough`] (a host directory, confined beneath it) and
+//! [`nfs`] (an NFSv3 client and the filesystem on it). Nothing here knows about PCI, virtqueues
+//! or vfio-user.
 #![deny(missing_docs)]
 
 pub mod abi;

@@ -41,7 +41,13 @@ struct Script {
     data: Vec<u8>,
     /// Answer every READ with one byte, not at its end (however far the offset).
     trickle_reads: bool,
+    /// The root's listing: the entries (file id, name, cookie) and eof of the READDIR(PLUS)
+    /// reply to a call from a cookie.
+    listing: Option<Listing>,
 }
+
+/// See [`Script::listing`].
+type Listing = fn(u64) -> (Vec<(u64, &'static [u8], u64)>, bool);
 
 fn dir_attr() -> Fattr {
     Fattr { mode: 0o755, ..attr(Ftype::Dir, 4096, 1) }
@@ -157,6 +163,32 @@ fn serve(script: &Arc<Mutex<Script>>, c: &Call) -> Vec<Act> {
             let from = (off as usize).min(s.data.len());
             let to = (from + count as usize).min(s.data.len());
             nfs_fake_server::read_ok(&file, &s.data[from..to], to == s.data.len())
+        }
+        // READDIR (16), READDIRPLUS (17) of the root, as the script lists it.
+        (NFS_PROG, 16 | 17) if s.listing.is_some() => {
+            let mut d = virtiofs_backend::nfs::wire::xdr::Decoder::new(&c.args);
+            d.opaque(64, "dir").unwrap();
+            let cookie = d.u64().unwrap();
+            let (entries, eof) = (s.listing.unwrap())(cookie);
+            let file = attr(Ftype::Reg, 0, 2);
+            enc(|e| {
+                e.u32(0).unwrap();
+                post_op(e, Some(&dir_attr()));
+                e.fixed(&VERF_A).unwrap();
+                for (fileid, name, cookie) in entries {
+                    e.bool(true).unwrap();
+                    e.u64(fileid).unwrap();
+                    e.opaque(name, 255).unwrap();
+                    e.u64(cookie).unwrap();
+                    if c.proc == 17 {
+                        post_op(e, Some(&Fattr { fileid, ..file }));
+                        e.bool(true).unwrap();
+                        e.opaque(&[&b"file-"[..], name].concat(), 64).unwrap();
+                    }
+                }
+                e.bool(false).unwrap();
+                e.bool(eof).unwrap();
+            })
         }
         // COMMIT.
         (NFS_PROG, 21) if s.commit_fails => nfs_fake_server::failed_post_op(5),
@@ -549,4 +581,67 @@ fn a_release_goes_by_the_node_of_its_handle_not_the_node_id_the_guest_names() {
     let removes: Vec<Vec<u8>> =
         r.server.calls().iter().filter(|c| c.prog == NFS_PROG && c.proc == 12).map(name_arg).collect();
     assert_eq!(removes, [silly], "the silly name of the file whose handle was closed goes");
+}
+
+/// READDIR (or READDIRPLUS) of the root from `offset`: the errno, and (name, next offset) of
+/// each entry.
+fn list_root(r: &mut Rig, op: u32, offset: u64) -> (i32, Vec<(Vec<u8>, u64)>) {
+    let open = abi::OpenIn { flags: libc::O_RDONLY as u32, open_flags: 0 };
+    let (h, body) = r.run(&mut request(opcode::OPENDIR, 1, 30, 1000, 100, &[open.as_slice()]));
+    assert_eq!(h.error, 0);
+    let fh = parse::<abi::OpenOut>(&body).fh;
+    let read = abi::ReadIn { fh, offset, size: 4096, ..Default::default() };
+    let (h, body) = r.run(&mut request(op, 1, 31, 1000, 100, &[read.as_slice()]));
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < body.len() {
+        // READDIRPLUS records start with a fuse_entry_out.
+        if op == opcode::READDIRPLUS {
+            at += std::mem::size_of::<abi::EntryOut>();
+        }
+        let d: abi::Dirent = parse(&body[at..]);
+        out.push((body[at + 24..at + 24 + d.namelen as usize].to_vec(), d.off));
+        at += abi::dirent_size(d.namelen as usize);
+    }
+    let release = abi::ReleaseIn { fh, ..Default::default() };
+    assert_eq!(r.run(&mut request(opcode::RELEASEDIR, 1, 32, 1000, 100, &[release.as_slice()])).0.error, 0);
+    (h.error, out)
+}
+
+#[test]
+fn a_readdir_reply_that_does_not_move_on_is_eio() {
+    // Issue 21: the guest asks the next READDIR from the cookie of the last entry it took, so a
+    // server that answers a cookie with an entry of that same cookie (or an empty listing that
+    // does not end) would loop the guest for ever. Such a reply is EIO; the normal paging, where
+    // each reply moves on and the last says eof, is served.
+    let mut r = Rig::new();
+    let normal: Listing = |cookie| match cookie {
+        0 => (vec![(10, b"a", 1), (11, b"b", 2)], false),
+        2 => (vec![(12, b"c", 3)], true),
+        _ => (vec![], true),
+    };
+    r.script.lock().unwrap().listing = Some(normal);
+    for op in [opcode::READDIR, opcode::READDIRPLUS] {
+        assert_eq!(list_root(&mut r, op, 0), (0, vec![(b"a".to_vec(), 1), (b"b".to_vec(), 2)]));
+        assert_eq!(list_root(&mut r, op, 2), (0, vec![(b"c".to_vec(), 3)]));
+    }
+    let broken: [(&str, Listing); 4] = [
+        ("the requested cookie again", |c| (vec![(12, b"c", c)], false)),
+        ("the requested cookie after one that moves on", |c| (vec![(12, b"c", c + 1), (13, b"d", c)], false)),
+        ("no entry and no eof", |_| (vec![], false)),
+        ("cookie 0, the start again", |c| (vec![(12, b"c", c + 1), (13, b"d", 0)], true)),
+    ];
+    for (what, listing) in broken {
+        r.script.lock().unwrap().listing = Some(listing);
+        for op in [opcode::READDIR, opcode::READDIRPLUS] {
+            for offset in [0, 2] {
+                let (errno, entries) = list_root(&mut r, op, offset);
+                assert_eq!(errno, -libc::EIO, "{what}, op {op}, from {offset}: {entries:?}");
+                assert!(entries.is_empty());
+            }
+        }
+    }
+    // The next listing from a server that behaves again is served.
+    r.script.lock().unwrap().listing = Some(normal);
+    assert_eq!(list_root(&mut r, opcode::READDIR, 2), (0, vec![(b"c".to_vec(), 3)]));
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use harness::passthrough::{is_root, Canary, Fuse, Tree};
 use harness::{with_fh, Xattr, ROOT};
 use virtiofs_backend::abi::{self, opcode};
-use virtiofs_backend::filesystem::{Context, Error, FileSystem};
+use virtiofs_backend::filesystem::{Context, CreateArgs, Error, FileSystem, MknodArgs, RenameArgs};
 use vm_memory::ByteValued;
 
 const RDWR: u32 = libc::O_RDWR as u32;
@@ -73,12 +73,29 @@ fn names_that_are_not_one_component_are_refused() {
             assert_eq!(fs.unlink(&ctx, ROOT, name).unwrap_err(), Error::InvalidArgument);
             assert_eq!(fs.rmdir(&ctx, ROOT, name).unwrap_err(), Error::InvalidArgument);
             assert_eq!(fs.symlink(&ctx, ROOT, name, b"x").unwrap_err(), Error::InvalidArgument);
-            assert_eq!(fs.mknod(&ctx, ROOT, name, libc::S_IFIFO, 0, 0).unwrap_err(), Error::InvalidArgument);
-            assert_eq!(fs.rename(&ctx, ROOT, name, ROOT, b"y", 0).unwrap_err(), Error::InvalidArgument);
-            assert_eq!(fs.rename(&ctx, ROOT, b"f", ROOT, name, 0).unwrap_err(), Error::InvalidArgument);
+            assert_eq!(
+                fs.mknod(&ctx, ROOT, &MknodArgs { name, mode: libc::S_IFIFO, rdev: 0, umask: 0 })
+                    .unwrap_err(),
+                Error::InvalidArgument
+            );
+            assert_eq!(
+                fs.rename(&ctx, ROOT, &RenameArgs { oldname: name, newdir: ROOT, newname: b"y", flags: 0 })
+                    .unwrap_err(),
+                Error::InvalidArgument
+            );
+            assert_eq!(
+                fs.rename(&ctx, ROOT, &RenameArgs { oldname: b"f", newdir: ROOT, newname: name, flags: 0 })
+                    .unwrap_err(),
+                Error::InvalidArgument
+            );
             assert_eq!(fs.link(&ctx, file.nodeid, ROOT, name).unwrap_err(), Error::InvalidArgument);
             assert_eq!(
-                fs.create(&ctx, ROOT, name, 0o666, RDWR, 0, false).unwrap_err(),
+                fs.create(
+                    &ctx,
+                    ROOT,
+                    &CreateArgs { name, mode: 0o666, flags: RDWR, umask: 0, kill_priv: false }
+                )
+                .unwrap_err(),
                 Error::InvalidArgument
             );
         }

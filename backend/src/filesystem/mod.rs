@@ -18,6 +18,9 @@ pub use dirent::DirentWriter;
 use std::time::Duration;
 
 use crate::io::{Reader, Writer};
+pub use crate::request::{
+    CopyFileRangeArgs, CreateArgs, FallocateArgs, MknodArgs, ReadArgs, RenameArgs, SetxattrArgs, WriteArgs,
+};
 pub use crate::types::{Context, Error, FileLock, LockType, Result, SetAttr, SetTime, Timespec};
 
 /// Attributes of an inode, as `stat(2)` shows them.
@@ -320,15 +323,7 @@ pub trait FileSystem: Send + Sync {
     /// Creates a node (regular file, FIFO, socket, device) `name` in `parent`. `mode` holds the
     /// type and permission bits; unless `DONT_MASK` was negotiated the kernel has already applied
     /// `umask` to it (applying it again changes nothing).
-    fn mknod(
-        &self,
-        ctx: &Context,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        rdev: u32,
-        umask: u32,
-    ) -> Result<Entry> {
+    fn mknod(&self, ctx: &Context, parent: u64, args: &MknodArgs<'_>) -> Result<Entry> {
         Err(Error::NotImplemented)
     }
 
@@ -349,15 +344,7 @@ pub trait FileSystem: Send + Sync {
 
     /// Renames `olddir/oldname` to `newdir/newname`. `flags` are `RENAME_NOREPLACE`,
     /// `RENAME_EXCHANGE` or 0.
-    fn rename(
-        &self,
-        ctx: &Context,
-        olddir: u64,
-        oldname: &[u8],
-        newdir: u64,
-        newname: &[u8],
-        flags: u32,
-    ) -> Result<()> {
+    fn rename(&self, ctx: &Context, olddir: u64, args: &RenameArgs<'_>) -> Result<()> {
         Err(Error::NotImplemented)
     }
 
@@ -374,31 +361,13 @@ pub trait FileSystem: Send + Sync {
 
     /// Reads up to `size` bytes at `offset` into `w`; returns the number of bytes written (fewer
     /// than `size` only at end of file).
-    fn read(
-        &self,
-        ctx: &Context,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        size: u32,
-        w: &mut Writer<'_>,
-    ) -> Result<usize> {
+    fn read(&self, ctx: &Context, ino: u64, args: &ReadArgs, w: &mut Writer<'_>) -> Result<usize> {
         Err(Error::NotImplemented)
     }
 
     /// Writes `size` bytes from `r` at `offset`; returns the number of bytes written.
     /// `write_flags` are [`crate::abi::write_flags`].
-    #[allow(clippy::too_many_arguments)]
-    fn write(
-        &self,
-        ctx: &Context,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        size: u32,
-        write_flags: u32,
-        r: &mut Reader<'_>,
-    ) -> Result<usize> {
+    fn write(&self, ctx: &Context, ino: u64, args: &WriteArgs, r: &mut Reader<'_>) -> Result<usize> {
         Err(Error::NotImplemented)
     }
 
@@ -463,17 +432,7 @@ pub trait FileSystem: Send + Sync {
 
     /// Creates and opens regular file `name` in `parent` (opening it if it exists and `flags` has
     /// no `O_EXCL`; `kill_priv` as for [`FileSystem::open`]).
-    #[allow(clippy::too_many_arguments)]
-    fn create(
-        &self,
-        ctx: &Context,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        flags: u32,
-        umask: u32,
-        kill_priv: bool,
-    ) -> Result<(Entry, Opened)> {
+    fn create(&self, ctx: &Context, parent: u64, args: &CreateArgs<'_>) -> Result<(Entry, Opened)> {
         Err(Error::NotImplemented)
     }
 
@@ -491,7 +450,7 @@ pub trait FileSystem: Send + Sync {
     }
 
     /// Allocates or deallocates space of `ino` (`fallocate(2)` `mode`).
-    fn fallocate(&self, ctx: &Context, ino: u64, fh: u64, mode: u32, offset: u64, length: u64) -> Result<()> {
+    fn fallocate(&self, ctx: &Context, ino: u64, args: &FallocateArgs) -> Result<()> {
         Err(Error::NotImplemented)
     }
 
@@ -499,16 +458,7 @@ pub trait FileSystem: Send + Sync {
     /// exists) and/or `XATTR_REPLACE` (fail if it does not); no other bit. `acl_kill_sgid`: when the kernel
     /// decides whether setting a POSIX access ACL clears set-group-id (`POSIX_ACL` and
     /// `SETXATTR_EXT` negotiated), its decision; `None` leaves it to the filesystem.
-    #[allow(clippy::too_many_arguments)]
-    fn setxattr(
-        &self,
-        ctx: &Context,
-        ino: u64,
-        name: &[u8],
-        value: &[u8],
-        flags: u32,
-        acl_kill_sgid: Option<bool>,
-    ) -> Result<()> {
+    fn setxattr(&self, ctx: &Context, ino: u64, args: &SetxattrArgs<'_>, value: &[u8]) -> Result<()> {
         Err(Error::NotImplemented)
     }
 
@@ -553,19 +503,7 @@ pub trait FileSystem: Send + Sync {
     /// `off_out`; returns the number of bytes copied (fewer than asked at end of file, or when the
     /// filesystem copies in pieces). The server has checked that neither range wraps, and caps
     /// `len` to what the 32-bit reply can count.
-    #[allow(clippy::too_many_arguments)]
-    fn copy_file_range(
-        &self,
-        ctx: &Context,
-        ino_in: u64,
-        fh_in: u64,
-        off_in: u64,
-        ino_out: u64,
-        fh_out: u64,
-        off_out: u64,
-        len: u64,
-        flags: u64,
-    ) -> Result<usize> {
+    fn copy_file_range(&self, ctx: &Context, ino_in: u64, args: &CopyFileRangeArgs) -> Result<usize> {
         Err(Error::NotImplemented)
     }
 

@@ -108,6 +108,43 @@ pub struct PassthroughConfig {
     /// Open file and directory handles at once (each keeps a descriptor): past it OPEN,
     /// OPENDIR and CREATE fail ENFILE.
     pub max_handles: usize,
+    /// The part of the process's descriptor budget this directory may take: `max_nodes` and
+    /// `max_handles` are lowered at start to fit it ([`descriptor_budget`]).
+    pub descriptor_share: DescriptorShare,
+}
+
+/// Which part of the process's descriptor budget (three quarters of RLIMIT_NOFILE, the rest is
+/// the device's and the daemon's) one passthrough's nodes and handles may take together. Every
+/// passthrough function of a daemon shares that one budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DescriptorShare {
+    /// One of `n` equal parts: the `n` passthrough functions a daemon starts with.
+    OneOf(usize),
+    /// A passthrough added while `running` others run whose limits take `taken` descriptors
+    /// together: what they leave of the budget, but no more than an equal part (one of
+    /// `running + 1`).
+    Left {
+        /// Nodes and handles the running passthroughs may hold.
+        taken: u64,
+        /// How many passthroughs run.
+        running: usize,
+    },
+}
+
+/// Fewest descriptors a passthrough's nodes and handles are given, whatever its share.
+pub const MIN_DESCRIPTORS: usize = 64;
+
+/// The descriptors a passthrough's nodes and handles may take together under RLIMIT_NOFILE
+/// `limit` (see [`DescriptorShare`]); at least [`MIN_DESCRIPTORS`].
+pub fn descriptor_budget(limit: u64, share: DescriptorShare) -> usize {
+    let total = limit - limit / 4;
+    let part = match share {
+        DescriptorShare::OneOf(n) => total / (n.max(1) as u64),
+        DescriptorShare::Left { taken, running } => {
+            total.saturating_sub(taken).min(total / (running as u64).saturating_add(1))
+        }
+    };
+    usize::try_from(part).unwrap_or(usize::MAX).max(MIN_DESCRIPTORS)
 }
 
 impl PassthroughConfig {
@@ -120,6 +157,7 @@ impl PassthroughConfig {
             policy: Policy::default(),
             max_nodes: 1 << 18,
             max_handles: 1 << 16,
+            descriptor_share: DescriptorShare::OneOf(1),
         }
     }
 }
@@ -332,18 +370,20 @@ fn open_flags(flags: u32) -> Result<i32> {
     Ok(flags & OPEN_FLAGS_PASSED | libc::O_NOCTTY | libc::O_LARGEFILE)
 }
 
-/// Lowers the node and handle limits so that together they take at most three quarters of
-/// RLIMIT_NOFILE (`limit`): the rest is for the device (DMA windows, accepting the next client)
-/// and the daemon. Handles get at most a fifth of that share.
+/// Lowers the node and handle limits so that together they take at most the configuration's
+/// share of three quarters of RLIMIT_NOFILE (`limit`, see [`descriptor_budget`]): the rest is
+/// for the device (DMA windows, accepting the next client) and the daemon. Handles get at most a
+/// fifth of that share.
 fn fit_descriptor_limits(cfg: &mut PassthroughConfig, limit: u64) {
-    let budget = usize::try_from(limit - limit / 4).unwrap_or(usize::MAX).max(64);
+    let budget = descriptor_budget(limit, cfg.descriptor_share);
     if cfg.max_nodes.saturating_add(cfg.max_handles) <= budget {
         return;
     }
     let handles = cfg.max_handles.min(budget / 5).max(1);
     let nodes = cfg.max_nodes.min(budget - handles).max(2);
     log::info!(
-        "passthrough: RLIMIT_NOFILE {limit}: at most {nodes} nodes and {handles} handles (configured {} and {})",
+        "passthrough: RLIMIT_NOFILE {limit}, {:?}: at most {nodes} nodes and {handles} handles (configured {} and {})",
+        cfg.descriptor_share,
         cfg.max_nodes,
         cfg.max_handles
     );
@@ -406,6 +446,12 @@ impl PassthroughFs {
 
     /// Ring entries per poller.
     pub const RING_ENTRIES: u32 = 256;
+
+    /// The descriptors its nodes and handles may take together (its limits, as fitted to its
+    /// [`DescriptorShare`]).
+    pub fn descriptor_limit(&self) -> u64 {
+        self.cfg.max_nodes.saturating_add(self.cfg.max_handles) as u64
+    }
 
     /// How each poller serves READ, WRITE and FSYNC: [`uring::IoMode::Sync`] (the default) through
     /// the synchronous methods, with a bounce buffer; otherwise on an io_uring of the poller's own
@@ -785,6 +831,39 @@ mod tests {
         fit_descriptor_limits(&mut cfg, 4096);
         assert_eq!(cfg.max_handles, 3072 / 5);
         assert_eq!(cfg.max_nodes + cfg.max_handles, 3072, "a quarter of the descriptors stays free");
+    }
+
+    /// Issue 21: each passthrough function used to fit its limits to three quarters of the
+    /// process's limit on its own, so N functions together could take N times that, leaving the
+    /// device and the daemon nothing. The functions a daemon starts with split the budget
+    /// equally; one created later gets what the running ones leave, at most an equal part.
+    #[test]
+    fn passthrough_functions_share_one_descriptor_budget() {
+        let limit = 1 << 20; // budget: 786432
+        assert_eq!(descriptor_budget(limit, DescriptorShare::OneOf(1)), 786_432);
+        assert_eq!(descriptor_budget(limit, DescriptorShare::OneOf(0)), 786_432, "0 counts as 1");
+        assert_eq!(descriptor_budget(limit, DescriptorShare::OneOf(4)), 196_608);
+        let mut each = Vec::new();
+        for _ in 0..4 {
+            let mut cfg = PassthroughConfig::new("/");
+            cfg.descriptor_share = DescriptorShare::OneOf(4);
+            fit_descriptor_limits(&mut cfg, limit);
+            each.push(cfg.max_nodes + cfg.max_handles);
+        }
+        assert_eq!(each, [196_608; 4], "four functions take the budget together, no more");
+        // Created later: an equal part while room is left...
+        let two = DescriptorShare::Left { taken: 196_608, running: 1 };
+        assert_eq!(descriptor_budget(limit, two), 786_432 / 2);
+        // ...what is left when less than that...
+        let nearly_full = DescriptorShare::Left { taken: 700_000, running: 2 };
+        assert_eq!(descriptor_budget(limit, nearly_full), 86_432);
+        // ...and the floor when nothing is.
+        let full = DescriptorShare::Left { taken: 4 * 196_608, running: 4 };
+        assert_eq!(descriptor_budget(limit, full), MIN_DESCRIPTORS);
+        let mut cfg = PassthroughConfig::new("/");
+        cfg.descriptor_share = nearly_full;
+        fit_descriptor_limits(&mut cfg, limit);
+        assert_eq!((cfg.max_handles, cfg.max_nodes), (86_432 / 5, 86_432 - 86_432 / 5));
     }
 
     #[test]

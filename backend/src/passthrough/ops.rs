@@ -2,6 +2,9 @@
 //! directory beneath the share's root, under the caller's identity where permissions matter.
 
 use super::*;
+use crate::filesystem::{
+    CopyFileRangeArgs, CreateArgs, FallocateArgs, MknodArgs, ReadArgs, RenameArgs, SetxattrArgs, WriteArgs,
+};
 
 impl FileSystem for PassthroughFs {
     fn init(&self, capable: u64) -> Result<u64> {
@@ -120,15 +123,8 @@ impl FileSystem for PassthroughFs {
         })
     }
 
-    fn mknod(
-        &self,
-        ctx: &Context,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        rdev: u32,
-        umask: u32,
-    ) -> Result<Entry> {
+    fn mknod(&self, ctx: &Context, parent: u64, args: &MknodArgs<'_>) -> Result<Entry> {
+        let MknodArgs { name, mode, rdev, umask } = *args;
         self.room_for_node()?;
         self.cfg.policy.check_mknod(mode)?;
         let dir = self.dir(parent)?;
@@ -164,15 +160,8 @@ impl FileSystem for PassthroughFs {
         as_caller(ctx, || sys::unlinkat(dir.fd(), name.c(), libc::AT_REMOVEDIR).map_err(Error::from))
     }
 
-    fn rename(
-        &self,
-        ctx: &Context,
-        olddir: u64,
-        oldname: &[u8],
-        newdir: u64,
-        newname: &[u8],
-        flags: u32,
-    ) -> Result<()> {
+    fn rename(&self, ctx: &Context, olddir: u64, args: &RenameArgs<'_>) -> Result<()> {
+        let RenameArgs { oldname, newdir, newname, flags } = *args;
         let old = self.dir(olddir)?;
         let new = self.dir(newdir)?;
         let oldname = Name::new(oldname)?;
@@ -242,15 +231,8 @@ impl FileSystem for PassthroughFs {
         })
     }
 
-    fn read(
-        &self,
-        _ctx: &Context,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        size: u32,
-        w: &mut Writer<'_>,
-    ) -> Result<usize> {
+    fn read(&self, _ctx: &Context, ino: u64, args: &ReadArgs, w: &mut Writer<'_>) -> Result<usize> {
+        let ReadArgs { fh, offset, size } = *args;
         let h = self.file_handle(fh, ino)?;
         let want = (size as usize).min(w.available());
         BOUNCE.with(|b| {
@@ -278,16 +260,8 @@ impl FileSystem for PassthroughFs {
         })
     }
 
-    fn write(
-        &self,
-        ctx: &Context,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        size: u32,
-        write_flags: u32,
-        r: &mut Reader<'_>,
-    ) -> Result<usize> {
+    fn write(&self, ctx: &Context, ino: u64, args: &WriteArgs, r: &mut Reader<'_>) -> Result<usize> {
+        let WriteArgs { fh, offset, size, write_flags } = *args;
         let h = self.file_handle(fh, ino)?;
         let size = size as usize;
         // The caller's ids matter only for clearing set-user-id/set-group-id (the host does it
@@ -426,16 +400,8 @@ impl FileSystem for PassthroughFs {
         as_caller(ctx, || sys::faccess_fd(inode.fd(), mask).map_err(Error::from))
     }
 
-    fn create(
-        &self,
-        ctx: &Context,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        flags: u32,
-        umask: u32,
-        _kill_priv: bool,
-    ) -> Result<(Entry, Opened)> {
+    fn create(&self, ctx: &Context, parent: u64, args: &CreateArgs<'_>) -> Result<(Entry, Opened)> {
+        let CreateArgs { name, mode, flags, umask, kill_priv: _kill_priv } = *args;
         self.room_for_node()?;
         self.room_for_handle()?;
         self.cfg.policy.check_mode(libc::S_IFREG, mode)?;
@@ -493,20 +459,14 @@ impl FileSystem for PassthroughFs {
         })
     }
 
-    fn fallocate(&self, ctx: &Context, ino: u64, fh: u64, mode: u32, offset: u64, length: u64) -> Result<()> {
+    fn fallocate(&self, ctx: &Context, ino: u64, args: &FallocateArgs) -> Result<()> {
+        let FallocateArgs { fh, mode, offset, length } = *args;
         let h = self.file_handle(fh, ino)?;
         as_caller(ctx, || sys::fallocate(h.file.as_fd(), mode, offset, length).map_err(Error::from))
     }
 
-    fn setxattr(
-        &self,
-        ctx: &Context,
-        ino: u64,
-        name: &[u8],
-        value: &[u8],
-        flags: u32,
-        _acl_kill_sgid: Option<bool>,
-    ) -> Result<()> {
+    fn setxattr(&self, ctx: &Context, ino: u64, args: &SetxattrArgs<'_>, value: &[u8]) -> Result<()> {
+        let SetxattrArgs { name, flags, acl_kill_sgid: _acl_kill_sgid } = *args;
         self.cfg.policy.check_xattr(name)?;
         let inode = self.inode(ino)?;
         let name = sys::cstring(name).map_err(Error::from)?;
@@ -557,18 +517,8 @@ impl FileSystem for PassthroughFs {
         sys::lseek(h.file.as_fd(), offset, whence).map_err(Error::from)
     }
 
-    fn copy_file_range(
-        &self,
-        ctx: &Context,
-        ino_in: u64,
-        fh_in: u64,
-        off_in: u64,
-        ino_out: u64,
-        fh_out: u64,
-        off_out: u64,
-        len: u64,
-        _flags: u64,
-    ) -> Result<usize> {
+    fn copy_file_range(&self, ctx: &Context, ino_in: u64, args: &CopyFileRangeArgs) -> Result<usize> {
+        let CopyFileRangeArgs { fh_in, off_in, nodeid_out: ino_out, fh_out, off_out, len } = *args;
         // `flags` is 0: the decoder refuses any other value.
         let hin = self.file_handle(fh_in, ino_in)?;
         let hout = self.file_handle(fh_out, ino_out)?;

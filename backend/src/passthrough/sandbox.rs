@@ -1,9 +1,11 @@
-//! Confining the passthrough daemon (`virtiofs-dpu --shared-dir DIR`) once its socket is bound:
-//! what it can name, what it may do, and which system calls it may make. The daemon calls, in
-//! this order, on its only thread, after binding the vfio-user socket and before the device
-//! starts a thread:
+//! Confining the daemon once its sockets are bound: what it can name, what it may do, and which
+//! system calls it may make. The daemon's start-up (the root crate's `daemon::confine`) calls,
+//! in this order, on its only thread, after binding every socket and before the pollers or any
+//! function's control plane start a thread:
 //!
-//! 1. [`enter_namespace`] (`--sandbox=namespace`, the default when running as root): new mount,
+//! 1. [`enter_namespace`] (`--sandbox=namespace`, the default when running as root, for a daemon
+//!    whose functions share host directories; [`enter_namespace_keeping_network`] for one whose
+//!    functions are all NFS exports, which must keep reaching the server): new mount,
 //!    IPC and network namespaces (the vfio-user socket is already bound and the guest memory
 //!    descriptors arrive over it). Every mount becomes a slave, recursively, so nothing mounted or
 //!    unmounted here reaches the host. A fresh procfs is mounted (`subset=pid,hidepid=invisible`
@@ -15,8 +17,10 @@
 //!    however wrong, names a host file outside the shared directory: `/` is the shared directory,
 //!    `..` stops there, and the passthrough opens its root (and with it every node) afresh in
 //!    the new root, so no descriptor opened before the switch can lead back out.
-//! 2. [`drop_privileges`]: `PR_SET_NO_NEW_PRIVS` (nothing the process executes can gain
-//!    privileges), every capability but [`KEPT_CAPS`] removed from the bounding set, and only
+//! 2. once every function's backend is built, [`drop_privileges_keeping`] ([`KEPT_CAPS`] for a
+//!    daemon with shares, as [`drop_privileges`]; [`NFS_KEPT_CAPS`], none, for NFS exports
+//!    only): `PR_SET_NO_NEW_PRIVS` (nothing the process executes can gain
+//!    privileges), every capability but the kept ones removed from the bounding set, and only
 //!    those kept in the permitted and effective sets (nothing inheritable). The kept set is
 //!    virtiofsd's: what serving a guest's root user needs, and setting the filesystem ids and the
 //!    supplementary group per request. Dropped, among others: `CAP_SYS_ADMIN` (mounts, namespaces,

@@ -25,14 +25,15 @@
 //! (`CLONE_THREAD`; no new processes), `unshare` only `CLONE_FS` (the per-thread filesystem
 //! context of [`super::creds`]; no namespaces), `prctl` only `PR_SET_NAME` (thread names),
 //! `ppoll` (a sleeping poller: its wake-up eventfd, engines and doorbell sources), `shutdown`
-//! (the vfio-user connection when its client goes), `ioctl` only `FIONBIO`, `setsockopt` only `SO_SNDTIMEO`, `mmap`/`mprotect` never with
+//! (the vfio-user connection when its client goes), `ioctl` only `FIONBIO`, `setsockopt` only `SO_SNDTIMEO`,
+//! `getsockopt` only `SO_PEERCRED` (the control socket's check of its clients), `mmap`/`mprotect` never with
 //! `PROT_EXEC`; no `socket` at all (the daemon opens none after binding). `clone3` passes its
 //! flags in memory, where a filter cannot look, so a second filter makes it fail with `ENOSYS`,
 //! and glibc falls back to `clone`.
 //!
 //! The NFS daemon (`--remote`) gets the same list plus what its pollers' TCP connections need
 //! ([`Network::TcpClient`], [`allowlist_with`]): `socket` only for `AF_INET`/`AF_INET6` stream
-//! sockets, `connect`, `getsockopt` only `SO_ERROR` (a non-blocking connect's outcome),
+//! sockets, `connect`, `getsockopt` also `SO_ERROR` (a non-blocking connect's outcome),
 //! `setsockopt` also `TCP_NODELAY` and `SO_RCVTIMEO`, `getpeername`/`getsockname`, `readv`/`writev`, `shutdown`,
 //! `poll` (the blocking UMNT call at exit).
 //! No `bind` or `listen`: it reconnects, it never serves on the network.
@@ -224,6 +225,15 @@ pub fn allowlist() -> Vec<Allowed> {
             cond32(2, SeccompCmpOp::Eq, libc::SO_SNDTIMEO as u32)
         ])
     );
+    // The control socket checks each client's credentials (SO_PEERCRED).
+    allow!(
+        l,
+        SYS_getsockopt,
+        rule(vec![
+            cond32(1, SeccompCmpOp::Eq, libc::SOL_SOCKET as u32),
+            cond32(2, SeccompCmpOp::Eq, libc::SO_PEERCRED as u32)
+        ])
+    );
     allow!(l, SYS_memfd_create);
     allow!(l, SYS_ftruncate);
     // io_uring, one ring per poller.
@@ -304,14 +314,12 @@ pub fn allowlist_with(net: Network) -> Vec<Allowed> {
     };
     allow!(l, SYS_socket, stream(libc::AF_INET), stream(libc::AF_INET6));
     allow!(l, SYS_connect);
-    allow!(
-        l,
-        SYS_getsockopt,
-        rule(vec![
+    if let Some(g) = l.iter_mut().find(|a| a.nr == libc::SYS_getsockopt) {
+        g.rules.push(rule(vec![
             cond32(1, SeccompCmpOp::Eq, libc::SOL_SOCKET as u32),
-            cond32(2, SeccompCmpOp::Eq, libc::SO_ERROR as u32)
-        ])
-    );
+            cond32(2, SeccompCmpOp::Eq, libc::SO_ERROR as u32),
+        ]));
+    }
     allow!(l, SYS_getpeername);
     allow!(l, SYS_getsockname);
     allow!(l, SYS_readv);

@@ -41,7 +41,7 @@ use crate::abi;
 use crate::filesystem::seam::{Completions, FsEngine, Started, Token};
 use crate::filesystem::{Error, Reply};
 use crate::io::Writer;
-use crate::request::{Op, Request};
+use crate::request::{Op, ReadArgs, Request, WriteArgs};
 
 /// How READ, WRITE and FSYNC are served (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
@@ -257,11 +257,11 @@ impl Ring {
         let slot = &mut self.slots[index as usize];
         slot.iov.clear();
         let (kind, fh, offset, want) = match req.op {
-            Op::Read { fh, offset, size } => {
+            Op::Read(ReadArgs { fh, offset, size }) => {
                 data.iovecs(&mut slot.iov);
                 (Kind::Read, fh, offset, size as usize)
             }
-            Op::Write { fh, offset, size, write_flags, data: ref payload } => {
+            Op::Write { args: WriteArgs { fh, offset, size, write_flags }, data: ref payload } => {
                 // Clearing set-user-id needs the writer's identity: the synchronous path has it.
                 if !fs.session_has(abi::init::HANDLE_KILLPRIV_V2)
                     || write_flags & abi::write_flags::KILL_SUIDGID != 0

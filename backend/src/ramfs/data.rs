@@ -12,7 +12,7 @@ use super::consts::{
 use super::node::{coarse_secs, now, rd, wr, Body, FileData, Inode, Meta, CHUNK, CHUNK64};
 use super::{RamFs, MAX_COPY, MAX_FILE_SIZE};
 use crate::abi;
-use crate::filesystem::{Context, Error, Result};
+use crate::filesystem::{Context, CopyFileRangeArgs, Error, Result, WriteArgs};
 use crate::io::{Reader, Writer};
 
 impl RamFs {
@@ -197,17 +197,14 @@ impl RamFs {
     }
 
     /// WRITE: `size` bytes at `offset` from the request, short if the capacity runs out.
-    #[allow(clippy::too_many_arguments)] // the trait method's
     pub(super) fn write_data(
         &self,
         ctx: &Context,
         ino: u64,
-        fh: u64,
-        offset: u64,
-        size: u32,
-        write_flags: u32,
+        args: &WriteArgs,
         r: &mut Reader<'_>,
     ) -> Result<usize> {
+        let WriteArgs { fh, offset, size, write_flags } = *args;
         let h = self.handle(fh, ino)?;
         if h.flags & O_ACCMODE == O_RDONLY {
             return Err(Error::BadHandle);
@@ -374,19 +371,8 @@ impl RamFs {
     }
 
     /// COPY_FILE_RANGE: at most [`MAX_COPY`] bytes, chunk to chunk.
-    #[allow(clippy::too_many_arguments)] // the trait method's
-    pub(super) fn copy_range(
-        &self,
-        ctx: &Context,
-        ino_in: u64,
-        fh_in: u64,
-        off_in: u64,
-        ino_out: u64,
-        fh_out: u64,
-        off_out: u64,
-        len: u64,
-        _flags: u64,
-    ) -> Result<usize> {
+    pub(super) fn copy_range(&self, ctx: &Context, ino_in: u64, args: &CopyFileRangeArgs) -> Result<usize> {
+        let CopyFileRangeArgs { fh_in, off_in, nodeid_out: ino_out, fh_out, off_out, len } = *args;
         // `flags` is 0: the request decoder refuses anything else, for every backend.
         let hin = self.handle(fh_in, ino_in)?;
         let hout = self.handle(fh_out, ino_out)?;

@@ -43,6 +43,9 @@ use crate::filesystem::{
     CachePolicy, Context, DirPlusSink, DirSink, Entry, Error, FileSystem, LockAccess, Opened, Result,
     SetAttr, Stat, StatFs, Statx, XattrReply,
 };
+use crate::filesystem::{
+    CopyFileRangeArgs, CreateArgs, FallocateArgs, MknodArgs, ReadArgs, RenameArgs, SetxattrArgs, WriteArgs,
+};
 use crate::io::{Reader, Writer};
 
 mod acl;
@@ -247,15 +250,8 @@ impl FileSystem for RamFs {
         self.make_symlink(ctx, parent, name, target)
     }
 
-    fn mknod(
-        &self,
-        ctx: &Context,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        rdev: u32,
-        umask: u32,
-    ) -> Result<Entry> {
+    fn mknod(&self, ctx: &Context, parent: u64, args: &MknodArgs<'_>) -> Result<Entry> {
+        let MknodArgs { name, mode, rdev, umask } = *args;
         self.make_node(ctx, parent, name, mode, rdev, umask)
     }
 
@@ -271,15 +267,8 @@ impl FileSystem for RamFs {
         self.remove_dir(ctx, parent, name)
     }
 
-    fn rename(
-        &self,
-        ctx: &Context,
-        olddir: u64,
-        oldname: &[u8],
-        newdir: u64,
-        newname: &[u8],
-        flags: u32,
-    ) -> Result<()> {
+    fn rename(&self, ctx: &Context, olddir: u64, args: &RenameArgs<'_>) -> Result<()> {
+        let RenameArgs { oldname, newdir, newname, flags } = *args;
         self.rename_entry(ctx, olddir, oldname, newdir, newname, flags)
     }
 
@@ -293,30 +282,14 @@ impl FileSystem for RamFs {
     }
 
     #[inline]
-    fn read(
-        &self,
-        ctx: &Context,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        size: u32,
-        w: &mut Writer<'_>,
-    ) -> Result<usize> {
+    fn read(&self, ctx: &Context, ino: u64, args: &ReadArgs, w: &mut Writer<'_>) -> Result<usize> {
+        let ReadArgs { fh, offset, size } = *args;
         self.read_data(ctx, ino, fh, offset, size, w)
     }
 
     #[inline]
-    fn write(
-        &self,
-        ctx: &Context,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        size: u32,
-        write_flags: u32,
-        r: &mut Reader<'_>,
-    ) -> Result<usize> {
-        self.write_data(ctx, ino, fh, offset, size, write_flags, r)
+    fn write(&self, ctx: &Context, ino: u64, args: &WriteArgs, r: &mut Reader<'_>) -> Result<usize> {
+        self.write_data(ctx, ino, args, r)
     }
 
     fn flush(&self, _ctx: &Context, ino: u64, fh: u64, _lock_owner: u64) -> Result<()> {
@@ -367,17 +340,8 @@ impl FileSystem for RamFs {
         self.check_access(ctx, ino, mask)
     }
 
-    fn create(
-        &self,
-        ctx: &Context,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        flags: u32,
-        umask: u32,
-        kill_priv: bool,
-    ) -> Result<(Entry, Opened)> {
-        self.create_file(ctx, parent, name, mode, flags, umask, kill_priv)
+    fn create(&self, ctx: &Context, parent: u64, args: &CreateArgs<'_>) -> Result<(Entry, Opened)> {
+        self.create_file(ctx, parent, args)
     }
 
     fn tmpfile(
@@ -391,19 +355,13 @@ impl FileSystem for RamFs {
         self.create_tmpfile(ctx, parent, mode, flags, umask)
     }
 
-    fn fallocate(&self, ctx: &Context, ino: u64, fh: u64, mode: u32, offset: u64, length: u64) -> Result<()> {
+    fn fallocate(&self, ctx: &Context, ino: u64, args: &FallocateArgs) -> Result<()> {
+        let FallocateArgs { fh, mode, offset, length } = *args;
         self.allocate(ctx, ino, fh, mode, offset, length)
     }
 
-    fn setxattr(
-        &self,
-        ctx: &Context,
-        ino: u64,
-        name: &[u8],
-        value: &[u8],
-        flags: u32,
-        acl_kill_sgid: Option<bool>,
-    ) -> Result<()> {
+    fn setxattr(&self, ctx: &Context, ino: u64, args: &SetxattrArgs<'_>, value: &[u8]) -> Result<()> {
+        let SetxattrArgs { name, flags, acl_kill_sgid } = *args;
         self.set_xattr(ctx, ino, name, value, flags, acl_kill_sgid)
     }
 
@@ -431,19 +389,8 @@ impl FileSystem for RamFs {
         self.seek(ctx, ino, fh, offset, whence)
     }
 
-    fn copy_file_range(
-        &self,
-        ctx: &Context,
-        ino_in: u64,
-        fh_in: u64,
-        off_in: u64,
-        ino_out: u64,
-        fh_out: u64,
-        off_out: u64,
-        len: u64,
-        flags: u64,
-    ) -> Result<usize> {
-        self.copy_range(ctx, ino_in, fh_in, off_in, ino_out, fh_out, off_out, len, flags)
+    fn copy_file_range(&self, ctx: &Context, ino_in: u64, args: &CopyFileRangeArgs) -> Result<usize> {
+        self.copy_range(ctx, ino_in, args)
     }
 
     fn syncfs(&self, _ctx: &Context, _ino: u64) -> Result<()> {

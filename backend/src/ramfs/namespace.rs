@@ -13,7 +13,9 @@ use super::consts::{
 };
 use super::node::{dir_mut, now, rd, wr, Body, Dir, Inode, Meta, Tree, BLOCK_SIZE, FIRST_COOKIE};
 use super::{check_name, RamFs, LINK_MAX, SYMLINK_MAX};
-use crate::filesystem::{Context, DirEntry, DirPlusSink, DirSink, Entry, Error, Opened, Result, Stat};
+use crate::filesystem::{
+    Context, CreateArgs, DirEntry, DirPlusSink, DirSink, Entry, Error, Opened, Result, Stat,
+};
 
 impl RamFs {
     /// `parent` as a directory the caller may search.
@@ -577,17 +579,13 @@ impl RamFs {
     }
 
     /// CREATE: a new regular file, opened (or, without `O_EXCL`, the existing one).
-    #[allow(clippy::too_many_arguments)] // the trait method's
     pub(super) fn create_file(
         &self,
         ctx: &Context,
         parent: u64,
-        name: &[u8],
-        mode: u32,
-        flags: u32,
-        umask: u32,
-        kill_priv: bool,
+        args: &CreateArgs<'_>,
     ) -> Result<(Entry, Opened)> {
+        let CreateArgs { name, mode, flags, umask, kill_priv } = *args;
         if !matches!(flags & O_ACCMODE, O_RDONLY | O_WRONLY | O_RDWR) {
             return Err(Error::InvalidArgument);
         }

@@ -11,7 +11,7 @@ use super::reply::check_fits;
 use super::{Result, Server};
 use crate::abi;
 use crate::filesystem::dirent::add_dirent;
-use crate::filesystem::{self, Context, FileSystem, Reply, SetAttr, XattrReply};
+use crate::filesystem::{self, Context, FileSystem, Reply, SetAttr, SetxattrArgs, XattrReply};
 use crate::io::{Reader, Writer};
 use crate::request::Op;
 
@@ -37,20 +37,16 @@ impl<F: FileSystem> Dispatch<'_, F> {
             Op::Setattr(set) => self.setattr(ctx, ino, set),
             Op::Readlink => self.readlink(ctx, ino, data),
             Op::Symlink { name, target } => self.symlink(ctx, ino, name, target),
-            Op::Mknod { name, mode, rdev, umask } => self.mknod(ctx, ino, name, *mode, *rdev, *umask),
+            Op::Mknod(args) => Ok(Reply::Entry(self.0.mknod(ctx, ino, args)?)),
             Op::Mkdir { name, mode, umask } => self.mkdir(ctx, ino, name, *mode, *umask),
             Op::Unlink { name } => self.unlink(ctx, ino, name),
             Op::Rmdir { name } => self.rmdir(ctx, ino, name),
-            Op::Rename { oldname, newdir, newname, flags } => {
-                self.rename(ctx, ino, oldname, *newdir, newname, *flags)
-            }
+            Op::Rename(args) => self.0.rename(ctx, ino, args).map(|()| Reply::Empty),
             Op::Link { oldnodeid, name } => self.link(ctx, *oldnodeid, ino, name),
             Op::Open { flags, kill_priv } => self.open(ctx, ino, *flags, *kill_priv),
             Op::Opendir { flags } => self.opendir(ctx, ino, *flags),
-            Op::Read { fh, offset, size } => self.read(ctx, ino, *fh, *offset, *size, data),
-            Op::Write { fh, offset, size, write_flags, data: payload } => {
-                self.write(ctx, ino, *fh, *offset, *size, *write_flags, payload)
-            }
+            Op::Read(args) => Ok(Reply::Data(self.0.read(ctx, ino, args, data)?)),
+            Op::Write { args, data: payload } => Ok(Reply::Written(self.0.write(ctx, ino, args, payload)?)),
             Op::Statfs => self.statfs(ctx, ino),
             Op::Release { fh, flags, lock_owner, .. } => self.release(ctx, ino, *fh, *flags, *lock_owner),
             Op::Releasedir { fh, flags } => self.releasedir(ctx, ino, *fh, *flags),
@@ -60,23 +56,18 @@ impl<F: FileSystem> Dispatch<'_, F> {
             Op::Readdir { fh, offset, .. } => self.readdir(ctx, ino, *fh, *offset, data),
             Op::Readdirplus { fh, offset, .. } => self.readdirplus(ctx, ino, *fh, *offset, data),
             Op::Access { mask } => self.access(ctx, ino, *mask),
-            Op::Create { name, mode, flags, umask, kill_priv } => {
-                self.create(ctx, ino, name, *mode, *flags, *umask, *kill_priv)
+            Op::Create(args) => {
+                let (entry, opened) = self.0.create(ctx, ino, args)?;
+                Ok(Reply::Created(entry, opened))
             }
             Op::Tmpfile { mode, flags, umask } => self.tmpfile(ctx, ino, *mode, *flags, *umask),
-            Op::Fallocate { fh, mode, offset, length } => {
-                self.fallocate(ctx, ino, *fh, *mode, *offset, *length)
-            }
-            Op::Setxattr { name, flags, acl_kill_sgid, value } => {
-                self.setxattr(ctx, ino, name, *flags, *acl_kill_sgid, value)
-            }
+            Op::Fallocate(args) => self.0.fallocate(ctx, ino, args).map(|()| Reply::Empty),
+            Op::Setxattr { args, value } => self.setxattr(ctx, ino, args, value),
             Op::Getxattr { name, size } => self.getxattr(ctx, ino, name, *size, data),
             Op::Listxattr { size } => self.listxattr(ctx, ino, *size, data),
             Op::Removexattr { name } => self.removexattr(ctx, ino, name),
             Op::Lseek { fh, offset, whence } => self.lseek(ctx, ino, *fh, *offset, *whence),
-            Op::CopyFileRange { fh_in, off_in, nodeid_out, fh_out, off_out, len } => {
-                self.copy_file_range(ctx, ino, *fh_in, *off_in, *nodeid_out, *fh_out, *off_out, *len)
-            }
+            Op::CopyFileRange(args) => Ok(Reply::Written(self.0.copy_file_range(ctx, ino, args)?)),
             Op::Syncfs => self.syncfs(ctx, ino),
             Op::Statx { fh } => self.statx(ctx, ino, *fh),
             Op::Init(_)
@@ -112,18 +103,6 @@ impl<F: FileSystem> Dispatch<'_, F> {
         Ok(Reply::Entry(self.0.symlink(ctx, parent, name, target)?))
     }
 
-    fn mknod(
-        &self,
-        ctx: &Context,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        rdev: u32,
-        umask: u32,
-    ) -> FsResult<Reply> {
-        Ok(Reply::Entry(self.0.mknod(ctx, parent, name, mode, rdev, umask)?))
-    }
-
     fn mkdir(&self, ctx: &Context, parent: u64, name: &[u8], mode: u32, umask: u32) -> FsResult<Reply> {
         Ok(Reply::Entry(self.0.mkdir(ctx, parent, name, mode, umask)?))
     }
@@ -138,19 +117,6 @@ impl<F: FileSystem> Dispatch<'_, F> {
         Ok(Reply::Empty)
     }
 
-    fn rename(
-        &self,
-        ctx: &Context,
-        olddir: u64,
-        oldname: &[u8],
-        newdir: u64,
-        newname: &[u8],
-        flags: u32,
-    ) -> FsResult<Reply> {
-        self.0.rename(ctx, olddir, oldname, newdir, newname, flags)?;
-        Ok(Reply::Empty)
-    }
-
     fn link(&self, ctx: &Context, ino: u64, newparent: u64, name: &[u8]) -> FsResult<Reply> {
         Ok(Reply::Entry(self.0.link(ctx, ino, newparent, name)?))
     }
@@ -161,32 +127,6 @@ impl<F: FileSystem> Dispatch<'_, F> {
 
     fn opendir(&self, ctx: &Context, ino: u64, flags: u32) -> FsResult<Reply> {
         Ok(Reply::Open(self.0.opendir(ctx, ino, flags)?))
-    }
-
-    fn read(
-        &self,
-        ctx: &Context,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        size: u32,
-        data: &mut Writer<'_>,
-    ) -> FsResult<Reply> {
-        Ok(Reply::Data(self.0.read(ctx, ino, fh, offset, size, data)?))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn write(
-        &self,
-        ctx: &Context,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        size: u32,
-        write_flags: u32,
-        payload: &mut Reader<'_>,
-    ) -> FsResult<Reply> {
-        Ok(Reply::Written(self.0.write(ctx, ino, fh, offset, size, write_flags, payload)?))
     }
 
     fn statfs(&self, ctx: &Context, ino: u64) -> FsResult<Reply> {
@@ -249,53 +189,23 @@ impl<F: FileSystem> Dispatch<'_, F> {
         Ok(Reply::Empty)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn create(
-        &self,
-        ctx: &Context,
-        parent: u64,
-        name: &[u8],
-        mode: u32,
-        flags: u32,
-        umask: u32,
-        kill_priv: bool,
-    ) -> FsResult<Reply> {
-        let (entry, opened) = self.0.create(ctx, parent, name, mode, flags, umask, kill_priv)?;
-        Ok(Reply::Created(entry, opened))
-    }
-
     fn tmpfile(&self, ctx: &Context, parent: u64, mode: u32, flags: u32, umask: u32) -> FsResult<Reply> {
         let (entry, opened) = self.0.tmpfile(ctx, parent, mode, flags, umask)?;
         Ok(Reply::Created(entry, opened))
-    }
-
-    fn fallocate(
-        &self,
-        ctx: &Context,
-        ino: u64,
-        fh: u64,
-        mode: u32,
-        offset: u64,
-        length: u64,
-    ) -> FsResult<Reply> {
-        self.0.fallocate(ctx, ino, fh, mode, offset, length)?;
-        Ok(Reply::Empty)
     }
 
     fn setxattr(
         &self,
         ctx: &Context,
         ino: u64,
-        name: &[u8],
-        flags: u32,
-        acl_kill_sgid: Option<bool>,
+        args: &SetxattrArgs<'_>,
         value: &mut Reader<'_>,
     ) -> FsResult<Reply> {
         // Bounded by the decoder (XATTR_SIZE_MAX).
         let mut v = Vec::new();
         let n = value.bytes_left();
         value.read_to(&mut v, n);
-        self.0.setxattr(ctx, ino, name, &v, flags, acl_kill_sgid)?;
+        self.0.setxattr(ctx, ino, args, &v)?;
         Ok(Reply::Empty)
     }
 
@@ -323,22 +233,6 @@ impl<F: FileSystem> Dispatch<'_, F> {
 
     fn lseek(&self, ctx: &Context, ino: u64, fh: u64, offset: u64, whence: u32) -> FsResult<Reply> {
         Ok(Reply::Offset(self.0.lseek(ctx, ino, fh, offset, whence)?))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn copy_file_range(
-        &self,
-        ctx: &Context,
-        ino_in: u64,
-        fh_in: u64,
-        off_in: u64,
-        ino_out: u64,
-        fh_out: u64,
-        off_out: u64,
-        len: u64,
-    ) -> FsResult<Reply> {
-        let n = self.0.copy_file_range(ctx, ino_in, fh_in, off_in, ino_out, fh_out, off_out, len, 0)?;
-        Ok(Reply::Written(n))
     }
 
     fn syncfs(&self, ctx: &Context, ino: u64) -> FsResult<Reply> {

@@ -23,7 +23,7 @@ use crate::filesystem::{self, FileLock, FileSystem, LockAccess, LockType, Reply}
 use crate::io::Writer;
 use crate::locks::{LockError, LockKind, LockManager, SetOutcome, WaitId};
 pub use crate::request::RequestError;
-use crate::request::{InitArgs, LockOp, LockRequest, Op, Request};
+use crate::request::{InitArgs, LockOp, LockRequest, Op, ReadArgs, Request};
 use dispatch::Dispatch;
 use dispatch::Post;
 pub use engine::{PollerEngine, Status, Submitted};
@@ -580,21 +580,21 @@ enum Session<'w> {
 #[inline]
 fn data_part<'w>(op: &Op<'_>, w: &Writer<'w>) -> Result<(Writer<'w>, u64)> {
     match *op {
-        Op::Read { .. }
+        Op::Read(_)
         | Op::Readdir { .. }
         | Op::Readdirplus { .. }
         | Op::Readlink
         | Op::Getxattr { .. }
         | Op::Listxattr { .. } => {}
-        Op::Write { size, .. } => return Ok((Writer::new(&[]), u64::from(size))),
-        Op::CopyFileRange { len, .. } => return Ok((Writer::new(&[]), len)),
+        Op::Write { args, .. } => return Ok((Writer::new(&[]), u64::from(args.size))),
+        Op::CopyFileRange(args) => return Ok((Writer::new(&[]), args.len)),
         _ => return Ok((Writer::new(&[]), 0)),
     }
     let mut body = w.clone();
     body.split_at(OUT_HEADER_SIZE)?;
     let avail = body.available();
     let (len, limit) = match *op {
-        Op::Read { size, .. } => {
+        Op::Read(ReadArgs { size, .. }) => {
             if avail < size as usize {
                 return Err(crate::io::Error::ShortWrite { wanted: size as usize, left: avail }.into());
             }

@@ -65,6 +65,13 @@ pub(super) fn reply(fs: &Shared, slot: &mut Slot, res: Res<'_>, done: &mut Compl
     match (slot.call, res) {
         (_, Res::Failed { status, .. }) => Flow::Done(Err(nfs_error(status))),
         (Call::Readdir, Res::Dir { verf, entries, eof, .. }) => {
+            if !advances(&entries, slot.offset, eof) {
+                log::warn!(
+                    "NFS server's READDIR reply from cookie {} does not move the listing on",
+                    slot.offset
+                );
+                return Flow::Done(Err(Error::Io));
+            }
             let Some(mut w) = done.data(slot.token) else { return Flow::Done(Err(Error::Io)) };
             let mut out = DirentWriter::new(&mut w);
             let Some((last, all)) = list(fs, slot, entries, &mut out) else {
@@ -75,6 +82,23 @@ pub(super) fn reply(fs: &Shared, slot: &mut Slot, res: Res<'_>, done: &mut Compl
         }
         (call, _) => unexpected(call),
     }
+}
+
+/// Whether a READDIR(PLUS) reply to a call from `cookie` moves the listing on, checked before
+/// anything is written or looked up. The guest asks next from the cookie of the last entry it
+/// took, so a reply that does not advance would make it ask the same again for ever: one with no
+/// entry and no eof, or with an entry whose cookie is the one asked for, or 0 (the start of the
+/// listing, never an entry's by RFC 1813, 3.3.16). A decoding error is not advancing either (and
+/// would be EIO anyway).
+fn advances(entries: &DirEntries<'_>, cookie: u64, eof: bool) -> bool {
+    let mut any = false;
+    for e in entries.clone() {
+        match e {
+            Ok(e) if e.cookie != cookie && e.cookie != 0 => any = true,
+            _ => return false,
+        }
+    }
+    any || eof
 }
 
 /// Writes the `entries` of a reply that fit into `out`: the cookie of the last entry given, and

@@ -11,7 +11,7 @@ use crate::filesystem::seam::Completions;
 use crate::filesystem::{Error, Reply};
 use crate::nfs::shared::Shared;
 use crate::nfs::wire::nfs3::{Nfsstat, Res};
-use crate::request::{Op, Request};
+use crate::request::{CreateArgs, MknodArgs, Op, ReadArgs, RenameArgs, Request, WriteArgs};
 
 /// Fills `slot` for `req`; `Err` answers it at once, `Ok(Some)` too (with the reply), `Ok(None)`:
 /// the slot's call is to be sent.
@@ -24,19 +24,19 @@ pub(super) fn prepare(fs: &Shared, slot: &mut Slot, req: &Request<'_>) -> Result
         Op::Access { mask } => attr::access(fs, slot, mask),
         Op::Readlink => attr::readlink(fs, slot),
         Op::Symlink { name, target } => namespace::symlink(fs, slot, name, target),
-        Op::Mknod { name, mode, rdev, .. } => namespace::mknod(fs, slot, name, mode, rdev),
+        Op::Mknod(MknodArgs { name, mode, rdev, .. }) => namespace::mknod(fs, slot, name, mode, rdev),
         Op::Mkdir { name, mode, .. } => namespace::mkdir(fs, slot, name, mode),
-        Op::Create { name, mode, flags, .. } => namespace::create(fs, slot, name, mode, flags),
+        Op::Create(CreateArgs { name, mode, flags, .. }) => namespace::create(fs, slot, name, mode, flags),
         Op::Unlink { name } => namespace::unlink(fs, slot, name),
         Op::Rmdir { name } => namespace::rmdir(fs, slot, name),
-        Op::Rename { oldname, newdir, newname, flags } => {
+        Op::Rename(RenameArgs { oldname, newdir, newname, flags }) => {
             namespace::rename(fs, slot, oldname, newdir, newname, flags)
         }
         Op::Link { oldnodeid, name } => namespace::link(fs, slot, oldnodeid, name),
         Op::Open { flags, .. } => open::open(fs, slot, flags),
         Op::Opendir { flags } => dir::opendir(fs, slot, flags),
-        Op::Read { fh, offset, size } => io::read(fs, slot, fh, offset, size),
-        Op::Write { fh, offset, size, .. } => io::write(fs, slot, fh, offset, size),
+        Op::Read(ReadArgs { fh, offset, size }) => io::read(fs, slot, fh, offset, size),
+        Op::Write { args: WriteArgs { fh, offset, size, .. }, .. } => io::write(fs, slot, fh, offset, size),
         Op::Statfs => attr::statfs(fs, slot),
         Op::Flush { .. } | Op::Fsync { .. } => commit::flush(fs, slot),
         Op::Release { fh, .. } => open::release(fs, slot, fh),

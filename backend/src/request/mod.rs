@@ -25,6 +25,9 @@ use crate::locks::LockError;
 use crate::types::OFFSET_MAX;
 use crate::types::{self as filesystem, Context, FileLock, LockType, SetAttr, SetTime, Timespec};
 
+mod args;
+pub use args::*;
+
 /// Name sections up to this long (two maximal names) use the short part of a [`NameBuf`].
 const SHORT_NAMES: usize = 2 * 256;
 
@@ -147,46 +150,6 @@ impl std::fmt::Debug for NameBuf {
     }
 }
 
-/// The `FUSE_INIT` arguments.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InitArgs {
-    /// Protocol major version.
-    pub major: u32,
-    /// Protocol minor version.
-    pub minor: u32,
-    /// The kernel's readahead.
-    pub max_readahead: u32,
-    /// Offered flags, both halves ([`abi::init`]).
-    pub flags: u64,
-}
-
-/// Which lock request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LockOp {
-    /// GETLK: which lock conflicts.
-    Get,
-    /// SETLK: set, or fail at once.
-    Set,
-    /// SETLKW: set, waiting for conflicting locks to go.
-    SetWait,
-}
-
-/// A decoded GETLK, SETLK or SETLKW.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LockRequest {
-    /// Which of the three.
-    pub op: LockOp,
-    /// The handle it comes through.
-    pub fh: u64,
-    /// The POSIX lock owner.
-    pub owner: u64,
-    /// The range and type (checked: a known type, `start <= end <= OFFSET_MAX`; GETLK never
-    /// asks about `Unlock`).
-    pub lock: FileLock,
-    /// A `flock(2)` lock (owned by the open file) rather than a POSIX one (never for GETLK).
-    pub flock: bool,
-}
-
 /// One decoded FUSE request: the operation with its arguments. `'a` borrows the request's
 /// buffers (a WRITE's payload) and the [`NameBuf`] the names were copied into.
 #[derive(Debug)]
@@ -235,16 +198,7 @@ pub enum Op<'a> {
         target: &'a [u8],
     },
     /// Create a node.
-    Mknod {
-        /// The new name.
-        name: &'a [u8],
-        /// Type and permission bits.
-        mode: u32,
-        /// Device number.
-        rdev: u32,
-        /// The caller's umask.
-        umask: u32,
-    },
+    Mknod(MknodArgs<'a>),
     /// Create a directory.
     Mkdir {
         /// The new name.
@@ -265,16 +219,7 @@ pub enum Op<'a> {
         name: &'a [u8],
     },
     /// RENAME or RENAME2 (`flags` checked: `RENAME_NOREPLACE`, `RENAME_EXCHANGE` or 0).
-    Rename {
-        /// The old name in the node.
-        oldname: &'a [u8],
-        /// The target directory.
-        newdir: u64,
-        /// The new name (not `.` or `..`).
-        newname: &'a [u8],
-        /// `renameat2(2)` flags.
-        flags: u32,
-    },
+    Rename(RenameArgs<'a>),
     /// Hard link the inode `oldnodeid` as `name` in the node.
     Link {
         /// The inode to link.
@@ -295,24 +240,11 @@ pub enum Op<'a> {
         flags: u32,
     },
     /// Read `size` bytes at `offset`.
-    Read {
-        /// The handle.
-        fh: u64,
-        /// Where.
-        offset: u64,
-        /// How many bytes.
-        size: u32,
-    },
+    Read(ReadArgs),
     /// Write the payload at `offset`.
     Write {
-        /// The handle.
-        fh: u64,
-        /// Where.
-        offset: u64,
-        /// Payload bytes (checked: `data.bytes_left()`, at most [`limits::MAX_WRITE`]).
-        size: u32,
-        /// [`abi::write_flags`].
-        write_flags: u32,
+        /// Where, how much (checked: `data.bytes_left()`, at most [`limits::MAX_WRITE`]) and how.
+        args: WriteArgs,
         /// The payload, in the guest's buffers.
         data: Reader<'a>,
     },
@@ -381,18 +313,7 @@ pub enum Op<'a> {
         mask: u32,
     },
     /// Create and open a file.
-    Create {
-        /// The new name.
-        name: &'a [u8],
-        /// Permission bits.
-        mode: u32,
-        /// `open(2)` flags.
-        flags: u32,
-        /// The caller's umask.
-        umask: u32,
-        /// Clear set-user-id on `O_TRUNC`.
-        kill_priv: bool,
-    },
+    Create(CreateArgs<'a>),
     /// Create and open an unnamed file.
     Tmpfile {
         /// Permission bits.
@@ -404,24 +325,11 @@ pub enum Op<'a> {
     },
     /// Allocate or deallocate space (`mode` checked: only known `FALLOC_FL_*` bits, a hole
     /// punched with `KEEP_SIZE`).
-    Fallocate {
-        /// The handle.
-        fh: u64,
-        /// `fallocate(2)` mode.
-        mode: u32,
-        /// Where.
-        offset: u64,
-        /// How many bytes.
-        length: u64,
-    },
+    Fallocate(FallocateArgs),
     /// Set an extended attribute.
     Setxattr {
-        /// Its name.
-        name: &'a [u8],
-        /// `XATTR_CREATE` and/or `XATTR_REPLACE`.
-        flags: u32,
-        /// The kernel's decision on clearing set-group-id for an access ACL, when it makes it.
-        acl_kill_sgid: Option<bool>,
+        /// Its name and how to set it.
+        args: SetxattrArgs<'a>,
         /// The value (at most [`limits::XATTR_SIZE_MAX`] bytes), in the guest's buffers.
         value: Reader<'a>,
     },
@@ -455,20 +363,7 @@ pub enum Op<'a> {
     },
     /// Copy between files (flags checked: none; ranges checked not to wrap; `len` capped to what
     /// the 32-bit reply counts).
-    CopyFileRange {
-        /// The source handle.
-        fh_in: u64,
-        /// The source offset.
-        off_in: u64,
-        /// The destination inode.
-        nodeid_out: u64,
-        /// The destination handle.
-        fh_out: u64,
-        /// The destination offset.
-        off_out: u64,
-        /// Most bytes to copy.
-        len: u64,
-    },
+    CopyFileRange(CopyFileRangeArgs),
     /// Make the filesystem durable.
     Syncfs,
     /// Attributes with the birth time.
@@ -566,7 +461,7 @@ fn decode_namespace<'a>(op: u32, mut r: Reader<'a>, names: &'a mut NameBuf) -> R
         opcode::MKNOD => {
             let arg: abi::MknodIn = r.read_obj()?;
             let (name, _) = split_name(read_names(&mut r, names)?, true)?;
-            Op::Mknod { name, mode: arg.mode, rdev: arg.rdev, umask: arg.umask }
+            Op::Mknod(MknodArgs { name, mode: arg.mode, rdev: arg.rdev, umask: arg.umask })
         }
         opcode::MKDIR => {
             let arg: abi::MkdirIn = r.read_obj()?;
@@ -587,7 +482,7 @@ fn decode_namespace<'a>(op: u32, mut r: Reader<'a>, names: &'a mut NameBuf) -> R
             }
             let (oldname, rest) = split_name(read_names(&mut r, names)?, false)?;
             let (newname, _) = split_name(rest, true)?;
-            Op::Rename { oldname, newdir, newname, flags }
+            Op::Rename(RenameArgs { oldname, newdir, newname, flags })
         }
         opcode::LINK => {
             let arg: abi::LinkIn = r.read_obj()?;
@@ -598,7 +493,7 @@ fn decode_namespace<'a>(op: u32, mut r: Reader<'a>, names: &'a mut NameBuf) -> R
             let arg: abi::CreateIn = r.read_obj()?;
             let (name, _) = split_name(read_names(&mut r, names)?, true)?;
             let kill_priv = arg.open_flags & abi::OPEN_KILL_SUIDGID != 0;
-            Op::Create { name, mode: arg.mode, flags: arg.flags, umask: arg.umask, kill_priv }
+            Op::Create(CreateArgs { name, mode: arg.mode, flags: arg.flags, umask: arg.umask, kill_priv })
         }
         opcode::TMPFILE => {
             let arg: abi::CreateIn = r.read_obj()?;
@@ -617,7 +512,7 @@ fn decode_data<'a>(op: u32, mut r: Reader<'a>) -> Result<Op<'a>> {
     Ok(match op {
         opcode::READ => {
             let arg: abi::ReadIn = r.read_obj()?;
-            Op::Read { fh: arg.fh, offset: arg.offset, size: arg.size }
+            Op::Read(ReadArgs { fh: arg.fh, offset: arg.offset, size: arg.size })
         }
         opcode::WRITE => {
             let arg: abi::WriteIn = r.read_obj()?;
@@ -626,10 +521,12 @@ fn decode_data<'a>(op: u32, mut r: Reader<'a>) -> Result<Op<'a>> {
                 return Err(RequestError::WriteSize { size, payload: r.bytes_left() });
             }
             Op::Write {
-                fh: arg.fh,
-                offset: arg.offset,
-                size: arg.size,
-                write_flags: arg.write_flags,
+                args: WriteArgs {
+                    fh: arg.fh,
+                    offset: arg.offset,
+                    size: arg.size,
+                    write_flags: arg.write_flags,
+                },
                 data: r,
             }
         }
@@ -641,7 +538,12 @@ fn decode_data<'a>(op: u32, mut r: Reader<'a>) -> Result<Op<'a>> {
             if arg.mode & !limits::FALLOC_KNOWN != 0 || (arg.mode & punch != 0 && arg.mode & keep == 0) {
                 return Err(filesystem::Error::NotSupported.into());
             }
-            Op::Fallocate { fh: arg.fh, mode: arg.mode, offset: arg.offset, length: arg.length }
+            Op::Fallocate(FallocateArgs {
+                fh: arg.fh,
+                mode: arg.mode,
+                offset: arg.offset,
+                length: arg.length,
+            })
         }
         opcode::LSEEK => {
             let arg: abi::LseekIn = r.read_obj()?;
@@ -659,14 +561,14 @@ fn decode_data<'a>(op: u32, mut r: Reader<'a>) -> Result<Op<'a>> {
             if arg.flags != 0 {
                 return Err(filesystem::Error::InvalidArgument.into());
             }
-            Op::CopyFileRange {
+            Op::CopyFileRange(CopyFileRangeArgs {
                 fh_in: arg.fh_in,
                 off_in: arg.off_in,
                 nodeid_out: arg.nodeid_out,
                 fh_out: arg.fh_out,
                 off_out: arg.off_out,
                 len: arg.len.min(limits::MAX_COPY_REPLY),
-            }
+            })
         }
         other => return Err(RequestError::Opcode(other)),
     })
@@ -694,7 +596,7 @@ fn decode_xattr<'a>(op: u32, mut r: Reader<'a>, names: &'a mut NameBuf, negotiat
             }
             let acl_kill_sgid = (ext && negotiated & abi::init::POSIX_ACL != 0)
                 .then_some(arg.setxattr_flags & abi::SETXATTR_ACL_KILL_SGID != 0);
-            Op::Setxattr { name, flags: arg.flags, acl_kill_sgid, value: r }
+            Op::Setxattr { args: SetxattrArgs { name, flags: arg.flags, acl_kill_sgid }, value: r }
         }
         opcode::GETXATTR => {
             let arg: abi::GetxattrIn = r.read_obj()?;
@@ -935,100 +837,4 @@ fn decode_setattr(arg: &abi::SetattrIn) -> Result<SetAttr> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use vm_memory::{ByteValued, VolatileSlice};
-
-    /// Decodes a request of `op` with argument bytes `args` (the header is made to fit).
-    fn parse_with(op: u32, args: &[u8], f: impl FnOnce(Result<Request<'_>>)) {
-        let hdr = InHeader {
-            len: (size_of::<InHeader>() + args.len()) as u32,
-            opcode: op,
-            unique: 9,
-            ..Default::default()
-        };
-        let mut bytes = args.to_vec();
-        let bufs = [VolatileSlice::from(&mut bytes[..])];
-        let mut names = NameBuf::new();
-        f(Request::parse(&hdr, Reader::new(&bufs), &mut names, 0));
-    }
-
-    fn errno(op: u32, args: &[u8]) -> Option<i32> {
-        let mut out = None;
-        parse_with(op, args, |r| out = r.err().map(|e| e.errno()));
-        out
-    }
-
-    #[test]
-    fn names_are_borrowed_and_checked() {
-        let mut args =
-            abi::Rename2In { newdir: 5, flags: libc::RENAME_NOREPLACE, padding: 0 }.as_slice().to_vec();
-        args.extend_from_slice(b"old\0new\0");
-        parse_with(opcode::RENAME2, &args, |r| match r.unwrap().op {
-            Op::Rename { oldname, newdir, newname, flags } => {
-                assert_eq!(
-                    (oldname, newdir, newname, flags),
-                    (&b"old"[..], 5, &b"new"[..], libc::RENAME_NOREPLACE)
-                );
-            }
-            other => panic!("{other:?}"),
-        });
-        assert_eq!(errno(opcode::LOOKUP, b"a/b\0"), Some(libc::EINVAL), "not a path component");
-        assert_eq!(
-            errno(opcode::MKDIR, &[abi::MkdirIn::default().as_slice(), b"..\0"].concat()),
-            Some(libc::EINVAL)
-        );
-        assert_eq!(errno(opcode::LOOKUP, b"unterminated"), Some(libc::EINVAL));
-    }
-
-    #[test]
-    fn argument_checks_every_backend_shares() {
-        let both = libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE;
-        let mut args = abi::Rename2In { newdir: 5, flags: both, padding: 0 }.as_slice().to_vec();
-        args.extend_from_slice(b"a\0b\0");
-        assert_eq!(errno(opcode::RENAME2, &args), Some(libc::EINVAL), "NOREPLACE with EXCHANGE");
-        let copy = abi::CopyFileRangeIn { len: 10, flags: 1, ..Default::default() };
-        assert_eq!(errno(opcode::COPY_FILE_RANGE, copy.as_slice()), Some(libc::EINVAL), "copy flags");
-        let wrap = abi::CopyFileRangeIn { off_in: u64::MAX, len: 10, ..Default::default() };
-        assert_eq!(errno(opcode::COPY_FILE_RANGE, wrap.as_slice()), Some(libc::EOVERFLOW));
-        let punch = abi::FallocateIn { mode: libc::FALLOC_FL_PUNCH_HOLE as u32, ..Default::default() };
-        assert_eq!(
-            errno(opcode::FALLOCATE, punch.as_slice()),
-            Some(libc::EOPNOTSUPP),
-            "a hole without KEEP_SIZE"
-        );
-        let unknown = abi::FallocateIn { mode: 1 << 20, ..Default::default() };
-        assert_eq!(errno(opcode::FALLOCATE, unknown.as_slice()), Some(libc::EOPNOTSUPP));
-        let whence = abi::LseekIn { whence: 5, ..Default::default() };
-        assert_eq!(errno(opcode::LSEEK, whence.as_slice()), Some(libc::EINVAL));
-        let ok = abi::LseekIn { whence: libc::SEEK_HOLE as u32, ..Default::default() };
-        assert_eq!(errno(opcode::LSEEK, ok.as_slice()), None);
-    }
-
-    #[test]
-    fn write_payload_stays_in_the_buffers() {
-        let mut args = abi::WriteIn { fh: 3, offset: 8, size: 4, ..Default::default() }.as_slice().to_vec();
-        args.extend_from_slice(b"data");
-        parse_with(opcode::WRITE, &args, |r| match r.unwrap().op {
-            Op::Write { fh, offset, size, mut data, .. } => {
-                assert_eq!((fh, offset, size, data.bytes_left()), (3, 8, 4, 4));
-                let mut b = [0u8; 4];
-                data.read_exact(&mut b).unwrap();
-                assert_eq!(&b, b"data");
-            }
-            other => panic!("{other:?}"),
-        });
-        args.push(0);
-        assert_eq!(errno(opcode::WRITE, &args), Some(libc::EINVAL), "size disagrees with the payload");
-    }
-
-    #[test]
-    fn the_header_length_must_match() {
-        let hdr = InHeader { len: 100, opcode: opcode::GETATTR, ..Default::default() };
-        let mut bytes = abi::GetattrIn::default().as_slice().to_vec();
-        let bufs = [VolatileSlice::from(&mut bytes[..])];
-        let mut names = NameBuf::new();
-        let e = Request::parse(&hdr, Reader::new(&bufs), &mut names, 0).unwrap_err();
-        assert!(e.is_framing(), "{e}");
-    }
-}
+mod tests;
