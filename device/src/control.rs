@@ -18,7 +18,7 @@
 //! method runs on the control plane's thread.
 
 use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
@@ -26,9 +26,10 @@ use log::{debug, info, warn};
 use thiserror::Error;
 
 use crate::config::{Placement, Profile};
+use crate::interrupt::{is_eventfd, set_nonblocking, signal_eventfd, Irqs, Signalled};
 use crate::memory::{self, DmaTable, MemoryError};
 use crate::pci::{self, features, AccessError, DeviceEvent, VirtioFsFunction};
-use crate::poller::{Irqs, PollerPool, PollerSet, RequestHandler};
+use crate::poller::{PollerPool, PollerSet, RequestHandler};
 use crate::stats::{DeviceCounters, DeviceStats};
 
 /// A request of the client the device refuses (each maps to the errno the transport reports).
@@ -97,21 +98,11 @@ pub struct DeviceState {
 }
 
 impl DeviceState {
-    /// A device shaped by `profile`, whose requests go to `handler`; starts its pollers.
-    /// `wake_control` is called from a poller that found a corrupt ring: the control plane then
-    /// calls [`Self::check_broken_queues`].
-    pub fn new(
-        profile: &Profile,
-        handler: Arc<dyn RequestHandler>,
-        wake_control: Arc<dyn Fn() + Send + Sync>,
-    ) -> io::Result<Self> {
-        let pool = PollerPool::spawn(profile)?;
-        Self::on_pool(profile, &pool, Placement::of_profile(profile), handler, wake_control)
-    }
-
     /// A device shaped by `profile` whose queues are served by the shared pollers of `pool`,
-    /// as `placement` says (one function among several of a daemon). Its registers, DMA table,
-    /// interrupts and counters are its own.
+    /// as `placement` says (one function among several of a daemon, or a pool of its own);
+    /// its requests go to `handler`. Its registers, DMA table, interrupts and counters are its
+    /// own. `wake_control` is called from a poller that found a corrupt ring: the control
+    /// plane then calls [`Self::check_broken_queues`].
     pub fn on_pool(
         profile: &Profile,
         pool: &PollerPool,
@@ -306,8 +297,10 @@ impl DeviceState {
     pub fn request_removal(&self) -> bool {
         match &self.req_fd {
             Some(f) => {
-                // EAGAIN: the counter is full, a request is pending already.
-                let _ = signal_eventfd(f);
+                // Full or blocking: the client will not take the request; it is only a request.
+                if let Ok(Signalled::Stuck) = signal_eventfd(f) {
+                    log::warn!("device-request eventfd is full or blocks");
+                }
                 true
             }
             None => false,
@@ -404,48 +397,14 @@ impl DeviceState {
         let v = usize::from(vector);
         if self.func.msix().deliverable_or_pend(v) {
             if let Some(Some(f)) = self.msix_fds.get(v) {
-                // EAGAIN: the counter is full, an interrupt is already pending.
-                let _ = signal_eventfd(f);
+                if let Ok(Signalled::Stuck) = signal_eventfd(f) {
+                    if self.func.msix().mark_broken() {
+                        log::error!("interrupt eventfd of vector {v} is full or blocks; interrupts off");
+                    }
+                }
             }
         }
     }
-}
-
-/// Makes a received interrupt eventfd non-blocking (on its open file description, which the
-/// client shares: QEMU's eventfds are `EFD_NONBLOCK` already). A client may hand over an eventfd
-/// without `EFD_NONBLOCK` whose counter it set to 2^64-2: a blocking write would then wait for
-/// ever, on the control plane or a poller.
-fn set_nonblocking(f: &File) -> io::Result<()> {
-    use rustix::fs::{fcntl_getfl, fcntl_setfl, OFlags};
-    let flags = fcntl_getfl(f)?;
-    if !flags.contains(OFlags::NONBLOCK) {
-        fcntl_setfl(f, flags | OFlags::NONBLOCK)?;
-    }
-    Ok(())
-}
-
-/// Signals an interrupt eventfd (adds 1 to its counter) without ever waiting: a full counter
-/// (`EAGAIN`) is an interrupt that is already pending, which the driver will see; `Ok(false)`
-/// says so. The descriptor was made non-blocking on receipt ([`DeviceState::set_irq_eventfds`]);
-/// a client that clears `O_NONBLOCK` again on its copy and fills the counter can still make this
-/// write wait (DESIGN.md, "Reliability"), which the daemon's bounded shutdown covers.
-pub(crate) fn signal_eventfd(f: &File) -> io::Result<bool> {
-    match (&*f).write(&1u64.to_ne_bytes()) {
-        Ok(_) => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
-/// Whether `f` can be an eventfd (what an interrupt descriptor must be: we write 8 bytes to it):
-/// an anonymous-inode file. Without procfs (a sandboxed daemon has none) the kinds of anonymous
-/// inode cannot be told apart, but the others (epoll, timerfd, signalfd, io_uring, ...) fail a
-/// write at once; what is refused is anything a write could block on or change: a pipe, a
-/// socket, a file, a memfd.
-fn is_eventfd(f: &File) -> bool {
-    /// `ANON_INODE_FS_MAGIC` (`linux/magic.h`).
-    const ANON_INODE_FS_MAGIC: u64 = 0x0904_1934;
-    rustix::fs::fstatfs(f).is_ok_and(|st| st.f_type as u64 == ANON_INODE_FS_MAGIC)
 }
 
 #[cfg(test)]
@@ -467,7 +426,10 @@ mod tests {
     #[test]
     fn device_state_without_a_transport() {
         let profile = Profile { doorbells: Doorbells::Socket, ..Profile::default() };
-        let mut dev = DeviceState::new(&profile, Arc::new(Nothing), Arc::new(|| {})).unwrap();
+        let pool = PollerPool::spawn(&profile).unwrap();
+        let placement = Placement::of_profile(&profile);
+        let mut dev =
+            DeviceState::on_pool(&profile, &pool, placement, Arc::new(Nothing), Arc::new(|| {})).unwrap();
         let mut id = [0u8; 4];
         dev.region_read(7, 0, &mut id).unwrap();
         assert_eq!(u32::from_le_bytes(id), 0x105a_1af4);

@@ -12,11 +12,13 @@
 //! - [`poller`]: the data plane: threads that own virtqueues and hand requests to a
 //!   [`poller::RequestHandler`].
 //! - [`stats`]: per-poller counters and the [`stats::DeviceStats`] snapshot read from them.
+//! - `interrupt`: the interrupt eventfds and how they are signalled without waiting.
 //! - [`config`]: hardware profiles.
 #![deny(missing_docs)]
 
 pub mod config;
 pub mod control;
+pub mod interrupt;
 pub mod memory;
 pub mod pci;
 pub mod poller;

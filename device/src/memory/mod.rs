@@ -98,6 +98,17 @@ pub enum MemoryError {
         /// Descriptors kept free.
         reserve: u64,
     },
+    /// The window's file is not on shmem or hugetlbfs: touching it could fault for ever (a FUSE
+    /// or hung NFS mount), so it is not mapped.
+    #[error("DMA window {address:#x}+{size:#x} not mapped: {reason}")]
+    Backing {
+        /// Start of the window.
+        address: u64,
+        /// Its size.
+        size: u64,
+        /// Why (in the message: the control plane logs only that).
+        reason: sigbus::BackingError,
+    },
     /// A window that can shrink could not be watched for SIGBUS.
     #[error("cannot watch DMA window {address:#x}+{size:#x} for SIGBUS")]
     Watch {
@@ -133,6 +144,8 @@ impl MemoryError {
                 libc::ENOSPC
             }
             MemoryError::NoDescriptors { .. } => libc::EMFILE,
+            // mmap's own answer for a file whose filesystem cannot be mapped.
+            MemoryError::Backing { .. } => libc::ENODEV,
             MemoryError::Map { .. } | MemoryError::FileTooSmall { .. } => libc::EINVAL,
         }
     }
@@ -264,16 +277,20 @@ impl DmaTable {
                 if offset.checked_add(size).is_none_or(|e| e > len) {
                     return Err(MemoryError::FileTooSmall { address, size, file_len: len });
                 }
-                let (cannot_shrink, page) = sigbus::cannot_shrink(&file);
+                let backing = sigbus::backing(&file).map_err(|source| MemoryError::Backing {
+                    address,
+                    size,
+                    reason: source,
+                })?;
                 let r = GuestRegionMmap::from_range(
                     GuestAddress(address),
                     size as usize,
                     Some(FileOffset::new(file, offset)),
                 )
                 .map_err(|source| MemoryError::Map { address, size, source })?;
-                if !cannot_shrink {
+                if !backing.cannot_shrink {
                     let host = r.get_host_address(MemoryRegionAddress(0)).map_or(0, |p| p as usize);
-                    let w = sigbus::watch(host, size as usize, page, &self.faults)
+                    let w = sigbus::watch(host, size as usize, backing.page, &self.faults)
                         .map_err(|source| MemoryError::Watch { address, size, source })?;
                     watch = Some(w);
                 }
@@ -362,9 +379,7 @@ mod tests {
     use vm_memory::{Bytes, GuestMemoryBackend};
 
     fn memfd(size: u64) -> File {
-        let f = tempfile::tempfile().unwrap();
-        f.set_len(size).unwrap();
-        f
+        super::memfd("dma-table-test", size).unwrap()
     }
 
     #[test]
@@ -395,6 +410,34 @@ mod tests {
         // A file smaller than the window is refused rather than mapped (no SIGBUS later).
         assert_eq!(t.map(0x40000, 0x4000, 0, Some(memfd(0x1000))).unwrap_err().errno(), libc::EINVAL);
         t.map(0x14000, 0x1000, 0, None).unwrap();
+    }
+
+    /// Only shmem (memfd, tmpfs) and hugetlbfs files are mapped: a file on a disk filesystem (or
+    /// FUSE, NFS) could make a poller's page fault wait for ever. It is refused with ENODEV
+    /// before anything is mapped, and the table is unchanged.
+    #[test]
+    fn files_off_shmem_are_refused() {
+        // The source tree is on a disk filesystem (ext4 here), unlike /tmp on many hosts.
+        let disk = tempfile::tempfile_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        disk.set_len(0x4000).unwrap();
+        let magic = rustix::fs::fstatfs(&disk).unwrap().f_type as u32;
+        assert!(
+            magic != sigbus::TMPFS_MAGIC && magic != sigbus::HUGETLBFS_MAGIC,
+            "test precondition: {} must not be on tmpfs",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let mut t = DmaTable::default();
+        let e = t.map(0x10000, 0x4000, 0, Some(disk)).unwrap_err();
+        assert_eq!(e.errno(), libc::ENODEV, "{e}");
+        assert!(
+            matches!(e, MemoryError::Backing { reason: sigbus::BackingError::Filesystem(m), .. } if m == magic),
+            "{e:?}"
+        );
+        assert!(t.is_empty());
+        assert_eq!(t.snapshot().num_regions(), 0);
+        // The same range with a memfd maps.
+        t.map(0x10000, 0x4000, 0, Some(memfd(0x4000))).unwrap();
+        assert_eq!(t.snapshot().num_regions(), 1);
     }
 
     #[test]

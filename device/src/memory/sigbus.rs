@@ -19,8 +19,14 @@
 //! there before (Rust's runtime handler, or the default) and returns, so the fault repeats and is
 //! fatal as it would have been.
 //!
+//! The handler acts only on faults the kernel raised (`si_code > 0`: `BUS_ADRERR` and the like).
+//! A `SIGBUS` another process (or thread) sent with `kill`, `tgkill` or `sigqueue` (`si_code <=
+//! 0`: its `si_addr` is no address at all) is counted ([`user_signals`]) and ignored: the handler
+//! stays installed, so such a signal can neither kill the process nor disarm the repair of the
+//! next real fault.
+//!
 //! The handler is async-signal-safe: it reads atomics of a static table and calls `mmap` and
-//! `sigaction`, nothing that allocates or locks. Entries are added and removed under a mutex by
+//! `sigaction`, nothing that allocates or locks; it keeps `errno` as it found it. Entries are added and removed under a mutex by
 //! the control planes (several devices may share a process), published with a release store of
 //! the end address that the handler reads with acquire. A window's entry is removed only after
 //! every poller has switched to a memory snapshot without it (the control plane drops the
@@ -59,6 +65,13 @@ static HIGH: AtomicUsize = AtomicUsize::new(0);
 static EDIT: Mutex<()> = Mutex::new(());
 /// The `SIGBUS` action before ours, put back for faults that are not ours.
 static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
+/// `SIGBUS` signals sent by a process rather than raised by a fault, ignored.
+static USER_SIGNALS: AtomicU64 = AtomicU64::new(0);
+
+/// How many `SIGBUS` signals sent with `kill`, `tgkill` or `sigqueue` the handler ignored.
+pub fn user_signals() -> u64 {
+    USER_SIGNALS.load(Ordering::Relaxed)
+}
 
 /// A watched window: removed from the table when dropped.
 #[derive(Debug)]
@@ -79,19 +92,46 @@ pub enum WatchError {
     Install(#[source] io::Error),
 }
 
-/// Whether a window on `file` can never lose pages under us: a memfd sealed against shrinking,
-/// not on hugetlbfs (whose holes may find no huge page to fault in). Also returns the page size
-/// the window's mapping uses.
-pub fn cannot_shrink(file: &std::fs::File) -> (bool, usize) {
-    /// `HUGETLBFS_MAGIC` (`linux/magic.h`).
-    const HUGETLBFS_MAGIC: u64 = 0x9584_58f6;
-    let huge = rustix::fs::fstatfs(file)
-        .ok()
-        .filter(|st| st.f_type as u64 == HUGETLBFS_MAGIC)
-        .map(|st| st.f_bsize as usize);
-    let page = huge.unwrap_or_else(rustix::param::page_size);
+/// `TMPFS_MAGIC` (`linux/magic.h`): tmpfs, `/dev/shm` and memfds (shmem reports it too).
+pub const TMPFS_MAGIC: u32 = 0x0102_1994;
+/// `HUGETLBFS_MAGIC` (`linux/magic.h`).
+pub const HUGETLBFS_MAGIC: u32 = 0x9584_58f6;
+
+/// A DMA_MAP file the device refuses to map.
+#[derive(Debug, thiserror::Error)]
+pub enum BackingError {
+    /// The file is not on shmem or hugetlbfs: a page fault in it may wait on a FUSE server or a
+    /// hung NFS mount for ever, in a poller.
+    #[error("file is on a filesystem of type {0:#x}, not tmpfs/memfd or hugetlbfs")]
+    Filesystem(u32),
+    /// fstatfs failed, so the filesystem is unknown.
+    #[error("cannot fstatfs the file: {0}")]
+    Statfs(io::Error),
+}
+
+/// How a DMA window's file is backed: only memory that cannot fault for ever is accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backing {
+    /// The window can never lose pages under us: a memfd sealed against shrinking, not on
+    /// hugetlbfs (whose holes may find no huge page to fault in). Others are watched.
+    pub cannot_shrink: bool,
+    /// The page size of the window's mapping.
+    pub page: usize,
+}
+
+/// Checks that `file` is on shmem (tmpfs, `/dev/shm`, a memfd) or hugetlbfs, whose page faults
+/// never wait on anything but memory, and says whether it can shrink (see [`Backing`]).
+pub fn backing(file: &std::fs::File) -> Result<Backing, BackingError> {
+    let st = rustix::fs::fstatfs(file).map_err(|e| BackingError::Statfs(e.into()))?;
+    // Filesystem magics are 32-bit; f_type is a signed word of the platform's size.
+    let magic = st.f_type as u32;
+    let page = match magic {
+        HUGETLBFS_MAGIC => st.f_bsize as usize,
+        TMPFS_MAGIC => rustix::param::page_size(),
+        other => return Err(BackingError::Filesystem(other)),
+    };
     let sealed = rustix::fs::fcntl_get_seals(file).is_ok_and(|s| s.contains(rustix::fs::SealFlags::SHRINK));
-    (sealed && huge.is_none(), page)
+    Ok(Backing { cannot_shrink: sealed && magic == TMPFS_MAGIC, page })
 }
 
 /// Watches `len` bytes mapped at `start` (page size `page`), counting faults in `faults`.
@@ -147,10 +187,29 @@ fn install() -> Result<(), WatchError> {
     r.map_err(|e| WatchError::Install(io::Error::from_raw_os_error(e)))
 }
 
-/// The `SIGBUS` handler (see the module docs). Async-signal-safe.
-extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
-    // SAFETY: the kernel passes a valid siginfo with SA_SIGINFO; si_addr is the faulting
-    // address for a fault (for a SIGBUS sent with kill(2) it is whatever, and matches nothing).
+/// The `SIGBUS` handler (see the module docs). Async-signal-safe; `errno` is saved around it.
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: __errno_location returns this thread's errno slot, valid for the thread's life.
+    let errno = unsafe { libc::__errno_location() };
+    // SAFETY: as above; reading an int.
+    let saved = unsafe { *errno };
+    handle(sig, info, ctx);
+    // SAFETY: as above; the interrupted code finds errno as it left it (mmap may have set it).
+    unsafe { *errno = saved };
+}
+
+/// The work of [`on_sigbus`].
+fn handle(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo with SA_SIGINFO.
+    let code = unsafe { (*info).si_code };
+    if code <= 0 {
+        // SI_USER, SI_QUEUE, SI_TKILL...: sent, not a fault. Nothing faulted, so returning
+        // resumes the thread where it was; the handler stays.
+        USER_SIGNALS.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    // SAFETY: as above; with si_code > 0 the kernel raised the signal for a fault and si_addr
+    // is the faulting address.
     let addr = unsafe { (*info).si_addr() } as usize;
     let high = HIGH.load(Ordering::Acquire);
     for s in &TABLE[..high.min(MAX_WATCHED)] {
@@ -203,7 +262,7 @@ mod tests {
     #[test]
     fn a_truncated_watched_mapping_reads_zeros_and_counts_the_fault() {
         let f = crate::memory::memfd("sigbus-test", 4 * 4096).unwrap();
-        assert!(!cannot_shrink(&f).0, "an unsealed memfd can shrink");
+        assert!(!backing(&f).unwrap().cannot_shrink, "an unsealed memfd can shrink");
         // SAFETY: a new shared mapping of a 16 KiB file, unmapped at the end of the test.
         let p = unsafe {
             libc::mmap(
@@ -233,6 +292,110 @@ mod tests {
         unsafe { libc::munmap(p, 4 * 4096) };
     }
 
+    /// The handler installed now (the `sa_sigaction` of SIGBUS).
+    fn current_handler() -> libc::sighandler_t {
+        // SAFETY: an all-zero sigaction is a valid value for sigaction to overwrite.
+        let mut now: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: a query (null new action); `now` is a valid sigaction to fill in.
+        assert_eq!(unsafe { libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut now) }, 0);
+        now.sa_sigaction
+    }
+
+    /// A new shared mapping of 4 pages of `f`.
+    fn map4(f: &std::fs::File) -> usize {
+        // SAFETY: a new shared mapping of a 16 KiB file, at an address the kernel picks.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4 * 4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        p as usize
+    }
+
+    /// Issue 21: a SIGBUS another process sends (`kill -BUS`, SI_USER), or a thread sends to
+    /// one thread (`tgkill`, SI_TKILL), used to be taken for a fault outside every window: the
+    /// handler put the previous action back, so one stray signal disarmed the repair for good
+    /// (and the next, with the default action, killed the process). Now it is ignored and
+    /// counted: the process lives, the handler stays, and a truncated window is still repaired.
+    #[test]
+    fn a_sigbus_sent_by_a_process_is_ignored_and_the_handler_stays() {
+        install().unwrap();
+        let ours = on_sigbus as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+            as libc::sighandler_t;
+        assert_eq!(current_handler(), ours);
+        let before = user_signals();
+        // SAFETY: sends SIGBUS to this process (SI_USER); the handler is installed.
+        assert_eq!(unsafe { libc::kill(libc::getpid(), libc::SIGBUS) }, 0);
+        // SAFETY: sends SIGBUS to this thread (SI_TKILL), delivered before tgkill returns.
+        let r = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), libc::gettid(), libc::SIGBUS) };
+        assert_eq!(r, 0);
+        // kill(2) may be taken by another thread of the test process: wait for both counts.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while user_signals() < before + 2 {
+            assert!(std::time::Instant::now() < deadline, "sent SIGBUS not counted");
+            std::thread::yield_now();
+        }
+        assert_eq!(current_handler(), ours, "a sent SIGBUS must not change the handler");
+
+        // A real fault in a watched, truncated window is still repaired.
+        let f = crate::memory::memfd("sigbus-sent", 4 * 4096).unwrap();
+        let base = map4(&f);
+        let faults = Arc::new(AtomicU64::new(0));
+        let w = watch(base, 4 * 4096, 4096, &faults).unwrap();
+        // SAFETY: inside the mapping.
+        unsafe { std::ptr::write_volatile((base + 2 * 4096) as *mut u64, 5) };
+        f.set_len(0).unwrap();
+        // SAFETY: inside the mapping; the page is beyond the file now and faults once.
+        let v = unsafe { std::ptr::read_volatile((base + 2 * 4096) as *const u64) };
+        assert_eq!((v, faults.load(Ordering::Acquire)), (0, 1));
+        assert_eq!(current_handler(), ours);
+        drop(w);
+        // SAFETY: unmapping what map4 mapped.
+        unsafe { libc::munmap(base as *mut libc::c_void, 4 * 4096) };
+    }
+
+    /// A fault the kernel raises outside every watched window stays fatal (returning would
+    /// repeat it for ever), even after a sent SIGBUS was ignored: run in a child process of this
+    /// test binary, which must die of SIGBUS.
+    #[test]
+    fn a_kernel_fault_outside_every_window_stays_fatal() {
+        const CHILD: &str = "VIRTIOFS_SIGBUS_TEST_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            // No core file for the expected death.
+            let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
+            install().unwrap();
+            // SAFETY: sends SIGBUS to this thread; the handler is installed and ignores it.
+            unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), libc::gettid(), libc::SIGBUS) };
+            let f = crate::memory::memfd("sigbus-fatal", 4 * 4096).unwrap();
+            let base = map4(&f);
+            f.set_len(0).unwrap();
+            // SAFETY: inside the (unwatched) mapping, beyond the file: a real SIGBUS, fatal.
+            let v = unsafe { std::ptr::read_volatile(base as *const u64) };
+            eprintln!("survived an unwatched fault (read {v})");
+            std::process::exit(0);
+        }
+        use std::os::unix::process::ExitStatusExt;
+        let name = "memory::sigbus::tests::a_kernel_fault_outside_every_window_stays_fatal";
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--test-threads=1", "--nocapture"])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGBUS),
+            "{:?}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     #[test]
     fn sealed_memfds_cannot_shrink() {
         let f = crate::memory::memfd("sealed-test", 4096).unwrap();
@@ -245,8 +408,8 @@ mod tests {
         .unwrap();
         let f = std::fs::File::from(fd);
         f.set_len(4096).unwrap();
-        assert!(!cannot_shrink(&f).0);
+        assert!(!backing(&f).unwrap().cannot_shrink);
         rustix::fs::fcntl_add_seals(&f, rustix::fs::SealFlags::SHRINK | rustix::fs::SealFlags::GROW).unwrap();
-        assert!(cannot_shrink(&f).0);
+        assert_eq!(backing(&f).unwrap(), Backing { cannot_shrink: true, page: rustix::param::page_size() });
     }
 }

@@ -31,6 +31,10 @@ const MASK_VFIO: u8 = 2;
 pub struct MsixShared {
     masks: Box<[AtomicU8]>,
     pending: Box<[AtomicBool]>,
+    /// A write to one of the function's interrupt eventfds found it full or waited for it
+    /// (`interrupt::signal_eventfd`): no vector fires any more, for as long as the function's
+    /// client stays (a device reset does not clear it).
+    broken: AtomicBool,
 }
 
 impl MsixShared {
@@ -39,6 +43,7 @@ impl MsixShared {
         MsixShared {
             masks: (0..vectors).map(|_| AtomicU8::new(0)).collect(),
             pending: (0..vectors).map(|_| AtomicBool::new(false)).collect(),
+            broken: AtomicBool::new(false),
         }
     }
 
@@ -57,11 +62,24 @@ impl MsixShared {
         let Some(m) = self.masks.get(vector) else {
             return false;
         };
+        if self.broken.load(Ordering::Relaxed) {
+            return false;
+        }
         if m.load(Ordering::Acquire) & MASK_VFIO == 0 {
             return true;
         }
         self.pending[vector].store(true, Ordering::Release);
         false
+    }
+
+    /// Marks the function's interrupts broken; true if they were not already.
+    pub fn mark_broken(&self) -> bool {
+        !self.broken.swap(true, Ordering::AcqRel)
+    }
+
+    /// Whether the function's interrupts are broken ([`MsixShared::mark_broken`]).
+    pub fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Acquire)
     }
 
     /// Whether `vector`'s pending bit is set.

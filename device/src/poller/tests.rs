@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress, VolatileSlice};
 
 use super::*;
-use crate::config::Polling;
-use crate::pci::features;
-use crate::stats::{DeviceStats, QueueStats};
+use crate::config::{Polling, Profile, QueueMapping};
+use crate::pci::msix::MsixShared;
+use crate::pci::{features, QueueConfig, NO_VECTOR};
+use crate::stats::{DeviceStats, QueueStats, Tally};
 use crate::virtq::mock::{guest_memory, Buf, PackedDriver, SplitDriver, UsedElem};
 
 /// Serves requests by their first readable byte: 0 at once, 1 pending until `release`, 2
@@ -165,7 +166,7 @@ fn requests_served_pending_and_waiting_are_counted_on_both_layouts() {
     let handler = Arc::new(Handler { release: release.clone(), grant: grant.clone() });
     let msix = Arc::new(MsixShared::new(3));
     let started = Instant::now();
-    let mut pollers = PollerSet::spawn(&profile, handler, msix, Default::default(), Arc::new(|| {})).unwrap();
+    let mut pollers = own_pollers(&profile, handler, msix);
     let counters = pollers.stats().clone();
     pollers.set_memory(&mem);
     // Vector 1 is queue 1's; any file takes the 8-byte interrupt write.
@@ -393,7 +394,7 @@ fn an_adaptive_poller_blocks_on_its_engine_and_wakes_for_replies_messages_and_do
     let polls = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let handler = Arc::new(SocketHandler { stream: ours, polls: polls.clone() });
     let msix = Arc::new(MsixShared::new(3));
-    let mut pollers = PollerSet::spawn(&profile, handler, msix, Default::default(), Arc::new(|| {})).unwrap();
+    let mut pollers = own_pollers(&profile, handler, msix);
     pollers.set_memory(&mem);
     let cfg = QueueConfig { index: 1, size: 8, desc: 0x1000, avail: 0x2000, used: 0x3000, vector: NO_VECTOR };
     let mut drv = Driver::Split(SplitDriver::new(&mem, cfg));
@@ -435,7 +436,7 @@ fn a_parked_poller_wakes_on_its_doorbell_source_without_a_kick() {
     };
     let handler = Arc::new(Handler { release: Default::default(), grant: Default::default() });
     let msix = Arc::new(MsixShared::new(3));
-    let mut pollers = PollerSet::spawn(&profile, handler, msix, Default::default(), Arc::new(|| {})).unwrap();
+    let mut pollers = own_pollers(&profile, handler, msix);
     pollers.set_memory(&mem);
     let (source, client) = std::os::unix::net::UnixStream::pair().unwrap();
     pollers.set_doorbell_source(Some(std::os::fd::OwnedFd::from(source)));
@@ -472,4 +473,18 @@ fn a_parked_poller_wakes_on_its_doorbell_source_without_a_kick() {
     pollers.kick(1);
     assert_eq!(wait_for("the kicked request", || drv.next_used()), (second, 4));
     pollers.stop();
+}
+
+/// A function alone on a pool of its own, as `profile` places it.
+fn own_pollers(profile: &Profile, handler: Arc<dyn RequestHandler>, msix: Arc<MsixShared>) -> PollerSet {
+    let pool = PollerPool::spawn(profile).unwrap();
+    PollerSet::attach(
+        &pool,
+        profile,
+        crate::config::Placement::of_profile(profile),
+        handler,
+        msix,
+        Default::default(),
+        Arc::new(|| {}),
+    )
 }

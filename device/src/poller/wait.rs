@@ -1,6 +1,6 @@
 //! Waiting on an engine instead of polling it: an adaptive poller whose only work is requests
 //! pending on its engine (a remote server's replies, say) blocks in `poll(2)` on the engine's
-//! readiness descriptor ([`Readiness`], from [`super::Engine::readiness`]) and on its own wake-up
+//! readiness descriptor ([`Readiness`], from [`super::engine::Engine::readiness`]) and on its own wake-up
 //! ([`Wake`]), so a reply wakes it at once and the core is free meanwhile. A busy poller (a
 //! dedicated core) never waits here.
 //!

@@ -3,9 +3,10 @@
 //! [`Server`] listens on a unix socket, serves one client at a time on a `mio` event loop (the
 //! control plane), and translates vfio-user messages into calls on the device's control-plane
 //! state ([`crate::control::DeviceState`]: registers, DMA table, interrupts, pollers). See
-//! `server.rs` for the per-command rules, `wire.rs` for the format and `removal.rs` for how a
+//! `server.rs` for the framing, `commands.rs` for the per-command rules, `wire.rs` for the format and `removal.rs` for how a
 //! function is removed at run time (the device-request interrupt).
 
+mod commands;
 mod removal;
 mod server;
 pub mod wire;

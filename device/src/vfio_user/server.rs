@@ -1,4 +1,5 @@
-//! The vfio-user server: accept loop, message framing, and one handler per command.
+//! The vfio-user server: accept loop, message framing and dispatch to the command handlers
+//! ([`super::commands`]).
 //!
 //! Framing rules (the stream must never lose step with the client):
 //! - A header whose `msg_size` is below 16 is answered EINVAL and 16 bytes are consumed.
@@ -11,9 +12,9 @@
 //! (the error is logged). Descriptors a command does not take are closed and the command fails
 //! with EINVAL.
 //!
-//! This file is the protocol only: each command's payload is checked here and mapped onto a call
-//! of the device's control-plane state ([`crate::control::DeviceState`]), which holds the
-//! registers, DMA windows, interrupts and pollers and knows nothing of sockets.
+//! This file and `commands.rs` are the protocol only: each command's payload is checked there and
+//! mapped onto a call of the device's control-plane state ([`crate::control::DeviceState`]),
+//! which holds the registers, DMA windows, interrupts and pollers and knows nothing of sockets.
 
 use std::fs::File;
 use std::io::{self, ErrorKind};
@@ -28,23 +29,18 @@ use log::{debug, error, info, warn};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use thiserror::Error;
-use vfio_bindings::bindings::vfio as vb;
 use vm_memory::ByteValued;
 
+use super::commands::{self, ok_empty, CmdResult, MAX_DATA_XFER};
 use super::removal::{self, Removal, RemovalCell};
 use super::wire::{self, cmd, Header, HEADER_SIZE};
 use crate::config::{Placement, Profile};
-use crate::control::{ControlError, DeviceState};
-use crate::pci;
+use crate::control::DeviceState;
 use crate::poller::{PollerPool, RequestHandler};
 use crate::stats::{ClientState, DeviceCounters, DeviceStats};
 
-/// Largest REGION_READ/WRITE count we accept and announce (`max_data_xfer_size`).
-pub const MAX_DATA_XFER: usize = 1 << 20;
 /// Largest message we accept: a REGION_WRITE of MAX_DATA_XFER bytes.
 const MAX_MSG_SIZE: usize = HEADER_SIZE + 16 + MAX_DATA_XFER;
-/// Largest VERSION JSON we parse.
-const MAX_VERSION_JSON: usize = 4096;
 
 /// How long a connection that arrives while a client is connected waits to be served (the
 /// previous client's hang-up may be on its way) before it is refused.
@@ -155,7 +151,7 @@ impl Drop for Conn {
     }
 }
 
-/// A bound vfio-user socket, not served yet: [`Server::new`] serves it.
+/// A bound vfio-user socket, not served yet: [`Server::on_pool`] serves it.
 ///
 /// Binding is separate from starting the device so that a daemon can bind its socket, then
 /// confine itself (a new root, a system-call filter) before any device thread exists.
@@ -282,44 +278,28 @@ pub struct Server {
     remove_timeout: Duration,
 }
 
-type Reply = (Vec<u8>, Vec<File>);
-
-/// Result of a command handler: reply payload (and fds), or an errno.
-type CmdResult = Result<Reply, i32>;
-
-fn ok_empty() -> CmdResult {
-    Ok((Vec::new(), Vec::new()))
-}
-
 impl Server {
-    /// Binds `path` (replacing a stale socket file) and starts the pollers of a device shaped by
-    /// `profile`, whose requests go to `handler`.
+    /// Binds `path` (replacing a stale socket file) and serves a device shaped by `profile`,
+    /// whose requests go to `handler`, on a pool of pollers of its own: one device alone, for
+    /// tests. A daemon's functions start with [`Server::on_pool`].
     pub fn bind(
         path: &Path,
         profile: &Profile,
         handler: Arc<dyn RequestHandler>,
     ) -> Result<Self, ServerError> {
-        Self::new(Listener::bind(path)?, profile, handler)
+        let pool = PollerPool::spawn(profile).map_err(ServerError::Setup)?;
+        Self::on_pool(Listener::bind(path)?, profile, handler, &pool, Placement::of_profile(profile))
     }
 
-    /// Starts the pollers of a device shaped by `profile`, whose requests go to `handler`, to be
-    /// served on `listener` by [`Server::run`].
-    pub fn new(
+    /// A device shaped by `profile`, whose requests go to `handler`, to be served on `listener`
+    /// by [`Server::run`]; its queues are served by the shared pollers of `pool`, placed as
+    /// `placement` says. The control plane ([`Server::run`]) stays this function's own.
+    pub fn on_pool(
         listener: Listener,
         profile: &Profile,
         handler: Arc<dyn RequestHandler>,
-    ) -> Result<Self, ServerError> {
-        Self::with_pollers(listener, profile, handler, None)
-    }
-
-    /// [`Server::new`], its queues served by the shared pollers of a pool, placed as the
-    /// placement says (`None`: pollers of its own, as the profile asks). The control plane
-    /// ([`Server::run`]) stays this function's own.
-    pub fn with_pollers(
-        listener: Listener,
-        profile: &Profile,
-        handler: Arc<dyn RequestHandler>,
-        pool: Option<(&PollerPool, Placement)>,
+        pool: &PollerPool,
+        placement: Placement,
     ) -> Result<Self, ServerError> {
         let Listener { path, listener, unlink, _lock } = listener;
         let poll = Poll::new().map_err(ServerError::Setup)?;
@@ -332,13 +312,9 @@ impl Server {
             let _ = w.wake();
         });
         let remove_timeout = Duration::from_millis(profile.remove_timeout_ms);
-        let (dev, control_cpu) = match pool {
-            None => (DeviceState::new(profile, handler, wake), profile.control_cpu()),
-            Some((pool, placement)) => {
-                (DeviceState::on_pool(profile, pool, placement, handler, wake), pool.profile().control_cpu())
-            }
-        };
-        let dev = dev.map_err(ServerError::Setup)?;
+        let dev =
+            DeviceState::on_pool(profile, pool, placement, handler, wake).map_err(ServerError::Setup)?;
+        let control_cpu = pool.profile().control_cpu();
         Ok(Server {
             path,
             listener,
@@ -647,15 +623,15 @@ impl Server {
         let negotiated = self.conn.as_ref().is_some_and(|c| c.negotiated);
         match hdr.command {
             cmd::VERSION if negotiated => Err(libc::EINVAL),
-            cmd::VERSION => version(payload, self.dev.max_dma_windows()),
-            cmd::DMA_MAP => dma_map(&mut self.dev, payload, fds),
-            cmd::DMA_UNMAP => dma_unmap(&mut self.dev, payload),
-            cmd::DEVICE_GET_INFO => device_info(payload),
-            cmd::DEVICE_GET_REGION_INFO => region_info(&self.dev, payload),
-            cmd::DEVICE_GET_IRQ_INFO => irq_info(&self.dev, payload),
-            cmd::DEVICE_SET_IRQS => set_irqs(&mut self.dev, payload, fds),
-            cmd::REGION_READ => region_read(&mut self.dev, payload),
-            cmd::REGION_WRITE => region_write(&mut self.dev, payload),
+            cmd::VERSION => commands::version(payload, self.dev.max_dma_windows()),
+            cmd::DMA_MAP => commands::dma_map(&mut self.dev, payload, fds),
+            cmd::DMA_UNMAP => commands::dma_unmap(&mut self.dev, payload),
+            cmd::DEVICE_GET_INFO => commands::device_info(payload),
+            cmd::DEVICE_GET_REGION_INFO => commands::region_info(&self.dev, payload),
+            cmd::DEVICE_GET_IRQ_INFO => commands::irq_info(&self.dev, payload),
+            cmd::DEVICE_SET_IRQS => commands::set_irqs(&mut self.dev, payload, fds),
+            cmd::REGION_READ => commands::region_read(&mut self.dev, payload),
+            cmd::REGION_WRITE => commands::region_write(&mut self.dev, payload),
             cmd::DEVICE_RESET if payload.is_empty() => {
                 self.dev.function_reset();
                 ok_empty()
@@ -729,75 +705,6 @@ fn remove_socket_file(path: Option<PathBuf>) {
     }
 }
 
-fn version(payload: &[u8], max_dma_maps: usize) -> CmdResult {
-    let v = wire::read_obj::<wire::Version>(payload).ok_or(libc::EINVAL)?;
-    if v.major != 0 {
-        warn!("client wants protocol {}.{}; we speak 0.x", v.major, v.minor);
-        return Err(libc::ENOTSUP);
-    }
-    let json = &payload[4..];
-    let mut proposed: Vec<&str> = Vec::new();
-    if json.len() > MAX_VERSION_JSON {
-        return Err(libc::E2BIG);
-    }
-    if !json.is_empty() {
-        let text = json.strip_suffix(&[0]).ok_or(libc::EINVAL)?;
-        let value: serde_json::Value = serde_json::from_slice(text).map_err(|e| {
-            warn!("malformed VERSION JSON: {e}");
-            libc::EINVAL
-        })?;
-        let obj = value.as_object().ok_or(libc::EINVAL)?;
-        if let Some(caps) = obj.get("capabilities") {
-            let caps = caps.as_object().ok_or(libc::EINVAL)?;
-            for key in ["max_msg_fds", "max_data_xfer_size", "pgsizes", "max_dma_maps"] {
-                match caps.get(key) {
-                    Some(v) if !v.is_u64() => {
-                        warn!("VERSION capability {key} is not a number");
-                        return Err(libc::EINVAL);
-                    }
-                    Some(_) => proposed.push(key),
-                    None => {}
-                }
-            }
-            if caps.get("pgsizes").and_then(|v| v.as_u64()).is_some_and(|p| p & 4096 == 0) {
-                warn!("client does not support 4 KiB pages");
-                return Err(libc::EINVAL);
-            }
-        }
-    }
-    // The reply's capabilities are a subset of the proposal: ours, for the keys the client named.
-    let ours = [
-        ("max_msg_fds", wire::MAX_MSG_FDS as u64),
-        ("max_data_xfer_size", MAX_DATA_XFER as u64),
-        ("pgsizes", 4096),
-        ("max_dma_maps", max_dma_maps as u64),
-    ];
-    let reply_caps: serde_json::Map<String, serde_json::Value> = ours
-        .iter()
-        .filter(|(k, _)| proposed.contains(k))
-        .map(|(k, v)| (k.to_string(), (*v).into()))
-        .collect();
-    let caps = serde_json::json!({ "capabilities": reply_caps });
-    let mut out = wire::Version { major: 0, minor: v.minor.min(1) }.as_slice().to_vec();
-    out.extend_from_slice(caps.to_string().as_bytes());
-    out.push(0);
-    Ok((out, Vec::new()))
-}
-
-fn device_info(payload: &[u8]) -> CmdResult {
-    let req = wire::read_obj::<wire::DeviceInfo>(payload).ok_or(libc::EINVAL)?;
-    if payload.len() != 16 || (req.argsz as usize) < 16 {
-        return Err(libc::EINVAL);
-    }
-    let info = wire::DeviceInfo {
-        argsz: 16,
-        flags: vb::VFIO_DEVICE_FLAGS_RESET | vb::VFIO_DEVICE_FLAGS_PCI,
-        num_regions: vb::VFIO_PCI_NUM_REGIONS,
-        num_irqs: vb::VFIO_PCI_NUM_IRQS,
-    };
-    Ok((info.as_slice().to_vec(), Vec::new()))
-}
-
 /// The errno a refused device operation is reported with (and the log line saying why).
 /// At debug level, every command by name with its size and result.
 fn log_command(hdr: &Header, result: &CmdResult) {
@@ -819,232 +726,4 @@ fn log_command(hdr: &Header, result: &CmdResult) {
             io::Error::from_raw_os_error(*errno)
         ),
     }
-}
-
-fn refused(what: &str, e: impl Into<ControlError>) -> i32 {
-    let e = e.into();
-    warn!("{what}: {e}");
-    e.errno()
-}
-
-fn dma_map(dev: &mut DeviceState, payload: &[u8], mut fds: Vec<File>) -> CmdResult {
-    let m = wire::read_obj::<wire::DmaMap>(payload).ok_or(libc::EINVAL)?;
-    if payload.len() != 32 || m.argsz != 32 || fds.len() > 1 || m.flags & !3 != 0 {
-        return Err(libc::EINVAL);
-    }
-    dev.dma_map(m.address, m.size, m.offset, fds.pop()).map_err(|e| refused("DMA_MAP", e))?;
-    ok_empty()
-}
-
-fn dma_unmap(dev: &mut DeviceState, payload: &[u8]) -> CmdResult {
-    let u = wire::read_obj::<wire::DmaUnmap>(payload).ok_or(libc::EINVAL)?;
-    if payload.len() != 24 || (u.argsz as usize) < 24 {
-        return Err(libc::EINVAL);
-    }
-    let range = match u.flags {
-        0 => Some((u.address, u.size)),
-        vb::VFIO_DMA_UNMAP_FLAG_ALL if u.address == 0 && u.size == 0 => None,
-        vb::VFIO_DMA_UNMAP_FLAG_GET_DIRTY_BITMAP => return Err(libc::ENOTSUP),
-        _ => return Err(libc::EINVAL),
-    };
-    // Returns only once no poller can still touch the removed windows.
-    dev.dma_unmap(range).map_err(|e| refused("DMA_UNMAP", e))?;
-    let reply = wire::DmaUnmap { argsz: 24, ..u };
-    Ok((reply.as_slice().to_vec(), Vec::new()))
-}
-
-fn region_info(dev: &DeviceState, payload: &[u8]) -> CmdResult {
-    let req = wire::read_obj::<wire::RegionInfo>(payload).ok_or(libc::EINVAL)?;
-    if payload.len() != 32 || (req.argsz as usize) < 32 || req.index >= vb::VFIO_PCI_NUM_REGIONS {
-        return Err(libc::EINVAL);
-    }
-    let size = dev.region_size(req.index);
-    let mut info = wire::RegionInfo { argsz: 32, flags: 0, index: req.index, cap_offset: 0, size, offset: 0 };
-    if size > 0 {
-        info.flags = vb::VFIO_REGION_INFO_FLAG_READ | vb::VFIO_REGION_INFO_FLAG_WRITE;
-    }
-    let mut caps = Vec::new();
-    let mut fds = Vec::new();
-    let notify = if req.index == pci::VIRTIO_BAR {
-        dev.notify_memory().map_err(|e| refused("REGION_INFO", e))?
-    } else {
-        None
-    };
-    if let Some(notify_mem) = notify {
-        // The notify page is mmappable: guest doorbells land in shared memory, never on the socket.
-        info.flags |= vb::VFIO_REGION_INFO_FLAG_MMAP | vb::VFIO_REGION_INFO_FLAG_CAPS;
-        info.cap_offset = 32;
-        let cap = wire::SparseMmapCap {
-            id: vb::VFIO_REGION_INFO_CAP_SPARSE_MMAP as u16,
-            version: 1,
-            next: 0,
-            nr_areas: 1,
-            reserved: 0,
-        };
-        let area = wire::SparseArea { offset: pci::NOTIFY_OFFSET, size: pci::NOTIFY_SIZE };
-        caps.extend_from_slice(cap.as_slice());
-        caps.extend_from_slice(area.as_slice());
-        info.argsz = (32 + caps.len()) as u32;
-        if req.argsz >= info.argsz {
-            fds.push(notify_mem);
-        } else {
-            // Too small: the client asks again with argsz. cap_offset still says where the
-            // caps will be (QEMU rejects CAPS with a cap_offset inside the fixed struct).
-            caps.clear();
-        }
-    }
-    let mut out = info.as_slice().to_vec();
-    out.extend_from_slice(&caps);
-    Ok((out, fds))
-}
-
-fn irq_info(dev: &DeviceState, payload: &[u8]) -> CmdResult {
-    let req = wire::read_obj::<wire::IrqInfo>(payload).ok_or(libc::EINVAL)?;
-    if payload.len() != 16 || (req.argsz as usize) < 16 || req.index >= vb::VFIO_PCI_NUM_IRQS {
-        return Err(libc::EINVAL);
-    }
-    let (flags, count) = irq_shape(dev, req.index);
-    let info = wire::IrqInfo { argsz: 16, flags, index: req.index, count };
-    Ok((info.as_slice().to_vec(), Vec::new()))
-}
-
-/// Flags and vector count of interrupt index `index`: MSI-X has the device's vectors, the
-/// device request (`VFIO_PCI_REQ_IRQ_INDEX`) one interrupt as vfio-pci offers it (not maskable,
-/// not resizable), the others (INTx, MSI, error) none.
-fn irq_shape(dev: &DeviceState, index: u32) -> (u32, u32) {
-    match index {
-        vb::VFIO_PCI_MSIX_IRQ_INDEX => {
-            (vb::VFIO_IRQ_INFO_EVENTFD | vb::VFIO_IRQ_INFO_MASKABLE, dev.msix_vectors() as u32)
-        }
-        vb::VFIO_PCI_REQ_IRQ_INDEX => (vb::VFIO_IRQ_INFO_EVENTFD | vb::VFIO_IRQ_INFO_NORESIZE, 1),
-        _ => (vb::VFIO_IRQ_INFO_EVENTFD, 0),
-    }
-}
-
-/// SET_IRQS of the device-request interrupt, as vfio-pci's `vfio_pci_set_req_trigger` takes
-/// it: only the TRIGGER action (MASK and UNMASK: ENOTTY, the kernel's answer), `start` 0 and
-/// `count` at most 1; count 0 with DATA_NONE clears the eventfd; count 1 with DATA_EVENTFD sets
-/// it (one descriptor) or clears it (none: how a vfio-user client sends vfio's fd -1), with
-/// DATA_NONE or DATA_BOOL (a nonzero byte) signals it (the loopback test vfio allows).
-fn set_req_irq(dev: &mut DeviceState, s: &wire::IrqSet, data: &[u8], mut fds: Vec<File>) -> CmdResult {
-    let data_kind = s.flags & vb::VFIO_IRQ_SET_DATA_TYPE_MASK;
-    if s.flags & vb::VFIO_IRQ_SET_ACTION_TYPE_MASK != vb::VFIO_IRQ_SET_ACTION_TRIGGER {
-        return Err(libc::ENOTTY);
-    }
-    if s.start != 0 || s.count > 1 {
-        return Err(libc::EINVAL);
-    }
-    match (data_kind, s.count) {
-        (vb::VFIO_IRQ_SET_DATA_NONE, 0) if data.is_empty() && fds.is_empty() => {
-            dev.set_request_eventfd(None).map_err(|e| refused("SET_IRQS", e))?;
-        }
-        (vb::VFIO_IRQ_SET_DATA_NONE, 1) if data.is_empty() && fds.is_empty() => {
-            dev.request_removal();
-        }
-        (vb::VFIO_IRQ_SET_DATA_BOOL, 1) if data.len() == 1 && fds.is_empty() => {
-            if data[0] != 0 {
-                dev.request_removal();
-            }
-        }
-        (vb::VFIO_IRQ_SET_DATA_EVENTFD, 1) if data.is_empty() && fds.len() <= 1 => {
-            dev.set_request_eventfd(fds.pop()).map_err(|e| refused("SET_IRQS", e))?;
-        }
-        _ => return Err(libc::EINVAL),
-    }
-    ok_empty()
-}
-
-fn set_irqs(dev: &mut DeviceState, payload: &[u8], fds: Vec<File>) -> CmdResult {
-    let s = wire::read_obj::<wire::IrqSet>(payload).ok_or(libc::EINVAL)?;
-    // argsz is not checked against the payload: QEMU sends the kernel-style argsz (which counts
-    // the eventfd array) while the descriptors travel as SCM_RIGHTS, not in the payload.
-    if (s.argsz as usize) < 20 || s.index >= vb::VFIO_PCI_NUM_IRQS {
-        return Err(libc::EINVAL);
-    }
-    let data_kind = s.flags & vb::VFIO_IRQ_SET_DATA_TYPE_MASK;
-    let action = s.flags & vb::VFIO_IRQ_SET_ACTION_TYPE_MASK;
-    let unknown = s.flags & !(vb::VFIO_IRQ_SET_DATA_TYPE_MASK | vb::VFIO_IRQ_SET_ACTION_TYPE_MASK);
-    if unknown != 0 || !data_kind.is_power_of_two() || !action.is_power_of_two() {
-        return Err(libc::EINVAL);
-    }
-    let data = &payload[20..];
-    if s.index == vb::VFIO_PCI_REQ_IRQ_INDEX {
-        return set_req_irq(dev, &s, data, fds);
-    }
-    let (_, count) = irq_shape(dev, s.index);
-    // count 0 with DATA_NONE + TRIGGER: disable every interrupt of the index.
-    if s.count == 0 {
-        if data_kind != vb::VFIO_IRQ_SET_DATA_NONE
-            || action != vb::VFIO_IRQ_SET_ACTION_TRIGGER
-            || s.start != 0
-            || !data.is_empty()
-            || !fds.is_empty()
-        {
-            return Err(libc::EINVAL);
-        }
-        if s.index == vb::VFIO_PCI_MSIX_IRQ_INDEX {
-            dev.clear_irq_eventfds();
-        }
-        return ok_empty();
-    }
-    // Only MSI-X has vectors past here (the others have count 0), so the index is MSI-X.
-    let end = s.start.checked_add(s.count).ok_or(libc::EINVAL)?;
-    if end > count {
-        return Err(libc::EINVAL);
-    }
-    let (start, n) = (s.start as usize, s.count as usize);
-    let selected: Option<Vec<bool>> = match data_kind {
-        vb::VFIO_IRQ_SET_DATA_NONE if data.is_empty() && fds.is_empty() => None,
-        vb::VFIO_IRQ_SET_DATA_BOOL if data.len() == n && fds.is_empty() => {
-            Some(data.iter().map(|&b| b != 0).collect())
-        }
-        vb::VFIO_IRQ_SET_DATA_EVENTFD if data.is_empty() => {
-            if action != vb::VFIO_IRQ_SET_ACTION_TRIGGER {
-                return Err(libc::ENOTSUP); // no mask/unmask notification eventfds
-            }
-            dev.set_irq_eventfds(start, n, fds).map_err(|e| refused("SET_IRQS", e))?;
-            return ok_empty();
-        }
-        _ => return Err(libc::EINVAL),
-    };
-    let selected = selected.as_deref();
-    let r = match action {
-        vb::VFIO_IRQ_SET_ACTION_MASK => dev.mask_vectors(start, n, selected, true),
-        vb::VFIO_IRQ_SET_ACTION_UNMASK => dev.mask_vectors(start, n, selected, false),
-        _ => dev.trigger_vectors(start, n, selected),
-    };
-    r.map_err(|e| refused("SET_IRQS", e))?;
-    ok_empty()
-}
-
-fn region_read(dev: &mut DeviceState, payload: &[u8]) -> CmdResult {
-    let a = wire::read_obj::<wire::RegionAccess>(payload).ok_or(libc::EINVAL)?;
-    if payload.len() != 16 {
-        return Err(libc::EINVAL);
-    }
-    if a.count as usize > MAX_DATA_XFER {
-        return Err(libc::E2BIG);
-    }
-    let mut out = a.as_slice().to_vec();
-    let mut data = vec![0u8; a.count as usize];
-    dev.region_read(a.region, a.offset, &mut data).map_err(access_refused)?;
-    out.extend_from_slice(&data);
-    Ok((out, Vec::new()))
-}
-
-fn region_write(dev: &mut DeviceState, payload: &[u8]) -> CmdResult {
-    let a = wire::read_obj::<wire::RegionAccess>(payload).ok_or(libc::EINVAL)?;
-    if a.count as usize > MAX_DATA_XFER {
-        return Err(libc::E2BIG);
-    }
-    if payload.len() != 16 + a.count as usize {
-        return Err(libc::EINVAL);
-    }
-    dev.region_write(a.region, a.offset, &payload[16..]).map_err(access_refused)?;
-    Ok((a.as_slice()[..16].to_vec(), Vec::new()))
-}
-
-fn access_refused(e: pci::AccessError) -> i32 {
-    debug!("region access refused: {e}");
-    libc::EINVAL
 }

@@ -57,6 +57,18 @@ pub enum QueueError {
     /// window's file: a SIGBUS, repaired with zero pages).
     #[error("queue {0}: client memory went away under the device (SIGBUS)")]
     MemoryLost(u16),
+    /// A poller of the function did not take a control message within its bound.
+    #[error("poller {0} did not answer within its bound")]
+    Unresponsive(usize),
+    /// The queue's interrupt eventfd was full or made a write wait: the client handed over a
+    /// descriptor to block the device on; the function's interrupts are off.
+    #[error("queue {queue}: interrupt eventfd of vector {vector} is full or blocks; interrupts off")]
+    InterruptStuck {
+        /// The queue being signalled.
+        queue: u16,
+        /// Its MSI-X vector.
+        vector: u16,
+    },
     /// A head descriptor index out of range.
     #[error("queue {queue}: head descriptor {head} out of range")]
     BadHead {
