@@ -30,6 +30,8 @@ pub mod nfs_raw;
 pub mod null;
 pub mod pingpong;
 pub mod plot;
+mod render;
+mod report;
 pub mod sys;
 pub mod wakeup;
 
@@ -44,6 +46,10 @@ use virtiofs_tools::driver::{
     DriverError, DriverOptions, FsDriver, IoSpec, LoopConfig, LoopReport, QueueFullPolicy,
 };
 use virtiofs_tools::fuse_abi::{self as abi, opcode};
+
+pub use render::{render_check, render_table};
+use report::{combine_targets, median_row, targets};
+pub use report::{BenchReport, Machine, Row, Setup, Target};
 
 const ROOT: u64 = 1;
 const KIB: usize = 1 << 10;
@@ -169,170 +175,6 @@ impl Default for BenchConfig {
             nfs_unstable_bytes: None,
         }
     }
-}
-
-/// The machine the run was on.
-#[derive(Debug, Clone, Serialize)]
-pub struct Machine {
-    /// Logical CPUs available to the process.
-    pub nproc: usize,
-    /// `model name` from /proc/cpuinfo.
-    pub cpu_model: String,
-    /// Kernel release.
-    pub kernel: String,
-    /// Whether /proc/cpuinfo shows the `hypervisor` flag (a virtual machine).
-    pub virtual_machine: bool,
-    /// /proc/loadavg when the run started (other load on the machine).
-    pub loadavg_at_start: String,
-}
-
-impl Machine {
-    /// Reads the machine's description from /proc.
-    pub fn probe() -> Machine {
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let field = |name: &str| {
-            cpuinfo
-                .lines()
-                .find(|l| l.split(':').next().is_some_and(|k| k.trim() == name))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        };
-        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default().trim().to_string();
-        Machine {
-            nproc: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-            cpu_model: field("model name").unwrap_or_else(|| "unknown".into()),
-            kernel: read("/proc/sys/kernel/osrelease"),
-            virtual_machine: field("flags").is_some_and(|f| f.split_whitespace().any(|x| x == "hypervisor")),
-            loadavg_at_start: read("/proc/loadavg").split_whitespace().take(3).collect::<Vec<_>>().join(" "),
-        }
-    }
-}
-
-/// How the device under test ran.
-#[derive(Debug, Clone, Serialize)]
-pub struct Setup {
-    /// `in-process (RAM filesystem)` or `external daemon at PATH`.
-    pub device: String,
-    /// Queue size in use.
-    pub queue_size: u16,
-    /// Request queues in use.
-    pub request_queues: u16,
-    /// The in-process poller's `idle_spin_us` (None: external daemon, unknown).
-    pub idle_spin_us: Option<u64>,
-    /// The in-process poller's `idle_sleep_us`.
-    pub idle_sleep_us: Option<u64>,
-    /// The in-process poller busy-polls (`polling = "busy"`; None: external daemon, unknown).
-    pub busy_poll: Option<bool>,
-    /// Core the device poller is pinned to.
-    pub poller_core: Option<usize>,
-    /// Core the driver thread is pinned to.
-    pub driver_core: Option<usize>,
-    /// Negotiated `max_write` (largest request payload).
-    pub max_request: usize,
-    /// Measured time per phase (s), or measured requests per phase.
-    pub per_phase: String,
-    /// Rounds of the phase list (every figure in `rows` is a median over them).
-    pub rounds: usize,
-}
-
-/// One line of the table.
-#[derive(Debug, Clone, Serialize)]
-pub struct Row {
-    /// Workload name (`4k randread`, `64k seqwrite`, ...).
-    pub workload: String,
-    /// Operation size the application asked for.
-    pub block: usize,
-    /// FUSE request size actually sent (smaller when capped by max_pages).
-    pub request_bytes: usize,
-    /// Requests kept outstanding.
-    pub depth: usize,
-    /// `1`, `Q` or `2Q`.
-    pub depth_label: String,
-    /// Queue-full policy in force (None where the queue never fills).
-    pub policy: Option<QueueFullPolicy>,
-    /// Measured requests.
-    pub ops: u64,
-    /// Median latency, microseconds.
-    pub p50_us: f64,
-    /// 99th percentile, microseconds.
-    pub p99_us: f64,
-    /// 99.9th percentile, microseconds.
-    pub p999_us: f64,
-    /// Largest latency, microseconds.
-    pub max_us: f64,
-    /// Requests per second.
-    pub iops: f64,
-    /// Payload MiB per second.
-    pub mib_s: f64,
-    /// Requests that found the ring full.
-    pub parked: u64,
-    /// Expired 1 ms retry timers.
-    pub retry_timer_fires: u64,
-    /// On-CPU time of the in-process device's pollers over the phase (warm-up included) per
-    /// request completed, microseconds (from the kernel's per-thread schedstat; `None` for an
-    /// external daemon and the raw NFS client). A poller that spins while requests are on the
-    /// wire shows the whole phase here; one that blocks shows its work.
-    pub poller_cpu_us_per_op: Option<f64>,
-    /// NFS write phases (`--remote`): COMMITs sent in the phase (summed over rounds in the
-    /// medians' row): the device's background COMMITs plus its FSYNC's at the end, or the raw
-    /// client's (`nfs_raw`); `None` elsewhere.
-    pub commits: Option<u64>,
-    /// (percentile, microseconds) from p50 to p99.99, for the plot.
-    pub curve: Vec<(f64, f64)>,
-}
-
-/// A target of the issue, checked against this run.
-#[derive(Debug, Clone, Serialize)]
-pub struct Target {
-    /// What is compared.
-    pub name: String,
-    /// The measured value.
-    pub value: f64,
-    /// The limit it must not exceed.
-    pub limit: f64,
-    /// Unit of both.
-    pub unit: String,
-    /// value <= limit.
-    pub met: bool,
-    /// The value in each round (`value` is their median).
-    pub per_round: Vec<f64>,
-    /// Rounds in which the value was within the limit.
-    pub rounds_met: usize,
-}
-
-/// Everything one run measured.
-#[derive(Debug, Clone, Serialize)]
-pub struct BenchReport {
-    /// The machine.
-    pub machine: Machine,
-    /// The device and driver setup.
-    pub setup: Setup,
-    /// The ping-pong floor.
-    pub floor: pingpong::Floor,
-    /// A random 4 KiB copy out of a buffer the size of the test file, measured in the same run.
-    pub copy: copy::CopyCost,
-    /// The table.
-    pub rows: Vec<Row>,
-    /// QD=1 4k randread p50 as a multiple of the floor's p50.
-    pub qd1_read_p50_over_floor: f64,
-    /// QD=1 4k randread p50 as a multiple of (ping-pong p50 + copy p50).
-    pub qd1_read_p50_over_floor_and_copy: f64,
-    /// The issue's targets (judged on the median of the per-round values).
-    pub targets: Vec<Target>,
-    /// Each round's own rows, in phase order (`rows` holds their medians).
-    pub round_rows: Vec<Vec<Row>>,
-    /// What a request after an idle spell pays for waking an adaptive poller (empty if skipped).
-    pub wakeup: Vec<wakeup::WakeRow>,
-    /// The NFS backend's counters at the end (`--remote`, in-process device): its calls, the
-    /// UNSTABLE store's background COMMITs, waits and high-water mark.
-    #[serde(default)]
-    pub nfs: Option<virtiofs_backend::nfs::fs::NfsStats>,
-    /// Times the in-process device's pollers blocked on their engine's readiness instead of
-    /// polling for requests pending there, and times they parked (all phases).
-    #[serde(default)]
-    pub poller_waits: Option<(u64, u64)>,
-    /// Wall time of the whole run, seconds.
-    pub wall_s: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -463,7 +305,7 @@ fn poller_cpu_ns() -> Option<u64> {
 struct Bench<'a> {
     cfg: &'a BenchConfig,
     /// The in-process NFS device's filesystem (for its COMMIT counters).
-    nfs: Option<Arc<virtiofs_dpu::FuseHandler<virtiofs_backend::nfs::fs::NfsFs>>>,
+    nfs: Option<NfsHandler>,
     in_process: bool,
     d: FsDriver,
     node: u64,
@@ -610,6 +452,205 @@ fn pin(core: Option<usize>) {
     }
 }
 
+/// The in-process NFS device's handler (for its COMMIT counters).
+type NfsHandler = Arc<virtiofs_dpu::FuseHandler<virtiofs_backend::nfs::fs::NfsFs>>;
+
+/// The device the benchmark drives: in-process (started here) or an external daemon.
+struct DeviceUnderTest {
+    /// The in-process device (`None`: an external daemon).
+    device: Option<virtiofs_dpu::RunningDevice>,
+    socket: PathBuf,
+    /// What [`Setup::device`] says of it.
+    what: String,
+    nfs: Option<NfsHandler>,
+    /// The device's UNSTABLE store size, which the raw client's writes keep to.
+    unstable_bytes: usize,
+}
+
+/// The device's profile as `cfg` asks.
+fn profile_of(cfg: &BenchConfig) -> virtiofs_dpu::config::Profile {
+    virtiofs_dpu::config::Profile {
+        description: "virtiofs-bench".into(),
+        request_queues: cfg.request_queues,
+        queue_size: cfg.queue_size,
+        idle_spin_us: cfg.idle_spin_us,
+        polling: if cfg.busy_poll {
+            virtiofs_dpu::config::Polling::Busy
+        } else {
+            virtiofs_dpu::config::Polling::Adaptive
+        },
+        latency_histograms: cfg.latency_histograms,
+        ..Default::default()
+    }
+}
+
+/// Starts the in-process device `cfg` asks for on a socket in `dir` (its pollers on
+/// `poller_core`), or names the external daemon's socket.
+fn start_device(
+    cfg: &BenchConfig,
+    profile: &mut virtiofs_dpu::config::Profile,
+    poller_core: Option<usize>,
+    dir: &std::path::Path,
+) -> Result<DeviceUnderTest, BenchError> {
+    // An external daemon's UNSTABLE store size is taken to be the default.
+    let mut unstable_bytes =
+        cfg.nfs_unstable_bytes.unwrap_or(virtiofs_backend::nfs::fs::NfsOptions::UNSTABLE_BYTES);
+    if let Some(p) = &cfg.socket_path {
+        let what = format!("external daemon at {}", p.display());
+        return Ok(DeviceUnderTest { device: None, socket: p.clone(), what, nfs: None, unstable_bytes });
+    }
+    profile.poller_cores = poller_core.into_iter().collect();
+    profile.validate().map_err(|e| BenchError::Config(e.to_string()))?;
+    let sock = dir.join("virtiofs.sock");
+    let mut nfs = None;
+    let (dev, what) = match (&cfg.remote, cfg.backend) {
+        (Some(url), _) => {
+            let keys = virtiofs_dpu::settings::FunctionKeys::default();
+            let mut opts = virtiofs_dpu::settings::nfs_options(url, &keys)
+                .map_err(|e| BenchError::Device(Box::new(e)))?;
+            if let Some(b) = cfg.nfs_unstable_bytes {
+                opts.unstable_bytes = b;
+            }
+            unstable_bytes = opts.unstable_bytes;
+            let fs = virtiofs_backend::nfs::fs::NfsFs::connect(opts)
+                .map_err(|e| BenchError::Device(Box::new(e)))?;
+            let handler = Arc::new(virtiofs_dpu::FuseHandler::new(fs));
+            nfs = Some(handler.clone());
+            (virtiofs_dpu::RunningDevice::start_with(&sock, profile.clone(), handler), "NFS export")
+        }
+        (None, Backend::RamFs) => (
+            virtiofs_dpu::RunningDevice::start_with(
+                &sock,
+                profile.clone(),
+                Arc::new(virtiofs_dpu::FuseHandler::new(virtiofs_backend::RamFs::new())),
+            ),
+            "RAM filesystem",
+        ),
+        (None, Backend::Null) => (
+            virtiofs_dpu::RunningDevice::start_with(&sock, profile.clone(), Arc::new(null::NullData::new())),
+            "null-data backend (READ/WRITE answered without data)",
+        ),
+    };
+    let dev = dev.map_err(|e| BenchError::Device(Box::new(e)))?;
+    Ok(DeviceUnderTest {
+        device: Some(dev),
+        socket: sock,
+        what: format!("in-process, {what}"),
+        nfs,
+        unstable_bytes,
+    })
+}
+
+/// The phases to run (queue size `q`), and with a remote export the raw NFS client's phases and
+/// the client (its requests at most `max_request` bytes).
+#[allow(clippy::type_complexity)]
+fn plan(
+    cfg: &BenchConfig,
+    q: usize,
+    max_request: usize,
+    unstable_bytes: usize,
+) -> Result<(Vec<Phase>, Vec<nfs_raw::RawPhase>, Option<nfs_raw::RawClient>), BenchError> {
+    let mut list = phases(q, cfg.seq_depth);
+    let mut raw_list = Vec::new();
+    let mut raw = None;
+    if let Some(url) = &cfg.remote {
+        // The NFS targets' depth beside Q and 2Q.
+        for write in [true, false] {
+            let p = Phase {
+                write,
+                pattern: Pattern::Random,
+                block: 4 * KIB,
+                depth: NFS_QD,
+                depth_label: "16",
+                policy: None,
+            };
+            list.insert(2, p);
+        }
+        // 1 MiB calls the size of the device's requests (capped by max_pages), for a fair ratio.
+        raw_list = raw_phases(cfg.seq_depth, max_request.min(MIB));
+        let depth = raw_list.iter().map(|p| p.depth).max().unwrap_or(1);
+        raw = Some(nfs_raw::RawClient::new(url, BENCH_FILE, depth, MIB, unstable_bytes)?);
+    }
+    if let Some(o) = &cfg.only {
+        list.retain(|p| selected(&p.label(), o));
+        raw_list.retain(|p| selected(&format!("{} QD={}", p.name(), p.depth_label), o));
+    }
+    Ok((list, raw_list, raw))
+}
+
+/// Runs the raw client's phase `j` of `raw_list` into `raw_rows[j]` (nothing without a client).
+fn run_raw(
+    b: &mut Bench<'_>,
+    raw: Option<&mut nfs_raw::RawClient>,
+    raw_list: &[nfs_raw::RawPhase],
+    j: usize,
+    round: usize,
+    raw_rows: &mut [Option<Row>],
+) -> Result<(), BenchError> {
+    let (Some(r), ph) = (raw, &raw_list[j]) else { return Ok(()) };
+    let cfg = b.cfg;
+    let rounds = cfg.rounds.max(1);
+    (b.progress)(&format!("[round {}/{rounds}, raw {}/{}] {}", round + 1, j + 1, raw_list.len(), ph.name()));
+    let (row, st) = r.run(ph, cfg.file_size, cfg.warmup, cfg.duration, cfg.ops)?;
+    if ph.write {
+        (b.progress)(&format!(
+            "  {} COMMITs (final {:.1} ms), {} waited for room, {} FILE_SYNC",
+            st.commits,
+            st.final_commit.as_secs_f64() * 1000.0,
+            st.waited,
+            st.full
+        ));
+    }
+    raw_rows[j] = Some(row);
+    Ok(())
+}
+
+/// Every round of the device's phases `list` and the raw client's `raw_list`: the rows of
+/// each round, device phases first, then raw ones.
+fn run_rounds(
+    b: &mut Bench<'_>,
+    list: &[Phase],
+    raw_list: &[nfs_raw::RawPhase],
+    mut raw: Option<&mut nfs_raw::RawClient>,
+) -> Result<Vec<Vec<Row>>, BenchError> {
+    let rounds = b.cfg.rounds.max(1);
+    let mut round_rows = Vec::with_capacity(rounds);
+    // Each raw phase runs right after the device phase it is compared with (same workload and
+    // depth), so the two sides of a target are measured seconds apart rather than a round apart,
+    // while the machine's load drifts; raw phases with no device counterpart run last. The rows
+    // keep their order: device phases, then raw ones.
+    let pair: Vec<Option<usize>> = raw_list
+        .iter()
+        .map(|rp| {
+            list.iter().position(|ph| {
+                format!("raw NFS {}", ph.name()) == rp.name() && ph.depth_label == rp.depth_label
+            })
+        })
+        .collect();
+    for round in 0..rounds {
+        let mut rows = Vec::with_capacity(list.len());
+        let mut raw_rows: Vec<Option<Row>> = vec![None; raw_list.len()];
+        for (i, ph) in list.iter().enumerate() {
+            let label = if rounds > 1 {
+                format!("[round {}/{rounds}, {}/{}] {}", round + 1, i + 1, list.len(), ph.label())
+            } else {
+                format!("[{}/{}] {}", i + 1, list.len(), ph.label())
+            };
+            (b.progress)(&label);
+            rows.push(b.run_phase(ph, &label)?);
+            for j in (0..raw_list.len()).filter(|&j| pair[j] == Some(i)) {
+                run_raw(b, raw.as_deref_mut(), raw_list, j, round, &mut raw_rows)?;
+            }
+        }
+        for j in (0..raw_list.len()).filter(|&j| pair[j].is_none()) {
+            run_raw(b, raw.as_deref_mut(), raw_list, j, round, &mut raw_rows)?;
+        }
+        rows.extend(raw_rows.into_iter().flatten());
+        round_rows.push(rows);
+    }
+    Ok(round_rows)
+}
+
 /// Runs the benchmark. `progress` gets one line per phase and more during long phases. With
 /// [`BenchConfig::pin`], the calling thread is pinned to core 0 for good.
 pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchReport, BenchError> {
@@ -628,66 +669,9 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
     let copy = copy::measure(cfg.file_size, cfg.floor_duration, poller_core);
 
     let dir = tempfile::tempdir()?;
-    let mut profile = virtiofs_dpu::config::Profile {
-        description: "virtiofs-bench".into(),
-        request_queues: cfg.request_queues,
-        queue_size: cfg.queue_size,
-        idle_spin_us: cfg.idle_spin_us,
-        polling: if cfg.busy_poll {
-            virtiofs_dpu::config::Polling::Busy
-        } else {
-            virtiofs_dpu::config::Polling::Adaptive
-        },
-        latency_histograms: cfg.latency_histograms,
-        ..Default::default()
-    };
-    let mut nfs_handler = None;
-    // The device's UNSTABLE store size, which the raw client's writes keep to (an external
-    // daemon: the default).
-    let mut unstable_bytes =
-        cfg.nfs_unstable_bytes.unwrap_or(virtiofs_backend::nfs::fs::NfsOptions::UNSTABLE_BYTES);
-    let (device, socket, setup_device) = match &cfg.socket_path {
-        Some(p) => (None, p.clone(), format!("external daemon at {}", p.display())),
-        None => {
-            profile.poller_cores = poller_core.into_iter().collect();
-            profile.validate().map_err(|e| BenchError::Config(e.to_string()))?;
-            let sock = dir.path().join("virtiofs.sock");
-            let (dev, what) = match (&cfg.remote, cfg.backend) {
-                (Some(url), _) => {
-                    let keys = virtiofs_dpu::settings::FunctionKeys::default();
-                    let mut opts = virtiofs_dpu::settings::nfs_options(url, &keys)
-                        .map_err(|e| BenchError::Device(Box::new(e)))?;
-                    if let Some(b) = cfg.nfs_unstable_bytes {
-                        opts.unstable_bytes = b;
-                    }
-                    unstable_bytes = opts.unstable_bytes;
-                    let fs = virtiofs_backend::nfs::fs::NfsFs::connect(opts)
-                        .map_err(|e| BenchError::Device(Box::new(e)))?;
-                    let handler = Arc::new(virtiofs_dpu::FuseHandler::new(fs));
-                    nfs_handler = Some(handler.clone());
-                    (virtiofs_dpu::RunningDevice::start_with(&sock, profile.clone(), handler), "NFS export")
-                }
-                (None, Backend::RamFs) => (
-                    virtiofs_dpu::RunningDevice::start_with(
-                        &sock,
-                        profile.clone(),
-                        Arc::new(virtiofs_dpu::FuseHandler::new(virtiofs_backend::RamFs::new())),
-                    ),
-                    "RAM filesystem",
-                ),
-                (None, Backend::Null) => (
-                    virtiofs_dpu::RunningDevice::start_with(
-                        &sock,
-                        profile.clone(),
-                        Arc::new(null::NullData::new()),
-                    ),
-                    "null-data backend (READ/WRITE answered without data)",
-                ),
-            };
-            let dev = dev.map_err(|e| BenchError::Device(Box::new(e)))?;
-            (Some(dev), sock, format!("in-process, {what}"))
-        }
-    };
+    let mut profile = profile_of(cfg);
+    let DeviceUnderTest { device, socket, what, nfs: nfs_handler, unstable_bytes } =
+        start_device(cfg, &mut profile, poller_core, dir.path())?;
     let opts = DriverOptions {
         queue_size: cfg.queue_size,
         request_queues: cfg.request_queues,
@@ -702,7 +686,7 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
     let max_request =
         (init.max_write as usize).min(usize::from(init.max_pages) * virtiofs_tools::driver::PAGE_SIZE);
     let setup = Setup {
-        device: setup_device,
+        device: what,
         queue_size: q,
         request_queues: d.request_queues(),
         idle_spin_us: device.as_ref().map(|_| profile.idle_spin_us),
@@ -730,89 +714,8 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
         progress,
     };
     b.layout()?;
-    let mut list = phases(usize::from(q), cfg.seq_depth);
-    let mut raw_list = Vec::new();
-    let mut raw = None;
-    if let Some(url) = &cfg.remote {
-        // The NFS targets' depth beside Q and 2Q.
-        for write in [true, false] {
-            let p = Phase {
-                write,
-                pattern: Pattern::Random,
-                block: 4 * KIB,
-                depth: NFS_QD,
-                depth_label: "16",
-                policy: None,
-            };
-            list.insert(2, p);
-        }
-        // 1 MiB calls the size of the device's requests (capped by max_pages), for a fair ratio.
-        raw_list = raw_phases(cfg.seq_depth, max_request.min(MIB));
-        let depth = raw_list.iter().map(|p| p.depth).max().unwrap_or(1);
-        raw = Some(nfs_raw::RawClient::new(url, BENCH_FILE, depth, MIB, unstable_bytes)?);
-    }
-    if let Some(o) = &cfg.only {
-        list.retain(|p| selected(&p.label(), o));
-        raw_list.retain(|p| selected(&format!("{} QD={}", p.name(), p.depth_label), o));
-    }
-    let rounds = cfg.rounds.max(1);
-    let mut round_rows = Vec::with_capacity(rounds);
-    // Each raw phase runs right after the device phase it is compared with (same workload and
-    // depth), so the two sides of a target are measured seconds apart rather than a round apart,
-    // while the machine's load drifts; raw phases with no device counterpart run last. The rows
-    // keep their order: device phases, then raw ones.
-    let pair: Vec<Option<usize>> = raw_list
-        .iter()
-        .map(|rp| {
-            list.iter().position(|ph| {
-                format!("raw NFS {}", ph.name()) == rp.name() && ph.depth_label == rp.depth_label
-            })
-        })
-        .collect();
-    for round in 0..rounds {
-        let mut rows = Vec::with_capacity(list.len());
-        let mut raw_rows: Vec<Option<Row>> = vec![None; raw_list.len()];
-        let mut run_raw =
-            |b: &mut Bench<'_>, j: usize, raw_rows: &mut Vec<Option<Row>>| -> Result<(), BenchError> {
-                let (Some(r), ph) = (raw.as_mut(), &raw_list[j]) else { return Ok(()) };
-                (b.progress)(&format!(
-                    "[round {}/{rounds}, raw {}/{}] {}",
-                    round + 1,
-                    j + 1,
-                    raw_list.len(),
-                    ph.name()
-                ));
-                let (row, st) = r.run(ph, cfg.file_size, cfg.warmup, cfg.duration, cfg.ops)?;
-                if ph.write {
-                    (b.progress)(&format!(
-                        "  {} COMMITs (final {:.1} ms), {} waited for room, {} FILE_SYNC",
-                        st.commits,
-                        st.final_commit.as_secs_f64() * 1000.0,
-                        st.waited,
-                        st.full
-                    ));
-                }
-                raw_rows[j] = Some(row);
-                Ok(())
-            };
-        for (i, ph) in list.iter().enumerate() {
-            let label = if rounds > 1 {
-                format!("[round {}/{rounds}, {}/{}] {}", round + 1, i + 1, list.len(), ph.label())
-            } else {
-                format!("[{}/{}] {}", i + 1, list.len(), ph.label())
-            };
-            (b.progress)(&label);
-            rows.push(b.run_phase(ph, &label)?);
-            for j in (0..raw_list.len()).filter(|&j| pair[j] == Some(i)) {
-                run_raw(&mut b, j, &mut raw_rows)?;
-            }
-        }
-        for j in (0..raw_list.len()).filter(|&j| pair[j].is_none()) {
-            run_raw(&mut b, j, &mut raw_rows)?;
-        }
-        rows.extend(raw_rows.into_iter().flatten());
-        round_rows.push(rows);
-    }
+    let (list, raw_list, mut raw) = plan(cfg, usize::from(q), max_request, unstable_bytes)?;
+    let round_rows = run_rounds(&mut b, &list, &raw_list, raw.as_mut())?;
     let per_round = round_rows.first().map_or(0, Vec::len);
     let rows: Vec<Row> = (0..per_round).map(|i| median_row(round_rows.iter().map(|r| &r[i]))).collect();
     drop(raw);
@@ -862,71 +765,6 @@ pub fn run(cfg: &BenchConfig, progress: &mut dyn FnMut(&str)) -> Result<BenchRep
     })
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
-/// One row from the same phase's rows of every round: medians of the percentiles, IOPS and
-/// bandwidth, the largest max, summed counts, and the curve of the round whose p99.9 is the median
-/// (lower middle for an even count), so the plot shows a round that happened.
-fn median_row<'a>(rounds: impl Iterator<Item = &'a Row> + Clone) -> Row {
-    let pick = |f: fn(&Row) -> f64| median(rounds.clone().map(f).collect());
-    let mut by_tail: Vec<&Row> = rounds.clone().collect();
-    by_tail.sort_by(|a, b| a.p999_us.total_cmp(&b.p999_us));
-    let middle = by_tail[(by_tail.len() - 1) / 2];
-    Row {
-        ops: rounds.clone().map(|r| r.ops).sum(),
-        p50_us: pick(|r| r.p50_us),
-        p99_us: pick(|r| r.p99_us),
-        p999_us: pick(|r| r.p999_us),
-        max_us: rounds.clone().map(|r| r.max_us).fold(0.0, f64::max),
-        iops: pick(|r| r.iops),
-        mib_s: pick(|r| r.mib_s),
-        parked: rounds.clone().map(|r| r.parked).sum(),
-        retry_timer_fires: rounds.clone().map(|r| r.retry_timer_fires).sum(),
-        poller_cpu_us_per_op: rounds
-            .clone()
-            .map(|r| r.poller_cpu_us_per_op)
-            .collect::<Option<Vec<f64>>>()
-            .map(median),
-        commits: rounds.clone().map(|r| r.commits).sum(),
-        ..middle.clone()
-    }
-}
-
-/// The targets of every round, judged on the median of their per-round values.
-fn combine_targets(per_round: &[Vec<Target>]) -> Vec<Target> {
-    let Some(first) = per_round.first() else { return Vec::new() };
-    first
-        .iter()
-        .map(|t| {
-            let values: Vec<f64> = per_round
-                .iter()
-                .filter_map(|r| r.iter().find(|x| x.name == t.name).map(|x| x.value))
-                .collect();
-            let value = median(values.clone());
-            Target {
-                name: t.name.clone(),
-                value,
-                limit: t.limit,
-                unit: t.unit.clone(),
-                met: value <= t.limit,
-                rounds_met: values.iter().filter(|v| **v <= t.limit).count(),
-                per_round: values,
-            }
-        })
-        .collect()
-}
-
 /// The NFS targets' queue depth.
 const NFS_QD: usize = 16;
 /// The file the phases read and write.
@@ -949,336 +787,6 @@ fn raw_phases(seq_depth: usize, seq_block: usize) -> Vec<nfs_raw::RawPhase> {
         p(false, true, seq_block, seq_depth, "seq"),
         p(true, true, seq_block, seq_depth, "seq"),
     ]
-}
-
-/// The issue's NFS targets: device cost at QD=1 (p50 through the device minus the raw
-/// client's), QD=16 4k read IOPS and 1 MiB sequential bandwidth as raw over device.
-fn nfs_targets(rows: &[Row]) -> Vec<Target> {
-    let find = |w: &str, label: &str| {
-        rows.iter().find(|r| r.workload == w && r.depth_label == label && r.policy.is_none())
-    };
-    let t = |name: String, value: f64, limit: f64, unit: &str| Target {
-        name,
-        value,
-        limit,
-        unit: unit.into(),
-        met: value <= limit,
-        per_round: vec![value],
-        rounds_met: usize::from(value <= limit),
-    };
-    let mut v = Vec::new();
-    for kind in ["read", "write"] {
-        if let (Some(d), Some(r)) =
-            (find(&format!("4k rand{kind}"), "1"), find(&format!("raw NFS 4k rand{kind}"), "1"))
-        {
-            v.push(t(format!("NFS QD=1 4k {kind} p50: device - raw client"), d.p50_us - r.p50_us, 2.0, "us"));
-        }
-    }
-    if let (Some(d), Some(r)) = (find("4k randread", "16"), find("raw NFS 4k randread", "16")) {
-        v.push(t(
-            "NFS QD=16 4k read IOPS: raw client / device".into(),
-            r.iops / d.iops.max(1e-9),
-            1.0 / 0.9,
-            "x",
-        ));
-    }
-    for kind in ["read", "write"] {
-        if let (Some(d), Some(r)) =
-            (find(&format!("1M seq{kind}"), "seq"), find(&format!("raw NFS 1M seq{kind}"), "seq"))
-        {
-            v.push(t(
-                format!("NFS 1 MiB seq{kind} MiB/s: raw client / device"),
-                r.mib_s / d.mib_s.max(1e-9),
-                1.0 / 0.8,
-                "x",
-            ));
-        }
-    }
-    v
-}
-
-fn targets(rows: &[Row], floor: &pingpong::Floor, copy: &copy::CopyCost) -> Vec<Target> {
-    let find = |w: &str, label: &str, p: Option<QueueFullPolicy>| {
-        rows.iter().find(|r| r.workload == w && r.depth_label == label && r.policy == p)
-    };
-    let t = |name: String, value: f64, limit: f64, unit: &str| Target {
-        name,
-        value,
-        limit,
-        unit: unit.into(),
-        met: value <= limit,
-        per_round: vec![value],
-        rounds_met: usize::from(value <= limit),
-    };
-    let mut v = nfs_targets(rows);
-    if let Some(r) = find("4k randread", "1", None) {
-        v.push(t("QD=1 4k read p50 / ping-pong p50".into(), r.p50_us * 1000.0 / floor.p50_ns, 5.0, "x"));
-        v.push(t(
-            "QD=1 4k read p50 / (ping-pong + 4 KiB copy) p50".into(),
-            r.p50_us * 1000.0 / (floor.p50_ns + copy.p50_ns),
-            2.0,
-            "x",
-        ));
-        v.push(t("QD=1 4k read p99.9".into(), r.p999_us, 40.0, "us"));
-    }
-    for w in ["4k randread", "4k randwrite"] {
-        let retry = find(w, "2Q", Some(QueueFullPolicy::Retry1ms));
-        let refill = find(w, "2Q", Some(QueueFullPolicy::Refill));
-        let full = find(w, "Q", None);
-        if let (Some(a), Some(b)) = (retry, refill) {
-            v.push(t(
-                format!("{w} QD=2Q p99.9 refill / retry-1ms"),
-                b.p999_us / a.p999_us.max(1e-9),
-                1.0 / 60.0,
-                "x",
-            ));
-        }
-        if let (Some(b), Some(f)) = (refill, full) {
-            v.push(t(format!("{w} p99.9 refill QD=2Q / QD=Q"), b.p999_us / f.p999_us.max(1e-9), 3.0, "x"));
-        }
-    }
-    v
-}
-
-fn fmt_us(v: f64) -> String {
-    if v >= 10_000.0 {
-        format!("{:.0}", v)
-    } else if v >= 100.0 {
-        format!("{:.1}", v)
-    } else {
-        format!("{:.2}", v)
-    }
-}
-
-fn size(b: usize) -> String {
-    if b >= MIB && b.is_multiple_of(MIB) {
-        format!("{}M", b / MIB)
-    } else {
-        format!("{}K", b / KIB)
-    }
-}
-
-/// The human-readable report: header (machine, setup, floor), the table, the targets.
-pub fn render_table(r: &BenchReport) -> String {
-    use std::fmt::Write;
-    let mut s = String::new();
-    let m = &r.machine;
-    let st = &r.setup;
-    let _ = writeln!(
-        s,
-        "machine: {} x {} ({}), Linux {}, load average at start {}",
-        m.nproc,
-        m.cpu_model,
-        if m.virtual_machine { "virtual machine" } else { "bare metal" },
-        m.kernel,
-        m.loadavg_at_start
-    );
-    let _ = writeln!(
-        s,
-        "device:  {}, queue size {}, {} request queue(s), max request {}",
-        st.device,
-        st.queue_size,
-        st.request_queues,
-        size(st.max_request)
-    );
-    match (st.idle_spin_us, st.idle_sleep_us, st.busy_poll) {
-        (Some(_), Some(_), Some(true)) => {
-            let _ = writeln!(
-                s,
-                "poller:  busy (never sleeps, nor blocks on a remote backend: a dedicated core), poller core {}, \
-                 driver core {}",
-                st.poller_core.map(|c| c.to_string()).unwrap_or_else(|| "unpinned".into()),
-                st.driver_core.map(|c| c.to_string()).unwrap_or_else(|| "unpinned".into()),
-            );
-        }
-        (Some(spin), Some(sleep), _) => {
-            let _ = writeln!(
-                s,
-                "poller:  idle_spin_us={spin} idle_sleep_us={sleep} (adaptive: spins {:.0} s on empty rings before \
-                 it would park; blocks on a remote backend while its requests are out), poller core {}, driver \
-                 core {}",
-                spin as f64 / 1e6,
-                st.poller_core.map(|c| c.to_string()).unwrap_or_else(|| "unpinned".into()),
-                st.driver_core.map(|c| c.to_string()).unwrap_or_else(|| "unpinned".into()),
-            );
-        }
-        _ => {
-            let _ = writeln!(s, "poller:  external daemon, its own profile");
-        }
-    }
-    let _ = writeln!(
-        s,
-        "floor:   shared-memory ping-pong round trip p50 {:.3} us, p99 {:.3} us ({} round trips)",
-        r.floor.p50_ns / 1000.0,
-        r.floor.p99_ns / 1000.0,
-        r.floor.round_trips
-    );
-    let _ = writeln!(
-        s,
-        "noise:   ping-pong p99.9 {:.1} us, max {:.0} us, {:.0} stalls/s over {} us (a thread lost its core)",
-        r.floor.p999_ns / 1000.0,
-        r.floor.max_ns / 1000.0,
-        r.floor.stalls_per_s,
-        pingpong::STALL_NS / 1000
-    );
-    let _ = writeln!(
-        s,
-        "copy:    random 4 KiB copy out of a {} buffer p50 {:.3} us, p99.9 {:.3} us ({} copies)",
-        size(usize::try_from(r.copy.buffer_bytes).unwrap_or(usize::MAX)),
-        r.copy.p50_ns / 1000.0,
-        r.copy.p999_ns / 1000.0,
-        r.copy.copies
-    );
-    let _ =
-        writeln!(s, "phases:  {} each; latency from issue, HDR histogram; warm-up excluded", st.per_phase);
-    if st.rounds > 1 {
-        let _ = writeln!(
-            s,
-            "rounds:  {} (every phase once per round); figures are medians over the rounds, max is the largest",
-            st.rounds
-        );
-    }
-    let _ = writeln!(s);
-    let _ = writeln!(
-        s,
-        "{:<19} {:>4} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>8} {:>12}",
-        "workload",
-        "req",
-        "QD",
-        "policy",
-        "p50 us",
-        "p99 us",
-        "p99.9 us",
-        "max us",
-        "IOPS",
-        "MiB/s",
-        "parked",
-        "poller us/op"
-    );
-    for row in &r.rows {
-        let qd = match row.depth_label.as_str() {
-            "1" | "16" | "seq" => row.depth.to_string(),
-            l => format!("{}={}", l, row.depth),
-        };
-        let _ = writeln!(
-            s,
-            "{:<19} {:>4} {:>5} {:>10} {:>9} {:>9} {:>9} {:>9} {:>10.0} {:>9.1} {:>8} {:>12}",
-            row.workload,
-            size(row.request_bytes),
-            qd,
-            row.policy.map(|p| p.name()).unwrap_or("-"),
-            fmt_us(row.p50_us),
-            fmt_us(row.p99_us),
-            fmt_us(row.p999_us),
-            fmt_us(row.max_us),
-            row.iops,
-            row.mib_s,
-            row.parked,
-            row.poller_cpu_us_per_op.map_or("-".to_string(), |c| format!("{c:.1}"))
-        );
-    }
-    if !r.wakeup.is_empty() {
-        let _ = writeln!(s);
-        let _ = writeln!(
-            s,
-            "wake-up: 4k read QD=1 after 1 ms idle (adaptive: idle_spin_us=50 idle_sleep_us=200), {} requests each",
-            r.wakeup[0].requests
-        );
-        let _ = writeln!(
-            s,
-            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>14} {:>16} {:>13}",
-            "poller",
-            "p50 us",
-            "p99 us",
-            "p99.9 us",
-            "max us",
-            "added p50 us",
-            "socket doorbells",
-            "direct wakes"
-        );
-        for w in &r.wakeup {
-            let _ = writeln!(
-                s,
-                "{:<20} {:>9} {:>9} {:>9} {:>9} {:>14} {:>16} {:>13}",
-                w.variant,
-                fmt_us(w.p50_us),
-                fmt_us(w.p99_us),
-                fmt_us(w.p999_us),
-                fmt_us(w.max_us),
-                fmt_us(w.added_p50_us),
-                w.socket_doorbells,
-                w.direct_wakes
-            );
-        }
-    }
-    if let Some((waits, parks)) = r.poller_waits {
-        let _ = writeln!(s);
-        let _ = writeln!(s, "pollers: {waits} waits on the engine's readiness, {parks} parks");
-    }
-    if let Some(n) = &r.nfs {
-        let u = &n.unstable;
-        let _ = writeln!(s);
-        let _ = writeln!(
-            s,
-            "nfs: {} calls, {} retransmits, {} backlogged; UNSTABLE store: {} writes stored, {} FILE_SYNC for want of room, {} waited for room, high-water {} KiB, {} background COMMITs freeing {} KiB",
-            n.calls,
-            n.retransmits,
-            n.backlogged,
-            u.stored,
-            u.full,
-            u.waited,
-            u.high_water >> 10,
-            u.background_commits,
-            u.background_freed >> 10
-        );
-        let commits: Vec<String> = r
-            .rows
-            .iter()
-            .filter_map(|row| row.commits.map(|c| format!("{} QD={} {c}", row.workload, row.depth_label)))
-            .collect();
-        if !commits.is_empty() {
-            let _ = writeln!(s, "COMMITs per write phase (all rounds): {}", commits.join(", "));
-        }
-    }
-    let _ = writeln!(s);
-    if r.qd1_read_p50_over_floor > 0.0 {
-        let _ = writeln!(
-            s,
-            "QD=1 4k read p50 = {:.1} x the ping-pong round trip, {:.1} x (ping-pong + 4 KiB copy: {:.3} us)",
-            r.qd1_read_p50_over_floor,
-            r.qd1_read_p50_over_floor_and_copy,
-            (r.floor.p50_ns + r.copy.p50_ns) / 1000.0
-        );
-    }
-    let _ = writeln!(s, "wall time {:.1} s", r.wall_s);
-    s
-}
-
-/// The targets of the run (see [`BenchReport::targets`]), one line each, and whether every one
-/// was met: what `--check` prints and turns into the exit code.
-pub fn render_check(r: &BenchReport) -> (String, bool) {
-    use std::fmt::Write;
-    let mut s = String::new();
-    if r.targets.is_empty() {
-        let _ = writeln!(s, "check: no target applies to the phases run");
-    }
-    for t in &r.targets {
-        let _ = write!(
-            s,
-            "target {:<50} {:>10.4} {} (limit {:.4}) {}",
-            t.name,
-            t.value,
-            t.unit,
-            t.limit,
-            if t.met { "met" } else { "MISSED" }
-        );
-        if t.per_round.len() > 1 {
-            let v: Vec<String> = t.per_round.iter().map(|v| format!("{v:.4}")).collect();
-            let _ = write!(s, "; met in {} of {} rounds: {}", t.rounds_met, t.per_round.len(), v.join(" "));
-        }
-        let _ = writeln!(s);
-    }
-    (s, r.targets.iter().all(|t| t.met))
 }
 
 #[cfg(test)]

@@ -233,24 +233,48 @@ fn pin(core: Option<usize>) {
     }
 }
 
-/// Runs the fairness and scale measurements (`progress`: one line per phase).
-pub fn run(cfg: &MultiConfig, progress: &mut dyn FnMut(&str)) -> Result<MultiReport, BenchError> {
-    pin(cfg.driver_core);
-    let dir = tempfile::tempdir()?;
-    let profile = Profile {
-        description: "virtiofs-bench --multi".into(),
-        queue_size: cfg.queue_size,
-        poller_cores: cfg.poller_core.into_iter().collect(),
-        idle_spin_us: 10_000_000,
-        ..Default::default()
-    };
-    let pool = PollerPool::spawn(&profile)?;
+/// What every measurement runs on: the configuration, the pool, the functions' profile and
+/// the directory their sockets are in.
+#[derive(Clone, Copy)]
+struct Bed<'a> {
+    cfg: &'a MultiConfig,
+    pool: &'a PollerPool,
+    profile: &'a Profile,
+    dir: &'a Path,
+}
+
+/// Function B's latency alone and beside a loaded function A on the one poller.
+struct Fairness {
+    b_alone: Vec<Lat>,
+    b_beside_a: Vec<Lat>,
+    a_iops: Vec<f64>,
+    a_cpu: Vec<f64>,
+    a_spins: bool,
+}
+
+/// A busy function's QD=1 latency with idle functions beside it and alone, and what a function
+/// costs in resident memory.
+struct Scale {
+    qd1_alone: Vec<Lat>,
+    qd1_with_idle: Vec<Lat>,
+    rss_fn: u64,
+    rss_conn: u64,
+}
+
+/// A busy function's QD=1 latency alone and while functions come and go on its poller.
+struct Churn {
+    churn_alone: Vec<Lat>,
+    churn: Vec<Lat>,
+    churned: Vec<u64>,
+}
+
+/// Fairness: A and B on the one poller, B measured alone and beside A, round after round.
+fn fairness(bed: &Bed<'_>, progress: &mut dyn FnMut(&str)) -> Result<Fairness, BenchError> {
+    let Bed { cfg, pool, profile, dir } = *bed;
     let q = cfg.queue_size;
     let rounds = cfg.rounds.max(1);
-
-    // Fairness: A and B on the one poller.
-    let fa = start(&pool, &profile, dir.path(), 0)?;
-    let fb = start(&pool, &profile, dir.path(), 1)?;
+    let fa = start(pool, profile, dir, 0)?;
+    let fb = start(pool, profile, dir, 1)?;
     let rt = cfg.b_realtime;
     let (a_spins, a_core) = match rt {
         Some(_) => (true, cfg.driver_core),
@@ -325,12 +349,19 @@ pub fn run(cfg: &MultiConfig, progress: &mut dyn FnMut(&str)) -> Result<MultiRep
     }
     drop((db, da));
     drop((fa, fb));
-    let ratio = median(b_beside_a.iter().map(|l| l.p99_us).collect())
-        / median(b_alone.iter().map(|l| l.p99_us).collect());
+    Ok(Fairness { b_alone, b_beside_a, a_iops, a_cpu, a_spins })
+}
 
-    // Scale: one busy function, then 64 idle ones beside it on the same poller.
-    let busy = start(&pool, &profile, dir.path(), 2)?;
-    let (mut d, n, h) = client(&busy, q, false)?;
+/// Scale: the busy function on `d` (node `n`, handle `h`), then idle functions beside it on the
+/// same poller, alternating.
+fn scale(
+    bed: &Bed<'_>,
+    progress: &mut dyn FnMut(&str),
+    (d, n, h): (&mut FsDriver, u64, u64),
+) -> Result<Scale, BenchError> {
+    let Bed { cfg, pool, profile, dir } = *bed;
+    let q = cfg.queue_size;
+    let rounds = cfg.rounds.max(1);
     let mut qd1_alone = Vec::new();
     let mut qd1_with_idle = Vec::new();
     let n_idle = cfg.idle_functions.max(1) as u64;
@@ -342,7 +373,7 @@ pub fn run(cfg: &MultiConfig, progress: &mut dyn FnMut(&str)) -> Result<MultiRep
         let before = rss();
         let mut idle = Vec::new();
         for i in 0..cfg.idle_functions {
-            idle.push(start(&pool, &profile, dir.path(), 3 + i)?);
+            idle.push(start(pool, profile, dir, 3 + i)?);
         }
         let after_functions = rss();
         let mut clients = Vec::new();
@@ -361,29 +392,40 @@ pub fn run(cfg: &MultiConfig, progress: &mut dyn FnMut(&str)) -> Result<MultiRep
             round + 1,
             idle.len()
         ));
-        let (hist, _) = reads(&mut d, n, h, 1, cfg.warmup, cfg.duration)?;
+        let (hist, _) = reads(d, n, h, 1, cfg.warmup, cfg.duration)?;
         qd1_with_idle.push(lat(&hist));
         drop(clients);
         drop(idle);
         progress(&format!("[scale {}/{rounds}] QD=1 read, alone on the poller", round + 1));
-        let (hist, _) = reads(&mut d, n, h, 1, cfg.warmup, cfg.duration)?;
+        let (hist, _) = reads(d, n, h, 1, cfg.warmup, cfg.duration)?;
         qd1_alone.push(lat(&hist));
     }
-    // Churn: the same function's QD=1 reads while, on another thread, functions are created on
-    // its poller, brought up by a client (bring-up, INIT, one GETATTR) and removed, one after
-    // the other, for as long as the phase lasts.
+    Ok(Scale { qd1_alone, qd1_with_idle, rss_fn, rss_conn })
+}
+
+/// Churn: the busy function's QD=1 reads on `d` while, on another thread, functions are created
+/// on its poller, brought up by a client (bring-up, INIT, one GETATTR) and removed, one after
+/// the other, for as long as the phase lasts.
+fn churn(
+    bed: &Bed<'_>,
+    progress: &mut dyn FnMut(&str),
+    (d, n, h): (&mut FsDriver, u64, u64),
+) -> Result<Churn, BenchError> {
+    let Bed { cfg, pool, profile, dir } = *bed;
+    let q = cfg.queue_size;
+    let rounds = cfg.rounds.max(1);
     let mut churn_alone = Vec::new();
     let mut churn = Vec::new();
     let mut churned = Vec::new();
     for round in 0..rounds {
         progress(&format!("[churn {}/{rounds}] QD=1 read, alone", round + 1));
-        let (hist, _) = reads(&mut d, n, h, 1, cfg.warmup, cfg.duration)?;
+        let (hist, _) = reads(d, n, h, 1, cfg.warmup, cfg.duration)?;
         churn_alone.push(lat(&hist));
         progress(&format!("[churn {}/{rounds}] QD=1 read while functions come and go", round + 1));
         let stop = Arc::new(AtomicBool::new(false));
         let churner = {
             let (pool, profile, stop) = (pool.clone(), profile.clone(), stop.clone());
-            let dir = dir.path().to_path_buf();
+            let dir = dir.to_path_buf();
             std::thread::spawn(move || -> Result<u64, String> {
                 let mut made = 0u64;
                 while !stop.load(Ordering::Relaxed) {
@@ -399,12 +441,36 @@ pub fn run(cfg: &MultiConfig, progress: &mut dyn FnMut(&str)) -> Result<MultiRep
                 Ok(made)
             })
         };
-        let (hist, _) = reads(&mut d, n, h, 1, cfg.warmup, cfg.duration)?;
+        let (hist, _) = reads(d, n, h, 1, cfg.warmup, cfg.duration)?;
         stop.store(true, Ordering::Relaxed);
         let made = churner.join().map_err(|_| BenchError::Config("the churn thread panicked".into()))?;
         churned.push(made.map_err(BenchError::Config)?);
         churn.push(lat(&hist));
     }
+    Ok(Churn { churn_alone, churn, churned })
+}
+
+/// Runs the fairness and scale measurements (`progress`: one line per phase).
+pub fn run(cfg: &MultiConfig, progress: &mut dyn FnMut(&str)) -> Result<MultiReport, BenchError> {
+    pin(cfg.driver_core);
+    let dir = tempfile::tempdir()?;
+    let profile = Profile {
+        description: "virtiofs-bench --multi".into(),
+        queue_size: cfg.queue_size,
+        poller_cores: cfg.poller_core.into_iter().collect(),
+        idle_spin_us: 10_000_000,
+        ..Default::default()
+    };
+    let pool = PollerPool::spawn(&profile)?;
+    let bed = Bed { cfg, pool: &pool, profile: &profile, dir: dir.path() };
+    let Fairness { b_alone, b_beside_a, a_iops, a_cpu, a_spins } = fairness(&bed, progress)?;
+    let ratio = median(b_beside_a.iter().map(|l| l.p99_us).collect())
+        / median(b_alone.iter().map(|l| l.p99_us).collect());
+    // Scale and churn: one busy function, and others beside it on the same poller.
+    let busy = start(&pool, &profile, dir.path(), 2)?;
+    let (mut d, n, h) = client(&busy, cfg.queue_size, false)?;
+    let Scale { qd1_alone, qd1_with_idle, rss_fn, rss_conn } = scale(&bed, progress, (&mut d, n, h))?;
+    let Churn { churn_alone, churn, churned } = churn(&bed, progress, (&mut d, n, h))?;
     drop(d);
     let scale = median(qd1_with_idle.iter().map(|l| l.p50_us).collect())
         / median(qd1_alone.iter().map(|l| l.p50_us).collect());
@@ -415,7 +481,7 @@ pub fn run(cfg: &MultiConfig, progress: &mut dyn FnMut(&str)) -> Result<MultiRep
         a_iops,
         a_cpu_share: a_cpu,
         a_spins,
-        b_realtime: rt,
+        b_realtime: cfg.b_realtime,
         fairness_p99_ratio: ratio,
         qd1_alone,
         qd1_with_idle,

@@ -382,30 +382,7 @@ impl RawClient {
                 continue;
             }
             st.retry_room(&mut self.conn, &mut self.sink, &mut self.store)?;
-            if in_flight > 0 {
-                // The device's background COMMIT (`NfsEngine::maybe_commit`).
-                let wanted = self.store.past_high_water() || !st.waiting.is_empty();
-                if wanted && self.store.commit_out.is_none() && self.store.committable() {
-                    let args = Args::Commit { fh: &self.file, offset: 0, count: 0 };
-                    self.conn
-                        .call(bg_tag, &Cred::ROOT, &args, &mut self.sink)
-                        .map_err(|e| err("COMMIT", e))?;
-                    self.store.commit_out = Some(self.store.answered);
-                    self.store.commits += 1;
-                }
-            } else if final_sent.is_none() {
-                // The bench's FSYNC at the end of the device's write phase: a COMMIT of the
-                // file's stored writes, none when nothing is stored.
-                if !self.store.committable() && self.store.commit_out.is_none() {
-                    break;
-                }
-                let args = Args::Commit { fh: &self.file, offset: 0, count: 0 };
-                final_sent = Some(Instant::now());
-                self.conn
-                    .call(final_tag, &Cred::ROOT, &args, &mut self.sink)
-                    .map_err(|e| err("COMMIT", e))?;
-                self.store.commits += 1;
-            } else if final_done && self.store.commit_out.is_none() {
+            if self.commit_step(&st, in_flight, &mut final_sent, final_done, (bg_tag, final_tag))? {
                 break;
             }
         }
@@ -413,34 +390,50 @@ impl RawClient {
             (Some(m), Some(l)) => l - m,
             _ => Duration::ZERO,
         };
-        let secs = (window + final_commit).as_secs_f64().max(1e-9);
         let stats = RawPhaseStats {
             commits: self.store.commits - before.0,
             waited: self.store.waited - before.1,
             full: self.store.full - before.2,
             final_commit,
         };
-        let row = Row {
-            workload: ph.name(),
-            block: ph.block,
-            request_bytes: ph.block,
-            depth: ph.depth,
-            depth_label: ph.depth_label.to_string(),
-            policy: None,
-            ops: measured,
-            p50_us: us(&hist, 0.5),
-            p99_us: us(&hist, 0.99),
-            p999_us: us(&hist, 0.999),
-            max_us: hist.max() as f64 / 1000.0,
-            iops: measured as f64 / secs,
-            mib_s: bytes as f64 / secs / MIB as f64,
-            parked: 0,
-            retry_timer_fires: 0,
-            poller_cpu_us_per_op: None,
-            commits: ph.write.then_some(stats.commits),
-            curve: curve(&hist),
-        };
+        let row = row_of(ph, &hist, measured, bytes, window + final_commit, &stats);
         Ok((row, stats))
+    }
+
+    /// A write phase's COMMITs after a round of completions: the device's background COMMIT
+    /// while calls are in flight, then the bench's final one. Whether the phase is over.
+    fn commit_step(
+        &mut self,
+        st: &PhaseState,
+        in_flight: usize,
+        final_sent: &mut Option<Instant>,
+        final_done: bool,
+        (bg_tag, final_tag): (u32, u32),
+    ) -> Result<bool, BenchError> {
+        if in_flight > 0 {
+            // The device's background COMMIT (`NfsEngine::maybe_commit`).
+            let wanted = self.store.past_high_water() || !st.waiting.is_empty();
+            if wanted && self.store.commit_out.is_none() && self.store.committable() {
+                let args = Args::Commit { fh: &self.file, offset: 0, count: 0 };
+                self.conn.call(bg_tag, &Cred::ROOT, &args, &mut self.sink).map_err(|e| err("COMMIT", e))?;
+                self.store.commit_out = Some(self.store.answered);
+                self.store.commits += 1;
+            }
+            Ok(false)
+        } else if final_sent.is_none() {
+            // The bench's FSYNC at the end of the device's write phase: a COMMIT of the
+            // file's stored writes, none when nothing is stored.
+            if !self.store.committable() && self.store.commit_out.is_none() {
+                return Ok(true);
+            }
+            let args = Args::Commit { fh: &self.file, offset: 0, count: 0 };
+            *final_sent = Some(Instant::now());
+            self.conn.call(final_tag, &Cred::ROOT, &args, &mut self.sink).map_err(|e| err("COMMIT", e))?;
+            self.store.commits += 1;
+            Ok(false)
+        } else {
+            Ok(final_done && self.store.commit_out.is_none())
+        }
     }
 
     /// The connection's counters (retransmits, reconnects, timeouts).
@@ -522,6 +515,39 @@ impl PhaseState {
 impl Drop for RawClient {
     fn drop(&mut self) {
         let _ = setup::unmount(&self.mounted, &self.url.export, Duration::from_secs(2));
+    }
+}
+
+/// The table row of a raw phase: `measured` calls moving `bytes` in `span` (the measured calls'
+/// time plus the final COMMIT's).
+fn row_of(
+    ph: &RawPhase,
+    hist: &Histogram<u64>,
+    measured: u64,
+    bytes: u64,
+    span: Duration,
+    stats: &RawPhaseStats,
+) -> Row {
+    let secs = span.as_secs_f64().max(1e-9);
+    Row {
+        workload: ph.name(),
+        block: ph.block,
+        request_bytes: ph.block,
+        depth: ph.depth,
+        depth_label: ph.depth_label.to_string(),
+        policy: None,
+        ops: measured,
+        p50_us: us(hist, 0.5),
+        p99_us: us(hist, 0.99),
+        p999_us: us(hist, 0.999),
+        max_us: hist.max() as f64 / 1000.0,
+        iops: measured as f64 / secs,
+        mib_s: bytes as f64 / secs / MIB as f64,
+        parked: 0,
+        retry_timer_fires: 0,
+        poller_cpu_us_per_op: None,
+        commits: ph.write.then_some(stats.commits),
+        curve: curve(hist),
     }
 }
 

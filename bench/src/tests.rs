@@ -1,6 +1,7 @@
 //! Unit tests of the benchmark: the phase list, a smoke run on a tiny configuration, rounds and
 //! medians, the phase filter.
 
+use super::report::median;
 use super::*;
 
 #[test]
