@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use virtiofs_backend::nfs::fs::{NfsError, NfsFs};
 use virtiofs_backend::passthrough::uring::IoMode;
-use virtiofs_backend::passthrough::{PassthroughConfig, SetupError};
+use virtiofs_backend::passthrough::{DescriptorShare, PassthroughConfig, SetupError};
 use virtiofs_backend::ramfs::RamFsConfig;
 use virtiofs_backend::server::ServerOptions;
 use virtiofs_backend::{PassthroughFs, RamFs};
@@ -71,8 +71,9 @@ pub enum Opened {
 }
 
 /// Opens `spec`'s backend on the calling thread, blocking: checks a shared directory (kept
-/// open if `keep`), mounts an NFS export.
-pub fn open(spec: &FunctionSpec, keep: bool) -> Result<Opened, BackendError> {
+/// open if `keep`; its nodes and handles limited to `share` of the daemon's descriptors),
+/// mounts an NFS export.
+pub fn open(spec: &FunctionSpec, keep: bool, share: DescriptorShare) -> Result<Opened, BackendError> {
     let posix_acl = spec.fuse.posix_acl;
     match &spec.backend {
         BackendSpec::Ram { cache, size, inodes } => {
@@ -83,6 +84,7 @@ pub fn open(spec: &FunctionSpec, keep: bool) -> Result<Opened, BackendError> {
         BackendSpec::SharedDir { shared_dir, cache, io_mode, refuse } => {
             let mut cfg = PassthroughConfig::new(shared_dir);
             (cfg.cache, cfg.policy, cfg.posix_acl) = (*cache, *refuse, posix_acl);
+            cfg.descriptor_share = share;
             let fs = PassthroughFs::new(cfg.clone()).map_err(|source| shared(&cfg.root, source))?;
             Ok(Opened::SharedDir { fs: keep.then(|| Box::new(fs)), cfg, io_mode: *io_mode })
         }
@@ -112,6 +114,8 @@ pub struct Built {
     pub handler: Arc<dyn RequestHandler>,
     /// Its FUSE statistics.
     pub fuse: FuseStatsFn,
+    /// The descriptors a shared directory's nodes and handles may take (0 for other backends).
+    pub descriptors: u64,
 }
 
 /// Builds the handler of a function whose FUSE server offers `options` over what [`open`]
@@ -126,7 +130,7 @@ pub fn build(
         Opened::Ram(cfg) => {
             let h = Arc::new(FuseHandler::with_options(RamFs::with_config(cfg), options));
             let s = h.clone();
-            Built { handler: h, fuse: Arc::new(move || s.stats()) }
+            Built { handler: h, fuse: Arc::new(move || s.stats()), descriptors: 0 }
         }
         Opened::SharedDir { fs, mut cfg, io_mode } => {
             let fs = match (fs, inside) {
@@ -139,16 +143,17 @@ pub fn build(
             };
             let mut fs = fs;
             fs.set_io_mode(io_mode);
+            let descriptors = fs.descriptor_limit();
             let h = Arc::new(FuseHandler::with_options(fs, options));
             let s = h.clone();
             let stats = move || FuseStats { io: Some(s.server().filesystem().engine_stats()), ..s.stats() };
-            Built { handler: h, fuse: Arc::new(stats) }
+            Built { handler: h, fuse: Arc::new(stats), descriptors }
         }
         Opened::Remote(fs) => {
             let h = Arc::new(FuseHandler::with_options(*fs, options));
             let s = h.clone();
             let stats = move || FuseStats { nfs: Some(s.server().filesystem().stats()), ..s.stats() };
-            Built { handler: h, fuse: Arc::new(stats) }
+            Built { handler: h, fuse: Arc::new(stats), descriptors: 0 }
         }
     })
 }

@@ -16,6 +16,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use serde::Serialize;
 use serde_json::Value;
+use virtiofs_backend::passthrough::DescriptorShare;
 use virtiofs_device::config::{Placement, Profile};
 use virtiofs_device::poller::PollerPool;
 use virtiofs_device::stats::{ClientState, DeviceStats};
@@ -46,6 +47,13 @@ pub enum FunctionError {
     /// The function is being removed already.
     #[error("function {0:?} is being removed already")]
     Removing(String),
+    /// `create_function` is off (no `--allow-create`), or the function uses what it does not
+    /// allow.
+    #[error("{0}")]
+    NotAllowed(String),
+    /// The daemon serves as many functions as `--max-functions` allows.
+    #[error("the daemon serves {0} functions already, the most --max-functions allows")]
+    TooMany(usize),
     /// Functions cannot be added to this daemon now.
     #[error("functions cannot be created at run time: {0}")]
     Refused(&'static str),
@@ -121,6 +129,8 @@ struct Function {
     device: Option<RunningDevice>,
     stop: StopHandle,
     fuse: FuseStatsFn,
+    /// The descriptors its shared directory's nodes and handles may take (0: another backend).
+    descriptors: u64,
 }
 
 impl Function {
@@ -184,13 +194,16 @@ struct Inner {
     defaults: Option<Defaults>,
     /// Why new functions are refused (when `defaults` is `None`).
     refused: &'static str,
+    /// The most functions served at once (`--max-functions`).
+    max: usize,
 }
 
 impl FunctionSet {
     /// A set of functions on `pool`; `defaults`: what `create_function` inherits (`None`
     /// refuses it, saying `why`: a confined daemon can bind no new socket).
-    pub fn new(pool: PollerPool, defaults: Option<Defaults>, why: &'static str) -> Self {
-        let inner = Inner { functions: Vec::new(), next_ordinal: 0, defaults, refused: why };
+    /// At most `max` functions are served at once.
+    pub fn new(pool: PollerPool, defaults: Option<Defaults>, why: &'static str, max: usize) -> Self {
+        let inner = Inner { functions: Vec::new(), next_ordinal: 0, defaults, refused: why, max };
         FunctionSet { pool, inner: Mutex::new(inner) }
     }
 
@@ -216,6 +229,9 @@ impl FunctionSet {
         if inner.functions.iter().any(|f| f.tag == tag) {
             return Err(FunctionError::Exists(tag));
         }
+        if inner.functions.len() >= inner.max {
+            return Err(FunctionError::TooMany(inner.functions.len()));
+        }
         let pollers = spec.pollers.as_deref();
         if let Some(p) = pollers.and_then(|p| p.iter().find(|&&p| p >= self.pool.pollers())) {
             return Err(FunctionError::Invalid(format!(
@@ -234,7 +250,17 @@ impl FunctionSet {
         )?;
         inner.next_ordinal += 1;
         let stop = device.stop_handle();
-        let f = Function { tag, socket, spec, placement, device: Some(device), stop, fuse: built.fuse };
+        let descriptors = built.descriptors;
+        let f = Function {
+            tag,
+            socket,
+            spec,
+            placement,
+            device: Some(device),
+            stop,
+            fuse: built.fuse,
+            descriptors,
+        };
         let info = f.info();
         log::info!("function {:?} on {}: {}", info.tag, info.socket_path.display(), f.spec.summary());
         log::info!("function {:?}: queues on pollers {:?}", info.tag, info.queue_pollers);
@@ -250,19 +276,42 @@ impl FunctionSet {
             let inner = self.lock();
             inner.defaults.clone().ok_or(FunctionError::Refused(inner.refused))?
         };
-        let spec = FunctionSpec::from_rpc(&defaults, params)?;
+        let Some(allowed) = &defaults.allow_create else {
+            return Err(FunctionError::NotAllowed(
+                "create_function is off: start the daemon with --allow-create sockets=DIR[,roots=DIR][,remotes=HOST]"
+                    .into(),
+            ));
+        };
+        {
+            let inner = self.lock();
+            if inner.functions.len() >= inner.max {
+                return Err(FunctionError::TooMany(inner.functions.len()));
+            }
+        }
+        let mut spec = FunctionSpec::from_rpc(&defaults, params)?;
+        allowed.check(&mut spec).map_err(FunctionError::NotAllowed)?;
         if self.contains(spec.tag()) {
             return Err(FunctionError::Exists(spec.tag().into()));
         }
         let crate::settings::Socket::SocketPath(path) = &spec.socket else {
             return Err(FunctionError::Invalid("`socket_path` is required".into()));
         };
-        let opened = backends::open(&spec, true)?;
+        let opened = backends::open(&spec, true, self.descriptor_share())?;
         let listener = vfio_user::Listener::bind(path)?;
         let (gid, mode) = defaults.socket_access;
         deploy::set_socket_access(path, gid, mode)?;
         let built = backends::build(spec.fuse.server, opened, None)?;
         self.start(listener, spec, built)
+    }
+
+    /// The descriptor share of a shared directory created now: what the running ones leave of
+    /// the budget, at most an equal part (see `DescriptorShare::Left`).
+    fn descriptor_share(&self) -> DescriptorShare {
+        let inner = self.lock();
+        let running = inner.functions.iter().filter(|f| f.descriptors > 0);
+        let (taken, running) =
+            running.fold((0u64, 0usize), |(t, n), f| (t.saturating_add(f.descriptors), n + 1));
+        DescriptorShare::Left { taken, running }
     }
 
     /// Whether a function has this tag.

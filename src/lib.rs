@@ -248,19 +248,21 @@ pub struct RunningDevice {
 
 impl RunningDevice {
     /// Starts a device on `socket` (listening when this returns) whose requests go to
-    /// `handler`, with pollers of its own as `profile` places them: one device alone, for the
-    /// tests and the benchmarks. The daemon's functions start with [`Self::start_on_pool`].
+    /// `handler`, on a pool of pollers of its own as `profile` places them: one device alone,
+    /// for the tests and the benchmarks. The daemon's functions start with
+    /// [`Self::start_on_pool`].
     pub fn start_with(
         socket: &Path,
         profile: Profile,
         handler: Arc<dyn RequestHandler>,
     ) -> Result<Self, ServerError> {
-        Self::start_with_pollers(vfio_user::Listener::bind(socket)?, profile, handler, None)
+        let pool = PollerPool::spawn(&profile).map_err(ServerError::Setup)?;
+        let placement = Placement::of_profile(&profile);
+        Self::start_on_pool(vfio_user::Listener::bind(socket)?, profile, handler, &pool, placement)
     }
 
     /// Starts a device on a socket bound earlier whose queues are served by the shared
-    /// pollers of `pool`, placed as `placement` says: one function among several of a daemon
-    /// (its control plane is a thread of its own).
+    /// pollers of `pool`, placed as `placement` says (its control plane is a thread of its own).
     pub fn start_on_pool(
         listener: vfio_user::Listener,
         profile: Profile,
@@ -268,21 +270,13 @@ impl RunningDevice {
         pool: &PollerPool,
         placement: Placement,
     ) -> Result<Self, ServerError> {
-        Self::start_with_pollers(listener, profile, handler, Some((pool, placement)))
-    }
-
-    fn start_with_pollers(
-        listener: vfio_user::Listener,
-        profile: Profile,
-        handler: Arc<dyn RequestHandler>,
-        pool: Option<(&PollerPool, Placement)>,
-    ) -> Result<Self, ServerError> {
         let socket = listener.path().to_path_buf();
-        let name = if pool.is_some() { format!("vfio-user-{}", profile.tag) } else { "vfio-user".into() };
-        let server = vfio_user::Server::with_pollers(listener, &profile, handler, pool)?;
+        let server = vfio_user::Server::on_pool(listener, &profile, handler, pool, placement)?;
         let stop = server.stop_handle();
-        let join =
-            std::thread::Builder::new().name(name).spawn(move || server.run()).map_err(ServerError::Setup)?;
+        let join = std::thread::Builder::new()
+            .name(format!("vfio-user-{}", profile.tag))
+            .spawn(move || server.run())
+            .map_err(ServerError::Setup)?;
         Ok(RunningDevice { socket, stop, join: Some(join) })
     }
 

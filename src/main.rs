@@ -17,7 +17,9 @@ use virtiofs_dpu::ops::control_socket::ControlClient;
 use virtiofs_dpu::ops::deploy;
 use virtiofs_dpu::ops::logger::{self, LogFormat};
 use virtiofs_dpu::ops::report::{self, StatsReport};
-use virtiofs_dpu::settings::{keys, CommandLine, DaemonOptions, DaemonSpec, FunctionKeys, LogSpec, Socket};
+use virtiofs_dpu::settings::{
+    keys, AllowCreate, CommandLine, DaemonOptions, DaemonSpec, FunctionKeys, LogSpec, Socket,
+};
 
 /// virtio-fs device firmware served over vfio-user.
 ///
@@ -37,18 +39,34 @@ struct Args {
     /// binding --socket-path.
     #[arg(long, value_name = "N", conflicts_with = "socket_path")]
     fd: Option<i32>,
-    /// Group that owns the vfio-user socket and the control socket (a name or a gid), so that a
-    /// QEMU or libvirt in that group, not root, can connect.
+    /// Group that owns the vfio-user sockets (a name or a gid), so that a QEMU or libvirt in
+    /// that group, not root, can connect. Not the control socket's (--control-socket-group).
     #[arg(long, value_name = "GROUP")]
     socket_group: Option<String>,
-    /// Permission bits of the vfio-user socket and the control socket, octal (e.g. 0660;
-    /// connecting needs write permission). Default: as the umask leaves them.
+    /// Permission bits of the vfio-user sockets, octal (e.g. 0660; connecting needs write
+    /// permission). Default: as the umask leaves them. Not the control socket's.
     #[arg(long, value_name = "MODE", value_parser = deploy::parse_mode)]
     socket_mode: Option<u32>,
     /// Serve JSON-RPC 2.0 on this unix socket (get_device, get_stats, reset_stats,
     /// set_log_level): read it with `virtiofs-dpu stats --control-socket PATH`.
     #[arg(long, value_name = "PATH")]
     control_socket: Option<PathBuf>,
+    /// Group of the control socket (a name or a gid): its members may use it, besides root and
+    /// the daemon's uid (each client's credentials are checked). Default: none.
+    #[arg(long, value_name = "GROUP")]
+    control_socket_group: Option<String>,
+    /// Permission bits of the control socket, octal (e.g. 0660 with --control-socket-group).
+    #[arg(long, value_name = "MODE", value_parser = deploy::parse_mode, default_value = "0600")]
+    control_socket_mode: u32,
+    /// Turn create_function on, limited to these share roots, socket directories and remote
+    /// hosts: KIND=VALUE[,KIND=VALUE...] with KIND roots (a shared_dir must lie beneath one),
+    /// sockets (a socket_path must be a name in one) or remotes (a remote's host). Repeatable.
+    /// Without it create_function is refused.
+    #[arg(long, value_name = "KIND=VALUE,...")]
+    allow_create: Vec<String>,
+    /// The most functions the daemon serves at once (the profile's and create_function's).
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    max_functions: u16,
     /// Log level: off, error, warn, info, debug (every vfio-user command) or trace. Default:
     /// RUST_LOG if it is one of these, else info.
     #[arg(long, value_name = "LEVEL", value_parser = level_arg)]
@@ -165,7 +183,7 @@ struct Args {
     #[arg(
         long,
         value_name = "SIZE",
-        value_parser = keys::parse_size,
+        value_parser = keys::parse_ramfs_size,
         conflicts_with = "shared_dir",
         help_heading = "Filesystem (virtiofsd's options)"
     )]
@@ -240,10 +258,30 @@ impl Args {
                 stats_file: self.stats_file.clone(),
                 socket_group: self.socket_group.as_deref().map(deploy::group_id).transpose()?,
                 socket_mode: self.socket_mode,
+                control_socket_group: self
+                    .control_socket_group
+                    .as_deref()
+                    .map(deploy::group_id)
+                    .transpose()?,
+                control_socket_mode: self.control_socket_mode,
+                allow_create: self.allow_create()?,
+                max_functions: usize::from(self.max_functions),
                 rlimit_nofile: self.rlimit_nofile,
                 log: LogSpec { format: self.log_format, syslog: self.syslog },
             },
         })
+    }
+
+    /// `--allow-create`, read (`None`: not given).
+    fn allow_create(&self) -> Result<Option<AllowCreate>, deploy::DeployError> {
+        if self.allow_create.is_empty() {
+            return Ok(None);
+        }
+        let mut a = AllowCreate::default();
+        for arg in &self.allow_create {
+            a.add(arg).map_err(deploy::DeployError::Usage)?;
+        }
+        Ok(Some(a))
     }
 
     /// The refusal of a virtiofsd option this daemon does not take, if one was given.

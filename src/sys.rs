@@ -49,3 +49,50 @@ pub fn set_nofile_limit(soft: u64, hard: u64) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// The credentials of a unix socket's peer as the kernel recorded them when it connected
+/// (`SO_PEERCRED`): its pid, effective uid and effective gid.
+pub fn peer_credentials(fd: &impl std::os::fd::AsFd) -> io::Result<(i32, u32, u32)> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: the descriptor is open (borrowed for the call); `cred` is a valid, writable
+    // `ucred` of `len` bytes, which the kernel fills and `len` says how much of it it wrote.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if len as usize != std::mem::size_of::<libc::ucred>() {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "SO_PEERCRED: short answer"));
+    }
+    Ok((cred.pid, cred.uid, cred.gid))
+}
+
+/// This process's effective uid.
+pub fn effective_uid() -> u32 {
+    // SAFETY: `geteuid` takes no arguments, touches no memory and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Takes an exclusive `flock` on `file` without waiting: `Ok(false)` if another open file
+/// description holds one.
+pub fn try_lock_exclusive(file: &std::fs::File) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `flock` on the open descriptor `file` borrows for the call; it touches no memory.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        return Ok(false);
+    }
+    Err(e)
+}

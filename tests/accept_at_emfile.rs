@@ -130,12 +130,13 @@ fn a_connection_in_the_backlog_is_accepted_as_soon_as_a_descriptor_is_free() {
     let mut a = Client::connect(&d.sock).unwrap();
     a.set_timeout(Duration::from_secs(5)).unwrap();
     a.version(&ClientCaps::default()).unwrap();
-    // Three windows, each a file of its own the daemon keeps open.
+    // Three windows, each a memfd of its own the daemon keeps open (DMA_MAP takes only shmem or
+    // hugetlbfs files); /proc/PID/fd names a memfd "/memfd:NAME (deleted)".
     let windows: Vec<(PathBuf, std::fs::File, u64)> = (0..3u64)
         .map(|i| {
-            let path = d.dir.path().join(format!("window-{i}"));
-            let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).unwrap();
-            f.set_len(1 << 20).unwrap();
+            let name = format!("window-{}-{i}", std::process::id());
+            let path = PathBuf::from(format!("/memfd:{name} (deleted)"));
+            let f = virtiofs_device::memory::memfd(&name, 1 << 20).unwrap();
             let iova = (1 << 32) + (i << 20);
             a.dma_map(3, 0, iova, 1 << 20, Some(f.as_raw_fd())).unwrap();
             (path, f, iova)

@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use virtiofs_backend::filesystem::seam::DirentWriter;
 use virtiofs_backend::filesystem::seam::{Completions, FsEngine, Started, Token};
 use virtiofs_backend::filesystem::{self, Context, FileSystem, LockAccess, Reply};
-use virtiofs_backend::request::{Op, Request};
+use virtiofs_backend::request::{Op, ReadArgs, Request, WriteArgs};
 use virtiofs_backend::server::serve_sync;
-use virtiofs_backend::server::DirentWriter;
 use virtiofs_backend::RamFs;
 use virtiofs_dpu::config::Profile;
 use virtiofs_dpu::{FuseHandler, RunningDevice};
@@ -70,9 +70,9 @@ enum Deferred {
     /// Served at start (the reply's data, if any, is in its held buffers already).
     Ready(Token, filesystem::Result<Reply>),
     /// Read at completion time, into the held reply buffers.
-    Read { token: Token, ctx: Context, ino: u64, fh: u64, offset: u64, size: u32 },
+    Read { token: Token, ctx: Context, ino: u64, args: ReadArgs },
     /// Written at completion time, from the held payload.
-    Write { token: Token, ctx: Context, ino: u64, fh: u64, offset: u64, size: u32, flags: u32 },
+    Write { token: Token, ctx: Context, ino: u64, args: WriteArgs },
     /// Listed at completion time, into the held reply buffers.
     Readdir { token: Token, ctx: Context, ino: u64, fh: u64, offset: u64, plus: bool },
 }
@@ -93,10 +93,8 @@ impl FsEngine<LaterFs> for Later {
         self.counters.started.fetch_add(1, Ordering::Relaxed);
         let (ctx, ino) = (req.ctx, req.nodeid);
         let d = match req.op {
-            Op::Read { fh, offset, size } => Deferred::Read { token, ctx, ino, fh, offset, size },
-            Op::Write { fh, offset, size, write_flags, .. } => {
-                Deferred::Write { token, ctx, ino, fh, offset, size, flags: write_flags }
-            }
+            Op::Read(args) => Deferred::Read { token, ctx, ino, args },
+            Op::Write { args, .. } => Deferred::Write { token, ctx, ino, args },
             Op::Readdir { fh, offset, .. } => Deferred::Readdir { token, ctx, ino, fh, offset, plus: false },
             Op::Readdirplus { fh, offset, .. } => {
                 Deferred::Readdir { token, ctx, ino, fh, offset, plus: true }
@@ -115,14 +113,14 @@ impl FsEngine<LaterFs> for Later {
         while let Some(d) = self.queue.pop() {
             let (token, reply) = match d {
                 Deferred::Ready(token, reply) => (token, reply),
-                Deferred::Read { token, ctx, ino, fh, offset, size } => {
+                Deferred::Read { token, ctx, ino, args } => {
                     let mut w = done.data(token).expect("a pending READ has its reply buffers");
-                    (token, fs.ram.read(&ctx, ino, fh, offset, size, &mut w).map(Reply::Data))
+                    (token, fs.ram.read(&ctx, ino, &args, &mut w).map(Reply::Data))
                 }
-                Deferred::Write { token, ctx, ino, fh, offset, size, flags } => {
+                Deferred::Write { token, ctx, ino, args } => {
                     let mut p = done.payload(token).expect("a pending WRITE has its payload");
-                    assert_eq!(p.bytes_left(), size as usize);
-                    (token, fs.ram.write(&ctx, ino, fh, offset, size, flags, &mut p).map(Reply::Written))
+                    assert_eq!(p.bytes_left(), args.size as usize);
+                    (token, fs.ram.write(&ctx, ino, &args, &mut p).map(Reply::Written))
                 }
                 Deferred::Readdir { token, ctx, ino, fh, offset, plus } => {
                     let mut w = done.data(token).expect("a pending READDIR has its reply buffers");
@@ -315,5 +313,8 @@ fn the_wrapper_has_no_synchronous_data_path() {
     let mut buf = [0u8; 8];
     let bufs = [VolatileSlice::from(&mut buf[..])];
     let mut w = virtiofs_backend::io::Writer::new(&bufs);
-    assert_eq!(fs.read(&ctx, ROOT, 0, 0, 8, &mut w), Err(filesystem::Error::NotImplemented));
+    assert_eq!(
+        fs.read(&ctx, ROOT, &ReadArgs { fh: 0, offset: 0, size: 8 }, &mut w),
+        Err(filesystem::Error::NotImplemented)
+    );
 }

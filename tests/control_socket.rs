@@ -327,3 +327,258 @@ fn the_exposition_checker_rejects_malformed_text() {
     let h = "# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\nh_count 1\nh_sum 1\n";
     assert!(check_exposition(h).is_err(), "not cumulative");
 }
+
+/// A daemon of one RAM function (tag `a`) with a control socket, given `extra` flags; waits for
+/// both sockets.
+fn daemon_with(dir: &Path, extra: &[&str]) -> Daemon {
+    let (sock, ctl) = (dir.join("d.sock"), dir.join("ctl.sock"));
+    // A killed daemon's socket files stay: not to be taken for the new one's.
+    let _ = std::fs::remove_file(&sock);
+    let _ = std::fs::remove_file(&ctl);
+    let d = Daemon(
+        Command::new(BIN)
+            .args(["--socket-path", sock.to_str().unwrap(), "--tag", "a"])
+            .args(["--control-socket", ctl.to_str().unwrap()])
+            .args(extra)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for(&sock);
+    wait_for(&ctl);
+    // Answering: its socket files' access is set by then.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ControlClient::connect(&ctl).and_then(|mut c| c.call("rpc_get_methods", Value::Null)).is_err() {
+        assert!(Instant::now() < deadline, "the control socket does not answer");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    d
+}
+
+/// `virtiofs-dpu stats` run as `uid`:`gid` against `ctl`: its exit status and stderr.
+fn stats_as(ctl: &Path, uid: u32, gid: u32) -> (bool, String) {
+    use std::os::unix::process::CommandExt;
+    let out = Command::new(BIN)
+        .args(["stats", "--json", "--function", "a", "--control-socket", ctl.to_str().unwrap()])
+        .uid(uid)
+        .gid(gid)
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The control socket has its own owner, group and mode (issue 21): by default the daemon's
+/// uid's, mode 0600, whatever --socket-group and --socket-mode give the vfio-user socket;
+/// --control-socket-group and --control-socket-mode set it. And, run as root, a client of
+/// another uid that the file's mode lets connect is still refused by its credentials unless it
+/// is of the control group.
+#[test]
+fn the_control_socket_has_its_own_access_and_checks_its_clients() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let (uid, gid) = own_ids();
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let _d = daemon_with(dir.path(), &["--socket-group", "4321", "--socket-mode", "0666"]);
+        let vfio = std::fs::metadata(dir.path().join("d.sock")).unwrap();
+        assert_eq!((vfio.gid(), vfio.mode() & 0o777), (4321, 0o666), "the vfio-user socket's access");
+        let m = std::fs::metadata(dir.path().join("ctl.sock")).unwrap();
+        assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (uid, gid, 0o600), "the control socket's default");
+        ControlClient::connect(&dir.path().join("ctl.sock"))
+            .unwrap()
+            .call("get_device", Value::Null)
+            .unwrap();
+    }
+    {
+        let _d =
+            daemon_with(dir.path(), &["--control-socket-group", "4321", "--control-socket-mode", "0660"]);
+        let m = std::fs::metadata(dir.path().join("ctl.sock")).unwrap();
+        assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (uid, 4321, 0o660));
+    }
+    if uid != 0 {
+        eprintln!("not root: the check of another uid's credentials is not run");
+        return;
+    }
+    // Another uid may reach the socket file (mode 0666, a directory it may search) ...
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ctl = dir.path().join("ctl.sock");
+    {
+        let _d = daemon_with(dir.path(), &["--control-socket-mode", "0666"]);
+        // ... but is refused by its credentials, with a reason.
+        let (ok, err) = stats_as(&ctl, 65534, 65534);
+        assert!(!ok && err.contains("permission denied"), "{err}");
+        // Root still may.
+        let (ok, err) = stats_as(&ctl, 0, 0);
+        assert!(ok, "{err}");
+    }
+    {
+        // A member of the control group may; another group may not.
+        let _d =
+            daemon_with(dir.path(), &["--control-socket-group", "65534", "--control-socket-mode", "0666"]);
+        let (ok, err) = stats_as(&ctl, 65534, 65534);
+        assert!(ok, "{err}");
+        let (ok, err) = stats_as(&ctl, 65533, 65533);
+        assert!(!ok && err.contains("permission denied"), "{err}");
+    }
+}
+
+/// This test process's effective uid and gid, from /proc (no `unsafe` in tests).
+fn own_ids() -> (u32, u32) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let field = |name: &str| {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split_whitespace().nth(2).unwrap().parse::<u32>().unwrap()
+    };
+    (field("Uid:"), field("Gid:"))
+}
+
+/// `create_function` is off without `--allow-create`, and with it refuses a share outside the
+/// allowed roots (by `..` or by a symbolic link too), a socket outside the allowed directories,
+/// a socket name that is a symbolic link or a file, and a remote host not listed; what is
+/// allowed is created, on its canonical paths.
+#[test]
+fn create_function_is_limited_to_what_allow_create_names() {
+    use virtiofs_dpu::ops::control_socket::ClientError;
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = dir.path().join("ctl.sock");
+    let denied = |c: &mut ControlClient, params: Value, what: &str| {
+        let e = c.call("create_function", params.clone()).unwrap_err();
+        match &e {
+            ClientError::Rpc { code: -32001, message, .. } if message.contains(what) => {}
+            _ => panic!("{params}: expected a refusal naming {what:?}, got {e:?}"),
+        }
+    };
+    {
+        let _d = daemon_with(dir.path(), &[]);
+        let mut c = ControlClient::connect(&ctl).unwrap();
+        let s = dir.path().join("x.sock");
+        denied(&mut c, json!({"socket_path": s, "tag": "x"}), "--allow-create");
+        denied(&mut c, json!({"socket_path": s, "tag": "x", "shared_dir": "/"}), "--allow-create");
+        assert!(!s.exists());
+    }
+    let (roots, socks, other) =
+        (dir.path().join("shares"), dir.path().join("socks"), dir.path().join("other"));
+    for d in [&roots, &socks, &other, &roots.join("sub")] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::os::unix::fs::symlink(&other, roots.join("link")).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("elsewhere.sock"), socks.join("link.sock")).unwrap();
+    std::fs::write(socks.join("file.sock"), b"not a socket").unwrap();
+    std::fs::write(dir.path().join("elsewhere.sock"), b"").unwrap();
+    let allow = format!("roots={},sockets={}", roots.display(), socks.display());
+    let _d = daemon_with(dir.path(), &["--allow-create", &allow, "--allow-create", "remotes=10.0.0.5"]);
+    let mut c = ControlClient::connect(&ctl).unwrap();
+    let ok_sock = socks.join("ok.sock");
+    for (share, why) in [
+        ("/".into(), "not beneath"),
+        (roots.join("../other"), "not beneath"),
+        (roots.join("link"), "not beneath"),
+    ] {
+        denied(&mut c, json!({"socket_path": ok_sock, "tag": "x", "shared_dir": share}), why);
+    }
+    for (sock, why) in [
+        (dir.path().join("x.sock"), "is not allowed"),
+        (socks.join("../x.sock"), "is not allowed"),
+        (socks.join("link.sock"), "symbolic link"),
+        (socks.join("file.sock"), "not a socket"),
+    ] {
+        denied(&mut c, json!({"socket_path": sock, "tag": "x"}), why);
+    }
+    denied(
+        &mut c,
+        json!({"socket_path": ok_sock, "tag": "x", "remote": "nfs://10.0.0.6/export"}),
+        "10.0.0.6",
+    );
+    // Nothing was bound or written by the refusals.
+    assert!(!ok_sock.exists() && !dir.path().join("x.sock").exists());
+    assert_eq!(std::fs::read(socks.join("file.sock")).unwrap(), b"not a socket");
+    assert_eq!(std::fs::read(dir.path().join("elsewhere.sock")).unwrap(), b"");
+    // Allowed: a share beneath the root (named through a `..` that stays inside), a socket in
+    // the directory.
+    let info = c
+        .call(
+            "create_function",
+            json!({"socket_path": ok_sock, "tag": "ok", "shared_dir": roots.join("sub/../sub")}),
+        )
+        .unwrap();
+    assert_eq!(info["backend"], json!("passthrough"), "{info}");
+    let canon_sock = socks.canonicalize().unwrap().join("ok.sock");
+    assert_eq!(info["socket_path"], json!(canon_sock), "{info}");
+    assert_eq!(
+        info["spec"]["backend"]["shared_dir"],
+        json!(roots.join("sub").canonicalize().unwrap()),
+        "{info}"
+    );
+    assert!(ok_sock.exists());
+    let tags: Vec<Value> = c
+        .call("list_functions", Value::Null)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["tag"].clone())
+        .collect();
+    assert_eq!(tags, [json!("a"), json!("ok")]);
+}
+
+/// A second daemon given a live daemon's `--control-socket` refuses to start (non-zero exit,
+/// naming the socket in use) and leaves it serving: whether the lock file tells it, or, with
+/// the lock file gone, the socket answering a connection.
+#[test]
+fn a_second_daemon_does_not_take_a_live_control_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = dir.path().join("ctl.sock");
+    let _first = daemon_with(dir.path(), &[]);
+    let second = |name: &str| {
+        let sock = dir.path().join(name);
+        let out = Command::new(BIN)
+            .args(["--socket-path", sock.to_str().unwrap(), "--control-socket", ctl.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(!sock.exists(), "the refused daemon's own socket stays behind");
+        (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let answers = || {
+        let mut c = ControlClient::connect(&ctl).expect("the first daemon's control socket is still there");
+        let dev = c.call("get_device", Value::Null).unwrap();
+        assert_eq!(dev["config"]["socket_path"], json!(dir.path().join("d.sock")), "{dev}");
+    };
+    let (status, err) = second("e.sock");
+    assert!(!status.success() && err.contains("in use") && err.contains("lock file"), "{status}: {err}");
+    answers();
+    // Without the lock file the connect probe finds the socket alive.
+    std::fs::remove_file(dir.path().join("ctl.sock.lock")).unwrap();
+    let (status, err) = second("f.sock");
+    assert!(!status.success() && err.contains("accepts connections"), "{status}: {err}");
+    answers();
+}
+
+/// Bounds on what a `create_function` client can make the daemon hold: a numeric key past its
+/// bound is refused naming the key and the bound, and no more than `--max-functions` functions.
+#[test]
+fn create_function_is_bounded() {
+    use virtiofs_dpu::ops::control_socket::ClientError;
+    let dir = tempfile::tempdir().unwrap();
+    let allow = format!("sockets={}", dir.path().display());
+    let _d = daemon_with(dir.path(), &["--allow-create", &allow, "--max-functions", "2"]);
+    let mut c = ControlClient::connect(&dir.path().join("ctl.sock")).unwrap();
+    let s = |n: &str| dir.path().join(n);
+    for (key, value, bound) in [
+        ("ramfs_size", json!("2T"), "1099511627776"),
+        ("ramfs_inodes", json!(1u64 << 33), "4294967296"),
+        ("nfs_max_nodes", json!(1u64 << 30), "16777216"),
+        ("nfs_unstable_bytes", json!(1u64 << 40), "4294967296"),
+    ] {
+        let mut params = json!({"socket_path": s("x.sock"), "tag": "x"});
+        params[key] = value;
+        let e = c.call("create_function", params).unwrap_err();
+        assert!(
+            matches!(&e, ClientError::Rpc { code: -32602, message, .. } if message.contains(key) && message.contains(bound)),
+            "{key}: {e:?}"
+        );
+    }
+    assert!(!s("x.sock").exists());
+    c.call("create_function", json!({"socket_path": s("b.sock"), "tag": "b"})).unwrap();
+    let e = c.call("create_function", json!({"socket_path": s("c.sock"), "tag": "c"})).unwrap_err();
+    assert!(matches!(&e, ClientError::Rpc { message, .. } if message.contains("--max-functions")), "{e:?}");
+    assert!(!s("c.sock").exists());
+}

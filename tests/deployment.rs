@@ -145,9 +145,13 @@ fn activation_for_another_process_or_a_bad_descriptor_is_refused() {
     let (code, err) = run("exec \"$0\" --fd 9 9</dev/null", l);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--fd 9") && err.contains("not a socket"), "{err}");
-    // --fd naming a closed descriptor.
-    let l = UnixListener::bind(dir.path().join("c")).unwrap();
-    let (code, err) = run("exec \"$0\" --fd 12", l);
-    assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("--fd 12") && err.contains("not open"), "{err}");
+    // --fd naming a closed descriptor; 3 is the number the daemon's own first descriptor would
+    // take, so it must be claimed (and found closed) before the daemon opens anything.
+    // (The shell's redirections take one digit: 12 is simply never opened.)
+    for (fd, script) in [(3, "exec \"$0\" --fd 3 3<&-"), (12, "exec \"$0\" --fd 12")] {
+        let l = UnixListener::bind(dir.path().join(format!("c{fd}"))).unwrap();
+        let (code, err) = run(script, l);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(err.contains(&format!("--fd {fd}")) && err.contains("not open"), "{err}");
+    }
 }

@@ -262,8 +262,7 @@ fn the_next_client_is_served_right_after_a_hang_up() {
         c.version(&ClientCaps::default()).unwrap_or_else(|e| panic!("connection {i} refused: {e}"));
         // Half of them hang up with a DMA window mapped, so the reset has work to do.
         if i % 2 == 0 {
-            let mem = tempfile::tempfile().unwrap();
-            mem.set_len(1 << 20).unwrap();
+            let mem = virtiofs_device::memory::memfd("window", 1 << 20).unwrap();
             c.dma_map(3, 0, 1 << 32, 1 << 20, Some(mem.as_raw_fd())).unwrap();
         }
     }
@@ -317,8 +316,7 @@ fn dma_windows_are_bounded_by_the_profile() {
     std::fs::write(&cfg, "max_dma_windows = 8\nmax_dma_mib = 4\n").unwrap();
     let mut d = Daemon::start(&["--config", cfg.to_str().unwrap()]);
     let mut c = d.client();
-    let mem = tempfile::tempfile().unwrap();
-    mem.set_len(1 << 20).unwrap();
+    let mem = virtiofs_device::memory::memfd("window", 1 << 20).unwrap();
     let rw = 3;
     for i in 0..4u64 {
         c.dma_map(rw, 0, (1 << 32) + (i << 20), 1 << 20, Some(mem.as_raw_fd())).unwrap();
@@ -346,6 +344,48 @@ fn dma_windows_are_bounded_by_the_profile() {
     c.dma_map(rw, 0, 1 << 32, 1 << 20, None).unwrap();
     drop(c);
     d.sigterm_gone_within(Duration::from_secs(1));
+}
+
+/// Issue 21, "tenants stay apart": a DMA window on a file whose page faults can wait for ever (a
+/// FUSE mount, a hung NFS mount; here a plain file on a disk filesystem, which DMA_MAP cannot tell
+/// from those) would hang the poller that touches it. DMA_MAP takes only files on shmem (a memfd,
+/// `/dev/shm`) or hugetlbfs and refuses the others with ENODEV, mapping nothing; the client's
+/// session goes on.
+#[test]
+fn dma_windows_only_from_memory_that_cannot_fault_for_ever() {
+    let mut d = Daemon::start(&[]);
+    let mut c = d.client();
+    let rw = 3;
+    // target/tmp is on the root filesystem (ext4 here), unlike /tmp on many hosts.
+    let disk = tempfile::tempfile_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    disk.set_len(1 << 20).unwrap();
+    let magic = fs_magic(env!("CARGO_TARGET_TMPDIR"));
+    assert!(
+        magic != 0x0102_1994 && magic != 0x9584_58f6,
+        "test precondition: CARGO_TARGET_TMPDIR is on tmpfs"
+    );
+    let e = c.dma_map(rw, 0, 1 << 32, 1 << 20, Some(disk.as_raw_fd())).unwrap_err();
+    assert_eq!(e.errno(), Some(libc::ENODEV), "a window on a disk file: {e}");
+    assert!(d.log().contains("not tmpfs/memfd or hugetlbfs"), "{}", d.log());
+    // Nothing was mapped at that address: a memfd window takes the same range.
+    let mem = virtiofs_device::memory::memfd("window", 1 << 20).unwrap();
+    c.dma_map(rw, 0, 1 << 32, 1 << 20, Some(mem.as_raw_fd())).unwrap();
+    // A /dev/shm file is on tmpfs, and maps too.
+    if let Ok(shm) = tempfile::tempfile_in("/dev/shm") {
+        shm.set_len(1 << 20).unwrap();
+        c.dma_map(rw, 0, 2 << 32, 1 << 20, Some(shm.as_raw_fd())).unwrap();
+    }
+    c.dma_unmap(0, 1 << 32, 1 << 20).unwrap();
+    drop(c);
+    d.serves_a_new_client();
+    d.sigterm_gone_within(Duration::from_secs(1));
+}
+
+/// The filesystem type (`f_type`, the 32-bit magic) at `path`, read with `stat -f` so that this
+/// test file needs no `unsafe`.
+fn fs_magic(path: &str) -> u32 {
+    let out = Command::new("stat").args(["-f", "-c", "%t", path]).output().unwrap();
+    u32::from_str_radix(String::from_utf8_lossy(&out.stdout).trim(), 16).unwrap()
 }
 
 /// The daemon's resident memory in KiB: anonymous (heap: the RAM filesystem's data) and file

@@ -323,8 +323,7 @@ fn remap(backend: Backend, ring: RingLayout) {
     assert_waits(&mut d, w);
     // DMA_MAP and DMA_UNMAP of another window are answered while the request waits (the
     // pollers switch memory snapshots without waiting for it).
-    let extra = tempfile::tempfile().unwrap();
-    extra.set_len(1 << 20).unwrap();
+    let extra = virtiofs_device::memory::memfd("extra-window", 1 << 20).unwrap();
     let t0 = Instant::now();
     let at = 1u64 << 40;
     let fd = std::os::fd::AsRawFd::as_raw_fd(&extra);

@@ -68,14 +68,29 @@ fn wait_for(path: &Path) {
     }
 }
 
+/// `--allow-create` for functions with sockets in `dir` and shares in temporary directories.
+fn allow_create(dir: &Path) -> String {
+    format!("sockets={},roots={}", dir.display(), std::env::temp_dir().display())
+}
+
 /// A daemon started the single-function way (`a.sock`, tag `a`) with a control socket
-/// (`ctl.sock`) in a new temporary directory.
+/// (`ctl.sock`) and `create_function` allowed in a new temporary directory.
 fn single_function_daemon() -> (tempfile::TempDir, Daemon) {
     let dir = tempfile::tempdir().unwrap();
     let (a, ctl) = (dir.path().join("a.sock"), dir.path().join("ctl.sock"));
+    let allow = allow_create(dir.path());
     let daemon = Daemon::start(
         dir.path(),
-        &["--socket-path", a.to_str().unwrap(), "--tag", "a", "--control-socket", ctl.to_str().unwrap()],
+        &[
+            "--socket-path",
+            a.to_str().unwrap(),
+            "--tag",
+            "a",
+            "--control-socket",
+            ctl.to_str().unwrap(),
+            "--allow-create",
+            &allow,
+        ],
     );
     wait_for(&a);
     wait_for(&ctl);
@@ -734,6 +749,8 @@ fn a_function_share_refuses_device_nodes_when_asked() {
             "off",
             "--control-socket",
             ctl.to_str().unwrap(),
+            "--allow-create",
+            &allow_create(dir.path()),
         ],
     );
     wait_for(&ctl);

@@ -319,8 +319,7 @@ fn a_server_gone_longer_than_the_timeout_fails_requests_in_bounded_time() {
     assert!(d.is_pending(read) || t0.elapsed() >= timeout, "answered before the timeout");
     // A DMA_MAP and DMA_UNMAP go through too: the pollers drain first, which the timeout
     // bounds (the pending READ ends with EIO meanwhile).
-    let extra = tempfile::tempfile().unwrap();
-    extra.set_len(1 << 20).unwrap();
+    let extra = virtiofs_device::memory::memfd("extra-window", 1 << 20).unwrap();
     let at = 1u64 << 40;
     let fd = std::os::fd::AsRawFd::as_raw_fd(&extra);
     d.client().dma_map(DMA_MAP_FLAG_READ | DMA_MAP_FLAG_WRITE, 0, at, 1 << 20, Some(fd)).unwrap();

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use log::{error, info};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
+use virtiofs_backend::passthrough::DescriptorShare;
 use virtiofs_device::config::ConfigError;
 use virtiofs_device::poller::PollerPool;
 use virtiofs_device::vfio_user::{self, Listener};
@@ -27,9 +28,9 @@ use virtiofs_device::vfio_user::{self, Listener};
 use crate::backends::{self, BackendError};
 use crate::error_chain;
 use crate::functions::{FunctionError, FunctionSet};
-use crate::ops::control_socket::{BoundControlSocket, ControlSocketError};
+use crate::ops::control_socket::{BoundControlSocket, ControlAccess, ControlSocketError};
 use crate::ops::deploy::{self, DeployError};
-use crate::settings::{DaemonSpec, Socket};
+use crate::settings::{BackendSpec, DaemonSpec, Socket};
 pub use serve::Serving;
 
 /// Why the daemon could not start.
@@ -119,28 +120,49 @@ pub fn run(spec: DaemonSpec) -> ExitCode {
 
 /// Steps 1 to 7 of the module's documentation.
 pub fn start(spec: DaemonSpec) -> Result<Serving, StartError> {
+    // Inherited sockets first: until they are claimed, any descriptor this process opens could
+    // take the number of one that was named but not passed, and be adopted in its place.
+    let mut inherited = spec.functions.iter().map(|f| adopt(&f.socket)).collect::<Result<Vec<_>, _>>()?;
     spec.pool.check_machine().map_err(StartError::Machine)?;
     let plan = confine::Plan::new(&spec)?;
     let mut opened = Vec::new();
+    // The shared directories split the descriptor budget equally (see DescriptorShare).
+    let shares = spec.functions.iter().filter(|f| matches!(f.backend, BackendSpec::SharedDir { .. })).count();
     for f in &spec.functions {
-        let o = backends::open(f, plan.keeps_shares())
+        let o = backends::open(f, plan.keeps_shares(), DescriptorShare::OneOf(shares))
             .map_err(|source| StartError::Backend { tag: f.tag().into(), source })?;
         opened.push(o);
     }
     set_nofile_limit(spec.ops.rlimit_nofile).map_err(StartError::Limit)?;
     let notifier = deploy::Notifier::from_env().map_err(StartError::Socket)?;
     // Every socket now, before any sandbox and before any thread.
-    let access = (spec.ops.socket_group, spec.ops.socket_mode);
-    let mut listeners =
-        spec.functions.iter().map(|f| bind(&f.socket, access)).collect::<Result<Vec<_>, _>>()?;
+    // The control socket first: a daemon whose control socket another serves binds nothing.
     let mut control = match &spec.ops.control_socket {
         Some(path) => {
-            let c = BoundControlSocket::bind(path).map_err(StartError::Control)?;
-            deploy::set_socket_access(c.path(), access.0, access.1).map_err(StartError::Socket)?;
-            Some(c)
+            let access =
+                ControlAccess { group: spec.ops.control_socket_group, mode: spec.ops.control_socket_mode };
+            Some(BoundControlSocket::bind(path, access).map_err(StartError::Control)?)
         }
         None => None,
     };
+    let access = (spec.ops.socket_group, spec.ops.socket_mode);
+    let mut listeners = (spec.functions.iter().zip(inherited.iter_mut()))
+        .map(|(f, l)| match (l.take(), &f.socket) {
+            (_, Socket::SocketPath(path)) => bind(path, access),
+            (Some(l), _) => {
+                if access.0.is_some() || access.1.is_some() {
+                    log::warn!(
+                        "--socket-group and --socket-mode do not apply to an inherited socket ({})",
+                        l.path().display()
+                    );
+                }
+                Ok(l)
+            }
+            (None, Socket::Fd(fd) | Socket::ActivatedFd(fd)) => {
+                Err(StartError::Socket(DeployError::BadFd { fd: *fd, why: "not claimed".into() }))
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let started_at = std::time::Instant::now();
     let stats_file = spec.ops.stats_file.as_deref().map(serve::StatsFile::create).transpose();
     let stats_file = stats_file.map_err(StartError::StatsFile)?;
@@ -169,10 +191,13 @@ pub fn start(spec: DaemonSpec) -> Result<Serving, StartError> {
     }
     drop(proc_fd);
     plan.lock_down()?;
+    // A thread: after the sandbox (entered only by a single-threaded process); its handler's
+    // `rt_sigaction` and its `tgkill` are in the system-call filter.
+    virtiofs_device::interrupt::start_watchdog();
     let pool = PollerPool::spawn(&spec.pool).map_err(StartError::Pollers)?;
     let defaults = (!spec.confinement.confined()).then(|| spec.defaults.clone());
     let why = "the daemon is confined (sandbox or seccomp) and can bind no new socket";
-    let functions = Arc::new(FunctionSet::new(pool, defaults, why));
+    let functions = Arc::new(FunctionSet::new(pool, defaults, why, spec.ops.max_functions));
     let config = spec.describe();
     for ((f, l), b) in spec.functions.into_iter().zip(listeners).zip(built) {
         let tag = f.tag().to_string();
@@ -183,25 +208,23 @@ pub fn start(spec: DaemonSpec) -> Result<Serving, StartError> {
 
 /// A function's vfio-user socket: bound at its path with the group and mode asked for, or
 /// adopted from the descriptor a supervisor passed.
-fn bind(socket: &Socket, (gid, mode): (Option<u32>, Option<u32>)) -> Result<Listener, StartError> {
+/// Binds a socket path, with its access settings. Inherited descriptors were claimed by [`adopt`].
+fn bind(path: &std::path::Path, (gid, mode): (Option<u32>, Option<u32>)) -> Result<Listener, StartError> {
+    let l = Listener::bind(path).map_err(StartError::Listen)?;
+    deploy::set_socket_access(path, gid, mode).map_err(StartError::Socket)?;
+    Ok(l)
+}
+
+/// Claims an inherited listening socket (`--fd` or socket activation); `None` for a socket path.
+fn adopt(socket: &Socket) -> Result<Option<Listener>, StartError> {
     let fd = match socket {
-        Socket::SocketPath(path) => {
-            let l = Listener::bind(path).map_err(StartError::Listen)?;
-            deploy::set_socket_access(path, gid, mode).map_err(StartError::Socket)?;
-            return Ok(l);
-        }
+        Socket::SocketPath(_) => return Ok(None),
         Socket::Fd(fd) | Socket::ActivatedFd(fd) => *fd,
     };
     let l = deploy::adopt_listener(fd).map_err(StartError::Socket)?;
     let name = l.local_addr().ok().and_then(|a| a.as_pathname().map(|p| p.to_path_buf()));
     let name = name.unwrap_or_else(|| format!("fd {fd}").into());
-    if gid.is_some() || mode.is_some() {
-        log::warn!(
-            "--socket-group and --socket-mode do not apply to an inherited socket ({})",
-            name.display()
-        );
-    }
-    Listener::from_std(l, name).map_err(StartError::Listen)
+    Listener::from_std(l, name).map(Some).map_err(StartError::Listen)
 }
 
 /// `--rlimit-nofile`: `Some(0)` leaves the limit alone, `Some(n)` sets soft and hard to `n`,

@@ -33,9 +33,17 @@
 //! Malformed input gets a JSON-RPC error (parse error, invalid request, unknown method, invalid
 //! params); a line longer than [`MAX_LINE`] ends the connection after an error; at most
 //! [`MAX_CONNECTIONS`] clients at once.
+//!
+//! Who may connect ([`ControlAccess`]): the socket file is the daemon's uid's, with its own
+//! group and mode (`--control-socket-group`, `--control-socket-mode`; default mode 0600, the
+//! group left alone), not the vfio-user sockets'. Each accepted client's credentials
+//! (`SO_PEERCRED`) are checked as well ([`peer_allowed`]): root, the daemon's uid, or a member
+//! of the control group (its primary gid, or a supplementary group read from
+//! `/proc/PID/status`); anyone else gets a `permission denied` error and is disconnected.
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixListener as StdListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,6 +60,7 @@ use virtiofs_device::stats::DeviceStats;
 use virtiofs_device::vfio_user::StopHandle;
 
 use crate::functions::{FunctionError, FunctionSet};
+use crate::ops::deploy::{self, DeployError};
 
 /// Longest request line accepted, in bytes.
 pub const MAX_LINE: usize = 1 << 20;
@@ -72,6 +81,30 @@ pub enum ControlSocketError {
         /// Cause.
         #[source]
         source: std::io::Error,
+    },
+    /// Another daemon serves this control socket (it holds the lock file, or the socket
+    /// accepts connections): it is left alone.
+    #[error("control socket {path}: in use by another daemon ({how}); not replacing it")]
+    InUse {
+        /// The socket's path.
+        path: String,
+        /// How that was found.
+        how: &'static str,
+    },
+    /// Something other than a socket is at the path.
+    #[error("control socket {path}: exists and is not a socket; not replacing it")]
+    NotASocket {
+        /// The socket's path.
+        path: String,
+    },
+    /// The socket file's group or mode could not be set.
+    #[error("control socket {path}")]
+    Access {
+        /// The socket's path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: DeployError,
     },
     /// The event loop or its thread could not be set up.
     #[error("control socket {path}: cannot start")]
@@ -103,6 +136,9 @@ pub enum RpcError {
     /// could not be set up, or the daemon cannot make functions.
     #[error("Server error: {0}")]
     Server(String),
+    /// The client may not use the control socket (-32001).
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
 }
 
 impl RpcError {
@@ -114,6 +150,7 @@ impl RpcError {
             RpcError::MethodNotFound(_) => -32601,
             RpcError::InvalidParams(_) => -32602,
             RpcError::Server(_) => -32000,
+            RpcError::PermissionDenied(_) => -32001,
         }
     }
 
@@ -435,8 +472,104 @@ fn function_error(e: FunctionError) -> RpcError {
             RpcError::InvalidParams(e.to_string())
         }
         FunctionError::Spec(_) => RpcError::InvalidParams(crate::error_chain(&e)),
+        FunctionError::NotAllowed(why) => RpcError::PermissionDenied(why),
         other => RpcError::Server(crate::error_chain(&other)),
     }
+}
+
+/// The control socket's permission bits unless `--control-socket-mode` says otherwise.
+pub const DEFAULT_MODE: u32 = 0o600;
+
+/// Who may use the control socket besides root and the daemon's own uid: the socket file's
+/// group and mode, and the group whose members' connections are served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ControlAccess {
+    /// The control group (`--control-socket-group`): the socket file's group, and the group
+    /// whose members may connect. `None`: the group is left as created, and only root and the
+    /// daemon's uid are served.
+    pub group: Option<u32>,
+    /// The socket file's permission bits (`--control-socket-mode`).
+    pub mode: u32,
+}
+
+impl Default for ControlAccess {
+    fn default() -> Self {
+        ControlAccess { group: None, mode: DEFAULT_MODE }
+    }
+}
+
+/// A connected client's credentials as the kernel recorded them (`SO_PEERCRED`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    /// Its pid (0 when it is in a pid namespace this one cannot see).
+    pub pid: i32,
+    /// Its effective uid.
+    pub uid: u32,
+    /// Its effective gid.
+    pub gid: u32,
+}
+
+/// Whether a client with credentials `peer` may use the control socket of a daemon running as
+/// `daemon_uid` whose control group is `group`: root and the daemon's uid may, and so may a
+/// member of the group, by its primary gid or by one of the supplementary groups
+/// `supplementary` reads (asked only when the rest does not decide).
+pub fn peer_allowed(
+    peer: &PeerCred,
+    daemon_uid: u32,
+    group: Option<u32>,
+    supplementary: impl FnOnce(&PeerCred) -> Vec<u32>,
+) -> bool {
+    if peer.uid == 0 || peer.uid == daemon_uid {
+        return true;
+    }
+    match group {
+        None => false,
+        Some(g) => peer.gid == g || supplementary(peer).contains(&g),
+    }
+}
+
+/// The supplementary groups of a `/proc/PID/status` text, if its effective uid is `uid` (none
+/// otherwise: the pid was reused by a process of someone else since the client connected).
+pub fn status_groups(status: &str, uid: u32) -> Vec<u32> {
+    let mut euid = None;
+    let mut groups = Vec::new();
+    for line in status.lines() {
+        if let Some(rest) = line.strip_prefix("Uid:") {
+            euid = rest.split_whitespace().nth(1).and_then(|u| u.parse::<u32>().ok());
+        } else if let Some(rest) = line.strip_prefix("Groups:") {
+            groups = rest.split_whitespace().filter_map(|g| g.parse().ok()).collect();
+        }
+    }
+    if euid == Some(uid) {
+        groups
+    } else {
+        Vec::new()
+    }
+}
+
+/// The supplementary groups of a peer's process from `/proc` (none if it cannot be read: a
+/// sandbox without `/proc`, a pid of another namespace).
+fn proc_groups(peer: &PeerCred) -> Vec<u32> {
+    if peer.pid <= 0 {
+        return Vec::new();
+    }
+    std::fs::read_to_string(format!("/proc/{}/status", peer.pid))
+        .map(|s| status_groups(&s, peer.uid))
+        .unwrap_or_default()
+}
+
+/// Checks an accepted client's credentials; `Err` says why it is refused.
+fn check_peer(stream: &UnixStream, daemon_uid: u32, group: Option<u32>) -> Result<(), String> {
+    let (pid, uid, gid) = crate::sys::peer_credentials(stream)
+        .map_err(|e| format!("cannot read the client's credentials: {e}"))?;
+    let peer = PeerCred { pid, uid, gid };
+    if peer_allowed(&peer, daemon_uid, group, proc_groups) {
+        return Ok(());
+    }
+    let group = group.map_or("none".to_string(), |g| g.to_string());
+    Err(format!(
+        "uid {uid} gid {gid} (pid {pid}) is not root, the daemon's uid {daemon_uid} nor of the control group ({group})"
+    ))
 }
 
 /// A bound control socket, not served yet (bound early, before a sandbox changes the root).
@@ -444,21 +577,60 @@ pub struct BoundControlSocket {
     path: PathBuf,
     listener: StdListener,
     unlink: bool,
+    /// The uid that bound it (the socket file's owner).
+    uid: u32,
+    access: ControlAccess,
+    /// `PATH.lock`, locked for as long as the socket is served.
+    lock: std::fs::File,
 }
 
 impl BoundControlSocket {
-    /// Binds `path`, replacing a stale socket file there.
-    pub fn bind(path: &Path) -> Result<Self, ControlSocketError> {
-        let err = |source| ControlSocketError::Bind { path: path.display().to_string(), source };
+    /// Binds `path`, replacing a stale socket file there, and gives the socket file `access`'s
+    /// group and mode. A live socket is not replaced: a daemon holding `PATH.lock`, or a
+    /// socket that accepts a connection, makes this fail ([`ControlSocketError::InUse`]).
+    pub fn bind(path: &Path, access: ControlAccess) -> Result<Self, ControlSocketError> {
+        use std::os::unix::fs::FileTypeExt;
+        let shown = || path.display().to_string();
+        let err = |source| ControlSocketError::Bind { path: shown(), source };
+        let mut lock_path = path.as_os_str().to_owned();
+        lock_path.push(".lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&lock_path)
+            .map_err(err)?;
+        if !crate::sys::try_lock_exclusive(&lock).map_err(err)? {
+            return Err(ControlSocketError::InUse { path: shown(), how: "its lock file is held" });
+        }
         if let Ok(meta) = std::fs::symlink_metadata(path) {
-            use std::os::unix::fs::FileTypeExt;
-            if meta.file_type().is_socket() {
-                std::fs::remove_file(path).map_err(err)?;
+            if !meta.file_type().is_socket() {
+                return Err(ControlSocketError::NotASocket { path: shown() });
+            }
+            match std::os::unix::net::UnixStream::connect(path) {
+                Ok(_) => {
+                    return Err(ControlSocketError::InUse { path: shown(), how: "it accepts connections" })
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::ConnectionRefused | ErrorKind::NotFound) => {
+                    log::info!("replacing the stale control socket {}", path.display());
+                    match std::fs::remove_file(path) {
+                        Err(e) if e.kind() != ErrorKind::NotFound => return Err(err(e)),
+                        _ => {}
+                    }
+                }
+                Err(e) => return Err(err(e)),
             }
         }
         let listener = StdListener::bind(path).map_err(err)?;
         listener.set_nonblocking(true).map_err(err)?;
-        Ok(BoundControlSocket { path: path.to_path_buf(), listener, unlink: true })
+        // Until the mode is set the umask's bits apply; a client connecting meanwhile is still
+        // checked by its credentials.
+        deploy::set_socket_access(path, access.group, Some(access.mode))
+            .map_err(|source| ControlSocketError::Access { path: path.display().to_string(), source })?;
+        let uid = crate::sys::effective_uid();
+        Ok(BoundControlSocket { path: path.to_path_buf(), listener, unlink: true, uid, access, lock })
     }
 
     /// Leaves the socket file in place at exit (the process's root changed after binding, so
@@ -485,11 +657,19 @@ impl BoundControlSocket {
         let (tx, done) = mpsc::channel();
         let later = Later { tx, waker: waker.clone(), lines: HashMap::new(), next: 0 };
         let st = stop.clone();
+        let (uid, group) = (self.uid, self.access.group);
         let join = std::thread::Builder::new()
             .name("control-socket".into())
-            .spawn(move || run(poll, listener, methods, Loop { stop: st, done, later }))
+            .spawn(move || run(poll, listener, methods, Loop { stop: st, done, later, uid, group }))
             .map_err(setup)?;
-        Ok(ControlSocket { path: self.path, unlink: self.unlink, waker, stop, join: Some(join) })
+        Ok(ControlSocket {
+            path: self.path,
+            unlink: self.unlink,
+            waker,
+            stop,
+            join: Some(join),
+            _lock: self.lock,
+        })
     }
 }
 
@@ -501,6 +681,8 @@ pub struct ControlSocket {
     /// Tells the loop to end (its waker also says that a job finished).
     stop: Arc<AtomicBool>,
     join: Option<JoinHandle<()>>,
+    /// The lock file's lock, held until the socket file is removed.
+    _lock: std::fs::File,
 }
 
 impl ControlSocket {
@@ -614,6 +796,10 @@ struct Loop {
     stop: Arc<AtomicBool>,
     done: mpsc::Receiver<Done>,
     later: Later,
+    /// The daemon's uid, which may use the socket.
+    uid: u32,
+    /// The control group, whose members may use it.
+    group: Option<u32>,
 }
 
 fn run(mut poll: Poll, listener: UnixListener, mut methods: Methods, mut lp: Loop) {
@@ -647,6 +833,12 @@ fn run(mut poll: Poll, listener: UnixListener, mut methods: Methods, mut lp: Loo
                 LISTENER => loop {
                     match listener.accept() {
                         Ok((mut stream, _)) => {
+                            if let Err(why) = check_peer(&stream, lp.uid, lp.group) {
+                                warn!("control socket: refusing a client: {why}");
+                                let e = RpcError::PermissionDenied(why);
+                                let _ = send(&mut stream, &e.to_json(Value::Null).to_string());
+                                continue;
+                            }
                             if clients.len() >= MAX_CONNECTIONS {
                                 warn!("control socket: {MAX_CONNECTIONS} clients already; refusing another");
                                 continue;
@@ -793,9 +985,20 @@ impl ControlClient {
         }
         let io = |source| ClientError::Io { path: String::new(), source };
         let line = format!("{req}\n");
-        self.stream.get_mut().write_all(line.as_bytes()).map_err(io)?;
+        let written = self.stream.get_mut().write_all(line.as_bytes());
         let mut answer = String::new();
-        self.stream.read_line(&mut answer).map_err(io)?;
+        // A daemon that refused the connection wrote why before closing it: read that first.
+        let read = self.stream.read_line(&mut answer);
+        match (written, read) {
+            (_, Ok(n)) if n > 0 => {}
+            (Err(e), _) | (Ok(()), Err(e)) => return Err(io(e)),
+            (Ok(()), Ok(_)) => {
+                return Err(io(std::io::Error::new(
+                    ErrorKind::UnexpectedEof,
+                    "the daemon closed the connection",
+                )))
+            }
+        }
         let malformed = |detail: String| ClientError::Malformed { method: method.into(), detail };
         let v: Value = serde_json::from_str(&answer).map_err(|e| malformed(e.to_string()))?;
         if let Some(e) = v.get("error") {
@@ -809,5 +1012,41 @@ impl ControlClient {
             return Err(malformed(format!("id {:?}, expected {id}", v.get("id"))));
         }
         v.get("result").cloned().ok_or_else(|| malformed("no result".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_the_daemons_uid_and_the_control_group_may_connect() {
+        let peer = |uid, gid| PeerCred { pid: 42, uid, gid };
+        let none = |_: &PeerCred| Vec::new();
+        let member_of_7 = |_: &PeerCred| vec![5, 7];
+        let must_not_ask = |_: &PeerCred| -> Vec<u32> { panic!("the groups were not needed") };
+        // Root and the daemon's own uid, whatever the group.
+        assert!(peer_allowed(&peer(0, 0), 1000, None, must_not_ask));
+        assert!(peer_allowed(&peer(1000, 1000), 1000, None, must_not_ask));
+        // Anyone else only through the control group.
+        assert!(!peer_allowed(&peer(1001, 7), 1000, None, member_of_7));
+        assert!(peer_allowed(&peer(1001, 7), 1000, Some(7), must_not_ask));
+        assert!(!peer_allowed(&peer(1001, 8), 1000, Some(7), none));
+        assert!(peer_allowed(&peer(1001, 8), 1000, Some(7), member_of_7));
+        // A daemon running as someone else does not serve root's uid by accident of equality.
+        assert!(!peer_allowed(&peer(1001, 1001), 0, Some(7), none));
+    }
+
+    #[test]
+    fn supplementary_groups_come_from_the_status_of_the_same_uid() {
+        let status =
+            "Name:\tqemu\nUid:\t107\t107\t107\t107\nGid:\t107\t107\t107\t107\nGroups:\t36 107 1001 \n";
+        assert_eq!(status_groups(status, 107), [36, 107, 1001]);
+        // The pid now belongs to another uid: no groups are taken from it.
+        assert!(status_groups(status, 108).is_empty());
+        assert!(status_groups("Uid:\t107\t107\t107\t107\nGroups:\n", 107).is_empty());
+        assert!(status_groups("garbage", 107).is_empty());
+        // The real uid differs from the effective one: the effective one counts.
+        assert_eq!(status_groups("Uid:\t5\t107\t5\t107\nGroups:\t9\n", 107), [9]);
     }
 }

@@ -12,10 +12,10 @@ use std::path::Path;
 #[derive(Debug, thiserror::Error)]
 pub enum DeployError {
     /// `--socket-group` names no group of `/etc/group`.
-    #[error("--socket-group {0}: no such group in /etc/group")]
+    #[error("group {0}: no such group in /etc/group")]
     NoSuchGroup(String),
     /// The group file could not be read.
-    #[error("--socket-group {group}: cannot read /etc/group")]
+    #[error("group {group}: cannot read /etc/group")]
     GroupFile {
         /// The group asked for.
         group: String,
@@ -34,6 +34,9 @@ pub enum DeployError {
         #[source]
         source: std::io::Error,
     },
+    /// A command-line flag is wrong (the message names it).
+    #[error("{0}")]
+    Usage(String),
     /// The descriptor handed over is not a listening unix socket.
     #[error("--fd {fd}: {why}")]
     BadFd {

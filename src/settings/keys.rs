@@ -54,6 +54,33 @@ pub const FUNCTION_KEYS: &[(&str, Scope)] = &[
     ("nfs_unstable_bytes", Scope::Default),
 ];
 
+/// The largest value of each numeric key of [`FUNCTION_KEYS`], each sizing memory or time the
+/// daemon spends on a function: a value above it is refused where it is read, naming the key
+/// and the bound (a `create_function` client cannot make the daemon reserve without limit).
+pub const BOUNDS: &[(&str, u64)] = &[
+    // Bytes a RAM filesystem may hold: 1 TiB.
+    ("ramfs_size", 1 << 40),
+    // Inodes a RAM filesystem may hold.
+    ("ramfs_inodes", 1 << 32),
+    // An hour.
+    ("nfs_timeout_ms", 3_600_000),
+    ("nfs_retransmit_ms", 3_600_000),
+    // Calls in flight per poller's connection.
+    ("nfs_slots", 1 << 16),
+    // Node ids the guest may hold (the node table's entries).
+    ("nfs_max_nodes", 1 << 24),
+    // Bytes of UNSTABLE writes kept until their COMMIT: 4 GiB.
+    ("nfs_unstable_bytes", 1 << 32),
+];
+
+/// `n` if it is within `key`'s bound of [`BOUNDS`].
+pub fn bounded(key: &str, n: u64) -> Result<u64, KeyError> {
+    match BOUNDS.iter().find(|(k, _)| *k == key) {
+        Some(&(_, max)) if n > max => Err(KeyError::new(key, format!("{n} is more than the bound, {max}"))),
+        _ => Ok(n),
+    }
+}
+
 /// Which table is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {
@@ -232,13 +259,16 @@ fn read_key(keys: &mut FunctionKeys, key: &str, v: &toml::Value) -> Result<(), K
         "readdirplus" => keys.readdirplus = Some(boolean(v, key)?),
         "writeback" => keys.writeback = Some(boolean(v, key)?),
         "ramfs_size" => {
-            keys.ramfs_size = Some(match v {
-                toml::Value::Integer(n) => {
-                    u64::try_from(*n).map_err(|_| bad("must not be negative".into()))?
-                }
-                toml::Value::String(s) => parse_size(s).map_err(bad)?,
-                _ => return Err(bad("expected bytes (an integer) or a size such as \"1G\"".into())),
-            })
+            keys.ramfs_size = Some(bounded(
+                key,
+                match v {
+                    toml::Value::Integer(n) => {
+                        u64::try_from(*n).map_err(|_| bad("must not be negative".into()))?
+                    }
+                    toml::Value::String(s) => parse_size(s).map_err(bad)?,
+                    _ => return Err(bad("expected bytes (an integer) or a size such as \"1G\"".into())),
+                },
+            )?)
         }
         "ramfs_inodes" => keys.ramfs_inodes = Some(check_inodes(integer(v, key)?).map_err(bad)?),
         "nfs_timeout_ms" => keys.nfs.timeout_ms = Some(integer(v, key)?),
@@ -259,10 +289,13 @@ fn boolean(v: &toml::Value, key: &str) -> Result<bool, KeyError> {
     v.as_bool().ok_or_else(|| KeyError::new(key, "must be true or false"))
 }
 
+/// A non-negative integer within the key's bound ([`BOUNDS`]).
 fn integer(v: &toml::Value, key: &str) -> Result<u64, KeyError> {
-    v.as_integer()
+    let n = v
+        .as_integer()
         .and_then(|n| u64::try_from(n).ok())
-        .ok_or_else(|| KeyError::new(key, "must be a non-negative integer"))
+        .ok_or_else(|| KeyError::new(key, "must be a non-negative integer"))?;
+    bounded(key, n)
 }
 
 fn index(v: &toml::Value, key: &str) -> Result<usize, KeyError> {
@@ -320,7 +353,12 @@ pub fn check_inodes(n: u64) -> Result<u64, String> {
 /// `--ramfs-inodes`'s parser.
 pub fn parse_inodes(s: &str) -> Result<u64, String> {
     let n: u64 = s.trim().parse().map_err(|e| format!("{s:?}: {e}"))?;
-    check_inodes(n)
+    bounded("ramfs_inodes", check_inodes(n)?).map_err(|e| e.to_string())
+}
+
+/// `--ramfs-size`'s parser: a size ([`parse_size`]) within `ramfs_size`'s bound.
+pub fn parse_ramfs_size(s: &str) -> Result<u64, String> {
+    bounded("ramfs_size", parse_size(s)?).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -383,5 +421,14 @@ mod tests {
         ] {
             assert_eq!(err(text, Level::Function).key, key, "{text}");
         }
+        // Every numeric key has a bound, refused one past it and taken at it.
+        for &(key, max) in BOUNDS {
+            let e = err(&format!("{key} = {}\n", max + 1), Level::Function);
+            assert!(e.key == key && e.reason.contains(&max.to_string()), "{e}");
+            assert!(take_keys(&mut table(&format!("{key} = {max}\n")), Level::Function).is_ok(), "{key}");
+        }
+        assert!(err("ramfs_size = \"2T\"\n", Level::Function).key == "ramfs_size");
+        assert!(parse_ramfs_size("2T").unwrap_err().contains("ramfs_size") && parse_ramfs_size("1T").is_ok());
+        assert!(parse_inodes("4294967297").is_err());
     }
 }

@@ -10,6 +10,7 @@
 //! `get_device` and `list_functions` say the daemon runs is what it built. [`keys`] holds every
 //! key table.
 
+pub mod allow_create;
 pub mod keys;
 
 use std::path::{Path, PathBuf};
@@ -28,6 +29,7 @@ use virtiofs_device::config::{ConfigError, Profile};
 
 use crate::ops::deploy::{self, DeployError};
 use crate::ops::logger::LogFormat;
+pub use allow_create::AllowCreate;
 use keys::{take_keys, Level};
 pub use keys::{FunctionKeys, KeyError, NfsKeys};
 
@@ -236,6 +238,8 @@ pub struct Defaults {
     pub keys: FunctionKeys,
     /// The group and the permission bits of a new socket (`--socket-group`, `--socket-mode`).
     pub socket_access: (Option<u32>, Option<u32>),
+    /// What `create_function` may use (`--allow-create`, canonicalized); `None`: it is off.
+    pub allow_create: Option<AllowCreate>,
 }
 
 /// What the daemon runs.
@@ -274,8 +278,8 @@ pub struct CommandLine {
     pub sandbox: Option<SandboxMode>,
     /// `--seccomp`, if given.
     pub seccomp: Option<SeccompMode>,
-    /// `--control-socket`, `--stats-file`, `--socket-group`, `--socket-mode`,
-    /// `--rlimit-nofile`, `--log-format`, `--syslog`.
+    /// `--control-socket`, `--control-socket-group`, `--control-socket-mode`, `--stats-file`,
+    /// `--socket-group`, `--socket-mode`, `--rlimit-nofile`, `--log-format`, `--syslog`.
     pub ops: DaemonOptions,
 }
 
@@ -291,6 +295,14 @@ pub struct DaemonOptions {
     pub socket_group: Option<u32>,
     /// The sockets' permission bits.
     pub socket_mode: Option<u32>,
+    /// The group owning the control socket (a gid), whose members may use it.
+    pub control_socket_group: Option<u32>,
+    /// The control socket's permission bits (default 0600).
+    pub control_socket_mode: u32,
+    /// What `create_function` may use (`--allow-create`); `None`: it is off.
+    pub allow_create: Option<AllowCreate>,
+    /// The most functions served at once (`--max-functions`, default 64).
+    pub max_functions: usize,
     /// `--rlimit-nofile` (`None`: the soft limit raised to the hard one; 0: left alone).
     pub rlimit_nofile: Option<u64>,
     /// How it logs.
@@ -419,6 +431,13 @@ impl DaemonSpec {
                 ..keys.clone()
             },
             socket_access: (cli.ops.socket_group, cli.ops.socket_mode),
+            allow_create: cli
+                .ops
+                .allow_create
+                .as_ref()
+                .map(AllowCreate::canonicalized)
+                .transpose()
+                .map_err(SpecError::CommandLine)?,
         };
         let single = tables.is_none();
         let (pool, functions) = match tables {
@@ -753,6 +772,10 @@ mod tests {
                 stats_file: None,
                 socket_group: None,
                 socket_mode: None,
+                control_socket_group: None,
+                control_socket_mode: 0o600,
+                allow_create: None,
+                max_functions: 64,
                 rlimit_nofile: None,
                 log: LogSpec { format: LogFormat::Text, syslog: false },
             },
