@@ -16,7 +16,7 @@ use virtiofs_dpu::error_chain;
 use virtiofs_dpu::ops::control_socket::ControlClient;
 use virtiofs_dpu::ops::deploy;
 use virtiofs_dpu::ops::logger::{self, LogFormat};
-use virtiofs_dpu::ops::report::{self, StatsReport};
+use virtiofs_dpu::ops::report::{self, Format, WatchError};
 use virtiofs_dpu::settings::{
     keys, AllowCreate, CommandLine, DaemonOptions, DaemonSpec, FunctionKeys, LogSpec, Socket,
 };
@@ -264,24 +264,13 @@ impl Args {
                     .map(deploy::group_id)
                     .transpose()?,
                 control_socket_mode: self.control_socket_mode,
-                allow_create: self.allow_create()?,
+                allow_create: AllowCreate::from_args(&self.allow_create)
+                    .map_err(deploy::DeployError::Usage)?,
                 max_functions: usize::from(self.max_functions),
                 rlimit_nofile: self.rlimit_nofile,
                 log: LogSpec { format: self.log_format, syslog: self.syslog },
             },
         })
-    }
-
-    /// `--allow-create`, read (`None`: not given).
-    fn allow_create(&self) -> Result<Option<AllowCreate>, deploy::DeployError> {
-        if self.allow_create.is_empty() {
-            return Ok(None);
-        }
-        let mut a = AllowCreate::default();
-        for arg in &self.allow_create {
-            a.add(arg).map_err(deploy::DeployError::Usage)?;
-        }
-        Ok(Some(a))
     }
 
     /// The refusal of a virtiofsd option this daemon does not take, if one was given.
@@ -343,60 +332,30 @@ struct StatsArgs {
 
 /// `virtiofs-dpu stats`.
 fn stats_command(a: &StatsArgs) -> ExitCode {
-    let fail = |e: &dyn std::error::Error| {
-        eprintln!("virtiofs-dpu stats: {}", error_chain(e));
-        ExitCode::FAILURE
-    };
-    if a.watch.is_some_and(|w| !(w > 0.0 && w.is_finite())) {
+    let Some(every) = a
+        .watch
+        .map(std::time::Duration::try_from_secs_f64)
+        .transpose()
+        .ok()
+        .filter(|w| w.is_none_or(|w| !w.is_zero()))
+    else {
         eprintln!("virtiofs-dpu stats: --watch needs a positive number of seconds");
         return ExitCode::from(2);
-    }
-    let mut client = match ControlClient::connect(&a.control_socket) {
-        Ok(c) => c,
-        Err(e) => return fail(&e),
     };
-    let tags: Vec<Option<String>> = match &a.function {
-        Some(t) => vec![Some(t.clone())],
-        None if a.prometheus => vec![None],
-        None => match client.call("list_functions", serde_json::Value::Null) {
-            Ok(serde_json::Value::Array(l)) if l.len() > 1 => {
-                l.iter().map(|f| f["tag"].as_str().map(str::to_string)).collect()
-            }
-            // One function, or a daemon without list_functions: the first (only) one.
-            _ => vec![None],
-        },
+    let format = match (a.json, a.prometheus) {
+        (true, _) => Format::Json,
+        (_, true) => Format::Prometheus,
+        _ => Format::Table,
     };
-    let mut prev: Vec<Option<StatsReport>> = vec![None; tags.len()];
-    loop {
-        for (tag, prev) in tags.iter().zip(prev.iter_mut()) {
-            let params = tag.as_ref().map_or(serde_json::Value::Null, |t| serde_json::json!({ "tag": t }));
-            let value = match client.call("get_stats", params) {
-                Ok(v) => v,
-                Err(e) => return fail(&e),
-            };
-            let now: StatsReport = match serde_json::from_value(value.clone()) {
-                Ok(r) => r,
-                Err(e) => return fail(&e),
-            };
-            let shown = match &*prev {
-                Some(p) => now.since(p),
-                None => now.clone(),
-            };
-            let text = if a.json {
-                format!("{}\n", serde_json::to_string(&shown).unwrap_or_default())
-            } else if a.prometheus {
-                report::prometheus(&now)
-            } else {
-                report::table(&shown)
-            };
-            print!("{text}");
-            if (a.watch.is_some() || tags.len() > 1) && !a.json && !a.prometheus {
-                println!();
-            }
-            *prev = Some(now);
+    let result = ControlClient::connect(&a.control_socket).map_err(WatchError::from).and_then(|mut c| {
+        report::watch(&mut c, a.function.as_deref(), format, every, &mut std::io::stdout().lock())
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("virtiofs-dpu stats: {}", error_chain(&e));
+            ExitCode::FAILURE
         }
-        let Some(w) = a.watch else { return ExitCode::SUCCESS };
-        std::thread::sleep(std::time::Duration::from_secs_f64(w));
     }
 }
 

@@ -7,6 +7,7 @@ use std::fmt::Write;
 use serde::{Deserialize, Serialize};
 use virtiofs_device::stats::{bucket_of, DeviceStats, Histogram};
 
+use crate::ops::control_socket::{ClientError, ControlClient};
 use crate::FuseStats;
 
 /// The result of `get_stats`.
@@ -260,5 +261,86 @@ mod tests {
         for le in exported_bounds() {
             assert_eq!(bucket_low(bucket_of(le)), le);
         }
+    }
+}
+
+/// How `virtiofs-dpu stats` prints a report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// [`table`], for people.
+    Table,
+    /// `get_stats`'s result as one line of JSON.
+    Json,
+    /// [`prometheus`].
+    Prometheus,
+}
+
+/// Why `virtiofs-dpu stats` stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    /// The control socket call failed.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// `get_stats` answered something that is not a report.
+    #[error("get_stats: not a statistics report")]
+    Report(#[from] serde_json::Error),
+    /// The output could not be written.
+    #[error("writing the report")]
+    Output(#[from] std::io::Error),
+}
+
+/// The functions to report: `function`, or every function the daemon lists (`None`: the first
+/// one, for a daemon of one function or without `list_functions`, and for the Prometheus
+/// format, whose metric names carry no function label).
+fn tags(client: &mut ControlClient, function: Option<&str>, format: Format) -> Vec<Option<String>> {
+    if let Some(t) = function {
+        return vec![Some(t.to_string())];
+    }
+    if format == Format::Prometheus {
+        return vec![None];
+    }
+    match client.call("list_functions", serde_json::Value::Null) {
+        Ok(serde_json::Value::Array(l)) if l.len() > 1 => {
+            l.iter().map(|f| f["tag"].as_str().map(str::to_string)).collect()
+        }
+        _ => vec![None],
+    }
+}
+
+/// Writes the statistics of the daemon behind `client` to `out` in `format`: once, or again
+/// every `every` for ever, like `iostat SECONDS` (the first report covers the time since the
+/// start or the last `reset_stats`, each later one the last interval).
+pub fn watch(
+    client: &mut ControlClient,
+    function: Option<&str>,
+    format: Format,
+    every: Option<std::time::Duration>,
+    out: &mut dyn std::io::Write,
+) -> Result<(), WatchError> {
+    let tags = tags(client, function, format);
+    let mut prev: Vec<Option<StatsReport>> = vec![None; tags.len()];
+    loop {
+        for (tag, prev) in tags.iter().zip(prev.iter_mut()) {
+            let params = tag.as_ref().map_or(serde_json::Value::Null, |t| serde_json::json!({ "tag": t }));
+            let now: StatsReport = serde_json::from_value(client.call("get_stats", params)?)?;
+            let shown = match &*prev {
+                Some(p) => now.since(p),
+                None => now.clone(),
+            };
+            match format {
+                Format::Json => writeln!(out, "{}", serde_json::to_string(&shown)?)?,
+                Format::Prometheus => write!(out, "{}", prometheus(&now))?,
+                Format::Table => {
+                    write!(out, "{}", table(&shown))?;
+                    if every.is_some() || tags.len() > 1 {
+                        writeln!(out)?;
+                    }
+                }
+            }
+            out.flush()?;
+            *prev = Some(now);
+        }
+        let Some(w) = every else { return Ok(()) };
+        std::thread::sleep(w);
     }
 }

@@ -28,6 +28,18 @@ pub struct AllowCreate {
 }
 
 impl AllowCreate {
+    /// Every `--allow-create` argument, read (`None`: none given, `create_function` is off).
+    pub fn from_args(args: &[String]) -> Result<Option<AllowCreate>, String> {
+        if args.is_empty() {
+            return Ok(None);
+        }
+        let mut a = AllowCreate::default();
+        for arg in args {
+            a.add(arg)?;
+        }
+        Ok(Some(a))
+    }
+
     /// Adds one `--allow-create` argument (`KIND=VALUE[,KIND=VALUE...]`).
     pub fn add(&mut self, arg: &str) -> Result<(), String> {
         for item in arg.split(',').map(str::trim).filter(|i| !i.is_empty()) {

@@ -62,6 +62,13 @@ use virtiofs_device::vfio_user::StopHandle;
 use crate::functions::{FunctionError, FunctionSet};
 use crate::ops::deploy::{self, DeployError};
 
+mod access;
+mod client;
+
+use access::check_peer;
+pub use access::{peer_allowed, status_groups, ControlAccess, PeerCred, DEFAULT_MODE};
+pub use client::{ClientError, ControlClient};
+
 /// Longest request line accepted, in bytes.
 pub const MAX_LINE: usize = 1 << 20;
 /// Most clients served at once.
@@ -477,101 +484,6 @@ fn function_error(e: FunctionError) -> RpcError {
     }
 }
 
-/// The control socket's permission bits unless `--control-socket-mode` says otherwise.
-pub const DEFAULT_MODE: u32 = 0o600;
-
-/// Who may use the control socket besides root and the daemon's own uid: the socket file's
-/// group and mode, and the group whose members' connections are served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ControlAccess {
-    /// The control group (`--control-socket-group`): the socket file's group, and the group
-    /// whose members may connect. `None`: the group is left as created, and only root and the
-    /// daemon's uid are served.
-    pub group: Option<u32>,
-    /// The socket file's permission bits (`--control-socket-mode`).
-    pub mode: u32,
-}
-
-impl Default for ControlAccess {
-    fn default() -> Self {
-        ControlAccess { group: None, mode: DEFAULT_MODE }
-    }
-}
-
-/// A connected client's credentials as the kernel recorded them (`SO_PEERCRED`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PeerCred {
-    /// Its pid (0 when it is in a pid namespace this one cannot see).
-    pub pid: i32,
-    /// Its effective uid.
-    pub uid: u32,
-    /// Its effective gid.
-    pub gid: u32,
-}
-
-/// Whether a client with credentials `peer` may use the control socket of a daemon running as
-/// `daemon_uid` whose control group is `group`: root and the daemon's uid may, and so may a
-/// member of the group, by its primary gid or by one of the supplementary groups
-/// `supplementary` reads (asked only when the rest does not decide).
-pub fn peer_allowed(
-    peer: &PeerCred,
-    daemon_uid: u32,
-    group: Option<u32>,
-    supplementary: impl FnOnce(&PeerCred) -> Vec<u32>,
-) -> bool {
-    if peer.uid == 0 || peer.uid == daemon_uid {
-        return true;
-    }
-    match group {
-        None => false,
-        Some(g) => peer.gid == g || supplementary(peer).contains(&g),
-    }
-}
-
-/// The supplementary groups of a `/proc/PID/status` text, if its effective uid is `uid` (none
-/// otherwise: the pid was reused by a process of someone else since the client connected).
-pub fn status_groups(status: &str, uid: u32) -> Vec<u32> {
-    let mut euid = None;
-    let mut groups = Vec::new();
-    for line in status.lines() {
-        if let Some(rest) = line.strip_prefix("Uid:") {
-            euid = rest.split_whitespace().nth(1).and_then(|u| u.parse::<u32>().ok());
-        } else if let Some(rest) = line.strip_prefix("Groups:") {
-            groups = rest.split_whitespace().filter_map(|g| g.parse().ok()).collect();
-        }
-    }
-    if euid == Some(uid) {
-        groups
-    } else {
-        Vec::new()
-    }
-}
-
-/// The supplementary groups of a peer's process from `/proc` (none if it cannot be read: a
-/// sandbox without `/proc`, a pid of another namespace).
-fn proc_groups(peer: &PeerCred) -> Vec<u32> {
-    if peer.pid <= 0 {
-        return Vec::new();
-    }
-    std::fs::read_to_string(format!("/proc/{}/status", peer.pid))
-        .map(|s| status_groups(&s, peer.uid))
-        .unwrap_or_default()
-}
-
-/// Checks an accepted client's credentials; `Err` says why it is refused.
-fn check_peer(stream: &UnixStream, daemon_uid: u32, group: Option<u32>) -> Result<(), String> {
-    let (pid, uid, gid) = crate::sys::peer_credentials(stream)
-        .map_err(|e| format!("cannot read the client's credentials: {e}"))?;
-    let peer = PeerCred { pid, uid, gid };
-    if peer_allowed(&peer, daemon_uid, group, proc_groups) {
-        return Ok(());
-    }
-    let group = group.map_or("none".to_string(), |g| g.to_string());
-    Err(format!(
-        "uid {uid} gid {gid} (pid {pid}) is not root, the daemon's uid {daemon_uid} nor of the control group ({group})"
-    ))
-}
-
 /// A bound control socket, not served yet (bound early, before a sandbox changes the root).
 pub struct BoundControlSocket {
     path: PathBuf,
@@ -925,128 +837,4 @@ fn send(stream: &mut UnixStream, reply: &str) -> bool {
         }
     }
     true
-}
-
-/// A client of the control socket: one request, one response.
-pub struct ControlClient {
-    stream: std::io::BufReader<std::os::unix::net::UnixStream>,
-    next_id: u64,
-}
-
-/// Why a control-socket call failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    /// The socket could not be reached or broke.
-    #[error("control socket {path}")]
-    Io {
-        /// The socket's path.
-        path: String,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The daemon answered with an error.
-    #[error("control socket: {method}: error {code}: {message}")]
-    Rpc {
-        /// The method called.
-        method: String,
-        /// The JSON-RPC error code.
-        code: i64,
-        /// Its message.
-        message: String,
-    },
-    /// The answer was not a JSON-RPC response.
-    #[error("control socket: {method}: malformed response: {detail}")]
-    Malformed {
-        /// The method called.
-        method: String,
-        /// What was wrong.
-        detail: String,
-    },
-}
-
-impl ControlClient {
-    /// Connects to the control socket at `path`.
-    pub fn connect(path: &Path) -> Result<Self, ClientError> {
-        let io = |source| ClientError::Io { path: path.display().to_string(), source };
-        let s = std::os::unix::net::UnixStream::connect(path).map_err(io)?;
-        s.set_read_timeout(Some(Duration::from_secs(10))).map_err(io)?;
-        Ok(ControlClient { stream: std::io::BufReader::new(s), next_id: 1 })
-    }
-
-    /// Calls `method` with `params`; returns its result.
-    pub fn call(&mut self, method: &str, params: Value) -> Result<Value, ClientError> {
-        use std::io::BufRead;
-        let id = self.next_id;
-        self.next_id += 1;
-        let mut req = json!({"jsonrpc": "2.0", "method": method, "id": id});
-        if !params.is_null() {
-            req["params"] = params;
-        }
-        let io = |source| ClientError::Io { path: String::new(), source };
-        let line = format!("{req}\n");
-        let written = self.stream.get_mut().write_all(line.as_bytes());
-        let mut answer = String::new();
-        // A daemon that refused the connection wrote why before closing it: read that first.
-        let read = self.stream.read_line(&mut answer);
-        match (written, read) {
-            (_, Ok(n)) if n > 0 => {}
-            (Err(e), _) | (Ok(()), Err(e)) => return Err(io(e)),
-            (Ok(()), Ok(_)) => {
-                return Err(io(std::io::Error::new(
-                    ErrorKind::UnexpectedEof,
-                    "the daemon closed the connection",
-                )))
-            }
-        }
-        let malformed = |detail: String| ClientError::Malformed { method: method.into(), detail };
-        let v: Value = serde_json::from_str(&answer).map_err(|e| malformed(e.to_string()))?;
-        if let Some(e) = v.get("error") {
-            return Err(ClientError::Rpc {
-                method: method.into(),
-                code: e.get("code").and_then(Value::as_i64).unwrap_or(0),
-                message: e.get("message").and_then(Value::as_str).unwrap_or("").into(),
-            });
-        }
-        if v.get("id") != Some(&json!(id)) {
-            return Err(malformed(format!("id {:?}, expected {id}", v.get("id"))));
-        }
-        v.get("result").cloned().ok_or_else(|| malformed("no result".into()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn root_the_daemons_uid_and_the_control_group_may_connect() {
-        let peer = |uid, gid| PeerCred { pid: 42, uid, gid };
-        let none = |_: &PeerCred| Vec::new();
-        let member_of_7 = |_: &PeerCred| vec![5, 7];
-        let must_not_ask = |_: &PeerCred| -> Vec<u32> { panic!("the groups were not needed") };
-        // Root and the daemon's own uid, whatever the group.
-        assert!(peer_allowed(&peer(0, 0), 1000, None, must_not_ask));
-        assert!(peer_allowed(&peer(1000, 1000), 1000, None, must_not_ask));
-        // Anyone else only through the control group.
-        assert!(!peer_allowed(&peer(1001, 7), 1000, None, member_of_7));
-        assert!(peer_allowed(&peer(1001, 7), 1000, Some(7), must_not_ask));
-        assert!(!peer_allowed(&peer(1001, 8), 1000, Some(7), none));
-        assert!(peer_allowed(&peer(1001, 8), 1000, Some(7), member_of_7));
-        // A daemon running as someone else does not serve root's uid by accident of equality.
-        assert!(!peer_allowed(&peer(1001, 1001), 0, Some(7), none));
-    }
-
-    #[test]
-    fn supplementary_groups_come_from_the_status_of_the_same_uid() {
-        let status =
-            "Name:\tqemu\nUid:\t107\t107\t107\t107\nGid:\t107\t107\t107\t107\nGroups:\t36 107 1001 \n";
-        assert_eq!(status_groups(status, 107), [36, 107, 1001]);
-        // The pid now belongs to another uid: no groups are taken from it.
-        assert!(status_groups(status, 108).is_empty());
-        assert!(status_groups("Uid:\t107\t107\t107\t107\nGroups:\n", 107).is_empty());
-        assert!(status_groups("garbage", 107).is_empty());
-        // The real uid differs from the effective one: the effective one counts.
-        assert_eq!(status_groups("Uid:\t5\t107\t5\t107\nGroups:\t9\n", 107), [9]);
-    }
 }
