@@ -81,18 +81,3 @@ pub fn effective_uid() -> u32 {
     // SAFETY: `geteuid` takes no arguments, touches no memory and cannot fail.
     unsafe { libc::geteuid() }
 }
-
-/// Takes an exclusive `flock` on `file` without waiting: `Ok(false)` if another open file
-/// description holds one.
-pub fn try_lock_exclusive(file: &std::fs::File) -> io::Result<bool> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: `flock` on the open descriptor `file` borrows for the call; it touches no memory.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-        return Ok(true);
-    }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        return Ok(false);
-    }
-    Err(e)
-}

@@ -4,11 +4,13 @@
 //! control plane), and translates vfio-user messages into calls on the device's control-plane
 //! state ([`crate::control::DeviceState`]: registers, DMA table, interrupts, pollers). See
 //! `server.rs` for the framing, `commands.rs` for the per-command rules, `wire.rs` for the format and `removal.rs` for how a
-//! function is removed at run time (the device-request interrupt).
+//! function is removed at run time (the device-request interrupt); [`socket_file`] binds a
+//! socket path no live server holds and removes what a bind made.
 
 mod commands;
 mod removal;
 mod server;
+pub mod socket_file;
 pub mod wire;
 
 pub use removal::Removal;

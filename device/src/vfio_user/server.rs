@@ -33,6 +33,7 @@ use vm_memory::ByteValued;
 
 use super::commands::{self, ok_empty, CmdResult, MAX_DATA_XFER};
 use super::removal::{self, Removal, RemovalCell};
+use super::socket_file::{bind_exclusive, BindError, SocketFiles};
 use super::wire::{self, cmd, Header, HEADER_SIZE};
 use crate::config::{Placement, Profile};
 use crate::control::DeviceState;
@@ -56,29 +57,10 @@ const WAKER: Token = Token(2);
 /// Errors that stop the server (per-message errors are replies, not these).
 #[derive(Debug, Error)]
 pub enum ServerError {
-    /// Another live daemon serves this socket path (it holds the lock file, or answers on it).
-    #[error("{path} is served by another live daemon ({how}); not taking it over")]
-    InUse {
-        /// Socket path.
-        path: String,
-        /// How that was found.
-        how: &'static str,
-    },
-    /// Something that is not a socket is in the way.
-    #[error("{path} exists and is not a socket; not replacing it")]
-    NotASocket {
-        /// Socket path.
-        path: String,
-    },
-    /// Binding the socket failed.
-    #[error("cannot listen on {path}")]
-    Bind {
-        /// Socket path.
-        path: String,
-        /// Cause.
-        #[source]
-        source: io::Error,
-    },
+    /// The socket path could not be bound (in use by a live daemon, something else in the way,
+    /// a system call failed).
+    #[error(transparent)]
+    Bind(#[from] BindError),
     /// Setting up the event loop, the notify memory or the pollers failed.
     #[error("cannot set up the device")]
     Setup(#[source] io::Error),
@@ -159,78 +141,27 @@ impl Drop for Conn {
 pub struct Listener {
     path: PathBuf,
     listener: UnixListener,
-    /// The path the socket file is removed by when the server stops (`None`: it stays).
-    unlink: Option<PathBuf>,
-    /// The lock file beside the socket, locked (`flock`) for as long as this process lives;
-    /// `None` for a socket a supervisor handed over (its owner guards the path).
-    _lock: Option<File>,
+    /// The socket file and its lock ([`socket_file`](super::socket_file)): dropped unserved,
+    /// what the bind made goes.
+    files: SocketFiles,
 }
 
 impl Listener {
-    /// Binds `path`, replacing a stale socket file there but never a live one.
-    ///
-    /// `PATH.lock` beside the socket is locked first (`flock`, exclusive, not waiting): a second
-    /// daemon on the same path finds it held and stops with [`ServerError::InUse`]. The lock
-    /// file is left in place at exit (unlinking it would let two daemons lock two different
-    /// files of the same name); the lock itself ends with the process, however it ends. With the
-    /// lock held, a socket file already at `path` is probed with a connect: a server answering
-    /// there (one that does not take the lock) is [`ServerError::InUse`] too, a refused connect
-    /// means a stale socket, which is replaced. Anything but a socket is
-    /// [`ServerError::NotASocket`].
+    /// Binds `path`, replacing a stale socket file there but never a live one, nor anything
+    /// that is not a socket ([`bind_exclusive`]).
     pub fn bind(path: &Path) -> Result<Self, ServerError> {
-        use std::os::unix::fs::FileTypeExt;
-        let shown = || path.display().to_string();
-        let bind_err = |source| ServerError::Bind { path: shown(), source };
-        let mut lock_path = path.as_os_str().to_owned();
-        lock_path.push(".lock");
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&lock_path)
-            .map_err(bind_err)?;
-        match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(e) if e == rustix::io::Errno::WOULDBLOCK => {
-                return Err(ServerError::InUse { path: shown(), how: "its lock file is held" });
-            }
-            Err(e) => return Err(bind_err(e.into())),
-        }
-        if let Ok(meta) = std::fs::symlink_metadata(path) {
-            if !meta.file_type().is_socket() {
-                return Err(ServerError::NotASocket { path: shown() });
-            }
-            match UnixStream::connect(path) {
-                Ok(_) => return Err(ServerError::InUse { path: shown(), how: "it accepts connections" }),
-                Err(e) if e.kind() == ErrorKind::ConnectionRefused || e.kind() == ErrorKind::NotFound => {
-                    info!("replacing the stale socket {}", path.display());
-                    match std::fs::remove_file(path) {
-                        Err(e) if e.kind() != ErrorKind::NotFound => return Err(bind_err(e)),
-                        _ => {}
-                    }
-                }
-                Err(e) => return Err(bind_err(e)),
-            }
-        }
-        let listener = UnixListener::bind(path).map_err(bind_err)?;
-        listener.set_nonblocking(true).map_err(ServerError::Setup)?;
-        Ok(Listener {
-            path: path.to_path_buf(),
-            listener,
-            unlink: Some(path.to_path_buf()),
-            _lock: Some(lock),
-        })
+        let (listener, files) = bind_exclusive(path)?;
+        Ok(Listener { path: path.to_path_buf(), listener, files })
     }
 
     /// Serves a socket bound elsewhere (a descriptor a supervisor handed over), which logs call
     /// `name`; its file, if it has one, is the supervisor's and stays at exit.
     pub fn from_std(listener: UnixListener, name: PathBuf) -> Result<Self, ServerError> {
         listener.set_nonblocking(true).map_err(ServerError::Setup)?;
-        Ok(Listener { path: name, listener, unlink: None, _lock: None })
+        Ok(Listener { path: name, listener, files: SocketFiles::default() })
     }
 
-    /// The socket's path.
+    /// The socket's path (for an inherited socket, the name it was given).
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -239,16 +170,14 @@ impl Listener {
     /// changed after binding: the path then names something else, or nothing (the next start
     /// replaces the stale socket).
     pub fn keep_socket_file(&mut self) {
-        self.unlink = None;
+        self.files.keep_socket_file();
     }
 
     /// The process's root directory changed after binding and the socket lies beneath the new
     /// root, at `inside` as the process now names it: the socket file is removed through that
     /// path when the server stops.
     pub fn socket_file_now_at(&mut self, inside: PathBuf) {
-        if self.unlink.is_some() {
-            self.unlink = Some(inside);
-        }
+        self.files.socket_file_now_at(inside);
     }
 }
 
@@ -256,7 +185,8 @@ impl Listener {
 pub struct Server {
     path: PathBuf,
     listener: UnixListener,
-    unlink: Option<PathBuf>,
+    /// The socket file and its lock (held until the server is dropped).
+    files: SocketFiles,
     poll: Poll,
     waker: Arc<Waker>,
     stop: Arc<AtomicBool>,
@@ -268,8 +198,6 @@ pub struct Server {
     waiting: Option<(UnixStream, std::time::Instant)>,
     /// Accept failed for want of descriptors: try again after [`ACCEPT_RETRY`].
     accept_again: bool,
-    /// The socket's lock (see [`Listener::bind`]), held until the server is dropped.
-    _lock: Option<File>,
     /// A removal asked through [`StopHandle::request_removal`], and its outcome.
     removal: Arc<RemovalCell>,
     /// The removal in progress: the client was sent the device-request interrupt.
@@ -301,7 +229,7 @@ impl Server {
         pool: &PollerPool,
         placement: Placement,
     ) -> Result<Self, ServerError> {
-        let Listener { path, listener, unlink, _lock } = listener;
+        let Listener { path, listener, mut files } = listener;
         let poll = Poll::new().map_err(ServerError::Setup)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(ServerError::Setup)?);
         poll.registry()
@@ -318,7 +246,10 @@ impl Server {
         Ok(Server {
             path,
             listener,
-            unlink,
+            files: {
+                files.served();
+                files
+            },
             poll,
             waker: waker.clone(),
             stop: Arc::new(AtomicBool::new(false)),
@@ -327,7 +258,6 @@ impl Server {
             control_cpu,
             waiting: None,
             accept_again: false,
-            _lock,
             removal: Arc::default(),
             removing: None,
             remove_timeout,
@@ -398,7 +328,7 @@ impl Server {
         self.removal.end(Removal::Stopped); // unless it ended otherwise
         info!("stopping");
         self.disconnect();
-        remove_socket_file(self.unlink.take());
+        self.files.remove_socket_file();
         // The pollers end with the device (each counts its last spell first).
         let counters = self.dev.counters().clone();
         drop(self);
@@ -500,7 +430,7 @@ impl Server {
         }
         let _ = self.poll.registry().deregister(&mut SourceFd(&self.listener.as_raw_fd()));
         self.waiting = None;
-        remove_socket_file(self.unlink.take());
+        self.files.remove_socket_file();
         if self.conn.is_none() {
             self.end_removal(Removal::NoClient);
         } else if self.dev.request_removal() {
@@ -692,16 +622,6 @@ impl Conn {
             sent += wire::send_with_fds(&self.sock, &[&rest], &[])?;
         }
         Ok(())
-    }
-}
-
-/// Removes the socket file at `path`, if that is still a socket (after a change of root the
-/// name may lie in a shared directory, where a guest may have put a file of its own).
-fn remove_socket_file(path: Option<PathBuf>) {
-    use std::os::unix::fs::FileTypeExt;
-    let Some(p) = path else { return };
-    if std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_socket()) {
-        let _ = std::fs::remove_file(&p);
     }
 }
 

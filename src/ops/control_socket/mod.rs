@@ -42,19 +42,15 @@
 //! `/proc/PID/status`); anyone else gets a `permission denied` error and is disconnected.
 
 use std::collections::HashMap;
-use std::io::{ErrorKind, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixListener as StdListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use log::{debug, warn, LevelFilter};
-use mio::net::{UnixListener, UnixStream};
-use mio::{Events, Interest, Poll, Token, Waker};
+use log::{debug, LevelFilter};
+use mio::Waker;
 use serde_json::{json, Value};
 use virtiofs_device::stats::DeviceStats;
 use virtiofs_device::vfio_user::StopHandle;
@@ -64,46 +60,31 @@ use crate::ops::deploy::{self, DeployError};
 
 mod access;
 mod client;
+mod serve;
 
-use access::check_peer;
 pub use access::{peer_allowed, status_groups, ControlAccess, PeerCred, DEFAULT_MODE};
 pub use client::{ClientError, ControlClient};
+pub use serve::{EVICTABLE_AFTER, OUTPUT_HIGH};
+use virtiofs_device::vfio_user::socket_file::{bind_exclusive, BindError, SocketFiles};
 
 /// Longest request line accepted, in bytes.
 pub const MAX_LINE: usize = 1 << 20;
 /// Most clients served at once.
 pub const MAX_CONNECTIONS: usize = 16;
-
-const LISTENER: Token = Token(0);
-const WAKER: Token = Token(1);
+/// Most requests in one batch.
+pub const MAX_BATCH: usize = 64;
+/// Most requests worked on by threads of their own at once (creations and removals).
+pub const MAX_JOBS: usize = 8;
+/// A client that sends nothing and reads nothing for this long is dropped.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Why the control socket could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlSocketError {
-    /// The socket could not be bound.
-    #[error("control socket {path}: cannot bind")]
-    Bind {
-        /// The socket's path.
-        path: String,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Another daemon serves this control socket (it holds the lock file, or the socket
-    /// accepts connections): it is left alone.
-    #[error("control socket {path}: in use by another daemon ({how}); not replacing it")]
-    InUse {
-        /// The socket's path.
-        path: String,
-        /// How that was found.
-        how: &'static str,
-    },
-    /// Something other than a socket is at the path.
-    #[error("control socket {path}: exists and is not a socket; not replacing it")]
-    NotASocket {
-        /// The socket's path.
-        path: String,
-    },
+    /// The socket could not be bound: a live daemon serves it, something else is in the way,
+    /// or a system call failed.
+    #[error("control socket")]
+    Bind(#[from] BindError),
     /// The socket file's group or mode could not be set.
     #[error("control socket {path}")]
     Access {
@@ -329,9 +310,14 @@ impl Methods {
                 Ok(Value::Bool(true))
             }
             "create_function" => {
+                // Off this thread: starting a backend may wait (an NFS export's MOUNT and first
+                // calls, up to its `nfs_timeout_ms`).
                 let table = json_table(params)?;
-                let info = self.state.functions.create(table).map_err(function_error)?;
-                Ok(json!(info))
+                let functions = self.state.functions.clone();
+                return Ok(Outcome::Later(Box::new(move || {
+                    let info = functions.create(table).map_err(function_error)?;
+                    Ok(json!(info))
+                })));
             }
             "delete_function" => {
                 let tag = tag_param(params)?
@@ -454,6 +440,15 @@ impl Methods {
                     RpcError::InvalidRequest("empty batch".into()).to_json(Value::Null),
                 ))
             }
+            Value::Array(reqs) if reqs.len() > MAX_BATCH => {
+                return LineAnswer::now(Some(
+                    RpcError::InvalidRequest(format!(
+                        "a batch of {} requests: at most {MAX_BATCH}",
+                        reqs.len()
+                    ))
+                    .to_json(Value::Null),
+                ))
+            }
             Value::Array(reqs) => (reqs, true),
             v => (vec![v], false),
         };
@@ -488,67 +483,32 @@ fn function_error(e: FunctionError) -> RpcError {
 pub struct BoundControlSocket {
     path: PathBuf,
     listener: StdListener,
-    unlink: bool,
+    /// The socket file and `PATH.lock`, locked for as long as the socket is served.
+    files: SocketFiles,
     /// The uid that bound it (the socket file's owner).
     uid: u32,
     access: ControlAccess,
-    /// `PATH.lock`, locked for as long as the socket is served.
-    lock: std::fs::File,
 }
 
 impl BoundControlSocket {
     /// Binds `path`, replacing a stale socket file there, and gives the socket file `access`'s
     /// group and mode. A live socket is not replaced: a daemon holding `PATH.lock`, or a
-    /// socket that accepts a connection, makes this fail ([`ControlSocketError::InUse`]).
+    /// socket that accepts a connection, makes this fail ([`BindError::InUse`]); nor is
+    /// anything that is not a socket. A failed bind leaves nothing behind.
     pub fn bind(path: &Path, access: ControlAccess) -> Result<Self, ControlSocketError> {
-        use std::os::unix::fs::FileTypeExt;
-        let shown = || path.display().to_string();
-        let err = |source| ControlSocketError::Bind { path: shown(), source };
-        let mut lock_path = path.as_os_str().to_owned();
-        lock_path.push(".lock");
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&lock_path)
-            .map_err(err)?;
-        if !crate::sys::try_lock_exclusive(&lock).map_err(err)? {
-            return Err(ControlSocketError::InUse { path: shown(), how: "its lock file is held" });
-        }
-        if let Ok(meta) = std::fs::symlink_metadata(path) {
-            if !meta.file_type().is_socket() {
-                return Err(ControlSocketError::NotASocket { path: shown() });
-            }
-            match std::os::unix::net::UnixStream::connect(path) {
-                Ok(_) => {
-                    return Err(ControlSocketError::InUse { path: shown(), how: "it accepts connections" })
-                }
-                Err(e) if matches!(e.kind(), ErrorKind::ConnectionRefused | ErrorKind::NotFound) => {
-                    log::info!("replacing the stale control socket {}", path.display());
-                    match std::fs::remove_file(path) {
-                        Err(e) if e.kind() != ErrorKind::NotFound => return Err(err(e)),
-                        _ => {}
-                    }
-                }
-                Err(e) => return Err(err(e)),
-            }
-        }
-        let listener = StdListener::bind(path).map_err(err)?;
-        listener.set_nonblocking(true).map_err(err)?;
+        let (listener, files) = bind_exclusive(path)?;
         // Until the mode is set the umask's bits apply; a client connecting meanwhile is still
         // checked by its credentials.
         deploy::set_socket_access(path, access.group, Some(access.mode))
             .map_err(|source| ControlSocketError::Access { path: path.display().to_string(), source })?;
         let uid = crate::sys::effective_uid();
-        Ok(BoundControlSocket { path: path.to_path_buf(), listener, unlink: true, uid, access, lock })
+        Ok(BoundControlSocket { path: path.to_path_buf(), listener, files, uid, access })
     }
 
     /// Leaves the socket file in place at exit (the process's root changed after binding, so
     /// the path names something else now).
     pub fn keep_socket_file(&mut self) {
-        self.unlink = false;
+        self.files.keep_socket_file();
     }
 
     /// The socket's path.
@@ -558,43 +518,25 @@ impl BoundControlSocket {
 
     /// Serves `state` on a thread of its own until the returned handle is stopped or dropped.
     pub fn serve(self, state: ControlState) -> Result<ControlSocket, ControlSocketError> {
-        let path = self.path.display().to_string();
-        let setup = |source| ControlSocketError::Setup { path: path.clone(), source };
-        let poll = Poll::new().map_err(setup)?;
-        let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(setup)?);
-        let mut listener = UnixListener::from_std(self.listener);
-        poll.registry().register(&mut listener, LISTENER, Interest::READABLE).map_err(setup)?;
+        let BoundControlSocket { path, listener, mut files, uid, access } = self;
+        files.served();
+        let shown = path.display().to_string();
+        let setup = |source| ControlSocketError::Setup { path: shown.clone(), source };
         let methods = Methods { state, baselines: HashMap::new() };
-        let stop = Arc::new(AtomicBool::new(false));
-        let (tx, done) = mpsc::channel();
-        let later = Later { tx, waker: waker.clone(), lines: HashMap::new(), next: 0 };
-        let st = stop.clone();
-        let (uid, group) = (self.uid, self.access.group);
-        let join = std::thread::Builder::new()
-            .name("control-socket".into())
-            .spawn(move || run(poll, listener, methods, Loop { stop: st, done, later, uid, group }))
-            .map_err(setup)?;
-        Ok(ControlSocket {
-            path: self.path,
-            unlink: self.unlink,
-            waker,
-            stop,
-            join: Some(join),
-            _lock: self.lock,
-        })
+        let (waker, stop, join) = serve::spawn(listener, methods, uid, access.group).map_err(setup)?;
+        Ok(ControlSocket { path, files, waker, stop, join: Some(join) })
     }
 }
 
 /// A control socket being served.
 pub struct ControlSocket {
     path: PathBuf,
-    unlink: bool,
+    /// The socket file (removed when serving stops) and the lock, held until then.
+    files: SocketFiles,
     waker: Arc<Waker>,
     /// Tells the loop to end (its waker also says that a job finished).
     stop: Arc<AtomicBool>,
     join: Option<JoinHandle<()>>,
-    /// The lock file's lock, held until the socket file is removed.
-    _lock: std::fs::File,
 }
 
 impl ControlSocket {
@@ -613,9 +555,7 @@ impl ControlSocket {
             self.stop.store(true, Ordering::SeqCst);
             let _ = self.waker.wake();
             let _ = j.join();
-            if self.unlink {
-                let _ = std::fs::remove_file(&self.path);
-            }
+            self.files.remove_socket_file();
         }
     }
 }
@@ -624,217 +564,4 @@ impl Drop for ControlSocket {
     fn drop(&mut self) {
         self.shut();
     }
-}
-
-struct Client {
-    stream: UnixStream,
-    buf: Vec<u8>,
-}
-
-/// A finished job: the response for one slot of a waiting line.
-struct Done {
-    line: u64,
-    slot: usize,
-    response: Option<Value>,
-}
-
-/// A response line waiting for its jobs.
-struct Waiting {
-    client: Token,
-    answer: LineAnswer,
-    left: usize,
-}
-
-/// The jobs of requests that answer later ([`Outcome::Later`]) and the lines waiting for them.
-struct Later {
-    tx: mpsc::Sender<Done>,
-    waker: Arc<Waker>,
-    lines: HashMap<u64, Waiting>,
-    next: u64,
-}
-
-impl Later {
-    /// Starts the jobs of `answer` (each on a thread of its own) and keeps the line until they
-    /// are done.
-    fn start(&mut self, client: Token, mut answer: LineAnswer) {
-        let line = self.next;
-        self.next += 1;
-        let jobs = std::mem::take(&mut answer.jobs);
-        let mut left = 0;
-        for (slot, id, job) in jobs {
-            let (tx, waker) = (self.tx.clone(), self.waker.clone());
-            let id2 = id.clone();
-            let started = std::thread::Builder::new().name("control-job".into()).spawn(move || {
-                let result = job();
-                let response = id.map(|id| match result {
-                    Ok(v) => json!({"jsonrpc": "2.0", "result": v, "id": id}),
-                    Err(e) => e.to_json(id),
-                });
-                let _ = tx.send(Done { line, slot, response });
-                let _ = waker.wake();
-            });
-            match started {
-                Ok(_) => left += 1,
-                Err(e) => {
-                    let e = RpcError::Server(format!("cannot start the request's thread: {e}"));
-                    answer.slots[slot] = id2.map(|id| e.to_json(id));
-                }
-            }
-        }
-        self.lines.insert(line, Waiting { client, answer, left });
-        if left == 0 {
-            let _ = self.tx.send(Done { line, slot: usize::MAX, response: None });
-            let _ = self.waker.wake();
-        }
-    }
-
-    /// Fills a finished job's slot; returns the line's client and text once the line is whole.
-    fn finish(&mut self, done: Done) -> Option<(Token, Option<String>)> {
-        let w = self.lines.get_mut(&done.line)?;
-        if let Some(slot) = w.answer.slots.get_mut(done.slot) {
-            *slot = done.response;
-            w.left -= 1;
-        }
-        if w.left > 0 {
-            return None;
-        }
-        let w = self.lines.remove(&done.line)?;
-        Some((w.client, w.answer.text()))
-    }
-}
-
-/// The loop's own state besides its clients.
-struct Loop {
-    stop: Arc<AtomicBool>,
-    done: mpsc::Receiver<Done>,
-    later: Later,
-    /// The daemon's uid, which may use the socket.
-    uid: u32,
-    /// The control group, whose members may use it.
-    group: Option<u32>,
-}
-
-fn run(mut poll: Poll, listener: UnixListener, mut methods: Methods, mut lp: Loop) {
-    let mut events = Events::with_capacity(32);
-    let mut clients: HashMap<Token, Client> = HashMap::new();
-    let mut next = 2usize;
-    loop {
-        if let Err(e) = poll.poll(&mut events, None) {
-            if e.kind() == ErrorKind::Interrupted {
-                continue;
-            }
-            warn!("control socket: event loop failed: {e}");
-            return;
-        }
-        for ev in events.iter() {
-            match ev.token() {
-                WAKER => {
-                    if lp.stop.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    while let Ok(done) = lp.done.try_recv() {
-                        let Some((token, text)) = lp.later.finish(done) else { continue };
-                        let (Some(c), Some(text)) = (clients.get_mut(&token), text) else { continue };
-                        if !send(&mut c.stream, &text) {
-                            if let Some(mut c) = clients.remove(&token) {
-                                let _ = poll.registry().deregister(&mut c.stream);
-                            }
-                        }
-                    }
-                }
-                LISTENER => loop {
-                    match listener.accept() {
-                        Ok((mut stream, _)) => {
-                            if let Err(why) = check_peer(&stream, lp.uid, lp.group) {
-                                warn!("control socket: refusing a client: {why}");
-                                let e = RpcError::PermissionDenied(why);
-                                let _ = send(&mut stream, &e.to_json(Value::Null).to_string());
-                                continue;
-                            }
-                            if clients.len() >= MAX_CONNECTIONS {
-                                warn!("control socket: {MAX_CONNECTIONS} clients already; refusing another");
-                                continue;
-                            }
-                            let token = Token(next);
-                            next += 1;
-                            if let Err(e) = poll.registry().register(&mut stream, token, Interest::READABLE) {
-                                warn!("control socket: cannot serve a client: {e}");
-                                continue;
-                            }
-                            clients.insert(token, Client { stream, buf: Vec::new() });
-                        }
-                        Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                        Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                        Err(e) => {
-                            warn!("control socket: accept: {e}");
-                            break;
-                        }
-                    }
-                },
-                token => {
-                    let keep = clients
-                        .get_mut(&token)
-                        .is_some_and(|c| serve_client(c, token, &mut methods, &mut lp.later));
-                    if !keep {
-                        if let Some(mut c) = clients.remove(&token) {
-                            let _ = poll.registry().deregister(&mut c.stream);
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Reads what a client sent and answers each complete line (or starts the work of a line that
-/// answers later); false once it is to be dropped.
-fn serve_client(c: &mut Client, token: Token, methods: &mut Methods, later: &mut Later) -> bool {
-    let mut chunk = [0u8; 4096];
-    loop {
-        match c.stream.read(&mut chunk) {
-            Ok(0) => return false,
-            Ok(n) => c.buf.extend_from_slice(&chunk[..n]),
-            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(_) => return false,
-        }
-        while let Some(end) = c.buf.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = c.buf.drain(..=end).collect();
-            let answer = methods.line(&line[..end]);
-            if !answer.jobs.is_empty() {
-                later.start(token, answer);
-            } else if let Some(reply) = answer.text() {
-                if !send(&mut c.stream, &reply) {
-                    return false;
-                }
-            }
-        }
-        if c.buf.len() > MAX_LINE {
-            let e = RpcError::InvalidRequest(format!("request longer than {MAX_LINE} bytes"));
-            let _ = send(&mut c.stream, &e.to_json(Value::Null).to_string());
-            return false;
-        }
-    }
-    true
-}
-
-/// Writes one response line, waiting at most a second for a slow reader.
-fn send(stream: &mut UnixStream, reply: &str) -> bool {
-    let mut bytes = Vec::with_capacity(reply.len() + 1);
-    bytes.extend_from_slice(reply.as_bytes());
-    bytes.push(b'\n');
-    let mut at = 0;
-    let deadline = Instant::now() + Duration::from_secs(1);
-    while at < bytes.len() {
-        match stream.write(&bytes[at..]) {
-            Ok(0) => return false,
-            Ok(n) => at += n,
-            Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(_) => return false,
-        }
-    }
-    true
 }

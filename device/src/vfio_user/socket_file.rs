@@ -1,0 +1,216 @@
+//! A listening unix socket's files: binding a path that no live server holds, and removing
+//! what a bind made once it is no longer wanted. The vfio-user socket and the daemon's control
+//! socket are both bound this way.
+//!
+//! `PATH.lock` beside the socket is locked first (`flock`, exclusive, not waiting): a second
+//! daemon on the same path finds it held and stops. With the lock held, a socket file already
+//! at the path is probed with a connect: a server answering there (one that does not take the
+//! lock) means the path is in use too, a refused connect means a stale socket, which is
+//! replaced. Anything but a socket is left alone. Neither file is followed if it is a symbolic
+//! link (`O_NOFOLLOW`; the socket file is looked at with `lstat`).
+//!
+//! What a bind made is removed if it fails, or if what it bound is dropped before it was
+//! served ([`SocketFiles::served`]): nothing is left behind by a refused or failed start. A
+//! served socket's file is removed when the server stops; its lock file stays (unlinking it
+//! would let two daemons lock two different files of the same name), and the lock ends with
+//! the process, however it ends.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{self, ErrorKind};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+
+use log::info;
+use thiserror::Error;
+
+/// Why a socket path could not be bound.
+#[derive(Debug, Error)]
+pub enum BindError {
+    /// Another live server holds the path (its lock file, or it answers on the socket).
+    #[error("{path} is in use: served by another live daemon ({how}); not taking it over")]
+    InUse {
+        /// Socket path.
+        path: String,
+        /// How that was found.
+        how: &'static str,
+    },
+    /// Something that is not a socket is at the path, or the lock file is not a regular file.
+    #[error("{path} exists and is not a {what}; not replacing it")]
+    NotASocket {
+        /// The path in the way.
+        path: String,
+        /// What it should have been.
+        what: &'static str,
+    },
+    /// A system call failed.
+    #[error("cannot listen on {path}")]
+    Io {
+        /// Socket path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The files of a bound socket: removed when dropped, as far as this process made them.
+#[derive(Debug, Default)]
+pub struct SocketFiles {
+    /// The socket file, removed when this is dropped or [`Self::remove_socket_file`] is called
+    /// (`None`: it stays, or it was removed).
+    socket: Option<PathBuf>,
+    /// The lock file, if the bind created it and nothing has been served yet: removed when this
+    /// is dropped.
+    created_lock: Option<PathBuf>,
+    /// The lock, held for as long as this lives.
+    lock: Option<File>,
+}
+
+impl SocketFiles {
+    /// The socket is served from now on: its lock file stays when it stops.
+    pub fn served(&mut self) {
+        self.created_lock = None;
+    }
+
+    /// Leaves the socket file in place (the process's root directory changed after binding:
+    /// the path now names something else, or nothing, and the next start replaces the stale
+    /// socket).
+    pub fn keep_socket_file(&mut self) {
+        self.socket = None;
+    }
+
+    /// The process's root directory changed after binding and the socket lies beneath the new
+    /// root, at `inside` as the process now names it: the file is removed through that path.
+    pub fn socket_file_now_at(&mut self, inside: PathBuf) {
+        if self.socket.is_some() {
+            self.socket = Some(inside);
+        }
+    }
+
+    /// Removes the socket file now, if it is still a socket (clients can no longer connect;
+    /// the listening socket itself is unaffected).
+    pub fn remove_socket_file(&mut self) {
+        if let Some(p) = self.socket.take() {
+            if std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_socket()) {
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+    }
+}
+
+impl Drop for SocketFiles {
+    fn drop(&mut self) {
+        self.remove_socket_file();
+        if let Some(lock) = self.created_lock.take() {
+            let _ = std::fs::remove_file(lock);
+        }
+    }
+}
+
+/// Binds `path` (see the module's documentation): the listening socket, non-blocking, and the
+/// files it made.
+pub fn bind_exclusive(path: &Path) -> Result<(UnixListener, SocketFiles), BindError> {
+    let shown = || path.display().to_string();
+    let io_err = |source| BindError::Io { path: shown(), source };
+    let mut lock_path: OsString = path.as_os_str().to_owned();
+    lock_path.push(".lock");
+    let lock_path = PathBuf::from(lock_path);
+    let (lock, created) = open_lock(&lock_path).map_err(|e| match e.raw_os_error() {
+        Some(libc::ELOOP) | Some(libc::ENXIO) => {
+            BindError::NotASocket { path: lock_path.display().to_string(), what: "regular file" }
+        }
+        _ => io_err(e),
+    })?;
+    // From here on, a failed bind removes the lock file it created.
+    let mut files =
+        SocketFiles { socket: None, created_lock: created.then(|| lock_path.clone()), lock: None };
+    if !lock.metadata().map_err(io_err)?.file_type().is_file() {
+        files.created_lock = None;
+        return Err(BindError::NotASocket { path: lock_path.display().to_string(), what: "regular file" });
+    }
+    match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(e) if e == rustix::io::Errno::WOULDBLOCK => {
+            return Err(BindError::InUse { path: shown(), how: "its lock file is held" });
+        }
+        Err(e) => return Err(io_err(e.into())),
+    }
+    files.lock = Some(lock);
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(BindError::NotASocket { path: shown(), what: "socket" });
+        }
+        match UnixStream::connect(path) {
+            Ok(_) => return Err(BindError::InUse { path: shown(), how: "it accepts connections" }),
+            Err(e) if matches!(e.kind(), ErrorKind::ConnectionRefused | ErrorKind::NotFound) => {
+                info!("replacing the stale socket {}", path.display());
+                match std::fs::remove_file(path) {
+                    Err(e) if e.kind() != ErrorKind::NotFound => return Err(io_err(e)),
+                    _ => {}
+                }
+            }
+            Err(e) => return Err(io_err(e)),
+        }
+    }
+    let listener = UnixListener::bind(path).map_err(io_err)?;
+    files.socket = Some(path.to_path_buf());
+    listener.set_nonblocking(true).map_err(io_err)?;
+    Ok((listener, files))
+}
+
+/// Opens (creating it if need be) a lock file without following a symbolic link; whether this
+/// call created it.
+fn open_lock(path: &Path) -> io::Result<(File, bool)> {
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true).write(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK);
+    match o.clone().create_new(true).mode(0o600).open(path) {
+        Ok(f) => return Ok((f, true)),
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    o.open(path).map(|f| (f, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bind that fails leaves no lock file it made; a socket bound and dropped unserved
+    /// leaves nothing; one served leaves its lock file only.
+    #[test]
+    fn what_a_bind_made_goes_unless_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = |name: &str| dir.path().join(format!("{name}.lock"));
+        // In the way: a regular file at the socket's path.
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(matches!(bind_exclusive(&file), Err(BindError::NotASocket { .. })));
+        assert!(!lock("file").exists(), "a failed bind left its lock file");
+        assert_eq!(std::fs::read(&file).unwrap(), b"x");
+        // A symbolic link as the lock file is not followed, and not removed.
+        let target = dir.path().join("target");
+        std::os::unix::fs::symlink(&target, lock("link")).unwrap();
+        assert!(matches!(bind_exclusive(&dir.path().join("link")), Err(BindError::NotASocket { .. })));
+        assert!(!target.exists(), "the lock file's symbolic link was followed");
+        assert!(std::fs::symlink_metadata(lock("link")).is_ok());
+        // Dropped unserved: both files go.
+        let sock = dir.path().join("sock");
+        let (l, files) = bind_exclusive(&sock).unwrap();
+        assert!(sock.exists() && lock("sock").exists());
+        // A second bind of the same path finds it held.
+        assert!(matches!(bind_exclusive(&sock), Err(BindError::InUse { .. })));
+        drop((l, files));
+        assert!(!sock.exists() && !lock("sock").exists());
+        // Served: the lock file stays.
+        let (l, mut files) = bind_exclusive(&sock).unwrap();
+        files.served();
+        drop((l, files));
+        assert!(!sock.exists() && lock("sock").exists());
+        // The lock file a bind did not create stays whatever happens.
+        let (l, files) = bind_exclusive(&sock).unwrap();
+        drop((l, files));
+        assert!(lock("sock").exists());
+    }
+}
