@@ -4,7 +4,7 @@
 //! JSON and a Prometheus exposition that a format checker accepts.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -581,106 +581,4 @@ fn create_function_is_bounded() {
     let e = c.call("create_function", json!({"socket_path": s("c.sock"), "tag": "c"})).unwrap_err();
     assert!(matches!(&e, ClientError::Rpc { message, .. } if message.contains("--max-functions")), "{e:?}");
     assert!(!s("c.sock").exists());
-}
-
-/// Issue 21: nothing one control client does holds the socket up for the others.
-/// - A `create_function` whose NFS server accepts the connection and never answers runs off the
-///   loop: the others are answered meanwhile.
-/// - A client that sends requests and never reads its responses: the others are answered, and
-///   its further requests are not read while its output waits.
-/// - Sixteen idle clients: a new one takes the place of the one idle longest.
-/// - A batch of more than `MAX_BATCH` requests is refused.
-#[test]
-fn slow_idle_and_hung_clients_do_not_hold_the_control_socket() {
-    use virtiofs_dpu::ops::control_socket::{EVICTABLE_AFTER, MAX_BATCH, MAX_CONNECTIONS};
-    let dir = tempfile::tempdir().unwrap();
-    let ctl = dir.path().join("ctl.sock");
-    // A server that takes connections and never answers.
-    let hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = hole.local_addr().unwrap().port();
-    let held = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let h = held.clone();
-    std::thread::spawn(move || {
-        for s in hole.incoming().flatten() {
-            h.lock().unwrap().push(s);
-        }
-    });
-    let allow = format!("sockets={},remotes=127.0.0.1", dir.path().display());
-    let _d = daemon_with(dir.path(), &["--allow-create", &allow]);
-    let answered_within = |what: &str, bound: Duration| {
-        let t = Instant::now();
-        let mut c = ControlClient::connect(&ctl).unwrap();
-        let dev = c.call("get_device", Value::Null).unwrap_or_else(|e| panic!("{what}: {e}"));
-        assert_eq!(dev["functions"], json!(["a"]), "{dev}");
-        assert!(t.elapsed() < bound, "{what}: get_device took {:?}", t.elapsed());
-    };
-
-    // The hung create, on a raw connection: its answer would come only after the timeout.
-    let url = format!("nfs://127.0.0.1:{port}/export?nfsport={port}&mountport={port}");
-    let create = json!({"jsonrpc": "2.0", "id": 1, "method": "create_function",
-        "params": {"socket_path": dir.path().join("n.sock"), "tag": "n", "remote": url, "nfs_timeout_ms": 60000}});
-    let mut hung = UnixStream::connect(&ctl).unwrap();
-    writeln!(hung, "{create}").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while held.lock().unwrap().is_empty() {
-        assert!(Instant::now() < deadline, "the create never reached the server");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    answered_within("while a create waits for its NFS server", Duration::from_secs(2));
-
-    // The client that never reads: 20,000 requests (a few MB of responses) pipelined.
-    let mut deaf = UnixStream::connect(&ctl).unwrap();
-    deaf.set_nonblocking(true).unwrap();
-    let line = format!("{}\n", json!({"jsonrpc": "2.0", "id": 7, "method": "get_stats"}));
-    let mut sent = 0usize;
-    let t = Instant::now();
-    while sent < 20_000 && t.elapsed() < Duration::from_secs(5) {
-        match deaf.write(line.as_bytes()) {
-            Ok(n) if n == line.len() => sent += 1,
-            Ok(_) => break, // a partial line: the daemon stopped reading, as it should
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-            Err(e) => panic!("{e}"),
-        }
-    }
-    assert!(sent > 0);
-    answered_within("while a client does not read", Duration::from_secs(2));
-    // Whatever the daemon still writes to it is written by now: it is the idlest from here on.
-    std::thread::sleep(Duration::from_millis(300));
-
-    // Too large a batch.
-    let batch: Vec<Value> =
-        (0..=MAX_BATCH).map(|i| json!({"jsonrpc": "2.0", "id": i, "method": "rpc_get_methods"})).collect();
-    let v = raw(&ctl, &Value::Array(batch).to_string());
-    assert_eq!(v["error"]["code"], json!(-32600), "{v}");
-
-    // Every place taken by idle clients (the hung and the deaf one are two of them).
-    let idle: Vec<UnixStream> =
-        (0..MAX_CONNECTIONS - 2).map(|_| UnixStream::connect(&ctl).unwrap()).collect();
-    std::thread::sleep(EVICTABLE_AFTER + Duration::from_millis(200));
-    answered_within("with every place taken by idle clients", Duration::from_secs(2));
-    // The one idle longest made room: the deaf client (the hung create waits for the daemon,
-    // not idle), whose connection ends after the responses it was sent; the others stay.
-    let mut b = vec![0u8; 1 << 16];
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match deaf.read(&mut b) {
-            // Dropped with requests of it unread: the kernel tells it by a reset.
-            Ok(0) => break,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                assert!(Instant::now() < deadline, "the idlest client was not dropped");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
-    for mut s in idle {
-        s.set_nonblocking(true).unwrap();
-        let e = s.read(&mut b).unwrap_err();
-        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "an idle client was dropped besides the idlest");
-    }
-    hung.set_nonblocking(true).unwrap();
-    let e = hung.read(&mut b).unwrap_err();
-    assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "the client waiting for its create was dropped");
 }

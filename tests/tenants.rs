@@ -8,7 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+
+use serde_json::{json, Value};
 use vfio_bindings::bindings::vfio::{
     VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD, VFIO_PCI_MSIX_IRQ_INDEX,
 };
@@ -32,7 +35,7 @@ impl Daemon {
         let child = Command::new(BIN)
             .args(["--socket-path", a.to_str().unwrap(), "--tag", "a"])
             .args(["--control-socket", ctl.to_str().unwrap()])
-            .args(["--allow-create", &format!("sockets={}", dir.display())])
+            .args(["--allow-create", &format!("sockets={},remotes=127.0.0.1", dir.display())])
             .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
             .spawn()
             .unwrap();
@@ -56,21 +59,36 @@ impl Drop for Daemon {
     }
 }
 
-/// GETATTR latencies at QD=1 on `d`, sorted.
+/// Held by each test for its whole run: the tests measure latencies, and on a 2-core machine
+/// another test's daemon and driver would be measured with them.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// GETATTR latencies at QD=1 on `d`, in the order measured.
 fn getattr_latencies(d: &mut FsDriver, n: usize) -> Vec<Duration> {
-    let mut v: Vec<Duration> = (0..n)
+    (0..n)
         .map(|_| {
             let t = Instant::now();
             d.getattr(1).expect("GETATTR");
             t.elapsed()
         })
-        .collect();
-    v.sort_unstable();
-    v
+        .collect()
 }
 
-fn p99(sorted: &[Duration]) -> Duration {
-    sorted[(sorted.len() * 99 / 100).min(sorted.len() - 1)]
+/// The p99 of `lat` taken as 4 batches of a quarter each (in the order measured: `lat` is
+/// cut before sorting), the lowest of them: on a 2-core machine running other tests a batch
+/// can lose the CPU for a while, a frozen poller loses every batch.
+fn p99(lat: &[Duration]) -> Duration {
+    lat.chunks(lat.len().div_ceil(4))
+        .map(|c| {
+            let mut c = c.to_vec();
+            c.sort_unstable();
+            c[(c.len() * 99 / 100).min(c.len() - 1)]
+        })
+        .min()
+        .unwrap()
 }
 
 /// Issue 21, item 1: A's client hands over a non-blocking eventfd for every queue vector (as
@@ -82,6 +100,7 @@ fn p99(sorted: &[Duration]) -> Duration {
 /// and deleting B answers within the broadcast bound.
 #[test]
 fn a_blocking_interrupt_eventfd_does_not_freeze_a_shared_poller() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let daemon = Daemon::start(dir.path());
     let (a, b) = (dir.path().join("a.sock"), dir.path().join("b.sock"));
@@ -159,6 +178,7 @@ fn a_blocking_interrupt_eventfd_does_not_freeze_a_shared_poller() {
 #[test]
 fn a_disk_file_window_and_stray_sigbus_leave_b_serving() {
     use virtiofs_tools::vfio_user::{Client, ClientCaps};
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let mut daemon = Daemon::start(dir.path());
     let (a, b) = (dir.path().join("a.sock"), dir.path().join("b.sock"));
@@ -168,10 +188,11 @@ fn a_disk_file_window_and_stray_sigbus_leave_b_serving() {
     let mut fb = FsDriver::connect(&b, opts).unwrap();
     fb.init().unwrap();
     getattr_latencies(&mut fb, 200);
-    let alone = getattr_latencies(&mut fb, 2000);
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let st = stop.clone();
+    // A attacks in every other window of B's measurement: B's p99 with and without the attack
+    // is compared window by window, so a change in the machine's load is in both.
+    let (stop, active) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let (st, act) = (stop.clone(), active.clone());
     let pid = daemon.child.id();
     let attacker = std::thread::spawn(move || {
         let mut ca = Client::connect(&a).unwrap();
@@ -182,12 +203,15 @@ fn a_disk_file_window_and_stray_sigbus_leave_b_serving() {
         disk.set_len(1 << 20).unwrap();
         let mut refused = 0u64;
         while !st.load(Ordering::Relaxed) {
-            let e = ca.dma_map(3, 0, 1 << 32, 1 << 20, Some(disk.as_raw_fd())).unwrap_err();
-            assert_eq!(e.errno(), Some(libc::ENODEV), "a window on a disk file: {e}");
-            refused += 1;
             // Paced: on a 2-core machine a client spinning on DMA_MAP takes the CPU that B's
             // driver and poller run on, which says nothing about the device.
             std::thread::sleep(Duration::from_millis(2));
+            if !act.load(Ordering::Relaxed) {
+                continue;
+            }
+            let e = ca.dma_map(3, 0, 1 << 32, 1 << 20, Some(disk.as_raw_fd())).unwrap_err();
+            assert_eq!(e.errno(), Some(libc::ENODEV), "a window on a disk file: {e}");
+            refused += 1;
             if refused.is_multiple_of(16) {
                 let sent = Command::new("kill").args(["-BUS", &pid.to_string()]).status().unwrap();
                 assert!(sent.success());
@@ -195,15 +219,24 @@ fn a_disk_file_window_and_stray_sigbus_leave_b_serving() {
         }
         refused
     });
-    getattr_latencies(&mut fb, 500);
-    let attacked = getattr_latencies(&mut fb, 2000);
+    let (mut alone, mut attacked) = (Vec::new(), Vec::new());
+    for _ in 0..4 {
+        active.store(false, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(10));
+        alone.push(p99(&getattr_latencies(&mut fb, 1000)));
+        active.store(true, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(10));
+        attacked.push(p99(&getattr_latencies(&mut fb, 1000)));
+    }
     stop.store(true, Ordering::Relaxed);
     let refused = attacker.join().unwrap();
     assert!(refused >= 16, "A's client made {refused} attempts");
-    let (p_alone, p_attacked) = (p99(&alone), p99(&attacked));
+    alone.sort_unstable();
+    attacked.sort_unstable();
+    let (p_alone, p_attacked) = (alone[alone.len() / 2], attacked[attacked.len() / 2]);
     assert!(
         p_attacked <= p_alone * 2 + Duration::from_micros(50),
-        "B's p99 {p_attacked:?} with A attacking, {p_alone:?} alone"
+        "B's p99 (median of 4 windows) {p_attacked:?} with A attacking ({attacked:?}), {p_alone:?} alone ({alone:?})"
     );
     assert!(daemon.child.try_wait().unwrap().is_none(), "the daemon died: {}", daemon.log());
     let t = Instant::now();
@@ -214,4 +247,148 @@ fn a_disk_file_window_and_stray_sigbus_leave_b_serving() {
     let mut ca = Client::connect(&dir.path().join("a.sock")).unwrap();
     ca.set_timeout(Duration::from_secs(5)).unwrap();
     ca.version(&ClientCaps::default()).expect("A serves a new client");
+}
+
+/// Issue 21: nothing one control client does holds the socket up for the others.
+/// - A `create_function` whose NFS server accepts the connection and never answers runs off the
+///   loop: the others are answered meanwhile.
+/// - A client that sends requests and never reads its responses: the others are answered, and
+///   its further requests are not read while its output waits.
+/// - Sixteen idle clients: a new one takes the place of the one idle longest.
+/// - A batch of more than `MAX_BATCH` requests is refused.
+#[test]
+fn slow_idle_and_hung_clients_do_not_hold_the_control_socket() {
+    use virtiofs_dpu::ops::control_socket::{EVICTABLE_AFTER, MAX_BATCH, MAX_CONNECTIONS};
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = dir.path().join("ctl.sock");
+    // A server that takes connections and never answers.
+    let hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = hole.local_addr().unwrap().port();
+    let held = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let h = held.clone();
+    std::thread::spawn(move || {
+        for s in hole.incoming().flatten() {
+            h.lock().unwrap().push(s);
+        }
+    });
+    let _serial = serial();
+    let _d = Daemon::start(dir.path());
+    // Function B, on the daemon's one poller, measured alone and while the others misbehave.
+    let b = dir.path().join("b.sock");
+    ControlClient::connect(&ctl)
+        .unwrap()
+        .call("create_function", json!({"socket_path": b, "tag": "b"}))
+        .unwrap();
+    let mut fb =
+        FsDriver::connect(&b, DriverOptions { timeout: Duration::from_secs(5), ..Default::default() })
+            .unwrap();
+    fb.init().unwrap();
+    // The lowest p99 of three batches: on a 2-core machine running other tests a batch can
+    // lose the CPU for a while, a frozen poller loses every batch.
+    let p99 = |fb: &mut FsDriver| {
+        (0..3)
+            .map(|_| {
+                let mut v: Vec<Duration> = (0..1000)
+                    .map(|_| {
+                        let t = Instant::now();
+                        fb.getattr(1).unwrap();
+                        t.elapsed()
+                    })
+                    .collect();
+                v.sort_unstable();
+                v[v.len() * 99 / 100]
+            })
+            .min()
+            .unwrap()
+    };
+    p99(&mut fb); // warm up
+    let alone = p99(&mut fb);
+    let answered_within = |what: &str, bound: Duration| {
+        let t = Instant::now();
+        let mut c = ControlClient::connect(&ctl).unwrap();
+        let dev = c.call("get_device", Value::Null).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(dev["functions"][0], json!("a"), "{dev}");
+        assert!(t.elapsed() < bound, "{what}: get_device took {:?}", t.elapsed());
+    };
+
+    // The hung create, on a raw connection: its answer would come only after the timeout.
+    let url = format!("nfs://127.0.0.1:{port}/export?nfsport={port}&mountport={port}");
+    let create = json!({"jsonrpc": "2.0", "id": 1, "method": "create_function",
+        "params": {"socket_path": dir.path().join("n.sock"), "tag": "n", "remote": url, "nfs_timeout_ms": 60000}});
+    let mut hung = UnixStream::connect(&ctl).unwrap();
+    writeln!(hung, "{create}").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while held.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the create never reached the server");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    answered_within("while a create waits for its NFS server", Duration::from_secs(2));
+
+    // The client that never reads: 20,000 requests (a few MB of responses) pipelined.
+    let mut deaf = UnixStream::connect(&ctl).unwrap();
+    deaf.set_nonblocking(true).unwrap();
+    let line = format!("{}\n", json!({"jsonrpc": "2.0", "id": 7, "method": "get_stats"}));
+    let mut sent = 0usize;
+    let t = Instant::now();
+    while sent < 20_000 && t.elapsed() < Duration::from_secs(5) {
+        match deaf.write(line.as_bytes()) {
+            Ok(n) if n == line.len() => sent += 1,
+            Ok(_) => break, // a partial line: the daemon stopped reading, as it should
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(sent > 0);
+    answered_within("while a client does not read", Duration::from_secs(2));
+    // B, while the create hangs and the deaf client's responses wait.
+    let during = p99(&mut fb);
+    // Whatever the daemon still writes to it is written by now: it is the idlest from here on.
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Too large a batch.
+    let batch: Vec<Value> =
+        (0..=MAX_BATCH).map(|i| json!({"jsonrpc": "2.0", "id": i, "method": "rpc_get_methods"})).collect();
+    let mut one = UnixStream::connect(&ctl).unwrap();
+    writeln!(one, "{}", Value::Array(batch)).unwrap();
+    let mut answer = String::new();
+    BufReader::new(one).read_line(&mut answer).unwrap();
+    let v: Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(v["error"]["code"], json!(-32600), "{v}");
+
+    // Every place taken by idle clients (the hung and the deaf one are two of them).
+    let idle: Vec<UnixStream> =
+        (0..MAX_CONNECTIONS - 2).map(|_| UnixStream::connect(&ctl).unwrap()).collect();
+    std::thread::sleep(EVICTABLE_AFTER + Duration::from_millis(200));
+    answered_within("with every place taken by idle clients", Duration::from_secs(2));
+    // The one idle longest made room: the deaf client (the hung create waits for the daemon,
+    // not idle), whose connection ends after the responses it was sent; the others stay.
+    let mut b = vec![0u8; 1 << 16];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match deaf.read(&mut b) {
+            // Dropped with requests of it unread: the kernel tells it by a reset.
+            Ok(0) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(Instant::now() < deadline, "the idlest client was not dropped");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    for mut s in idle {
+        s.set_nonblocking(true).unwrap();
+        let e = s.read(&mut b).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "an idle client was dropped besides the idlest");
+    }
+    hung.set_nonblocking(true).unwrap();
+    let e = hung.read(&mut b).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "the client waiting for its create was dropped");
+    // B was served as well as alone, and goes within its bound while the create still hangs.
+    assert!(during <= alone * 2 + Duration::from_micros(50), "B's p99 {during:?}, alone {alone:?}");
+    drop(fb);
+    let t = Instant::now();
+    ControlClient::connect(&ctl).unwrap().call("delete_function", json!({"tag": "b"})).unwrap();
+    assert!(t.elapsed() < Duration::from_secs(3), "delete_function took {:?}", t.elapsed());
 }
