@@ -43,6 +43,9 @@ pub enum BackendError {
         #[source]
         source: NfsError,
     },
+    /// The RAM filesystem's data store (a memfd) cannot be made.
+    #[error("RAM filesystem: cannot make the memfd for its data")]
+    Ram(#[source] std::io::Error),
 }
 
 impl BackendError {
@@ -128,7 +131,8 @@ pub fn build(
 ) -> Result<Built, BackendError> {
     Ok(match opened {
         Opened::Ram(cfg) => {
-            let h = Arc::new(FuseHandler::with_options(RamFs::with_config(cfg), options));
+            let fs = RamFs::try_with_config(cfg).map_err(BackendError::Ram)?;
+            let h = Arc::new(FuseHandler::with_options(fs, options));
             let s = h.clone();
             Built { handler: h, fuse: Arc::new(move || s.stats()), descriptors: 0 }
         }

@@ -5,12 +5,9 @@
 
 use std::sync::atomic::Ordering;
 
-use super::node::{rd, wr, Body, Inode, BLOCK_SIZE, CHUNK, CHUNK64};
+use super::node::{rd, wr, Body, Chunk, Inode, BLOCK_SIZE, CHUNK64};
 use super::{RamFs, NAME_MAX};
 
-/// Bytes of chunks freed after which the allocator gives its free pages back to the kernel (one
-/// trim per this much freed bounds what a guest alternating writes and truncations costs).
-pub(super) const TRIM_AFTER: u64 = 4 << 20;
 use crate::abi::ROOT_ID;
 use crate::filesystem::{Error, Result, StatFs};
 
@@ -62,25 +59,28 @@ impl RamFs {
         self.used.fetch_sub(bytes, Ordering::AcqRel);
     }
 
-    pub(super) fn alloc_chunk(&self) -> Result<Box<[u8]>> {
+    /// A chunk of zeros from the store, charged to the capacity.
+    pub(super) fn alloc_chunk(&self) -> Result<Chunk> {
         self.charge(CHUNK64)?;
-        Ok(vec![0u8; CHUNK].into_boxed_slice())
+        self.store.alloc().ok_or_else(|| {
+            // The store holds the capacity's worth of chunks; other charges (xattrs, ACLs) only
+            // leave fewer.
+            self.uncharge(CHUNK64);
+            Error::NoSpace
+        })
     }
 
-    /// Returns `n` chunks, already freed, to the capacity; once [`TRIM_AFTER`] bytes were freed
-    /// since the allocator last gave memory back, or the filesystem holds no data any more, the
-    /// allocator's free pages go back to the kernel ([`super::sys::return_free_memory`]): freed
-    /// 64 KiB chunks stay in the allocator's heaps otherwise, and the daemon's RSS with them.
+    /// Returns `n` chunks, already freed (their slots back in the store, which gives memory
+    /// back to the kernel, see [`super::sys`]), to the capacity.
+    ///    /// Once the filesystem holds no data at all, the store gives every freed chunk's memory
+    /// back.
     pub(super) fn release_chunks(&self, n: usize) {
         if n == 0 {
             return;
         }
-        let bytes = n as u64 * CHUNK64;
-        self.uncharge(bytes);
-        let freed = self.freed_since_trim.fetch_add(bytes, Ordering::AcqRel) + bytes;
-        if freed >= TRIM_AFTER || self.used.load(Ordering::Acquire) == 0 {
-            self.freed_since_trim.store(0, Ordering::Release);
-            super::sys::return_free_memory();
+        self.uncharge(n as u64 * CHUNK64);
+        if self.used.load(Ordering::Acquire) == 0 {
+            self.store.trim();
         }
     }
 

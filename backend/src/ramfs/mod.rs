@@ -17,7 +17,9 @@
 //!   file data is copied.
 //! - Per inode, `meta` (attributes) and, for regular files, `data` (sparse 64 KiB chunks, so holes
 //!   cost nothing and a guest cannot make us allocate by extending a file). READ/WRITE copy straight
-//!   between the chunks and guest memory under the file's own lock.
+//!   between the chunks and guest memory under the file's own lock. The chunks are slots of one
+//!   memfd mapped shared (`sys`'s chunk store, [`RamFs::data_memfd`]): a process given the memfd
+//!   maps the same data without a copy.
 //! - `handles`: file handle -> `Arc<Handle>`, sharded like `inodes`.
 //! - Per inode also `xattrs` (extended attributes other than ACLs; the ACLs live in `meta`, where
 //!   the permission checks read them). Advisory locks are the server's ([`crate::locks`]); the
@@ -32,7 +34,8 @@
 //! chunks: read, write, copy, fallocate, lseek, truncate), `handles` (open, release, the handle
 //! table), `attr` (SETATTR, ACCESS, privilege clearing), `capacity` (limits, eviction, STATFS),
 //! `xattr` and `acl` (extended attributes, POSIX ACLs); beneath them `node` (the data
-//! structures) and `consts` (Linux constants). None of them imports another that imports it.
+//! structures), `consts` (Linux constants) and `sys` (the memfd the chunks live in, the only
+//! `unsafe` code). None of them imports another that imports it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -61,6 +64,7 @@ mod xattr;
 
 use consts::S_IFDIR;
 use node::{rd, stat_of, wr, Body, Dir, Handle, Inode, Meta, Table, Tree, BLOCK_SIZE};
+use sys::ChunkStore;
 
 /// Longest name component.
 pub const NAME_MAX: usize = 255;
@@ -132,8 +136,8 @@ pub struct RamFs {
     next_fh: AtomicU64,
     /// Bytes of allocated chunks.
     used: AtomicU64,
-    /// Bytes of chunks freed since the allocator last returned memory to the kernel.
-    freed_since_trim: AtomicU64,
+    /// Where file data lives (a memfd another process can map).
+    store: Arc<ChunkStore>,
     /// Live inodes.
     ninodes: AtomicU64,
     /// Open handles.
@@ -155,7 +159,17 @@ impl RamFs {
     }
 
     /// An empty filesystem: just the root directory.
+    ///
+    /// # Panics
+    /// If the memfd for its data cannot be made ([`RamFs::try_with_config`] says why instead).
     pub fn with_config(cfg: RamFsConfig) -> Self {
+        Self::try_with_config(cfg).expect("RAM filesystem: the memfd for file data")
+    }
+
+    /// An empty filesystem: just the root directory; its file data in a memfd of
+    /// `cfg.capacity` bytes (sparse: memory is taken as data is written).
+    pub fn try_with_config(cfg: RamFsConfig) -> std::io::Result<Self> {
+        let store = ChunkStore::new("virtiofs-ramfs", cfg.capacity)?;
         let meta = Meta::new(S_IFDIR | (cfg.root_mode & 0o7777), 0, 0, 2, 0, u64::from(BLOCK_SIZE));
         let root = Arc::new(Inode::new(ROOT_ID, S_IFDIR, meta, 0, Body::Other));
         let fs = RamFs {
@@ -166,14 +180,20 @@ impl RamFs {
             next_ino: AtomicU64::new(ROOT_ID + 1),
             next_fh: AtomicU64::new(1),
             used: AtomicU64::new(0),
-            freed_since_trim: AtomicU64::new(0),
+            store,
             nhandles: AtomicU64::new(0),
             ninodes: AtomicU64::new(1),
             session: AtomicU64::new(0),
         };
         fs.inodes.insert(ROOT_ID, root);
         wr(&fs.tree).insert(ROOT_ID, Dir::new(ROOT_ID));
-        fs
+        Ok(fs)
+    }
+
+    /// The memfd that holds the file data, for a process that takes this filesystem over
+    /// (chunk `n` of the store at offset `n * 64 KiB`).
+    pub fn data_memfd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.store.memfd()
     }
 
     /// Bytes of file data currently allocated.

@@ -11,10 +11,7 @@ use super::acl::{AclEntry, ExtAcl};
 use super::consts::{S_IFDIR, S_IFMT, S_ISGID, S_ISUID, S_ISVTX, S_IXGRP, X_OK};
 use crate::filesystem::{Context, Error, Result, Stat, Timespec};
 
-/// Bytes of one chunk of file data.
-pub(super) const CHUNK: usize = 64 * 1024;
-/// [`CHUNK`] as a file offset.
-pub(super) const CHUNK64: u64 = CHUNK as u64;
+pub(super) use super::sys::{Chunk, CHUNK, CHUNK64};
 /// The block size attributes and STATFS report.
 pub(super) const BLOCK_SIZE: u32 = 4096;
 /// Locks each id table is split over.
@@ -215,7 +212,7 @@ pub(super) struct Xattrs {
 #[derive(Default)]
 pub(super) struct FileData {
     /// Chunk index -> chunk. Missing chunks read as zeros; bytes past the file size are always zero.
-    pub(super) chunks: BTreeMap<u64, Box<[u8]>>,
+    pub(super) chunks: BTreeMap<u64, Chunk>,
 }
 
 impl FileData {

@@ -1,18 +1,294 @@
-//! The RAM filesystem's one system-level call: giving the allocator's free pages back to the
-//! kernel.
+//! Where the RAM filesystem's file data lives: 64 KiB chunks in one memfd, mapped shared
+//! ([`ChunkStore`]). The memfd is a descriptor another process can be given and map: a live
+//! update's successor finds every file's data where this process left it, without a copy. This
+//! is the filesystem's only `unsafe` code: the mapping, and handing out each chunk's bytes.
 //!
-//! File data lives in 64 KiB chunks from the global allocator. glibc serves allocations of that
-//! size from its heaps (below its mmap threshold, which also grows as blocks are freed), and a
-//! freed chunk in the middle of a heap stays resident: a guest that writes a sparse file, then
-//! deletes it, would leave the daemon's RSS where the writes took it. `malloc_trim(0)` releases
-//! every whole free page of every heap (`MADV_DONTNEED`), not only the top of the main one.
+//! A chunk is a slot of the memfd, owned by one [`Chunk`] at a time (the free list never holds a
+//! slot that is in use), so the `&mut [u8]` a chunk gives out aliases nothing. A freed chunk's
+//! slot is kept resident for reuse (zeroed when taken again) while at most [`RESIDENT_FREE`]
+//! are; past that its pages go back to the kernel (`FALLOCATE_PUNCH_HOLE`), and it reads as
+//! zeros when taken again, like a slot never used; and once the filesystem holds no data at all,
+//! every freed slot's pages go ([`ChunkStore::trim`]). So a guest that writes a sparse file and
+//! deletes it leaves the daemon's memory where it was.
 
-/// Returns the allocator's free pages to the kernel (glibc; elsewhere a no-op).
-pub(super) fn return_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim takes no pointers; it only walks the allocator's own free lists under
-    // the allocator's locks, and is safe to call from any thread at any time.
-    unsafe {
-        libc::malloc_trim(0);
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+
+/// Bytes of one chunk of file data.
+pub(super) const CHUNK: usize = 64 * 1024;
+/// [`CHUNK`] as a file offset.
+pub(super) const CHUNK64: u64 = CHUNK as u64;
+
+/// Freed chunks kept resident for reuse at most (4 MiB); the rest are punched out.
+pub(super) const RESIDENT_FREE: usize = 64;
+
+/// The slots of the memfd that are not in use.
+#[derive(Debug, Default)]
+struct Free {
+    /// Freed slots whose pages are still resident (and hold old data: zeroed when taken).
+    resident: Vec<u32>,
+    /// Freed slots whose pages were given back: they read as zeros.
+    punched: Vec<u32>,
+    /// Slots from this one on were never used (zeros).
+    next: u32,
+}
+
+/// The file data of one RAM filesystem: a memfd of `slots` chunks, mapped shared.
+#[derive(Debug)]
+pub(super) struct ChunkStore {
+    memfd: File,
+    /// The mapping (dangling when `slots` is 0).
+    base: NonNull<u8>,
+    slots: u32,
+    free: Mutex<Free>,
+}
+
+// SAFETY: `base` points to a shared mapping that lives as long as the store; the bytes of a slot
+// are reached only through the one `Chunk` that owns it (see the module's documentation), and
+// the free lists are behind a mutex.
+unsafe impl Send for ChunkStore {}
+// SAFETY: as above.
+unsafe impl Sync for ChunkStore {}
+
+impl ChunkStore {
+    /// A store for `bytes` of file data (rounded down to whole chunks), in a memfd named `name`.
+    /// The memfd is sparse: memory is taken as chunks are written.
+    pub(super) fn new(name: &str, bytes: u64) -> io::Result<Arc<ChunkStore>> {
+        let slots = u32::try_from(bytes / CHUNK as u64).unwrap_or(u32::MAX);
+        let len = slots as usize * CHUNK;
+        let cname = std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: memfd_create reads the NUL-terminated name for the call only.
+        let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by memfd_create and is owned by nothing else.
+        let memfd = unsafe { File::from_raw_fd(fd) };
+        memfd.set_len(len as u64)?;
+        let base = if len == 0 {
+            NonNull::dangling()
+        } else {
+            // SAFETY: a new shared mapping of the whole memfd, at an address the kernel chooses;
+            // it overlaps nothing of ours and is unmapped only in Drop.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_NORESERVE,
+                    memfd.as_raw_fd(),
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::from(io::ErrorKind::Other))?
+        };
+        Ok(Arc::new(ChunkStore { memfd, base, slots, free: Mutex::default() }))
+    }
+
+    /// The memfd the data lives in (chunk `slot` at offset `slot * CHUNK`).
+    pub(super) fn memfd(&self) -> BorrowedFd<'_> {
+        self.memfd.as_fd()
+    }
+
+    /// How many chunks it holds at most.
+    #[cfg(test)]
+    fn slots(&self) -> u32 {
+        self.slots
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Free> {
+        self.free.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A chunk of zeros, or `None` when every slot is in use.
+    pub(super) fn alloc(self: &Arc<Self>) -> Option<Chunk> {
+        let (slot, dirty) = {
+            let mut f = self.lock();
+            if let Some(s) = f.resident.pop() {
+                (s, true)
+            } else if let Some(s) = f.punched.pop() {
+                (s, false)
+            } else if f.next < self.slots {
+                f.next += 1;
+                (f.next - 1, false)
+            } else {
+                return None;
+            }
+        };
+        let mut c = Chunk { store: self.clone(), slot };
+        if dirty {
+            c.fill(0);
+        }
+        Some(c)
+    }
+
+    fn release(&self, slot: u32) {
+        let punch = {
+            let mut f = self.lock();
+            f.resident.push(slot);
+            if f.resident.len() > RESIDENT_FREE {
+                Some(f.resident.remove(0))
+            } else {
+                None
+            }
+        };
+        if let Some(s) = punch {
+            self.punch(s);
+        }
+    }
+
+    /// Gives the memory of every freed slot back to the kernel (the filesystem holds no data any
+    /// more: nothing is likely to be written soon).
+    pub(super) fn trim(&self) {
+        let resident = std::mem::take(&mut self.lock().resident);
+        for s in resident {
+            self.punch(s);
+        }
+    }
+
+    /// Gives the memory of free slot `s` back to the kernel, and files it as punched.
+    fn punch(&self, s: u32) {
+        let off = s as libc::off_t * CHUNK as libc::off_t;
+        // SAFETY: fallocate on our own memfd over one slot no chunk owns; it touches no memory
+        // of ours (the mapping's pages of the slot read as zeros afterwards).
+        let r = unsafe {
+            libc::fallocate(
+                self.memfd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                off,
+                CHUNK as libc::off_t,
+            )
+        };
+        let mut f = self.lock();
+        if r == 0 {
+            f.punched.push(s);
+        } else {
+            // Not given back (a system-call filter without fallocate, say): stays resident.
+            f.resident.push(s);
+        }
+    }
+
+    /// Freed slots still resident, and freed slots given back to the kernel.
+    #[cfg(test)]
+    fn free_counts(&self) -> (usize, usize) {
+        let f = self.lock();
+        (f.resident.len(), f.punched.len())
+    }
+}
+
+impl Drop for ChunkStore {
+    fn drop(&mut self) {
+        if self.slots > 0 {
+            // SAFETY: the mapping made in `new`, of this length; no chunk is left (each holds
+            // the store alive), so nothing refers to it any more.
+            unsafe { libc::munmap(self.base.as_ptr().cast(), self.slots as usize * CHUNK) };
+        }
+    }
+}
+
+/// One 64 KiB chunk of file data, a slot of its [`ChunkStore`]; freed when dropped.
+#[derive(Debug)]
+pub(super) struct Chunk {
+    store: Arc<ChunkStore>,
+    slot: u32,
+}
+
+impl Chunk {
+    /// Its slot in the store's memfd.
+    #[cfg(test)]
+    fn slot(&self) -> u32 {
+        self.slot
+    }
+}
+
+impl std::ops::Deref for Chunk {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the slot lies inside the mapping (`slot < slots`), which outlives the chunk
+        // (the chunk holds the store); only this chunk reaches these bytes.
+        unsafe { std::slice::from_raw_parts(self.store.base.as_ptr().add(self.slot as usize * CHUNK), CHUNK) }
+    }
+}
+
+impl std::ops::DerefMut for Chunk {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`; `&mut self` makes this the only reference to the bytes.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.store.base.as_ptr().add(self.slot as usize * CHUNK), CHUNK)
+        }
+    }
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        self.store.release(self.slot);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    /// A chunk's bytes are the memfd's at its slot; a reused slot reads as zeros whether it was
+    /// kept resident or punched out; the store runs out at its size.
+    #[test]
+    fn chunks_are_slots_of_the_memfd() {
+        let store = ChunkStore::new("test", 4 * CHUNK as u64 + 100).unwrap();
+        assert_eq!(store.slots(), 4);
+        let memfd = File::from(store.memfd().try_clone_to_owned().unwrap());
+        let mut chunks: Vec<Chunk> = (0..4).map(|_| store.alloc().unwrap()).collect();
+        assert!(store.alloc().is_none(), "a fifth chunk in a store of four");
+        for (i, c) in chunks.iter_mut().enumerate() {
+            assert!(c.iter().all(|&b| b == 0));
+            c[..5].copy_from_slice(b"chunk");
+            c[CHUNK - 1] = i as u8 + 1;
+        }
+        let mut buf = [0u8; 5];
+        memfd.read_exact_at(&mut buf, chunks[2].slot() as u64 * CHUNK as u64).unwrap();
+        assert_eq!(&buf, b"chunk");
+        let slot = chunks[3].slot();
+        chunks.truncate(3);
+        let again = store.alloc().unwrap();
+        assert_eq!(again.slot(), slot);
+        assert!(again.iter().all(|&b| b == 0), "a reused slot holds old data");
+        assert_eq!(store.free_counts(), (0, 0));
+    }
+
+    /// Past `RESIDENT_FREE` freed chunks the pages go back to the kernel, and a punched slot
+    /// comes back as zeros.
+    #[test]
+    fn freed_chunks_past_the_resident_bound_are_punched_out() {
+        let n = RESIDENT_FREE + 8;
+        let store = ChunkStore::new("test", (n * CHUNK) as u64).unwrap();
+        let chunks: Vec<Chunk> = (0..n)
+            .map(|_| {
+                let mut c = store.alloc().unwrap();
+                c.fill(0xa5);
+                c
+            })
+            .collect();
+        let memfd = File::from(store.memfd().try_clone_to_owned().unwrap());
+        let blocks = || {
+            use std::os::unix::fs::MetadataExt;
+            memfd.metadata().unwrap().blocks()
+        };
+        let per_chunk = CHUNK as u64 / 512;
+        assert_eq!(blocks(), n as u64 * per_chunk, "every chunk written is in memory");
+        drop(chunks);
+        assert_eq!(store.free_counts(), (RESIDENT_FREE, 8));
+        assert_eq!(blocks(), RESIDENT_FREE as u64 * per_chunk, "the punched chunks' memory is back");
+        store.trim();
+        assert_eq!(store.free_counts(), (0, n));
+        assert_eq!(blocks(), 0, "trimmed, every free chunk's memory is back");
+        let all: Vec<Chunk> = (0..n).map(|_| store.alloc().unwrap()).collect();
+        assert!(all.iter().all(|c| c.iter().all(|&b| b == 0)));
     }
 }
