@@ -31,6 +31,7 @@
 //! ```
 
 pub mod msix;
+pub mod state;
 
 use std::sync::Arc;
 

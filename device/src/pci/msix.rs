@@ -109,6 +109,23 @@ impl MsixShared {
         }
     }
 
+    /// Each vector's mask bits, for a saved state ([`super::state`]).
+    pub fn masks(&self) -> Vec<u8> {
+        self.masks.iter().map(|m| m.load(Ordering::Acquire)).collect()
+    }
+
+    /// Sets every vector's mask and pending bits and the broken flag from a saved state (the
+    /// slices are as long as the vectors: [`super::state`] checks).
+    pub fn restore(&self, masks: &[u8], pending: &[bool], broken: bool) {
+        for (m, &v) in self.masks.iter().zip(masks) {
+            m.store(v, Ordering::Release);
+        }
+        for (p, &v) in self.pending.iter().zip(pending) {
+            p.store(v, Ordering::Release);
+        }
+        self.broken.store(broken, Ordering::Release);
+    }
+
     /// Back to the reset state: nothing masked, nothing pending.
     pub fn reset(&self) {
         for (m, p) in self.masks.iter().zip(self.pending.iter()) {
@@ -133,6 +150,17 @@ impl MsixTable {
     /// Back to the reset state.
     pub fn reset(&mut self) {
         self.entries.iter_mut().for_each(|e| *e = [0, 0, 0, 1]);
+    }
+
+    /// The entries: per vector, address low and high, data, vector control.
+    pub fn entries(&self) -> &[[u32; 4]] {
+        &self.entries
+    }
+
+    /// A table of these entries (a saved state's; only the mask bit of vector control kept).
+    pub fn from_entries(mut entries: Vec<[u32; 4]>) -> Self {
+        entries.iter_mut().for_each(|e| e[3] &= 1);
+        MsixTable { entries }
     }
 
     /// Reads `data.len()` bytes (1, 2, 4 or 8) at `offset` of the MSI-X BAR.
