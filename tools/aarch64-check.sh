@@ -17,7 +17,10 @@ cargo build --target aarch64-unknown-linux-gnu --release --bin virtiofs-dpu
 file target/aarch64-unknown-linux-gnu/release/virtiofs-dpu 2>/dev/null || true
 # --build-only: the toolchain and the daemon only (tools/vm/ci.sh's dpu stage).
 [ "${1:-}" != --build-only ] || exit 0
-cargo test --target aarch64-unknown-linux-gnu -p virtiofs-device
+# A test that runs a child of its own test binary (memory::sigbus's fatal fault) runs it under
+# the same emulator, the runner of .cargo/config.toml.
+VIRTIOFS_TEST_RUNNER="qemu-aarch64-static -L /usr/aarch64-linux-gnu" \
+  cargo test --target aarch64-unknown-linux-gnu -p virtiofs-device
 # Backend: everything but the passthrough tests. qemu-user does not implement openat2 (ENOSYS) nor
 # io_uring, which the passthrough needs and which real aarch64 kernels (5.6+) have; the passthrough
 # tests run natively in the x86 stage of CI.

@@ -382,7 +382,13 @@ mod tests {
         }
         use std::os::unix::process::ExitStatusExt;
         let name = "memory::sigbus::tests::a_kernel_fault_outside_every_window_stays_fatal";
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
+        // Under emulation (tools/aarch64-check.sh) the test binary is not the host's: the
+        // child runs under the same emulator, named by VIRTIOFS_TEST_RUNNER.
+        let runner = std::env::var("VIRTIOFS_TEST_RUNNER").unwrap_or_default();
+        let mut cmd: Vec<String> = runner.split_whitespace().map(str::to_string).collect();
+        cmd.push(std::env::current_exe().unwrap().display().to_string());
+        let out = std::process::Command::new(&cmd[0])
+            .args(&cmd[1..])
             .args(["--exact", name, "--test-threads=1", "--nocapture"])
             .env(CHILD, "1")
             .output()
