@@ -38,6 +38,8 @@ pub(super) struct Attached {
     pub(super) quiet: u32,
     /// Its doorbell source ([`Msg::DoorbellSource`]).
     pub(super) source: Option<Arc<OwnedFd>>,
+    /// At its quiet point ([`Msg::Freeze`]): no request is taken.
+    pub(super) frozen: bool,
 }
 
 /// Rounds without work after which a function of a shared poller turns cold.
@@ -78,7 +80,8 @@ impl Attached {
         if matches!(msg, Msg::Start { .. } | Msg::Stop | Msg::Detach) {
             self.cancel_waits();
         }
-        let drains = matches!(msg, Msg::Start { .. } | Msg::Stop | Msg::Memory(_) | Msg::Detach);
+        let drains =
+            matches!(msg, Msg::Start { .. } | Msg::Stop | Msg::Memory(_) | Msg::Detach | Msg::Freeze);
         if !self.deferred.is_empty() || (drains && self.in_flight() > 0) {
             self.deferred.push_back((seq, msg));
             return false;
@@ -99,14 +102,24 @@ impl Attached {
     fn apply(&mut self, seq: u64, msg: Msg) -> bool {
         let mut changed = false;
         match msg {
-            Msg::Start { queues: cfgs, features: f } => {
+            Msg::Start { queues: cfgs, features: f, resume } => {
                 self.faults_seen = self.f.faults.load(Ordering::Acquire);
-                self.queues = cfgs.into_iter().filter_map(|c| self.f.new_queue(c, f)).collect();
+                self.queues = (cfgs.into_iter())
+                    .filter_map(|c| self.f.new_queue(c, f, resume.iter().find(|s| s.index == c.index)))
+                    .collect();
                 for q in &mut self.queues {
                     self.f.attach(q, &self.mem);
                 }
             }
             Msg::Stop => self.queues.clear(),
+            Msg::Freeze => {
+                // The engine has drained: a queue with a request still out has it parked (a
+                // SETLKW waiting for its lock), and is not quiet.
+                self.frozen = true;
+                let states = self.queues.iter().map(|q| (q.queue.index(), q.queue.quiet_state())).collect();
+                let _ = self.f.events.send(Event::Frozen(states));
+            }
+            Msg::Thaw => self.frozen = false,
             Msg::Memory(m) => {
                 self.mem = m;
                 for q in self.queues.iter_mut().filter(|q| !q.attached) {
@@ -132,7 +145,7 @@ impl Attached {
     pub(super) fn round<'m>(&mut self, snapshot: &'m GuestMem, chain: &mut Chain<'m>) -> usize {
         let mut work = 0usize;
         let f = &self.f;
-        if self.deferred.is_empty() {
+        if self.deferred.is_empty() && !self.frozen {
             for (slot, q) in self.queues.iter_mut().enumerate() {
                 if !q.attached || q.broken {
                     continue;

@@ -14,15 +14,23 @@ use crate::memory::GuestMem;
 use crate::pci::msix::MsixShared;
 use crate::pci::QueueConfig;
 use crate::stats::{DeviceCounters, LatencyClock};
-use crate::virtq::QueueError;
+use crate::virtq::{QueueError, RingState};
 
 /// A control message for one function's part of a poller.
 pub(super) enum Msg {
+    /// Serve these queues; those with a saved state ([`RingState`]) resume where it says.
     Start {
         queues: Vec<QueueConfig>,
         features: u64,
+        resume: Vec<RingState>,
     },
     Stop,
+    /// The quiet point of a handover (issue 22): held until the engine drained (no new request
+    /// taken meanwhile), then every queue's [`RingState`] is reported ([`Event::Frozen`]) and
+    /// no request is taken until [`Msg::Thaw`] (the handover failed) or the function goes.
+    Freeze,
+    /// Takes requests again after [`Msg::Freeze`].
+    Thaw,
     Memory(Arc<GuestMem>),
     Irqs(Irqs),
     /// The function joins this poller (its engine is made on the poller's thread).
@@ -44,8 +52,14 @@ pub(super) enum Post {
 /// What pollers tell a function's control plane.
 #[derive(Debug)]
 pub(super) enum Event {
-    Ack { poller: usize, seq: u64 },
+    Ack {
+        poller: usize,
+        seq: u64,
+    },
     Broken(QueueError),
+    /// A poller's queues of the function at its quiet point: each queue's index and its state,
+    /// `None` for a queue with a request still out (a SETLKW waiting for its lock).
+    Frozen(Vec<(u16, Option<RingState>)>),
 }
 
 /// A function's part of a poller: what its messages carry and its requests are served with.

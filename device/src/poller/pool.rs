@@ -22,7 +22,7 @@ use crate::memory::GuestMem;
 use crate::pci::msix::MsixShared;
 use crate::pci::QueueConfig;
 use crate::stats::DeviceCounters;
-use crate::virtq::QueueError;
+use crate::virtq::{QueueError, RingState};
 
 /// The poller threads of a daemon, shared by every function attached to them ([`PollerSet`]).
 ///
@@ -170,6 +170,19 @@ pub struct PollerSet {
     stats: Arc<DeviceCounters>,
     /// A broadcast went unacknowledged past [`BROADCAST_BOUND`]: the function is failed.
     stuck: bool,
+    /// The queue states the pollers reported to [`Msg::Freeze`].
+    frozen: Vec<(u16, Option<RingState>)>,
+}
+
+/// Why a function could not be brought to its quiet point ([`PollerSet::freeze`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FreezeError {
+    /// A request of this queue is still out: a SETLKW waiting for its lock.
+    #[error("queue {0} has a request waiting (a SETLKW for a lock): not at a quiet point")]
+    NotQuiet(u16),
+    /// A poller did not take the message within its bound: the function is failed.
+    #[error("a poller did not answer within its bound")]
+    Unresponsive,
 }
 
 /// How long a function waits for its pollers to take a message before it gives up on them and
@@ -209,6 +222,7 @@ impl PollerSet {
             broken: Vec::new(),
             stats: stats.clone(),
             stuck: false,
+            frozen: Vec::new(),
         };
         let doorbells = profile.doorbells_on_socket();
         set.broadcast(|id| {
@@ -269,6 +283,7 @@ impl PollerSet {
                 Ok(Event::Ack { poller, seq: s }) if s == seq => waiting[poller] = false,
                 Ok(Event::Ack { .. }) => {}
                 Ok(Event::Broken(e)) => self.broken.push(e),
+                Ok(Event::Frozen(states)) => self.frozen.extend(states),
                 Err(RecvTimeoutError::Timeout) => {
                     // A poller that died cannot answer; everything else is only slow.
                     for (i, w) in waiting.iter_mut().enumerate() {
@@ -289,11 +304,51 @@ impl PollerSet {
 
     /// Starts serving `queues`, each on the poller the placement gives it.
     pub fn start(&mut self, queues: &[QueueConfig], features: u64) {
+        self.resume(queues, features, &[]);
+    }
+
+    /// Starts serving `queues` as [`Self::start`] does, those with a state in `states` resuming
+    /// where it says (a function taken over at its quiet point, [`Self::freeze`]).
+    pub fn resume(&mut self, queues: &[QueueConfig], features: u64, states: &[RingState]) {
         let placement = self.placement.clone();
-        self.broadcast(|i| Msg::Start {
-            queues: queues.iter().filter(|q| placement.poller_of(q.index) == i).copied().collect(),
-            features,
+        self.broadcast(|i| {
+            let mine = |q: &u16| placement.poller_of(*q) == i;
+            Msg::Start {
+                queues: queues.iter().filter(|q| mine(&q.index)).copied().collect(),
+                features,
+                resume: states.iter().filter(|s| mine(&s.index)).copied().collect(),
+            }
         });
+    }
+
+    /// Brings the function to its quiet point (issue 22): its pollers take no new request, let
+    /// the filesystem's engine finish every pending one and publish it; returns where each
+    /// started queue stands. A queue with a request still out (a SETLKW waiting for its lock) is
+    /// not quiet: [`FreezeError::NotQuiet`], and the function serves on as before. Until
+    /// [`Self::thaw`] (or the function goes) no request is taken.
+    pub fn freeze(&mut self) -> Result<Vec<RingState>, FreezeError> {
+        self.frozen.clear();
+        self.broadcast(|_| Msg::Freeze);
+        if self.stuck {
+            return Err(FreezeError::Unresponsive);
+        }
+        let mut states = Vec::new();
+        for (index, state) in std::mem::take(&mut self.frozen) {
+            match state {
+                Some(s) => states.push(s),
+                None => {
+                    self.thaw();
+                    return Err(FreezeError::NotQuiet(index));
+                }
+            }
+        }
+        states.sort_unstable_by_key(|s| s.index);
+        Ok(states)
+    }
+
+    /// Takes requests again after [`Self::freeze`] (a handover that did not happen).
+    pub fn thaw(&mut self) {
+        self.broadcast(|_| Msg::Thaw);
     }
 
     /// Stops serving every queue (device reset); returns once no poller touches a ring, after

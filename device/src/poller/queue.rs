@@ -16,7 +16,7 @@ use crate::interrupt::{signal_eventfd, Irqs, Signalled};
 use crate::memory::GuestMem;
 use crate::pci::{QueueConfig, NO_VECTOR};
 use crate::stats::{add, sub_one, OpClass, QueueCounters, Tally};
-use crate::virtq::{Chain, QueueError, Ring};
+use crate::virtq::{Chain, QueueError, Ring, RingState};
 
 /// Most requests a poller takes from one queue per round before moving to the next queue.
 const ROUND_BUDGET: u16 = 64;
@@ -42,8 +42,13 @@ struct Touched {
 }
 
 impl FnCtx {
-    pub(super) fn new_queue(&self, cfg: QueueConfig, f: u64) -> Option<Served> {
-        match Ring::new(cfg, f) {
+    /// The queue `cfg` in the layout features `f` negotiated, resumed from `state` if given.
+    pub(super) fn new_queue(&self, cfg: QueueConfig, f: u64, state: Option<&RingState>) -> Option<Served> {
+        let ring = match state {
+            Some(s) => Ring::resume(cfg, f, s),
+            None => Ring::new(cfg, f),
+        };
+        match ring {
             Ok(queue) => {
                 let stat = match self.stats.place(cfg.index) {
                     Some((p, local)) if p == self.id => local,

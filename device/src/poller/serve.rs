@@ -168,6 +168,7 @@ pub(super) fn run(ctx: Ctx) {
                             detached: None,
                             quiet: 0,
                             source: None,
+                            frozen: false,
                         });
                         changed = true;
                     }

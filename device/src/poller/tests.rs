@@ -488,3 +488,88 @@ fn own_pollers(profile: &Profile, handler: Arc<dyn RequestHandler>, msix: Arc<Ms
         Arc::new(|| {}),
     )
 }
+
+/// Issue 22, the quiet point of a handover, on both layouts: `freeze` waits for the engine's
+/// pending request to complete (and publishes it), then no request is taken; a new set of
+/// pollers resumed from the frozen states serves the request the driver made meanwhile and goes
+/// on past the end of the ring, as if nothing happened. A queue with a waiting request (a
+/// SETLKW) is not quiet: `freeze` says so and the function serves on.
+#[test]
+fn a_frozen_function_resumes_on_other_pollers_where_it_stood() {
+    let mem = guest_memory(0x20000, None);
+    let profile = Profile { polling: Polling::Busy, ..Profile::default() };
+    for packed in [false, true] {
+        let layout = if packed { "packed" } else { "split" };
+        let (release, grant) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let _unblock = Unblock(release.clone(), grant.clone());
+        let handler = Arc::new(Handler { release: release.clone(), grant: grant.clone() });
+        let cfg =
+            QueueConfig { index: 1, size: 8, desc: 0x1000, avail: 0x2000, used: 0x3000, vector: NO_VECTOR };
+        let f = features::VERSION_1 | if packed { features::RING_PACKED } else { 0 };
+        let mut drv = if packed {
+            Driver::Packed(PackedDriver::new(&mem, cfg))
+        } else {
+            Driver::Split(SplitDriver::new(&mem, cfg))
+        };
+        let mut id = 0u16;
+        let mut send = |drv: &mut Driver<'_>, k: u8| {
+            let slot = u64::from(id % 8);
+            mem.write_obj(k, GuestAddress(REQ + 0x100 * slot)).unwrap();
+            let t = drv.push(
+                &[Buf::readable(REQ + 0x100 * slot, 16), Buf::writable(REPLY + 0x100 * slot, 64)],
+                id % 8,
+            );
+            id += 1;
+            t
+        };
+        let mut old = own_pollers(&profile, handler.clone(), Arc::new(MsixShared::new(3)));
+        old.set_memory(&mem);
+        old.start(&[cfg], f);
+        for _ in 0..5 {
+            let t = send(&mut drv, 0);
+            assert_eq!(wait_for("a request", || drv.next_used()), (t, 4), "{layout}");
+        }
+        // A waiting request: not quiet, and the function goes on serving.
+        let waiting = send(&mut drv, 2);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(old.freeze(), Err(FreezeError::NotQuiet(1)), "{layout}");
+        let t = send(&mut drv, 0);
+        assert_eq!(wait_for("a request after a refused freeze", || drv.next_used()), (t, 4), "{layout}");
+        grant.store(true, Ordering::Release);
+        assert_eq!(wait_for("the waiting request", || drv.next_used()), (waiting, 4), "{layout}");
+
+        // A pending request: freeze waits for it, and it comes back.
+        let pending = send(&mut drv, 1);
+        let r = release.clone();
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            r.store(true, Ordering::Release);
+        });
+        let states = old.freeze().expect("quiet once the pending request completed");
+        releaser.join().unwrap();
+        assert_eq!(drv.next_used(), Some((pending, 4)), "{layout}: completed before the quiet point");
+        assert_eq!(states.len(), 1);
+        // Frozen: a request made now is not taken.
+        let during = send(&mut drv, 0);
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(drv.next_used(), None, "{layout}: a frozen function took a request");
+        drop(old);
+
+        // The successor: other pollers, resumed from the states.
+        let states: Vec<crate::virtq::RingState> =
+            serde_json::from_str(&serde_json::to_string(&states).unwrap()).unwrap();
+        let mut new = own_pollers(&profile, handler, Arc::new(MsixShared::new(3)));
+        new.set_memory(&mem);
+        new.resume(&[cfg], f, &states);
+        assert_eq!(
+            wait_for("the request made during the freeze", || drv.next_used()),
+            (during, 4),
+            "{layout}"
+        );
+        for _ in 0..12 {
+            let t = send(&mut drv, 0);
+            assert_eq!(wait_for("a request after the handover", || drv.next_used()), (t, 4), "{layout}");
+        }
+        new.stop();
+    }
+}

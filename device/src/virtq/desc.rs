@@ -69,6 +69,16 @@ pub enum QueueError {
         /// Its MSI-X vector.
         vector: u16,
     },
+    /// A queue resumed from a saved state found the used index elsewhere than the state says.
+    #[error("queue {queue}: resumed at used index {saved}, the ring's is {found}")]
+    ResumeMismatch {
+        /// Queue index.
+        queue: u16,
+        /// The saved position.
+        saved: u16,
+        /// The used index in guest memory.
+        found: u16,
+    },
     /// A head descriptor index out of range.
     #[error("queue {queue}: head descriptor {head} out of range")]
     BadHead {

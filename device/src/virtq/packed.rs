@@ -102,6 +102,20 @@ impl PackedQueue {
         &self.cfg
     }
 
+    /// The next avail and used positions with their wrap counters: equal when every buffer
+    /// taken was returned.
+    pub(super) fn positions(&self) -> ((u16, bool), (u16, bool)) {
+        ((self.next_avail, self.avail_wrap), (self.next_used, self.used_wrap))
+    }
+
+    /// Resumes at the position a quiet queue had (nothing outstanding).
+    pub(super) fn resume_at(&mut self, next: u16, wrap: bool) {
+        (self.next_avail, self.avail_wrap) = (next, wrap);
+        (self.next_used, self.used_wrap) = (next, wrap);
+        self.slots.iter_mut().for_each(|s| *s = 0);
+        self.signalled.reset(next);
+    }
+
     /// Checks the ring and event areas lie in mapped memory and disables driver notifications.
     pub fn attach(&mut self, mem: &GuestMem) -> Result<(), QueueError> {
         let ranges =

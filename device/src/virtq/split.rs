@@ -54,6 +54,8 @@ pub struct SplitQueue {
     next_used: u16,
     /// Used entries published since the last interrupt, and the used index then.
     signalled: Signalled,
+    /// Resumed from a saved state at this position: the used index `attach` finds must be it.
+    resumed: Option<u16>,
 }
 
 impl SplitQueue {
@@ -71,12 +73,27 @@ impl SplitQueue {
             next_avail: 0,
             next_used: 0,
             signalled: Signalled::default(),
+            resumed: None,
         })
     }
 
     /// The queue as the driver configured it.
     pub fn config(&self) -> &QueueConfig {
         &self.cfg
+    }
+
+    /// The next avail and used positions: equal when every request taken was returned.
+    pub(super) fn positions(&self) -> (u16, u16) {
+        (self.next_avail, self.next_used)
+    }
+
+    /// Resumes at positions a quiet queue had (`next_avail == next_used`). `attach` then checks
+    /// them against the used index in guest memory.
+    pub(super) fn resume_at(&mut self, next: u16) {
+        self.next_avail = next;
+        self.next_used = next;
+        self.signalled.reset(next);
+        self.resumed = Some(next);
     }
 
     /// Checks the rings lie in mapped memory and tells the driver not to notify us (poll mode).
@@ -93,7 +110,14 @@ impl SplitQueue {
         let used_idx: u16 = mem
             .load(GuestAddress(self.cfg.used + 2), Ordering::Acquire)
             .map_err(|_| QueueError::RingUnmapped(q))?;
-        self.next_used = u16::from_le(used_idx);
+        let used_idx = u16::from_le(used_idx);
+        if let Some(at) = self.resumed.take() {
+            if at != used_idx {
+                // The saved state and the ring disagree: another writer moved the used index.
+                return Err(QueueError::ResumeMismatch { queue: q, saved: at, found: used_idx });
+            }
+        }
+        self.next_used = used_idx;
         self.next_avail = self.next_used;
         self.signalled.reset(self.next_used);
         // Poll mode: no notifications (with EVENT_IDX, an avail_event the driver does not pass).
