@@ -26,6 +26,9 @@ use log::{debug, info, warn};
 use thiserror::Error;
 
 use crate::config::{Placement, Profile};
+use crate::handover::{
+    DeviceHandover, DeviceSnapshot, HandoverError, HandoverFiles, WindowState, SNAPSHOT_VERSION,
+};
 use crate::interrupt::{is_eventfd, set_nonblocking, signal_eventfd, Irqs, Signalled};
 use crate::memory::{self, DmaTable, MemoryError};
 use crate::pci::{self, features, AccessError, DeviceEvent, VirtioFsFunction};
@@ -388,6 +391,116 @@ impl DeviceState {
         Ok(())
     }
 
+    /// Brings the function to its quiet point and gives its device state and descriptors for a
+    /// successor to take over (issue 22; [`crate::handover`]). This device stays as it was, its
+    /// pollers taking no request: drop it once the successor serves, or call
+    /// [`Self::resume_serving`] if the handover does not go through (done here already when
+    /// this fails).
+    pub fn hand_over(&mut self) -> Result<DeviceHandover, HandoverError> {
+        let rings = match self.func.activation() {
+            Some(_) => self.pollers.freeze()?,
+            None => Vec::new(),
+        };
+        let export = |dev: &Self| -> Result<DeviceHandover, HandoverError> {
+            let mut files = HandoverFiles::default();
+            let mut windows = Vec::new();
+            for (address, size, file) in dev.dma.export()? {
+                let offset = file.map(|(f, off)| {
+                    files.windows.push(f);
+                    off
+                });
+                windows.push(WindowState { address, size, offset });
+            }
+            for f in dev.msix_fds.iter().flatten() {
+                files.msix.push(f.try_clone()?);
+            }
+            files.request = dev.req_fd.as_ref().map(File::try_clone).transpose()?;
+            let snapshot = DeviceSnapshot {
+                version: SNAPSHOT_VERSION,
+                function: dev.func.save(),
+                rings,
+                windows,
+                msix_fds: dev.msix_fds.iter().map(Option::is_some).collect(),
+                request_fd: dev.req_fd.is_some(),
+            };
+            Ok(DeviceHandover { snapshot, files })
+        };
+        export(self).inspect_err(|_| self.resume_serving())
+    }
+
+    /// Takes requests again after [`Self::hand_over`] (the successor did not take over).
+    pub fn resume_serving(&mut self) {
+        if self.func.activation().is_some() {
+            self.pollers.thaw();
+        }
+    }
+
+    /// A device shaped by `profile` (as [`Self::on_pool`] makes one) that takes over the
+    /// function `handover` describes: the same registers, DMA windows and interrupts, and its
+    /// running queues resumed where they stood. A completion the predecessor published but did
+    /// not signal is covered: every running queue's vector is signalled once (a spurious
+    /// interrupt costs the driver one look at its used ring).
+    pub fn take_over(
+        profile: &Profile,
+        pool: &PollerPool,
+        placement: Placement,
+        handler: Arc<dyn RequestHandler>,
+        wake_control: Arc<dyn Fn() + Send + Sync>,
+        handover: DeviceHandover,
+    ) -> Result<Self, HandoverError> {
+        let DeviceHandover { snapshot: s, files } = handover;
+        if s.version != SNAPSHOT_VERSION {
+            return Err(HandoverError::Version { found: s.version, expected: SNAPSHOT_VERSION });
+        }
+        let mismatch = |what: &str| HandoverError::Files(what.to_string());
+        let mut dev = Self::on_pool(profile, pool, placement, handler, wake_control)?;
+        dev.func.restore(&s.function)?;
+        let mut window_files = files.windows.into_iter();
+        for w in &s.windows {
+            let file = match w.offset {
+                Some(_) => Some(window_files.next().ok_or_else(|| mismatch("fewer window files"))?),
+                None => None,
+            };
+            dev.dma.map(w.address, w.size, w.offset.unwrap_or(0), file)?;
+        }
+        if window_files.next().is_some() {
+            return Err(mismatch("more window files"));
+        }
+        if s.msix_fds.len() != dev.msix_fds.len() {
+            return Err(mismatch("another number of vectors"));
+        }
+        let mut msix = files.msix.into_iter();
+        for (slot, &set) in dev.msix_fds.iter_mut().zip(&s.msix_fds) {
+            if set {
+                let f = msix.next().ok_or_else(|| mismatch("fewer interrupt eventfds"))?;
+                if !is_eventfd(&f) {
+                    return Err(mismatch("an interrupt descriptor is not an eventfd"));
+                }
+                set_nonblocking(&f)?;
+                *slot = Some(f);
+            }
+        }
+        if msix.next().is_some() {
+            return Err(mismatch("more interrupt eventfds"));
+        }
+        dev.req_fd = match (s.request_fd, files.request) {
+            (true, Some(f)) if is_eventfd(&f) => Some(f),
+            (false, None) => None,
+            _ => return Err(mismatch("the device-request eventfd")),
+        };
+        dev.counters().removal_interrupt(dev.req_fd.is_some());
+        dev.publish_irqs();
+        dev.pollers.set_memory(&dev.dma.snapshot());
+        if let Some(act) = dev.func.activation() {
+            dev.pollers.resume(&act.queues, act.features, &s.rings);
+            for q in &act.queues {
+                dev.signal(q.vector);
+            }
+        }
+        dev.publish_state();
+        Ok(dev)
+    }
+
     fn publish_irqs(&mut self) {
         let irqs: Irqs = self.msix_fds.iter().map(|f| f.as_ref().and_then(|f| f.try_clone().ok())).collect();
         self.pollers.set_irqs(&irqs);
@@ -459,5 +572,182 @@ mod tests {
         assert_eq!(ControlError::from(e).errno(), libc::ENOENT);
         dev.dma_unmap(Some((0x10000, 0x4000))).unwrap();
         dev.power_on_reset();
+    }
+
+    use crate::pci::QueueConfig;
+    use vm_memory::Bytes;
+
+    /// Serves each request with 4 bytes `[first readable byte; 4]`.
+    struct Echo;
+    impl RequestHandler for Echo {
+        fn handle(
+            &self,
+            _: u16,
+            readable: &[VolatileSlice<'_>],
+            writable: &[VolatileSlice<'_>],
+        ) -> (u32, Tally) {
+            let k = readable.first().and_then(|r| r.read_obj::<u8>(0).ok()).unwrap_or(0);
+            (writable[0].write_slice(&[k; 4], 0).map_or(0, |()| 4), Tally::default())
+        }
+    }
+
+    /// The driver side of the test: either layout over the window's memory.
+    struct Drv<'m> {
+        mem: &'m memory::GuestMem,
+        split: crate::virtq::mock::SplitDriver<'m>,
+        packed: crate::virtq::mock::PackedDriver<'m>,
+        is_packed: bool,
+        n: u16,
+    }
+
+    impl Drv<'_> {
+        /// Makes a request available; its token.
+        fn send(&mut self) -> u16 {
+            use crate::virtq::mock::Buf;
+            use vm_memory::{Bytes, GuestAddress};
+            let at = 0x10000 + 0x100 * u64::from(self.n % 8);
+            self.mem.write_obj(7u8, GuestAddress(at)).unwrap();
+            let bufs = [Buf::readable(at, 16), Buf::writable(at + 0x80, 16)];
+            let t = if self.is_packed { self.packed.push(&bufs, self.n % 8) } else { self.split.push(&bufs) };
+            self.n += 1;
+            t
+        }
+
+        fn used(&mut self) -> Option<(u16, u32)> {
+            if self.is_packed {
+                self.packed.next_used()
+            } else {
+                self.split.next_used()
+            }
+        }
+
+        /// The next completion, waited for.
+        fn wait_used(&mut self) -> (u16, u32) {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                if let Some(u) = self.used() {
+                    return u;
+                }
+                assert!(std::time::Instant::now() < deadline, "no completion");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    }
+
+    fn common(d: &mut DeviceState, off: u64, len: usize, v: u64) {
+        d.region_write(pci::VIRTIO_BAR, pci::COMMON_OFFSET + off, &v.to_le_bytes()[..len]).unwrap();
+    }
+
+    /// Every register byte a client reads: configuration space, the MSI-X table and PBA, and
+    /// the common configuration of queue 1.
+    fn registers(d: &mut DeviceState) -> Vec<u8> {
+        let mut out = vec![0u8; 256 + 0x1000 + 0x38];
+        d.region_read(7, 0, &mut out[..256]).unwrap();
+        for (i, b) in out[256..256 + 0x1000].chunks_mut(4).enumerate() {
+            d.region_read(1, 4 * i as u64, b).unwrap();
+        }
+        d.region_read(pci::VIRTIO_BAR, pci::COMMON_OFFSET, &mut out[256 + 0x1000..]).unwrap();
+        out
+    }
+
+    /// Issue 22, a function's device handed over within one process, on both layouts: brought
+    /// up through its registers with a DMA window and an interrupt eventfd, serving a driver;
+    /// handed over at its quiet point (a request made then waits), its snapshot through JSON and
+    /// its descriptors to a new device on other pollers, which reads the same registers, serves
+    /// the waiting request and twelve more past the ring's end, and signals the queue's vector on
+    /// taking over. A snapshot of another version is refused, and the old device serves on.
+    #[test]
+    fn a_device_hands_over_to_a_new_one_and_the_driver_goes_on() {
+        use vm_memory::{FileOffset, GuestAddress};
+        const SIZE: u64 = 0x20000;
+        for is_packed in [false, true] {
+            let layout = if is_packed { "packed" } else { "split" };
+            let profile = Profile { doorbells: Doorbells::Socket, packed_ring: true, ..Profile::default() };
+            let pool = PollerPool::spawn(&profile).unwrap();
+            let placement = Placement::of_profile(&profile);
+            let mut old =
+                DeviceState::on_pool(&profile, &pool, placement.clone(), Arc::new(Echo), Arc::new(|| {}))
+                    .unwrap();
+            let window = memory::memfd("handover-test", SIZE).unwrap();
+            let mem = memory::GuestMem::from_ranges_with_files([(
+                GuestAddress(0),
+                SIZE as usize,
+                Some(FileOffset::new(window.try_clone().unwrap(), 0)),
+            )])
+            .unwrap();
+            old.dma_map(0, SIZE, 0, Some(window)).unwrap();
+            let irq = File::from(rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap());
+            let irq_file = irq.try_clone().unwrap();
+            // The eventfd's counter, read (and so cleared); 0 if nothing was signalled.
+            let taken = |f: &File| {
+                use std::io::Read;
+                let mut b = [0u8; 8];
+                (&*f).read(&mut b).map_or(0, |_| u64::from_ne_bytes(b))
+            };
+            old.set_irq_eventfds(2, 1, vec![irq_file]).unwrap();
+            common(&mut old, 0x14, 1, 1 | 2);
+            common(&mut old, 0x08, 4, 1);
+            common(&mut old, 0x0c, 4, 1 | if is_packed { 4 } else { 0 }); // VERSION_1, RING_PACKED
+            common(&mut old, 0x14, 1, 1 | 2 | 8);
+            let cfg = QueueConfig { index: 1, size: 8, desc: 0x1000, avail: 0x2000, used: 0x3000, vector: 2 };
+            common(&mut old, 0x16, 2, 1);
+            common(&mut old, 0x18, 2, 8);
+            common(&mut old, 0x1a, 2, 2);
+            common(&mut old, 0x20, 8, cfg.desc);
+            common(&mut old, 0x28, 8, cfg.avail);
+            common(&mut old, 0x30, 8, cfg.used);
+            common(&mut old, 0x1c, 2, 1);
+            common(&mut old, 0x14, 1, 1 | 2 | 8 | 4);
+            let mut drv = Drv {
+                mem: &mem,
+                split: crate::virtq::mock::SplitDriver::new(&mem, cfg),
+                packed: crate::virtq::mock::PackedDriver::new(&mem, cfg),
+                is_packed,
+                n: 0,
+            };
+            for _ in 0..5 {
+                let t = drv.send();
+                assert_eq!(drv.wait_used(), (t, 4), "{layout}");
+            }
+
+            // A snapshot of another version: refused; the old device serves on.
+            let mut h = old.hand_over().unwrap();
+            h.snapshot.version += 1;
+            let r = DeviceState::take_over(
+                &profile,
+                &pool,
+                placement.clone(),
+                Arc::new(Echo),
+                Arc::new(|| {}),
+                h,
+            );
+            assert!(matches!(r, Err(HandoverError::Version { .. })), "{layout}");
+            old.resume_serving();
+            let t = drv.send();
+            assert_eq!(drv.wait_used(), (t, 4), "{layout}: the old device after a refused handover");
+
+            let h = old.hand_over().unwrap();
+            let waiting = drv.send();
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert_eq!(drv.used(), None, "{layout}: a handed-over device took a request");
+            let before = registers(&mut old);
+            let snapshot: DeviceSnapshot =
+                serde_json::from_str(&serde_json::to_string(&h.snapshot).unwrap()).unwrap();
+            let h = DeviceHandover { snapshot, files: h.files };
+            taken(&irq); // what the old device signalled
+            let pool2 = PollerPool::spawn(&profile).unwrap();
+            let mut new =
+                DeviceState::take_over(&profile, &pool2, placement, Arc::new(Echo), Arc::new(|| {}), h)
+                    .unwrap();
+            drop(old);
+            assert_eq!(registers(&mut new), before, "{layout}: the registers read the same");
+            assert!(taken(&irq) >= 1, "{layout}: the vector was signalled on taking over");
+            assert_eq!(drv.wait_used(), (waiting, 4), "{layout}: the request made during the handover");
+            for _ in 0..12 {
+                let t = drv.send();
+                assert_eq!(drv.wait_used(), (t, 4), "{layout}");
+            }
+            new.power_on_reset();
+        }
     }
 }

@@ -13,11 +13,14 @@
 //!   [`poller::RequestHandler`].
 //! - [`stats`]: per-poller counters and the [`stats::DeviceStats`] snapshot read from them.
 //! - `interrupt`: the interrupt eventfds and how they are signalled without waiting.
+//! - [`handover`]: a function's device state and descriptors, as handed to a process that
+//!   takes it over (live update).
 //! - [`config`]: hardware profiles.
 #![deny(missing_docs)]
 
 pub mod config;
 pub mod control;
+pub mod handover;
 pub mod interrupt;
 pub mod memory;
 pub mod pci;

@@ -151,6 +151,10 @@ impl MemoryError {
     }
 }
 
+/// A window as [`DmaTable::export`] gives it: address, size, and its file with the offset in
+/// it (`None` for a window shared without a descriptor).
+pub type ExportedWindow = (u64, u64, Option<(File, u64)>);
+
 /// One DMA window.
 #[derive(Debug)]
 pub struct Window {
@@ -337,6 +341,22 @@ impl DmaTable {
     /// Whether a SIGBUS fault was repaired in a window since the count was `seen`.
     pub fn faulted_since(&self, seen: u64) -> bool {
         self.faults.load(Ordering::Acquire) != seen
+    }
+
+    /// Every window as a successor process re-creates it ([`crate::handover`]): its address,
+    /// size, and, for a window mapped from a file, a new descriptor of the file (the same open
+    /// file description) and the offset. Fails only if a descriptor cannot be duplicated.
+    pub fn export(&self) -> std::io::Result<Vec<ExportedWindow>> {
+        self.windows
+            .iter()
+            .map(|(&address, w)| {
+                let file = match w.region.as_ref().and_then(|r| r.file_offset()) {
+                    Some(fo) => Some((fo.file().try_clone()?, fo.start())),
+                    None => None,
+                };
+                Ok((address, w.size, file))
+            })
+            .collect()
     }
 
     /// Number of windows (with or without a mapping).

@@ -325,6 +325,17 @@ impl VirtioFsFunction {
         &self.msix
     }
 
+    /// What the pollers serve while the driver has the device running (DRIVER_OK, no reset
+    /// asked): the negotiated features and the enabled queues; `None` otherwise.
+    pub fn activation(&self) -> Option<Activation> {
+        let running = self.status & status::DRIVER_OK != 0 && self.status & status::DEVICE_NEEDS_RESET == 0;
+        running.then(|| Activation {
+            features: self.driver_features,
+            queues: self.queues.iter().filter(|q| q.enabled).map(|q| q.cfg).collect(),
+            config_vector: self.msix_config,
+        })
+    }
+
     /// Number of virtqueues (hiprio + request queues).
     pub fn num_queues(&self) -> u16 {
         self.request_queues + 1
