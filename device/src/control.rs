@@ -415,6 +415,7 @@ impl DeviceState {
                 files.msix.push(f.try_clone()?);
             }
             files.request = dev.req_fd.as_ref().map(File::try_clone).transpose()?;
+            files.notify = dev.notify_mem.as_ref().map(File::try_clone).transpose()?;
             let snapshot = DeviceSnapshot {
                 version: SNAPSHOT_VERSION,
                 function: dev.func.save(),
@@ -422,6 +423,7 @@ impl DeviceState {
                 windows,
                 msix_fds: dev.msix_fds.iter().map(Option::is_some).collect(),
                 request_fd: dev.req_fd.is_some(),
+                notify_mem: dev.notify_mem.is_some(),
             };
             Ok(DeviceHandover { snapshot, files })
         };
@@ -488,6 +490,11 @@ impl DeviceState {
             (false, None) => None,
             _ => return Err(mismatch("the device-request eventfd")),
         };
+        match (s.notify_mem, files.notify, dev.notify_mem.is_some()) {
+            (true, Some(f), true) => dev.notify_mem = Some(f),
+            (false, None, false) => {}
+            _ => return Err(mismatch("the doorbells' area (the profiles' doorbells differ?)")),
+        }
         dev.counters().removal_interrupt(dev.req_fd.is_some());
         dev.publish_irqs();
         dev.pollers.set_memory(&dev.dma.snapshot());

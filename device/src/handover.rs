@@ -51,6 +51,9 @@ pub struct DeviceSnapshot {
     pub msix_fds: Vec<bool>,
     /// Whether the client set a device-request eventfd.
     pub request_fd: bool,
+    /// Whether the doorbells' area is memory the client maps (its file is
+    /// [`HandoverFiles::notify`]).
+    pub notify_mem: bool,
 }
 
 /// The descriptors of a [`DeviceSnapshot`], in its order.
@@ -62,6 +65,8 @@ pub struct HandoverFiles {
     pub msix: Vec<File>,
     /// The device-request eventfd.
     pub request: Option<File>,
+    /// The doorbells' area the client maps (the same file, so its mapping stays the device's).
+    pub notify: Option<File>,
 }
 
 /// A function's device, handed over.
@@ -97,6 +102,9 @@ pub enum HandoverError {
     /// The descriptors do not match the snapshot.
     #[error("the descriptors do not match the snapshot: {0}")]
     Files(String),
+    /// The server did not offer its state in time.
+    #[error("the server did not offer its function within its bound")]
+    NoOffer,
     /// A window could not be mapped again.
     #[error("DMA window")]
     Memory(#[from] MemoryError),

@@ -32,11 +32,13 @@ use thiserror::Error;
 use vm_memory::ByteValued;
 
 use super::commands::{self, ok_empty, CmdResult, MAX_DATA_XFER};
+use super::handover::{Answer, ClientHandover, HandoverCell, ServerHandover, ANSWER_BOUND, OFFER_BOUND};
 use super::removal::{self, Removal, RemovalCell};
 use super::socket_file::{bind_exclusive, BindError, SocketFiles};
 use super::wire::{self, cmd, Header, HEADER_SIZE};
 use crate::config::{Placement, Profile};
 use crate::control::DeviceState;
+use crate::handover::{DeviceHandover, HandoverError};
 use crate::poller::{PollerPool, RequestHandler};
 use crate::stats::{ClientState, DeviceCounters, DeviceStats};
 
@@ -76,6 +78,7 @@ pub struct StopHandle {
     waker: Arc<Waker>,
     stats: Arc<DeviceCounters>,
     removal: Arc<RemovalCell>,
+    handover: Arc<HandoverCell>,
 }
 
 impl StopHandle {
@@ -92,6 +95,25 @@ impl StopHandle {
     pub fn request_removal(&self) {
         self.removal.request();
         let _ = self.waker.wake();
+    }
+
+    /// Asks the server to hand its function over (issue 22): at its next message boundary it
+    /// brings the function to its quiet point and offers its state and descriptors, which the
+    /// caller gives to a taker ([`Server::take_over`]); the [`Answer`] then tells the server
+    /// whether the taker serves (it exits without touching the client or the device) or not
+    /// (it serves on; also when no answer comes within [`ANSWER_BOUND`]). Waits at most
+    /// [`OFFER_BOUND`] for the offer.
+    pub fn hand_over(&self) -> Result<(ServerHandover, Answer), HandoverError> {
+        let (offers, answer) = self.handover.ask();
+        let _ = self.waker.wake();
+        match offers.recv_timeout(OFFER_BOUND) {
+            Ok(Ok(h)) => Ok((h, Answer(answer))),
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                let _ = self.handover.take();
+                Err(HandoverError::NoOffer)
+            }
+        }
     }
 
     /// How the removal ended (`None` before it did, or if none was asked).
@@ -123,13 +145,17 @@ struct Conn {
     /// Bytes of a refused message still to drop.
     discard: u64,
     negotiated: bool,
+    /// Handed over: the connection is another server's now, and stays up.
+    handed_over: bool,
 }
 
 impl Drop for Conn {
     /// Ends the connection for the client even while the pollers' copy of the socket (their
-    /// doorbell source) is still open.
+    /// doorbell source) is still open (unless it was handed over).
     fn drop(&mut self) {
-        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        if !self.handed_over {
+            let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        }
     }
 }
 
@@ -204,6 +230,8 @@ pub struct Server {
     removing: Option<removal::Pending>,
     /// How long a client may keep the device once asked to let it go.
     remove_timeout: Duration,
+    /// A handover asked through [`StopHandle::hand_over`].
+    handover: Arc<HandoverCell>,
 }
 
 impl Server {
@@ -229,7 +257,48 @@ impl Server {
         pool: &PollerPool,
         placement: Placement,
     ) -> Result<Self, ServerError> {
-        let Listener { path, listener, mut files } = listener;
+        let Listener { path, listener, files } = listener;
+        Self::assemble(path, listener, files, profile, pool, |wake| {
+            DeviceState::on_pool(profile, pool, placement, handler, wake).map_err(ServerError::Setup)
+        })
+    }
+
+    /// The server of a function handed over by another ([`StopHandle::hand_over`]): the same
+    /// socket and client (with the bytes of a message it started), the device taken over
+    /// ([`DeviceState::take_over`]) on `pool`, its requests going to `handler`.
+    pub fn take_over(
+        handover: ServerHandover,
+        profile: &Profile,
+        handler: Arc<dyn RequestHandler>,
+        pool: &PollerPool,
+        placement: Placement,
+    ) -> Result<Self, HandoverError> {
+        let ServerHandover { path, listener, files, client, device } = handover;
+        listener.set_nonblocking(true)?;
+        let mut server = Self::assemble(path, listener, files, profile, pool, |wake| {
+            DeviceState::take_over(profile, pool, placement, handler, wake, device)
+                .map_err(|e| ServerError::Setup(io::Error::other(e.to_string())))
+        })
+        .map_err(|e| HandoverError::Io(io::Error::other(e.to_string())))?;
+        if let Some(c) = client {
+            server.attach(c.sock)?;
+            if let Some(conn) = server.conn.as_mut() {
+                (conn.buf, conn.fds, conn.fd_overflow) = (c.pending, c.fds, c.fd_overflow);
+                (conn.discard, conn.negotiated) = (c.discard, c.negotiated);
+            }
+        }
+        Ok(server)
+    }
+
+    /// A server on `listener` whose device `device` makes (given the control plane's waker).
+    fn assemble(
+        path: PathBuf,
+        listener: UnixListener,
+        mut files: SocketFiles,
+        profile: &Profile,
+        pool: &PollerPool,
+        device: impl FnOnce(Arc<dyn Fn() + Send + Sync>) -> Result<DeviceState, ServerError>,
+    ) -> Result<Self, ServerError> {
         let poll = Poll::new().map_err(ServerError::Setup)?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(ServerError::Setup)?);
         poll.registry()
@@ -240,8 +309,7 @@ impl Server {
             let _ = w.wake();
         });
         let remove_timeout = Duration::from_millis(profile.remove_timeout_ms);
-        let dev =
-            DeviceState::on_pool(profile, pool, placement, handler, wake).map_err(ServerError::Setup)?;
+        let dev = device(wake)?;
         let control_cpu = pool.profile().control_cpu();
         Ok(Server {
             path,
@@ -261,6 +329,7 @@ impl Server {
             removal: Arc::default(),
             removing: None,
             remove_timeout,
+            handover: Arc::default(),
         })
     }
 
@@ -271,6 +340,7 @@ impl Server {
             waker: self.waker.clone(),
             stats: self.dev.counters().clone(),
             removal: self.removal.clone(),
+            handover: self.handover.clone(),
         }
     }
 
@@ -312,6 +382,9 @@ impl Server {
                     WAKER => {
                         self.dev.check_broken_queues();
                         self.start_removal();
+                        if self.offer_handover() {
+                            return Ok(self.end_handed_over());
+                        }
                     }
                     _ => {}
                 }
@@ -333,6 +406,64 @@ impl Server {
         let counters = self.dev.counters().clone();
         drop(self);
         Ok(counters.snapshot())
+    }
+
+    /// Offers the function to the thread that asked for it ([`StopHandle::hand_over`]), at
+    /// the quiet point; true once it was taken.
+    fn offer_handover(&mut self) -> bool {
+        let Some(req) = self.handover.take() else { return false };
+        let offer = self.dev.hand_over().and_then(|device| self.export(device));
+        let offered = offer.is_ok();
+        let _ = req.offer.send(offer);
+        if !offered {
+            return false; // the device serves on (hand_over thawed it)
+        }
+        match req.answer.recv_timeout(ANSWER_BOUND) {
+            Ok(true) => true,
+            _ => {
+                warn!("handover not taken: serving on");
+                self.dev.resume_serving();
+                false
+            }
+        }
+    }
+
+    /// What moves besides the device: new descriptors of the listening socket, the socket
+    /// file's lock and the client's connection, and the client's unhandled bytes.
+    fn export(&self, device: DeviceHandover) -> Result<ServerHandover, HandoverError> {
+        let client = match &self.conn {
+            Some(c) => Some(ClientHandover {
+                sock: c.sock.try_clone()?,
+                pending: c.buf.clone(),
+                fds: c.fds.iter().map(File::try_clone).collect::<io::Result<_>>()?,
+                fd_overflow: c.fd_overflow,
+                discard: c.discard,
+                negotiated: c.negotiated,
+            }),
+            None => None,
+        };
+        Ok(ServerHandover {
+            path: self.path.clone(),
+            listener: self.listener.try_clone()?,
+            files: self.files.handed_over()?,
+            client,
+            device,
+        })
+    }
+
+    /// Ends a server whose function was taken over: the client's connection, the socket file
+    /// and the device are the taker's now; nothing is reset or shut down.
+    fn end_handed_over(mut self) -> DeviceStats {
+        info!("function handed over; this server ends");
+        if let Some(mut conn) = self.conn.take() {
+            conn.handed_over = true;
+            let _ = self.poll.registry().deregister(&mut SourceFd(&conn.sock.as_raw_fd()));
+        }
+        self.files.keep_socket_file();
+        self.removal.end(Removal::Stopped);
+        let counters = self.dev.counters().clone();
+        drop(self);
+        counters.snapshot()
     }
 
     fn accept(&mut self) {
@@ -402,6 +533,7 @@ impl Server {
             fd_overflow: false,
             discard: 0,
             negotiated: false,
+            handed_over: false,
         });
         Ok(())
     }

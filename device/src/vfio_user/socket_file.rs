@@ -89,6 +89,17 @@ impl SocketFiles {
         }
     }
 
+    /// The same files for a server that takes the socket over (issue 22): the socket file to
+    /// remove when it stops, and a new descriptor of the lock (the lock is held while either
+    /// is open). This one should then keep the socket file ([`Self::keep_socket_file`]).
+    pub fn handed_over(&self) -> io::Result<SocketFiles> {
+        Ok(SocketFiles {
+            socket: self.socket.clone(),
+            created_lock: None,
+            lock: self.lock.as_ref().map(File::try_clone).transpose()?,
+        })
+    }
+
     /// Removes the socket file now, if it is still a socket (clients can no longer connect;
     /// the listening socket itself is unaffected).
     pub fn remove_socket_file(&mut self) {

@@ -222,6 +222,10 @@ impl Dev {
     pub fn path(&self) -> PathBuf {
         self.dir.path().join("dev.sock")
     }
+    /// The running server's handle.
+    pub fn stop_handle(&self) -> &StopHandle {
+        &self.stop
+    }
     /// A connection that has not sent VERSION yet.
     pub fn connect(&self) -> Conn {
         let mut client = Client::connect(&self.path()).unwrap();

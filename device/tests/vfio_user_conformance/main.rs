@@ -13,11 +13,14 @@
 //! - [`dma`]: DMA_MAP/DMA_UNMAP rules, file descriptors, pipelined maps;
 //! - [`irqs`]: IRQ info and DEVICE_SET_IRQS;
 //! - [`data_path`]: requests through a virtqueue, interrupts, a corrupt ring, DMA_UNMAP waiting for
-//!   in-flight requests, asynchronous and waiting engines, a panicking handler.
+//!   in-flight requests, asynchronous and waiting engines, a panicking handler;
+//! - [`handover`]: a running server hands its function over to another (live update) under a
+//!   connected driver.
 
 mod common;
 mod data_path;
 mod dma;
 mod framing;
+mod handover;
 mod irqs;
 mod regions;
