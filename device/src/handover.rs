@@ -85,8 +85,8 @@ pub enum HandoverError {
     /// The function is not at a quiet point (a SETLKW waits) or a poller did not answer.
     #[error("not at a quiet point")]
     Freeze(#[from] FreezeError),
-    /// A descriptor could not be duplicated.
-    #[error("cannot duplicate a descriptor")]
+    /// A system call failed (duplicating a descriptor, setting up the taker's event loop).
+    #[error("a system call failed")]
     Io(#[from] std::io::Error),
     /// The snapshot is of another format version.
     #[error("device snapshot format {found}, this firmware reads {expected}")]

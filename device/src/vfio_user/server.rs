@@ -275,11 +275,21 @@ impl Server {
     ) -> Result<Self, HandoverError> {
         let ServerHandover { path, listener, files, client, device } = handover;
         listener.set_nonblocking(true)?;
-        let mut server = Self::assemble(path, listener, files, profile, pool, |wake| {
-            DeviceState::take_over(profile, pool, placement, handler, wake, device)
-                .map_err(|e| ServerError::Setup(io::Error::other(e.to_string())))
-        })
-        .map_err(|e| HandoverError::Io(io::Error::other(e.to_string())))?;
+        let mut refused = None;
+        let assembled = Self::assemble(path, listener, files, profile, pool, |wake| {
+            DeviceState::take_over(profile, pool, placement, handler, wake, device).map_err(|e| {
+                let shown = io::Error::other(e.to_string());
+                refused = Some(e);
+                ServerError::Setup(shown)
+            })
+        });
+        let mut server = match assembled {
+            Ok(s) => s,
+            Err(ServerError::Setup(e) | ServerError::Poll(e)) => {
+                return Err(refused.take().unwrap_or(HandoverError::Io(e)))
+            }
+            Err(e) => return Err(HandoverError::Io(io::Error::other(e.to_string()))),
+        };
         if let Some(c) = client {
             server.attach(c.sock)?;
             if let Some(conn) = server.conn.as_mut() {

@@ -66,12 +66,18 @@ pub struct SocketFiles {
     created_lock: Option<PathBuf>,
     /// The lock, held for as long as this lives.
     lock: Option<File>,
+    /// The socket file of a socket handed over ([`Self::handed_over`]): this one's to remove
+    /// only once it is served (a handover not taken leaves it to the server that has it).
+    handed_socket: Option<PathBuf>,
 }
 
 impl SocketFiles {
     /// The socket is served from now on: its lock file stays when it stops.
     pub fn served(&mut self) {
         self.created_lock = None;
+        if let Some(p) = self.handed_socket.take() {
+            self.socket = Some(p);
+        }
     }
 
     /// Leaves the socket file in place (the process's root directory changed after binding:
@@ -90,13 +96,15 @@ impl SocketFiles {
     }
 
     /// The same files for a server that takes the socket over (issue 22): the socket file to
-    /// remove when it stops, and a new descriptor of the lock (the lock is held while either
-    /// is open). This one should then keep the socket file ([`Self::keep_socket_file`]).
+    /// remove when it stops (once it serves: dropped before, it removes nothing), and a new
+    /// descriptor of the lock (the lock is held while either is open). Once the taker serves,
+    /// this one should keep the socket file ([`Self::keep_socket_file`]).
     pub fn handed_over(&self) -> io::Result<SocketFiles> {
         Ok(SocketFiles {
-            socket: self.socket.clone(),
+            socket: None,
             created_lock: None,
             lock: self.lock.as_ref().map(File::try_clone).transpose()?,
+            handed_socket: self.socket.clone(),
         })
     }
 
@@ -135,8 +143,12 @@ pub fn bind_exclusive(path: &Path) -> Result<(UnixListener, SocketFiles), BindEr
         _ => io_err(e),
     })?;
     // From here on, a failed bind removes the lock file it created.
-    let mut files =
-        SocketFiles { socket: None, created_lock: created.then(|| lock_path.clone()), lock: None };
+    let mut files = SocketFiles {
+        socket: None,
+        created_lock: created.then(|| lock_path.clone()),
+        lock: None,
+        handed_socket: None,
+    };
     if !lock.metadata().map_err(io_err)?.file_type().is_file() {
         files.created_lock = None;
         return Err(BindError::NotASocket { path: lock_path.display().to_string(), what: "regular file" });
@@ -219,6 +231,20 @@ mod tests {
         files.served();
         drop((l, files));
         assert!(!sock.exists() && lock("sock").exists());
+        // Handed over: dropped before it serves, the copy removes nothing; served, it removes
+        // the socket file when it goes.
+        let (l, mut files) = bind_exclusive(&sock).unwrap();
+        files.served();
+        let handed = files.handed_over().unwrap();
+        drop(handed);
+        assert!(sock.exists(), "a handover not taken removed the socket file");
+        let mut taken = files.handed_over().unwrap();
+        files.keep_socket_file();
+        drop((l, files));
+        assert!(sock.exists());
+        taken.served();
+        drop(taken);
+        assert!(!sock.exists(), "the taker left the socket file behind");
         // The lock file a bind did not create stays whatever happens.
         let (l, files) = bind_exclusive(&sock).unwrap();
         drop((l, files));

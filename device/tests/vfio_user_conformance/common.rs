@@ -226,6 +226,11 @@ impl Dev {
     pub fn stop_handle(&self) -> &StopHandle {
         &self.stop
     }
+    /// The socket's directory, kept beyond the server (a server that took the socket over
+    /// still has its file there).
+    pub fn take_dir(&mut self) -> tempfile::TempDir {
+        std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap())
+    }
     /// A connection that has not sent VERSION yet.
     pub fn connect(&self) -> Conn {
         let mut client = Client::connect(&self.path()).unwrap();

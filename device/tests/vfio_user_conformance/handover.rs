@@ -25,7 +25,8 @@ fn served(d: &mut FsDriver, t: u64) {
 }
 
 /// Brought up and serving through server A; a request made while A hands over waits, and one
-/// in A's engine completes before the quiet point. A handover not taken leaves A serving; one
+/// in A's engine completes before the quiet point. A handover not taken (said so, refused by a
+/// taker of another shape, or no answer at all) leaves A serving; one
 /// taken moves the socket, the client (its next messages go to B), the registers, the DMA
 /// windows, the interrupts and the rings to server B on another pool: the waiting request and
 /// forty more (past the 16-entry ring's end) are served by B with its interrupts (the driver
@@ -37,7 +38,7 @@ fn a_server_hands_its_function_over_and_the_driver_goes_on() {
         let what = format!("{ring:?} ring, doorbells {doorbells:?}");
         let profile = Profile { request_queues: 2, queue_size: 16, doorbells, ..Profile::default() };
         let release = Arc::new(AtomicBool::new(true));
-        let dev = Dev::start_profile(Some(release.clone()), None, profile.clone());
+        let mut dev = Dev::start_profile(Some(release.clone()), None, profile.clone());
         let opts = DriverOptions { ring, use_interrupts: true, ..Default::default() };
         let mut d = dev.driver_with(opts);
         for _ in 0..5 {
@@ -51,11 +52,28 @@ fn a_server_hands_its_function_over_and_the_driver_goes_on() {
         answer.not_taken();
         let t = post(&mut d);
         served(&mut d, t);
+        // A taker of another shape (three request queues) refuses the state, and A serves on.
+        let (h, answer) = dev.stop_handle().hand_over().unwrap();
+        let other = Profile { request_queues: 3, ..profile.clone() };
+        let pool = PollerPool::spawn(&other).unwrap();
+        let e = Server::take_over(h, &other, dev.handler.clone(), &pool, Placement::of_profile(&other))
+            .err()
+            .unwrap_or_else(|| panic!("{what}: a function of another shape took over"));
+        assert!(e.to_string().contains("register state"), "{what}: {e}");
+        answer.not_taken();
+        let t = post(&mut d);
+        served(&mut d, t);
+        // No answer at all (the asker went away): A serves on as well.
+        let (h, answer) = dev.stop_handle().hand_over().unwrap();
+        drop((h, answer));
+        let t = post(&mut d);
+        served(&mut d, t);
+        assert!(dev.path().exists(), "{what}: a handover not taken removed the socket file");
 
         // A request in A's engine when the handover is asked completes first.
         release.store(false, Ordering::SeqCst);
         let in_engine = post(&mut d);
-        dev.wait_engine_submitted(7);
+        dev.wait_engine_submitted(9);
         let r = release.clone();
         let releaser = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(100));
@@ -85,9 +103,13 @@ fn a_server_hands_its_function_over_and_the_driver_goes_on() {
         assert!(stop_b.stats().requests().iter().sum::<u64>() >= 41, "{what}: B served the requests");
         // The socket is B's: A is gone (its stop is a no-op), the file stays while B runs.
         drop(d);
+        let socket = dev.path();
+        let _dir = dev.take_dir();
         drop(dev);
         assert!(stop_b.removal().is_none());
+        assert!(socket.exists(), "{what}: A took the socket file with it");
         stop_b.stop();
         join_b.join().unwrap();
+        assert!(!socket.exists(), "{what}: B left its socket file behind");
     }
 }
