@@ -531,7 +531,7 @@ fn a_frozen_function_resumes_on_other_pollers_where_it_stood() {
         }
         // A waiting request: not quiet, and the function goes on serving.
         let waiting = send(&mut drv, 2);
-        std::thread::sleep(Duration::from_millis(20));
+        wait_for("the request to wait", || (old.stats().snapshot().queues[1].waiting == 1).then_some(()));
         assert_eq!(old.freeze(), Err(FreezeError::NotQuiet(1)), "{layout}");
         let t = send(&mut drv, 0);
         assert_eq!(wait_for("a request after a refused freeze", || drv.next_used()), (t, 4), "{layout}");
@@ -540,6 +540,9 @@ fn a_frozen_function_resumes_on_other_pollers_where_it_stood() {
 
         // A pending request: freeze waits for it, and it comes back.
         let pending = send(&mut drv, 1);
+        wait_for("the request in the engine", || {
+            (old.stats().snapshot().queues[1].in_flight == 1).then_some(())
+        });
         let r = release.clone();
         let releaser = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
