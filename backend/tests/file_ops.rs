@@ -474,3 +474,69 @@ fn ramfs_file_data_lives_in_a_memfd() {
     f.forget(e.nodeid, 1);
     assert_eq!(blocks(), 0, "the deleted file's memory stays taken");
 }
+
+/// Issue 22: a RAM filesystem taken over by another (`RamFs::save`, through JSON, and
+/// `RamFs::restore` on a duplicate of its memfd) has the same names with the same READDIR
+/// cookies, attributes, symlinks, extended attributes, ACL-derived mode, file data (read
+/// without a copy having been made: the data is the memfd's) and open handles, and goes on
+/// allocating and freeing chunks; a state that contradicts itself or the limits is refused.
+#[test]
+fn ramfs_taken_over_from_its_state_and_memfd_is_the_same_filesystem() {
+    use virtiofs_backend::ramfs::state::{BodyState, RamFsState};
+    let f = Fuse::new();
+    let d = f.mkdir(ROOT, b"dir", 0o755).unwrap();
+    let (e, fh) = f.create(d.nodeid, b"file", 0o640, O_RDWR | O_CREAT).map(with_fh).unwrap();
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    f.write(e.nodeid, fh, 0, &data).unwrap();
+    f.write(e.nodeid, fh, 10 << 20, b"far away").unwrap();
+    let s = f.symlink(d.nodeid, b"link", b"file").unwrap();
+    f.setxattr(e.nodeid, b"user.tag", b"value", 0).unwrap();
+    for n in 0..20 {
+        f.mkdir(d.nodeid, format!("sub{n}").as_bytes(), 0o700).unwrap();
+    }
+    f.rmdir(d.nodeid, b"sub3").unwrap();
+    let dh = f.opendir(d.nodeid).unwrap();
+    let listing = |f: &Fuse, dh| f.readdir(d.nodeid, dh, 0, 1 << 16).unwrap();
+    let before = listing(&f, dh);
+    let attrs =
+        |f: &Fuse| [f.getattr(d.nodeid).unwrap(), f.getattr(e.nodeid).unwrap(), f.getattr(s.nodeid).unwrap()];
+    let attrs_before = attrs(&f);
+
+    let state = f.fs().save();
+    let json = serde_json::to_string(&state).unwrap();
+    let state: RamFsState = serde_json::from_str(&json).unwrap();
+    let memfd = || std::fs::File::from(f.fs().data_memfd().try_clone_to_owned().unwrap());
+    let g = Fuse::with_fs(RamFs::restore(RamFsConfig::default(), &state, memfd()).unwrap()).initialised();
+    assert_eq!(listing(&g, dh), before, "the listing and its cookies");
+    assert_eq!(attrs(&g), attrs_before);
+    assert_eq!(g.readlink(s.nodeid).unwrap(), b"file");
+    assert_eq!(g.getxattr(e.nodeid, b"user.tag", 64).unwrap(), Xattr::Data(b"value".to_vec()));
+    // The open handle reads the data, hole and far chunk included.
+    assert_eq!(g.read(e.nodeid, fh, 0, 200_000).unwrap(), data);
+    assert_eq!(g.read(e.nodeid, fh, (10 << 20) - 4, 12).unwrap(), b"\0\0\0\0far away");
+    // It goes on: new data, a file removed and its chunks freed.
+    let (e2, fh2) = g.create(ROOT, b"new", 0o644, O_RDWR | O_CREAT).map(with_fh).unwrap();
+    g.write(e2.nodeid, fh2, 0, &data).unwrap();
+    assert_eq!(g.read(e2.nodeid, fh2, 0, 200_000).unwrap(), data);
+    assert_eq!(g.read(e.nodeid, fh, 0, 200_000).unwrap(), data, "a new file's chunks took no slot in use");
+    g.release(e.nodeid, fh).unwrap();
+    g.unlink(d.nodeid, b"file").unwrap();
+    assert!(g.lookup(d.nodeid, b"file").is_err());
+
+    // Refused: another version, other limits, a slot owned twice, a name of no inode.
+    let refused = |s: &RamFsState, cfg: RamFsConfig| RamFs::restore(cfg, s, memfd()).is_err();
+    let mut bad = state.clone();
+    bad.version += 1;
+    assert!(refused(&bad, RamFsConfig::default()));
+    assert!(refused(&state, RamFsConfig { capacity: 1 << 20, ..RamFsConfig::default() }));
+    let mut bad = state.clone();
+    let file =
+        bad.inodes.iter_mut().find(|i| matches!(i.body, BodyState::File(ref c) if c.len() > 1)).unwrap();
+    if let BodyState::File(c) = &mut file.body {
+        c[1].1 = c[0].1;
+    }
+    assert!(refused(&bad, RamFsConfig::default()));
+    let mut bad = state.clone();
+    bad.dirs[0].entries.push((b"ghost".to_vec(), 1, 999_999, 8));
+    assert!(refused(&bad, RamFsConfig::default()));
+}

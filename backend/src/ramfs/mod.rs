@@ -59,6 +59,7 @@ mod data;
 mod handles;
 mod namespace;
 mod node;
+pub mod state;
 mod sys;
 mod xattr;
 

@@ -26,6 +26,17 @@ pub(super) const CHUNK64: u64 = CHUNK as u64;
 pub(super) const RESIDENT_FREE: usize = 64;
 
 /// The slots of the memfd that are not in use.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct FreeState {
+    /// Freed slots whose pages are still resident.
+    pub(super) resident: Vec<u32>,
+    /// Freed slots whose pages were given back.
+    pub(super) punched: Vec<u32>,
+    /// Slots from this one on were never used.
+    pub(super) next: u32,
+}
+
+/// The slots of the memfd that are not in use.
 #[derive(Debug, Default)]
 struct Free {
     /// Freed slots whose pages are still resident (and hold old data: zeroed when taken).
@@ -68,38 +79,65 @@ impl ChunkStore {
         // SAFETY: `fd` was just returned by memfd_create and is owned by nothing else.
         let memfd = unsafe { File::from_raw_fd(fd) };
         memfd.set_len(len as u64)?;
-        let base = if len == 0 {
-            NonNull::dangling()
-        } else {
-            // SAFETY: a new shared mapping of the whole memfd, at an address the kernel chooses;
-            // it overlaps nothing of ours and is unmapped only in Drop.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED | libc::MAP_NORESERVE,
-                    memfd.as_raw_fd(),
-                    0,
-                )
-            };
-            if p == libc::MAP_FAILED {
-                return Err(io::Error::last_os_error());
-            }
-            NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::from(io::ErrorKind::Other))?
-        };
+        let base = Self::map(&memfd, len)?;
         Ok(Arc::new(ChunkStore { memfd, base, slots, free: Mutex::default() }))
+    }
+
+    /// A store over the memfd of a filesystem taken over (issue 22): `slots` chunks, the free
+    /// ones as `free` says; the slots in use are taken back with [`Self::claim`].
+    pub(super) fn from_memfd(memfd: File, slots: u32, free: FreeState) -> io::Result<Arc<ChunkStore>> {
+        let len = slots as usize * CHUNK;
+        if memfd.metadata()?.len() < len as u64 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "the memfd is smaller than its slots"));
+        }
+        let base = Self::map(&memfd, len)?;
+        let free = Free { resident: free.resident, punched: free.punched, next: free.next };
+        Ok(Arc::new(ChunkStore { memfd, base, slots, free: Mutex::new(free) }))
+    }
+
+    /// Maps `len` bytes of `memfd` shared (a dangling pointer for none).
+    fn map(memfd: &File, len: usize) -> io::Result<NonNull<u8>> {
+        if len == 0 {
+            return Ok(NonNull::dangling());
+        }
+        // SAFETY: a new shared mapping of the memfd, at an address the kernel chooses; it
+        // overlaps nothing of ours and is unmapped only in Drop.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                memfd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::from(io::ErrorKind::Other))
+    }
+
+    /// The chunk in slot `slot` of a store taken over: its data is the predecessor's. The
+    /// caller claims each slot in use once (`ramfs::state` checks that before it claims any).
+    pub(super) fn claim(self: &Arc<Self>, slot: u32) -> Option<Chunk> {
+        (slot < self.slots).then(|| Chunk { store: self.clone(), slot })
+    }
+
+    /// The free lists, for a saved state.
+    pub(super) fn free_state(&self) -> FreeState {
+        let f = self.lock();
+        FreeState { resident: f.resident.clone(), punched: f.punched.clone(), next: f.next }
+    }
+
+    /// How many chunks it holds at most.
+    pub(super) fn slot_count(&self) -> u32 {
+        self.slots
     }
 
     /// The memfd the data lives in (chunk `slot` at offset `slot * CHUNK`).
     pub(super) fn memfd(&self) -> BorrowedFd<'_> {
         self.memfd.as_fd()
-    }
-
-    /// How many chunks it holds at most.
-    #[cfg(test)]
-    fn slots(&self) -> u32 {
-        self.slots
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Free> {
@@ -201,8 +239,7 @@ pub(super) struct Chunk {
 
 impl Chunk {
     /// Its slot in the store's memfd.
-    #[cfg(test)]
-    fn slot(&self) -> u32 {
+    pub(super) fn slot(&self) -> u32 {
         self.slot
     }
 }
@@ -242,7 +279,7 @@ mod tests {
     #[test]
     fn chunks_are_slots_of_the_memfd() {
         let store = ChunkStore::new("test", 4 * CHUNK as u64 + 100).unwrap();
-        assert_eq!(store.slots(), 4);
+        assert_eq!(store.slot_count(), 4);
         let memfd = File::from(store.memfd().try_clone_to_owned().unwrap());
         let mut chunks: Vec<Chunk> = (0..4).map(|_| store.alloc().unwrap()).collect();
         assert!(store.alloc().is_none(), "a fifth chunk in a store of four");
