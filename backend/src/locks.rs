@@ -109,6 +109,17 @@ pub enum SetOutcome {
     Wait(WaitId),
 }
 
+/// One file's locks as data ([`LockManager::save`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FileLocksState {
+    /// The file.
+    pub ino: u64,
+    /// POSIX records: owner, first byte, last byte (inclusive), write, pid.
+    pub posix: Vec<(u64, u64, u64, bool, u32)>,
+    /// `flock` locks: handle, write.
+    pub flock: Vec<(u64, bool)>,
+}
+
 /// One POSIX lock record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Held {
@@ -572,6 +583,63 @@ impl LockManager {
         self.state().records
     }
 
+    /// Every lock held, as data (issue 22: a process that takes the session over); `None`
+    /// while a request waits for a lock (its wait is not data: the session is not at a quiet
+    /// point).
+    pub fn save(&self) -> Option<Vec<FileLocksState>> {
+        let st = self.state();
+        if !st.waiters.is_empty() {
+            return None;
+        }
+        let mut files: Vec<FileLocksState> = (st.files.iter())
+            .map(|(&ino, f)| FileLocksState {
+                ino,
+                posix: f.posix.iter().map(|h| (h.owner, h.start, h.end, h.write, h.pid)).collect(),
+                flock: f.flock.iter().map(|l| (l.fh, l.write)).collect(),
+            })
+            .collect();
+        files.sort_unstable_by_key(|f| f.ino);
+        Some(files)
+    }
+
+    /// Puts saved locks into this table, which must hold none; `Err` names what is wrong with
+    /// them (an empty range, overlapping records of one owner, one handle's flock twice) and
+    /// leaves the table empty.
+    pub fn restore(&self, files: &[FileLocksState]) -> Result<(), String> {
+        let mut st = self.state();
+        if st.records != 0 || !st.waiters.is_empty() {
+            return Err("the table is not empty".into());
+        }
+        let mut table = HashMap::new();
+        let mut records = 0;
+        for f in files {
+            let mut posix: Vec<Held> = (f.posix.iter())
+                .map(|&(owner, start, end, write, pid)| Held { owner, start, end, write, pid })
+                .collect();
+            posix.sort_unstable_by_key(|h| (h.owner, h.start));
+            for pair in posix.windows(2) {
+                if pair[0].owner == pair[1].owner && pair[0].end >= pair[1].start {
+                    return Err(format!("inode {}: overlapping records of owner {}", f.ino, pair[0].owner));
+                }
+            }
+            if let Some(h) = posix.iter().find(|h| h.start > h.end) {
+                return Err(format!("inode {}: an empty range {}..={}", f.ino, h.start, h.end));
+            }
+            let flock: Vec<Flock> = f.flock.iter().map(|&(fh, write)| Flock { fh, write }).collect();
+            let handles: std::collections::HashSet<u64> = flock.iter().map(|l| l.fh).collect();
+            if handles.len() != flock.len() {
+                return Err(format!("inode {}: a handle's flock twice", f.ino));
+            }
+            records += posix.len() + flock.len();
+            table.insert(f.ino, FileLocks { posix, flock });
+        }
+        st.files = table;
+        st.records = records;
+        st.dirty = true;
+        self.publish(&mut st);
+        Ok(())
+    }
+
     /// Requests waiting for a lock.
     pub fn waiter_count(&self) -> usize {
         self.state().waiters.len()
@@ -590,6 +658,42 @@ mod tests {
 
     fn px(owner: u64) -> LockKind {
         LockKind::Posix { owner }
+    }
+
+    /// Issue 22: the table as data and back (a session taken over); not while a request
+    /// waits; a saved table that contradicts itself is refused and nothing is restored.
+    #[test]
+    fn locks_saved_and_restored_conflict_as_before() {
+        let m = LockManager::new();
+        m.set(F, px(1), &lk(LockType::Write, 0, 99)).unwrap();
+        m.set(F, px(1), &lk(LockType::Read, 200, 299)).unwrap();
+        m.set(F + 1, px(2), &lk(LockType::Read, 0, 0)).unwrap();
+        let saved = m.save().unwrap();
+        let n = LockManager::new();
+        n.restore(&saved).unwrap();
+        assert_eq!(n.save().unwrap(), saved);
+        assert_eq!(n.lock_count(), 3);
+        assert_eq!(n.set(F, px(3), &lk(LockType::Read, 50, 60)), Err(LockError::WouldBlock));
+        assert_eq!(n.set(F, px(3), &lk(LockType::Read, 250, 260)), Ok(()), "read beside read");
+        assert!(n.restore(&saved).is_err(), "restored into a table that is not empty");
+        // A request waiting: not a quiet point.
+        let w = n.set_or_wait(F, px(4), &lk(LockType::Write, 0, 0), 77).unwrap();
+        assert!(matches!(w, SetOutcome::Wait(_)));
+        assert!(n.save().is_none());
+        // Contradicting tables.
+        for bad in [
+            vec![FileLocksState {
+                ino: F,
+                posix: vec![(1, 0, 9, true, 1), (1, 5, 20, false, 1)],
+                flock: vec![],
+            }],
+            vec![FileLocksState { ino: F, posix: vec![(1, 9, 0, true, 1)], flock: vec![] }],
+            vec![FileLocksState { ino: F, posix: vec![], flock: vec![(3, true), (3, false)] }],
+        ] {
+            let t = LockManager::new();
+            assert!(t.restore(&bad).is_err(), "{bad:?}");
+            assert_eq!(t.lock_count(), 0);
+        }
     }
 
     fn ranges(m: &LockManager, ino: u64, owner: u64) -> Vec<(u64, u64, bool)> {

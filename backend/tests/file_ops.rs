@@ -476,10 +476,11 @@ fn ramfs_file_data_lives_in_a_memfd() {
 }
 
 /// Issue 22: a RAM filesystem taken over by another (`RamFs::save`, through JSON, and
-/// `RamFs::restore` on a duplicate of its memfd) has the same names with the same READDIR
-/// cookies, attributes, symlinks, extended attributes, ACL-derived mode, file data (read
-/// without a copy having been made: the data is the memfd's) and open handles, and goes on
-/// allocating and freeing chunks; a state that contradicts itself or the limits is refused.
+/// `RamFs::restore` on a duplicate of its memfd) with its FUSE session (`save_session`,
+/// `restore_session`: no new INIT, the locks held) has the same names with the same READDIR
+/// cookies, attributes, symlinks, extended attributes, file data (read without a copy having
+/// been made: the data is the memfd's) and open handles, and goes on allocating and freeing
+/// chunks; a state that contradicts itself or the limits is refused.
 #[test]
 fn ramfs_taken_over_from_its_state_and_memfd_is_the_same_filesystem() {
     use virtiofs_backend::ramfs::state::{BodyState, RamFsState};
@@ -502,11 +503,24 @@ fn ramfs_taken_over_from_its_state_and_memfd_is_the_same_filesystem() {
         |f: &Fuse| [f.getattr(d.nodeid).unwrap(), f.getattr(e.nodeid).unwrap(), f.getattr(s.nodeid).unwrap()];
     let attrs_before = attrs(&f);
 
+    // A lock held: a POSIX write lock of owner 1.
+    f.setlk(e.nodeid, fh, 1, WR, 0, 99).unwrap();
+
     let state = f.fs().save();
     let json = serde_json::to_string(&state).unwrap();
     let state: RamFsState = serde_json::from_str(&json).unwrap();
+    let session = f.srv.save_session().expect("no SETLKW waits");
+    let session: virtiofs_backend::server::SessionState =
+        serde_json::from_str(&serde_json::to_string(&session).unwrap()).unwrap();
     let memfd = || std::fs::File::from(f.fs().data_memfd().try_clone_to_owned().unwrap());
-    let g = Fuse::with_fs(RamFs::restore(RamFsConfig::default(), &state, memfd()).unwrap()).initialised();
+    // The taker's session goes on without INIT, its locks held.
+    let g = Fuse::with_fs(RamFs::restore(RamFsConfig::default(), &state, memfd()).unwrap());
+    g.srv.restore_session(&session).unwrap();
+    assert!(g.srv.restore_session(&session).is_err(), "a session restored twice");
+    let c = g.getlk(e.nodeid, fh, 2, RD, 50, 50).unwrap();
+    assert_eq!((c.typ, c.start, c.end), (WR as u32, 0, 99), "owner 1's lock is held");
+    assert_eq!(g.setlk(e.nodeid, fh, 2, RD, 0, 0), Err(libc::EAGAIN));
+    assert_eq!(g.srv.locks().lock_count(), 1);
     assert_eq!(listing(&g, dh), before, "the listing and its cookies");
     assert_eq!(attrs(&g), attrs_before);
     assert_eq!(g.readlink(s.nodeid).unwrap(), b"file");

@@ -198,6 +198,22 @@ impl ServerOptions {
     }
 }
 
+/// The format version of [`SessionState`] this firmware writes and reads.
+pub const SESSION_STATE_VERSION: u32 = 1;
+
+/// A FUSE session as data ([`Server::save_session`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SessionState {
+    /// [`SESSION_STATE_VERSION`] when written.
+    pub version: u32,
+    /// INIT was done.
+    pub initialized: bool,
+    /// The INIT flags answered.
+    pub negotiated: u64,
+    /// Every lock held.
+    pub locks: Vec<crate::locks::FileLocksState>,
+}
+
 /// Serves FUSE requests for one filesystem. Shareable between poller threads (`Arc<Server<F>>`).
 pub struct Server<F: FileSystem> {
     fs: F,
@@ -255,6 +271,36 @@ impl<F: FileSystem> Server<F> {
     /// The lock table.
     pub fn locks(&self) -> &LockManager {
         &self.locks
+    }
+
+    /// The FUSE session as data (issue 22: a process that takes it over): whether INIT was
+    /// done, the flags it answered, and every lock held; `None` while a SETLKW waits (not a
+    /// quiet point). The filesystem's own state is the filesystem's to give.
+    pub fn save_session(&self) -> Option<SessionState> {
+        Some(SessionState {
+            version: SESSION_STATE_VERSION,
+            initialized: self.initialized.load(Ordering::Acquire),
+            negotiated: self.negotiated.load(Ordering::Acquire),
+            locks: self.locks.save()?,
+        })
+    }
+
+    /// Takes over a session saved by [`Self::save_session`] (before this server served
+    /// anything): the guest goes on without a new INIT, its locks held.
+    pub fn restore_session(&self, state: &SessionState) -> std::result::Result<(), String> {
+        if state.version != SESSION_STATE_VERSION {
+            return Err(format!(
+                "FUSE session state format {}, this firmware reads {SESSION_STATE_VERSION}",
+                state.version
+            ));
+        }
+        if self.initialized.load(Ordering::Acquire) {
+            return Err("this server's session has begun".into());
+        }
+        self.locks.restore(&state.locks)?;
+        self.negotiated.store(state.negotiated, Ordering::Release);
+        self.initialized.store(state.initialized, Ordering::Release);
+        Ok(())
     }
 
     /// Lock requests served so far.
