@@ -582,3 +582,45 @@ fn create_function_is_bounded() {
     assert!(matches!(&e, ClientError::Rpc { message, .. } if message.contains("--max-functions")), "{e:?}");
     assert!(!s("c.sock").exists());
 }
+
+/// Issue 21: with `MAX_CONNECTIONS` clients connected and none idle long enough to make room,
+/// one more is told to try again (-32000) and closed; the others are served.
+#[test]
+fn a_client_past_the_connection_bound_is_told_to_try_again() {
+    use virtiofs_dpu::ops::control_socket::MAX_CONNECTIONS;
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = dir.path().join("ctl.sock");
+    let _d = daemon_with(dir.path(), &[]);
+    let clients: Vec<UnixStream> = (0..MAX_CONNECTIONS).map(|_| UnixStream::connect(&ctl).unwrap()).collect();
+    let mut extra = UnixStream::connect(&ctl).unwrap();
+    extra.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut answer = String::new();
+    BufReader::new(&mut extra).read_line(&mut answer).unwrap();
+    let v: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{answer:?}: {e}"));
+    assert_eq!(v["error"]["code"], json!(-32000), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("try again"), "{v}");
+    // One of the connected clients is served.
+    let mut first = &clients[0];
+    writeln!(first, "{}", json!({"jsonrpc": "2.0", "id": 1, "method": "rpc_get_methods"})).unwrap();
+    let mut answer = String::new();
+    BufReader::new(first).read_line(&mut answer).unwrap();
+    assert!(answer.contains("get_stats"), "{answer}");
+}
+
+/// Issue 21: a `--control-socket` whose lock file is a symbolic link is refused at start (the
+/// link is not followed: its target is not created), and nothing is left behind.
+#[test]
+fn a_control_socket_lock_file_that_is_a_symlink_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sock, ctl) = (dir.path().join("d.sock"), dir.path().join("ctl.sock"));
+    let target = dir.path().join("elsewhere");
+    std::os::unix::fs::symlink(&target, dir.path().join("ctl.sock.lock")).unwrap();
+    let out = Command::new(BIN)
+        .args(["--socket-path", sock.to_str().unwrap(), "--control-socket", ctl.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("ctl.sock.lock") && err.contains("regular file"), "{err}");
+    assert!(!target.exists(), "the lock file's link was followed");
+    assert!(!ctl.exists() && !sock.exists(), "a refused start left a socket behind");
+}

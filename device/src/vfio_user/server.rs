@@ -258,7 +258,7 @@ impl Server {
         placement: Placement,
     ) -> Result<Self, ServerError> {
         let Listener { path, listener, files } = listener;
-        Self::assemble(path, listener, files, profile, pool, |wake| {
+        Self::assemble(path, listener, files, profile, pool, ServerError::Setup, |wake| {
             DeviceState::on_pool(profile, pool, placement, handler, wake).map_err(ServerError::Setup)
         })
     }
@@ -275,21 +275,9 @@ impl Server {
     ) -> Result<Self, HandoverError> {
         let ServerHandover { path, listener, files, client, device } = handover;
         listener.set_nonblocking(true)?;
-        let mut refused = None;
-        let assembled = Self::assemble(path, listener, files, profile, pool, |wake| {
-            DeviceState::take_over(profile, pool, placement, handler, wake, device).map_err(|e| {
-                let shown = io::Error::other(e.to_string());
-                refused = Some(e);
-                ServerError::Setup(shown)
-            })
-        });
-        let mut server = match assembled {
-            Ok(s) => s,
-            Err(ServerError::Setup(e) | ServerError::Poll(e)) => {
-                return Err(refused.take().unwrap_or(HandoverError::Io(e)))
-            }
-            Err(e) => return Err(HandoverError::Io(io::Error::other(e.to_string()))),
-        };
+        let mut server = Self::assemble(path, listener, files, profile, pool, HandoverError::Io, |wake| {
+            DeviceState::take_over(profile, pool, placement, handler, wake, device)
+        })?;
         if let Some(c) = client {
             server.attach(c.sock)?;
             if let Some(conn) = server.conn.as_mut() {
@@ -300,20 +288,22 @@ impl Server {
         Ok(server)
     }
 
-    /// A server on `listener` whose device `device` makes (given the control plane's waker).
-    fn assemble(
+    /// A server on `listener` whose device `device` makes (given the control plane's waker);
+    /// `setup` says how a failure to set up the event loop is reported.
+    fn assemble<E>(
         path: PathBuf,
         listener: UnixListener,
         mut files: SocketFiles,
         profile: &Profile,
         pool: &PollerPool,
-        device: impl FnOnce(Arc<dyn Fn() + Send + Sync>) -> Result<DeviceState, ServerError>,
-    ) -> Result<Self, ServerError> {
-        let poll = Poll::new().map_err(ServerError::Setup)?;
-        let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(ServerError::Setup)?);
+        setup: fn(io::Error) -> E,
+        device: impl FnOnce(Arc<dyn Fn() + Send + Sync>) -> Result<DeviceState, E>,
+    ) -> Result<Self, E> {
+        let poll = Poll::new().map_err(setup)?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(setup)?);
         poll.registry()
             .register(&mut SourceFd(&listener.as_raw_fd()), LISTENER, Interest::READABLE)
-            .map_err(ServerError::Setup)?;
+            .map_err(setup)?;
         let w = waker.clone();
         let wake = Arc::new(move || {
             let _ = w.wake();
