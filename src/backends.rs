@@ -119,6 +119,9 @@ pub struct Built {
     pub fuse: FuseStatsFn,
     /// The descriptors a shared directory's nodes and handles may take (0 for other backends).
     pub descriptors: u64,
+    /// What gives its state to a live update's new process (`None`: this backend cannot be
+    /// handed over yet).
+    pub saver: Option<Arc<dyn crate::update::SavesState>>,
 }
 
 /// Builds the handler of a function whose FUSE server offers `options` over what [`open`]
@@ -134,7 +137,7 @@ pub fn build(
             let fs = RamFs::try_with_config(cfg).map_err(BackendError::Ram)?;
             let h = Arc::new(FuseHandler::with_options(fs, options));
             let s = h.clone();
-            Built { handler: h, fuse: Arc::new(move || s.stats()), descriptors: 0 }
+            Built { handler: h.clone(), fuse: Arc::new(move || s.stats()), descriptors: 0, saver: Some(h) }
         }
         Opened::SharedDir { fs, mut cfg, io_mode } => {
             let fs = match (fs, inside) {
@@ -151,13 +154,13 @@ pub fn build(
             let h = Arc::new(FuseHandler::with_options(fs, options));
             let s = h.clone();
             let stats = move || FuseStats { io: Some(s.server().filesystem().engine_stats()), ..s.stats() };
-            Built { handler: h, fuse: Arc::new(stats), descriptors }
+            Built { handler: h, fuse: Arc::new(stats), descriptors, saver: None }
         }
         Opened::Remote(fs) => {
             let h = Arc::new(FuseHandler::with_options(*fs, options));
             let s = h.clone();
             let stats = move || FuseStats { nfs: Some(s.server().filesystem().stats()), ..s.stats() };
-            Built { handler: h, fuse: Arc::new(stats), descriptors: 0 }
+            Built { handler: h, fuse: Arc::new(stats), descriptors: 0, saver: None }
         }
     })
 }

@@ -12,7 +12,7 @@
 //! daemon's main thread): pollers never see it.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -25,6 +25,7 @@ use virtiofs_device::vfio_user::{self, Removal, StopHandle};
 use crate::backends::{self, BackendError, Built};
 use crate::ops::deploy::{self, DeployError};
 use crate::settings::{Defaults, FunctionSpec, SpecError};
+use crate::update::{Origin, SavesState};
 use crate::{FuseStats, RunningDevice};
 
 pub use crate::backends::FuseStatsFn;
@@ -131,6 +132,10 @@ struct Function {
     fuse: FuseStatsFn,
     /// The descriptors its shared directory's nodes and handles may take (0: another backend).
     descriptors: u64,
+    /// Where its description comes from (a live update's new process reads it again).
+    origin: Origin,
+    /// What gives its backend's state to a live update (`None`: it cannot be handed over).
+    saver: Option<Arc<dyn SavesState>>,
 }
 
 impl Function {
@@ -180,6 +185,20 @@ pub fn memory_per_function(profile: &Profile, placement: &Placement) -> u64 {
     placement.pool_pollers as u64 * per_poller + queues * per_queue
 }
 
+/// One function as a live update sees it ([`FunctionSet::handover_list`]).
+pub struct HandoverEntry {
+    /// Its tag.
+    pub tag: String,
+    /// Its backend's kind.
+    pub backend: &'static str,
+    /// Where its description comes from.
+    pub origin: Origin,
+    /// Its running device.
+    pub stop: StopHandle,
+    /// Its backend's saver.
+    pub saver: Option<Arc<dyn SavesState>>,
+}
+
 /// The functions of a daemon and the pollers they share.
 pub struct FunctionSet {
     pool: PollerPool,
@@ -224,10 +243,34 @@ impl FunctionSet {
         spec: FunctionSpec,
         built: Built,
     ) -> Result<FunctionInfo, FunctionError> {
+        self.start_from(listener, spec, built, Origin::Start)
+    }
+
+    fn start_from(
+        &self,
+        listener: vfio_user::Listener,
+        spec: FunctionSpec,
+        built: Built,
+        origin: Origin,
+    ) -> Result<FunctionInfo, FunctionError> {
         let mut inner = self.lock();
-        let tag = spec.tag().to_string();
+        let placement = self.placement(&inner, &spec)?;
+        let device = RunningDevice::start_on_pool(
+            listener,
+            spec.profile.clone(),
+            built.handler.clone(),
+            &self.pool,
+            placement.clone(),
+        )?;
+        self.insert(&mut inner, spec, placement, device, built, origin)
+    }
+
+    /// Where the queues of a new function `spec` describes go (checked against the functions
+    /// there are).
+    fn placement(&self, inner: &Inner, spec: &FunctionSpec) -> Result<Placement, FunctionError> {
+        let tag = spec.tag();
         if inner.functions.iter().any(|f| f.tag == tag) {
-            return Err(FunctionError::Exists(tag));
+            return Err(FunctionError::Exists(tag.into()));
         }
         if inner.functions.len() >= inner.max {
             return Err(FunctionError::TooMany(inner.functions.len()));
@@ -239,27 +282,59 @@ impl FunctionSet {
                 self.pool.pollers()
             )));
         }
-        let placement = self.pool.placement(spec.profile.queue_mapping, pollers, inner.next_ordinal);
-        let socket = listener.path().to_path_buf();
-        let device = RunningDevice::start_on_pool(
-            listener,
-            spec.profile.clone(),
-            built.handler,
-            &self.pool,
-            placement.clone(),
-        )?;
+        Ok(self.pool.placement(spec.profile.queue_mapping, pollers, inner.next_ordinal))
+    }
+
+    /// Where a function taken over in a live update goes, as [`Self::adopt`] will place it
+    /// (functions are taken in their predecessor's order).
+    pub fn place(&self, spec: &FunctionSpec, after: usize) -> Result<Placement, FunctionError> {
+        let inner = self.lock();
+        let mut p = self.placement(&inner, spec)?;
+        if after > 0 {
+            let pollers = spec.pollers.as_deref();
+            p = self.pool.placement(spec.profile.queue_mapping, pollers, inner.next_ordinal + after);
+        }
+        Ok(p)
+    }
+
+    /// Serves a function taken over in a live update ([`vfio_user::Server::take_over`] made
+    /// `server` with `placement` from [`Self::place`]).
+    pub fn adopt(
+        &self,
+        server: vfio_user::Server,
+        spec: FunctionSpec,
+        placement: Placement,
+        built: Built,
+        origin: Origin,
+    ) -> Result<FunctionInfo, FunctionError> {
+        let mut inner = self.lock();
+        self.placement(&inner, &spec)?;
+        let device = RunningDevice::run_server(server, spec.tag())?;
+        self.insert(&mut inner, spec, placement, device, built, origin)
+    }
+
+    fn insert(
+        &self,
+        inner: &mut Inner,
+        spec: FunctionSpec,
+        placement: Placement,
+        device: RunningDevice,
+        built: Built,
+        origin: Origin,
+    ) -> Result<FunctionInfo, FunctionError> {
         inner.next_ordinal += 1;
         let stop = device.stop_handle();
-        let descriptors = built.descriptors;
         let f = Function {
-            tag,
-            socket,
+            tag: spec.tag().to_string(),
+            socket: device.socket_path().to_path_buf(),
             spec,
             placement,
             device: Some(device),
             stop,
             fuse: built.fuse,
-            descriptors,
+            descriptors: built.descriptors,
+            origin,
+            saver: built.saver,
         };
         let info = f.info();
         log::info!("function {:?} on {}: {}", info.tag, info.socket_path.display(), f.spec.summary());
@@ -288,6 +363,7 @@ impl FunctionSet {
                 return Err(FunctionError::TooMany(inner.functions.len()));
             }
         }
+        let origin = Origin::Created(params.clone());
         let mut spec = FunctionSpec::from_rpc(&defaults, params)?;
         allowed.check(&mut spec).map_err(FunctionError::NotAllowed)?;
         if self.contains(spec.tag()) {
@@ -301,7 +377,31 @@ impl FunctionSet {
         let (gid, mode) = defaults.socket_access;
         deploy::set_socket_access(path, gid, mode)?;
         let built = backends::build(spec.fuse.server, opened, None)?;
-        self.start(listener, spec, built)
+        self.start_from(listener, spec, built, origin)
+    }
+
+    /// The daemon's defaults for functions created at run time (`None` when it makes none).
+    pub fn defaults(&self) -> Option<Defaults> {
+        self.lock().defaults.clone()
+    }
+
+    /// What a live update needs of every serving function, in creation order: its tag, where
+    /// its description comes from, its running device's handle and its backend's saver (`None`
+    /// if it cannot be handed over). `Err` names a function being removed.
+    pub fn handover_list(&self) -> Result<Vec<HandoverEntry>, FunctionError> {
+        let inner = self.lock();
+        (inner.functions.iter())
+            .map(|f| match f.device {
+                None => Err(FunctionError::Removing(f.tag.clone())),
+                Some(_) => Ok(HandoverEntry {
+                    tag: f.tag.clone(),
+                    backend: f.spec.backend.kind(),
+                    origin: f.origin.clone(),
+                    stop: f.stop.clone(),
+                    saver: f.saver.clone(),
+                }),
+            })
+            .collect()
     }
 
     /// The descriptor share of a shared directory created now: what the running ones leave of

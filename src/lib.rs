@@ -20,6 +20,7 @@ pub mod ops;
 pub mod settings;
 pub mod sys;
 pub mod tally;
+pub mod update;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -270,11 +271,17 @@ impl RunningDevice {
         pool: &PollerPool,
         placement: Placement,
     ) -> Result<Self, ServerError> {
-        let socket = listener.path().to_path_buf();
         let server = vfio_user::Server::on_pool(listener, &profile, handler, pool, placement)?;
+        Self::run_server(server, &profile.tag)
+    }
+
+    /// Runs `server` (made by [`vfio_user::Server::on_pool`] or taken over from another
+    /// process, [`vfio_user::Server::take_over`]) on a thread of its own.
+    pub fn run_server(server: vfio_user::Server, tag: &str) -> Result<Self, ServerError> {
+        let socket = server.path().to_path_buf();
         let stop = server.stop_handle();
         let join = std::thread::Builder::new()
-            .name(format!("vfio-user-{}", profile.tag))
+            .name(format!("vfio-user-{tag}"))
             .spawn(move || server.run())
             .map_err(ServerError::Setup)?;
         Ok(RunningDevice { socket, stop, join: Some(join) })

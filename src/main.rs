@@ -20,6 +20,7 @@ use virtiofs_dpu::ops::report::{self, Format, WatchError};
 use virtiofs_dpu::settings::{
     keys, AllowCreate, CommandLine, DaemonOptions, DaemonSpec, FunctionKeys, LogSpec, Socket,
 };
+use virtiofs_dpu::update::{supervisor, Role};
 
 /// virtio-fs device firmware served over vfio-user.
 ///
@@ -208,6 +209,15 @@ struct Args {
     /// is a vfio-user device (QEMU's vfio-user-pci), not a vhost-user backend.
     #[arg(long, help_heading = "virtiofsd options that do not apply")]
     print_capabilities: bool,
+    /// Run under a supervisor so that `virtiofs-dpu update` (the control socket's
+    /// `live_update`) can replace the serving process with a new binary while the guests keep
+    /// their mounts (RAM filesystem functions; needs --control-socket).
+    #[arg(long, requires = "control_socket")]
+    live_update: bool,
+    /// With --live-update, the directory `update --binary PATH` may take a binary from
+    /// (without it only the supervisor's own binary path, as a package update replaces it).
+    #[arg(long, value_name = "DIR", requires = "live_update")]
+    update_binary_dir: Option<PathBuf>,
     /// Refused (exit status 2), as are --migration-on-error, --migration-verify-handles and
     /// --migration-confirm-paths: the device does not migrate (it offers QEMU no VFIO
     /// migration support, so QEMU blocks migrating the VM), and accepting them would promise otherwise.
@@ -308,6 +318,63 @@ enum Command {
     /// Print a running daemon's statistics from its control socket: a table (IOPS and MiB/s per
     /// queue, latency percentiles per operation class), JSON or the Prometheus text format.
     Stats(StatsArgs),
+    /// Replace a running daemon (started with --live-update) with a new process of its binary,
+    /// or of --binary: every function is handed over and the guests keep their mounts. Prints
+    /// what happened as JSON; on a failure the old process serves on and the reason is printed.
+    Update(UpdateArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct UpdateArgs {
+    /// The daemon's --control-socket.
+    #[arg(long, value_name = "PATH")]
+    control_socket: PathBuf,
+    /// The new binary (in the daemon's --update-binary-dir); default: the daemon's own path.
+    #[arg(long, value_name = "PATH")]
+    binary: Option<PathBuf>,
+}
+
+/// `virtiofs-dpu update`.
+fn update_command(a: &UpdateArgs) -> ExitCode {
+    let params = match &a.binary {
+        Some(b) => serde_json::json!({ "binary": b }),
+        None => serde_json::Value::Null,
+    };
+    let r = ControlClient::connect(&a.control_socket).and_then(|mut c| {
+        let _ = c.set_timeout(std::time::Duration::from_secs(60));
+        c.call("live_update", params)
+    });
+    match r {
+        Ok(v) => {
+            println!("{v}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("virtiofs-dpu update: {}", error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The supervisor of a `--live-update` daemon.
+fn supervise(args: &Args) -> ExitCode {
+    let binary = match std::env::current_exe() {
+        Ok(b) => b,
+        Err(e) => {
+            error!("--live-update: cannot find this binary's path: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let binary_dir =
+        match args.update_binary_dir.as_ref().map(|d| d.canonicalize().map_err(|e| (d, e))).transpose() {
+            Ok(d) => d,
+            Err((d, e)) => {
+                error!("--update-binary-dir {}: {e}", d.display());
+                return ExitCode::from(2);
+            }
+        };
+    let launch = supervisor::Launch { binary, args: std::env::args_os().skip(1).collect(), binary_dir };
+    supervisor::run(launch)
 }
 
 #[derive(clap::Args, Debug)]
@@ -362,8 +429,10 @@ fn stats_command(a: &StatsArgs) -> ExitCode {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if let Some(Command::Stats(a)) = &args.command {
-        return stats_command(a);
+    match &args.command {
+        Some(Command::Stats(a)) => return stats_command(a),
+        Some(Command::Update(a)) => return update_command(a),
+        None => {}
     }
     let level = args
         .log_level
@@ -387,8 +456,16 @@ fn main() -> ExitCode {
         .command_line()
         .map_err(|e| error_chain(&e))
         .and_then(|cli| DaemonSpec::build(&cli).map_err(|e| error_chain(&e)));
+    let role = match Role::from_env() {
+        Ok(r) => r,
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::from(2);
+        }
+    };
     match spec {
-        Ok(spec) => virtiofs_dpu::daemon::run(spec),
+        Ok(_) if args.live_update && matches!(role, Role::Alone) => supervise(&args),
+        Ok(spec) => virtiofs_dpu::daemon::run(spec, role),
         Err(e) => {
             error!("{e}");
             ExitCode::from(2)

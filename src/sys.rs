@@ -81,3 +81,54 @@ pub fn effective_uid() -> u32 {
     // SAFETY: `geteuid` takes no arguments, touches no memory and cannot fail.
     unsafe { libc::geteuid() }
 }
+
+/// Waits until `fd` is readable (or its peer hung up) for at most `timeout`: true if it is.
+pub fn wait_readable(fd: &impl std::os::fd::AsFd, timeout: std::time::Duration) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd { fd: fd.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    loop {
+        // SAFETY: `p` is one valid, writable `pollfd`; the descriptor is borrowed for the call.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        if n >= 0 {
+            return Ok(n > 0);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Whether descriptor `fd` stays open in a program this process executes (clears or sets
+/// `FD_CLOEXEC`): how the supervisor passes a serving process its descriptors.
+pub fn set_inherited(fd: &impl std::os::fd::AsFd, inherited: bool) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = fd.as_fd().as_raw_fd();
+    // SAFETY: `F_GETFD` and `F_SETFD` on a borrowed, open descriptor read and set its flags;
+    // no memory is touched.
+    let r = unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFD);
+        if flags < 0 {
+            flags
+        } else if inherited {
+            libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC)
+        } else {
+            libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC)
+        }
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Sends signal `sig` to process `pid` (a child of this process's).
+pub fn signal_process(pid: u32, sig: i32) -> io::Result<()> {
+    let pid = i32::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
+    // SAFETY: `kill` takes two integers and touches no memory of this process.
+    if unsafe { libc::kill(pid, sig) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -98,6 +98,9 @@ pub struct DeviceState {
     /// Backing of the mmappable notify area; `None` when doorbells come through the transport
     /// (the area is then trapped: every doorbell is a register write that wakes a poller).
     notify_mem: Option<File>,
+    /// Where the running queues of a function taken over stand, until
+    /// [`Self::start_taken`] resumes them.
+    taken: Option<Vec<crate::virtq::RingState>>,
 }
 
 impl DeviceState {
@@ -129,7 +132,7 @@ impl DeviceState {
         };
         let vectors = func.msix().len();
         let msix_fds = (0..vectors).map(|_| None).collect();
-        Ok(DeviceState { func, dma, pollers, msix_fds, req_fd: None, notify_mem })
+        Ok(DeviceState { func, dma, pollers, msix_fds, req_fd: None, notify_mem, taken: None })
     }
 
     /// The device's counters, readable from any thread.
@@ -424,6 +427,7 @@ impl DeviceState {
                 msix_fds: dev.msix_fds.iter().map(Option::is_some).collect(),
                 request_fd: dev.req_fd.is_some(),
                 notify_mem: dev.notify_mem.is_some(),
+                stats: dev.counters().snapshot(),
             };
             Ok(DeviceHandover { snapshot, files })
         };
@@ -457,6 +461,7 @@ impl DeviceState {
         let mismatch = |what: &str| HandoverError::Files(what.to_string());
         let mut dev = Self::on_pool(profile, pool, placement, handler, wake_control)?;
         dev.func.restore(&s.function)?;
+        dev.counters().carry(s.stats.clone());
         let mut window_files = files.windows.into_iter();
         for w in &s.windows {
             let file = match w.offset {
@@ -498,14 +503,22 @@ impl DeviceState {
         dev.counters().removal_interrupt(dev.req_fd.is_some());
         dev.publish_irqs();
         dev.pollers.set_memory(&dev.dma.snapshot());
-        if let Some(act) = dev.func.activation() {
-            dev.pollers.resume(&act.queues, act.features, &s.rings);
-            for q in &act.queues {
-                dev.signal(q.vector);
-            }
-        }
+        dev.taken = Some(s.rings);
         dev.publish_state();
         Ok(dev)
+    }
+
+    /// Resumes the running queues of a device [`Self::take_over`] made, where they stood, and
+    /// signals each one's vector once. Until this is called the device takes no request, so
+    /// a taker that was built but not committed to leaves the rings to its predecessor.
+    pub fn start_taken(&mut self) {
+        let Some(rings) = self.taken.take() else { return };
+        if let Some(act) = self.func.activation() {
+            self.pollers.resume(&act.queues, act.features, &rings);
+            for q in &act.queues {
+                self.signal(q.vector);
+            }
+        }
     }
 
     fn publish_irqs(&mut self) {
@@ -746,7 +759,10 @@ mod tests {
             let mut new =
                 DeviceState::take_over(&profile, &pool2, placement, Arc::new(Echo), Arc::new(|| {}), h)
                     .unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert_eq!(drv.used(), None, "{layout}: a taker not started took a request");
             drop(old);
+            new.start_taken();
             assert_eq!(registers(&mut new), before, "{layout}: the registers read the same");
             assert!(taken(&irq) >= 1, "{layout}: the vector was signalled on taking over");
             assert_eq!(drv.wait_used(), (waiting, 4), "{layout}: the request made during the handover");

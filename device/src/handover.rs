@@ -54,6 +54,9 @@ pub struct DeviceSnapshot {
     /// Whether the doorbells' area is memory the client maps (its file is
     /// [`HandoverFiles::notify`]).
     pub notify_mem: bool,
+    /// The device's statistics at the quiet point: the taker's counters continue from them.
+    #[serde(default)]
+    pub stats: crate::stats::DeviceStats,
 }
 
 /// The descriptors of a [`DeviceSnapshot`], in its order.

@@ -14,6 +14,7 @@
 
 mod confine;
 mod serve;
+mod take;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -31,6 +32,7 @@ use crate::functions::{FunctionError, FunctionSet};
 use crate::ops::control_socket::{BoundControlSocket, ControlAccess, ControlSocketError};
 use crate::ops::deploy::{self, DeployError};
 use crate::settings::{BackendSpec, DaemonSpec, Socket};
+use crate::update::{Role, Updater};
 pub use serve::Serving;
 
 /// Why the daemon could not start.
@@ -84,6 +86,9 @@ pub enum StartError {
     /// The pollers cannot start.
     #[error("cannot start the pollers")]
     Pollers(#[source] std::io::Error),
+    /// A live update's takeover failed (the old process serves on).
+    #[error("live update: {0}")]
+    Takeover(String),
     /// A function cannot start.
     #[error("function {tag:?}")]
     Function {
@@ -107,9 +112,19 @@ impl StartError {
     }
 }
 
-/// Starts the daemon `spec` describes and serves it until a signal stops it.
-pub fn run(spec: DaemonSpec) -> ExitCode {
-    match start(spec) {
+/// Starts the daemon `spec` describes and serves it until a signal stops it: on its own, as
+/// the serving process under a supervisor, or taking over from the old serving process
+/// (`role`, [`crate::update`]).
+pub fn run(spec: DaemonSpec, role: Role) -> ExitCode {
+    let started = match role {
+        Role::Alone => start(spec),
+        Role::Serving(supervisor) => start(spec).map(|mut s| {
+            s.updater = Some(Arc::new(Updater::new(supervisor, 0)));
+            s
+        }),
+        Role::Taking { supervisor, peer } => take::take_over(spec, supervisor, peer),
+    };
+    match started {
         Ok(serving) => serving.serve(),
         Err(e) => {
             error!("{}", error_chain(&e));
@@ -203,7 +218,7 @@ pub fn start(spec: DaemonSpec) -> Result<Serving, StartError> {
         let tag = f.tag().to_string();
         functions.start(l, f, b).map_err(|e| StartError::Function { tag, source: Box::new(e) })?;
     }
-    Ok(Serving { functions, config, control, notifier, signals, stats_file, started_at })
+    Ok(Serving { functions, config, control, notifier, signals, stats_file, started_at, updater: None })
 }
 
 /// A function's vfio-user socket: bound at its path with the group and mode asked for, or

@@ -25,6 +25,7 @@ pub struct Serving {
     pub(super) signals: signal_hook::iterator::Signals,
     pub(super) stats_file: Option<StatsFile>,
     pub(super) started_at: std::time::Instant,
+    pub(super) updater: Option<Arc<crate::update::Updater>>,
 }
 
 /// The statistics file: opened at start (a sandboxed daemon could not open it later), rewritten
@@ -72,11 +73,17 @@ impl StatsFile {
 impl Serving {
     /// Serves until a signal stops the daemon; the exit status.
     pub fn serve(self) -> ExitCode {
-        let Serving { functions, config, control, notifier, mut signals, stats_file, started_at } = self;
+        let Serving { functions, config, control, notifier, mut signals, stats_file, started_at, updater } =
+            self;
         let control = match control {
             None => None,
             Some(bound) => {
-                let state = ControlState { functions: functions.clone(), config, started: started_at };
+                let state = ControlState {
+                    functions: functions.clone(),
+                    config,
+                    started: started_at,
+                    updater: updater.clone(),
+                };
                 match bound.serve(state) {
                     Ok(c) => {
                         info!("control socket {}", c.path().display());
@@ -94,6 +101,9 @@ impl Serving {
                 Ok(()) => info!("told the service manager READY=1"),
                 Err(e) => warn!("{}", error_chain(&e)),
             }
+        }
+        if let Some(u) = &updater {
+            u.ready();
         }
         for sig in signals.forever() {
             match sig {
@@ -118,8 +128,11 @@ impl Serving {
         if let Some(Err(e)) = notifier.as_ref().map(|n| n.notify("STOPPING=1")) {
             warn!("{}", error_chain(&e));
         }
-        if let Some(c) = control {
-            c.stop();
+        let handed_over = updater.as_ref().is_some_and(|u| u.handed_over());
+        match control {
+            Some(c) if handed_over => c.stop_handed_over(),
+            Some(c) => c.stop(),
+            None => {}
         }
         let mut code = ExitCode::SUCCESS;
         let mut finals = Vec::new();
@@ -138,7 +151,8 @@ impl Serving {
                 }
             }
         }
-        if let Some(f) = &stats_file {
+        // After a live update the file is the new process's.
+        if let Some(f) = stats_file.as_ref().filter(|_| !handed_over) {
             f.write(&finals);
         }
         code

@@ -193,6 +193,9 @@ pub struct DeviceCounters {
     /// they serve other functions too: a pool's ([`DeviceCounters::pool`]). `None`: this
     /// device's own blocks hold them.
     threads: Option<Arc<DeviceCounters>>,
+    /// The statistics of the device this one took over (a live update): every snapshot
+    /// continues from them.
+    carried: std::sync::OnceLock<DeviceStats>,
 }
 
 /// VIRTIO_F_RING_PACKED.
@@ -256,6 +259,7 @@ impl DeviceCounters {
             cores,
             clock: profile.latency_histograms.then(|| LatencyClock(quanta::Clock::new())),
             threads,
+            carried: std::sync::OnceLock::new(),
         }
     }
 
@@ -395,6 +399,16 @@ impl DeviceCounters {
             }
         }
         errors.sort_by_key(|e| e.errno);
-        DeviceStats { queues, pollers, classes, errors, latency_histograms: self.clock.is_some() }
+        let now = DeviceStats { queues, pollers, classes, errors, latency_histograms: self.clock.is_some() };
+        match self.carried.get() {
+            Some(earlier) => now.plus(earlier),
+            None => now,
+        }
+    }
+
+    /// Continues the counters of a device taken over from `earlier`, its predecessor's last
+    /// snapshot (once; a second call is ignored).
+    pub fn carry(&self, earlier: DeviceStats) {
+        let _ = self.carried.set(earlier);
     }
 }

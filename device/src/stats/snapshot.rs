@@ -212,6 +212,76 @@ impl DeviceStats {
     }
 }
 
+impl DeviceStats {
+    /// These statistics continued from `earlier`, the last snapshot of the device this one took
+    /// over (a live update): every counter and histogram added, gauges as they are now. The
+    /// inverse of [`Self::since`].
+    pub fn plus(&self, earlier: &DeviceStats) -> DeviceStats {
+        let queues = (self.queues.iter())
+            .map(|q| match earlier.queues.iter().find(|b| b.queue == q.queue) {
+                None => q.clone(),
+                Some(b) => QueueStats {
+                    requests: q.requests + b.requests,
+                    bytes_read: q.bytes_read + b.bytes_read,
+                    bytes_written: q.bytes_written + b.bytes_written,
+                    errors: q.errors + b.errors,
+                    bad_chains: q.bad_chains + b.bad_chains,
+                    interrupts: q.interrupts + b.interrupts,
+                    doorbells: q.doorbells + b.doorbells,
+                    ..q.clone()
+                },
+            })
+            .collect();
+        let pollers = (self.pollers.iter())
+            .map(|p| match earlier.pollers.iter().find(|b| b.poller == p.poller) {
+                None => p.clone(),
+                Some(b) => PollerStats {
+                    busy_ns: p.busy_ns + b.busy_ns,
+                    idle_ns: p.idle_ns + b.idle_ns,
+                    rounds: p.rounds + b.rounds,
+                    parks: p.parks + b.parks,
+                    engine_waits: p.engine_waits + b.engine_waits,
+                    doorbell_wakes: p.doorbell_wakes + b.doorbell_wakes,
+                    classes: classes_plus(&p.classes, &b.classes),
+                    errors: errors_plus(&p.errors, &b.errors),
+                    ..p.clone()
+                },
+            })
+            .collect();
+        DeviceStats {
+            queues,
+            pollers,
+            classes: classes_plus(&self.classes, &earlier.classes),
+            errors: errors_plus(&self.errors, &earlier.errors),
+            latency_histograms: self.latency_histograms,
+        }
+    }
+}
+
+fn classes_plus(now: &[ClassStats], earlier: &[ClassStats]) -> Vec<ClassStats> {
+    now.iter()
+        .map(|c| {
+            let mut sum = c.clone();
+            if let Some(b) = earlier.iter().find(|b| b.class == c.class) {
+                sum.merge(b);
+            }
+            sum
+        })
+        .collect()
+}
+
+fn errors_plus(now: &[ErrnoCount], earlier: &[ErrnoCount]) -> Vec<ErrnoCount> {
+    let mut all = now.to_vec();
+    for e in earlier {
+        match all.iter_mut().find(|a| a.errno == e.errno) {
+            Some(a) => a.count += e.count,
+            None => all.push(*e),
+        }
+    }
+    all.sort_unstable_by_key(|e| e.errno);
+    all
+}
+
 fn classes_since(now: &[ClassStats], base: &[ClassStats]) -> Vec<ClassStats> {
     now.iter()
         .map(|c| match base.iter().find(|b| b.class == c.class) {

@@ -88,8 +88,9 @@ pub struct Answer(pub(super) SyncSender<bool>);
 impl Answer {
     /// The taker serves the function: the old server exits without touching the client or the
     /// device.
-    pub fn taken(self) {
-        let _ = self.0.send(true);
+    /// False if the server no longer waited for the answer (it serves on).
+    pub fn taken(self) -> bool {
+        self.0.send(true).is_ok()
     }
 
     /// The handover did not go through: the old server serves on.

@@ -232,6 +232,9 @@ pub struct Server {
     remove_timeout: Duration,
     /// A handover asked through [`StopHandle::hand_over`].
     handover: Arc<HandoverCell>,
+    /// Taken over ([`Server::take_over`]) and not run yet: dropped now, it leaves the client's
+    /// connection up and the socket file in place (they are still its predecessor's).
+    taken: bool,
 }
 
 impl Server {
@@ -257,7 +260,8 @@ impl Server {
         pool: &PollerPool,
         placement: Placement,
     ) -> Result<Self, ServerError> {
-        let Listener { path, listener, files } = listener;
+        let Listener { path, listener, mut files } = listener;
+        files.served();
         Self::assemble(path, listener, files, profile, pool, ServerError::Setup, |wake| {
             DeviceState::on_pool(profile, pool, placement, handler, wake).map_err(ServerError::Setup)
         })
@@ -278,11 +282,13 @@ impl Server {
         let mut server = Self::assemble(path, listener, files, profile, pool, HandoverError::Io, |wake| {
             DeviceState::take_over(profile, pool, placement, handler, wake, device)
         })?;
+        server.taken = true;
         if let Some(c) = client {
             server.attach(c.sock)?;
             if let Some(conn) = server.conn.as_mut() {
                 (conn.buf, conn.fds, conn.fd_overflow) = (c.pending, c.fds, c.fd_overflow);
                 (conn.discard, conn.negotiated) = (c.discard, c.negotiated);
+                conn.handed_over = true; // until it runs
             }
         }
         Ok(server)
@@ -293,7 +299,7 @@ impl Server {
     fn assemble<E>(
         path: PathBuf,
         listener: UnixListener,
-        mut files: SocketFiles,
+        files: SocketFiles,
         profile: &Profile,
         pool: &PollerPool,
         setup: fn(io::Error) -> E,
@@ -314,10 +320,7 @@ impl Server {
         Ok(Server {
             path,
             listener,
-            files: {
-                files.served();
-                files
-            },
+            files,
             poll,
             waker: waker.clone(),
             stop: Arc::new(AtomicBool::new(false)),
@@ -330,7 +333,13 @@ impl Server {
             removing: None,
             remove_timeout,
             handover: Arc::default(),
+            taken: false,
         })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// A handle that stops [`Server::run`].
@@ -357,6 +366,15 @@ impl Server {
             if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
                 warn!("control plane: cannot pin to CPU {cpu}");
             }
+        }
+        // A function taken over is this server's from now on: its connection, its socket file,
+        // and its queues, resumed only now (nothing served them meanwhile).
+        if std::mem::take(&mut self.taken) {
+            self.files.served();
+            if let Some(conn) = self.conn.as_mut() {
+                conn.handed_over = false;
+            }
+            self.dev.start_taken();
         }
         let mut events = Events::with_capacity(16);
         while !self.stop.load(Ordering::SeqCst) {

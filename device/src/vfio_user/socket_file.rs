@@ -104,8 +104,22 @@ impl SocketFiles {
             socket: None,
             created_lock: None,
             lock: self.lock.as_ref().map(File::try_clone).transpose()?,
-            handed_socket: self.socket.clone(),
+            handed_socket: self.socket.clone().or_else(|| self.handed_socket.clone()),
         })
+    }
+
+    /// The parts another process needs to take this over (issue 22): the socket file it is to
+    /// remove once it serves, and the lock's descriptor. This one then removes nothing.
+    pub fn into_parts(mut self) -> (Option<PathBuf>, Option<File>) {
+        let socket = self.handed_socket.take().or_else(|| self.socket.take());
+        self.created_lock = None;
+        (socket, self.lock.take())
+    }
+
+    /// The files of a socket another process handed over ([`Self::into_parts`] there): the
+    /// socket file is this one's to remove once it serves ([`Self::served`]).
+    pub fn from_parts(socket: Option<PathBuf>, lock: Option<File>) -> SocketFiles {
+        SocketFiles { socket: None, created_lock: None, lock, handed_socket: socket }
     }
 
     /// Removes the socket file now, if it is still a socket (clients can no longer connect;

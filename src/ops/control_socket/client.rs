@@ -54,6 +54,11 @@ impl ControlClient {
         Ok(ControlClient { stream: std::io::BufReader::new(s), next_id: 1 })
     }
 
+    /// Waits at most `timeout` for each answer from now on (10 s by default).
+    pub fn set_timeout(&mut self, timeout: Duration) -> std::io::Result<()> {
+        self.stream.get_ref().set_read_timeout(Some(timeout))
+    }
+
     /// Calls `method` with `params`; returns its result.
     pub fn call(&mut self, method: &str, params: Value) -> Result<Value, ClientError> {
         use std::io::BufRead;

@@ -156,6 +156,8 @@ pub struct ControlState {
     pub config: Value,
     /// When the daemon started.
     pub started: Instant,
+    /// Live updates (`None`: the daemon runs without a supervisor).
+    pub updater: Option<Arc<crate::update::Updater>>,
 }
 
 /// The methods and the reset baselines (per function tag).
@@ -207,7 +209,7 @@ impl LineAnswer {
 }
 
 /// The method names.
-pub const METHODS: [&str; 8] = [
+pub const METHODS: [&str; 9] = [
     "get_device",
     "get_stats",
     "reset_stats",
@@ -216,7 +218,23 @@ pub const METHODS: [&str; 8] = [
     "create_function",
     "delete_function",
     "list_functions",
+    "live_update",
 ];
+
+/// The `binary` of `live_update`'s `params` (`None`: the supervisor's own), refusing other
+/// keys.
+fn binary_param(params: &Value) -> Result<Option<PathBuf>, RpcError> {
+    let bad = || RpcError::InvalidParams("expected {} or {\"binary\": PATH}".into());
+    match params {
+        Value::Null => Ok(None),
+        Value::Object(m) if m.is_empty() => Ok(None),
+        Value::Object(m) if m.len() == 1 => match m.get("binary") {
+            Some(Value::String(p)) if !p.is_empty() => Ok(Some(PathBuf::from(p))),
+            _ => Err(bad()),
+        },
+        _ => Err(bad()),
+    }
+}
 
 /// The `tag` of `params` (`None`: none given, the first function), refusing other keys.
 fn tag_param(params: &Value) -> Result<Option<String>, RpcError> {
@@ -279,6 +297,9 @@ impl Methods {
                     "config": config,
                     "client": device.client(),
                     "functions": self.state.functions.tags(),
+                    "live_update": self.state.updater.is_some(),
+                    "updates": self.state.updater.as_ref().map_or(0, |u| u.updates()),
+                    "state_format": crate::update::state::STATE_VERSION,
                 }))
             }
             "get_stats" => {
@@ -331,6 +352,20 @@ impl Methods {
                         "requests": gone.stats.requests().iter().sum::<u64>(),
                         "removed": gone.how.describe(),
                     }))
+                })));
+            }
+            "live_update" => {
+                let binary = binary_param(params)?;
+                let Some(updater) = self.state.updater.clone() else {
+                    return Err(RpcError::Server(crate::update::UpdateError::NoSupervisor.to_string()));
+                };
+                let functions = self.state.functions.clone();
+                return Ok(Outcome::Later(Box::new(move || {
+                    let r = updater.live_update(&functions, binary);
+                    let v = r.map_err(|e| RpcError::Server(crate::error_chain(&e)))?;
+                    // This process ends once the answer is out; the new one serves.
+                    crate::update::exit_after_answer();
+                    Ok(v)
                 })));
             }
             "list_functions" => {
@@ -511,6 +546,12 @@ impl BoundControlSocket {
         self.files.keep_socket_file();
     }
 
+    /// A control socket handed over by the process this one took over from (a live update).
+    pub fn handed(path: PathBuf, listener: StdListener, files: SocketFiles, access: ControlAccess) -> Self {
+        let uid = crate::sys::effective_uid();
+        BoundControlSocket { path, listener, files, uid, access }
+    }
+
     /// The socket's path.
     pub fn path(&self) -> &Path {
         &self.path
@@ -520,6 +561,15 @@ impl BoundControlSocket {
     pub fn serve(self, state: ControlState) -> Result<ControlSocket, ControlSocketError> {
         let BoundControlSocket { path, listener, mut files, uid, access } = self;
         files.served();
+        if let Some(u) = &state.updater {
+            let copy = listener.try_clone().and_then(|l| Ok((l, files.handed_over()?)));
+            match copy {
+                Ok((listener, files)) => {
+                    u.keep_control(crate::update::ControlCopy { path: path.clone(), listener, files })
+                }
+                Err(e) => log::warn!("control socket: no copy for a live update (it would not move): {e}"),
+            }
+        }
         let shown = path.display().to_string();
         let setup = |source| ControlSocketError::Setup { path: shown.clone(), source };
         let methods = Methods { state, baselines: HashMap::new() };
@@ -547,6 +597,12 @@ impl ControlSocket {
 
     /// Stops serving and removes the socket file.
     pub fn stop(mut self) {
+        self.shut();
+    }
+
+    /// Stops serving and leaves the socket file (a live update's new process serves it).
+    pub fn stop_handed_over(mut self) {
+        self.files.keep_socket_file();
         self.shut();
     }
 

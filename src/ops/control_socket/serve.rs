@@ -295,6 +295,7 @@ impl Loop {
                             return;
                         }
                         self.finished_jobs();
+                        self.accept();
                     }
                     LISTENER => self.accept(),
                     token => self.serve(token),
@@ -318,6 +319,11 @@ impl Loop {
     }
 
     fn accept(&mut self) {
+        if self.methods.state.updater.as_ref().is_some_and(|u| u.handed_over()) {
+            // A live update's new process serves the socket now: what waits is its to accept.
+            let _ = self.poll.registry().deregister(&mut self.listener);
+            return;
+        }
         loop {
             match self.listener.accept() {
                 Ok((mut stream, _)) => {

@@ -1,0 +1,176 @@
+//! The start-up of a new serving process in a live update: instead of binding sockets and
+//! building backends from nothing, it takes the old process's (`crate::update::give` is the
+//! other side).
+//!
+//! It starts its pollers, says which state formats it reads, receives the control socket and
+//! every function, and checks and builds each (the backend restored from its state, the
+//! server from the device's state and descriptors) without serving any of them. Then it says
+//! ready; only once the old process commits do its servers run (each resumes its queues where
+//! they stood and signals their interrupts). Any failure before that is sent back as the
+//! reason, and the process exits: the old one serves on.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use log::info;
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
+use virtiofs_backend::passthrough::DescriptorShare;
+use virtiofs_device::config::Placement;
+use virtiofs_device::poller::PollerPool;
+use virtiofs_device::vfio_user::socket_file::SocketFiles;
+use virtiofs_device::vfio_user::Server;
+
+use super::{serve, Serving, StartError};
+use crate::backends::{self, Built, Opened};
+use crate::functions::FunctionSet;
+use crate::ops::control_socket::{BoundControlSocket, ControlAccess};
+use crate::settings::{DaemonSpec, FunctionSpec};
+use crate::update::channel::Channel;
+use crate::update::state::{self, Files, FunctionPart, Msg, Origin, FORMATS_READ};
+use crate::update::{backend, Updater};
+
+/// How long each message of the old process may take to come.
+const PART_BOUND: Duration = Duration::from_secs(10);
+/// How long the old process may take to commit once this one is ready.
+const COMMIT_BOUND: Duration = Duration::from_secs(10);
+
+/// A function built from its part, not serving yet.
+struct Taken {
+    server: Server,
+    spec: FunctionSpec,
+    placement: Placement,
+    built: Built,
+    origin: Origin,
+}
+
+/// Takes over from the old process at the other end of `peer`; the daemon `spec` describes is
+/// this binary's reading of the same command line.
+pub fn take_over(spec: DaemonSpec, supervisor: Channel, peer: Channel) -> Result<Serving, StartError> {
+    let fail = |why: String| StartError::Takeover(why);
+    if spec.confinement.confined() {
+        let why = "a confined daemon (a shared directory or an NFS export) is not taken over yet".to_string();
+        let _ = peer.send(&Msg::Refused { reason: why.clone() }, &[]);
+        return Err(fail(why));
+    }
+    super::set_nofile_limit(spec.ops.rlimit_nofile).map_err(StartError::Limit)?;
+    let started_at = std::time::Instant::now();
+    let stats_file = spec.ops.stats_file.as_deref().map(serve::StatsFile::create).transpose();
+    let stats_file = stats_file.map_err(StartError::StatsFile)?;
+    let signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1, SIGHUP])
+        .map_err(StartError::Signals)?;
+    virtiofs_device::interrupt::start_watchdog();
+    let pool = PollerPool::spawn(&spec.pool).map_err(StartError::Pollers)?;
+    let why = "the daemon is confined (sandbox or seccomp) and can bind no new socket";
+    let functions =
+        Arc::new(FunctionSet::new(pool, Some(spec.defaults.clone()), why, spec.ops.max_functions));
+    let hello = Msg::Hello {
+        reads: FORMATS_READ.to_vec(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        pid: std::process::id(),
+    };
+    peer.send(&hello, &[]).map_err(|e| fail(crate::error_chain(&e)))?;
+    let received = receive(&spec, &functions, &peer);
+    let (control, taken, updates) = match received {
+        Ok(r) => r,
+        Err(why) => {
+            let _ = peer.send(&Msg::Refused { reason: why.clone() }, &[]);
+            return Err(fail(why));
+        }
+    };
+    peer.send(&Msg::Ready, &[]).map_err(|e| fail(crate::error_chain(&e)))?;
+    match peer.recv::<Msg>(COMMIT_BOUND) {
+        Ok((Msg::Commit, _)) => {}
+        Ok((Msg::Abort { reason }, _)) => {
+            return Err(fail(format!("the old process called it off: {reason}")))
+        }
+        Ok((other, _)) => return Err(fail(format!("expected commit, got {other:?}"))),
+        Err(e) => return Err(fail(format!("no commit: {}", crate::error_chain(&e)))),
+    }
+    let n = taken.len();
+    for t in taken {
+        let tag = t.spec.tag().to_string();
+        functions
+            .adopt(t.server, t.spec, t.placement, t.built, t.origin)
+            .map_err(|e| StartError::Function { tag, source: Box::new(e) })?;
+    }
+    info!("live update: took over {n} function(s) from the old process (update {})", updates + 1);
+    let updater = Some(Arc::new(Updater::new(supervisor, updates + 1)));
+    let config = spec.describe();
+    Ok(Serving { functions, config, control, notifier: None, signals, stats_file, started_at, updater })
+}
+
+type Received = (Option<BoundControlSocket>, Vec<Taken>, u64);
+
+/// Every part until the end, each checked and built.
+fn receive(spec: &DaemonSpec, functions: &FunctionSet, peer: &Channel) -> Result<Received, String> {
+    let mut control = None;
+    let mut taken = Vec::new();
+    loop {
+        let (msg, files) = peer.recv::<Msg>(PART_BOUND).map_err(|e| crate::error_chain(&e))?;
+        let mut files = Files::new(files);
+        match msg {
+            Msg::Control(part) => {
+                let listener = UnixListener::from(OwnedFd::from(files.next("the control socket")?));
+                let lock = if part.lock { Some(files.next("the control socket's lock")?) } else { None };
+                files.finish()?;
+                let access = ControlAccess {
+                    group: spec.ops.control_socket_group,
+                    mode: spec.ops.control_socket_mode,
+                };
+                let socket_files = SocketFiles::from_parts(part.socket_file, lock);
+                control = Some(BoundControlSocket::handed(part.path, listener, socket_files, access));
+            }
+            Msg::Function(part) => {
+                let tag = part.tag.clone();
+                let t = take_function(spec, functions, *part, files, taken.len())
+                    .map_err(|why| format!("function {tag:?}: {why}"))?;
+                taken.push(t);
+            }
+            Msg::End { updates } => {
+                files.finish()?;
+                return Ok((control, taken, updates));
+            }
+            other => return Err(format!("unexpected {other:?}")),
+        }
+    }
+}
+
+/// One function: its description found (or read again), its backend restored, its server
+/// built on this process's pollers.
+fn take_function(
+    spec: &DaemonSpec,
+    functions: &FunctionSet,
+    mut part: FunctionPart,
+    mut files: Files,
+    index: usize,
+) -> Result<Taken, String> {
+    let fspec = match &part.origin {
+        Origin::Start => (spec.functions.iter().find(|f| f.tag() == part.tag))
+            .cloned()
+            .ok_or("this binary's command line and profile have no function of this tag")?,
+        Origin::Created(table) => FunctionSpec::from_rpc(&spec.defaults, table.clone())
+            .map_err(|e| format!("its create_function table: {}", crate::error_chain(&e)))?,
+    };
+    let handover = state::server_handover(&mut part, &mut files)?;
+    let FunctionPart { backend: part_backend, origin, .. } = part;
+    let built = match backends::open(&fspec, true, DescriptorShare::OneOf(1)) {
+        Ok(Opened::Ram(cfg)) => {
+            backend::restore(fspec.fuse.server, cfg, part_backend, files.next("the RAM filesystem's data")?)?
+        }
+        Ok(_) => return Err("this binary serves it from another backend".into()),
+        Err(e) => return Err(crate::error_chain(&e)),
+    };
+    files.finish()?;
+    let placement = functions.place(&fspec, index).map_err(|e| crate::error_chain(&e))?;
+    let server = Server::take_over(
+        handover,
+        &fspec.profile,
+        built.handler.clone(),
+        functions.pool(),
+        placement.clone(),
+    )
+    .map_err(|e| crate::error_chain(&e))?;
+    Ok(Taken { server, spec: fspec, placement, built, origin })
+}

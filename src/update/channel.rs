@@ -1,0 +1,213 @@
+//! The channel a live update talks over (the serving process and its supervisor, the old
+//! serving process and the new one): a unix stream socket carrying typed messages, each a
+//! JSON body with the descriptors that go with it.
+//!
+//! One message on the wire: a 16-byte header (magic, body length, descriptor count, zero), then
+//! the descriptors in groups of at most [`MAX_MSG_FDS`], each group attached to one byte that
+//! says how many it holds, then the body. The receiver reads the header and each group's byte
+//! with `recvmsg`, so no descriptor is attached to bytes a plain read takes. Everything is
+//! bounded: the body ([`MAX_BODY`]), the descriptors ([`MAX_FILES`]) and the time a message
+//! may take to arrive; the peer is another process of ours, but a confined one the guest talks
+//! to, so a bad message is an error, never a panic or a wait without end.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use virtiofs_device::vfio_user::wire::{recv_with_fds, send_with_fds, MAX_MSG_FDS};
+
+/// "VFUP", little-endian.
+const MAGIC: u32 = 0x5055_4656;
+/// The largest body accepted (a RAM filesystem of many files says much).
+pub const MAX_BODY: usize = 512 << 20;
+/// The most descriptors one message may carry.
+pub const MAX_FILES: usize = 16 * 1024;
+const HEADER: usize = 16;
+
+/// Why a message could not be sent or received.
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    /// The socket failed.
+    #[error("handover channel")]
+    Io(#[from] io::Error),
+    /// The peer closed the channel.
+    #[error("the other process closed the channel")]
+    Closed,
+    /// Nothing came in time.
+    #[error("no message within {0:?}")]
+    Timeout(Duration),
+    /// What came is not a message of this protocol.
+    #[error("bad message: {0}")]
+    Bad(String),
+}
+
+/// One end of a channel.
+#[derive(Debug)]
+pub struct Channel {
+    sock: UnixStream,
+}
+
+impl Channel {
+    /// A channel over `sock` (made blocking for sends; receives wait with a bound).
+    pub fn new(sock: UnixStream) -> io::Result<Self> {
+        sock.set_nonblocking(false)?;
+        Ok(Channel { sock })
+    }
+
+    /// Two connected ends.
+    pub fn pair() -> io::Result<(Channel, Channel)> {
+        let (a, b) = UnixStream::pair()?;
+        Ok((Channel::new(a)?, Channel::new(b)?))
+    }
+
+    /// The socket (to pass it to another process).
+    pub fn socket(&self) -> &UnixStream {
+        &self.sock
+    }
+
+    /// Sends `msg` with `files`.
+    pub fn send<T: Serialize>(&self, msg: &T, files: &[BorrowedFd<'_>]) -> Result<(), ChannelError> {
+        let body = serde_json::to_vec(msg).map_err(|e| ChannelError::Bad(e.to_string()))?;
+        if body.len() > MAX_BODY || files.len() > MAX_FILES {
+            return Err(ChannelError::Bad(format!(
+                "{} bytes, {} descriptors: too large",
+                body.len(),
+                files.len()
+            )));
+        }
+        let mut header = [0u8; HEADER];
+        header[..4].copy_from_slice(&MAGIC.to_le_bytes());
+        header[4..8].copy_from_slice(&(body.len() as u32).to_le_bytes());
+        header[8..12].copy_from_slice(&(files.len() as u32).to_le_bytes());
+        (&self.sock).write_all(&header)?;
+        for group in files.chunks(MAX_MSG_FDS) {
+            let fds: Vec<i32> = group.iter().map(|f| f.as_raw_fd()).collect();
+            let count = [group.len() as u8];
+            if send_with_fds(&self.sock, &[&count], &fds)? != 1 {
+                return Err(ChannelError::Io(io::Error::new(io::ErrorKind::WriteZero, "descriptor group")));
+            }
+        }
+        (&self.sock).write_all(&body)?;
+        Ok(())
+    }
+
+    /// Receives one message, waiting at most `bound` for all of it.
+    pub fn recv<T: DeserializeOwned>(&self, bound: Duration) -> Result<(T, Vec<File>), ChannelError> {
+        let deadline = Instant::now() + bound;
+        let mut header = [0u8; HEADER];
+        self.fill(&mut header, deadline, bound)?;
+        let word = |i: usize| u32::from_le_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
+        if word(0) != MAGIC || word(12) != 0 {
+            return Err(ChannelError::Bad("not a handover message".into()));
+        }
+        let (len, count) = (word(4) as usize, word(8) as usize);
+        if len > MAX_BODY || count > MAX_FILES {
+            return Err(ChannelError::Bad(format!("{len} bytes, {count} descriptors: too large")));
+        }
+        let mut files = Vec::with_capacity(count);
+        while files.len() < count {
+            let want = (count - files.len()).min(MAX_MSG_FDS);
+            let mut byte = [0u8; 1];
+            let before = files.len();
+            let got = self.recv_some(&mut byte, &mut files, deadline, bound)?;
+            if got.truncated_fds || usize::from(byte[0]) != want || files.len() - before != want {
+                return Err(ChannelError::Bad("a descriptor group does not match its count".into()));
+            }
+        }
+        let mut body = vec![0u8; len];
+        self.fill(&mut body, deadline, bound)?;
+        let msg = serde_json::from_slice(&body).map_err(|e| ChannelError::Bad(e.to_string()))?;
+        Ok((msg, files))
+    }
+
+    /// Reads exactly `buf.len()` bytes that carry no descriptor.
+    fn fill(&self, buf: &mut [u8], deadline: Instant, bound: Duration) -> Result<(), ChannelError> {
+        let mut at = 0;
+        while at < buf.len() {
+            let mut stray = Vec::new();
+            let got = self.recv_some(&mut buf[at..], &mut stray, deadline, bound)?;
+            if !stray.is_empty() || got.truncated_fds {
+                return Err(ChannelError::Bad("descriptors where none belong".into()));
+            }
+            at += got.bytes;
+        }
+        Ok(())
+    }
+
+    /// One `recvmsg` of at most `buf.len()` bytes (at least one), waiting until `deadline`.
+    fn recv_some(
+        &self,
+        buf: &mut [u8],
+        files: &mut Vec<File>,
+        deadline: Instant,
+        bound: Duration,
+    ) -> Result<virtiofs_device::vfio_user::wire::RecvResult, ChannelError> {
+        loop {
+            match recv_with_fds(&self.sock, buf, files) {
+                Ok(r) if r.bytes == 0 => return Err(ChannelError::Closed),
+                Ok(r) => return Ok(r),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(ChannelError::Io(e)),
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || !crate::sys::wait_readable(&self.sock.as_fd(), left)? {
+                return Err(ChannelError::Timeout(bound));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Seek};
+
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Note {
+        text: String,
+    }
+
+    /// A message and 40 descriptors (three groups) arrive whole and in order; a garbled header,
+    /// an oversized length, a silent peer and a closed one are errors, not waits.
+    #[test]
+    fn messages_and_their_descriptors_arrive_and_bad_ones_are_refused() {
+        let (a, b) = Channel::pair().unwrap();
+        let mut files = Vec::new();
+        for i in 0..40u8 {
+            let mut f = tempfile::tempfile().unwrap();
+            f.write_all(&[i]).unwrap();
+            files.push(f);
+        }
+        let fds: Vec<BorrowedFd<'_>> = files.iter().map(|f| f.as_fd()).collect();
+        a.send(&Note { text: "hello".into() }, &fds).unwrap();
+        let (note, got): (Note, Vec<File>) = b.recv(Duration::from_secs(5)).unwrap();
+        assert_eq!(note.text, "hello");
+        assert_eq!(got.len(), 40);
+        for (i, mut f) in got.into_iter().enumerate() {
+            let mut byte = [0u8; 1];
+            f.rewind().unwrap();
+            f.read_exact(&mut byte).unwrap();
+            assert_eq!(byte[0], i as u8, "descriptor {i} out of order");
+        }
+
+        let e = b.recv::<Note>(Duration::from_millis(50)).unwrap_err();
+        assert!(matches!(e, ChannelError::Timeout(_)), "{e}");
+        (&a.sock).write_all(&[0u8; 16]).unwrap();
+        let e = b.recv::<Note>(Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(e, ChannelError::Bad(_)), "{e}");
+        let mut header = [0u8; 16];
+        header[..4].copy_from_slice(&MAGIC.to_le_bytes());
+        header[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        (&a.sock).write_all(&header).unwrap();
+        let e = b.recv::<Note>(Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(e, ChannelError::Bad(_)), "{e}");
+        drop(a);
+        let e = b.recv::<Note>(Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(e, ChannelError::Closed), "{e}");
+    }
+}

@@ -1,0 +1,154 @@
+//! The old serving process's side of a live update: each function brought to its quiet point
+//! and sent, then the new process's verdict, then commit or rollback.
+//!
+//! Order: the new process says which formats it reads ([`Msg::Hello`]); nothing is frozen
+//! before that. Then the control socket, then each function in turn: its server freezes it at
+//! a message boundary ([`virtiofs_device::vfio_user::StopHandle::hand_over`]), its backend
+//! gives its state, and all of it goes with its descriptors. The new process builds every
+//! function without serving any and answers [`Msg::Ready`]; only then are the old servers
+//! told that they were taken (they end without touching the client or the device) and the new
+//! one [`Msg::Commit`]. On any failure the old servers are told they were not taken (they serve
+//! on) and the new process [`Msg::Abort`].
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use virtiofs_device::vfio_user::handover::{Answer, ANSWER_BOUND};
+
+use super::channel::Channel;
+use super::state::{self, ControlPart, FunctionPart, Msg, FORMATS_READ, STATE_VERSION};
+use super::{ControlCopy, UpdateError};
+use crate::functions::HandoverEntry;
+
+/// How long the new process may take to start and say hello.
+pub const HELLO_BOUND: Duration = Duration::from_secs(20);
+/// How long the new process may take to check and build every function. Below the servers'
+/// own bound ([`ANSWER_BOUND`]), after which they serve on by themselves.
+pub const READY_BOUND: Duration = Duration::from_secs(5);
+
+/// A handover that went through.
+pub struct Given {
+    /// Functions handed over.
+    pub functions: usize,
+    /// The new process's version.
+    pub version: String,
+    /// From the first function frozen to the commit.
+    pub pause: Duration,
+}
+
+/// Hands `functions` and the control socket over to the new process at the other end of
+/// `peer`; `updates`: the daemon's updates so far.
+pub fn give(
+    peer: &Channel,
+    functions: Vec<HandoverEntry>,
+    control: Option<&ControlCopy>,
+    updates: u64,
+    on_commit: impl FnOnce(),
+) -> Result<Given, UpdateError> {
+    let version = match peer.recv::<Msg>(HELLO_BOUND)? {
+        (Msg::Hello { reads, version, pid }, _) => {
+            if !reads.contains(&STATE_VERSION) {
+                let e = UpdateError::Format { reads, writes: STATE_VERSION };
+                let _ = peer.send(&Msg::Abort { reason: e.to_string() }, &[]);
+                return Err(e);
+            }
+            log::info!("live update: process {pid} (version {version}) reads formats {reads:?}");
+            version
+        }
+        (other, _) => return Err(UpdateError::Protocol(format!("expected hello, got {other:?}"))),
+    };
+    debug_assert!(FORMATS_READ.contains(&STATE_VERSION));
+    let mut answers: Vec<Answer> = Vec::new();
+    let started = Instant::now();
+    let r = send_all(peer, functions, control, updates, &mut answers).and_then(|n| {
+        match peer.recv::<Msg>(READY_BOUND)? {
+            (Msg::Ready, _) => Ok(n),
+            (Msg::Refused { reason }, _) => Err(UpdateError::Refused(reason)),
+            (other, _) => Err(UpdateError::Protocol(format!("expected ready, got {other:?}"))),
+        }
+    });
+    let n = match r {
+        // Past half the servers' bound a server may give up waiting any moment: call it off.
+        Ok(_) if started.elapsed() > ANSWER_BOUND / 2 => Err(UpdateError::Protocol(format!(
+            "the handover took {:?}, past half of the servers' {ANSWER_BOUND:?}",
+            started.elapsed()
+        ))),
+        r => r,
+    };
+    let n = match n {
+        Ok(n) => n,
+        Err(e) => {
+            for a in answers {
+                a.not_taken();
+            }
+            let _ = peer.send(&Msg::Abort { reason: e.to_string() }, &[]);
+            return Err(e);
+        }
+    };
+    on_commit();
+    let all = answers.len();
+    let taken = answers.into_iter().map(Answer::taken).filter(|&t| t).count();
+    if taken != all {
+        // A server stopped waiting (it serves on): the new process must not serve too. The
+        // ones taken have ended; their functions are lost to both (logged loudly).
+        log::error!("live update: {} of {all} servers gave up waiting; calling the update off", all - taken);
+        let _ = peer.send(&Msg::Abort { reason: "a server gave up waiting".into() }, &[]);
+        return Err(UpdateError::Protocol("a server gave up waiting for the commit".into()));
+    }
+    peer.send(&Msg::Commit, &[])?;
+    Ok(Given { functions: n, version, pause: started.elapsed() })
+}
+
+/// Sends the control socket and every function; the servers' answers go to `answers` as
+/// their functions are frozen.
+fn send_all(
+    peer: &Channel,
+    functions: Vec<HandoverEntry>,
+    control: Option<&ControlCopy>,
+    updates: u64,
+    answers: &mut Vec<Answer>,
+) -> Result<usize, UpdateError> {
+    if let Some(c) = control {
+        let listener = OwnedFd::from(c.listener.try_clone().map_err(io_err)?);
+        let (socket_file, lock) = c.files.handed_over().map_err(io_err)?.into_parts();
+        let part = ControlPart { path: c.path.clone(), socket_file, lock: lock.is_some() };
+        let mut fds = vec![listener.as_fd()];
+        fds.extend(lock.as_ref().map(|l| l.as_fd()));
+        peer.send(&Msg::Control(part), &fds)?;
+    }
+    let n = functions.len();
+    for f in functions {
+        let HandoverEntry { tag, backend, origin, stop, saver } = f;
+        let saver = saver.ok_or_else(|| UpdateError::Function {
+            tag: tag.clone(),
+            backend,
+            why: "no state to give".into(),
+        })?;
+        let (h, answer) =
+            stop.hand_over().map_err(|source| UpdateError::Handover { tag: tag.clone(), source })?;
+        answers.push(answer);
+        let (backend_part, backend_files) =
+            saver.save().map_err(|why| UpdateError::Function { tag: tag.clone(), backend, why })?;
+        let (path, socket_file, lock, client, device, mut files) = state::server_part(h);
+        files.extend(state::device_files(device.files));
+        files.extend(backend_files);
+        let part = FunctionPart {
+            tag,
+            origin,
+            path,
+            socket_file,
+            lock,
+            client,
+            device: device.snapshot,
+            backend: backend_part,
+        };
+        let fds: Vec<_> = files.iter().map(|f| f.as_fd()).collect();
+        peer.send(&Msg::Function(Box::new(part)), &fds)?;
+    }
+    peer.send(&Msg::End { updates }, &[])?;
+    Ok(n)
+}
+
+fn io_err(e: std::io::Error) -> UpdateError {
+    UpdateError::Channel(super::channel::ChannelError::Io(e))
+}

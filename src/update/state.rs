@@ -1,0 +1,232 @@
+//! What a live update moves, as messages of the handover [`Channel`](super::channel::Channel):
+//! the typed state of each function and of the control socket, and the order of the
+//! descriptors that travel with each.
+//!
+//! The state is self-describing (JSON, named fields) and versioned twice over: the whole
+//! handover by [`STATE_VERSION`] (the new process says which versions it reads,
+//! [`FORMATS_READ`], and the old one refuses to go on if its own is not among them), and each
+//! part by its own version (the device snapshot's, the FUSE session's, the RAM filesystem's),
+//! checked again where it is restored.
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use virtiofs_backend::ramfs::state::RamFsState;
+use virtiofs_backend::server::SessionState;
+use virtiofs_device::handover::{DeviceHandover, DeviceSnapshot, HandoverFiles};
+use virtiofs_device::vfio_user::handover::{ClientHandover, ServerHandover};
+use virtiofs_device::vfio_user::socket_file::SocketFiles;
+
+/// The handover format this firmware writes.
+pub const STATE_VERSION: u32 = 1;
+/// The handover formats this firmware reads: its own and, once there is one, the previous
+/// release's.
+pub const FORMATS_READ: &[u32] = &[1];
+
+/// The messages of a live update, in the order they go.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Msg {
+    /// New to old, once it is ready to take over: which formats it reads, and who it is.
+    Hello {
+        /// [`FORMATS_READ`].
+        reads: Vec<u32>,
+        /// Its version (`CARGO_PKG_VERSION`).
+        version: String,
+        /// Its process id.
+        pid: u32,
+    },
+    /// Old to new: the control socket (descriptors: the listener, then the lock if any).
+    Control(ControlPart),
+    /// Old to new: one function (descriptors: [`FunctionPart::files`]'s order).
+    Function(Box<FunctionPart>),
+    /// Old to new: that was every function.
+    End {
+        /// Live updates this daemon had before this one.
+        updates: u64,
+    },
+    /// New to old: every part was checked and taken; the new process serves once committed.
+    Ready,
+    /// New to old: a part was refused (the old process serves on).
+    Refused {
+        /// Why.
+        reason: String,
+    },
+    /// Old to new: the old process has let go; serve.
+    Commit,
+    /// Old to new: the update is called off (the old process serves on); exit.
+    Abort {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The control socket, handed over.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ControlPart {
+    /// Its path.
+    pub path: PathBuf,
+    /// The socket file the taker removes when it stops.
+    pub socket_file: Option<PathBuf>,
+    /// A lock descriptor follows the listener.
+    pub lock: bool,
+}
+
+/// How a function came to be: from the command line and profile (the new process finds it in
+/// its own spec, by tag), or by `create_function` (the new process reads the same table).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Origin {
+    /// The daemon's command line and profile.
+    Start,
+    /// `create_function` with this table.
+    Created(toml::Table),
+}
+
+/// The client of a function, handed over (its connection is the next descriptor).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ClientPart {
+    /// The bytes of a message it started, not handled yet.
+    pub pending: Vec<u8>,
+    /// The descriptors that came with them (next in order).
+    pub fds: usize,
+    /// Descriptors of that message were dropped by the kernel.
+    pub fd_overflow: bool,
+    /// Bytes of a refused message still to drop.
+    pub discard: u64,
+    /// VERSION was negotiated.
+    pub negotiated: bool,
+}
+
+/// A function's backend, handed over.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "backend", rename_all = "snake_case")]
+pub enum BackendPart {
+    /// A RAM filesystem: its state and its session; its data memfd is the last descriptor.
+    Ramfs {
+        /// The filesystem but its data.
+        fs: Box<RamFsState>,
+        /// The FUSE session.
+        session: SessionState,
+    },
+}
+
+/// One function, handed over.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct FunctionPart {
+    /// Its tag.
+    pub tag: String,
+    /// Where its description comes from.
+    pub origin: Origin,
+    /// Its vfio-user socket's path.
+    pub path: PathBuf,
+    /// The socket file the taker removes when it stops.
+    pub socket_file: Option<PathBuf>,
+    /// A lock descriptor follows the listener.
+    pub lock: bool,
+    /// Its client, if one is connected.
+    pub client: Option<ClientPart>,
+    /// The device.
+    pub device: DeviceSnapshot,
+    /// The backend.
+    pub backend: BackendPart,
+}
+
+/// A function's server state as a part and its descriptors (the backend's part and files are
+/// the caller's to add).
+pub fn server_part(
+    h: ServerHandover,
+) -> (PathBuf, Option<PathBuf>, bool, Option<ClientPart>, DeviceHandover, Vec<OwnedFd>) {
+    let ServerHandover { path, listener, files, client, device } = h;
+    let (socket_file, lock) = files.into_parts();
+    let mut all: Vec<OwnedFd> = vec![listener.into()];
+    let has_lock = lock.is_some();
+    all.extend(lock.map(OwnedFd::from));
+    let client = client.map(|c| {
+        all.push(c.sock.into());
+        let fds = c.fds.len();
+        all.extend(c.fds.into_iter().map(OwnedFd::from));
+        ClientPart {
+            pending: c.pending,
+            fds,
+            fd_overflow: c.fd_overflow,
+            discard: c.discard,
+            negotiated: c.negotiated,
+        }
+    });
+    (path, socket_file, has_lock, client, device, all)
+}
+
+/// The device's descriptors, in [`FunctionPart`]'s order.
+pub fn device_files(files: HandoverFiles) -> Vec<OwnedFd> {
+    let HandoverFiles { windows, msix, request, notify } = files;
+    let mut all: Vec<OwnedFd> = windows.into_iter().map(OwnedFd::from).collect();
+    all.extend(msix.into_iter().map(OwnedFd::from));
+    all.extend(request.map(OwnedFd::from));
+    all.extend(notify.map(OwnedFd::from));
+    all
+}
+
+/// Takes descriptors off the front of a received message's, in order.
+pub struct Files(std::vec::IntoIter<File>);
+
+impl Files {
+    /// Over what a message brought.
+    pub fn new(files: Vec<File>) -> Self {
+        Files(files.into_iter())
+    }
+
+    /// The next one, or an error naming what is missing.
+    pub fn next(&mut self, what: &str) -> Result<File, String> {
+        self.0.next().ok_or_else(|| format!("the descriptor of {what} is missing"))
+    }
+
+    /// Fails if descriptors are left over.
+    pub fn finish(mut self) -> Result<(), String> {
+        match self.0.next() {
+            None => Ok(()),
+            Some(_) => Err(format!("{} descriptors more than the state names", 1 + self.0.len())),
+        }
+    }
+}
+
+/// The server state of a received [`FunctionPart`], its descriptors taken from `files`.
+pub fn server_handover(part: &mut FunctionPart, files: &mut Files) -> Result<ServerHandover, String> {
+    let listener = UnixListener::from(OwnedFd::from(files.next("the listening socket")?));
+    let lock = if part.lock { Some(files.next("the socket's lock")?) } else { None };
+    let client = match part.client.take() {
+        Some(c) => {
+            let sock = UnixStream::from(OwnedFd::from(files.next("the client's connection")?));
+            let fds = (0..c.fds).map(|_| files.next("the client's message")).collect::<Result<_, _>>()?;
+            Some(ClientHandover {
+                sock,
+                pending: c.pending,
+                fds,
+                fd_overflow: c.fd_overflow,
+                discard: c.discard,
+                negotiated: c.negotiated,
+            })
+        }
+        None => None,
+    };
+    let s = &part.device;
+    let mut hf = HandoverFiles::default();
+    for _ in s.windows.iter().filter(|w| w.offset.is_some()) {
+        hf.windows.push(files.next("a DMA window")?);
+    }
+    for _ in s.msix_fds.iter().filter(|&&set| set) {
+        hf.msix.push(files.next("an interrupt eventfd")?);
+    }
+    hf.request = if s.request_fd { Some(files.next("the device-request eventfd")?) } else { None };
+    hf.notify = if s.notify_mem { Some(files.next("the doorbells' area")?) } else { None };
+    Ok(ServerHandover {
+        path: part.path.clone(),
+        listener,
+        files: SocketFiles::from_parts(part.socket_file.clone(), lock),
+        client,
+        device: DeviceHandover { snapshot: part.device.clone(), files: hf },
+    })
+}

@@ -1,0 +1,186 @@
+//! Live update over real sockets and real processes (issue 22): a daemon started with
+//! `--live-update` is replaced by a new process of its binary while the host driver model keeps
+//! its connection and does I/O; the file data, the open handles, the locks held and the
+//! statistics carry over; a new process that fails, a binary from outside the allowed
+//! directory, a function that is not at a quiet point and a backend whose state does not move
+//! leave the old process serving.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use virtiofs_dpu::ops::control_socket::ControlClient;
+use virtiofs_tools::fuse_abi::opcode;
+use virtiofs_tools::virtqueue::RingLayout;
+use virtiofs_tools::{DriverOptions, FsDriver, LockReq};
+
+const BIN: &str = env!("CARGO_BIN_EXE_virtiofs-dpu");
+const ROOT: u64 = 1;
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_for(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !path.exists() {
+        assert!(Instant::now() < deadline, "{} did not appear", path.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn daemon(dir: &Path, extra: &[&str]) -> Daemon {
+    let sock = dir.join("fs.sock");
+    let ctl = dir.join("ctl.sock");
+    let child = Command::new(BIN)
+        .arg("--socket-path")
+        .arg(&sock)
+        .arg("--control-socket")
+        .arg(&ctl)
+        .args(["--live-update", "--tag", "lu", "--log-level", "info"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(&sock);
+    wait_for(&ctl);
+    Daemon(child)
+}
+
+fn device(ctl: &Path) -> Value {
+    ControlClient::connect(ctl).unwrap().call("get_device", Value::Null).unwrap()
+}
+
+/// `virtiofs-dpu update`, started now; its output once done.
+fn update(ctl: &Path, binary: Option<&Path>) -> Child {
+    let mut c = Command::new(BIN);
+    c.args(["update", "--control-socket"]).arg(ctl);
+    if let Some(b) = binary {
+        c.arg("--binary").arg(b);
+    }
+    c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+}
+
+fn finish(c: Child) -> Output {
+    c.wait_with_output().unwrap()
+}
+
+/// Reads `f` at 4 KiB steps while `upd` runs: every read answers with the right bytes; returns
+/// the reads done and the longest one.
+fn read_through(d: &mut FsDriver, node: u64, fh: u64, data: &[u8], upd: &mut Child) -> (u64, Duration) {
+    let (mut n, mut longest) = (0u64, Duration::ZERO);
+    while upd.try_wait().unwrap().is_none() || n < 10 {
+        let off = (n * 4096) % data.len() as u64;
+        let t = Instant::now();
+        let got = d.read(node, fh, off, 4096).unwrap_or_else(|e| panic!("read {n} during the update: {e}"));
+        longest = longest.max(t.elapsed());
+        assert_eq!(got, data[off as usize..off as usize + 4096], "read {n} at {off}");
+        n += 1;
+    }
+    (n, longest)
+}
+
+/// The daemon is updated twice while the driver reads (split and packed rings, interrupts on):
+/// no request fails, the data, the open handle and a lock held by one owner are there after it
+/// (another owner's GETLK sees the lock), the serving process is a new one, `updates` counts
+/// and the request counters continue. Then a new process that exits at once, a binary outside
+/// `--update-binary-dir` and a SETLKW that waits each leave the old process serving.
+#[test]
+fn a_daemon_is_updated_under_io_and_a_failed_update_leaves_it_serving() {
+    for ring in [RingLayout::Split, RingLayout::Packed] {
+        let dir = tempfile::tempdir().unwrap();
+        let bins = dir.path().join("bins");
+        std::fs::create_dir(&bins).unwrap();
+        let failing = bins.join("fails");
+        std::fs::write(&failing, "#!/bin/sh\nexit 3\n").unwrap();
+        std::fs::set_permissions(&failing, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut d_proc =
+            daemon(dir.path(), &["--update-binary-dir", bins.to_str().unwrap(), "--ramfs-size", "64M"]);
+        let ctl = dir.path().join("ctl.sock");
+        let opts = DriverOptions { ring, use_interrupts: true, request_queues: 1, ..Default::default() };
+        let mut d = FsDriver::connect(&dir.path().join("fs.sock"), opts).unwrap();
+        d.init().unwrap();
+        let (e, o) = d.create(ROOT, "data", 0o644, libc::O_RDWR as u32).unwrap();
+        let data: Vec<u8> = (0..256 * 1024u32).map(|i| (i * 7 + i / 4096) as u8).collect();
+        for (i, c) in data.chunks(64 * 1024).enumerate() {
+            d.write(e.nodeid, o.fh, (i * 64 * 1024) as u64, c).unwrap();
+        }
+        let lock =
+            LockReq { fh: o.fh, owner: 1, typ: libc::F_WRLCK, start: 0, end: 99, pid: 10, flock: false };
+        d.setlk(e.nodeid, &lock).unwrap();
+        let first = device(&ctl);
+        let before = first["pid"].as_u64().unwrap();
+
+        for round in 1..=2u64 {
+            let mut upd = update(&ctl, None);
+            let (reads, longest) = read_through(&mut d, e.nodeid, o.fh, &data, &mut upd);
+            let out = finish(upd);
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{ring:?} update {round}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let answer: Value = serde_json::from_str(text.trim()).unwrap();
+            eprintln!("{ring:?} update {round}: {answer}; {reads} reads meanwhile, the longest {longest:?}");
+            let now = device(&ctl);
+            assert_ne!(now["pid"], first["pid"], "{ring:?}: still the first process");
+            assert_eq!(now["pid"], answer["new_pid"], "{ring:?}");
+            assert_eq!(now["updates"].as_u64(), Some(round), "{ring:?}");
+        }
+        // The lock moved with the session: another owner sees it; its owner still holds it.
+        let other = LockReq { owner: 2, pid: 20, ..lock };
+        let seen = d.getlk(e.nodeid, &other).unwrap();
+        assert_eq!((seen.typ as i32, seen.start, seen.end), (libc::F_WRLCK, 0, 99), "{ring:?}: the lock");
+        // Writes and reads go on, past the ring's end many times.
+        for i in 0..300u64 {
+            let buf = [i as u8; 512];
+            d.write(e.nodeid, o.fh, 300_000 + i * 512, &buf).unwrap();
+            assert_eq!(d.read(e.nodeid, o.fh, 300_000 + i * 512, 512).unwrap(), buf.to_vec());
+        }
+        let mut c = ControlClient::connect(&ctl).unwrap();
+        let stats = c.call("get_stats", Value::Null).unwrap();
+        let requests: u64 = (stats["device"]["queues"].as_array().unwrap().iter())
+            .map(|q| q["requests"].as_u64().unwrap())
+            .sum();
+        assert!(requests > 600 + 4, "{ring:?}: the counters did not continue: {requests}");
+
+        // Failed updates: the serving process stays and serves.
+        let serving = device(&ctl)["pid"].clone();
+        let out = finish(update(&ctl, Some(&failing)));
+        assert!(!out.status.success(), "{ring:?}: an update to a failing binary succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("closed the channel") || err.contains("ended"), "{ring:?}: {err}");
+        let out = finish(update(&ctl, Some(Path::new("/bin/true"))));
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("update-binary-dir"), "{ring:?}");
+        // A SETLKW waits on owner 1's lock: not a quiet point.
+        let q = 1;
+        let waiting = d.submit_lk(q, opcode::SETLKW, e.nodeid, &other).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let out = finish(update(&ctl, None));
+        assert!(!out.status.success(), "{ring:?}: handed over with a SETLKW waiting");
+        assert_eq!(device(&ctl)["pid"], serving, "{ring:?}: a failed update replaced the process");
+        d.setlk(e.nodeid, &LockReq { typ: libc::F_UNLCK, ..lock }).unwrap();
+        d.lk_result(opcode::SETLKW, waiting).unwrap();
+        assert_eq!(d.read(e.nodeid, o.fh, 8192, 4096).unwrap(), data[8192..12288].to_vec());
+        assert_ne!(before, 0);
+
+        // The daemon stops on SIGTERM to the supervisor, with its socket files.
+        drop(d);
+        let pid = d_proc.0.id() as i32;
+        // SAFETY: signalling our own child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        let status = d_proc.0.wait().unwrap();
+        assert!(status.success(), "{ring:?}: {status}");
+        assert!(!dir.path().join("fs.sock").exists(), "{ring:?}: the socket file stayed");
+        assert!(!ctl.exists(), "{ring:?}: the control socket file stayed");
+    }
+}
