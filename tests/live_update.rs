@@ -184,3 +184,27 @@ fn a_daemon_is_updated_under_io_and_a_failed_update_leaves_it_serving() {
         assert!(!ctl.exists(), "{ring:?}: the control socket file stayed");
     }
 }
+
+/// A daemon with a shared directory (the passthrough, whose state does not move yet) refuses
+/// the update with the reason and serves on.
+#[test]
+fn a_function_whose_state_does_not_move_refuses_the_update() {
+    let dir = tempfile::tempdir().unwrap();
+    let share = dir.path().join("share");
+    std::fs::create_dir(&share).unwrap();
+    std::fs::write(share.join("f"), b"kept").unwrap();
+    let share_arg = share.to_str().unwrap();
+    let _d = daemon(dir.path(), &["--shared-dir", share_arg, "--sandbox", "none", "--seccomp", "off"]);
+    let ctl = dir.path().join("ctl.sock");
+    let mut d = FsDriver::connect(&dir.path().join("fs.sock"), DriverOptions::default()).unwrap();
+    d.init().unwrap();
+    let serving = device(&ctl)["pid"].clone();
+    let out = finish(update(&ctl, None));
+    assert!(!out.status.success(), "a passthrough function was handed over");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("passthrough") && err.contains("cannot be handed over"), "{err}");
+    assert_eq!(device(&ctl)["pid"], serving);
+    let e = d.lookup(ROOT, "f").unwrap();
+    let o = d.open(e.nodeid, libc::O_RDONLY as u32).unwrap();
+    assert_eq!(d.read(e.nodeid, o.fh, 0, 4).unwrap(), b"kept");
+}

@@ -152,3 +152,34 @@ fn send_all(
 fn io_err(e: std::io::Error) -> UpdateError {
     UpdateError::Channel(super::channel::ChannelError::Io(e))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A new process that reads no format this one writes is told to go (Abort), and the
+    /// update fails before anything is frozen; one that answers anything but ready is refused.
+    #[test]
+    fn a_new_process_of_another_format_is_refused_before_anything_is_frozen() {
+        let (old, new) = Channel::pair().unwrap();
+        let hello = Msg::Hello { reads: vec![STATE_VERSION + 1], version: "9.9.9".into(), pid: 1 };
+        new.send(&hello, &[]).unwrap();
+        let mut committed = false;
+        let e = give(&old, Vec::new(), None, 0, || committed = true).err().unwrap();
+        assert!(matches!(e, UpdateError::Format { .. }), "{e}");
+        assert!(!committed);
+        let (m, _) = new.recv::<Msg>(Duration::from_secs(1)).unwrap();
+        assert!(matches!(m, Msg::Abort { .. }), "{m:?}");
+
+        let hello = Msg::Hello { reads: FORMATS_READ.to_vec(), version: "0".into(), pid: 1 };
+        new.send(&hello, &[]).unwrap();
+        new.send(&Msg::Refused { reason: "no room".into() }, &[]).unwrap();
+        let e = give(&old, Vec::new(), None, 0, || committed = true).err().unwrap();
+        assert!(e.to_string().contains("no room"), "{e}");
+        assert!(!committed);
+        let (m, _) = new.recv::<Msg>(Duration::from_secs(1)).unwrap();
+        assert!(matches!(m, Msg::End { updates: 0 }), "{m:?}");
+        let (m, _) = new.recv::<Msg>(Duration::from_secs(1)).unwrap();
+        assert!(matches!(m, Msg::Abort { .. }), "{m:?}");
+    }
+}
