@@ -23,6 +23,10 @@ pub trait SavesState: Send + Sync {
     /// Its state and descriptors; called while its function is at the quiet point (no request
     /// runs). `Err`: it cannot be handed over now (a SETLKW waits), and why.
     fn save(&self) -> Result<(BackendPart, Vec<OwnedFd>), String>;
+
+    /// The successor serves now: leave what it shares with this process (a memfd's data)
+    /// untouched from here on, also as this process ends.
+    fn handed_over(&self);
 }
 
 impl SavesState for FuseHandler<RamFs> {
@@ -34,6 +38,10 @@ impl SavesState for FuseHandler<RamFs> {
         let fs = server.filesystem();
         let memfd = fs.data_memfd().try_clone_to_owned().map_err(|e| format!("the data memfd: {e}"))?;
         Ok((BackendPart::Ramfs { fs: Box::new(fs.save()), session }, vec![memfd]))
+    }
+
+    fn handed_over(&self) {
+        self.server().filesystem().give_data_away();
     }
 }
 

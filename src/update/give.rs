@@ -59,6 +59,7 @@ pub fn give(
     };
     debug_assert!(FORMATS_READ.contains(&STATE_VERSION));
     let mut answers: Vec<Answer> = Vec::new();
+    let savers: Vec<_> = functions.iter().filter_map(|f| f.saver.clone()).collect();
     let started = Instant::now();
     let r = send_all(peer, functions, control, updates, &mut answers).and_then(|n| {
         match peer.recv::<Msg>(READY_BOUND)? {
@@ -86,6 +87,10 @@ pub fn give(
         }
     };
     on_commit();
+    // Before any old server ends (and drops what it holds): the data is the new process's.
+    for s in &savers {
+        s.handed_over();
+    }
     let all = answers.len();
     let taken = answers.into_iter().map(Answer::taken).filter(|&t| t).count();
     if taken != all {

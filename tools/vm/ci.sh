@@ -7,6 +7,8 @@
 #      requests and that SETLKW requests reached the daemon and waited there;
 #   2. a guest reboot (device reset) and a remount with the data checked;
 #   3. QEMU killed with SIGKILL mid-write, then a new QEMU attaching and checking the data;
+#      then live update (run-update-test.sh): the daemon (--live-update) replaced by a new
+#      process 10 times while the guest runs fsx and fio on its RAM filesystem;
 #   4. the passthrough backend (--shared-dir on a tmpfs), sandboxed (namespaces, seccomp in trap
 #      mode: the default), in one boot: pjdfstest, fsx (PT_FSX_OPS, default 20000 ops),
 #      escape.sh with a host canary beside the share, locks.sh, suppgroup.sh; then checks that the canary
@@ -127,6 +129,10 @@ bash "$HERE/run-device-test.sh" --allow-reboot --out "$OUT/reboot" --config "$CO
 
 step "QEMU killed mid-write; a new QEMU attaches"
 bash "$HERE/run-fault-test.sh" --out "$OUT/fault" --config "$CONFIG" || { echo "FAIL: fault"; fail=1; }
+
+step "live update: the daemon replaced 10 times under fsx and fio"
+bash "$HERE/run-update-test.sh" --out "$OUT/update" --config "$CONFIG" --updates 10 ||
+  { echo "FAIL: live update"; fail=1; }
 fi
 
 if stage passthrough; then

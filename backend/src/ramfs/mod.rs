@@ -191,6 +191,13 @@ impl RamFs {
         Ok(fs)
     }
 
+    /// Leaves the file data to the process that took this filesystem over (a live update):
+    /// from now on nothing this filesystem frees is reused or given back to the kernel (its
+    /// memfd's contents stay as the successor found them), and it takes no new data.
+    pub fn give_data_away(&self) {
+        self.store.give_away();
+    }
+
     /// The memfd that holds the file data, for a process that takes this filesystem over
     /// (chunk `n` of the store at offset `n * 64 KiB`).
     pub fn data_memfd(&self) -> std::os::fd::BorrowedFd<'_> {

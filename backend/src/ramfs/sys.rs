@@ -55,6 +55,9 @@ pub(super) struct ChunkStore {
     base: NonNull<u8>,
     slots: u32,
     free: Mutex<Free>,
+    /// The memfd's data is another process's now (a live update): freeing a chunk gives
+    /// nothing back to the kernel, so no hole is punched into what the successor serves.
+    given: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: `base` points to a shared mapping that lives as long as the store; the bytes of a slot
@@ -80,7 +83,7 @@ impl ChunkStore {
         let memfd = unsafe { File::from_raw_fd(fd) };
         memfd.set_len(len as u64)?;
         let base = Self::map(&memfd, len)?;
-        Ok(Arc::new(ChunkStore { memfd, base, slots, free: Mutex::default() }))
+        Ok(Arc::new(ChunkStore { memfd, base, slots, free: Mutex::default(), given: Default::default() }))
     }
 
     /// A store over the memfd of a filesystem taken over (issue 22): `slots` chunks, the free
@@ -92,7 +95,7 @@ impl ChunkStore {
         }
         let base = Self::map(&memfd, len)?;
         let free = Free { resident: free.resident, punched: free.punched, next: free.next };
-        Ok(Arc::new(ChunkStore { memfd, base, slots, free: Mutex::new(free) }))
+        Ok(Arc::new(ChunkStore { memfd, base, slots, free: Mutex::new(free), given: Default::default() }))
     }
 
     /// Maps `len` bytes of `memfd` shared (a dangling pointer for none).
@@ -146,6 +149,9 @@ impl ChunkStore {
 
     /// A chunk of zeros, or `None` when every slot is in use.
     pub(super) fn alloc(self: &Arc<Self>) -> Option<Chunk> {
+        if self.given() {
+            return None;
+        }
         let (slot, dirty) = {
             let mut f = self.lock();
             if let Some(s) = f.resident.pop() {
@@ -166,7 +172,20 @@ impl ChunkStore {
         Some(c)
     }
 
+    /// The data is handed over to a successor process (a live update): from now on freed
+    /// chunks are neither reused nor given back, the memfd's contents are left as they are.
+    pub(super) fn give_away(&self) {
+        self.given.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    fn given(&self) -> bool {
+        self.given.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     fn release(&self, slot: u32) {
+        if self.given() {
+            return;
+        }
         let punch = {
             let mut f = self.lock();
             f.resident.push(slot);
@@ -184,6 +203,9 @@ impl ChunkStore {
     /// Gives the memory of every freed slot back to the kernel (the filesystem holds no data any
     /// more: nothing is likely to be written soon).
     pub(super) fn trim(&self) {
+        if self.given() {
+            return;
+        }
         let resident = std::mem::take(&mut self.lock().resident);
         for s in resident {
             self.punch(s);
