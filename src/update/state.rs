@@ -41,7 +41,7 @@ pub enum Msg {
     },
     /// Old to new: the control socket (descriptors: the listener, then the lock if any).
     Control(ControlPart),
-    /// Old to new: one function (descriptors: [`FunctionPart::files`]'s order).
+    /// Old to new: one function (descriptors: in the order [`FunctionPart`] names them).
     Function(Box<FunctionPart>),
     /// Old to new: that was every function.
     End {
@@ -114,7 +114,11 @@ pub enum BackendPart {
     },
 }
 
-/// One function, handed over.
+/// One function, handed over. Its descriptors, in order: the listening socket, the socket's lock
+/// (if [`Self::lock`]), the client's connection and the descriptors of the message it started
+/// (if [`Self::client`]), the device's DMA window files, MSI-X eventfds, device-request eventfd
+/// and doorbells' area (as its snapshot marks them), then the backend's (the RAM filesystem's
+/// data memfd).
 #[derive(Debug, Serialize, Deserialize)]
 pub struct FunctionPart {
     /// Its tag.
