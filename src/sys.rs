@@ -132,3 +132,15 @@ pub fn signal_process(pid: u32, sig: i32) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Asks the kernel to send this process `sig` when the thread that started it ends (its
+/// supervisor: `PR_SET_PDEATHSIG`), then checks that the parent is still `parent`: a serving
+/// process does not outlive its supervisor. False if the parent is gone already.
+pub fn end_with_parent(parent: u32, sig: i32) -> io::Result<bool> {
+    // SAFETY: `PR_SET_PDEATHSIG` takes a signal number and touches no memory of ours.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, sig as libc::c_ulong, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `getppid` takes no arguments and cannot fail.
+    Ok(unsafe { libc::getppid() } as u32 == parent)
+}

@@ -25,6 +25,7 @@
 #![deny(missing_docs)]
 
 pub mod copy;
+pub mod live_update;
 pub mod multi;
 pub mod nfs_raw;
 pub mod null;
@@ -43,7 +44,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use virtiofs_tools::driver::{
-    DriverError, DriverOptions, FsDriver, IoSpec, LoopConfig, LoopReport, QueueFullPolicy,
+    DriverError, DriverOptions, FsDriver, IoDone, IoSpec, LoopConfig, LoopReport, QueueFullPolicy,
 };
 use virtiofs_tools::fuse_abi::{self as abi, opcode};
 
@@ -288,6 +289,42 @@ fn xorshift(s: &mut u64) -> u64 {
     *s
 }
 
+/// Lays out a closed-loop READ (or WRITE) of `size` bytes at `offset` of handle `fh` on `node`
+/// in `s`, as every phase's requests are laid out.
+pub(crate) fn rw_request(s: &mut IoSpec, node: u64, fh: u64, offset: u64, size: usize, write: bool) {
+    s.nodeid = node;
+    if write {
+        s.opcode = opcode::WRITE;
+        abi::WriteIn { fh, offset, size: size as u32, ..Default::default() }.encode_into(&mut s.args);
+        s.in_data = size;
+        s.out_args = abi::WriteOut::SIZE;
+    } else {
+        s.opcode = opcode::READ;
+        abi::ReadIn { fh, offset, size: size as u32, ..Default::default() }.encode_into(&mut s.args);
+        s.out_data = size;
+    }
+}
+
+/// Checks the completion of a [`rw_request`] of `size` bytes: no FUSE error, every byte moved.
+pub(crate) fn check_rw(c: &IoDone<'_>, size: usize, write: bool) -> Result<(), DriverError> {
+    if c.errno != 0 {
+        return Err(DriverError::Fuse { opcode: c.opcode, errno: c.errno });
+    }
+    let got = if write {
+        let a = c.reply_args()?;
+        abi::WriteOut::decode(&a).map(|w| w.size as usize).unwrap_or(0)
+    } else {
+        c.payload_len
+    };
+    if got != size {
+        return Err(DriverError::BadReply {
+            opcode: c.opcode,
+            reason: format!("{got} bytes moved for a {size}-byte request"),
+        });
+    }
+    Ok(())
+}
+
 /// On-CPU nanoseconds of this process's poller threads (named `poller-N`) so far.
 fn poller_cpu_ns() -> Option<u64> {
     let mut total = 0;
@@ -362,39 +399,14 @@ impl Bench<'_> {
                 Pattern::Random => xorshift(&mut rng) % blocks,
                 Pattern::Sequential => seq % blocks,
             };
-            let offset = block * req as u64;
-            s.nodeid = node;
-            if write {
-                s.opcode = opcode::WRITE;
-                abi::WriteIn { fh, offset, size: req as u32, ..Default::default() }.encode_into(&mut s.args);
-                s.in_data = req;
-                s.out_args = abi::WriteOut::SIZE;
-            } else {
-                s.opcode = opcode::READ;
-                abi::ReadIn { fh, offset, size: req as u32, ..Default::default() }.encode_into(&mut s.args);
-                s.out_data = req;
-            }
+            rw_request(s, node, fh, block * req as u64, req, write);
         };
         let started = Instant::now();
         let mut last_report = started;
         let mut done_count = 0u64;
         let progress = &mut *self.progress;
-        let check = |c: &virtiofs_tools::driver::IoDone<'_>| -> Result<(), DriverError> {
-            if c.errno != 0 {
-                return Err(DriverError::Fuse { opcode: c.opcode, errno: c.errno });
-            }
-            let got = if write {
-                let a = c.reply_args()?;
-                abi::WriteOut::decode(&a).map(|w| w.size as usize).unwrap_or(0)
-            } else {
-                c.payload_len
-            };
-            if got != req {
-                return Err(DriverError::BadReply {
-                    opcode: c.opcode,
-                    reason: format!("{got} bytes moved for a {req}-byte request"),
-                });
-            }
+        let check = |c: &IoDone<'_>| -> Result<(), DriverError> {
+            check_rw(c, req, write)?;
             done_count += 1;
             if done_count.is_multiple_of(4096) && last_report.elapsed() >= Duration::from_millis(500) {
                 last_report = Instant::now();

@@ -2,7 +2,8 @@
 //! queue-full policies, sequential bandwidth, and the shared-memory ping-pong floor.
 //!
 //! `cargo run --release -p virtiofs-bench` runs the device in-process with
-//! its RAM filesystem; `--socket-path` measures a running daemon instead. See BENCHMARKS.md.
+//! its RAM filesystem; `--socket-path` measures a running daemon instead; `--live-update N`
+//! starts the daemon binary and measures the pause its live updates cause. See BENCHMARKS.md.
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -100,6 +101,25 @@ struct Args {
     /// then ignored), so the scheduler gives B the core as soon as its completion comes.
     #[arg(long, requires = "multi", value_parser = clap::value_parser!(i32).range(1..=99))]
     b_realtime: Option<i32>,
+    /// Measure the pause a live update causes instead of the phase list (issue 22): start the
+    /// daemon binary with --live-update, fill function 0's RAM filesystem, then at QD=1 and
+    /// QD = queue size update the daemon N times while the driver reads random 4 KiB blocks
+    /// (--queue-size, --json and --check apply).
+    #[arg(long, value_name = "N", conflicts_with_all = ["socket_path", "remote", "multi"])]
+    live_update: Option<usize>,
+    /// In --live-update, the daemon binary (default: `virtiofs-dpu` beside this executable).
+    #[arg(long, value_name = "PATH", requires = "live_update")]
+    daemon: Option<PathBuf>,
+    /// In --live-update, the daemon's functions (more than one: a profile with [[function]]
+    /// tables); function 0 is measured, the others are brought up and stay idle.
+    #[arg(long, value_name = "F", default_value_t = 1, requires = "live_update")]
+    functions: usize,
+    /// In --live-update, MiB of file data in function 0's RAM filesystem (the file read).
+    #[arg(long, value_name = "M", default_value_t = 16, requires = "live_update")]
+    data_mib: u64,
+    /// In --live-update, empty files besides the data file, in directories of 1000.
+    #[arg(long, value_name = "K", default_value_t = 10, requires = "live_update")]
+    files: u64,
     /// Print the report as JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -124,6 +144,9 @@ fn main() -> ExitCode {
     let duration = Duration::from_secs_f64(a.duration);
     if a.multi {
         return multi(&a, duration);
+    }
+    if let Some(n) = a.live_update {
+        return live_update(&a, n);
     }
     let cfg = BenchConfig {
         socket_path: a.socket_path,
@@ -243,4 +266,40 @@ fn multi(a: &Args, duration: Duration) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--live-update N`: the pause of live updates.
+fn live_update(a: &Args, updates: usize) -> ExitCode {
+    let cfg = bench::live_update::LiveUpdateConfig {
+        daemon: a.daemon.clone(),
+        updates,
+        functions: a.functions,
+        data_mib: a.data_mib,
+        files: a.files,
+        queue_size: a.queue_size,
+    };
+    let mut progress = |line: &str| eprintln!("{line}");
+    let r = match bench::live_update::run(&cfg, &mut progress) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("virtiofs-bench: {}", virtiofs_dpu::error_chain(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    if a.json {
+        match serde_json::to_string_pretty(&r) {
+            Ok(j) => println!("{j}"),
+            Err(e) => {
+                eprintln!("virtiofs-bench: JSON: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", bench::live_update::table(&r));
+    }
+    if a.check && !bench::live_update::met(&r) {
+        eprintln!("virtiofs-bench: the p99 pause target is missed");
+        return ExitCode::from(MISSED);
+    }
+    ExitCode::SUCCESS
 }

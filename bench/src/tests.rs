@@ -146,3 +146,27 @@ fn curve_spans_p50_to_p9999() {
     assert!((c.last().unwrap().0 - 99.99).abs() < 1e-3);
     assert!(c.windows(2).all(|w| w[0].1 <= w[1].1));
 }
+
+/// `--live-update`'s pause: the longest gap between completions that overlaps the window,
+/// gaps before and after it left out; percentiles by nearest rank.
+#[test]
+fn live_update_pause_is_the_longest_gap_in_the_window() {
+    use live_update::{longest_gap, Millis};
+    // Completions every 10 ns, a 500 ns pause from 100 to 600, a 910 ns gap from 790.
+    let mut t: Vec<u64> = (0..=10).map(|i| i * 10).collect();
+    t.extend((0..20).map(|i| 600 + i * 10));
+    t.extend([1700, 1710]);
+    assert_eq!(longest_gap(&t, 50, 700), Some(500));
+    // A window that starts inside the pause still sees all of it.
+    assert_eq!(longest_gap(&t, 300, 700), Some(500));
+    assert_eq!(longest_gap(&t, 0, 90), Some(10));
+    assert_eq!(longest_gap(&t, 1500, 1600), Some(910));
+    // A gap that starts before the window's end counts.
+    assert_eq!(longest_gap(&t, 50, 790), Some(910));
+    assert_eq!(longest_gap(&t, 3000, 4000), None);
+    assert_eq!(longest_gap(&[5], 0, 10), None);
+    let v: Vec<f64> = (1..=20).map(f64::from).collect();
+    let m = Millis::of(&v);
+    assert_eq!((m.p50, m.p99, m.max), (10.0, 20.0, 20.0));
+    assert_eq!(Millis::of(&[]).max, 0.0);
+}

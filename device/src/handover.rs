@@ -86,7 +86,7 @@ pub struct DeviceHandover {
 #[derive(Debug, Error)]
 pub enum HandoverError {
     /// The function is not at a quiet point (a SETLKW waits) or a poller did not answer.
-    #[error("not at a quiet point")]
+    #[error("the function did not come to its quiet point")]
     Freeze(#[from] FreezeError),
     /// A system call failed (duplicating a descriptor, setting up the taker's event loop).
     #[error("a system call failed")]

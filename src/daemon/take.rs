@@ -71,7 +71,9 @@ pub fn take_over(spec: DaemonSpec, supervisor: Channel, peer: Channel) -> Result
         pid: std::process::id(),
     };
     peer.send(&hello, &[]).map_err(|e| fail(crate::error_chain(&e)))?;
+    let t = std::time::Instant::now();
     let received = receive(&spec, &functions, &peer);
+    log::debug!("live update: received and built every function in {:?}", t.elapsed());
     let (control, taken, updates) = match received {
         Ok(r) => r,
         Err(why) => {
@@ -124,8 +126,10 @@ fn receive(spec: &DaemonSpec, functions: &FunctionSet, peer: &Channel) -> Result
             }
             Msg::Function(part) => {
                 let tag = part.tag.clone();
+                let t0 = std::time::Instant::now();
                 let t = take_function(spec, functions, *part, files, taken.len())
                     .map_err(|why| format!("function {tag:?}: {why}"))?;
+                log::debug!("live update: function {tag:?} built in {:?}", t0.elapsed());
                 taken.push(t);
             }
             Msg::End { updates } => {

@@ -34,6 +34,25 @@ pub struct Given {
     pub version: String,
     /// From the first function frozen to the commit.
     pub pause: Duration,
+    /// Where that time went.
+    pub phases: Phases,
+}
+
+/// The old process's time in each step of a handover, all functions together.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct Phases {
+    /// Bringing the functions to their quiet points (`hand_over`).
+    pub freeze_ms: f64,
+    /// The backends giving their state.
+    pub save_ms: f64,
+    /// Sending the parts.
+    pub send_ms: f64,
+    /// Waiting for the new process to be ready.
+    pub ready_ms: f64,
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
 }
 
 /// Hands `functions` and the control socket over to the new process at the other end of
@@ -61,8 +80,12 @@ pub fn give(
     let mut answers: Vec<Answer> = Vec::new();
     let savers: Vec<_> = functions.iter().filter_map(|f| f.saver.clone()).collect();
     let started = Instant::now();
-    let r = send_all(peer, functions, control, updates, &mut answers).and_then(|n| {
-        match peer.recv::<Msg>(READY_BOUND)? {
+    let mut phases = Phases::default();
+    let r = send_all(peer, functions, control, updates, &mut answers, &mut phases).and_then(|n| {
+        let t = Instant::now();
+        let verdict = peer.recv::<Msg>(READY_BOUND);
+        phases.ready_ms = ms(t);
+        match verdict? {
             (Msg::Ready, _) => Ok(n),
             (Msg::Refused { reason }, _) => Err(UpdateError::Refused(reason)),
             (other, _) => Err(UpdateError::Protocol(format!("expected ready, got {other:?}"))),
@@ -101,7 +124,7 @@ pub fn give(
         return Err(UpdateError::Protocol("a server gave up waiting for the commit".into()));
     }
     peer.send(&Msg::Commit, &[])?;
-    Ok(Given { functions: n, version, pause: started.elapsed() })
+    Ok(Given { functions: n, version, pause: started.elapsed(), phases })
 }
 
 /// Sends the control socket and every function; the servers' answers go to `answers` as
@@ -112,6 +135,7 @@ fn send_all(
     control: Option<&ControlCopy>,
     updates: u64,
     answers: &mut Vec<Answer>,
+    phases: &mut Phases,
 ) -> Result<usize, UpdateError> {
     if let Some(c) = control {
         let listener = OwnedFd::from(c.listener.try_clone().map_err(io_err)?);
@@ -129,11 +153,16 @@ fn send_all(
             backend,
             why: "no state to give".into(),
         })?;
+        let t = Instant::now();
         let (h, answer) =
             stop.hand_over().map_err(|source| UpdateError::Handover { tag: tag.clone(), source })?;
         answers.push(answer);
+        phases.freeze_ms += ms(t);
+        let t = Instant::now();
         let (backend_part, backend_files) =
             saver.save().map_err(|why| UpdateError::Function { tag: tag.clone(), backend, why })?;
+        phases.save_ms += ms(t);
+        let t = Instant::now();
         let (path, socket_file, lock, client, device, mut files) = state::server_part(h);
         files.extend(state::device_files(device.files));
         files.extend(backend_files);
@@ -149,6 +178,7 @@ fn send_all(
         };
         let fds: Vec<_> = files.iter().map(|f| f.as_fd()).collect();
         peer.send(&Msg::Function(Box::new(part)), &fds)?;
+        phases.send_ms += ms(t);
     }
     peer.send(&Msg::End { updates }, &[])?;
     Ok(n)

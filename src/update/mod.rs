@@ -229,10 +229,16 @@ impl Updater {
                 if let Err(e) = sup.send(&SupervisorMsg::Committed { pid }, &[]) {
                     log::error!("cannot tell the supervisor of the new process: {}", crate::error_chain(&e));
                 }
+                let p = given.phases;
                 log::info!(
-                    "live update: process {pid} serves {} function(s) now (pause {:.1} ms); this one exits",
+                    "live update: process {pid} serves {} function(s) now (pause {:.1} ms: freeze {:.1}, \
+                     save {:.1}, send {:.1}, ready {:.1}); this one exits",
                     given.functions,
-                    given.pause.as_secs_f64() * 1e3
+                    given.pause.as_secs_f64() * 1e3,
+                    p.freeze_ms,
+                    p.save_ms,
+                    p.send_ms,
+                    p.ready_ms
                 );
                 Ok(serde_json::json!({
                     "new_pid": pid,
@@ -240,6 +246,7 @@ impl Updater {
                     "functions": given.functions,
                     "new_version": given.version,
                     "handover_ms": given.pause.as_secs_f64() * 1e3,
+                    "phases": given.phases,
                     "updates": self.updates() + 1,
                 }))
             }
@@ -284,6 +291,18 @@ impl Role {
         };
         let supervisor = take(SUPERVISOR_FD)?;
         let peer = take(TAKEOVER_FD)?;
+        if let Some(s) = &supervisor {
+            // The supervisor made the channel's socket pair: its pid is the peer's. A serving
+            // process ends (orderly, SIGTERM) when its supervisor does, however it ends.
+            let (pid, _, _) =
+                crate::sys::peer_credentials(s.socket()).map_err(|e| format!("{SUPERVISOR_FD}: {e}"))?;
+            let pid = u32::try_from(pid).map_err(|_| format!("{SUPERVISOR_FD}: no peer process"))?;
+            match crate::sys::end_with_parent(pid, libc::SIGTERM) {
+                Ok(true) => {}
+                Ok(false) => return Err(format!("the supervisor (pid {pid}) is gone")),
+                Err(e) => return Err(format!("cannot tie this process to its supervisor: {e}")),
+            }
+        }
         Ok(match (supervisor, peer) {
             (None, None) => Role::Alone,
             (Some(s), None) => Role::Serving(s),
