@@ -166,84 +166,53 @@ impl DeviceStats {
     /// its value then (gauges, `in_flight` and `waiting`, as they are now). This is how a reset
     /// works without writing into a poller's counters.
     pub fn since(&self, base: &DeviceStats) -> DeviceStats {
-        let d = |a: u64, b: u64| a.saturating_sub(b);
-        let queues = self
-            .queues
-            .iter()
-            .map(|q| match base.queues.iter().find(|b| b.queue == q.queue) {
-                None => q.clone(),
-                Some(b) => QueueStats {
-                    requests: d(q.requests, b.requests),
-                    bytes_read: d(q.bytes_read, b.bytes_read),
-                    bytes_written: d(q.bytes_written, b.bytes_written),
-                    errors: d(q.errors, b.errors),
-                    bad_chains: d(q.bad_chains, b.bad_chains),
-                    interrupts: d(q.interrupts, b.interrupts),
-                    doorbells: d(q.doorbells, b.doorbells),
-                    ..q.clone()
-                },
-            })
-            .collect();
-        let pollers = self
-            .pollers
-            .iter()
-            .map(|p| match base.pollers.iter().find(|b| b.poller == p.poller) {
-                None => p.clone(),
-                Some(b) => PollerStats {
-                    busy_ns: d(p.busy_ns, b.busy_ns),
-                    idle_ns: d(p.idle_ns, b.idle_ns),
-                    rounds: d(p.rounds, b.rounds),
-                    parks: d(p.parks, b.parks),
-                    engine_waits: d(p.engine_waits, b.engine_waits),
-                    doorbell_wakes: d(p.doorbell_wakes, b.doorbell_wakes),
-                    classes: classes_since(&p.classes, &b.classes),
-                    errors: errors_since(&p.errors, &b.errors),
-                    ..p.clone()
-                },
-            })
-            .collect();
-        DeviceStats {
-            queues,
-            pollers,
-            classes: classes_since(&self.classes, &base.classes),
-            errors: errors_since(&self.errors, &base.errors),
-            latency_histograms: self.latency_histograms,
-        }
+        self.combine(base, u64::saturating_sub, classes_since, errors_since)
     }
-}
 
-impl DeviceStats {
     /// These statistics continued from `earlier`, the last snapshot of the device this one took
     /// over (a live update): every counter and histogram added, gauges as they are now. The
     /// inverse of [`Self::since`].
     pub fn plus(&self, earlier: &DeviceStats) -> DeviceStats {
+        self.combine(earlier, u64::saturating_add, classes_plus, errors_plus)
+    }
+
+    /// Every counter of this and `other` (matched by queue, poller and class) put together
+    /// with `op`, the classes with `classes` and the errno counts with `errors`; gauges and
+    /// everything else as in `self`.
+    fn combine(
+        &self,
+        other: &DeviceStats,
+        op: fn(u64, u64) -> u64,
+        classes: fn(&[ClassStats], &[ClassStats]) -> Vec<ClassStats>,
+        errors: fn(&[ErrnoCount], &[ErrnoCount]) -> Vec<ErrnoCount>,
+    ) -> DeviceStats {
         let queues = (self.queues.iter())
-            .map(|q| match earlier.queues.iter().find(|b| b.queue == q.queue) {
+            .map(|q| match other.queues.iter().find(|b| b.queue == q.queue) {
                 None => q.clone(),
                 Some(b) => QueueStats {
-                    requests: q.requests + b.requests,
-                    bytes_read: q.bytes_read + b.bytes_read,
-                    bytes_written: q.bytes_written + b.bytes_written,
-                    errors: q.errors + b.errors,
-                    bad_chains: q.bad_chains + b.bad_chains,
-                    interrupts: q.interrupts + b.interrupts,
-                    doorbells: q.doorbells + b.doorbells,
+                    requests: op(q.requests, b.requests),
+                    bytes_read: op(q.bytes_read, b.bytes_read),
+                    bytes_written: op(q.bytes_written, b.bytes_written),
+                    errors: op(q.errors, b.errors),
+                    bad_chains: op(q.bad_chains, b.bad_chains),
+                    interrupts: op(q.interrupts, b.interrupts),
+                    doorbells: op(q.doorbells, b.doorbells),
                     ..q.clone()
                 },
             })
             .collect();
         let pollers = (self.pollers.iter())
-            .map(|p| match earlier.pollers.iter().find(|b| b.poller == p.poller) {
+            .map(|p| match other.pollers.iter().find(|b| b.poller == p.poller) {
                 None => p.clone(),
                 Some(b) => PollerStats {
-                    busy_ns: p.busy_ns + b.busy_ns,
-                    idle_ns: p.idle_ns + b.idle_ns,
-                    rounds: p.rounds + b.rounds,
-                    parks: p.parks + b.parks,
-                    engine_waits: p.engine_waits + b.engine_waits,
-                    doorbell_wakes: p.doorbell_wakes + b.doorbell_wakes,
-                    classes: classes_plus(&p.classes, &b.classes),
-                    errors: errors_plus(&p.errors, &b.errors),
+                    busy_ns: op(p.busy_ns, b.busy_ns),
+                    idle_ns: op(p.idle_ns, b.idle_ns),
+                    rounds: op(p.rounds, b.rounds),
+                    parks: op(p.parks, b.parks),
+                    engine_waits: op(p.engine_waits, b.engine_waits),
+                    doorbell_wakes: op(p.doorbell_wakes, b.doorbell_wakes),
+                    classes: classes(&p.classes, &b.classes),
+                    errors: errors(&p.errors, &b.errors),
                     ..p.clone()
                 },
             })
@@ -251,8 +220,8 @@ impl DeviceStats {
         DeviceStats {
             queues,
             pollers,
-            classes: classes_plus(&self.classes, &earlier.classes),
-            errors: errors_plus(&self.errors, &earlier.errors),
+            classes: classes(&self.classes, &other.classes),
+            errors: errors(&self.errors, &other.errors),
             latency_histograms: self.latency_histograms,
         }
     }

@@ -98,6 +98,18 @@ fn histograms_count_merge_and_subtract() {
     assert_eq!(d.queues[1].bytes_read, 10);
     let json = serde_json::to_string(&d).unwrap();
     assert_eq!(serde_json::from_str::<DeviceStats>(&json).unwrap(), d);
+    // A device that took this one over continues its counters: the sum, and back.
+    let taker = DeviceCounters::new(&profile);
+    taker.carry(c.snapshot());
+    let t = taker.poller(1);
+    t.count(t.queue(0), Tally { class: OpClass::Read, errno: 0, bytes: 7 });
+    t.class(OpClass::Read).time(3_000, 1);
+    let sum = taker.snapshot();
+    let read = sum.class(OpClass::Read).unwrap();
+    assert_eq!((read.requests, read.bytes, read.histogram.count), (1002, 4096 * 1000 + 17, 1002));
+    assert_eq!(sum.queues[1].bytes_read, 4096 * 1000 + 17);
+    assert_eq!(sum.errors, s.errors);
+    assert_eq!(sum.since(&c.snapshot()).class(OpClass::Read).unwrap().requests, 1);
 }
 
 #[test]
