@@ -547,9 +547,19 @@ fn ramfs_taken_over_from_its_state_and_memfd_is_the_same_filesystem() {
     let file =
         bad.inodes.iter_mut().find(|i| matches!(i.body, BodyState::File(ref c) if c.len() > 1)).unwrap();
     if let BodyState::File(c) = &mut file.body {
+        // Written in order, the first 200,000 bytes are one run of 4 chunks; the far chunk
+        // another.
+        assert_eq!((c.len(), c[0].0, c[0].2, c[1].0, c[1].2), (2, 0, 4, 160, 1), "{c:?}");
         c[1].1 = c[0].1;
     }
     assert!(refused(&bad, RamFsConfig::default()));
+    // Runs that are empty, or that overflow the chunk indices or the slots.
+    for run in [(0, 0, 0), (u64::MAX, 0, 2), (0, u32::MAX, 2)] {
+        let mut bad = state.clone();
+        let file = bad.inodes.iter_mut().find(|i| matches!(i.body, BodyState::File(_))).unwrap();
+        file.body = BodyState::File(vec![run]);
+        assert!(refused(&bad, RamFsConfig::default()), "{run:?}");
+    }
     let mut bad = state.clone();
     bad.dirs[0].entries.push((b"ghost".to_vec(), 1, 999_999, 8));
     assert!(refused(&bad, RamFsConfig::default()));

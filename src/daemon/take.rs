@@ -110,7 +110,9 @@ fn receive(spec: &DaemonSpec, functions: &FunctionSet, peer: &Channel) -> Result
     let mut control = None;
     let mut taken = Vec::new();
     loop {
+        let t = std::time::Instant::now();
         let (msg, files) = peer.recv::<Msg>(PART_BOUND).map_err(|e| crate::error_chain(&e))?;
+        log::debug!("live update: a part received in {:?}", t.elapsed());
         let mut files = Files::new(files);
         match msg {
             Msg::Control(part) => {
@@ -157,6 +159,7 @@ fn take_function(
         Origin::Created(table) => FunctionSpec::from_rpc(&spec.defaults, table.clone())
             .map_err(|e| format!("its create_function table: {}", crate::error_chain(&e)))?,
     };
+    let t = std::time::Instant::now();
     let handover = state::server_handover(&mut part, &mut files)?;
     let FunctionPart { backend: part_backend, origin, .. } = part;
     let built = match backends::open(&fspec, true, DescriptorShare::OneOf(1)) {
@@ -167,6 +170,7 @@ fn take_function(
         Err(e) => return Err(crate::error_chain(&e)),
     };
     files.finish()?;
+    let restored = t.elapsed();
     let placement = functions.place(&fspec, index).map_err(|e| crate::error_chain(&e))?;
     let server = Server::take_over(
         handover,
@@ -176,5 +180,9 @@ fn take_function(
         placement.clone(),
     )
     .map_err(|e| crate::error_chain(&e))?;
+    log::debug!(
+        "live update: backend restored in {restored:?}, server built in {:?}",
+        t.elapsed() - restored
+    );
     Ok(Taken { server, spec: fspec, placement, built, origin })
 }

@@ -25,7 +25,7 @@ use crate::abi::ROOT_ID;
 use crate::filesystem::Timespec;
 
 /// The format version this firmware writes and reads.
-pub const RAMFS_STATE_VERSION: u32 = 1;
+pub const RAMFS_STATE_VERSION: u32 = 2;
 
 /// An ACL entry: tag, permissions, id.
 pub type AclEntryState = (u16, u16, u32);
@@ -64,8 +64,9 @@ pub struct MetaState {
 /// What an inode holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum BodyState {
-    /// A regular file: per chunk index, the memfd slot holding it.
-    File(Vec<(u64, u32)>),
+    /// A regular file: its chunks as runs `(first chunk index, its memfd slot, count)`, chunk
+    /// `index + k` in slot `slot + k` (a file written in order is one run, whatever its size).
+    File(Vec<(u64, u32, u32)>),
     /// A symbolic link's target.
     Symlink(Vec<u8>),
     /// Anything else.
@@ -226,7 +227,7 @@ impl RamFs {
             for inode in rd(shard).values() {
                 let body = match &inode.body {
                     Body::File(data) => {
-                        BodyState::File(rd(data).chunks.iter().map(|(&i, c)| (i, c.slot())).collect())
+                        BodyState::File(runs(rd(data).chunks.iter().map(|(&i, c)| (i, c.slot()))))
                     }
                     Body::Symlink(target) => BodyState::Symlink(target.to_vec()),
                     Body::Other => BodyState::Other,
@@ -297,7 +298,7 @@ impl RamFs {
             let body = match &i.body {
                 BodyState::File(chunks) => {
                     let mut map = BTreeMap::new();
-                    for &(index, slot) in chunks {
+                    for (index, slot) in chunks.iter().flat_map(|&r| run_chunks(r)) {
                         map.insert(
                             index,
                             store.claim(slot).ok_or_else(|| bad(format!("slot {slot} taken twice")))?,
@@ -372,14 +373,23 @@ fn check(cfg: &RamFsConfig, s: &RamFsState) -> Result<(), StateError> {
         ));
     }
     // Every slot below `next` is either free (once) or a chunk of one file (once).
-    let mut seen = HashSet::new();
-    let chunks = s.inodes.iter().filter_map(|i| match &i.body {
-        BodyState::File(c) => Some(c.iter().map(|&(_, slot)| slot)),
-        _ => None,
-    });
-    for slot in s.store.resident.iter().chain(&s.store.punched).copied().chain(chunks.flatten()) {
-        if slot >= s.store.next || !seen.insert(slot) {
-            return bad(format!("slot {slot} is outside the used slots or owned twice"));
+    let mut seen = vec![false; s.store.next as usize];
+    let mut runs = Vec::new();
+    for i in &s.inodes {
+        if let BodyState::File(r) = &i.body {
+            runs.extend(r.iter().copied());
+        }
+    }
+    if let Some(&(index, slot, count)) = runs.iter().find(|&&(index, slot, count)| {
+        count == 0 || index.checked_add(u64::from(count)).is_none() || slot.checked_add(count).is_none()
+    }) {
+        return bad(format!("chunk run ({index}, {slot}, {count}) is empty or overflows"));
+    }
+    let slots = runs.iter().flat_map(|&r| run_chunks(r).map(|(_, slot)| slot));
+    for slot in s.store.resident.iter().chain(&s.store.punched).copied().chain(slots) {
+        match seen.get_mut(slot as usize) {
+            Some(owned) if !*owned => *owned = true,
+            _ => return bad(format!("slot {slot} is outside the used slots or owned twice")),
         }
     }
     let inos: HashSet<u64> = s.inodes.iter().map(|i| i.ino).collect();
@@ -412,4 +422,26 @@ fn check(cfg: &RamFsConfig, s: &RamFsState) -> Result<(), StateError> {
         return bad(format!("handle {fh} past the next handle, or on no inode"));
     }
     Ok(())
+}
+
+/// `(chunk index, slot)` pairs in index order as runs of consecutive indices in consecutive
+/// slots.
+fn runs(chunks: impl Iterator<Item = (u64, u32)>) -> Vec<(u64, u32, u32)> {
+    let mut out: Vec<(u64, u32, u32)> = Vec::new();
+    for (index, slot) in chunks {
+        match out.last_mut() {
+            Some((i, s, n))
+                if *i + u64::from(*n) == index && s.checked_add(*n) == Some(slot) && *n < u32::MAX =>
+            {
+                *n += 1
+            }
+            _ => out.push((index, slot, 1)),
+        }
+    }
+    out
+}
+
+/// The `(chunk index, slot)` pairs of one run (checked not to overflow by `check`).
+fn run_chunks((index, slot, count): (u64, u32, u32)) -> impl Iterator<Item = (u64, u32)> {
+    (0..count).map(move |k| (index + u64::from(k), slot + k))
 }
