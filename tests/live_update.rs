@@ -11,6 +11,9 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use vfio_bindings::bindings::vfio::{
+    VFIO_IRQ_SET_ACTION_MASK, VFIO_IRQ_SET_ACTION_UNMASK, VFIO_IRQ_SET_DATA_NONE, VFIO_PCI_MSIX_IRQ_INDEX,
+};
 use virtiofs_dpu::ops::control_socket::ControlClient;
 use virtiofs_tools::fuse_abi::opcode;
 use virtiofs_tools::virtqueue::RingLayout;
@@ -215,4 +218,48 @@ fn a_function_whose_state_does_not_move_refuses_the_update() {
     let e = d.lookup(ROOT, "f").unwrap();
     let o = d.open(e.nodeid, libc::O_RDONLY as u32).unwrap();
     assert_eq!(d.read(e.nodeid, o.fh, 0, 4).unwrap(), b"kept");
+}
+
+/// The request queue's MSI-X vector is masked when the daemon is updated: the interrupt of a
+/// completion made before the update stays pending across it (the PBA bit reads set from the
+/// new process), and unmasking delivers it.
+#[test]
+fn a_masked_vector_stays_masked_and_pending_across_an_update() {
+    let dir = tempfile::tempdir().unwrap();
+    let _d = daemon(dir.path(), &[]);
+    let ctl = dir.path().join("ctl.sock");
+    let opts = DriverOptions { use_interrupts: true, request_queues: 1, ..Default::default() };
+    let mut d = FsDriver::connect(&dir.path().join("fs.sock"), opts).unwrap();
+    d.init().unwrap();
+    let (e, o) = d.create(ROOT, "f", 0o644, libc::O_RDWR as u32).unwrap();
+    let v = d.queue_vector(1);
+    assert!(v < 8, "vector {v}: the test reads one PBA byte");
+    let pending = |d: &mut FsDriver| d.client().read_le(1, 0x800, 1).unwrap() & (1 << v) != 0;
+    let msix = VFIO_PCI_MSIX_IRQ_INDEX;
+    d.client()
+        .set_irqs(msix, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_MASK, u32::from(v), 1, &[], &[])
+        .unwrap();
+    let _ = d.take_interrupts(v);
+    // A request completed while masked: its interrupt pends (the reply is reaped from the ring).
+    let probe = LockReq { fh: o.fh, owner: 1, typ: libc::F_WRLCK, start: 0, end: 9, pid: 1, flock: false };
+    let t = d.submit_lk(1, opcode::GETLK, e.nodeid, &probe).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(pending(&mut d), "no pending bit before the update");
+    let before = device(&ctl)["pid"].clone();
+    let out = finish(update(&ctl, None));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_ne!(device(&ctl)["pid"], before);
+    assert!(pending(&mut d), "the pending bit did not survive the update");
+    assert_eq!(d.take_interrupts(v), 0, "a masked vector was signalled");
+    d.lk_result(opcode::GETLK, t).unwrap();
+    d.client()
+        .set_irqs(msix, VFIO_IRQ_SET_DATA_NONE | VFIO_IRQ_SET_ACTION_UNMASK, u32::from(v), 1, &[], &[])
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while d.take_interrupts(v) == 0 {
+        assert!(Instant::now() < deadline, "unmasking did not deliver the pending interrupt");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(!pending(&mut d), "still pending after delivery");
+    assert_eq!(d.read(e.nodeid, o.fh, 0, 1).unwrap(), Vec::<u8>::new());
 }
