@@ -263,3 +263,42 @@ fn a_masked_vector_stays_masked_and_pending_across_an_update() {
     assert!(!pending(&mut d), "still pending after delivery");
     assert_eq!(d.read(e.nodeid, o.fh, 0, 1).unwrap(), Vec::<u8>::new());
 }
+
+/// Two functions, one from the command line and one made at run time by `create_function`
+/// (the new process reads its table again), each with a driver and data: after the update both
+/// serve their data, `list_functions` shows both, and the created one keeps its own size.
+#[test]
+fn a_function_created_at_run_time_is_handed_over_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let socks = dir.path().join("socks");
+    std::fs::create_dir(&socks).unwrap();
+    let allow = format!("sockets={}", socks.display());
+    let _d = daemon(dir.path(), &["--allow-create", &allow]);
+    let ctl = dir.path().join("ctl.sock");
+    let b_sock = socks.join("b.sock");
+    let params = serde_json::json!({"socket_path": b_sock, "tag": "b", "ramfs_size": "32M"});
+    ControlClient::connect(&ctl).unwrap().call("create_function", params).unwrap();
+    let mut drivers = Vec::new();
+    for (sock, byte) in [(dir.path().join("fs.sock"), 0xa1u8), (b_sock.clone(), 0xb2)] {
+        let mut d = FsDriver::connect(&sock, DriverOptions::default()).unwrap();
+        d.init().unwrap();
+        let (e, o) = d.create(ROOT, "f", 0o644, libc::O_RDWR as u32).unwrap();
+        d.write(e.nodeid, o.fh, 0, &vec![byte; 300_000]).unwrap();
+        drivers.push((d, e.nodeid, o.fh, byte));
+    }
+    let out = finish(update(&ctl, None));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["functions"], 2, "{answer}");
+    std::thread::sleep(Duration::from_millis(400));
+    for (d, node, fh, byte) in &mut drivers {
+        assert_eq!(d.read(*node, *fh, 0, 300_000).unwrap(), vec![*byte; 300_000]);
+    }
+    let list = ControlClient::connect(&ctl).unwrap().call("list_functions", Value::Null).unwrap();
+    let tags: Vec<&str> = list.as_array().unwrap().iter().map(|f| f["tag"].as_str().unwrap()).collect();
+    assert_eq!(tags, ["lu", "b"]);
+    let b = &list[1]["spec"]["backend"];
+    assert_eq!(b["size"], 32 << 20, "{b}");
+    // The created function's socket file is in place after the old process ended.
+    assert!(b_sock.exists());
+}
