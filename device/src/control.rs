@@ -459,7 +459,9 @@ impl DeviceState {
             return Err(HandoverError::Version { found: s.version, expected: SNAPSHOT_VERSION });
         }
         let mismatch = |what: &str| HandoverError::Files(what.to_string());
+        let t = std::time::Instant::now();
         let mut dev = Self::on_pool(profile, pool, placement, handler, wake_control)?;
+        let attached = t.elapsed();
         dev.func.restore(&s.function)?;
         dev.counters().carry(s.stats.clone());
         let mut window_files = files.windows.into_iter();
@@ -501,9 +503,15 @@ impl DeviceState {
             _ => return Err(mismatch("the doorbells' area (the profiles' doorbells differ?)")),
         }
         dev.counters().removal_interrupt(dev.req_fd.is_some());
+        let checked = t.elapsed();
         dev.publish_irqs();
         dev.pollers.set_memory(&dev.dma.snapshot());
         dev.taken = Some(s.rings);
+        log::debug!(
+            "taken over: attached to the pollers in {attached:?}, registers, windows and interrupts by {checked:?}, \
+             published to the pollers by {:?}",
+            t.elapsed()
+        );
         dev.publish_state();
         Ok(dev)
     }

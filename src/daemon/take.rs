@@ -62,6 +62,8 @@ pub fn take_over(spec: DaemonSpec, supervisor: Channel, peer: Channel) -> Result
         .map_err(StartError::Signals)?;
     virtiofs_device::interrupt::start_watchdog();
     let pool = PollerPool::spawn(&spec.pool).map_err(StartError::Pollers)?;
+    // Before anything is frozen: the clock's calibration would otherwise fall in the pause.
+    virtiofs_device::stats::calibrate_latency_clock();
     let why = "the daemon is confined (sandbox or seccomp) and can bind no new socket";
     let functions =
         Arc::new(FunctionSet::new(pool, Some(spec.defaults.clone()), why, spec.ops.max_functions));

@@ -35,6 +35,7 @@ mod histogram;
 mod snapshot;
 
 pub use class::{OpClass, Tally};
+pub use clock::calibrate_latency_clock;
 pub(crate) use clock::{coarse_now_ns, LatencyClock};
 pub use counters::DeviceCounters;
 pub(crate) use counters::{add, sub_one, PollerCounters, QueueCounters};
