@@ -129,8 +129,11 @@ impl Log for Logger {
                 let _ = s.send(msg.as_bytes());
             }
             None => {
-                let mut err = std::io::stderr().lock();
-                let _ = writeln!(err, "{line}");
+                // One write per record: records of two processes on one stderr (a live update's
+                // old and new serving processes) do not run together.
+                let mut line = line;
+                line.push('\n');
+                let _ = std::io::stderr().lock().write_all(line.as_bytes());
             }
         }
     }

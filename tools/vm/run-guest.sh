@@ -187,7 +187,12 @@ if [ -n "$grc" ]; then
   log "guest script rc=$rc (boot-done at ${boot:-?}s guest uptime, ${wall}s wall)"
 elif [ "$qrc" = 124 ] || [ "$qrc" = 137 ]; then
   rc=124
-  log "TIMEOUT after ${TIMEOUT}s (boot-done at ${boot:-never}); console log: $LOG"
+  if awk -v w="$wall" -v t="$TIMEOUT" 'BEGIN{exit !(w < t - 1)}'; then
+    # SIGKILL before the timeout: another process killed QEMU (a fault test does).
+    log "QEMU killed (SIGKILL) after ${wall}s, before the ${TIMEOUT}s timeout; console log: $LOG"
+  else
+    log "TIMEOUT after ${TIMEOUT}s (boot-done at ${boot:-never}); console log: $LOG"
+  fi
 else
   rc=125
   log "guest reported no exit status (qemu rc=$qrc, ${wall}s wall); console log: $LOG"
