@@ -493,6 +493,8 @@ struct Updated {
     /// From the call to the answer.
     rpc: Duration,
     handover_ms: f64,
+    /// The old process's `phases` of it, as the answer gives them (freeze, save, send, ready).
+    phases: String,
     new_pid: u32,
     /// The process that handed over (it exits [`OLD_EXIT`] after the answer).
     old_pid: u32,
@@ -510,10 +512,17 @@ fn update(ctl: &Path) -> Result<Updated, LiveUpdateError> {
     Ok(Updated {
         rpc,
         handover_ms: v["handover_ms"].as_f64().ok_or_else(bad)?,
+        phases: phases(&v["phases"]),
         new_pid: v["new_pid"].as_u64().and_then(|p| u32::try_from(p).ok()).ok_or_else(bad)?,
         old_pid: v["old_pid"].as_u64().and_then(|p| u32::try_from(p).ok()).ok_or_else(bad)?,
         version: v["new_version"].as_str().unwrap_or("?").to_string(),
     })
+}
+
+/// The `phases` of an answer in one line: `freeze 0.2, save 0.0, send 0.1, ready 2.0`.
+fn phases(v: &Value) -> String {
+    let one = |k: &str| format!("{} {:.1}", k, v[format!("{k}_ms")].as_f64().unwrap_or(f64::NAN));
+    ["freeze", "save", "send", "ready"].map(one).join(", ")
 }
 
 /// The serving process's id, from `get_device`.
@@ -729,10 +738,11 @@ fn measure(
             handovers.push(u.handover_ms);
             rpcs.push(ms(u.rpc));
             progress(&format!(
-                "QD={depth} update {}/{n}: pause {:.2} ms, handover {:.2} ms, RPC {:.1} ms",
+                "QD={depth} update {}/{n}: pause {:.2} ms, handover {:.2} ms ({}), RPC {:.1} ms",
                 i + 1,
                 pause as f64 / 1e6,
                 u.handover_ms,
+                u.phases,
                 ms(u.rpc)
             ));
         }
