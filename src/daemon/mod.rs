@@ -89,6 +89,9 @@ pub enum StartError {
     /// A live update's takeover failed (the old process serves on).
     #[error("live update: {0}")]
     Takeover(String),
+    /// The old process called the live update off (it serves on); not this process's failure.
+    #[error("live update: {0}")]
+    CalledOff(String),
     /// A function cannot start.
     #[error("function {tag:?}")]
     Function {
@@ -126,6 +129,10 @@ pub fn run(spec: DaemonSpec, role: Role) -> ExitCode {
     };
     match started {
         Ok(serving) => serving.serve(),
+        Err(StartError::CalledOff(why)) => {
+            info!("{why}; this process ends");
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             error!("{}", error_chain(&e));
             ExitCode::from(e.exit_code())

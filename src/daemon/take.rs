@@ -36,6 +36,9 @@ const PART_BOUND: Duration = Duration::from_secs(10);
 /// How long the old process may take to commit once this one is ready.
 const COMMIT_BOUND: Duration = Duration::from_secs(10);
 
+/// How an error of [`receive`] says that the old process called the update off.
+const CALLED_OFF: &str = "the old process called the update off";
+
 /// A function built from its part, not serving yet.
 struct Taken {
     server: Server,
@@ -78,6 +81,7 @@ pub fn take_over(spec: DaemonSpec, supervisor: Channel, peer: Channel) -> Result
     log::debug!("live update: received and built every function in {:?}", t.elapsed());
     let (control, taken, updates) = match received {
         Ok(r) => r,
+        Err(why) if why.starts_with(CALLED_OFF) => return Err(StartError::CalledOff(why)),
         Err(why) => {
             let _ = peer.send(&Msg::Refused { reason: why.clone() }, &[]);
             return Err(fail(why));
@@ -87,7 +91,7 @@ pub fn take_over(spec: DaemonSpec, supervisor: Channel, peer: Channel) -> Result
     match peer.recv::<Msg>(COMMIT_BOUND) {
         Ok((Msg::Commit, _)) => {}
         Ok((Msg::Abort { reason }, _)) => {
-            return Err(fail(format!("the old process called it off: {reason}")))
+            return Err(StartError::CalledOff(format!("{CALLED_OFF}: {reason}")))
         }
         Ok((other, _)) => return Err(fail(format!("expected commit, got {other:?}"))),
         Err(e) => return Err(fail(format!("no commit: {}", crate::error_chain(&e)))),
@@ -140,6 +144,9 @@ fn receive(spec: &DaemonSpec, functions: &FunctionSet, peer: &Channel) -> Result
                 files.finish()?;
                 return Ok((control, taken, updates));
             }
+            // Called off while the parts came (a function that could not be frozen): no
+            // refusal to send back; this process ends.
+            Msg::Abort { reason } => return Err(format!("{CALLED_OFF}: {reason}")),
             other => return Err(format!("unexpected {other:?}")),
         }
     }

@@ -68,7 +68,7 @@ pub fn give(
         (Msg::Hello { reads, version, pid }, _) => {
             if !reads.contains(&STATE_VERSION) {
                 let e = UpdateError::Format { reads, writes: STATE_VERSION };
-                let _ = peer.send(&Msg::Abort { reason: e.to_string() }, &[]);
+                let _ = peer.send(&Msg::Abort { reason: crate::error_chain(&e) }, &[]);
                 return Err(e);
             }
             log::info!("live update: process {pid} (version {version}) reads formats {reads:?}");
@@ -105,7 +105,7 @@ pub fn give(
             for a in answers {
                 a.not_taken();
             }
-            let _ = peer.send(&Msg::Abort { reason: e.to_string() }, &[]);
+            let _ = peer.send(&Msg::Abort { reason: crate::error_chain(&e) }, &[]);
             return Err(e);
         }
     };
