@@ -254,7 +254,7 @@ impl FunctionSet {
         origin: Origin,
     ) -> Result<FunctionInfo, FunctionError> {
         let mut inner = self.lock();
-        let placement = self.placement(&inner, &spec)?;
+        let placement = self.placement(&inner, &spec, 0)?;
         let device = RunningDevice::start_on_pool(
             listener,
             spec.profile.clone(),
@@ -266,8 +266,13 @@ impl FunctionSet {
     }
 
     /// Where the queues of a new function `spec` describes go (checked against the functions
-    /// there are).
-    fn placement(&self, inner: &Inner, spec: &FunctionSpec) -> Result<Placement, FunctionError> {
+    /// there are); `after`: functions that will be placed before it.
+    fn placement(
+        &self,
+        inner: &Inner,
+        spec: &FunctionSpec,
+        after: usize,
+    ) -> Result<Placement, FunctionError> {
         let tag = spec.tag();
         if inner.functions.iter().any(|f| f.tag == tag) {
             return Err(FunctionError::Exists(tag.into()));
@@ -282,19 +287,13 @@ impl FunctionSet {
                 self.pool.pollers()
             )));
         }
-        Ok(self.pool.placement(spec.profile.queue_mapping, pollers, inner.next_ordinal))
+        Ok(self.pool.placement(spec.profile.queue_mapping, pollers, inner.next_ordinal + after))
     }
 
     /// Where a function taken over in a live update goes, as [`Self::adopt`] will place it
     /// (functions are taken in their predecessor's order).
     pub fn place(&self, spec: &FunctionSpec, after: usize) -> Result<Placement, FunctionError> {
-        let inner = self.lock();
-        let mut p = self.placement(&inner, spec)?;
-        if after > 0 {
-            let pollers = spec.pollers.as_deref();
-            p = self.pool.placement(spec.profile.queue_mapping, pollers, inner.next_ordinal + after);
-        }
-        Ok(p)
+        self.placement(&self.lock(), spec, after)
     }
 
     /// Serves a function taken over in a live update ([`vfio_user::Server::take_over`] made
@@ -308,7 +307,7 @@ impl FunctionSet {
         origin: Origin,
     ) -> Result<FunctionInfo, FunctionError> {
         let mut inner = self.lock();
-        self.placement(&inner, &spec)?;
+        self.placement(&inner, &spec, 0)?;
         let device = RunningDevice::run_server(server, spec.tag())?;
         self.insert(&mut inner, spec, placement, device, built, origin)
     }

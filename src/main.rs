@@ -49,7 +49,8 @@ struct Args {
     #[arg(long, value_name = "MODE", value_parser = deploy::parse_mode)]
     socket_mode: Option<u32>,
     /// Serve JSON-RPC 2.0 on this unix socket (get_device, get_stats, reset_stats,
-    /// set_log_level, list/create/delete_function; mode 0600 unless --control-socket-mode):
+    /// set_log_level, list/create/delete_function, live_update; mode 0600 unless
+    /// --control-socket-mode):
     /// read it with `virtiofs-dpu stats --control-socket PATH`.
     #[arg(long, value_name = "PATH")]
     control_socket: Option<PathBuf>,

@@ -302,3 +302,49 @@ fn a_function_created_at_run_time_is_handed_over_too() {
     // The created function's socket file is in place after the old process ended.
     assert!(b_sock.exists());
 }
+
+/// `live_update` with params it does not take is refused (-32602) naming what it takes, and on
+/// a daemon without `--live-update` it is refused (-32000) saying so; the daemon serves on.
+#[test]
+fn bad_live_update_requests_get_clean_errors() {
+    use virtiofs_dpu::ops::control_socket::ClientError;
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = dir.path().join("ctl.sock");
+    let code = |r: Result<Value, ClientError>| match r {
+        Err(ClientError::Rpc { code, message, .. }) => (code, message),
+        other => panic!("expected an error, got {other:?}"),
+    };
+    {
+        let _d = daemon(dir.path(), &[]);
+        let mut c = ControlClient::connect(&ctl).unwrap();
+        for bad in [
+            serde_json::json!({"binary": 5}),
+            serde_json::json!({"binary": ""}),
+            serde_json::json!({"tag": "lu"}),
+        ] {
+            let (code, message) = code(c.call("live_update", bad.clone()));
+            assert_eq!(code, -32602, "{bad}: {message}");
+            assert!(message.contains("binary"), "{bad}: {message}");
+        }
+        assert!(c.call("get_device", Value::Null).is_ok());
+    }
+    // A daemon of its own sockets (the first one's serving process may still be stopping).
+    let (sock, ctl) = (dir.path().join("plain.sock"), dir.path().join("plain-ctl.sock"));
+    let _plain = Daemon(
+        Command::new(BIN)
+            .arg("--socket-path")
+            .arg(&sock)
+            .arg("--control-socket")
+            .arg(&ctl)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for(&sock);
+    wait_for(&ctl);
+    let mut c = ControlClient::connect(&ctl).unwrap();
+    let (code, message) = code(c.call("live_update", Value::Null));
+    assert_eq!(code, -32000, "{message}");
+    assert!(message.contains("--live-update"), "{message}");
+    assert_eq!(device(&ctl)["live_update"], false);
+}
