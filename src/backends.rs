@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use virtiofs_backend::nfs::fs::{NfsError, NfsFs};
 use virtiofs_backend::passthrough::uring::IoMode;
-use virtiofs_backend::passthrough::{DescriptorShare, PassthroughConfig, SetupError};
+use virtiofs_backend::filesystem::CachePolicy;
+use virtiofs_backend::passthrough::{DescriptorShare, PassthroughConfig, Policy, SetupError};
 use virtiofs_backend::ramfs::RamFsConfig;
 use virtiofs_backend::server::ServerOptions;
 use virtiofs_backend::{PassthroughFs, RamFs};
@@ -85,11 +86,9 @@ pub fn open(spec: &FunctionSpec, keep: bool, share: DescriptorShare) -> Result<O
             Ok(Opened::Ram(cfg))
         }
         BackendSpec::SharedDir { shared_dir, cache, io_mode, refuse } => {
-            let mut cfg = PassthroughConfig::new(shared_dir);
-            (cfg.cache, cfg.policy, cfg.posix_acl) = (*cache, *refuse, posix_acl);
-            cfg.descriptor_share = share;
+            let (cfg, io_mode) = (shared_config(shared_dir, *cache, *refuse, posix_acl, share), *io_mode);
             let fs = PassthroughFs::new(cfg.clone()).map_err(|source| shared(&cfg.root, source))?;
-            Ok(Opened::SharedDir { fs: keep.then(|| Box::new(fs)), cfg, io_mode: *io_mode })
+            Ok(Opened::SharedDir { fs: keep.then(|| Box::new(fs)), cfg, io_mode })
         }
         BackendSpec::Remote(r) => {
             log::info!(
@@ -105,6 +104,27 @@ pub fn open(spec: &FunctionSpec, keep: bool, share: DescriptorShare) -> Result<O
             Ok(Opened::Remote(Box::new(fs)))
         }
     }
+}
+
+/// A shared directory's configuration (rooted on the host) and I/O mode, as `spec` describes
+/// them; `None` for another backend.
+pub fn passthrough_config(spec: &FunctionSpec, share: DescriptorShare) -> Option<(PassthroughConfig, IoMode)> {
+    let BackendSpec::SharedDir { shared_dir, cache, io_mode, refuse } = &spec.backend else {
+        return None;
+    };
+    Some((shared_config(shared_dir, *cache, *refuse, spec.fuse.posix_acl, share), *io_mode))
+}
+
+fn shared_config(
+    dir: &Path,
+    cache: CachePolicy,
+    policy: Policy,
+    posix_acl: bool,
+    share: DescriptorShare,
+) -> PassthroughConfig {
+    let mut cfg = PassthroughConfig::new(dir);
+    (cfg.cache, cfg.policy, cfg.posix_acl, cfg.descriptor_share) = (cache, policy, posix_acl, share);
+    cfg
 }
 
 fn shared(dir: &Path, source: SetupError) -> BackendError {
@@ -154,7 +174,7 @@ pub fn build(
             let h = Arc::new(FuseHandler::with_options(fs, options));
             let s = h.clone();
             let stats = move || FuseStats { io: Some(s.server().filesystem().engine_stats()), ..s.stats() };
-            Built { handler: h, fuse: Arc::new(stats), descriptors, saver: None }
+            Built { handler: h.clone(), fuse: Arc::new(stats), descriptors, saver: Some(h) }
         }
         Opened::Remote(fs) => {
             let h = Arc::new(FuseHandler::with_options(*fs, options));

@@ -86,10 +86,14 @@ pub fn effective_uid() -> u32 {
 pub fn wait_readable(fd: &impl std::os::fd::AsFd, timeout: std::time::Duration) -> io::Result<bool> {
     use std::os::fd::AsRawFd;
     let mut p = libc::pollfd { fd: fd.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // `ppoll`, not `poll`: it is the one in the confined daemon's system-call allowlist (and
+    // the one aarch64 has).
+    let secs = libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX);
+    let ts = libc::timespec { tv_sec: secs, tv_nsec: timeout.subsec_nanos().into() };
     loop {
-        // SAFETY: `p` is one valid, writable `pollfd`; the descriptor is borrowed for the call.
-        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        // SAFETY: `p` is one valid, writable `pollfd` and `ts` a valid timespec; the
+        // descriptor is borrowed for the call; no signal mask is passed.
+        let n = unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
         if n >= 0 {
             return Ok(n > 0);
         }

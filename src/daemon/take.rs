@@ -22,11 +22,11 @@ use virtiofs_device::poller::PollerPool;
 use virtiofs_device::vfio_user::socket_file::SocketFiles;
 use virtiofs_device::vfio_user::Server;
 
-use super::{serve, Serving, StartError};
+use super::{confine, serve, Serving, StartError};
 use crate::backends::{self, Built, Opened};
 use crate::functions::FunctionSet;
 use crate::ops::control_socket::{BoundControlSocket, ControlAccess};
-use crate::settings::{DaemonSpec, FunctionSpec};
+use crate::settings::{BackendSpec, DaemonSpec, FunctionSpec};
 use crate::update::channel::Channel;
 use crate::update::state::{self, Files, FunctionPart, Msg, Origin, FORMATS_READ};
 use crate::update::{backend, Updater};
@@ -52,24 +52,22 @@ struct Taken {
 /// this binary's reading of the same command line.
 pub fn take_over(spec: DaemonSpec, supervisor: Channel, peer: Channel) -> Result<Serving, StartError> {
     let fail = |why: String| StartError::Takeover(why);
-    if spec.confinement.confined() {
-        let why = "a confined daemon (a shared directory or an NFS export) is not taken over yet".to_string();
-        let _ = peer.send(&Msg::Refused { reason: why.clone() }, &[]);
-        return Err(fail(why));
-    }
-    super::set_nofile_limit(spec.ops.rlimit_nofile).map_err(StartError::Limit)?;
+    let confined = match confine_as_started(&spec) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = peer.send(&Msg::Refused { reason: crate::error_chain(&e) }, &[]);
+            return Err(e);
+        }
+    };
     let started_at = std::time::Instant::now();
-    let stats_file = spec.ops.stats_file.as_deref().map(serve::StatsFile::create).transpose();
-    let stats_file = stats_file.map_err(StartError::StatsFile)?;
-    let signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1, SIGHUP])
-        .map_err(StartError::Signals)?;
+    let (stats_file, signals) = (confined.stats_file, confined.signals);
     virtiofs_device::interrupt::start_watchdog();
     let pool = PollerPool::spawn(&spec.pool).map_err(StartError::Pollers)?;
     // Before anything is frozen: the clock's calibration would otherwise fall in the pause.
     virtiofs_device::stats::calibrate_latency_clock();
     let why = "the daemon is confined (sandbox or seccomp) and can bind no new socket";
-    let functions =
-        Arc::new(FunctionSet::new(pool, Some(spec.defaults.clone()), why, spec.ops.max_functions));
+    let defaults = (!spec.confinement.confined()).then(|| spec.defaults.clone());
+    let functions = Arc::new(FunctionSet::new(pool, defaults, why, spec.ops.max_functions));
     let hello = Msg::Hello {
         reads: FORMATS_READ.to_vec(),
         version: env!("CARGO_PKG_VERSION").into(),
@@ -77,7 +75,7 @@ pub fn take_over(spec: DaemonSpec, supervisor: Channel, peer: Channel) -> Result
     };
     peer.send(&hello, &[]).map_err(|e| fail(crate::error_chain(&e)))?;
     let t = std::time::Instant::now();
-    let received = receive(&spec, &functions, &peer);
+    let received = receive(&spec, &confined.shares, &functions, &peer);
     log::debug!("live update: received and built every function in {:?}", t.elapsed());
     let (control, taken, updates) = match received {
         Ok(r) => r,
@@ -109,10 +107,61 @@ pub fn take_over(spec: DaemonSpec, supervisor: Channel, peer: Channel) -> Result
     Ok(Serving { functions, config, control, notifier: None, signals, stats_file, started_at, updater })
 }
 
+/// What the new process is once confined as the old one was started.
+struct Confined {
+    stats_file: Option<serve::StatsFile>,
+    signals: signal_hook::iterator::Signals,
+    shares: Shares,
+}
+
+/// How shared directories are opened in this process.
+struct Shares {
+    /// Each function's shared directory inside the sandbox's root, if it moved there.
+    plan: confine::Plan,
+    /// `/proc/self/fd` (the sandbox's, or the host's), to reopen nodes through; `None` in a
+    /// daemon of no shared directory.
+    proc_fd: Option<OwnedFd>,
+    /// Shared directories the daemon started with (they split the descriptor budget).
+    count: usize,
+    /// This process's effective uid (the control socket's owner).
+    uid: u32,
+}
+
+/// Steps 2, 3 and 5 of a start (`super::start`) with no socket to bind: the open files
+/// limit, the statistics file and the signal handlers on the host's terms, then the same
+/// namespaces, privileges and system-call filter as the old process (the sockets, shares'
+/// nodes and DMA windows come as descriptors, so nothing needs the host's names after that).
+/// On the process's only thread.
+fn confine_as_started(spec: &DaemonSpec) -> Result<Confined, StartError> {
+    super::set_nofile_limit(spec.ops.rlimit_nofile).map_err(StartError::Limit)?;
+    let stats_file = spec.ops.stats_file.as_deref().map(serve::StatsFile::create).transpose();
+    let stats_file = stats_file.map_err(StartError::StatsFile)?;
+    let signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGUSR1, SIGHUP])
+        .map_err(StartError::Signals)?;
+    let plan = confine::Plan::new(spec)?;
+    let count = spec.functions.iter().filter(|f| matches!(f.backend, BackendSpec::SharedDir { .. })).count();
+    let proc_fd = match plan.enter(&mut [], None)? {
+        Some(fd) => Some(fd),
+        None if count > 0 || !spec.confinement.confined() => {
+            let fd = std::fs::File::open("/proc/self/fd").map_err(StartError::ProcFd)?;
+            Some(OwnedFd::from(fd))
+        }
+        None => None,
+    };
+    let uid = crate::sys::effective_uid();
+    plan.lock_down()?;
+    Ok(Confined { stats_file, signals, shares: Shares { plan, proc_fd, count, uid } })
+}
+
 type Received = (Option<BoundControlSocket>, Vec<Taken>, u64);
 
 /// Every part until the end, each checked and built.
-fn receive(spec: &DaemonSpec, functions: &FunctionSet, peer: &Channel) -> Result<Received, String> {
+fn receive(
+    spec: &DaemonSpec,
+    shares: &Shares,
+    functions: &FunctionSet,
+    peer: &Channel,
+) -> Result<Received, String> {
     let mut control = None;
     let mut taken = Vec::new();
     loop {
@@ -130,12 +179,13 @@ fn receive(spec: &DaemonSpec, functions: &FunctionSet, peer: &Channel) -> Result
                     mode: spec.ops.control_socket_mode,
                 };
                 let socket_files = SocketFiles::from_parts(part.socket_file, lock);
-                control = Some(BoundControlSocket::handed(part.path, listener, socket_files, access));
+                let uid = shares.uid;
+                control = Some(BoundControlSocket::handed(part.path, listener, socket_files, access, uid));
             }
             Msg::Function(part) => {
                 let tag = part.tag.clone();
                 let t0 = std::time::Instant::now();
-                let t = take_function(spec, functions, *part, files, taken.len())
+                let t = take_function(spec, shares, functions, *part, files, taken.len())
                     .map_err(|why| format!("function {tag:?}: {why}"))?;
                 log::debug!("live update: function {tag:?} built in {:?}", t0.elapsed());
                 taken.push(t);
@@ -156,6 +206,7 @@ fn receive(spec: &DaemonSpec, functions: &FunctionSet, peer: &Channel) -> Result
 /// built on this process's pollers.
 fn take_function(
     spec: &DaemonSpec,
+    shares: &Shares,
     functions: &FunctionSet,
     mut part: FunctionPart,
     mut files: Files,
@@ -171,14 +222,35 @@ fn take_function(
     let t = std::time::Instant::now();
     let handover = state::server_handover(&mut part, &mut files)?;
     let FunctionPart { backend: part_backend, origin, .. } = part;
-    let built = match backends::open(&fspec, true, DescriptorShare::OneOf(1)) {
-        Ok(Opened::Ram(cfg)) => {
-            backend::restore(fspec.fuse.server, cfg, part_backend, files.next("the RAM filesystem's data")?)?
+    let options = fspec.fuse.server;
+    let built = match &fspec.backend {
+        BackendSpec::Ram { .. } => match backends::open(&fspec, true, DescriptorShare::OneOf(1)) {
+            Ok(Opened::Ram(cfg)) => {
+                let memfd = files.next("the RAM filesystem's data")?;
+                files.finish()?;
+                backend::restore(options, cfg, part_backend, memfd)?
+            }
+            Ok(_) => return Err("this binary serves it from another backend".into()),
+            Err(e) => return Err(crate::error_chain(&e)),
+        },
+        BackendSpec::SharedDir { .. } => {
+            let share = DescriptorShare::OneOf(shares.count.max(1));
+            let Some((mut cfg, io_mode)) = backends::passthrough_config(&fspec, share) else {
+                return Err("this binary serves it from another backend".into());
+            };
+            // Where the sandbox put it, for a function the daemon started with.
+            let at = spec.functions.iter().position(|f| f.tag() == fspec.tag());
+            if let (Origin::Start, Some(inside)) = (&origin, at.and_then(|i| shares.plan.inside(i))) {
+                cfg.root = inside.to_path_buf();
+            }
+            let proc_fd = (shares.proc_fd.as_ref())
+                .ok_or("no /proc/self/fd to serve a shared directory with")?
+                .try_clone()
+                .map_err(|e| format!("cannot duplicate /proc/self/fd: {e}"))?;
+            backend::restore_passthrough(options, cfg, io_mode, proc_fd, part_backend, files.rest())?
         }
-        Ok(_) => return Err("this binary serves it from another backend".into()),
-        Err(e) => return Err(crate::error_chain(&e)),
+        BackendSpec::Remote(_) => return Err("an NFS export's state is not handed over yet".into()),
     };
-    files.finish()?;
     let restored = t.elapsed();
     let placement = functions.place(&fspec, index).map_err(|e| crate::error_chain(&e))?;
     let server = Server::take_over(

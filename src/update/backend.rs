@@ -1,48 +1,83 @@
 //! A function's backend in a live update: what a running backend gives at its function's
 //! quiet point ([`SavesState`]), and the backend a new process builds from it ([`restore`]).
 //!
-//! Only the RAM filesystem moves yet: its file data stays where it is (the memfd the next
-//! process maps), its metadata, open handles and FUSE session (INIT's flags, the locks held)
-//! travel as data. A shared directory or an NFS export has no [`SavesState`], so a daemon
-//! serving one refuses the update and serves on.
+//! A RAM filesystem's file data stays where it is (the memfd the next process maps); its
+//! metadata, open handles and FUSE session (INIT's flags, the locks held) travel as data. A
+//! shared directory's nodes and open files travel as the descriptors they are, with the node
+//! table as data. An NFS export has no [`SavesState`] yet, so a daemon serving one refuses the
+//! update and serves on.
 
 use std::fs::File;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
+use virtiofs_backend::passthrough::state::Held;
+use virtiofs_backend::passthrough::uring::IoMode;
+use virtiofs_backend::passthrough::PassthroughConfig;
 use virtiofs_backend::ramfs::RamFsConfig;
 use virtiofs_backend::server::ServerOptions;
-use virtiofs_backend::RamFs;
+use virtiofs_backend::{PassthroughFs, RamFs};
 
 use super::state::BackendPart;
 use crate::backends::Built;
 use crate::FuseHandler;
 
+/// What holds a saved backend's descriptors until they are sent.
+pub trait GivenFiles: Send {
+    /// The descriptors, in the order the state names them.
+    fn fds(&self) -> Vec<BorrowedFd<'_>>;
+}
+
+impl GivenFiles for Vec<OwnedFd> {
+    fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        self.iter().map(|f| f.as_fd()).collect()
+    }
+}
+
+impl GivenFiles for Held {
+    fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        Held::fds(self)
+    }
+}
+
 /// A backend that can give its state to a successor.
 pub trait SavesState: Send + Sync {
     /// Its state and descriptors; called while its function is at the quiet point (no request
     /// runs). `Err`: it cannot be handed over now (a SETLKW waits), and why.
-    fn save(&self) -> Result<(BackendPart, Vec<OwnedFd>), String>;
+    fn save(&self) -> Result<(BackendPart, Box<dyn GivenFiles>), String>;
 
     /// The successor serves now: leave what it shares with this process (a memfd's data)
     /// untouched from here on, also as this process ends.
     fn handed_over(&self);
 }
 
+/// Why a session with a SETLKW waiting is not handed over.
+const WAITING: &str = "a SETLKW waits for a lock (waiting requests are not handed over yet)";
+
 impl SavesState for FuseHandler<RamFs> {
-    fn save(&self) -> Result<(BackendPart, Vec<OwnedFd>), String> {
+    fn save(&self) -> Result<(BackendPart, Box<dyn GivenFiles>), String> {
         let server = self.server();
-        let session = server
-            .save_session()
-            .ok_or("a SETLKW waits for a lock (waiting requests are not handed over yet)")?;
+        let session = server.save_session().ok_or(WAITING)?;
         let fs = server.filesystem();
         let memfd = fs.data_memfd().try_clone_to_owned().map_err(|e| format!("the data memfd: {e}"))?;
-        Ok((BackendPart::Ramfs { fs: Box::new(fs.save()), session }, vec![memfd]))
+        Ok((BackendPart::Ramfs { fs: Box::new(fs.save()), session }, Box::new(vec![memfd])))
     }
 
     fn handed_over(&self) {
         self.server().filesystem().give_data_away();
     }
+}
+
+impl SavesState for FuseHandler<PassthroughFs> {
+    fn save(&self) -> Result<(BackendPart, Box<dyn GivenFiles>), String> {
+        let server = self.server();
+        let session = server.save_session().ok_or(WAITING)?;
+        let (fs, held) = server.filesystem().save();
+        Ok((BackendPart::Passthrough { fs: Box::new(fs), session }, Box::new(held)))
+    }
+
+    /// Nothing is shared but the host's files, which the new process now holds too.
+    fn handed_over(&self) {}
 }
 
 /// The backend of a function taken over: a RAM filesystem of `cfg` (its limits from the new
@@ -53,11 +88,37 @@ pub fn restore(
     part: BackendPart,
     memfd: File,
 ) -> Result<Built, String> {
-    let BackendPart::Ramfs { fs, session } = part;
+    let BackendPart::Ramfs { fs, session } = part else {
+        return Err("its state is not a RAM filesystem's".into());
+    };
     let fs =
         RamFs::restore(cfg, &fs, memfd).map_err(|e| format!("RAM filesystem: {}", crate::error_chain(&e)))?;
     let h = Arc::new(FuseHandler::with_options(fs, options));
     h.server().restore_session(&session).map_err(|e| format!("FUSE session: {e}"))?;
     let s = h.clone();
     Ok(Built { handler: h.clone(), fuse: Arc::new(move || s.stats()), descriptors: 0, saver: Some(h) })
+}
+
+/// The backend of a function taken over: the shared directory `cfg` describes (its root as
+/// this process names it), restored from `part` with its descriptors, reopening nodes through
+/// `proc_fd`.
+pub fn restore_passthrough(
+    options: ServerOptions,
+    cfg: PassthroughConfig,
+    io_mode: IoMode,
+    proc_fd: OwnedFd,
+    part: BackendPart,
+    files: Vec<File>,
+) -> Result<Built, String> {
+    let BackendPart::Passthrough { fs, session } = part else {
+        return Err("its state is not a shared directory's".into());
+    };
+    let mut fs = PassthroughFs::restore(cfg, proc_fd, &fs, files).map_err(|e| crate::error_chain(&e))?;
+    fs.set_io_mode(io_mode);
+    let descriptors = fs.descriptor_limit();
+    let h = Arc::new(FuseHandler::with_options(fs, options));
+    h.server().restore_session(&session).map_err(|e| format!("FUSE session: {e}"))?;
+    let s = h.clone();
+    let stats = move || crate::FuseStats { io: Some(s.server().filesystem().engine_stats()), ..s.stats() };
+    Ok(Built { handler: h.clone(), fuse: Arc::new(stats), descriptors, saver: Some(h) })
 }

@@ -24,8 +24,9 @@ use virtiofs_device::vfio_user::wire::{recv_with_fds, send_with_fds, MAX_MSG_FDS
 const MAGIC: u32 = 0x5055_4656;
 /// The largest body accepted (a RAM filesystem of many files says much).
 pub const MAX_BODY: usize = 512 << 20;
-/// The most descriptors one message may carry.
-pub const MAX_FILES: usize = 16 * 1024;
+/// The most descriptors one message may carry (a shared directory's nodes each hold one; the
+/// receiver's `RLIMIT_NOFILE` is the tighter bound, and exceeding it fails the receive).
+pub const MAX_FILES: usize = 1 << 20;
 const HEADER: usize = 16;
 
 /// Why a message could not be sent or received.

@@ -165,7 +165,6 @@ fn send_all(
         let t = Instant::now();
         let (path, socket_file, lock, client, device, mut files) = state::server_part(h);
         files.extend(state::device_files(device.files));
-        files.extend(backend_files);
         let part = FunctionPart {
             tag,
             origin,
@@ -176,7 +175,8 @@ fn send_all(
             device: device.snapshot,
             backend: backend_part,
         };
-        let fds: Vec<_> = files.iter().map(|f| f.as_fd()).collect();
+        let mut fds: Vec<_> = files.iter().map(|f| f.as_fd()).collect();
+        fds.extend(backend_files.fds());
         peer.send(&Msg::Function(Box::new(part)), &fds)?;
         phases.send_ms += ms(t);
     }

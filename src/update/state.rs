@@ -14,6 +14,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+use virtiofs_backend::passthrough::state::PassthroughState;
 use virtiofs_backend::ramfs::state::RamFsState;
 use virtiofs_backend::server::SessionState;
 use virtiofs_device::handover::{DeviceHandover, DeviceSnapshot, HandoverFiles};
@@ -112,6 +113,14 @@ pub enum BackendPart {
         /// The FUSE session.
         session: SessionState,
     },
+    /// A shared directory: its node table and handles and its session; each node's and each
+    /// handle's descriptor follow, in the state's order.
+    Passthrough {
+        /// The node table and handles.
+        fs: Box<PassthroughState>,
+        /// The FUSE session.
+        session: SessionState,
+    },
 }
 
 /// One function, handed over. Its descriptors, in order: the listening socket, the socket's lock
@@ -186,6 +195,11 @@ impl Files {
     /// The next one, or an error naming what is missing.
     pub fn next(&mut self, what: &str) -> Result<File, String> {
         self.0.next().ok_or_else(|| format!("the descriptor of {what} is missing"))
+    }
+
+    /// Every descriptor not taken yet.
+    pub fn rest(self) -> Vec<File> {
+        self.0.collect()
     }
 
     /// Fails if descriptors are left over.

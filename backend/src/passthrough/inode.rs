@@ -54,6 +54,12 @@ pub struct Inode {
 }
 
 impl Inode {
+    /// A node taken over from another process (a live update): its parent is set once every
+    /// node exists ([`Inode::set_parent`]).
+    pub fn restored(id: u64, fd: OwnedFd, key: InodeKey, kind: u32) -> Self {
+        Inode { id, fd, key, kind, parent: Mutex::new(None), opens: AtomicU64::new(0) }
+    }
+
     /// The `O_PATH` descriptor.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
@@ -231,6 +237,32 @@ impl InodeTable {
     /// Whether the table is empty (it never is: the root stays).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Every node in the table with its lookup references, the root first, and the next node
+    /// id (a live update; taken while no request runs).
+    pub fn entries(&self) -> (Vec<(Arc<Inode>, u64)>, u64) {
+        let inner = self.inner.read().unwrap_or_else(PoisonError::into_inner);
+        let mut all = Vec::with_capacity(inner.by_id.len());
+        all.push((self.root.clone(), 1));
+        all.extend(inner.by_id.values().filter(|s| s.inode.id != ROOT_ID).map(|s| (s.inode.clone(), s.refs)));
+        (all, inner.next_id)
+    }
+
+    /// A table of the nodes of another process (a live update): `root`, and `nodes` with their
+    /// lookup references (the root not among them; their keys distinct, checked by the
+    /// caller); node ids go on from `next_id`.
+    pub fn rebuild(root: Arc<Inode>, nodes: Vec<(Arc<Inode>, u64)>, next_id: u64) -> Self {
+        let mut inner = Inner { next_id, ..Default::default() };
+        inner.by_id.reserve(nodes.len() + 1);
+        inner.by_key.reserve(nodes.len() + 1);
+        inner.by_id.insert(ROOT_ID, Slot { inode: root.clone(), refs: 1 });
+        inner.by_key.insert(root.key, ROOT_ID);
+        for (inode, refs) in nodes {
+            inner.by_key.insert(inode.key, inode.id);
+            inner.by_id.insert(inode.id, Slot { inode, refs });
+        }
+        InodeTable { inner: RwLock::new(inner), root }
     }
 
     /// The lookup references the kernel holds on `id`.

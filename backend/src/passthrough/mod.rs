@@ -65,6 +65,7 @@ pub mod inode;
 mod ops;
 pub mod sandbox;
 pub mod seccomp;
+pub mod state;
 pub mod sys;
 pub mod uring;
 

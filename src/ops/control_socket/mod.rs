@@ -546,9 +546,15 @@ impl BoundControlSocket {
         self.files.keep_socket_file();
     }
 
-    /// A control socket handed over by the process this one took over from (a live update).
-    pub fn handed(path: PathBuf, listener: StdListener, files: SocketFiles, access: ControlAccess) -> Self {
-        let uid = crate::sys::effective_uid();
+    /// A control socket handed over by the process this one took over from (a live update);
+    /// `uid`: this process's effective uid (read before its system-call filter).
+    pub fn handed(
+        path: PathBuf,
+        listener: StdListener,
+        files: SocketFiles,
+        access: ControlAccess,
+        uid: u32,
+    ) -> Self {
         BoundControlSocket { path, listener, files, uid, access }
     }
 
