@@ -8,9 +8,9 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
 
+use virtiofs_backend::filesystem::CachePolicy;
 use virtiofs_backend::nfs::fs::{NfsError, NfsFs};
 use virtiofs_backend::passthrough::uring::IoMode;
-use virtiofs_backend::filesystem::CachePolicy;
 use virtiofs_backend::passthrough::{DescriptorShare, PassthroughConfig, Policy, SetupError};
 use virtiofs_backend::ramfs::RamFsConfig;
 use virtiofs_backend::server::ServerOptions;
@@ -108,7 +108,10 @@ pub fn open(spec: &FunctionSpec, keep: bool, share: DescriptorShare) -> Result<O
 
 /// A shared directory's configuration (rooted on the host) and I/O mode, as `spec` describes
 /// them; `None` for another backend.
-pub fn passthrough_config(spec: &FunctionSpec, share: DescriptorShare) -> Option<(PassthroughConfig, IoMode)> {
+pub fn passthrough_config(
+    spec: &FunctionSpec,
+    share: DescriptorShare,
+) -> Option<(PassthroughConfig, IoMode)> {
     let BackendSpec::SharedDir { shared_dir, cache, io_mode, refuse } = &spec.backend else {
         return None;
     };
@@ -180,7 +183,7 @@ pub fn build(
             let h = Arc::new(FuseHandler::with_options(*fs, options));
             let s = h.clone();
             let stats = move || FuseStats { nfs: Some(s.server().filesystem().stats()), ..s.stats() };
-            Built { handler: h, fuse: Arc::new(stats), descriptors: 0, saver: None }
+            Built { handler: h.clone(), fuse: Arc::new(stats), descriptors: 0, saver: Some(h) }
         }
     })
 }

@@ -19,6 +19,10 @@ use virtiofs_tools::fuse_abi::opcode;
 use virtiofs_tools::virtqueue::RingLayout;
 use virtiofs_tools::{DriverOptions, FsDriver, LockReq};
 
+#[path = "../backend/tests/harness/ganesha.rs"]
+mod ganesha;
+use ganesha::Ganesha;
+
 const BIN: &str = env!("CARGO_BIN_EXE_virtiofs-dpu");
 const ROOT: u64 = 1;
 
@@ -208,7 +212,10 @@ fn a_shared_directory_is_handed_over_with_its_nodes_and_open_files() {
     // SAFETY: a plain system call without arguments.
     let root = unsafe { libc::geteuid() } == 0;
     let modes: &[&[&str]] = if root {
-        &[&["--sandbox", "namespace", "--seccomp", "trap", "--io-mode", "ring"], &["--sandbox", "none", "--seccomp", "off"]]
+        &[
+            &["--sandbox", "namespace", "--seccomp", "trap", "--io-mode", "ring"],
+            &["--sandbox", "none", "--seccomp", "off"],
+        ]
     } else {
         eprintln!("not root: the sandboxed case needs namespaces; only --sandbox none runs");
         &[&["--sandbox", "none", "--seccomp", "off"]]
@@ -249,7 +256,11 @@ fn a_shared_directory_is_handed_over_with_its_nodes_and_open_files() {
             let mut upd = update(&ctl, None);
             let (reads, longest) = read_through(&mut d, e.nodeid, o.fh, &data, &mut upd);
             let out = finish(upd);
-            assert!(out.status.success(), "{mode:?} update {round}: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{mode:?} update {round}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             eprintln!("{mode:?} update {round}: {} reads meanwhile, the longest {longest:?}", reads);
             assert_eq!(device(&ctl)["updates"].as_u64(), Some(round), "{mode:?}");
         }
@@ -299,6 +310,57 @@ fn a_shared_directory_is_handed_over_with_its_nodes_and_open_files() {
         d.release(gone.nodeid, gone_fh).unwrap();
         d.release(e.nodeid, o.fh).unwrap();
     }
+}
+
+/// An NFS export (nfs-ganesha) is handed over, sandboxed as an NFS daemon is (its own mount
+/// namespace, the host's network, seccomp): twice under reads, with 1 MiB of UNSTABLE writes
+/// the server has not committed, an open handle and a lock held. After the updates the store
+/// still holds those writes (the counters say so), an FSYNC through the same handle commits
+/// them, the export has the bytes, and the NFS counters went on from where they were.
+#[test]
+fn an_nfs_export_is_handed_over_with_its_uncommitted_writes() {
+    let server = Ganesha::start();
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url();
+    let _d = daemon(dir.path(), &["--remote", &url, "--sandbox", "namespace", "--seccomp", "trap"]);
+    let ctl = dir.path().join("ctl.sock");
+    let opts = DriverOptions { use_interrupts: true, request_queues: 1, ..Default::default() };
+    let mut d = FsDriver::connect(&dir.path().join("fs.sock"), opts).unwrap();
+    d.init().unwrap();
+    let (e, o) = d.create(ROOT, "data", 0o644, libc::O_RDWR as u32).unwrap();
+    let data: Vec<u8> = (0..1 << 20u32).map(|i| (i * 31 + i / 4096) as u8).collect();
+    for (i, c) in data.chunks(64 * 1024).enumerate() {
+        d.write(e.nodeid, o.fh, (i * 64 * 1024) as u64, c).unwrap();
+    }
+    let lock = LockReq { fh: o.fh, owner: 1, typ: libc::F_WRLCK, start: 0, end: 99, pid: 10, flock: false };
+    d.setlk(e.nodeid, &lock).unwrap();
+    let nfs = |ctl: &Path| {
+        let s = ControlClient::connect(ctl).unwrap().call("get_stats", Value::Null).unwrap();
+        s["fuse"]["nfs"].clone()
+    };
+    let before = nfs(&ctl);
+    let stored = before["unstable"]["bytes_now"].as_u64().unwrap();
+    assert!(stored >= 1 << 20, "the writes are not in the UNSTABLE store: {before}");
+    let serving = device(&ctl)["pid"].clone();
+    for round in 1..=2u64 {
+        let mut upd = update(&ctl, None);
+        let (reads, longest) = read_through(&mut d, e.nodeid, o.fh, &data, &mut upd);
+        let out = finish(upd);
+        assert!(out.status.success(), "update {round}: {}", String::from_utf8_lossy(&out.stderr));
+        eprintln!("NFS update {round}: {reads} reads meanwhile, the longest {longest:?}");
+    }
+    assert_ne!(device(&ctl)["pid"], serving, "still the first process");
+    std::thread::sleep(Duration::from_millis(500));
+    let after = nfs(&ctl);
+    assert_eq!(after["unstable"]["bytes_now"].as_u64(), Some(stored), "the store moved whole: {after}");
+    assert!(after["calls"].as_u64() > before["calls"].as_u64(), "the counters went on: {before} {after}");
+    let other = LockReq { owner: 2, pid: 20, ..lock };
+    let seen = d.getlk(e.nodeid, &other).unwrap();
+    assert_eq!((seen.typ as i32, seen.start, seen.end), (libc::F_WRLCK, 0, 99), "the lock");
+    d.fsync(e.nodeid, o.fh, false).unwrap();
+    assert_eq!(nfs(&ctl)["unstable"]["bytes_now"].as_u64(), Some(0), "FSYNC committed the store");
+    assert!(std::fs::read(server.export().join("data")).unwrap() == data, "the export's bytes");
+    d.release(e.nodeid, o.fh).unwrap();
 }
 
 /// The request queue's MSI-X vector is masked when the daemon is updated: the interrupt of a

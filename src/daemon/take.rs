@@ -249,7 +249,11 @@ fn take_function(
                 .map_err(|e| format!("cannot duplicate /proc/self/fd: {e}"))?;
             backend::restore_passthrough(options, cfg, io_mode, proc_fd, part_backend, files.rest())?
         }
-        BackendSpec::Remote(_) => return Err("an NFS export's state is not handed over yet".into()),
+        BackendSpec::Remote(r) => {
+            let data = files.next("the UNSTABLE store's data")?;
+            files.finish()?;
+            backend::restore_nfs(options, r.options.clone(), part_backend, data)?
+        }
     };
     let restored = t.elapsed();
     let placement = functions.place(&fspec, index).map_err(|e| crate::error_chain(&e))?;

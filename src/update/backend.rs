@@ -4,13 +4,14 @@
 //! A RAM filesystem's file data stays where it is (the memfd the next process maps); its
 //! metadata, open handles and FUSE session (INIT's flags, the locks held) travel as data. A
 //! shared directory's nodes and open files travel as the descriptors they are, with the node
-//! table as data. An NFS export has no [`SavesState`] yet, so a daemon serving one refuses the
-//! update and serves on.
+//! table as data. An NFS export's mount, node table, handles and UNSTABLE store travel as data
+//! (the store's bytes in a memfd); the new process connects to the server as at start.
 
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
+use virtiofs_backend::nfs::fs::{NfsFs, NfsOptions};
 use virtiofs_backend::passthrough::state::Held;
 use virtiofs_backend::passthrough::uring::IoMode;
 use virtiofs_backend::passthrough::PassthroughConfig;
@@ -80,6 +81,20 @@ impl SavesState for FuseHandler<PassthroughFs> {
     fn handed_over(&self) {}
 }
 
+impl SavesState for FuseHandler<NfsFs> {
+    fn save(&self) -> Result<(BackendPart, Box<dyn GivenFiles>), String> {
+        let server = self.server();
+        let session = server.save_session().ok_or(WAITING)?;
+        let (fs, data) = server.filesystem().save()?;
+        Ok((BackendPart::Nfs { fs: Box::new(fs), session }, Box::new(vec![OwnedFd::from(data)])))
+    }
+
+    /// The new process holds the mount now: this one does not unmount it as it ends.
+    fn handed_over(&self) {
+        self.server().filesystem().give_away();
+    }
+}
+
 /// The backend of a function taken over: a RAM filesystem of `cfg` (its limits from the new
 /// process's own description of the function) restored from `part` with its data memfd.
 pub fn restore(
@@ -121,4 +136,23 @@ pub fn restore_passthrough(
     let s = h.clone();
     let stats = move || crate::FuseStats { io: Some(s.server().filesystem().engine_stats()), ..s.stats() };
     Ok(Built { handler: h.clone(), fuse: Arc::new(stats), descriptors, saver: Some(h) })
+}
+
+/// The backend of a function taken over: the NFS export `opts` names, restored from `part`
+/// with the memfd of its UNSTABLE store's bytes.
+pub fn restore_nfs(
+    options: ServerOptions,
+    opts: NfsOptions,
+    part: BackendPart,
+    data: File,
+) -> Result<Built, String> {
+    let BackendPart::Nfs { fs, session } = part else {
+        return Err("its state is not an NFS export's".into());
+    };
+    let fs = NfsFs::restore(opts, &fs, data)?;
+    let h = Arc::new(FuseHandler::with_options(fs, options));
+    h.server().restore_session(&session).map_err(|e| format!("FUSE session: {e}"))?;
+    let s = h.clone();
+    let stats = move || crate::FuseStats { nfs: Some(s.server().filesystem().stats()), ..s.stats() };
+    Ok(Built { handler: h.clone(), fuse: Arc::new(stats), descriptors: 0, saver: Some(h) })
 }

@@ -14,6 +14,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+use virtiofs_backend::nfs::state::NfsState;
 use virtiofs_backend::passthrough::state::PassthroughState;
 use virtiofs_backend::ramfs::state::RamFsState;
 use virtiofs_backend::server::SessionState;
@@ -118,6 +119,14 @@ pub enum BackendPart {
     Passthrough {
         /// The node table and handles.
         fs: Box<PassthroughState>,
+        /// The FUSE session.
+        session: SessionState,
+    },
+    /// An NFS export: its mount, node table, handles and UNSTABLE store, and its session; the
+    /// memfd of the store's bytes is the last descriptor.
+    Nfs {
+        /// The export's state.
+        fs: Box<NfsState>,
         /// The FUSE session.
         session: SessionState,
     },

@@ -13,7 +13,7 @@
 //! replay store ([`super::unstable`]). DESIGN.md ("NFS backend") has the mapping of FUSE onto
 //! NFSv3.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -132,6 +132,8 @@ pub struct NfsFs {
     /// What the pollers' engines share (they are given only this).
     shared: Shared,
     export: String,
+    /// Handed over to another process (a live update): leave the mount to it at the end.
+    given: AtomicBool,
 }
 
 impl std::fmt::Debug for NfsFs {
@@ -225,7 +227,26 @@ impl NfsFs {
             cells: Mutex::default(),
             mounted,
         };
-        Ok(NfsFs { export: opts.url.export.clone(), shared })
+        Ok(NfsFs { export: opts.url.export.clone(), shared, given: AtomicBool::new(false) })
+    }
+
+    pub(super) fn from_parts(export: String, shared: Shared, given: AtomicBool) -> NfsFs {
+        NfsFs { export, shared, given }
+    }
+
+    pub(super) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// The export's path.
+    pub fn export(&self) -> &str {
+        &self.export
+    }
+
+    /// Another process serves the export now (a live update): this one does not unmount it
+    /// as it ends.
+    pub fn give_away(&self) {
+        self.given.store(true, Ordering::Release);
     }
 
     /// The server's transfer sizes.
@@ -255,6 +276,9 @@ impl NfsFs {
 
 impl Drop for NfsFs {
     fn drop(&mut self) {
+        if self.given.load(Ordering::Acquire) {
+            return;
+        }
         // Best effort: the server forgets this client's mount entry (nothing depends on it).
         if let Err(e) = setup::unmount(&self.shared.mounted, &self.export, Duration::from_secs(2)) {
             log::debug!("nfs: unmount of {}: {e}", self.export);
@@ -263,7 +287,7 @@ impl Drop for NfsFs {
 }
 
 /// AUTH_SYS's machine name: the host name (at most 255 bytes), or the program's name.
-fn machine_name() -> String {
+pub(super) fn machine_name() -> String {
     match std::fs::read("/proc/sys/kernel/hostname") {
         Ok(name) => {
             let name = name.strip_suffix(b"\n").unwrap_or(&name);

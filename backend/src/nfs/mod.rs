@@ -23,6 +23,7 @@ pub mod fs;
 pub mod nodes;
 pub mod setup;
 pub mod shared;
+pub mod state;
 pub mod unstable;
 pub mod url;
 pub mod wire;

@@ -343,6 +343,99 @@ impl NodeTable {
     }
 }
 
+/// A node table as data (a live update): every slot's generation, and the live nodes.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NodeTableState {
+    /// Each slot's generation, slot 0 (the root) first.
+    pub generations: Vec<u32>,
+    /// The live nodes.
+    pub live: Vec<NodeState>,
+}
+
+/// A live node.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NodeState {
+    /// Its slot.
+    pub index: u32,
+    /// Its NFS file handle.
+    pub fh: Vec<u8>,
+    /// The kernel's lookup references.
+    pub nlookup: u64,
+    /// Open handles.
+    pub opens: u32,
+    /// Unlinked while open: the directory its silly name is in.
+    pub silly: Option<Vec<u8>>,
+}
+
+impl NodeTable {
+    /// The table as data.
+    pub fn save(&self) -> NodeTableState {
+        let inner = self.lock();
+        let live = (inner.nodes.iter().enumerate())
+            .filter(|(_, n)| n.live)
+            .map(|(i, n)| NodeState {
+                index: i as u32,
+                fh: n.fh.as_bytes().to_vec(),
+                nlookup: n.nlookup,
+                opens: n.opens,
+                silly: n.silly.map(|f| f.as_bytes().to_vec()),
+            })
+            .collect();
+        NodeTableState { generations: inner.nodes.iter().map(|n| n.generation).collect(), live }
+    }
+
+    /// The table `state` describes, bounded by `max` (at least what it holds); `Err`: why it
+    /// does not hold together.
+    pub fn restore(state: &NodeTableState, max: usize) -> Result<NodeTable, String> {
+        let slots = state.generations.len();
+        let max = max.clamp(2, u32::MAX as usize / 4);
+        if slots == 0 || slots > max {
+            return Err(format!("{slots} node slots, the table holds {max}"));
+        }
+        let fh = |b: &[u8]| Fh::new(b).ok_or_else(|| format!("a file handle of {} bytes", b.len()));
+        let empty = fh(&[])?;
+        let mut nodes: Vec<Node> = Vec::with_capacity(max);
+        nodes.extend(state.generations.iter().map(|&generation| Node {
+            fh: empty,
+            hash: 0,
+            generation,
+            live: false,
+            nlookup: 0,
+            opens: 0,
+            silly: None,
+        }));
+        let buckets = (max * 2).next_power_of_two();
+        let mut inner =
+            Inner { nodes, free: Vec::with_capacity(max), index: vec![EMPTY; buckets], live: 0, opens: 0 };
+        for n in &state.live {
+            let i = n.index as usize;
+            let f = fh(&n.fh)?;
+            let h = hash(&f);
+            if i >= slots || inner.nodes[i].live || inner.find(&f, h).is_some() {
+                return Err(format!("node slot {i} out of range, twice, or its handle twice"));
+            }
+            let silly = n.silly.as_deref().map(fh).transpose()?;
+            inner.nodes[i] = Node {
+                fh: f,
+                hash: h,
+                generation: inner.nodes[i].generation,
+                live: true,
+                nlookup: n.nlookup,
+                opens: n.opens,
+                silly,
+            };
+            inner.insert_index(i as u32, h);
+            inner.live += 1;
+            inner.opens += u64::from(n.opens);
+        }
+        if !inner.nodes[0].live || inner.nodes[0].generation != 0 {
+            return Err("no root node".into());
+        }
+        inner.free.extend((1..slots as u32).rev().filter(|&i| !inner.nodes[i as usize].live));
+        Ok(NodeTable { inner: Mutex::new(inner), max })
+    }
+}
+
 /// Length of a silly name.
 pub const SILLY_LEN: usize = 20;
 
@@ -358,7 +451,7 @@ pub fn silly_name(nodeid: u64) -> [u8; SILLY_LEN] {
 }
 
 /// What an open handle is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct OpenFile {
     /// Its node.
     pub nodeid: u64,
@@ -441,6 +534,34 @@ impl HandleTable {
         let file = slot.1.take()?;
         h.free.push(i as u32);
         Some(file)
+    }
+
+    /// The table as data (a live update): each slot used so far with its generation and its
+    /// open file, if open.
+    pub fn save(&self) -> Vec<(u32, u32, Option<OpenFile>)> {
+        let h = self.lock();
+        (h.slots.iter().enumerate())
+            .filter(|(_, s)| s.0 != 0 || s.1.is_some())
+            .map(|(i, s)| (i as u32, s.0, s.1))
+            .collect()
+    }
+
+    /// A table of `max` slots holding `slots` (as [`Self::save`] gave them).
+    pub fn restore(slots: &[(u32, u32, Option<OpenFile>)], max: usize) -> Result<HandleTable, String> {
+        let t = HandleTable::new(max);
+        {
+            let mut h = t.lock();
+            for &(i, generation, file) in slots {
+                let Some(slot) = h.slots.get_mut(i as usize).filter(|s| s.0 == 0 && s.1.is_none()) else {
+                    return Err(format!("handle slot {i} out of range or twice"));
+                };
+                *slot = (generation, file);
+            }
+            let h = &mut *h;
+            h.free.clear();
+            h.free.extend((0..h.slots.len() as u32).rev().filter(|&i| h.slots[i as usize].1.is_none()));
+        }
+        Ok(t)
     }
 
     /// Closes every handle (the session ended).

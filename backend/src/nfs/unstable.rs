@@ -595,6 +595,141 @@ impl UnstableStore {
     pub fn stats(&self) -> UnstableStats {
         *self.stats.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// The store as data (a live update, while no request runs): every entry in slot order,
+    /// and their bytes one after the other into `data`. `Err` while a WRITE is on the wire.
+    pub fn save(&self, data: &mut impl std::io::Write) -> Result<UnstableState, String> {
+        let inner = self.lock();
+        let mut entries = Vec::with_capacity(inner.live);
+        for e in inner.entries.iter().filter(|e| e.live) {
+            let verf = match e.verf {
+                Verf::Unknown => return Err("an UNSTABLE WRITE is on the wire".into()),
+                Verf::Known(v) => Some(v),
+                Verf::Resend => None,
+            };
+            let mut page = e.first;
+            let mut left = e.len as usize;
+            while left > 0 && page != NONE {
+                let n = left.min(PAGE);
+                let at = page as usize * PAGE;
+                data.write_all(&inner.data[at..at + n]).map_err(|e| format!("the UNSTABLE data: {e}"))?;
+                left -= n;
+                page = inner.next[page as usize];
+            }
+            let c = &e.cred;
+            entries.push(EntryState {
+                file: e.file,
+                fh: e.fh.as_bytes().to_vec(),
+                cred: (c.uid, c.gid, c.groups[..usize::from(c.ngroups).min(16)].to_vec()),
+                offset: e.offset,
+                len: e.len,
+                verf,
+                seq: e.seq,
+                answered: e.answered,
+            });
+        }
+        Ok(UnstableState { seq: inner.seq, answers: inner.answers, entries, stats: self.stats() })
+    }
+
+    /// A store of `bytes` holding what `state` and its `data` (as [`Self::save`] wrote it) say.
+    pub fn restore(bytes: usize, state: &UnstableState, data: &[u8]) -> Result<UnstableStore, String> {
+        let store = UnstableStore::new(bytes);
+        let mut at = 0usize;
+        {
+            let mut inner = store.lock();
+            for e in &state.entries {
+                let len = e.len as usize;
+                let need = len.div_ceil(PAGE).max(1);
+                let src = data.get(at..at + len).ok_or("the UNSTABLE data is shorter than its entries")?;
+                at += len;
+                if need > inner.free_pages {
+                    return Err(format!("the UNSTABLE entries need more than the store's {bytes} bytes"));
+                }
+                let fh = Fh::new(&e.fh).ok_or("an UNSTABLE entry's file handle")?;
+                if e.cred.2.len() > 16 || e.seq > state.seq || e.answered > state.answers {
+                    return Err("an UNSTABLE entry out of order".into());
+                }
+                let mut groups = [0u32; 16];
+                groups[..e.cred.2.len()].copy_from_slice(&e.cred.2);
+                let cred = Cred { uid: e.cred.0, gid: e.cred.1, ngroups: e.cred.2.len() as u8, groups };
+                let first = inner.free_page;
+                let mut page = first;
+                let mut last = first;
+                let mut chunks = src.chunks(PAGE);
+                for _ in 0..need {
+                    let chunk = chunks.next().unwrap_or(&[]);
+                    let p = page as usize * PAGE;
+                    inner.data[p..p + chunk.len()].copy_from_slice(chunk);
+                    last = page;
+                    page = inner.next[page as usize];
+                }
+                inner.free_page = inner.next[last as usize];
+                inner.next[last as usize] = NONE;
+                inner.free_pages -= need;
+                let verf = e.verf.map_or(Verf::Resend, Verf::Known);
+                if verf == Verf::Resend {
+                    inner.resend += 1;
+                }
+                let entry = Entry {
+                    live: true,
+                    file: e.file,
+                    fh,
+                    cred,
+                    offset: e.offset,
+                    len: e.len,
+                    first,
+                    verf,
+                    seq: e.seq,
+                    answered: e.answered,
+                };
+                inner.entries.push(entry);
+                inner.live += 1;
+            }
+            if at != data.len() {
+                return Err("the UNSTABLE data is longer than its entries".into());
+            }
+            inner.seq = state.seq;
+            inner.answers = state.answers;
+            store.publish(&inner);
+        }
+        *store.stats.lock().unwrap_or_else(|e| e.into_inner()) = state.stats;
+        Ok(store)
+    }
+}
+
+/// An UNSTABLE store as data (a live update); the entries' bytes travel beside it, one after
+/// the other.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct UnstableState {
+    /// The order counter.
+    pub seq: u64,
+    /// WRITE replies recorded so far.
+    pub answers: u64,
+    /// Every stored write.
+    pub entries: Vec<EntryState>,
+    /// The counters.
+    pub stats: UnstableStats,
+}
+
+/// One stored write.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EntryState {
+    /// Its node.
+    pub file: u64,
+    /// Its file handle.
+    pub fh: Vec<u8>,
+    /// The writer: uid, gid, groups.
+    pub cred: (u32, u32, Vec<u32>),
+    /// Where.
+    pub offset: u64,
+    /// How many bytes.
+    pub len: u32,
+    /// The verifier its WRITE's reply gave; `None`: to be sent again.
+    pub verf: Option<[u8; 8]>,
+    /// Its place in the order of writes.
+    pub seq: u64,
+    /// Its place in the order of answers.
+    pub answered: u64,
 }
 
 #[cfg(test)]

@@ -142,7 +142,8 @@ impl PassthroughFs {
         };
         // Nodes out of the table that handles or child directories still hold go too.
         let mut known: HashSet<u64> = table.iter().map(|(i, _)| i.id).collect();
-        let mut nodes: Vec<(Arc<Inode>, Option<u64>)> = table.into_iter().map(|(i, r)| (i, Some(r))).collect();
+        let mut nodes: Vec<(Arc<Inode>, Option<u64>)> =
+            table.into_iter().map(|(i, r)| (i, Some(r))).collect();
         let mut more: Vec<Arc<Inode>> = handles.iter().map(|(_, h)| h.inode.clone()).collect();
         let mut at = 0;
         loop {
@@ -298,7 +299,10 @@ impl PassthroughFs {
         (cfg.max_nodes, cfg.max_handles) = (state.max_nodes, state.max_handles);
         // The old process fitted them to the same budget; this one's must hold them too.
         match sys::raise_nofile_limit() {
-            Ok(limit) if cfg.max_nodes.saturating_add(cfg.max_handles) > descriptor_budget(limit, cfg.descriptor_share) => {
+            Ok(limit)
+                if cfg.max_nodes.saturating_add(cfg.max_handles)
+                    > descriptor_budget(limit, cfg.descriptor_share) =>
+            {
                 return Err(bad(format!(
                     "its limits ({} nodes, {} handles) exceed this process's descriptor budget (RLIMIT_NOFILE {limit})",
                     cfg.max_nodes, cfg.max_handles

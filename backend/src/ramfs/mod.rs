@@ -60,7 +60,7 @@ mod handles;
 mod namespace;
 mod node;
 pub mod state;
-mod sys;
+pub(crate) mod sys;
 mod xattr;
 
 use consts::S_IFDIR;

@@ -67,20 +67,25 @@ unsafe impl Send for ChunkStore {}
 // SAFETY: as above.
 unsafe impl Sync for ChunkStore {}
 
+/// A new, empty memfd named `name` (close-on-exec).
+pub(crate) fn memfd(name: &str) -> io::Result<File> {
+    let cname = std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: memfd_create reads the NUL-terminated name for the call only.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by memfd_create and is owned by nothing else.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
 impl ChunkStore {
     /// A store for `bytes` of file data (rounded down to whole chunks), in a memfd named `name`.
     /// The memfd is sparse: memory is taken as chunks are written.
     pub(super) fn new(name: &str, bytes: u64) -> io::Result<Arc<ChunkStore>> {
         let slots = u32::try_from(bytes / CHUNK as u64).unwrap_or(u32::MAX);
         let len = slots as usize * CHUNK;
-        let cname = std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        // SAFETY: memfd_create reads the NUL-terminated name for the call only.
-        let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just returned by memfd_create and is owned by nothing else.
-        let memfd = unsafe { File::from_raw_fd(fd) };
+        let memfd = memfd(name)?;
         memfd.set_len(len as u64)?;
         let base = Self::map(&memfd, len)?;
         Ok(Arc::new(ChunkStore { memfd, base, slots, free: Mutex::default(), given: Default::default() }))
