@@ -97,7 +97,7 @@ impl Plan {
             .iter()
             .map(|l| std::fs::canonicalize(l.path()).ok().and_then(|s| within(&s, root)))
             .collect();
-        let confined = sandbox::enter_namespace(root).map_err(StartError::Confine)?;
+        let confined = sandbox::enter_namespace_with(root, c.network).map_err(StartError::Confine)?;
         for (l, inside) in listeners.iter_mut().zip(sockets) {
             match inside {
                 Some(p) => l.socket_file_now_at(p),
@@ -105,7 +105,8 @@ impl Plan {
             }
         }
         info!(
-            "sandbox: new mount, IPC and network namespaces; root is now {} (procfs {}; every shared_dir beneath it)",
+            "sandbox: new mount, IPC{} namespaces; root is now {} (procfs {}; every shared_dir beneath it)",
+            if c.network { " (the network kept for the NFS servers)" } else { " and network" },
             root.display(),
             if confined.proc_restricted { "subset=pid,hidepid=invisible" } else { "unrestricted" }
         );

@@ -723,11 +723,6 @@ fn confinement(
     let seccomp = cli.seccomp.unwrap_or(SeccompMode::Trap);
     let sandbox_root = match sandbox {
         SandboxMode::None => None,
-        SandboxMode::Namespace if shared && network => {
-            return Err(SpecError::CommandLine(
-                "functions with a remote and a shared_dir under a namespace sandbox: not supported yet (the namespace would take the network); use --sandbox none".into(),
-            ))
-        }
         SandboxMode::Namespace if shared => match sandbox_root {
             Some(r) => Some(r),
             // The single function's (a profile without [[function]] tables has no sandbox_root).

@@ -1,13 +1,21 @@
 #!/bin/bash
 # tools/vm/run-update-test.sh [--out DIR] [--config FILE] [--daemon PATH] [--updates N]
+#                             [--backends LIST]
 #
-# Live update in a real guest (issue 22): a daemon started with --live-update serves a RAM
-# filesystem; the guest runs fsx and a fio job on it (guest/live-update.sh) while this script
+# Live update in a real guest (issue 22): one daemon started with --live-update serves a
+# function per backend of LIST (comma-separated, default ram,shared,nfs): a RAM filesystem, a
+# shared directory (a tmpfs-backed directory beneath the profile's sandbox_root: the daemon is
+# sandboxed, namespaces and seccomp, when run as root) and an NFS export (nfs-ganesha,
+# tools/nfs/ganesha.sh; needs root). One QEMU has a vfio-user-pci device per function; the
+# guest runs fsx and a fio job on every mount at once (guest/live-update.sh) while this script
 # runs `virtiofs-dpu update` N times (default 10), one every UPDATE_GAP seconds (default 1).
-# Every update must succeed, fsx pass, fio report no error and the guest's kernel log stay
-# clean. Prints each update's answer, the serving process ids, and fio's largest read and
-# write latency (what the guest saw across the updates). The daemon must exit 0 on SIGTERM.
-# Exit status 0 on success. Logs in OUT: daemon.log, console.log, updates.txt, run.txt.
+# Every update must succeed, each fsx pass, fio report no error and the guest's kernel log
+# stay clean; the files fsx left on the shared directory and the export are compared with the
+# guest's copies. Prints each update's answer and fio's largest read and write latency per
+# function (what the guest saw across the updates). The daemon must exit 0 on SIGTERM. --config:
+# a profile whose top-level keys (not its tag or description) every function takes.
+# Exit status 0 on success. Logs in OUT: daemon.log, console.log, updates.txt, run.txt,
+# update.toml, ganesha/.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -16,6 +24,7 @@ CONFIG=${VFDPU_CONFIG:-}
 OUT=${VM_OUT:-}
 TAG=${VM_TAG:-vfdpu}
 UPDATES=10
+BACKENDS=ram,shared,nfs
 GAP=${UPDATE_GAP:-1}
 while [ $# -gt 0 ]; do
   case $1 in
@@ -23,6 +32,7 @@ while [ $# -gt 0 ]; do
     --config) CONFIG=$2; shift 2 ;;
     --daemon) DAEMON=$2; shift 2 ;;
     --updates) UPDATES=$2; shift 2 ;;
+    --backends) BACKENDS=$2; shift 2 ;;
     *) echo "run-update-test: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -31,29 +41,63 @@ mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 log() { echo "[update-test $(date +%T)] $*" | tee -a "$OUT/run.txt" >&2; }
 : > "$OUT/run.txt"; : > "$OUT/updates.txt"
 SOCKDIR=$(mktemp -d /tmp/vfdpu-update.XXXXXX)
-SOCK=$SOCKDIR/dev.sock
 CTL=$SOCKDIR/ctl.sock
-DPID=""; GPID=""
+GANESHA=$REPO/tools/nfs/ganesha.sh
+SRV=$OUT/ganesha
+DPID=""; GPID=""; NFS_UP=0
 cleanup() {
   local rc=$?
   [ -z "$GPID" ] || { kill -TERM "$GPID" 2>/dev/null || true; wait "$GPID" 2>/dev/null || true; }
   [ -z "$DPID" ] || { kill -KILL "$DPID" 2>/dev/null || true; wait "$DPID" 2>/dev/null || true; }
+  [ "$NFS_UP" = 0 ] || bash "$GANESHA" stop "$SRV" 2>/dev/null || true
+  umount "$SOCKDIR/root" 2>/dev/null || true
   rm -rf "$SOCKDIR"
   return $rc
 }
 trap cleanup EXIT
-DEV=(-device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\",\"path\":\"$SOCK\"}}")
 
-args=(--socket-path "$SOCK" --control-socket "$CTL" --live-update --tag "$TAG" --ramfs-size 256M)
-[ -z "$CONFIG" ] || args+=(--config "$CONFIG")
-"$DAEMON" "${args[@]}" < /dev/null > "$OUT/daemon.log" 2>&1 &
+# The profile: CONFIG's top-level keys, a sandbox root on a tmpfs, one table per function.
+PROFILE=$OUT/update.toml
+{
+  echo "description = \"live update: one function per backend ($BACKENDS)\""
+  [ -z "$CONFIG" ] || grep -v -E '^[[:space:]]*(tag|description)[[:space:]]*=' "$CONFIG"
+} > "$PROFILE"
+TAGS="" DEV=()
+n=0
+for b in ${BACKENDS//,/ }; do
+  n=$((n + 1))
+  sock=$SOCKDIR/$b.sock
+  tag="$TAG-$b"
+  TAGS="$TAGS $tag"
+  DEV+=(-device "{\"driver\":\"vfio-user-pci\",\"socket\":{\"type\":\"unix\",\"path\":\"$sock\"}}")
+  printf '\n[[function]]\nsocket_path = "%s"\ntag = "%s"\n' "$sock" "$tag" >> "$PROFILE"
+  case $b in
+    ram) echo 'ramfs_size = "256M"' >> "$PROFILE" ;;
+    shared)
+      mkdir -p "$SOCKDIR/root"
+      mount -t tmpfs -o size=512m,mode=0755 vfdpu-update "$SOCKDIR/root" 2>/dev/null ||
+        log "no tmpfs mounted (not root?): the share is on $(df --output=fstype "$SOCKDIR" | tail -1)"
+      mkdir -p "$SOCKDIR/root/share"
+      sed -i "1a sandbox_root = \"$SOCKDIR/root\"" "$PROFILE"
+      echo "shared_dir = \"$SOCKDIR/root/share\"" >> "$PROFILE" ;;
+    nfs)
+      URL=$(bash "$GANESHA" start "$SRV")
+      NFS_UP=1
+      log "ganesha: $URL"
+      echo "remote = \"$URL\"" >> "$PROFILE" ;;
+    *) echo "run-update-test: unknown backend $b (ram, shared, nfs)" >&2; exit 2 ;;
+  esac
+done
+TAGS=${TAGS# }
+
+"$DAEMON" --config "$PROFILE" --control-socket "$CTL" --live-update < /dev/null > "$OUT/daemon.log" 2>&1 &
 DPID=$!
-for _ in $(seq 300); do [ -S "$SOCK" ] && [ -S "$CTL" ] && break; sleep 0.1; done
-[ -S "$CTL" ] || { log "daemon never created its sockets"; cat "$OUT/daemon.log" >&2; exit 3; }
-log "daemon up (supervisor pid $DPID)"
+for _ in $(seq 300); do [ -S "$CTL" ] && break; sleep 0.1; done
+[ -S "$CTL" ] || { log "daemon never created its control socket"; cat "$OUT/daemon.log" >&2; exit 3; }
+log "daemon up (supervisor pid $DPID): $n function(s), tags $TAGS"
 
-bash "$HERE/run-guest.sh" --append "vm.tag=$TAG" --timeout "${VM_TIMEOUT:-300}" --log "$OUT/console.log" \
-  "$HERE/guest/live-update.sh" -- "${DEV[@]}" &
+bash "$HERE/run-guest.sh" --timeout "${VM_TIMEOUT:-300}" --log "$OUT/console.log" \
+  -e "VM_TAGS=$TAGS" "$HERE/guest/live-update.sh" -- "${DEV[@]}" &
 GPID=$!
 for _ in $(seq 1800); do
   grep -aq '^UPDATE: go' "$OUT/console.log" 2>/dev/null && break
@@ -82,14 +126,25 @@ tr -d '\r' < "$OUT/console.log" | grep -a '^VMRESULT:' | sed 's/^/  /' >&2 || tr
 tr -d '\r' < "$OUT/console.log" | sed -n '/^VMFIO-JSON-BEGIN/,/^VMFIO-JSON-END/p' | sed '1d;$d' > "$OUT/fio.json" || true
 python3 - "$OUT/fio.json" <<'PY' | tee -a "$OUT/run.txt" >&2 || { log "FAIL: no fio result"; fail=1; }
 import json, sys
-job = json.load(open(sys.argv[1]))["jobs"][0]
-for side in ("read", "write"):
-    lat = job[side]["clat_ns"]
-    print(f"guest fio {side}: {job[side]['io_bytes'] >> 20} MiB, errors {job['error']}, "
-          f"clat p50 {lat['percentile'].get('50.000000', 0) / 1e3:.0f} us, "
-          f"p99.9 {lat['percentile'].get('99.900000', 0) / 1e3:.0f} us, max {lat['max'] / 1e6:.1f} ms")
+for job in json.load(open(sys.argv[1]))["jobs"]:
+    for side in ("read", "write"):
+        lat = job[side]["clat_ns"]
+        print(f"guest fio {job['jobname']} {side}: {job[side]['io_bytes'] >> 20} MiB, errors {job['error']}, "
+              f"clat p50 {lat['percentile'].get('50.000000', 0) / 1e3:.0f} us, "
+              f"p99.9 {lat['percentile'].get('99.900000', 0) / 1e3:.0f} us, max {lat['max'] / 1e6:.1f} ms")
 PY
 [ "$(wc -l < "$OUT/updates.txt")" = "$UPDATES" ] || fail=1
+# What fsx left, as the guest read it, against the host's copy (the share, the export).
+for b in ${BACKENDS//,/ }; do
+  case $b in shared) f=$SOCKDIR/root/share/fsx.dat ;; nfs) f=$SRV/export/fsx.dat ;; *) continue ;; esac
+  want=$(tr -d '\r' < "$OUT/console.log" | sed -n "s/^VMSUM: $TAG-$b //p" | tail -1)
+  have=$(md5sum < "$f" 2>/dev/null | cut -d' ' -f1 || true)
+  if [ -n "$want" ] && [ "$want" = "$have" ]; then
+    log "$b: the host's fsx.dat matches the guest's ($have)"
+  else
+    log "FAIL: $b: the host's fsx.dat ($have) is not the guest's (${want:-none})"; fail=1
+  fi
+done
 kill -TERM "$DPID"
 drc=0; wait "$DPID" || drc=$?
 DPID=""

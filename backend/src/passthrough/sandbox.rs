@@ -173,6 +173,12 @@ fn thread_count() -> io::Result<usize> {
 /// documentation). Call on the only thread of the process. Afterwards `/` is the shared
 /// directory: open the passthrough's root as `/`, with the returned `/proc/self/fd`.
 pub fn enter_namespace(shared_dir: &Path) -> Result<Confined, SandboxError> {
+    enter_namespace_with(shared_dir, false)
+}
+
+/// As [`enter_namespace`]; `keep_network`: stay in the host's network namespace (a daemon
+/// that also serves NFS exports, whose pollers connect to their servers).
+pub fn enter_namespace_with(shared_dir: &Path, keep_network: bool) -> Result<Confined, SandboxError> {
     let threads = thread_count().map_err(mount_err("count the threads in /proc/self/task"))?;
     if threads != 1 {
         return Err(SandboxError::Threads(threads));
@@ -180,8 +186,8 @@ pub fn enter_namespace(shared_dir: &Path) -> Result<Confined, SandboxError> {
     let dir = std::fs::canonicalize(shared_dir)
         .map_err(|source| SandboxError::SharedDir { path: shared_dir.to_path_buf(), source })?;
     let cdir = cpath(&dir).map_err(|source| SandboxError::SharedDir { path: dir.clone(), source })?;
-    sys::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWNET)
-        .map_err(SandboxError::Unshare)?;
+    let net = if keep_network { 0 } else { libc::CLONE_NEWNET };
+    sys::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWIPC | net).map_err(SandboxError::Unshare)?;
     // Nothing done in here propagates to the host (mounts made there still show up here).
     sys::mount(None, c"/", None, libc::MS_SLAVE | libc::MS_REC, None)
         .map_err(mount_err("make the mounts slaves"))?;

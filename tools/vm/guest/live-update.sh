@@ -1,35 +1,58 @@
 #!/bin/sh
-# Guest side of the live-update stage (tools/vm/run-update-test.sh): fsx and a fio job run on
-# the mount while the host replaces the daemon's serving process (UPDATE_COUNT times). fsx must
-# end A-OK, fio without an error, and the kernel log stay clean. fio's JSON is printed between
-# VMFIO-JSON-BEGIN and VMFIO-JSON-END for the host to read the largest latency.
-# Env: FSX_OPS (6000), FIO_SECONDS (20).
+# Guest side of the live-update stage (tools/vm/run-update-test.sh): the functions of one
+# daemon (VM_TAGS: their tags, space-separated; else the one of vm.tag=) are mounted, and fsx
+# and a fio job run on every mount at once while the host replaces the daemon's serving process
+# (UPDATE_COUNT times). Each fsx must end A-OK, fio without an error, and the kernel log stay
+# clean. fio's JSON (one job per mount, named by its tag) is printed between VMFIO-JSON-BEGIN
+# and VMFIO-JSON-END for the host to read the largest latency.
+# A tag ending in -nfs gets fsx-nfs.toml (no hole punching on NFSv3). What fsx leaves is kept
+# and its checksum printed (VMSUM: TAG MD5) for the host to compare with the share or export.
+# Env: FSX_OPS (6000, per mount), FIO_SECONDS (20).
 . /harness/lib.sh
-vm_mount /mnt || exit 1
+TAGS=${VM_TAGS:-$(vm_tag)}
 mkdir -p /tmp/fsx-artifacts
-rm -f /mnt/fsx.dat /mnt/fio.dat
+fio_jobs=""
+for t in $TAGS; do
+  VM_TAG=$t vm_mount "/mnt/$t" || exit 1
+  rm -f "/mnt/$t/fsx.dat" "/mnt/$t/fio.dat"
+  fio_jobs="$fio_jobs --name=$t --filename=/mnt/$t/fio.dat"
+done
 echo "UPDATE: go"
 t0=$(vm_now)
-fsx -N "${FSX_OPS:-6000}" -S 22 -f /harness/fsx.toml -P /tmp/fsx-artifacts /mnt/fsx.dat > /tmp/fsx.log 2>&1 &
-fsx_pid=$!
-fio --name=live-update --filename=/mnt/fio.dat --size=16M --rw=randrw --bs=4k --ioengine=psync \
-    --direct=1 --time_based --runtime="${FIO_SECONDS:-20}" \
+pids=""
+seed=22
+for t in $TAGS; do
+  mkdir -p "/tmp/fsx-artifacts/$t"
+  cfg=/harness/fsx.toml
+  case $t in *-nfs) cfg=/harness/fsx-nfs.toml ;; esac
+  fsx -N "${FSX_OPS:-6000}" -S "$seed" -f "$cfg" -P "/tmp/fsx-artifacts/$t" "/mnt/$t/fsx.dat" \
+    > "/tmp/fsx-$t.log" 2>&1 &
+  pids="$pids $!"
+  seed=$((seed + 1))
+done
+# shellcheck disable=SC2086 # one --name/--filename pair per mount
+fio --size=16M --rw=randrw --bs=4k --ioengine=psync --direct=1 --time_based \
+    --runtime="${FIO_SECONDS:-20}" $fio_jobs \
     --output-format=json --output=/tmp/fio.json > /tmp/fio.out 2>&1
 fio_rc=$?
-wait "$fsx_pid"
-fsx_rc=$?
+fsx_rc=0
+for p in $pids; do
+  wait "$p" || fsx_rc=$?
+done
 secs=$(vm_elapsed "$t0")
 echo "UPDATE: done"
 status=ok
-if [ $fsx_rc -ne 0 ] || ! grep -q 'All operations completed A-OK' /tmp/fsx.log; then
-  status=FAIL
-  echo "fsx: FAILED (rc=$fsx_rc); its messages (the operation log left out):"
-  grep -v '^\[ERROR fsx\] *[0-9]' /tmp/fsx.log | tail -n 40
-  echo "fsx: the last 15 operations:"
-  grep '^\[ERROR fsx\] *[0-9]' /tmp/fsx.log | tail -n 15
-else
-  tail -n 3 /tmp/fsx.log
-fi
+for t in $TAGS; do
+  if grep -q 'All operations completed A-OK' "/tmp/fsx-$t.log"; then
+    echo "fsx on $t: ${FSX_OPS:-6000} operations A-OK"
+  else
+    status=FAIL
+    echo "fsx on $t: FAILED; its messages (the operation log left out):"
+    grep -v '^\[ERROR fsx\] *[0-9]' "/tmp/fsx-$t.log" | tail -n 40
+    echo "fsx on $t: the last 15 operations:"
+    grep '^\[ERROR fsx\] *[0-9]' "/tmp/fsx-$t.log" | tail -n 15
+  fi
+done
 if [ $fio_rc -ne 0 ]; then
   status=FAIL
   echo "fio: FAILED (rc=$fio_rc)"
@@ -38,8 +61,11 @@ fi
 echo "VMFIO-JSON-BEGIN"
 cat /tmp/fio.json
 echo "VMFIO-JSON-END"
-rm -f /mnt/fsx.dat /mnt/fio.dat
-vm_umount /mnt || status=FAIL
+for t in $TAGS; do
+  echo "VMSUM: $t $(md5sum < "/mnt/$t/fsx.dat" | cut -d' ' -f1)"
+  rm -f "/mnt/$t/fio.dat"
+  vm_umount "/mnt/$t" || status=FAIL
+done
 vm_dmesg_check live-update || status=FAIL
-vm_result live-update "status=$status fsx_rc=$fsx_rc fio_rc=$fio_rc secs=$secs"
+vm_result live-update "status=$status tags=$(echo $TAGS | tr ' ' ,) fsx_rc=$fsx_rc fio_rc=$fio_rc secs=$secs"
 [ "$status" = ok ]
