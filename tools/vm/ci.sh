@@ -7,8 +7,6 @@
 #      requests and that SETLKW requests reached the daemon and waited there;
 #   2. a guest reboot (device reset) and a remount with the data checked;
 #   3. QEMU killed with SIGKILL mid-write, then a new QEMU attaching and checking the data;
-#      then live update (run-update-test.sh): the daemon (--live-update) replaced by a new
-#      process 10 times while the guest runs fsx and fio on its RAM filesystem;
 #   4. the passthrough backend (--shared-dir on a tmpfs), sandboxed (namespaces, seccomp in trap
 #      mode: the default), in one boot: pjdfstest, fsx (PT_FSX_OPS, default 20000 ops),
 #      escape.sh with a host canary beside the share, locks.sh, suppgroup.sh; then checks that the canary
@@ -18,6 +16,9 @@
 #      fsx (NFS_FSX_OPS, default 20000), the 64 MiB bigfile + remount check, locks; then checks
 #      from the statistics that the requests went to the server and SETLKWs waited in the device;
 #   6. ganesha killed with SIGKILL and restarted while a guest writes (run-nfs-fault-test.sh);
+#   6b. live update (run-update-test.sh): one daemon (--live-update, sandboxed) with a RAM
+#      filesystem, a shared directory and an NFS export, replaced by a new process 10 times
+#      while the guest runs fsx and fio on the three mounts; the files compared on the host;
 #   7. writeback caching (--writeback), one boot per backend: the RAM filesystem and the
 #      passthrough (a tmpfs share, sandboxed), each pjdfstest and fsx (WB_FSX_OPS, default
 #      10000); checks from the statistics that the session negotiated FUSE_WRITEBACK_CACHE;
@@ -37,7 +38,7 @@
 # does, and read the daemon's statistics through its control socket (`virtiofs-dpu stats --json`).
 # Exit status 0 only if everything passed. Env: VM_CACHE, FSX_OPS (default 20000), PT_FSX_OPS,
 # NFS_FSX_OPS, WB_FSX_OPS, K7_FSX_OPS, MULTI_FSX_OPS, VFDPU_VM_STAGES (default "ram passthrough nfs
-# writeback kernel7 multi dpu": which stages run).
+# update writeback kernel7 multi dpu": which stages run).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -68,7 +69,7 @@ print(eval(sys.argv[2], {"s": s}))
 PY
 }
 
-STAGES=" ${VFDPU_VM_STAGES:-ram passthrough nfs writeback kernel7 multi dpu} "
+STAGES=" ${VFDPU_VM_STAGES:-ram passthrough nfs update writeback kernel7 multi dpu} "
 stage() { [[ $STAGES == *" $1 "* ]]; }
 
 step "setup (QEMU, guest kernel, pjdfstest, fsx)"
@@ -130,9 +131,6 @@ bash "$HERE/run-device-test.sh" --allow-reboot --out "$OUT/reboot" --config "$CO
 step "QEMU killed mid-write; a new QEMU attaches"
 bash "$HERE/run-fault-test.sh" --out "$OUT/fault" --config "$CONFIG" || { echo "FAIL: fault"; fail=1; }
 
-step "live update: the daemon replaced 10 times under fsx and fio"
-bash "$HERE/run-update-test.sh" --out "$OUT/update" --config "$CONFIG" --updates 10 ||
-  { echo "FAIL: live update"; fail=1; }
 fi
 
 if stage passthrough; then
@@ -203,6 +201,12 @@ step "NFS server killed (SIGKILL) and restarted under a guest writer"
 t0=$(date +%s)
 bash "$HERE/run-nfs-fault-test.sh" --out "$OUT/nfs-fault" --config "$CONFIG" || { echo "FAIL: nfs fault"; fail=1; }
 echo "NFS fault test: $(( $(date +%s) - t0 )) s"
+fi
+
+if stage update; then
+step "live update: RAM fs, shared directory and NFS functions of one daemon, replaced 10 times under fsx and fio"
+bash "$HERE/run-update-test.sh" --out "$OUT/update" --config "$CONFIG" --updates 10 ||
+  { echo "FAIL: live update"; fail=1; }
 fi
 
 if stage writeback; then
