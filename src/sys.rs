@@ -148,3 +148,21 @@ pub fn end_with_parent(parent: u32, sig: i32) -> io::Result<bool> {
     // SAFETY: `getppid` takes no arguments and cannot fail.
     Ok(unsafe { libc::getppid() } as u32 == parent)
 }
+
+/// Grows this process's descriptor table at once to hold descriptor number `n` (if the limit
+/// allows; otherwise nothing happens): taking many descriptors one by one would grow it by
+/// doubling, and in a process of several threads each growth waits for an RCU grace period
+/// (`expand_fdtable`), milliseconds each on a busy machine. The table never shrinks.
+/// `any` is an open descriptor of this process (duplicated and closed again).
+pub fn reserve_descriptors(any: &impl std::os::fd::AsFd, n: u32) {
+    use std::os::fd::AsRawFd;
+    let Ok(n) = libc::c_int::try_from(n) else { return };
+    // SAFETY: F_DUPFD_CLOEXEC of a descriptor we borrow makes a new one at or above `n` (or
+    // fails); it is closed at once and nothing else refers to it.
+    let fd = unsafe { libc::fcntl(any.as_fd().as_raw_fd(), libc::F_DUPFD_CLOEXEC, n) };
+    if fd < 0 {
+        return;
+    }
+    // SAFETY: `fd` was just made by fcntl and is owned by nobody else.
+    unsafe { libc::close(fd) };
+}

@@ -89,11 +89,45 @@ pub struct LiveUpdateConfig {
     pub files: u64,
     /// Virtqueue size (the daemon's and the driver's); the second depth measured.
     pub queue_size: u16,
+    /// What function 0 serves (the others serve RAM filesystems).
+    pub backend: UpdateBackend,
+}
+
+/// What the measured function serves in `--live-update`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpdateBackend {
+    /// A RAM filesystem.
+    Ram,
+    /// A shared directory (a directory in the run's temporary directory; the daemon's default
+    /// confinement: namespaces and seccomp as root): every file the filling makes is a node
+    /// the update hands over as a descriptor.
+    Shared,
+}
+
+impl std::str::FromStr for UpdateBackend {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ram" => Ok(UpdateBackend::Ram),
+            "shared" => Ok(UpdateBackend::Shared),
+            other => Err(format!("unknown backend {other:?} (ram or shared)")),
+        }
+    }
 }
 
 impl Default for LiveUpdateConfig {
     fn default() -> Self {
-        LiveUpdateConfig { daemon: None, updates: 20, functions: 1, data_mib: 16, files: 10, queue_size: 128 }
+        LiveUpdateConfig {
+            daemon: None,
+            updates: 20,
+            functions: 1,
+            data_mib: 16,
+            files: 10,
+            queue_size: 128,
+            backend: UpdateBackend::Ram,
+        }
     }
 }
 
@@ -205,6 +239,8 @@ pub struct LiveUpdateReport {
     pub directories: u64,
     /// Queue size negotiated.
     pub queue_size: u16,
+    /// What function 0 serves.
+    pub backend: UpdateBackend,
     /// Seconds the filling took.
     pub fill_s: f64,
     /// The unmeasured update after the filling: its RPC time (ms).
@@ -318,7 +354,11 @@ fn run_in(
     let sockets: Vec<PathBuf> = (0..cfg.functions).map(|i| dir.join(format!("fs{i}.sock"))).collect();
     let ctl = dir.join("ctl.sock");
     let profile = dir.join("profile.toml");
-    std::fs::write(&profile, profile_text(cfg, &sockets, dirs))?;
+    let share = dir.join("share");
+    if cfg.backend == UpdateBackend::Shared {
+        std::fs::create_dir(&share)?;
+    }
+    std::fs::write(&profile, profile_text(cfg, dir, &sockets, dirs))?;
     progress(&format!("starting {} with {} function(s)", binary.display(), cfg.functions));
     let mut daemon = Daemon::start(binary, cfg, &profile, &sockets, &ctl, log)?;
     daemon.serving = Some(serving_pid(&ctl)?);
@@ -386,6 +426,7 @@ fn run_in(
         functions: cfg.functions,
         data_mib: cfg.data_mib,
         files: cfg.files,
+        backend: cfg.backend,
         directories: dirs,
         queue_size: q,
         fill_s,
@@ -417,19 +458,37 @@ fn toml_str(s: &str) -> String {
 }
 
 /// The daemon's profile: the queue size and a RAM filesystem large enough for the data and
-/// the files; with several functions, a `[[function]]` table each.
-fn profile_text(cfg: &LiveUpdateConfig, sockets: &[PathBuf], dirs: u64) -> String {
+/// the files; with several functions, a `[[function]]` table each. With a shared directory
+/// (`dir/share`, function 0's), `dir` is the sandbox's root; a single function's share is
+/// given on the command line ([`Daemon::start`]).
+fn profile_text(cfg: &LiveUpdateConfig, dir: &Path, sockets: &[PathBuf], dirs: u64) -> String {
     let mut s = String::from("description = \"virtiofs-bench --live-update\"\n");
     s += &format!("queue_size = {}\n", cfg.queue_size);
+    let shared = cfg.backend == UpdateBackend::Shared;
     // The data in 64 KiB slots, with room to spare.
-    s += &format!("ramfs_size = {}\n", (cfg.data_mib + 64) * MIB);
-    s += &format!("ramfs_inodes = {}\n", (cfg.files + dirs + 2 + 1024).max(65536));
+    let ram = format!(
+        "ramfs_size = {}\nramfs_inodes = {}\n",
+        (cfg.data_mib + 64) * MIB,
+        (cfg.files + dirs + 2 + 1024).max(65536)
+    );
+    if sockets.len() > 1 && shared {
+        s += &format!("sandbox_root = {}\n", toml_str(&dir.display().to_string()));
+    } else if !shared {
+        s += &ram;
+    }
     if sockets.len() > 1 {
         for (i, p) in sockets.iter().enumerate() {
             s += &format!(
                 "\n[[function]]\ntag = \"lu{i}\"\nsocket_path = {}\n",
                 toml_str(&p.display().to_string())
             );
+            match (i, shared) {
+                (0, true) => {
+                    s += &format!("shared_dir = {}\n", toml_str(&dir.join("share").display().to_string()))
+                }
+                (_, true) => s += &ram,
+                _ => {}
+            }
         }
     }
     s
@@ -795,6 +854,10 @@ impl Daemon {
         cmd.arg("--config").arg(profile);
         if cfg.functions == 1 {
             cmd.arg("--socket-path").arg(&sockets[0]).args(["--tag", "lu0"]);
+            if cfg.backend == UpdateBackend::Shared {
+                let share = profile.parent().unwrap_or(Path::new("/")).join("share");
+                cmd.arg("--shared-dir").arg(share);
+            }
         }
         cmd.arg("--control-socket")
             .arg(ctl)
@@ -887,8 +950,18 @@ pub fn table(r: &LiveUpdateReport) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "live update of {} ({}): {} function(s), {} MiB of data and {} files in {} directories in function 0, queue size {}",
-        r.daemon, r.version, r.functions, r.data_mib, r.files, r.directories, r.queue_size
+        "live update of {} ({}): {} function(s), {} MiB of data and {} files in {} directories in function 0 ({}), queue size {}",
+        r.daemon,
+        r.version,
+        r.functions,
+        r.data_mib,
+        r.files,
+        r.directories,
+        match r.backend {
+            UpdateBackend::Ram => "a RAM filesystem",
+            UpdateBackend::Shared => "a shared directory",
+        },
+        r.queue_size
     );
     let _ = writeln!(
         s,

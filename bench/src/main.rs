@@ -117,6 +117,10 @@ struct Args {
     /// In --live-update, MiB of file data in function 0's RAM filesystem (the file read).
     #[arg(long, value_name = "M", default_value_t = 16, requires = "live_update")]
     data_mib: u64,
+    /// In --live-update, what function 0 serves: `ram` (a RAM filesystem) or `shared` (a
+    /// shared directory in the run's temporary directory).
+    #[arg(long, value_name = "B", default_value = "ram", requires = "live_update")]
+    update_backend: bench::live_update::UpdateBackend,
     /// In --live-update, empty files besides the data file, in directories of 1000.
     #[arg(long, value_name = "K", default_value_t = 10, requires = "live_update")]
     files: u64,
@@ -277,6 +281,7 @@ fn live_update(a: &Args, updates: usize) -> ExitCode {
         data_mib: a.data_mib,
         files: a.files,
         queue_size: a.queue_size,
+        backend: a.update_backend,
     };
     let mut progress = |line: &str| eprintln!("{line}");
     let r = match bench::live_update::run(&cfg, &mut progress) {

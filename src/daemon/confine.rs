@@ -106,7 +106,11 @@ impl Plan {
         }
         info!(
             "sandbox: new {} namespaces; root is now {} (procfs {}; every shared_dir beneath it)",
-            if c.network { "mount and IPC (the network kept for the NFS servers)" } else { "mount, IPC and network" },
+            if c.network {
+                "mount and IPC (the network kept for the NFS servers)"
+            } else {
+                "mount, IPC and network"
+            },
             root.display(),
             if confined.proc_restricted { "subset=pid,hidepid=invisible" } else { "unrestricted" }
         );

@@ -3,7 +3,7 @@
 //! JSON body with the descriptors that go with it.
 //!
 //! One message on the wire: a 16-byte header (magic, body length, descriptor count, zero), then
-//! the descriptors in groups of at most [`MAX_MSG_FDS`], each group attached to one byte that
+//! the descriptors in groups of at most [`MAX_GROUP_FDS`], each group attached to one byte that
 //! says how many it holds, then the body. The receiver reads the header and each group's byte
 //! with `recvmsg`, so no descriptor is attached to bytes a plain read takes. Everything is
 //! bounded: the body ([`MAX_BODY`]), the descriptors ([`MAX_FILES`]) and the time a message
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use virtiofs_device::vfio_user::wire::{recv_with_fds, send_with_fds, MAX_MSG_FDS};
+use virtiofs_device::vfio_user::wire::{recv_group, send_group, MAX_GROUP_FDS};
 
 /// "VFUP", little-endian.
 const MAGIC: u32 = 0x5055_4656;
@@ -85,10 +85,10 @@ impl Channel {
         header[4..8].copy_from_slice(&(body.len() as u32).to_le_bytes());
         header[8..12].copy_from_slice(&(files.len() as u32).to_le_bytes());
         (&self.sock).write_all(&header)?;
-        for group in files.chunks(MAX_MSG_FDS) {
+        for group in files.chunks(MAX_GROUP_FDS) {
             let fds: Vec<i32> = group.iter().map(|f| f.as_raw_fd()).collect();
             let count = [group.len() as u8];
-            if send_with_fds(&self.sock, &[&count], &fds)? != 1 {
+            if send_group(&self.sock, &[&count], &fds)? != 1 {
                 return Err(ChannelError::Io(io::Error::new(io::ErrorKind::WriteZero, "descriptor group")));
             }
         }
@@ -109,9 +109,14 @@ impl Channel {
         if len > MAX_BODY || count > MAX_FILES {
             return Err(ChannelError::Bad(format!("{len} bytes, {count} descriptors: too large")));
         }
+        if count > MAX_GROUP_FDS {
+            // Room for them all in one growth of the table (a process of several threads).
+            let n = count.saturating_add(4096).try_into().unwrap_or(u32::MAX);
+            crate::sys::reserve_descriptors(&self.sock, n);
+        }
         let mut files = Vec::with_capacity(count);
         while files.len() < count {
-            let want = (count - files.len()).min(MAX_MSG_FDS);
+            let want = (count - files.len()).min(MAX_GROUP_FDS);
             let mut byte = [0u8; 1];
             let before = files.len();
             let got = self.recv_some(&mut byte, &mut files, deadline, bound)?;
@@ -148,7 +153,7 @@ impl Channel {
         bound: Duration,
     ) -> Result<virtiofs_device::vfio_user::wire::RecvResult, ChannelError> {
         loop {
-            match recv_with_fds(&self.sock, buf, files) {
+            match recv_group(&self.sock, buf, files) {
                 Ok(r) if r.bytes == 0 => return Err(ChannelError::Closed),
                 Ok(r) => return Ok(r),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -173,22 +178,22 @@ mod tests {
         text: String,
     }
 
-    /// A message and 40 descriptors (three groups) arrive whole and in order; a garbled header,
+    /// A message and 300 descriptors (two groups) arrive whole and in order; a garbled header,
     /// an oversized length, a silent peer and a closed one are errors, not waits.
     #[test]
     fn messages_and_their_descriptors_arrive_and_bad_ones_are_refused() {
         let (a, b) = Channel::pair().unwrap();
         let mut files = Vec::new();
-        for i in 0..40u8 {
+        for i in 0..300u32 {
             let mut f = tempfile::tempfile().unwrap();
-            f.write_all(&[i]).unwrap();
+            f.write_all(&[i as u8]).unwrap();
             files.push(f);
         }
         let fds: Vec<BorrowedFd<'_>> = files.iter().map(|f| f.as_fd()).collect();
         a.send(&Note { text: "hello".into() }, &fds).unwrap();
         let (note, got): (Note, Vec<File>) = b.recv(Duration::from_secs(5)).unwrap();
         assert_eq!(note.text, "hello");
-        assert_eq!(got.len(), 40);
+        assert_eq!(got.len(), 300);
         for (i, mut f) in got.into_iter().enumerate() {
             let mut byte = [0u8; 1];
             f.rewind().unwrap();

@@ -666,4 +666,56 @@ mod tests {
         h.set_cookieverf(b, [1; 8], 0);
         assert_eq!(h.get(b).unwrap().cookieverf, [1; 8]);
     }
+
+    /// Issue 22: a node table and a handle table given to another process are the same
+    /// tables there: the same node ids name the same handles with their references and opens,
+    /// a forgotten id stays stale, a new handle gets an id no one held, the bound holds; a
+    /// state naming a handle twice, or without its root, is refused.
+    #[test]
+    fn tables_handed_over_keep_their_ids_generations_and_counts() {
+        let t = NodeTable::new(fh(0), 8);
+        let a = t.reference(&fh(1)).unwrap();
+        let b = t.reference(&fh(2)).unwrap();
+        assert!(t.forget(b, 1), "b goes: its slot's generation moves on");
+        let c = t.reference(&fh(3)).unwrap();
+        t.reference(&fh(1)).unwrap();
+        t.opened(a).unwrap();
+        t.set_silly(a, fh(0));
+        let state = t.save();
+        let json = serde_json::to_string(&state).unwrap();
+        let r = NodeTable::restore(&serde_json::from_str(&json).unwrap(), 8).unwrap();
+        assert_eq!(r.len(), t.len());
+        assert_eq!(r.fh(a).unwrap().as_bytes(), fh(1).as_bytes());
+        assert_eq!(r.fh(c).unwrap().as_bytes(), fh(3).as_bytes());
+        assert_eq!(r.fh(b), Err(STALE), "a forgotten id stays stale");
+        assert!(r.has_opens(a) && r.any_open());
+        assert!(!r.forget(a, 1) && !r.forget(a, 1), "two references, and open");
+        assert_eq!(r.closed(a).map(|f| f.as_bytes().to_vec()), Some(fh(0).as_bytes().to_vec()), "silly");
+        assert_eq!(r.reference(&fh(3)).unwrap(), c, "deduplicated against the restored index");
+        let d = r.reference(&fh(4)).unwrap();
+        assert!(![ROOT, a, b, c].contains(&d), "a new node gets an id no one held: {d:#x}");
+        assert_eq!(NodeTable::restore(&state, 2).err().map(|_| ()), Some(()), "over its bound");
+        let mut twice = state.clone();
+        twice.live.push(NodeState { index: 5, ..twice.live[1].clone() });
+        twice.generations.resize(6, 0);
+        assert!(NodeTable::restore(&twice, 8).is_err(), "a handle twice");
+        let mut rootless = state.clone();
+        rootless.live.retain(|n| n.index != 0);
+        assert!(NodeTable::restore(&rootless, 8).is_err(), "no root");
+
+        let h = HandleTable::new(4);
+        let f = OpenFile { nodeid: a, flags: 2, dir: false, cookieverf: [0; 8], eof_at: 0 };
+        let x = h.open(f).unwrap();
+        let y = h.open(OpenFile { dir: true, cookieverf: [7; 8], eof_at: 9, ..f }).unwrap();
+        h.close(x);
+        let z = h.open(f).unwrap();
+        let saved = h.save();
+        let r = HandleTable::restore(&saved, 4).unwrap();
+        assert_eq!(r.get(x), None, "a closed handle stays closed");
+        assert_eq!(r.get(y).map(|f| (f.cookieverf, f.eof_at)), Some(([7; 8], 9)));
+        assert_eq!(r.get(z), Some(f));
+        let w = r.open(f).unwrap();
+        assert!(![x, y, z].contains(&w));
+        assert!(HandleTable::restore(&saved, 1).is_err(), "past its slots");
+    }
 }

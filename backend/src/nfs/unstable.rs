@@ -892,4 +892,48 @@ mod tests {
         assert!(s.begin_background().is_some());
         assert!(!s.room_may_come(), "nothing stored, nothing on the wire");
     }
+
+    /// Issue 22: a store given to another process holds the same writes there, with their
+    /// verifiers, order and bytes: a COMMIT with the verifier of one drops it, one written
+    /// under another is replayed, in order; the counters continue; bytes that do not match the
+    /// entries, or entries past the new store's size, are refused.
+    #[test]
+    fn a_store_handed_over_commits_and_replays_as_the_old_one_would() {
+        let s = UnstableStore::new(8 * PAGE);
+        let data: Vec<u8> = (0..6000u32).map(|i| (i * 7) as u8).collect();
+        let a = with_reader(&data, |r| s.insert(7, &fh(), &CRED, 100, r)).unwrap();
+        let b = with_reader(b"later", |r| s.insert(7, &fh(), &CRED, 0, r)).unwrap();
+        let c = with_reader(b"other", |r| s.insert(8, &fh(), &CRED, 0, r)).unwrap();
+        s.written(a, [1; 8], false);
+        s.written(b, [2; 8], false);
+        let mut bytes = Vec::new();
+        assert!(s.save(&mut bytes).is_err(), "c's WRITE is on the wire: not a quiet point");
+        s.written(c, [2; 8], false);
+        bytes.clear();
+        let state = s.save(&mut bytes).unwrap();
+        assert_eq!(bytes.len(), 6000 + 5 + 5);
+        let json = serde_json::to_string(&state).unwrap();
+        let r = UnstableStore::restore(8 * PAGE, &serde_json::from_str(&json).unwrap(), &bytes).unwrap();
+        assert_eq!((r.len(), r.stats().stored, r.stats().bytes_now), (3, 3, s.stats().bytes_now));
+        assert!(r.has_answered(7) && r.has_answered(8));
+        assert_eq!(r.committed(8, [2; 8], r.horizon()), Committed { dropped: 1, resend: 0, in_flight: 0 });
+        assert_eq!(r.committed(7, [2; 8], r.horizon()), Committed { dropped: 0, resend: 2, in_flight: 0 });
+        let mut out = vec![0u8; 8192];
+        let first = r.next_resend(7, &mut out).unwrap();
+        assert_eq!((first.offset, first.len), (100, 6000));
+        assert_eq!(&out[..6000], &data[..], "the bytes moved whole");
+        r.remove(first.id);
+        let second = r.next_resend(7, &mut out).unwrap();
+        assert_eq!(&out[..5], b"later");
+        r.remove(second.id);
+        assert!(r.is_empty());
+        let big = vec![1u8; 8 * PAGE];
+        assert!(with_reader(&big, |rd| r.insert(1, &fh(), &CRED, 0, rd)).is_some(), "every page freed");
+
+        assert!(UnstableStore::restore(2 * PAGE, &state, &bytes).is_err(), "past the store's size");
+        assert!(UnstableStore::restore(8 * PAGE, &state, &bytes[1..]).is_err(), "bytes short");
+        let mut more = bytes.clone();
+        more.push(0);
+        assert!(UnstableStore::restore(8 * PAGE, &state, &more).is_err(), "bytes left over");
+    }
 }

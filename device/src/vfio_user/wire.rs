@@ -294,17 +294,45 @@ pub fn read_obj<T: ByteValued + Default>(bytes: &[u8]) -> Option<T> {
 /// `CLOEXEC`. If the sender passed more descriptors than [`MAX_MSG_FDS`] the kernel truncates the
 /// control message and closes the excess; that is reported as `truncated_fds`.
 pub fn recv_with_fds(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<File>) -> io::Result<RecvResult> {
-    const CMSG_SPACE: usize =
-        // Room for MAX_MSG_FDS descriptors in one SCM_RIGHTS message, rounded up generously.
-        64 + MAX_MSG_FDS * size_of::<RawFd>();
-    let mut cmsg_buf = [0u64; CMSG_SPACE / 8];
+    // Room for MAX_MSG_FDS descriptors in one SCM_RIGHTS message, rounded up generously.
+    let mut cmsg_buf = [0u64; (64 + MAX_MSG_FDS * size_of::<RawFd>()) / 8];
+    recv_into(sock, buf, fds, &mut cmsg_buf)
+}
+
+/// Most descriptors one message of [`send_group`] carries (the kernel's `SCM_MAX_FD`).
+pub const MAX_GROUP_FDS: usize = 253;
+
+/// As [`recv_with_fds`], with room for [`MAX_GROUP_FDS`] descriptors: for a channel between
+/// processes of ours that pass many (a live update), not for a vfio-user client.
+pub fn recv_group(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<File>) -> io::Result<RecvResult> {
+    let mut cmsg_buf = [0u64; (64 + MAX_GROUP_FDS * size_of::<RawFd>()) / 8];
+    recv_into(sock, buf, fds, &mut cmsg_buf)
+}
+
+/// As [`send_with_fds`], with up to [`MAX_GROUP_FDS`] descriptors (see [`recv_group`]).
+pub fn send_group(sock: &UnixStream, bufs: &[&[u8]], fds: &[RawFd]) -> io::Result<usize> {
+    if fds.len() > MAX_GROUP_FDS {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let mut cmsg_buf = [0u64; (64 + MAX_GROUP_FDS * size_of::<RawFd>()) / 8];
+    send_from(sock, bufs, fds, &mut cmsg_buf)
+}
+
+/// One `recvmsg` into `buf`, its descriptors into `fds`, with `cmsg_buf` as the control
+/// buffer (its size bounds the descriptors taken; more are reported as `truncated_fds`).
+fn recv_into(
+    sock: &UnixStream,
+    buf: &mut [u8],
+    fds: &mut Vec<File>,
+    cmsg_buf: &mut [u64],
+) -> io::Result<RecvResult> {
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     // SAFETY: msghdr is a plain C struct for which all-zero is a valid value.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = cmsg_buf.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&cmsg_buf) as _;
+    msg.msg_controllen = std::mem::size_of_val(cmsg_buf) as _;
     // SAFETY: `msg` points at `iov` (describing `buf`, valid for writes of its length) and at
     // `cmsg_buf` (valid for writes of `msg_controllen` bytes); both outlive the call.
     let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT) };
@@ -349,15 +377,28 @@ pub struct RecvResult {
 
 /// Sends `bufs` as one message, with `fds` attached to its first byte.
 pub fn send_with_fds(sock: &UnixStream, bufs: &[&[u8]], fds: &[RawFd]) -> io::Result<usize> {
+    if fds.len() > MAX_MSG_FDS {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let mut cmsg_buf = [0u64; (64 + MAX_MSG_FDS * size_of::<RawFd>()) / 8];
+    send_from(sock, bufs, fds, &mut cmsg_buf)
+}
+
+/// One `sendmsg` of `bufs` with `fds`, built in `cmsg_buf` (room for `fds`, checked by the
+/// callers).
+fn send_from(sock: &UnixStream, bufs: &[&[u8]], fds: &[RawFd], cmsg_buf: &mut [u64]) -> io::Result<usize> {
     let mut iovs: heapless::Vec<libc::iovec, 4> = heapless::Vec::new();
     for b in bufs {
         iovs.push(libc::iovec { iov_base: b.as_ptr() as *mut _, iov_len: b.len() })
             .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     }
-    if fds.len() > MAX_MSG_FDS {
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    if !fds.is_empty()
+        && (unsafe { libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) } as usize)
+            > std::mem::size_of_val(cmsg_buf)
+    {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
-    let mut cmsg_buf = [0u64; (64 + MAX_MSG_FDS * size_of::<RawFd>()) / 8];
     // SAFETY: msghdr is a plain C struct for which all-zero is a valid value.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = iovs.as_mut_ptr();
@@ -370,7 +411,7 @@ pub fn send_with_fds(sock: &UnixStream, bufs: &[&[u8]], fds: &[RawFd]) -> io::Re
         // SAFETY: msg_control points at a buffer of at least msg_controllen bytes.
         let cmsg = unsafe { libc::CMSG_FIRSTHDR(&msg) };
         // SAFETY: `cmsg` points at the start of `cmsg_buf`, large enough for one header plus
-        // MAX_MSG_FDS descriptors; we write the header fields and then the descriptor array.
+        // `fds` (checked above); we write the header fields and then the descriptor array.
         unsafe {
             (*cmsg).cmsg_level = libc::SOL_SOCKET;
             (*cmsg).cmsg_type = libc::SCM_RIGHTS;
