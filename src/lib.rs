@@ -235,6 +235,14 @@ impl<F: FileSystem + 'static> Engine for FuseEngine<F> {
         self.inner.cancel_waits();
     }
 
+    fn wait_tokens(&self) -> Vec<(u64, u64)> {
+        self.inner.wait_tokens()
+    }
+
+    fn adopt_wait(&mut self, id: u64, token: u64) -> bool {
+        self.inner.adopt_wait(id, token)
+    }
+
     fn readiness(&self) -> Option<virtiofs_device::poller::Readiness<'_>> {
         self.inner.readiness()
     }

@@ -2,8 +2,8 @@
 //! `--live-update` is replaced by a new process of its binary while the host driver model keeps
 //! its connection and does I/O; the file data, the open handles, the locks held and the
 //! statistics carry over, for a RAM filesystem and for a shared directory (sandboxed or not);
-//! a new process that fails, a binary from outside the allowed directory, a function that is
-//! not at a quiet point and a backend whose state does not move leave the old process serving.
+//! a SETLKW waiting moves as state; a new process that fails and a binary from outside the
+//! allowed directory leave the old process serving.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -97,8 +97,9 @@ fn read_through(d: &mut FsDriver, node: u64, fh: u64, data: &[u8], upd: &mut Chi
 /// The daemon is updated twice while the driver reads (split and packed rings, interrupts on):
 /// no request fails, the data, the open handle and a lock held by one owner are there after it
 /// (another owner's GETLK sees the lock), the serving process is a new one, `updates` counts
-/// and the request counters continue. Then a new process that exits at once, a binary outside
-/// `--update-binary-dir` and a SETLKW that waits each leave the old process serving.
+/// and the request counters continue. Then a new process that exits at once and a binary
+/// outside `--update-binary-dir` each leave the old process serving, and an update with a
+/// SETLKW waiting hands the waiting request over: the new process grants it when the lock goes.
 #[test]
 fn a_daemon_is_updated_under_io_and_a_failed_update_leaves_it_serving() {
     for ring in [RingLayout::Split, RingLayout::Packed] {
@@ -176,15 +177,27 @@ fn a_daemon_is_updated_under_io_and_a_failed_update_leaves_it_serving() {
         let out = finish(update(&ctl, Some(Path::new("/bin/true"))));
         assert!(!out.status.success());
         assert!(String::from_utf8_lossy(&out.stderr).contains("update-binary-dir"), "{ring:?}");
-        // A SETLKW waits on owner 1's lock: not a quiet point.
+        // A SETLKW waits on owner 1's lock: it is state, and the new process answers it once
+        // owner 1 lets go.
         let q = 1;
         let waiting = d.submit_lk(q, opcode::SETLKW, e.nodeid, &other).unwrap();
         std::thread::sleep(Duration::from_millis(50));
         let out = finish(update(&ctl, None));
-        assert!(!out.status.success(), "{ring:?}: handed over with a SETLKW waiting");
-        assert_eq!(device(&ctl)["pid"], serving, "{ring:?}: a failed update replaced the process");
+        assert!(out.status.success(), "{ring:?}: a SETLKW waiting: {}", String::from_utf8_lossy(&out.stderr));
+        assert_ne!(device(&ctl)["pid"], serving, "{ring:?}: not handed over with a SETLKW waiting");
+        let stats = ControlClient::connect(&ctl).unwrap().call("get_stats", Value::Null).unwrap();
+        let waits: u64 = (stats["device"]["queues"].as_array().unwrap().iter())
+            .map(|q| q["waiting"].as_u64().unwrap_or(0))
+            .sum();
+        assert_eq!(waits, 1, "{ring:?}: the new process keeps the request waiting");
         d.setlk(e.nodeid, &LockReq { typ: libc::F_UNLCK, ..lock }).unwrap();
         d.lk_result(opcode::SETLKW, waiting).unwrap();
+        let seen = d.getlk(e.nodeid, &lock).unwrap();
+        assert_eq!(
+            (seen.typ as i32, seen.start, seen.end),
+            (libc::F_WRLCK, 0, 99),
+            "{ring:?}: owner 2 holds it"
+        );
         assert_eq!(d.read(e.nodeid, o.fh, 8192, 4096).unwrap(), data[8192..12288].to_vec());
         assert_ne!(before, 0);
 

@@ -100,6 +100,13 @@ pub enum LockKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct WaitId(u64);
 
+impl WaitId {
+    /// Its number (what [`LockManager::waiter_unique`] takes).
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
 /// How [`LockManager::set_or_wait`] left a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SetOutcome {
@@ -118,6 +125,36 @@ pub struct FileLocksState {
     pub posix: Vec<(u64, u64, u64, bool, u32)>,
     /// `flock` locks: handle, write.
     pub flock: Vec<(u64, bool)>,
+}
+
+/// A request waiting for a lock, as data ([`LockManager::save`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WaiterState {
+    /// Its wait id (what the device's engines name it by).
+    pub id: u64,
+    /// The FUSE unique of the request.
+    pub unique: u64,
+    /// The file.
+    pub ino: u64,
+    /// A POSIX request's lock owner; `None` for `flock`.
+    pub owner: Option<u64>,
+    /// A `flock` request's handle.
+    pub fh: u64,
+    /// First byte, last byte (inclusive), write, pid.
+    pub lock: (u64, u64, bool, u32),
+    /// Interrupted (`EINTR` at its next look), or still waiting.
+    pub interrupted: bool,
+}
+
+/// A lock table's waiting requests as data ([`LockManager::save`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WaitsState {
+    /// Every waiting request.
+    pub waiters: Vec<WaiterState>,
+    /// The last wait id given.
+    pub next_wait: u64,
+    /// INTERRUPTs that named no waiting request yet, oldest first.
+    pub early: Vec<u64>,
 }
 
 /// One POSIX lock record.
@@ -583,14 +620,34 @@ impl LockManager {
         self.state().records
     }
 
-    /// Every lock held, as data (issue 22: a process that takes the session over); `None`
-    /// while a request waits for a lock (its wait is not data: the session is not at a quiet
-    /// point).
-    pub fn save(&self) -> Option<Vec<FileLocksState>> {
+    /// Every lock held and every request waiting, as data (issue 22: a process that takes the
+    /// session over; the device hands each waiting request's descriptor chain over with it).
+    /// A waiter whose session ended is not saved (its request is answered `EIO` as the old
+    /// process's device resets).
+    pub fn save(&self) -> (Vec<FileLocksState>, WaitsState) {
         let st = self.state();
-        if !st.waiters.is_empty() {
-            return None;
-        }
+        let mut waiters: Vec<WaiterState> = (st.waiters.iter())
+            .filter(|(_, w)| w.state != WaitState::Ended)
+            .map(|(&id, w)| {
+                let (owner, fh) = match w.kind {
+                    LockKind::Posix { owner } => (Some(owner), 0),
+                    LockKind::Flock { fh } => (None, fh),
+                };
+                let l = &w.lock;
+                WaiterState {
+                    id,
+                    unique: w.unique,
+                    ino: w.ino,
+                    owner,
+                    fh,
+                    lock: (l.start, l.end, l.typ == LockType::Write, l.pid),
+                    interrupted: w.state == WaitState::Interrupted,
+                }
+            })
+            .collect();
+        waiters.sort_unstable_by_key(|w| w.id);
+        let waits =
+            WaitsState { waiters, next_wait: st.next_wait, early: st.early.iter().copied().collect() };
         let mut files: Vec<FileLocksState> = (st.files.iter())
             .map(|(&ino, f)| FileLocksState {
                 ino,
@@ -599,13 +656,13 @@ impl LockManager {
             })
             .collect();
         files.sort_unstable_by_key(|f| f.ino);
-        Some(files)
+        (files, waits)
     }
 
     /// Puts saved locks into this table, which must hold none; `Err` names what is wrong with
     /// them (an empty range, overlapping records of one owner, one handle's flock twice) and
     /// leaves the table empty.
-    pub fn restore(&self, files: &[FileLocksState]) -> Result<(), String> {
+    pub fn restore(&self, files: &[FileLocksState], waits: &WaitsState) -> Result<(), String> {
         let mut st = self.state();
         if st.records != 0 || !st.waiters.is_empty() {
             return Err("the table is not empty".into());
@@ -633,11 +690,38 @@ impl LockManager {
             records += posix.len() + flock.len();
             table.insert(f.ino, FileLocks { posix, flock });
         }
+        if waits.waiters.len() > MAX_WAITERS || waits.early.len() > MAX_EARLY_INTERRUPTS {
+            return Err("more waiting requests or early interrupts than the table holds".into());
+        }
+        let mut waiters = HashMap::with_capacity(waits.waiters.len());
+        for w in &waits.waiters {
+            let (start, end, write, pid) = w.lock;
+            if w.id == 0 || w.id > waits.next_wait || start > end || waiters.contains_key(&w.id) {
+                return Err(format!("waiting request {}: a bad id or range", w.id));
+            }
+            let kind = match w.owner {
+                Some(owner) => LockKind::Posix { owner },
+                None => LockKind::Flock { fh: w.fh },
+            };
+            let typ = if write { LockType::Write } else { LockType::Read };
+            let state = if w.interrupted { WaitState::Interrupted } else { WaitState::Waiting };
+            let lock = FileLock { start, end, typ, pid };
+            waiters.insert(w.id, Waiter { unique: w.unique, ino: w.ino, kind, lock, state });
+        }
         st.files = table;
         st.records = records;
+        st.waiters = waiters;
+        st.next_wait = waits.next_wait;
+        st.early = waits.early.iter().copied().collect();
         st.dirty = true;
         self.publish(&mut st);
         Ok(())
+    }
+
+    /// The FUSE unique of waiting request `id`, if it waits (a process that took the session
+    /// over parks it again).
+    pub fn waiter_unique(&self, id: u64) -> Option<(WaitId, u64)> {
+        self.state().waiters.get(&id).map(|w| (WaitId(id), w.unique))
     }
 
     /// Requests waiting for a lock.
@@ -660,26 +744,51 @@ mod tests {
         LockKind::Posix { owner }
     }
 
-    /// Issue 22: the table as data and back (a session taken over); not while a request
-    /// waits; a saved table that contradicts itself is refused and nothing is restored.
+    /// Issue 22: the table as data and back (a session taken over), waiting requests
+    /// included: a waiter taken over is granted when the conflict goes, an interrupted one ends
+    /// `EINTR`, an early interrupt still meets its request; a saved table that contradicts
+    /// itself is refused and nothing is restored.
     #[test]
     fn locks_saved_and_restored_conflict_as_before() {
         let m = LockManager::new();
         m.set(F, px(1), &lk(LockType::Write, 0, 99)).unwrap();
         m.set(F, px(1), &lk(LockType::Read, 200, 299)).unwrap();
         m.set(F + 1, px(2), &lk(LockType::Read, 0, 0)).unwrap();
-        let saved = m.save().unwrap();
+        let (saved, waits) = m.save();
+        assert_eq!(waits, WaitsState::default());
         let n = LockManager::new();
-        n.restore(&saved).unwrap();
-        assert_eq!(n.save().unwrap(), saved);
+        n.restore(&saved, &waits).unwrap();
+        assert_eq!(n.save().0, saved);
         assert_eq!(n.lock_count(), 3);
         assert_eq!(n.set(F, px(3), &lk(LockType::Read, 50, 60)), Err(LockError::WouldBlock));
         assert_eq!(n.set(F, px(3), &lk(LockType::Read, 250, 260)), Ok(()), "read beside read");
-        assert!(n.restore(&saved).is_err(), "restored into a table that is not empty");
-        // A request waiting: not a quiet point.
-        let w = n.set_or_wait(F, px(4), &lk(LockType::Write, 0, 0), 77).unwrap();
-        assert!(matches!(w, SetOutcome::Wait(_)));
-        assert!(n.save().is_none());
+        assert!(n.restore(&saved, &waits).is_err(), "restored into a table that is not empty");
+        // Requests waiting move with the table.
+        let SetOutcome::Wait(a) = n.set_or_wait(F, px(4), &lk(LockType::Write, 0, 0), 77).unwrap() else {
+            panic!("waits")
+        };
+        let SetOutcome::Wait(b) = n.set_or_wait(F, px(5), &lk(LockType::Write, 10, 10), 78).unwrap() else {
+            panic!("waits")
+        };
+        assert!(n.interrupt(78));
+        assert!(!n.interrupt(99), "an interrupt before its request");
+        let (files, waits) = n.save();
+        assert_eq!(waits.waiters.len(), 2);
+        let json = serde_json::to_string(&waits).unwrap();
+        let o = LockManager::new();
+        o.restore(&files, &serde_json::from_str(&json).unwrap()).unwrap();
+        let (wa, ua) = o.waiter_unique(a.0).unwrap();
+        assert_eq!(ua, 77);
+        assert_eq!(o.poll_wait(wa), None, "still waits for owner 1");
+        assert_eq!(o.poll_wait(o.waiter_unique(b.0).unwrap().0), Some(Err(LockError::Interrupted)));
+        o.release_owner(F, 1);
+        assert_eq!(o.poll_wait(wa), Some(Ok(())), "granted once owner 1 let go");
+        assert_eq!(o.set_or_wait(F, px(6), &lk(LockType::Write, 0, 0), 99), Err(LockError::Interrupted));
+        assert!(o.waiter_unique(a.0).is_none());
+        let SetOutcome::Wait(c) = o.set_or_wait(F, px(7), &lk(LockType::Write, 0, 0), 80).unwrap() else {
+            panic!("waits")
+        };
+        assert!(c.0 > b.0, "wait ids go on");
         // Contradicting tables.
         for bad in [
             vec![FileLocksState {
@@ -691,7 +800,7 @@ mod tests {
             vec![FileLocksState { ino: F, posix: vec![], flock: vec![(3, true), (3, false)] }],
         ] {
             let t = LockManager::new();
-            assert!(t.restore(&bad).is_err(), "{bad:?}");
+            assert!(t.restore(&bad, &WaitsState::default()).is_err(), "{bad:?}");
             assert_eq!(t.lock_count(), 0);
         }
     }

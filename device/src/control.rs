@@ -100,7 +100,7 @@ pub struct DeviceState {
     notify_mem: Option<File>,
     /// Where the running queues of a function taken over stand, until
     /// [`Self::start_taken`] resumes them.
-    taken: Option<Vec<crate::virtq::RingState>>,
+    taken: Option<Vec<crate::poller::QueueState>>,
 }
 
 impl DeviceState {

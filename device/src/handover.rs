@@ -5,10 +5,11 @@
 //! device by [`crate::control::DeviceState::take_over`].
 //!
 //! The snapshot holds the register state ([`FunctionState`]), where each running queue stands
-//! ([`RingState`]), the DMA windows (address, size, offset; the files are in [`HandoverFiles`]
-//! in the same order) and which interrupt descriptors the client set. What it does not hold: the
-//! vfio-user connection (the transport's), the filesystem's state (the backend's), waiting
-//! SETLKW requests (a function with one is not at a quiet point: the handover is refused).
+//! with the requests it keeps waiting ([`QueueState`]: a SETLKW waiting for its lock is its
+//! chain's head, where its reply goes and the engine's name for it), the DMA windows (address,
+//! size, offset; the files are in [`HandoverFiles`] in the same order) and which interrupt
+//! descriptors the client set. What it does not hold: the vfio-user connection (the
+//! transport's), the filesystem's state (the backend's, the waiting lock requests included).
 
 use std::fs::File;
 
@@ -18,10 +19,11 @@ use thiserror::Error;
 use crate::memory::MemoryError;
 use crate::pci::state::{FunctionState, StateError};
 use crate::poller::FreezeError;
-use crate::virtq::RingState;
+use crate::poller::QueueState;
 
-/// The format version of [`DeviceSnapshot`] this firmware writes and reads.
-pub const SNAPSHOT_VERSION: u32 = 1;
+/// The format version of [`DeviceSnapshot`] this firmware writes and reads (2: queues with
+/// outstanding requests and the waiting ones).
+pub const SNAPSHOT_VERSION: u32 = 2;
 
 /// One DMA window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,8 +44,9 @@ pub struct DeviceSnapshot {
     pub version: u32,
     /// The registers.
     pub function: FunctionState,
-    /// Where each running queue stands (empty when the driver had not started the device).
-    pub rings: Vec<RingState>,
+    /// Where each running queue stands, with its waiting requests (empty when the driver had
+    /// not started the device).
+    pub rings: Vec<QueueState>,
     /// The DMA windows, by address.
     pub windows: Vec<WindowState>,
     /// Per MSI-X vector, whether the client set an eventfd (the next of

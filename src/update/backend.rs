@@ -44,7 +44,7 @@ impl GivenFiles for Held {
 /// A backend that can give its state to a successor.
 pub trait SavesState: Send + Sync {
     /// Its state and descriptors; called while its function is at the quiet point (no request
-    /// runs). `Err`: it cannot be handed over now (a SETLKW waits), and why.
+    /// runs; a SETLKW may wait: it is state). `Err`: it cannot be handed over now, and why.
     fn save(&self) -> Result<(BackendPart, Box<dyn GivenFiles>), String>;
 
     /// The successor serves now: leave what it shares with this process (a memfd's data)
@@ -52,13 +52,10 @@ pub trait SavesState: Send + Sync {
     fn handed_over(&self);
 }
 
-/// Why a session with a SETLKW waiting is not handed over.
-const WAITING: &str = "a SETLKW waits for a lock (waiting requests are not handed over yet)";
-
 impl SavesState for FuseHandler<RamFs> {
     fn save(&self) -> Result<(BackendPart, Box<dyn GivenFiles>), String> {
         let server = self.server();
-        let session = server.save_session().ok_or(WAITING)?;
+        let session = server.save_session();
         let fs = server.filesystem();
         let memfd = fs.data_memfd().try_clone_to_owned().map_err(|e| format!("the data memfd: {e}"))?;
         Ok((BackendPart::Ramfs { fs: Box::new(fs.save()), session }, Box::new(vec![memfd])))
@@ -72,7 +69,7 @@ impl SavesState for FuseHandler<RamFs> {
 impl SavesState for FuseHandler<PassthroughFs> {
     fn save(&self) -> Result<(BackendPart, Box<dyn GivenFiles>), String> {
         let server = self.server();
-        let session = server.save_session().ok_or(WAITING)?;
+        let session = server.save_session();
         let (fs, held) = server.filesystem().save();
         Ok((BackendPart::Passthrough { fs: Box::new(fs), session }, Box::new(held)))
     }
@@ -84,7 +81,7 @@ impl SavesState for FuseHandler<PassthroughFs> {
 impl SavesState for FuseHandler<NfsFs> {
     fn save(&self) -> Result<(BackendPart, Box<dyn GivenFiles>), String> {
         let server = self.server();
-        let session = server.save_session().ok_or(WAITING)?;
+        let session = server.save_session();
         let (fs, data) = server.filesystem().save()?;
         Ok((BackendPart::Nfs { fs: Box::new(fs), session }, Box::new(vec![OwnedFd::from(data)])))
     }

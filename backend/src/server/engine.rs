@@ -302,6 +302,23 @@ impl<F: FileSystem> PollerEngine<F> {
         self.waits.poll(answer)
     }
 
+    /// The parked SETLKW requests as `(id, wait token)` (a live update).
+    pub fn wait_tokens(&self) -> Vec<(u64, u64)> {
+        self.waits.tokens()
+    }
+
+    /// Parks again the SETLKW of wait token `token` (taken over from another process) under
+    /// `id`; false if the session has no such waiting request.
+    pub fn adopt_wait(&mut self, id: u64, token: u64) -> bool {
+        match self.waits.server().resume_wait(token) {
+            Some(w) => {
+                self.waits.park(id, w);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Parked SETLKW requests.
     pub fn waiting(&self) -> usize {
         self.waits.len()

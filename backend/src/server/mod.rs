@@ -125,6 +125,12 @@ impl LockWait {
     pub fn unique(&self) -> u64 {
         self.unique
     }
+
+    /// Its wait id in the lock table (what a process that takes the session over finds it
+    /// by: [`Server::resume_wait`]).
+    pub fn token(&self) -> u64 {
+        self.id.get()
+    }
 }
 
 /// Counters of lock requests, all sessions together.
@@ -212,6 +218,9 @@ pub struct SessionState {
     pub negotiated: u64,
     /// Every lock held.
     pub locks: Vec<crate::locks::FileLocksState>,
+    /// Every SETLKW waiting (their descriptor chains move with the device's state).
+    #[serde(default)]
+    pub waits: crate::locks::WaitsState,
 }
 
 /// Serves FUSE requests for one filesystem. Shareable between poller threads (`Arc<Server<F>>`).
@@ -274,15 +283,23 @@ impl<F: FileSystem> Server<F> {
     }
 
     /// The FUSE session as data (issue 22: a process that takes it over): whether INIT was
-    /// done, the flags it answered, and every lock held; `None` while a SETLKW waits (not a
-    /// quiet point). The filesystem's own state is the filesystem's to give.
-    pub fn save_session(&self) -> Option<SessionState> {
-        Some(SessionState {
+    /// done, the flags it answered, every lock held and every SETLKW waiting. The filesystem's
+    /// own state is the filesystem's to give.
+    pub fn save_session(&self) -> SessionState {
+        let (locks, waits) = self.locks.save();
+        SessionState {
             version: SESSION_STATE_VERSION,
             initialized: self.initialized.load(Ordering::Acquire),
             negotiated: self.negotiated.load(Ordering::Acquire),
-            locks: self.locks.save()?,
-        })
+            locks,
+            waits,
+        }
+    }
+
+    /// The waiting SETLKW of wait id `token` (a session taken over: a poller parks it again),
+    /// if it still waits.
+    pub fn resume_wait(&self, token: u64) -> Option<LockWait> {
+        self.locks.waiter_unique(token).map(|(id, unique)| LockWait { id, unique })
     }
 
     /// Takes over a session saved by [`Self::save_session`] (before this server served
@@ -297,7 +314,7 @@ impl<F: FileSystem> Server<F> {
         if self.initialized.load(Ordering::Acquire) {
             return Err("this server's session has begun".into());
         }
-        self.locks.restore(&state.locks)?;
+        self.locks.restore(&state.locks, &state.waits)?;
         self.negotiated.store(state.negotiated, Ordering::Release);
         self.initialized.store(state.initialized, Ordering::Release);
         Ok(())

@@ -93,6 +93,12 @@ impl<F: FileSystem> LockWaits<F> {
         n
     }
 
+    /// Every parked request as `(the caller's id, its wait token)` (a live update: the new
+    /// process parks them again, [`Server::resume_wait`]).
+    pub fn tokens(&self) -> Vec<(u64, u64)> {
+        self.parked.iter().map(|(id, w)| (*id, w.token())).collect()
+    }
+
     /// Forgets every parked request without a reply (the device reset; their buffers are gone).
     pub fn cancel_all(&mut self) {
         for (_, wait) in self.parked.drain(..) {

@@ -11,7 +11,7 @@ use log::debug;
 
 use super::engine::Engine;
 use super::msg::{Event, FnCtx, Msg};
-use super::parked::Parked;
+use super::parked::{Parked, QueueState};
 use super::queue::Served;
 use crate::interrupt::Irqs;
 use crate::memory::GuestMem;
@@ -104,19 +104,21 @@ impl Attached {
         match msg {
             Msg::Start { queues: cfgs, features: f, resume } => {
                 self.faults_seen = self.f.faults.load(Ordering::Acquire);
+                let state = |i: u16| resume.iter().find(|s| s.ring.index == i);
                 self.queues = (cfgs.into_iter())
-                    .filter_map(|c| self.f.new_queue(c, f, resume.iter().find(|s| s.index == c.index)))
+                    .filter_map(|c| self.f.new_queue(c, f, state(c.index).map(|s| &s.ring)))
                     .collect();
                 for q in &mut self.queues {
                     self.f.attach(q, &self.mem);
                 }
+                self.adopt_parked(&resume);
             }
             Msg::Stop => self.queues.clear(),
             Msg::Freeze => {
-                // The engine has drained: a queue with a request still out has it parked (a
-                // SETLKW waiting for its lock), and is not quiet.
+                // The engine has drained: a queue's requests still out are parked (SETLKWs
+                // waiting for their locks), each named by the engine or answered already.
                 self.frozen = true;
-                let states = self.queues.iter().map(|q| (q.queue.index(), q.queue.quiet_state())).collect();
+                let states = self.frozen_states();
                 let _ = self.f.events.send(Event::Frozen(states));
             }
             Msg::Thaw => self.frozen = false,
@@ -138,6 +140,53 @@ impl Attached {
         }
         let _ = self.f.events.send(Event::Ack { poller: self.f.id, seq });
         changed
+    }
+
+    /// Each queue's state at the quiet point: `None` for one whose outstanding requests are not
+    /// all parked and nameable.
+    fn frozen_states(&self) -> Vec<(u16, Option<QueueState>)> {
+        let tokens = self.engine.as_ref().map(|e| e.wait_tokens()).unwrap_or_default();
+        let token = |id: u64| tokens.iter().find(|t| t.0 == id).map(|t| t.1);
+        (self.queues.iter().enumerate())
+            .map(|(slot, q)| {
+                let ring = q.queue.state();
+                let mine = self.parked.iter().filter(|p| (p.id >> 16) as usize == slot);
+                let parked: Vec<_> = mine.map(|p| p.state(token(p.id))).collect();
+                let named = parked.iter().all(|p| p.answer.is_some() || p.token.is_some());
+                let whole = named && ring.outstanding() == parked.len();
+                (q.queue.index(), whole.then_some(QueueState { ring, parked }))
+            })
+            .collect()
+    }
+
+    /// Parks again the waiting requests of queues resumed from a handover (their engine
+    /// names them again); one its engine does not know breaks its queue (it would never be
+    /// answered).
+    fn adopt_parked(&mut self, resume: &[QueueState]) {
+        let now = self.f.clock.as_ref().map_or(0, |c| c.now());
+        for (slot, q) in self.queues.iter_mut().enumerate() {
+            let Some(st) = resume.iter().find(|s| s.ring.index == q.queue.index()) else { continue };
+            for p in &st.parked {
+                let id = ((slot as u64) << 16) | u64::from(p.head);
+                let known = match (&p.answer, p.token, self.engine.as_mut()) {
+                    (Some(_), _, _) => true,
+                    (None, Some(t), Some(e)) => e.adopt_wait(id, t),
+                    _ => false,
+                };
+                match Parked::from_state(id, p, now).filter(|_| known) {
+                    Some(parked) => {
+                        self.parked.push(parked);
+                        if let Some(c) = self.f.counters(q.stat) {
+                            c.waiting.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    None => {
+                        q.broken = true;
+                        self.f.report(QueueError::HandoverWait { queue: q.queue.index(), head: p.head });
+                    }
+                }
+            }
+        }
     }
 
     /// One poll round of this function's queues on memory `snapshot` (the function's current
@@ -164,7 +213,9 @@ impl Attached {
                 }
             }
         }
-        if let Some(e) = self.engine.as_mut() {
+        // Frozen (a handover under way), nothing is completed either: the engine has drained,
+        // and a waiting request's answer is the next process's to give.
+        if let Some(e) = self.engine.as_mut().filter(|_| !self.frozen) {
             work += f.complete(e.as_mut(), &mut self.queues, &self.mem, &mut self.parked);
         }
         let faults = f.faults.load(Ordering::Relaxed);

@@ -112,4 +112,20 @@ pub trait Engine: Send {
     /// Forgets every [`Outcome::Wait`] request without answering it; the poller drops them too.
     /// Called before the queues stop or restart.
     fn cancel_waits(&mut self) {}
+
+    /// The [`Outcome::Wait`] requests as `(id, token)`, the token being what another process's
+    /// engine of the same backend takes them back by ([`Self::adopt_wait`]): a live update
+    /// hands waiting requests over (issue 22). The default names none (the function is then
+    /// not at a quiet point while one waits).
+    fn wait_tokens(&self) -> Vec<(u64, u64)> {
+        Vec::new()
+    }
+
+    /// Takes over a waiting request that [`Self::wait_tokens`] named `token` in the old
+    /// process, as request `id` of this poller: it is answered from [`Self::poll_waits`] as if
+    /// submitted here. False if the backend has no such waiting request.
+    fn adopt_wait(&mut self, id: u64, token: u64) -> bool {
+        let _ = (id, token);
+        false
+    }
 }

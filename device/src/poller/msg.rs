@@ -9,24 +9,26 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
 use super::engine::RequestHandler;
+use super::parked::QueueState;
 use crate::interrupt::Irqs;
 use crate::memory::GuestMem;
 use crate::pci::msix::MsixShared;
 use crate::pci::QueueConfig;
 use crate::stats::{DeviceCounters, LatencyClock};
-use crate::virtq::{QueueError, RingState};
+use crate::virtq::QueueError;
 
 /// A control message for one function's part of a poller.
 pub(super) enum Msg {
-    /// Serve these queues; those with a saved state ([`RingState`]) resume where it says.
+    /// Serve these queues; those with a saved state ([`QueueState`]) resume where it says,
+    /// with its waiting requests.
     Start {
         queues: Vec<QueueConfig>,
         features: u64,
-        resume: Vec<RingState>,
+        resume: Vec<QueueState>,
     },
     Stop,
     /// The quiet point of a handover (issue 22): held until the engine drained (no new request
-    /// taken meanwhile), then every queue's [`RingState`] is reported ([`Event::Frozen`]) and
+    /// taken meanwhile), then every queue's [`QueueState`] is reported ([`Event::Frozen`]) and
     /// no request is taken until [`Msg::Thaw`] (the handover failed) or the function goes.
     Freeze,
     /// Takes requests again after [`Msg::Freeze`].
@@ -58,8 +60,8 @@ pub(super) enum Event {
     },
     Broken(QueueError),
     /// A poller's queues of the function at its quiet point: each queue's index and its state,
-    /// `None` for a queue with a request still out (a SETLKW waiting for its lock).
-    Frozen(Vec<(u16, Option<RingState>)>),
+    /// `None` for a queue with a request out that cannot be handed over.
+    Frozen(Vec<(u16, Option<QueueState>)>),
 }
 
 /// A function's part of a poller: what its messages carry and its requests are served with.

@@ -13,6 +13,59 @@ use crate::stats::{OpClass, Tally};
 /// Most writable buffers those bytes may be spread over (a reply split finer comes out short).
 const WAIT_REPLY_PIECES: usize = 8;
 
+/// A waiting request as data (issue 22, a live update): its chain's head, where its reply
+/// goes, the reply if the engine gave it already, and the engine's name for it while it waits
+/// ([`Engine::wait_tokens`](super::engine::Engine::wait_tokens)).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ParkedState {
+    /// The head (split) or buffer id (packed) of its descriptor chain.
+    pub head: u16,
+    /// Guest address and length of each piece of the start of its writable buffers.
+    pub reply: Vec<(u64, u32)>,
+    /// Its reply, when the engine gave it while the queue could not take it.
+    pub answer: Option<Vec<u8>>,
+    /// Its class, and the errno and data bytes of its answer.
+    pub tally: (OpClass, u16, u32),
+    /// The engine's name for it while it waits.
+    pub token: Option<u64>,
+}
+
+/// A queue at its quiet point, as data: where its ring stands and the requests it keeps
+/// waiting (each one of its outstanding chains).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct QueueState {
+    /// The ring's positions.
+    #[serde(flatten)]
+    pub ring: crate::virtq::RingState,
+    /// Its waiting requests.
+    #[serde(default)]
+    pub parked: Vec<ParkedState>,
+}
+
+impl Parked {
+    /// As data, with the engine's `token` for it (`None`: answered already, or unknown).
+    pub(super) fn state(&self, token: Option<u64>) -> ParkedState {
+        ParkedState {
+            head: (self.id & 0xffff) as u16,
+            reply: self.reply.to_vec(),
+            answer: self.answer.as_ref().map(|a| a.to_vec()),
+            tally: (self.class, self.tally.errno, self.tally.bytes),
+            token,
+        }
+    }
+
+    /// Back from data, as request `id` of this poller, taken `started`.
+    pub(super) fn from_state(id: u64, p: &ParkedState, started: u64) -> Option<Parked> {
+        let reply = heapless::Vec::from_slice(&p.reply).ok()?;
+        let answer = match &p.answer {
+            Some(a) => Some(heapless::Vec::from_slice(a).ok()?),
+            None => None,
+        };
+        let (class, errno, bytes) = p.tally;
+        Some(Parked { id, reply, answer, started, class, tally: Tally { class, errno, bytes } })
+    }
+}
+
 /// A request that waits ([`Outcome::Wait`](super::engine::Outcome::Wait)).
 pub(super) struct Parked {
     /// Its engine id (queue slot << 16 | head).

@@ -14,6 +14,7 @@ use log::{error, warn};
 
 use super::engine::RequestHandler;
 use super::msg::{Event, FnCtx, Msg, Post};
+use super::parked::QueueState;
 use super::serve::{run, Ctx};
 use super::wait::Wake;
 use crate::config::{Placement, Polling, Profile, QueueMapping};
@@ -22,7 +23,7 @@ use crate::memory::GuestMem;
 use crate::pci::msix::MsixShared;
 use crate::pci::QueueConfig;
 use crate::stats::DeviceCounters;
-use crate::virtq::{QueueError, RingState};
+use crate::virtq::QueueError;
 
 /// The poller threads of a daemon, shared by every function attached to them ([`PollerSet`]).
 ///
@@ -171,14 +172,14 @@ pub struct PollerSet {
     /// A broadcast went unacknowledged past [`BROADCAST_BOUND`]: the function is failed.
     stuck: bool,
     /// The queue states the pollers reported to [`Msg::Freeze`].
-    frozen: Vec<(u16, Option<RingState>)>,
+    frozen: Vec<(u16, Option<QueueState>)>,
 }
 
 /// Why a function could not be brought to its quiet point ([`PollerSet::freeze`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FreezeError {
-    /// A request of this queue is still out: a SETLKW waiting for its lock.
-    #[error("queue {0} has a request waiting (a SETLKW for a lock): not at a quiet point")]
+    /// A request of this queue is out and cannot be handed over (its engine does not name it).
+    #[error("queue {0} has a request out that cannot be handed over: not at a quiet point")]
     NotQuiet(u16),
     /// A poller did not take the message within its bound: the function is failed.
     #[error("a poller did not answer within its bound")]
@@ -309,24 +310,25 @@ impl PollerSet {
 
     /// Starts serving `queues` as [`Self::start`] does, those with a state in `states` resuming
     /// where it says (a function taken over at its quiet point, [`Self::freeze`]).
-    pub fn resume(&mut self, queues: &[QueueConfig], features: u64, states: &[RingState]) {
+    pub fn resume(&mut self, queues: &[QueueConfig], features: u64, states: &[QueueState]) {
         let placement = self.placement.clone();
         self.broadcast(|i| {
             let mine = |q: &u16| placement.poller_of(*q) == i;
             Msg::Start {
                 queues: queues.iter().filter(|q| mine(&q.index)).copied().collect(),
                 features,
-                resume: states.iter().filter(|s| mine(&s.index)).copied().collect(),
+                resume: states.iter().filter(|s| mine(&s.ring.index)).cloned().collect(),
             }
         });
     }
 
     /// Brings the function to its quiet point (issue 22): its pollers take no new request, let
     /// the filesystem's engine finish every pending one and publish it; returns where each
-    /// started queue stands. A queue with a request still out (a SETLKW waiting for its lock) is
-    /// not quiet: [`FreezeError::NotQuiet`], and the function serves on as before. Until
-    /// [`Self::thaw`] (or the function goes) no request is taken.
-    pub fn freeze(&mut self) -> Result<Vec<RingState>, FreezeError> {
+    /// started queue stands, with the requests that wait (a SETLKW for its lock: state too).
+    /// A queue with a request out that its engine cannot name is not quiet:
+    /// [`FreezeError::NotQuiet`], and the function serves on as before. Until [`Self::thaw`]
+    /// (or the function goes) no request is taken.
+    pub fn freeze(&mut self) -> Result<Vec<QueueState>, FreezeError> {
         self.frozen.clear();
         self.broadcast(|_| Msg::Freeze);
         if self.stuck {
@@ -342,7 +344,7 @@ impl PollerSet {
                 }
             }
         }
-        states.sort_unstable_by_key(|s| s.index);
+        states.sort_unstable_by_key(|s| s.ring.index);
         Ok(states)
     }
 

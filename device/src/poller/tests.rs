@@ -104,6 +104,18 @@ impl Engine for TestEngine {
     fn cancel_waits(&mut self) {
         self.waiting.clear();
     }
+
+    fn wait_tokens(&self) -> Vec<(u64, u64)> {
+        self.waiting.iter().map(|&id| (id, id + 1000)).collect()
+    }
+
+    fn adopt_wait(&mut self, id: u64, token: u64) -> bool {
+        if token < 1000 {
+            return false;
+        }
+        self.waiting.push(id);
+        true
+    }
 }
 
 /// Releases every pending and waiting request of the test engine when dropped.
@@ -490,10 +502,11 @@ fn own_pollers(profile: &Profile, handler: Arc<dyn RequestHandler>, msix: Arc<Ms
 }
 
 /// Issue 22, the quiet point of a handover, on both layouts: `freeze` waits for the engine's
-/// pending request to complete (and publishes it), then no request is taken; a new set of
-/// pollers resumed from the frozen states serves the request the driver made meanwhile and goes
-/// on past the end of the ring, as if nothing happened. A queue with a waiting request (a
-/// SETLKW) is not quiet: `freeze` says so and the function serves on.
+/// pending request to complete (and publishes it), then no request is taken; a request that
+/// waits (a SETLKW) is state: a frozen function thawed serves on with it still waiting, and a
+/// new set of pollers resumed from the frozen states serves the request the driver made
+/// meanwhile, goes on past the end of the ring, and answers the waiting request when its event
+/// comes, at its own head, as if nothing happened.
 #[test]
 fn a_frozen_function_resumes_on_other_pollers_where_it_stood() {
     let mem = guest_memory(0x20000, None);
@@ -512,7 +525,16 @@ fn a_frozen_function_resumes_on_other_pollers_where_it_stood() {
             Driver::Split(SplitDriver::new(&mem, cfg))
         };
         let mut id = 0u16;
+        // The waiting request's buffer id (and its buffers) stay its own until it is answered:
+        // later requests skip it.
+        let mut out: Option<u16> = None;
         let mut send = |drv: &mut Driver<'_>, k: u8| {
+            if out == Some(id % 8) {
+                id += 1;
+            }
+            if k == 2 {
+                out = Some(id % 8);
+            }
             let slot = u64::from(id % 8);
             mem.write_obj(k, GuestAddress(REQ + 0x100 * slot)).unwrap();
             let t = drv.push(
@@ -529,14 +551,15 @@ fn a_frozen_function_resumes_on_other_pollers_where_it_stood() {
             let t = send(&mut drv, 0);
             assert_eq!(wait_for("a request", || drv.next_used()), (t, 4), "{layout}");
         }
-        // A waiting request: not quiet, and the function goes on serving.
+        // A waiting request is state: frozen with it, then thawed, the function serves on.
         let waiting = send(&mut drv, 2);
         wait_for("the request to wait", || (old.stats().snapshot().queues[1].waiting == 1).then_some(()));
-        assert_eq!(old.freeze(), Err(FreezeError::NotQuiet(1)), "{layout}");
+        let states = old.freeze().expect("quiet with a request waiting");
+        assert_eq!(states[0].parked.len(), 1, "{layout}");
+        assert_eq!(states[0].ring.outstanding(), 1, "{layout}");
+        old.thaw();
         let t = send(&mut drv, 0);
-        assert_eq!(wait_for("a request after a refused freeze", || drv.next_used()), (t, 4), "{layout}");
-        grant.store(true, Ordering::Release);
-        assert_eq!(wait_for("the waiting request", || drv.next_used()), (waiting, 4), "{layout}");
+        assert_eq!(wait_for("a request after a thaw", || drv.next_used()), (t, 4), "{layout}");
 
         // A pending request: freeze waits for it, and it comes back.
         let pending = send(&mut drv, 1);
@@ -552,6 +575,7 @@ fn a_frozen_function_resumes_on_other_pollers_where_it_stood() {
         releaser.join().unwrap();
         assert_eq!(drv.next_used(), Some((pending, 4)), "{layout}: completed before the quiet point");
         assert_eq!(states.len(), 1);
+        assert_eq!(states[0].parked.len(), 1, "{layout}: the request still waits");
         // Frozen: a request made now is not taken.
         let during = send(&mut drv, 0);
         std::thread::sleep(Duration::from_millis(30));
@@ -559,8 +583,7 @@ fn a_frozen_function_resumes_on_other_pollers_where_it_stood() {
         drop(old);
 
         // The successor: other pollers, resumed from the states.
-        let states: Vec<crate::virtq::RingState> =
-            serde_json::from_str(&serde_json::to_string(&states).unwrap()).unwrap();
+        let states: Vec<QueueState> = serde_json::from_str(&serde_json::to_string(&states).unwrap()).unwrap();
         let mut new = own_pollers(&profile, handler, Arc::new(MsixShared::new(3)));
         new.set_memory(&mem);
         new.resume(&[cfg], f, &states);
@@ -573,6 +596,15 @@ fn a_frozen_function_resumes_on_other_pollers_where_it_stood() {
             let t = send(&mut drv, 0);
             assert_eq!(wait_for("a request after the handover", || drv.next_used()), (t, 4), "{layout}");
         }
+        assert_eq!(new.stats().snapshot().queues[1].waiting, 1, "{layout}: the waiting request moved");
+        grant.store(true, Ordering::Release);
+        assert_eq!(
+            wait_for("the waiting request, answered by the new pollers", || drv.next_used()),
+            (waiting, 4),
+            "{layout}"
+        );
+        let t = send(&mut drv, 0);
+        assert_eq!(wait_for("a request after it", || drv.next_used()), (t, 4), "{layout}");
         new.stop();
     }
 }

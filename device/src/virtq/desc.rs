@@ -79,6 +79,15 @@ pub enum QueueError {
         /// The used index in guest memory.
         found: u16,
     },
+    /// A waiting request handed over by another process that this process's engine does not
+    /// know (its queue cannot go on: the request would never be answered).
+    #[error("queue {queue}: waiting request {head} handed over, unknown to the backend")]
+    HandoverWait {
+        /// Queue index.
+        queue: u16,
+        /// Its head (or buffer id).
+        head: u16,
+    },
     /// A head descriptor index out of range.
     #[error("queue {queue}: head descriptor {head} out of range")]
     BadHead {

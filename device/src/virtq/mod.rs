@@ -27,17 +27,36 @@ pub use split::SplitQueue;
 use crate::memory::GuestMem;
 use crate::pci::{features as f, QueueConfig};
 
-/// Where a queue stands at a quiet point (every request taken was returned): what a process
-/// that takes the queue over resumes it from (issue 22). Split rings keep it in guest memory as
-/// well (the used index), packed rings only here (the wrap counters).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// Where a queue stands at a quiet point: what a process that takes the queue over resumes it
+/// from (issue 22). Split rings keep the used position in guest memory as well (the used
+/// index), packed rings only here (the wrap counters). Requests taken and not returned (a
+/// SETLKW waiting, which the poller hands over with it) are `taken` and `out`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RingState {
     /// The queue's index.
     pub index: u16,
-    /// The next position to take a request from, which is also the next to return one at.
+    /// The next position to return a request at; with nothing outstanding also the next to
+    /// take one from.
     pub next: u16,
     /// Packed rings: the wrap counter at `next` (split rings: true).
     pub wrap: bool,
+    /// With requests outstanding: the next position to take one from, and its wrap counter.
+    #[serde(default)]
+    pub taken: Option<(u16, bool)>,
+    /// Packed rings: each outstanding buffer id with the ring slots its chain took.
+    #[serde(default)]
+    pub out: Vec<(u16, u16)>,
+}
+
+impl RingState {
+    /// Requests taken and not returned.
+    pub fn outstanding(&self) -> usize {
+        match self.taken {
+            None => 0,
+            Some(_) if !self.out.is_empty() => self.out.len(),
+            Some((avail, _)) => usize::from(avail.wrapping_sub(self.next)),
+        }
+    }
 }
 
 /// A virtqueue of either layout, as negotiated (VIRTIO_F_RING_PACKED or not).
@@ -64,28 +83,50 @@ impl Ring {
     /// `state` says a quiet queue stood (a split ring's `attach` checks it against the used
     /// index in guest memory).
     pub fn resume(cfg: QueueConfig, features: u64, state: &RingState) -> Result<Ring, QueueError> {
-        if state.index != cfg.index || state.next >= cfg.size.max(1) && features & f::RING_PACKED != 0 {
+        let packed = features & f::RING_PACKED != 0;
+        let size = cfg.size.max(1);
+        let taken_ok = match state.taken {
+            None => state.out.is_empty(),
+            // Split: fewer outstanding than the ring holds; no buffer ids.
+            Some((avail, _)) if !packed => avail.wrapping_sub(state.next) <= size && state.out.is_empty(),
+            // Packed: a position inside the ring, each id once, inside the ring, its slots too.
+            Some((avail, _)) => {
+                let mut ids: Vec<u16> = state.out.iter().map(|o| o.0).collect();
+                ids.sort_unstable();
+                ids.dedup();
+                let slots: u32 = state.out.iter().map(|o| u32::from(o.1)).sum();
+                avail < size
+                    && ids.len() == state.out.len()
+                    && state.out.iter().all(|&(id, n)| id < size && n > 0)
+                    && slots <= u32::from(size)
+            }
+        };
+        if state.index != cfg.index || (packed && state.next >= size) || !taken_ok {
             return Err(QueueError::BadConfig(cfg.index));
         }
         let mut r = Ring::new(cfg, features)?;
+        let taken = state.taken.unwrap_or((state.next, state.wrap));
         match &mut r {
-            Ring::Split(q) => q.resume_at(state.next),
-            Ring::Packed(q) => q.resume_at(state.next, state.wrap),
+            Ring::Split(q) => q.resume_at(state.next, taken.0),
+            Ring::Packed(q) => q.resume_at((state.next, state.wrap), taken, &state.out),
         }
         Ok(r)
     }
 
-    /// Where the queue stands, if it is quiet: `None` while a request it took is not returned.
-    pub fn quiet_state(&self) -> Option<RingState> {
+    /// Where the queue stands (positions, and what is outstanding).
+    pub fn state(&self) -> RingState {
         let index = self.index();
         match self {
             Ring::Split(q) => {
                 let (avail, used) = q.positions();
-                (avail == used).then_some(RingState { index, next: used, wrap: true })
+                let taken = (avail != used).then_some((avail, true));
+                RingState { index, next: used, wrap: true, taken, out: Vec::new() }
             }
             Ring::Packed(q) => {
                 let (avail, used) = q.positions();
-                (avail == used).then_some(RingState { index, next: used.0, wrap: used.1 })
+                let out = q.outstanding();
+                let taken = (!out.is_empty()).then_some(avail);
+                RingState { index, next: used.0, wrap: used.1, taken, out }
             }
         }
     }
@@ -196,6 +237,17 @@ mod tests {
     }
 
     /// Takes and returns every available request; the heads or ids taken.
+    /// Takes every available request without returning any.
+    fn take_all(q: &mut Ring, mem: &GuestMem) -> Vec<u16> {
+        let mut c = Chain::default();
+        let mut taken = Vec::new();
+        while let Some(r) = q.next(mem, &mut c).unwrap() {
+            r.unwrap();
+            taken.push(c.head);
+        }
+        taken
+    }
+
     fn serve_all(q: &mut Ring, mem: &GuestMem) -> Vec<u16> {
         let mut c = Chain::default();
         let mut taken = Vec::new();
@@ -228,12 +280,12 @@ mod tests {
         drv.push(&[Buf::writable(0x8000, 64)]);
         let mut c = Chain::default();
         q.next(&mem, &mut c).unwrap().unwrap().unwrap();
-        assert_eq!(q.quiet_state(), None, "a request is out");
+        assert_eq!(q.state().outstanding(), 1, "a request is out");
         q.push_used(&mem, c.head, 7).unwrap();
         q.publish_used(&mem).unwrap();
         assert!(drv.next_used().is_some());
-        let state = q.quiet_state().expect("quiet");
-        assert_eq!(state, RingState { index: 1, next: 7, wrap: true });
+        let state = q.state();
+        assert_eq!(state, RingState { index: 1, next: 7, wrap: true, taken: None, out: vec![] });
         let state: RingState = serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
         drop(q);
 
@@ -244,7 +296,7 @@ mod tests {
         assert_eq!((0..3).filter_map(|_| drv.next_used()).count(), 3);
         assert_eq!(drv.next_used(), None);
 
-        let wrong = RingState { next: state.next + 1, ..state };
+        let wrong = RingState { next: state.next + 1, ..state.clone() };
         let mut q = Ring::resume(cfg(4), 0, &wrong).unwrap();
         assert!(matches!(q.attach(&mem), Err(QueueError::ResumeMismatch { queue: 1, saved: 8, found: 10 })));
     }
@@ -264,8 +316,8 @@ mod tests {
             assert_eq!(serve_all(&mut q, &mem), [id % 4]);
             assert_eq!(drv.next_used(), Some((id % 4, 7)));
         }
-        let state = q.quiet_state().expect("quiet");
-        assert_eq!(state, RingState { index: 1, next: 1, wrap: false }, "one wrap: counter flipped");
+        let state = q.state();
+        assert_eq!(state, RingState { index: 1, next: 1, wrap: false, taken: None, out: vec![] }, "one wrap");
         drop(q);
         let mut q = Ring::resume(cfg(4), features, &state).unwrap();
         q.attach(&mem).unwrap();
@@ -276,11 +328,72 @@ mod tests {
         }
         // Resumed with the wrong wrap counter, the ring sees the driver's next buffer as not
         // available: nothing is taken twice or out of turn.
-        let state = q.quiet_state().unwrap();
+        let state = q.state();
         let mut q = Ring::resume(cfg(4), features, &RingState { wrap: !state.wrap, ..state }).unwrap();
         q.attach(&mem).unwrap();
         drv.push(&[Buf::writable(0x8000, 64)], 0);
         let mut c = Chain::default();
         assert!(q.next(&mem, &mut c).unwrap().is_none());
+    }
+
+    /// Requests taken and not returned (SETLKWs waiting) move with the ring's state: a new
+    /// ring resumed from it does not take them again, returns them later at their own heads
+    /// (ids), and goes on with the driver's next requests, on both layouts; a state whose
+    /// outstanding buffers do not fit the ring is refused.
+    #[test]
+    fn outstanding_requests_move_with_the_ring() {
+        for packed in [false, true] {
+            let mem = guest_memory(0x20000, None);
+            let features = if packed { f::RING_PACKED } else { 0 };
+            let mut split = SplitDriver::new(&mem, cfg(4));
+            let mut pk = PackedDriver::new(&mem, cfg(4));
+            let mut push = |id: u16| {
+                if packed {
+                    pk.push(&[Buf::writable(0x8000, 64)], id)
+                } else {
+                    split.push(&[Buf::writable(0x8000, 64)])
+                }
+            };
+            let mut q = Ring::new(cfg(4), features).unwrap();
+            q.attach(&mem).unwrap();
+            // Three requests; the first and the third are answered, the second stays out.
+            let heads: Vec<u16> = (0..3).map(&mut push).collect();
+            assert_eq!(take_all(&mut q, &mem), heads);
+            let state = q.state();
+            assert_eq!(state.outstanding(), 3);
+            let mut q2 = Ring::resume(cfg(4), features, &state).unwrap();
+            q2.attach(&mem).unwrap();
+            for h in [heads[0], heads[2]] {
+                q2.push_used(&mem, h, 7).unwrap();
+            }
+            q2.publish_used(&mem).unwrap();
+            let state = q2.state();
+            assert_eq!(state.outstanding(), 1, "packed {packed}");
+            let state: RingState = serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
+            drop(q2);
+            // The successor: the outstanding request is not taken again; new ones are.
+            let mut q3 = Ring::resume(cfg(4), features, &state).unwrap();
+            q3.attach(&mem).unwrap();
+            let mut c = Chain::default();
+            assert!(q3.next(&mem, &mut c).unwrap().is_none(), "packed {packed}: taken again");
+            let more: Vec<u16> = [3u16, 0].into_iter().map(&mut push).collect();
+            assert_eq!(take_all(&mut q3, &mem), more, "packed {packed}");
+            for h in more {
+                q3.push_used(&mem, h, 7).unwrap();
+            }
+            q3.push_used(&mem, heads[1], 9).unwrap();
+            q3.publish_used(&mem).unwrap();
+            assert_eq!(q3.state().outstanding(), 0, "packed {packed}");
+            if packed {
+                let mut bad = state.clone();
+                bad.out.push(bad.out[0]);
+                assert!(Ring::resume(cfg(4), features, &bad).is_err(), "an id twice");
+                let bad = RingState { out: vec![(9, 1)], ..state.clone() };
+                assert!(Ring::resume(cfg(4), features, &bad).is_err(), "an id past the ring");
+            } else {
+                let bad = RingState { taken: Some((state.next.wrapping_add(5), true)), ..state.clone() };
+                assert!(Ring::resume(cfg(4), features, &bad).is_err(), "more out than the ring holds");
+            }
+        }
     }
 }

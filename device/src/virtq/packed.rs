@@ -108,12 +108,24 @@ impl PackedQueue {
         ((self.next_avail, self.avail_wrap), (self.next_used, self.used_wrap))
     }
 
-    /// Resumes at the position a quiet queue had (nothing outstanding).
-    pub(super) fn resume_at(&mut self, next: u16, wrap: bool) {
-        (self.next_avail, self.avail_wrap) = (next, wrap);
-        (self.next_used, self.used_wrap) = (next, wrap);
+    /// Resumes at the positions a queue had at a quiet point: the next used position `used`,
+    /// the next to take from `avail`, and the buffers still outstanding (id, ring slots its
+    /// chain took; checked by the caller to lie in the ring).
+    pub(super) fn resume_at(&mut self, used: (u16, bool), avail: (u16, bool), out: &[(u16, u16)]) {
+        (self.next_avail, self.avail_wrap) = avail;
+        (self.next_used, self.used_wrap) = used;
         self.slots.iter_mut().for_each(|s| *s = 0);
-        self.signalled.reset(next);
+        for &(id, n) in out {
+            if let Some(s) = self.slots.get_mut(usize::from(id)) {
+                *s = n;
+            }
+        }
+        self.signalled.reset(used.0);
+    }
+
+    /// The buffers taken and not returned: (id, ring slots its chain took).
+    pub(super) fn outstanding(&self) -> Vec<(u16, u16)> {
+        (self.slots.iter().enumerate()).filter(|(_, &n)| n > 0).map(|(id, &n)| (id as u16, n)).collect()
     }
 
     /// Checks the ring and event areas lie in mapped memory and disables driver notifications.

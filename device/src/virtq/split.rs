@@ -54,8 +54,9 @@ pub struct SplitQueue {
     next_used: u16,
     /// Used entries published since the last interrupt, and the used index then.
     signalled: Signalled,
-    /// Resumed from a saved state at this position: the used index `attach` finds must be it.
-    resumed: Option<u16>,
+    /// Resumed from a saved state at these positions (used, avail): the used index `attach`
+    /// finds must be the first.
+    resumed: Option<(u16, u16)>,
 }
 
 impl SplitQueue {
@@ -87,13 +88,14 @@ impl SplitQueue {
         (self.next_avail, self.next_used)
     }
 
-    /// Resumes at positions a quiet queue had (`next_avail == next_used`). `attach` then checks
-    /// them against the used index in guest memory.
-    pub(super) fn resume_at(&mut self, next: u16) {
-        self.next_avail = next;
-        self.next_used = next;
-        self.signalled.reset(next);
-        self.resumed = Some(next);
+    /// Resumes at the positions a queue had at a quiet point: the next used position `used`
+    /// and the next to take from, `avail` (beyond `used` by the requests still outstanding).
+    /// `attach` then checks `used` against the used index in guest memory.
+    pub(super) fn resume_at(&mut self, used: u16, avail: u16) {
+        self.next_avail = avail;
+        self.next_used = used;
+        self.signalled.reset(used);
+        self.resumed = Some((used, avail));
     }
 
     /// Checks the rings lie in mapped memory and tells the driver not to notify us (poll mode).
@@ -111,14 +113,17 @@ impl SplitQueue {
             .load(GuestAddress(self.cfg.used + 2), Ordering::Acquire)
             .map_err(|_| QueueError::RingUnmapped(q))?;
         let used_idx = u16::from_le(used_idx);
-        if let Some(at) = self.resumed.take() {
+        let mut avail = used_idx;
+        if let Some((at, taken)) = self.resumed.take() {
             if at != used_idx {
                 // The saved state and the ring disagree: another writer moved the used index.
                 return Err(QueueError::ResumeMismatch { queue: q, saved: at, found: used_idx });
             }
+            // Requests taken before the handover and still outstanding are not taken again.
+            avail = taken;
         }
         self.next_used = used_idx;
-        self.next_avail = self.next_used;
+        self.next_avail = avail;
         self.signalled.reset(self.next_used);
         // Poll mode: no notifications (with EVENT_IDX, an avail_event the driver does not pass).
         self.set_notify(mem, false)
