@@ -393,10 +393,8 @@ fn send_from(sock: &UnixStream, bufs: &[&[u8]], fds: &[RawFd], cmsg_buf: &mut [u
             .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     }
     // SAFETY: CMSG_SPACE is a pure size computation.
-    if !fds.is_empty()
-        && (unsafe { libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) } as usize)
-            > std::mem::size_of_val(cmsg_buf)
-    {
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) } as usize;
+    if !fds.is_empty() && space > std::mem::size_of_val(cmsg_buf) {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     // SAFETY: msghdr is a plain C struct for which all-zero is a valid value.
