@@ -19,6 +19,9 @@ use virtiofs_backend::ramfs::RamFsConfig;
 use virtiofs_backend::server::ServerOptions;
 use virtiofs_backend::{PassthroughFs, RamFs};
 
+use virtiofs_backend::filesystem::FileSystem;
+use virtiofs_backend::server::SessionState;
+
 use super::state::BackendPart;
 use crate::backends::Built;
 use crate::FuseHandler;
@@ -105,10 +108,26 @@ pub fn restore(
     };
     let fs =
         RamFs::restore(cfg, &fs, memfd).map_err(|e| format!("RAM filesystem: {}", crate::error_chain(&e)))?;
+    serve(fs, options, &session, 0, FuseHandler::stats)
+}
+
+/// The handler of a restored filesystem `fs`, its FUSE session taken over from `session`;
+/// `stats` reads its statistics.
+fn serve<F>(
+    fs: F,
+    options: ServerOptions,
+    session: &SessionState,
+    descriptors: u64,
+    stats: fn(&FuseHandler<F>) -> crate::FuseStats,
+) -> Result<Built, String>
+where
+    F: FileSystem + 'static,
+    FuseHandler<F>: SavesState,
+{
     let h = Arc::new(FuseHandler::with_options(fs, options));
-    h.server().restore_session(&session).map_err(|e| format!("FUSE session: {e}"))?;
+    h.server().restore_session(session).map_err(|e| format!("FUSE session: {e}"))?;
     let s = h.clone();
-    Ok(Built { handler: h.clone(), fuse: Arc::new(move || s.stats()), descriptors: 0, saver: Some(h) })
+    Ok(Built { handler: h.clone(), fuse: Arc::new(move || stats(&s)), descriptors, saver: Some(h) })
 }
 
 /// The backend of a function taken over: the shared directory `cfg` describes (its root as
@@ -128,11 +147,10 @@ pub fn restore_passthrough(
     let mut fs = PassthroughFs::restore(cfg, proc_fd, &fs, files).map_err(|e| crate::error_chain(&e))?;
     fs.set_io_mode(io_mode);
     let descriptors = fs.descriptor_limit();
-    let h = Arc::new(FuseHandler::with_options(fs, options));
-    h.server().restore_session(&session).map_err(|e| format!("FUSE session: {e}"))?;
-    let s = h.clone();
-    let stats = move || crate::FuseStats { io: Some(s.server().filesystem().engine_stats()), ..s.stats() };
-    Ok(Built { handler: h.clone(), fuse: Arc::new(stats), descriptors, saver: Some(h) })
+    serve(fs, options, &session, descriptors, |s| crate::FuseStats {
+        io: Some(s.server().filesystem().engine_stats()),
+        ..s.stats()
+    })
 }
 
 /// The backend of a function taken over: the NFS export `opts` names, restored from `part`
@@ -147,9 +165,8 @@ pub fn restore_nfs(
         return Err("its state is not an NFS export's".into());
     };
     let fs = NfsFs::restore(opts, &fs, data)?;
-    let h = Arc::new(FuseHandler::with_options(fs, options));
-    h.server().restore_session(&session).map_err(|e| format!("FUSE session: {e}"))?;
-    let s = h.clone();
-    let stats = move || crate::FuseStats { nfs: Some(s.server().filesystem().stats()), ..s.stats() };
-    Ok(Built { handler: h.clone(), fuse: Arc::new(stats), descriptors: 0, saver: Some(h) })
+    serve(fs, options, &session, 0, |s| crate::FuseStats {
+        nfs: Some(s.server().filesystem().stats()),
+        ..s.stats()
+    })
 }

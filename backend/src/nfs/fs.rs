@@ -213,20 +213,12 @@ impl NfsFs {
             limits.read,
             limits.write
         );
-        let shared = Shared {
-            cache: opts.cache,
-            timeout: opts.timeout,
-            retransmit: opts.retransmit,
-            slots: opts.slots_per_poller,
-            limits,
+        let tables = Tables {
             nodes: NodeTable::new(root, opts.max_nodes),
             handles: HandleTable::new(opts.max_nodes),
             unstable: UnstableStore::new(opts.unstable_bytes),
-            machine_name,
-            verf: AtomicU64::new(0),
-            cells: Mutex::default(),
-            mounted,
         };
+        let shared = shared(&opts, limits, mounted, tables, 0, Vec::new());
         Ok(NfsFs { export: opts.url.export.clone(), shared, given: AtomicBool::new(false) })
     }
 
@@ -286,8 +278,41 @@ impl Drop for NfsFs {
     }
 }
 
+/// The tables of an export's state (new at a mount, restored at a takeover).
+pub(super) struct Tables {
+    pub(super) nodes: NodeTable,
+    pub(super) handles: HandleTable,
+    pub(super) unstable: UnstableStore,
+}
+
+/// What the pollers' engines share, for the export `opts` names, mounted as `mounted`; `verf`:
+/// the exclusive-create counter; `cells`: counters so far.
+pub(super) fn shared(
+    opts: &NfsOptions,
+    limits: Limits,
+    mounted: setup::Mounted,
+    tables: Tables,
+    verf: u64,
+    cells: Vec<std::sync::Arc<super::shared::EngineCell>>,
+) -> Shared {
+    Shared {
+        cache: opts.cache,
+        timeout: opts.timeout,
+        retransmit: opts.retransmit,
+        slots: opts.slots_per_poller,
+        limits,
+        nodes: tables.nodes,
+        handles: tables.handles,
+        unstable: tables.unstable,
+        machine_name: machine_name(),
+        verf: AtomicU64::new(verf),
+        cells: Mutex::new(cells),
+        mounted,
+    }
+}
+
 /// AUTH_SYS's machine name: the host name (at most 255 bytes), or the program's name.
-pub(super) fn machine_name() -> String {
+fn machine_name() -> String {
     match std::fs::read("/proc/sys/kernel/hostname") {
         Ok(name) => {
             let name = name.strip_suffix(b"\n").unwrap_or(&name);

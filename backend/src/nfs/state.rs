@@ -11,15 +11,15 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, Write};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::fs::{machine_name, NfsFs, NfsOptions, NfsStats};
+use super::fs::{shared, NfsFs, NfsOptions, NfsStats, Tables};
 use super::nodes::{HandleTable, NodeTable, NodeTableState, OpenFile};
 use super::setup::Mounted;
-use super::shared::{EngineCell, Limits, Shared};
+use super::shared::{EngineCell, Limits};
 use super::unstable::{UnstableState, UnstableStore};
 use super::wire::nfs3::Fh;
 
@@ -130,20 +130,9 @@ impl NfsFs {
         ] {
             EngineCell::set(cell, v);
         }
-        let shared = Shared {
-            cache: opts.cache,
-            timeout: opts.timeout,
-            retransmit: opts.retransmit,
-            slots: opts.slots_per_poller,
-            limits,
-            nodes,
-            handles,
-            unstable,
-            machine_name: machine_name(),
-            verf: AtomicU64::new(state.verf),
-            cells: Mutex::new(vec![Arc::new(base)]),
-            mounted: Mounted { root, nfs_addr: state.nfs_addr, mount_addr: state.mount_addr },
-        };
+        let mounted = Mounted { root, nfs_addr: state.nfs_addr, mount_addr: state.mount_addr };
+        let tables = Tables { nodes, handles, unstable };
+        let shared = shared(&opts, limits, mounted, tables, state.verf, vec![Arc::new(base)]);
         Ok(NfsFs::from_parts(opts.url.export.clone(), shared, AtomicBool::new(false)))
     }
 }
