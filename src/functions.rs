@@ -199,6 +199,15 @@ pub struct HandoverEntry {
     pub saver: Option<Arc<dyn SavesState>>,
 }
 
+/// Who binds and removes the sockets of functions made at run time when this process cannot
+/// reach host paths (a confined daemon: its supervisor, `crate::update`).
+pub trait SocketBinder: Send + Sync {
+    /// Binds `path` (checked by the binder against `--allow-create sockets=DIR`).
+    fn bind(&self, path: &Path) -> Result<vfio_user::Listener, String>;
+    /// Removes the socket file at `path` if no server holds it.
+    fn unlink(&self, path: &Path);
+}
+
 /// The functions of a daemon and the pollers they share.
 pub struct FunctionSet {
     pool: PollerPool,
@@ -215,6 +224,8 @@ struct Inner {
     refused: &'static str,
     /// The most functions served at once (`--max-functions`).
     max: usize,
+    /// A confined daemon's supervisor, binding and removing run-time functions' sockets.
+    binder: Option<Arc<dyn SocketBinder>>,
 }
 
 impl FunctionSet {
@@ -222,12 +233,24 @@ impl FunctionSet {
     /// refuses it, saying `why`: a confined daemon can bind no new socket).
     /// At most `max` functions are served at once.
     pub fn new(pool: PollerPool, defaults: Option<Defaults>, why: &'static str, max: usize) -> Self {
-        let inner = Inner { functions: Vec::new(), next_ordinal: 0, defaults, refused: why, max };
+        let inner =
+            Inner { functions: Vec::new(), next_ordinal: 0, defaults, refused: why, max, binder: None };
         FunctionSet { pool, inner: Mutex::new(inner) }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A confined daemon makes functions at run time after all, through `binder` (its
+    /// supervisor binds their sockets and removes them): RAM filesystems only (its sandbox has
+    /// no host directory to open and its filter may have no network), inheriting `defaults`.
+    pub fn bind_through(&self, binder: Arc<dyn SocketBinder>, defaults: Defaults) {
+        let mut inner = self.lock();
+        if inner.defaults.is_none() {
+            inner.defaults = Some(defaults);
+            inner.binder = Some(binder);
+        }
     }
 
     /// The shared pollers.
@@ -364,6 +387,27 @@ impl FunctionSet {
         }
         let origin = Origin::Created(params.clone());
         let mut spec = FunctionSpec::from_rpc(&defaults, params)?;
+        let binder = self.lock().binder.clone();
+        if let Some(binder) = binder {
+            // Confined: the supervisor checks the socket path (this process cannot resolve it).
+            if !matches!(spec.backend, crate::settings::BackendSpec::Ram { .. }) {
+                return Err(FunctionError::NotAllowed(
+                    "a confined daemon makes RAM-filesystem functions only at run time (its sandbox \
+                     has no host directory to share and its filter may have no network)"
+                        .into(),
+                ));
+            }
+            if self.contains(spec.tag()) {
+                return Err(FunctionError::Exists(spec.tag().into()));
+            }
+            let crate::settings::Socket::SocketPath(path) = &spec.socket else {
+                return Err(FunctionError::Invalid("`socket_path` is required".into()));
+            };
+            let opened = backends::open(&spec, true, self.descriptor_share())?;
+            let listener = binder.bind(path).map_err(FunctionError::NotAllowed)?;
+            let built = backends::build(spec.fuse.server, opened, None)?;
+            return self.start_from(listener, spec, built, origin);
+        }
         allowed.check(&mut spec).map_err(FunctionError::NotAllowed)?;
         if self.contains(spec.tag()) {
             return Err(FunctionError::Exists(spec.tag().into()));
@@ -434,7 +478,17 @@ impl FunctionSet {
         };
         // Outside the lock: the others stay listable while this one's client lets it go.
         let result = device.remove();
-        self.lock().functions.retain(|f| f.tag != tag);
+        let (socket, binder) = {
+            let mut inner = self.lock();
+            let socket = inner.functions.iter().find(|f| f.tag == tag).map(|f| f.socket.clone());
+            inner.functions.retain(|f| f.tag != tag);
+            (socket, inner.binder.clone())
+        };
+        // A confined process cannot reach a socket file outside its sandbox: its supervisor
+        // removes it (if it is still there and nobody serves it).
+        if let (Some(b), Some(p)) = (binder, socket) {
+            b.unlink(&p);
+        }
         let (stats, how) = result?;
         log::info!("function {tag:?} removed: {how}");
         Ok(Removed { stats, how })

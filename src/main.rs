@@ -358,7 +358,7 @@ fn update_command(a: &UpdateArgs) -> ExitCode {
 }
 
 /// The supervisor of a `--live-update` daemon.
-fn supervise(args: &Args) -> ExitCode {
+fn supervise(args: &Args, spec: &DaemonSpec) -> ExitCode {
     let binary = match std::env::current_exe() {
         Ok(b) => b,
         Err(e) => {
@@ -374,7 +374,9 @@ fn supervise(args: &Args) -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-    let launch = supervisor::Launch { binary, args: std::env::args_os().skip(1).collect(), binary_dir };
+    let sockets = supervisor::SocketRules::of(spec);
+    let launch =
+        supervisor::Launch { binary, args: std::env::args_os().skip(1).collect(), binary_dir, sockets };
     supervisor::run(launch)
 }
 
@@ -465,7 +467,7 @@ fn main() -> ExitCode {
         }
     };
     match spec {
-        Ok(_) if args.live_update && matches!(role, Role::Alone) => supervise(&args),
+        Ok(spec) if args.live_update && matches!(role, Role::Alone) => supervise(&args, &spec),
         Ok(spec) => virtiofs_dpu::daemon::run(spec, role),
         Err(e) => {
             error!("{e}");

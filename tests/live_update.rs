@@ -504,3 +504,72 @@ fn bad_live_update_requests_get_clean_errors() {
     assert!(message.contains("--live-update"), "{message}");
     assert_eq!(device(&ctl)["live_update"], false);
 }
+
+/// A confined daemon (a shared directory, sandboxed as root, else seccomp in `trap` mode)
+/// under `--live-update` makes RAM-filesystem functions at run time after all: its supervisor
+/// binds their sockets where `--allow-create sockets=DIR` allows and passes them in. The
+/// function serves, is handed over in an update, and when deleted its socket file, outside the
+/// sandbox, is removed by the supervisor. A socket path elsewhere and a shared directory are
+/// refused with the reason.
+#[test]
+fn a_confined_daemon_makes_functions_through_its_supervisor() {
+    // SAFETY: a plain system call without arguments.
+    let root = unsafe { libc::geteuid() } == 0;
+    let dir = tempfile::tempdir().unwrap();
+    let share = dir.path().join("share");
+    let socks = dir.path().join("socks");
+    std::fs::create_dir(&share).unwrap();
+    std::fs::create_dir(&socks).unwrap();
+    let allow = format!("sockets={}", socks.display());
+    let confine: &[&str] = if root {
+        &["--sandbox", "namespace", "--seccomp", "trap"]
+    } else {
+        &["--sandbox", "none", "--seccomp", "trap"]
+    };
+    let mut args = vec!["--shared-dir", share.to_str().unwrap(), "--allow-create", &allow];
+    args.extend_from_slice(confine);
+    let _d = daemon(dir.path(), &args);
+    let ctl = dir.path().join("ctl.sock");
+    let call = |method: &str, params: Value| ControlClient::connect(&ctl).unwrap().call(method, params);
+    let made = socks.join("made.sock");
+    call("create_function", serde_json::json!({"socket_path": made, "tag": "made", "ramfs_size": "32M"}))
+        .expect("a RAM function made in a confined daemon");
+    let mut d = FsDriver::connect(&made, DriverOptions::default()).unwrap();
+    d.init().unwrap();
+    let (e, o) = d.create(ROOT, "f", 0o644, libc::O_RDWR as u32).unwrap();
+    d.write(e.nodeid, o.fh, 0, &[0x5a; 100_000]).unwrap();
+    // Refused: a socket outside the allowed directory, a shared directory.
+    let outside = dir.path().join("outside.sock");
+    let e1 =
+        call("create_function", serde_json::json!({"socket_path": outside, "tag": "x", "ramfs_size": "32M"}))
+            .unwrap_err()
+            .to_string();
+    assert!(e1.contains("not allowed"), "{e1}");
+    assert!(!outside.exists());
+    let e2 = call(
+        "create_function",
+        serde_json::json!({"socket_path": socks.join("y.sock"), "tag": "y", "shared_dir": share}),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e2.contains("RAM-filesystem functions only"), "{e2}");
+    // Handed over with the daemon, confined as before; it serves on.
+    let out = finish(update(&ctl, None));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(d.read(e.nodeid, o.fh, 0, 100_000).unwrap(), vec![0x5a; 100_000]);
+    // The new process makes functions the same way.
+    let again = socks.join("again.sock");
+    call("create_function", serde_json::json!({"socket_path": again, "tag": "again", "ramfs_size": "32M"}))
+        .expect("a function made after the update");
+    FsDriver::connect(&again, DriverOptions::default()).unwrap().init().unwrap();
+    // Deleted: the supervisor removes the socket file the sandbox cannot reach.
+    drop(d);
+    call("delete_function", serde_json::json!({"tag": "made"})).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while made.exists() {
+        assert!(Instant::now() < deadline, "the deleted function's socket file stayed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(again.exists(), "another function's socket went too");
+}

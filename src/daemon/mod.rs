@@ -121,10 +121,17 @@ impl StartError {
 pub fn run(spec: DaemonSpec, role: Role) -> ExitCode {
     let started = match role {
         Role::Alone => start(spec),
-        Role::Serving(supervisor) => start(spec).map(|mut s| {
-            s.updater = Some(Arc::new(Updater::new(supervisor, 0)));
-            s
-        }),
+        Role::Serving(supervisor) => {
+            let (defaults, confined) = (spec.defaults.clone(), spec.confinement.confined());
+            start(spec).map(|mut s| {
+                let updater = Arc::new(Updater::new(supervisor, 0));
+                if confined {
+                    s.functions.bind_through(updater.clone(), defaults);
+                }
+                s.updater = Some(updater);
+                s
+            })
+        }
         Role::Taking { supervisor, peer } => take::take_over(spec, supervisor, peer),
     };
     match started {

@@ -102,7 +102,11 @@ pub fn take_over(spec: DaemonSpec, supervisor: Channel, peer: Channel) -> Result
             .map_err(|e| StartError::Function { tag, source: Box::new(e) })?;
     }
     info!("live update: took over {n} function(s) from the old process (update {})", updates + 1);
-    let updater = Some(Arc::new(Updater::new(supervisor, updates + 1)));
+    let updater = Arc::new(Updater::new(supervisor, updates + 1));
+    if spec.confinement.confined() {
+        functions.bind_through(updater.clone(), spec.defaults.clone());
+    }
+    let updater = Some(updater);
     let config = spec.describe();
     Ok(Serving { functions, config, control, notifier: None, signals, stats_file, started_at, updater })
 }

@@ -111,7 +111,7 @@ impl AllowCreate {
 
     /// `socket_path` as it will be bound: its directory canonical and allowed, its name not a
     /// symbolic link nor a file other than a socket.
-    fn socket_path(&self, path: &Path) -> Result<PathBuf, String> {
+    pub fn socket_path(&self, path: &Path) -> Result<PathBuf, String> {
         let shown = path.display();
         let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
             return Err(format!("`socket_path` {shown}: not a file name in a directory"));

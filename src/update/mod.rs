@@ -19,7 +19,7 @@ pub mod supervisor;
 
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -126,6 +126,25 @@ pub enum SupervisorMsg {
         /// The new process.
         pid: u32,
     },
+    /// Serving process (a confined one, `create_function`): bind this socket path (checked
+    /// against `--allow-create sockets=DIR`, with the daemon's socket group and mode).
+    Bind {
+        /// The socket path, as `create_function` named it.
+        path: PathBuf,
+    },
+    /// Supervisor: bound; the listening socket and its locked `PATH.lock` are attached.
+    Bound,
+    /// Supervisor: not bound.
+    BindFailed {
+        /// Why.
+        reason: String,
+    },
+    /// Serving process (a confined one, `delete_function`): remove this function's socket
+    /// file, if it is one of the daemon's and no server holds it. No answer.
+    Unlink {
+        /// The socket path.
+        path: PathBuf,
+    },
 }
 
 /// A copy of the control socket, kept for a live update to hand over.
@@ -176,6 +195,35 @@ impl Updater {
         self.handed_over.load(Ordering::Acquire)
     }
 
+    /// Asks the supervisor to bind `path` for a function made at run time (this process is
+    /// confined: it can reach no host path); the listener, its lock held.
+    pub fn bind(&self, path: &Path) -> Result<virtiofs_device::vfio_user::Listener, String> {
+        let sup = self.supervisor.lock().unwrap_or_else(|e| e.into_inner());
+        let failed = |e: ChannelError| format!("the supervisor: {}", crate::error_chain(&e));
+        sup.send(&SupervisorMsg::Bind { path: path.to_path_buf() }, &[]).map_err(failed)?;
+        match sup.recv(SPAWN_BOUND).map_err(failed)? {
+            (SupervisorMsg::Bound, files) => {
+                let n = files.len();
+                let [listener, lock]: [std::fs::File; 2] =
+                    files.try_into().map_err(|_| format!("the supervisor sent {n} descriptors, not 2"))?;
+                let listener = UnixListener::from(OwnedFd::from(listener));
+                virtiofs_device::vfio_user::Listener::bound_elsewhere(path.to_path_buf(), listener, lock)
+                    .map_err(|e| crate::error_chain(&e))
+            }
+            (SupervisorMsg::BindFailed { reason }, _) => Err(reason),
+            (other, _) => Err(format!("the supervisor answered {other:?}")),
+        }
+    }
+
+    /// Asks the supervisor to remove the socket file at `path` (a function removed; this
+    /// process, confined, cannot).
+    pub fn unlink(&self, path: &Path) {
+        let sup = self.supervisor.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = sup.send(&SupervisorMsg::Unlink { path: path.to_path_buf() }, &[]) {
+            log::warn!("cannot ask the supervisor to remove {}: {}", path.display(), crate::error_chain(&e));
+        }
+    }
+
     /// Tells the supervisor that this process serves.
     pub fn ready(&self) {
         let sup = self.supervisor.lock().unwrap_or_else(|e| e.into_inner());
@@ -208,7 +256,7 @@ impl Updater {
             return Err(UpdateError::Function {
                 tag: f.tag.clone(),
                 backend: f.backend,
-                why: "its backend's state is not handed over yet (only the RAM filesystem's is)".into(),
+                why: "its backend's state cannot be handed over".into(),
             });
         }
         let sup = self.supervisor.lock().unwrap_or_else(|e| e.into_inner());
@@ -323,4 +371,14 @@ pub fn exit_after_answer() {
         }
         let _ = signal_hook::low_level::raise(signal_hook::consts::SIGTERM);
     });
+}
+
+impl crate::functions::SocketBinder for Updater {
+    fn bind(&self, path: &Path) -> Result<virtiofs_device::vfio_user::Listener, String> {
+        Updater::bind(self, path)
+    }
+
+    fn unlink(&self, path: &Path) {
+        Updater::unlink(self, path)
+    }
 }

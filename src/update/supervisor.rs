@@ -29,7 +29,9 @@ use super::channel::{Channel, ChannelError};
 use super::{SupervisorMsg, SUPERVISOR_FD, TAKEOVER_FD};
 use crate::error_chain;
 use crate::ops::deploy::Notifier;
+use crate::settings::AllowCreate;
 use crate::sys;
+use virtiofs_device::vfio_user::socket_file::{bind_exclusive, remove_unserved};
 
 /// What the supervisor's loop hears.
 enum Event {
@@ -52,6 +54,75 @@ pub struct Launch {
     pub args: Vec<OsString>,
     /// Where other binaries may come from (`--update-binary-dir`), canonical.
     pub binary_dir: Option<PathBuf>,
+    /// What this supervisor binds and removes for a confined serving process.
+    pub sockets: SocketRules,
+}
+
+/// The sockets a supervisor binds and removes for its serving process, which, confined, can
+/// reach no host path: `create_function`'s (only where `--allow-create sockets=DIR` allows),
+/// and, when a function goes, its socket file (one of the command line's, or in those
+/// directories; never one a server still holds).
+#[derive(Debug, Default)]
+pub struct SocketRules {
+    /// The command line's and profile's function sockets (canonical directory, name).
+    pub functions: Vec<PathBuf>,
+    /// `--allow-create`.
+    pub allow: Option<AllowCreate>,
+    /// `--socket-group`, `--socket-mode`.
+    pub access: (Option<u32>, Option<u32>),
+}
+
+impl SocketRules {
+    /// The sockets of `spec`.
+    pub fn of(spec: &crate::settings::DaemonSpec) -> SocketRules {
+        let functions = (spec.functions.iter())
+            .filter_map(|f| match &f.socket {
+                crate::settings::Socket::SocketPath(p) => canonical(p),
+                _ => None,
+            })
+            .collect();
+        SocketRules {
+            functions,
+            allow: spec.defaults.allow_create.clone(),
+            access: spec.defaults.socket_access,
+        }
+    }
+
+    /// Binds `path` for `create_function`: the listener and its lock file, locked.
+    fn bind(&self, path: &Path) -> Result<(std::os::unix::net::UnixListener, std::fs::File), String> {
+        let allow = self.allow.as_ref().ok_or("create_function is off (no --allow-create)")?;
+        let path = allow.socket_path(path)?;
+        let (listener, files) = bind_exclusive(&path).map_err(|e| error_chain(&e))?;
+        crate::ops::deploy::set_socket_access(&path, self.access.0, self.access.1)
+            .map_err(|e| error_chain(&e))?;
+        let (_, lock) = files.into_parts();
+        let lock = lock.ok_or("the socket's lock is missing")?;
+        Ok((listener, lock))
+    }
+
+    /// Removes the socket file at `path` if it is one of the daemon's and nobody serves it.
+    fn unlink(&self, path: &Path) -> Result<bool, String> {
+        let full = canonical(path).ok_or_else(|| format!("{}: no such directory", path.display()))?;
+        let allowed = self.functions.contains(&full)
+            || self
+                .allow
+                .as_ref()
+                .is_some_and(|a| full.parent().is_some_and(|d| a.sockets.iter().any(|s| s == d)));
+        if !allowed {
+            return Err(format!("{}: not a socket of this daemon's", path.display()));
+        }
+        remove_unserved(&full).map_err(|e| format!("{}: {e}", full.display()))
+    }
+}
+
+/// `path` with its directory canonical (the name itself is not followed).
+fn canonical(path: &Path) -> Option<PathBuf> {
+    let name = path.file_name()?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.canonicalize().ok()?,
+        _ => std::env::current_dir().ok()?,
+    };
+    Some(dir.join(name))
 }
 
 impl Launch {
@@ -199,6 +270,32 @@ pub fn run(launch: Launch) -> ExitCode {
                         warn!("supervisor: process {pid} says {new} took over, which it did not start");
                         pending = other;
                     }
+                }
+            }
+            Event::Msg(pid, SupervisorMsg::Bind { path }) if pid == current.pid => {
+                let sent = match launch.sockets.bind(&path) {
+                    Ok((listener, lock)) => {
+                        info!("supervisor: bound {} for process {pid}", path.display());
+                        let r = current.chan.send(&SupervisorMsg::Bound, &[listener.as_fd(), lock.as_fd()]);
+                        if r.is_err() {
+                            let _ = std::fs::remove_file(&path);
+                        }
+                        r
+                    }
+                    Err(reason) => {
+                        warn!("supervisor: not binding {} for process {pid}: {reason}", path.display());
+                        current.chan.send(&SupervisorMsg::BindFailed { reason }, &[])
+                    }
+                };
+                if let Err(e) = sent {
+                    warn!("supervisor: cannot answer process {}: {}", current.pid, error_chain(&e));
+                }
+            }
+            Event::Msg(pid, SupervisorMsg::Unlink { path }) if pid == current.pid => {
+                match launch.sockets.unlink(&path) {
+                    Ok(true) => info!("supervisor: removed the socket file {}", path.display()),
+                    Ok(false) => {}
+                    Err(e) => warn!("supervisor: not removing {}: {e}", path.display()),
                 }
             }
             Event::Msg(pid, SupervisorMsg::Abandon { pid: new }) if pid == current.pid => {

@@ -187,6 +187,14 @@ impl Listener {
         Ok(Listener { path: name, listener, files: SocketFiles::default() })
     }
 
+    /// A socket another process bound for this one at `path` (a supervisor, for a confined
+    /// process that cannot reach the path), with the descriptor of its `PATH.lock`, locked: the
+    /// lock is held while this serves; the socket file is the other process's to remove.
+    pub fn bound_elsewhere(path: PathBuf, listener: UnixListener, lock: File) -> Result<Self, ServerError> {
+        listener.set_nonblocking(true).map_err(ServerError::Setup)?;
+        Ok(Listener { path, listener, files: SocketFiles::from_parts(None, Some(lock)) })
+    }
+
     /// The socket's path (for an inherited socket, the name it was given).
     pub fn path(&self) -> &Path {
         &self.path

@@ -197,6 +197,31 @@ pub fn bind_exclusive(path: &Path) -> Result<(UnixListener, SocketFiles), BindEr
     Ok((listener, files))
 }
 
+/// Removes the socket file at `path` if no server holds it (its `PATH.lock` can be locked, or
+/// there is none) and it is a socket (a supervisor removing what a confined process it serves
+/// cannot reach); whether it removed one.
+pub fn remove_unserved(path: &Path) -> io::Result<bool> {
+    let mut lock_path: OsString = path.as_os_str().to_owned();
+    lock_path.push(".lock");
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK);
+    let _held = match o.open(&lock_path) {
+        Ok(lock) => match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Some(lock),
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK => return Ok(false),
+            Err(e) => return Err(e.into()),
+        },
+        Err(e) if e.kind() == ErrorKind::NotFound => None,
+        Err(e) => return Err(e),
+    };
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path).map(|()| true),
+        Ok(_) => Ok(false),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Opens (creating it if need be) a lock file without following a symbolic link; whether this
 /// call created it.
 fn open_lock(path: &Path) -> io::Result<(File, bool)> {
