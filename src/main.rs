@@ -375,8 +375,20 @@ fn supervise(args: &Args, spec: &DaemonSpec) -> ExitCode {
             }
         };
     let sockets = supervisor::SocketRules::of(spec);
-    let launch =
-        supervisor::Launch { binary, args: std::env::args_os().skip(1).collect(), binary_dir, sockets };
+    // A socket-activated daemon's socket goes on to every serving process.
+    let activated = spec.functions.iter().find_map(|f| match f.socket {
+        virtiofs_dpu::settings::Socket::ActivatedFd(fd) => Some(fd),
+        _ => None,
+    });
+    let activated = match activated.map(virtiofs_dpu::sys::adopt_inherited_fd).transpose() {
+        Ok(fd) => fd,
+        Err(e) => {
+            error!("socket activation: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let args = std::env::args_os().skip(1).collect();
+    let launch = supervisor::Launch { binary, args, binary_dir, sockets, activated };
     supervisor::run(launch)
 }
 

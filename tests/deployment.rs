@@ -155,3 +155,44 @@ fn activation_for_another_process_or_a_bad_descriptor_is_refused() {
         assert!(err.contains(&format!("--fd {fd}")) && err.contains("not open"), "{err}");
     }
 }
+
+/// Socket activation of a `--live-update` daemon: the supervisor is the activated process
+/// (`LISTEN_PID` names it), passes the socket on to its serving process, says `READY=1` once
+/// that one serves, and the socket goes on through a live update to the next serving process.
+#[test]
+fn socket_activation_under_live_update() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("vfio-user.sock");
+    let ctl = dir.path().join("ctl.sock");
+    let notify_path = dir.path().join("notify");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    let listener = UnixListener::bind(&sock).unwrap();
+    let script = "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" 3<&0 0</dev/null";
+    let ctl_arg = ctl.to_str().unwrap();
+    let mut daemon = Daemon(spawn_with_listener(
+        script,
+        listener,
+        &notify_path,
+        &["--live-update", "--control-socket", ctl_arg],
+    ));
+    let ready = next_notification(&notify, &mut daemon);
+    assert!(ready.starts_with("READY=1\n"), "{ready:?}");
+    serve_through(&sock);
+    let mut c = ControlClient::connect(&ctl).unwrap();
+    let before = c.call("get_device", Value::Null).unwrap()["pid"].clone();
+    assert_ne!(before, Value::from(daemon.0.id()), "the supervisor serves nothing itself");
+    c.set_timeout(Duration::from_secs(30)).unwrap();
+    let answer = c.call("live_update", Value::Null).unwrap();
+    assert_eq!(answer["functions"], Value::from(1), "{answer}");
+    drop(c);
+    std::thread::sleep(Duration::from_millis(400));
+    let after = ControlClient::connect(&ctl).unwrap().call("get_device", Value::Null).unwrap()["pid"].clone();
+    assert_ne!(after, before, "still the first serving process");
+    serve_through(&sock);
+    let st = Command::new("kill").args(["-TERM", &daemon.0.id().to_string()]).status().unwrap();
+    assert!(st.success());
+    let status = daemon.0.wait().unwrap();
+    let mut err = String::new();
+    daemon.0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert_eq!(status.code(), Some(0), "clean exit; log:\n{err}");
+}

@@ -137,6 +137,13 @@ struct Shares {
 /// nodes and DMA windows come as descriptors, so nothing needs the host's names after that).
 /// On the process's only thread.
 fn confine_as_started(spec: &DaemonSpec) -> Result<Confined, StartError> {
+    // A socket inherited as the old process's was (`--fd`, activation through the
+    // supervisor) is not served from here: the old process hands its listener over.
+    for f in &spec.functions {
+        if let crate::settings::Socket::Fd(fd) | crate::settings::Socket::ActivatedFd(fd) = f.socket {
+            drop(crate::sys::adopt_inherited_fd(fd));
+        }
+    }
     super::set_nofile_limit(spec.ops.rlimit_nofile).map_err(StartError::Limit)?;
     let stats_file = spec.ops.stats_file.as_deref().map(serve::StatsFile::create).transpose();
     let stats_file = stats_file.map_err(StartError::StatsFile)?;

@@ -98,10 +98,24 @@ pub fn parse_mode(s: &str) -> Result<u32, String> {
     Ok(m)
 }
 
+/// Set by a `--live-update` supervisor that was socket-activated, for the serving processes it
+/// starts (`LISTEN_PID` cannot name a child before it exists): the activation's descriptor,
+/// which they inherit.
+pub const SUPERVISED_LISTEN_FD: &str = "VIRTIOFS_DPU_LISTEN_FD";
+
 /// The descriptor systemd socket activation handed over: 3, if `LISTEN_PID` is this process
-/// and `LISTEN_FDS` is 1 (more than one is refused). Clears both variables, as
-/// `sd_listen_fds(1)` does, so children do not take them for theirs.
+/// and `LISTEN_FDS` is 1 (more than one is refused); or the one a socket-activated supervisor
+/// passed on ([`SUPERVISED_LISTEN_FD`]). Clears the variables, as `sd_listen_fds(1)` does, so
+/// children do not take them for theirs.
 pub fn systemd_listen_fd() -> Result<Option<i32>, DeployError> {
+    if let Some(v) = std::env::var_os(SUPERVISED_LISTEN_FD) {
+        std::env::remove_var(SUPERVISED_LISTEN_FD);
+        let shown = v.to_string_lossy().into_owned();
+        return match shown.parse::<i32>() {
+            Ok(fd) if fd >= 3 => Ok(Some(fd)),
+            _ => Err(DeployError::BadFd { fd: -1, why: format!("{SUPERVISED_LISTEN_FD}={shown:?}") }),
+        };
+    }
     let pid = std::env::var("LISTEN_PID").ok();
     let fds = std::env::var("LISTEN_FDS").ok();
     std::env::remove_var("LISTEN_PID");

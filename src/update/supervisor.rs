@@ -13,7 +13,7 @@
 //! status, as the daemon did before).
 
 use std::ffi::OsString;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -28,7 +28,7 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGKILL, SIGTERM, SIGUSR1};
 use super::channel::{Channel, ChannelError};
 use super::{SupervisorMsg, SUPERVISOR_FD, TAKEOVER_FD};
 use crate::error_chain;
-use crate::ops::deploy::Notifier;
+use crate::ops::deploy::{Notifier, SUPERVISED_LISTEN_FD};
 use crate::settings::AllowCreate;
 use crate::sys;
 use virtiofs_device::vfio_user::socket_file::{bind_exclusive, remove_unserved};
@@ -56,6 +56,9 @@ pub struct Launch {
     pub binary_dir: Option<PathBuf>,
     /// What this supervisor binds and removes for a confined serving process.
     pub sockets: SocketRules,
+    /// The socket systemd's activation gave the supervisor, passed on to every serving process
+    /// (inherited, named by [`SUPERVISED_LISTEN_FD`]).
+    pub activated: Option<OwnedFd>,
 }
 
 /// The sockets a supervisor binds and removes for its serving process, which, confined, can
@@ -150,6 +153,10 @@ impl Launch {
         sys::set_inherited(&theirs.as_fd(), true)?;
         let mut cmd = Command::new(binary);
         cmd.args(&self.args).env(SUPERVISOR_FD, theirs.as_raw_fd().to_string()).env_remove("NOTIFY_SOCKET");
+        if let Some(fd) = &self.activated {
+            sys::set_inherited(&fd.as_fd(), true)?;
+            cmd.env(SUPERVISED_LISTEN_FD, fd.as_raw_fd().to_string());
+        }
         if let Some(p) = &peer {
             sys::set_inherited(&p.as_fd(), true)?;
             cmd.env(TAKEOVER_FD, p.as_raw_fd().to_string());
