@@ -584,3 +584,52 @@ fn nodes_and_handles_are_bounded() {
     f.forget(nodes[0].nodeid, 2);
     f.lookup(ROOT, b"f3").unwrap();
 }
+
+/// Issue 22 (live update): a passthrough rebuilt from its state and its descriptors (as a new
+/// process gets them) serves the same nodes and handles: the open file reads through its
+/// handle, `..` of a directory is its parent, a node looked up again keeps its id, a new node
+/// gets a new one. A state whose root is another directory, or whose descriptors are not the
+/// inodes it names, or are too few, is refused.
+#[test]
+fn a_passthrough_rebuilt_from_its_state_serves_the_same_nodes_and_handles() {
+    use std::fs::File;
+    use std::os::fd::OwnedFd;
+    use virtiofs_backend::passthrough::{PassthroughConfig, PassthroughFs};
+
+    let t = Tree::new();
+    let f = Fuse::new(&t.share);
+    let d = f.mkdir(ROOT, b"dir", 0o755).unwrap();
+    let (e, fh) = f.create(d.nodeid, b"file", 0o644, RDWR).map(with_fh).unwrap();
+    assert_eq!(f.write(e.nodeid, fh, 0, b"hello").unwrap(), 5);
+    let session = f.srv.save_session();
+    let (state, held) = f.srv.filesystem().save();
+    let state = serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
+    let files = || -> Vec<File> {
+        held.fds().iter().map(|fd| File::from(fd.try_clone_to_owned().unwrap())).collect()
+    };
+    let proc_fd = || OwnedFd::from(File::open("/proc/self/fd").unwrap());
+    let cfg = PassthroughConfig::new(&t.share);
+
+    let fs = PassthroughFs::restore(cfg.clone(), proc_fd(), &state, files()).expect("restored");
+    let g = Fuse::with_fs(fs);
+    g.srv.restore_session(&session).unwrap();
+    assert_eq!(g.read(e.nodeid, fh, 0, 16).unwrap(), b"hello");
+    assert_eq!(g.lookup(d.nodeid, b"..").unwrap().nodeid, ROOT);
+    assert_eq!(g.lookup(ROOT, b"dir").unwrap().nodeid, d.nodeid);
+    let (n, nfh) = g.create(d.nodeid, b"new", 0o644, RDWR).map(with_fh).unwrap();
+    assert!(![ROOT, d.nodeid, e.nodeid].contains(&n.nodeid), "a node id reused");
+    assert!(nfh != fh, "a handle id reused");
+    g.release(e.nodeid, fh).unwrap();
+
+    // Refused: another directory as the root; descriptors short; a node's descriptor another inode.
+    let other = Tree::new();
+    let e1 =
+        PassthroughFs::restore(PassthroughConfig::new(&other.share), proc_fd(), &state, files()).unwrap_err();
+    assert!(e1.to_string().contains("root"), "{e1}");
+    let mut short = files();
+    short.pop();
+    assert!(PassthroughFs::restore(cfg.clone(), proc_fd(), &state, short).is_err());
+    let mut swapped = files();
+    swapped.swap(1, 2);
+    assert!(PassthroughFs::restore(cfg, proc_fd(), &state, swapped).is_err(), "descriptors out of order");
+}
