@@ -3,11 +3,14 @@
 //! starts them again, malformed JSON-RPC gets errors, and `virtiofs-dpu stats` prints a table,
 //! JSON and a Prometheus exposition that a format checker accepts.
 
+mod common;
+use common::{wait_for, Daemon, BIN};
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,25 +20,6 @@ use virtiofs_device::stats::OpClass;
 use virtiofs_dpu::ops::control_socket::ControlClient;
 use virtiofs_dpu::ops::report::StatsReport;
 use virtiofs_tools::{DriverError, DriverOptions, FsDriver};
-
-const BIN: &str = env!("CARGO_BIN_EXE_virtiofs-dpu");
-
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn wait_for(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !path.exists() {
-        assert!(Instant::now() < deadline, "{} did not appear", path.display());
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
 
 fn stats(c: &mut ControlClient) -> StatsReport {
     serde_json::from_value(c.call("get_stats", Value::Null).unwrap()).unwrap()

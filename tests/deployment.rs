@@ -7,6 +7,9 @@
 //! input of a shell, which moves it to the wanted number and `exec`s the daemon (same pid, so
 //! `LISTEN_PID=$$` is the daemon's).
 
+mod common;
+use common::{Daemon, BIN};
+
 use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixDatagram, UnixListener};
@@ -17,17 +20,6 @@ use std::time::Duration;
 use serde_json::Value;
 use virtiofs_dpu::ops::control_socket::ControlClient;
 use virtiofs_tools::{DriverOptions, FsDriver};
-
-const BIN: &str = env!("CARGO_BIN_EXE_virtiofs-dpu");
-
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Starts `script` under `sh -c` (`$0` is the daemon) with `listener` as its standard input
 /// and `NOTIFY_SOCKET` set to `notify`.

@@ -5,6 +5,9 @@
 //! a SETLKW waiting moves as state; a new process that fails and a binary from outside the
 //! allowed directory leave the old process serving.
 
+mod common;
+use common::{wait_for, Daemon, BIN};
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -23,25 +26,7 @@ use virtiofs_tools::{DriverOptions, FsDriver, LockReq};
 mod ganesha;
 use ganesha::Ganesha;
 
-const BIN: &str = env!("CARGO_BIN_EXE_virtiofs-dpu");
 const ROOT: u64 = 1;
-
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn wait_for(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !path.exists() {
-        assert!(Instant::now() < deadline, "{} did not appear", path.display());
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
 
 fn daemon(dir: &Path, extra: &[&str]) -> Daemon {
     let sock = dir.join("fs.sock");

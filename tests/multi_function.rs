@@ -5,6 +5,9 @@
 //! removed at run time asking its client to let it go (the device-request interrupt), and
 //! per-function statistics checked against what was sent.
 
+mod common;
+use common::{wait_for, BIN};
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,8 +28,6 @@ use virtiofs_dpu::ops::report::StatsReport;
 use virtiofs_tools::vfio_user::ClientCaps;
 use virtiofs_tools::{Client, DriverError, DriverOptions, FsDriver};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
-
-const BIN: &str = env!("CARGO_BIN_EXE_virtiofs-dpu");
 
 struct Daemon {
     child: Child,
@@ -57,14 +58,6 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-fn wait_for(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !path.exists() {
-        assert!(Instant::now() < deadline, "{} did not appear", path.display());
-        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

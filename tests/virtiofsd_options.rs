@@ -5,15 +5,16 @@
 //! `--rlimit-nofile`, and the virtiofsd options that do not apply (refused or warned about,
 //! with the reason), all of it in `--help`.
 
+mod common;
+use common::{wait_for, BIN};
+
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use virtiofs_tools::fuse_abi::{init_flags, opcode};
 use virtiofs_tools::{DriverError, DriverOptions, FsDriver};
-
-const BIN: &str = env!("CARGO_BIN_EXE_virtiofs-dpu");
 
 /// A daemon on a socket of its own, killed when dropped.
 struct Daemon {
@@ -324,14 +325,6 @@ fn rlimit_nofile() {
     }
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--rlimit-nofile") && err.contains("open files"), "{err}");
-}
-
-fn wait_for(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !path.exists() {
-        assert!(Instant::now() < deadline, "{} did not appear", path.display());
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 #[test]
