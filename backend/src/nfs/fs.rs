@@ -100,6 +100,9 @@ pub enum NfsError {
     /// An option is out of range.
     #[error("option {0} out of range")]
     Option(&'static str),
+    /// The UNSTABLE store's memory could not be made.
+    #[error("cannot make the UNSTABLE store")]
+    Store(#[source] std::io::Error),
 }
 
 /// What the NFS backend did so far, all pollers together (plain numbers).
@@ -216,7 +219,7 @@ impl NfsFs {
         let tables = Tables {
             nodes: NodeTable::new(root, opts.max_nodes),
             handles: HandleTable::new(opts.max_nodes),
-            unstable: UnstableStore::new(opts.unstable_bytes),
+            unstable: UnstableStore::new(opts.unstable_bytes).map_err(NfsError::Store)?,
         };
         let shared = shared(&opts, limits, mounted, tables, 0, Vec::new());
         Ok(NfsFs { export: opts.url.export.clone(), shared, given: AtomicBool::new(false) })

@@ -4,13 +4,13 @@
 //! server's limits, the node table and the open handles, the exclusive-create verifier
 //! counter, the counters, and the UNSTABLE store: writes the guest was told are done and the
 //! server has not committed, with the verifier of each, so the new process commits or replays
-//! them as the old one would have. The store's bytes travel in a memfd beside the state.
+//! them as the old one would have. The store's pages are in a memfd the successor maps: the
+//! state says which pages hold which write, and nothing is copied.
 //!
 //! The new process makes its own connections (one per poller, as at start); none of the old
 //! process's is moved, and none has a call on the wire at the quiet point.
 
 use std::fs::File;
-use std::io::{Read, Seek, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -54,18 +54,12 @@ pub struct NfsState {
 }
 
 impl NfsFs {
-    /// Its state and the memfd of its UNSTABLE store's bytes; call while no request runs.
-    /// `Err`: it is not at a quiet point (a WRITE on the wire), or the memfd failed.
+    /// Its state and the memfd of its UNSTABLE store (mapped again by the successor, not
+    /// copied); call while no request runs. `Err`: it is not at a quiet point (a WRITE on the
+    /// wire), or the memfd could not be duplicated.
     pub fn save(&self) -> Result<(NfsState, File), String> {
         let sh = self.shared();
-        let mut data = crate::ramfs::sys::memfd("virtiofs-nfs-unstable")
-            .map_err(|e| format!("a memfd for the UNSTABLE store: {e}"))?;
-        let unstable = {
-            let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut data);
-            let u = sh.unstable.save(&mut w)?;
-            w.flush().map_err(|e| format!("the UNSTABLE data: {e}"))?;
-            u
-        };
+        let (unstable, data) = sh.unstable.save()?;
         let l = sh.limits;
         let state = NfsState {
             version: NFS_STATE_VERSION,
@@ -84,9 +78,9 @@ impl NfsFs {
     }
 
     /// The backend `state` describes, for the export `opts` names (its limits and timeouts
-    /// this process's own), its UNSTABLE bytes read from `data`. Nothing is sent to the
-    /// server: the pollers connect as at start.
-    pub fn restore(opts: NfsOptions, state: &NfsState, mut data: File) -> Result<NfsFs, String> {
+    /// this process's own), its UNSTABLE store over `data`, the predecessor's memfd. Nothing is
+    /// sent to the server: the pollers connect as at start.
+    pub fn restore(opts: NfsOptions, state: &NfsState, data: File) -> Result<NfsFs, String> {
         if state.version != NFS_STATE_VERSION {
             return Err(format!(
                 "NFS state format {}, this firmware reads {NFS_STATE_VERSION}",
@@ -108,11 +102,7 @@ impl NfsFs {
             dir: dir.clamp(1024, 1 << 16),
             max_file,
         };
-        let mut bytes = Vec::new();
-        data.rewind()
-            .and_then(|_| data.read_to_end(&mut bytes))
-            .map_err(|e| format!("the UNSTABLE data: {e}"))?;
-        let unstable = UnstableStore::restore(opts.unstable_bytes, &state.unstable, &bytes)?;
+        let unstable = UnstableStore::restore(opts.unstable_bytes, &state.unstable, data)?;
         let nodes = NodeTable::restore(&state.nodes, opts.max_nodes)?;
         let handles = HandleTable::restore(&state.handles, opts.max_nodes)?;
         // The counters so far, as one more engine's: the sums continue.

@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::io::Reader;
 use crate::nfs::conn::Cred;
 use crate::nfs::wire::nfs3::Fh;
+use crate::ramfs::sys::SharedBytes;
 
 /// Bytes per page of the store.
 pub const PAGE: usize = 4096;
@@ -68,7 +69,8 @@ struct Entry {
 }
 
 struct Inner {
-    data: Vec<u8>,
+    /// The pages, in a memfd (a live update's successor maps the same bytes).
+    data: SharedBytes,
     /// Next page of each page's chain (or of the free list).
     next: Vec<u32>,
     free_page: u32,
@@ -227,13 +229,20 @@ impl Drop for BackgroundClaim {
 
 impl UnstableStore {
     /// A store of `bytes` (rounded down to whole pages; 0: nothing is ever stored, every WRITE
-    /// goes FILE_SYNC).
-    pub fn new(bytes: usize) -> Self {
+    /// goes FILE_SYNC), in a memfd whose pages are taken as they are written. `Err`: the memfd
+    /// or its mapping could not be made.
+    pub fn new(bytes: usize) -> std::io::Result<Self> {
         let pages = (bytes / PAGE).min(NONE as usize - 1);
+        let data = SharedBytes::new("virtiofs-nfs-unstable", pages * PAGE)?;
+        Ok(Self::with_pages(data, pages))
+    }
+
+    /// A store of `pages` pages over `data`, every page free.
+    fn with_pages(data: SharedBytes, pages: usize) -> Self {
         let next = (0..pages as u32).map(|i| if i + 1 < pages as u32 { i + 1 } else { NONE }).collect();
         let free_page = if pages > 0 { 0 } else { NONE };
         let inner = Inner {
-            data: vec![0; pages * PAGE],
+            data,
             next,
             free_page,
             free_pages: pages,
@@ -376,7 +385,7 @@ impl UnstableStore {
         for k in 0..need {
             let n = (len - k * PAGE).min(PAGE);
             let at = page as usize * PAGE;
-            if r.read_exact(&mut inner.data[at..at + n]).is_err() {
+            if r.read_exact(&mut inner.data.bytes_mut()[at..at + n]).is_err() {
                 // The payload is shorter than it said: nothing is stored (the pages stay free).
                 return None;
             }
@@ -555,7 +564,7 @@ impl UnstableStore {
         while at < len && page != NONE {
             let n = (len - at).min(PAGE);
             let src = page as usize * PAGE;
-            out[at..at + n].copy_from_slice(&inner.data[src..src + n]);
+            out[at..at + n].copy_from_slice(&inner.data.bytes()[src..src + n]);
             at += n;
             page = inner.next[page as usize];
         }
@@ -596,9 +605,10 @@ impl UnstableStore {
         *self.stats.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The store as data (a live update, while no request runs): every entry in slot order,
-    /// and their bytes one after the other into `data`. `Err` while a WRITE is on the wire.
-    pub fn save(&self, data: &mut impl std::io::Write) -> Result<UnstableState, String> {
+    /// The store as data (a live update, while no request runs): every entry, in slot order,
+    /// with the pages that hold its bytes (as runs), and the memfd the pages are in, which the
+    /// successor maps: nothing is copied. `Err` while a WRITE is on the wire.
+    pub fn save(&self) -> Result<(UnstableState, std::fs::File), String> {
         let inner = self.lock();
         let mut entries = Vec::with_capacity(inner.live);
         for e in inner.entries.iter().filter(|e| e.live) {
@@ -607,13 +617,13 @@ impl UnstableStore {
                 Verf::Known(v) => Some(v),
                 Verf::Resend => None,
             };
+            let mut pages: Vec<(u32, u32)> = Vec::new();
             let mut page = e.first;
-            let mut left = e.len as usize;
-            while left > 0 && page != NONE {
-                let n = left.min(PAGE);
-                let at = page as usize * PAGE;
-                data.write_all(&inner.data[at..at + n]).map_err(|e| format!("the UNSTABLE data: {e}"))?;
-                left -= n;
+            while page != NONE {
+                match pages.last_mut() {
+                    Some((first, n)) if *first + *n == page => *n += 1,
+                    _ => pages.push((page, 1)),
+                }
                 page = inner.next[page as usize];
             }
             let c = &e.cred;
@@ -623,49 +633,76 @@ impl UnstableStore {
                 cred: (c.uid, c.gid, c.groups[..usize::from(c.ngroups).min(16)].to_vec()),
                 offset: e.offset,
                 len: e.len,
+                pages,
                 verf,
                 seq: e.seq,
                 answered: e.answered,
             });
         }
-        Ok(UnstableState { seq: inner.seq, answers: inner.answers, entries, stats: self.stats() })
+        let memfd =
+            inner.data.memfd().try_clone_to_owned().map_err(|e| format!("the UNSTABLE memfd: {e}"))?;
+        let state = UnstableState {
+            pages: self.pages,
+            seq: inner.seq,
+            answers: inner.answers,
+            entries,
+            stats: self.stats(),
+        };
+        Ok((state, std::fs::File::from(memfd)))
     }
 
-    /// A store of `bytes` holding what `state` and its `data` (as [`Self::save`] wrote it) say.
-    pub fn restore(bytes: usize, state: &UnstableState, data: &[u8]) -> Result<UnstableStore, String> {
-        let store = UnstableStore::new(bytes);
-        let mut at = 0usize;
+    /// The store `state` describes over `memfd` (as [`Self::save`] gave them): the same pages,
+    /// mapped again. `bytes`: this process's configured size, which must be the state's.
+    pub fn restore(
+        bytes: usize,
+        state: &UnstableState,
+        memfd: std::fs::File,
+    ) -> Result<UnstableStore, String> {
+        let pages = (bytes / PAGE).min(NONE as usize - 1);
+        if pages != state.pages {
+            return Err(format!(
+                "the UNSTABLE store had {} pages, this process is configured for {pages} (nfs_unstable_bytes changed)",
+                state.pages
+            ));
+        }
+        let data =
+            SharedBytes::from_memfd(memfd, pages * PAGE).map_err(|e| format!("the UNSTABLE memfd: {e}"))?;
+        let store = UnstableStore::with_pages(data, pages);
         {
             let mut inner = store.lock();
+            let mut used = vec![false; pages];
             for e in &state.entries {
-                let len = e.len as usize;
-                let need = len.div_ceil(PAGE).max(1);
-                let src = data.get(at..at + len).ok_or("the UNSTABLE data is shorter than its entries")?;
-                at += len;
-                if need > inner.free_pages {
-                    return Err(format!("the UNSTABLE entries need more than the store's {bytes} bytes"));
-                }
                 let fh = Fh::new(&e.fh).ok_or("an UNSTABLE entry's file handle")?;
                 if e.cred.2.len() > 16 || e.seq > state.seq || e.answered > state.answers {
                     return Err("an UNSTABLE entry out of order".into());
                 }
+                let count: u64 = e.pages.iter().map(|&(_, n)| u64::from(n)).sum();
+                if count != (e.len as usize).div_ceil(PAGE).max(1) as u64 {
+                    return Err("an UNSTABLE entry's pages do not hold its length".into());
+                }
+                // Chain its pages, each in the store and used once.
+                let mut chain =
+                    e.pages.iter().flat_map(|&(first, n)| (0..n).map(move |k| first.checked_add(k)));
+                let mut prev: Option<u32> = None;
+                let mut first = NONE;
+                for p in chain.by_ref() {
+                    let p =
+                        p.filter(|&p| (p as usize) < pages).ok_or("an UNSTABLE page outside the store")?;
+                    if std::mem::replace(&mut used[p as usize], true) {
+                        return Err("an UNSTABLE page held twice".into());
+                    }
+                    match prev {
+                        Some(q) => inner.next[q as usize] = p,
+                        None => first = p,
+                    }
+                    prev = Some(p);
+                }
+                if let Some(q) = prev {
+                    inner.next[q as usize] = NONE;
+                }
                 let mut groups = [0u32; 16];
                 groups[..e.cred.2.len()].copy_from_slice(&e.cred.2);
                 let cred = Cred { uid: e.cred.0, gid: e.cred.1, ngroups: e.cred.2.len() as u8, groups };
-                let first = inner.free_page;
-                let mut page = first;
-                let mut last = first;
-                let mut chunks = src.chunks(PAGE);
-                for _ in 0..need {
-                    let chunk = chunks.next().unwrap_or(&[]);
-                    let p = page as usize * PAGE;
-                    inner.data[p..p + chunk.len()].copy_from_slice(chunk);
-                    last = page;
-                    page = inner.next[page as usize];
-                }
-                inner.free_page = inner.next[last as usize];
-                inner.next[last as usize] = NONE;
-                inner.free_pages -= need;
                 let verf = e.verf.map_or(Verf::Resend, Verf::Known);
                 if verf == Verf::Resend {
                     inner.resend += 1;
@@ -685,8 +722,21 @@ impl UnstableStore {
                 inner.entries.push(entry);
                 inner.live += 1;
             }
-            if at != data.len() {
-                return Err("the UNSTABLE data is longer than its entries".into());
+            // Every other page is free, in order.
+            let mut free = (0..pages as u32).filter(|&p| !used[p as usize]);
+            inner.free_page = NONE;
+            inner.free_pages = 0;
+            let mut tail: Option<u32> = None;
+            for p in free.by_ref() {
+                match tail {
+                    Some(t) => inner.next[t as usize] = p,
+                    None => inner.free_page = p,
+                }
+                tail = Some(p);
+                inner.free_pages += 1;
+            }
+            if let Some(t) = tail {
+                inner.next[t as usize] = NONE;
             }
             inner.seq = state.seq;
             inner.answers = state.answers;
@@ -697,10 +747,11 @@ impl UnstableStore {
     }
 }
 
-/// An UNSTABLE store as data (a live update); the entries' bytes travel beside it, one after
-/// the other.
+/// An UNSTABLE store as data (a live update); its pages are in the memfd that goes with it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct UnstableState {
+    /// Pages of the store.
+    pub pages: usize,
     /// The order counter.
     pub seq: u64,
     /// WRITE replies recorded so far.
@@ -724,6 +775,8 @@ pub struct EntryState {
     pub offset: u64,
     /// How many bytes.
     pub len: u32,
+    /// The pages holding them, in order, as runs (first page, count).
+    pub pages: Vec<(u32, u32)>,
     /// The verifier its WRITE's reply gave; `None`: to be sent again.
     pub verf: Option<[u8; 8]>,
     /// Its place in the order of writes.
@@ -751,7 +804,7 @@ mod tests {
 
     #[test]
     fn kept_until_a_commit_with_the_same_verifier() {
-        let s = UnstableStore::new(4 * PAGE);
+        let s = UnstableStore::new(4 * PAGE).unwrap();
         let data: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
         let a = with_reader(&data, |r| s.insert(7, &fh(), &CRED, 100, r)).unwrap();
         let b = with_reader(b"small", |r| s.insert(7, &fh(), &CRED, 0, r)).unwrap();
@@ -785,7 +838,7 @@ mod tests {
 
     #[test]
     fn replays_go_in_the_order_the_writes_were_made() {
-        let s = UnstableStore::new(8 * PAGE);
+        let s = UnstableStore::new(8 * PAGE).unwrap();
         let a = with_reader(b"first", |r| s.insert(1, &fh(), &CRED, 0, r)).unwrap();
         let b = with_reader(b"other", |r| s.insert(2, &fh(), &CRED, 0, r)).unwrap();
         s.remove(b);
@@ -805,14 +858,14 @@ mod tests {
 
     #[test]
     fn an_empty_store_stores_nothing() {
-        let s = UnstableStore::new(0);
+        let s = UnstableStore::new(0).unwrap();
         assert!(!s.enabled());
         assert_eq!(with_reader(b"x", |r| s.insert(1, &fh(), &CRED, 0, r)), None);
     }
 
     #[test]
     fn verifier_changing_between_parts_means_resend() {
-        let s = UnstableStore::new(PAGE);
+        let s = UnstableStore::new(PAGE).unwrap();
         let a = with_reader(b"abc", |r| s.insert(1, &fh(), &CRED, 0, r)).unwrap();
         s.written(a, [1; 8], false);
         s.written(a, [2; 8], false);
@@ -821,7 +874,7 @@ mod tests {
 
     #[test]
     fn a_commit_covers_only_writes_answered_before_it_was_sent() {
-        let s = UnstableStore::new(8 * PAGE);
+        let s = UnstableStore::new(8 * PAGE).unwrap();
         let a = with_reader(b"a", |r| s.insert(1, &fh(), &CRED, 0, r)).unwrap();
         let b = with_reader(b"b", |r| s.insert(1, &fh(), &CRED, 10, r)).unwrap();
         s.written(a, [1; 8], false);
@@ -836,7 +889,7 @@ mod tests {
 
     #[test]
     fn writes_after_one_the_server_lost_are_sent_again_after_it() {
-        let s = UnstableStore::new(8 * PAGE);
+        let s = UnstableStore::new(8 * PAGE).unwrap();
         let old = with_reader(b"old", |r| s.insert(1, &fh(), &CRED, 0, r)).unwrap();
         s.written(old, [1; 8], false);
         // The server restarted: a later write of the same bytes is answered under the new verifier.
@@ -859,7 +912,7 @@ mod tests {
 
     #[test]
     fn the_background_commit_picks_the_file_with_most_answered_bytes() {
-        let s = UnstableStore::new(16 * PAGE);
+        let s = UnstableStore::new(16 * PAGE).unwrap();
         assert!(s.pick_commit().is_none());
         let big = vec![1u8; 3 * PAGE];
         let a = with_reader(&big, |r| s.insert(5, &fh(), &CRED, 0, r)).unwrap();
@@ -884,7 +937,7 @@ mod tests {
 
     #[test]
     fn one_background_commit_at_a_time() {
-        let s = UnstableStore::new(PAGE);
+        let s = UnstableStore::new(PAGE).unwrap();
         let claim = s.begin_background().unwrap();
         assert!(s.begin_background().is_none());
         assert!(s.room_may_come(), "a COMMIT is on the wire");
@@ -894,26 +947,25 @@ mod tests {
     }
 
     /// Issue 22: a store given to another process holds the same writes there, with their
-    /// verifiers, order and bytes: a COMMIT with the verifier of one drops it, one written
-    /// under another is replayed, in order; the counters continue; bytes that do not match the
-    /// entries, or entries past the new store's size, are refused.
+    /// verifiers, order and bytes (the same memfd, mapped again): a COMMIT with the verifier of
+    /// one drops it, one written under another is replayed, in order; the counters continue;
+    /// another store size, a page held twice or outside the store are refused.
     #[test]
     fn a_store_handed_over_commits_and_replays_as_the_old_one_would() {
-        let s = UnstableStore::new(8 * PAGE);
+        let s = UnstableStore::new(8 * PAGE).unwrap();
         let data: Vec<u8> = (0..6000u32).map(|i| (i * 7) as u8).collect();
         let a = with_reader(&data, |r| s.insert(7, &fh(), &CRED, 100, r)).unwrap();
         let b = with_reader(b"later", |r| s.insert(7, &fh(), &CRED, 0, r)).unwrap();
         let c = with_reader(b"other", |r| s.insert(8, &fh(), &CRED, 0, r)).unwrap();
         s.written(a, [1; 8], false);
         s.written(b, [2; 8], false);
-        let mut bytes = Vec::new();
-        assert!(s.save(&mut bytes).is_err(), "c's WRITE is on the wire: not a quiet point");
+        assert!(s.save().is_err(), "c's WRITE is on the wire: not a quiet point");
         s.written(c, [2; 8], false);
-        bytes.clear();
-        let state = s.save(&mut bytes).unwrap();
-        assert_eq!(bytes.len(), 6000 + 5 + 5);
+        let (state, memfd) = s.save().unwrap();
+        assert_eq!(state.entries.iter().map(|e| e.pages.iter().map(|p| p.1).sum::<u32>()).sum::<u32>(), 4);
         let json = serde_json::to_string(&state).unwrap();
-        let r = UnstableStore::restore(8 * PAGE, &serde_json::from_str(&json).unwrap(), &bytes).unwrap();
+        let again = memfd.try_clone().unwrap();
+        let r = UnstableStore::restore(8 * PAGE, &serde_json::from_str(&json).unwrap(), memfd).unwrap();
         assert_eq!((r.len(), r.stats().stored, r.stats().bytes_now), (3, 3, s.stats().bytes_now));
         assert!(r.has_answered(7) && r.has_answered(8));
         assert_eq!(r.committed(8, [2; 8], r.horizon()), Committed { dropped: 1, resend: 0, in_flight: 0 });
@@ -921,7 +973,7 @@ mod tests {
         let mut out = vec![0u8; 8192];
         let first = r.next_resend(7, &mut out).unwrap();
         assert_eq!((first.offset, first.len), (100, 6000));
-        assert_eq!(&out[..6000], &data[..], "the bytes moved whole");
+        assert_eq!(&out[..6000], &data[..], "the same bytes, in the same memory");
         r.remove(first.id);
         let second = r.next_resend(7, &mut out).unwrap();
         assert_eq!(&out[..5], b"later");
@@ -930,10 +982,19 @@ mod tests {
         let big = vec![1u8; 8 * PAGE];
         assert!(with_reader(&big, |rd| r.insert(1, &fh(), &CRED, 0, rd)).is_some(), "every page freed");
 
-        assert!(UnstableStore::restore(2 * PAGE, &state, &bytes).is_err(), "past the store's size");
-        assert!(UnstableStore::restore(8 * PAGE, &state, &bytes[1..]).is_err(), "bytes short");
-        let mut more = bytes.clone();
-        more.push(0);
-        assert!(UnstableStore::restore(8 * PAGE, &state, &more).is_err(), "bytes left over");
+        assert!(
+            UnstableStore::restore(2 * PAGE, &state, again.try_clone().unwrap()).is_err(),
+            "another size"
+        );
+        let mut twice = state.clone();
+        twice.entries[1].pages = twice.entries[0].pages.clone();
+        twice.entries[1].len = twice.entries[0].len;
+        assert!(
+            UnstableStore::restore(8 * PAGE, &twice, again.try_clone().unwrap()).is_err(),
+            "a page twice"
+        );
+        let mut outside = state.clone();
+        outside.entries[2].pages = vec![(8, 1)];
+        assert!(UnstableStore::restore(8 * PAGE, &outside, again).is_err(), "a page past the store");
     }
 }

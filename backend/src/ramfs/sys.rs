@@ -1,7 +1,9 @@
 //! Where the RAM filesystem's file data lives: 64 KiB chunks in one memfd, mapped shared
 //! ([`ChunkStore`]). The memfd is a descriptor another process can be given and map: a live
 //! update's successor finds every file's data where this process left it, without a copy. This
-//! is the filesystem's only `unsafe` code: the mapping, and handing out each chunk's bytes.
+//! is the filesystem's only `unsafe` code: the mapping, and handing out each chunk's bytes; and
+//! [`SharedBytes`], the same kind of mapping as one byte array (the NFS backend's UNSTABLE
+//! store, handed over in place the same way).
 //!
 //! A chunk is a slot of the memfd, owned by one [`Chunk`] at a time (the free list never holds a
 //! slot that is in use), so the `&mut [u8]` a chunk gives out aliases nothing. A freed chunk's
@@ -77,6 +79,77 @@ pub(crate) fn memfd(name: &str) -> io::Result<File> {
     }
     // SAFETY: `fd` was just returned by memfd_create and is owned by nothing else.
     Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Bytes in a memfd, mapped shared: memory another process can be given and map (the NFS
+/// backend's UNSTABLE store, whose writes a live update's successor takes over in place). Its
+/// pages are taken as they are written (`MAP_NORESERVE`), so a large store costs nothing until
+/// used, and failing to make one is an error, not an abort.
+#[derive(Debug)]
+pub(crate) struct SharedBytes {
+    memfd: File,
+    /// The mapping (dangling when `len` is 0).
+    base: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping lives as long as the value; its bytes are read through `&self` and
+// written only through `&mut self`, so the borrow rules cover every access in this process.
+unsafe impl Send for SharedBytes {}
+// SAFETY: as above.
+unsafe impl Sync for SharedBytes {}
+
+impl SharedBytes {
+    /// `len` zero bytes in a new memfd named `name`.
+    pub(crate) fn new(name: &str, len: usize) -> io::Result<SharedBytes> {
+        let memfd = memfd(name)?;
+        memfd.set_len(len as u64)?;
+        let base = ChunkStore::map(&memfd, len)?;
+        Ok(SharedBytes { memfd, base, len })
+    }
+
+    /// The first `len` bytes of `memfd` (another process's, handed over).
+    pub(crate) fn from_memfd(memfd: File, len: usize) -> io::Result<SharedBytes> {
+        if memfd.metadata()?.len() < len as u64 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "the memfd is shorter than the store"));
+        }
+        let base = ChunkStore::map(&memfd, len)?;
+        Ok(SharedBytes { memfd, base, len })
+    }
+
+    /// The memfd (to hand it over).
+    pub(crate) fn memfd(&self) -> BorrowedFd<'_> {
+        self.memfd.as_fd()
+    }
+
+    /// The bytes.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `base` maps `len` bytes for as long as `self` lives; no `&mut` to them exists
+        // while `&self` is borrowed.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.len) }
+    }
+
+    /// The bytes, to write.
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as in `bytes`, and `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for SharedBytes {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: the mapping made in `new` or `from_memfd`, of this length; the borrows of
+            // its bytes ended with `self`'s.
+            unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+        }
+    }
 }
 
 impl ChunkStore {
