@@ -110,7 +110,8 @@ impl Channel {
             return Err(ChannelError::Bad(format!("{len} bytes, {count} descriptors: too large")));
         }
         if count > MAX_GROUP_FDS {
-            // Room for them all in one growth of the table (a process of several threads).
+            // Room for them all in one growth of the table (a process of several threads),
+            // unless it was made before (a new serving process makes it while it has one).
             let n = count.saturating_add(4096).try_into().unwrap_or(u32::MAX);
             crate::sys::reserve_descriptors(&self.sock, n);
         }

@@ -38,6 +38,10 @@ use crate::functions::{FunctionError, FunctionSet};
 pub const SUPERVISOR_FD: &str = "VIRTIOFS_DPU_SUPERVISOR_FD";
 /// The environment variable naming a new serving process's end of the handover channel.
 pub const TAKEOVER_FD: &str = "VIRTIOFS_DPU_TAKEOVER_FD";
+/// The environment variable telling a new serving process how many descriptors the old one
+/// holds (it grows its descriptor table to that while it has one thread: grown later, with
+/// threads, each growth waits for an RCU grace period, inside the guests' pause).
+pub const EXPECT_FDS: &str = "VIRTIOFS_DPU_EXPECT_FDS";
 /// How long the supervisor may take to start a new serving process and connect it.
 pub const SPAWN_BOUND: Duration = Duration::from_secs(10);
 

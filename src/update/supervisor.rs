@@ -26,7 +26,7 @@ use log::{error, info, warn};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGKILL, SIGTERM, SIGUSR1};
 
 use super::channel::{Channel, ChannelError};
-use super::{SupervisorMsg, SUPERVISOR_FD, TAKEOVER_FD};
+use super::{SupervisorMsg, EXPECT_FDS, SUPERVISOR_FD, TAKEOVER_FD};
 use crate::error_chain;
 use crate::ops::deploy::{Notifier, SUPERVISED_LISTEN_FD};
 use crate::settings::AllowCreate;
@@ -149,6 +149,17 @@ impl Launch {
         peer: Option<UnixStream>,
         events: &Sender<Event>,
     ) -> std::io::Result<Proc> {
+        self.spawn_expecting(binary, peer, None, events)
+    }
+
+    /// As [`Self::spawn`]; `expect_fds`: the descriptors the process it takes over holds.
+    fn spawn_expecting(
+        &self,
+        binary: &Path,
+        peer: Option<UnixStream>,
+        expect_fds: Option<usize>,
+        events: &Sender<Event>,
+    ) -> std::io::Result<Proc> {
         let (mine, theirs) = UnixStream::pair()?;
         sys::set_inherited(&theirs.as_fd(), true)?;
         let mut cmd = Command::new(binary);
@@ -160,6 +171,9 @@ impl Launch {
         if let Some(p) = &peer {
             sys::set_inherited(&p.as_fd(), true)?;
             cmd.env(TAKEOVER_FD, p.as_raw_fd().to_string());
+        }
+        if let Some(n) = expect_fds {
+            cmd.env(EXPECT_FDS, n.to_string());
         }
         let mut child = cmd.spawn()?;
         drop((theirs, peer));
@@ -245,8 +259,10 @@ pub fn run(launch: Launch) -> ExitCode {
                 } else {
                     launch.binary(binary.as_deref()).and_then(|b| {
                         let (old_end, new_end) = UnixStream::pair().map_err(|e| e.to_string())?;
+                        // What the new process will receive, about: the old one's descriptors.
+                        let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).ok();
                         let p = launch
-                            .spawn(&b, Some(new_end), &tx)
+                            .spawn_expecting(&b, Some(new_end), fds, &tx)
                             .map_err(|e| format!("{}: {e}", b.display()))?;
                         Ok((p, old_end))
                     })
