@@ -212,7 +212,9 @@ struct Args {
     print_capabilities: bool,
     /// Run under a supervisor so that `virtiofs-dpu update` (the control socket's
     /// `live_update`) can replace the serving process with a new binary while the guests keep
-    /// their mounts (RAM filesystem functions; needs --control-socket).
+    /// their mounts (every backend; needs --control-socket). A confined daemon then also makes
+    /// RAM-filesystem functions at run time (create_function), its supervisor binding their
+    /// sockets.
     #[arg(long, requires = "control_socket")]
     live_update: bool,
     /// With --live-update, the directory `update --binary PATH` may take a binary from

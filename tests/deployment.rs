@@ -13,7 +13,7 @@ use common::{Daemon, BIN};
 use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixDatagram, UnixListener};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -72,14 +72,27 @@ fn stop(mut daemon: Daemon, notify: &UnixDatagram) -> String {
     err
 }
 
+/// A test's files: the device socket (bound, its listener), the control socket's path, and the
+/// `NOTIFY_SOCKET` (its path, bound).
+struct Setup {
+    sock: PathBuf,
+    ctl: PathBuf,
+    notify_path: PathBuf,
+    notify: UnixDatagram,
+    listener: UnixListener,
+}
+
+fn setup(dir: &Path) -> Setup {
+    let (sock, ctl, notify_path) = (dir.join("vfio-user.sock"), dir.join("ctl.sock"), dir.join("notify"));
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    let listener = UnixListener::bind(&sock).unwrap();
+    Setup { sock, ctl, notify_path, notify, listener }
+}
+
 #[test]
 fn fd_n_from_a_supervisor_with_sd_notify() {
     let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("vfio-user.sock");
-    let ctl = dir.path().join("ctl.sock");
-    let notify_path = dir.path().join("notify");
-    let notify = UnixDatagram::bind(&notify_path).unwrap();
-    let listener = UnixListener::bind(&sock).unwrap();
+    let Setup { sock, ctl, notify_path, notify, listener } = setup(dir.path());
     let mut daemon = Daemon(spawn_with_listener(
         "exec \"$0\" --fd 7 7<&0 0</dev/null",
         listener,
@@ -127,6 +140,11 @@ fn activation_for_another_process_or_a_bad_descriptor_is_refused() {
         let out = spawn_with_listener(script, listener, &notify_path, &[]).wait_with_output().unwrap();
         (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
+    // The variable a socket-activated supervisor sets, set to something else.
+    let l = UnixListener::bind(dir.path().join("c")).unwrap();
+    let (code, err) = run("VIRTIOFS_DPU_LISTEN_FD=x exec \"$0\" 3<&0 0</dev/null", l);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("VIRTIOFS_DPU_LISTEN_FD") && err.contains("not a descriptor number"), "{err}");
     // LISTEN_PID of another process: not ours, so no socket at all.
     let l = UnixListener::bind(dir.path().join("a")).unwrap();
     let (code, err) = run("LISTEN_PID=1 LISTEN_FDS=1 exec \"$0\" 3<&0 0</dev/null", l);
@@ -154,11 +172,7 @@ fn activation_for_another_process_or_a_bad_descriptor_is_refused() {
 #[test]
 fn socket_activation_under_live_update() {
     let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("vfio-user.sock");
-    let ctl = dir.path().join("ctl.sock");
-    let notify_path = dir.path().join("notify");
-    let notify = UnixDatagram::bind(&notify_path).unwrap();
-    let listener = UnixListener::bind(&sock).unwrap();
+    let Setup { sock, ctl, notify_path, notify, listener } = setup(dir.path());
     let script = "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" 3<&0 0</dev/null";
     let ctl_arg = ctl.to_str().unwrap();
     let mut daemon = Daemon(spawn_with_listener(

@@ -3,8 +3,9 @@
 //!
 //! The benchmark starts the daemon binary itself (`virtiofs-dpu --live-update --control-socket
 //! ...`, by default the one beside this executable) in a temporary directory, with
-//! [`LiveUpdateConfig::functions`] RAM-filesystem functions from a generated profile. A driver
-//! brings up every function (functions 1.. stay idle); function 0's filesystem is filled with
+//! [`LiveUpdateConfig::functions`] functions from a generated profile: RAM filesystems, but for
+//! function 0 a shared directory with [`UpdateBackend::Shared`]. A driver brings up every
+//! function (functions 1.. stay idle); function 0's filesystem is filled with
 //! a data file of [`LiveUpdateConfig::data_mib`] MiB and [`LiveUpdateConfig::files`] empty
 //! files in directories of at most [`FILES_PER_DIR`]. One update that is not measured follows
 //! (it sizes the measuring loop's chunks, below, and shows that the daemon can be updated).

@@ -102,7 +102,7 @@ struct Args {
     #[arg(long, requires = "multi", value_parser = clap::value_parser!(i32).range(1..=99))]
     b_realtime: Option<i32>,
     /// Measure the pause a live update causes instead of the phase list (issue 22): start the
-    /// daemon binary with --live-update, fill function 0's RAM filesystem, then at QD=1 and
+    /// daemon binary with --live-update, fill function 0's filesystem (--update-backend), then at QD=1 and
     /// QD = queue size update the daemon N times while the driver reads random 4 KiB blocks
     /// (--queue-size, --json and --check apply).
     #[arg(long, value_name = "N", conflicts_with_all = ["socket_path", "remote", "multi"])]

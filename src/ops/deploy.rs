@@ -113,7 +113,9 @@ pub fn systemd_listen_fd() -> Result<Option<i32>, DeployError> {
         let shown = v.to_string_lossy().into_owned();
         return match shown.parse::<i32>() {
             Ok(fd) if fd >= 3 => Ok(Some(fd)),
-            _ => Err(DeployError::BadFd { fd: -1, why: format!("{SUPERVISED_LISTEN_FD}={shown:?}") }),
+            _ => Err(DeployError::Usage(format!(
+                "{SUPERVISED_LISTEN_FD}={shown:?}: not a descriptor number of 3 or more (a --live-update supervisor sets it)"
+            ))),
         };
     }
     let pid = std::env::var("LISTEN_PID").ok();

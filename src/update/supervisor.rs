@@ -368,3 +368,43 @@ fn exit_code(status: ExitStatus) -> ExitCode {
         _ => ExitCode::FAILURE,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the supervisor binds and removes for a confined serving process: a socket in the
+    /// allowed directory only; a removal only of one of the daemon's sockets, only while no
+    /// server holds its lock, never anything else.
+    #[test]
+    fn the_supervisor_binds_and_removes_only_the_daemons_sockets() {
+        let dir = tempfile::tempdir().unwrap();
+        let socks = dir.path().join("socks");
+        std::fs::create_dir(&socks).unwrap();
+        let arg = format!("sockets={}", socks.display());
+        let allow = AllowCreate::from_args(&[arg]).unwrap();
+        let fixed = dir.path().join("fixed.sock");
+        let rules = SocketRules { functions: vec![canonical(&fixed).unwrap()], allow, access: (None, None) };
+
+        let outside = dir.path().join("outside.sock");
+        assert!(rules.bind(&outside).unwrap_err().contains("not allowed"));
+        assert!(!outside.exists());
+        let made = socks.join("made.sock");
+        let (listener, lock) = rules.bind(&made).unwrap();
+        // Held (the lock is open): not removed.
+        assert_eq!(rules.unlink(&made), Ok(false));
+        assert!(made.exists());
+        drop((listener, lock));
+        assert_eq!(rules.unlink(&made), Ok(true));
+        assert!(!made.exists());
+        // Not one of the daemon's: refused, whatever it is.
+        let other = dir.path().join("other.sock");
+        let _l = std::os::unix::net::UnixListener::bind(&other).unwrap();
+        assert!(rules.unlink(&other).unwrap_err().contains("not a socket of this daemon"));
+        assert!(other.exists());
+        // One of the daemon's that is not a socket: left alone.
+        std::fs::write(&fixed, b"a file").unwrap();
+        assert_eq!(rules.unlink(&fixed), Ok(false));
+        assert!(fixed.exists());
+    }
+}

@@ -723,11 +723,10 @@ impl UnstableStore {
                 inner.live += 1;
             }
             // Every other page is free, in order.
-            let mut free = (0..pages as u32).filter(|&p| !used[p as usize]);
             inner.free_page = NONE;
             inner.free_pages = 0;
             let mut tail: Option<u32> = None;
-            for p in free.by_ref() {
+            for p in (0..pages as u32).filter(|&p| !used[p as usize]) {
                 match tail {
                     Some(t) => inner.next[t as usize] = p,
                     None => inner.free_page = p,

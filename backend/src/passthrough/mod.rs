@@ -371,6 +371,13 @@ fn open_flags(flags: u32) -> Result<i32> {
     Ok(flags & OPEN_FLAGS_PASSED | libc::O_NOCTTY | libc::O_LARGEFILE)
 }
 
+/// Whether `file` lives in memory (tmpfs, ramfs: `RAMFS_MAGIC`, which libc does not name), so
+/// that a transfer never waits for storage.
+fn memory_backed(file: &File) -> bool {
+    const RAMFS_MAGIC: libc::c_long = 0x8584_58f6;
+    sys::fstatfs(file.as_fd()).is_ok_and(|st| st.f_type == libc::TMPFS_MAGIC || st.f_type == RAMFS_MAGIC)
+}
+
 /// Lowers the node and handle limits so that together they take at most the configuration's
 /// share of three quarters of RLIMIT_NOFILE (`limit`, see [`descriptor_budget`]): the rest is
 /// for the device (DMA windows, accepting the next client) and the daemon. Handles get at most a
@@ -578,11 +585,7 @@ impl PassthroughFs {
     fn add_handle(&self, inode: Arc<Inode>, file: File, dir: bool, oflags: i32) -> u64 {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let dir = dir.then(|| Mutex::new(Vec::new()));
-        // tmpfs and ramfs (`RAMFS_MAGIC`, which libc does not name).
-        const RAMFS_MAGIC: libc::c_long = 0x8584_58f6;
-        let memory_backed = dir.is_none()
-            && sys::fstatfs(file.as_fd())
-                .is_ok_and(|st| st.f_type == libc::TMPFS_MAGIC || st.f_type == RAMFS_MAGIC);
+        let memory_backed = dir.is_none() && memory_backed(&file);
         inode.opens.fetch_add(1, Ordering::AcqRel);
         let access = oflags & libc::O_ACCMODE;
         let h = Arc::new(Handle { inode, file, dir, memory_backed, no_nowait: Default::default(), access });

@@ -145,18 +145,11 @@ impl PassthroughFs {
         let mut nodes: Vec<(Arc<Inode>, Option<u64>)> =
             table.into_iter().map(|(i, r)| (i, Some(r))).collect();
         let mut more: Vec<Arc<Inode>> = handles.iter().map(|(_, h)| h.inode.clone()).collect();
-        let mut at = 0;
-        loop {
-            more.extend(nodes[at..].iter().filter_map(|(i, _)| i.parent()));
-            at = nodes.len();
-            let before = nodes.len();
-            for i in more.drain(..) {
-                if known.insert(i.id) {
-                    nodes.push((i, None));
-                }
-            }
-            if nodes.len() == before {
-                break;
+        more.extend(nodes.iter().filter_map(|(i, _)| i.parent()));
+        while let Some(i) = more.pop() {
+            if known.insert(i.id) {
+                more.extend(i.parent());
+                nodes.push((i, None));
             }
         }
         let state = PassthroughState {
@@ -281,10 +274,7 @@ impl PassthroughFs {
             {
                 return Err(bad(format!("handle {} does not match its node {}", h.fh, h.node)));
             }
-            const RAMFS_MAGIC: libc::c_long = 0x8584_58f6;
-            let memory_backed = !h.dir
-                && sys::fstatfs(file.as_fd())
-                    .is_ok_and(|s| s.f_type == libc::TMPFS_MAGIC || s.f_type == RAMFS_MAGIC);
+            let memory_backed = !h.dir && super::memory_backed(&file);
             inode.opens.fetch_add(1, Ordering::AcqRel);
             let handle = Handle {
                 inode: inode.clone(),

@@ -608,3 +608,35 @@ fn a_frozen_function_resumes_on_other_pollers_where_it_stood() {
         new.stop();
     }
 }
+
+/// Issue 22: a waiting request handed over that the new process's engine does not know (a
+/// state that contradicts itself) breaks its queue, reported, rather than staying unanswered.
+#[test]
+fn a_waiting_request_the_new_engine_does_not_know_breaks_its_queue() {
+    let mem = guest_memory(0x20000, None);
+    let profile = Profile { polling: Polling::Busy, ..Profile::default() };
+    let (release, grant) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let _unblock = Unblock(release.clone(), grant.clone());
+    let handler = Arc::new(Handler { release, grant });
+    let cfg = QueueConfig { index: 1, size: 8, desc: 0x1000, avail: 0x2000, used: 0x3000, vector: NO_VECTOR };
+    let f = features::VERSION_1;
+    let mut drv = SplitDriver::new(&mem, cfg);
+    mem.write_obj(2u8, GuestAddress(REQ)).unwrap();
+    drv.push(&[Buf::readable(REQ, 16), Buf::writable(REPLY, 64)]);
+    let mut old = own_pollers(&profile, handler.clone(), Arc::new(MsixShared::new(3)));
+    old.set_memory(&mem);
+    old.start(&[cfg], f);
+    wait_for("the request to wait", || (old.stats().snapshot().queues[1].waiting == 1).then_some(()));
+    let mut states = old.freeze().expect("quiet with a request waiting");
+    drop(old);
+    states[0].parked[0].token = Some(5); // the test engine knows tokens from 1000 on
+    let mut new = own_pollers(&profile, handler, Arc::new(MsixShared::new(3)));
+    new.set_memory(&mem);
+    new.resume(&[cfg], f, &states);
+    let broken = wait_for("the queue to break", || {
+        let b = new.take_broken();
+        (!b.is_empty()).then_some(b)
+    });
+    assert!(matches!(broken[0], crate::virtq::QueueError::HandoverWait { queue: 1, .. }), "{broken:?}");
+    new.stop();
+}
