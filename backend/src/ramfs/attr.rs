@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::consts::{O_ACCMODE, O_RDONLY, R_OK, S_IFDIR, S_IFMT, S_ISGID, W_OK, X_OK};
-use super::node::{now, stat_of, wr, Body, Inode, Meta};
+use super::node::{now, stat_of, Body, Inode, Meta};
 use super::{RamFs, MAX_FILE_SIZE};
 use crate::abi;
 use crate::filesystem::{Context, Error, Result, SetAttr, SetTime, Stat, Timespec};
@@ -54,16 +54,16 @@ impl RamFs {
         let handle = attr.fh.map(|fh| self.handle(fh, ino)).transpose()?;
         let mut data = match (attr.size, &inode.body) {
             (None, _) => None,
-            (Some(size), Body::File(d)) => {
+            (Some(size), Body::File(_)) => {
                 if size > MAX_FILE_SIZE {
                     return Err(Error::FileTooLarge);
                 }
-                Some(wr(d))
+                inode.data_mut()
             }
             (Some(_), _) if inode.kind == S_IFDIR => return Err(Error::IsDir),
             (Some(_), _) => return Err(Error::InvalidArgument),
         };
-        let mut m = wr(&inode.meta);
+        let mut m = inode.meta_mut();
         let root = ctx.uid == 0;
         let owner = root || ctx.uid == m.uid;
 

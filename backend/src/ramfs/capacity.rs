@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::node::{rd, wr, Body, Chunk, Inode, BLOCK_SIZE, CHUNK64};
+use super::node::{Chunk, Inode, BLOCK_SIZE, CHUNK64};
 use super::{RamFs, NAME_MAX};
 
 use crate::abi::ROOT_ID;
@@ -17,17 +17,10 @@ impl RamFs {
         if inode.ino == ROOT_ID {
             return;
         }
-        let evicted = {
-            let mut shard = wr(self.inodes.shard(inode.ino));
-            let unused = inode.lookups.load(Ordering::Acquire) == 0
-                && inode.opens.load(Ordering::Acquire) == 0
-                && rd(&inode.meta).nlink == 0;
-            if unused {
-                shard.remove(&inode.ino)
-            } else {
-                None
-            }
-        };
+        // Under the shard's lock: no reference can be handed out in between.
+        let evicted = self
+            .inodes
+            .remove_if(inode.ino, |i| i.lookups() == 0 && i.opens() == 0 && i.meta_ref().nlink == 0);
         if let Some(gone) = evicted {
             self.free_inode(&gone);
         }
@@ -35,13 +28,12 @@ impl RamFs {
 
     fn free_inode(&self, inode: &Inode) {
         self.ninodes.fetch_sub(1, Ordering::Relaxed);
-        if let Body::File(data) = &inode.body {
-            let mut data = wr(data);
+        if let Some(mut data) = inode.data_mut() {
             let n = data.chunks.len();
             data.chunks.clear();
             self.release_chunks(n);
         }
-        let mut m = wr(&inode.meta);
+        let mut m = inode.meta_mut();
         self.uncharge(m.xattr_bytes);
         m.xattr_bytes = 0;
     }
@@ -98,23 +90,17 @@ impl RamFs {
 
     /// Forgets every handle and lookup reference (DESTROY), dropping the inodes without a link.
     pub(super) fn drop_all(&self) {
-        for shard in self.handles.shards.iter() {
-            wr(shard).clear();
-        }
+        self.handles.retain(|_| false);
         self.nhandles.store(0, Ordering::Release);
         let mut gone = Vec::new();
-        for shard in self.inodes.shards.iter() {
-            let mut shard = wr(shard);
-            shard.retain(|_, inode| {
-                inode.lookups.store(0, Ordering::Release);
-                inode.opens.store(0, Ordering::Release);
-                let keep = inode.ino == ROOT_ID || rd(&inode.meta).nlink > 0;
-                if !keep {
-                    gone.push(inode.clone());
-                }
-                keep
-            });
-        }
+        self.inodes.retain(|inode| {
+            inode.clear_refs();
+            let keep = inode.ino == ROOT_ID || inode.meta_ref().nlink > 0;
+            if !keep {
+                gone.push(inode.clone());
+            }
+            keep
+        });
         for inode in gone {
             self.free_inode(&inode);
         }

@@ -9,7 +9,7 @@ use super::consts::{
     FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, O_ACCMODE, O_APPEND, O_RDONLY, O_WRONLY, SEEK_CUR, SEEK_DATA,
     SEEK_END, SEEK_HOLE, SEEK_SET, S_IFDIR,
 };
-use super::node::{coarse_secs, now, rd, wr, Body, FileData, Inode, Meta, CHUNK, CHUNK64};
+use super::node::{coarse_secs, now, Body, FileData, Inode, Meta, CHUNK, CHUNK64};
 use super::{RamFs, MAX_COPY, MAX_FILE_SIZE};
 use crate::abi;
 use crate::filesystem::{Context, CopyFileRangeArgs, Error, Result, WriteArgs};
@@ -127,7 +127,7 @@ impl RamFs {
 
     /// Relatime: bump atime when it is older than mtime/ctime or a day old.
     fn touch_atime(&self, inode: &Inode) {
-        if atime_stale(&rd(&inode.meta)) {
+        if atime_stale(&inode.meta_ref()) {
             let now = now();
             inode.update(|m| m.atime = now);
         }
@@ -174,11 +174,11 @@ impl RamFs {
             return Err(if h.inode.kind == S_IFDIR { Error::IsDir } else { Error::InvalidArgument });
         };
         let (n, stale) = {
-            let data = rd(data);
+            let data = data.read();
             // One look at the attributes: the size (stable while we hold `data`: every size
             // change holds it for writing) and whether atime is due.
             let (size_now, stale) = {
-                let m = rd(&h.inode.meta);
+                let m = h.inode.meta_ref();
                 (m.size, atime_stale(&m))
             };
             if offset >= size_now {
@@ -209,7 +209,7 @@ impl RamFs {
         if h.flags & O_ACCMODE == O_RDONLY {
             return Err(Error::BadHandle);
         }
-        let Body::File(data) = &h.inode.body else {
+        let Body::File(_) = &h.inode.body else {
             return Err(Error::InvalidArgument);
         };
         let len = size as usize;
@@ -217,10 +217,10 @@ impl RamFs {
         if len == 0 {
             return Ok(0);
         }
-        let mut data = wr(data);
+        let mut data = h.inode.data_mut().ok_or(Error::InvalidArgument)?;
         let written = self.write_chunks(&mut data, offset, len, r)?;
         let now = now();
-        let mut m = wr(&h.inode.meta);
+        let mut m = h.inode.meta_mut();
         m.size = m.size.max(offset + written as u64);
         m.blocks = data.blocks();
         m.mtime = now;
@@ -246,14 +246,14 @@ impl RamFs {
         if h.flags & O_ACCMODE == O_RDONLY {
             return Err(Error::BadHandle);
         }
-        let Body::File(data) = &h.inode.body else {
+        let Body::File(_) = &h.inode.body else {
             return Err(if h.inode.kind == S_IFDIR { Error::IsDir } else { Error::NotSupported });
         };
         if length == 0 {
             return Err(Error::InvalidArgument);
         }
         let end = offset.checked_add(length).filter(|&e| e <= MAX_FILE_SIZE).ok_or(Error::FileTooLarge)?;
-        let mut data = wr(data);
+        let mut data = h.inode.data_mut().ok_or(Error::InvalidArgument)?;
         let now = now();
         // Like any modification through a descriptor (`file_modified`): times, and privileges
         // (the kernel's clearing request never reaches us with HANDLE_KILLPRIV).
@@ -277,7 +277,7 @@ impl RamFs {
                     }
                 }
             }
-            let mut m = wr(&h.inode.meta);
+            let mut m = h.inode.meta_mut();
             m.blocks = data.blocks();
             if result.is_ok() {
                 if mode == 0 && end > m.size {
@@ -287,7 +287,7 @@ impl RamFs {
             }
             result
         } else if mode == FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE {
-            let mut m = wr(&h.inode.meta);
+            let mut m = h.inode.meta_mut();
             let end = end.min(m.size);
             if offset < end {
                 // Whole chunks go (found through the map, never by walking the range, which
@@ -335,15 +335,15 @@ impl RamFs {
             SEEK_SET | SEEK_CUR if signed >= 0 => Ok(offset),
             SEEK_SET | SEEK_CUR => Err(Error::InvalidArgument),
             SEEK_END => {
-                let size = rd(&h.inode.meta).size as i64;
+                let size = h.inode.meta_ref().size as i64;
                 match size.checked_add(signed) {
                     Some(pos) if pos >= 0 => Ok(pos as u64),
                     _ => Err(Error::InvalidArgument),
                 }
             }
             SEEK_DATA | SEEK_HOLE => {
-                let data = rd(data);
-                let size = rd(&h.inode.meta).size;
+                let data = data.read();
+                let size = h.inode.meta_ref().size;
                 if offset >= size {
                     return Err(Error::NoSuchAddress);
                 }
@@ -379,9 +379,10 @@ impl RamFs {
         if hin.inode.kind == S_IFDIR || hout.inode.kind == S_IFDIR {
             return Err(Error::IsDir);
         }
-        let (Body::File(din), Body::File(dout)) = (&hin.inode.body, &hout.inode.body) else {
+        let (Body::File(din), Body::File(_)) = (&hin.inode.body, &hout.inode.body) else {
             return Err(Error::InvalidArgument);
         };
+        let dout = || hout.inode.data_mut().ok_or(Error::InvalidArgument);
         if hin.flags & O_ACCMODE == O_WRONLY
             || hout.flags & O_ACCMODE == O_RDONLY
             || hout.flags & O_APPEND != 0
@@ -397,15 +398,15 @@ impl RamFs {
         let same = hin.inode.ino == hout.inode.ino;
         // Two files: data locks in inode-number order (a copy the other way cannot deadlock us).
         let (mut gout, gin) = if same {
-            (wr(dout), None)
+            (dout()?, None)
         } else if hin.inode.ino < hout.inode.ino {
-            let gin = rd(din);
-            (wr(dout), Some(gin))
+            let gin = din.read();
+            (dout()?, Some(gin))
         } else {
-            let gout = wr(dout);
-            (gout, Some(rd(din)))
+            let gout = dout()?;
+            (gout, Some(din.read()))
         };
-        let size_in = rd(&hin.inode.meta).size;
+        let size_in = hin.inode.meta_ref().size;
         let mut count = if off_in >= size_in { 0 } else { len.min(size_in - off_in) };
         if off_out >= MAX_FILE_SIZE {
             return Err(Error::FileTooLarge);
@@ -421,7 +422,7 @@ impl RamFs {
         let copied = self.copy_chunks(gin.as_deref(), &mut gout, off_in, off_out, count)?;
         {
             let now = now();
-            let mut m = wr(&hout.inode.meta);
+            let mut m = hout.inode.meta_mut();
             m.size = m.size.max(off_out + copied as u64);
             m.blocks = gout.blocks();
             m.mtime = now;

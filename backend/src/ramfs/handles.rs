@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::consts::{O_ACCMODE, O_RDONLY, O_RDWR, O_TRUNC, O_WRONLY, R_OK, S_IFDIR, S_IFREG, W_OK};
-use super::node::{now, wr, Body, Handle, Inode};
+use super::node::{now, Handle, Inode};
 use super::RamFs;
 use crate::filesystem::{Context, Error, LockAccess, Opened, Result};
 
@@ -52,9 +52,8 @@ impl RamFs {
                 (n < self.cfg.max_handles).then_some(n + 1)
             })
             .map_err(|_| Error::Os(libc::ENFILE))?;
-        if let (true, Body::File(data)) = (trunc, &inode.body) {
-            let mut data = wr(data);
-            let mut m = wr(&inode.meta);
+        if let (true, Some(mut data)) = (trunc, trunc.then(|| inode.data_mut()).flatten()) {
+            let mut m = inode.meta_mut();
             self.truncate_locked(&mut data, &mut m, 0);
             let now = now();
             m.mtime = now;
@@ -63,7 +62,7 @@ impl RamFs {
             self.kill_priv(&inode, &mut m, ctx, kill);
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        inode.opens.fetch_add(1, Ordering::AcqRel);
+        inode.add_open();
         let open_flags = if inode.kind == S_IFDIR {
             self.cfg.cache.dir_open_flags()
         } else {
@@ -77,7 +76,7 @@ impl RamFs {
     pub(super) fn release_handle(&self, ino: u64, fh: u64) -> Result<()> {
         let h = self.handles.remove_if(fh, |h| h.inode.ino == ino).ok_or(Error::BadHandle)?;
         self.nhandles.fetch_sub(1, Ordering::AcqRel);
-        h.inode.opens.fetch_sub(1, Ordering::AcqRel);
+        h.inode.drop_open();
         self.maybe_evict(&h.inode);
         Ok(())
     }

@@ -64,7 +64,7 @@ pub(crate) mod sys;
 mod xattr;
 
 use consts::S_IFDIR;
-use node::{rd, stat_of, wr, Body, Dir, Handle, Inode, Meta, Table, Tree, BLOCK_SIZE};
+use node::{stat_of, wr, Body, Changes, Handle, Ids, Inode, Meta, Table, Tree, BLOCK_SIZE};
 use sys::ChunkStore;
 
 /// Longest name component.
@@ -145,6 +145,8 @@ pub struct RamFs {
     nhandles: AtomicU64,
     /// `FUSE_INIT` flags of the session (what `init` accepted).
     session: AtomicU64,
+    /// What changed while a live update copies the filesystem ahead of its quiet point.
+    changes: Arc<Changes>,
 }
 
 impl Default for RamFs {
@@ -172,12 +174,13 @@ impl RamFs {
     pub fn try_with_config(cfg: RamFsConfig) -> std::io::Result<Self> {
         let store = ChunkStore::new("virtiofs-ramfs", cfg.capacity)?;
         let meta = Meta::new(S_IFDIR | (cfg.root_mode & 0o7777), 0, 0, 2, 0, u64::from(BLOCK_SIZE));
-        let root = Arc::new(Inode::new(ROOT_ID, S_IFDIR, meta, 0, Body::Other));
+        let changes = Arc::new(Changes::default());
+        let root = Arc::new(Inode::new(ROOT_ID, S_IFDIR, meta, 0, Body::Other, changes.clone()));
         let fs = RamFs {
             cfg,
             tree: RwLock::default(),
-            inodes: Table::new(),
-            handles: Table::new(),
+            inodes: Table::new(changes.clone(), Ids::Inodes),
+            handles: Table::new(changes.clone(), Ids::Handles),
             next_ino: AtomicU64::new(ROOT_ID + 1),
             next_fh: AtomicU64::new(1),
             used: AtomicU64::new(0),
@@ -185,9 +188,10 @@ impl RamFs {
             nhandles: AtomicU64::new(0),
             ninodes: AtomicU64::new(1),
             session: AtomicU64::new(0),
+            changes,
         };
         fs.inodes.insert(ROOT_ID, root);
-        wr(&fs.tree).insert(ROOT_ID, Dir::new(ROOT_ID));
+        wr(&fs.tree).add_dir(ROOT_ID, ROOT_ID);
         Ok(fs)
     }
 
@@ -216,7 +220,7 @@ impl RamFs {
 
     /// Lookup references the kernel holds on `ino` (`None` if the inode is gone).
     pub fn lookup_count(&self, ino: u64) -> Option<u64> {
-        self.inodes.get(ino).map(|i| i.lookups.load(Ordering::Relaxed))
+        self.inodes.get(ino).map(|i| i.lookups())
     }
 
     fn inode(&self, ino: u64) -> Result<Arc<Inode>> {
@@ -410,7 +414,7 @@ impl FileSystem for RamFs {
     }
 
     fn has_open_handles(&self, ino: u64) -> bool {
-        self.inodes.get(ino).is_some_and(|inode| inode.opens.load(Ordering::Acquire) > 0)
+        self.inodes.get(ino).is_some_and(|inode| inode.opens() > 0)
     }
 
     fn lseek(&self, ctx: &Context, ino: u64, fh: u64, offset: u64, whence: u32) -> Result<u64> {
@@ -428,7 +432,7 @@ impl FileSystem for RamFs {
 
     fn statx(&self, _ctx: &Context, ino: u64, _fh: Option<u64>) -> Result<(Statx, Duration)> {
         let inode = self.inode(ino)?;
-        let m = rd(&inode.meta);
+        let m = inode.meta_ref();
         Ok((Statx { stat: stat_of(ino, &m), btime: Some(m.btime) }, self.cfg.cache.timeout()))
     }
 }

@@ -4,14 +4,14 @@
 //! directory listings with stable cookies. Every change takes the `tree` lock exclusively.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use super::acl;
 use super::consts::{
     O_ACCMODE, O_EXCL, O_RDONLY, O_RDWR, O_TRUNC, O_WRONLY, RENAME_EXCHANGE, RENAME_NOREPLACE, S_IFBLK,
     S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK, S_ISGID, S_ISVTX, W_OK, X_OK,
 };
-use super::node::{dir_mut, now, rd, wr, Body, Dir, Inode, Meta, Tree, BLOCK_SIZE, FIRST_COOKIE};
+use super::node::{now, rd, wr, Body, FileLock, Inode, Meta, Tree, BLOCK_SIZE, FIRST_COOKIE};
 use super::{check_name, RamFs, LINK_MAX, SYMLINK_MAX};
 use crate::filesystem::{
     Context, CreateArgs, DirEntry, DirPlusSink, DirSink, Entry, Error, Opened, Result, Stat,
@@ -34,7 +34,7 @@ impl RamFs {
     /// Fails unless `parent` is a directory the caller may search; the cheap form of
     /// [`Self::search_dir`] for lookups, which need neither the inode nor its attributes after.
     fn check_search(&self, ctx: &Context, parent: u64) -> Result<()> {
-        let may = self.inodes.with(parent, |p| p.kind == S_IFDIR && rd(&p.meta).may(ctx, X_OK));
+        let may = self.inodes.with(parent, |p| p.kind == S_IFDIR && p.meta_ref().may(ctx, X_OK));
         match may {
             Some(true) => Ok(()),
             Some(false) => match self.inodes.with(parent, |p| p.kind) {
@@ -63,7 +63,7 @@ impl RamFs {
         check_name(name)?;
         let mut tree = wr(&self.tree);
         let (p, pm) = self.search_dir(ctx, parent)?;
-        let dir = dir_mut(&mut tree, parent)?;
+        let dir = tree.get(&parent).ok_or(Error::NotFound)?;
         if dir.get(name).is_some() {
             return Err(Error::Exists);
         }
@@ -71,9 +71,9 @@ impl RamFs {
             return Err(Error::AccessDenied);
         }
         let inode = self.new_inode(ctx, &pm, kind, perm, umask, rdev, body)?;
-        dir.insert(name, inode.ino, kind);
+        tree.insert(parent, name, inode.ino, kind)?;
         if kind == S_IFDIR {
-            tree.insert(inode.ino, Dir::new(parent));
+            tree.add_dir(inode.ino, parent);
         }
         let now = now();
         p.update(|m| {
@@ -133,7 +133,7 @@ impl RamFs {
         meta.acl = acl;
         meta.default_acl = default_acl;
         meta.xattr_bytes = acl_bytes as u64;
-        Ok(Arc::new(Inode::new(ino, kind, meta, 1, body)))
+        Ok(Arc::new(Inode::new(ino, kind, meta, 1, body, self.changes.clone())))
     }
 
     /// Whether directory `anc` is `ino` or one of its ancestors.
@@ -165,7 +165,7 @@ impl RamFs {
         // Under the shard's read lock: no reference count traffic, and no eviction in between.
         self.inodes
             .with(ino, |child| {
-                child.lookups.fetch_add(1, Ordering::AcqRel);
+                child.add_lookups(1);
                 self.entry(child)
             })
             .ok_or(Error::NotFound)
@@ -176,9 +176,7 @@ impl RamFs {
         let Some(inode) = self.inodes.get(ino) else {
             return;
         };
-        let _ = inode
-            .lookups
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(nlookup)));
+        inode.drop_lookups(nlookup);
         self.maybe_evict(&inode);
     }
 
@@ -219,7 +217,7 @@ impl RamFs {
             _ => return Err(Error::InvalidArgument),
         };
         let (body, rdev) = match kind {
-            S_IFREG => (Body::File(RwLock::default()), 0),
+            S_IFREG => (Body::File(FileLock::default()), 0),
             S_IFCHR | S_IFBLK => (Body::Other, rdev),
             _ => (Body::Other, 0),
         };
@@ -247,8 +245,7 @@ impl RamFs {
         let victim = {
             let mut tree = wr(&self.tree);
             let (p, pm) = self.search_dir(ctx, parent)?;
-            let dir = dir_mut(&mut tree, parent)?;
-            let child = dir.get(name).ok_or(Error::NotFound)?;
+            let child = tree.get(&parent).ok_or(Error::NotFound)?.get(name).ok_or(Error::NotFound)?;
             let victim = self.inode(child.ino)?;
             if !pm.may(ctx, W_OK | X_OK) {
                 return Err(Error::AccessDenied);
@@ -259,7 +256,7 @@ impl RamFs {
             if victim.kind == S_IFDIR {
                 return Err(Error::IsDir);
             }
-            dir.remove(name);
+            tree.remove(parent, name)?;
             let now = now();
             p.update(|m| {
                 m.mtime = now;
@@ -285,7 +282,7 @@ impl RamFs {
         let victim = {
             let mut tree = wr(&self.tree);
             let (p, pm) = self.search_dir(ctx, parent)?;
-            let child = dir_mut(&mut tree, parent)?.get(name).ok_or(Error::NotFound)?;
+            let child = tree.get(&parent).ok_or(Error::NotFound)?.get(name).ok_or(Error::NotFound)?;
             let victim = self.inode(child.ino)?;
             if !pm.may(ctx, W_OK | X_OK) {
                 return Err(Error::AccessDenied);
@@ -299,8 +296,8 @@ impl RamFs {
             if tree.get(&child.ino).is_some_and(|d| !d.is_empty()) {
                 return Err(Error::NotEmpty);
             }
-            tree.remove(&child.ino);
-            dir_mut(&mut tree, parent)?.remove(name);
+            tree.remove_dir(child.ino);
+            tree.remove(parent, name)?;
             let now = now();
             p.update(|m| {
                 m.nlink = m.nlink.saturating_sub(1);
@@ -340,8 +337,8 @@ impl RamFs {
             let mut tree = wr(&self.tree);
             let (op, opm) = self.search_dir(ctx, olddir)?;
             let (np, npm) = self.search_dir(ctx, newdir)?;
-            let src = dir_mut(&mut tree, olddir)?.get(oldname).ok_or(Error::NotFound)?;
-            let dst = dir_mut(&mut tree, newdir)?.get(newname);
+            let src = tree.get(&olddir).ok_or(Error::NotFound)?.get(oldname).ok_or(Error::NotFound)?;
+            let dst = tree.get(&newdir).ok_or(Error::NotFound)?.get(newname);
             if exchange && dst.is_none() {
                 return Err(Error::NotFound);
             }
@@ -398,28 +395,28 @@ impl RamFs {
 
             let now = now();
             let mut victim = None;
-            dir_mut(&mut tree, olddir)?.remove(oldname);
+            tree.remove(olddir, oldname)?;
             if dst.is_some() {
-                dir_mut(&mut tree, newdir)?.remove(newname);
+                tree.remove(newdir, newname)?;
             }
-            dir_mut(&mut tree, newdir)?.insert(newname, src.ino, src_inode.kind);
+            tree.insert(newdir, newname, src.ino, src_inode.kind)?;
             if moves && src_dir {
-                dir_mut(&mut tree, src.ino)?.parent = newdir;
+                tree.set_parent(src.ino, newdir)?;
                 op.update(|m| m.nlink = m.nlink.saturating_sub(1));
                 np.update(|m| m.nlink += 1);
             }
             if let (Some(d), Some(di)) = (dst, dst_inode) {
                 if exchange {
-                    dir_mut(&mut tree, olddir)?.insert(oldname, d.ino, di.kind);
+                    tree.insert(olddir, oldname, d.ino, di.kind)?;
                     if moves && dst_dir {
-                        dir_mut(&mut tree, d.ino)?.parent = olddir;
+                        tree.set_parent(d.ino, olddir)?;
                         np.update(|m| m.nlink = m.nlink.saturating_sub(1));
                         op.update(|m| m.nlink += 1);
                     }
                     di.update(|m| m.ctime = now);
                 } else {
                     if dst_dir {
-                        tree.remove(&d.ino);
+                        tree.remove_dir(d.ino);
                         np.update(|m| m.nlink = m.nlink.saturating_sub(1));
                         di.update(|m| m.nlink = 0);
                     } else {
@@ -459,8 +456,7 @@ impl RamFs {
             return Err(Error::NotPermitted);
         }
         let (p, pm) = self.search_dir(ctx, newparent)?;
-        let dir = dir_mut(&mut tree, newparent)?;
-        if dir.get(newname).is_some() {
+        if tree.get(&newparent).ok_or(Error::NotFound)?.get(newname).is_some() {
             return Err(Error::Exists);
         }
         if !pm.may(ctx, W_OK | X_OK) {
@@ -468,7 +464,7 @@ impl RamFs {
         }
         let now = now();
         {
-            let mut m = wr(&inode.meta);
+            let mut m = inode.meta_mut();
             if m.nlink == 0 && !m.linkable {
                 return Err(Error::NotFound);
             }
@@ -480,12 +476,12 @@ impl RamFs {
             m.nlink += 1;
             m.ctime = now;
         }
-        dir.insert(newname, ino, inode.kind);
+        tree.insert(newparent, newname, ino, inode.kind)?;
         p.update(|m| {
             m.mtime = now;
             m.ctime = now;
         });
-        inode.lookups.fetch_add(1, Ordering::AcqRel);
+        inode.add_lookups(1);
         Ok(self.entry(&inode))
     }
 
@@ -573,7 +569,7 @@ impl RamFs {
             if !sink(e, &self.entry(&inode)) {
                 break;
             }
-            inode.lookups.fetch_add(1, Ordering::AcqRel);
+            inode.add_lookups(1);
         }
         Ok(())
     }
@@ -589,7 +585,7 @@ impl RamFs {
         if !matches!(flags & O_ACCMODE, O_RDONLY | O_WRONLY | O_RDWR) {
             return Err(Error::InvalidArgument);
         }
-        let body = Body::File(RwLock::default());
+        let body = Body::File(FileLock::default());
         match self.create_node(ctx, parent, name, S_IFREG, mode, umask, 0, body) {
             Ok(inode) => {
                 let opened = self.open_inode(ctx, inode.clone(), flags & !O_TRUNC, false, false);
@@ -642,7 +638,7 @@ impl RamFs {
             if !pm.may(ctx, W_OK | X_OK) {
                 return Err(Error::AccessDenied);
             }
-            let inode = self.new_inode(ctx, &pm, S_IFREG, mode, umask, 0, Body::File(RwLock::default()))?;
+            let inode = self.new_inode(ctx, &pm, S_IFREG, mode, umask, 0, Body::File(FileLock::default()))?;
             inode.update(|m| {
                 m.nlink = 0;
                 m.linkable = flags & O_EXCL == 0;

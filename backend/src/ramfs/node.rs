@@ -2,10 +2,10 @@
 //! chunks, open handles, directory contents with stable READDIR cookies, the sharded id tables,
 //! and the sizes of that layout (chunk, block, shard count).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::acl::{AclEntry, ExtAcl};
 use super::consts::{S_IFDIR, S_IFMT, S_ISGID, S_ISUID, S_ISVTX, S_IXGRP, X_OK};
@@ -41,6 +41,73 @@ impl Hasher for IdHasher {
 }
 
 pub(super) type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+pub(super) type IdSet = HashSet<u64, BuildHasherDefault<IdHasher>>;
+
+/// Which inodes and handles changed while a live update copied the filesystem ahead of its
+/// quiet point (issue 22, see `super::state`); the directories' changes are logged by the
+/// [`Tree`], under its own lock. Off, a change costs one atomic load.
+///
+/// Every change is marked while the lock that guards what it changes is held (or, for the
+/// reference counts, after the count with sequentially consistent order): a copy that reads
+/// the value after [`Changes::start`] either sees the change or finds it marked.
+#[derive(Default)]
+pub(super) struct Changes {
+    on: AtomicBool,
+    log: Mutex<ChangeLog>,
+}
+
+/// What [`Changes`] marked.
+#[derive(Default, Debug)]
+pub(super) struct ChangeLog {
+    /// Inodes changed, made or dropped.
+    pub(super) inodes: IdSet,
+    /// Handles opened or released.
+    pub(super) handles: IdSet,
+}
+
+impl Changes {
+    fn lock(&self) -> MutexGuard<'_, ChangeLog> {
+        self.log.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Marks from now on, forgetting what an earlier copy marked.
+    pub(super) fn start(&self) {
+        *self.lock() = ChangeLog::default();
+        self.on.store(true, Ordering::SeqCst);
+    }
+
+    /// Stops marking; what was marked.
+    pub(super) fn stop(&self) -> ChangeLog {
+        self.on.store(false, Ordering::SeqCst);
+        std::mem::take(&mut *self.lock())
+    }
+
+    /// Whether changes are marked.
+    pub(super) fn on(&self) -> bool {
+        self.on.load(Ordering::SeqCst)
+    }
+
+    #[inline]
+    fn inode(&self, ino: u64) {
+        if self.on() {
+            self.lock().inodes.insert(ino);
+        }
+    }
+
+    #[inline]
+    fn handle(&self, fh: u64) {
+        if self.on() {
+            self.lock().handles.insert(fh);
+        }
+    }
+}
+
+/// What a [`Table`] holds, for marking its changes.
+#[derive(Clone, Copy)]
+pub(super) enum Ids {
+    Inodes,
+    Handles,
+}
 
 /// The current wall-clock time (`CLOCK_REALTIME`, through the vDSO), for timestamps.
 #[inline]
@@ -64,18 +131,48 @@ pub(super) fn wr<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A map from server-assigned ids, split over [`SHARDS`] locks.
+/// A map from server-assigned ids, split over [`SHARDS`] locks. Every insertion and removal
+/// is marked in its [`Changes`].
 pub(super) struct Table<V> {
-    pub(super) shards: Box<[RwLock<IdMap<V>>]>,
+    shards: Box<[RwLock<IdMap<V>>]>,
+    changes: Arc<Changes>,
+    ids: Ids,
 }
 
 impl<V: Clone> Table<V> {
-    pub(super) fn new() -> Self {
-        Table { shards: (0..SHARDS).map(|_| RwLock::default()).collect() }
+    pub(super) fn new(changes: Arc<Changes>, ids: Ids) -> Self {
+        Table { shards: (0..SHARDS).map(|_| RwLock::default()).collect(), changes, ids }
     }
 
-    pub(super) fn shard(&self, key: u64) -> &RwLock<IdMap<V>> {
+    fn shard(&self, key: u64) -> &RwLock<IdMap<V>> {
         &self.shards[(key % SHARDS as u64) as usize]
+    }
+
+    fn mark(&self, key: u64) {
+        match self.ids {
+            Ids::Inodes => self.changes.inode(key),
+            Ids::Handles => self.changes.handle(key),
+        }
+    }
+
+    /// Every value, a shard at a time (each shard's read lock held while `f` runs on it).
+    pub(super) fn for_each(&self, mut f: impl FnMut(&u64, &V)) {
+        for shard in self.shards.iter() {
+            rd(shard).iter().for_each(|(k, v)| f(k, v));
+        }
+    }
+
+    /// Keeps the values `keep` says to keep, a shard at a time.
+    pub(super) fn retain(&self, mut keep: impl FnMut(&V) -> bool) {
+        for shard in self.shards.iter() {
+            wr(shard).retain(|&k, v| {
+                let kept = keep(v);
+                if !kept {
+                    self.mark(k);
+                }
+                kept
+            });
+        }
     }
 
     pub(super) fn get(&self, key: u64) -> Option<V> {
@@ -90,12 +187,15 @@ impl<V: Clone> Table<V> {
     }
 
     pub(super) fn insert(&self, key: u64, value: V) {
-        wr(self.shard(key)).insert(key, value);
+        let mut shard = wr(self.shard(key));
+        self.mark(key);
+        shard.insert(key, value);
     }
 
     pub(super) fn remove_if(&self, key: u64, pred: impl FnOnce(&V) -> bool) -> Option<V> {
         let mut shard = wr(self.shard(key));
         if shard.get(&key).is_some_and(pred) {
+            self.mark(key);
             shard.remove(&key)
         } else {
             None
@@ -228,27 +328,52 @@ pub(super) struct Handle {
 }
 
 pub(super) enum Body {
-    File(RwLock<FileData>),
+    File(FileLock),
     Symlink(Box<[u8]>),
     /// Directories (contents live in the tree) and special files.
     Other,
 }
 
+/// A regular file's chunks. Read through [`FileLock::read`]; changed only through
+/// [`Inode::data_mut`], which marks the change.
+#[derive(Default)]
+pub(super) struct FileLock(RwLock<FileData>);
+
+impl FileLock {
+    pub(super) fn new(data: FileData) -> Self {
+        FileLock(RwLock::new(data))
+    }
+
+    pub(super) fn read(&self) -> RwLockReadGuard<'_, FileData> {
+        rd(&self.0)
+    }
+}
+
+/// An inode. Its attributes, extended attributes, chunks and reference counts change only
+/// through its methods, each of which marks the change in the filesystem's [`Changes`].
 pub(super) struct Inode {
     pub(super) ino: u64,
     /// `S_IFMT` bits; never change.
     pub(super) kind: u32,
-    pub(super) meta: RwLock<Meta>,
-    pub(super) xattrs: RwLock<Xattrs>,
+    meta: RwLock<Meta>,
+    xattrs: RwLock<Xattrs>,
     /// References the kernel holds (entries handed out minus FORGETs).
-    pub(super) lookups: AtomicU64,
+    lookups: AtomicU64,
     /// Open handles.
-    pub(super) opens: AtomicU64,
+    opens: AtomicU64,
     pub(super) body: Body,
+    changes: Arc<Changes>,
 }
 
 impl Inode {
-    pub(super) fn new(ino: u64, kind: u32, meta: Meta, lookups: u64, body: Body) -> Self {
+    pub(super) fn new(
+        ino: u64,
+        kind: u32,
+        meta: Meta,
+        lookups: u64,
+        body: Body,
+        changes: Arc<Changes>,
+    ) -> Self {
         Inode {
             ino,
             kind,
@@ -257,6 +382,7 @@ impl Inode {
             lookups: AtomicU64::new(lookups),
             opens: AtomicU64::new(0),
             body,
+            changes,
         }
     }
 
@@ -264,8 +390,87 @@ impl Inode {
         rd(&self.meta).clone()
     }
 
+    pub(super) fn meta_ref(&self) -> RwLockReadGuard<'_, Meta> {
+        rd(&self.meta)
+    }
+
+    pub(super) fn meta_mut(&self) -> RwLockWriteGuard<'_, Meta> {
+        let m = wr(&self.meta);
+        self.changes.inode(self.ino);
+        m
+    }
+
     pub(super) fn update(&self, f: impl FnOnce(&mut Meta)) {
-        f(&mut wr(&self.meta));
+        f(&mut self.meta_mut());
+    }
+
+    pub(super) fn xattrs_ref(&self) -> RwLockReadGuard<'_, Xattrs> {
+        rd(&self.xattrs)
+    }
+
+    pub(super) fn xattrs_mut(&self) -> RwLockWriteGuard<'_, Xattrs> {
+        let x = wr(&self.xattrs);
+        self.changes.inode(self.ino);
+        x
+    }
+
+    /// A regular file's chunks, to change; `None` for anything else.
+    pub(super) fn data_mut(&self) -> Option<RwLockWriteGuard<'_, FileData>> {
+        let Body::File(lock) = &self.body else { return None };
+        let d = wr(&lock.0);
+        self.changes.inode(self.ino);
+        Some(d)
+    }
+
+    pub(super) fn lookups(&self) -> u64 {
+        self.lookups.load(Ordering::SeqCst)
+    }
+
+    pub(super) fn add_lookups(&self, n: u64) {
+        self.lookups.fetch_add(n, Ordering::SeqCst);
+        self.changes.inode(self.ino);
+    }
+
+    /// Drops `n` lookup references (never below none).
+    pub(super) fn drop_lookups(&self, n: u64) {
+        let _ = self.lookups.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| Some(l.saturating_sub(n)));
+        self.changes.inode(self.ino);
+    }
+
+    pub(super) fn opens(&self) -> u64 {
+        self.opens.load(Ordering::SeqCst)
+    }
+
+    pub(super) fn add_open(&self) {
+        self.opens.fetch_add(1, Ordering::SeqCst);
+        self.changes.inode(self.ino);
+    }
+
+    pub(super) fn drop_open(&self) {
+        let _ = self.opens.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |o| Some(o.saturating_sub(1)));
+        self.changes.inode(self.ino);
+    }
+
+    /// Forgets every lookup reference and open handle (DESTROY).
+    pub(super) fn clear_refs(&self) {
+        self.lookups.store(0, Ordering::SeqCst);
+        self.opens.store(0, Ordering::SeqCst);
+        self.changes.inode(self.ino);
+    }
+
+    /// Sets everything a taken-over state says of an existing inode (`super::state`, before
+    /// the filesystem serves: nothing is marked).
+    pub(super) fn set_restored(&self, meta: Meta, xattrs: Xattrs, lookups: u64, opens: u64) {
+        *wr(&self.meta) = meta;
+        *wr(&self.xattrs) = xattrs;
+        self.lookups.store(lookups, Ordering::SeqCst);
+        self.opens.store(opens, Ordering::SeqCst);
+    }
+
+    /// A taken-over file's chunks, replaced (`super::state`, before the filesystem serves).
+    pub(super) fn set_restored_data(&self, data: FileData) -> Option<FileData> {
+        let Body::File(lock) = &self.body else { return None };
+        Some(std::mem::replace(&mut *wr(&lock.0), data))
     }
 
     pub(super) fn stat(&self) -> Stat {
@@ -298,7 +503,7 @@ pub(super) struct Child {
     pub(super) typ: u32,
 }
 
-/// The contents of one directory.
+/// The contents of one directory. Changed only through the [`Tree`], which logs the change.
 pub(super) struct Dir {
     pub(super) parent: u64,
     pub(super) entries: HashMap<Box<[u8]>, Child>,
@@ -317,17 +522,23 @@ impl Dir {
         self.entries.get(name).copied()
     }
 
-    pub(super) fn insert(&mut self, name: &[u8], ino: u64, kind: u32) {
+    fn insert(&mut self, name: &[u8], ino: u64, kind: u32) {
         let cookie = self.next_cookie;
         self.next_cookie += 1;
-        let child = Child { cookie, ino, typ: kind >> 12 };
-        if let Some(old) = self.entries.insert(name.into(), child) {
-            self.order.remove(&old.cookie);
-        }
-        self.order.insert(cookie, name.into());
+        self.put(name, Child { cookie, ino, typ: kind >> 12 });
     }
 
-    pub(super) fn remove(&mut self, name: &[u8]) -> Option<Child> {
+    /// Sets `name` to `child`, its cookie as given; the entry it replaces, if any.
+    fn put(&mut self, name: &[u8], child: Child) -> Option<Child> {
+        let old = self.entries.insert(name.into(), child);
+        if let Some(old) = old {
+            self.order.remove(&old.cookie);
+        }
+        self.order.insert(child.cookie, name.into());
+        old
+    }
+
+    fn remove(&mut self, name: &[u8]) -> Option<Child> {
         let child = self.entries.remove(name)?;
         self.order.remove(&child.cookie);
         Some(child)
@@ -338,8 +549,113 @@ impl Dir {
     }
 }
 
-pub(super) type Tree = IdMap<Dir>;
+/// What changed in a [`Tree`] since [`Tree::start_log`].
+#[derive(Default, Debug)]
+pub(super) struct TreeLog {
+    /// Directories made, removed, or whose parent or entries changed.
+    pub(super) dirs: IdSet,
+    /// Entries added, replaced or removed: (directory, name).
+    pub(super) names: HashSet<(u64, Box<[u8]>)>,
+}
 
-pub(super) fn dir_mut(tree: &mut Tree, ino: u64) -> Result<&mut Dir> {
-    tree.get_mut(&ino).ok_or(Error::NotFound)
+/// Every directory's contents, by inode. All changes go through its methods and, while a live
+/// update copies the filesystem, are logged (under the tree's lock, as they are made).
+#[derive(Default)]
+pub(super) struct Tree {
+    dirs: IdMap<Dir>,
+    log: Option<TreeLog>,
+}
+
+impl Tree {
+    pub(super) fn get(&self, ino: &u64) -> Option<&Dir> {
+        self.dirs.get(ino)
+    }
+
+    pub(super) fn contains_key(&self, ino: &u64) -> bool {
+        self.dirs.contains_key(ino)
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&u64, &Dir)> {
+        self.dirs.iter()
+    }
+
+    fn dir_mut(&mut self, ino: u64) -> Result<&mut Dir> {
+        if let Some(log) = &mut self.log {
+            log.dirs.insert(ino);
+        }
+        self.dirs.get_mut(&ino).ok_or(Error::NotFound)
+    }
+
+    fn name(&mut self, dir: u64, name: &[u8]) {
+        if let Some(log) = &mut self.log {
+            log.names.insert((dir, name.into()));
+        }
+    }
+
+    /// A new, empty directory `ino` in `parent`.
+    pub(super) fn add_dir(&mut self, ino: u64, parent: u64) {
+        if let Some(log) = &mut self.log {
+            log.dirs.insert(ino);
+        }
+        self.dirs.insert(ino, Dir::new(parent));
+    }
+
+    /// Directory `ino`'s contents, gone.
+    pub(super) fn remove_dir(&mut self, ino: u64) -> Option<Dir> {
+        if let Some(log) = &mut self.log {
+            log.dirs.insert(ino);
+        }
+        self.dirs.remove(&ino)
+    }
+
+    pub(super) fn set_parent(&mut self, ino: u64, parent: u64) -> Result<()> {
+        self.dir_mut(ino)?.parent = parent;
+        Ok(())
+    }
+
+    /// Links `dir/name` to `ino` with the next cookie (replacing an entry of that name).
+    pub(super) fn insert(&mut self, dir: u64, name: &[u8], ino: u64, kind: u32) -> Result<()> {
+        self.dir_mut(dir)?.insert(name, ino, kind);
+        self.name(dir, name);
+        Ok(())
+    }
+
+    /// Unlinks `dir/name`.
+    pub(super) fn remove(&mut self, dir: u64, name: &[u8]) -> Result<Option<Child>> {
+        let child = self.dir_mut(dir)?.remove(name);
+        self.name(dir, name);
+        Ok(child)
+    }
+
+    /// Logs every change from now on (forgetting an earlier log).
+    pub(super) fn start_log(&mut self) {
+        self.log = Some(TreeLog::default());
+    }
+
+    /// Stops logging; what was logged.
+    pub(super) fn take_log(&mut self) -> TreeLog {
+        self.log.take().unwrap_or_default()
+    }
+
+    /// A taken-over directory, as the state says (`super::state`: nothing is logged).
+    pub(super) fn restore_dir(&mut self, ino: u64, parent: u64, next_cookie: u64) -> &mut Dir {
+        let d = self.dirs.entry(ino).or_insert_with(|| Dir::new(parent));
+        d.parent = parent;
+        d.next_cookie = next_cookie;
+        d
+    }
+
+    /// A taken-over directory, gone (`super::state`).
+    pub(super) fn restore_remove_dir(&mut self, ino: u64) -> Option<Dir> {
+        self.dirs.remove(&ino)
+    }
+
+    /// A taken-over entry set (`Some`) or removed (`None`); the entry it replaces.
+    pub(super) fn restore_entry(&mut self, dir: u64, name: &[u8], child: Option<Child>) -> Option<Child> {
+        let d = self.dirs.get_mut(&dir)?;
+        match child {
+            Some(c) => d.put(name, c),
+            None => d.remove(name),
+        }
+    }
 }

@@ -9,7 +9,7 @@
 //! (every slot inside the memfd and owned once, every name and handle naming an inode that
 //! exists, the limits the same) and refuses it with a [`StateError`] otherwise.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -18,9 +18,12 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::acl::{AclEntry, ExtAcl};
-use super::node::{rd, Body, Child, Dir, FileData, Handle, Inode, Meta, Table, Xattrs, CHUNK};
+use super::node::{
+    rd, wr, Body, Changes, Child, FileData, FileLock, Handle, IdMap, IdSet, Ids, Inode, Meta, Table, Tree,
+    Xattrs, CHUNK,
+};
 use super::sys::{ChunkStore, FreeState};
-use super::{RamFs, RamFsConfig};
+use super::{RamFs, RamFsConfig, NAME_MAX};
 use crate::abi::ROOT_ID;
 use crate::filesystem::Timespec;
 
@@ -218,32 +221,67 @@ impl MetaState {
     }
 }
 
+/// What changed in a filesystem between [`RamFs::precopy`] and its quiet point: applied to
+/// the copy a successor built from the earlier state, it gives the filesystem as it is now.
+/// Its size follows what changed, not how many files there are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RamFsChanges {
+    /// [`RAMFS_STATE_VERSION`] when written.
+    pub version: u32,
+    /// The next inode number.
+    pub next_ino: u64,
+    /// The next file handle.
+    pub next_fh: u64,
+    /// Bytes charged to the capacity.
+    pub used: u64,
+    /// The session's INIT flags.
+    pub session: u64,
+    /// Inodes changed or made, as they are now.
+    pub inodes: Vec<InodeState>,
+    /// Inodes dropped.
+    pub gone: Vec<u64>,
+    /// Directories made or changed: `(inode, Some((parent, next cookie)))`; removed: `None`.
+    pub dirs: Vec<(u64, Option<(u64, u64)>)>,
+    /// Entries set (`(directory, name, Some((cookie, inode, type)))`) or removed (`None`).
+    pub names: Vec<NameChange>,
+    /// Handles opened (`(handle, Some((inode, open flags)))`) or released (`None`).
+    pub handles: Vec<(u64, Option<(u64, u32)>)>,
+    /// The chunk store's allocator.
+    pub store: StoreState,
+}
+
+/// One entry of [`RamFsChanges::names`]: directory, name, and the entry as it is now.
+pub type NameChange = (u64, Vec<u8>, Option<(u64, u64, u32)>);
+
+fn inode_state(inode: &Inode) -> InodeState {
+    // Lock order: data, then meta, then xattrs.
+    let body = match &inode.body {
+        Body::File(data) => BodyState::File(runs(data.read().chunks.iter().map(|(&i, c)| (i, c.slot())))),
+        Body::Symlink(target) => BodyState::Symlink(target.to_vec()),
+        Body::Other => BodyState::Other,
+    };
+    let meta = MetaState::of(&inode.meta_ref());
+    let x = inode.xattrs_ref();
+    InodeState {
+        ino: inode.ino,
+        kind: inode.kind,
+        meta,
+        xattrs: x.map.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect(),
+        lookups: inode.lookups(),
+        opens: inode.opens(),
+        body,
+    }
+}
+
 impl RamFs {
-    /// The filesystem as data, without its file data (see the module documentation). Take it
-    /// while no request runs.
+    /// The filesystem as data, without its file data (see the module documentation). Taken
+    /// while no request runs, it is exact; taken while requests run (by [`RamFs::precopy`]),
+    /// each inode, directory and handle is as it was at some moment of the walk.
     pub fn save(&self) -> RamFsState {
-        let mut inodes = Vec::new();
-        for shard in self.inodes.shards.iter() {
-            for inode in rd(shard).values() {
-                let body = match &inode.body {
-                    Body::File(data) => {
-                        BodyState::File(runs(rd(data).chunks.iter().map(|(&i, c)| (i, c.slot()))))
-                    }
-                    Body::Symlink(target) => BodyState::Symlink(target.to_vec()),
-                    Body::Other => BodyState::Other,
-                };
-                let x = rd(&inode.xattrs);
-                inodes.push(InodeState {
-                    ino: inode.ino,
-                    kind: inode.kind,
-                    meta: MetaState::of(&rd(&inode.meta)),
-                    xattrs: x.map.iter().map(|(k, v)| (k.to_vec(), v.to_vec())).collect(),
-                    lookups: inode.lookups.load(Ordering::Acquire),
-                    opens: inode.opens.load(Ordering::Acquire),
-                    body,
-                });
-            }
-        }
+        let mut all = Vec::new();
+        self.inodes.for_each(|_, i| all.push(i.clone()));
+        let mut inodes: Vec<InodeState> = all.iter().map(|i| inode_state(i)).collect();
+        drop(all);
         inodes.sort_unstable_by_key(|i| i.ino);
         let mut dirs: Vec<DirState> = (rd(&self.tree).iter())
             .map(|(&ino, d)| DirState {
@@ -257,11 +295,8 @@ impl RamFs {
             .collect();
         dirs.sort_unstable_by_key(|d| d.ino);
         let mut handles = Vec::new();
-        for shard in self.handles.shards.iter() {
-            handles.extend(rd(shard).iter().map(|(&fh, h)| (fh, h.inode.ino, h.flags)));
-        }
+        self.handles.for_each(|&fh, h| handles.push((fh, h.inode.ino, h.flags)));
         handles.sort_unstable();
-        let free: FreeState = self.store.free_state();
         RamFsState {
             version: RAMFS_STATE_VERSION,
             limits: (self.cfg.capacity, self.cfg.max_inodes, self.cfg.max_handles),
@@ -272,72 +307,152 @@ impl RamFs {
             inodes,
             dirs,
             handles,
-            store: StoreState {
-                slots: self.store.slot_count(),
-                next: free.next,
-                resident: free.resident,
-                punched: free.punched,
-            },
+            store: self.store_state(),
         }
+    }
+
+    fn store_state(&self) -> StoreState {
+        let free: FreeState = self.store.free_state();
+        StoreState {
+            slots: self.store.slot_count(),
+            next: free.next,
+            resident: free.resident,
+            punched: free.punched,
+        }
+    }
+
+    /// The filesystem as data, taken while it serves (a live update's copy ahead of the quiet
+    /// point): every change from now on is marked, and [`RamFs::changes`] gives them at the
+    /// quiet point. [`RamFs::forget_precopy`] stops marking (an update called off).
+    pub fn precopy(&self) -> RamFsState {
+        // Marking starts before anything is read: a change the walk misses is marked.
+        self.changes.start();
+        wr(&self.tree).start_log();
+        self.save()
+    }
+
+    /// Stops marking changes (the update the copy was for is called off).
+    pub fn forget_precopy(&self) {
+        self.changes.stop();
+        wr(&self.tree).take_log();
+    }
+
+    /// What changed since [`RamFs::precopy`], taken while no request runs; marking stops.
+    /// `None` when no copy was taken.
+    pub fn changes(&self) -> Option<RamFsChanges> {
+        if !self.changes.on() {
+            return None;
+        }
+        let log = self.changes.stop();
+        let tlog = wr(&self.tree).take_log();
+        let mut inodes = Vec::new();
+        let mut gone = Vec::new();
+        for ino in log.inodes {
+            match self.inodes.get(ino) {
+                Some(i) => inodes.push(inode_state(&i)),
+                None => gone.push(ino),
+            }
+        }
+        let tree = rd(&self.tree);
+        let dirs =
+            (tlog.dirs.iter()).map(|&ino| (ino, tree.get(&ino).map(|d| (d.parent, d.next_cookie)))).collect();
+        let names = (tlog.names.into_iter())
+            .filter_map(|(dir, name)| {
+                let d = tree.get(&dir)?;
+                let now = d.get(&name).map(|c| (c.cookie, c.ino, c.typ));
+                Some((dir, name.into_vec(), now))
+            })
+            .collect();
+        drop(tree);
+        let handles = (log.handles.iter())
+            .map(|&fh| (fh, self.handles.get(fh).map(|h| (h.inode.ino, h.flags))))
+            .collect();
+        Some(RamFsChanges {
+            version: RAMFS_STATE_VERSION,
+            next_ino: self.next_ino.load(Ordering::Acquire),
+            next_fh: self.next_fh.load(Ordering::Acquire),
+            used: self.used.load(Ordering::Acquire),
+            session: self.session.load(Ordering::Acquire),
+            inodes,
+            gone,
+            dirs,
+            names,
+            handles,
+            store: self.store_state(),
+        })
     }
 
     /// A filesystem of `cfg` taken over from `state`, its file data in `memfd` (the
     /// predecessor's [`RamFs::data_memfd`]); the state is checked first.
     pub fn restore(cfg: RamFsConfig, state: &RamFsState, memfd: File) -> Result<RamFs, StateError> {
-        check(&cfg, state)?;
-        let bad = |what: String| StateError::Invalid(what);
+        Restoring::new(cfg, state, memfd)?.finish(None)
+    }
+}
+
+/// A filesystem being taken over: built from a state copied while its predecessor served
+/// ([`RamFs::precopy`]), it serves once [`Restoring::finish`] has applied what changed since.
+/// Its store neither reuses nor frees a slot until then (the predecessor still writes them).
+pub struct Restoring {
+    fs: RamFs,
+    /// Which slots of the store a chunk or a free list holds.
+    owned: Vec<bool>,
+    /// How many entries, directories (as themselves or as a parent) and handles name each
+    /// inode: one that goes must be named by none.
+    refs: IdMap<u64>,
+}
+
+fn bad<T>(what: String) -> Result<T, StateError> {
+    Err(StateError::Invalid(what))
+}
+
+fn count(refs: &mut IdMap<u64>, ino: u64, up: bool) {
+    let n = refs.entry(ino).or_default();
+    *n = if up { *n + 1 } else { n.saturating_sub(1) };
+}
+
+impl Restoring {
+    /// Checks `state` and builds the filesystem it describes (not serving), its file data in
+    /// `memfd`.
+    pub fn new(cfg: RamFsConfig, state: &RamFsState, memfd: File) -> Result<Restoring, StateError> {
+        let mut owned = check(&cfg, state)?;
+        owned.resize(state.store.slots as usize, false);
         let free = FreeState {
             resident: state.store.resident.clone(),
             punched: state.store.punched.clone(),
             next: state.store.next,
         };
         let store = ChunkStore::from_memfd(memfd, state.store.slots, free).map_err(StateError::Memfd)?;
-        let inodes = Table::new();
-        let mut by_ino = HashMap::new();
+        store.give_away();
+        let changes = Arc::new(Changes::default());
+        let inodes = Table::new(changes.clone(), Ids::Inodes);
         for i in &state.inodes {
-            let body = match &i.body {
-                BodyState::File(chunks) => {
-                    let mut map = BTreeMap::new();
-                    for (index, slot) in chunks.iter().flat_map(|&r| run_chunks(r)) {
-                        map.insert(
-                            index,
-                            store.claim(slot).ok_or_else(|| bad(format!("slot {slot} taken twice")))?,
-                        );
-                    }
-                    Body::File(RwLock::new(FileData { chunks: map }))
-                }
-                BodyState::Symlink(t) => Body::Symlink(t.clone().into_boxed_slice()),
-                BodyState::Other => Body::Other,
-            };
-            let inode = Arc::new(Inode::new(i.ino, i.kind, i.meta.meta(), i.lookups, body));
-            inode.opens.store(i.opens, Ordering::Release);
-            let mut x = Xattrs::default();
-            for (k, v) in &i.xattrs {
-                x.list_len += k.len() + 1;
-                x.map.insert(k.clone().into_boxed_slice(), v.clone().into_boxed_slice());
-            }
-            *inode.xattrs.write().unwrap_or_else(|e| e.into_inner()) = x;
-            inodes.insert(i.ino, inode.clone());
-            by_ino.insert(i.ino, inode);
+            let inode = new_inode(i, &store, &changes)?;
+            inodes.insert(i.ino, inode);
         }
-        let mut tree = super::node::Tree::default();
+        let mut refs = IdMap::default();
+        let mut tree = Tree::default();
         for d in &state.dirs {
-            let mut dir = Dir::new(d.parent);
-            dir.next_cookie = d.next_cookie;
+            count(&mut refs, d.ino, true);
+            count(&mut refs, d.parent, true);
+            let dir = tree.restore_dir(d.ino, d.parent, d.next_cookie);
             for (name, cookie, ino, typ) in &d.entries {
+                if dir.order.contains_key(cookie) || dir.entries.contains_key(name.as_slice()) {
+                    return bad(format!("directory {}: a cookie or name repeats", d.ino));
+                }
                 let child = Child { cookie: *cookie, ino: *ino, typ: *typ };
                 dir.entries.insert(name.clone().into_boxed_slice(), child);
                 dir.order.insert(*cookie, name.clone().into_boxed_slice());
+                count(&mut refs, *ino, true);
             }
-            tree.insert(d.ino, dir);
         }
-        let handles = Table::new();
+        let handles = Table::new(changes.clone(), Ids::Handles);
         for &(fh, ino, flags) in &state.handles {
             let inode =
-                by_ino.get(&ino).cloned().ok_or_else(|| bad(format!("handle {fh}: no inode {ino}")))?;
+                inodes.get(ino).ok_or_else(|| StateError::Invalid(format!("handle {fh}: no inode {ino}")))?;
             handles.insert(fh, Arc::new(Handle { inode, flags }));
+            count(&mut refs, ino, true);
         }
-        Ok(RamFs {
+        let fs = RamFs {
             cfg,
             tree: RwLock::new(tree),
             inodes,
@@ -349,12 +464,276 @@ impl RamFs {
             nhandles: AtomicU64::new(state.handles.len() as u64),
             ninodes: AtomicU64::new(state.inodes.len() as u64),
             session: AtomicU64::new(state.session),
-        })
+            changes,
+        };
+        Ok(Restoring { fs, owned, refs })
+    }
+
+    /// The filesystem, `changes` applied (each checked against the filesystem as built so
+    /// far: the cost follows the changes, not the filesystem's size); its store is this
+    /// process's from now on.
+    pub fn finish(mut self, changes: Option<&RamFsChanges>) -> Result<RamFs, StateError> {
+        let free = match changes {
+            Some(c) => {
+                self.apply(c)?;
+                FreeState {
+                    resident: c.store.resident.clone(),
+                    punched: c.store.punched.clone(),
+                    next: c.store.next,
+                }
+            }
+            None => self.fs.store.free_state(),
+        };
+        self.fs.store.take_back(free);
+        Ok(self.fs)
+    }
+
+    fn mark(&mut self, slot: u32, next: u32) -> Result<(), StateError> {
+        match self.owned.get_mut(slot as usize) {
+            Some(o) if !*o && slot < next => {
+                *o = true;
+                Ok(())
+            }
+            _ => bad(format!("slot {slot} is outside the used slots or owned twice")),
+        }
+    }
+
+    fn unmark_file(&mut self, inode: &Inode) {
+        if let Body::File(data) = &inode.body {
+            for c in data.read().chunks.values() {
+                if let Some(o) = self.owned.get_mut(c.slot() as usize) {
+                    *o = false;
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, c: &RamFsChanges) -> Result<(), StateError> {
+        if c.version != RAMFS_STATE_VERSION {
+            return Err(StateError::Version { found: c.version, expected: RAMFS_STATE_VERSION });
+        }
+        let fs = &self.fs;
+        let before = (fs.next_ino.load(Ordering::Relaxed), fs.next_fh.load(Ordering::Relaxed));
+        let old_free = fs.store.free_state();
+        if c.next_ino < before.0
+            || c.next_fh < before.1
+            || c.store.slots != fs.store.slot_count()
+            || c.store.next < old_free.next
+            || c.store.next > c.store.slots
+            || c.used > fs.cfg.capacity
+        {
+            return bad("the changes move a counter back or past its limit".into());
+        }
+        let next = c.store.next;
+        for s in old_free.resident.iter().chain(&old_free.punched) {
+            if let Some(o) = self.owned.get_mut(*s as usize) {
+                *o = false;
+            }
+        }
+        let gone: IdSet = c.gone.iter().copied().collect();
+        // Every slot that changes hands is let go before any is taken (a file gone may have
+        // freed a slot a file made since took).
+        for ino in c.inodes.iter().map(|i| i.ino).chain(c.gone.iter().copied()) {
+            if let Some(inode) = self.fs.inodes.get(ino) {
+                self.unmark_file(&inode);
+            }
+        }
+        // Inodes: changed in place (handles hold them), or made.
+        for i in &c.inodes {
+            if gone.contains(&i.ino) || i.ino >= c.next_ino {
+                return bad(format!("inode {} both changed and gone, or past the next number", i.ino));
+            }
+            match self.fs.inodes.get(i.ino) {
+                Some(inode) => {
+                    let same = match (&inode.body, &i.body) {
+                        (Body::File(_), BodyState::File(_)) | (Body::Other, BodyState::Other) => true,
+                        (Body::Symlink(t), BodyState::Symlink(n)) => **t == n[..],
+                        _ => false,
+                    };
+                    if inode.kind != i.kind || !same {
+                        return bad(format!("inode {} changes its type", i.ino));
+                    }
+                    if let BodyState::File(r) = &i.body {
+                        let data = self.file_data(r, next)?;
+                        inode.set_restored_data(data);
+                    }
+                    inode.set_restored(i.meta.meta(), xattrs(i), i.lookups, i.opens);
+                }
+                None => {
+                    if let BodyState::File(r) = &i.body {
+                        for (_, slot) in checked_runs(r)?.iter().flat_map(|&r| run_chunks(r)) {
+                            self.mark(slot, next)?;
+                        }
+                    }
+                    let inode = new_inode(i, &self.fs.store, &self.fs.changes)?;
+                    self.fs.inodes.insert(i.ino, inode);
+                    self.fs.ninodes.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        let exists = |fs: &RamFs, ino: u64| fs.inodes.get(ino).is_some();
+        // Directories, then their entries.
+        {
+            let mut tree = wr(&self.fs.tree);
+            for &(ino, header) in &c.dirs {
+                if let Some(d) = tree.get(&ino) {
+                    count(&mut self.refs, d.parent, false);
+                    count(&mut self.refs, ino, false);
+                }
+                match header {
+                    None => {
+                        if let Some(d) = tree.restore_remove_dir(ino) {
+                            for child in d.entries.values() {
+                                count(&mut self.refs, child.ino, false);
+                            }
+                        }
+                    }
+                    Some((parent, next_cookie)) => {
+                        if !exists(&self.fs, ino) || !exists(&self.fs, parent) {
+                            return bad(format!("directory {ino} or its parent {parent} is no inode"));
+                        }
+                        if tree.get(&ino).is_some_and(|d| next_cookie < d.next_cookie) {
+                            return bad(format!("directory {ino}: its next cookie goes back"));
+                        }
+                        tree.restore_dir(ino, parent, next_cookie);
+                        count(&mut self.refs, ino, true);
+                        count(&mut self.refs, parent, true);
+                    }
+                }
+            }
+            for (dir, name, now) in &c.names {
+                let Some(d) = tree.get(dir) else {
+                    if now.is_some() {
+                        return bad(format!("an entry in {dir}, which is no directory"));
+                    }
+                    continue;
+                };
+                let child = match *now {
+                    Some((cookie, ino, typ)) => {
+                        let clash = d.order.get(&cookie).is_some_and(|n| **n != name[..]);
+                        if name.is_empty() || name.len() > NAME_MAX || cookie >= d.next_cookie || clash {
+                            return bad(format!(
+                                "directory {dir}: a bad name, or a cookie past its next or taken"
+                            ));
+                        }
+                        if !exists(&self.fs, ino) {
+                            return bad(format!(
+                                "directory {dir}: an entry names inode {ino} that is not there"
+                            ));
+                        }
+                        Some(Child { cookie, ino, typ })
+                    }
+                    None => None,
+                };
+                if let Some(old) = tree.restore_entry(*dir, name, child) {
+                    count(&mut self.refs, old.ino, false);
+                }
+                if let Some(c) = child {
+                    count(&mut self.refs, c.ino, true);
+                }
+            }
+        }
+        // Handles.
+        for &(fh, now) in &c.handles {
+            if let Some(old) = self.fs.handles.remove_if(fh, |_| true) {
+                count(&mut self.refs, old.inode.ino, false);
+                self.fs.nhandles.fetch_sub(1, Ordering::Relaxed);
+            }
+            if let Some((ino, flags)) = now {
+                let Some(inode) = self.fs.inodes.get(ino).filter(|_| fh < c.next_fh) else {
+                    return bad(format!("handle {fh} past the next handle, or on no inode"));
+                };
+                self.fs.handles.insert(fh, Arc::new(Handle { inode, flags }));
+                count(&mut self.refs, ino, true);
+                self.fs.nhandles.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        // Inodes gone: named by nothing any more.
+        for &ino in &c.gone {
+            if ino == ROOT_ID || self.refs.get(&ino).is_some_and(|&n| n > 0) {
+                return bad(format!("inode {ino} is gone but still named or open"));
+            }
+            self.refs.remove(&ino);
+            if let Some(inode) = self.fs.inodes.remove_if(ino, |_| true) {
+                inode.set_restored_data(FileData::default());
+                self.fs.ninodes.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        for &s in c.store.resident.iter().chain(&c.store.punched) {
+            self.mark(s, next)?;
+        }
+        let fs = &self.fs;
+        if fs.ninodes.load(Ordering::Relaxed) > fs.cfg.max_inodes
+            || fs.nhandles.load(Ordering::Relaxed) > fs.cfg.max_handles
+        {
+            return bad("more inodes or handles than the limits".into());
+        }
+        fs.next_ino.store(c.next_ino, Ordering::Relaxed);
+        fs.next_fh.store(c.next_fh, Ordering::Relaxed);
+        fs.used.store(c.used, Ordering::Relaxed);
+        fs.session.store(c.session, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A file's chunks from its runs, each slot marked owned.
+    fn file_data(&mut self, runs: &[(u64, u32, u32)], next: u32) -> Result<FileData, StateError> {
+        let mut map = BTreeMap::new();
+        for (index, slot) in checked_runs(runs)?.iter().flat_map(|&r| run_chunks(r)) {
+            self.mark(slot, next)?;
+            let chunk =
+                self.fs.store.claim(slot).ok_or_else(|| StateError::Invalid(format!("slot {slot}")))?;
+            map.insert(index, chunk);
+        }
+        Ok(FileData { chunks: map })
     }
 }
 
+/// `runs`, refused if one is empty or overflows.
+fn checked_runs(runs: &[(u64, u32, u32)]) -> Result<&[(u64, u32, u32)], StateError> {
+    match runs.iter().find(|&&(index, slot, count)| {
+        count == 0 || index.checked_add(u64::from(count)).is_none() || slot.checked_add(count).is_none()
+    }) {
+        Some(&(index, slot, count)) => {
+            bad(format!("chunk run ({index}, {slot}, {count}) is empty or overflows"))
+        }
+        None => Ok(runs),
+    }
+}
+
+fn xattrs(i: &InodeState) -> Xattrs {
+    let mut x = Xattrs::default();
+    for (k, v) in &i.xattrs {
+        x.list_len += k.len() + 1;
+        x.map.insert(k.clone().into_boxed_slice(), v.clone().into_boxed_slice());
+    }
+    x
+}
+
+/// An inode as `i` describes it, its chunks claimed from `store` (the caller checked them).
+fn new_inode(
+    i: &InodeState,
+    store: &Arc<ChunkStore>,
+    changes: &Arc<Changes>,
+) -> Result<Arc<Inode>, StateError> {
+    let body = match &i.body {
+        BodyState::File(chunks) => {
+            let mut map = BTreeMap::new();
+            for (index, slot) in checked_runs(chunks)?.iter().flat_map(|&r| run_chunks(r)) {
+                let chunk = store.claim(slot).ok_or_else(|| StateError::Invalid(format!("slot {slot}")))?;
+                map.insert(index, chunk);
+            }
+            Body::File(FileLock::new(FileData { chunks: map }))
+        }
+        BodyState::Symlink(t) => Body::Symlink(t.clone().into_boxed_slice()),
+        BodyState::Other => Body::Other,
+    };
+    let inode = Arc::new(Inode::new(i.ino, i.kind, i.meta.meta(), i.lookups, body, changes.clone()));
+    inode.set_restored(i.meta.meta(), xattrs(i), i.lookups, i.opens);
+    Ok(inode)
+}
+
 /// Whether `state` can be restored into a filesystem of `cfg`: nothing is built before this.
-fn check(cfg: &RamFsConfig, s: &RamFsState) -> Result<(), StateError> {
+fn check(cfg: &RamFsConfig, s: &RamFsState) -> Result<Vec<bool>, StateError> {
     let bad = |what: String| Err(StateError::Invalid(what));
     if s.version != RAMFS_STATE_VERSION {
         return Err(StateError::Version { found: s.version, expected: RAMFS_STATE_VERSION });
@@ -421,7 +800,7 @@ fn check(cfg: &RamFsConfig, s: &RamFsState) -> Result<(), StateError> {
     if let Some((fh, _, _)) = s.handles.iter().find(|(fh, ino, _)| *fh >= s.next_fh || !inos.contains(ino)) {
         return bad(format!("handle {fh} past the next handle, or on no inode"));
     }
-    Ok(())
+    Ok(seen)
 }
 
 /// `(chunk index, slot)` pairs in index order as runs of consecutive indices in consecutive

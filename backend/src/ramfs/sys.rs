@@ -256,6 +256,13 @@ impl ChunkStore {
         self.given.store(true, std::sync::atomic::Ordering::Release);
     }
 
+    /// A store taken over is this process's from now on (after [`Self::give_away`] kept it
+    /// untouched while the state was applied): its free slots are `free`.
+    pub(super) fn take_back(&self, free: FreeState) {
+        *self.lock() = Free { resident: free.resident, punched: free.punched, next: free.next };
+        self.given.store(false, std::sync::atomic::Ordering::Release);
+    }
+
     fn given(&self) -> bool {
         self.given.load(std::sync::atomic::Ordering::Acquire)
     }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use super::acl::{self, AclEntry};
 use super::consts::{R_OK, S_IFDIR, S_IFLNK, S_IFREG, S_ISGID, S_ISVTX, W_OK};
-use super::node::{rd, wr, Inode, Meta};
+use super::node::{Inode, Meta};
 use super::{RamFs, XATTR_INODE_MAX};
 use crate::abi::limits::{XATTR_NAME_MAX, XATTR_SIZE_MAX};
 use crate::filesystem::{Context, Error, Result, XattrReply};
@@ -119,7 +119,7 @@ impl RamFs {
 
     /// Removes `security.capability` (a write, truncate or chown happened); the caller holds `m`.
     pub(super) fn drop_fcaps(&self, inode: &Inode, m: &mut Meta) {
-        let mut x = wr(&inode.xattrs);
+        let mut x = inode.xattrs_mut();
         if let Some(v) = x.map.remove(CAPS) {
             x.list_len -= CAPS.len() + 1;
             let _ = self.recharge(m, CAPS.len() + v.len(), 0);
@@ -150,9 +150,9 @@ impl RamFs {
             }
             Ns::User | Ns::Trusted | Ns::Security => {}
         }
-        let mut m = wr(&inode.meta);
+        let mut m = inode.meta_mut();
         check_write(ctx, inode.kind, &m, ns)?;
-        let mut x = wr(&inode.xattrs);
+        let mut x = inode.xattrs_mut();
         let old = x.map.get(name).map(|v| name.len() + v.len());
         match old {
             Some(_) if flags & XATTR_CREATE != 0 => return Err(Error::Exists),
@@ -179,7 +179,7 @@ impl RamFs {
     pub(super) fn get_xattr(&self, ctx: &Context, ino: u64, name: &[u8], size: u32) -> Result<XattrReply> {
         let ns = namespace(name)?;
         let inode = self.inode(ino)?;
-        let m = rd(&inode.meta);
+        let m = inode.meta_ref();
         match ns {
             // Symbolic links have no ACLs: EOPNOTSUPP, as Linux's `do_get_acl`.
             Ns::AclAccess | Ns::AclDefault if inode.kind == S_IFLNK => Err(Error::NotSupported),
@@ -193,7 +193,7 @@ impl RamFs {
             }
             Ns::User | Ns::Trusted | Ns::Security => {
                 check_read(ctx, inode.kind, &m, ns)?;
-                let x = rd(&inode.xattrs);
+                let x = inode.xattrs_ref();
                 sized(x.map.get(name).ok_or(Error::NoData)?, size)
             }
         }
@@ -201,8 +201,8 @@ impl RamFs {
 
     pub(super) fn list_xattr(&self, ctx: &Context, ino: u64, size: u32) -> Result<XattrReply> {
         let inode = self.inode(ino)?;
-        let m = rd(&inode.meta);
-        let x = rd(&inode.xattrs);
+        let m = inode.meta_ref();
+        let x = inode.xattrs_ref();
         let acls = [(m.acl.is_some(), ACL_ACCESS), (m.default_acl.is_some(), ACL_DEFAULT)];
         let names = || {
             acls.iter()
@@ -236,9 +236,9 @@ impl RamFs {
             }
             Ns::User | Ns::Trusted | Ns::Security => {}
         }
-        let mut m = wr(&inode.meta);
+        let mut m = inode.meta_mut();
         check_write(ctx, inode.kind, &m, ns)?;
-        let mut x = wr(&inode.xattrs);
+        let mut x = inode.xattrs_mut();
         let v = x.map.remove(name).ok_or(Error::NoData)?;
         x.list_len -= name.len() + 1;
         self.recharge(&mut m, name.len() + v.len(), 0)?;
@@ -262,7 +262,7 @@ impl RamFs {
         if inode.kind == S_IFLNK {
             return Err(Error::NotSupported);
         }
-        let mut m = wr(&inode.meta);
+        let mut m = inode.meta_mut();
         if default && inode.kind != S_IFDIR {
             return if entries.is_some() { Err(Error::AccessDenied) } else { Ok(()) };
         }
