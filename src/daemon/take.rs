@@ -9,6 +9,7 @@
 //! they stood and signals their interrupts). Any failure before that is sent back as the
 //! reason, and the process exits: the old one serves on.
 
+use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixListener;
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use std::time::Duration;
 use log::info;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 use virtiofs_backend::passthrough::DescriptorShare;
+use virtiofs_backend::ramfs::state::Restoring;
 use virtiofs_device::config::Placement;
 use virtiofs_device::poller::PollerPool;
 use virtiofs_device::vfio_user::socket_file::SocketFiles;
@@ -28,7 +30,7 @@ use crate::functions::FunctionSet;
 use crate::ops::control_socket::{BoundControlSocket, ControlAccess};
 use crate::settings::{BackendSpec, DaemonSpec, FunctionSpec};
 use crate::update::channel::Channel;
-use crate::update::state::{self, Files, FunctionPart, Msg, Origin, FORMATS_READ};
+use crate::update::state::{self, Files, FunctionPart, Msg, Origin, PrecopyPart, FORMATS_READ};
 use crate::update::{backend, Updater};
 
 /// How long each message of the old process may take to come.
@@ -184,12 +186,24 @@ fn receive(
 ) -> Result<Received, String> {
     let mut control = None;
     let mut taken = Vec::new();
+    let mut copies: HashMap<String, Restoring> = HashMap::new();
     loop {
         let t = std::time::Instant::now();
         let (msg, files) = peer.recv::<Msg>(PART_BOUND).map_err(|e| crate::error_chain(&e))?;
         log::debug!("live update: a part received in {:?}", t.elapsed());
         let mut files = Files::new(files);
         match msg {
+            Msg::Precopy(part) => {
+                let tag = part.tag.clone();
+                let t0 = std::time::Instant::now();
+                let base = take_copy(spec, *part, files).map_err(|why| format!("function {tag:?}: {why}"))?;
+                log::debug!("live update: function {tag:?} built from its copy in {:?}", t0.elapsed());
+                copies.insert(tag, base);
+            }
+            Msg::PrecopyEnd => {
+                files.finish()?;
+                peer.send(&Msg::Precopied, &[]).map_err(|e| crate::error_chain(&e))?;
+            }
             Msg::Control(part) => {
                 let listener = UnixListener::from(OwnedFd::from(files.next("the control socket")?));
                 let lock = if part.lock { Some(files.next("the control socket's lock")?) } else { None };
@@ -205,7 +219,8 @@ fn receive(
             Msg::Function(part) => {
                 let tag = part.tag.clone();
                 let t0 = std::time::Instant::now();
-                let t = take_function(spec, shares, functions, *part, files, taken.len())
+                let copy = copies.remove(&tag);
+                let t = take_function(spec, shares, functions, *part, files, copy, taken.len())
                     .map_err(|why| format!("function {tag:?}: {why}"))?;
                 log::debug!("live update: function {tag:?} built in {:?}", t0.elapsed());
                 taken.push(t);
@@ -222,23 +237,44 @@ fn receive(
     }
 }
 
-/// One function: its description found (or read again), its backend restored, its server
-/// built on this process's pollers.
+/// The description of function `tag`: this binary's reading of the command line and profile,
+/// or of the table it was created with.
+fn function_spec(spec: &DaemonSpec, tag: &str, origin: &Origin) -> Result<FunctionSpec, String> {
+    match origin {
+        Origin::Start => (spec.functions.iter().find(|f| f.tag() == tag))
+            .cloned()
+            .ok_or_else(|| "this binary's command line and profile have no function of this tag".into()),
+        Origin::Created(table) => FunctionSpec::from_rpc(&spec.defaults, table.clone())
+            .map_err(|e| format!("its create_function table: {}", crate::error_chain(&e))),
+    }
+}
+
+/// The RAM filesystem of a function built from the copy its predecessor took while serving.
+fn take_copy(spec: &DaemonSpec, part: PrecopyPart, mut files: Files) -> Result<Restoring, String> {
+    let fspec = function_spec(spec, &part.tag, &part.origin)?;
+    match backends::open(&fspec, true, DescriptorShare::OneOf(1)) {
+        Ok(Opened::Ram(cfg)) => {
+            let memfd = files.next("the RAM filesystem's data")?;
+            files.finish()?;
+            backend::restore_copy(cfg, part.backend, memfd)
+        }
+        Ok(_) => Err("this binary serves it from another backend".into()),
+        Err(e) => Err(crate::error_chain(&e)),
+    }
+}
+
+/// One function: its description found (or read again), its backend restored (from `copy`,
+/// when its predecessor sent one ahead), its server built on this process's pollers.
 fn take_function(
     spec: &DaemonSpec,
     shares: &Shares,
     functions: &FunctionSet,
     mut part: FunctionPart,
     mut files: Files,
+    copy: Option<Restoring>,
     index: usize,
 ) -> Result<Taken, String> {
-    let fspec = match &part.origin {
-        Origin::Start => (spec.functions.iter().find(|f| f.tag() == part.tag))
-            .cloned()
-            .ok_or("this binary's command line and profile have no function of this tag")?,
-        Origin::Created(table) => FunctionSpec::from_rpc(&spec.defaults, table.clone())
-            .map_err(|e| format!("its create_function table: {}", crate::error_chain(&e)))?,
-    };
+    let fspec = function_spec(spec, &part.tag, &part.origin)?;
     let t = std::time::Instant::now();
     let handover = state::server_handover(&mut part, &mut files)?;
     let FunctionPart { backend: part_backend, origin, .. } = part;
@@ -246,9 +282,12 @@ fn take_function(
     let built = match &fspec.backend {
         BackendSpec::Ram { .. } => match backends::open(&fspec, true, DescriptorShare::OneOf(1)) {
             Ok(Opened::Ram(cfg)) => {
-                let memfd = files.next("the RAM filesystem's data")?;
+                let from = match copy {
+                    Some(base) => backend::RamfsFrom::Copy(base),
+                    None => backend::RamfsFrom::Whole(files.next("the RAM filesystem's data")?),
+                };
                 files.finish()?;
-                backend::restore(options, cfg, part_backend, memfd)?
+                backend::restore(options, cfg, part_backend, from)?
             }
             Ok(_) => return Err("this binary serves it from another backend".into()),
             Err(e) => return Err(crate::error_chain(&e)),

@@ -15,6 +15,7 @@ use virtiofs_backend::nfs::fs::{NfsFs, NfsOptions};
 use virtiofs_backend::passthrough::state::Held;
 use virtiofs_backend::passthrough::uring::IoMode;
 use virtiofs_backend::passthrough::PassthroughConfig;
+use virtiofs_backend::ramfs::state::{Restoring, StateError};
 use virtiofs_backend::ramfs::RamFsConfig;
 use virtiofs_backend::server::ServerOptions;
 use virtiofs_backend::{PassthroughFs, RamFs};
@@ -44,24 +45,62 @@ impl GivenFiles for Held {
     }
 }
 
+/// What [`SavesState::save`] and [`SavesState::precopy`] give: the backend's part and its
+/// descriptors.
+pub type Saved = Result<(BackendPart, Box<dyn GivenFiles>), String>;
+
 /// A backend that can give its state to a successor.
 pub trait SavesState: Send + Sync {
+    /// A copy of its state taken while it serves, ahead of the quiet point, so that
+    /// [`SavesState::save`] gives only what changed since (format 3); `None` for a backend
+    /// that gives everything at the quiet point.
+    fn precopy(&self) -> Option<Saved> {
+        None
+    }
+
+    /// The update the copy was for is called off: stop keeping track of changes.
+    fn forget_precopy(&self) {}
+
     /// Its state and descriptors; called while its function is at the quiet point (no request
-    /// runs; a SETLKW may wait: it is state). `Err`: it cannot be handed over now, and why.
-    fn save(&self) -> Result<(BackendPart, Box<dyn GivenFiles>), String>;
+    /// runs; a SETLKW may wait: it is state). After a [`SavesState::precopy`], only what
+    /// changed since. `Err`: it cannot be handed over now, and why.
+    fn save(&self) -> Saved;
 
     /// The successor serves now: leave what it shares with this process (a memfd's data)
     /// untouched from here on, also as this process ends.
     fn handed_over(&self);
 }
 
+fn ramfs_memfd(fs: &RamFs) -> Result<Vec<OwnedFd>, String> {
+    Ok(vec![fs.data_memfd().try_clone_to_owned().map_err(|e| format!("the data memfd: {e}"))?])
+}
+
 impl SavesState for FuseHandler<RamFs> {
-    fn save(&self) -> Result<(BackendPart, Box<dyn GivenFiles>), String> {
+    /// The metadata, copied while the function serves (file data stays in the memfd).
+    fn precopy(&self) -> Option<Saved> {
+        let fs = self.server().filesystem();
+        Some(ramfs_memfd(fs).map(|memfd| {
+            let part = BackendPart::RamfsCopy { fs: Box::new(fs.precopy()) };
+            (part, Box::new(memfd) as Box<dyn GivenFiles>)
+        }))
+    }
+
+    fn forget_precopy(&self) {
+        self.server().filesystem().forget_precopy();
+    }
+
+    /// After a copy, what changed since; else the whole filesystem (format 2).
+    fn save(&self) -> Saved {
         let server = self.server();
         let session = server.save_session();
         let fs = server.filesystem();
-        let memfd = fs.data_memfd().try_clone_to_owned().map_err(|e| format!("the data memfd: {e}"))?;
-        Ok((BackendPart::Ramfs { fs: Box::new(fs.save()), session }, Box::new(vec![memfd])))
+        if let Some(changes) = fs.changes() {
+            return Ok((
+                BackendPart::RamfsChanges { changes: Box::new(changes), session },
+                Box::new(Vec::new()),
+            ));
+        }
+        Ok((BackendPart::Ramfs { fs: Box::new(fs.save()), session }, Box::new(ramfs_memfd(fs)?)))
     }
 
     fn handed_over(&self) {
@@ -70,7 +109,7 @@ impl SavesState for FuseHandler<RamFs> {
 }
 
 impl SavesState for FuseHandler<PassthroughFs> {
-    fn save(&self) -> Result<(BackendPart, Box<dyn GivenFiles>), String> {
+    fn save(&self) -> Saved {
         let server = self.server();
         let session = server.save_session();
         let (fs, held) = server.filesystem().save();
@@ -82,7 +121,7 @@ impl SavesState for FuseHandler<PassthroughFs> {
 }
 
 impl SavesState for FuseHandler<NfsFs> {
-    fn save(&self) -> Result<(BackendPart, Box<dyn GivenFiles>), String> {
+    fn save(&self) -> Saved {
         let server = self.server();
         let session = server.save_session();
         let (fs, data) = server.filesystem().save()?;
@@ -95,19 +134,49 @@ impl SavesState for FuseHandler<NfsFs> {
     }
 }
 
-/// The backend of a function taken over: a RAM filesystem of `cfg` (its limits from the new
-/// process's own description of the function) restored from `part` with its data memfd.
+fn ramfs_error(e: StateError) -> String {
+    format!("RAM filesystem: {}", crate::error_chain(&e))
+}
+
+/// A RAM filesystem of `cfg` (its limits from the new process's own description of the
+/// function) being built from the copy `part` with its data memfd, while the old process
+/// serves.
+pub fn restore_copy(cfg: RamFsConfig, part: BackendPart, memfd: File) -> Result<Restoring, String> {
+    let BackendPart::RamfsCopy { fs } = part else {
+        return Err("its copy is not a RAM filesystem's".into());
+    };
+    Restoring::new(cfg, &fs, memfd).map_err(ramfs_error)
+}
+
+/// Where a RAM filesystem taken over comes from: the whole state's data memfd (format 2), or
+/// the filesystem built from a copy (format 3).
+pub enum RamfsFrom {
+    /// The memfd of a whole state's data.
+    Whole(File),
+    /// The filesystem built from the copy, the changes still to apply.
+    Copy(Restoring),
+}
+
+/// The backend of a function taken over: a RAM filesystem of `cfg` restored from `part`, a
+/// whole state or the changes since a copy.
 pub fn restore(
     options: ServerOptions,
     cfg: RamFsConfig,
     part: BackendPart,
-    memfd: File,
+    from: RamfsFrom,
 ) -> Result<Built, String> {
-    let BackendPart::Ramfs { fs, session } = part else {
-        return Err("its state is not a RAM filesystem's".into());
+    let (fs, session) = match (part, from) {
+        (BackendPart::Ramfs { fs, session }, RamfsFrom::Whole(memfd)) => {
+            (RamFs::restore(cfg, &fs, memfd).map_err(ramfs_error)?, session)
+        }
+        (BackendPart::RamfsChanges { changes, session }, RamfsFrom::Copy(base)) => {
+            (base.finish(Some(&changes)).map_err(ramfs_error)?, session)
+        }
+        (BackendPart::RamfsChanges { .. }, RamfsFrom::Whole(_)) => {
+            return Err("its changes came without a copy to apply them to".into())
+        }
+        _ => return Err("its state is not a RAM filesystem's".into()),
     };
-    let fs =
-        RamFs::restore(cfg, &fs, memfd).map_err(|e| format!("RAM filesystem: {}", crate::error_chain(&e)))?;
     serve(fs, options, &session, 0, FuseHandler::stats)
 }
 

@@ -2,7 +2,10 @@
 //! and sent, then the new process's verdict, then commit or rollback.
 //!
 //! Order: the new process says which formats it reads ([`Msg::Hello`]); nothing is frozen
-//! before that. Then the control socket, then each function in turn: its server freezes it at
+//! before that. In format 3, the backends that can (the RAM filesystem) copy their state while
+//! their functions serve ([`Msg::Precopy`]) and the new process builds from the copies before
+//! anything is frozen ([`Msg::Precopied`]); at the quiet point they give only what changed
+//! since. Then the control socket, then each function in turn: its server freezes it at
 //! a message boundary ([`virtiofs_device::vfio_user::StopHandle::hand_over`]), its backend
 //! gives its state, and all of it goes with its descriptors. The new process builds every
 //! function without serving any and answers [`Msg::Ready`]; only then are the old servers
@@ -16,12 +19,17 @@ use std::time::{Duration, Instant};
 use virtiofs_device::vfio_user::handover::{Answer, ANSWER_BOUND};
 
 use super::channel::Channel;
-use super::state::{self, ControlPart, FunctionPart, Msg, FORMATS_READ, STATE_VERSION};
+use super::state::{
+    self, ControlPart, FunctionPart, Msg, PrecopyPart, FORMATS_READ, PREVIOUS_VERSION, STATE_VERSION,
+};
 use super::{ControlCopy, UpdateError};
 use crate::functions::HandoverEntry;
 
 /// How long the new process may take to start and say hello.
 pub const HELLO_BOUND: Duration = Duration::from_secs(20);
+/// How long the new process may take to build every backend from its copy (the functions
+/// serve meanwhile; about 3.5 s a million RAM filesystem inodes).
+pub const PRECOPY_BOUND: Duration = Duration::from_secs(60);
 /// How long the new process may take to check and build every function. Below the servers'
 /// own bound ([`ANSWER_BOUND`]), after which they serve on by themselves.
 pub const READY_BOUND: Duration = Duration::from_secs(5);
@@ -41,6 +49,9 @@ pub struct Given {
 /// The old process's time in each step of a handover, all functions together.
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 pub struct Phases {
+    /// Copying the backends' state and waiting for the new process to build from it, while
+    /// the functions serve (not part of the pause).
+    pub precopy_ms: f64,
     /// Bringing the functions to their quiet points (`hand_over`).
     pub freeze_ms: f64,
     /// The backends giving their state.
@@ -64,23 +75,36 @@ pub fn give(
     updates: u64,
     on_commit: impl FnOnce(),
 ) -> Result<Given, UpdateError> {
-    let version = match peer.recv::<Msg>(HELLO_BOUND)? {
+    let (version, format) = match peer.recv::<Msg>(HELLO_BOUND)? {
         (Msg::Hello { reads, version, pid }, _) => {
-            if !reads.contains(&STATE_VERSION) {
+            let Some(format) = [STATE_VERSION, PREVIOUS_VERSION].into_iter().find(|f| reads.contains(f))
+            else {
                 let e = UpdateError::Format { reads, writes: STATE_VERSION };
                 let _ = peer.send(&Msg::Abort { reason: crate::error_chain(&e) }, &[]);
                 return Err(e);
-            }
-            log::info!("live update: process {pid} (version {version}) reads formats {reads:?}");
-            version
+            };
+            log::info!(
+                "live update: process {pid} (version {version}) reads formats {reads:?}; writing {format}"
+            );
+            (version, format)
         }
         (other, _) => return Err(UpdateError::Protocol(format!("expected hello, got {other:?}"))),
     };
     debug_assert!(FORMATS_READ.contains(&STATE_VERSION));
     let mut answers: Vec<Answer> = Vec::new();
     let savers: Vec<_> = functions.iter().filter_map(|f| f.saver.clone()).collect();
-    let started = Instant::now();
     let mut phases = Phases::default();
+    let forget = || savers.iter().for_each(|s| s.forget_precopy());
+    if format >= 3 {
+        let t = Instant::now();
+        if let Err(e) = precopy(peer, &functions) {
+            forget();
+            let _ = peer.send(&Msg::Abort { reason: crate::error_chain(&e) }, &[]);
+            return Err(e);
+        }
+        phases.precopy_ms = ms(t);
+    }
+    let started = Instant::now();
     let r = send_all(peer, functions, control, updates, &mut answers, &mut phases).and_then(|n| {
         let t = Instant::now();
         let verdict = peer.recv::<Msg>(READY_BOUND);
@@ -102,6 +126,7 @@ pub fn give(
     let n = match n {
         Ok(n) => n,
         Err(e) => {
+            forget();
             for a in answers {
                 a.not_taken();
             }
@@ -125,6 +150,24 @@ pub fn give(
     }
     peer.send(&Msg::Commit, &[])?;
     Ok(Given { functions: n, version, pause: started.elapsed(), phases })
+}
+
+/// Sends a copy of each backend that takes one while its function serves, and waits for the
+/// new process to have built from them all.
+fn precopy(peer: &Channel, functions: &[HandoverEntry]) -> Result<(), UpdateError> {
+    for f in functions {
+        let Some(copy) = f.saver.as_ref().and_then(|s| s.precopy()) else { continue };
+        let failed = |why| UpdateError::Function { tag: f.tag.clone(), backend: f.backend, why };
+        let (backend, files) = copy.map_err(failed)?;
+        let part = PrecopyPart { tag: f.tag.clone(), origin: f.origin.clone(), backend };
+        peer.send(&Msg::Precopy(Box::new(part)), &files.fds())?;
+    }
+    peer.send(&Msg::PrecopyEnd, &[])?;
+    match peer.recv::<Msg>(PRECOPY_BOUND)? {
+        (Msg::Precopied, _) => Ok(()),
+        (Msg::Refused { reason }, _) => Err(UpdateError::Refused(reason)),
+        (other, _) => Err(UpdateError::Protocol(format!("expected precopied, got {other:?}"))),
+    }
 }
 
 /// Sends the control socket and every function; the servers' answers go to `answers` as
@@ -206,12 +249,24 @@ mod tests {
         let (m, _) = new.recv::<Msg>(Duration::from_secs(1)).unwrap();
         assert!(matches!(m, Msg::Abort { .. }), "{m:?}");
 
+        // Format 3: the copies first; a refusal of them calls the update off.
         let hello = Msg::Hello { reads: FORMATS_READ.to_vec(), version: "0".into(), pid: 1 };
         new.send(&hello, &[]).unwrap();
         new.send(&Msg::Refused { reason: "no room".into() }, &[]).unwrap();
         let e = give(&old, Vec::new(), None, 0, || committed = true).err().unwrap();
         assert!(e.to_string().contains("no room"), "{e}");
         assert!(!committed);
+        let (m, _) = new.recv::<Msg>(Duration::from_secs(1)).unwrap();
+        assert!(matches!(m, Msg::PrecopyEnd), "{m:?}");
+        let (m, _) = new.recv::<Msg>(Duration::from_secs(1)).unwrap();
+        assert!(matches!(m, Msg::Abort { .. }), "{m:?}");
+
+        // A process that reads only the previous format gets no copies: the parts at once.
+        let hello = Msg::Hello { reads: vec![PREVIOUS_VERSION], version: "0".into(), pid: 1 };
+        new.send(&hello, &[]).unwrap();
+        new.send(&Msg::Refused { reason: "still no room".into() }, &[]).unwrap();
+        let e = give(&old, Vec::new(), None, 0, || committed = true).err().unwrap();
+        assert!(e.to_string().contains("still no room"), "{e}");
         let (m, _) = new.recv::<Msg>(Duration::from_secs(1)).unwrap();
         assert!(matches!(m, Msg::End { updates: 0 }), "{m:?}");
         let (m, _) = new.recv::<Msg>(Duration::from_secs(1)).unwrap();

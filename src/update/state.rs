@@ -16,19 +16,25 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use virtiofs_backend::nfs::state::NfsState;
 use virtiofs_backend::passthrough::state::PassthroughState;
-use virtiofs_backend::ramfs::state::RamFsState;
+use virtiofs_backend::ramfs::state::{RamFsChanges, RamFsState};
 use virtiofs_backend::server::SessionState;
 use virtiofs_device::handover::{DeviceHandover, DeviceSnapshot, HandoverFiles};
 use virtiofs_device::vfio_user::handover::{ClientHandover, ServerHandover};
 use virtiofs_device::vfio_user::socket_file::SocketFiles;
 
-/// The handover format this firmware writes (2: messages and backend parts externally tagged,
+/// The handover format this firmware writes: 3, which adds to 2 the copy of a RAM
+/// filesystem ahead of the quiet point ([`Msg::Precopy`], [`Msg::PrecopyEnd`],
+/// [`Msg::Precopied`], [`BackendPart::RamfsCopy`], [`BackendPart::RamfsChanges`]) and changes
+/// nothing of 2's messages. (2: messages and backend parts externally tagged,
 /// `{"function": {...}}`, which serde reads in one pass; 1, internally tagged, was never
-/// released).
-pub const STATE_VERSION: u32 = 2;
-/// The handover formats this firmware reads: its own and, once there is one, the previous
-/// release's.
-pub const FORMATS_READ: &[u32] = &[2];
+/// released.)
+pub const STATE_VERSION: u32 = 3;
+/// The format before [`STATE_VERSION`]: the whole RAM filesystem at the quiet point. Written
+/// to a new process that reads no newer one (a downgrade), read from an old process that
+/// writes no newer one.
+pub const PREVIOUS_VERSION: u32 = 2;
+/// The handover formats this firmware reads: its own and the previous one.
+pub const FORMATS_READ: &[u32] = &[PREVIOUS_VERSION, STATE_VERSION];
 
 /// The messages of a live update, in the order they go. Externally tagged: an internally
 /// tagged enum makes serde buffer the whole message before reading it, which cost 16 ms for
@@ -47,6 +53,13 @@ pub enum Msg {
         /// Its process id.
         pid: u32,
     },
+    /// Old to new, before anything is frozen (format 3): a backend's state copied while it
+    /// serves (descriptors: the backend's, as for its [`FunctionPart`]).
+    Precopy(Box<PrecopyPart>),
+    /// Old to new: that was every copy; build them and say [`Msg::Precopied`].
+    PrecopyEnd,
+    /// New to old: every copy is built; the old process may freeze the functions.
+    Precopied,
     /// Old to new: the control socket (descriptors: the listener, then the lock if any).
     Control(ControlPart),
     /// Old to new: one function (descriptors: in the order [`FunctionPart`] names them).
@@ -109,14 +122,40 @@ pub struct ClientPart {
     pub negotiated: bool,
 }
 
+/// A backend's state copied while its function serves, ahead of the quiet point.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PrecopyPart {
+    /// Its function's tag.
+    pub tag: String,
+    /// Where its function's description comes from.
+    pub origin: Origin,
+    /// The copy.
+    pub backend: BackendPart,
+}
+
 /// A function's backend, handed over.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BackendPart {
-    /// A RAM filesystem: its state and its session; its data memfd is the last descriptor.
+    /// A RAM filesystem at the quiet point, whole (format 2): its state and its session; its
+    /// data memfd is the last descriptor.
     Ramfs {
         /// The filesystem but its data.
         fs: Box<RamFsState>,
+        /// The FUSE session.
+        session: SessionState,
+    },
+    /// A RAM filesystem copied while it served (in a [`PrecopyPart`]); its data memfd is the
+    /// last descriptor.
+    RamfsCopy {
+        /// The filesystem but its data, as the copy found it.
+        fs: Box<RamFsState>,
+    },
+    /// A RAM filesystem at the quiet point, after a [`BackendPart::RamfsCopy`]: what changed
+    /// since, and its session; no descriptor.
+    RamfsChanges {
+        /// The changes.
+        changes: Box<RamFsChanges>,
         /// The FUSE session.
         session: SessionState,
     },
