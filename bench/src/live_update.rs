@@ -553,7 +553,8 @@ struct Updated {
     /// From the call to the answer.
     rpc: Duration,
     handover_ms: f64,
-    /// The old process's `phases` of it, as the answer gives them (freeze, save, send, ready).
+    /// The old process's `phases` of it, as the answer gives them (freeze, save, send, ready;
+    /// precopy).
     phases: String,
     new_pid: u32,
     /// The process that handed over (it exits [`OLD_EXIT`] after the answer).
@@ -579,10 +580,12 @@ fn update(ctl: &Path) -> Result<Updated, LiveUpdateError> {
     })
 }
 
-/// The `phases` of an answer in one line: `freeze 0.2, save 0.0, send 0.1, ready 2.0`.
+/// The `phases` of an answer in one line: `freeze 0.2, save 0.0, send 0.1, ready 2.0;
+/// precopy 440.2` (the copy ahead of the quiet point, while the function serves, last: it is
+/// not in the handover).
 fn phases(v: &Value) -> String {
     let one = |k: &str| format!("{} {:.1}", k, v[format!("{k}_ms")].as_f64().unwrap_or(f64::NAN));
-    ["freeze", "save", "send", "ready"].map(one).join(", ")
+    format!("{}; {}", ["freeze", "save", "send", "ready"].map(one).join(", "), one("precopy"))
 }
 
 /// The serving process's id, from `get_device`.

@@ -29,7 +29,7 @@ use crate::functions::HandoverEntry;
 pub const HELLO_BOUND: Duration = Duration::from_secs(20);
 /// How long the new process may take to build every backend from its copy (the functions
 /// serve meanwhile; about 3.5 s a million RAM filesystem inodes).
-pub const PRECOPY_BOUND: Duration = Duration::from_secs(60);
+pub const PRECOPY_BOUND: Duration = Duration::from_secs(30);
 /// How long the new process may take to check and build every function. Below the servers'
 /// own bound ([`ANSWER_BOUND`]), after which they serve on by themselves.
 pub const READY_BOUND: Duration = Duration::from_secs(5);
