@@ -25,6 +25,9 @@
 //!   the permission checks read them). Advisory locks are the server's ([`crate::locks`]); the
 //!   filesystem only vouches for the handles they come through.
 //!
+//! Changes go through methods that mark them (`node::Inode`, `node::Table`, `node::Tree`), for a
+//! live update's copy taken while the filesystem serves ([`RamFs::precopy`], `state`).
+//!
 //! Lock order: `tree` -> an `inodes`/`handles` shard -> `data` -> `meta` -> `xattrs`; at most one
 //! `meta` at a time (COPY_FILE_RANGE takes two `data` locks, in inode-number order). Capacity
 //! (bytes of chunks, extended attributes and ACLs) and inode count are bounded by [`RamFsConfig`].

@@ -8,6 +8,12 @@
 //! [`RamFs::restore`] checks the state against itself and the memfd before it builds anything
 //! (every slot inside the memfd and owned once, every name and handle naming an inode that
 //! exists, the limits the same) and refuses it with a [`StateError`] otherwise.
+//!
+//! So that the pause of a live update does not grow with the file count, the state can also
+//! move in two steps: [`RamFs::precopy`] while the filesystem serves (changes are marked from
+//! then on), [`RamFs::changes`] at the quiet point (only what was marked, as it is now). The
+//! taker builds from the copy ([`Restoring::new`], all of the above checks) and applies the
+//! changes ([`Restoring::finish`]), checking them at a cost that follows their size.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
