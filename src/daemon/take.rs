@@ -283,7 +283,7 @@ fn take_function(
         BackendSpec::Ram { .. } => match backends::open(&fspec, true, DescriptorShare::OneOf(1)) {
             Ok(Opened::Ram(cfg)) => {
                 let from = match copy {
-                    Some(base) => backend::RamfsFrom::Copy(base),
+                    Some(base) => backend::RamfsFrom::Copy(Box::new(base)),
                     None => backend::RamfsFrom::Whole(files.next("the RAM filesystem's data")?),
                 };
                 files.finish()?;

@@ -154,7 +154,7 @@ pub enum RamfsFrom {
     /// The memfd of a whole state's data.
     Whole(File),
     /// The filesystem built from the copy, the changes still to apply.
-    Copy(Restoring),
+    Copy(Box<Restoring>),
 }
 
 /// The backend of a function taken over: a RAM filesystem of `cfg` restored from `part`, a
