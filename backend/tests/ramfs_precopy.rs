@@ -134,37 +134,69 @@ fn the_copy_and_the_changes_since_make_the_filesystem_as_it_is() {
     assert_eq!(g.read(f1, h, 0, 70_000).unwrap(), data(2, 70_000));
 }
 
-/// The copy is taken on another thread while this one keeps changing the filesystem (the
-/// copy's walk and the changes interleave): the result is still exact.
+/// The copy is taken while another thread keeps changing the filesystem (files made, written,
+/// truncated, renamed, linked, unlinked and forgotten, so that slots change hands and names
+/// come and go during the walk), many times over: each copy is accepted as it is, and with the
+/// changes since it makes exactly the filesystem as it is.
 #[test]
-fn a_copy_taken_while_the_filesystem_changes_is_made_exact_by_the_changes() {
+fn copies_taken_while_the_filesystem_changes_are_made_exact_by_the_changes() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
     let (f, a, b, _x, _xfh) = filled();
-    let srv = f.srv.clone();
-    let copier = std::thread::spawn(move || {
-        let mut last = None;
-        for _ in 0..5 {
-            last = Some(srv.filesystem().precopy());
-        }
-        last.unwrap()
-    });
-    let mut n = 0u32;
-    while !copier.is_finished() || n < 200 {
-        let name = format!("c{n}");
-        let (e, fh) = f.create(a, name.as_bytes(), 0o644, libc::O_RDWR as u32).map(with_fh).unwrap();
-        f.write(e.nodeid, fh, 0, &data(n + 11, 1 + (n as usize * 7919) % 150_000)).unwrap();
-        f.release(e.nodeid, fh).unwrap();
-        if n.is_multiple_of(3) {
-            f.unlink(a, name.as_bytes()).unwrap();
-            f.forget(e.nodeid, 1);
-        } else if n % 3 == 1 {
-            f.rename(a, name.as_bytes(), b, name.as_bytes()).unwrap();
-        }
-        n += 1;
+    // Enough inodes that a walk takes a while.
+    let bulk = f.mkdir(ROOT, b"bulk", 0o755).unwrap().nodeid;
+    for n in 0..4000 {
+        let e = f.create(bulk, format!("b{n}").as_bytes(), 0o644, libc::O_RDWR as u32).map(with_fh).unwrap();
+        f.release(e.0.nodeid, e.1).unwrap();
     }
-    let base = wire(&copier.join().unwrap());
-    let changes = wire(&f.fs().changes().unwrap());
-    let g = rebuilt(&f, &base, &changes).unwrap();
-    assert_eq!(g.save(), f.fs().save(), "after {n} rounds of changes");
+    let mut total = 0u32;
+    for round in 0..8u32 {
+        let stop = Arc::new(AtomicBool::new(false));
+        let srv = f.srv.clone();
+        let s2 = stop.clone();
+        let copier = std::thread::spawn(move || {
+            // Wait for the changes to be under way, then copy while they go on.
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            let copy = srv.filesystem().precopy();
+            s2.store(true, Ordering::SeqCst);
+            copy
+        });
+        let mut n = 0u32;
+        while !stop.load(Ordering::SeqCst) || n < 50 {
+            let k = round * 100_000 + n;
+            let name = format!("c{k}");
+            let (e, fh) = f.create(a, name.as_bytes(), 0o644, libc::O_RDWR as u32).map(with_fh).unwrap();
+            f.write(e.nodeid, fh, 0, &data(k + 11, 1 + (k as usize * 7919) % 150_000)).unwrap();
+            match k % 5 {
+                0 => {
+                    f.release(e.nodeid, fh).unwrap();
+                    f.unlink(a, name.as_bytes()).unwrap();
+                    f.forget(e.nodeid, 1);
+                }
+                1 => {
+                    f.release(e.nodeid, fh).unwrap();
+                    f.rename(a, name.as_bytes(), b, name.as_bytes()).unwrap();
+                }
+                2 => {
+                    f.truncate(e.nodeid, 100).unwrap();
+                    f.link(e.nodeid, b, format!("l{k}").as_bytes()).unwrap();
+                    f.release(e.nodeid, fh).unwrap();
+                }
+                3 => {
+                    // Unlinked while open: its data stays until the release, after the copy.
+                    f.unlink(a, name.as_bytes()).unwrap();
+                }
+                _ => f.release(e.nodeid, fh).unwrap(),
+            }
+            n += 1;
+        }
+        let base = wire(&copier.join().unwrap());
+        let changes = wire(&f.fs().changes().unwrap());
+        let g = rebuilt(&f, &base, &changes).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(g.save(), f.fs().save(), "round {round}, after {n} rounds of changes");
+        total += n;
+    }
+    assert!(total >= 400, "{total}");
 }
 
 /// Changes that contradict the copy or themselves are refused; without a copy there are no

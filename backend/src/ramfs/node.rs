@@ -82,6 +82,11 @@ impl Changes {
         std::mem::take(&mut *self.lock())
     }
 
+    /// The inodes marked so far (marking goes on).
+    pub(super) fn marked_inodes(&self) -> IdSet {
+        self.lock().inodes.clone()
+    }
+
     /// Whether changes are marked.
     pub(super) fn on(&self) -> bool {
         self.on.load(Ordering::SeqCst)

@@ -15,7 +15,7 @@
 //! taker builds from the copy ([`Restoring::new`], all of the above checks) and applies the
 //! changes ([`Restoring::finish`]), checking them at a cost that follows their size.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -35,6 +35,9 @@ use crate::filesystem::Timespec;
 
 /// The format version this firmware writes and reads.
 pub const RAMFS_STATE_VERSION: u32 = 2;
+
+/// Entries of a directory copied under one hold of the tree's read lock.
+const DIR_CHUNK: usize = 1024;
 
 /// An ACL entry: tag, permissions, id.
 pub type AclEntryState = (u16, u16, u32);
@@ -289,20 +292,11 @@ impl RamFs {
         let mut inodes: Vec<InodeState> = all.iter().map(|i| inode_state(i)).collect();
         drop(all);
         inodes.sort_unstable_by_key(|i| i.ino);
-        let mut dirs: Vec<DirState> = (rd(&self.tree).iter())
-            .map(|(&ino, d)| DirState {
-                ino,
-                parent: d.parent,
-                next_cookie: d.next_cookie,
-                entries: (d.order.values())
-                    .filter_map(|name| d.get(name).map(|c| (name.to_vec(), c.cookie, c.ino, c.typ)))
-                    .collect(),
-            })
-            .collect();
-        dirs.sort_unstable_by_key(|d| d.ino);
+        let dirs = self.copy_dirs();
         let mut handles = Vec::new();
         self.handles.for_each(|&fh, h| handles.push((fh, h.inode.ino, h.flags)));
         handles.sort_unstable();
+        // Read last: every inode, handle and slot the walks saw is below them.
         RamFsState {
             version: RAMFS_STATE_VERSION,
             limits: (self.cfg.capacity, self.cfg.max_inodes, self.cfg.max_handles),
@@ -315,6 +309,46 @@ impl RamFs {
             handles,
             store: self.store_state(),
         }
+    }
+
+    /// Every directory, each read [`DIR_CHUNK`] entries at a time under the tree's read lock
+    /// (so a copy taken while the filesystem serves holds namespace changes up only briefly).
+    /// Between two chunks a name may be removed and made again: the later entry counts.
+    fn copy_dirs(&self) -> Vec<DirState> {
+        let inos: Vec<u64> = rd(&self.tree).iter().map(|(&ino, _)| ino).collect();
+        let mut dirs = Vec::with_capacity(inos.len());
+        for ino in inos {
+            let mut entries = Vec::new();
+            let (mut from, mut chunks) = (0, 0);
+            let header = loop {
+                let tree = rd(&self.tree);
+                let Some(d) = tree.get(&ino) else { break None };
+                let before = entries.len();
+                for (_, name) in d.order.range(from..).take(DIR_CHUNK) {
+                    if let Some(c) = d.get(name) {
+                        entries.push((name.to_vec(), c.cookie, c.ino, c.typ));
+                    }
+                }
+                chunks += 1;
+                match entries.last() {
+                    Some(&(_, cookie, _, _)) if entries.len() - before == DIR_CHUNK => from = cookie + 1,
+                    _ => break Some((d.parent, d.next_cookie)),
+                }
+            };
+            let Some((parent, next_cookie)) = header else { continue };
+            if chunks > 1 {
+                let mut latest: HashMap<&[u8], u64> = HashMap::new();
+                for (name, cookie, _, _) in &entries {
+                    let c = latest.entry(name).or_default();
+                    *c = (*c).max(*cookie);
+                }
+                let keep: HashSet<u64> = latest.into_values().collect();
+                entries.retain(|e| keep.contains(&e.1));
+            }
+            dirs.push(DirState { ino, parent, next_cookie, entries });
+        }
+        dirs.sort_unstable_by_key(|d| d.ino);
+        dirs
     }
 
     fn store_state(&self) -> StoreState {
@@ -334,7 +368,26 @@ impl RamFs {
         // Marking starts before anything is read: a change the walk misses is marked.
         self.changes.start();
         wr(&self.tree).start_log();
-        self.save()
+        let mut copy = self.save();
+        // The walks read each thing at a different moment. What no change touched is as it
+        // was when marking began, so those parts agree with each other; the rest is marked
+        // and travels again at the quiet point. The copy keeps only what agrees: a marked
+        // file's chunks are left out (a slot it freed may be another file's by now), and so
+        // are entries, directories and handles naming an inode the walk did not see (made
+        // after it passed; their making is marked too).
+        let marked = self.changes.marked_inodes();
+        for i in copy.inodes.iter_mut().filter(|i| marked.contains(&i.ino)) {
+            if let BodyState::File(runs) = &mut i.body {
+                runs.clear();
+            }
+        }
+        let seen: IdSet = copy.inodes.iter().map(|i| i.ino).collect();
+        copy.dirs.retain(|d| seen.contains(&d.ino) && seen.contains(&d.parent));
+        for d in &mut copy.dirs {
+            d.entries.retain(|e| seen.contains(&e.2));
+        }
+        copy.handles.retain(|h| seen.contains(&h.1));
+        copy
     }
 
     /// Stops marking changes (the update the copy was for is called off).
