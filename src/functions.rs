@@ -58,6 +58,10 @@ pub enum FunctionError {
     /// Functions cannot be added to this daemon now.
     #[error("functions cannot be created at run time: {0}")]
     Refused(&'static str),
+    /// A live update is handing the functions over: none is made or removed meanwhile (it
+    /// would be missing from the handover, or vanish from under it).
+    #[error("a live update is under way: try again when it has ended")]
+    Updating,
     /// The backend could not be set up.
     #[error("backend")]
     Backend(#[from] BackendError),
@@ -226,6 +230,8 @@ struct Inner {
     max: usize,
     /// A confined daemon's supervisor, binding and removing run-time functions' sockets.
     binder: Option<Arc<dyn SocketBinder>>,
+    /// A live update took the handover list and has not ended (see [`Self::handover_list`]).
+    updating: bool,
 }
 
 impl FunctionSet {
@@ -233,8 +239,15 @@ impl FunctionSet {
     /// refuses it, saying `why`: a confined daemon can bind no new socket).
     /// At most `max` functions are served at once.
     pub fn new(pool: PollerPool, defaults: Option<Defaults>, why: &'static str, max: usize) -> Self {
-        let inner =
-            Inner { functions: Vec::new(), next_ordinal: 0, defaults, refused: why, max, binder: None };
+        let inner = Inner {
+            functions: Vec::new(),
+            next_ordinal: 0,
+            defaults,
+            refused: why,
+            max,
+            binder: None,
+            updating: false,
+        };
         FunctionSet { pool, inner: Mutex::new(inner) }
     }
 
@@ -277,6 +290,9 @@ impl FunctionSet {
         origin: Origin,
     ) -> Result<FunctionInfo, FunctionError> {
         let mut inner = self.lock();
+        if inner.updating {
+            return Err(FunctionError::Updating);
+        }
         let placement = self.placement(&inner, &spec, 0)?;
         let device = RunningDevice::start_on_pool(
             listener,
@@ -371,6 +387,9 @@ impl FunctionSet {
     pub fn create(&self, params: toml::Table) -> Result<FunctionInfo, FunctionError> {
         let defaults = {
             let inner = self.lock();
+            if inner.updating {
+                return Err(FunctionError::Updating);
+            }
             inner.defaults.clone().ok_or(FunctionError::Refused(inner.refused))?
         };
         let Some(allowed) = &defaults.allow_create else {
@@ -430,10 +449,11 @@ impl FunctionSet {
 
     /// What a live update needs of every serving function, in creation order: its tag, where
     /// its description comes from, its running device's handle and its backend's saver (`None`
-    /// if it cannot be handed over). `Err` names a function being removed.
+    /// if it cannot be handed over). `Err` names a function being removed. From now on until
+    /// [`Self::handover_ended`] no function is made or removed.
     pub fn handover_list(&self) -> Result<Vec<HandoverEntry>, FunctionError> {
-        let inner = self.lock();
-        (inner.functions.iter())
+        let mut inner = self.lock();
+        let list: Result<Vec<_>, _> = (inner.functions.iter())
             .map(|f| match f.device {
                 None => Err(FunctionError::Removing(f.tag.clone())),
                 Some(_) => Ok(HandoverEntry {
@@ -444,7 +464,15 @@ impl FunctionSet {
                     saver: f.saver.clone(),
                 }),
             })
-            .collect()
+            .collect();
+        inner.updating = list.is_ok();
+        list
+    }
+
+    /// The live update that took the handover list failed: functions may be made and removed
+    /// again (after a handover that went through, this process ends refusing them).
+    pub fn handover_ended(&self) {
+        self.lock().updating = false;
     }
 
     /// The descriptor share of a shared directory created now: what the running ones leave of
@@ -472,6 +500,9 @@ impl FunctionSet {
     pub fn delete(&self, tag: &str) -> Result<Removed, FunctionError> {
         let device = {
             let mut inner = self.lock();
+            if inner.updating {
+                return Err(FunctionError::Updating);
+            }
             let f = inner.functions.iter_mut().find(|f| f.tag == tag);
             let f = f.ok_or_else(|| FunctionError::NotFound(tag.into()))?;
             f.device.take().ok_or_else(|| FunctionError::Removing(tag.into()))?
@@ -546,5 +577,25 @@ impl FunctionSet {
     /// Whether `path` is one of the functions' sockets.
     pub fn serves(&self, path: &Path) -> bool {
         self.lock().functions.iter().any(|f| f.socket == path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// From the moment a live update takes the handover list until it ends, no function is
+    /// made or removed (one made then would be missing from the handover and lost at the
+    /// commit); a failed update lets them be made and removed again.
+    #[test]
+    fn no_function_is_made_or_removed_while_an_update_hands_them_over() {
+        let pool = PollerPool::spawn(&virtiofs_device::config::Profile::default()).unwrap();
+        let set = FunctionSet::new(pool, None, "not in this test", 4);
+        assert!(set.handover_list().unwrap().is_empty());
+        assert!(matches!(set.delete("x"), Err(FunctionError::Updating)));
+        assert!(matches!(set.create(toml::Table::new()), Err(FunctionError::Updating)));
+        set.handover_ended();
+        assert!(matches!(set.delete("x"), Err(FunctionError::NotFound(_))));
+        assert!(matches!(set.create(toml::Table::new()), Err(FunctionError::Refused(_))));
     }
 }

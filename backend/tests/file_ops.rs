@@ -514,7 +514,9 @@ fn ramfs_taken_over_from_its_state_and_memfd_is_the_same_filesystem() {
         serde_json::from_str(&serde_json::to_string(&session).unwrap()).unwrap();
     let memfd = || std::fs::File::from(f.fs().data_memfd().try_clone_to_owned().unwrap());
     // The taker's session goes on without INIT, its locks held.
-    let g = Fuse::with_fs(RamFs::restore(RamFsConfig::default(), &state, memfd()).unwrap());
+    let g = RamFs::restore(RamFsConfig::default(), &state, memfd()).unwrap();
+    g.take_data_back(); // the commit
+    let g = Fuse::with_fs(g);
     g.srv.restore_session(&session).unwrap();
     assert!(g.srv.restore_session(&session).is_err(), "a session restored twice");
     let c = g.getlk(e.nodeid, fh, 2, RD, 50, 50).unwrap();

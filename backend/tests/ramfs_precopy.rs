@@ -120,8 +120,10 @@ fn the_copy_and_the_changes_since_make_the_filesystem_as_it_is() {
     let g = rebuilt(&f, &base, &changes).unwrap();
     assert_eq!(g.save(), f.fs().save(), "the rebuilt filesystem is the same");
 
-    // It serves: the data is the predecessor's (the memfd), new data takes free slots only.
+    // It serves once committed: the data is the predecessor's (the memfd), new data takes
+    // free slots only.
     let session = f.srv.save_session();
+    g.take_data_back();
     let g = Fuse::with_fs(g);
     g.srv.restore_session(&session).unwrap();
     assert_eq!(g.read(n1.nodeid, fh1, 0, 300_000).unwrap(), data(3, 300_000));
@@ -149,6 +151,11 @@ fn copies_taken_while_the_filesystem_changes_are_made_exact_by_the_changes() {
         let e = f.create(bulk, format!("b{n}").as_bytes(), 0o644, libc::O_RDWR as u32).map(with_fh).unwrap();
         f.release(e.0.nodeid, e.1).unwrap();
     }
+    let m = f.mkdir(ROOT, b"moving", 0o755).unwrap().nodeid;
+    for n in 0..300 {
+        f.mkdir(m, format!("old{n}").as_bytes(), 0o755).unwrap();
+    }
+    let mut moving = (ROOT,);
     let mut total = 0u32;
     for round in 0..8u32 {
         let stop = Arc::new(AtomicBool::new(false));
@@ -185,6 +192,10 @@ fn copies_taken_while_the_filesystem_changes_are_made_exact_by_the_changes() {
                 3 => {
                     // Unlinked while open: its data stays until the release, after the copy.
                     f.unlink(a, name.as_bytes()).unwrap();
+                    // A directory of old entries moves into one made just now.
+                    let to = f.mkdir(ROOT, format!("p{k}").as_bytes(), 0o755).unwrap().nodeid;
+                    f.rename(moving.0, b"moving", to, b"moving").unwrap();
+                    moving.0 = to;
                 }
                 _ => f.release(e.nodeid, fh).unwrap(),
             }
@@ -249,4 +260,28 @@ fn changes_that_contradict_the_copy_are_refused() {
     let mut bad = changes.clone();
     bad.handles.push((bad.next_fh + 5, Some((x, 0))));
     refused(&bad, "a handle past the next handle");
+}
+
+/// A successor dropped before the commit (an update called off) frees none of the memfd's
+/// slots: the predecessor, serving on, still reads its data (past 64 freed chunks the store
+/// would give their pages back to the kernel).
+#[test]
+fn a_successor_dropped_before_the_commit_leaves_the_data_alone() {
+    let f = Fuse::new();
+    let (e, fh) = f.create(ROOT, b"big", 0o644, libc::O_RDWR as u32).map(with_fh).unwrap();
+    let big = data(13, 8 << 20);
+    for (i, part) in big.chunks(1 << 20).enumerate() {
+        f.write(e.nodeid, fh, (i << 20) as u64, part).unwrap();
+    }
+    let base = wire(&f.fs().precopy());
+    f.write(e.nodeid, fh, 0, b"changed").unwrap();
+    let changes = wire(&f.fs().changes().unwrap());
+    drop(rebuilt(&f, &base, &changes).unwrap());
+    let whole = wire(&f.fs().save());
+    drop(RamFs::restore(RamFsConfig::default(), &whole, memfd(&f)).unwrap());
+    let mut expected = big.clone();
+    expected[..7].copy_from_slice(b"changed");
+    for (i, part) in expected.chunks(1 << 20).enumerate() {
+        assert!(f.read(e.nodeid, fh, (i << 20) as u64, 1 << 20).unwrap() == part, "MiB {i} of the data");
+    }
 }

@@ -97,6 +97,9 @@ pub fn take_over(spec: DaemonSpec, supervisor: Channel, peer: Channel) -> Result
         Err(e) => return Err(fail(format!("no commit: {}", crate::error_chain(&e)))),
     }
     let n = taken.len();
+    for s in taken.iter().filter_map(|t| t.built.saver.as_ref()) {
+        s.taken_over();
+    }
     for t in taken {
         let tag = t.spec.tag().to_string();
         functions
@@ -282,9 +285,16 @@ fn take_function(
     let built = match &fspec.backend {
         BackendSpec::Ram { .. } => match backends::open(&fspec, true, DescriptorShare::OneOf(1)) {
             Ok(Opened::Ram(cfg)) => {
-                let from = match copy {
-                    Some(base) => backend::RamfsFrom::Copy(Box::new(base)),
-                    None => backend::RamfsFrom::Whole(files.next("the RAM filesystem's data")?),
+                // The changes since the copy, or the whole state (format 2, or a copy given up
+                // because more changed than its logs keep: the copy is dropped).
+                let from = match (&part_backend, copy) {
+                    (state::BackendPart::RamfsChanges { .. }, Some(base)) => {
+                        backend::RamfsFrom::Copy(Box::new(base))
+                    }
+                    (state::BackendPart::RamfsChanges { .. }, None) => {
+                        return Err("its changes came without a copy to apply them to".into())
+                    }
+                    _ => backend::RamfsFrom::Whole(files.next("the RAM filesystem's data")?),
                 };
                 files.finish()?;
                 backend::restore(options, cfg, part_backend, from)?

@@ -69,6 +69,11 @@ pub trait SavesState: Send + Sync {
     /// The successor serves now: leave what it shares with this process (a memfd's data)
     /// untouched from here on, also as this process ends.
     fn handed_over(&self);
+
+    /// In the successor, once the predecessor has let go (the commit): what the two shared
+    /// (a memfd's data) is this process's to change now. Before it, a successor that is
+    /// dropped leaves it untouched for the predecessor, which serves on.
+    fn taken_over(&self) {}
 }
 
 fn ramfs_memfd(fs: &RamFs) -> Result<Vec<OwnedFd>, String> {
@@ -105,6 +110,10 @@ impl SavesState for FuseHandler<RamFs> {
 
     fn handed_over(&self) {
         self.server().filesystem().give_data_away();
+    }
+
+    fn taken_over(&self) {
+        self.server().filesystem().take_data_back();
     }
 }
 

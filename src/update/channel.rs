@@ -28,6 +28,9 @@ pub const MAX_BODY: usize = 512 << 20;
 /// receiver's `RLIMIT_NOFILE` is the tighter bound, and exceeding it fails the receive).
 pub const MAX_FILES: usize = 1 << 20;
 const HEADER: usize = 16;
+/// How long a send may wait for the peer to read (a peer that stopped reading fails the send,
+/// and with it the update, instead of holding the sender).
+pub const SEND_BOUND: Duration = Duration::from_secs(30);
 
 /// Why a message could not be sent or received.
 #[derive(Debug, thiserror::Error)]
@@ -53,9 +56,11 @@ pub struct Channel {
 }
 
 impl Channel {
-    /// A channel over `sock` (made blocking for sends; receives wait with a bound).
+    /// A channel over `sock` (made blocking for sends, each write waiting at most
+    /// [`SEND_BOUND`] for the peer to read; receives wait with a bound).
     pub fn new(sock: UnixStream) -> io::Result<Self> {
         sock.set_nonblocking(false)?;
+        sock.set_write_timeout(Some(SEND_BOUND))?;
         Ok(Channel { sock })
     }
 

@@ -249,6 +249,7 @@ impl Updater {
         }
         let r = self.update(functions, binary);
         if r.is_err() {
+            functions.handover_ended();
             self.busy.store(false, Ordering::Release);
         }
         r

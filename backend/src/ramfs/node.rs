@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::acl::{AclEntry, ExtAcl};
@@ -52,9 +52,21 @@ pub(super) type IdSet = HashSet<u64, BuildHasherDefault<IdHasher>>;
 /// the value after [`Changes::start`] either sees the change or finds it marked.
 #[derive(Default)]
 pub(super) struct Changes {
-    on: AtomicBool,
+    /// [`OFF`], [`ON`] or [`OVERFLOWED`].
+    state: AtomicU8,
     log: Mutex<ChangeLog>,
 }
+
+const OFF: u8 = 0;
+const ON: u8 = 1;
+/// More than [`MAX_MARKS`] were marked: marking stopped, and the filesystem travels whole.
+const OVERFLOWED: u8 = 2;
+
+/// The most inodes and handles (together), and the most directories and entries (together),
+/// marked in one copy's window; past it the copy is given up for the whole state at the quiet
+/// point (a guest making that many changes in the window would otherwise grow the logs, and
+/// the pause, without bound).
+pub(super) const MAX_MARKS: usize = if cfg!(test) { 64 } else { 1 << 18 };
 
 /// What [`Changes`] marked.
 #[derive(Default, Debug)]
@@ -73,13 +85,14 @@ impl Changes {
     /// Marks from now on, forgetting what an earlier copy marked.
     pub(super) fn start(&self) {
         *self.lock() = ChangeLog::default();
-        self.on.store(true, Ordering::SeqCst);
+        self.state.store(ON, Ordering::SeqCst);
     }
 
-    /// Stops marking; what was marked.
-    pub(super) fn stop(&self) -> ChangeLog {
-        self.on.store(false, Ordering::SeqCst);
-        std::mem::take(&mut *self.lock())
+    /// Stops marking; what was marked, or `None` if marking was off or overflowed.
+    pub(super) fn stop(&self) -> Option<ChangeLog> {
+        let was = self.state.swap(OFF, Ordering::SeqCst);
+        let log = std::mem::take(&mut *self.lock());
+        (was == ON).then_some(log)
     }
 
     /// The inodes marked so far (marking goes on).
@@ -89,20 +102,30 @@ impl Changes {
 
     /// Whether changes are marked.
     pub(super) fn on(&self) -> bool {
-        self.on.load(Ordering::SeqCst)
+        self.state.load(Ordering::SeqCst) == ON
     }
 
     #[inline]
     fn inode(&self, ino: u64) {
         if self.on() {
-            self.lock().inodes.insert(ino);
+            self.mark(|l| l.inodes.insert(ino));
         }
     }
 
     #[inline]
     fn handle(&self, fh: u64) {
         if self.on() {
-            self.lock().handles.insert(fh);
+            self.mark(|l| l.handles.insert(fh));
+        }
+    }
+
+    #[cold]
+    fn mark(&self, f: impl FnOnce(&mut ChangeLog) -> bool) {
+        let mut log = self.lock();
+        if f(&mut log) && log.inodes.len() + log.handles.len() > MAX_MARKS {
+            *log = ChangeLog::default();
+            // Only from ON: a copy stopped meanwhile stays stopped.
+            let _ = self.state.compare_exchange(ON, OVERFLOWED, Ordering::SeqCst, Ordering::SeqCst);
         }
     }
 }
@@ -561,6 +584,30 @@ pub(super) struct TreeLog {
     pub(super) dirs: IdSet,
     /// Entries added, replaced or removed: (directory, name).
     pub(super) names: HashSet<(u64, Box<[u8]>)>,
+    /// More than [`MAX_MARKS`] were logged: logging stopped.
+    overflowed: bool,
+}
+
+impl TreeLog {
+    fn dir(&mut self, ino: u64) {
+        if !self.overflowed {
+            self.dirs.insert(ino);
+            self.check();
+        }
+    }
+
+    fn name(&mut self, dir: u64, name: &[u8]) {
+        if !self.overflowed {
+            self.names.insert((dir, name.into()));
+            self.check();
+        }
+    }
+
+    fn check(&mut self) {
+        if self.dirs.len() + self.names.len() > MAX_MARKS {
+            *self = TreeLog { overflowed: true, ..TreeLog::default() };
+        }
+    }
 }
 
 /// Every directory's contents, by inode. All changes go through its methods and, while a live
@@ -586,21 +633,21 @@ impl Tree {
 
     fn dir_mut(&mut self, ino: u64) -> Result<&mut Dir> {
         if let Some(log) = &mut self.log {
-            log.dirs.insert(ino);
+            log.dir(ino);
         }
         self.dirs.get_mut(&ino).ok_or(Error::NotFound)
     }
 
     fn name(&mut self, dir: u64, name: &[u8]) {
         if let Some(log) = &mut self.log {
-            log.names.insert((dir, name.into()));
+            log.name(dir, name);
         }
     }
 
     /// A new, empty directory `ino` in `parent`.
     pub(super) fn add_dir(&mut self, ino: u64, parent: u64) {
         if let Some(log) = &mut self.log {
-            log.dirs.insert(ino);
+            log.dir(ino);
         }
         self.dirs.insert(ino, Dir::new(parent));
     }
@@ -608,7 +655,7 @@ impl Tree {
     /// Directory `ino`'s contents, gone.
     pub(super) fn remove_dir(&mut self, ino: u64) -> Option<Dir> {
         if let Some(log) = &mut self.log {
-            log.dirs.insert(ino);
+            log.dir(ino);
         }
         self.dirs.remove(&ino)
     }
@@ -637,9 +684,9 @@ impl Tree {
         self.log = Some(TreeLog::default());
     }
 
-    /// Stops logging; what was logged.
-    pub(super) fn take_log(&mut self) -> TreeLog {
-        self.log.take().unwrap_or_default()
+    /// Stops logging; what was logged, or `None` if it was off or overflowed.
+    pub(super) fn take_log(&mut self) -> Option<TreeLog> {
+        self.log.take().filter(|l| !l.overflowed)
     }
 
     /// A taken-over directory, as the state says (`super::state`: nothing is logged).

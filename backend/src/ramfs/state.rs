@@ -382,8 +382,14 @@ impl RamFs {
             }
         }
         let seen: IdSet = copy.inodes.iter().map(|i| i.ino).collect();
-        copy.dirs.retain(|d| seen.contains(&d.ino) && seen.contains(&d.parent));
+        copy.dirs.retain(|d| seen.contains(&d.ino));
         for d in &mut copy.dirs {
+            // A directory moved into one made after the walk passed: its entries stay (they
+            // did not change), its parent for now is the root (its move is logged and its
+            // real parent comes with the changes).
+            if !seen.contains(&d.parent) {
+                d.parent = ROOT_ID;
+            }
             d.entries.retain(|e| seen.contains(&e.2));
         }
         copy.handles.retain(|h| seen.contains(&h.1));
@@ -397,13 +403,12 @@ impl RamFs {
     }
 
     /// What changed since [`RamFs::precopy`], taken while no request runs; marking stops.
-    /// `None` when no copy was taken.
+    /// `None` when no copy was taken, or when more changed than the logs keep (then the
+    /// filesystem travels whole, [`RamFs::save`]).
     pub fn changes(&self) -> Option<RamFsChanges> {
-        if !self.changes.on() {
-            return None;
-        }
         let log = self.changes.stop();
         let tlog = wr(&self.tree).take_log();
+        let (log, tlog) = (log?, tlog?);
         let mut inodes = Vec::new();
         let mut gone = Vec::new();
         for ino in log.inodes {
@@ -441,10 +446,18 @@ impl RamFs {
         })
     }
 
-    /// A filesystem of `cfg` taken over from `state`, its file data in `memfd` (the
-    /// predecessor's [`RamFs::data_memfd`]); the state is checked first.
+    /// A filesystem of `cfg` taken over from `state` (whole, taken at the quiet point), its
+    /// file data in `memfd` (the predecessor's [`RamFs::data_memfd`]); the state is checked
+    /// first. Its data stays the predecessor's until [`RamFs::take_data_back`].
     pub fn restore(cfg: RamFsConfig, state: &RamFsState, memfd: File) -> Result<RamFs, StateError> {
-        Restoring::new(cfg, state, memfd)?.finish(None)
+        Restoring::build(cfg, state, memfd, false)?.finish(None)
+    }
+
+    /// The filesystem taken over is this process's now (the predecessor let go): from here on
+    /// it allocates and frees chunks of the memfd. Until then a taker that is dropped (an
+    /// update called off) frees nothing the predecessor, serving on, still uses.
+    pub fn take_data_back(&self) {
+        self.store.take_back();
     }
 }
 
@@ -470,10 +483,17 @@ fn count(refs: &mut IdMap<u64>, ino: u64, up: bool) {
 }
 
 impl Restoring {
-    /// Checks `state` and builds the filesystem it describes (not serving), its file data in
-    /// `memfd`.
+    /// Checks the copy `state` ([`RamFs::precopy`]) and builds the filesystem it describes
+    /// (not serving), its file data in `memfd`.
     pub fn new(cfg: RamFsConfig, state: &RamFsState, memfd: File) -> Result<Restoring, StateError> {
-        let mut owned = check(&cfg, state)?;
+        Self::build(cfg, state, memfd, true)
+    }
+
+    /// `copy`: the state was read while the filesystem served, so its counts may pass the
+    /// limits by what changed hands during the walk (they are checked once the changes are
+    /// applied); only twice the limits are refused here.
+    fn build(cfg: RamFsConfig, state: &RamFsState, memfd: File, copy: bool) -> Result<Restoring, StateError> {
+        let mut owned = check(&cfg, state, copy)?;
         owned.resize(state.store.slots as usize, false);
         let free = FreeState {
             resident: state.store.resident.clone(),
@@ -529,21 +549,18 @@ impl Restoring {
     }
 
     /// The filesystem, `changes` applied (each checked against the filesystem as built so
-    /// far: the cost follows the changes, not the filesystem's size); its store is this
-    /// process's from now on.
+    /// far: the cost follows the changes, not the filesystem's size). Its data stays the
+    /// predecessor's until [`RamFs::take_data_back`].
     pub fn finish(mut self, changes: Option<&RamFsChanges>) -> Result<RamFs, StateError> {
-        let free = match changes {
-            Some(c) => {
-                self.apply(c)?;
-                FreeState {
-                    resident: c.store.resident.clone(),
-                    punched: c.store.punched.clone(),
-                    next: c.store.next,
-                }
-            }
-            None => self.fs.store.free_state(),
-        };
-        self.fs.store.take_back(free);
+        if let Some(c) = changes {
+            self.apply(c)?;
+            let free = FreeState {
+                resident: c.store.resident.clone(),
+                punched: c.store.punched.clone(),
+                next: c.store.next,
+            };
+            self.fs.store.set_free(free);
+        }
         Ok(self.fs)
     }
 
@@ -590,6 +607,18 @@ impl Restoring {
             }
         }
         let gone: IdSet = c.gone.iter().copied().collect();
+        let changed: IdSet = c.inodes.iter().map(|i| i.ino).collect();
+        let dirs: IdSet = c.dirs.iter().map(|d| d.0).collect();
+        let names: HashSet<(u64, &[u8])> = c.names.iter().map(|(d, n, _)| (*d, n.as_slice())).collect();
+        let handles: IdSet = c.handles.iter().map(|h| h.0).collect();
+        if gone.len() != c.gone.len()
+            || changed.len() != c.inodes.len()
+            || dirs.len() != c.dirs.len()
+            || names.len() != c.names.len()
+            || handles.len() != c.handles.len()
+        {
+            return bad("an inode, directory, entry or handle repeats in the changes".into());
+        }
         // Every slot that changes hands is let go before any is taken (a file gone may have
         // freed a slot a file made since took).
         for ino in c.inodes.iter().map(|i| i.ino).chain(c.gone.iter().copied()) {
@@ -792,7 +821,7 @@ fn new_inode(
 }
 
 /// Whether `state` can be restored into a filesystem of `cfg`: nothing is built before this.
-fn check(cfg: &RamFsConfig, s: &RamFsState) -> Result<Vec<bool>, StateError> {
+fn check(cfg: &RamFsConfig, s: &RamFsState, copy: bool) -> Result<Vec<bool>, StateError> {
     let bad = |what: String| Err(StateError::Invalid(what));
     if s.version != RAMFS_STATE_VERSION {
         return Err(StateError::Version { found: s.version, expected: RAMFS_STATE_VERSION });
@@ -834,8 +863,9 @@ fn check(cfg: &RamFsConfig, s: &RamFsState) -> Result<Vec<bool>, StateError> {
     if inos.len() != s.inodes.len() || !inos.contains(&ROOT_ID) {
         return bad("inode numbers repeat, or there is no root".into());
     }
-    if s.inodes.len() as u64 > cfg.max_inodes
-        || s.handles.len() as u64 > cfg.max_handles
+    let slack = if copy { 2 } else { 1 };
+    if s.inodes.len() as u64 > cfg.max_inodes.saturating_mul(slack)
+        || s.handles.len() as u64 > cfg.max_handles.saturating_mul(slack)
         || s.used > cfg.capacity
     {
         return bad("more inodes, handles or bytes than the limits".into());
@@ -882,4 +912,38 @@ fn runs(chunks: impl Iterator<Item = (u64, u32)>) -> Vec<(u64, u32, u32)> {
 /// The `(chunk index, slot)` pairs of one run (checked not to overflow by `check`).
 fn run_chunks((index, slot, count): (u64, u32, u32)) -> impl Iterator<Item = (u64, u32)> {
     (0..count).map(move |k| (index + u64::from(k), slot + k))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::filesystem::{Context, FileSystem};
+
+    /// More changes in a copy's window than the logs keep (64 under test): the copy is given
+    /// up, the filesystem then travels whole (`changes` is `None`), and a later copy starts
+    /// afresh.
+    #[test]
+    fn a_copy_whose_window_saw_too_many_changes_is_given_up() {
+        let fs = RamFs::new();
+        let ctx = Context { uid: 0, gid: 0, pid: 1, supp_gid: None };
+        for (what, churn) in [("names", true), ("inodes", false)] {
+            fs.precopy();
+            for n in 0..200u32 {
+                let name = format!("{what}{n}");
+                let e = fs.mkdir(&ctx, ROOT_ID, name.as_bytes(), 0o755, 0).unwrap();
+                if churn {
+                    fs.rmdir(&ctx, ROOT_ID, name.as_bytes()).unwrap();
+                    fs.forget(&ctx, e.ino, 1);
+                }
+            }
+            assert!(fs.changes().is_none(), "{what}: the copy is given up");
+            assert!(!fs.changes.on(), "{what}: marking stopped");
+        }
+        let base = fs.precopy();
+        fs.mkdir(&ctx, ROOT_ID, b"after", 0o755, 0).unwrap();
+        let changes = fs.changes().expect("a copy of a quiet window");
+        let memfd = File::from(fs.data_memfd().try_clone_to_owned().unwrap());
+        let g = Restoring::new(RamFsConfig::default(), &base, memfd).unwrap().finish(Some(&changes)).unwrap();
+        assert_eq!(g.save(), fs.save());
+    }
 }

@@ -256,10 +256,15 @@ impl ChunkStore {
         self.given.store(true, std::sync::atomic::Ordering::Release);
     }
 
-    /// A store taken over is this process's from now on (after [`Self::give_away`] kept it
-    /// untouched while the state was applied): its free slots are `free`.
-    pub(super) fn take_back(&self, free: FreeState) {
+    /// A store being taken over: its free slots are `free` (still given away: nothing is
+    /// reused or freed until [`Self::take_back`]).
+    pub(super) fn set_free(&self, free: FreeState) {
         *self.lock() = Free { resident: free.resident, punched: free.punched, next: free.next };
+    }
+
+    /// A store taken over is this process's from now on (after [`Self::give_away`] kept it
+    /// untouched while the state was applied and the predecessor could still serve from it).
+    pub(super) fn take_back(&self) {
         self.given.store(false, std::sync::atomic::Ordering::Release);
     }
 
