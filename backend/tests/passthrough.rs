@@ -633,3 +633,95 @@ fn a_passthrough_rebuilt_from_its_state_serves_the_same_nodes_and_handles() {
     swapped.swap(1, 2);
     assert!(PassthroughFs::restore(cfg, proc_fd(), &state, swapped).is_err(), "descriptors out of order");
 }
+
+/// Issue 22: a shared directory copied while it serves (`precopy`), then only what changed
+/// since (`changes`, with the descriptors of the nodes and handles the copy lacks), is rebuilt
+/// by its successor (`restore_copy`, `finish`) as exactly the share it is at the quiet point:
+/// the same nodes with their references and parents, the same handles. Changes covered: nodes
+/// looked up, made and forgotten, a directory moved into one made after the copy, handles
+/// opened and released, a node out of the table but still open. Changes that contradict the
+/// copy are refused.
+#[test]
+fn a_passthrough_copied_while_serving_is_rebuilt_exactly_from_its_changes() {
+    use std::fs::File;
+    use std::os::fd::OwnedFd;
+    use virtiofs_backend::passthrough::state::PassthroughState;
+    use virtiofs_backend::passthrough::{PassthroughConfig, PassthroughFs};
+
+    let t = Tree::new();
+    for i in 0..20 {
+        std::fs::write(t.host(&format!("f{i}")), format!("data {i}")).unwrap();
+    }
+    let f = Fuse::new(&t.share);
+    let d = f.mkdir(ROOT, b"dir", 0o755).unwrap();
+    let sub = f.mkdir(d.nodeid, b"sub", 0o755).unwrap();
+    let early: Vec<_> = (0..10).map(|i| f.lookup(ROOT, format!("f{i}").as_bytes()).unwrap()).collect();
+    let kept = f.open(early[0].nodeid, RDWR).unwrap();
+    let dropped = f.open(early[1].nodeid, RDWR).unwrap();
+
+    let (copy, held) = f.srv.filesystem().precopy();
+    let wire = |s: &PassthroughState| -> PassthroughState {
+        serde_json::from_str(&serde_json::to_string(s).unwrap()).unwrap()
+    };
+    let copy = wire(&copy);
+    let files = |fds: Vec<std::os::fd::BorrowedFd<'_>>| -> Vec<File> {
+        fds.iter().map(|fd| File::from(fd.try_clone_to_owned().unwrap())).collect()
+    };
+    let copy_files = files(held.fds());
+    drop(held);
+
+    // Changes after the copy.
+    let late: Vec<_> = (10..15).map(|i| f.lookup(ROOT, format!("f{i}").as_bytes()).unwrap()).collect();
+    f.forget(early[2].nodeid, 1);
+    f.forget(early[3].nodeid, 1);
+    let (n, nfh) = f.create(d.nodeid, b"new", 0o644, RDWR).map(with_fh).unwrap();
+    f.release(early[1].nodeid, dropped).unwrap();
+    let o = f.open(late[0].nodeid, RDWR).unwrap();
+    f.forget(late[0].nodeid, 1); // out of the table, still open
+    let p = f.mkdir(ROOT, b"p", 0o755).unwrap();
+    f.rename(d.nodeid, b"sub", p.nodeid, b"sub").unwrap();
+    f.lookup(p.nodeid, b"sub").unwrap();
+
+    let (changes, held) = f.srv.filesystem().changes().expect("a copy was taken");
+    let changes = serde_json::from_str(&serde_json::to_string(&changes).unwrap()).unwrap();
+    let change_files = files(held.fds());
+    drop(held);
+    assert!(f.srv.filesystem().changes().is_none(), "logging stopped");
+    let proc_fd = || OwnedFd::from(File::open("/proc/self/fd").unwrap());
+    let cfg = PassthroughConfig::new(&t.share);
+    let rebuilt = |changes: &virtiofs_backend::passthrough::state::PassthroughChanges, files: Vec<File>| {
+        let base = PassthroughFs::restore_copy(cfg.clone(), proc_fd(), &copy, copy_files_dup(&copy_files))
+            .expect("the copy");
+        base.finish(changes, files)
+    };
+    fn copy_files_dup(v: &[File]) -> Vec<File> {
+        v.iter().map(|f| f.try_clone().unwrap()).collect()
+    }
+    let g = rebuilt(&changes, copy_files_dup(&change_files)).expect("the changes");
+    let sorted = |(mut s, _): (PassthroughState, _)| {
+        s.nodes.sort_by_key(|n| n.id);
+        s.handles.sort_by_key(|h| h.fh);
+        s
+    };
+    assert_eq!(sorted(g.save()), sorted(f.srv.filesystem().save()), "the rebuilt share is the same");
+
+    // It serves: the open handles read, `..` of the moved directory is its new parent.
+    let session = f.srv.save_session();
+    let g = Fuse::with_fs(g);
+    g.srv.restore_session(&session).unwrap();
+    assert_eq!(g.read(early[0].nodeid, kept, 0, 16).unwrap(), b"data 0");
+    assert_eq!(g.read(late[0].nodeid, o, 0, 16).unwrap(), b"data 10", "open, out of the table");
+    assert_eq!(g.write(n.nodeid, nfh, 0, b"x").unwrap(), 1);
+    assert_eq!(g.lookup(sub.nodeid, b"..").unwrap().nodeid, p.nodeid);
+    assert_eq!(g.release(early[1].nodeid, dropped).unwrap_err(), libc::EBADF, "released before");
+
+    // Refused: a changed node naming another inode; descriptors short.
+    let mut bad = changes.clone();
+    if let Some(x) = bad.nodes.last_mut() {
+        x.key.1 ^= 1;
+    }
+    assert!(rebuilt(&bad, copy_files_dup(&change_files)).is_err(), "a node naming another inode");
+    let mut short = copy_files_dup(&change_files);
+    short.pop();
+    assert!(rebuilt(&changes, short).is_err(), "descriptors short");
+}

@@ -17,7 +17,10 @@ use std::time::Duration;
 
 use log::info;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
+use virtiofs_backend::passthrough::state::PassthroughRestoring;
+use virtiofs_backend::passthrough::uring::IoMode;
 use virtiofs_backend::passthrough::DescriptorShare;
+use virtiofs_backend::passthrough::PassthroughConfig;
 use virtiofs_backend::ramfs::state::Restoring;
 use virtiofs_device::config::Placement;
 use virtiofs_device::poller::PollerPool;
@@ -189,7 +192,7 @@ fn receive(
 ) -> Result<Received, String> {
     let mut control = None;
     let mut taken = Vec::new();
-    let mut copies: HashMap<String, Restoring> = HashMap::new();
+    let mut copies: HashMap<String, Copy> = HashMap::new();
     loop {
         let t = std::time::Instant::now();
         let (msg, files) = peer.recv::<Msg>(PART_BOUND).map_err(|e| crate::error_chain(&e))?;
@@ -199,7 +202,8 @@ fn receive(
             Msg::Precopy(part) => {
                 let tag = part.tag.clone();
                 let t0 = std::time::Instant::now();
-                let base = take_copy(spec, *part, files).map_err(|why| format!("function {tag:?}: {why}"))?;
+                let base = take_copy(spec, shares, *part, files)
+                    .map_err(|why| format!("function {tag:?}: {why}"))?;
                 log::debug!("live update: function {tag:?} built from its copy in {:?}", t0.elapsed());
                 copies.insert(tag, base);
             }
@@ -252,18 +256,60 @@ fn function_spec(spec: &DaemonSpec, tag: &str, origin: &Origin) -> Result<Functi
     }
 }
 
-/// The RAM filesystem of a function built from the copy its predecessor took while serving.
-fn take_copy(spec: &DaemonSpec, part: PrecopyPart, mut files: Files) -> Result<Restoring, String> {
+/// A backend built from the copy its predecessor took while serving.
+enum Copy {
+    Ram(Restoring),
+    Shared(PassthroughRestoring),
+}
+
+/// The backend of a function built from the copy its predecessor took while serving.
+fn take_copy(
+    spec: &DaemonSpec,
+    shares: &Shares,
+    part: PrecopyPart,
+    mut files: Files,
+) -> Result<Copy, String> {
     let fspec = function_spec(spec, &part.tag, &part.origin)?;
-    match backends::open(&fspec, true, DescriptorShare::OneOf(1)) {
-        Ok(Opened::Ram(cfg)) => {
-            let memfd = files.next("the RAM filesystem's data")?;
-            files.finish()?;
-            backend::restore_copy(cfg, part.backend, memfd)
+    match &fspec.backend {
+        BackendSpec::Ram { .. } => match backends::open(&fspec, true, DescriptorShare::OneOf(1)) {
+            Ok(Opened::Ram(cfg)) => {
+                let memfd = files.next("the RAM filesystem's data")?;
+                files.finish()?;
+                backend::restore_copy(cfg, part.backend, memfd).map(Copy::Ram)
+            }
+            Ok(_) => Err("this binary serves it from another backend".into()),
+            Err(e) => Err(crate::error_chain(&e)),
+        },
+        BackendSpec::SharedDir { .. } => {
+            let (cfg, _, proc_fd) = share_setup(spec, shares, &fspec, &part.origin)?;
+            backend::restore_passthrough_copy(cfg, proc_fd, part.backend, files.rest()).map(Copy::Shared)
         }
-        Ok(_) => Err("this binary serves it from another backend".into()),
-        Err(e) => Err(crate::error_chain(&e)),
+        BackendSpec::Remote(_) => Err("an NFS export sends no copy".into()),
     }
+}
+
+/// How this process serves the shared directory of `fspec`: its configuration (the root
+/// where the sandbox put it, for a function the daemon started with), I/O mode, and a
+/// `/proc/self/fd` to reopen nodes through.
+fn share_setup(
+    spec: &DaemonSpec,
+    shares: &Shares,
+    fspec: &FunctionSpec,
+    origin: &Origin,
+) -> Result<(PassthroughConfig, IoMode, OwnedFd), String> {
+    let share = DescriptorShare::OneOf(shares.count.max(1));
+    let Some((mut cfg, io_mode)) = backends::passthrough_config(fspec, share) else {
+        return Err("this binary serves it from another backend".into());
+    };
+    let at = spec.functions.iter().position(|f| f.tag() == fspec.tag());
+    if let (Origin::Start, Some(inside)) = (origin, at.and_then(|i| shares.plan.inside(i))) {
+        cfg.root = inside.to_path_buf();
+    }
+    let proc_fd = (shares.proc_fd.as_ref())
+        .ok_or("no /proc/self/fd to serve a shared directory with")?
+        .try_clone()
+        .map_err(|e| format!("cannot duplicate /proc/self/fd: {e}"))?;
+    Ok((cfg, io_mode, proc_fd))
 }
 
 /// One function: its description found (or read again), its backend restored (from `copy`,
@@ -274,7 +320,7 @@ fn take_function(
     functions: &FunctionSet,
     mut part: FunctionPart,
     mut files: Files,
-    copy: Option<Restoring>,
+    copy: Option<Copy>,
     index: usize,
 ) -> Result<Taken, String> {
     let fspec = function_spec(spec, &part.tag, &part.origin)?;
@@ -288,10 +334,10 @@ fn take_function(
                 // The changes since the copy, or the whole state (format 2, or a copy given up
                 // because more changed than its logs keep: the copy is dropped).
                 let from = match (&part_backend, copy) {
-                    (state::BackendPart::RamfsChanges { .. }, Some(base)) => {
+                    (state::BackendPart::RamfsChanges { .. }, Some(Copy::Ram(base))) => {
                         backend::RamfsFrom::Copy(Box::new(base))
                     }
-                    (state::BackendPart::RamfsChanges { .. }, None) => {
+                    (state::BackendPart::RamfsChanges { .. }, _) => {
                         return Err("its changes came without a copy to apply them to".into())
                     }
                     _ => backend::RamfsFrom::Whole(files.next("the RAM filesystem's data")?),
@@ -303,20 +349,12 @@ fn take_function(
             Err(e) => return Err(crate::error_chain(&e)),
         },
         BackendSpec::SharedDir { .. } => {
-            let share = DescriptorShare::OneOf(shares.count.max(1));
-            let Some((mut cfg, io_mode)) = backends::passthrough_config(&fspec, share) else {
-                return Err("this binary serves it from another backend".into());
+            let (cfg, io_mode, proc_fd) = share_setup(spec, shares, &fspec, &origin)?;
+            let copy = match copy {
+                Some(Copy::Shared(base)) => Some(base),
+                _ => None,
             };
-            // Where the sandbox put it, for a function the daemon started with.
-            let at = spec.functions.iter().position(|f| f.tag() == fspec.tag());
-            if let (Origin::Start, Some(inside)) = (&origin, at.and_then(|i| shares.plan.inside(i))) {
-                cfg.root = inside.to_path_buf();
-            }
-            let proc_fd = (shares.proc_fd.as_ref())
-                .ok_or("no /proc/self/fd to serve a shared directory with")?
-                .try_clone()
-                .map_err(|e| format!("cannot duplicate /proc/self/fd: {e}"))?;
-            backend::restore_passthrough(options, cfg, io_mode, proc_fd, part_backend, files.rest())?
+            backend::restore_passthrough(options, cfg, io_mode, proc_fd, part_backend, files.rest(), copy)?
         }
         BackendSpec::Remote(r) => {
             let data = files.next("the UNSTABLE store's data")?;

@@ -12,7 +12,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use virtiofs_backend::nfs::fs::{NfsFs, NfsOptions};
-use virtiofs_backend::passthrough::state::Held;
+use virtiofs_backend::passthrough::state::{Held, PassthroughRestoring};
 use virtiofs_backend::passthrough::uring::IoMode;
 use virtiofs_backend::passthrough::PassthroughConfig;
 use virtiofs_backend::ramfs::state::{Restoring, StateError};
@@ -118,9 +118,24 @@ impl SavesState for FuseHandler<RamFs> {
 }
 
 impl SavesState for FuseHandler<PassthroughFs> {
+    /// The node table and handles with their descriptors, copied while the function serves.
+    fn precopy(&self) -> Option<Saved> {
+        let (fs, held) = self.server().filesystem().precopy();
+        Some(Ok((BackendPart::PassthroughCopy { fs: Box::new(fs) }, Box::new(held))))
+    }
+
+    fn forget_precopy(&self) {
+        self.server().filesystem().forget_precopy();
+    }
+
+    /// After a copy, what changed since; else the whole share (format 2).
     fn save(&self) -> Saved {
         let server = self.server();
         let session = server.save_session();
+        if let Some((changes, held)) = server.filesystem().changes() {
+            let part = BackendPart::PassthroughChanges { changes: Box::new(changes), session };
+            return Ok((part, Box::new(held)));
+        }
         let (fs, held) = server.filesystem().save();
         Ok((BackendPart::Passthrough { fs: Box::new(fs), session }, Box::new(held)))
     }
@@ -208,9 +223,24 @@ where
     Ok(Built { handler: h.clone(), fuse: Arc::new(move || stats(&s)), descriptors, saver: Some(h) })
 }
 
-/// The backend of a function taken over: the shared directory `cfg` describes (its root as
-/// this process names it), restored from `part` with its descriptors, reopening nodes through
+/// A shared directory (`cfg`, its root as this process names it) being built from the copy
+/// `part` with its descriptors while the old process serves, reopening nodes through
 /// `proc_fd`.
+pub fn restore_passthrough_copy(
+    cfg: PassthroughConfig,
+    proc_fd: OwnedFd,
+    part: BackendPart,
+    files: Vec<File>,
+) -> Result<PassthroughRestoring, String> {
+    let BackendPart::PassthroughCopy { fs } = part else {
+        return Err("its copy is not a shared directory's".into());
+    };
+    PassthroughFs::restore_copy(cfg, proc_fd, &fs, files).map_err(|e| crate::error_chain(&e))
+}
+
+/// The backend of a function taken over: the shared directory `cfg` describes (its root as
+/// this process names it), restored from `part` with its descriptors — a whole state,
+/// reopening nodes through `proc_fd`, or the changes since a copy built as `copy`.
 pub fn restore_passthrough(
     options: ServerOptions,
     cfg: PassthroughConfig,
@@ -218,11 +248,20 @@ pub fn restore_passthrough(
     proc_fd: OwnedFd,
     part: BackendPart,
     files: Vec<File>,
+    copy: Option<PassthroughRestoring>,
 ) -> Result<Built, String> {
-    let BackendPart::Passthrough { fs, session } = part else {
-        return Err("its state is not a shared directory's".into());
+    let (mut fs, session) = match (part, copy) {
+        (BackendPart::Passthrough { fs, session }, _) => {
+            (PassthroughFs::restore(cfg, proc_fd, &fs, files).map_err(|e| crate::error_chain(&e))?, session)
+        }
+        (BackendPart::PassthroughChanges { changes, session }, Some(base)) => {
+            (base.finish(&changes, files).map_err(|e| crate::error_chain(&e))?, session)
+        }
+        (BackendPart::PassthroughChanges { .. }, None) => {
+            return Err("its changes came without a copy to apply them to".into())
+        }
+        _ => return Err("its state is not a shared directory's".into()),
     };
-    let mut fs = PassthroughFs::restore(cfg, proc_fd, &fs, files).map_err(|e| crate::error_chain(&e))?;
     fs.set_io_mode(io_mode);
     let descriptors = fs.descriptor_limit();
     serve(fs, options, &session, descriptors, |s| crate::FuseStats {

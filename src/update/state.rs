@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use virtiofs_backend::nfs::state::NfsState;
-use virtiofs_backend::passthrough::state::PassthroughState;
+use virtiofs_backend::passthrough::state::{PassthroughChanges, PassthroughState};
 use virtiofs_backend::ramfs::state::{RamFsChanges, RamFsState};
 use virtiofs_backend::server::SessionState;
 use virtiofs_device::handover::{DeviceHandover, DeviceSnapshot, HandoverFiles};
@@ -23,9 +23,9 @@ use virtiofs_device::vfio_user::handover::{ClientHandover, ServerHandover};
 use virtiofs_device::vfio_user::socket_file::SocketFiles;
 
 /// The handover format this firmware writes: 3, which adds to 2 the copy of a RAM
-/// filesystem ahead of the quiet point ([`Msg::Precopy`], [`Msg::PrecopyEnd`],
-/// [`Msg::Precopied`], [`BackendPart::RamfsCopy`], [`BackendPart::RamfsChanges`]) and changes
-/// nothing of 2's messages. (2: messages and backend parts externally tagged,
+/// filesystem or a shared directory ahead of the quiet point ([`Msg::Precopy`],
+/// [`Msg::PrecopyEnd`], [`Msg::Precopied`], the backends' `...Copy` and `...Changes` parts)
+/// and changes nothing of 2's messages. (2: messages and backend parts externally tagged,
 /// `{"function": {...}}`, which serde reads in one pass; 1, internally tagged, was never
 /// released.)
 pub const STATE_VERSION: u32 = 3;
@@ -156,6 +156,20 @@ pub enum BackendPart {
     RamfsChanges {
         /// The changes.
         changes: Box<RamFsChanges>,
+        /// The FUSE session.
+        session: SessionState,
+    },
+    /// A shared directory copied while it served (in a [`PrecopyPart`]); each node's and each
+    /// handle's descriptor follow, in the state's order.
+    PassthroughCopy {
+        /// The node table and handles, as the copy found them.
+        fs: Box<PassthroughState>,
+    },
+    /// A shared directory at the quiet point, after a [`BackendPart::PassthroughCopy`]: what
+    /// changed since, and its session; the descriptors of new nodes and handles follow.
+    PassthroughChanges {
+        /// The changes.
+        changes: Box<PassthroughChanges>,
         /// The FUSE session.
         session: SessionState,
     },

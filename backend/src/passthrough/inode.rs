@@ -9,7 +9,7 @@
 //! Directories remember the directory they were last looked up (or renamed) in, so that `..` is
 //! answered from the table and never resolved by the host kernel: the root's parent is the root.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -76,7 +76,7 @@ impl Inode {
     }
 
     /// Records where this directory now lives (no-op for other types and for the root).
-    pub fn set_parent(&self, parent: &Arc<Inode>) {
+    pub(super) fn set_parent(&self, parent: &Arc<Inode>) {
         if self.is_dir() && self.id != ROOT_ID && parent.id != self.id {
             *self.parent.lock().unwrap_or_else(PoisonError::into_inner) = Some(parent.clone());
         }
@@ -94,6 +94,32 @@ struct Inner {
     by_id: HashMap<u64, Slot>,
     by_key: HashMap<InodeKey, u64>,
     next_id: u64,
+    /// While a live update copies the table ahead of its quiet point: the nodes whose table
+    /// entry (presence, references) or parent changed since ([`InodeTable::start_log`]).
+    log: Option<ChangeLog>,
+}
+
+/// The most nodes one copy's window logs; past it the copy is given up (the share travels
+/// whole at the quiet point).
+pub const MAX_LOGGED: usize = if cfg!(test) { 64 } else { 1 << 18 };
+
+#[derive(Default)]
+struct ChangeLog {
+    ids: HashSet<u64>,
+    overflowed: bool,
+}
+
+impl Inner {
+    fn mark(&mut self, id: u64) {
+        if let Some(log) = &mut self.log {
+            if !log.overflowed {
+                log.ids.insert(id);
+                if log.ids.len() > MAX_LOGGED {
+                    *log = ChangeLog { overflowed: true, ..ChangeLog::default() };
+                }
+            }
+        }
+    }
 }
 
 /// Node id -> inode, and host key -> node id.
@@ -130,13 +156,18 @@ impl InodeTable {
         inner.by_id.get(&id).map(|s| s.inode.clone())
     }
 
-    /// The node already known for `key`, with one more lookup reference.
-    pub fn lookup_key(&self, key: &InodeKey) -> Option<Arc<Inode>> {
+    /// The node already known for `key`, with one more lookup reference, found in directory
+    /// `dir` (a directory's parent is set to it; under the table's lock, so that a live
+    /// update's copy either sees the change or has it logged).
+    pub fn lookup_key_in(&self, key: &InodeKey, dir: &Arc<Inode>) -> Option<Arc<Inode>> {
         let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
         let id = *inner.by_key.get(key)?;
         let slot = inner.by_id.get_mut(&id)?;
         slot.refs += 1;
-        Some(slot.inode.clone())
+        let inode = slot.inode.clone();
+        inode.set_parent(dir);
+        inner.mark(id);
+        Some(inode)
     }
 
     /// One more lookup reference on `inode`, putting it back in the table if it was forgotten
@@ -151,12 +182,16 @@ impl InodeTable {
             let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
             if let Some(slot) = inner.by_id.get_mut(&inode.id) {
                 slot.refs += 1;
-                return Ok(slot.inode.clone());
+                let found = slot.inode.clone();
+                inner.mark(found.id);
+                return Ok(found);
             }
             if let Some(&id) = inner.by_key.get(&inode.key) {
                 if let Some(slot) = inner.by_id.get_mut(&id) {
                     slot.refs += 1;
-                    return Ok(slot.inode.clone());
+                    let found = slot.inode.clone();
+                    inner.mark(id);
+                    return Ok(found);
                 }
             }
         }
@@ -173,10 +208,11 @@ impl InodeTable {
             if let Some(slot) = inner.by_id.get_mut(&id) {
                 slot.refs += 1;
                 let inode = slot.inode.clone();
-                drop(inner);
                 if let Some(p) = parent {
                     inode.set_parent(p);
                 }
+                inner.mark(id);
+                drop(inner);
                 return inode;
             }
         }
@@ -187,6 +223,7 @@ impl InodeTable {
             Arc::new(Inode { id, fd, key, kind, parent: Mutex::new(parent), opens: AtomicU64::new(0) });
         inner.by_id.insert(id, Slot { inode: inode.clone(), refs: 1 });
         inner.by_key.insert(key, id);
+        inner.mark(id);
         inode
     }
 
@@ -198,7 +235,9 @@ impl InodeTable {
                 return;
             };
             slot.refs = slot.refs.saturating_sub(n);
-            if slot.refs > 0 || id == ROOT_ID {
+            let keep = slot.refs > 0 || id == ROOT_ID;
+            inner.mark(id);
+            if keep {
                 return;
             }
             let gone = inner.by_id.remove(&id);
@@ -218,6 +257,9 @@ impl InodeTable {
         let old = {
             let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
             let mut by_id = std::mem::take(&mut inner.by_id);
+            for &id in by_id.keys() {
+                inner.mark(id);
+            }
             let root = by_id.remove(&ROOT_ID);
             inner.by_key.clear();
             if let Some(root) = root {
@@ -263,6 +305,57 @@ impl InodeTable {
             inner.by_id.insert(inode.id, Slot { inode, refs });
         }
         InodeTable { inner: RwLock::new(inner), root }
+    }
+
+    /// Logs every change from now on (a live update's copy; forgets an earlier log).
+    pub fn start_log(&self) {
+        self.inner.write().unwrap_or_else(PoisonError::into_inner).log = Some(ChangeLog::default());
+    }
+
+    /// Stops logging; the nodes changed since [`Self::start_log`], or `None` if the log was off
+    /// or overflowed.
+    pub fn take_log(&self) -> Option<HashSet<u64>> {
+        let log = self.inner.write().unwrap_or_else(PoisonError::into_inner).log.take()?;
+        (!log.overflowed).then_some(log.ids)
+    }
+
+    /// Node `id` with its lookup references if it is in the table now.
+    pub fn slot(&self, id: u64) -> Option<(Arc<Inode>, u64)> {
+        let inner = self.inner.read().unwrap_or_else(PoisonError::into_inner);
+        inner.by_id.get(&id).map(|s| (s.inode.clone(), s.refs))
+    }
+
+    /// Puts `inode` in the table with `refs` references, or takes node `id` out (`None`): a
+    /// taken-over table being brought up to date (a live update). Refused if another node in
+    /// the table has its key, or for the root.
+    pub fn restore_slot(&self, id: u64, now: Option<(Arc<Inode>, u64)>) -> Result<(), String> {
+        let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+        if id == ROOT_ID {
+            return Err("the root changes".into());
+        }
+        if let Some(old) = inner.by_id.remove(&id) {
+            if inner.by_key.get(&old.inode.key) == Some(&id) {
+                inner.by_key.remove(&old.inode.key);
+            }
+        }
+        if let Some((inode, refs)) = now {
+            if inner.by_key.get(&inode.key).is_some_and(|&other| other != id) {
+                return Err(format!("node {id} names an inode another node names"));
+            }
+            inner.by_key.insert(inode.key, id);
+            inner.by_id.insert(id, Slot { inode, refs });
+        }
+        Ok(())
+    }
+
+    /// The next node id.
+    pub fn next_id(&self) -> u64 {
+        self.inner.read().unwrap_or_else(PoisonError::into_inner).next_id
+    }
+
+    /// Node ids go on from `next_id` (a taken-over table).
+    pub fn restore_next_id(&self, next_id: u64) {
+        self.inner.write().unwrap_or_else(PoisonError::into_inner).next_id = next_id;
     }
 
     /// The lookup references the kernel holds on `id`.

@@ -290,6 +290,9 @@ pub struct PassthroughFs {
     io_mode: uring::IoMode,
     /// The counters of every poller's ring.
     engines: Mutex<Vec<Arc<uring::StatsCell>>>,
+    /// A live update's copy ahead of its quiet point (`state`): the handles opened or
+    /// released since (changed under the `handles` lock), and the nodes the copy held.
+    precopy: Mutex<Option<state::Precopied>>,
 }
 
 impl std::fmt::Debug for PassthroughFs {
@@ -449,6 +452,7 @@ impl PassthroughFs {
             session: AtomicU64::new(0),
             io_mode: uring::IoMode::Sync,
             engines: Mutex::new(Vec::new()),
+            precopy: Mutex::new(None),
         })
     }
 
@@ -589,7 +593,9 @@ impl PassthroughFs {
         inode.opens.fetch_add(1, Ordering::AcqRel);
         let access = oflags & libc::O_ACCMODE;
         let h = Arc::new(Handle { inode, file, dir, memory_backed, no_nowait: Default::default(), access });
-        self.handles.write().unwrap_or_else(PoisonError::into_inner).insert(fh, h);
+        let mut handles = self.handles.write().unwrap_or_else(PoisonError::into_inner);
+        self.handle_changed(fh);
+        handles.insert(fh, h);
         fh
     }
 
@@ -597,7 +603,10 @@ impl PassthroughFs {
         let gone = {
             let mut handles = self.handles.write().unwrap_or_else(PoisonError::into_inner);
             match handles.get(&fh) {
-                Some(h) if h.inode.id == ino => handles.remove(&fh),
+                Some(h) if h.inode.id == ino => {
+                    self.handle_changed(fh);
+                    handles.remove(&fh)
+                }
                 _ => return Err(Error::BadHandle),
             }
         };
@@ -651,8 +660,7 @@ impl PassthroughFs {
         // Fast path: a node we already hold (a revalidation). `statx` on one component without
         // following a final symlink; the node found is ours, held by its own descriptor.
         let st = sys::statx(dir.fd(), name.c(), libc::AT_SYMLINK_NOFOLLOW).map_err(Error::from)?;
-        if let Some(inode) = self.inodes.lookup_key(&InodeKey::of(&st)) {
-            inode.set_parent(dir);
+        if let Some(inode) = self.inodes.lookup_key_in(&InodeKey::of(&st), dir) {
             return Ok(self.entry(&inode, &st));
         }
         self.room_for_node()?;

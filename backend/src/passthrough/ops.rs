@@ -20,7 +20,11 @@ impl FileSystem for PassthroughFs {
     }
 
     fn destroy(&self) {
-        let handles = std::mem::take(&mut *self.handles.write().unwrap_or_else(PoisonError::into_inner));
+        let handles = {
+            let mut handles = self.handles.write().unwrap_or_else(PoisonError::into_inner);
+            handles.keys().for_each(|&fh| self.handle_changed(fh));
+            std::mem::take(&mut *handles)
+        };
         for h in handles.values() {
             h.inode.opens.fetch_sub(1, Ordering::AcqRel);
         }
@@ -177,8 +181,7 @@ impl FileSystem for PassthroughFs {
         for (dir, name) in moved {
             if let Ok(st) = sys::statx(dir.fd(), name.c(), libc::AT_SYMLINK_NOFOLLOW) {
                 if kind_of(&st) == libc::S_IFDIR {
-                    if let Some(inode) = self.inodes.lookup_key(&InodeKey::of(&st)) {
-                        inode.set_parent(dir);
+                    if let Some(inode) = self.inodes.lookup_key_in(&InodeKey::of(&st), dir) {
                         self.inodes.forget(inode.id, 1);
                     }
                 }

@@ -88,6 +88,42 @@ pub struct PassthroughState {
     pub handles: Vec<HandleState>,
 }
 
+/// What changed in a shared directory between [`PassthroughFs::precopy`] and its quiet point:
+/// applied to what a successor built from the copy, it gives the share as it is now. Its
+/// descriptors: one per node of the first [`Self::new_nodes`] of `nodes`, then one per handle
+/// opened.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PassthroughChanges {
+    /// [`PASSTHROUGH_STATE_VERSION`].
+    pub version: u32,
+    /// The session's INIT flags.
+    pub session: u64,
+    /// The next node id.
+    pub next_id: u64,
+    /// The next handle id.
+    pub next_fh: u64,
+    /// Nodes the copy did not have (the first [`Self::new_nodes`], each with its descriptor),
+    /// then nodes it had whose table entry or parent changed: as they are now (`refs` `None`:
+    /// out of the table, held by a handle or a child directory).
+    pub nodes: Vec<NodeState>,
+    /// How many of `nodes` are new.
+    pub new_nodes: usize,
+    /// Nodes out of the table now (forgotten).
+    pub left: Vec<u64>,
+    /// Handles opened (with a descriptor each) or released (`None`).
+    pub handles: Vec<(u64, Option<HandleState>)>,
+}
+
+/// What a copy ahead of the quiet point left for [`PassthroughFs::changes`]: the handles
+/// opened or released since (the node table keeps its own log), and the nodes the successor
+/// has (the copy's, then those the changes send).
+#[derive(Default)]
+pub struct Precopied {
+    handles: HashSet<u64>,
+    overflowed: bool,
+    known: Option<HashSet<u64>>,
+}
+
 /// What holds a saved passthrough's descriptors open until they are sent (no descriptor is
 /// duplicated: a share's nodes may take most of the process's descriptor budget).
 pub struct Held {
@@ -131,6 +167,16 @@ fn key_of(k: &InodeKey) -> (u64, u64, u64) {
     (k.dev, k.ino, k.mnt)
 }
 
+fn handle_state(fh: u64, h: &Handle) -> HandleState {
+    HandleState {
+        fh,
+        node: h.inode.id,
+        dir: h.dir.is_some(),
+        access: h.access,
+        no_nowait: h.no_nowait.load(Ordering::Relaxed),
+    }
+}
+
 impl PassthroughFs {
     /// Its state and the descriptors that go with it (see the module documentation). Call
     /// while no request runs.
@@ -168,15 +214,7 @@ impl PassthroughFs {
                     refs: *refs,
                 })
                 .collect(),
-            handles: (handles.iter())
-                .map(|(fh, h)| HandleState {
-                    fh: *fh,
-                    node: h.inode.id,
-                    dir: h.dir.is_some(),
-                    access: h.access,
-                    no_nowait: h.no_nowait.load(Ordering::Relaxed),
-                })
-                .collect(),
+            handles: handles.iter().map(|(fh, h)| handle_state(*fh, h)).collect(),
         };
         let held = Held {
             nodes: nodes.into_iter().map(|(i, _)| i).collect(),
@@ -185,16 +223,167 @@ impl PassthroughFs {
         (state, held)
     }
 
+    /// Marks handle `fh` changed for a copy under way; called with the `handles` lock held.
+    pub(super) fn handle_changed(&self, fh: u64) {
+        let mut p = self.precopy.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(p) = p.as_mut().filter(|p| !p.overflowed) {
+            p.handles.insert(fh);
+            if p.handles.len() > super::inode::MAX_LOGGED {
+                *p = Precopied { overflowed: true, ..Precopied::default() };
+            }
+        }
+    }
+
+    /// Its state and descriptors taken while it serves (a live update's copy ahead of the
+    /// quiet point): every change to the node table and the handles is logged from now on,
+    /// and [`PassthroughFs::changes`] gives them at the quiet point. The copy holds together
+    /// as it is: the table and the handles are each read under their own lock at once, and
+    /// the nodes out of the table are those the handles and directories read hold.
+    pub fn precopy(&self) -> (PassthroughState, Held) {
+        {
+            let _handles = self.handles.write().unwrap_or_else(PoisonError::into_inner);
+            *self.precopy.lock().unwrap_or_else(PoisonError::into_inner) = Some(Precopied::default());
+        }
+        self.inodes.start_log();
+        let (state, held) = self.save();
+        let known = state.nodes.iter().map(|n| n.id).collect();
+        if let Some(p) = self.precopy.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
+            p.known = Some(known);
+        }
+        (state, held)
+    }
+
+    /// Stops logging (the update the copy was for is called off).
+    pub fn forget_precopy(&self) {
+        self.inodes.take_log();
+        self.precopy.lock().unwrap_or_else(PoisonError::into_inner).take();
+    }
+
+    /// What changed since [`PassthroughFs::precopy`], with the descriptors of the nodes and
+    /// handles the successor does not have; taken while no request runs; logging stops.
+    /// `None` when no copy was taken or more changed than the logs keep (the share then
+    /// travels whole, [`PassthroughFs::save`]).
+    pub fn changes(&self) -> Option<(PassthroughChanges, Held)> {
+        let ids = self.inodes.take_log();
+        let pre = self.precopy.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let (ids, pre) = (ids?, pre?);
+        if pre.overflowed {
+            return None;
+        }
+        let mut known = pre.known?;
+        let mut new_nodes: Vec<Arc<Inode>> = Vec::new();
+        // A node the successor does not have goes with its descriptor, and so does its parent.
+        let mut ensure = |inode: &Arc<Inode>, new_nodes: &mut Vec<Arc<Inode>>| {
+            let mut next = Some(inode.clone());
+            while let Some(i) = next.take() {
+                if known.insert(i.id) {
+                    next = i.parent();
+                    new_nodes.push(i);
+                }
+            }
+        };
+        let mut handles = Vec::new();
+        let mut held_handles = Vec::new();
+        // Nodes out of the table now that a handle still holds: their parent may have changed.
+        let mut held_left: Vec<Arc<Inode>> = Vec::new();
+        {
+            let all = self.handles.read().unwrap_or_else(PoisonError::into_inner);
+            let mut held_ids = HashSet::new();
+            for h in all.values() {
+                if ids.contains(&h.inode.id)
+                    && self.inodes.slot(h.inode.id).is_none()
+                    && held_ids.insert(h.inode.id)
+                {
+                    held_left.push(h.inode.clone());
+                }
+            }
+            for &fh in &pre.handles {
+                match all.get(&fh) {
+                    Some(h) => {
+                        ensure(&h.inode, &mut new_nodes);
+                        handles.push((fh, Some(handle_state(fh, h))));
+                        held_handles.push(h.clone());
+                    }
+                    None => handles.push((fh, None)),
+                }
+            }
+        }
+        let mut changed = Vec::new();
+        let mut left = Vec::new();
+        for id in ids {
+            match self.inodes.slot(id) {
+                Some((inode, _)) => {
+                    ensure(&inode, &mut new_nodes);
+                    if let Some(p) = inode.parent() {
+                        ensure(&p, &mut new_nodes);
+                    }
+                    changed.push(inode);
+                }
+                None => left.push(id),
+            }
+        }
+        let state_of = |i: &Arc<Inode>| NodeState {
+            id: i.id,
+            key: key_of(&i.key),
+            kind: i.kind,
+            parent: i.parent().map(|p| p.id),
+            refs: self.inodes.slot(i.id).map(|(_, r)| r),
+        };
+        for inode in &held_left {
+            ensure(inode, &mut new_nodes);
+            if let Some(p) = inode.parent() {
+                ensure(&p, &mut new_nodes);
+            }
+        }
+        changed.extend(held_left);
+        let fresh: HashSet<u64> = new_nodes.iter().map(|i| i.id).collect();
+        let mut nodes: Vec<NodeState> = new_nodes.iter().map(state_of).collect();
+        nodes.extend(changed.iter().filter(|i| !fresh.contains(&i.id)).map(state_of));
+        let changes = PassthroughChanges {
+            version: PASSTHROUGH_STATE_VERSION,
+            session: self.session.load(Ordering::Relaxed),
+            next_id: self.inodes.next_id(),
+            next_fh: self.next_fh.load(Ordering::Relaxed),
+            new_nodes: new_nodes.len(),
+            nodes,
+            left,
+            handles,
+        };
+        Some((changes, Held { nodes: new_nodes, handles: held_handles }))
+    }
+
     /// The passthrough `state` describes, serving `cfg.root` (this process's name of the
     /// share, checked to be the directory the state's root is) and reopening nodes through
     /// `proc_fd` (see [`PassthroughFs::with_proc_fd`]); `files` are the state's descriptors.
     /// The limits are the state's (the old process fitted them to the same descriptor budget).
     pub fn restore(
-        mut cfg: PassthroughConfig,
+        cfg: PassthroughConfig,
         proc_fd: OwnedFd,
         state: &PassthroughState,
         files: Vec<File>,
     ) -> Result<PassthroughFs, StateError> {
+        Self::build(cfg, proc_fd, state, files).map(|(fs, _)| fs)
+    }
+
+    /// As [`PassthroughFs::restore`], from a copy taken while the share served
+    /// ([`PassthroughFs::precopy`]): the changes since are applied by
+    /// [`PassthroughRestoring::finish`] before it serves.
+    pub fn restore_copy(
+        cfg: PassthroughConfig,
+        proc_fd: OwnedFd,
+        state: &PassthroughState,
+        files: Vec<File>,
+    ) -> Result<PassthroughRestoring, StateError> {
+        let (fs, nodes) = Self::build(cfg, proc_fd, state, files)?;
+        Ok(PassthroughRestoring { fs, nodes })
+    }
+
+    fn build(
+        mut cfg: PassthroughConfig,
+        proc_fd: OwnedFd,
+        state: &PassthroughState,
+        files: Vec<File>,
+    ) -> Result<(PassthroughFs, HashMap<u64, Arc<Inode>>), StateError> {
         if state.version != PASSTHROUGH_STATE_VERSION {
             return Err(StateError::Version(state.version));
         }
@@ -263,27 +452,10 @@ impl PassthroughFs {
         }
         let mut handles = HashMap::with_capacity(state.handles.len());
         for (h, file) in state.handles.iter().zip(files) {
-            let inode = nodes.get(&h.node).ok_or_else(|| bad(format!("handle {} of no node", h.fh)))?;
-            let st = sys::fstatx(file.as_fd()).map_err(io(format!("handle {}", h.fh)))?;
-            let k = InodeKey::of(&st);
-            if (k.dev, k.ino) != (inode.key.dev, inode.key.ino)
-                || h.dir != inode.is_dir()
-                || !(0..=2).contains(&h.access)
-                || h.fh >= state.next_fh
-                || handles.contains_key(&h.fh)
-            {
-                return Err(bad(format!("handle {} does not match its node {}", h.fh, h.node)));
+            if handles.contains_key(&h.fh) {
+                return Err(bad(format!("handle {} twice", h.fh)));
             }
-            let memory_backed = !h.dir && super::memory_backed(&file);
-            inode.opens.fetch_add(1, Ordering::AcqRel);
-            let handle = Handle {
-                inode: inode.clone(),
-                file,
-                dir: h.dir.then(|| Mutex::new(Vec::new())),
-                memory_backed,
-                no_nowait: AtomicU8::new(h.no_nowait),
-                access: h.access,
-            };
+            let handle = handle_from(h, file, &nodes, state.next_fh)?;
             handles.insert(h.fh, Arc::new(handle));
         }
         (cfg.max_nodes, cfg.max_handles) = (state.max_nodes, state.max_handles);
@@ -301,7 +473,7 @@ impl PassthroughFs {
             Ok(_) => {}
             Err(e) => log::warn!("passthrough: cannot raise RLIMIT_NOFILE: {e}"),
         }
-        Ok(PassthroughFs {
+        let fs = PassthroughFs {
             inodes: InodeTable::rebuild(root, in_table, state.next_id),
             cfg,
             proc_fd,
@@ -310,6 +482,123 @@ impl PassthroughFs {
             session: AtomicU64::new(state.session),
             io_mode: uring::IoMode::Sync,
             engines: Mutex::new(Vec::new()),
-        })
+            precopy: Mutex::new(None),
+        };
+        Ok((fs, nodes))
     }
+}
+
+/// A shared directory being taken over: built from a copy taken while its predecessor served,
+/// it serves once [`PassthroughRestoring::finish`] has applied what changed since.
+pub struct PassthroughRestoring {
+    fs: PassthroughFs,
+    /// Every node the successor has, by id (in the table or not).
+    nodes: HashMap<u64, Arc<Inode>>,
+}
+
+impl PassthroughRestoring {
+    /// The share, `changes` applied with their descriptors `files` (each checked as a whole
+    /// state's are; the cost follows the changes, not the share's size).
+    pub fn finish(mut self, c: &PassthroughChanges, files: Vec<File>) -> Result<PassthroughFs, StateError> {
+        if c.version != PASSTHROUGH_STATE_VERSION {
+            return Err(StateError::Version(c.version));
+        }
+        let opened = c.handles.iter().filter(|h| h.1.is_some()).count();
+        if c.new_nodes > c.nodes.len() || files.len() != c.new_nodes + opened {
+            return Err(bad(format!(
+                "{} descriptors for {} new nodes and {opened} handles",
+                files.len(),
+                c.new_nodes
+            )));
+        }
+        let fs = &self.fs;
+        if c.next_id < fs.inodes.next_id() || c.next_fh < fs.next_fh.load(Ordering::Relaxed) {
+            return Err(bad("the next node or handle id goes back"));
+        }
+        let io = |what: String| move |source| StateError::Io { what, source };
+        let mut files = files.into_iter();
+        for (n, file) in c.nodes[..c.new_nodes].iter().zip(files.by_ref()) {
+            let fd = OwnedFd::from(file);
+            let st = sys::fstatx(fd.as_fd()).map_err(io(format!("node {}", n.id)))?;
+            let key = InodeKey::of(&st);
+            if key_of(&key) != n.key || super::kind_of(&st) != n.kind {
+                return Err(bad(format!("node {}'s descriptor is not the inode the state names", n.id)));
+            }
+            if n.id >= c.next_id || self.nodes.contains_key(&n.id) {
+                return Err(bad(format!("new node {} known already or past the next id", n.id)));
+            }
+            self.nodes.insert(n.id, Arc::new(Inode::restored(n.id, fd, key, n.kind)));
+        }
+        let mut seen = HashSet::with_capacity(c.nodes.len());
+        for n in &c.nodes {
+            let Some(inode) = self.nodes.get(&n.id).filter(|i| seen.insert(n.id) && key_of(&i.key) == n.key)
+            else {
+                return Err(bad(format!("node {} is unknown, repeated, or names another inode", n.id)));
+            };
+            if let Some(p) = n.parent {
+                let parent = self.nodes.get(&p).filter(|p| p.is_dir());
+                let Some(parent) = parent else {
+                    return Err(bad(format!("node {}'s parent {p} is not a directory it has", n.id)));
+                };
+                inode.set_parent(parent);
+            }
+            let now = n.refs.map(|r| (inode.clone(), r));
+            self.fs.inodes.restore_slot(n.id, now).map_err(bad)?;
+        }
+        for &id in &c.left {
+            self.fs.inodes.restore_slot(id, None).map_err(bad)?;
+        }
+        let mut handles = self.fs.handles.write().unwrap_or_else(PoisonError::into_inner);
+        let mut fhs = HashSet::with_capacity(c.handles.len());
+        for (fh, now) in &c.handles {
+            if !fhs.insert(*fh) {
+                return Err(bad(format!("handle {fh} twice")));
+            }
+            if let Some(old) = handles.remove(fh) {
+                old.inode.opens.fetch_sub(1, Ordering::AcqRel);
+            }
+            let Some(h) = now else { continue };
+            let file = files.next().ok_or_else(|| bad("a handle's descriptor is missing"))?;
+            let handle = handle_from(h, file, &self.nodes, c.next_fh)?;
+            handles.insert(*fh, Arc::new(handle));
+        }
+        if self.fs.inodes.len() > self.fs.cfg.max_nodes || handles.len() > self.fs.cfg.max_handles {
+            return Err(bad("more nodes or handles than its limits"));
+        }
+        drop(handles);
+        self.fs.inodes.restore_next_id(c.next_id);
+        self.fs.next_fh.store(c.next_fh, Ordering::Relaxed);
+        self.fs.session.store(c.session, Ordering::Relaxed);
+        Ok(self.fs)
+    }
+}
+
+/// Handle `h` over `file`, on its node among `nodes`, checked; its node counts it open.
+fn handle_from(
+    h: &HandleState,
+    file: File,
+    nodes: &HashMap<u64, Arc<Inode>>,
+    next_fh: u64,
+) -> Result<Handle, StateError> {
+    let inode = nodes.get(&h.node).ok_or_else(|| bad(format!("handle {} of no node", h.fh)))?;
+    let st = sys::fstatx(file.as_fd())
+        .map_err(|source| StateError::Io { what: format!("handle {}", h.fh), source })?;
+    let k = InodeKey::of(&st);
+    if (k.dev, k.ino) != (inode.key.dev, inode.key.ino)
+        || h.dir != inode.is_dir()
+        || !(0..=2).contains(&h.access)
+        || h.fh >= next_fh
+    {
+        return Err(bad(format!("handle {} does not match its node {}", h.fh, h.node)));
+    }
+    let memory_backed = !h.dir && super::memory_backed(&file);
+    inode.opens.fetch_add(1, Ordering::AcqRel);
+    Ok(Handle {
+        inode: inode.clone(),
+        file,
+        dir: h.dir.then(|| Mutex::new(Vec::new())),
+        memory_backed,
+        no_nowait: AtomicU8::new(h.no_nowait),
+        access: h.access,
+    })
 }
