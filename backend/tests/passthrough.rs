@@ -725,3 +725,72 @@ fn a_passthrough_copied_while_serving_is_rebuilt_exactly_from_its_changes() {
     short.pop();
     assert!(rebuilt(&changes, short).is_err(), "descriptors short");
 }
+
+/// The copy of a shared directory is taken on another thread while this one looks names up,
+/// forgets them, opens and releases files, many times over: each copy is accepted as it is,
+/// and with the changes since it makes exactly the share as it is.
+#[test]
+fn a_passthrough_copied_under_changes_is_made_exact_by_them() {
+    use std::fs::File;
+    use std::os::fd::OwnedFd;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use virtiofs_backend::passthrough::state::PassthroughState;
+    use virtiofs_backend::passthrough::{PassthroughConfig, PassthroughFs};
+
+    let t = Tree::new();
+    for i in 0..400 {
+        std::fs::write(t.host(&format!("f{i}")), b"x").unwrap();
+    }
+    let f = Fuse::new(&t.share);
+    for i in 0..300 {
+        f.lookup(ROOT, format!("f{i}").as_bytes()).unwrap();
+    }
+    let dup = |v: &[File]| -> Vec<File> { v.iter().map(|f| f.try_clone().unwrap()).collect() };
+    for round in 0..6u32 {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (srv, s2) = (f.srv.clone(), stop.clone());
+        let copier = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            let (state, held) = srv.filesystem().precopy();
+            let files: Vec<File> =
+                held.fds().iter().map(|fd| File::from(fd.try_clone_to_owned().unwrap())).collect();
+            s2.store(true, Ordering::SeqCst);
+            (state, files)
+        });
+        let mut n = 0u32;
+        while !stop.load(Ordering::SeqCst) || n < 30 {
+            let i = (round * 37 + n * 7) % 400;
+            let e = f.lookup(ROOT, format!("f{i}").as_bytes()).unwrap();
+            match n % 4 {
+                0 => f.forget(e.nodeid, 1),
+                1 => {
+                    let h = f.open(e.nodeid, RDWR).unwrap();
+                    f.release(e.nodeid, h).unwrap();
+                }
+                2 => {
+                    f.open(e.nodeid, RDWR).unwrap(); // left open
+                    f.forget(e.nodeid, 1);
+                }
+                _ => {}
+            }
+            n += 1;
+        }
+        let (state, files) = copier.join().unwrap();
+        let (changes, held) = f.srv.filesystem().changes().unwrap();
+        let change_files: Vec<File> =
+            held.fds().iter().map(|fd| File::from(fd.try_clone_to_owned().unwrap())).collect();
+        drop(held);
+        let proc_fd = OwnedFd::from(File::open("/proc/self/fd").unwrap());
+        let cfg = PassthroughConfig::new(&t.share);
+        let g = PassthroughFs::restore_copy(cfg, proc_fd, &state, dup(&files))
+            .and_then(|b| b.finish(&changes, change_files))
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let sorted = |(mut s, _): (PassthroughState, _)| {
+            s.nodes.sort_by_key(|n| n.id);
+            s.handles.sort_by_key(|h| h.fh);
+            s
+        };
+        assert_eq!(sorted(g.save()), sorted(f.srv.filesystem().save()), "round {round} after {n} changes");
+    }
+}
