@@ -681,6 +681,19 @@ fn a_passthrough_copied_while_serving_is_rebuilt_exactly_from_its_changes() {
     let p = f.mkdir(ROOT, b"p", 0o755).unwrap();
     f.rename(d.nodeid, b"sub", p.nodeid, b"sub").unwrap();
     f.lookup(p.nodeid, b"sub").unwrap();
+    // Forgotten, then looked up again: a new node of the same inode.
+    f.forget(early[4].nodeid, 1);
+    let again = f.lookup(ROOT, b"f4").unwrap();
+    assert_ne!(again.nodeid, early[4].nodeid);
+    // `..` of a top-level directory takes a reference on the root.
+    assert_eq!(f.lookup(d.nodeid, b"..").unwrap().nodeid, ROOT);
+    // A directory out of the table, still the parent of a child looked up, moves into a
+    // directory made after the copy.
+    let k = f.mkdir(d.nodeid, b"k", 0o755).unwrap();
+    let kc = f.mkdir(k.nodeid, b"child", 0o755).unwrap();
+    let n2 = f.mkdir(ROOT, b"n2", 0o755).unwrap();
+    f.rename(d.nodeid, b"k", n2.nodeid, b"k").unwrap();
+    f.forget(k.nodeid, 2);
 
     let (changes, held) = f.srv.filesystem().changes().expect("a copy was taken");
     let changes = serde_json::from_str(&serde_json::to_string(&changes).unwrap()).unwrap();
@@ -714,6 +727,9 @@ fn a_passthrough_copied_while_serving_is_rebuilt_exactly_from_its_changes() {
     assert_eq!(g.write(n.nodeid, nfh, 0, b"x").unwrap(), 1);
     assert_eq!(g.lookup(sub.nodeid, b"..").unwrap().nodeid, p.nodeid);
     assert_eq!(g.release(early[1].nodeid, dropped).unwrap_err(), libc::EBADF, "released before");
+    assert_eq!(g.lookup(ROOT, b"f4").unwrap().nodeid, again.nodeid);
+    let k_again = g.lookup(kc.nodeid, b"..").unwrap().nodeid;
+    assert_eq!(g.lookup(k_again, b"..").unwrap().nodeid, n2.nodeid, "the moved directory's parent");
 
     // Refused: a changed node naming another inode; descriptors short.
     let mut bad = changes.clone();
@@ -724,6 +740,11 @@ fn a_passthrough_copied_while_serving_is_rebuilt_exactly_from_its_changes() {
     let mut short = copy_files_dup(&change_files);
     short.pop();
     assert!(rebuilt(&changes, short).is_err(), "descriptors short");
+    let mut bad = changes.clone();
+    if let Some((fh, Some(h))) = bad.handles.iter_mut().find(|h| h.1.is_some()) {
+        *fh = h.fh + 1000;
+    }
+    assert!(rebuilt(&bad, copy_files_dup(&change_files)).is_err(), "a handle under another id");
 }
 
 /// The copy of a shared directory is taken on another thread while this one looks names up,

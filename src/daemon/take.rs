@@ -207,6 +207,10 @@ fn receive(
                 log::debug!("live update: function {tag:?} built from its copy in {:?}", t0.elapsed());
                 copies.insert(tag, base);
             }
+            Msg::DropCopy { tag } => {
+                files.finish()?;
+                copies.remove(&tag);
+            }
             Msg::PrecopyEnd => {
                 files.finish()?;
                 peer.send(&Msg::Precopied, &[]).map_err(|e| crate::error_chain(&e))?;

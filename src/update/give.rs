@@ -13,6 +13,7 @@
 //! one [`Msg::Commit`]. On any failure the old servers are told they were not taken (they serve
 //! on) and the new process [`Msg::Abort`].
 
+use std::collections::HashSet;
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
@@ -20,7 +21,8 @@ use virtiofs_device::vfio_user::handover::{Answer, ANSWER_BOUND};
 
 use super::channel::Channel;
 use super::state::{
-    self, ControlPart, FunctionPart, Msg, PrecopyPart, FORMATS_READ, PREVIOUS_VERSION, STATE_VERSION,
+    self, BackendPart, ControlPart, FunctionPart, Msg, PrecopyPart, FORMATS_READ, PREVIOUS_VERSION,
+    STATE_VERSION,
 };
 use super::{ControlCopy, UpdateError};
 use crate::functions::HandoverEntry;
@@ -95,17 +97,21 @@ pub fn give(
     let savers: Vec<_> = functions.iter().filter_map(|f| f.saver.clone()).collect();
     let mut phases = Phases::default();
     let forget = || savers.iter().for_each(|s| s.forget_precopy());
+    let mut copied = HashSet::new();
     if format >= 3 {
         let t = Instant::now();
-        if let Err(e) = precopy(peer, &functions) {
-            forget();
-            let _ = peer.send(&Msg::Abort { reason: crate::error_chain(&e) }, &[]);
-            return Err(e);
+        match precopy(peer, &functions) {
+            Ok(tags) => copied = tags,
+            Err(e) => {
+                forget();
+                let _ = peer.send(&Msg::Abort { reason: crate::error_chain(&e) }, &[]);
+                return Err(e);
+            }
         }
         phases.precopy_ms = ms(t);
     }
     let started = Instant::now();
-    let r = send_all(peer, functions, control, updates, &mut answers, &mut phases).and_then(|n| {
+    let r = send_all(peer, functions, control, updates, &copied, &mut answers, &mut phases).and_then(|n| {
         let t = Instant::now();
         let verdict = peer.recv::<Msg>(READY_BOUND);
         phases.ready_ms = ms(t);
@@ -153,18 +159,20 @@ pub fn give(
 }
 
 /// Sends a copy of each backend that takes one while its function serves, and waits for the
-/// new process to have built from them all.
-fn precopy(peer: &Channel, functions: &[HandoverEntry]) -> Result<(), UpdateError> {
+/// new process to have built from them all; the tags of the functions copied.
+fn precopy(peer: &Channel, functions: &[HandoverEntry]) -> Result<HashSet<String>, UpdateError> {
+    let mut tags = HashSet::new();
     for f in functions {
         let Some(copy) = f.saver.as_ref().and_then(|s| s.precopy()) else { continue };
         let failed = |why| UpdateError::Function { tag: f.tag.clone(), backend: f.backend, why };
         let (backend, files) = copy.map_err(failed)?;
         let part = PrecopyPart { tag: f.tag.clone(), origin: f.origin.clone(), backend };
         peer.send(&Msg::Precopy(Box::new(part)), &files.fds())?;
+        tags.insert(f.tag.clone());
     }
     peer.send(&Msg::PrecopyEnd, &[])?;
     match peer.recv::<Msg>(PRECOPY_BOUND)? {
-        (Msg::Precopied, _) => Ok(()),
+        (Msg::Precopied, _) => Ok(tags),
         (Msg::Refused { reason }, _) => Err(UpdateError::Refused(reason)),
         (other, _) => Err(UpdateError::Protocol(format!("expected precopied, got {other:?}"))),
     }
@@ -177,6 +185,7 @@ fn send_all(
     functions: Vec<HandoverEntry>,
     control: Option<&ControlCopy>,
     updates: u64,
+    copied: &HashSet<String>,
     answers: &mut Vec<Answer>,
     phases: &mut Phases,
 ) -> Result<usize, UpdateError> {
@@ -206,6 +215,11 @@ fn send_all(
             saver.save().map_err(|why| UpdateError::Function { tag: tag.clone(), backend, why })?;
         phases.save_ms += ms(t);
         let t = Instant::now();
+        let changes =
+            matches!(backend_part, BackendPart::RamfsChanges { .. } | BackendPart::PassthroughChanges { .. });
+        if copied.contains(&tag) && !changes {
+            peer.send(&Msg::DropCopy { tag: tag.clone() }, &[])?;
+        }
         let (path, socket_file, lock, client, device, mut files) = state::server_part(h);
         files.extend(state::device_files(device.files));
         let part = FunctionPart {

@@ -60,6 +60,13 @@ pub enum Msg {
     PrecopyEnd,
     /// New to old: every copy is built; the old process may freeze the functions.
     Precopied,
+    /// Old to new, before a function whose copy was given up (more changed than its logs
+    /// keep) comes whole: drop the copy now, so that its descriptors are closed before the
+    /// whole state's arrive.
+    DropCopy {
+        /// The function's tag.
+        tag: String,
+    },
     /// Old to new: the control socket (descriptors: the listener, then the lock if any).
     Control(ControlPart),
     /// Old to new: one function (descriptors: in the order [`FunctionPart`] names them).

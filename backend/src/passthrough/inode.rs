@@ -9,10 +9,10 @@
 //! Directories remember the directory they were last looked up (or renamed) in, so that `..` is
 //! answered from the table and never resolved by the host kernel: the root's parent is the root.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 
 use crate::abi::ROOT_ID;
 
@@ -55,7 +55,7 @@ pub struct Inode {
 
 impl Inode {
     /// A node taken over from another process (a live update): its parent is set once every
-    /// node exists ([`Inode::set_parent`]).
+    /// node exists (`Inode::set_parent`).
     pub fn restored(id: u64, fd: OwnedFd, key: InodeKey, kind: u32) -> Self {
         Inode { id, fd, key, kind, parent: Mutex::new(None), opens: AtomicU64::new(0) }
     }
@@ -105,15 +105,22 @@ pub const MAX_LOGGED: usize = if cfg!(test) { 64 } else { 1 << 18 };
 
 #[derive(Default)]
 struct ChangeLog {
-    ids: HashSet<u64>,
+    /// Each node logged, held weakly: one that left the table may live on (a handle or a
+    /// child directory holds it), and its parent then matters.
+    ids: HashMap<u64, Weak<Inode>>,
     overflowed: bool,
 }
 
 impl Inner {
-    fn mark(&mut self, id: u64) {
+    /// Logs `inode` as changed. The root is never logged: its entry (one reference, no
+    /// parent) never changes as far as a successor is concerned.
+    fn mark(&mut self, inode: &Arc<Inode>) {
+        if inode.id == ROOT_ID {
+            return;
+        }
         if let Some(log) = &mut self.log {
             if !log.overflowed {
-                log.ids.insert(id);
+                log.ids.insert(inode.id, Arc::downgrade(inode));
                 if log.ids.len() > MAX_LOGGED {
                     *log = ChangeLog { overflowed: true, ..ChangeLog::default() };
                 }
@@ -166,7 +173,7 @@ impl InodeTable {
         slot.refs += 1;
         let inode = slot.inode.clone();
         inode.set_parent(dir);
-        inner.mark(id);
+        inner.mark(&inode);
         Some(inode)
     }
 
@@ -183,14 +190,14 @@ impl InodeTable {
             if let Some(slot) = inner.by_id.get_mut(&inode.id) {
                 slot.refs += 1;
                 let found = slot.inode.clone();
-                inner.mark(found.id);
+                inner.mark(&found);
                 return Ok(found);
             }
             if let Some(&id) = inner.by_key.get(&inode.key) {
                 if let Some(slot) = inner.by_id.get_mut(&id) {
                     slot.refs += 1;
                     let found = slot.inode.clone();
-                    inner.mark(id);
+                    inner.mark(&found);
                     return Ok(found);
                 }
             }
@@ -211,7 +218,7 @@ impl InodeTable {
                 if let Some(p) = parent {
                     inode.set_parent(p);
                 }
-                inner.mark(id);
+                inner.mark(&inode);
                 drop(inner);
                 return inode;
             }
@@ -223,7 +230,7 @@ impl InodeTable {
             Arc::new(Inode { id, fd, key, kind, parent: Mutex::new(parent), opens: AtomicU64::new(0) });
         inner.by_id.insert(id, Slot { inode: inode.clone(), refs: 1 });
         inner.by_key.insert(key, id);
-        inner.mark(id);
+        inner.mark(&inode);
         inode
     }
 
@@ -236,7 +243,8 @@ impl InodeTable {
             };
             slot.refs = slot.refs.saturating_sub(n);
             let keep = slot.refs > 0 || id == ROOT_ID;
-            inner.mark(id);
+            let inode = slot.inode.clone();
+            inner.mark(&inode);
             if keep {
                 return;
             }
@@ -257,8 +265,8 @@ impl InodeTable {
         let old = {
             let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
             let mut by_id = std::mem::take(&mut inner.by_id);
-            for &id in by_id.keys() {
-                inner.mark(id);
+            for slot in by_id.values() {
+                inner.mark(&slot.inode);
             }
             let root = by_id.remove(&ROOT_ID);
             inner.by_key.clear();
@@ -312,11 +320,11 @@ impl InodeTable {
         self.inner.write().unwrap_or_else(PoisonError::into_inner).log = Some(ChangeLog::default());
     }
 
-    /// Stops logging; the nodes changed since [`Self::start_log`], or `None` if the log was off
-    /// or overflowed.
-    pub fn take_log(&self) -> Option<HashSet<u64>> {
+    /// Stops logging; the nodes changed since [`Self::start_log`] (each with the node, if it
+    /// is still alive), or `None` if the log was off or overflowed.
+    pub fn take_log(&self) -> Option<Vec<(u64, Option<Arc<Inode>>)>> {
         let log = self.inner.write().unwrap_or_else(PoisonError::into_inner).log.take()?;
-        (!log.overflowed).then_some(log.ids)
+        (!log.overflowed).then(|| log.ids.into_iter().map(|(id, w)| (id, w.upgrade())).collect())
     }
 
     /// Node `id` with its lookup references if it is in the table now.

@@ -167,6 +167,9 @@ fn key_of(k: &InodeKey) -> (u64, u64, u64) {
     (k.dev, k.ino, k.mnt)
 }
 
+/// A node the save walked: the node, its lookup references if in the table, its parent.
+type Walked = (Arc<Inode>, Option<u64>, Option<Arc<Inode>>);
+
 fn handle_state(fh: u64, h: &Handle) -> HandleState {
     HandleState {
         fh,
@@ -181,21 +184,27 @@ impl PassthroughFs {
     /// Its state and the descriptors that go with it (see the module documentation). Call
     /// while no request runs.
     pub fn save(&self) -> (PassthroughState, Held) {
-        let (table, next_id) = self.inodes.entries();
+        let (table, _) = self.inodes.entries();
         let handles: Vec<(u64, Arc<Handle>)> = {
             let h = self.handles.read().unwrap_or_else(PoisonError::into_inner);
             h.iter().map(|(&fh, h)| (fh, h.clone())).collect()
         };
-        // Nodes out of the table that handles or child directories still hold go too.
+        // Nodes out of the table that handles or child directories still hold go too. Each
+        // node's parent is read once (requests may move directories meanwhile, for a copy).
         let mut known: HashSet<u64> = table.iter().map(|(i, _)| i.id).collect();
-        let mut nodes: Vec<(Arc<Inode>, Option<u64>)> =
-            table.into_iter().map(|(i, r)| (i, Some(r))).collect();
+        // (node, lookup references if in the table, parent as read once)
+        let mut nodes: Vec<Walked> = Vec::with_capacity(table.len());
         let mut more: Vec<Arc<Inode>> = handles.iter().map(|(_, h)| h.inode.clone()).collect();
-        more.extend(nodes.iter().filter_map(|(i, _)| i.parent()));
+        for (i, r) in table {
+            let parent = i.parent();
+            more.extend(parent.clone());
+            nodes.push((i, Some(r), parent));
+        }
         while let Some(i) = more.pop() {
             if known.insert(i.id) {
-                more.extend(i.parent());
-                nodes.push((i, None));
+                let parent = i.parent();
+                more.extend(parent.clone());
+                nodes.push((i, None, parent));
             }
         }
         let state = PassthroughState {
@@ -203,21 +212,22 @@ impl PassthroughFs {
             max_nodes: self.cfg.max_nodes,
             max_handles: self.cfg.max_handles,
             session: self.session.load(Ordering::Relaxed),
-            next_id,
+            // Read after the walk: every node it found is below (ids only grow).
+            next_id: self.inodes.next_id(),
             next_fh: self.next_fh.load(Ordering::Relaxed),
             nodes: (nodes.iter())
-                .map(|(i, refs)| NodeState {
+                .map(|(i, refs, parent)| NodeState {
                     id: i.id,
                     key: key_of(&i.key),
                     kind: i.kind,
-                    parent: i.parent().map(|p| p.id),
+                    parent: parent.as_ref().map(|p| p.id),
                     refs: *refs,
                 })
                 .collect(),
             handles: handles.iter().map(|(fh, h)| handle_state(*fh, h)).collect(),
         };
         let held = Held {
-            nodes: nodes.into_iter().map(|(i, _)| i).collect(),
+            nodes: nodes.into_iter().map(|(i, _, _)| i).collect(),
             handles: handles.into_iter().map(|(_, h)| h).collect(),
         };
         (state, held)
@@ -284,19 +294,8 @@ impl PassthroughFs {
         };
         let mut handles = Vec::new();
         let mut held_handles = Vec::new();
-        // Nodes out of the table now that a handle still holds: their parent may have changed.
-        let mut held_left: Vec<Arc<Inode>> = Vec::new();
         {
             let all = self.handles.read().unwrap_or_else(PoisonError::into_inner);
-            let mut held_ids = HashSet::new();
-            for h in all.values() {
-                if ids.contains(&h.inode.id)
-                    && self.inodes.slot(h.inode.id).is_none()
-                    && held_ids.insert(h.inode.id)
-                {
-                    held_left.push(h.inode.clone());
-                }
-            }
             for &fh in &pre.handles {
                 match all.get(&fh) {
                     Some(h) => {
@@ -308,11 +307,13 @@ impl PassthroughFs {
                 }
             }
         }
+        // Each logged node as it is now: in the table; out of it but alive (a handle or a child
+        // directory holds it: its parent may have changed); or gone.
         let mut changed = Vec::new();
         let mut left = Vec::new();
-        for id in ids {
-            match self.inodes.slot(id) {
-                Some((inode, _)) => {
+        for (id, alive) in ids {
+            match self.inodes.slot(id).map(|(i, _)| i).or(alive) {
+                Some(inode) => {
                     ensure(&inode, &mut new_nodes);
                     if let Some(p) = inode.parent() {
                         ensure(&p, &mut new_nodes);
@@ -329,13 +330,6 @@ impl PassthroughFs {
             parent: i.parent().map(|p| p.id),
             refs: self.inodes.slot(i.id).map(|(_, r)| r),
         };
-        for inode in &held_left {
-            ensure(inode, &mut new_nodes);
-            if let Some(p) = inode.parent() {
-                ensure(&p, &mut new_nodes);
-            }
-        }
-        changed.extend(held_left);
         let fresh: HashSet<u64> = new_nodes.iter().map(|i| i.id).collect();
         let mut nodes: Vec<NodeState> = new_nodes.iter().map(state_of).collect();
         nodes.extend(changed.iter().filter(|i| !fresh.contains(&i.id)).map(state_of));
@@ -530,6 +524,7 @@ impl PassthroughRestoring {
             self.nodes.insert(n.id, Arc::new(Inode::restored(n.id, fd, key, n.kind)));
         }
         let mut seen = HashSet::with_capacity(c.nodes.len());
+        let mut entries = Vec::with_capacity(c.nodes.len());
         for n in &c.nodes {
             let Some(inode) = self.nodes.get(&n.id).filter(|i| seen.insert(n.id) && key_of(&i.key) == n.key)
             else {
@@ -542,17 +537,21 @@ impl PassthroughRestoring {
                 };
                 inode.set_parent(parent);
             }
-            let now = n.refs.map(|r| (inode.clone(), r));
-            self.fs.inodes.restore_slot(n.id, now).map_err(bad)?;
+            entries.push((n.id, n.refs.map(|r| (inode.clone(), r))));
         }
-        for &id in &c.left {
-            self.fs.inodes.restore_slot(id, None).map_err(bad)?;
+        // Every node that left the table goes before any comes in: a file forgotten and looked
+        // up again meanwhile is a new node of the same key.
+        let gone = c.left.iter().map(|&id| (id, None));
+        let (outs, ins): (Vec<_>, Vec<_>) =
+            entries.into_iter().chain(gone).partition(|(_, now)| now.is_none());
+        for (id, now) in outs.into_iter().chain(ins) {
+            self.fs.inodes.restore_slot(id, now).map_err(bad)?;
         }
         let mut handles = self.fs.handles.write().unwrap_or_else(PoisonError::into_inner);
         let mut fhs = HashSet::with_capacity(c.handles.len());
         for (fh, now) in &c.handles {
-            if !fhs.insert(*fh) {
-                return Err(bad(format!("handle {fh} twice")));
+            if !fhs.insert(*fh) || now.as_ref().is_some_and(|h| h.fh != *fh) {
+                return Err(bad(format!("handle {fh} twice, or under another id")));
             }
             if let Some(old) = handles.remove(fh) {
                 old.inode.opens.fetch_sub(1, Ordering::AcqRel);
