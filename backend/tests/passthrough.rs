@@ -815,3 +815,79 @@ fn a_passthrough_copied_under_changes_is_made_exact_by_them() {
         assert_eq!(sorted(g.save()), sorted(f.srv.filesystem().save()), "round {round} after {n} changes");
     }
 }
+
+/// A shared directory's changes are the old process's word, checked as untrusted input:
+/// valid changes mangled at random (ids, parents, references, the count of new nodes, the
+/// nodes that left, handles) are applied or refused, never a panic.
+#[test]
+fn mangled_passthrough_changes_are_refused_or_applied_never_a_panic() {
+    use std::fs::File;
+    use std::os::fd::OwnedFd;
+    use virtiofs_backend::passthrough::{PassthroughConfig, PassthroughFs};
+
+    let t = Tree::new();
+    for i in 0..10 {
+        std::fs::write(t.host(&format!("f{i}")), b"x").unwrap();
+    }
+    let f = Fuse::new(&t.share);
+    let d = f.mkdir(ROOT, b"dir", 0o755).unwrap();
+    let early: Vec<_> = (0..5).map(|i| f.lookup(ROOT, format!("f{i}").as_bytes()).unwrap()).collect();
+    let (copy, held) = f.srv.filesystem().precopy();
+    let dup = |fds: Vec<std::os::fd::BorrowedFd<'_>>| -> Vec<File> {
+        fds.iter().map(|fd| File::from(fd.try_clone_to_owned().unwrap())).collect()
+    };
+    let copy_files = dup(held.fds());
+    drop(held);
+    for i in 5..8 {
+        f.lookup(ROOT, format!("f{i}").as_bytes()).unwrap();
+    }
+    f.forget(early[0].nodeid, 1);
+    let o = f.open(early[1].nodeid, RDWR).unwrap();
+    f.mkdir(d.nodeid, b"sub", 0o755).unwrap();
+    let _ = o;
+    let (good, held) = f.srv.filesystem().changes().unwrap();
+    let change_files = dup(held.fds());
+    drop(held);
+    let again = |v: &[File]| -> Vec<File> { v.iter().map(|f| f.try_clone().unwrap()).collect() };
+    let ids: Vec<u64> = copy.nodes.iter().map(|n| n.id).chain(good.nodes.iter().map(|n| n.id)).collect();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n.max(1)
+    };
+    let (mut applied, mut refused) = (0, 0);
+    for _ in 0..300 {
+        let mut c = good.clone();
+        let any = |r: u64| ids[(r % ids.len() as u64) as usize];
+        for _ in 0..1 + rnd(2) {
+            let k = if c.nodes.is_empty() { 0 } else { rnd(c.nodes.len() as u64) as usize };
+            match rnd(8) {
+                0 if !c.nodes.is_empty() => c.nodes[k].id = any(rnd(100)),
+                1 if !c.nodes.is_empty() => c.nodes[k].parent = Some(any(rnd(100))),
+                2 if !c.nodes.is_empty() => c.nodes[k].refs = [None, Some(0), Some(7)][rnd(3) as usize],
+                3 => c.new_nodes = rnd(c.nodes.len() as u64 + 2) as usize,
+                4 => c.left.push(any(rnd(100))),
+                5 if !c.handles.is_empty() => {
+                    let h = rnd(c.handles.len() as u64) as usize;
+                    if let Some(s) = &mut c.handles[h].1 {
+                        s.node = any(rnd(100));
+                    }
+                }
+                6 => c.next_id = c.next_id.wrapping_sub(rnd(4)),
+                _ if !c.nodes.is_empty() => c.nodes[k].key.1 ^= rnd(3),
+                _ => {}
+            }
+        }
+        let proc_fd = || OwnedFd::from(File::open("/proc/self/fd").unwrap());
+        let cfg = PassthroughConfig::new(&t.share);
+        let r = PassthroughFs::restore_copy(cfg, proc_fd(), &copy, again(&copy_files))
+            .and_then(|base| base.finish(&c, again(&change_files)));
+        match r {
+            Ok(_) => applied += 1,
+            Err(_) => refused += 1,
+        }
+    }
+    assert!(refused > 50 && applied > 0, "{applied} applied, {refused} refused");
+}

@@ -285,3 +285,87 @@ fn a_successor_dropped_before_the_commit_leaves_the_data_alone() {
         assert!(f.read(e.nodeid, fh, (i << 20) as u64, 1 << 20).unwrap() == part, "MiB {i} of the data");
     }
 }
+
+/// Changes are the old process's word, checked as untrusted input: valid changes mangled at
+/// random (numbers swapped, runs moved, entries and handles pointed elsewhere, items
+/// repeated or dropped) are applied or refused, never a panic; what is applied holds
+/// together (it saves and restores again).
+#[test]
+fn mangled_changes_are_refused_or_applied_never_a_panic() {
+    let (f, a, b, x, _xfh) = filled();
+    let base = f.fs().precopy();
+    let (n1, fh1) = f.create(a, b"n1", 0o644, libc::O_RDWR as u32).map(with_fh).unwrap();
+    f.write(n1.nodeid, fh1, 0, &data(3, 200_000)).unwrap();
+    f.write(x, _xfh, 1 << 20, b"far").unwrap();
+    let f3 = f.lookup(b, b"f3").unwrap().nodeid;
+    f.truncate(f3, 10).unwrap();
+    f.unlink(b, b"f4").unwrap();
+    f.rename(b, b"f5", a, b"f5").unwrap();
+    f.mkdir(a, b"dd", 0o755).unwrap();
+    let good = f.fs().changes().unwrap();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n.max(1)
+    };
+    let (mut applied, mut refused) = (0, 0);
+    for _ in 0..2000 {
+        let mut c = good.clone();
+        for _ in 0..1 + rnd(3) {
+            let inos: Vec<u64> =
+                base.inodes.iter().map(|i| i.ino).chain(c.inodes.iter().map(|i| i.ino)).collect();
+            let any_ino = |r: u64| inos[(r % inos.len() as u64) as usize];
+            match rnd(12) {
+                0 if !c.inodes.is_empty() => {
+                    let k = rnd(c.inodes.len() as u64) as usize;
+                    c.inodes[k].ino = any_ino(rnd(1000));
+                }
+                1 if !c.inodes.is_empty() => {
+                    let k = rnd(c.inodes.len() as u64) as usize;
+                    if let BodyState::File(r) = &mut c.inodes[k].body {
+                        r.push((rnd(64), rnd(u64::from(c.store.next) + 4) as u32, 1 + rnd(4) as u32));
+                    }
+                }
+                2 => c.gone.push(any_ino(rnd(1000))),
+                3 if !c.names.is_empty() => {
+                    let k = rnd(c.names.len() as u64) as usize;
+                    c.names[k].2 = Some((rnd(200), any_ino(rnd(1000)), 8));
+                }
+                4 if !c.names.is_empty() => {
+                    let k = rnd(c.names.len() as u64) as usize;
+                    let dup = c.names[k].clone();
+                    c.names.push(dup);
+                }
+                5 if !c.dirs.is_empty() => {
+                    let k = rnd(c.dirs.len() as u64) as usize;
+                    c.dirs[k].1 = if rnd(2) == 0 { None } else { Some((any_ino(rnd(1000)), rnd(300))) };
+                }
+                6 => c.handles.push((rnd(c.next_fh + 3), Some((any_ino(rnd(1000)), 2)))),
+                7 if !c.handles.is_empty() => {
+                    c.handles.remove(rnd(c.handles.len() as u64) as usize);
+                }
+                8 => c.store.resident.push(rnd(u64::from(c.store.next) + 2) as u32),
+                9 if !c.inodes.is_empty() => {
+                    let k = rnd(c.inodes.len() as u64) as usize;
+                    c.inodes[k].kind = [libc::S_IFDIR, libc::S_IFREG, libc::S_IFLNK][rnd(3) as usize];
+                }
+                10 => c.next_ino = c.next_ino.wrapping_sub(rnd(3)),
+                _ if !c.names.is_empty() => {
+                    c.names.remove(rnd(c.names.len() as u64) as usize);
+                }
+                _ => {}
+            }
+        }
+        match rebuilt(&f, &base, &c) {
+            Ok(g) => {
+                applied += 1;
+                let again = RamFs::restore(RamFsConfig::default(), &g.save(), memfd(&f));
+                assert!(again.is_ok(), "applied changes that do not hold together: {:?}", again.err());
+            }
+            Err(_) => refused += 1,
+        }
+    }
+    assert!(refused > 500 && applied > 0, "{applied} applied, {refused} refused");
+}
