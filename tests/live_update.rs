@@ -558,3 +558,40 @@ fn a_confined_daemon_makes_functions_through_its_supervisor() {
     }
     assert!(again.exists(), "another function's socket went too");
 }
+
+/// While an update hands the functions over, `create_function` and `delete_function` are
+/// refused with a clean error (a function made then would be lost at the commit; one removed
+/// would vanish from under the handover), and accepted again once the update has failed. The
+/// update here waits for a new process that takes 2 s to fail.
+#[test]
+fn functions_are_neither_made_nor_removed_while_an_update_runs() {
+    use virtiofs_dpu::ops::control_socket::ClientError;
+    let dir = tempfile::tempdir().unwrap();
+    let (socks, bins) = (dir.path().join("socks"), dir.path().join("bins"));
+    std::fs::create_dir(&socks).unwrap();
+    std::fs::create_dir(&bins).unwrap();
+    let slow = bins.join("slow");
+    std::fs::write(&slow, "#!/bin/sh\nsleep 2\nexit 3\n").unwrap();
+    std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let allow = format!("sockets={}", socks.display());
+    let _d = daemon(dir.path(), &["--allow-create", &allow, "--update-binary-dir", bins.to_str().unwrap()]);
+    let ctl = dir.path().join("ctl.sock");
+    let params = serde_json::json!({"socket_path": socks.join("b.sock"), "tag": "b"});
+    let upd = update(&ctl, Some(&slow));
+    std::thread::sleep(Duration::from_millis(500));
+    let mut c = ControlClient::connect(&ctl).unwrap();
+    for (method, p) in
+        [("create_function", params.clone()), ("delete_function", serde_json::json!({"tag": "lu"}))]
+    {
+        match c.call(method, p) {
+            Err(ClientError::Rpc { message, .. }) => {
+                assert!(message.contains("live update is under way"), "{method}: {message}")
+            }
+            other => panic!("{method} during an update: {other:?}"),
+        }
+    }
+    let out = finish(upd);
+    assert!(!out.status.success(), "an update to a failing binary succeeded");
+    c.call("create_function", params).expect("made once the update has failed");
+    assert!(socks.join("b.sock").exists());
+}

@@ -6,7 +6,7 @@ mod harness;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use harness::passthrough::{is_root, Fuse, Tree};
-use harness::{groups_ext, with_fh, Xattr, ROOT};
+use harness::{groups_ext, with_fh, xorshift, Xattr, ROOT};
 use virtiofs_backend::abi;
 
 const RDWR: u32 = libc::O_RDWR as u32;
@@ -850,13 +850,7 @@ fn mangled_passthrough_changes_are_refused_or_applied_never_a_panic() {
     drop(held);
     let again = |v: &[File]| -> Vec<File> { v.iter().map(|f| f.try_clone().unwrap()).collect() };
     let ids: Vec<u64> = copy.nodes.iter().map(|n| n.id).chain(good.nodes.iter().map(|n| n.id)).collect();
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut rnd = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n.max(1)
-    };
+    let mut rnd = xorshift(0x2545_f491_4f6c_dd1du64);
     let (mut applied, mut refused) = (0, 0);
     for _ in 0..300 {
         let mut c = good.clone();

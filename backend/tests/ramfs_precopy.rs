@@ -56,6 +56,18 @@ fn filled() -> (Fuse, u64, u64, u64, u64) {
     (f, a, b, x.nodeid, xfh)
 }
 
+/// A file made and written in `a`, another file of `x` written far out, `b/f3` truncated and
+/// `b/f4` unlinked: the new file with its handle, and `b/f3`.
+fn some_changes(f: &Fuse, a: u64, b: u64, (x, xfh): (u64, u64)) -> ((u64, u64), u64) {
+    let (n1, fh1) = f.create(a, b"new1", 0o644, libc::O_RDWR as u32).map(with_fh).unwrap();
+    f.write(n1.nodeid, fh1, 0, &data(3, 300_000)).unwrap();
+    f.write(x, xfh, 1 << 20, b"far").unwrap();
+    let f3 = f.lookup(b, b"f3").unwrap().nodeid;
+    f.truncate(f3, 1000).unwrap();
+    f.unlink(b, b"f4").unwrap();
+    ((n1.nodeid, fh1), f3)
+}
+
 /// Every kind of change after the copy: files made, written, truncated, unlinked (one still
 /// open), renamed (across directories, a directory, an exchange, over another file), a
 /// directory removed and one made with a file in it, extended attributes set and removed,
@@ -66,12 +78,7 @@ fn the_copy_and_the_changes_since_make_the_filesystem_as_it_is() {
     let (f, a, b, x, xfh) = filled();
     let base = wire(&f.fs().precopy());
 
-    let (n1, fh1) = f.create(a, b"new1", 0o644, libc::O_RDWR as u32).map(with_fh).unwrap();
-    f.write(n1.nodeid, fh1, 0, &data(3, 300_000)).unwrap();
-    f.write(x, xfh, 1 << 20, b"far").unwrap();
-    let f3 = f.lookup(b, b"f3").unwrap().nodeid;
-    f.truncate(f3, 1000).unwrap();
-    f.unlink(b, b"f4").unwrap();
+    let ((n1, fh1), f3) = some_changes(&f, a, b, (x, xfh));
     let f5 = f.lookup(b, b"f5").unwrap().nodeid;
     let f5h = f.open(f5, libc::O_RDONLY as u32).unwrap();
     f.unlink(b, b"f5").unwrap();
@@ -126,11 +133,11 @@ fn the_copy_and_the_changes_since_make_the_filesystem_as_it_is() {
     g.take_data_back();
     let g = Fuse::with_fs(g);
     g.srv.restore_session(&session).unwrap();
-    assert_eq!(g.read(n1.nodeid, fh1, 0, 300_000).unwrap(), data(3, 300_000));
+    assert_eq!(g.read(n1, fh1, 0, 300_000).unwrap(), data(3, 300_000));
     assert_eq!(g.read(f5, f5h, 0, 70_000).unwrap(), data(6, 70_000), "the unlinked, open file");
     let (m, mh) = g.create(ROOT, b"after", 0o644, libc::O_RDWR as u32).map(with_fh).unwrap();
     g.write(m.nodeid, mh, 0, &data(9, 500_000)).unwrap();
-    assert_eq!(g.read(n1.nodeid, fh1, 0, 300_000).unwrap(), data(3, 300_000), "no slot in use reused");
+    assert_eq!(g.read(n1, fh1, 0, 300_000).unwrap(), data(3, 300_000), "no slot in use reused");
     let f1 = g.lookup(b, b"f1").unwrap().nodeid;
     let h = g.open(f1, libc::O_RDONLY as u32).unwrap();
     assert_eq!(g.read(f1, h, 0, 70_000).unwrap(), data(2, 70_000));
@@ -292,24 +299,13 @@ fn a_successor_dropped_before_the_commit_leaves_the_data_alone() {
 /// together (it saves and restores again).
 #[test]
 fn mangled_changes_are_refused_or_applied_never_a_panic() {
-    let (f, a, b, x, _xfh) = filled();
+    let (f, a, b, x, xfh) = filled();
     let base = f.fs().precopy();
-    let (n1, fh1) = f.create(a, b"n1", 0o644, libc::O_RDWR as u32).map(with_fh).unwrap();
-    f.write(n1.nodeid, fh1, 0, &data(3, 200_000)).unwrap();
-    f.write(x, _xfh, 1 << 20, b"far").unwrap();
-    let f3 = f.lookup(b, b"f3").unwrap().nodeid;
-    f.truncate(f3, 10).unwrap();
-    f.unlink(b, b"f4").unwrap();
+    some_changes(&f, a, b, (x, xfh));
     f.rename(b, b"f5", a, b"f5").unwrap();
     f.mkdir(a, b"dd", 0o755).unwrap();
     let good = f.fs().changes().unwrap();
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut rnd = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n.max(1)
-    };
+    let mut rnd = xorshift(0x9e37_79b9_7f4a_7c15u64);
     let (mut applied, mut refused) = (0, 0);
     for _ in 0..2000 {
         let mut c = good.clone();

@@ -30,7 +30,8 @@ use crate::functions::HandoverEntry;
 /// How long the new process may take to start and say hello.
 pub const HELLO_BOUND: Duration = Duration::from_secs(20);
 /// How long the new process may take to build every backend from its copy (the functions
-/// serve meanwhile; about 3.5 s a million RAM filesystem inodes).
+/// serve meanwhile; the whole update took 0.4-0.8 s with 100,000 RAM filesystem files, see
+/// BENCHMARKS.md).
 pub const PRECOPY_BOUND: Duration = Duration::from_secs(30);
 /// How long the new process may take to check and build every function. Below the servers'
 /// own bound ([`ANSWER_BOUND`]), after which they serve on by themselves.

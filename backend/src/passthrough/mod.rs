@@ -49,7 +49,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -293,6 +293,9 @@ pub struct PassthroughFs {
     /// A live update's copy ahead of its quiet point (`state`): the handles opened or
     /// released since (changed under the `handles` lock), and the nodes the copy held.
     precopy: Mutex<Option<state::Precopied>>,
+    /// A copy is under way (set and read under the `handles` lock: opening and releasing a
+    /// handle takes the `precopy` mutex only then).
+    copying: AtomicBool,
 }
 
 impl std::fmt::Debug for PassthroughFs {
@@ -453,6 +456,7 @@ impl PassthroughFs {
             io_mode: uring::IoMode::Sync,
             engines: Mutex::new(Vec::new()),
             precopy: Mutex::new(None),
+            copying: AtomicBool::new(false),
         })
     }
 

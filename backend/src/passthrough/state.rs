@@ -22,7 +22,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use serde::{Deserialize, Serialize};
@@ -235,6 +235,9 @@ impl PassthroughFs {
 
     /// Marks handle `fh` changed for a copy under way; called with the `handles` lock held.
     pub(super) fn handle_changed(&self, fh: u64) {
+        if !self.copying.load(Ordering::Relaxed) {
+            return;
+        }
         let mut p = self.precopy.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(p) = p.as_mut().filter(|p| !p.overflowed) {
             p.handles.insert(fh);
@@ -253,6 +256,7 @@ impl PassthroughFs {
         {
             let _handles = self.handles.write().unwrap_or_else(PoisonError::into_inner);
             *self.precopy.lock().unwrap_or_else(PoisonError::into_inner) = Some(Precopied::default());
+            self.copying.store(true, Ordering::Relaxed);
         }
         self.inodes.start_log();
         let (state, held) = self.save();
@@ -266,6 +270,7 @@ impl PassthroughFs {
     /// Stops logging (the update the copy was for is called off).
     pub fn forget_precopy(&self) {
         self.inodes.take_log();
+        self.copying.store(false, Ordering::Relaxed);
         self.precopy.lock().unwrap_or_else(PoisonError::into_inner).take();
     }
 
@@ -275,6 +280,7 @@ impl PassthroughFs {
     /// travels whole, [`PassthroughFs::save`]).
     pub fn changes(&self) -> Option<(PassthroughChanges, Held)> {
         let ids = self.inodes.take_log();
+        self.copying.store(false, Ordering::Relaxed);
         let pre = self.precopy.lock().unwrap_or_else(PoisonError::into_inner).take();
         let (ids, pre) = (ids?, pre?);
         if pre.overflowed {
@@ -477,6 +483,7 @@ impl PassthroughFs {
             io_mode: uring::IoMode::Sync,
             engines: Mutex::new(Vec::new()),
             precopy: Mutex::new(None),
+            copying: AtomicBool::new(false),
         };
         Ok((fs, nodes))
     }

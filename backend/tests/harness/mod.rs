@@ -214,6 +214,18 @@ pub trait TestFs: FileSystem {
     fn lookup_count(&self, ino: u64) -> Option<u64>;
 }
 
+/// A repeatable pseudo-random source (xorshift64, `seed` not 0): each call gives a number
+/// below its argument (0 for 0 or 1).
+#[allow(dead_code)] // not every test binary uses it
+pub fn xorshift(mut seed: u64) -> impl FnMut(u64) -> u64 {
+    move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n.max(1)
+    }
+}
+
 /// `(entry, open)` of CREATE or TMPFILE as `(entry, file handle)`.
 pub fn with_fh((entry, open): (abi::EntryOut, abi::OpenOut)) -> (abi::EntryOut, u64) {
     (entry, open.fh)
