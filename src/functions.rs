@@ -20,10 +20,10 @@ use virtiofs_backend::passthrough::DescriptorShare;
 use virtiofs_device::config::{Placement, Profile};
 use virtiofs_device::poller::PollerPool;
 use virtiofs_device::stats::{ClientState, DeviceStats};
+use virtiofs_device::vfio_user::socket_file::SocketAccess;
 use virtiofs_device::vfio_user::{self, Removal, StopHandle};
 
 use crate::backends::{self, BackendError, Built};
-use crate::ops::deploy::{self, DeployError};
 use crate::settings::{Defaults, FunctionSpec, SpecError};
 use crate::update::{Origin, SavesState};
 use crate::{FuseStats, RunningDevice};
@@ -65,9 +65,6 @@ pub enum FunctionError {
     /// The backend could not be set up.
     #[error("backend")]
     Backend(#[from] BackendError),
-    /// The socket's group or permission bits could not be set.
-    #[error("socket")]
-    Socket(#[from] DeployError),
     /// The device could not start (its socket, its control plane).
     #[error("device")]
     Device(#[from] vfio_user::ServerError),
@@ -435,9 +432,8 @@ impl FunctionSet {
             return Err(FunctionError::Invalid("`socket_path` is required".into()));
         };
         let opened = backends::open(&spec, true, self.descriptor_share())?;
-        let listener = vfio_user::Listener::bind(path)?;
-        let (gid, mode) = defaults.socket_access;
-        deploy::set_socket_access(path, gid, mode)?;
+        let (group, mode) = defaults.socket_access;
+        let listener = vfio_user::Listener::bind_with(path, SocketAccess { group, mode })?;
         let built = backends::build(spec.fuse.server, opened, None)?;
         self.start_from(listener, spec, built, origin)
     }

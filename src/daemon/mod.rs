@@ -24,6 +24,7 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 use virtiofs_backend::passthrough::DescriptorShare;
 use virtiofs_device::config::ConfigError;
 use virtiofs_device::poller::PollerPool;
+use virtiofs_device::vfio_user::socket_file::SocketAccess;
 use virtiofs_device::vfio_user::{self, Listener};
 
 use crate::backends::{self, BackendError};
@@ -239,9 +240,7 @@ pub fn start(spec: DaemonSpec) -> Result<Serving, StartError> {
 /// adopted from the descriptor a supervisor passed.
 /// Binds a socket path, with its access settings. Inherited descriptors were claimed by [`adopt`].
 fn bind(path: &std::path::Path, (gid, mode): (Option<u32>, Option<u32>)) -> Result<Listener, StartError> {
-    let l = Listener::bind(path).map_err(StartError::Listen)?;
-    deploy::set_socket_access(path, gid, mode).map_err(StartError::Socket)?;
-    Ok(l)
+    Listener::bind_with(path, SocketAccess { group: gid, mode }).map_err(StartError::Listen)
 }
 
 /// Claims an inherited listening socket (`--fd` or socket activation); `None` for a socket path.

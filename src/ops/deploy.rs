@@ -4,9 +4,7 @@
 //! (`READY=1` to `NOTIFY_SOCKET` once the socket listens), without a system library.
 
 use std::os::linux::net::SocketAddrExt;
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram, UnixListener};
-use std::path::Path;
 
 /// Why a deployment step failed.
 #[derive(Debug, thiserror::Error)]
@@ -19,17 +17,6 @@ pub enum DeployError {
     GroupFile {
         /// The group asked for.
         group: String,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The socket's group or mode could not be set.
-    #[error("socket {path}: cannot set {what}")]
-    Permissions {
-        /// The socket's path.
-        path: String,
-        /// Group or mode.
-        what: &'static str,
         /// Cause.
         #[source]
         source: std::io::Error,
@@ -72,20 +59,6 @@ pub fn group_id(group: &str) -> Result<u32, DeployError> {
         })
         .next()
         .ok_or_else(|| DeployError::NoSuchGroup(group.into()))
-}
-
-/// Gives the socket file at `path` the group `gid` and the permission bits `mode` (each if
-/// set). Connecting to a unix socket needs write permission on it.
-pub fn set_socket_access(path: &Path, gid: Option<u32>, mode: Option<u32>) -> Result<(), DeployError> {
-    let err = |what, source| DeployError::Permissions { path: path.display().to_string(), what, source };
-    if let Some(gid) = gid {
-        std::os::unix::fs::chown(path, None, Some(gid)).map_err(|e| err("its group", e))?;
-    }
-    if let Some(mode) = mode {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-            .map_err(|e| err("its mode", e))?;
-    }
-    Ok(())
 }
 
 /// Parses an octal mode such as `0660` or `660`.

@@ -31,7 +31,7 @@ use crate::error_chain;
 use crate::ops::deploy::{Notifier, SUPERVISED_LISTEN_FD};
 use crate::settings::AllowCreate;
 use crate::sys;
-use virtiofs_device::vfio_user::socket_file::{bind_exclusive, remove_unserved};
+use virtiofs_device::vfio_user::socket_file::{bind_exclusive_with, remove_unserved, SocketAccess};
 
 /// What the supervisor's loop hears.
 enum Event {
@@ -95,9 +95,9 @@ impl SocketRules {
     fn bind(&self, path: &Path) -> Result<(std::os::unix::net::UnixListener, std::fs::File), String> {
         let allow = self.allow.as_ref().ok_or("create_function is off (no --allow-create)")?;
         let path = allow.socket_path(path)?;
-        let (listener, files) = bind_exclusive(&path).map_err(|e| error_chain(&e))?;
-        crate::ops::deploy::set_socket_access(&path, self.access.0, self.access.1)
-            .map_err(|e| error_chain(&e))?;
+        let (group, mode) = self.access;
+        let (listener, files) =
+            bind_exclusive_with(&path, SocketAccess { group, mode }).map_err(|e| error_chain(&e))?;
         let (_, lock) = files.into_parts();
         let lock = lock.ok_or("the socket's lock is missing")?;
         Ok((listener, lock))

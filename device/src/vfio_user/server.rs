@@ -34,7 +34,7 @@ use vm_memory::ByteValued;
 use super::commands::{self, ok_empty, CmdResult, MAX_DATA_XFER};
 use super::handover::{Answer, ClientHandover, HandoverCell, ServerHandover, ANSWER_BOUND, OFFER_BOUND};
 use super::removal::{self, Removal, RemovalCell};
-use super::socket_file::{bind_exclusive, BindError, SocketFiles};
+use super::socket_file::{bind_exclusive_with, BindError, SocketAccess, SocketFiles};
 use super::wire::{self, cmd, Header, HEADER_SIZE};
 use crate::config::{Placement, Profile};
 use crate::control::DeviceState;
@@ -174,9 +174,14 @@ pub struct Listener {
 
 impl Listener {
     /// Binds `path`, replacing a stale socket file there but never a live one, nor anything
-    /// that is not a socket ([`bind_exclusive`]).
+    /// that is not a socket ([`bind_exclusive_with`]).
     pub fn bind(path: &Path) -> Result<Self, ServerError> {
-        let (listener, files) = bind_exclusive(path)?;
+        Self::bind_with(path, SocketAccess::default())
+    }
+
+    /// [`Listener::bind`], the socket file appearing with `access` (its group and mode).
+    pub fn bind_with(path: &Path, access: SocketAccess) -> Result<Self, ServerError> {
+        let (listener, files) = bind_exclusive_with(path, access)?;
         Ok(Listener { path: path.to_path_buf(), listener, files })
     }
 

@@ -9,6 +9,14 @@
 //! replaced. Anything but a socket is left alone. Neither file is followed if it is a symbolic
 //! link (`O_NOFOLLOW`; the socket file is looked at with `lstat`).
 //!
+//! The socket appears at its path only once it listens, with the group and mode it was asked
+//! for: it is bound at a name of this process's beside it (`PATH.PID.new`), made to listen,
+//! given its access, then renamed into place (never over something that appeared there
+//! meanwhile). A client that waits for the path to exist therefore never finds a socket that
+//! refuses it (`bind` and `listen` are two system calls), nor one that anybody may connect to
+//! for an instant (the umask's bits). Only a path too long to add that suffix to is bound in
+//! place, with its access set after.
+//!
 //! What a bind made is removed if it fails, or if what it bound is dropped before it was
 //! served ([`SocketFiles::served`]): nothing is left behind by a refused or failed start. A
 //! served socket's file is removed when the server stops; its lock file stays (unlinking it
@@ -44,6 +52,17 @@ pub enum BindError {
         /// What it should have been.
         what: &'static str,
     },
+    /// The socket's group or mode could not be set.
+    #[error("cannot set {what} of the socket {path}")]
+    Access {
+        /// Socket path.
+        path: String,
+        /// "its group" or "its mode".
+        what: &'static str,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
     /// A system call failed.
     #[error("cannot listen on {path}")]
     Io {
@@ -53,6 +72,32 @@ pub enum BindError {
         #[source]
         source: io::Error,
     },
+}
+
+/// Who may connect to a socket: the group and the permission bits its file gets (each if set;
+/// connecting to a unix socket needs write permission on its file).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SocketAccess {
+    /// The socket file's group.
+    pub group: Option<u32>,
+    /// The socket file's permission bits.
+    pub mode: Option<u32>,
+}
+
+impl SocketAccess {
+    /// Gives the socket file at `path` this access.
+    pub fn apply(&self, path: &Path) -> Result<(), BindError> {
+        let err = |what, source| BindError::Access { path: path.display().to_string(), what, source };
+        if let Some(gid) = self.group {
+            std::os::unix::fs::chown(path, None, Some(gid)).map_err(|e| err("its group", e))?;
+        }
+        if let Some(mode) = self.mode {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| err("its mode", e))?;
+        }
+        Ok(())
+    }
 }
 
 /// The files of a bound socket: removed when dropped, as far as this process made them.
@@ -142,9 +187,18 @@ impl Drop for SocketFiles {
     }
 }
 
-/// Binds `path` (see the module's documentation): the listening socket, non-blocking, and the
-/// files it made.
+/// Binds `path` (see the module's documentation) with the default access (the umask's): the
+/// listening socket, non-blocking, and the files it made.
 pub fn bind_exclusive(path: &Path) -> Result<(UnixListener, SocketFiles), BindError> {
+    bind_exclusive_with(path, SocketAccess::default())
+}
+
+/// Binds `path` (see the module's documentation), its socket file appearing with `access`:
+/// the listening socket, non-blocking, and the files it made.
+pub fn bind_exclusive_with(
+    path: &Path,
+    access: SocketAccess,
+) -> Result<(UnixListener, SocketFiles), BindError> {
     let shown = || path.display().to_string();
     let io_err = |source| BindError::Io { path: shown(), source };
     let mut lock_path: OsString = path.as_os_str().to_owned();
@@ -191,11 +245,42 @@ pub fn bind_exclusive(path: &Path) -> Result<(UnixListener, SocketFiles), BindEr
             Err(e) => return Err(io_err(e)),
         }
     }
-    let listener = UnixListener::bind(path).map_err(io_err)?;
+    let mut staged: OsString = path.as_os_str().to_owned();
+    staged.push(format!(".{}.new", std::process::id()));
+    let staged = PathBuf::from(staged);
+    if staged.as_os_str().len() >= SUN_PATH_MAX {
+        // No room for the suffix: bound in place, its access set once it exists.
+        let listener = UnixListener::bind(path).map_err(io_err)?;
+        files.socket = Some(path.to_path_buf());
+        access.apply(path)?;
+        listener.set_nonblocking(true).map_err(io_err)?;
+        return Ok((listener, files));
+    }
+    // A name of this process's: one left by an earlier process of the same number is stale.
+    if std::fs::symlink_metadata(&staged).is_ok_and(|m| m.file_type().is_socket()) {
+        let _ = std::fs::remove_file(&staged);
+    }
+    let listener = UnixListener::bind(&staged).map_err(io_err)?;
+    files.socket = Some(staged.clone());
+    access.apply(&staged)?;
+    rustix::fs::renameat_with(
+        rustix::fs::CWD,
+        &staged,
+        rustix::fs::CWD,
+        path,
+        rustix::fs::RenameFlags::NOREPLACE,
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::EXIST => BindError::InUse { path: shown(), how: "something else appeared there" },
+        e => io_err(e.into()),
+    })?;
     files.socket = Some(path.to_path_buf());
     listener.set_nonblocking(true).map_err(io_err)?;
     Ok((listener, files))
 }
+
+/// The longest socket path plus one: the size of `sun_path`.
+const SUN_PATH_MAX: usize = 108;
 
 /// Removes the socket file at `path` if no server holds it (its `PATH.lock` can be locked, or
 /// there is none) and it is a socket (a supervisor removing what a confined process it serves
@@ -288,5 +373,36 @@ mod tests {
         let (l, files) = bind_exclusive(&sock).unwrap();
         drop((l, files));
         assert!(lock("sock").exists());
+    }
+
+    /// The socket appears at its path listening and with its access: a connect as soon as the
+    /// path exists is accepted, and the mode is the one asked for, whatever the umask. Nothing
+    /// of the staging name is left; a path too long for it is bound in place.
+    #[test]
+    fn the_socket_appears_listening_with_its_access() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("s");
+        let access = SocketAccess { group: None, mode: Some(0o600) };
+        let (l, files) = bind_exclusive_with(&sock, access).unwrap();
+        UnixStream::connect(&sock).expect("listening once it is there");
+        let mode = std::fs::symlink_metadata(&sock).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o600);
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 2, "the socket and its lock only: {names:?}");
+        drop((l, files));
+        // A stale staging socket of this process's number is replaced.
+        let staged = dir.path().join(format!("s.{}.new", std::process::id()));
+        drop(UnixListener::bind(&staged).unwrap());
+        let (l, files) = bind_exclusive_with(&sock, access).unwrap();
+        assert!(!staged.exists());
+        drop((l, files));
+        // No room for the suffix: bound in place, with its access all the same.
+        let long = dir.path().join("x".repeat(SUN_PATH_MAX - 2 - dir.path().as_os_str().len()));
+        assert!(long.as_os_str().len() < SUN_PATH_MAX);
+        let (_l, _files) = bind_exclusive_with(&long, access).unwrap();
+        UnixStream::connect(&long).unwrap();
+        let mode = std::fs::symlink_metadata(&long).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o600);
     }
 }

@@ -56,7 +56,6 @@ use virtiofs_device::stats::DeviceStats;
 use virtiofs_device::vfio_user::StopHandle;
 
 use crate::functions::{FunctionError, FunctionSet};
-use crate::ops::deploy::{self, DeployError};
 
 mod access;
 mod client;
@@ -65,7 +64,7 @@ mod serve;
 pub use access::{peer_allowed, status_groups, ControlAccess, PeerCred, DEFAULT_MODE};
 pub use client::{ClientError, ControlClient};
 pub use serve::{EVICTABLE_AFTER, OUTPUT_HIGH};
-use virtiofs_device::vfio_user::socket_file::{bind_exclusive, BindError, SocketFiles};
+use virtiofs_device::vfio_user::socket_file::{bind_exclusive_with, BindError, SocketAccess, SocketFiles};
 
 /// Longest request line accepted, in bytes.
 pub const MAX_LINE: usize = 1 << 20;
@@ -85,15 +84,6 @@ pub enum ControlSocketError {
     /// or a system call failed.
     #[error("control socket")]
     Bind(#[from] BindError),
-    /// The socket file's group or mode could not be set.
-    #[error("control socket {path}")]
-    Access {
-        /// The socket's path.
-        path: String,
-        /// Cause.
-        #[source]
-        source: DeployError,
-    },
     /// The event loop or its thread could not be set up.
     #[error("control socket {path}: cannot start")]
     Setup {
@@ -531,11 +521,8 @@ impl BoundControlSocket {
     /// socket that accepts a connection, makes this fail ([`BindError::InUse`]); nor is
     /// anything that is not a socket. A failed bind leaves nothing behind.
     pub fn bind(path: &Path, access: ControlAccess) -> Result<Self, ControlSocketError> {
-        let (listener, files) = bind_exclusive(path)?;
-        // Until the mode is set the umask's bits apply; a client connecting meanwhile is still
-        // checked by its credentials.
-        deploy::set_socket_access(path, access.group, Some(access.mode))
-            .map_err(|source| ControlSocketError::Access { path: path.display().to_string(), source })?;
+        let (listener, files) =
+            bind_exclusive_with(path, SocketAccess { group: access.group, mode: Some(access.mode) })?;
         let uid = crate::sys::effective_uid();
         Ok(BoundControlSocket { path: path.to_path_buf(), listener, files, uid, access })
     }
