@@ -209,6 +209,15 @@ pub trait SocketBinder: Send + Sync {
     fn unlink(&self, path: &Path);
 }
 
+/// Who keeps the functions' checkpoints across a crash of this process (issue 24: its
+/// supervisor, `crate::update::recovery`).
+pub trait Keeper: Send + Sync {
+    /// Where the checkpoints of function `tag` (made as `origin` says) go.
+    fn sink(&self, tag: &str, origin: &Origin) -> Arc<dyn vfio_user::handover::CheckpointSink>;
+    /// Function `tag` is gone: its checkpoint is dropped.
+    fn forget(&self, tag: &str);
+}
+
 /// The functions of a daemon and the pollers they share.
 pub struct FunctionSet {
     pool: PollerPool,
@@ -229,6 +238,8 @@ struct Inner {
     binder: Option<Arc<dyn SocketBinder>>,
     /// A live update took the handover list and has not ended (see [`Self::handover_list`]).
     updating: bool,
+    /// Who keeps the checkpoints (a supervised daemon that recovers from crashes).
+    keeper: Option<Arc<dyn Keeper>>,
 }
 
 impl FunctionSet {
@@ -244,6 +255,7 @@ impl FunctionSet {
             max,
             binder: None,
             updating: false,
+            keeper: None,
         };
         FunctionSet { pool, inner: Mutex::new(inner) }
     }
@@ -261,6 +273,17 @@ impl FunctionSet {
             inner.defaults = Some(defaults);
             inner.binder = Some(binder);
         }
+    }
+
+    /// From now on every function started keeps its queues' in-flight records and gives
+    /// `keeper` a checkpoint whenever its state changes (issue 24). Call before any starts.
+    pub fn keep_checkpoints(&self, keeper: Arc<dyn Keeper>) {
+        self.lock().keeper = Some(keeper);
+    }
+
+    /// Whether functions keep checkpoints (and their in-flight records).
+    pub fn keeps_checkpoints(&self) -> bool {
+        self.lock().keeper.is_some()
     }
 
     /// The shared pollers.
@@ -291,13 +314,19 @@ impl FunctionSet {
             return Err(FunctionError::Updating);
         }
         let placement = self.placement(&inner, &spec, 0)?;
-        let device = RunningDevice::start_on_pool(
+        let mut profile = spec.profile.clone();
+        profile.inflight_tracking |= inner.keeper.is_some();
+        let mut server = vfio_user::Server::on_pool(
             listener,
-            spec.profile.clone(),
+            &profile,
             built.handler.clone(),
             &self.pool,
             placement.clone(),
         )?;
+        if let Some(k) = &inner.keeper {
+            server.keep_checkpoints(k.sink(spec.tag(), &origin));
+        }
+        let device = RunningDevice::run_server(server, spec.tag())?;
         self.insert(&mut inner, spec, placement, device, built, origin)
     }
 
@@ -344,6 +373,10 @@ impl FunctionSet {
     ) -> Result<FunctionInfo, FunctionError> {
         let mut inner = self.lock();
         self.placement(&inner, &spec, 0)?;
+        let mut server = server;
+        if let Some(k) = &inner.keeper {
+            server.keep_checkpoints(k.sink(spec.tag(), &origin));
+        }
         let device = RunningDevice::run_server(server, spec.tag())?;
         self.insert(&mut inner, spec, placement, device, built, origin)
     }
@@ -509,6 +542,9 @@ impl FunctionSet {
             let mut inner = self.lock();
             let socket = inner.functions.iter().find(|f| f.tag == tag).map(|f| f.socket.clone());
             inner.functions.retain(|f| f.tag != tag);
+            if let Some(k) = &inner.keeper {
+                k.forget(tag);
+            }
             (socket, inner.binder.clone())
         };
         // A confined process cannot reach a socket file outside its sandbox: its supervisor

@@ -221,6 +221,13 @@ struct Args {
     /// (without it only the supervisor's own binary path, as a package update replaces it).
     #[arg(long, value_name = "DIR", requires = "live_update")]
     update_binary_dir: Option<PathBuf>,
+    /// With --live-update, how often the supervisor restarts a serving process that died
+    /// unasked (a crash, SIGKILL) before it gives up: at most N times in SECONDS (`0/0`: it
+    /// does not; the daemon ends with the serving process, as before). The new process takes
+    /// every function over from the checkpoints the supervisor kept: the client connections
+    /// stay and no request hangs (DESIGN.md, "Crash recovery").
+    #[arg(long, value_name = "N/SECONDS", default_value = "5/60", requires = "live_update")]
+    crash_limit: String,
     /// Refused (exit status 2), as are --migration-on-error, --migration-verify-handles and
     /// --migration-confirm-paths: the device does not migrate (it offers QEMU no VFIO
     /// migration support, so QEMU blocks migrating the VM), and accepting them would promise otherwise.
@@ -389,8 +396,15 @@ fn supervise(args: &Args, spec: &DaemonSpec) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let crash_limit = match supervisor::CrashLimit::parse(&args.crash_limit) {
+        Ok(l) => l,
+        Err(e) => {
+            error!("--crash-limit {}: {e}", args.crash_limit);
+            return ExitCode::from(2);
+        }
+    };
     let args = std::env::args_os().skip(1).collect();
-    let launch = supervisor::Launch { binary, args, binary_dir, sockets, activated };
+    let launch = supervisor::Launch { binary, args, binary_dir, sockets, activated, crash_limit };
     supervisor::run(launch)
 }
 

@@ -130,6 +130,8 @@ pub struct BenchConfig {
     pub pin: bool,
     /// The in-process device's `latency_histograms` (its per-class latency measurement).
     pub latency_histograms: bool,
+    /// The in-process device's `inflight_tracking` (its split queues' in-flight records).
+    pub inflight_tracking: bool,
     /// Length of the ping-pong measurement.
     pub floor_duration: Duration,
     /// Run only some phases: comma-separated filters, each a list of words that must all be
@@ -168,6 +170,7 @@ impl Default for BenchConfig {
             busy_poll: false,
             pin: true,
             latency_histograms: true,
+            inflight_tracking: false,
             floor_duration: Duration::from_secs(1),
             only: None,
             rounds: 1,
@@ -492,6 +495,7 @@ fn profile_of(cfg: &BenchConfig) -> virtiofs_dpu::config::Profile {
             virtiofs_dpu::config::Polling::Adaptive
         },
         latency_histograms: cfg.latency_histograms,
+        inflight_tracking: cfg.inflight_tracking,
         ..Default::default()
     }
 }

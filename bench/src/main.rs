@@ -66,6 +66,10 @@ struct Args {
     /// to compare the statistics' cost).
     #[arg(long)]
     no_latency_histograms: bool,
+    /// Run the in-process device with `inflight_tracking = true` (its split queues keep their
+    /// in-flight records: to compare the tracking's cost).
+    #[arg(long)]
+    inflight_tracking: bool,
     /// Run only some phases: comma-separated lists of words of the phase label (e.g.
     /// "randread QD=1", "QD=1,refill").
     #[arg(long)]
@@ -165,6 +169,7 @@ fn main() -> ExitCode {
         idle_spin_us: a.idle_spin_us,
         busy_poll: a.busy_poll,
         latency_histograms: !a.no_latency_histograms,
+        inflight_tracking: a.inflight_tracking,
         pin: !a.no_pin,
         only: a.only,
         rounds: a.rounds.max(1),

@@ -119,6 +119,10 @@ pub struct Profile {
     /// the CPU's cycle counter per batch of requests a queue gives a poll round); `false` keeps
     /// only the counters.
     pub latency_histograms: bool,
+    /// Keep each split queue's in-flight record in shared memory (crash recovery: which chains
+    /// were taken and not returned; three stores per request, no system call). Packed rings are
+    /// not tracked.
+    pub inflight_tracking: bool,
     /// Most DMA windows a client may have mapped at once (1 to 65535); past it DMA_MAP fails
     /// ENOSPC. Each window with a descriptor keeps that descriptor open.
     pub max_dma_windows: usize,
@@ -149,6 +153,7 @@ impl Default for Profile {
             doorbells: Doorbells::Auto,
             queue_mapping: QueueMapping::Spread,
             latency_histograms: true,
+            inflight_tracking: false,
             max_dma_windows: 4096,
             max_dma_mib: 1 << 20,
             fd_reserve: 128,

@@ -32,8 +32,9 @@ use crate::handover::{
 use crate::interrupt::{is_eventfd, set_nonblocking, signal_eventfd, Irqs, Signalled};
 use crate::memory::{self, DmaTable, MemoryError};
 use crate::pci::{self, features, AccessError, DeviceEvent, VirtioFsFunction};
-use crate::poller::{PollerPool, PollerSet, RequestHandler};
+use crate::poller::{FunctionShared, PollerPool, PollerSet, RequestHandler};
 use crate::stats::{DeviceCounters, DeviceStats};
+use crate::virtq::track::TrackArea;
 
 /// A request of the client the device refuses (each maps to the errno the transport reports).
 #[derive(Debug, Error)]
@@ -101,6 +102,12 @@ pub struct DeviceState {
     /// Where the running queues of a function taken over stand, until
     /// [`Self::start_taken`] resumes them.
     taken: Option<Vec<crate::poller::QueueState>>,
+    /// The queues' in-flight records (the profile's `inflight_tracking`).
+    track: Option<Arc<TrackArea>>,
+    /// Made by [`Self::recover`]: the running queues resume from their in-flight records.
+    recovering: bool,
+    /// Bumped by every change of what a checkpoint holds ([`Self::epoch`]).
+    epoch: u64,
 }
 
 impl DeviceState {
@@ -116,6 +123,23 @@ impl DeviceState {
         handler: Arc<dyn RequestHandler>,
         wake_control: Arc<dyn Fn() + Send + Sync>,
     ) -> io::Result<Self> {
+        let track = if profile.inflight_tracking {
+            Some(TrackArea::create(profile.request_queues.saturating_add(1)).map_err(io::Error::other)?)
+        } else {
+            None
+        };
+        Self::with_track(profile, pool, placement, handler, wake_control, track)
+    }
+
+    /// [`Self::on_pool`], keeping its queues' in-flight records in `track`.
+    fn with_track(
+        profile: &Profile,
+        pool: &PollerPool,
+        placement: Placement,
+        handler: Arc<dyn RequestHandler>,
+        wake_control: Arc<dyn Fn() + Send + Sync>,
+        track: Option<Arc<TrackArea>>,
+    ) -> io::Result<Self> {
         let mut offered = features::EVENT_IDX | features::INDIRECT_DESC;
         if profile.packed_ring {
             offered |= features::RING_PACKED;
@@ -123,8 +147,8 @@ impl DeviceState {
         let func = VirtioFsFunction::new(&profile.tag, profile.request_queues, profile.queue_size, offered);
         let dma = DmaTable::with_limits(profile.dma_limits());
         let msix = func.msix().clone();
-        let pollers =
-            PollerSet::attach(pool, profile, placement, handler, msix, dma.faults().clone(), wake_control);
+        let shared = FunctionShared { msix, faults: dma.faults().clone(), track: track.clone() };
+        let pollers = PollerSet::attach(pool, profile, placement, handler, shared, wake_control);
         let notify_mem = if profile.doorbells_on_socket() {
             None
         } else {
@@ -132,7 +156,24 @@ impl DeviceState {
         };
         let vectors = func.msix().len();
         let msix_fds = (0..vectors).map(|_| None).collect();
-        Ok(DeviceState { func, dma, pollers, msix_fds, req_fd: None, notify_mem, taken: None })
+        Ok(DeviceState {
+            func,
+            dma,
+            pollers,
+            msix_fds,
+            req_fd: None,
+            notify_mem,
+            taken: None,
+            track,
+            recovering: false,
+            epoch: 0,
+        })
+    }
+
+    /// The memory file of the queues' in-flight records, if the profile keeps them (for the
+    /// process that keeps it across a crash).
+    pub fn inflight_record(&self) -> Option<&File> {
+        self.track.as_ref().map(|t| t.file())
     }
 
     /// The device's counters, readable from any thread.
@@ -172,7 +213,8 @@ impl DeviceState {
     }
 
     /// Publishes the status register and the driver's features for the statistics' readers.
-    fn publish_state(&self) {
+    fn publish_state(&mut self) {
+        self.epoch += 1;
         self.counters().driver_state(self.func.status(), self.func.driver_features());
     }
 
@@ -212,6 +254,7 @@ impl DeviceState {
         let has_fd = file.is_some();
         debug!("DMA_MAP {address:#x}+{size:#x} offset {offset:#x} fd {has_fd}");
         self.dma.map(address, size, offset, file)?;
+        self.epoch += 1;
         if has_fd {
             self.pollers.set_memory(&self.dma.snapshot());
         }
@@ -225,6 +268,7 @@ impl DeviceState {
             Some((address, size)) => self.dma.unmap(address, size)?,
             None => self.dma.clear(),
         };
+        self.epoch += 1;
         self.pollers.set_memory(&self.dma.snapshot());
         drop(removed); // no poller can touch them now: their SIGBUS watch may end
         Ok(())
@@ -294,6 +338,7 @@ impl DeviceState {
         }
         self.counters().removal_interrupt(fd.is_some());
         self.req_fd = fd;
+        self.epoch += 1;
         Ok(())
     }
 
@@ -328,6 +373,7 @@ impl DeviceState {
         selected: Option<&[bool]>,
         masked: bool,
     ) -> Result<(), ControlError> {
+        self.epoch += 1;
         for v in self.selected(start, count, selected)? {
             self.func.msix().set_vfio_mask(v, masked);
             if !masked && self.func.msix().take_pending_if_unmasked(v) {
@@ -404,34 +450,55 @@ impl DeviceState {
             Some(_) => self.pollers.freeze()?,
             None => Vec::new(),
         };
-        let export = |dev: &Self| -> Result<DeviceHandover, HandoverError> {
-            let mut files = HandoverFiles::default();
-            let mut windows = Vec::new();
-            for (address, size, file) in dev.dma.export()? {
-                let offset = file.map(|(f, off)| {
-                    files.windows.push(f);
-                    off
-                });
-                windows.push(WindowState { address, size, offset });
-            }
-            for f in dev.msix_fds.iter().flatten() {
-                files.msix.push(f.try_clone()?);
-            }
-            files.request = dev.req_fd.as_ref().map(File::try_clone).transpose()?;
-            files.notify = dev.notify_mem.as_ref().map(File::try_clone).transpose()?;
-            let snapshot = DeviceSnapshot {
-                version: SNAPSHOT_VERSION,
-                function: dev.func.save(),
-                rings,
-                windows,
-                msix_fds: dev.msix_fds.iter().map(Option::is_some).collect(),
-                request_fd: dev.req_fd.is_some(),
-                notify_mem: dev.notify_mem.is_some(),
-                stats: dev.counters().snapshot(),
-            };
-            Ok(DeviceHandover { snapshot, files })
+        self.export_state(rings).inspect_err(|_| self.resume_serving())
+    }
+
+    /// A count that moves whenever something a [`Self::checkpoint`] holds changed (registers,
+    /// DMA windows, interrupt descriptors): the transport takes a checkpoint when it moved.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The device's state and descriptors as a process started after a crash resumes from
+    /// (issue 24; [`Self::recover`]), taken while it serves: no ring positions (the queues'
+    /// in-flight record, which comes along, says where they stand) and nothing frozen.
+    pub fn checkpoint(&self) -> Result<DeviceHandover, HandoverError> {
+        let mut h = self.export_state(Vec::new())?;
+        // The counters start again from zero after a crash: a checkpoint stays small.
+        h.snapshot.stats = DeviceStats::default();
+        h.files.inflight = self.track.as_ref().map(|t| t.file().try_clone()).transpose()?;
+        h.snapshot.inflight = h.files.inflight.is_some();
+        Ok(h)
+    }
+
+    /// The registers, windows and interrupt descriptors, with `rings`.
+    fn export_state(&self, rings: Vec<crate::poller::QueueState>) -> Result<DeviceHandover, HandoverError> {
+        let mut files = HandoverFiles::default();
+        let mut windows = Vec::new();
+        for (address, size, file) in self.dma.export()? {
+            let offset = file.map(|(f, off)| {
+                files.windows.push(f);
+                off
+            });
+            windows.push(WindowState { address, size, offset });
+        }
+        for f in self.msix_fds.iter().flatten() {
+            files.msix.push(f.try_clone()?);
+        }
+        files.request = self.req_fd.as_ref().map(File::try_clone).transpose()?;
+        files.notify = self.notify_mem.as_ref().map(File::try_clone).transpose()?;
+        let snapshot = DeviceSnapshot {
+            version: SNAPSHOT_VERSION,
+            function: self.func.save(),
+            rings,
+            windows,
+            msix_fds: self.msix_fds.iter().map(Option::is_some).collect(),
+            request_fd: self.req_fd.is_some(),
+            notify_mem: self.notify_mem.is_some(),
+            stats: self.counters().snapshot(),
+            inflight: false,
         };
-        export(self).inspect_err(|_| self.resume_serving())
+        Ok(DeviceHandover { snapshot, files })
     }
 
     /// Takes requests again after [`Self::hand_over`] (the successor did not take over).
@@ -446,6 +513,11 @@ impl DeviceState {
     /// running queues resumed where they stood. A completion the predecessor published but did
     /// not signal is covered: every running queue's vector is signalled once (a spurious
     /// interrupt costs the driver one look at its used ring).
+    ///
+    /// A [`Self::checkpoint`] (its snapshot marks an in-flight record) is taken over the same
+    /// way by a process started after a crash (issue 24): the device keeps the same record,
+    /// and its running queues resume where the record says ([`crate::virtq::track`]): the
+    /// returns written are published, the chains in flight are taken again.
     pub fn take_over(
         profile: &Profile,
         pool: &PollerPool,
@@ -460,7 +532,16 @@ impl DeviceState {
         }
         let mismatch = |what: &str| HandoverError::Files(what.to_string());
         let t = std::time::Instant::now();
-        let mut dev = Self::on_pool(profile, pool, placement, handler, wake_control)?;
+        let mut dev = match (s.inflight, files.inflight) {
+            (true, Some(f)) => {
+                let track = TrackArea::open(f).map_err(|e| HandoverError::Files(e.to_string()))?;
+                let mut dev = Self::with_track(profile, pool, placement, handler, wake_control, Some(track))?;
+                dev.recovering = true;
+                dev
+            }
+            (false, None) => Self::on_pool(profile, pool, placement, handler, wake_control)?,
+            _ => return Err(mismatch("the in-flight record")),
+        };
         let attached = t.elapsed();
         dev.func.restore(&s.function)?;
         dev.counters().carry(s.stats.clone());
@@ -522,7 +603,11 @@ impl DeviceState {
     pub fn start_taken(&mut self) {
         let Some(rings) = self.taken.take() else { return };
         if let Some(act) = self.func.activation() {
-            self.pollers.resume(&act.queues, act.features, &rings);
+            if std::mem::take(&mut self.recovering) {
+                self.pollers.recover(&act.queues, act.features);
+            } else {
+                self.pollers.resume(&act.queues, act.features, &rings);
+            }
             for q in &act.queues {
                 self.signal(q.vector);
             }
@@ -530,6 +615,7 @@ impl DeviceState {
     }
 
     fn publish_irqs(&mut self) {
+        self.epoch += 1;
         let irqs: Irqs = self.msix_fds.iter().map(|f| f.as_ref().and_then(|f| f.try_clone().ok())).collect();
         self.pollers.set_irqs(&irqs);
     }

@@ -60,6 +60,11 @@ pub struct DeviceSnapshot {
     /// The device's statistics at the quiet point: the taker's counters continue from them.
     #[serde(default)]
     pub stats: crate::stats::DeviceStats,
+    /// Whether the queues' in-flight record comes along (its file is
+    /// [`HandoverFiles::inflight`]): a checkpoint for crash recovery
+    /// ([`crate::control::DeviceState::checkpoint`]); a live update moves none.
+    #[serde(default)]
+    pub inflight: bool,
 }
 
 /// The descriptors of a [`DeviceSnapshot`], in its order.
@@ -73,6 +78,8 @@ pub struct HandoverFiles {
     pub request: Option<File>,
     /// The doorbells' area the client maps (the same file, so its mapping stays the device's).
     pub notify: Option<File>,
+    /// The queues' in-flight record (a checkpoint's).
+    pub inflight: Option<File>,
 }
 
 /// A function's device, handed over.

@@ -33,6 +33,7 @@ use crate::functions::{FunctionError, FunctionSet};
 use crate::ops::control_socket::{BoundControlSocket, ControlAccess, ControlSocketError};
 use crate::ops::deploy::{self, DeployError};
 use crate::settings::{BackendSpec, DaemonSpec, Socket};
+use crate::update::recovery::CheckpointKeeper;
 use crate::update::{Role, Updater};
 pub use serve::Serving;
 
@@ -121,11 +122,12 @@ impl StartError {
 /// (`role`, [`crate::update`]).
 pub fn run(spec: DaemonSpec, role: Role) -> ExitCode {
     let started = match role {
-        Role::Alone => start(spec),
-        Role::Serving(supervisor) => {
+        Role::Alone => start(spec, None),
+        Role::Serving { supervisor, checkpoints } => {
             let (defaults, confined) = (spec.defaults.clone(), spec.confinement.confined());
-            start(spec).map(|mut s| {
-                let updater = Arc::new(Updater::new(supervisor, 0));
+            let keeper = checkpoints.map(CheckpointKeeper::new);
+            start(spec, keeper.clone()).map(|mut s| {
+                let updater = Arc::new(Updater::new(supervisor, 0).with_recovery(keeper, 0));
                 if confined {
                     s.functions.bind_through(updater.clone(), defaults);
                 }
@@ -133,7 +135,10 @@ pub fn run(spec: DaemonSpec, role: Role) -> ExitCode {
                 s
             })
         }
-        Role::Taking { supervisor, peer } => take::take_over(spec, supervisor, peer),
+        Role::Taking { supervisor, peer, checkpoints, recovering } => {
+            let keeper = checkpoints.map(CheckpointKeeper::new);
+            take::take_over(spec, supervisor, peer, keeper, recovering)
+        }
     };
     match started {
         Ok(serving) => serving.serve(),
@@ -149,7 +154,8 @@ pub fn run(spec: DaemonSpec, role: Role) -> ExitCode {
 }
 
 /// Steps 1 to 7 of the module's documentation.
-pub fn start(spec: DaemonSpec) -> Result<Serving, StartError> {
+/// `keeper`: where the functions' checkpoints go (a supervisor that recovers from crashes).
+pub fn start(spec: DaemonSpec, keeper: Option<Arc<CheckpointKeeper>>) -> Result<Serving, StartError> {
     // Inherited sockets first: until they are claimed, any descriptor this process opens could
     // take the number of one that was named but not passed, and be adopted in its place.
     let mut inherited = spec.functions.iter().map(|f| adopt(&f.socket)).collect::<Result<Vec<_>, _>>()?;
@@ -228,6 +234,9 @@ pub fn start(spec: DaemonSpec) -> Result<Serving, StartError> {
     let defaults = (!spec.confinement.confined()).then(|| spec.defaults.clone());
     let why = "the daemon is confined (sandbox or seccomp) and can bind no new socket";
     let functions = Arc::new(FunctionSet::new(pool, defaults, why, spec.ops.max_functions));
+    if let Some(k) = keeper {
+        functions.keep_checkpoints(k);
+    }
     let config = spec.describe();
     for ((f, l), b) in spec.functions.into_iter().zip(listeners).zip(built) {
         let tag = f.tag().to_string();

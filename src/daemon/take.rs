@@ -33,6 +33,7 @@ use crate::functions::FunctionSet;
 use crate::ops::control_socket::{BoundControlSocket, ControlAccess};
 use crate::settings::{BackendSpec, DaemonSpec, FunctionSpec};
 use crate::update::channel::Channel;
+use crate::update::recovery::{CheckpointKeeper, Ending};
 use crate::update::state::{self, Files, FunctionPart, Msg, Origin, PrecopyPart, FORMATS_READ};
 use crate::update::{backend, Updater};
 
@@ -55,7 +56,19 @@ struct Taken {
 
 /// Takes over from the old process at the other end of `peer`; the daemon `spec` describes is
 /// this binary's reading of the same command line.
-pub fn take_over(spec: DaemonSpec, supervisor: Channel, peer: Channel) -> Result<Serving, StartError> {
+///
+/// After a crash the supervisor is the other end (`recovering`: the recoveries the daemon had
+/// before), replaying the checkpoints it kept ([`crate::update::recovery`]): the exchange is
+/// the same; the functions' queues resume from their in-flight records, and a backend whose
+/// state was not kept ([`state::BackendPart::Fresh`]) ends its requests with an error until
+/// its driver resets the device. `keeper`: where this process's checkpoints go.
+pub fn take_over(
+    spec: DaemonSpec,
+    supervisor: Channel,
+    peer: Channel,
+    keeper: Option<Arc<CheckpointKeeper>>,
+    recovering: Option<u64>,
+) -> Result<Serving, StartError> {
     let fail = |why: String| StartError::Takeover(why);
     let confined = match confine_as_started(&spec) {
         Ok(c) => c,
@@ -73,6 +86,9 @@ pub fn take_over(spec: DaemonSpec, supervisor: Channel, peer: Channel) -> Result
     let why = "the daemon is confined (sandbox or seccomp) and can bind no new socket";
     let defaults = (!spec.confinement.confined()).then(|| spec.defaults.clone());
     let functions = Arc::new(FunctionSet::new(pool, defaults, why, spec.ops.max_functions));
+    if let Some(k) = &keeper {
+        functions.keep_checkpoints(k.clone());
+    }
     let hello = Msg::Hello {
         reads: FORMATS_READ.to_vec(),
         version: env!("CARGO_PKG_VERSION").into(),
@@ -109,8 +125,17 @@ pub fn take_over(spec: DaemonSpec, supervisor: Channel, peer: Channel) -> Result
             .adopt(t.server, t.spec, t.placement, t.built, t.origin)
             .map_err(|e| StartError::Function { tag, source: Box::new(e) })?;
     }
-    info!("live update: took over {n} function(s) from the old process (update {})", updates + 1);
-    let updater = Arc::new(Updater::new(supervisor, updates + 1));
+    let (updates, recoveries) = match recovering {
+        Some(r) => {
+            info!("crash recovery {}: took over {n} function(s) from their checkpoints", r + 1);
+            (updates, r + 1)
+        }
+        None => {
+            info!("live update: took over {n} function(s) from the old process (update {})", updates + 1);
+            (updates + 1, 0)
+        }
+    };
+    let updater = Arc::new(Updater::new(supervisor, updates).with_recovery(keeper, recoveries));
     if spec.confinement.confined() {
         functions.bind_through(updater.clone(), spec.defaults.clone());
     }
@@ -332,39 +357,55 @@ fn take_function(
     let handover = state::server_handover(&mut part, &mut files)?;
     let FunctionPart { backend: part_backend, origin, .. } = part;
     let options = fspec.fuse.server;
-    let built = match &fspec.backend {
-        BackendSpec::Ram { .. } => match backends::open(&fspec, true, DescriptorShare::OneOf(1)) {
-            Ok(Opened::Ram(cfg)) => {
-                // The changes since the copy, or the whole state (format 2, or a copy given up
-                // because more changed than its logs keep: the copy is dropped).
-                let from = match (&part_backend, copy) {
-                    (state::BackendPart::RamfsChanges { .. }, Some(Copy::Ram(base))) => {
-                        backend::RamfsFrom::Copy(Box::new(base))
-                    }
-                    (state::BackendPart::RamfsChanges { .. }, _) => {
-                        return Err("its changes came without a copy to apply them to".into())
-                    }
-                    _ => backend::RamfsFrom::Whole(files.next("the RAM filesystem's data")?),
-                };
-                files.finish()?;
-                backend::restore(options, cfg, part_backend, from)?
-            }
-            Ok(_) => return Err("this binary serves it from another backend".into()),
-            Err(e) => return Err(crate::error_chain(&e)),
-        },
-        BackendSpec::SharedDir { .. } => {
-            let (cfg, io_mode, proc_fd) = share_setup(spec, shares, &fspec, &origin)?;
-            let copy = match copy {
-                Some(Copy::Shared(base)) => Some(base),
-                _ => None,
-            };
-            backend::restore_passthrough(options, cfg, io_mode, proc_fd, part_backend, files.rest(), copy)?
-        }
-        BackendSpec::Remote(r) => {
-            let data = files.next("the UNSTABLE store's data")?;
+    let mut fspec = fspec;
+    fspec.profile.inflight_tracking |= functions.keeps_checkpoints();
+    let built = match (&fspec.backend, &part_backend) {
+        (_, state::BackendPart::Fresh) => {
             files.finish()?;
-            backend::restore_nfs(options, r.options.clone(), part_backend, data)?
+            fresh(&fspec)
         }
+        _ => match &fspec.backend {
+            BackendSpec::Ram { .. } => match backends::open(&fspec, true, DescriptorShare::OneOf(1)) {
+                Ok(Opened::Ram(cfg)) => {
+                    // The changes since the copy, or the whole state (format 2, or a copy given up
+                    // because more changed than its logs keep: the copy is dropped).
+                    let from = match (&part_backend, copy) {
+                        (state::BackendPart::RamfsChanges { .. }, Some(Copy::Ram(base))) => {
+                            backend::RamfsFrom::Copy(Box::new(base))
+                        }
+                        (state::BackendPart::RamfsChanges { .. }, _) => {
+                            return Err("its changes came without a copy to apply them to".into())
+                        }
+                        _ => backend::RamfsFrom::Whole(files.next("the RAM filesystem's data")?),
+                    };
+                    files.finish()?;
+                    backend::restore(options, cfg, part_backend, from)?
+                }
+                Ok(_) => return Err("this binary serves it from another backend".into()),
+                Err(e) => return Err(crate::error_chain(&e)),
+            },
+            BackendSpec::SharedDir { .. } => {
+                let (cfg, io_mode, proc_fd) = share_setup(spec, shares, &fspec, &origin)?;
+                let copy = match copy {
+                    Some(Copy::Shared(base)) => Some(base),
+                    _ => None,
+                };
+                backend::restore_passthrough(
+                    options,
+                    cfg,
+                    io_mode,
+                    proc_fd,
+                    part_backend,
+                    files.rest(),
+                    copy,
+                )?
+            }
+            BackendSpec::Remote(r) => {
+                let data = files.next("the UNSTABLE store's data")?;
+                files.finish()?;
+                backend::restore_nfs(options, r.options.clone(), part_backend, data)?
+            }
+        },
     };
     let restored = t.elapsed();
     let placement = functions.place(&fspec, index).map_err(|e| crate::error_chain(&e))?;
@@ -381,4 +422,35 @@ fn take_function(
         t.elapsed() - restored
     );
     Ok(Taken { server, spec: fspec, placement, built, origin })
+}
+
+/// The backend of a function taken over from a checkpoint, whose state died with the process
+/// that served it: its requests end with `EIO` until the driver resets the device, then a RAM
+/// filesystem opened anew (empty) serves; other backends go on ending them (their full
+/// recovery needs their state kept, which is not done yet).
+fn fresh(fspec: &FunctionSpec) -> Built {
+    let inner = match &fspec.backend {
+        BackendSpec::Ram { .. } => backends::open(fspec, true, DescriptorShare::OneOf(1))
+            .and_then(|o| backends::build(fspec.fuse.server, o, None))
+            .map_err(|e| {
+                log::warn!(
+                    "function {:?}: no RAM filesystem after the reset: {}",
+                    fspec.tag(),
+                    crate::error_chain(&e)
+                )
+            })
+            .ok(),
+        _ => None,
+    };
+    log::warn!(
+        "function {:?}: its backend's state was lost in the crash; its requests end with EIO{}",
+        fspec.tag(),
+        if inner.is_some() { " until the driver resets the device" } else { "" }
+    );
+    let fuse = match &inner {
+        Some(b) => b.fuse.clone(),
+        None => Arc::new(crate::FuseStats::default) as crate::backends::FuseStatsFn,
+    };
+    let handler = Ending::new(inner.map(|b| b.handler));
+    Built { handler, fuse, descriptors: 0, saver: None }
 }

@@ -14,6 +14,7 @@
 pub mod backend;
 pub mod channel;
 pub mod give;
+pub mod recovery;
 pub mod state;
 pub mod supervisor;
 
@@ -21,7 +22,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -165,6 +166,10 @@ pub struct ControlCopy {
 /// besides the functions.
 pub struct Updater {
     supervisor: Mutex<Channel>,
+    /// The checkpoint channel's keeper, if the supervisor recovers from crashes.
+    keeper: Option<Arc<recovery::CheckpointKeeper>>,
+    /// Crash recoveries before this process took over (this one's start included).
+    recoveries: u64,
     control: Mutex<Option<ControlCopy>>,
     /// Updates before this process started, and whether this one has handed over.
     updates: AtomicU64,
@@ -177,6 +182,8 @@ impl Updater {
     pub fn new(supervisor: Channel, updates: u64) -> Self {
         Updater {
             supervisor: Mutex::new(supervisor),
+            keeper: None,
+            recoveries: 0,
             control: Mutex::new(None),
             updates: AtomicU64::new(updates),
             busy: AtomicBool::new(false),
@@ -184,8 +191,25 @@ impl Updater {
         }
     }
 
-    /// Keeps a copy of the control socket to hand over.
+    /// The checkpoints go to `keeper` (the supervisor recovers from crashes); `recoveries`:
+    /// the crash recoveries the daemon had so far.
+    pub fn with_recovery(mut self, keeper: Option<Arc<recovery::CheckpointKeeper>>, recoveries: u64) -> Self {
+        self.keeper = keeper;
+        self.recoveries = recoveries;
+        self
+    }
+
+    /// Crash recoveries the daemon had (issue 24).
+    pub fn recoveries(&self) -> u64 {
+        self.recoveries
+    }
+
+    /// Keeps a copy of the control socket to hand over (and gives the supervisor one to keep
+    /// across a crash).
     pub fn keep_control(&self, copy: ControlCopy) {
+        if let Some(k) = &self.keeper {
+            k.keep_control(&copy);
+        }
         *self.control.lock().unwrap_or_else(|e| e.into_inner()) = Some(copy);
     }
 
@@ -317,14 +341,25 @@ impl Updater {
 pub enum Role {
     /// A daemon on its own (or a supervisor, with `--live-update`).
     Alone,
-    /// A serving process under a supervisor.
-    Serving(Channel),
-    /// A new serving process taking over from the old one.
+    /// A serving process under a supervisor; `checkpoints`: the checkpoint channel, if the
+    /// supervisor recovers from crashes.
+    Serving {
+        /// To the supervisor.
+        supervisor: Channel,
+        /// The checkpoint channel.
+        checkpoints: Option<Channel>,
+    },
+    /// A new serving process taking over from the old one, or, after a crash, from the
+    /// checkpoints the supervisor kept (`recovering`: the recoveries before this one).
     Taking {
         /// To the supervisor.
         supervisor: Channel,
-        /// To the old process.
+        /// To the old process (or the supervisor replaying its checkpoints).
         peer: Channel,
+        /// The checkpoint channel.
+        checkpoints: Option<Channel>,
+        /// Taking over after a crash.
+        recovering: Option<u64>,
     },
 }
 
@@ -344,6 +379,15 @@ impl Role {
         };
         let supervisor = take(SUPERVISOR_FD)?;
         let peer = take(TAKEOVER_FD)?;
+        let checkpoints = take(recovery::CHECKPOINT_FD)?;
+        let recovering = match std::env::var_os(recovery::RECOVERING) {
+            Some(v) => {
+                std::env::remove_var(recovery::RECOVERING);
+                let n = v.to_str().and_then(|s| s.parse().ok());
+                Some(n.ok_or_else(|| format!("{}: not a number", recovery::RECOVERING))?)
+            }
+            None => None,
+        };
         if let Some(s) = &supervisor {
             // The supervisor made the channel's socket pair: its pid is the peer's. A serving
             // process ends (orderly, SIGTERM) when its supervisor does, however it ends.
@@ -358,8 +402,8 @@ impl Role {
         }
         Ok(match (supervisor, peer) {
             (None, None) => Role::Alone,
-            (Some(s), None) => Role::Serving(s),
-            (Some(supervisor), Some(peer)) => Role::Taking { supervisor, peer },
+            (Some(supervisor), None) => Role::Serving { supervisor, checkpoints },
+            (Some(supervisor), Some(peer)) => Role::Taking { supervisor, peer, checkpoints, recovering },
             (None, Some(_)) => return Err(format!("{TAKEOVER_FD} without {SUPERVISOR_FD}")),
         })
     }

@@ -188,6 +188,11 @@ pub enum BackendPart {
         /// The FUSE session.
         session: SessionState,
     },
+    /// A checkpoint's backend (crash recovery, issue 24): nothing of its state survives the
+    /// process that served it; the new process opens it anew from its description, answers
+    /// the requests that were in flight and every new one with an error until the driver
+    /// resets the device, then serves it afresh. No descriptor.
+    Fresh,
     /// An NFS export: its mount, node table, handles and UNSTABLE store, and its session; the
     /// memfd of the store's bytes is the last descriptor.
     Nfs {
@@ -200,9 +205,9 @@ pub enum BackendPart {
 
 /// One function, handed over. Its descriptors, in order: the listening socket, the socket's lock
 /// (if [`Self::lock`]), the client's connection and the descriptors of the message it started
-/// (if [`Self::client`]), the device's DMA window files, MSI-X eventfds, device-request eventfd
-/// and doorbells' area (as its snapshot marks them), then the backend's (the RAM filesystem's
-/// data memfd).
+/// (if [`Self::client`]), the device's DMA window files, MSI-X eventfds, device-request eventfd,
+/// doorbells' area and in-flight record (as its snapshot marks them), then the backend's (the
+/// RAM filesystem's data memfd).
 #[derive(Debug, Serialize, Deserialize)]
 pub struct FunctionPart {
     /// Its tag.
@@ -250,11 +255,12 @@ pub fn server_part(
 
 /// The device's descriptors, in [`FunctionPart`]'s order.
 pub fn device_files(files: HandoverFiles) -> Vec<OwnedFd> {
-    let HandoverFiles { windows, msix, request, notify } = files;
+    let HandoverFiles { windows, msix, request, notify, inflight } = files;
     let mut all: Vec<OwnedFd> = windows.into_iter().map(OwnedFd::from).collect();
     all.extend(msix.into_iter().map(OwnedFd::from));
     all.extend(request.map(OwnedFd::from));
     all.extend(notify.map(OwnedFd::from));
+    all.extend(inflight.map(OwnedFd::from));
     all
 }
 
@@ -315,6 +321,7 @@ pub fn server_handover(part: &mut FunctionPart, files: &mut Files) -> Result<Ser
     }
     hf.request = if s.request_fd { Some(files.next("the device-request eventfd")?) } else { None };
     hf.notify = if s.notify_mem { Some(files.next("the doorbells' area")?) } else { None };
+    hf.inflight = if s.inflight { Some(files.next("the in-flight record")?) } else { None };
     Ok(ServerHandover {
         path: part.path.clone(),
         listener,

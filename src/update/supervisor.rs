@@ -8,11 +8,16 @@
 //! checked like any input: a request to start a binary other than its own is refused unless
 //! that binary lies in the directory `--update-binary-dir` names; one update at a time.
 //!
-//! Not done here yet: binding the sockets (each serving process binds its own, and hands them
-//! over), restarting a serving process that died (issue 24: the supervisor exits with its
-//! status, as the daemon did before).
+//! Crash recovery (issue 24): each serving process sends the supervisor a checkpoint of every
+//! function as it changes, with its descriptors, on a channel of its own
+//! ([`super::recovery`]); the supervisor keeps the newest of each. When the serving process
+//! dies unasked, the supervisor starts a new one and replays the checkpoints to it over the
+//! exchange a live update uses, at most `--crash-limit` times in its window; past that (or
+//! with `0/0`) it ends with the serving process's status, as the daemon did before.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
+use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
@@ -20,12 +25,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, ExitStatus};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use log::{error, info, warn};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGKILL, SIGTERM, SIGUSR1};
 
 use super::channel::{Channel, ChannelError};
+use super::recovery::{Kept, CHECKPOINT_FD, RECOVERING};
+use super::state::{Msg, STATE_VERSION};
 use super::{SupervisorMsg, EXPECT_FDS, SUPERVISOR_FD, TAKEOVER_FD};
 use crate::error_chain;
 use crate::ops::deploy::{Notifier, SUPERVISED_LISTEN_FD};
@@ -38,6 +45,112 @@ enum Event {
     Msg(u32, SupervisorMsg),
     Exited(u32, ExitStatus),
     Signal(i32),
+    /// A checkpoint of process `pid`'s, with its descriptors.
+    Kept(u32, Kept, Vec<File>),
+    /// The replay of the checkpoints to recovering process `pid` ended.
+    Replayed(u32, Result<(), String>),
+}
+
+/// How often a serving process that died unasked is replaced (`--crash-limit N/SECONDS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CrashLimit {
+    /// Most recoveries in [`Self::within`] (0: none).
+    pub count: u32,
+    /// The window.
+    pub within: Duration,
+}
+
+impl CrashLimit {
+    /// Reads `N/SECONDS`.
+    pub fn parse(s: &str) -> Result<CrashLimit, String> {
+        let (n, secs) = s.split_once('/').ok_or("not N/SECONDS")?;
+        let count = n.trim().parse::<u32>().map_err(|e| format!("{n:?}: {e}"))?;
+        let secs = secs.trim().parse::<u64>().map_err(|e| format!("{secs:?}: {e}"))?;
+        if count > 0 && secs == 0 {
+            return Err("a window of 0 seconds".into());
+        }
+        Ok(CrashLimit { count, within: Duration::from_secs(secs) })
+    }
+
+    /// Whether one more recovery is allowed after those at `past` (pruned to the window).
+    fn allows(&self, past: &mut std::collections::VecDeque<Instant>, now: Instant) -> bool {
+        while past.front().is_some_and(|t| now.duration_since(*t) > self.within) {
+            past.pop_front();
+        }
+        past.len() < self.count as usize
+    }
+}
+
+/// The newest checkpoints of one serving process: each function's (in creation order) and
+/// the control socket's, each as the message that replays it with its descriptors.
+#[derive(Default)]
+struct Checkpoints {
+    functions: Vec<(String, serde_json::Value, Vec<File>)>,
+    control: Option<(serde_json::Value, Vec<File>)>,
+}
+
+impl Checkpoints {
+    fn keep(&mut self, kept: Kept, files: Vec<File>) -> Result<(), String> {
+        match kept {
+            Kept::Function(part) => {
+                let tag = part.tag.clone();
+                let msg = serde_json::to_value(Msg::Function(part)).map_err(|e| e.to_string())?;
+                match self.functions.iter_mut().find(|f| f.0 == tag) {
+                    Some(f) => *f = (tag, msg, files),
+                    None => self.functions.push((tag, msg, files)),
+                }
+            }
+            Kept::Control(part) => {
+                let msg = serde_json::to_value(Msg::Control(part)).map_err(|e| e.to_string())?;
+                self.control = Some((msg, files));
+            }
+            Kept::Forget { tag } => self.functions.retain(|f| f.0 != tag),
+        }
+        Ok(())
+    }
+
+    /// New descriptors of everything, to send while these stay for a next crash.
+    fn copy(&self) -> std::io::Result<Vec<(serde_json::Value, Vec<OwnedFd>)>> {
+        let dup = |files: &[File]| -> std::io::Result<Vec<OwnedFd>> {
+            files.iter().map(|f| f.try_clone().map(OwnedFd::from)).collect()
+        };
+        let mut all = Vec::new();
+        if let Some((m, f)) = &self.control {
+            all.push((m.clone(), dup(f)?));
+        }
+        for (_, m, f) in &self.functions {
+            all.push((m.clone(), dup(f)?));
+        }
+        Ok(all)
+    }
+}
+
+/// How long the recovering process may take to say hello (it starts and confines itself),
+/// and then to build every function.
+const REPLAY_BOUND: Duration = Duration::from_secs(30);
+
+/// Replays `parts` to a recovering process at the other end of `chan` (the exchange of a
+/// live update, the supervisor in the old process's place).
+fn replay(chan: &Channel, parts: Vec<(serde_json::Value, Vec<OwnedFd>)>, updates: u64) -> Result<(), String> {
+    let err = |e: ChannelError| crate::error_chain(&e);
+    match chan.recv::<Msg>(REPLAY_BOUND).map_err(err)? {
+        (Msg::Hello { reads, .. }, _) if reads.contains(&STATE_VERSION) => {}
+        (Msg::Hello { reads, .. }, _) => {
+            return Err(format!("it reads formats {reads:?}, not {STATE_VERSION}"))
+        }
+        (Msg::Refused { reason }, _) => return Err(reason),
+        (other, _) => return Err(format!("expected hello, got {other:?}")),
+    }
+    for (msg, fds) in &parts {
+        let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+        chan.send(msg, &borrowed).map_err(err)?;
+    }
+    chan.send(&Msg::End { updates }, &[]).map_err(err)?;
+    match chan.recv::<Msg>(REPLAY_BOUND).map_err(err)? {
+        (Msg::Ready, _) => chan.send(&Msg::Commit, &[]).map_err(err),
+        (Msg::Refused { reason }, _) => Err(reason),
+        (other, _) => Err(format!("expected ready, got {other:?}")),
+    }
 }
 
 /// A serving process.
@@ -59,6 +172,8 @@ pub struct Launch {
     /// The socket systemd's activation gave the supervisor, passed on to every serving process
     /// (inherited, named by [`SUPERVISED_LISTEN_FD`]).
     pub activated: Option<OwnedFd>,
+    /// How often a serving process that died is replaced (`--crash-limit`).
+    pub crash_limit: CrashLimit,
 }
 
 /// The sockets a supervisor binds and removes for its serving process, which, confined, can
@@ -149,21 +264,36 @@ impl Launch {
         peer: Option<UnixStream>,
         events: &Sender<Event>,
     ) -> std::io::Result<Proc> {
-        self.spawn_expecting(binary, peer, None, events)
+        self.spawn_expecting(binary, peer, None, None, events)
     }
 
-    /// As [`Self::spawn`]; `expect_fds`: the descriptors the process it takes over holds.
+    /// As [`Self::spawn`]; `expect_fds`: the descriptors the process it takes over holds;
+    /// `recovering`: it takes over from checkpoints, after this many recoveries.
     fn spawn_expecting(
         &self,
         binary: &Path,
         peer: Option<UnixStream>,
         expect_fds: Option<usize>,
+        recovering: Option<u64>,
         events: &Sender<Event>,
     ) -> std::io::Result<Proc> {
         let (mine, theirs) = UnixStream::pair()?;
         sys::set_inherited(&theirs.as_fd(), true)?;
         let mut cmd = Command::new(binary);
         cmd.args(&self.args).env(SUPERVISOR_FD, theirs.as_raw_fd().to_string()).env_remove("NOTIFY_SOCKET");
+        // The checkpoint channel, if crashes are recovered from.
+        let checkpoints = match self.crash_limit.count {
+            0 => None,
+            _ => {
+                let (mine, theirs) = UnixStream::pair()?;
+                sys::set_inherited(&theirs.as_fd(), true)?;
+                cmd.env(CHECKPOINT_FD, theirs.as_raw_fd().to_string());
+                Some((Channel::new(mine)?, theirs))
+            }
+        };
+        if let Some(n) = recovering {
+            cmd.env(RECOVERING, n.to_string());
+        }
         if let Some(fd) = &self.activated {
             sys::set_inherited(&fd.as_fd(), true)?;
             cmd.env(SUPERVISED_LISTEN_FD, fd.as_raw_fd().to_string());
@@ -178,6 +308,25 @@ impl Launch {
         let mut child = cmd.spawn()?;
         drop((theirs, peer));
         let pid = child.id();
+        if let Some((chan, theirs)) = checkpoints {
+            drop(theirs);
+            let tx = events.clone();
+            std::thread::Builder::new().name(format!("kept-{pid}")).spawn(move || loop {
+                match chan.recv::<Kept>(Duration::from_secs(3600)) {
+                    Ok((k, files)) => {
+                        if tx.send(Event::Kept(pid, k, files)).is_err() {
+                            return;
+                        }
+                    }
+                    Err(ChannelError::Timeout(_)) => {}
+                    Err(ChannelError::Closed) => return,
+                    Err(e) => {
+                        warn!("supervisor: checkpoints of process {pid}: {}", error_chain(&e));
+                        return;
+                    }
+                }
+            })?;
+        }
         let tx = events.clone();
         std::thread::Builder::new().name(format!("wait-{pid}")).spawn(move || {
             let status = child.wait().unwrap_or_else(|_| ExitStatus::from_raw(1 << 8));
@@ -240,8 +389,87 @@ pub fn run(launch: Launch) -> ExitCode {
     };
     let mut pending: Option<Proc> = None;
     let (mut ready, mut stopping, mut updates) = (false, false, 0u64);
+    // Crash recovery: each serving process's newest checkpoints, the recent recoveries, and
+    // the one under way (its process, since when).
+    let mut kept: HashMap<u32, Checkpoints> = HashMap::new();
+    let mut crashes = std::collections::VecDeque::new();
+    let mut recoveries = 0u64;
+    let mut replaying: Option<(u32, Instant)> = None;
     while let Ok(ev) = events.recv() {
         match ev {
+            Event::Kept(pid, k, files) => {
+                if let Err(e) = kept.entry(pid).or_default().keep(k, files) {
+                    warn!("supervisor: a checkpoint of process {pid} not kept: {e}");
+                }
+            }
+            Event::Replayed(pid, result) => {
+                let Some((at, since)) = replaying.take() else { continue };
+                if at != pid {
+                    replaying = Some((at, since));
+                    continue;
+                }
+                match result {
+                    Ok(()) => info!(
+                        "supervisor: recovery {recoveries}: process {pid} took every function over in {:.1} ms",
+                        since.elapsed().as_secs_f64() * 1e3
+                    ),
+                    Err(why) => {
+                        error!("supervisor: recovery {recoveries}: process {pid} did not take over: {why}");
+                        let _ = sys::signal_process(pid, SIGKILL);
+                    }
+                }
+            }
+            Event::Exited(pid, status) if pid == current.pid && !stopping && launch.crash_limit.count > 0 => {
+                let now = Instant::now();
+                if let Some(p) = pending.take() {
+                    let _ = sys::signal_process(p.pid, SIGKILL);
+                }
+                if !launch.crash_limit.allows(&mut crashes, now) {
+                    error!(
+                        "supervisor: the serving process {pid} ended ({status}) unasked, the {} recovery in {:?}: \
+                         not recovering again; the daemon ends and its functions with it",
+                        crashes.len() + 1,
+                        launch.crash_limit.within
+                    );
+                    return exit_code(status);
+                }
+                crashes.push_back(now);
+                recoveries += 1;
+                let store = kept.remove(&pid).unwrap_or_default();
+                let in_flight = store.functions.len();
+                error!(
+                    "supervisor: the serving process {pid} ended ({status}) unasked; recovery {recoveries}: \
+                     starting a new one for {in_flight} function(s)"
+                );
+                let started = UnixStream::pair().and_then(|(old_end, new_end)| {
+                    let p = launch.spawn_expecting(
+                        &launch.binary,
+                        Some(new_end),
+                        None,
+                        Some(recoveries - 1),
+                        &tx,
+                    )?;
+                    Ok((p, Channel::new(old_end)?, store.copy()?))
+                });
+                let (p, chan, parts) = match started {
+                    Ok(s) => s,
+                    Err(e) => {
+                        error!(
+                            "supervisor: recovery {recoveries}: cannot start a process: {e}; the daemon ends"
+                        );
+                        return exit_code(status);
+                    }
+                };
+                let (new, ttx) = (p.pid, tx.clone());
+                let _ = std::thread::Builder::new().name(format!("replay-{new}")).spawn(move || {
+                    let r = replay(&chan, parts, updates);
+                    let _ = ttx.send(Event::Replayed(new, r));
+                });
+                // Until the new process sends its own, the dead one's checkpoints stand.
+                kept.insert(new, store);
+                replaying = Some((new, now));
+                current = p;
+            }
             Event::Msg(pid, SupervisorMsg::Ready) if pid == current.pid => {
                 if !ready {
                     ready = true;
@@ -262,7 +490,7 @@ pub fn run(launch: Launch) -> ExitCode {
                         // What the new process will receive, about: the old one's descriptors.
                         let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).ok();
                         let p = launch
-                            .spawn_expecting(&b, Some(new_end), fds, &tx)
+                            .spawn_expecting(&b, Some(new_end), fds, None, &tx)
                             .map_err(|e| format!("{}: {e}", b.display()))?;
                         Ok((p, old_end))
                     })
@@ -287,6 +515,19 @@ pub fn run(launch: Launch) -> ExitCode {
                     Some(p) if p.pid == new => {
                         updates += 1;
                         info!("supervisor: update {updates}: process {new} serves; {pid} exits");
+                        // The new process's checkpoints, and the old one's of functions it has
+                        // not sent yet (its servers send theirs as they start).
+                        if let Some(old) = kept.remove(&pid) {
+                            let mine = kept.entry(new).or_default();
+                            for f in old.functions {
+                                if !mine.functions.iter().any(|m| m.0 == f.0) {
+                                    mine.functions.push(f);
+                                }
+                            }
+                            if mine.control.is_none() {
+                                mine.control = old.control;
+                            }
+                        }
                         current = p;
                     }
                     other => {
@@ -342,6 +583,7 @@ pub fn run(launch: Launch) -> ExitCode {
                 return exit_code(status);
             }
             Event::Exited(pid, status) => {
+                kept.remove(&pid);
                 if pending.as_ref().is_some_and(|p| p.pid == pid) {
                     pending = None;
                     warn!("supervisor: the new process {pid} ended ({status}) before taking over");

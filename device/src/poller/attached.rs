@@ -102,11 +102,11 @@ impl Attached {
     fn apply(&mut self, seq: u64, msg: Msg) -> bool {
         let mut changed = false;
         match msg {
-            Msg::Start { queues: cfgs, features: f, resume } => {
+            Msg::Start { queues: cfgs, features: f, resume, recover } => {
                 self.faults_seen = self.f.faults.load(Ordering::Acquire);
                 let state = |i: u16| resume.iter().find(|s| s.ring.index == i);
                 self.queues = (cfgs.into_iter())
-                    .filter_map(|c| self.f.new_queue(c, f, state(c.index).map(|s| &s.ring)))
+                    .filter_map(|c| self.f.new_queue(c, f, state(c.index).map(|s| &s.ring), recover))
                     .collect();
                 for q in &mut self.queues {
                     self.f.attach(q, &self.mem);

@@ -48,7 +48,7 @@ mod wait;
 pub use crate::interrupt::Irqs;
 pub use engine::{Engine, Outcome, RequestHandler, MAX_WAIT_REPLY};
 pub use parked::{ParkedState, QueueState};
-pub use pool::{FreezeError, PollerPool, PollerSet};
+pub use pool::{FreezeError, FunctionShared, PollerPool, PollerSet};
 pub use wait::Readiness;
 
 #[cfg(test)]

@@ -25,6 +25,8 @@ pub(super) enum Msg {
         queues: Vec<QueueConfig>,
         features: u64,
         resume: Vec<QueueState>,
+        /// Resume every queue from its in-flight record (crash recovery).
+        recover: bool,
     },
     Stop,
     /// The quiet point of a handover (issue 22): held until the engine drained (no new request
@@ -80,4 +82,7 @@ pub(super) struct FnCtx {
     pub(super) clock: Option<LatencyClock>,
     /// Doorbells arrive on the socket (and unpark us): ask for them before parking.
     pub(super) doorbells: bool,
+    /// The function's in-flight records, if it keeps them: each split queue started keeps its
+    /// own up to date.
+    pub(super) track: Option<Arc<crate::virtq::track::TrackArea>>,
 }

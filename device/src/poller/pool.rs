@@ -23,6 +23,7 @@ use crate::memory::GuestMem;
 use crate::pci::msix::MsixShared;
 use crate::pci::QueueConfig;
 use crate::stats::DeviceCounters;
+use crate::virtq::track::TrackArea;
 use crate::virtq::QueueError;
 
 /// The poller threads of a daemon, shared by every function attached to them ([`PollerSet`]).
@@ -193,6 +194,16 @@ pub const BROADCAST_BOUND: Duration = Duration::from_secs(3);
 /// The wait of a function already failed by [`BROADCAST_BOUND`].
 const STUCK_BROADCAST_BOUND: Duration = Duration::from_millis(100);
 
+/// What a function's pollers share with its control plane besides its handler.
+pub struct FunctionShared {
+    /// Its MSI-X table.
+    pub msix: Arc<MsixShared>,
+    /// SIGBUS faults repaired in its DMA windows.
+    pub faults: Arc<AtomicU64>,
+    /// Its queues' in-flight records, if it keeps them.
+    pub track: Option<Arc<TrackArea>>,
+}
+
 impl PollerSet {
     /// Attaches a function shaped by `profile` to the pollers of `pool`, its queues placed as
     /// `placement` says; returns once every poller concerned has taken it.
@@ -201,10 +212,10 @@ impl PollerSet {
         profile: &Profile,
         placement: Placement,
         handler: Arc<dyn RequestHandler>,
-        msix: Arc<MsixShared>,
-        faults: Arc<AtomicU64>,
+        shared: FunctionShared,
         wake_control: Arc<dyn Fn() + Send + Sync>,
     ) -> Self {
+        let FunctionShared { msix, faults, track } = shared;
         let (ev_tx, ev_rx) = channel();
         let stats = Arc::new(DeviceCounters::placed(profile, &placement, Some(pool.stats().clone())));
         let mut used: Vec<usize> = (0..=profile.request_queues).map(|q| placement.poller_of(q)).collect();
@@ -237,6 +248,7 @@ impl PollerSet {
                 stats: stats.clone(),
                 clock: stats.clock().cloned(),
                 doorbells,
+                track: track.clone(),
             }))
         });
         set
@@ -311,6 +323,16 @@ impl PollerSet {
     /// Starts serving `queues` as [`Self::start`] does, those with a state in `states` resuming
     /// where it says (a function taken over at its quiet point, [`Self::freeze`]).
     pub fn resume(&mut self, queues: &[QueueConfig], features: u64, states: &[QueueState]) {
+        self.start_with(queues, features, states, false);
+    }
+
+    /// Starts serving `queues` where the function's in-flight records say they stood when
+    /// the process that served them died (issue 24; [`crate::virtq::track`]).
+    pub fn recover(&mut self, queues: &[QueueConfig], features: u64) {
+        self.start_with(queues, features, &[], true);
+    }
+
+    fn start_with(&mut self, queues: &[QueueConfig], features: u64, states: &[QueueState], recover: bool) {
         let placement = self.placement.clone();
         self.broadcast(|i| {
             let mine = |q: &u16| placement.poller_of(*q) == i;
@@ -318,6 +340,7 @@ impl PollerSet {
                 queues: queues.iter().filter(|q| mine(&q.index)).copied().collect(),
                 features,
                 resume: states.iter().filter(|s| mine(&s.ring.index)).cloned().collect(),
+                recover,
             }
         });
     }

@@ -43,13 +43,30 @@ struct Touched {
 
 impl FnCtx {
     /// The queue `cfg` in the layout features `f` negotiated, resumed from `state` if given.
-    pub(super) fn new_queue(&self, cfg: QueueConfig, f: u64, state: Option<&RingState>) -> Option<Served> {
+    /// With `recover`, it resumes from its in-flight record instead (a queue that keeps
+    /// none, or a packed one, cannot: it is reported broken).
+    pub(super) fn new_queue(
+        &self,
+        cfg: QueueConfig,
+        f: u64,
+        state: Option<&RingState>,
+        recover: bool,
+    ) -> Option<Served> {
         let ring = match state {
             Some(s) => Ring::resume(cfg, f, s),
             None => Ring::new(cfg, f),
         };
         match ring {
-            Ok(queue) => {
+            Ok(mut queue) => {
+                if recover {
+                    let track = self.track.as_ref().and_then(|a| a.queue(cfg.index, cfg.size));
+                    if !track.is_some_and(|t| queue.recover_from(t)) {
+                        self.report(QueueError::Recovery { queue: cfg.index });
+                        return None;
+                    }
+                } else if let Some(t) = self.track.as_ref().and_then(|a| a.start_queue(cfg.index, cfg.size)) {
+                    queue.keep_track(t);
+                }
                 let stat = match self.stats.place(cfg.index) {
                     Some((p, local)) if p == self.id => local,
                     _ => usize::MAX, // not a queue of ours by the profile: not counted

@@ -275,7 +275,7 @@ fn a_drain_of_one_function_does_not_hold_up_another_on_the_same_poller() {
         let handler = Arc::new(Handler { release: release.clone(), grant: Arc::new(AtomicBool::new(false)) });
         let placement = pool.placement(QueueMapping::Spread, None, ordinal);
         let msix = Arc::new(MsixShared::new(3));
-        PollerSet::attach(&pool, &profile, placement, handler, msix, Default::default(), Arc::new(|| {}))
+        PollerSet::attach(&pool, &profile, placement, handler, shared(msix), Arc::new(|| {}))
     };
     let (release_a, release_b) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
     let mut a = function(&release_a, 0);
@@ -495,10 +495,14 @@ fn own_pollers(profile: &Profile, handler: Arc<dyn RequestHandler>, msix: Arc<Ms
         profile,
         crate::config::Placement::of_profile(profile),
         handler,
-        msix,
-        Default::default(),
+        shared(msix),
         Arc::new(|| {}),
     )
+}
+
+/// What a test function shares with its pollers: no faults, no in-flight records.
+fn shared(msix: Arc<MsixShared>) -> crate::poller::FunctionShared {
+    crate::poller::FunctionShared { msix, faults: Default::default(), track: None }
 }
 
 /// Issue 22, the quiet point of a handover, on both layouts: `freeze` waits for the engine's

@@ -54,6 +54,16 @@ pub struct ServerHandover {
     pub device: DeviceHandover,
 }
 
+/// Where a server's checkpoints go (issue 24, crash recovery): the process that keeps them so
+/// that one started after a crash can take the function over ([`super::Server::take_over`]).
+/// Given one whenever what it holds changed (a client came or went, the device's registers,
+/// DMA windows or interrupt descriptors changed), before the client is answered; the device's
+/// part is a [`crate::control::DeviceState::checkpoint`].
+pub trait CheckpointSink: Send + Sync {
+    /// The function's state as it stands now, replacing the previous one.
+    fn checkpoint(&self, state: ServerHandover);
+}
+
 /// What the asking thread and the server tell each other.
 pub(super) struct Request {
     /// The server's offer.

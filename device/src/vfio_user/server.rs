@@ -32,6 +32,7 @@ use thiserror::Error;
 use vm_memory::ByteValued;
 
 use super::commands::{self, ok_empty, CmdResult, MAX_DATA_XFER};
+use super::handover::CheckpointSink;
 use super::handover::{Answer, ClientHandover, HandoverCell, ServerHandover, ANSWER_BOUND, OFFER_BOUND};
 use super::removal::{self, Removal, RemovalCell};
 use super::socket_file::{bind_exclusive_with, BindError, SocketAccess, SocketFiles};
@@ -248,6 +249,11 @@ pub struct Server {
     /// Taken over ([`Server::take_over`]) and not run yet: dropped now, it leaves the client's
     /// connection up and the socket file in place (they are still its predecessor's).
     taken: bool,
+    /// Where checkpoints go ([`Server::keep_checkpoints`]), and what the last one saw: the
+    /// device's epoch and the connection's.
+    checkpoints: Option<(Arc<dyn CheckpointSink>, (u64, u64))>,
+    /// Bumped when a client connects or goes.
+    conn_epoch: u64,
 }
 
 impl Server {
@@ -347,12 +353,40 @@ impl Server {
             remove_timeout,
             handover: Arc::default(),
             taken: false,
+            checkpoints: None,
+            conn_epoch: 0,
         })
     }
 
     /// The socket's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Gives `sink` a checkpoint of the function whenever what it holds changes, from
+    /// [`Server::run`] on (issue 24).
+    pub fn keep_checkpoints(&mut self, sink: Arc<dyn CheckpointSink>) {
+        self.checkpoints = Some((sink, (u64::MAX, u64::MAX)));
+    }
+
+    /// Gives the sink a checkpoint if the device or the connection changed since the last.
+    fn checkpoint_if_changed(&mut self) {
+        let now = (self.dev.epoch(), self.conn_epoch);
+        match &self.checkpoints {
+            Some((_, seen)) if *seen != now => {}
+            _ => return,
+        }
+        let state = self.dev.checkpoint().and_then(|device| self.export(device));
+        if let Some((sink, seen)) = self.checkpoints.as_mut() {
+            match state {
+                Ok(s) => {
+                    sink.checkpoint(s);
+                    *seen = now;
+                }
+                // Tried again at the next change; until then a crash resumes from the last.
+                Err(e) => warn!("no checkpoint of the function: {e}"),
+            }
+        }
     }
 
     /// A handle that stops [`Server::run`].
@@ -389,6 +423,7 @@ impl Server {
             }
             self.dev.start_taken();
         }
+        self.checkpoint_if_changed();
         let mut events = Events::with_capacity(16);
         while !self.stop.load(Ordering::SeqCst) {
             let timeout = match (&self.waiting, self.accept_again) {
@@ -424,6 +459,7 @@ impl Server {
                 self.accept();
             }
             self.serve_waiting();
+            self.checkpoint_if_changed();
             if self.removing.is_some_and(|r| r.expired()) {
                 warn!("the client did not let the device go in {:?}: disconnecting it", self.remove_timeout);
                 self.end_removal(Removal::TimedOut);
@@ -550,6 +586,7 @@ impl Server {
         sock.set_write_timeout(Some(Duration::from_secs(5)))?;
         self.poll.registry().register(&mut SourceFd(&sock.as_raw_fd()), CLIENT, Interest::READABLE)?;
         info!("client connected");
+        self.conn_epoch += 1;
         self.dev.counters().client_connected(true);
         // A copy for the pollers to sleep on: a doorbell (a REGION_WRITE) wakes the poller that
         // owns the queue at once, not after this thread has read it (the one-hop wake-up).
@@ -574,6 +611,7 @@ impl Server {
         if let Some(conn) = self.conn.take() {
             let _ = self.poll.registry().deregister(&mut SourceFd(&conn.sock.as_raw_fd()));
             info!("client disconnected; resetting device");
+            self.conn_epoch += 1;
             self.dev.counters().client_connected(false);
             drop(conn); // shut down: the client sees the end although the pollers hold a copy
             self.dev.set_doorbell_source(None);
@@ -693,6 +731,8 @@ impl Server {
         } else {
             self.dispatch(&hdr, &payload[HEADER_SIZE..], fds)
         };
+        // Kept before the client hears of it: it never sees a state a crash would lose.
+        self.checkpoint_if_changed();
         let Some(conn) = self.conn.as_mut() else { return false };
         conn.buf = payload;
         conn.next_message();

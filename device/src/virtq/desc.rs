@@ -79,6 +79,13 @@ pub enum QueueError {
         /// The used index in guest memory.
         found: u16,
     },
+    /// A queue recovering after a crash whose in-flight record the rings contradict (what
+    /// disagrees is logged where it is found).
+    #[error("queue {queue}: cannot recover: its in-flight record and its rings disagree")]
+    Recovery {
+        /// Queue index.
+        queue: u16,
+    },
     /// A waiting request handed over by another process that this process's engine does not
     /// know (its queue cannot go on: the request would never be answered).
     #[error("queue {queue}: waiting request {head} handed over, unknown to the backend")]

@@ -19,6 +19,7 @@ pub mod desc;
 pub mod mock;
 pub mod packed;
 pub mod split;
+pub mod track;
 
 pub use desc::{Chain, ChainError, QueueError, MAX_CHAIN_BUFS};
 pub use packed::PackedQueue;
@@ -113,6 +114,30 @@ impl Ring {
         Ok(r)
     }
 
+    /// Keeps the in-flight record `track` of this queue (crash recovery); false for a packed
+    /// ring, which is not tracked.
+    pub fn keep_track(&mut self, track: track::QueueTrack) -> bool {
+        match self {
+            Ring::Split(q) => {
+                q.keep_track(track);
+                true
+            }
+            Ring::Packed(_) => false,
+        }
+    }
+
+    /// Resumes where the in-flight record `track` says the queue stood when its process died
+    /// ([`SplitQueue::recover_from`]); false for a packed ring, which cannot be.
+    pub fn recover_from(&mut self, track: track::QueueTrack) -> bool {
+        match self {
+            Ring::Split(q) => {
+                q.recover_from(track);
+                true
+            }
+            Ring::Packed(_) => false,
+        }
+    }
+
     /// Where the queue stands (positions, and what is outstanding).
     pub fn state(&self) -> RingState {
         let index = self.index();
@@ -183,6 +208,11 @@ impl Ring {
     ) -> Result<Option<Result<(), ChainError>>, QueueError> {
         match self {
             Ring::Split(q) => {
+                if let Some(head) = q.replayed() {
+                    let r = q.chain(mem, head, chain);
+                    chain.head = head;
+                    return Ok(Some(r));
+                }
                 if q.pending(mem)? == 0 {
                     return Ok(None);
                 }

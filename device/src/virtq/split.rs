@@ -23,6 +23,7 @@ use super::desc::{
     check_mapped, need_event, push_slices, Chain, ChainError, DescTable, QueueError, Signalled,
     DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE,
 };
+use super::track::{recover_split, QueueTrack, TrackError};
 use crate::memory::GuestMem;
 use crate::pci::QueueConfig;
 
@@ -57,6 +58,12 @@ pub struct SplitQueue {
     /// Resumed from a saved state at these positions (used, avail): the used index `attach`
     /// finds must be the first.
     resumed: Option<(u16, u16)>,
+    /// The in-flight record this queue keeps (crash recovery), if it keeps one.
+    track: Option<QueueTrack>,
+    /// Recovering after a crash: `attach` reads where the queue stood from the record.
+    recovering: bool,
+    /// Heads taken before a crash and not returned, to take again (oldest last).
+    replay: Vec<u16>,
 }
 
 impl SplitQueue {
@@ -75,7 +82,29 @@ impl SplitQueue {
             next_used: 0,
             signalled: Signalled::default(),
             resumed: None,
+            track: None,
+            recovering: false,
+            replay: Vec::new(),
         })
+    }
+
+    /// Keeps `track` up to date from now on: each chain taken and each return written.
+    pub fn keep_track(&mut self, track: QueueTrack) {
+        self.track = Some(track);
+    }
+
+    /// Resumes where `track` says the queue stood when the process that served it died:
+    /// `attach` reads it back, publishes the returns written, and the chains in flight are
+    /// taken again ([`Self::replayed`]) before any new one.
+    pub fn recover_from(&mut self, track: QueueTrack) {
+        self.track = Some(track);
+        self.recovering = true;
+    }
+
+    /// The next head taken before a crash and not returned, if any is left to take again.
+    #[inline]
+    pub fn replayed(&mut self) -> Option<u16> {
+        self.replay.pop()
     }
 
     /// The queue as the driver configured it.
@@ -112,9 +141,29 @@ impl SplitQueue {
         let used_idx: u16 = mem
             .load(GuestAddress(self.cfg.used + 2), Ordering::Acquire)
             .map_err(|_| QueueError::RingUnmapped(q))?;
-        let used_idx = u16::from_le(used_idx);
+        let mut used_idx = u16::from_le(used_idx);
         let mut avail = used_idx;
-        if let Some((at, taken)) = self.resumed.take() {
+        if self.recovering {
+            let track = self.track.as_ref().ok_or(QueueError::BadConfig(q))?;
+            let r = recover_split(track, &self.cfg, mem).map_err(|e| match e {
+                TrackError::Unmapped(_) => QueueError::RingUnmapped(q),
+                e => {
+                    log::error!("{e}");
+                    QueueError::Recovery { queue: q }
+                }
+            })?;
+            self.recovering = false;
+            if r.next_used != r.published {
+                // Returns written before the crash and not published: published now.
+                fence(Ordering::Release);
+                mem.store(r.next_used.to_le(), GuestAddress(self.cfg.used + 2), Ordering::Release)
+                    .map_err(|_| QueueError::RingUnmapped(q))?;
+            }
+            used_idx = r.next_used;
+            avail = r.next_avail;
+            self.replay = r.in_flight;
+            self.replay.reverse();
+        } else if let Some((at, taken)) = self.resumed.take() {
             if at != used_idx {
                 // The saved state and the ring disagree: another writer moved the used index.
                 return Err(QueueError::ResumeMismatch { queue: q, saved: at, found: used_idx });
@@ -125,6 +174,9 @@ impl SplitQueue {
         self.next_used = used_idx;
         self.next_avail = avail;
         self.signalled.reset(self.next_used);
+        if let Some(t) = &self.track {
+            t.positions(used_idx, avail);
+        }
         // Poll mode: no notifications (with EVENT_IDX, an avail_event the driver does not pass).
         self.set_notify(mem, false)
     }
@@ -160,7 +212,7 @@ impl SplitQueue {
         if ahead > self.cfg.size {
             return Err(QueueError::AvailOverrun { queue: q, avail, ahead, size: self.cfg.size });
         }
-        Ok(ahead)
+        Ok(ahead.saturating_add(self.replay.len() as u16))
     }
 
     /// Takes the next available head index.
@@ -174,6 +226,9 @@ impl SplitQueue {
         let head = u16::from_le(head);
         if head >= self.cfg.size {
             return Err(QueueError::BadHead { queue: q, head });
+        }
+        if let Some(t) = &self.track {
+            t.taken(head, self.next_avail);
         }
         self.next_avail = self.next_avail.wrapping_add(1);
         Ok(head)
@@ -239,6 +294,9 @@ impl SplitQueue {
         elem[4..].copy_from_slice(&len.to_le_bytes());
         mem.write_slice(&elem, at).map_err(|_| QueueError::RingUnmapped(self.cfg.index))?;
         self.next_used = self.next_used.wrapping_add(1);
+        if let Some(t) = &self.track {
+            t.pushed(head, self.next_used);
+        }
         Ok(())
     }
 

@@ -289,6 +289,7 @@ impl Methods {
                     "functions": self.state.functions.tags(),
                     "live_update": self.state.updater.is_some(),
                     "updates": self.state.updater.as_ref().map_or(0, |u| u.updates()),
+                    "recoveries": self.state.updater.as_ref().map_or(0, |u| u.recoveries()),
                     "state_format": crate::update::state::STATE_VERSION,
                 }))
             }
@@ -305,6 +306,7 @@ impl Methods {
                     "tag": name,
                     "uptime_s": self.state.started.elapsed().as_secs_f64(),
                     "interval_s": since.elapsed().as_secs_f64(),
+                    "recoveries": self.state.updater.as_ref().map_or(0, |u| u.recoveries()),
                     "device": device,
                     "fuse": fuse(),
                 }))

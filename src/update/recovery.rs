@@ -1,0 +1,244 @@
+//! Crash recovery (issue 24), the serving process's side: what it gives its supervisor to keep
+//! so that a process started after it dies can take its functions over, and how such a
+//! process serves a function whose backend's state died with it.
+//!
+//! A serving process under a supervisor gets a second channel to it (the checkpoint channel,
+//! [`CHECKPOINT_FD`]) and sends on it, as they change: each function's checkpoint
+//! ([`Kept::Function`]: a [`FunctionPart`] whose device part is
+//! `DeviceState::checkpoint` and whose backend part is [`BackendPart::Fresh`], with every
+//! descriptor of the function: listening socket, lock, client connection, DMA windows,
+//! interrupt eventfds, doorbells' area and the queues' in-flight record), the control socket
+//! once ([`Kept::Control`]), and the end of a function deleted ([`Kept::Forget`]). The
+//! supervisor keeps the newest of each (`supervisor.rs`) and, when the process dies unasked,
+//! replays them to a new one over the same exchange a live update uses (`daemon/take.rs`).
+//!
+//! The backends' state is not kept yet: a function taken over from a checkpoint answers every
+//! request it finds in flight, and every new one, with `EIO` ([`Ending`]), and its device asks
+//! for a reset (DEVICE_NEEDS_RESET); once the driver resets it, a RAM filesystem serves again,
+//! empty. Nothing hangs.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use virtiofs_backend::abi::{InHeader, OutHeader};
+use virtiofs_device::poller::{Engine, Outcome, RequestHandler};
+use virtiofs_device::stats::{OpClass, Tally};
+use virtiofs_device::vfio_user::handover::{CheckpointSink, ServerHandover};
+use vm_memory::VolatileSlice;
+
+use super::channel::Channel;
+use super::state::{self, BackendPart, ControlPart, FunctionPart, Origin};
+use super::ControlCopy;
+use crate::functions::Keeper;
+
+/// The environment variable naming a serving process's end of its checkpoint channel.
+pub const CHECKPOINT_FD: &str = "VIRTIOFS_DPU_CHECKPOINT_FD";
+/// The environment variable telling a new serving process that it takes over from a
+/// checkpoint (its predecessor died), with how many recoveries the daemon had before.
+pub const RECOVERING: &str = "VIRTIOFS_DPU_RECOVERING";
+
+/// What a serving process gives its supervisor to keep (on the checkpoint channel).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kept {
+    /// A function's checkpoint, replacing its previous one (descriptors: as [`FunctionPart`]
+    /// orders them).
+    Function(Box<FunctionPart>),
+    /// The control socket (descriptors: the listener, then the lock if any).
+    Control(ControlPart),
+    /// The function is gone: drop its checkpoint. No descriptor.
+    Forget {
+        /// Its tag.
+        tag: String,
+    },
+}
+
+/// The serving process's end of the checkpoint channel (shared by every function's sink).
+pub struct CheckpointKeeper(Arc<Mutex<Channel>>);
+
+/// Sends `msg` with `fds` on `chan`; a failure is logged (the supervisor is gone, and this
+/// process ends with it, or it stopped reading: a crash now would not be recovered from this
+/// state).
+fn send(chan: &Mutex<Channel>, msg: &Kept, fds: &[OwnedFd]) {
+    let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+    let chan = chan.lock().unwrap_or_else(|e| e.into_inner());
+    if let Err(e) = chan.send(msg, &borrowed) {
+        log::warn!("checkpoint not kept: {}", crate::error_chain(&e));
+    }
+}
+
+impl CheckpointKeeper {
+    /// Over `chan`.
+    pub fn new(chan: Channel) -> Arc<Self> {
+        Arc::new(CheckpointKeeper(Arc::new(Mutex::new(chan))))
+    }
+
+    /// Gives the supervisor the control socket (once, when it starts being served).
+    pub fn keep_control(&self, copy: &ControlCopy) {
+        let parts = copy.files.handed_over().and_then(|f| Ok((f, copy.listener.try_clone()?)));
+        let (files, listener) = match parts {
+            Ok(p) => p,
+            Err(e) => return log::warn!("control socket: not kept for crash recovery: {e}"),
+        };
+        let (socket_file, lock) = files.into_parts();
+        let part = ControlPart { path: copy.path.clone(), socket_file, lock: lock.is_some() };
+        let mut fds: Vec<OwnedFd> = vec![listener.into()];
+        fds.extend(lock.map(OwnedFd::from));
+        send(&self.0, &Kept::Control(part), &fds);
+    }
+}
+
+impl Keeper for CheckpointKeeper {
+    fn sink(&self, tag: &str, origin: &Origin) -> Arc<dyn CheckpointSink> {
+        Arc::new(FunctionSink { chan: self.0.clone(), tag: tag.to_string(), origin: origin.clone() })
+    }
+
+    fn forget(&self, tag: &str) {
+        send(&self.0, &Kept::Forget { tag: tag.to_string() }, &[]);
+    }
+}
+
+/// One function's checkpoints, sent as [`Kept::Function`].
+struct FunctionSink {
+    chan: Arc<Mutex<Channel>>,
+    tag: String,
+    origin: Origin,
+}
+
+impl CheckpointSink for FunctionSink {
+    fn checkpoint(&self, h: ServerHandover) {
+        let (path, socket_file, lock, client, device, mut fds) = state::server_part(h);
+        fds.extend(state::device_files(device.files));
+        let part = FunctionPart {
+            tag: self.tag.clone(),
+            origin: self.origin.clone(),
+            path,
+            socket_file,
+            lock,
+            client,
+            device: device.snapshot,
+            backend: BackendPart::Fresh,
+        };
+        send(&self.chan, &Kept::Function(Box::new(part)), &fds);
+    }
+}
+
+/// The handler of a function taken over from a checkpoint whose backend's state is gone: every
+/// request is answered with `EIO` (FORGET and BATCH_FORGET, which have no reply, with
+/// nothing) until the driver resets the device; then `inner`, a backend opened anew, serves,
+/// or, without one, `EIO` goes on.
+pub struct Ending {
+    inner: Option<Arc<dyn RequestHandler>>,
+    ended: Arc<AtomicBool>,
+}
+
+impl Ending {
+    /// Ending until the next reset, then `inner`.
+    pub fn new(inner: Option<Arc<dyn RequestHandler>>) -> Arc<Self> {
+        Arc::new(Ending { inner, ended: Arc::new(AtomicBool::new(true)) })
+    }
+}
+
+/// Answers the request in `readable` with `EIO` in `writable` (nothing for FORGET and
+/// BATCH_FORGET, which have no reply): the used length and the tally.
+fn end_request(readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> (u32, Tally) {
+    let tally = Tally { class: OpClass::Other, errno: libc::EIO as u16, bytes: 0 };
+    let mut r = virtiofs_backend::io::Reader::new(readable);
+    let Ok(hdr) = r.read_obj::<InHeader>() else { return (0, tally) };
+    if NO_REPLY.contains(&hdr.opcode) {
+        return (0, Tally { errno: 0, ..tally });
+    }
+    let out =
+        OutHeader { len: std::mem::size_of::<OutHeader>() as u32, error: -libc::EIO, unique: hdr.unique };
+    let mut w = virtiofs_backend::io::Writer::new(writable);
+    match w.write_obj(&out) {
+        Ok(()) => (out.len, tally),
+        Err(_) => (0, tally),
+    }
+}
+
+/// A poller's engine of an [`Ending`] function: the fresh backend's, which it serves once the
+/// function was reset; until then every request ends at once.
+struct EndingEngine {
+    inner: Box<dyn Engine>,
+    ended: Arc<AtomicBool>,
+}
+
+impl Engine for EndingEngine {
+    fn submit(
+        &mut self,
+        id: u64,
+        queue: u16,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+    ) -> (Outcome, Tally) {
+        if self.ended.load(Ordering::Acquire) {
+            let (len, tally) = end_request(readable, writable);
+            return (Outcome::Done(len), tally);
+        }
+        self.inner.submit(id, queue, readable, writable)
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(u64, u32, Tally)) -> usize {
+        self.inner.poll(done)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight()
+    }
+
+    fn readiness(&self) -> Option<virtiofs_device::poller::Readiness<'_>> {
+        self.inner.readiness()
+    }
+
+    fn poll_waits(&mut self, answer: &mut dyn FnMut(u64, &[u8], Tally)) -> usize {
+        self.inner.poll_waits(answer)
+    }
+
+    fn cancel_waits(&mut self) {
+        self.inner.cancel_waits()
+    }
+
+    fn wait_tokens(&self) -> Vec<(u64, u64)> {
+        self.inner.wait_tokens()
+    }
+
+    fn adopt_wait(&mut self, id: u64, token: u64) -> bool {
+        self.inner.adopt_wait(id, token)
+    }
+}
+
+/// FUSE's FORGET and BATCH_FORGET: no reply.
+const NO_REPLY: [u32; 2] = [2, 42];
+
+impl RequestHandler for Ending {
+    fn handle(
+        &self,
+        queue: u16,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+    ) -> (u32, Tally) {
+        if let Some(inner) = self.inner.as_ref().filter(|_| !self.ended.load(Ordering::Acquire)) {
+            return inner.handle(queue, readable, writable);
+        }
+        end_request(readable, writable)
+    }
+
+    fn engine(&self, poller: usize) -> Option<Box<dyn Engine>> {
+        let inner = self.inner.as_ref()?.engine(poller)?;
+        Some(Box::new(EndingEngine { inner, ended: self.ended.clone() }))
+    }
+
+    fn reset(&self) {
+        if let Some(inner) = &self.inner {
+            inner.reset();
+            if self.ended.swap(false, Ordering::AcqRel) {
+                log::info!(
+                    "a function that lost its state in a crash was reset by its driver: it serves again"
+                );
+            }
+        }
+    }
+}

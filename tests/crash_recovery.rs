@@ -1,0 +1,149 @@
+//! Crash recovery over real sockets and real processes (issue 24): the serving process of a
+//! daemon started with `--live-update` is killed with SIGKILL while the host driver model is
+//! connected with a request in flight; the supervisor starts a new process that takes the
+//! function over from the checkpoints it kept (the same client connection, DMA windows and
+//! interrupts), so the driver's requests are answered, never left hanging; a daemon that
+//! keeps crashing past `--crash-limit` ends.
+
+mod common;
+use common::{wait_for, Daemon, BIN};
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use virtiofs_dpu::ops::control_socket::ControlClient;
+use virtiofs_tools::fuse_abi::opcode;
+use virtiofs_tools::virtqueue::RingLayout;
+use virtiofs_tools::{DriverError, DriverOptions, FsDriver, LockReq};
+
+const ROOT: u64 = 1;
+
+fn daemon(dir: &Path, extra: &[&str]) -> Daemon {
+    let (sock, ctl) = (dir.join("fs.sock"), dir.join("ctl.sock"));
+    let child = Command::new(BIN)
+        .arg("--socket-path")
+        .arg(&sock)
+        .arg("--control-socket")
+        .arg(&ctl)
+        .args(["--live-update", "--tag", "cr", "--log-level", "info", "--ramfs-size", "64M"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(&sock);
+    wait_for(&ctl);
+    Daemon(child)
+}
+
+/// `get_device` once the control socket answers (a new process serves it after a crash).
+fn device(ctl: &Path) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match ControlClient::connect(ctl).and_then(|mut c| c.call("get_device", Value::Null)) {
+            Ok(v) => return v,
+            Err(e) => assert!(Instant::now() < deadline, "the control socket does not answer: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The serving process once it is another than `old` (the supervisor started a new one).
+fn new_serving(ctl: &Path, old: u64) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let d = device(ctl);
+        if d["pid"].as_u64() != Some(old) {
+            return d;
+        }
+        assert!(Instant::now() < deadline, "no new serving process");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn kill(pid: u64) {
+    let ok = Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success();
+    assert!(ok, "kill -KILL {pid}");
+}
+
+fn eio<T: std::fmt::Debug>(r: Result<T, DriverError>) -> bool {
+    matches!(r, Err(DriverError::Fuse { errno, .. }) if errno == libc::EIO)
+}
+
+/// A SETLKW waiting when the serving process is killed is in flight: the new process finds it
+/// in the queue's in-flight record and answers it (the RAM filesystem's state died with the
+/// process: `EIO`), as it answers every new request, on the same connection; once the driver
+/// resets the device, a fresh filesystem serves. Twice in a row.
+#[test]
+fn a_killed_serving_process_is_replaced_and_no_request_hangs() {
+    let dir = tempfile::tempdir().unwrap();
+    let _d = daemon(dir.path(), &[]);
+    let ctl = dir.path().join("ctl.sock");
+    let opts = DriverOptions {
+        ring: RingLayout::Split,
+        use_interrupts: true,
+        request_queues: 1,
+        timeout: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let mut d = FsDriver::connect(&dir.path().join("fs.sock"), opts.clone()).unwrap();
+    d.init().unwrap();
+    let first = device(&ctl);
+    assert_eq!(first["recoveries"].as_u64(), Some(0));
+    for round in 1..=2u64 {
+        let (e, o) = d.create(ROOT, &format!("f{round}"), 0o644, libc::O_RDWR as u32).unwrap();
+        d.write(e.nodeid, o.fh, 0, b"before the crash").unwrap();
+        let lock = LockReq { fh: o.fh, owner: 1, typ: libc::F_WRLCK, start: 0, end: 9, pid: 1, flock: false };
+        d.setlk(e.nodeid, &lock).unwrap();
+        let waiting =
+            d.submit_lk(1, opcode::SETLKW, e.nodeid, &LockReq { owner: 2, pid: 2, ..lock }).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let old = device(&ctl)["pid"].as_u64().unwrap();
+        let t = Instant::now();
+        kill(old);
+        let now = new_serving(&ctl, old);
+        assert_eq!(now["recoveries"].as_u64(), Some(round), "{now}");
+        // The request in flight is answered, then every new one.
+        let r = d.lk_result(opcode::SETLKW, waiting);
+        let shown = format!("{r:?}");
+        assert!(eio(r), "round {round}: the SETLKW in flight: {shown}");
+        eprintln!("round {round}: the request in flight answered {:?} after the kill", t.elapsed());
+        assert!(eio(d.getattr(ROOT)), "round {round}: a new request");
+        // The device is reset (here: its client goes and a new one comes, as after the guest
+        // lets it go): a fresh, empty filesystem serves.
+        drop(d);
+        d = FsDriver::connect(&dir.path().join("fs.sock"), opts.clone()).unwrap();
+        d.init().unwrap();
+        assert!(
+            matches!(d.lookup(ROOT, &format!("f{round}")), Err(DriverError::Fuse { errno, .. }) if errno == libc::ENOENT)
+        );
+        let (e, o) = d.create(ROOT, "after", 0o644, libc::O_RDWR as u32).unwrap();
+        d.write(e.nodeid, o.fh, 0, b"after").unwrap();
+        assert_eq!(d.read(e.nodeid, o.fh, 0, 5).unwrap(), b"after");
+        d.unlink(ROOT, "after").unwrap();
+    }
+}
+
+/// A serving process that keeps dying is not replaced forever: past `--crash-limit` the
+/// supervisor ends (with the status of the last), and so does the daemon.
+#[test]
+fn a_daemon_that_keeps_crashing_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = daemon(dir.path(), &["--crash-limit", "1/60"]);
+    let ctl = dir.path().join("ctl.sock");
+    let first = device(&ctl)["pid"].as_u64().unwrap();
+    kill(first);
+    let second = new_serving(&ctl, first)["pid"].as_u64().unwrap();
+    kill(second);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = d.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the supervisor did not end");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.code(), Some(128 + libc::SIGKILL), "{status:?} {:?}", status.signal());
+}
