@@ -104,7 +104,7 @@ pub struct DeviceState {
     taken: Option<Vec<crate::poller::QueueState>>,
     /// The queues' in-flight records (the profile's `inflight_tracking`).
     track: Option<Arc<TrackArea>>,
-    /// Made by [`Self::recover`]: the running queues resume from their in-flight records.
+    /// Made by [`Self::take_over`]: the running queues resume from their in-flight records.
     recovering: bool,
     /// Bumped by every change of what a checkpoint holds ([`Self::epoch`]).
     epoch: u64,
@@ -460,7 +460,7 @@ impl DeviceState {
     }
 
     /// The device's state and descriptors as a process started after a crash resumes from
-    /// (issue 24; [`Self::recover`]), taken while it serves: no ring positions (the queues'
+    /// (issue 24; [`Self::take_over`]), taken while it serves: no ring positions (the queues'
     /// in-flight record, which comes along, says where they stand) and nothing frozen.
     pub fn checkpoint(&self) -> Result<DeviceHandover, HandoverError> {
         let mut h = self.export_state(Vec::new())?;
