@@ -74,14 +74,20 @@ fn eio<T: std::fmt::Debug>(r: Result<T, DriverError>) -> bool {
 /// A SETLKW waiting when the serving process is killed is in flight: the new process finds it
 /// in the queue's in-flight record and answers it (the RAM filesystem's state died with the
 /// process: `EIO`), as it answers every new request, on the same connection; once the driver
-/// resets the device, a fresh filesystem serves. Twice in a row.
+/// resets the device, a fresh filesystem serves. Twice in a row, on each ring layout.
 #[test]
 fn a_killed_serving_process_is_replaced_and_no_request_hangs() {
+    for ring in [RingLayout::Split, RingLayout::Packed] {
+        killed_and_replaced(ring);
+    }
+}
+
+fn killed_and_replaced(ring: RingLayout) {
     let dir = tempfile::tempdir().unwrap();
     let _d = daemon(dir.path(), &[]);
     let ctl = dir.path().join("ctl.sock");
     let opts = DriverOptions {
-        ring: RingLayout::Split,
+        ring,
         use_interrupts: true,
         request_queues: 1,
         timeout: Duration::from_secs(10),
@@ -103,13 +109,13 @@ fn a_killed_serving_process_is_replaced_and_no_request_hangs() {
         let t = Instant::now();
         kill(old);
         let now = new_serving(&ctl, old);
-        assert_eq!(now["recoveries"].as_u64(), Some(round), "{now}");
+        assert_eq!(now["recoveries"].as_u64(), Some(round), "{ring:?}: {now}");
         // The request in flight is answered, then every new one.
         let r = d.lk_result(opcode::SETLKW, waiting);
         let shown = format!("{r:?}");
-        assert!(eio(r), "round {round}: the SETLKW in flight: {shown}");
-        eprintln!("round {round}: the request in flight answered {:?} after the kill", t.elapsed());
-        assert!(eio(d.getattr(ROOT)), "round {round}: a new request");
+        assert!(eio(r), "{ring:?} round {round}: the SETLKW in flight: {shown}");
+        eprintln!("{ring:?} round {round}: the request in flight answered {:?} after the kill", t.elapsed());
+        assert!(eio(d.getattr(ROOT)), "{ring:?} round {round}: a new request");
         // The device is reset (here: its client goes and a new one comes, as after the guest
         // lets it go): a fresh, empty filesystem serves.
         drop(d);

@@ -59,13 +59,12 @@ impl FnCtx {
         match ring {
             Ok(mut queue) => {
                 if recover {
-                    let track = self.track.as_ref().and_then(|a| a.queue(cfg.index, cfg.size));
-                    if !track.is_some_and(|t| queue.recover_from(t)) {
+                    if !self.track.as_ref().is_some_and(|a| queue.recover_from(a)) {
                         self.report(QueueError::Recovery { queue: cfg.index });
                         return None;
                     }
-                } else if let Some(t) = self.track.as_ref().and_then(|a| a.start_queue(cfg.index, cfg.size)) {
-                    queue.keep_track(t);
+                } else if let Some(a) = &self.track {
+                    queue.keep_track(a);
                 }
                 let stat = match self.stats.place(cfg.index) {
                     Some((p, local)) if p == self.id => local,

@@ -114,28 +114,26 @@ impl Ring {
         Ok(r)
     }
 
-    /// Keeps the in-flight record `track` of this queue (crash recovery); false for a packed
-    /// ring, which is not tracked.
-    pub fn keep_track(&mut self, track: track::QueueTrack) -> bool {
+    /// Starts this queue's in-flight record in `area` (crash recovery) and keeps it up to date
+    /// from now on; false if the area has no record for it.
+    pub fn keep_track(&mut self, area: &std::sync::Arc<track::TrackArea>) -> bool {
+        let (index, size) = (self.index(), self.config().size);
         match self {
-            Ring::Split(q) => {
-                q.keep_track(track);
-                true
-            }
-            Ring::Packed(_) => false,
+            Ring::Split(q) => area.start_queue(index, size).map(|t| q.keep_track(t)).is_some(),
+            Ring::Packed(q) => area.start_packed(index, size).map(|t| q.keep_track(t)).is_some(),
         }
     }
 
-    /// Resumes where the in-flight record `track` says the queue stood when its process died
-    /// ([`SplitQueue::recover_from`]); false for a packed ring, which cannot be.
-    pub fn recover_from(&mut self, track: track::QueueTrack) -> bool {
+    /// Resumes where this queue's in-flight record in `area` says it stood when its process
+    /// died ([`SplitQueue::recover_from`], [`PackedQueue::recover_from`]); false if the area
+    /// has no record for it.
+    pub fn recover_from(&mut self, area: &std::sync::Arc<track::TrackArea>) -> bool {
+        let Some(t) = area.queue(self.index(), self.config().size) else { return false };
         match self {
-            Ring::Split(q) => {
-                q.recover_from(track);
-                true
-            }
-            Ring::Packed(_) => false,
+            Ring::Split(q) => q.recover_from(t),
+            Ring::Packed(q) => q.recover_from(t),
         }
+        true
     }
 
     /// Where the queue stands (positions, and what is outstanding).

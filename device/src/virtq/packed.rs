@@ -27,6 +27,7 @@ use super::desc::{
     PACKED_EVENT_DESC as EVENT_DESC, PACKED_EVENT_DISABLE as EVENT_DISABLE,
     PACKED_EVENT_ENABLE as EVENT_ENABLE, PACKED_F_AVAIL as F_AVAIL, PACKED_F_USED as F_USED,
 };
+use super::track::{recover_packed, PackedInFlight, QueueTrack, TrackError, PACKED_DESCS};
 use crate::memory::GuestMem;
 use crate::pci::QueueConfig;
 
@@ -74,6 +75,15 @@ pub struct PackedQueue {
     slots: Box<[u16]>,
     /// Buffers returned since the last interrupt, and the used position then.
     signalled: Signalled,
+    /// The in-flight record this queue keeps (crash recovery), if it keeps one.
+    track: Option<QueueTrack>,
+    /// Recovering after a crash: `attach` reads where the queue stood from the record.
+    recovering: bool,
+    /// Buffers taken before a crash and not returned, to take again (oldest last).
+    replay: Vec<PackedInFlight>,
+    /// Each outstanding buffer id's take number (in the record), and the last one given.
+    seqs: Box<[u32]>,
+    seq: u32,
 }
 
 impl PackedQueue {
@@ -94,7 +104,26 @@ impl PackedQueue {
             used_wrap: true,
             slots: vec![0; usize::from(cfg.size)].into_boxed_slice(),
             signalled: Signalled::default(),
+            track: None,
+            recovering: false,
+            replay: Vec::new(),
+            seqs: vec![0; usize::from(cfg.size)].into_boxed_slice(),
+            seq: 0,
         })
+    }
+
+    /// Keeps `track` up to date from now on: each buffer taken (with a copy of its chain's
+    /// descriptors) and each return written.
+    pub fn keep_track(&mut self, track: QueueTrack) {
+        self.track = Some(track);
+    }
+
+    /// Resumes where `track` says the queue stood when the process that served it died:
+    /// `attach` reads it back, and the buffers in flight are taken again (from the record's
+    /// copies of their chains) before any new one.
+    pub fn recover_from(&mut self, track: QueueTrack) {
+        self.track = Some(track);
+        self.recovering = true;
     }
 
     /// The queue as the driver configured it.
@@ -130,9 +159,34 @@ impl PackedQueue {
 
     /// Checks the ring and event areas lie in mapped memory and disables driver notifications.
     pub fn attach(&mut self, mem: &GuestMem) -> Result<(), QueueError> {
+        let q = self.cfg.index;
         let ranges =
             [(self.cfg.desc, 16 * u64::from(self.cfg.size)), (self.cfg.avail, 4), (self.cfg.used, 4)];
-        check_mapped(mem, self.cfg.index, &ranges)?;
+        check_mapped(mem, q, &ranges)?;
+        if self.recovering {
+            let track = self.track.as_ref().ok_or(QueueError::BadConfig(q))?;
+            let r = recover_packed(track, &self.cfg, mem).map_err(|e| match e {
+                TrackError::Unmapped(_) => QueueError::RingUnmapped(q),
+                e => {
+                    log::error!("{e}");
+                    QueueError::Recovery { queue: q }
+                }
+            })?;
+            self.recovering = false;
+            (self.next_used, self.used_wrap) = r.next_used;
+            (self.next_avail, self.avail_wrap) = r.next_avail;
+            self.slots.iter_mut().for_each(|s| *s = 0);
+            for b in &r.in_flight {
+                self.slots[usize::from(b.id)] = b.slots;
+                self.seqs[usize::from(b.id)] = b.seq;
+                self.seq = self.seq.max(b.seq);
+            }
+            self.signalled.reset(self.next_used);
+            self.replay = r.in_flight;
+            self.replay.reverse();
+        } else if let Some(t) = &self.track {
+            t.packed_positions((self.next_used, self.used_wrap), (self.next_avail, self.avail_wrap));
+        }
         // Poll mode: the device never wants a notification.
         self.set_notify(mem, false)
     }
@@ -157,6 +211,9 @@ impl PackedQueue {
     /// Whether the next ring slot holds an available buffer.
     #[inline]
     pub fn has_work(&self, mem: &GuestMem) -> Result<bool, QueueError> {
+        if !self.replay.is_empty() {
+            return Ok(true);
+        }
         let at = GuestAddress(self.cfg.desc + 16 * u64::from(self.next_avail) + 14);
         let flags: u16 =
             mem.load(at, Ordering::Acquire).map_err(|_| QueueError::RingUnmapped(self.cfg.index))?;
@@ -173,10 +230,32 @@ impl PackedQueue {
     ) -> Result<Option<Result<(), ChainError>>, QueueError> {
         let q = self.cfg.index;
         let size = self.cfg.size;
+        if let Some(b) = self.replay.pop() {
+            // Taken before a crash: its chain from the record's copy (the ring's slots may hold
+            // used descriptors by now).
+            chain.readable.clear();
+            chain.writable.clear();
+            chain.head = b.id;
+            let Some(descs) = b.descs else { return Ok(Some(Err(ChainError::BadIndirect))) };
+            for raw in &descs {
+                let d = PDesc {
+                    addr: u64::from_le_bytes(raw[..8].try_into().unwrap_or_default()),
+                    len: u32::from_le_bytes(raw[8..12].try_into().unwrap_or_default()),
+                    id: u16::from_le_bytes([raw[12], raw[13]]),
+                    flags: u16::from_le_bytes([raw[14], raw[15]]),
+                };
+                if let Err(e) = self.take_desc(mem, &d, chain) {
+                    return Ok(Some(Err(e)));
+                }
+            }
+            return Ok(Some(Ok(())));
+        }
         let ring = DescTable::new(mem, self.cfg.desc, u32::from(size)).ok_or(QueueError::RingUnmapped(q))?;
         if !self.has_work(mem)? {
             return Ok(None);
         }
+        let start = (self.next_avail, self.avail_wrap);
+        let mut copies = [[0u8; 16]; PACKED_DESCS + 1];
         // Order the flags read before the rest of the chain (the driver writes the head's flags
         // last): the head descriptor is read again below, after the fence, so its address and
         // length cannot be older than its flags.
@@ -189,6 +268,14 @@ impl PackedQueue {
         let id;
         loop {
             let d = read_pdesc(&ring, slot).ok_or(QueueError::RingUnmapped(q))?;
+            if self.track.is_some() {
+                if let Some(c) = copies.get_mut(usize::from(taken)) {
+                    c[..8].copy_from_slice(&d.addr.to_le_bytes());
+                    c[8..12].copy_from_slice(&d.len.to_le_bytes());
+                    c[12..14].copy_from_slice(&d.id.to_le_bytes());
+                    c[14..].copy_from_slice(&d.flags.to_le_bytes());
+                }
+            }
             taken += 1;
             if error.is_none() {
                 error = self.take_desc(mem, &d, chain).err();
@@ -208,6 +295,12 @@ impl PackedQueue {
         }
         self.slots[usize::from(id)] = taken;
         self.advance_avail(taken);
+        if let Some(t) = &self.track {
+            self.seq = self.seq.wrapping_add(1).max(1);
+            self.seqs[usize::from(id)] = self.seq;
+            let n = usize::from(taken).min(PACKED_DESCS + 1);
+            t.packed_taken(id, self.seq, start, &copies[..n], taken, (self.next_avail, self.avail_wrap));
+        }
         chain.head = id;
         Ok(Some(error.map_or(Ok(()), Err)))
     }
@@ -268,6 +361,9 @@ impl PackedQueue {
         mem.store(flags.to_le(), GuestAddress(at + 14), Ordering::Release)
             .map_err(|_| QueueError::RingUnmapped(q))?;
         advance(&mut self.next_used, &mut self.used_wrap, taken, self.cfg.size);
+        if let Some(t) = &self.track {
+            t.packed_pushed(id, self.seqs[usize::from(id)], (self.next_used, self.used_wrap));
+        }
         self.signalled.returned();
         Ok(())
     }
