@@ -127,7 +127,16 @@ fn killed_and_replaced(ring: RingLayout) {
         let (e, o) = d.create(ROOT, "after", 0o644, libc::O_RDWR as u32).unwrap();
         d.write(e.nodeid, o.fh, 0, b"after").unwrap();
         assert_eq!(d.read(e.nodeid, o.fh, 0, 5).unwrap(), b"after");
+        // A live update goes on working after a recovery (the fresh filesystem moves), and the
+        // next crash is recovered from the new process's checkpoints.
+        let before = device(&ctl)["pid"].as_u64().unwrap();
+        let answer = ControlClient::connect(&ctl).unwrap().call("live_update", Value::Null).unwrap();
+        assert_ne!(answer["new_pid"].as_u64(), Some(before), "{ring:?}: {answer}");
+        new_serving(&ctl, before);
+        assert_eq!(d.read(e.nodeid, o.fh, 0, 5).unwrap(), b"after", "{ring:?}: after the update");
         d.unlink(ROOT, "after").unwrap();
+        // The process that handed over exits 200 ms after its answer.
+        std::thread::sleep(Duration::from_millis(300));
     }
 }
 

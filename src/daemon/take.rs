@@ -451,6 +451,11 @@ fn fresh(fspec: &FunctionSpec) -> Built {
         Some(b) => b.fuse.clone(),
         None => Arc::new(crate::FuseStats::default) as crate::backends::FuseStatsFn,
     };
-    let handler = Ending::new(inner.map(|b| b.handler));
-    Built { handler, fuse, descriptors: 0, saver: None }
+    let (inner, saver) = match inner {
+        Some(b) => (Some(b.handler), b.saver),
+        None => (None, None),
+    };
+    let ending = Ending::new(inner, saver);
+    let saver = Some(ending.clone() as Arc<dyn crate::update::SavesState>);
+    Built { handler: ending, fuse, descriptors: 0, saver }
 }

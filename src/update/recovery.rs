@@ -28,6 +28,7 @@ use virtiofs_device::stats::{OpClass, Tally};
 use virtiofs_device::vfio_user::handover::{CheckpointSink, ServerHandover};
 use vm_memory::VolatileSlice;
 
+use super::backend::{Saved, SavesState};
 use super::channel::Channel;
 use super::state::{self, BackendPart, ControlPart, FunctionPart, Origin};
 use super::ControlCopy;
@@ -131,13 +132,56 @@ impl CheckpointSink for FunctionSink {
 /// or, without one, `EIO` goes on.
 pub struct Ending {
     inner: Option<Arc<dyn RequestHandler>>,
+    /// What hands the fresh backend over in a live update (once the function was reset).
+    saver: Option<Arc<dyn SavesState>>,
     ended: Arc<AtomicBool>,
 }
 
 impl Ending {
-    /// Ending until the next reset, then `inner`.
-    pub fn new(inner: Option<Arc<dyn RequestHandler>>) -> Arc<Self> {
-        Arc::new(Ending { inner, ended: Arc::new(AtomicBool::new(true)) })
+    /// Ending until the next reset, then `inner` (handed over by `saver` in a live update).
+    pub fn new(inner: Option<Arc<dyn RequestHandler>>, saver: Option<Arc<dyn SavesState>>) -> Arc<Self> {
+        Arc::new(Ending { inner, saver, ended: Arc::new(AtomicBool::new(true)) })
+    }
+
+    /// The fresh backend's saver while it serves; why not while the function still ends.
+    fn serving_saver(&self) -> Result<&Arc<dyn SavesState>, String> {
+        if self.ended.load(Ordering::Acquire) {
+            return Err("its state was lost in a crash and its driver has not reset it yet".into());
+        }
+        self.saver.as_ref().ok_or_else(|| "its backend's state was lost in a crash".into())
+    }
+}
+
+/// A live update hands over the fresh backend once the function was reset (before that there
+/// is nothing to hand over, and the update is refused naming why).
+impl SavesState for Ending {
+    fn precopy(&self) -> Option<Saved> {
+        match self.serving_saver() {
+            Ok(s) => s.precopy(),
+            Err(why) => Some(Err(why)),
+        }
+    }
+
+    fn forget_precopy(&self) {
+        if let Some(s) = &self.saver {
+            s.forget_precopy();
+        }
+    }
+
+    fn save(&self) -> Saved {
+        self.serving_saver()?.save()
+    }
+
+    fn handed_over(&self) {
+        if let Some(s) = &self.saver {
+            s.handed_over();
+        }
+    }
+
+    fn taken_over(&self) {
+        if let Some(s) = &self.saver {
+            s.taken_over();
+        }
     }
 }
 
