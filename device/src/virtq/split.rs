@@ -64,6 +64,8 @@ pub struct SplitQueue {
     recovering: bool,
     /// Heads taken before a crash and not returned, to take again (oldest last).
     replay: Vec<u16>,
+    /// The last take number given (in the record).
+    seq: u32,
 }
 
 impl SplitQueue {
@@ -85,6 +87,7 @@ impl SplitQueue {
             track: None,
             recovering: false,
             replay: Vec::new(),
+            seq: 0,
         })
     }
 
@@ -163,6 +166,7 @@ impl SplitQueue {
             avail = r.next_avail;
             self.replay = r.in_flight;
             self.replay.reverse();
+            self.seq = r.last_seq;
         } else if let Some((at, taken)) = self.resumed.take() {
             if at != used_idx {
                 // The saved state and the ring disagree: another writer moved the used index.
@@ -228,7 +232,8 @@ impl SplitQueue {
             return Err(QueueError::BadHead { queue: q, head });
         }
         if let Some(t) = &self.track {
-            t.taken(head, self.next_avail);
+            self.seq = self.seq.wrapping_add(1).max(1);
+            t.taken(head, self.next_avail, self.seq);
         }
         self.next_avail = self.next_avail.wrapping_add(1);
         Ok(head)

@@ -5,12 +5,13 @@
 //!
 //! ```text
 //! area:   le64 magic | le32 version | le32 queues | (queue record, QUEUE_STRIDE bytes) * queues
-//! record: le16 size | le16 avail | le16 pushed | le16 0 | le32 slot[size]
-//! slot:   0 (the head is not in flight) or IN_FLIGHT | the avail position it was taken at
+//! record: le16 size | le16 avail | le16 pushed | le16 0 | le64 slot[size]
+//! slot:   0 (the head is not in flight) or seq << 32 | IN_FLIGHT | the avail position it
+//!         was taken at (seq: the take's number, from 1)
 //! ```
 //!
 //! The data path writes it with plain stores, no system call and no lock. Taking head `h` from
-//! avail position `a` stores `slot[h] = IN_FLIGHT | a`, then `avail = a + 1`. Returning `h` at
+//! avail position `a` stores `slot[h]` (one 8-byte store), then `avail = a + 1`. Returning `h` at
 //! used position `u` writes the used entry (guest memory), then `pushed = u + 1`, then
 //! `slot[h] = 0`. The used index in guest memory is published later, once per round. A
 //! process killed anywhere in between leaves a state [`recover_split`] reads back:
@@ -20,7 +21,8 @@
 //! - a head whose slot is set at the avail position `avail` itself was being taken (killed
 //!   before `avail` moved): it is taken again as any other available chain;
 //! - every other set slot is a chain taken and not returned: it is executed again, in the order
-//!   it was taken.
+//!   it was taken (its take number: a chain may stay out for any number of laps of the ring,
+//!   a SETLKW for hours).
 //!
 //! A process killed between writing a used entry and storing `pushed` leaves that head in
 //! flight: it runs again and its entry is written again at the same position. The record is
@@ -66,7 +68,7 @@ use crate::pci::QueueConfig;
 /// The area's first eight bytes.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"vfdpu-if");
 /// The area's format version.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Bytes of the area's header.
 const HEADER: u64 = 16;
 /// The largest split ring.
@@ -76,12 +78,17 @@ const MAX_SIZE: u64 = 32768;
 pub const QUEUE_STRIDE: u64 = PACKED_BASE + PACKED_ENTRY * MAX_SIZE;
 /// A set slot's marker bit.
 const IN_FLIGHT: u32 = 1 << 16;
+
+/// A split queue's slot for a head taken from avail position `at` as take number `seq`.
+fn split_slot(at: u16, seq: u32) -> u64 {
+    u64::from(seq) << 32 | u64::from(IN_FLIGHT) | u64::from(at)
+}
 /// Most descriptors of a packed chain the record copies.
 pub const PACKED_DESCS: usize = 4;
 /// Bytes of a packed ring's entry per buffer id.
 const PACKED_ENTRY: u64 = 16 + 16 * PACKED_DESCS as u64;
 /// Where a queue record's packed entries start (after the split slots).
-const PACKED_BASE: u64 = 8 + 4 * MAX_SIZE;
+const PACKED_BASE: u64 = 8 + 8 * MAX_SIZE;
 /// The record's layout mark (at +6): split or packed.
 const KIND_PACKED: u16 = 1;
 
@@ -171,7 +178,7 @@ impl TrackArea {
         t.area.store16(t.base + 4, 0);
         t.area.store16(t.base + 6, 0);
         for h in 0..size {
-            t.area.store32(t.slot(h), 0);
+            t.area.store64_atomic(t.slot(h), 0);
         }
         Some(t)
     }
@@ -263,13 +270,13 @@ pub struct QueueTrack {
 impl QueueTrack {
     #[inline]
     fn slot(&self, head: u16) -> u64 {
-        self.base + 8 + 4 * u64::from(head)
+        self.base + 8 + 8 * u64::from(head)
     }
 
-    /// Head `head` was taken from avail position `at`.
+    /// Head `head` was taken from avail position `at`, as take number `seq` (never 0).
     #[inline]
-    pub fn taken(&self, head: u16, at: u16) {
-        self.area.store32(self.slot(head), IN_FLIGHT | u32::from(at));
+    pub fn taken(&self, head: u16, at: u16, seq: u32) {
+        self.area.store64_atomic(self.slot(head), split_slot(at, seq));
         self.area.store16(self.base + 2, at.wrapping_add(1));
     }
 
@@ -277,7 +284,7 @@ impl QueueTrack {
     #[inline]
     pub fn pushed(&self, head: u16, next_used: u16) {
         self.area.store16(self.base + 4, next_used);
-        self.area.store32(self.slot(head), 0);
+        self.area.store64_atomic(self.slot(head), 0);
     }
 
     /// The queue (re)attached at used position `used` and avail position `avail`.
@@ -351,6 +358,8 @@ pub struct SplitRecovery {
     pub next_avail: u16,
     /// The heads taken and not returned, in the order they were taken: to execute again.
     pub in_flight: Vec<u16>,
+    /// The highest take number in flight (new takes count on from it).
+    pub last_seq: u32,
 }
 
 /// Reads back where queue `cfg` stood from its record `track` and the rings in `mem` (see the
@@ -396,40 +405,44 @@ pub fn recover_split(
             .map_err(|_| TrackError::Unmapped(q))?;
         let head =
             u16::try_from(id).ok().filter(|&h| h < size).ok_or_else(|| bad(format!("used entry {id}")))?;
-        track.area.store32(track.slot(head), 0);
+        track.area.store64_atomic(track.slot(head), 0);
     }
     // The chain being taken when the process died: taken again from the avail ring.
     if avail_idx != next_avail {
         let at = u64::from(next_avail % size);
         let head = load(cfg.avail + 4 + 2 * at)?;
-        if head < size && track.area.load32(track.slot(head)) == IN_FLIGHT | u32::from(next_avail) {
-            track.area.store32(track.slot(head), 0);
+        let v = if head < size { track.area.load64(track.slot(head)) } else { 0 };
+        if v != 0 && (v & 0xffff) as u16 == next_avail {
+            track.area.store64_atomic(track.slot(head), 0);
         }
     }
-    let mut in_flight: Vec<(u16, u16)> = Vec::new();
+    let mut in_flight: Vec<(u32, u16)> = Vec::new();
     for head in 0..size {
-        let v = track.area.load32(track.slot(head));
+        let v = track.area.load64(track.slot(head));
         if v == 0 {
             continue;
         }
-        let at = (v & 0xffff) as u16;
-        // Taken before `next_avail`, and no earlier than the oldest outstanding position.
-        let age = next_avail.wrapping_sub(at);
-        if v & !0x1ffff != 0 || v & IN_FLIGHT == 0 || age == 0 || age > size {
+        // A chain may stay out for any number of laps (completions are out of order): only
+        // its position being `next_avail` itself (not taken yet) is impossible.
+        let (at, seq) = ((v & 0xffff) as u16, (v >> 32) as u32);
+        if v & 0xffff_0000 != u64::from(IN_FLIGHT) || seq == 0 || at == next_avail {
             return Err(bad(format!("slot of head {head} reads {v:#x}")));
         }
-        in_flight.push((age, head));
+        in_flight.push((seq, head));
     }
     if in_flight.len() != usize::from(outstanding) {
         return Err(bad(format!("{} heads in flight, {outstanding} outstanding", in_flight.len())));
     }
-    // Oldest first: the order they were taken in.
-    in_flight.sort_unstable_by_key(|a| std::cmp::Reverse(a.0));
+    // Oldest first: the order they were taken in (take numbers wrap after 2^32 requests,
+    // which only changes the order).
+    in_flight.sort_unstable_by_key(|a| a.0);
+    let last_seq = in_flight.last().map_or(0, |a| a.0);
     Ok(SplitRecovery {
         published,
         next_used,
         next_avail,
         in_flight: in_flight.into_iter().map(|(_, h)| h).collect(),
+        last_seq,
     })
 }
 
@@ -491,16 +504,7 @@ pub fn recover_packed(
     if avail.0 >= size || used.0 >= size {
         return Err(bad(format!("positions {avail:?}, {used:?} past the ring")));
     }
-    // How many slots before `avail` a position is (0: `avail` itself; the lap before counts
-    // from `size` back).
-    let behind = |(s, w): (u16, bool)| -> u32 {
-        if w == avail.1 {
-            u32::from(avail.0).wrapping_sub(u32::from(s))
-        } else {
-            u32::from(avail.0) + u32::from(size) - u32::from(s)
-        }
-    };
-    let mut entries: Vec<(u16, u16, u32, u32)> = Vec::new(); // (id, slots, how far behind, seq)
+    let mut entries: Vec<(u16, u16, u32, u32)> = Vec::new(); // (id, slots, order, seq)
     for id in 0..size {
         let e = track.entry(id);
         let state = a.load32(e);
@@ -521,11 +525,11 @@ pub fn recover_packed(
             a.store32(e, 0);
             continue;
         }
-        let b = behind(at);
-        if b > u32::from(size) {
-            return Err(bad(format!("id {id} taken at {at:?}, not behind {avail:?}")));
+        // A buffer may stay out for any number of laps: ordered by its take number.
+        if seq == 0 {
+            return Err(bad(format!("entry of id {id} has no take number")));
         }
-        entries.push((id, slots, b, seq));
+        entries.push((id, slots, seq, seq));
     }
     // The used descriptor at the used position, if written in this lap for a buffer in flight:
     // returned just before the process died (killed between its flags and `last`).
@@ -550,7 +554,7 @@ pub fn recover_packed(
         }
     }
     // Oldest first.
-    entries.sort_unstable_by_key(|e| std::cmp::Reverse(e.2));
+    entries.sort_unstable_by_key(|e| e.2);
     let out_slots: u32 = entries.iter().map(|e| u32::from(e.1)).sum();
     if out_slots > u32::from(size) {
         return Err(bad(format!("{out_slots} ring slots out in a ring of {size}")));
@@ -668,12 +672,12 @@ mod tests {
         let t = area.queue(1, SIZE).unwrap();
         let a = drv.push(&[Buf::writable(0x8000, 64)]);
         // Taking `a` at position 0, killed before `avail` moved.
-        area.store32(t.slot(a), IN_FLIGHT);
+        area.store64_atomic(t.slot(a), split_slot(0, 1));
         let mut q = recovered(area.file(), &mem);
         assert_eq!(take_all(&mut q, &mem), vec![a], "taken once, as a new chain");
         // Returning `a` at used position 0: `pushed` stored, killed before the slot's clear.
         q.push_used(&mem, a, 5).unwrap();
-        area.store32(t.slot(a), IN_FLIGHT);
+        area.store64_atomic(t.slot(a), split_slot(0, 1));
         drop(q);
         let mut q = recovered(area.file(), &mem);
         assert_eq!(drv.next_used(), Some((a, 5)));
@@ -709,11 +713,13 @@ mod tests {
         t.positions(SIZE + 1, SIZE + 1);
         assert!(refused(&area), "returns written past the ring");
         t.positions(0, 0);
-        area.store32(t.slot(3), 0xdead_beef);
+        area.store64_atomic(t.slot(3), 0xdead_beef);
         assert!(refused(&area), "a slot of another format");
-        area.store32(t.slot(3), IN_FLIGHT | 0xffff);
+        area.store64_atomic(t.slot(3), split_slot(0xffff, 0));
+        assert!(refused(&area), "no take number");
+        area.store64_atomic(t.slot(3), split_slot(0xfff0, 7));
         assert!(refused(&area), "in flight, nothing outstanding");
-        area.store32(t.slot(3), 0);
+        area.store64_atomic(t.slot(3), 0);
         area.store16(t.base, 4);
         assert!(refused(&area), "another ring size");
         area.store16(t.base, SIZE);
@@ -856,5 +862,48 @@ mod tests {
         assert!(r.is_err() && c.head == 2, "{r:?}");
         q.push_used(&mem, 2, 0).unwrap();
         assert_eq!(drv.next_used(), Some((2, 0)));
+    }
+
+    /// A chain out while the ring goes round many times (a SETLKW waiting while other
+    /// requests pass) is recovered, on both layouts.
+    #[test]
+    fn a_chain_out_for_many_laps_is_recovered() {
+        use crate::virtq::mock::PackedDriver;
+        let mem = guest_memory(0x20000, None);
+        let area = TrackArea::create(2).unwrap();
+        // Split.
+        let mut drv = SplitDriver::new(&mem, cfg());
+        let mut q = tracked(&area, &mem);
+        let waiting = drv.push(&[Buf::writable(0x8000, 64)]);
+        assert_eq!(take(&mut q, &mem), Some(waiting));
+        for i in 0..1000u16 {
+            // Heads other than the waiting one (the mock would reuse it).
+            let h = (waiting + 1 + i % (SIZE - 1)) % SIZE;
+            drv.write_desc(0x1000, h, 0x8100, 64, crate::virtq::desc::DESC_F_WRITE, 0);
+            drv.make_available(h);
+            assert_eq!(take(&mut q, &mem), Some(h));
+            q.push_used(&mem, h, 1).unwrap();
+            q.publish_used(&mem).unwrap();
+            assert_eq!(drv.next_used(), Some((h, 1)));
+        }
+        drop(q);
+        let mut q = recovered(area.file(), &mem);
+        assert_eq!(take_all(&mut q, &mem), vec![waiting], "split: the chain out for 1000 requests");
+        // Packed.
+        let mut drv = PackedDriver::new(&mem, cfg());
+        let mut q = packed(&area, &mem);
+        drv.push(&[Buf::writable(0x8000, 64)], 0);
+        assert_eq!(take_lens(&mut q, &mem).map(|t| t.0), Some(0));
+        for i in 0..1000u16 {
+            let id = 1 + i % 7;
+            drv.push(&[Buf::writable(0x8100, 64)], id);
+            assert_eq!(take_lens(&mut q, &mem).map(|t| t.0), Some(id));
+            q.push_used(&mem, id, 1).unwrap();
+            assert_eq!(drv.next_used(), Some((id, 1)));
+        }
+        drop(q);
+        let mut q = packed_recovered(area.file(), &mem);
+        assert_eq!(take_lens(&mut q, &mem), Some((0, vec![], vec![64])), "packed: out for 1000 requests");
+        assert_eq!(take_lens(&mut q, &mem), None);
     }
 }
