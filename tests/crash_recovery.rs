@@ -132,7 +132,8 @@ fn killed_and_replaced(ring: RingLayout) {
         let before = device(&ctl)["pid"].as_u64().unwrap();
         let answer = ControlClient::connect(&ctl).unwrap().call("live_update", Value::Null).unwrap();
         assert_ne!(answer["new_pid"].as_u64(), Some(before), "{ring:?}: {answer}");
-        new_serving(&ctl, before);
+        let updated = new_serving(&ctl, before);
+        assert_eq!(updated["recoveries"].as_u64(), Some(round), "{ring:?}: the count moves with the update");
         assert_eq!(d.read(e.nodeid, o.fh, 0, 5).unwrap(), b"after", "{ring:?}: after the update");
         d.unlink(ROOT, "after").unwrap();
         // The process that handed over exits 200 ms after its answer.
@@ -161,4 +162,26 @@ fn a_daemon_that_keeps_crashing_ends() {
     };
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(status.code(), Some(128 + libc::SIGKILL), "{status:?} {:?}", status.signal());
+}
+
+/// A serving process that fails before it serves (here: its socket is another daemon's) is
+/// not "recovered": the supervisor ends with its status, as a daemon without one would.
+#[test]
+fn a_serving_process_that_fails_to_start_ends_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = daemon(dir.path(), &[]);
+    let other = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .arg("--socket-path")
+        .arg(dir.path().join("fs.sock"))
+        .arg("--control-socket")
+        .arg(other.path().join("ctl.sock"))
+        .args(["--live-update", "--tag", "cr2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("in use") && err.contains("before it served"), "{err}");
 }

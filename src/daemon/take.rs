@@ -98,7 +98,7 @@ pub fn take_over(
     let t = std::time::Instant::now();
     let received = receive(&spec, &confined.shares, &functions, &peer);
     log::debug!("live update: received and built every function in {:?}", t.elapsed());
-    let (control, taken, updates) = match received {
+    let (control, taken, (updates, recoveries_before)) = match received {
         Ok(r) => r,
         Err(why) if why.starts_with(CALLED_OFF) => return Err(StartError::CalledOff(why)),
         Err(why) => {
@@ -132,7 +132,7 @@ pub fn take_over(
         }
         None => {
             info!("live update: took over {n} function(s) from the old process (update {})", updates + 1);
-            (updates + 1, 0)
+            (updates + 1, recoveries_before)
         }
     };
     let updater = Arc::new(Updater::new(supervisor, updates).with_recovery(keeper, recoveries));
@@ -206,7 +206,7 @@ fn confine_as_started(spec: &DaemonSpec) -> Result<Confined, StartError> {
     Ok(Confined { stats_file, signals, shares: Shares { plan, proc_fd, count, uid } })
 }
 
-type Received = (Option<BoundControlSocket>, Vec<Taken>, u64);
+type Received = (Option<BoundControlSocket>, Vec<Taken>, (u64, u64));
 
 /// Every part until the end, each checked and built.
 fn receive(
@@ -261,9 +261,9 @@ fn receive(
                 log::debug!("live update: function {tag:?} built in {:?}", t0.elapsed());
                 taken.push(t);
             }
-            Msg::End { updates } => {
+            Msg::End { updates, recoveries } => {
                 files.finish()?;
-                return Ok((control, taken, updates));
+                return Ok((control, taken, (updates, recoveries)));
             }
             // Called off while the parts came (a function that could not be frozen): no
             // refusal to send back; this process ends.
@@ -362,7 +362,8 @@ fn take_function(
     let built = match (&fspec.backend, &part_backend) {
         (_, state::BackendPart::Fresh) => {
             files.finish()?;
-            fresh(&fspec)
+            let active = part.device.function.status & virtiofs_device::pci::status::DRIVER_OK != 0;
+            fresh(&fspec, active)
         }
         _ => match &fspec.backend {
             BackendSpec::Ram { .. } => match backends::open(&fspec, true, DescriptorShare::OneOf(1)) {
@@ -428,7 +429,7 @@ fn take_function(
 /// that served it: its requests end with `EIO` until the driver resets the device, then a RAM
 /// filesystem opened anew (empty) serves; other backends go on ending them (their full
 /// recovery needs their state kept, which is not done yet).
-fn fresh(fspec: &FunctionSpec) -> Built {
+fn fresh(fspec: &FunctionSpec, active: bool) -> Built {
     let inner = match &fspec.backend {
         BackendSpec::Ram { .. } => backends::open(fspec, true, DescriptorShare::OneOf(1))
             .and_then(|o| backends::build(fspec.fuse.server, o, None))
@@ -455,7 +456,7 @@ fn fresh(fspec: &FunctionSpec) -> Built {
         Some(b) => (Some(b.handler), b.saver),
         None => (None, None),
     };
-    let ending = Ending::new(inner, saver);
+    let ending = Ending::new(inner, saver, active);
     let saver = Some(ending.clone() as Arc<dyn crate::update::SavesState>);
     Built { handler: ending, fuse, descriptors: 0, saver }
 }

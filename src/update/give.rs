@@ -75,7 +75,7 @@ pub fn give(
     peer: &Channel,
     functions: Vec<HandoverEntry>,
     control: Option<&ControlCopy>,
-    updates: u64,
+    (updates, recoveries): (u64, u64),
     on_commit: impl FnOnce(),
 ) -> Result<Given, UpdateError> {
     let (version, format) = match peer.recv::<Msg>(HELLO_BOUND)? {
@@ -112,16 +112,17 @@ pub fn give(
         phases.precopy_ms = ms(t);
     }
     let started = Instant::now();
-    let r = send_all(peer, functions, control, updates, &copied, &mut answers, &mut phases).and_then(|n| {
-        let t = Instant::now();
-        let verdict = peer.recv::<Msg>(READY_BOUND);
-        phases.ready_ms = ms(t);
-        match verdict? {
-            (Msg::Ready, _) => Ok(n),
-            (Msg::Refused { reason }, _) => Err(UpdateError::Refused(reason)),
-            (other, _) => Err(UpdateError::Protocol(format!("expected ready, got {other:?}"))),
-        }
-    });
+    let r = send_all(peer, functions, control, (updates, recoveries), &copied, &mut answers, &mut phases)
+        .and_then(|n| {
+            let t = Instant::now();
+            let verdict = peer.recv::<Msg>(READY_BOUND);
+            phases.ready_ms = ms(t);
+            match verdict? {
+                (Msg::Ready, _) => Ok(n),
+                (Msg::Refused { reason }, _) => Err(UpdateError::Refused(reason)),
+                (other, _) => Err(UpdateError::Protocol(format!("expected ready, got {other:?}"))),
+            }
+        });
     let n = match r {
         // Past half the servers' bound a server may give up waiting any moment: call it off.
         Ok(_) if started.elapsed() > ANSWER_BOUND / 2 => Err(UpdateError::Protocol(format!(
@@ -185,7 +186,7 @@ fn send_all(
     peer: &Channel,
     functions: Vec<HandoverEntry>,
     control: Option<&ControlCopy>,
-    updates: u64,
+    (updates, recoveries): (u64, u64),
     copied: &HashSet<String>,
     answers: &mut Vec<Answer>,
     phases: &mut Phases,
@@ -238,7 +239,7 @@ fn send_all(
         peer.send(&Msg::Function(Box::new(part)), &fds)?;
         phases.send_ms += ms(t);
     }
-    peer.send(&Msg::End { updates }, &[])?;
+    peer.send(&Msg::End { updates, recoveries }, &[])?;
     Ok(n)
 }
 
@@ -258,7 +259,7 @@ mod tests {
         let hello = Msg::Hello { reads: vec![STATE_VERSION + 1], version: "9.9.9".into(), pid: 1 };
         new.send(&hello, &[]).unwrap();
         let mut committed = false;
-        let e = give(&old, Vec::new(), None, 0, || committed = true).err().unwrap();
+        let e = give(&old, Vec::new(), None, (0, 0), || committed = true).err().unwrap();
         assert!(matches!(e, UpdateError::Format { .. }), "{e}");
         assert!(!committed);
         let (m, _) = new.recv::<Msg>(Duration::from_secs(1)).unwrap();
@@ -268,7 +269,7 @@ mod tests {
         let hello = Msg::Hello { reads: FORMATS_READ.to_vec(), version: "0".into(), pid: 1 };
         new.send(&hello, &[]).unwrap();
         new.send(&Msg::Refused { reason: "no room".into() }, &[]).unwrap();
-        let e = give(&old, Vec::new(), None, 0, || committed = true).err().unwrap();
+        let e = give(&old, Vec::new(), None, (0, 0), || committed = true).err().unwrap();
         assert!(e.to_string().contains("no room"), "{e}");
         assert!(!committed);
         let (m, _) = new.recv::<Msg>(Duration::from_secs(1)).unwrap();
@@ -280,10 +281,10 @@ mod tests {
         let hello = Msg::Hello { reads: vec![PREVIOUS_VERSION], version: "0".into(), pid: 1 };
         new.send(&hello, &[]).unwrap();
         new.send(&Msg::Refused { reason: "still no room".into() }, &[]).unwrap();
-        let e = give(&old, Vec::new(), None, 0, || committed = true).err().unwrap();
+        let e = give(&old, Vec::new(), None, (0, 0), || committed = true).err().unwrap();
         assert!(e.to_string().contains("still no room"), "{e}");
         let (m, _) = new.recv::<Msg>(Duration::from_secs(1)).unwrap();
-        assert!(matches!(m, Msg::End { updates: 0 }), "{m:?}");
+        assert!(matches!(m, Msg::End { updates: 0, recoveries: 0 }), "{m:?}");
         let (m, _) = new.recv::<Msg>(Duration::from_secs(1)).unwrap();
         assert!(matches!(m, Msg::Abort { .. }), "{m:?}");
     }

@@ -300,7 +300,7 @@ impl Updater {
         };
         let control = self.control.lock().unwrap_or_else(|e| e.into_inner());
         let commit = || self.handed_over.store(true, Ordering::Release);
-        let result = give::give(&peer, list, control.as_ref(), self.updates(), commit);
+        let result = give::give(&peer, list, control.as_ref(), (self.updates(), self.recoveries), commit);
         match result {
             Ok(given) => {
                 if let Err(e) = sup.send(&SupervisorMsg::Committed { pid }, &[]) {

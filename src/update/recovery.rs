@@ -12,10 +12,11 @@
 //! supervisor keeps the newest of each (`supervisor.rs`) and, when the process dies unasked,
 //! replays them to a new one over the same exchange a live update uses (`daemon/take.rs`).
 //!
-//! The backends' state is not kept yet: a function taken over from a checkpoint answers every
-//! request it finds in flight, and every new one, with `EIO` ([`Ending`]), and its device asks
-//! for a reset (DEVICE_NEEDS_RESET); once the driver resets it, a RAM filesystem serves again,
-//! empty. Nothing hangs.
+//! The backends' state is not kept yet: a function taken over from a checkpoint of a started
+//! device answers every request it finds in flight, and every new one, with `EIO`
+//! ([`Ending`]), until its driver resets the device (the device does not signal anything for
+//! it: a Linux guest sees `EIO` on that mount until the driver is rebound, or a new client
+//! comes); then a RAM filesystem serves again, empty.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -138,9 +139,17 @@ pub struct Ending {
 }
 
 impl Ending {
-    /// Ending until the next reset, then `inner` (handed over by `saver` in a live update).
-    pub fn new(inner: Option<Arc<dyn RequestHandler>>, saver: Option<Arc<dyn SavesState>>) -> Arc<Self> {
-        Arc::new(Ending { inner, saver, ended: Arc::new(AtomicBool::new(true)) })
+    /// Ending until the next reset, then `inner` (handed over by `saver` in a live update);
+    /// `active`: whether the driver had started the device (DRIVER_OK) when the process died.
+    /// A device it had not started has no FUSE session to end: `inner` serves at once (the
+    /// driver goes on to DRIVER_OK and FUSE_INIT without another reset).
+    pub fn new(
+        inner: Option<Arc<dyn RequestHandler>>,
+        saver: Option<Arc<dyn SavesState>>,
+        active: bool,
+    ) -> Arc<Self> {
+        let ended = active || inner.is_none();
+        Arc::new(Ending { inner, saver, ended: Arc::new(AtomicBool::new(ended)) })
     }
 
     /// The fresh backend's saver while it serves; why not while the function still ends.

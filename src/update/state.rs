@@ -75,6 +75,9 @@ pub enum Msg {
     End {
         /// Live updates this daemon had before this one.
         updates: u64,
+        /// Crash recoveries this daemon had (absent from an older process: 0).
+        #[serde(default)]
+        recoveries: u64,
     },
     /// New to old: every part was checked and taken; the new process serves once committed.
     Ready,

@@ -23,7 +23,7 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, ExitStatus};
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::{self, channel, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,7 +31,7 @@ use log::{error, info, warn};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGKILL, SIGTERM, SIGUSR1};
 
 use super::channel::{Channel, ChannelError};
-use super::recovery::{Kept, CHECKPOINT_FD, RECOVERING};
+use super::recovery::{CHECKPOINT_FD, RECOVERING};
 use super::state::{Msg, STATE_VERSION};
 use super::{SupervisorMsg, EXPECT_FDS, SUPERVISOR_FD, TAKEOVER_FD};
 use crate::error_chain;
@@ -45,8 +45,10 @@ enum Event {
     Msg(u32, SupervisorMsg),
     Exited(u32, ExitStatus),
     Signal(i32),
-    /// A checkpoint of process `pid`'s, with its descriptors.
-    Kept(u32, Kept, Vec<File>),
+    /// A checkpoint of process `pid`'s (a [`Kept`] as JSON), with its descriptors.
+    Kept(u32, serde_json::Value, Vec<File>),
+    /// Process `pid`'s checkpoint channel ended: every checkpoint it sent has come.
+    KeptClosed(u32),
     /// The replay of the checkpoints to recovering process `pid` ended.
     Replayed(u32, Result<(), String>),
 }
@@ -90,23 +92,41 @@ struct Checkpoints {
 }
 
 impl Checkpoints {
-    fn keep(&mut self, kept: Kept, files: Vec<File>) -> Result<(), String> {
-        match kept {
-            Kept::Function(part) => {
-                let tag = part.tag.clone();
-                let msg = serde_json::to_value(Msg::Function(part)).map_err(|e| e.to_string())?;
-                match self.functions.iter_mut().find(|f| f.0 == tag) {
-                    Some(f) => *f = (tag, msg, files),
-                    None => self.functions.push((tag, msg, files)),
-                }
+    /// Keeps `kept` (a [`Kept`] as JSON, whose `function` and `control` are the handover's
+    /// `Msg::Function` and `Msg::Control` as they are encoded: replayed verbatim).
+    fn keep(&mut self, kept: serde_json::Value, files: Vec<File>) -> Result<(), String> {
+        let tag = |v: &serde_json::Value| v.get("tag").and_then(|t| t.as_str()).map(str::to_string);
+        if let Some(part) = kept.get("function") {
+            let tag = tag(part).ok_or("a function checkpoint without a tag")?;
+            match self.functions.iter_mut().find(|f| f.0 == tag) {
+                Some(f) => *f = (tag, kept, files),
+                None => self.functions.push((tag, kept, files)),
             }
-            Kept::Control(part) => {
-                let msg = serde_json::to_value(Msg::Control(part)).map_err(|e| e.to_string())?;
-                self.control = Some((msg, files));
-            }
-            Kept::Forget { tag } => self.functions.retain(|f| f.0 != tag),
+        } else if kept.get("control").is_some() {
+            self.control = Some((kept, files));
+        } else if let Some(f) = kept.get("forget") {
+            let tag = tag(f).ok_or("a forget without a tag")?;
+            self.functions.retain(|f| f.0 != tag);
+        } else {
+            return Err(format!("an unknown checkpoint: {}", kept.as_object().map_or(0, |o| o.len())));
         }
         Ok(())
+    }
+
+    /// Drops the checkpoint of the function whose socket is `path` (its socket file is being
+    /// removed: the copy of its lock kept here would stop that).
+    fn drop_socket(&mut self, path: &Path) {
+        let named = |v: &serde_json::Value, key: &str| {
+            v.get("function")
+                .and_then(|f| f.get(key))
+                .and_then(|p| p.as_str())
+                .is_some_and(|p| Path::new(p) == path)
+        };
+        self.functions.retain(|(_, v, _)| !named(v, "path") && !named(v, "socket_file"));
+    }
+
+    fn is_empty(&self) -> bool {
+        self.functions.is_empty() && self.control.is_none()
     }
 
     /// New descriptors of everything, to send while these stay for a next crash.
@@ -145,7 +165,7 @@ fn replay(chan: &Channel, parts: Vec<(serde_json::Value, Vec<OwnedFd>)>, updates
         let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
         chan.send(msg, &borrowed).map_err(err)?;
     }
-    chan.send(&Msg::End { updates }, &[]).map_err(err)?;
+    chan.send(&Msg::End { updates, recoveries: 0 }, &[]).map_err(err)?;
     match chan.recv::<Msg>(REPLAY_BOUND).map_err(err)? {
         (Msg::Ready, _) => chan.send(&Msg::Commit, &[]).map_err(err),
         (Msg::Refused { reason }, _) => Err(reason),
@@ -157,7 +177,18 @@ fn replay(chan: &Channel, parts: Vec<(serde_json::Value, Vec<OwnedFd>)>, updates
 struct Proc {
     pid: u32,
     chan: Arc<Channel>,
+    /// Its binary (a process that replaces it after a crash runs the same one).
+    binary: PathBuf,
 }
+
+/// How long a channel reader waits for a message to begin (a bound the idle channels never
+/// reach; each message, once begun, has the channel's own bound).
+const IDLE_BOUND: Duration = Duration::from_secs(365 * 24 * 3600);
+/// How long an unasked exit waits for the dead process's last checkpoints before the
+/// recovery uses what came.
+const LAST_CHECKPOINTS_BOUND: Duration = Duration::from_secs(1);
+/// Recoveries in a row whose new process did not take over before the supervisor gives up.
+const FAILED_IN_A_ROW: u32 = 3;
 
 /// How the supervisor starts serving processes.
 pub struct Launch {
@@ -311,20 +342,28 @@ impl Launch {
         if let Some((chan, theirs)) = checkpoints {
             drop(theirs);
             let tx = events.clone();
-            std::thread::Builder::new().name(format!("kept-{pid}")).spawn(move || loop {
-                match chan.recv::<Kept>(Duration::from_secs(3600)) {
-                    Ok((k, files)) => {
-                        if tx.send(Event::Kept(pid, k, files)).is_err() {
-                            return;
+            std::thread::Builder::new().name(format!("kept-{pid}")).spawn(move || {
+                loop {
+                    // Kept as the serving process wrote them (JSON as it is: a newer binary's
+                    // fields are not dropped), replayed verbatim.
+                    match chan.recv::<serde_json::Value>(IDLE_BOUND) {
+                        Ok((k, files)) => {
+                            if tx.send(Event::Kept(pid, k, files)).is_err() {
+                                return;
+                            }
+                        }
+                        Err(ChannelError::Closed) => break,
+                        Err(e) => {
+                            error!(
+                                "supervisor: the checkpoints of process {pid} cannot be read ({}): \
+                                 a crash of it will not be recovered",
+                                error_chain(&e)
+                            );
+                            break;
                         }
                     }
-                    Err(ChannelError::Timeout(_)) => {}
-                    Err(ChannelError::Closed) => return,
-                    Err(e) => {
-                        warn!("supervisor: checkpoints of process {pid}: {}", error_chain(&e));
-                        return;
-                    }
                 }
+                let _ = tx.send(Event::KeptClosed(pid));
             })?;
         }
         let tx = events.clone();
@@ -335,7 +374,7 @@ impl Launch {
         let chan = Arc::new(Channel::new(mine)?);
         let (c, tx) = (chan.clone(), events.clone());
         std::thread::Builder::new().name(format!("chan-{pid}")).spawn(move || loop {
-            match c.recv::<SupervisorMsg>(Duration::from_secs(3600)) {
+            match c.recv::<SupervisorMsg>(IDLE_BOUND) {
                 Ok((m, _)) => {
                     if tx.send(Event::Msg(pid, m)).is_err() {
                         return;
@@ -350,13 +389,24 @@ impl Launch {
             }
         })?;
         info!("supervisor: started serving process {pid} ({})", binary.display());
-        Ok(Proc { pid, chan })
+        Ok(Proc { pid, chan, binary: binary.to_path_buf() })
     }
 }
 
 /// Runs the supervisor until the serving process ends; its exit status.
 pub fn run(launch: Launch) -> ExitCode {
     let (tx, events) = channel();
+    // The checkpoints it keeps hold every function's descriptors (two sets during a
+    // recovery): the soft limit of open files goes up to the hard one.
+    match sys::nofile_limit() {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(e) = sys::set_nofile_limit(hard, hard) {
+                warn!("supervisor: cannot raise the open files limit from {soft} to {hard}: {e}");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => warn!("supervisor: cannot read the open files limit: {e}"),
+    }
     let notifier = match Notifier::from_env() {
         Ok(n) => n,
         Err(e) => {
@@ -389,88 +439,98 @@ pub fn run(launch: Launch) -> ExitCode {
     };
     let mut pending: Option<Proc> = None;
     let (mut ready, mut stopping, mut updates) = (false, false, 0u64);
-    // Crash recovery: each serving process's newest checkpoints, the recent recoveries, and
-    // the one under way (its process, since when).
+    // Crash recovery: each serving process's newest checkpoints, and the recoveries' state.
     let mut kept: HashMap<u32, Checkpoints> = HashMap::new();
-    let mut crashes = std::collections::VecDeque::new();
-    let mut recoveries = 0u64;
-    let mut replaying: Option<(u32, Instant)> = None;
-    while let Ok(ev) = events.recv() {
+    let mut rec = Recovery::default();
+    loop {
+        // While a dead process's last checkpoints may still be on their way, wait for them a
+        // bounded time.
+        let ev = match &rec.dying {
+            Some(d) => match events.recv_timeout(LAST_CHECKPOINTS_BOUND.saturating_sub(d.since.elapsed())) {
+                Ok(ev) => ev,
+                Err(mpsc::RecvTimeoutError::Timeout) => Event::KeptClosed(d.pid),
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            },
+            None => match events.recv() {
+                Ok(ev) => ev,
+                Err(_) => break,
+            },
+        };
         match ev {
             Event::Kept(pid, k, files) => {
+                let live = pid == current.pid || pending.as_ref().is_some_and(|p| p.pid == pid);
+                if !live {
+                    continue; // a process that is gone: its descriptors close here
+                }
                 if let Err(e) = kept.entry(pid).or_default().keep(k, files) {
                     warn!("supervisor: a checkpoint of process {pid} not kept: {e}");
                 }
             }
+            Event::KeptClosed(pid) => {
+                rec.closed.insert(pid);
+                if let Some(d) = rec.dying.take_if(|d| d.pid == pid) {
+                    if stopping {
+                        return exit_code(d.status);
+                    }
+                    let store = kept.remove(&pid).unwrap_or_default();
+                    rec.closed.remove(&pid);
+                    match rec.recover(&launch, d, store, updates, &tx) {
+                        Ok((p, store)) => {
+                            kept.insert(p.pid, store);
+                            current = p;
+                        }
+                        Err(code) => return code,
+                    }
+                }
+            }
             Event::Replayed(pid, result) => {
-                let Some((at, since)) = replaying.take() else { continue };
+                let Some((at, since)) = rec.replaying.take() else { continue };
                 if at != pid {
-                    replaying = Some((at, since));
+                    rec.replaying = Some((at, since));
                     continue;
                 }
                 match result {
-                    Ok(()) => info!(
-                        "supervisor: recovery {recoveries}: process {pid} took every function over in {:.1} ms",
-                        since.elapsed().as_secs_f64() * 1e3
-                    ),
+                    Ok(()) => {
+                        rec.failed_in_a_row = 0;
+                        info!(
+                            "supervisor: recovery {}: process {pid} took every function over in {:.1} ms",
+                            rec.recoveries,
+                            since.elapsed().as_secs_f64() * 1e3
+                        );
+                    }
                     Err(why) => {
-                        error!("supervisor: recovery {recoveries}: process {pid} did not take over: {why}");
+                        rec.failed_in_a_row += 1;
+                        error!(
+                            "supervisor: recovery {}: process {pid} did not take over: {why}",
+                            rec.recoveries
+                        );
+                        rec.killed.insert(pid);
                         let _ = sys::signal_process(pid, SIGKILL);
                     }
                 }
             }
-            Event::Exited(pid, status) if pid == current.pid && !stopping && launch.crash_limit.count > 0 => {
-                let now = Instant::now();
+            Event::Exited(pid, status)
+                if pid == current.pid && !stopping && launch.crash_limit.count > 0 && rec.dying.is_none() =>
+            {
                 if let Some(p) = pending.take() {
                     let _ = sys::signal_process(p.pid, SIGKILL);
                 }
-                if !launch.crash_limit.allows(&mut crashes, now) {
-                    error!(
-                        "supervisor: the serving process {pid} ended ({status}) unasked, the {} recovery in {:?}: \
-                         not recovering again; the daemon ends and its functions with it",
-                        crashes.len() + 1,
-                        launch.crash_limit.within
-                    );
-                    return exit_code(status);
+                // Only a process that served (said ready, or kept a checkpoint) is replaced: one
+                // that failed to start fails the daemon, as before.
+                let served = rec.ready.contains(&pid) || kept.get(&pid).is_some_and(|k| !k.is_empty());
+                if !served {
+                    error!("supervisor: the serving process {pid} ended ({status}) before it served; the daemon ends");
+                    return exit_code(rec.status_of(pid, status));
                 }
-                crashes.push_back(now);
-                recoveries += 1;
-                let store = kept.remove(&pid).unwrap_or_default();
-                let in_flight = store.functions.len();
-                error!(
-                    "supervisor: the serving process {pid} ended ({status}) unasked; recovery {recoveries}: \
-                     starting a new one for {in_flight} function(s)"
-                );
-                let started = UnixStream::pair().and_then(|(old_end, new_end)| {
-                    let p = launch.spawn_expecting(
-                        &launch.binary,
-                        Some(new_end),
-                        None,
-                        Some(recoveries - 1),
-                        &tx,
-                    )?;
-                    Ok((p, Channel::new(old_end)?, store.copy()?))
-                });
-                let (p, chan, parts) = match started {
-                    Ok(s) => s,
-                    Err(e) => {
-                        error!(
-                            "supervisor: recovery {recoveries}: cannot start a process: {e}; the daemon ends"
-                        );
-                        return exit_code(status);
-                    }
-                };
-                let (new, ttx) = (p.pid, tx.clone());
-                let _ = std::thread::Builder::new().name(format!("replay-{new}")).spawn(move || {
-                    let r = replay(&chan, parts, updates);
-                    let _ = ttx.send(Event::Replayed(new, r));
-                });
-                // Until the new process sends its own, the dead one's checkpoints stand.
-                kept.insert(new, store);
-                replaying = Some((new, now));
-                current = p;
+                let d = Dying { pid, status, since: Instant::now(), binary: current.binary.clone() };
+                if rec.closed.contains(&pid) {
+                    // Every checkpoint it sent has come: recover now.
+                    let _ = tx.send(Event::KeptClosed(pid));
+                }
+                rec.dying = Some(d);
             }
             Event::Msg(pid, SupervisorMsg::Ready) if pid == current.pid => {
+                rec.ready.insert(pid);
                 if !ready {
                     ready = true;
                     if let Some(n) = &notifier {
@@ -556,6 +616,11 @@ pub fn run(launch: Launch) -> ExitCode {
                 }
             }
             Event::Msg(pid, SupervisorMsg::Unlink { path }) if pid == current.pid => {
+                // The function is gone: its checkpoint (and the copy of its lock) goes first,
+                // whichever of the two channels told of it first.
+                if let Some(k) = kept.get_mut(&pid) {
+                    k.drop_socket(&path);
+                }
                 match launch.sockets.unlink(&path) {
                     Ok(true) => info!("supervisor: removed the socket file {}", path.display()),
                     Ok(false) => {}
@@ -580,7 +645,7 @@ pub fn run(launch: Launch) -> ExitCode {
                 if let Some(p) = pending.take() {
                     let _ = sys::signal_process(p.pid, SIGKILL);
                 }
-                return exit_code(status);
+                return exit_code(rec.status_of(pid, status));
             }
             Event::Exited(pid, status) => {
                 kept.remove(&pid);
@@ -600,6 +665,109 @@ pub fn run(launch: Launch) -> ExitCode {
         }
     }
     ExitCode::FAILURE
+}
+
+/// A serving process that died unasked, waiting for its last checkpoints.
+struct Dying {
+    pid: u32,
+    status: ExitStatus,
+    since: Instant,
+    binary: PathBuf,
+}
+
+/// What the supervisor knows of crash recoveries.
+#[derive(Default)]
+struct Recovery {
+    /// When the recent ones were (for `--crash-limit`).
+    crashes: std::collections::VecDeque<Instant>,
+    /// Recoveries so far.
+    recoveries: u64,
+    /// Recoveries in a row whose new process did not take over.
+    failed_in_a_row: u32,
+    /// The recovering process and since when.
+    replaying: Option<(u32, Instant)>,
+    /// A dead process waiting for its checkpoint channel's end.
+    dying: Option<Dying>,
+    /// Processes whose checkpoint channel ended.
+    closed: std::collections::HashSet<u32>,
+    /// Processes that said they serve.
+    ready: std::collections::HashSet<u32>,
+    /// Recovering processes the supervisor killed (they did not take over).
+    killed: std::collections::HashSet<u32>,
+    /// The status of the last crash that was not the supervisor's own kill.
+    crash_status: Option<ExitStatus>,
+}
+
+impl Recovery {
+    /// The status to report for `pid`'s end: a crash's own, or, for a recovering process the
+    /// supervisor killed, the crash it was recovering from.
+    fn status_of(&self, pid: u32, status: ExitStatus) -> ExitStatus {
+        match self.crash_status {
+            Some(s) if self.killed.contains(&pid) => s,
+            _ => status,
+        }
+    }
+
+    /// Starts a process that takes over from `store` (the dead process's checkpoints), unless
+    /// the limits say to give up (the daemon's exit code then); the process and the store
+    /// (kept for it until it sends its own).
+    fn recover(
+        &mut self,
+        launch: &Launch,
+        d: Dying,
+        store: Checkpoints,
+        updates: u64,
+        tx: &Sender<Event>,
+    ) -> Result<(Proc, Checkpoints), ExitCode> {
+        let status = self.status_of(d.pid, d.status);
+        if !self.killed.remove(&d.pid) {
+            self.crash_status = Some(d.status);
+        }
+        let now = Instant::now();
+        if self.failed_in_a_row >= FAILED_IN_A_ROW || !launch.crash_limit.allows(&mut self.crashes, now) {
+            error!(
+                "supervisor: the serving process {} ended ({}) unasked; {} recoveries in {:?}, {} failed in a row: \
+                 not recovering again; the daemon ends and its functions with it",
+                d.pid,
+                d.status,
+                self.crashes.len(),
+                launch.crash_limit.within,
+                self.failed_in_a_row
+            );
+            return Err(exit_code(status));
+        }
+        self.crashes.push_back(now);
+        self.recoveries += 1;
+        let n = self.recoveries;
+        error!(
+            "supervisor: the serving process {} ended ({}) unasked; recovery {n}: starting a new one for {} \
+             function(s), {:.1} ms after the exit was seen",
+            d.pid,
+            d.status,
+            store.functions.len(),
+            d.since.elapsed().as_secs_f64() * 1e3
+        );
+        let started = store.copy().and_then(|parts| {
+            let (old_end, new_end) = UnixStream::pair()?;
+            let chan = Channel::new(old_end)?;
+            let p = launch.spawn_expecting(&d.binary, Some(new_end), None, Some(n - 1), tx)?;
+            Ok((p, chan, parts))
+        });
+        let (p, chan, parts) = match started {
+            Ok(s) => s,
+            Err(e) => {
+                error!("supervisor: recovery {n}: cannot start a process: {e}; the daemon ends");
+                return Err(exit_code(status));
+            }
+        };
+        let (new, ttx) = (p.pid, tx.clone());
+        let _ = std::thread::Builder::new().name(format!("replay-{new}")).spawn(move || {
+            let r = replay(&chan, parts, updates);
+            let _ = ttx.send(Event::Replayed(new, r));
+        });
+        self.replaying = Some((new, d.since));
+        Ok((p, store))
+    }
 }
 
 /// The serving process's exit status as the supervisor's.

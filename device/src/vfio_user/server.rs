@@ -376,6 +376,11 @@ impl Server {
             Some((_, seen)) if *seen != now => {}
             _ => return,
         }
+        // Only at a message boundary (the bytes of a message begun would be put back in front
+        // of the socket's next ones): taken once the message is handled.
+        if self.conn.as_ref().is_some_and(|c| !c.buf.is_empty() || !c.fds.is_empty()) {
+            return;
+        }
         let state = self.dev.checkpoint().and_then(|device| self.export(device));
         if let Some((sink, seen)) = self.checkpoints.as_mut() {
             match state {
