@@ -10,12 +10,14 @@
 //! link (`O_NOFOLLOW`; the socket file is looked at with `lstat`).
 //!
 //! The socket appears at its path only once it listens, with the group and mode it was asked
-//! for: it is bound at a name of this process's beside it (`PATH.PID.new`), made to listen,
-//! given its access, then renamed into place (never over something that appeared there
-//! meanwhile). A client that waits for the path to exist therefore never finds a socket that
-//! refuses it (`bind` and `listen` are two system calls), nor one that anybody may connect to
-//! for an instant (the umask's bits). Only a path too long to add that suffix to is bound in
-//! place, with its access set after.
+//! for: it is bound in a directory beside it that only this process can enter
+//! (`PATH.bind/s`, mode 0700, its name free while the lock is held: anything there is a
+//! crashed bind's, and goes), made to listen, given its access, then renamed into place
+//! (never over something that appeared there meanwhile). A client that waits for the path to
+//! exist therefore never finds a socket that refuses it (`bind` and `listen` are two system
+//! calls), nobody can connect while the umask's bits apply, and nobody can swap the staged
+//! socket for a symbolic link before its group and mode are set. Only a path too long for the
+//! staging name is bound in place, with its access set after.
 //!
 //! What a bind made is removed if it fails, or if what it bound is dropped before it was
 //! served ([`SocketFiles::served`]): nothing is left behind by a refused or failed start. A
@@ -245,38 +247,71 @@ pub fn bind_exclusive_with(
             Err(e) => return Err(io_err(e)),
         }
     }
-    let mut staged: OsString = path.as_os_str().to_owned();
-    staged.push(format!(".{}.new", std::process::id()));
-    let staged = PathBuf::from(staged);
+    // Staged in a directory of this process's alone (0700; its name is free while the lock
+    // is held: anything there is a crashed bind's, removed), so that nobody else can connect
+    // to the socket or swap it for a symbolic link before its access is set.
+    let mut stage_dir: OsString = path.as_os_str().to_owned();
+    stage_dir.push(".bind");
+    let stage_dir = PathBuf::from(stage_dir);
+    let staged = stage_dir.join("s");
     if staged.as_os_str().len() >= SUN_PATH_MAX {
-        // No room for the suffix: bound in place, its access set once it exists.
+        // No room for the staging name: bound in place, its access set once it exists.
         let listener = UnixListener::bind(path).map_err(io_err)?;
         files.socket = Some(path.to_path_buf());
         access.apply(path)?;
         listener.set_nonblocking(true).map_err(io_err)?;
         return Ok((listener, files));
     }
-    // A name of this process's: one left by an earlier process of the same number is stale.
-    if std::fs::symlink_metadata(&staged).is_ok_and(|m| m.file_type().is_socket()) {
-        let _ = std::fs::remove_file(&staged);
+    if std::fs::symlink_metadata(&stage_dir).is_ok() {
+        // Not followed if it is a symbolic link: only the link goes.
+        std::fs::remove_dir_all(&stage_dir)
+            .or_else(|_| std::fs::remove_file(&stage_dir))
+            .map_err(|e| BindError::Io { path: stage_dir.display().to_string(), source: e })?;
     }
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&stage_dir)
+            .map_err(|e| BindError::Io { path: stage_dir.display().to_string(), source: e })?;
+    }
+    let stage = StageDir(stage_dir);
     let listener = UnixListener::bind(&staged).map_err(io_err)?;
     files.socket = Some(staged.clone());
     access.apply(&staged)?;
-    rustix::fs::renameat_with(
+    let renamed = rustix::fs::renameat_with(
         rustix::fs::CWD,
         &staged,
         rustix::fs::CWD,
         path,
         rustix::fs::RenameFlags::NOREPLACE,
-    )
-    .map_err(|e| match e {
-        rustix::io::Errno::EXIST => BindError::InUse { path: shown(), how: "something else appeared there" },
-        e => io_err(e.into()),
+    );
+    let renamed: io::Result<()> = match renamed {
+        // A filesystem without RENAME_NOREPLACE: the path was checked free under the lock.
+        Err(rustix::io::Errno::INVAL) if std::fs::symlink_metadata(path).is_err() => {
+            std::fs::rename(&staged, path)
+        }
+        r => r.map_err(io::Error::from),
+    };
+    renamed.map_err(|e| match e.raw_os_error() {
+        Some(libc::EEXIST) => BindError::InUse { path: shown(), how: "something else appeared there" },
+        _ => io_err(e),
     })?;
     files.socket = Some(path.to_path_buf());
+    drop(stage);
     listener.set_nonblocking(true).map_err(io_err)?;
     Ok((listener, files))
+}
+
+/// A bind's staging directory, removed (with the staged socket, if it is still there) when
+/// the bind ends, however it ends.
+struct StageDir(PathBuf);
+
+impl Drop for StageDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(self.0.join("s"));
+        let _ = std::fs::remove_dir(&self.0);
+    }
 }
 
 /// The longest socket path plus one: the size of `sun_path`.
@@ -391,11 +426,20 @@ mod tests {
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names.len(), 2, "the socket and its lock only: {names:?}");
         drop((l, files));
-        // A stale staging socket of this process's number is replaced.
-        let staged = dir.path().join(format!("s.{}.new", std::process::id()));
-        drop(UnixListener::bind(&staged).unwrap());
+        // A crashed bind's staging directory is replaced; a symbolic link there is not
+        // followed (only the link goes).
+        let stage = dir.path().join("s.bind");
+        std::fs::create_dir(&stage).unwrap();
+        drop(UnixListener::bind(stage.join("s")).unwrap());
         let (l, files) = bind_exclusive_with(&sock, access).unwrap();
-        assert!(!staged.exists());
+        assert!(!stage.exists());
+        drop((l, files));
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::fs::write(elsewhere.path().join("keep"), b"x").unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), &stage).unwrap();
+        let (l, files) = bind_exclusive_with(&sock, access).unwrap();
+        assert!(elsewhere.path().join("keep").exists(), "the link was followed");
+        assert!(std::fs::symlink_metadata(&stage).is_err());
         drop((l, files));
         // No room for the suffix: bound in place, with its access all the same.
         let long = dir.path().join("x".repeat(SUN_PATH_MAX - 2 - dir.path().as_os_str().len()));
