@@ -185,3 +185,46 @@ fn a_serving_process_that_fails_to_start_ends_the_daemon() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("in use") && err.contains("before it served"), "{err}");
 }
+
+/// A SETLKW waiting through a live update stays in the in-flight record the new process goes
+/// on writing: a crash after the update answers it, on each ring layout.
+#[test]
+fn a_request_waiting_through_an_update_is_answered_after_a_crash() {
+    for ring in [RingLayout::Split, RingLayout::Packed] {
+        let dir = tempfile::tempdir().unwrap();
+        let _d = daemon(dir.path(), &[]);
+        let ctl = dir.path().join("ctl.sock");
+        let opts = DriverOptions {
+            ring,
+            use_interrupts: true,
+            request_queues: 1,
+            timeout: Duration::from_secs(10),
+            ..Default::default()
+        };
+        let mut d = FsDriver::connect(&dir.path().join("fs.sock"), opts).unwrap();
+        d.init().unwrap();
+        let (e, o) = d.create(ROOT, "f", 0o644, libc::O_RDWR as u32).unwrap();
+        let lock = LockReq { fh: o.fh, owner: 1, typ: libc::F_WRLCK, start: 0, end: 9, pid: 1, flock: false };
+        d.setlk(e.nodeid, &lock).unwrap();
+        let waiting =
+            d.submit_lk(1, opcode::SETLKW, e.nodeid, &LockReq { owner: 2, pid: 2, ..lock }).unwrap();
+        // Other requests pass the waiting one, past the ring's end.
+        for i in 0..300u64 {
+            d.write(e.nodeid, o.fh, i * 8, b"passing!").unwrap();
+        }
+        let first = device(&ctl)["pid"].as_u64().unwrap();
+        let answer = ControlClient::connect(&ctl).unwrap().call("live_update", Value::Null).unwrap();
+        let updated = answer["new_pid"].as_u64().unwrap();
+        assert_ne!(updated, first);
+        new_serving(&ctl, first);
+        std::thread::sleep(Duration::from_millis(300)); // the old process exits
+        for i in 0..300u64 {
+            assert_eq!(d.read(e.nodeid, o.fh, i * 8, 8).unwrap(), b"passing!", "{ring:?}");
+        }
+        kill(updated);
+        new_serving(&ctl, updated);
+        let r = d.lk_result(opcode::SETLKW, waiting);
+        let shown = format!("{r:?}");
+        assert!(eio(r), "{ring:?}: the SETLKW waiting through the update: {shown}");
+    }
+}

@@ -450,7 +450,20 @@ impl DeviceState {
             Some(_) => self.pollers.freeze()?,
             None => Vec::new(),
         };
-        self.export_state(rings).inspect_err(|_| self.resume_serving())
+        let mut h = self.export_state(rings).inspect_err(|_| self.resume_serving())?;
+        // The queues' in-flight record goes along: the taker goes on writing it, so that the
+        // requests still out (a SETLKW waiting) stay in it for a crash after the update.
+        match self.track.as_ref().map(|t| t.file().try_clone()).transpose() {
+            Ok(f) => {
+                h.snapshot.inflight = f.is_some();
+                h.files.inflight = f;
+            }
+            Err(e) => {
+                self.resume_serving();
+                return Err(e.into());
+            }
+        }
+        Ok(h)
     }
 
     /// A count that moves whenever something a [`Self::checkpoint`] holds changed (registers,
@@ -466,6 +479,7 @@ impl DeviceState {
         let mut h = self.export_state(Vec::new())?;
         // The counters start again from zero after a crash: a checkpoint stays small.
         h.snapshot.stats = DeviceStats::default();
+        h.snapshot.checkpoint = true;
         h.files.inflight = self.track.as_ref().map(|t| t.file().try_clone()).transpose()?;
         h.snapshot.inflight = h.files.inflight.is_some();
         Ok(h)
@@ -497,6 +511,7 @@ impl DeviceState {
             notify_mem: self.notify_mem.is_some(),
             stats: self.counters().snapshot(),
             inflight: false,
+            checkpoint: false,
         };
         Ok(DeviceHandover { snapshot, files })
     }
@@ -536,7 +551,7 @@ impl DeviceState {
             (true, Some(f)) => {
                 let track = TrackArea::open(f).map_err(|e| HandoverError::Files(e.to_string()))?;
                 let mut dev = Self::with_track(profile, pool, placement, handler, wake_control, Some(track))?;
-                dev.recovering = true;
+                dev.recovering = s.checkpoint;
                 dev
             }
             (false, None) => Self::on_pool(profile, pool, placement, handler, wake_control)?,

@@ -61,10 +61,13 @@ pub struct DeviceSnapshot {
     #[serde(default)]
     pub stats: crate::stats::DeviceStats,
     /// Whether the queues' in-flight record comes along (its file is
-    /// [`HandoverFiles::inflight`]): a checkpoint for crash recovery
-    /// ([`crate::control::DeviceState::checkpoint`]); a live update moves none.
+    /// [`HandoverFiles::inflight`]): the taker goes on writing it.
     #[serde(default)]
     pub inflight: bool,
+    /// A checkpoint for crash recovery ([`crate::control::DeviceState::checkpoint`]): no ring
+    /// positions; the queues resume from the in-flight record.
+    #[serde(default)]
+    pub checkpoint: bool,
 }
 
 /// The descriptors of a [`DeviceSnapshot`], in its order.

@@ -64,7 +64,11 @@ impl FnCtx {
                         return None;
                     }
                 } else if let Some(a) = &self.track {
-                    queue.keep_track(a);
+                    // Resumed after a live update: the record the predecessor kept, with the
+                    // requests still out; started afresh otherwise.
+                    if state.is_none() || !queue.continue_track(a) {
+                        queue.keep_track(a);
+                    }
                 }
                 let stat = match self.stats.place(cfg.index) {
                     Some((p, local)) if p == self.id => local,

@@ -124,6 +124,27 @@ impl Ring {
         }
     }
 
+    /// Goes on keeping this queue's record in `area` as a predecessor left it (a live update:
+    /// the requests still out stay in it); false if there is none of this queue's layout and
+    /// size (a predecessor that kept none).
+    pub fn continue_track(&mut self, area: &std::sync::Arc<track::TrackArea>) -> bool {
+        let Some(t) = area.queue(self.index(), self.config().size) else { return false };
+        if t.size() != self.config().size || t.is_packed() != matches!(self, Ring::Packed(_)) {
+            return false;
+        }
+        match self {
+            Ring::Split(q) => {
+                q.keep_track(t);
+                q.take_seq_from_track();
+            }
+            Ring::Packed(q) => {
+                q.keep_track(t);
+                q.take_seqs_from_track();
+            }
+        }
+        true
+    }
+
     /// Resumes where this queue's in-flight record in `area` says it stood when its process
     /// died ([`SplitQueue::recover_from`], [`PackedQueue::recover_from`]); false if the area
     /// has no record for it.

@@ -118,6 +118,20 @@ impl PackedQueue {
         self.track = Some(track);
     }
 
+    /// Takes the take numbers of the buffers still out from the record (a record a
+    /// predecessor kept), and numbers new takes on from them.
+    pub fn take_seqs_from_track(&mut self) {
+        let Some(t) = &self.track else { return };
+        for id in 0..self.cfg.size {
+            if self.slots[usize::from(id)] > 0 {
+                if let Some(seq) = t.packed_seq(id) {
+                    self.seqs[usize::from(id)] = seq;
+                    self.seq = self.seq.max(seq);
+                }
+            }
+        }
+    }
+
     /// Resumes where `track` says the queue stood when the process that served it died:
     /// `attach` reads it back, and the buffers in flight are taken again (from the record's
     /// copies of their chains) before any new one.

@@ -104,6 +104,13 @@ impl SplitQueue {
         self.recovering = true;
     }
 
+    /// Numbers the next takes on from the record's (a record a predecessor kept).
+    pub fn take_seq_from_track(&mut self) {
+        if let Some(t) = &self.track {
+            self.seq = t.max_split_seq();
+        }
+    }
+
     /// The next head taken before a crash and not returned, if any is left to take again.
     #[inline]
     pub fn replayed(&mut self) -> Option<u16> {

@@ -340,6 +340,22 @@ impl QueueTrack {
         self.area.store64_atomic(self.base + 8, u64::from(pos(used.0, used.1)));
     }
 
+    /// Whether the record is a packed ring's.
+    pub fn is_packed(&self) -> bool {
+        self.area.load16(self.base + 6) == KIND_PACKED
+    }
+
+    /// Split: the highest take number in the record (new takes count on from it).
+    pub fn max_split_seq(&self) -> u32 {
+        (0..self.size).map(|h| (self.area.load64(self.slot(h)) >> 32) as u32).max().unwrap_or(0)
+    }
+
+    /// Packed: buffer `id`'s take number if it is in flight.
+    pub fn packed_seq(&self, id: u16) -> Option<u32> {
+        let e = self.entry(id);
+        (self.area.load32(e) != 0).then(|| self.area.load32(e + 12))
+    }
+
     /// The ring size the record was started for.
     pub fn size(&self) -> u16 {
         self.area.load16(self.base)
