@@ -25,6 +25,7 @@
 #![deny(missing_docs)]
 
 pub mod copy;
+pub mod crash;
 pub mod live_update;
 pub mod multi;
 pub mod nfs_raw;

@@ -305,7 +305,7 @@ pub fn run(
 }
 
 /// The daemon binary: `asked`, or `virtiofs-dpu` beside this executable.
-fn daemon_binary(asked: Option<&Path>) -> Result<PathBuf, LiveUpdateError> {
+pub(crate) fn daemon_binary(asked: Option<&Path>) -> Result<PathBuf, LiveUpdateError> {
     let path = match asked {
         Some(p) => p.to_path_buf(),
         None => std::env::current_exe()?
@@ -325,7 +325,7 @@ fn daemon_binary(asked: Option<&Path>) -> Result<PathBuf, LiveUpdateError> {
 }
 
 /// The log lines at WARN or ERROR level.
-fn warnings(log: &str) -> Vec<String> {
+pub(crate) fn warnings(log: &str) -> Vec<String> {
     log.lines()
         .filter(|l| matches!(l.split_whitespace().nth(1), Some("WARN" | "ERROR")))
         .map(str::to_string)
@@ -439,7 +439,7 @@ fn run_in(
     })
 }
 
-fn ms(d: Duration) -> f64 {
+pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
@@ -589,7 +589,7 @@ fn phases(v: &Value) -> String {
 }
 
 /// The serving process's id, from `get_device`.
-fn serving_pid(ctl: &Path) -> Result<u32, LiveUpdateError> {
+pub(crate) fn serving_pid(ctl: &Path) -> Result<u32, LiveUpdateError> {
     let v = ControlClient::connect(ctl)?.call("get_device", Value::Null)?;
     v["pid"]
         .as_u64()
@@ -836,9 +836,9 @@ fn measure(
 
 /// The daemon this run started: its supervisor process, and the serving process last known.
 /// Dropping it stops the daemon (SIGTERM; SIGKILL to its processes if it does not stop).
-struct Daemon {
+pub(crate) struct Daemon {
     child: Child,
-    serving: Option<u32>,
+    pub(crate) serving: Option<u32>,
     status: Option<ExitStatus>,
 }
 
@@ -870,12 +870,22 @@ impl Daemon {
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out);
+        let waits: Vec<&Path> = sockets.iter().map(PathBuf::as_path).chain([ctl]).collect();
+        Daemon::launch(cmd, binary, &waits)
+    }
+
+    /// Runs `cmd` (of `binary`) and waits for the sockets `waits` to appear.
+    pub(crate) fn launch(
+        mut cmd: Command,
+        binary: &Path,
+        waits: &[&Path],
+    ) -> Result<Daemon, LiveUpdateError> {
         let child = cmd
             .spawn()
             .map_err(|e| LiveUpdateError::Daemon(format!("cannot start {}: {e}", binary.display())))?;
         let mut d = Daemon { child, serving: None, status: None };
         let deadline = Instant::now() + START_BOUND;
-        for p in sockets.iter().map(PathBuf::as_path).chain([ctl]) {
+        for &p in waits {
             while !p.exists() {
                 if let Some(s) = d.child.try_wait()? {
                     d.status = Some(s);
@@ -895,7 +905,7 @@ impl Daemon {
 
     /// Stops the daemon: SIGTERM to the supervisor (it stops the serving process), then, if it
     /// is not gone within [`STOP_BOUND`], SIGKILL to its children and to it. Its exit status.
-    fn stop(&mut self) -> Option<ExitStatus> {
+    pub(crate) fn stop(&mut self) -> Option<ExitStatus> {
         if self.status.is_some() {
             return self.status;
         }

@@ -111,8 +111,16 @@ struct Args {
     /// (--queue-size, --json and --check apply).
     #[arg(long, value_name = "N", conflicts_with_all = ["socket_path", "remote", "multi"])]
     live_update: Option<usize>,
-    /// In --live-update, the daemon binary (default: `virtiofs-dpu` beside this executable).
-    #[arg(long, value_name = "PATH", requires = "live_update")]
+    /// Measure what a crash of the serving process costs instead of the phase list (issue
+    /// 24): start the daemon binary with --live-update (one RAM-filesystem function), and at
+    /// QD=1 and QD = queue size kill its serving process N times with SIGKILL while the driver
+    /// reads random 4 KiB blocks; per depth, the time from the kill to the first completion
+    /// (p50/p99/max) and the requests that failed (--queue-size, --daemon and --json apply).
+    #[arg(long, value_name = "N", conflicts_with_all = ["socket_path", "remote", "multi", "live_update"])]
+    crash: Option<usize>,
+    /// In --live-update or --crash, the daemon binary (default: `virtiofs-dpu` beside this
+    /// executable).
+    #[arg(long, value_name = "PATH")]
     daemon: Option<PathBuf>,
     /// In --live-update, the daemon's functions (more than one: a profile with [[function]]
     /// tables); function 0 is measured, the others are brought up and stay idle.
@@ -152,6 +160,9 @@ fn main() -> ExitCode {
     let duration = Duration::from_secs_f64(a.duration);
     if a.multi {
         return multi(&a, duration);
+    }
+    if let Some(n) = a.crash {
+        return crash(&a, n);
     }
     if let Some(n) = a.live_update {
         return live_update(&a, n);
@@ -278,6 +289,30 @@ fn multi(a: &Args, duration: Duration) -> ExitCode {
 }
 
 /// `--live-update N`: the pause of live updates.
+fn crash(a: &Args, crashes: usize) -> ExitCode {
+    let cfg = bench::crash::CrashConfig { daemon: a.daemon.clone(), crashes, queue_size: a.queue_size };
+    let mut progress = |line: &str| eprintln!("{line}");
+    let r = match bench::crash::run(&cfg, &mut progress) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("virtiofs-bench: {}", virtiofs_dpu::error_chain(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    if a.json {
+        match serde_json::to_string_pretty(&r) {
+            Ok(j) => println!("{j}"),
+            Err(e) => {
+                eprintln!("virtiofs-bench: JSON: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", bench::crash::table(&r));
+    }
+    ExitCode::SUCCESS
+}
+
 fn live_update(a: &Args, updates: usize) -> ExitCode {
     let cfg = bench::live_update::LiveUpdateConfig {
         daemon: a.daemon.clone(),
