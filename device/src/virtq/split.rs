@@ -153,6 +153,9 @@ impl SplitQueue {
             .map_err(|_| QueueError::RingUnmapped(q))?;
         let mut used_idx = u16::from_le(used_idx);
         let mut avail = used_idx;
+        // Returns published here for a crashed predecessor: signalled by the next round
+        // (whatever was signalled when the queues started, which may have come first).
+        let mut published_here = false;
         if self.recovering {
             let track = self.track.as_ref().ok_or(QueueError::BadConfig(q))?;
             let r = recover_split(track, &self.cfg, mem).map_err(|e| match e {
@@ -174,6 +177,10 @@ impl SplitQueue {
             self.replay = r.in_flight;
             self.replay.reverse();
             self.seq = r.last_seq;
+            published_here = r.next_used != r.published;
+            if published_here {
+                self.signalled.reset(r.published);
+            }
         } else if let Some((at, taken)) = self.resumed.take() {
             if at != used_idx {
                 // The saved state and the ring disagree: another writer moved the used index.
@@ -184,7 +191,11 @@ impl SplitQueue {
         }
         self.next_used = used_idx;
         self.next_avail = avail;
-        self.signalled.reset(self.next_used);
+        if published_here {
+            self.signalled.returned();
+        } else {
+            self.signalled.reset(self.next_used);
+        }
         if let Some(t) = &self.track {
             t.positions(used_idx, avail);
         }

@@ -661,6 +661,7 @@ mod tests {
         assert_eq!(drv.next_used(), None);
         let mut q = recovered(area.file(), &mem);
         assert_eq!(drv.next_used(), Some((heads[1], 11)), "the written return is published");
+        assert!(q.needs_interrupt(&mem), "and signalled by the next round");
         // In flight first, in the order taken, then what was never taken.
         assert_eq!(take_all(&mut q, &mem), vec![heads[2], heads[3], heads[4]]);
         for h in [heads[3], heads[2], heads[4]] {
