@@ -20,6 +20,9 @@ pub struct StatsReport {
     pub uptime_s: f64,
     /// Seconds the counters cover (since the start or the last `reset_stats`).
     pub interval_s: f64,
+    /// Crash recoveries of the daemon so far (issue 24; absent from an older daemon: 0).
+    #[serde(default)]
+    pub recoveries: u64,
     /// The device's counters over that interval.
     pub device: DeviceStats,
     /// The FUSE side's counters (since the start).
@@ -33,6 +36,7 @@ impl StatsReport {
             tag: self.tag.clone(),
             uptime_s: self.uptime_s,
             interval_s: (self.uptime_s - earlier.uptime_s).max(0.0),
+            recoveries: self.recoveries,
             device: self.device.since(&earlier.device),
             fuse: self.fuse.clone(),
         }

@@ -19,6 +19,10 @@
 #   6b. live update (run-update-test.sh): one daemon (--live-update, sandboxed) with a RAM
 #      filesystem, a shared directory and an NFS export, replaced by a new process 10 times
 #      while the guest runs fsx and fio on the three mounts; the files compared on the host;
+#   6c. crash recovery (run-crash-test.sh): the serving process of a daemon under --live-update
+#      killed with SIGKILL while the guest reads from its RAM-filesystem function: reads answer
+#      (EIO: the state is gone), never hang; after the guest unbinds and binds the device a
+#      fresh filesystem mounts; the daemon counts one recovery;
 #   7. writeback caching (--writeback), one boot per backend: the RAM filesystem and the
 #      passthrough (a tmpfs share, sandboxed), each pjdfstest and fsx (WB_FSX_OPS, default
 #      10000); checks from the statistics that the session negotiated FUSE_WRITEBACK_CACHE;
@@ -38,7 +42,7 @@
 # does, and read the daemon's statistics through its control socket (`virtiofs-dpu stats --json`).
 # Exit status 0 only if everything passed. Env: VM_CACHE, FSX_OPS (default 20000), PT_FSX_OPS,
 # NFS_FSX_OPS, WB_FSX_OPS, K7_FSX_OPS, MULTI_FSX_OPS, VFDPU_VM_STAGES (default "ram passthrough nfs
-# update writeback kernel7 multi dpu": which stages run).
+# update crash writeback kernel7 multi dpu": which stages run).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -69,7 +73,7 @@ print(eval(sys.argv[2], {"s": s}))
 PY
 }
 
-STAGES=" ${VFDPU_VM_STAGES:-ram passthrough nfs update writeback kernel7 multi dpu} "
+STAGES=" ${VFDPU_VM_STAGES:-ram passthrough nfs update crash writeback kernel7 multi dpu} "
 stage() { [[ $STAGES == *" $1 "* ]]; }
 
 step "setup (QEMU, guest kernel, pjdfstest, fsx)"
@@ -207,6 +211,11 @@ if stage update; then
 step "live update: RAM fs, shared directory and NFS functions of one daemon, replaced 10 times under fsx and fio"
 bash "$HERE/run-update-test.sh" --out "$OUT/update" --config "$CONFIG" --updates 10 ||
   { echo "FAIL: live update"; fail=1; }
+fi
+
+if stage crash; then
+step "crash recovery: the serving process of a RAM-filesystem function killed (SIGKILL) under guest reads"
+bash "$HERE/run-crash-test.sh" --out "$OUT/crash" --config "$CONFIG" || { echo "FAIL: crash recovery"; fail=1; }
 fi
 
 if stage writeback; then
