@@ -62,6 +62,17 @@ fn new_serving(ctl: &Path, old: u64) -> Value {
     }
 }
 
+/// The driver: one request queue on `ring`, interrupts on, a bound well above a recovery.
+fn options(ring: RingLayout) -> DriverOptions {
+    DriverOptions {
+        ring,
+        use_interrupts: true,
+        request_queues: 1,
+        timeout: Duration::from_secs(10),
+        ..Default::default()
+    }
+}
+
 fn kill(pid: u64) {
     let ok = Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success();
     assert!(ok, "kill -KILL {pid}");
@@ -86,13 +97,7 @@ fn killed_and_replaced(ring: RingLayout) {
     let dir = tempfile::tempdir().unwrap();
     let _d = daemon(dir.path(), &[]);
     let ctl = dir.path().join("ctl.sock");
-    let opts = DriverOptions {
-        ring,
-        use_interrupts: true,
-        request_queues: 1,
-        timeout: Duration::from_secs(10),
-        ..Default::default()
-    };
+    let opts = options(ring);
     let mut d = FsDriver::connect(&dir.path().join("fs.sock"), opts.clone()).unwrap();
     d.init().unwrap();
     let first = device(&ctl);
@@ -194,14 +199,7 @@ fn a_request_waiting_through_an_update_is_answered_after_a_crash() {
         let dir = tempfile::tempdir().unwrap();
         let _d = daemon(dir.path(), &[]);
         let ctl = dir.path().join("ctl.sock");
-        let opts = DriverOptions {
-            ring,
-            use_interrupts: true,
-            request_queues: 1,
-            timeout: Duration::from_secs(10),
-            ..Default::default()
-        };
-        let mut d = FsDriver::connect(&dir.path().join("fs.sock"), opts).unwrap();
+        let mut d = FsDriver::connect(&dir.path().join("fs.sock"), options(ring)).unwrap();
         d.init().unwrap();
         let (e, o) = d.create(ROOT, "f", 0o644, libc::O_RDWR as u32).unwrap();
         let lock = LockReq { fh: o.fh, owner: 1, typ: libc::F_WRLCK, start: 0, end: 9, pid: 1, flock: false };

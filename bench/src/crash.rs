@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use virtiofs_tools::driver::{DriverOptions, FsDriver, IoDone, IoSpec, LoopConfig};
 
-use crate::live_update::{daemon_binary, ms, serving_pid, warnings, Daemon, LiveUpdateError, Millis};
+use crate::live_update::{daemon_binary, ms, serving_pid, with_daemon_log, Daemon, LiveUpdateError, Millis};
 use crate::{rw_request, Machine};
 
 /// MiB in the file the reads go to.
@@ -107,21 +107,10 @@ pub fn run(cfg: &CrashConfig, progress: &mut dyn FnMut(&str)) -> Result<CrashRep
     let dir = tempfile::Builder::new().prefix("virtiofs-bench-crash").tempdir()?;
     let log = dir.path().join("daemon.log");
     let r = run_in(cfg, &binary, dir.path(), &log, progress, wall);
-    let lines = std::fs::read_to_string(&log).unwrap_or_default();
-    match r {
-        Ok(mut rep) => {
-            rep.daemon_log_warnings = warnings(&lines);
-            Ok(rep)
-        }
-        Err(e) => {
-            let all: Vec<&str> = lines.lines().collect();
-            eprintln!("virtiofs-bench: the last lines of the daemon's log:");
-            for l in &all[all.len().saturating_sub(40)..] {
-                eprintln!("  {l}");
-            }
-            Err(e)
-        }
-    }
+    with_daemon_log(r, &log).map(|(mut rep, warnings)| {
+        rep.daemon_log_warnings = warnings;
+        rep
+    })
 }
 
 fn run_in(

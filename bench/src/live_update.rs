@@ -285,14 +285,22 @@ pub fn run(
     let dir = tempfile::Builder::new().prefix("virtiofs-bench-lu").tempdir()?;
     let log = dir.path().join("daemon.log");
     let r = run_in(cfg, &binary, dir.path(), &log, progress, wall);
-    // The daemon has stopped (its guard dropped in run_in): its log is whole.
-    let lines = std::fs::read_to_string(&log).unwrap_or_default();
+    with_daemon_log(r, &log).map(|(mut rep, warnings)| {
+        rep.daemon_log_warnings = warnings;
+        rep.wall_s = wall.elapsed().as_secs_f64();
+        rep
+    })
+}
+
+/// A run's result `r` with the warnings of the daemon's log `log` (the daemon has stopped: its
+/// guard was dropped, so its log is whole); a failed run prints the log's last lines.
+pub(crate) fn with_daemon_log<T>(
+    r: Result<T, LiveUpdateError>,
+    log: &Path,
+) -> Result<(T, Vec<String>), LiveUpdateError> {
+    let lines = std::fs::read_to_string(log).unwrap_or_default();
     match r {
-        Ok(mut rep) => {
-            rep.daemon_log_warnings = warnings(&lines);
-            rep.wall_s = wall.elapsed().as_secs_f64();
-            Ok(rep)
-        }
+        Ok(rep) => Ok((rep, warnings(&lines))),
         Err(e) => {
             let all: Vec<&str> = lines.lines().collect();
             eprintln!("virtiofs-bench: the last lines of the daemon's log:");

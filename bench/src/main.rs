@@ -288,31 +288,40 @@ fn multi(a: &Args, duration: Duration) -> ExitCode {
     }
 }
 
-/// `--live-update N`: the pause of live updates.
+/// A daemon run's report `r`, printed as JSON (`--json`) or as `table` makes it; `None` (the
+/// exit code) if the run or the printing failed.
+fn print_run<R: serde::Serialize>(
+    a: &Args,
+    r: Result<R, bench::live_update::LiveUpdateError>,
+    table: fn(&R) -> String,
+) -> Result<R, ExitCode> {
+    let r = r.map_err(|e| {
+        eprintln!("virtiofs-bench: {}", virtiofs_dpu::error_chain(&e));
+        ExitCode::FAILURE
+    })?;
+    if a.json {
+        let j = serde_json::to_string_pretty(&r).map_err(|e| {
+            eprintln!("virtiofs-bench: JSON: {e}");
+            ExitCode::FAILURE
+        })?;
+        println!("{j}");
+    } else {
+        print!("{}", table(&r));
+    }
+    Ok(r)
+}
+
+/// `--crash N`: what crashes of the serving process cost.
 fn crash(a: &Args, crashes: usize) -> ExitCode {
     let cfg = bench::crash::CrashConfig { daemon: a.daemon.clone(), crashes, queue_size: a.queue_size };
     let mut progress = |line: &str| eprintln!("{line}");
-    let r = match bench::crash::run(&cfg, &mut progress) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("virtiofs-bench: {}", virtiofs_dpu::error_chain(&e));
-            return ExitCode::FAILURE;
-        }
-    };
-    if a.json {
-        match serde_json::to_string_pretty(&r) {
-            Ok(j) => println!("{j}"),
-            Err(e) => {
-                eprintln!("virtiofs-bench: JSON: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
-    } else {
-        print!("{}", bench::crash::table(&r));
+    match print_run(a, bench::crash::run(&cfg, &mut progress), bench::crash::table) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(code) => code,
     }
-    ExitCode::SUCCESS
 }
 
+/// `--live-update N`: the pause of live updates.
 fn live_update(a: &Args, updates: usize) -> ExitCode {
     let cfg = bench::live_update::LiveUpdateConfig {
         daemon: a.daemon.clone(),
@@ -324,24 +333,10 @@ fn live_update(a: &Args, updates: usize) -> ExitCode {
         backend: a.update_backend,
     };
     let mut progress = |line: &str| eprintln!("{line}");
-    let r = match bench::live_update::run(&cfg, &mut progress) {
+    let r = match print_run(a, bench::live_update::run(&cfg, &mut progress), bench::live_update::table) {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("virtiofs-bench: {}", virtiofs_dpu::error_chain(&e));
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
-    if a.json {
-        match serde_json::to_string_pretty(&r) {
-            Ok(j) => println!("{j}"),
-            Err(e) => {
-                eprintln!("virtiofs-bench: JSON: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
-    } else {
-        print!("{}", bench::live_update::table(&r));
-    }
     if a.check && !bench::live_update::met(&r) {
         eprintln!("virtiofs-bench: the p99 pause target is missed");
         return ExitCode::from(MISSED);

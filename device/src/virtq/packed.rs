@@ -27,7 +27,7 @@ use super::desc::{
     PACKED_EVENT_DESC as EVENT_DESC, PACKED_EVENT_DISABLE as EVENT_DISABLE,
     PACKED_EVENT_ENABLE as EVENT_ENABLE, PACKED_F_AVAIL as F_AVAIL, PACKED_F_USED as F_USED,
 };
-use super::track::{recover_packed, PackedInFlight, QueueTrack, TrackError, PACKED_DESCS};
+use super::track::{recover_packed, PackedInFlight, QueueTrack, PACKED_DESCS};
 use crate::memory::GuestMem;
 use crate::pci::QueueConfig;
 
@@ -179,13 +179,7 @@ impl PackedQueue {
         check_mapped(mem, q, &ranges)?;
         if self.recovering {
             let track = self.track.as_ref().ok_or(QueueError::BadConfig(q))?;
-            let r = recover_packed(track, &self.cfg, mem).map_err(|e| match e {
-                TrackError::Unmapped(_) => QueueError::RingUnmapped(q),
-                e => {
-                    log::error!("{e}");
-                    QueueError::Recovery { queue: q }
-                }
-            })?;
+            let r = recover_packed(track, &self.cfg, mem).map_err(|e| e.queue_error(q))?;
             self.recovering = false;
             (self.next_used, self.used_wrap) = r.next_used;
             (self.next_avail, self.avail_wrap) = r.next_avail;

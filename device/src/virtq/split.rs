@@ -23,7 +23,7 @@ use super::desc::{
     check_mapped, need_event, push_slices, Chain, ChainError, DescTable, QueueError, Signalled,
     DESC_F_INDIRECT, DESC_F_NEXT, DESC_F_WRITE,
 };
-use super::track::{recover_split, QueueTrack, TrackError};
+use super::track::{recover_split, QueueTrack};
 use crate::memory::GuestMem;
 use crate::pci::QueueConfig;
 
@@ -158,13 +158,7 @@ impl SplitQueue {
         let mut published_here = false;
         if self.recovering {
             let track = self.track.as_ref().ok_or(QueueError::BadConfig(q))?;
-            let r = recover_split(track, &self.cfg, mem).map_err(|e| match e {
-                TrackError::Unmapped(_) => QueueError::RingUnmapped(q),
-                e => {
-                    log::error!("{e}");
-                    QueueError::Recovery { queue: q }
-                }
-            })?;
+            let r = recover_split(track, &self.cfg, mem).map_err(|e| e.queue_error(q))?;
             self.recovering = false;
             if r.next_used != r.published {
                 // Returns written before the crash and not published: published now.

@@ -117,6 +117,20 @@ pub enum TrackError {
     Unmapped(u16),
 }
 
+impl TrackError {
+    /// What a queue `queue` that could not be recovered reports: its rings not mapped yet
+    /// (attached again once they are), or a record it refuses (what disagrees is logged here).
+    pub fn queue_error(self, queue: u16) -> crate::virtq::QueueError {
+        match self {
+            TrackError::Unmapped(_) => crate::virtq::QueueError::RingUnmapped(queue),
+            e => {
+                log::error!("{e}");
+                crate::virtq::QueueError::Recovery { queue }
+            }
+        }
+    }
+}
+
 /// One function's tracking area: a shared mapping of a memory file, a record per queue.
 #[derive(Debug)]
 pub struct TrackArea {
