@@ -102,6 +102,11 @@ fn killed_and_replaced(ring: RingLayout) {
     d.init().unwrap();
     let first = device(&ctl);
     assert_eq!(first["recoveries"].as_u64(), Some(0));
+    // The bring-up's messages were checkpointed (DMA_MAP, SET_IRQS, the registers).
+    let stats = ControlClient::connect(&ctl).unwrap().call("get_stats", Value::Null).unwrap();
+    let sent = stats["checkpoints"]["sent"].as_u64().unwrap_or(0);
+    assert!(sent > 3 && stats["checkpoints"]["failed"] == 0, "{ring:?}: {}", stats["checkpoints"]);
+    eprintln!("{ring:?}: {sent} checkpoints for the bring-up");
     for round in 1..=2u64 {
         let (e, o) = d.create(ROOT, &format!("f{round}"), 0o644, libc::O_RDWR as u32).unwrap();
         d.write(e.nodeid, o.fh, 0, b"before the crash").unwrap();

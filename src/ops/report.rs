@@ -23,6 +23,9 @@ pub struct StatsReport {
     /// Crash recoveries of the daemon so far (issue 24; absent from an older daemon: 0).
     #[serde(default)]
     pub recoveries: u64,
+    /// The checkpoints the serving process gave its supervisor (`None`: it keeps none).
+    #[serde(default)]
+    pub checkpoints: Option<crate::update::recovery::CheckpointCounts>,
     /// The device's counters over that interval.
     pub device: DeviceStats,
     /// The FUSE side's counters (since the start).
@@ -37,6 +40,7 @@ impl StatsReport {
             uptime_s: self.uptime_s,
             interval_s: (self.uptime_s - earlier.uptime_s).max(0.0),
             recoveries: self.recoveries,
+            checkpoints: self.checkpoints,
             device: self.device.since(&earlier.device),
             fuse: self.fuse.clone(),
         }

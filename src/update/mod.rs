@@ -204,6 +204,11 @@ impl Updater {
         self.recoveries
     }
 
+    /// The checkpoints this process gave its supervisor (`None`: it keeps none).
+    pub fn checkpoints(&self) -> Option<recovery::CheckpointCounts> {
+        self.keeper.as_ref().map(|k| k.counts())
+    }
+
     /// Keeps a copy of the control socket to hand over (and gives the supervisor one to keep
     /// across a crash).
     pub fn keep_control(&self, copy: ControlCopy) {

@@ -19,7 +19,7 @@
 //! comes); then a RAM filesystem serves again, empty.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
@@ -58,23 +58,53 @@ pub enum Kept {
 }
 
 /// The serving process's end of the checkpoint channel (shared by every function's sink).
-pub struct CheckpointKeeper(Arc<Mutex<Channel>>);
+pub struct CheckpointKeeper(Arc<KeptChannel>);
 
-/// Sends `msg` with `fds` on `chan`; a failure is logged (the supervisor is gone, and this
-/// process ends with it, or it stopped reading: a crash now would not be recovered from this
-/// state).
-fn send(chan: &Mutex<Channel>, msg: &Kept, fds: &[OwnedFd]) {
+/// The checkpoint channel and what went through it.
+struct KeptChannel {
+    chan: Mutex<Channel>,
+    /// Checkpoints sent, and those that could not be.
+    sent: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// Checkpoints given to the supervisor (a statistic: `get_stats`'s `checkpoints`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointCounts {
+    /// Sent.
+    pub sent: u64,
+    /// Not sent (the supervisor gone or not reading).
+    pub failed: u64,
+}
+
+/// Sends `msg` with `fds` on `k`'s channel; a failure is logged and counted (the supervisor is
+/// gone, and this process ends with it, or it stopped reading: a crash now would not be
+/// recovered from this state).
+fn send(k: &KeptChannel, msg: &Kept, fds: &[OwnedFd]) {
     let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
-    let chan = chan.lock().unwrap_or_else(|e| e.into_inner());
-    if let Err(e) = chan.send(msg, &borrowed) {
-        log::warn!("checkpoint not kept: {}", crate::error_chain(&e));
-    }
+    let chan = k.chan.lock().unwrap_or_else(|e| e.into_inner());
+    match chan.send(msg, &borrowed) {
+        Ok(()) => k.sent.fetch_add(1, Ordering::Relaxed),
+        Err(e) => {
+            log::warn!("checkpoint not kept: {}", crate::error_chain(&e));
+            k.failed.fetch_add(1, Ordering::Relaxed)
+        }
+    };
 }
 
 impl CheckpointKeeper {
     /// Over `chan`.
     pub fn new(chan: Channel) -> Arc<Self> {
-        Arc::new(CheckpointKeeper(Arc::new(Mutex::new(chan))))
+        let k = KeptChannel { chan: Mutex::new(chan), sent: AtomicU64::new(0), failed: AtomicU64::new(0) };
+        Arc::new(CheckpointKeeper(Arc::new(k)))
+    }
+
+    /// The checkpoints sent so far, and those that could not be.
+    pub fn counts(&self) -> CheckpointCounts {
+        CheckpointCounts {
+            sent: self.0.sent.load(Ordering::Relaxed),
+            failed: self.0.failed.load(Ordering::Relaxed),
+        }
     }
 
     /// Gives the supervisor the control socket (once, when it starts being served).
@@ -104,7 +134,7 @@ impl Keeper for CheckpointKeeper {
 
 /// One function's checkpoints, sent as [`Kept::Function`].
 struct FunctionSink {
-    chan: Arc<Mutex<Channel>>,
+    chan: Arc<KeptChannel>,
     tag: String,
     origin: Origin,
 }

@@ -73,6 +73,7 @@ recoveries=$("$DAEMON" stats --control-socket "$CTL" --json 2>/dev/null |
 log "recoveries counted: $recoveries"
 [ "$recoveries" = 1 ] || { log "FAIL: the daemon counts $recoveries recoveries, not 1"; fail=1; }
 grep -a 'supervisor: .*recovery 1' "$OUT/daemon.log" | sed 's/^/  /' >&2 || true
+"$DAEMON" stats --control-socket "$CTL" --json 2>/dev/null | python3 -c 'import json,sys; print("checkpoints:", json.load(sys.stdin).get("checkpoints"))' >&2 || true
 kill -TERM "$DPID"
 drc=0; wait "$DPID" || drc=$?
 DPID=""

@@ -307,6 +307,7 @@ impl Methods {
                     "uptime_s": self.state.started.elapsed().as_secs_f64(),
                     "interval_s": since.elapsed().as_secs_f64(),
                     "recoveries": self.state.updater.as_ref().map_or(0, |u| u.recoveries()),
+                    "checkpoints": self.state.updater.as_ref().and_then(|u| u.checkpoints()),
                     "device": device,
                     "fuse": fuse(),
                 }))
