@@ -126,10 +126,10 @@ impl PackedQueue {
             if self.slots[usize::from(id)] > 0 {
                 if let Some(seq) = t.packed_seq(id) {
                     self.seqs[usize::from(id)] = seq;
-                    self.seq = self.seq.max(seq);
                 }
             }
         }
+        self.seq = t.max_seq();
     }
 
     /// Resumes where `track` says the queue stood when the process that served it died:
@@ -187,13 +187,17 @@ impl PackedQueue {
             for b in &r.in_flight {
                 self.slots[usize::from(b.id)] = b.slots;
                 self.seqs[usize::from(b.id)] = b.seq;
-                self.seq = self.seq.max(b.seq);
             }
+            self.seq = r.last_seq;
             self.signalled.reset(self.next_used);
             self.replay = r.in_flight;
             self.replay.reverse();
         } else if let Some(t) = &self.track {
-            t.packed_positions((self.next_used, self.used_wrap), (self.next_avail, self.avail_wrap));
+            t.packed_positions(
+                (self.next_used, self.used_wrap),
+                (self.next_avail, self.avail_wrap),
+                self.seq,
+            );
         }
         // Poll mode: the device never wants a notification.
         self.set_notify(mem, false)

@@ -107,7 +107,7 @@ impl SplitQueue {
     /// Numbers the next takes on from the record's (a record a predecessor kept).
     pub fn take_seq_from_track(&mut self) {
         if let Some(t) = &self.track {
-            self.seq = t.max_split_seq();
+            self.seq = t.max_seq();
         }
     }
 
@@ -191,7 +191,7 @@ impl SplitQueue {
             self.signalled.reset(self.next_used);
         }
         if let Some(t) = &self.track {
-            t.positions(used_idx, avail);
+            t.positions(used_idx, avail, self.seq);
         }
         // Poll mode: no notifications (with EVENT_IDX, an avail_event the driver does not pass).
         self.set_notify(mem, false)

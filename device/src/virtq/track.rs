@@ -1,25 +1,28 @@
-//! In-flight tracking (issue 24, crash recovery): where each split queue stands, kept in memory
+//! In-flight tracking (issue 24, crash recovery): where each queue stands, kept in memory
 //! that outlives the serving process (a memfd its supervisor holds a descriptor of), so that a
 //! process started after a crash knows which chains were taken and not returned, and which
 //! returns were written but not published.
 //!
 //! ```text
 //! area:   le64 magic | le32 version | le32 queues | (queue record, QUEUE_STRIDE bytes) * queues
-//! record: le16 size | le16 avail | le16 pushed | le16 0 | le64 slot[size]
+//! record: le16 size | le16 0 | le16 pushed | le16 kind | le64 avail | le64 last | le64 slot[size]
+//! avail:  the next avail position | the number of the take that moved it << 32
 //! slot:   0 (the head is not in flight) or seq << 32 | IN_FLIGHT | the avail position it
 //!         was taken at (seq: the take's number, from 1)
 //! ```
 //!
 //! The data path writes it with plain stores, no system call and no lock. Taking head `h` from
-//! avail position `a` stores `slot[h]` (one 8-byte store), then `avail = a + 1`. Returning `h` at
+//! avail position `a` as take `s` stores `slot[h]` (one 8-byte store), then `avail = (a + 1,
+//! s)` (one more). Returning `h` at
 //! used position `u` writes the used entry (guest memory), then `pushed = u + 1`, then
 //! `slot[h] = 0`. The used index in guest memory is published later, once per round. A
 //! process killed anywhere in between leaves a state [`recover_split`] reads back:
 //!
 //! - used entries in `[used index in guest memory, pushed)` were written and not published:
 //!   they are published as they are, and their heads' slots cleared (killed before the clear);
-//! - a head whose slot is set at the avail position `avail` itself was being taken (killed
-//!   before `avail` moved): it is taken again as any other available chain;
+//! - a head whose take number is the one after `avail`'s was being taken (killed before
+//!   `avail` moved): it is taken again as any other available chain (positions cannot tell:
+//!   a chain may be out while the ring goes round);
 //! - every other set slot is a chain taken and not returned: it is executed again, in the order
 //!   it was taken (its take number: a chain may stay out for any number of laps of the ring,
 //!   a SETLKW for hours).
@@ -37,18 +40,18 @@
 //! and the avail position it was taken from:
 //!
 //! ```text
-//! packed record: le16 size | le16 avail | le16 0 | le16 1 | le64 last | ... |
+//! packed record: le16 size | le16 0 | le16 0 | le16 1 | le64 avail | le64 last | ... |
 //!                (le32 state | le32 at | le32 descs | le32 seq | desc[PACKED_DESCS]) [size]
 //! position: slot | wrap << 15
 //! last: the used position after the last return | its id << 16 | its take's seq << 32
 //! state: 0, or IN_FLIGHT | the ring slots the chain took; seq: the take's number (from 1)
 //! ```
 //!
-//! Taking buffer `id` writes its entry (`seq`, descriptors, `at`, then `state`), then `avail`.
-//! Returning it writes the used descriptor (its flags last), then `last` (one 8-byte store:
-//! the new used position, the id and its take's `seq`), then clears `state`. Read back
-//! ([`recover_packed`]): an entry whose `at` is `avail` itself was being taken (taken again
-//! from the ring); one that `last` names, id and `seq`, was returned (killed before the
+//! Taking buffer `id` writes its entry (`seq`, descriptors, `at`, then `state`), then `avail`
+//! (the position after it and `seq`). Returning it writes the used descriptor (its flags last),
+//! then `last` (one 8-byte store: the new used position, the id and its take's `seq`), then
+//! clears `state`. Read back ([`recover_packed`]): an entry whose take number is the one after
+//! `avail`'s was being taken (taken again from the ring); one that `last` names, id and `seq`, was returned (killed before the
 //! clear); the used descriptor at the used position, if written in this lap for a buffer in
 //! flight, was returned just before the process died (the position moves past it); every
 //! other set entry is executed again from its copy. Not covered: a used descriptor written
@@ -68,7 +71,7 @@ use crate::pci::QueueConfig;
 /// The area's first eight bytes.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"vfdpu-if");
 /// The area's format version.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Bytes of the area's header.
 const HEADER: u64 = 16;
 /// The largest split ring.
@@ -88,7 +91,9 @@ pub const PACKED_DESCS: usize = 4;
 /// Bytes of a packed ring's entry per buffer id.
 const PACKED_ENTRY: u64 = 16 + 16 * PACKED_DESCS as u64;
 /// Where a queue record's packed entries start (after the split slots).
-const PACKED_BASE: u64 = 8 + 8 * MAX_SIZE;
+const PACKED_BASE: u64 = SLOTS + 8 * MAX_SIZE;
+/// Where a queue record's split slots start (after its header).
+const SLOTS: u64 = 24;
 /// The record's layout mark (at +6): split or packed.
 const KIND_PACKED: u16 = 1;
 
@@ -188,9 +193,9 @@ impl TrackArea {
     pub fn start_queue(self: &Arc<Self>, index: u16, size: u16) -> Option<QueueTrack> {
         let t = self.queue(index, size)?;
         t.area.store16(t.base, size);
-        t.area.store16(t.base + 2, 0);
         t.area.store16(t.base + 4, 0);
         t.area.store16(t.base + 6, 0);
+        t.set_avail(0, 0);
         for h in 0..size {
             t.area.store64_atomic(t.slot(h), 0);
         }
@@ -202,9 +207,9 @@ impl TrackArea {
     pub fn start_packed(self: &Arc<Self>, index: u16, size: u16) -> Option<QueueTrack> {
         let t = self.queue(index, size)?;
         t.area.store16(t.base, size);
-        t.area.store16(t.base + 2, pos(0, true));
         t.area.store16(t.base + 6, KIND_PACKED);
-        t.area.store64_atomic(t.base + 8, u64::from(pos(0, true)));
+        t.set_avail(pos(0, true), 0);
+        t.area.store64_atomic(t.base + 16, u64::from(pos(0, true)));
         for id in 0..size {
             t.area.store32(t.entry(id), 0);
         }
@@ -284,14 +289,26 @@ pub struct QueueTrack {
 impl QueueTrack {
     #[inline]
     fn slot(&self, head: u16) -> u64 {
-        self.base + 8 + 8 * u64::from(head)
+        self.base + SLOTS + 8 * u64::from(head)
+    }
+
+    /// The next avail position and the number of the last take that moved it (one store).
+    #[inline]
+    fn set_avail(&self, avail: u16, seq: u32) {
+        self.area.store64_atomic(self.base + 8, u64::from(avail) | u64::from(seq) << 32);
+    }
+
+    /// [`Self::set_avail`]'s pair, as stored.
+    fn avail(&self) -> (u16, u32) {
+        let v = self.area.load64(self.base + 8);
+        (v as u16, (v >> 32) as u32)
     }
 
     /// Head `head` was taken from avail position `at`, as take number `seq` (never 0).
     #[inline]
     pub fn taken(&self, head: u16, at: u16, seq: u32) {
         self.area.store64_atomic(self.slot(head), split_slot(at, seq));
-        self.area.store16(self.base + 2, at.wrapping_add(1));
+        self.set_avail(at.wrapping_add(1), seq);
     }
 
     /// Head `head`'s used entry was written; `next_used` is the position after it.
@@ -301,9 +318,10 @@ impl QueueTrack {
         self.area.store64_atomic(self.slot(head), 0);
     }
 
-    /// The queue (re)attached at used position `used` and avail position `avail`.
-    pub fn positions(&self, used: u16, avail: u16) {
-        self.area.store16(self.base + 2, avail);
+    /// The queue (re)attached at used position `used` and avail position `avail`, its last
+    /// take numbered `seq`.
+    pub fn positions(&self, used: u16, avail: u16, seq: u32) {
+        self.set_avail(avail, seq);
         self.area.store16(self.base + 4, used);
     }
 
@@ -335,7 +353,7 @@ impl QueueTrack {
         self.area.store32(e + 8, count);
         self.area.store32(e + 4, u32::from(pos(at.0, at.1)));
         self.area.store32(e, IN_FLIGHT | u32::from(slots));
-        self.area.store16(self.base + 2, pos(avail.0, avail.1));
+        self.set_avail(pos(avail.0, avail.1), seq);
     }
 
     /// Packed: buffer `id` (taken as take `seq`) had its used descriptor written; `used` is
@@ -343,15 +361,15 @@ impl QueueTrack {
     #[inline]
     pub fn packed_pushed(&self, id: u16, seq: u32, used: (u16, bool)) {
         let last = u64::from(pos(used.0, used.1)) | u64::from(id) << 16 | u64::from(seq) << 32;
-        self.area.store64_atomic(self.base + 8, last);
+        self.area.store64_atomic(self.base + 16, last);
         self.area.store32(self.entry(id), 0);
     }
 
     /// Packed: the queue (re)attached at these positions (`last` names no take: 0 is never a
     /// take's number).
-    pub fn packed_positions(&self, used: (u16, bool), avail: (u16, bool)) {
-        self.area.store16(self.base + 2, pos(avail.0, avail.1));
-        self.area.store64_atomic(self.base + 8, u64::from(pos(used.0, used.1)));
+    pub fn packed_positions(&self, used: (u16, bool), avail: (u16, bool), seq: u32) {
+        self.set_avail(pos(avail.0, avail.1), seq);
+        self.area.store64_atomic(self.base + 16, u64::from(pos(used.0, used.1)));
     }
 
     /// Whether the record is a packed ring's.
@@ -359,9 +377,14 @@ impl QueueTrack {
         self.area.load16(self.base + 6) == KIND_PACKED
     }
 
-    /// Split: the highest take number in the record (new takes count on from it).
-    pub fn max_split_seq(&self) -> u32 {
-        (0..self.size).map(|h| (self.area.load64(self.slot(h)) >> 32) as u32).max().unwrap_or(0)
+    /// The highest take number in the record (new takes count on from it).
+    pub fn max_seq(&self) -> u32 {
+        let taken = self.avail().1;
+        if self.is_packed() {
+            (0..self.size).filter_map(|id| self.packed_seq(id)).fold(taken, u32::max)
+        } else {
+            (0..self.size).map(|h| (self.area.load64(self.slot(h)) >> 32) as u32).fold(taken, u32::max)
+        }
     }
 
     /// Packed: buffer `id`'s take number if it is in flight.
@@ -413,7 +436,7 @@ pub fn recover_split(
     };
     let published = load(cfg.used + 2)?;
     let avail_idx = load(cfg.avail + 2)?;
-    let next_avail = track.area.load16(track.base + 2);
+    let (next_avail, taken_seq) = track.avail();
     let next_used = track.area.load16(track.base + 4);
     let written = next_used.wrapping_sub(published);
     if written > size {
@@ -437,26 +460,22 @@ pub fn recover_split(
             u16::try_from(id).ok().filter(|&h| h < size).ok_or_else(|| bad(format!("used entry {id}")))?;
         track.area.store64_atomic(track.slot(head), 0);
     }
-    // The chain being taken when the process died: taken again from the avail ring.
-    if avail_idx != next_avail {
-        let at = u64::from(next_avail % size);
-        let head = load(cfg.avail + 4 + 2 * at)?;
-        let v = if head < size { track.area.load64(track.slot(head)) } else { 0 };
-        if v != 0 && (v & 0xffff) as u16 == next_avail {
-            track.area.store64_atomic(track.slot(head), 0);
-        }
-    }
     let mut in_flight: Vec<(u32, u16)> = Vec::new();
     for head in 0..size {
         let v = track.area.load64(track.slot(head));
         if v == 0 {
             continue;
         }
-        // A chain may stay out for any number of laps (completions are out of order): only
-        // its position being `next_avail` itself (not taken yet) is impossible.
-        let (at, seq) = ((v & 0xffff) as u16, (v >> 32) as u32);
-        if v & 0xffff_0000 != u64::from(IN_FLIGHT) || seq == 0 || at == next_avail {
+        let seq = (v >> 32) as u32;
+        if v & 0xffff_0000 != u64::from(IN_FLIGHT) || seq == 0 {
             return Err(bad(format!("slot of head {head} reads {v:#x}")));
+        }
+        // The chain being taken when the process died (its take number past the last that
+        // moved `avail`): taken again from the avail ring. A chain may stay out for any number
+        // of laps, so positions say nothing here.
+        if seq == next_seq(taken_seq) {
+            track.area.store64_atomic(track.slot(head), 0);
+            continue;
         }
         in_flight.push((seq, head));
     }
@@ -466,7 +485,8 @@ pub fn recover_split(
     // Oldest first: the order they were taken in (take numbers wrap after 2^32 requests,
     // which only changes the order).
     in_flight.sort_unstable_by_key(|a| a.0);
-    let last_seq = in_flight.last().map_or(0, |a| a.0);
+    // New takes are numbered on from the last one (a slot left by a take past it was cleared).
+    let last_seq = taken_seq.max(in_flight.last().map_or(0, |a| a.0));
     Ok(SplitRecovery {
         published,
         next_used,
@@ -474,6 +494,11 @@ pub fn recover_split(
         in_flight: in_flight.into_iter().map(|(_, h)| h).collect(),
         last_seq,
     })
+}
+
+/// The take number after `seq` (take numbers are never 0).
+pub fn next_seq(seq: u32) -> u32 {
+    seq.wrapping_add(1).max(1)
 }
 
 /// A packed ring position as the record keeps it.
@@ -508,6 +533,8 @@ pub struct PackedRecovery {
     pub next_avail: (u16, bool),
     /// The buffers taken and not returned, oldest first.
     pub in_flight: Vec<PackedInFlight>,
+    /// The number of the last take (new takes are numbered on from it).
+    pub last_seq: u32,
 }
 
 /// Reads back where packed queue `cfg` stood from its record and its ring (see the module's
@@ -527,8 +554,8 @@ pub fn recover_packed(
             track.size()
         )));
     }
-    let avail_raw = a.load16(track.base + 2);
-    let last = a.load64(track.base + 8);
+    let (avail_raw, taken_seq) = track.avail();
+    let last = a.load64(track.base + 16);
     let (last_pos, last_id, last_seq) = (last as u16, (last >> 16) as u16, (last >> 32) as u32);
     let (avail, mut used) = (unpos(avail_raw), unpos(last_pos));
     if avail.0 >= size || used.0 >= size {
@@ -549,9 +576,10 @@ pub fn recover_packed(
         if at.0 >= size {
             return Err(bad(format!("entry of id {id} taken at slot {}", at.0)));
         }
-        // Being taken (killed before `avail` moved): taken again from the ring. Returned
-        // (killed between `last` and the clear): `last` names this very take.
-        if at == avail || (id == last_id && seq == last_seq && last != 0) {
+        // Being taken (killed before `avail` moved: its take number is past the last that
+        // moved it): taken again from the ring. Returned (killed between `last` and the
+        // clear): `last` names this very take.
+        if seq == next_seq(taken_seq) || (id == last_id && seq == last_seq) {
             a.store32(e, 0);
             continue;
         }
@@ -580,7 +608,7 @@ pub fn recover_packed(
             } else {
                 (next as u16, used.1)
             };
-            track.packed_positions(used, avail);
+            track.packed_positions(used, avail, taken_seq);
         }
     }
     // Oldest first.
@@ -608,7 +636,8 @@ pub fn recover_packed(
         };
         in_flight.push(PackedInFlight { id, seq, slots, descs });
     }
-    Ok(PackedRecovery { next_used: used, next_avail: avail, in_flight })
+    let last_seq = in_flight.iter().map(|b| b.seq).fold(taken_seq, u32::max);
+    Ok(PackedRecovery { next_used: used, next_avail: avail, in_flight, last_seq })
 }
 
 #[cfg(test)]
@@ -741,9 +770,9 @@ mod tests {
             q.recover_from(area);
             matches!(q.attach(&mem), Err(crate::virtq::QueueError::Recovery { .. }))
         };
-        t.positions(SIZE + 1, SIZE + 1);
+        t.positions(SIZE + 1, SIZE + 1, 0);
         assert!(refused(&area), "returns written past the ring");
-        t.positions(0, 0);
+        t.positions(0, 0, 0);
         area.store64_atomic(t.slot(3), 0xdead_beef);
         assert!(refused(&area), "a slot of another format");
         area.store64_atomic(t.slot(3), split_slot(0xffff, 0));
@@ -845,7 +874,7 @@ mod tests {
         drv.push(&[Buf::writable(0x9000, 64)], 3);
         assert_eq!(take_lens(&mut q, &mem).map(|x| x.0), Some(3));
         drop(q);
-        area.store16(t.base + 2, pos(0, true));
+        t.set_avail(pos(0, true), 0);
         let mut q = packed_recovered(area.file(), &mem);
         assert_eq!(take_lens(&mut q, &mem).map(|x| x.0), Some(3), "taken again from the ring");
         assert_eq!(take_lens(&mut q, &mem), None, "once");
@@ -860,9 +889,9 @@ mod tests {
         // The used descriptor written, `last` not: its position is found from the ring.
         drv.push(&[Buf::writable(0x9100, 64)], 4);
         assert_eq!(take_lens(&mut q, &mem).map(|x| x.0), Some(4));
-        let (last, entry) = (area.load64(t.base + 8), area.load32(t.entry(4)));
+        let (last, entry) = (area.load64(t.base + 16), area.load32(t.entry(4)));
         q.push_used(&mem, 4, 7).unwrap();
-        area.store64_atomic(t.base + 8, last);
+        area.store64_atomic(t.base + 16, last);
         area.store32(t.entry(4), entry);
         drop(q);
         let mut q = packed_recovered(area.file(), &mem);
@@ -936,5 +965,48 @@ mod tests {
         let mut q = packed_recovered(area.file(), &mem);
         assert_eq!(take_lens(&mut q, &mem), Some((0, vec![], vec![64])), "packed: out for 1000 requests");
         assert_eq!(take_lens(&mut q, &mem), None);
+    }
+
+    /// A chain out while the avail position comes back to where it was taken (two laps of a
+    /// packed ring; 65,536 takes of a split one) is still in flight, not "being taken".
+    #[test]
+    fn a_chain_taken_where_avail_stands_again_is_still_in_flight() {
+        use crate::virtq::mock::PackedDriver;
+        let mem = guest_memory(0x20000, None);
+        let area = TrackArea::create(2).unwrap();
+        // Packed: 2 * SIZE - 1 one-slot buffers after buffer 0 brings `avail` back to slot 0
+        // with the same wrap counter.
+        let mut drv = PackedDriver::new(&mem, cfg());
+        let mut q = packed(&area, &mem);
+        drv.push(&[Buf::writable(0x8000, 64)], 0);
+        assert_eq!(take_lens(&mut q, &mem).map(|t| t.0), Some(0));
+        for i in 0..(2 * SIZE - 1) {
+            let id = 1 + i % (SIZE - 1);
+            drv.push(&[Buf::writable(0x8100, 64)], id);
+            assert_eq!(take_lens(&mut q, &mem).map(|t| t.0), Some(id));
+            q.push_used(&mem, id, 1).unwrap();
+            assert_eq!(drv.next_used(), Some((id, 1)));
+        }
+        drop(q);
+        let mut q = packed_recovered(area.file(), &mem);
+        assert_eq!(take_lens(&mut q, &mem), Some((0, vec![], vec![64])), "packed: two laps");
+        assert_eq!(take_lens(&mut q, &mem), None);
+        // Split: 65,535 takes after the waiting one bring `avail` back to its position.
+        let mut drv = SplitDriver::new(&mem, cfg());
+        let mut q = tracked(&area, &mem);
+        let waiting = drv.push(&[Buf::writable(0x8000, 64)]);
+        assert_eq!(take(&mut q, &mem), Some(waiting));
+        for i in 0..u32::from(u16::MAX) {
+            let h = (waiting + 1 + (i % u32::from(SIZE - 1)) as u16) % SIZE;
+            drv.write_desc(0x1000, h, 0x8100, 64, crate::virtq::desc::DESC_F_WRITE, 0);
+            drv.make_available(h);
+            assert_eq!(take(&mut q, &mem), Some(h));
+            q.push_used(&mem, h, 1).unwrap();
+            q.publish_used(&mem).unwrap();
+            assert_eq!(drv.next_used(), Some((h, 1)));
+        }
+        drop(q);
+        let mut q = recovered(area.file(), &mem);
+        assert_eq!(take_all(&mut q, &mem), vec![waiting], "split: 65,536 takes later");
     }
 }
