@@ -47,8 +47,9 @@ enum Event {
     Signal(i32),
     /// A checkpoint of process `pid`'s (a [`Kept`] as JSON), with its descriptors.
     Kept(u32, serde_json::Value, Vec<File>),
-    /// Process `pid`'s checkpoint channel ended: every checkpoint it sent has come.
-    KeptClosed(u32),
+    /// Process `pid`'s checkpoint channel ended: every checkpoint it sent has come (`false`: it
+    /// could not be read to its end, and what was kept of it is not to be trusted).
+    KeptClosed(u32, bool),
     /// The replay of the checkpoints to recovering process `pid` ended.
     Replayed(u32, Result<(), String>),
 }
@@ -343,7 +344,7 @@ impl Launch {
             drop(theirs);
             let tx = events.clone();
             std::thread::Builder::new().name(format!("kept-{pid}")).spawn(move || {
-                loop {
+                let read = loop {
                     // Kept as the serving process wrote them (JSON as it is: a newer binary's
                     // fields are not dropped), replayed verbatim.
                     match chan.recv::<serde_json::Value>(IDLE_BOUND) {
@@ -352,18 +353,18 @@ impl Launch {
                                 return;
                             }
                         }
-                        Err(ChannelError::Closed) => break,
+                        Err(ChannelError::Closed) => break true,
                         Err(e) => {
                             error!(
                                 "supervisor: the checkpoints of process {pid} cannot be read ({}): \
                                  a crash of it will not be recovered",
                                 error_chain(&e)
                             );
-                            break;
+                            break false;
                         }
                     }
-                }
-                let _ = tx.send(Event::KeptClosed(pid));
+                };
+                let _ = tx.send(Event::KeptClosed(pid, read));
             })?;
         }
         let tx = events.clone();
@@ -448,7 +449,7 @@ pub fn run(launch: Launch) -> ExitCode {
         let ev = match &rec.dying {
             Some(d) => match events.recv_timeout(LAST_CHECKPOINTS_BOUND.saturating_sub(d.since.elapsed())) {
                 Ok(ev) => ev,
-                Err(mpsc::RecvTimeoutError::Timeout) => Event::KeptClosed(d.pid),
+                Err(mpsc::RecvTimeoutError::Timeout) => Event::KeptClosed(d.pid, true),
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             },
             None => match events.recv() {
@@ -466,14 +467,27 @@ pub fn run(launch: Launch) -> ExitCode {
                     warn!("supervisor: a checkpoint of process {pid} not kept: {e}");
                 }
             }
-            Event::KeptClosed(pid) => {
+            Event::KeptClosed(pid, read) => {
+                if !read {
+                    // What came may miss later changes (a window mapped since): not used.
+                    kept.remove(&pid);
+                    rec.unreadable.insert(pid);
+                }
                 rec.closed.insert(pid);
                 if let Some(d) = rec.dying.take_if(|d| d.pid == pid) {
                     if stopping {
                         return exit_code(d.status);
                     }
+                    if rec.unreadable.contains(&pid) {
+                        error!(
+                            "supervisor: the serving process {pid} ended ({}) unasked; its checkpoints could not \
+                             be read: not recovering; the daemon ends",
+                            d.status
+                        );
+                        return exit_code(rec.status_of(pid, d.status));
+                    }
                     let store = kept.remove(&pid).unwrap_or_default();
-                    rec.closed.remove(&pid);
+                    rec.forget(pid);
                     match rec.recover(&launch, d, store, updates, &tx) {
                         Ok((p, store)) => {
                             kept.insert(p.pid, store);
@@ -504,8 +518,11 @@ pub fn run(launch: Launch) -> ExitCode {
                             "supervisor: recovery {}: process {pid} did not take over: {why}",
                             rec.recoveries
                         );
-                        rec.killed.insert(pid);
-                        let _ = sys::signal_process(pid, SIGKILL);
+                        // Only while it runs (its exit not seen: its id is not another's yet).
+                        if pid == current.pid && rec.dying.is_none() {
+                            rec.killed.insert(pid);
+                            let _ = sys::signal_process(pid, SIGKILL);
+                        }
                     }
                 }
             }
@@ -514,6 +531,10 @@ pub fn run(launch: Launch) -> ExitCode {
             {
                 if let Some(p) = pending.take() {
                     let _ = sys::signal_process(p.pid, SIGKILL);
+                }
+                // A recovering process that died before it took over: a failed recovery.
+                if rec.replaying.take_if(|r| r.0 == pid).is_some() {
+                    rec.failed_in_a_row += 1;
                 }
                 // Only a process that served (said ready, or kept a checkpoint) is replaced: one
                 // that failed to start fails the daemon, as before.
@@ -525,7 +546,8 @@ pub fn run(launch: Launch) -> ExitCode {
                 let d = Dying { pid, status, since: Instant::now(), binary: current.binary.clone() };
                 if rec.closed.contains(&pid) {
                     // Every checkpoint it sent has come: recover now.
-                    let _ = tx.send(Event::KeptClosed(pid));
+                    let read = !rec.unreadable.contains(&pid);
+                    let _ = tx.send(Event::KeptClosed(pid, read));
                 }
                 rec.dying = Some(d);
             }
@@ -649,6 +671,7 @@ pub fn run(launch: Launch) -> ExitCode {
             }
             Event::Exited(pid, status) => {
                 kept.remove(&pid);
+                rec.forget(pid);
                 if pending.as_ref().is_some_and(|p| p.pid == pid) {
                     pending = None;
                     warn!("supervisor: the new process {pid} ended ({status}) before taking over");
@@ -658,6 +681,12 @@ pub fn run(launch: Launch) -> ExitCode {
             }
             Event::Signal(sig) => {
                 stopping |= sig == SIGTERM || sig == SIGINT;
+                if rec.dying.is_some() {
+                    // The serving process is gone (its id may be another's now); SIGTERM and
+                    // SIGINT end the daemon once its checkpoints are in, others are dropped.
+                    info!("supervisor: signal {sig} while the serving process is replaced: not forwarded");
+                    continue;
+                }
                 if let Err(e) = sys::signal_process(current.pid, sig) {
                     warn!("supervisor: cannot signal process {}: {e}", current.pid);
                 }
@@ -694,11 +723,20 @@ struct Recovery {
     ready: std::collections::HashSet<u32>,
     /// Recovering processes the supervisor killed (they did not take over).
     killed: std::collections::HashSet<u32>,
+    /// Processes whose checkpoints could not be read to their end.
+    unreadable: std::collections::HashSet<u32>,
     /// The status of the last crash that was not the supervisor's own kill.
     crash_status: Option<ExitStatus>,
 }
 
 impl Recovery {
+    /// Forgets process `pid` (gone: its id may be reused).
+    fn forget(&mut self, pid: u32) {
+        self.closed.remove(&pid);
+        self.ready.remove(&pid);
+        self.unreadable.remove(&pid);
+    }
+
     /// The status to report for `pid`'s end: a crash's own, or, for a recovering process the
     /// supervisor killed, the crash it was recovering from.
     fn status_of(&self, pid: u32, status: ExitStatus) -> ExitStatus {

@@ -66,6 +66,9 @@ pub struct SplitQueue {
     replay: Vec<u16>,
     /// The last take number given (in the record).
     seq: u32,
+    /// Attached once already: a later attach (its rings mapped again after a DMA change)
+    /// keeps the positions, with the chains still out.
+    started: bool,
 }
 
 impl SplitQueue {
@@ -88,6 +91,7 @@ impl SplitQueue {
             recovering: false,
             replay: Vec::new(),
             seq: 0,
+            started: false,
         })
     }
 
@@ -143,11 +147,15 @@ impl SplitQueue {
         let n = u64::from(self.cfg.size);
         let ranges = [(self.cfg.desc, 16 * n), (self.cfg.avail, 6 + 2 * n), (self.cfg.used, 6 + 8 * n)];
         check_mapped(mem, q, &ranges)?;
+        if self.started {
+            // Mapped again after a DMA change under a live queue: where it stands is unchanged
+            // (reading the used index again would take the chains still out a second time).
+            return self.set_notify(mem, false);
+        }
         let used_flags = if self.event_idx { 0 } else { USED_F_NO_NOTIFY };
         mem.store(used_flags.to_le(), GuestAddress(self.cfg.used), Ordering::Relaxed)
             .map_err(|_| QueueError::RingUnmapped(q))?;
-        // Pick up where the used ring is (0 after reset), so a re-attach after a memory change
-        // does not replay requests.
+        // Pick up where the used ring is (0 after reset).
         let used_idx: u16 = mem
             .load(GuestAddress(self.cfg.used + 2), Ordering::Acquire)
             .map_err(|_| QueueError::RingUnmapped(q))?;
@@ -193,6 +201,7 @@ impl SplitQueue {
         if let Some(t) = &self.track {
             t.positions(used_idx, avail, self.seq);
         }
+        self.started = true;
         // Poll mode: no notifications (with EVENT_IDX, an avail_event the driver does not pass).
         self.set_notify(mem, false)
     }
