@@ -7,11 +7,11 @@
 //! completion timed; 200-300 ms into the loop another thread sends SIGKILL to the serving
 //! process. The supervisor starts a new one, which takes the function over from its
 //! checkpoints and answers the requests that were in flight. Per crash: the **time to the
-//! first completion by the new process** (from the kill to the first completion reaped 1 ms
-//! or more after it: the dying process may still complete a few requests in the moment the
-//! signal takes, 0.05-0.9 ms measured, and a new process takes milliseconds to start), the
-//! requests in flight at the kill (issued before it, reaped after it), and the requests that
-//! **failed** (an error reply;
+//! first completion by the new process** (from the kill to the first `EIO`: the new process
+//! answers every request with it, the RAM filesystem's state having died with the old one,
+//! which answered none so; the dying process may still complete requests for a moment after
+//! the signal, 0.05-0.9 ms measured), the requests in flight at the kill (issued before it and
+//! answered by the new process), and the requests that **failed** (an error reply;
 //! the RAM filesystem's state dies with the process, so every request from the kill on fails
 //! until the device is reset: the driver then goes away and the next crash's driver
 //! connects anew). A request that got no answer at all fails the run (the driver's bound is
@@ -37,8 +37,6 @@ const ROOT: u64 = 1;
 const DRIVER_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the loop runs around each crash.
 const LOOP: Duration = Duration::from_millis(700);
-/// How long after SIGKILL a completion can still be the dying process's.
-const OLD_GONE: Duration = Duration::from_millis(1);
 /// How long a new serving process may take to answer the control socket.
 const NEW_PROCESS_BOUND: Duration = Duration::from_secs(20);
 
@@ -255,17 +253,16 @@ fn crash_once(
         .map_err(LiveUpdateError::Io)?;
     let at = killed.lock().unwrap_or_else(|e| e.into_inner()).expect("set before the join");
     let kill_ns = at.saturating_duration_since(base).as_nanos() as u64;
-    // In flight at the kill: issued before it, reaped after it.
-    let in_flight = times.iter().filter(|t| t.1 < kill_ns && t.0 >= kill_ns).count();
-    // The dying process may still complete requests in the moment the signal takes (tens to
-    // hundreds of microseconds measured): the first completion by the new one is the first
-    // reaped [`OLD_GONE`] or more after the kill (a new process takes milliseconds to start).
+    // The new process answers every request of the RAM filesystem with EIO (its state died
+    // with the old one), the old one none: its first completion is the first failed one, and
+    // the requests in flight at the kill are those issued before it and answered by it.
+    let in_flight = times.iter().filter(|t| t.1 < kill_ns && t.2).count();
     let first = times
         .iter()
+        .filter(|t| t.2)
         .map(|t| t.0)
-        .filter(|&t| t >= kill_ns + OLD_GONE.as_nanos() as u64)
         .min()
-        .ok_or_else(|| LiveUpdateError::Daemon("no completion after the kill".into()))?;
+        .ok_or_else(|| LiveUpdateError::Daemon("no request answered by the new process".into()))?;
     let failed = times.iter().filter(|t| t.2).count() as u64;
     let new = wait_new_serving(ctl, old)?;
     daemon.serving = Some(new);
