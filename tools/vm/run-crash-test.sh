@@ -72,7 +72,12 @@ recoveries=$("$DAEMON" stats --control-socket "$CTL" --json 2>/dev/null |
   python3 -c 'import json,sys; print(json.load(sys.stdin).get("recoveries"))' 2>/dev/null || echo "?")
 log "recoveries counted: $recoveries"
 [ "$recoveries" = 1 ] || { log "FAIL: the daemon counts $recoveries recoveries, not 1"; fail=1; }
-grep -a 'supervisor: .*recovery 1' "$OUT/daemon.log" | sed 's/^/  /' >&2 || true
+grep -a 'supervisor: .*recovery 1\|recovered: ' "$OUT/daemon.log" | sed 's/^/  /' >&2 || true
+# The kill found requests in flight (an F_SETLKW waits), and the new process took them again.
+replayed=$(grep -a 'recovered: ' "$OUT/daemon.log" | sed -n 's/.* \([0-9][0-9]*\) chain(s) in flight taken again.*/\1/p' |
+  awk '{s += $1} END {print s + 0}')
+log "chains in flight at the kill, taken again by the new process: $replayed"
+[ "$replayed" -gt 0 ] || { log "FAIL: nothing was in flight at the kill: the stage did not test it"; fail=1; }
 "$DAEMON" stats --control-socket "$CTL" --json 2>/dev/null | python3 -c 'import json,sys; print("checkpoints:", json.load(sys.stdin).get("checkpoints"))' >&2 || true
 kill -TERM "$DPID"
 drc=0; wait "$DPID" || drc=$?

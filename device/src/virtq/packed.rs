@@ -181,6 +181,7 @@ impl PackedQueue {
             let track = self.track.as_ref().ok_or(QueueError::BadConfig(q))?;
             let r = recover_packed(track, &self.cfg, mem).map_err(|e| e.queue_error(q))?;
             self.recovering = false;
+            log::info!("queue {q}: recovered: {} chain(s) in flight taken again", r.in_flight.len());
             (self.next_used, self.used_wrap) = r.next_used;
             (self.next_avail, self.avail_wrap) = r.next_avail;
             self.slots.iter_mut().for_each(|s| *s = 0);

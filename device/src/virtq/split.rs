@@ -176,6 +176,11 @@ impl SplitQueue {
             }
             used_idx = r.next_used;
             avail = r.next_avail;
+            log::info!(
+                "queue {q}: recovered: {} return(s) published, {} chain(s) in flight taken again",
+                r.next_used.wrapping_sub(r.published),
+                r.in_flight.len()
+            );
             self.replay = r.in_flight;
             self.replay.reverse();
             self.seq = r.last_seq;

@@ -14,6 +14,11 @@ dd if=/dev/urandom of=/mnt/data bs=4k count=16 2>/dev/null || { echo "crash: no 
     if dd if=/mnt/data of=/dev/null bs=4k count=1 iflag=direct 2>/dev/null; then echo ok; else echo err; fi
   done ) > /tmp/reads.log &
 loop=$!
+# A request certainly in flight at the kill: an F_SETLKW waiting in the device for a lock
+# another process holds (6 s); the new process must answer it from its in-flight record.
+: > /mnt/lock
+/harness/locktest posix /mnt/lock 6000 > /tmp/locktest.out 2>&1 &
+lock_pid=$!
 sleep 2
 echo "CRASH: go"
 # The host kills the serving process once it sees that line; EIO must come within 60 s and
@@ -32,6 +37,15 @@ sleep 1
 n2=$(wc -l < /tmp/reads.log)
 [ "$n2" -gt "$n1" ] || { echo "crash: reads stopped answering ($n1 then $n2)"; status=FAIL; }
 kill "$loop"; wait "$loop" 2>/dev/null
+# The waiting F_SETLKW was answered (EIO: the lock table died with the process) well before
+# its holder let go.
+wait "$lock_pid"
+cat /tmp/locktest.out
+if grep -q 'Input/output error' /tmp/locktest.out; then
+  echo "crash: the F_SETLKW in flight at the kill was answered with EIO"
+else
+  echo "crash: the F_SETLKW in flight at the kill was not answered with EIO"; status=FAIL
+fi
 echo "crash: reads $(grep -c ok /tmp/reads.log) ok, $(grep -c err /tmp/reads.log) EIO; the first EIO seen ${secs}s after the go"
 echo "CRASH: seen"
 # Let the device go and take it again: a reset, after which a fresh filesystem serves.
