@@ -762,7 +762,7 @@ mod tests {
     fn a_record_the_rings_contradict_is_refused() {
         let mem = guest_memory(0x20000, None);
         let area = TrackArea::create(2).unwrap();
-        let drv = SplitDriver::new(&mem, cfg());
+        let _drv = SplitDriver::new(&mem, cfg());
         drop(tracked(&area, &mem));
         let t = area.queue(1, SIZE).unwrap();
         let refused = |area: &Arc<TrackArea>| {
@@ -784,7 +784,6 @@ mod tests {
         assert!(refused(&area), "another ring size");
         area.store16(t.base, SIZE);
         assert!(!refused(&area));
-        drop(drv);
         // Not an area of this firmware's.
         let file = crate::memory::memfd("t", 4096).unwrap();
         assert!(matches!(TrackArea::open(file), Err(TrackError::Format(_))));
