@@ -119,9 +119,9 @@ pub struct Profile {
     /// the CPU's cycle counter per batch of requests a queue gives a poll round); `false` keeps
     /// only the counters.
     pub latency_histograms: bool,
-    /// Keep each split queue's in-flight record in shared memory (crash recovery: which chains
-    /// were taken and not returned; three stores per request, no system call). Packed rings are
-    /// not tracked.
+    /// Keep each queue's in-flight record in shared memory (crash recovery: which chains were
+    /// taken and not returned; four stores per request, no system call; a packed ring's also
+    /// copies each chain's descriptors).
     pub inflight_tracking: bool,
     /// Most DMA windows a client may have mapped at once (1 to 65535); past it DMA_MAP fails
     /// ENOSPC. Each window with a descriptor keeps that descriptor open.
