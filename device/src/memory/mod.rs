@@ -20,6 +20,7 @@ use vm_memory::{
     FileOffset, GuestAddress, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap, MemoryRegionAddress,
 };
 
+pub mod shared;
 pub mod sigbus;
 
 /// The guest memory a poller sees: an immutable snapshot of the mapped DMA windows.

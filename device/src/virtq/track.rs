@@ -63,8 +63,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use thiserror::Error;
-use vm_memory::{Bytes, FileOffset, GuestAddress, GuestMemoryRegion, GuestRegionMmap, MemoryRegionAddress};
+use vm_memory::{Bytes, GuestAddress};
 
+use crate::memory::shared::SharedWords;
 use crate::memory::GuestMem;
 use crate::pci::QueueConfig;
 
@@ -139,7 +140,7 @@ impl TrackError {
 /// One function's tracking area: a shared mapping of a memory file, a record per queue.
 #[derive(Debug)]
 pub struct TrackArea {
-    region: GuestRegionMmap<()>,
+    words: SharedWords,
     file: File,
     queues: u32,
 }
@@ -177,11 +178,8 @@ impl TrackArea {
     }
 
     fn map(file: File, len: u64, queues: u32) -> Result<TrackArea, TrackError> {
-        let size = usize::try_from(len).map_err(|_| TrackError::Format("too large".into()))?;
-        let region =
-            GuestRegionMmap::from_range(GuestAddress(0), size, Some(FileOffset::new(file.try_clone()?, 0)))
-                .map_err(|e| TrackError::Map(e.to_string()))?;
-        Ok(TrackArea { region, file, queues })
+        let words = SharedWords::map(&file, len).map_err(TrackError::Map)?;
+        Ok(TrackArea { words, file, queues })
     }
 
     /// The memory file (to hand to the process that keeps it).
@@ -227,49 +225,47 @@ impl TrackArea {
 
     #[inline]
     fn store16(&self, at: u64, v: u16) {
-        let _ = self.region.store(v.to_le(), MemoryRegionAddress(at), Ordering::Release);
+        self.words.store16(at, v);
     }
 
     #[inline]
     fn store32(&self, at: u64, v: u32) {
-        let _ = self.region.store(v.to_le(), MemoryRegionAddress(at), Ordering::Release);
+        self.words.store32(at, v);
     }
 
     fn store64(&self, at: u64, v: u64) {
-        let _ = self.region.write_obj(v.to_le(), MemoryRegionAddress(at));
+        self.words.store64(at, v);
     }
 
     #[inline]
     fn store_bytes(&self, at: u64, b: &[u8]) {
-        let _ = self.region.write_slice(b, MemoryRegionAddress(at));
+        self.words.store_bytes(at, b);
     }
 
     fn load_bytes(&self, at: u64, b: &mut [u8]) {
-        if self.region.read_slice(b, MemoryRegionAddress(at)).is_err() {
-            b.fill(0);
-        }
+        self.words.load_bytes(at, b);
     }
 
     fn load16(&self, at: u64) -> u16 {
-        u16::from_le(self.region.load(MemoryRegionAddress(at), Ordering::Acquire).unwrap_or(0))
+        self.words.load16(at)
     }
 
     fn load32(&self, at: u64) -> u32 {
-        u32::from_le(self.region.load(MemoryRegionAddress(at), Ordering::Acquire).unwrap_or(0))
+        self.words.load32(at)
     }
 
     #[inline]
     fn store64_atomic(&self, at: u64, v: u64) {
-        let _ = self.region.store(v.to_le(), MemoryRegionAddress(at), Ordering::Release);
+        self.words.store64(at, v);
     }
 
     fn load64(&self, at: u64) -> u64 {
-        u64::from_le(self.region.read_obj(MemoryRegionAddress(at)).unwrap_or(0))
+        self.words.load64(at)
     }
 
     /// The mapping's length (for checks).
     pub fn len(&self) -> u64 {
-        self.region.len()
+        self.words.len()
     }
 
     /// Whether the area has no queue.
