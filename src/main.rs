@@ -225,7 +225,8 @@ struct Args {
     /// unasked (a crash, SIGKILL) before it gives up: at most N times in SECONDS (`0/0`: it
     /// does not; the daemon ends with the serving process, as before). The new process takes
     /// every function over from the checkpoints the supervisor kept: the client connections
-    /// stay and no request hangs (DESIGN.md, "Crash recovery").
+    /// stay and the requests in flight are answered (a queue whose rings contradict its
+    /// in-flight record asks for a reset instead; DESIGN.md, "Crash recovery").
     #[arg(long, value_name = "N/SECONDS", default_value = "5/60", requires = "live_update")]
     crash_limit: String,
     /// Refused (exit status 2), as are --migration-on-error, --migration-verify-handles and

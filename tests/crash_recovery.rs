@@ -231,3 +231,41 @@ fn a_request_waiting_through_an_update_is_answered_after_a_crash() {
         assert!(eio(r), "{ring:?}: the SETLKW waiting through the update: {shown}");
     }
 }
+
+/// A guest that corrupts its rings while the serving process dies (here: a used index no
+/// device wrote) gets a clean error from the new process: the in-flight record and the rings
+/// disagree, so that queue is not trusted; the device asks for a reset (DEVICE_NEEDS_RESET),
+/// the daemon serves on, and a reset brings the function back.
+#[test]
+fn rings_that_contradict_the_record_get_a_reset_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let _d = daemon(dir.path(), &[]);
+    let ctl = dir.path().join("ctl.sock");
+    let sock = dir.path().join("fs.sock");
+    let mut d = FsDriver::connect(&sock, options(RingLayout::Split)).unwrap();
+    d.init().unwrap();
+    let (e, o) = d.create(ROOT, "f", 0o644, libc::O_RDWR as u32).unwrap();
+    let lock = LockReq { fh: o.fh, owner: 1, typ: libc::F_WRLCK, start: 0, end: 9, pid: 1, flock: false };
+    d.setlk(e.nodeid, &lock).unwrap();
+    let _waiting = d.submit_lk(1, opcode::SETLKW, e.nodeid, &LockReq { owner: 2, pid: 2, ..lock }).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    // The used index 1000 ahead of what the device published: more returns than a ring holds.
+    let (_, _, used) = d.queue_addrs(1);
+    let idx = d.memory().read_vec(used + 2, 2).unwrap();
+    let bad = u16::from_le_bytes([idx[0], idx[1]]).wrapping_add(1000);
+    d.memory().write(used + 2, &bad.to_le_bytes()).unwrap();
+    let old = device(&ctl)["pid"].as_u64().unwrap();
+    kill(old);
+    let now = new_serving(&ctl, old);
+    assert_eq!(now["recoveries"].as_u64(), Some(1), "{now}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while d.transport().status().unwrap() & 0x40 == 0 {
+        assert!(Instant::now() < deadline, "no DEVICE_NEEDS_RESET after a contradicted record");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The daemon serves on: a new client (a reset) gets a working function.
+    drop(d);
+    let mut d = FsDriver::connect(&sock, options(RingLayout::Split)).unwrap();
+    d.init().unwrap();
+    d.create(ROOT, "again", 0o644, libc::O_RDWR as u32).unwrap();
+}

@@ -195,7 +195,7 @@ impl TrackArea {
         t.area.store16(t.base + 6, 0);
         t.set_avail(0, 0);
         for h in 0..size {
-            t.area.store64_atomic(t.slot(h), 0);
+            t.area.store64(t.slot(h), 0);
         }
         Some(t)
     }
@@ -207,7 +207,7 @@ impl TrackArea {
         t.area.store16(t.base, size);
         t.area.store16(t.base + 6, KIND_PACKED);
         t.set_avail(pos(0, true), 0);
-        t.area.store64_atomic(t.base + 16, u64::from(pos(0, true)));
+        t.area.store64(t.base + 16, u64::from(pos(0, true)));
         for id in 0..size {
             t.area.store32(t.entry(id), 0);
         }
@@ -233,10 +233,6 @@ impl TrackArea {
         self.words.store32(at, v);
     }
 
-    fn store64(&self, at: u64, v: u64) {
-        self.words.store64(at, v);
-    }
-
     #[inline]
     fn store_bytes(&self, at: u64, b: &[u8]) {
         self.words.store_bytes(at, b);
@@ -255,7 +251,7 @@ impl TrackArea {
     }
 
     #[inline]
-    fn store64_atomic(&self, at: u64, v: u64) {
+    fn store64(&self, at: u64, v: u64) {
         self.words.store64(at, v);
     }
 
@@ -291,7 +287,7 @@ impl QueueTrack {
     /// The next avail position and the number of the last take that moved it (one store).
     #[inline]
     fn set_avail(&self, avail: u16, seq: u32) {
-        self.area.store64_atomic(self.base + 8, u64::from(avail) | u64::from(seq) << 32);
+        self.area.store64(self.base + 8, u64::from(avail) | u64::from(seq) << 32);
     }
 
     /// [`Self::set_avail`]'s pair, as stored.
@@ -303,7 +299,7 @@ impl QueueTrack {
     /// Head `head` was taken from avail position `at`, as take number `seq` (never 0).
     #[inline]
     pub fn taken(&self, head: u16, at: u16, seq: u32) {
-        self.area.store64_atomic(self.slot(head), split_slot(at, seq));
+        self.area.store64(self.slot(head), split_slot(at, seq));
         self.set_avail(at.wrapping_add(1), seq);
     }
 
@@ -311,7 +307,7 @@ impl QueueTrack {
     #[inline]
     pub fn pushed(&self, head: u16, next_used: u16) {
         self.area.store16(self.base + 4, next_used);
-        self.area.store64_atomic(self.slot(head), 0);
+        self.area.store64(self.slot(head), 0);
     }
 
     /// The queue (re)attached at used position `used` and avail position `avail`, its last
@@ -357,7 +353,7 @@ impl QueueTrack {
     #[inline]
     pub fn packed_pushed(&self, id: u16, seq: u32, used: (u16, bool)) {
         let last = u64::from(pos(used.0, used.1)) | u64::from(id) << 16 | u64::from(seq) << 32;
-        self.area.store64_atomic(self.base + 16, last);
+        self.area.store64(self.base + 16, last);
         self.area.store32(self.entry(id), 0);
     }
 
@@ -365,7 +361,7 @@ impl QueueTrack {
     /// take's number).
     pub fn packed_positions(&self, used: (u16, bool), avail: (u16, bool), seq: u32) {
         self.set_avail(pos(avail.0, avail.1), seq);
-        self.area.store64_atomic(self.base + 16, u64::from(pos(used.0, used.1)));
+        self.area.store64(self.base + 16, u64::from(pos(used.0, used.1)));
     }
 
     /// Whether the record is a packed ring's.
@@ -454,7 +450,7 @@ pub fn recover_split(
             .map_err(|_| TrackError::Unmapped(q))?;
         let head =
             u16::try_from(id).ok().filter(|&h| h < size).ok_or_else(|| bad(format!("used entry {id}")))?;
-        track.area.store64_atomic(track.slot(head), 0);
+        track.area.store64(track.slot(head), 0);
     }
     let mut in_flight: Vec<(u32, u16)> = Vec::new();
     for head in 0..size {
@@ -470,7 +466,7 @@ pub fn recover_split(
         // moved `avail`): taken again from the avail ring. A chain may stay out for any number
         // of laps, so positions say nothing here.
         if seq == next_seq(taken_seq) {
-            track.area.store64_atomic(track.slot(head), 0);
+            track.area.store64(track.slot(head), 0);
             continue;
         }
         in_flight.push((seq, head));
@@ -728,12 +724,12 @@ mod tests {
         let t = area.queue(1, SIZE).unwrap();
         let a = drv.push(&[Buf::writable(0x8000, 64)]);
         // Taking `a` at position 0, killed before `avail` moved.
-        area.store64_atomic(t.slot(a), split_slot(0, 1));
+        area.store64(t.slot(a), split_slot(0, 1));
         let mut q = recovered(area.file(), &mem);
         assert_eq!(take_all(&mut q, &mem), vec![a], "taken once, as a new chain");
         // Returning `a` at used position 0: `pushed` stored, killed before the slot's clear.
         q.push_used(&mem, a, 5).unwrap();
-        area.store64_atomic(t.slot(a), split_slot(0, 1));
+        area.store64(t.slot(a), split_slot(0, 1));
         drop(q);
         let mut q = recovered(area.file(), &mem);
         assert_eq!(drv.next_used(), Some((a, 5)));
@@ -769,13 +765,13 @@ mod tests {
         t.positions(SIZE + 1, SIZE + 1, 0);
         assert!(refused(&area), "returns written past the ring");
         t.positions(0, 0, 0);
-        area.store64_atomic(t.slot(3), 0xdead_beef);
+        area.store64(t.slot(3), 0xdead_beef);
         assert!(refused(&area), "a slot of another format");
-        area.store64_atomic(t.slot(3), split_slot(0xffff, 0));
+        area.store64(t.slot(3), split_slot(0xffff, 0));
         assert!(refused(&area), "no take number");
-        area.store64_atomic(t.slot(3), split_slot(0xfff0, 7));
+        area.store64(t.slot(3), split_slot(0xfff0, 7));
         assert!(refused(&area), "in flight, nothing outstanding");
-        area.store64_atomic(t.slot(3), 0);
+        area.store64(t.slot(3), 0);
         area.store16(t.base, 4);
         assert!(refused(&area), "another ring size");
         area.store16(t.base, SIZE);
@@ -886,7 +882,7 @@ mod tests {
         assert_eq!(take_lens(&mut q, &mem).map(|x| x.0), Some(4));
         let (last, entry) = (area.load64(t.base + 16), area.load32(t.entry(4)));
         q.push_used(&mem, 4, 7).unwrap();
-        area.store64_atomic(t.base + 16, last);
+        area.store64(t.base + 16, last);
         area.store32(t.entry(4), entry);
         drop(q);
         let mut q = packed_recovered(area.file(), &mem);

@@ -203,6 +203,12 @@ impl FsDriver {
         self.queues[usize::from(q)].vq.size()
     }
 
+    /// The addresses of queue `q`'s rings (split: descriptor table, avail ring, used ring;
+    /// packed: descriptor ring, driver and device event areas), for tests that write them.
+    pub fn queue_addrs(&self, q: u16) -> (u64, u64, u64) {
+        self.queues[usize::from(q)].vq.addrs()
+    }
+
     /// MSI-X vector of queue `q`.
     pub fn queue_vector(&self, q: u16) -> u16 {
         self.queues[usize::from(q)].vector
