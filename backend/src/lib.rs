@@ -24,6 +24,7 @@ pub mod passthrough;
 pub mod ramfs;
 pub mod request;
 pub mod server;
+pub mod session_record;
 pub mod types;
 
 pub use passthrough::PassthroughFs;

@@ -14,11 +14,12 @@
 //! NFSv3.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::conn::{Conn, ConnConfig, Cred};
 use super::engine::NfsEngine;
+use super::keep::{KeptMount, NfsKeep};
 use super::nodes::{HandleTable, NodeTable};
 use super::setup::{self, SetupError};
 pub use super::shared::Limits;
@@ -46,6 +47,9 @@ pub struct NfsOptions {
     pub max_nodes: usize,
     /// The UNSTABLE replay store's bound in bytes; 0: every WRITE goes FILE_SYNC.
     pub unstable_bytes: usize,
+    /// Keep the node table, the handles and the UNSTABLE store's index in records another
+    /// process reads after a crash (`keep`; the daemon's supervisor holds them).
+    pub keep: bool,
 }
 
 impl NfsOptions {
@@ -70,6 +74,7 @@ impl NfsOptions {
             slots_per_poller: Self::SLOTS,
             max_nodes: Self::MAX_NODES,
             unstable_bytes: Self::UNSTABLE_BYTES,
+            keep: false,
         }
     }
 }
@@ -137,6 +142,8 @@ pub struct NfsFs {
     export: String,
     /// Handed over to another process (a live update): leave the mount to it at the end.
     given: AtomicBool,
+    /// The records kept for a crash, when [`NfsOptions::keep`].
+    keep: Option<Arc<NfsKeep>>,
 }
 
 impl std::fmt::Debug for NfsFs {
@@ -221,12 +228,50 @@ impl NfsFs {
             handles: HandleTable::new(opts.max_nodes),
             unstable: UnstableStore::new(opts.unstable_bytes).map_err(NfsError::Store)?,
         };
+        let keep = if opts.keep {
+            let mount = KeptMount {
+                export: opts.url.export.clone(),
+                root: mounted.root.as_bytes().to_vec(),
+                nfs_addr: mounted.nfs_addr,
+                mount_addr: mounted.mount_addr,
+                limits: (limits.read, limits.write, limits.dir, limits.max_file),
+            };
+            let k = NfsKeep::create(
+                &mount,
+                opts.max_nodes.max(2),
+                opts.max_nodes.max(1),
+                tables.unstable.pages(),
+            )
+            .map_err(NfsError::Store)?;
+            Some(Arc::new(k))
+        } else {
+            None
+        };
+        if let Some(k) = &keep {
+            tables.keep_in(k);
+        }
         let shared = shared(&opts, limits, mounted, tables, 0, Vec::new());
-        Ok(NfsFs { export: opts.url.export.clone(), shared, given: AtomicBool::new(false) })
+        Ok(NfsFs { export: opts.url.export.clone(), shared, given: AtomicBool::new(false), keep })
     }
 
-    pub(super) fn from_parts(export: String, shared: Shared, given: AtomicBool) -> NfsFs {
-        NfsFs { export, shared, given }
+    pub(super) fn from_parts(
+        export: String,
+        shared: Shared,
+        given: AtomicBool,
+        keep: Option<Arc<NfsKeep>>,
+    ) -> NfsFs {
+        NfsFs { export, shared, given, keep }
+    }
+
+    /// The memfd of the records kept for a crash, and of the UNSTABLE store's bytes (for the
+    /// supervisor to hold); `None` unless [`NfsOptions::keep`].
+    pub fn kept_files(&self) -> Option<std::io::Result<(std::fs::File, std::fs::File)>> {
+        let keep = self.keep.as_ref()?;
+        Some((|| {
+            let records = keep.memfd().try_clone_to_owned()?;
+            let data = self.shared.unstable.memfd()?;
+            Ok((std::fs::File::from(records), data))
+        })())
     }
 
     pub(super) fn shared(&self) -> &Shared {
@@ -286,6 +331,15 @@ pub(super) struct Tables {
     pub(super) nodes: NodeTable,
     pub(super) handles: HandleTable,
     pub(super) unstable: UnstableStore,
+}
+
+impl Tables {
+    /// Keeps every table in `keep` from now on, writing what they hold first.
+    pub(super) fn keep_in(&self, keep: &Arc<NfsKeep>) {
+        self.nodes.keep_in(keep.clone());
+        self.handles.keep_in(keep.clone());
+        self.unstable.keep_in(keep.clone());
+    }
 }
 
 /// What the pollers' engines share, for the export `opts` names, mounted as `mounted`; `verf`:

@@ -20,6 +20,7 @@ pub mod conn;
 mod convert;
 pub mod engine;
 pub mod fs;
+pub mod keep;
 pub mod nodes;
 pub mod setup;
 pub mod shared;

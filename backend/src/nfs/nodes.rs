@@ -21,8 +21,9 @@
 //! behind a short mutex each, like the RAM filesystem's state: every operation is a few array
 //! accesses under it, nothing allocates after construction.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::keep::{KeptHandle, NfsKeep};
 use crate::filesystem::Error;
 use crate::nfs::wire::nfs3::Fh;
 
@@ -59,6 +60,8 @@ struct Inner {
     live: usize,
     /// Open handles of all nodes together.
     opens: u64,
+    /// The records kept for a crash (`nfs::keep`), written as nodes change.
+    keep: Option<Arc<NfsKeep>>,
 }
 
 /// Node ids ↔ NFS file handles (see the module documentation).
@@ -174,6 +177,9 @@ impl Inner {
         let n = &mut self.nodes[i];
         n.live = false;
         n.generation = n.generation.wrapping_add(1);
+        if let Some(k) = &self.keep {
+            k.node_gone(i, n.generation);
+        }
         self.free.push(i as u32);
         self.live -= 1;
         true
@@ -189,8 +195,14 @@ impl NodeTable {
         let h = hash(&root);
         nodes.push(Node { fh: root, hash: h, generation: 0, live: true, nlookup: 1, opens: 0, silly: None });
         let buckets = (max * 2).next_power_of_two();
-        let mut inner =
-            Inner { nodes, free: Vec::with_capacity(max), index: vec![EMPTY; buckets], live: 1, opens: 0 };
+        let mut inner = Inner {
+            nodes,
+            free: Vec::with_capacity(max),
+            index: vec![EMPTY; buckets],
+            live: 1,
+            opens: 0,
+            keep: None,
+        };
         inner.insert_index(0, h);
         NodeTable { inner: Mutex::new(inner), max }
     }
@@ -221,7 +233,11 @@ impl NodeTable {
         if let Some(i) = inner.find(fh, h) {
             let n = &mut inner.nodes[i as usize];
             n.nlookup = n.nlookup.saturating_add(1);
-            return Ok(nodeid(i, n.generation));
+            let (nlookup, generation) = (n.nlookup, n.generation);
+            if let Some(k) = &inner.keep {
+                k.node_lookups(i as usize, nlookup);
+            }
+            return Ok(nodeid(i, generation));
         }
         let i = match inner.free.pop() {
             Some(i) => i,
@@ -235,6 +251,9 @@ impl NodeTable {
                     opens: 0,
                     silly: None,
                 });
+                if let Some(k) = &inner.keep {
+                    k.node_slots(inner.nodes.len());
+                }
                 (inner.nodes.len() - 1) as u32
             }
             None => return Err(FULL),
@@ -247,6 +266,9 @@ impl NodeTable {
         n.opens = 0;
         n.silly = None;
         let generation = n.generation;
+        if let Some(k) = &inner.keep {
+            k.node_made(i as usize, generation, fh);
+        }
         inner.insert_index(i, h);
         inner.live += 1;
         Ok(nodeid(i, generation))
@@ -259,6 +281,10 @@ impl NodeTable {
         let Some((i, _)) = inner.node(nodeid) else { return false };
         let node = &mut inner.nodes[i];
         node.nlookup = node.nlookup.saturating_sub(n);
+        let nlookup = node.nlookup;
+        if let Some(k) = &inner.keep {
+            k.node_lookups(i, nlookup);
+        }
         inner.release_if_unused(i)
     }
 
@@ -282,6 +308,9 @@ impl NodeTable {
         }
         node.opens -= 1;
         let silly = if node.opens == 0 { node.silly.take() } else { None };
+        if let (Some(k), Some(_)) = (&inner.keep, silly) {
+            k.node_silly(i, None);
+        }
         inner.opens = inner.opens.saturating_sub(1);
         inner.release_if_unused(i);
         silly
@@ -303,8 +332,11 @@ impl NodeTable {
 
     /// `nodeid` was unlinked while open: renamed to [`silly_name`] in directory `dir`.
     pub fn set_silly(&self, nodeid: u64, dir: Fh) {
-        if let Some(n) = self.lock().node_mut(nodeid) {
-            n.silly = Some(dir);
+        let mut inner = self.lock();
+        let Some((i, _)) = inner.node(nodeid) else { return };
+        inner.nodes[i].silly = Some(dir);
+        if let Some(k) = &inner.keep {
+            k.node_silly(i, Some(&dir));
         }
     }
 
@@ -321,10 +353,31 @@ impl NodeTable {
                 inner.nodes[i].nlookup = 0;
                 inner.nodes[i].opens = 0;
                 inner.nodes[i].silly = None;
+                if let Some(k) = &inner.keep {
+                    k.node_silly(i, None);
+                    k.node_lookups(i, 0);
+                }
                 inner.release_if_unused(i);
             }
         }
         inner.opens = 0;
+    }
+
+    /// Keeps the table in `keep` from now on (crash recovery, `nfs::keep`), writing every
+    /// slot it holds first.
+    pub(super) fn keep_in(&self, keep: Arc<NfsKeep>) {
+        let mut inner = self.lock();
+        for (i, n) in inner.nodes.iter().enumerate() {
+            if n.live {
+                keep.node_made(i, n.generation, &n.fh);
+                keep.node_lookups(i, n.nlookup);
+                keep.node_silly(i, n.silly.as_ref());
+            } else {
+                keep.node_gone(i, n.generation);
+            }
+        }
+        keep.node_slots(inner.nodes.len());
+        inner.keep = Some(keep);
     }
 
     /// Live nodes, the root included.
@@ -405,8 +458,14 @@ impl NodeTable {
             silly: None,
         }));
         let buckets = (max * 2).next_power_of_two();
-        let mut inner =
-            Inner { nodes, free: Vec::with_capacity(max), index: vec![EMPTY; buckets], live: 0, opens: 0 };
+        let mut inner = Inner {
+            nodes,
+            free: Vec::with_capacity(max),
+            index: vec![EMPTY; buckets],
+            live: 0,
+            opens: 0,
+            keep: None,
+        };
         for n in &state.live {
             let i = n.index as usize;
             let f = fh(&n.fh)?;
@@ -469,6 +528,20 @@ pub struct OpenFile {
 struct Handles {
     slots: Vec<(u32, Option<OpenFile>)>,
     free: Vec<u32>,
+    /// The records kept for a crash (`nfs::keep`), written as handles change.
+    keep: Option<Arc<NfsKeep>>,
+}
+
+impl OpenFile {
+    fn kept(&self) -> KeptHandle {
+        KeptHandle {
+            nodeid: self.nodeid,
+            flags: self.flags,
+            dir: self.dir,
+            cookieverf: self.cookieverf,
+            eof_at: self.eof_at,
+        }
+    }
 }
 
 /// The device-side open handles (see the module documentation): a preallocated table, handle
@@ -489,7 +562,7 @@ impl HandleTable {
         let max = max.clamp(1, u32::MAX as usize / 4);
         let slots = vec![(0u32, None); max];
         let free = (0..max as u32).rev().collect();
-        HandleTable { inner: Mutex::new(Handles { slots, free }) }
+        HandleTable { inner: Mutex::new(Handles { slots, free, keep: None }) }
     }
 
     fn lock(&self) -> MutexGuard<'_, Handles> {
@@ -503,7 +576,11 @@ impl HandleTable {
         let slot = &mut h.slots[i as usize];
         slot.0 = slot.0.wrapping_add(1);
         slot.1 = Some(file);
-        Ok(nodeid(i, slot.0))
+        let generation = slot.0;
+        if let Some(k) = &h.keep {
+            k.handle_opened(i as usize, generation, &file.kept());
+        }
+        Ok(nodeid(i, generation))
     }
 
     /// The open file of `fh`, if it is open.
@@ -518,10 +595,14 @@ impl HandleTable {
     pub fn set_cookieverf(&self, fh: u64, verf: [u8; 8], eof_at: u64) {
         let Some((i, generation)) = split(fh) else { return };
         let mut h = self.lock();
+        let h = &mut *h;
         if let Some((g, Some(f))) = h.slots.get_mut(i) {
             if *g == generation {
                 f.cookieverf = verf;
                 f.eof_at = eof_at;
+                if let Some(k) = &h.keep {
+                    k.handle_cookie(i, verf, eof_at);
+                }
             }
         }
     }
@@ -532,6 +613,9 @@ impl HandleTable {
         let mut h = self.lock();
         let slot = h.slots.get_mut(i).filter(|s| s.0 == generation)?;
         let file = slot.1.take()?;
+        if let Some(k) = &h.keep {
+            k.handle_closed(i, generation);
+        }
         h.free.push(i as u32);
         Some(file)
     }
@@ -570,9 +654,24 @@ impl HandleTable {
         let h = &mut *h;
         h.free.clear();
         for (i, s) in h.slots.iter_mut().enumerate().rev() {
-            s.1 = None;
+            if let (Some(k), Some(_)) = (&h.keep, s.1.take()) {
+                k.handle_closed(i, s.0);
+            }
             h.free.push(i as u32);
         }
+    }
+
+    /// Keeps the table in `keep` from now on (crash recovery, `nfs::keep`), writing every
+    /// slot first.
+    pub(super) fn keep_in(&self, keep: Arc<NfsKeep>) {
+        let mut h = self.lock();
+        for (i, s) in h.slots.iter().enumerate() {
+            match &s.1 {
+                Some(f) => keep.handle_opened(i, s.0, &f.kept()),
+                None => keep.handle_closed(i, s.0),
+            }
+        }
+        h.keep = Some(keep);
     }
 }
 

@@ -17,10 +17,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::fs::{shared, NfsFs, NfsOptions, NfsStats, Tables};
-use super::nodes::{HandleTable, NodeTable, NodeTableState, OpenFile};
+use super::keep::{KeptMount, KeptVerf, NfsKeep};
+use super::nodes::{HandleTable, NodeState, NodeTable, NodeTableState, OpenFile};
 use super::setup::Mounted;
 use super::shared::{EngineCell, Limits};
-use super::unstable::{UnstableState, UnstableStore};
+use super::unstable::{EntryState, UnstableState, UnstableStore};
 use super::wire::nfs3::Fh;
 
 /// The format version this firmware writes and reads.
@@ -78,9 +79,39 @@ impl NfsFs {
     }
 
     /// The backend `state` describes, for the export `opts` names (its limits and timeouts
-    /// this process's own), its UNSTABLE store over `data`, the predecessor's memfd. Nothing is
-    /// sent to the server: the pollers connect as at start.
-    pub fn restore(opts: NfsOptions, state: &NfsState, data: File) -> Result<NfsFs, String> {
+    /// this process's own), its UNSTABLE store over `data`, the predecessor's memfd; with
+    /// [`NfsOptions::keep`], its tables kept in `records` (the predecessor's, when it kept them
+    /// and they fit: the same records go on), else in new ones. Nothing is sent to the server:
+    /// the pollers connect as at start.
+    pub fn restore(
+        opts: NfsOptions,
+        state: &NfsState,
+        data: File,
+        records: Option<File>,
+    ) -> Result<NfsFs, String> {
+        let keep = match records {
+            Some(r) if opts.keep => Some(NfsKeep::open(r)?),
+            _ => None,
+        };
+        Self::restore_kept(opts, state, data, keep)
+    }
+
+    /// The backend whose tables a process killed while it served kept in `records` (crash
+    /// recovery, issue 24), for the export `opts` names, its UNSTABLE store over `data`. The
+    /// writes that had no answer from the server are dropped (their requests run again); the
+    /// same records go on.
+    pub fn recover(opts: NfsOptions, data: File, records: File) -> Result<NfsFs, String> {
+        let keep = NfsKeep::open(records)?;
+        let state = NfsState::kept(&keep)?;
+        Self::restore_kept(NfsOptions { keep: true, ..opts }, &state, data, Some(keep))
+    }
+
+    fn restore_kept(
+        opts: NfsOptions,
+        state: &NfsState,
+        data: File,
+        keep: Option<NfsKeep>,
+    ) -> Result<NfsFs, String> {
         if state.version != NFS_STATE_VERSION {
             return Err(format!(
                 "NFS state format {}, this firmware reads {NFS_STATE_VERSION}",
@@ -122,7 +153,193 @@ impl NfsFs {
         }
         let mounted = Mounted { root, nfs_addr: state.nfs_addr, mount_addr: state.mount_addr };
         let tables = Tables { nodes, handles, unstable };
+        let keep = match keep {
+            Some(k) if k.fits(opts.max_nodes.max(2), opts.max_nodes.max(1), tables.unstable.pages()) => {
+                Some(k)
+            }
+            Some(_) | None if opts.keep => {
+                let mount = KeptMount {
+                    export: state.export.clone(),
+                    root: state.root.clone(),
+                    nfs_addr: state.nfs_addr,
+                    mount_addr: state.mount_addr,
+                    limits: state.limits,
+                };
+                let (nodes, pages) = (opts.max_nodes.max(2), tables.unstable.pages());
+                Some(
+                    NfsKeep::create(&mount, nodes, opts.max_nodes.max(1), pages)
+                        .map_err(|e| format!("the NFS records: {e}"))?,
+                )
+            }
+            _ => None,
+        };
+        let keep = keep.map(Arc::new);
+        if let Some(k) = &keep {
+            tables.keep_in(k);
+        }
         let shared = shared(&opts, limits, mounted, tables, state.verf, vec![Arc::new(base)]);
-        Ok(NfsFs::from_parts(opts.url.export.clone(), shared, AtomicBool::new(false)))
+        Ok(NfsFs::from_parts(opts.url.export.clone(), shared, AtomicBool::new(false), keep))
+    }
+}
+
+impl NfsState {
+    /// The state records kept for a crash describe ([`NfsKeep`]): no counters, the
+    /// exclusive-create counter from 0 (its verifiers also hold the time), and without the
+    /// writes whose WRITE had no answer (their requests run again; `keep_in` clears them).
+    pub fn kept(keep: &NfsKeep) -> Result<NfsState, String> {
+        let mount = keep.mount()?;
+        let mut handles = Vec::new();
+        let mut opens: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
+        for i in 0..keep.handle_room() {
+            let Some((generation, open)) = keep.handle_record(i) else { continue };
+            let file = open.map(|h| OpenFile {
+                nodeid: h.nodeid,
+                flags: h.flags,
+                dir: h.dir,
+                cookieverf: h.cookieverf,
+                eof_at: h.eof_at,
+            });
+            if let Some(f) = &file {
+                *opens.entry(f.nodeid).or_default() += 1;
+            }
+            handles.push((i as u32, generation, file));
+        }
+        let slots = keep.node_slots_used()?;
+        let mut generations = Vec::with_capacity(slots);
+        let mut live = Vec::new();
+        for i in 0..slots {
+            let (generation, node) = keep.node_record(i)?;
+            generations.push(generation);
+            let Some(n) = node else { continue };
+            let nodeid = (u64::from(generation) << 32) | (i as u64 + 1);
+            live.push(NodeState {
+                index: i as u32,
+                fh: n.fh,
+                nlookup: n.nlookup,
+                opens: opens.get(&nodeid).copied().unwrap_or(0),
+                silly: n.silly,
+            });
+        }
+        let (pages, seq, answers, entry_slots) = keep.store_header();
+        let mut entries = Vec::new();
+        for i in 0..entry_slots {
+            let Some(e) = keep.entry_record(i)? else { continue };
+            let verf = match e.verf {
+                KeptVerf::Unknown => continue,
+                KeptVerf::Known(v) => Some(v),
+                KeptVerf::Resend => None,
+            };
+            entries.push(EntryState {
+                file: e.file,
+                fh: e.fh,
+                cred: e.cred,
+                offset: e.offset,
+                len: e.len,
+                pages: e.pages,
+                verf,
+                seq: e.seq,
+                answered: e.answered,
+                slot: Some(i as u32),
+            });
+        }
+        Ok(NfsState {
+            version: NFS_STATE_VERSION,
+            export: mount.export,
+            root: mount.root,
+            nfs_addr: mount.nfs_addr,
+            mount_addr: mount.mount_addr,
+            limits: mount.limits,
+            verf: 0,
+            nodes: NodeTableState { generations, live },
+            handles,
+            unstable: UnstableState { pages, seq, answers, entries, stats: Default::default() },
+            counters: Default::default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nfs::conn::Cred;
+
+    fn fh(n: u32) -> Fh {
+        Fh::new(&[n.to_le_bytes().as_slice(), b"-handle"].concat()).unwrap()
+    }
+
+    /// The tables as a crash's records read them back equal the tables as a live update saves
+    /// them, after a mix of every change (writes with no answer aside: they are dropped).
+    #[test]
+    fn kept_records_read_back_as_the_tables_save() {
+        let mount = KeptMount {
+            export: "/e".into(),
+            root: fh(0).as_bytes().to_vec(),
+            nfs_addr: "127.0.0.1:2049".parse().unwrap(),
+            mount_addr: "127.0.0.1:2050".parse().unwrap(),
+            limits: (65536, 65536, 8192, u64::MAX),
+        };
+        let tables = Tables {
+            nodes: NodeTable::new(fh(0), 64),
+            handles: HandleTable::new(64),
+            unstable: UnstableStore::new(64 * 4096).unwrap(),
+        };
+        // Some state before the records exist, then the records, then more changes.
+        let a = tables.nodes.reference(&fh(1)).unwrap();
+        let keep = Arc::new(NfsKeep::create(&mount, 64, 64, 64).unwrap());
+        tables.keep_in(&keep);
+        let b = tables.nodes.reference(&fh(2)).unwrap();
+        let c = tables.nodes.reference(&fh(3)).unwrap();
+        tables.nodes.reference(&fh(2)).unwrap();
+        tables.nodes.forget(c, 1);
+        let d = tables.nodes.reference(&fh(4)).unwrap();
+        tables.nodes.opened(b).unwrap();
+        let file = |nodeid, dir| OpenFile { nodeid, flags: 2, dir, cookieverf: [0; 8], eof_at: 0 };
+        let hb = tables.handles.open(file(b, false)).unwrap();
+        tables.nodes.opened(a).unwrap();
+        let ha = tables.handles.open(file(a, true)).unwrap();
+        tables.handles.set_cookieverf(ha, *b"cookieve", 42);
+        tables.nodes.set_silly(b, fh(0));
+        tables.nodes.opened(d).unwrap();
+        let hd = tables.handles.open(file(d, false)).unwrap();
+        tables.handles.close(hd);
+        tables.nodes.closed(d);
+        let cred = Cred { uid: 1, gid: 2, ngroups: 1, groups: [3; 16] };
+        let data = vec![7u8; 3 * 4096 + 5];
+        let reader = |bytes: &[u8], f: &mut dyn FnMut(&crate::io::Reader<'_>)| {
+            let mut b = bytes.to_vec();
+            let bufs = [vm_memory::VolatileSlice::from(&mut b[..])];
+            f(&crate::io::Reader::new(&bufs));
+        };
+        let mut ids = Vec::new();
+        for (k, len) in [(0u64, 100usize), (1, 3 * 4096 + 5), (2, 4096)] {
+            reader(&data[..len], &mut |r| {
+                ids.push(tables.unstable.insert(b, &fh(2), &cred, k * 65536, r).unwrap())
+            });
+        }
+        tables.unstable.written(ids[0], *b"verifie1", false);
+        tables.unstable.written(ids[1], *b"verifie1", false);
+        tables.unstable.remove(ids[0]);
+        // ids[2]: its WRITE has no answer yet.
+
+        let kept = NfsState::kept(&keep).unwrap();
+        assert_eq!(kept.nodes, tables.nodes.save());
+        assert_eq!(kept.handles, tables.handles.save());
+        let saved_entries: Vec<_> = {
+            let e = &kept.unstable.entries;
+            assert_eq!(e.len(), 1, "the write with no answer is not read back");
+            e.clone()
+        };
+        assert_eq!(saved_entries[0].len as usize, 3 * 4096 + 5);
+        assert_eq!(saved_entries[0].verf, Some(*b"verifie1"));
+        assert_eq!(saved_entries[0].slot, Some(1));
+        // The store restored from them replays the same bytes.
+        let store =
+            UnstableStore::restore(64 * 4096, &kept.unstable, tables.unstable.memfd().unwrap()).unwrap();
+        let c = store.committed(b, *b"verifie2", u64::MAX);
+        assert_eq!(c.resend, 1);
+        let mut out = vec![0u8; 4 * 4096];
+        let r = store.next_resend(b, &mut out).unwrap();
+        assert_eq!((r.offset, r.len), (65536, 3 * 4096 + 5));
+        assert!(out[..3 * 4096 + 5].iter().all(|&x| x == 7));
     }
 }

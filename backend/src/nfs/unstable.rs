@@ -25,6 +25,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::keep::{KeptVerf, NfsKeep};
 use crate::io::Reader;
 use crate::nfs::conn::Cred;
 use crate::nfs::wire::nfs3::Fh;
@@ -48,6 +49,16 @@ enum Verf {
     Known([u8; 8]),
     /// Parts of it got different verifiers, or a COMMIT showed a restart: send it again.
     Resend,
+}
+
+impl Verf {
+    fn kept(self) -> KeptVerf {
+        match self {
+            Verf::Unknown => KeptVerf::Unknown,
+            Verf::Known(v) => KeptVerf::Known(v),
+            Verf::Resend => KeptVerf::Resend,
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -83,6 +94,8 @@ struct Inner {
     seq: u64,
     /// WRITE replies recorded so far (the horizon of a COMMIT sent now).
     answers: u64,
+    /// The records kept for a crash (`nfs::keep`), written as entries change.
+    keep: Option<Arc<NfsKeep>>,
 }
 
 impl Inner {
@@ -94,6 +107,36 @@ impl Inner {
         if self.entries[i].verf != Verf::Resend {
             self.entries[i].verf = Verf::Resend;
             self.resend += 1;
+            self.keep_verf(i);
+        }
+    }
+
+    /// Writes entry `i`'s verifier and answer number to the kept records.
+    fn keep_verf(&self, i: usize) {
+        if let Some(k) = &self.keep {
+            let e = &self.entries[i];
+            k.entry_verf(i, e.len, e.answered, e.verf.kept());
+        }
+    }
+
+    /// Writes entry `i` whole to the kept records: its page chain, then the entry.
+    fn keep_entry(&self, k: &NfsKeep, i: usize) {
+        let e = &self.entries[i];
+        if !e.live {
+            return k.entry_gone(i);
+        }
+        let mut page = e.first;
+        while page != NONE {
+            let next = self.next[page as usize];
+            k.page_next(page, next);
+            page = next;
+        }
+        k.entry_made(i, e.file, &e.fh, &e.cred, e.offset, e.len, e.first, e.seq, e.answered, e.verf.kept());
+    }
+
+    fn keep_counters(&self) {
+        if let Some(k) = &self.keep {
+            k.store_counters(self.seq, self.answers, self.entries.len());
         }
     }
 
@@ -118,6 +161,9 @@ impl Inner {
             self.resend -= 1;
         }
         self.entries[i].live = false;
+        if let Some(k) = &self.keep {
+            k.entry_gone(i);
+        }
         self.free_entries.push(i as u32);
         self.live -= 1;
     }
@@ -252,6 +298,7 @@ impl UnstableStore {
             resend: 0,
             seq: 0,
             answers: 0,
+            keep: None,
         };
         UnstableStore {
             inner: Mutex::new(inner),
@@ -281,6 +328,16 @@ impl UnstableStore {
             s.bytes_now = bytes;
             s.high_water = s.high_water.max(bytes);
         });
+    }
+
+    /// Pages of the store.
+    pub fn pages(&self) -> usize {
+        self.pages
+    }
+
+    /// A copy of the memfd the store's bytes are in.
+    pub fn memfd(&self) -> std::io::Result<std::fs::File> {
+        Ok(std::fs::File::from(self.lock().data.memfd().try_clone_to_owned()?))
     }
 
     /// Whether anything can be stored at all.
@@ -421,6 +478,10 @@ impl UnstableStore {
             }
         };
         inner.live += 1;
+        if let Some(k) = &inner.keep {
+            inner.keep_entry(k, id as usize);
+        }
+        inner.keep_counters();
         let bytes = self.publish(&inner);
         drop(inner);
         self.bump(|s| {
@@ -451,6 +512,23 @@ impl UnstableStore {
         if inner.entries[i].verf != Verf::Resend && inner.oldest_resend(e.file).is_some_and(|s| s < e.seq) {
             inner.set_resend(i);
         }
+        inner.keep_verf(i);
+        inner.keep_counters();
+    }
+
+    /// Keeps the store in `keep` from now on (crash recovery, `nfs::keep`), writing what it
+    /// holds first: every entry slot, and those past its last cleared.
+    pub(super) fn keep_in(&self, keep: Arc<NfsKeep>) {
+        let mut inner = self.lock();
+        let (_, _, _, kept_slots) = keep.store_header();
+        for i in 0..inner.entries.len() {
+            inner.keep_entry(&keep, i);
+        }
+        for i in inner.entries.len()..kept_slots {
+            keep.entry_gone(i);
+        }
+        inner.keep = Some(keep);
+        inner.keep_counters();
     }
 
     /// Drops entry `id` (its WRITE failed, or the data is stable now).
@@ -611,7 +689,7 @@ impl UnstableStore {
     pub fn save(&self) -> Result<(UnstableState, std::fs::File), String> {
         let inner = self.lock();
         let mut entries = Vec::with_capacity(inner.live);
-        for e in inner.entries.iter().filter(|e| e.live) {
+        for (slot, e) in inner.entries.iter().enumerate().filter(|(_, e)| e.live) {
             let verf = match e.verf {
                 Verf::Unknown => return Err("an UNSTABLE WRITE is on the wire".into()),
                 Verf::Known(v) => Some(v),
@@ -637,6 +715,7 @@ impl UnstableStore {
                 verf,
                 seq: e.seq,
                 answered: e.answered,
+                slot: Some(slot as u32),
             });
         }
         let memfd =
@@ -671,6 +750,7 @@ impl UnstableStore {
         {
             let mut inner = store.lock();
             let mut used = vec![false; pages];
+            let mut unslotted = Vec::new();
             for e in &state.entries {
                 let fh = Fh::new(&e.fh).ok_or("an UNSTABLE entry's file handle")?;
                 if e.cred.2.len() > 16 || e.seq > state.seq || e.answered > state.answers {
@@ -719,9 +799,27 @@ impl UnstableStore {
                     seq: e.seq,
                     answered: e.answered,
                 };
-                inner.entries.push(entry);
+                match e.slot {
+                    Some(s) if (s as usize) < pages => {
+                        let s = s as usize;
+                        if inner.entries.len() <= s {
+                            let dead = Entry { live: false, ..entry };
+                            inner.entries.resize(s + 1, dead);
+                        } else if inner.entries[s].live {
+                            return Err(format!("UNSTABLE entry slot {s} twice"));
+                        }
+                        inner.entries[s] = entry;
+                    }
+                    Some(s) => return Err(format!("UNSTABLE entry slot {s} past the store")),
+                    None => unslotted.push(entry),
+                }
                 inner.live += 1;
             }
+            inner.entries.extend(unslotted);
+            let inner = &mut *inner;
+            inner
+                .free_entries
+                .extend((0..inner.entries.len() as u32).rev().filter(|&i| !inner.entries[i as usize].live));
             // Every other page is free, in order.
             inner.free_page = NONE;
             inner.free_pages = 0;
@@ -782,6 +880,10 @@ pub struct EntryState {
     pub seq: u64,
     /// Its place in the order of answers.
     pub answered: u64,
+    /// Its slot in the store (kept so that the crash records, `nfs::keep`, name the same
+    /// entries after a live update); `None`: the next free one.
+    #[serde(default)]
+    pub slot: Option<u32>,
 }
 
 #[cfg(test)]

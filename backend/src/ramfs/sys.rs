@@ -152,6 +152,86 @@ impl Drop for SharedBytes {
     }
 }
 
+/// Little-endian 64-bit words in a memfd, mapped shared, each read and written with one atomic
+/// load or store: a record another process reads after this one is killed (the NFS backend's
+/// kept tables, `nfs::keep`). Words are addressed by index; an index past the end is ignored on
+/// a store and reads as 0, so a caller's bad arithmetic cannot reach outside the mapping.
+#[derive(Debug)]
+pub(crate) struct SharedWords {
+    memfd: File,
+    /// The mapping (dangling when `words` is 0).
+    base: NonNull<u8>,
+    words: usize,
+}
+
+// SAFETY: the mapping lives as long as the value and is only reached through atomic loads and
+// stores of aligned words inside it, which are sound from any thread and any process.
+unsafe impl Send for SharedWords {}
+// SAFETY: as above.
+unsafe impl Sync for SharedWords {}
+
+impl SharedWords {
+    /// `words` zero words in a new memfd named `name` (sparse: memory is taken as they are
+    /// written).
+    pub(crate) fn new(name: &str, words: usize) -> io::Result<SharedWords> {
+        let memfd = memfd(name)?;
+        let len = words.checked_mul(8).ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        memfd.set_len(len as u64)?;
+        let base = ChunkStore::map(&memfd, len)?;
+        Ok(SharedWords { memfd, base, words })
+    }
+
+    /// Every whole word of `memfd` (another process's), mapped again.
+    pub(crate) fn from_memfd(memfd: File) -> io::Result<SharedWords> {
+        let len = usize::try_from(memfd.metadata()?.len() / 8)
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+        let base = ChunkStore::map(&memfd, len * 8)?;
+        Ok(SharedWords { memfd, base, words: len })
+    }
+
+    /// The memfd (to give it to the process that keeps it).
+    pub(crate) fn memfd(&self) -> BorrowedFd<'_> {
+        self.memfd.as_fd()
+    }
+
+    /// How many words it holds.
+    pub(crate) fn len(&self) -> usize {
+        self.words
+    }
+
+    fn word(&self, i: usize) -> Option<&std::sync::atomic::AtomicU64> {
+        (i < self.words).then(|| {
+            // SAFETY: `i < words`: the 8 bytes at `8 * i` lie in the mapping, which is
+            // page-aligned (so the word is 8-aligned) and lives as long as `self`; an AtomicU64
+            // has u64's size and alignment, and every access to these bytes is atomic.
+            unsafe { &*(self.base.as_ptr().add(i * 8) as *const std::sync::atomic::AtomicU64) }
+        })
+    }
+
+    /// Word `i` (0 past the end).
+    pub(crate) fn load(&self, i: usize) -> u64 {
+        self.word(i).map_or(0, |w| u64::from_le(w.load(std::sync::atomic::Ordering::Acquire)))
+    }
+
+    /// Stores `v` as word `i` (release order: what was stored before it is seen first by a
+    /// reader that sees it); nothing past the end.
+    pub(crate) fn store(&self, i: usize, v: u64) {
+        if let Some(w) = self.word(i) {
+            w.store(v.to_le(), std::sync::atomic::Ordering::Release);
+        }
+    }
+}
+
+impl Drop for SharedWords {
+    fn drop(&mut self) {
+        if self.words > 0 {
+            // SAFETY: the mapping made in `new` or `from_memfd`, of this length; the references
+            // `word` gave out borrowed `self` and ended with it.
+            unsafe { libc::munmap(self.base.as_ptr().cast(), self.words * 8) };
+        }
+    }
+}
+
 impl ChunkStore {
     /// A store for `bytes` of file data (rounded down to whole chunks), in a memfd named `name`.
     /// The memfd is sparse: memory is taken as chunks are written.
