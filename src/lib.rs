@@ -30,10 +30,10 @@ use std::thread::JoinHandle;
 use virtiofs_backend::filesystem::FileSystem;
 use virtiofs_backend::nfs::fs::NfsStats;
 use virtiofs_backend::passthrough::uring::EngineStats;
-use virtiofs_backend::server::{LockStats, PollerEngine, ServerOptions, Submitted};
+use virtiofs_backend::server::{LockStats, PollerEngine, ReplayStats, ServerOptions, Submitted};
 use virtiofs_backend::Server;
 use virtiofs_device::config::{Placement, Profile};
-use virtiofs_device::poller::{Engine, Outcome, PollerPool, RequestHandler};
+use virtiofs_device::poller::{Engine, Outcome, PollerPool, RequestHandler, Taken};
 use virtiofs_device::stats::{DeviceStats, OpClass, Tally};
 use virtiofs_device::vfio_user::{self, ServerError, StopHandle};
 use vm_memory::VolatileSlice;
@@ -57,6 +57,10 @@ pub struct FuseStats {
     /// guest's INIT), e.g. whether `WRITEBACK_CACHE` (bit 16) is in force.
     #[serde(default)]
     pub init_flags: u64,
+    /// Requests executed again after a crash (taken again from the in-flight record), and
+    /// what the server made of them (DESIGN.md, "Executing again").
+    #[serde(default)]
+    pub replayed: ReplayStats,
 }
 
 /// Serves virtio-fs requests with a FUSE server over filesystem `F`. Each poller gets an engine
@@ -125,6 +129,7 @@ impl<F: FileSystem> FuseHandler<F> {
             io: None,
             nfs: None,
             init_flags: self.server.negotiated(),
+            replayed: self.server.replay_stats(),
         }
     }
 }
@@ -132,14 +137,15 @@ impl<F: FileSystem> FuseHandler<F> {
 impl<F: FileSystem + 'static> RequestHandler for FuseHandler<F> {
     fn handle(
         &self,
-        _queue: u16,
+        taken: Taken,
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
     ) -> (u32, Tally) {
         // Only without pollers' engines ([`FuseHandler::synchronous`]): the one pipeline, on an
         // engine of this call's own that serves at once and parks nothing.
         let class = tally::request_class(readable);
-        let len = match PollerEngine::synchronous(self.server.clone()).submit(0, readable, writable) {
+        let mut engine = PollerEngine::synchronous(self.server.clone());
+        let len = match engine.submit_as(0, taken.replayed, readable, writable) {
             Submitted::Done(len) => len,
             Submitted::Pending | Submitted::Wait(_) => 0,
         };
@@ -201,12 +207,12 @@ impl<F: FileSystem + 'static> Engine for FuseEngine<F> {
     fn submit(
         &mut self,
         id: u64,
-        _queue: u16,
+        taken: Taken,
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
     ) -> (Outcome, Tally) {
         let class = tally::request_class(readable);
-        match self.inner.submit(id, readable, writable) {
+        match self.inner.submit_as(id, taken.replayed, readable, writable) {
             Submitted::Done(len) => (Outcome::Done(len), tally::reply_tally(class, writable, len)),
             Submitted::Pending => {
                 self.pending.bump();

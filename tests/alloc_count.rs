@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use virtiofs_backend::RamFs;
-use virtiofs_device::poller::{Engine, RequestHandler};
+use virtiofs_device::poller::{Engine, RequestHandler, Taken};
 use virtiofs_device::stats::Tally;
 use virtiofs_dpu::config::Profile;
 use virtiofs_dpu::{FuseHandler, RunningDevice};
@@ -26,12 +26,12 @@ struct Marking(FuseHandler<RamFs>);
 impl RequestHandler for Marking {
     fn handle(
         &self,
-        queue: u16,
+        taken: Taken,
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
     ) -> (u32, Tally) {
         counting::count_here(true);
-        self.0.handle(queue, readable, writable)
+        self.0.handle(taken, readable, writable)
     }
 
     /// Called on the poller's thread when it starts: requests then go through the engine (the

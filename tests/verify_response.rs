@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use virtiofs_device::config::Profile;
-use virtiofs_device::poller::RequestHandler;
+use virtiofs_device::poller::{RequestHandler, Taken};
 use virtiofs_device::stats::Tally;
 use virtiofs_dpu::RunningDevice;
 use virtiofs_tools::{DriverError, DriverOptions, FsDriver};
@@ -20,7 +20,7 @@ struct WrongReplies;
 impl RequestHandler for WrongReplies {
     fn handle(
         &self,
-        _queue: u16,
+        _taken: Taken,
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
     ) -> (u32, Tally) {

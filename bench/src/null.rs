@@ -6,7 +6,7 @@
 use vm_memory::VolatileSlice;
 
 use virtiofs_backend::RamFs;
-use virtiofs_device::poller::RequestHandler;
+use virtiofs_device::poller::{RequestHandler, Taken};
 use virtiofs_device::stats::Tally;
 use virtiofs_dpu::FuseHandler;
 
@@ -68,7 +68,7 @@ fn scatter(slices: &[VolatileSlice<'_>], data: &[u8]) -> bool {
 impl RequestHandler for NullData {
     fn handle(
         &self,
-        queue: u16,
+        taken: Taken,
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
     ) -> (u32, Tally) {
@@ -95,6 +95,6 @@ impl RequestHandler for NullData {
                 return (len, Tally::default());
             }
         }
-        self.inner.handle(queue, readable, writable)
+        self.inner.handle(taken, readable, writable)
     }
 }

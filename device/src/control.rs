@@ -653,12 +653,13 @@ impl DeviceState {
 mod tests {
     use super::*;
     use crate::config::Doorbells;
+    use crate::poller::Taken;
     use crate::stats::Tally;
     use vm_memory::VolatileSlice;
 
     struct Nothing;
     impl RequestHandler for Nothing {
-        fn handle(&self, _: u16, _: &[VolatileSlice<'_>], _: &[VolatileSlice<'_>]) -> (u32, Tally) {
+        fn handle(&self, _: Taken, _: &[VolatileSlice<'_>], _: &[VolatileSlice<'_>]) -> (u32, Tally) {
             (0, Tally::default())
         }
     }
@@ -711,7 +712,7 @@ mod tests {
     impl RequestHandler for Echo {
         fn handle(
             &self,
-            _: u16,
+            _: Taken,
             readable: &[VolatileSlice<'_>],
             writable: &[VolatileSlice<'_>],
         ) -> (u32, Tally) {

@@ -256,6 +256,17 @@ pub fn prometheus(r: &StatsReport) -> String {
     for (kind, n) in [("getlk", l.getlk), ("setlk", l.setlk), ("setlkw", l.setlkw)] {
         let _ = writeln!(s, "{P}_lock_requests_total{{kind=\"{kind}\"}} {n}");
     }
+    header(
+        &mut s,
+        "replayed_requests_total",
+        "counter",
+        "Requests executed again after a crash: all, answered as their first execution would have been, refused.",
+    );
+    let p = &r.fuse.replayed;
+    for (kind, n) in [("all", p.requests), ("answered_as_first", p.answered_as_first), ("refused", p.refused)]
+    {
+        let _ = writeln!(s, "{P}_replayed_requests_total{{kind=\"{kind}\"}} {n}");
+    }
     s
 }
 

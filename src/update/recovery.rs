@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use virtiofs_backend::abi::{InHeader, OutHeader};
-use virtiofs_device::poller::{Engine, Outcome, RequestHandler};
+use virtiofs_device::poller::{Engine, Outcome, RequestHandler, Taken};
 use virtiofs_device::stats::{OpClass, Tally};
 use virtiofs_device::vfio_user::handover::{CheckpointSink, ServerHandover};
 use vm_memory::VolatileSlice;
@@ -253,7 +253,7 @@ impl Engine for EndingEngine {
     fn submit(
         &mut self,
         id: u64,
-        queue: u16,
+        taken: Taken,
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
     ) -> (Outcome, Tally) {
@@ -261,7 +261,7 @@ impl Engine for EndingEngine {
             let (len, tally) = end_request(readable, writable);
             return (Outcome::Done(len), tally);
         }
-        self.inner.submit(id, queue, readable, writable)
+        self.inner.submit(id, taken, readable, writable)
     }
 
     fn poll(&mut self, done: &mut dyn FnMut(u64, u32, Tally)) -> usize {
@@ -299,12 +299,12 @@ const NO_REPLY: [u32; 2] = [2, 42];
 impl RequestHandler for Ending {
     fn handle(
         &self,
-        queue: u16,
+        taken: Taken,
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
     ) -> (u32, Tally) {
         if let Some(inner) = self.inner.as_ref().filter(|_| !self.ended.load(Ordering::Acquire)) {
-            return inner.handle(queue, readable, writable);
+            return inner.handle(taken, readable, writable);
         }
         end_request(readable, writable)
     }

@@ -264,7 +264,7 @@ impl FileSystem for PassthroughFs {
     }
 
     fn write(&self, ctx: &Context, ino: u64, args: &WriteArgs, r: &mut Reader<'_>) -> Result<usize> {
-        let WriteArgs { fh, offset, size, write_flags } = *args;
+        let WriteArgs { fh, offset, size, write_flags, .. } = *args;
         let h = self.file_handle(fh, ino)?;
         let size = size as usize;
         // The caller's ids matter only for clearing set-user-id/set-group-id (the host does it

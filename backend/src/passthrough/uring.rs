@@ -261,7 +261,7 @@ impl Ring {
                 data.iovecs(&mut slot.iov);
                 (Kind::Read, fh, offset, size as usize)
             }
-            Op::Write { args: WriteArgs { fh, offset, size, write_flags }, data: ref payload } => {
+            Op::Write { args: WriteArgs { fh, offset, size, write_flags, .. }, data: ref payload } => {
                 // Clearing set-user-id needs the writer's identity: the synchronous path has it.
                 if !fs.session_has(abi::init::HANDLE_KILLPRIV_V2)
                     || write_flags & abi::write_flags::KILL_SUIDGID != 0

@@ -204,7 +204,7 @@ impl RamFs {
         args: &WriteArgs,
         r: &mut Reader<'_>,
     ) -> Result<usize> {
-        let WriteArgs { fh, offset, size, write_flags } = *args;
+        let WriteArgs { fh, offset, size, write_flags, .. } = *args;
         let h = self.handle(fh, ino)?;
         if h.flags & O_ACCMODE == O_RDONLY {
             return Err(Error::BadHandle);

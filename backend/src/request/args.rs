@@ -92,6 +92,9 @@ pub struct WriteArgs {
     pub size: u32,
     /// [`crate::abi::write_flags`].
     pub write_flags: u32,
+    /// The `open(2)` flags of the file written through, as the kernel sends them with every
+    /// WRITE (`fuse_write_in.flags`: `O_APPEND`, `O_DIRECT`, `O_SYNC`, ...).
+    pub flags: u32,
 }
 
 /// CREATE's arguments.

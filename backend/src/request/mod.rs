@@ -526,6 +526,7 @@ fn decode_data<'a>(op: u32, mut r: Reader<'a>) -> Result<Op<'a>> {
                     offset: arg.offset,
                     size: arg.size,
                     write_flags: arg.write_flags,
+                    flags: arg.flags,
                 },
                 data: r,
             }

@@ -2,19 +2,21 @@
 //! them to the filesystem's engine when it has one ([`crate::filesystem::seam`]), keeps the pending ones in
 //! preallocated slots (their reply buffers held, `io::HeldBuffers`),
 //! encodes their replies when the engine completes them, and keeps the poller's waiting SETLKW
-//! requests ([`LockWaits`]).
+//! requests ([`LockWaits`]). A request executed again after a crash is answered as its rule
+//! says ([`super::replay`]), whichever way it and the LOOKUP or OPEN its rule asks for go.
 
 use std::sync::Arc;
 
 use vm_memory::VolatileSlice;
 
 use super::dispatch::{Dispatch, Post};
+use super::replay::{Next, Replay, Rule};
 use super::reply::{error_into, reply_error};
 use super::{data_part, LockWait, Result, Served, Server, Session};
 use crate::abi::InHeader;
 use crate::filesystem::seam::{Completions, FsEngine, Held, Started, Token};
 use crate::filesystem::{self, FileSystem, Reply};
-use crate::io::Reader;
+use crate::io::{Reader, Writer};
 use crate::request::{NameBuf, Op, Request};
 use crate::server::waits::LockWaits;
 
@@ -49,11 +51,14 @@ struct Slot {
     post: Post,
     /// The cap of the count its reply reports ([`super::reply::encode`]).
     limit: u64,
+    /// A request executed again whose answer is still being decided (its [`Replay`] is in
+    /// [`PollerEngine::replays`]).
+    replay: bool,
 }
 
 impl Default for Slot {
     fn default() -> Self {
-        Slot { id: 0, unique: 0, nodeid: 0, post: Post::None, limit: 0 }
+        Slot { id: 0, unique: 0, nodeid: 0, post: Post::None, limit: 0, replay: false }
     }
 }
 
@@ -79,6 +84,9 @@ pub struct PollerEngine<F: FileSystem> {
     /// Completions of one poll round (capacity kept).
     done: Vec<(Token, filesystem::Result<Reply>)>,
     waits: LockWaits<F>,
+    /// Requests executed again after a crash, pending on the filesystem's engine (themselves
+    /// or the LOOKUP or OPEN their rule asked for), by slot index: only after a crash.
+    replays: Vec<(u32, Replay)>,
 }
 
 impl<F: FileSystem> std::fmt::Debug for PollerEngine<F> {
@@ -114,6 +122,7 @@ impl<F: FileSystem> PollerEngine<F> {
             free: Vec::new(),
             in_flight: 0,
             done: Vec::new(),
+            replays: Vec::new(),
         }
     }
 
@@ -148,6 +157,23 @@ impl<F: FileSystem> PollerEngine<F> {
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
     ) -> Submitted {
+        self.submit_as(id, false, readable, writable)
+    }
+
+    /// Serves one request as [`Self::submit`] does; `replayed`: it is executed again after a
+    /// crash of the process that served it (taken again from the device's in-flight record),
+    /// and is answered as the server's replay rules say (`server/replay.rs`; DESIGN.md,
+    /// "Executing again").
+    pub fn submit_as(
+        &mut self,
+        id: u64,
+        replayed: bool,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+    ) -> Submitted {
+        if replayed {
+            self.server.replays.request();
+        }
         let mut r = Reader::new(readable);
         let hdr: InHeader = match r.read_obj() {
             Ok(h) => h,
@@ -160,7 +186,7 @@ impl<F: FileSystem> PollerEngine<F> {
         // Used in place: a decoded request is not moved.
         let mut parsed = Request::parse(&hdr, r, &mut names, self.server.negotiated());
         if let Ok(req) = &mut parsed {
-            return match self.start(id, req, writable) {
+            return match self.start(id, req, writable, replayed) {
                 Ok(submitted) => submitted,
                 Err(e) => {
                     let served = self.server.fail_request(req, e, writable);
@@ -188,29 +214,34 @@ impl<F: FileSystem> PollerEngine<F> {
     }
 
     /// Serves a decoded request: the session's own operations, then the filesystem's engine
-    /// (when it has one and takes the request) or its synchronous methods.
-    fn start(&mut self, id: u64, req: &mut Request<'_>, writable: &[VolatileSlice<'_>]) -> Result<Submitted> {
+    /// (when it has one and takes the request) or its synchronous methods. `replayed`: executed
+    /// again after a crash ([`Self::submit_as`]).
+    fn start(
+        &mut self,
+        id: u64,
+        req: &mut Request<'_>,
+        writable: &[VolatileSlice<'_>],
+        replayed: bool,
+    ) -> Result<Submitted> {
         let server = &*self.server;
         let w = match server.session_op(req, writable, self.can_wait)? {
             Session::Done(served) => return Ok(self.served(id, served)),
             Session::Fs(w) => w,
         };
         let (mut data, limit) = data_part(&req.op, &w)?;
-        let post = Post::of(&req.op);
+        let mut post = Post::of(&req.op);
+        let replay = if replayed { replay_of(server, req) } else { Ok(None) };
+        let replay = match replay {
+            Ok(replay) => replay,
+            Err(refused) => {
+                let n = server.finish(post, req.nodeid, req.unique, &Err(refused), w, limit)?;
+                return Ok(Submitted::Done(done_len(n)));
+            }
+        };
         let r = match self.fs_engine.as_deref_mut() {
             None => Dispatch(&server.fs).call(&req.ctx, req.nodeid, &mut req.op, &mut data),
             Some(engine) => {
-                let index = match self.free.last() {
-                    Some(&i) => i,
-                    None => {
-                        // More pending requests than ever before: one more slot (kept from now on).
-                        self.slots.push(Slot::default());
-                        self.held.push(Held::default());
-                        let i = u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX);
-                        self.free.push(i);
-                        i
-                    }
-                };
+                let index = free_slot(&mut self.slots, &mut self.held, &mut self.free);
                 let payload = match &req.op {
                     Op::Write { data, .. } => Some(data.clone()),
                     _ => None,
@@ -222,16 +253,38 @@ impl<F: FileSystem> PollerEngine<F> {
                     Started::Pending => {
                         self.free.pop();
                         self.in_flight += 1;
-                        let h = &mut self.held[index as usize];
-                        h.writable.hold(writable);
-                        match &payload {
-                            Some(p) => h.payload.hold_reader(p),
-                            None => h.payload.clear(),
-                        }
-                        h.data_len = data_len;
-                        h.busy = true;
+                        hold(&mut self.held[index as usize], writable, payload.as_ref(), data_len);
+                        let (unique, nodeid, replay_slot) = (req.unique, req.nodeid, replay.is_some());
                         self.slots[index as usize] =
-                            Slot { id, unique: req.unique, nodeid: req.nodeid, post, limit };
+                            Slot { id, unique, nodeid, post, limit, replay: replay_slot };
+                        if let Some(replay) = replay {
+                            self.replays.push((index, replay));
+                        }
+                        return Ok(Submitted::Pending);
+                    }
+                }
+            }
+        };
+        let r = match replay {
+            None => r,
+            Some(replay) => {
+                // The session's part follows the filesystem's own answer; the reply, the rule.
+                server.after(post, req.nodeid, &r);
+                post = Post::None;
+                let index = match self.fs_engine {
+                    Some(_) => free_slot(&mut self.slots, &mut self.held, &mut self.free),
+                    None => 0,
+                };
+                match drive(&mut self.fs_engine, server, Token(index), replay, r) {
+                    Driven::Answer(r) => r,
+                    Driven::Pending(replay) => {
+                        // The LOOKUP or OPEN it asked for is pending on the engine.
+                        self.free.pop();
+                        self.in_flight += 1;
+                        hold(&mut self.held[index as usize], writable, None, 0);
+                        let (unique, nodeid) = (req.unique, req.nodeid);
+                        self.slots[index as usize] = Slot { id, unique, nodeid, post, limit, replay: true };
+                        self.replays.push((index, replay));
                         return Ok(Submitted::Pending);
                     }
                 }
@@ -257,8 +310,26 @@ impl<F: FileSystem> PollerEngine<F> {
                 continue;
             };
             let slot = self.slots[i];
+            let (mut r, mut post) = (r, slot.post);
+            if slot.replay {
+                if let Some(at) = self.replays.iter().position(|&(k, _)| k == token.0) {
+                    let (_, replay) = self.replays.swap_remove(at);
+                    self.server.after(post, slot.nodeid, &r);
+                    post = Post::None;
+                    match drive(&mut self.fs_engine, &self.server, token, replay, r) {
+                        Driven::Answer(answer) => r = answer,
+                        Driven::Pending(replay) => {
+                            // The LOOKUP or OPEN it asked for is pending, as the same slot.
+                            self.slots[i].post = Post::None;
+                            self.replays.push((token.0, replay));
+                            continue;
+                        }
+                    }
+                }
+                self.slots[i].replay = false;
+            }
             let w = h.writable.writer();
-            let encoded = self.server.finish(slot.post, slot.nodeid, slot.unique, &r, w.clone(), slot.limit);
+            let encoded = self.server.finish(post, slot.nodeid, slot.unique, &r, w.clone(), slot.limit);
             let (len, status) = match encoded {
                 Ok(len) => {
                     let data = match r {
@@ -333,4 +404,88 @@ impl<F: FileSystem> PollerEngine<F> {
 /// A reply length as the device counts it.
 fn done_len(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(0)
+}
+
+/// The index of a free slot, made if none is (kept from then on); taken only when a request
+/// is left pending in it.
+fn free_slot(slots: &mut Vec<Slot>, held: &mut Vec<Held>, free: &mut Vec<u32>) -> u32 {
+    if let Some(&i) = free.last() {
+        return i;
+    }
+    // More pending requests than ever before: one more slot (kept from now on).
+    slots.push(Slot::default());
+    held.push(Held::default());
+    let i = u32::try_from(slots.len() - 1).unwrap_or(u32::MAX);
+    free.push(i);
+    i
+}
+
+/// Keeps a pending request's buffers in its slot.
+fn hold(h: &mut Held, writable: &[VolatileSlice<'_>], payload: Option<&Reader<'_>>, data_len: usize) {
+    h.writable.hold(writable);
+    match payload {
+        Some(p) => h.payload.hold_reader(p),
+        None => h.payload.clear(),
+    }
+    h.data_len = data_len;
+    h.busy = true;
+}
+
+/// The replay of `req`, executed again after a crash: `None` when its answer stands whatever
+/// it is (its rule does not matter), `Err` when it is refused without being executed.
+fn replay_of<F: FileSystem>(
+    server: &Server<F>,
+    req: &Request<'_>,
+) -> std::result::Result<Option<Replay>, filesystem::Error> {
+    let rule = Rule::of(req);
+    if let Some(refused) = rule.refusal() {
+        server.replays.refused();
+        return Err(refused);
+    }
+    Ok(rule.matters().then(|| Replay::new(req, rule)))
+}
+
+/// How far [`drive`] took a replayed request.
+enum Driven {
+    /// To its reply.
+    Answer(filesystem::Result<Reply>),
+    /// To a LOOKUP or OPEN left pending on the filesystem's engine (completed later under the
+    /// same token).
+    Pending(Replay),
+}
+
+/// Takes the replayed request `replay` from the answer `r` of its last step to its reply:
+/// runs the LOOKUP or OPEN its rule asks for the one way a request goes (the filesystem's
+/// engine, as `token`, or its synchronous methods), until one is left pending on the engine.
+fn drive<F: FileSystem>(
+    engine: &mut Option<Box<dyn FsEngine<F>>>,
+    server: &Server<F>,
+    token: Token,
+    mut replay: Replay,
+    mut r: filesystem::Result<Reply>,
+) -> Driven {
+    loop {
+        let ctx = replay.ctx();
+        let mut req = match replay.next(r) {
+            Next::Answer { reply, forget, changed } => {
+                if let Some(ino) = forget {
+                    server.fs.forget(&ctx, ino, 1);
+                }
+                if changed {
+                    server.replays.answered_as_first();
+                }
+                return Driven::Answer(reply);
+            }
+            Next::Run(req) => req,
+        };
+        // A LOOKUP or an OPEN: no data part.
+        let mut none = Writer::new(&[]);
+        r = match engine.as_deref_mut().map(|e| e.start(&server.fs, token, &mut req, &mut none)) {
+            Some(Started::Done(r)) => r,
+            None | Some(Started::Sync) => {
+                Dispatch(&server.fs).call(&req.ctx, req.nodeid, &mut req.op, &mut none)
+            }
+            Some(Started::Pending) => return Driven::Pending(replay),
+        };
+    }
 }

@@ -10,6 +10,7 @@
 
 mod dispatch;
 mod engine;
+mod replay;
 mod reply;
 pub mod waits;
 
@@ -27,6 +28,8 @@ use crate::request::{InitArgs, LockOp, LockRequest, Op, ReadArgs, Request};
 use dispatch::Dispatch;
 use dispatch::Post;
 pub use engine::{PollerEngine, Status, Submitted};
+use replay::ReplayCounters;
+pub use replay::ReplayStats;
 use reply::{check_fits, encode, reply_error, reply_obj, split_reply, OUT_HEADER_SIZE};
 
 /// `max_pages` advertised (moved to [`abi::limits`]).
@@ -235,6 +238,8 @@ pub struct Server<F: FileSystem> {
     /// The caller parks SETLKW requests that must wait ([`Server::with_lock_waits`]).
     lock_waits: bool,
     counters: LockCounters,
+    /// Requests executed again after a crash ([`replay`]).
+    replays: ReplayCounters,
 }
 
 impl<F: FileSystem> Server<F> {
@@ -263,6 +268,7 @@ impl<F: FileSystem> Server<F> {
             locks: LockManager::new(),
             lock_waits,
             counters: LockCounters::default(),
+            replays: ReplayCounters::default(),
         }
     }
 
@@ -332,6 +338,12 @@ impl<F: FileSystem> Server<F> {
             interrupted: get(&c.interrupted),
             deadlocks: get(&c.deadlocks),
         }
+    }
+
+    /// What the server did with requests executed again after a crash so far
+    /// ([`PollerEngine::submit_as`]).
+    pub fn replay_stats(&self) -> ReplayStats {
+        self.replays.snapshot()
     }
 
     /// Changes whenever a waiting SETLKW may be answerable ([`LockManager::generation`]).

@@ -90,7 +90,17 @@ pub fn serve<F: FileSystem>(
     readable: &[VolatileSlice<'_>],
     writable: &[VolatileSlice<'_>],
 ) -> usize {
-    match PollerEngine::synchronous(srv.clone()).submit(0, readable, writable) {
+    serve_as(srv, false, readable, writable)
+}
+
+/// [`serve`], the request executed again after a crash if `replayed`.
+pub fn serve_as<F: FileSystem>(
+    srv: &Arc<Server<F>>,
+    replayed: bool,
+    readable: &[VolatileSlice<'_>],
+    writable: &[VolatileSlice<'_>],
+) -> usize {
+    match PollerEngine::synchronous(srv.clone()).submit_as(0, replayed, readable, writable) {
         Submitted::Done(n) => n as usize,
         other => panic!("a synchronous engine answers at once, not {other:?}"),
     }
@@ -104,6 +114,18 @@ pub fn handle_raw<F: FileSystem>(
     split: usize,
     cap: usize,
     reply_split: usize,
+) -> Reply {
+    handle_raw_as(srv, req, split, cap, reply_split, false)
+}
+
+/// [`handle_raw`], the request executed again after a crash if `replayed`.
+pub fn handle_raw_as<F: FileSystem>(
+    srv: &Arc<Server<F>>,
+    req: &[u8],
+    split: usize,
+    cap: usize,
+    reply_split: usize,
+    replayed: bool,
 ) -> Reply {
     let mut rbufs: Vec<Vec<u8>> = req.chunks(split.max(1)).map(|c| c.to_vec()).collect();
     let mut wbufs: Vec<Vec<u8>> = if cap == 0 {
@@ -119,7 +141,7 @@ pub fn handle_raw<F: FileSystem>(
             rbufs.iter_mut().map(|b| VolatileSlice::from(&mut b[..])).collect();
         let writable: Vec<VolatileSlice<'_>> =
             wbufs.iter_mut().map(|b| VolatileSlice::from(&mut b[..])).collect();
-        serve(srv, &readable, &writable)
+        serve_as(srv, replayed, &readable, &writable)
     };
     let out: Vec<u8> = wbufs.concat();
     if n == 0 {
@@ -136,6 +158,8 @@ pub struct Fuse<F: FileSystem> {
     unique: Cell<u64>,
     pub uid: Cell<u32>,
     pub gid: Cell<u32>,
+    /// Requests are sent as executed again after a crash ([`Self::replaying`]).
+    pub replayed: Cell<bool>,
     /// Whether replies are recorded in `seen_inos` and `seen_bytes` (the escape tests check them).
     record: bool,
     /// Every inode number (attr.ino / d_ino) a reply showed.
@@ -239,6 +263,7 @@ impl<F: FileSystem> Fuse<F> {
             unique: Cell::new(0),
             uid: Cell::new(0),
             gid: Cell::new(0),
+            replayed: Cell::new(false),
             record: false,
             seen_inos: RefCell::default(),
             seen_bytes: RefCell::default(),
@@ -269,6 +294,15 @@ impl<F: FileSystem> Fuse<F> {
 
     pub fn fs(&self) -> &F {
         self.srv.filesystem()
+    }
+
+    /// Runs `f` with every request sent as executed again after a crash (taken again from
+    /// the device's in-flight record).
+    pub fn replaying<T>(&self, f: impl FnOnce(&Self) -> T) -> T {
+        self.replayed.set(true);
+        let r = f(self);
+        self.replayed.set(false);
+        r
     }
 
     pub fn as_user(&self, uid: u32, gid: u32) -> &Self {
@@ -308,7 +342,8 @@ impl<F: FileSystem> Fuse<F> {
     }
 
     fn send(&self, op: u32, req: &[u8]) -> Reply {
-        let reply = handle_raw(&self.srv, req, usize::MAX, HDR + (2 << 20), usize::MAX);
+        let reply =
+            handle_raw_as(&self.srv, req, usize::MAX, HDR + (2 << 20), usize::MAX, self.replayed.get());
         if reply.n != 0 {
             let sent: abi::InHeader = parse(req);
             assert_eq!(reply.hdr.unique, sent.unique, "reply echoes unique");

@@ -7,9 +7,23 @@ use vm_memory::VolatileSlice;
 use super::wait::Readiness;
 use crate::stats::Tally;
 
+/// How the poller took a request from its queue, handed with its buffers to
+/// [`RequestHandler::handle`] and [`Engine::submit`] (passed by value: two words in a register).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Taken {
+    /// The queue's index.
+    pub queue: u16,
+    /// The request was in flight when the process that served the queue died, and is executed
+    /// again from the in-flight record (crash recovery: [`crate::virtq::Chain::replayed`]). Its
+    /// first execution may have changed the backend's state before the crash; the handler may
+    /// answer it as that execution would have (DESIGN.md, "Executing again").
+    pub replayed: bool,
+}
+
 /// Serves one request. Implemented by the FUSE server glue; the device knows nothing of FUSE.
 pub trait RequestHandler: Send + Sync + 'static {
-    /// Handles the request on `queue` whose device-readable buffers are `readable` and
+    /// Handles the request taken as `taken` says (its queue, whether it is executed again after
+    /// a crash) whose device-readable buffers are `readable` and
     /// device-writable buffers are `writable`; returns the number of bytes written (the used
     /// length) and what the request was for the statistics ([`Tally`]: its class, errno and
     /// bytes of data; `Tally::default()` counts it as
@@ -17,7 +31,7 @@ pub trait RequestHandler: Send + Sync + 'static {
     /// runs on a poller that serves other queues too.
     fn handle(
         &self,
-        queue: u16,
+        taken: Taken,
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
     ) -> (u32, Tally);
@@ -77,14 +91,15 @@ pub const MAX_WAIT_REPLY: usize = 64;
 ///   [`Engine::cancel_waits`] and drops every waiting request unanswered: the driver that made
 ///   them has reset the queues.
 pub trait Engine: Send {
-    /// Starts the request `id` (opaque to the engine) on `queue`, and tells the statistics what
+    /// Starts the request `id` (opaque to the engine), taken as `taken` says (its queue,
+    /// whether it is executed again after a crash), and tells the statistics what
     /// it is ([`Tally`]). Its class counts whatever the outcome; its errno and bytes only for
     /// [`Outcome::Done`] (a pending request's come from [`Self::poll`], a waiting one's from
     /// [`Self::poll_waits`]).
     fn submit(
         &mut self,
         id: u64,
-        queue: u16,
+        taken: Taken,
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
     ) -> (Outcome, Tally);

@@ -46,7 +46,7 @@ mod serve;
 mod wait;
 
 pub use crate::interrupt::Irqs;
-pub use engine::{Engine, Outcome, RequestHandler, MAX_WAIT_REPLY};
+pub use engine::{Engine, Outcome, RequestHandler, Taken, MAX_WAIT_REPLY};
 pub use parked::{ParkedState, QueueState};
 pub use pool::{FreezeError, FunctionShared, PollerPool, PollerSet};
 pub use wait::Readiness;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use log::{debug, error, warn};
 
-use super::engine::{Engine, Outcome, MAX_WAIT_REPLY};
+use super::engine::{Engine, Outcome, Taken, MAX_WAIT_REPLY};
 use super::msg::{Event, FnCtx};
 use super::parked::{guest_ranges, write_reply, Parked};
 use crate::interrupt::{signal_eventfd, Irqs, Signalled};
@@ -142,14 +142,14 @@ impl FnCtx {
                     let room = u32::try_from(room).unwrap_or(u32::MAX);
                     // A bug in a handler must cost one request, not the poller (and with it the
                     // device): a panic fails the request like a malformed chain.
+                    let taken = Taken { queue: q.index(), replayed: chain.replayed };
                     let call = std::panic::catch_unwind(AssertUnwindSafe(|| match engine {
                         Some(e) => {
                             let id = ((slot as u64) << 16) | u64::from(token);
-                            e.submit(id, q.index(), &chain.readable, &chain.writable)
+                            e.submit(id, taken, &chain.readable, &chain.writable)
                         }
                         None => {
-                            let (len, tally) =
-                                self.handler.handle(q.index(), &chain.readable, &chain.writable);
+                            let (len, tally) = self.handler.handle(taken, &chain.readable, &chain.writable);
                             (Outcome::Done(len), tally)
                         }
                     }));

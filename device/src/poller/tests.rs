@@ -34,7 +34,12 @@ fn kind(readable: &[VolatileSlice<'_>]) -> u8 {
 }
 
 impl RequestHandler for Handler {
-    fn handle(&self, _: u16, readable: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> (u32, Tally) {
+    fn handle(
+        &self,
+        _: Taken,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+    ) -> (u32, Tally) {
         let k = kind(readable);
         (writable[0].write_slice(&[k; 4], 0).map_or(0, |()| 4), Tally::default())
     }
@@ -53,7 +58,7 @@ impl Engine for TestEngine {
     fn submit(
         &mut self,
         id: u64,
-        _: u16,
+        _: Taken,
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
     ) -> (Outcome, Tally) {
@@ -342,7 +347,7 @@ struct SocketEngine {
 }
 
 impl RequestHandler for SocketHandler {
-    fn handle(&self, _: u16, _: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> (u32, Tally) {
+    fn handle(&self, _: Taken, _: &[VolatileSlice<'_>], writable: &[VolatileSlice<'_>]) -> (u32, Tally) {
         (writable[0].write_slice(&[0; 4], 0).map_or(0, |()| 4), Tally::default())
     }
 
@@ -357,7 +362,7 @@ impl Engine for SocketEngine {
     fn submit(
         &mut self,
         id: u64,
-        _: u16,
+        _: Taken,
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
     ) -> (Outcome, Tally) {

@@ -143,6 +143,11 @@ pub struct Chain<'m> {
     pub readable: heapless::Vec<VolatileSlice<'m>, MAX_CHAIN_BUFS>,
     /// Device-writable buffers, in order.
     pub writable: heapless::Vec<VolatileSlice<'m>, MAX_CHAIN_BUFS>,
+    /// The chain was taken before a crash of the process that served the queue and is being
+    /// executed again, from the in-flight record (DESIGN.md, "Crash recovery", "Executing
+    /// again"); false for a chain taken for the first time. Set by [`super::Ring::next`] for
+    /// every chain it takes.
+    pub replayed: bool,
 }
 
 /// A descriptor table (a ring's or an indirect one) resolved to guest memory once, so that each

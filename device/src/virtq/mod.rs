@@ -218,7 +218,9 @@ impl Ring {
         }
     }
 
-    /// Takes the next request into `chain` (`chain.head` = the token to complete it with).
+    /// Takes the next request into `chain` (`chain.head` = the token to complete it with;
+    /// `chain.replayed`: whether it is a chain in flight at a crash, taken again from the
+    /// in-flight record before any new one).
     /// `Ok(None)`: nothing available; `Ok(Some(Err))`: a malformed chain to return unserved.
     pub fn next<'m>(
         &mut self,
@@ -230,8 +232,10 @@ impl Ring {
                 if let Some(head) = q.replayed() {
                     let r = q.chain(mem, head, chain);
                     chain.head = head;
+                    chain.replayed = true;
                     return Ok(Some(r));
                 }
+                chain.replayed = false;
                 if q.pending(mem)? == 0 {
                     return Ok(None);
                 }
@@ -240,7 +244,11 @@ impl Ring {
                 chain.head = head;
                 Ok(Some(r))
             }
-            Ring::Packed(q) => q.next(mem, chain),
+            Ring::Packed(q) => {
+                // A buffer left to take again is the one `next` takes (before the ring's).
+                chain.replayed = q.replaying();
+                q.next(mem, chain)
+            }
         }
     }
 

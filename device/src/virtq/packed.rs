@@ -221,6 +221,13 @@ impl PackedQueue {
         advance(&mut self.next_avail, &mut self.avail_wrap, n, self.cfg.size);
     }
 
+    /// Whether buffers taken before a crash are left to take again: [`Self::next`] takes them
+    /// first, from the record's copies.
+    #[inline]
+    pub fn replaying(&self) -> bool {
+        !self.replay.is_empty()
+    }
+
     /// Whether the next ring slot holds an available buffer.
     #[inline]
     pub fn has_work(&self, mem: &GuestMem) -> Result<bool, QueueError> {

@@ -958,6 +958,57 @@ mod tests {
         assert_eq!(take_lens(&mut q, &mem), None);
     }
 
+    /// `Ring::next` marks the chains in flight at a crash, taken again from the record, as
+    /// replayed, on both layouts, and clears the mark for every chain after them (the poller
+    /// reuses one `Chain`); a process that did not crash marks none.
+    #[test]
+    fn chains_taken_again_are_marked_replayed_and_no_other() {
+        use crate::virtq::mock::PackedDriver;
+        let mem = guest_memory(0x20000, None);
+        let area = TrackArea::create(2).unwrap();
+        // One chain reused for every take, as the poller does.
+        let mut c = Chain::default();
+        let mut next = |q: &mut Ring| q.next(&mem, &mut c).unwrap().map(|r| r.map(|()| (c.head, c.replayed)));
+        // Split: two chains in flight at the crash, one available and never taken.
+        let mut drv = SplitDriver::new(&mem, cfg());
+        let mut q = tracked(&area, &mem);
+        let heads: Vec<u16> = (0..3).map(|i| drv.push(&[Buf::writable(0x8000 + i * 0x100, 64)])).collect();
+        assert_eq!(next(&mut q), Some(Ok((heads[0], false))), "a first take");
+        assert_eq!(next(&mut q), Some(Ok((heads[1], false))));
+        drop(q);
+        let mut q = recovered(area.file(), &mem);
+        assert_eq!(next(&mut q), Some(Ok((heads[0], true))), "split: in flight at the crash");
+        assert_eq!(next(&mut q), Some(Ok((heads[1], true))));
+        assert_eq!(next(&mut q), Some(Ok((heads[2], false))), "split: never taken before");
+        assert_eq!(next(&mut q), None);
+        for h in &heads {
+            q.push_used(&mem, *h, 1).unwrap();
+        }
+        q.publish_used(&mem).unwrap();
+        let h = drv.push(&[Buf::writable(0x8400, 64)]);
+        assert_eq!(next(&mut q), Some(Ok((h, false))), "split: a new chain after the recovery");
+        // Packed: one buffer in flight at the crash, one available and never taken.
+        let area = TrackArea::create(2).unwrap();
+        let mem2 = guest_memory(0x20000, None);
+        let mut c = Chain::default();
+        let mut next =
+            |q: &mut Ring| q.next(&mem2, &mut c).unwrap().map(|r| r.map(|()| (c.head, c.replayed)));
+        let mut drv = PackedDriver::new(&mem2, cfg());
+        let mut q = packed(&area, &mem2);
+        drv.push(&[Buf::writable(0x8000, 64)], 5);
+        assert_eq!(next(&mut q), Some(Ok((5, false))), "a first take");
+        drv.push(&[Buf::writable(0x8100, 64)], 6);
+        drop(q);
+        let mut q = packed_recovered(area.file(), &mem2);
+        assert_eq!(next(&mut q), Some(Ok((5, true))), "packed: in flight at the crash, from its copy");
+        assert_eq!(next(&mut q), Some(Ok((6, false))), "packed: never taken before");
+        assert_eq!(next(&mut q), None);
+        q.push_used(&mem2, 5, 1).unwrap();
+        q.push_used(&mem2, 6, 1).unwrap();
+        drv.push(&[Buf::writable(0x8200, 64)], 1);
+        assert_eq!(next(&mut q), Some(Ok((1, false))), "packed: a new chain after the recovery");
+    }
+
     /// A chain out while the avail position comes back to where it was taken (two laps of a
     /// packed ring; 65,536 takes of a split one) is still in flight, not "being taken".
     #[test]

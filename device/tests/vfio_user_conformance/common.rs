@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use vfio_bindings::bindings::vfio as vb;
 use virtiofs_device::config::{Doorbells, Profile};
-use virtiofs_device::poller::{Engine, Outcome, RequestHandler};
+use virtiofs_device::poller::{Engine, Outcome, RequestHandler, Taken};
 use virtiofs_device::stats::Tally;
 use virtiofs_device::vfio_user::{Server, StopHandle};
 use virtiofs_tools::driver::{DriverOptions, FsDriver};
@@ -57,7 +57,7 @@ impl Engine for WaitEngine {
     fn submit(
         &mut self,
         id: u64,
-        _q: u16,
+        _q: Taken,
         _r: &[VolatileSlice<'_>],
         _w: &[VolatileSlice<'_>],
     ) -> (Outcome, Tally) {
@@ -101,7 +101,7 @@ impl Engine for HeldEngine {
     fn submit(
         &mut self,
         id: u64,
-        _q: u16,
+        _q: Taken,
         _r: &[VolatileSlice<'_>],
         w: &[VolatileSlice<'_>],
     ) -> (Outcome, Tally) {
@@ -128,7 +128,7 @@ impl Engine for HeldEngine {
 impl RequestHandler for TestHandler {
     fn handle(
         &self,
-        _q: u16,
+        _q: Taken,
         readable: &[VolatileSlice<'_>],
         writable: &[VolatileSlice<'_>],
     ) -> (u32, Tally) {

@@ -37,7 +37,7 @@ use virtiofs_backend::{RamFs, Server};
 use virtiofs_device::config::Profile;
 use virtiofs_device::memory::DmaTable;
 use virtiofs_device::pci::QueueConfig;
-use virtiofs_device::poller::RequestHandler;
+use virtiofs_device::poller::{RequestHandler, Taken};
 use virtiofs_device::stats::Tally;
 use virtiofs_device::virtq::{Chain, Ring};
 use vm_memory::VolatileSlice;
@@ -67,7 +67,7 @@ struct NoFs;
 impl RequestHandler for NoFs {
     fn handle(
         &self,
-        _queue: u16,
+        _taken: Taken,
         _readable: &[VolatileSlice<'_>],
         _writable: &[VolatileSlice<'_>],
     ) -> (u32, Tally) {
