@@ -14,6 +14,7 @@ use virtiofs_backend::passthrough::uring::IoMode;
 use virtiofs_backend::passthrough::{DescriptorShare, PassthroughConfig, Policy, SetupError};
 use virtiofs_backend::ramfs::RamFsConfig;
 use virtiofs_backend::server::ServerOptions;
+use virtiofs_backend::session_record::SessionRecord;
 use virtiofs_backend::{PassthroughFs, RamFs};
 use virtiofs_device::poller::RequestHandler;
 
@@ -47,6 +48,9 @@ pub enum BackendError {
     /// The RAM filesystem's data store (a memfd) cannot be made.
     #[error("RAM filesystem: cannot make the memfd for its data")]
     Ram(#[source] std::io::Error),
+    /// The record a FUSE session is kept in for a crash (a memfd) cannot be made.
+    #[error("cannot make the memfd the FUSE session is kept in")]
+    SessionRecord(#[source] std::io::Error),
 }
 
 impl BackendError {
@@ -54,6 +58,15 @@ impl BackendError {
     /// server that does not answer).
     pub fn is_usage(&self) -> bool {
         matches!(self, BackendError::SharedDir { .. })
+    }
+}
+
+/// Makes the backend `spec` describes keep its state for a crash (`on`: the daemon is
+/// supervised, issue 24) where it can: an NFS export keeps its tables in records
+/// (`nfs::keep`). The others do not yet.
+pub fn keep_for_crash(spec: &mut FunctionSpec, on: bool) {
+    if let BackendSpec::Remote(r) = &mut spec.backend {
+        r.options.keep = on;
     }
 }
 
@@ -180,7 +193,15 @@ pub fn build(
             Built { handler: h.clone(), fuse: Arc::new(stats), descriptors, saver: Some(h) }
         }
         Opened::Remote(fs) => {
+            // Its tables are kept for a crash: its FUSE session too.
+            let record = match fs.kept_files() {
+                Some(_) => Some(SessionRecord::new().map_err(BackendError::SessionRecord)?),
+                None => None,
+            };
             let h = Arc::new(FuseHandler::with_options(*fs, options));
+            if let Some(r) = record {
+                h.server().keep_session(Arc::new(r));
+            }
             let s = h.clone();
             let stats = move || FuseStats { nfs: Some(s.server().filesystem().stats()), ..s.stats() };
             Built { handler: h.clone(), fuse: Arc::new(stats), descriptors: 0, saver: Some(h) }

@@ -213,7 +213,13 @@ pub trait SocketBinder: Send + Sync {
 /// supervisor, `crate::update::recovery`).
 pub trait Keeper: Send + Sync {
     /// Where the checkpoints of function `tag` (made as `origin` says) go.
-    fn sink(&self, tag: &str, origin: &Origin) -> Arc<dyn vfio_user::handover::CheckpointSink>;
+    /// `backend`: what gives the checkpoint's backend part (`SavesState::kept`).
+    fn sink(
+        &self,
+        tag: &str,
+        origin: &Origin,
+        backend: Option<Arc<dyn SavesState>>,
+    ) -> Arc<dyn vfio_user::handover::CheckpointSink>;
     /// Function `tag` is gone: its checkpoint is dropped.
     fn forget(&self, tag: &str);
 }
@@ -324,7 +330,7 @@ impl FunctionSet {
             placement.clone(),
         )?;
         if let Some(k) = &inner.keeper {
-            server.keep_checkpoints(k.sink(spec.tag(), &origin));
+            server.keep_checkpoints(k.sink(spec.tag(), &origin, built.saver.clone()));
         }
         let device = RunningDevice::run_server(server, spec.tag())?;
         self.insert(&mut inner, spec, placement, device, built, origin)
@@ -375,7 +381,7 @@ impl FunctionSet {
         self.placement(&inner, &spec, 0)?;
         let mut server = server;
         if let Some(k) = &inner.keeper {
-            server.keep_checkpoints(k.sink(spec.tag(), &origin));
+            server.keep_checkpoints(k.sink(spec.tag(), &origin, built.saver.clone()));
         }
         let device = RunningDevice::run_server(server, spec.tag())?;
         self.insert(&mut inner, spec, placement, device, built, origin)
@@ -458,6 +464,7 @@ impl FunctionSet {
             return self.start_from(listener, spec, built, origin);
         }
         allowed.check(&mut spec).map_err(FunctionError::NotAllowed)?;
+        backends::keep_for_crash(&mut spec, self.keeps_checkpoints());
         if self.contains(spec.tag()) {
             return Err(FunctionError::Exists(spec.tag().into()));
         }

@@ -158,6 +158,10 @@ pub fn run(spec: DaemonSpec, role: Role) -> ExitCode {
 pub fn start(spec: DaemonSpec, keeper: Option<Arc<CheckpointKeeper>>) -> Result<Serving, StartError> {
     // Inherited sockets first: until they are claimed, any descriptor this process opens could
     // take the number of one that was named but not passed, and be adopted in its place.
+    let mut spec = spec;
+    for f in &mut spec.functions {
+        backends::keep_for_crash(f, keeper.is_some());
+    }
     let mut inherited = spec.functions.iter().map(|f| adopt(&f.socket)).collect::<Result<Vec<_>, _>>()?;
     spec.pool.check_machine().map_err(StartError::Machine)?;
     let plan = confine::Plan::new(&spec)?;

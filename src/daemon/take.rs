@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use log::info;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
+use virtiofs_backend::nfs::fs::NfsOptions;
 use virtiofs_backend::passthrough::state::PassthroughRestoring;
 use virtiofs_backend::passthrough::uring::IoMode;
 use virtiofs_backend::passthrough::DescriptorShare;
@@ -402,9 +403,24 @@ fn take_function(
                 )?
             }
             BackendSpec::Remote(r) => {
+                let opts = NfsOptions { keep: functions.keeps_checkpoints(), ..r.options.clone() };
                 let data = files.next("the UNSTABLE store's data")?;
-                files.finish()?;
-                backend::restore_nfs(options, r.options.clone(), part_backend, data)?
+                if let state::BackendPart::NfsKept = part_backend {
+                    let records = files.next("the NFS records")?;
+                    let session = files.next("the FUSE session's record")?;
+                    files.finish()?;
+                    match backend::recover_nfs(options, opts, data, records, session) {
+                        Ok(b) => b,
+                        Err(why) => {
+                            log::error!("function {:?}: its NFS state cannot be recovered: {why}", fspec.tag());
+                            let active = part.device.function.status & virtiofs_device::pci::status::DRIVER_OK != 0;
+                            fresh(&fspec, active)
+                        }
+                    }
+                } else {
+                    let records = files.rest().into_iter().next();
+                    backend::restore_nfs(options, opts, part_backend, data, records)?
+                }
             }
         },
     };

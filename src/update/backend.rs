@@ -22,6 +22,7 @@ use virtiofs_backend::{PassthroughFs, RamFs};
 
 use virtiofs_backend::filesystem::FileSystem;
 use virtiofs_backend::server::SessionState;
+use virtiofs_backend::session_record::SessionRecord;
 
 use super::state::BackendPart;
 use crate::backends::Built;
@@ -74,6 +75,13 @@ pub trait SavesState: Send + Sync {
     /// (a memfd's data) is this process's to change now. Before it, a successor that is
     /// dropped leaves it untouched for the predecessor, which serves on.
     fn taken_over(&self) {}
+
+    /// What a crash checkpoint carries of the backend (issue 24): the part and the descriptors
+    /// of the records it keeps its state in as it changes, from which a process started after
+    /// a crash recovers it; `None` for a backend whose state is not kept (it ends: `Fresh`).
+    fn kept(&self) -> Option<Result<(BackendPart, Vec<OwnedFd>), String>> {
+        None
+    }
 }
 
 fn ramfs_memfd(fs: &RamFs) -> Result<Vec<OwnedFd>, String> {
@@ -149,12 +157,29 @@ impl SavesState for FuseHandler<NfsFs> {
         let server = self.server();
         let session = server.save_session();
         let (fs, data) = server.filesystem().save()?;
-        Ok((BackendPart::Nfs { fs: Box::new(fs), session }, Box::new(vec![OwnedFd::from(data)])))
+        let mut fds = vec![OwnedFd::from(data)];
+        // The records its tables are kept in for a crash go on in the successor.
+        if let Some(files) = server.filesystem().kept_files() {
+            let (records, _) = files.map_err(|e| format!("the NFS records: {e}"))?;
+            fds.push(OwnedFd::from(records));
+        }
+        Ok((BackendPart::Nfs { fs: Box::new(fs), session }, Box::new(fds)))
     }
 
     /// The new process holds the mount now: this one does not unmount it as it ends.
     fn handed_over(&self) {
         self.server().filesystem().give_away();
+    }
+
+    /// The UNSTABLE store's memfd, the tables' records and the session's record.
+    fn kept(&self) -> Option<Result<(BackendPart, Vec<OwnedFd>), String>> {
+        let files = self.server().filesystem().kept_files()?;
+        let session = self.server().session_record()?;
+        Some((|| {
+            let (records, data) = files.map_err(|e| format!("the NFS records: {e}"))?;
+            let session = session.memfd().try_clone_to_owned().map_err(|e| format!("the session record: {e}"))?;
+            Ok((BackendPart::NfsKept, vec![OwnedFd::from(data), OwnedFd::from(records), session]))
+        })())
     }
 }
 
@@ -201,7 +226,7 @@ pub fn restore(
         }
         _ => return Err("its state is not a RAM filesystem's".into()),
     };
-    serve(fs, options, &session, 0, FuseHandler::stats)
+    serve(fs, options, &session, 0, FuseHandler::stats, None)
 }
 
 /// The handler of a restored filesystem `fs`, its FUSE session taken over from `session`;
@@ -212,6 +237,7 @@ fn serve<F>(
     session: &SessionState,
     descriptors: u64,
     stats: fn(&FuseHandler<F>) -> crate::FuseStats,
+    record: Option<SessionRecord>,
 ) -> Result<Built, String>
 where
     F: FileSystem + 'static,
@@ -219,6 +245,10 @@ where
 {
     let h = Arc::new(FuseHandler::with_options(fs, options));
     h.server().restore_session(session).map_err(|e| format!("FUSE session: {e}"))?;
+    if let Some(r) = record {
+        // Kept for a crash from here on, starting with the session taken over.
+        h.server().keep_session(Arc::new(r));
+    }
     let s = h.clone();
     Ok(Built { handler: h.clone(), fuse: Arc::new(move || stats(&s)), descriptors, saver: Some(h) })
 }
@@ -267,7 +297,7 @@ pub fn restore_passthrough(
     serve(fs, options, &session, descriptors, |s| crate::FuseStats {
         io: Some(s.server().filesystem().engine_stats()),
         ..s.stats()
-    })
+    }, None)
 }
 
 /// The backend of a function taken over: the NFS export `opts` names, restored from `part`
@@ -277,13 +307,33 @@ pub fn restore_nfs(
     opts: NfsOptions,
     part: BackendPart,
     data: File,
+    records: Option<File>,
 ) -> Result<Built, String> {
     let BackendPart::Nfs { fs, session } = part else {
         return Err("its state is not an NFS export's".into());
     };
-    let fs = NfsFs::restore(opts, &fs, data)?;
-    serve(fs, options, &session, 0, |s| crate::FuseStats {
-        nfs: Some(s.server().filesystem().stats()),
-        ..s.stats()
-    })
+    let record = opts.keep.then(SessionRecord::new).transpose().map_err(|e| format!("the session record: {e}"))?;
+    let fs = NfsFs::restore(opts, &fs, data, records)?;
+    serve(fs, options, &session, 0, nfs_stats, record)
+}
+
+fn nfs_stats(s: &FuseHandler<NfsFs>) -> crate::FuseStats {
+    crate::FuseStats { nfs: Some(s.server().filesystem().stats()), ..s.stats() }
+}
+
+/// The NFS export of a function whose serving process was killed (issue 24), from the records
+/// it kept: `data` (the UNSTABLE store's bytes), `records` (the tables), `session` (the FUSE
+/// session). `Err` when the records do not hold together or keep no session: the function
+/// then ends as one whose state was lost.
+pub fn recover_nfs(
+    options: ServerOptions,
+    opts: NfsOptions,
+    data: File,
+    records: File,
+    session: File,
+) -> Result<Built, String> {
+    let record = SessionRecord::open(session)?;
+    let session = record.read()?.ok_or("no FUSE session was kept (none began, or it outgrew its record)")?;
+    let fs = NfsFs::recover(opts, data, records)?;
+    serve(fs, options, &session, 0, nfs_stats, Some(record))
 }

@@ -123,8 +123,8 @@ impl CheckpointKeeper {
 }
 
 impl Keeper for CheckpointKeeper {
-    fn sink(&self, tag: &str, origin: &Origin) -> Arc<dyn CheckpointSink> {
-        Arc::new(FunctionSink { chan: self.0.clone(), tag: tag.to_string(), origin: origin.clone() })
+    fn sink(&self, tag: &str, origin: &Origin, backend: Option<Arc<dyn SavesState>>) -> Arc<dyn CheckpointSink> {
+        Arc::new(FunctionSink { chan: self.0.clone(), tag: tag.to_string(), origin: origin.clone(), backend })
     }
 
     fn forget(&self, tag: &str) {
@@ -137,12 +137,25 @@ struct FunctionSink {
     chan: Arc<KeptChannel>,
     tag: String,
     origin: Origin,
+    /// What gives the backend's part ([`SavesState::kept`]); `Fresh` without it.
+    backend: Option<Arc<dyn SavesState>>,
 }
 
 impl CheckpointSink for FunctionSink {
     fn checkpoint(&self, h: ServerHandover) {
         let (path, socket_file, lock, client, device, mut fds) = state::server_part(h);
         fds.extend(state::device_files(device.files));
+        let backend = match self.backend.as_ref().and_then(|b| b.kept()) {
+            Some(Ok((part, files))) => {
+                fds.extend(files);
+                part
+            }
+            Some(Err(why)) => {
+                log::warn!("function {:?}: its backend's records are not in the checkpoint: {why}", self.tag);
+                BackendPart::Fresh
+            }
+            None => BackendPart::Fresh,
+        };
         let part = FunctionPart {
             tag: self.tag.clone(),
             origin: self.origin.clone(),
@@ -151,7 +164,7 @@ impl CheckpointSink for FunctionSink {
             lock,
             client,
             device: device.snapshot,
-            backend: BackendPart::Fresh,
+            backend,
         };
         send(&self.chan, &Kept::Function(Box::new(part)), &fds);
     }

@@ -196,6 +196,11 @@ pub enum BackendPart {
     /// the requests that were in flight and every new one with an error until the driver
     /// resets the device, then serves it afresh. No descriptor.
     Fresh,
+    /// A checkpoint's NFS export (crash recovery, issue 24): its state is in records the
+    /// process that served it kept as it changed; its descriptors: the memfd of the UNSTABLE
+    /// store's bytes, the records' memfd (`nfs::keep`), the FUSE session's record
+    /// (`session_record`).
+    NfsKept,
     /// An NFS export: its mount, node table, handles and UNSTABLE store, and its session; the
     /// memfd of the store's bytes is the last descriptor.
     Nfs {

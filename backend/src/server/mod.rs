@@ -15,6 +15,7 @@ mod reply;
 pub mod waits;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use vm_memory::{ByteValued, VolatileSlice};
 
@@ -25,6 +26,7 @@ use crate::io::Writer;
 use crate::locks::{LockError, LockKind, LockManager, SetOutcome, WaitId};
 pub use crate::request::RequestError;
 use crate::request::{InitArgs, LockOp, LockRequest, Op, ReadArgs, Request};
+use crate::session_record::SessionRecord;
 use dispatch::Dispatch;
 use dispatch::Post;
 pub use engine::{PollerEngine, Status, Submitted};
@@ -240,6 +242,8 @@ pub struct Server<F: FileSystem> {
     counters: LockCounters,
     /// Requests executed again after a crash ([`replay`]).
     replays: ReplayCounters,
+    /// Where the session is kept for a crash ([`Server::keep_session`]).
+    record: OnceLock<Arc<SessionRecord>>,
 }
 
 impl<F: FileSystem> Server<F> {
@@ -269,6 +273,7 @@ impl<F: FileSystem> Server<F> {
             lock_waits,
             counters: LockCounters::default(),
             replays: ReplayCounters::default(),
+            record: OnceLock::new(),
         }
     }
 
@@ -299,6 +304,31 @@ impl<F: FileSystem> Server<F> {
             negotiated: self.negotiated.load(Ordering::Acquire),
             locks,
             waits,
+        }
+    }
+
+    /// Keeps the session in `record` from now on (crash recovery, issue 24: a process started
+    /// after this one is killed serves it on): written now, then whenever INIT, DESTROY, a
+    /// reset or a lock request, a RELEASE or a FLUSH may have changed it, before the request
+    /// is answered. SETLKW requests waiting are not in it: their chains are in flight and run
+    /// again. A second record is ignored.
+    pub fn keep_session(&self, record: Arc<SessionRecord>) {
+        let _ = self.record.set(record);
+        self.session_changed();
+    }
+
+    /// The record the session is kept in, if it is.
+    pub fn session_record(&self) -> Option<&Arc<SessionRecord>> {
+        self.record.get()
+    }
+
+    /// Writes the session to its record, if it has one.
+    pub(crate) fn session_changed(&self) {
+        let Some(record) = self.record.get() else { return };
+        let mut state = self.save_session();
+        state.waits = Default::default();
+        if !record.write(&state) {
+            log::warn!("fuse: the session's {} locks outgrow its record: a crash would end it", state.locks.len());
         }
     }
 
@@ -359,6 +389,9 @@ impl<F: FileSystem> Server<F> {
         if r == Err(LockError::Interrupted) {
             self.counters.interrupted.fetch_add(1, Ordering::Relaxed);
         }
+        if r.is_ok() {
+            self.session_changed();
+        }
         let error = r.err().map_or(0, |e| -e.errno());
         let out = OutHeader { len: OUT_HEADER_SIZE as u32, error, unique: wait.unique };
         let mut bytes = [0u8; OUT_HEADER_SIZE];
@@ -372,6 +405,7 @@ impl<F: FileSystem> Server<F> {
     /// until the next INIT (which drops it) or DESTROY.
     pub fn reset(&self) {
         self.locks.end_session();
+        self.session_changed();
     }
 
     /// Drops a waiting request without an answer (the device reset: its buffers are gone).
@@ -476,7 +510,9 @@ impl<F: FileSystem> Server<F> {
             return Ok(Session::Done(Served::Replied(0)));
         }
         if let Op::Init(args) = &req.op {
-            return self.do_init(req.unique, args, w).map(|n| Session::Done(Served::Replied(n)));
+            let n = self.do_init(req.unique, args, w);
+            self.session_changed();
+            return n.map(|n| Session::Done(Served::Replied(n)));
         }
         if !self.initialized.load(Ordering::Acquire) {
             return Err(RequestError::NotInitialized);
@@ -485,10 +521,15 @@ impl<F: FileSystem> Server<F> {
             Op::Destroy => {
                 self.initialized.store(false, Ordering::Release);
                 self.locks.end_session();
+                self.session_changed();
                 self.fs.destroy();
                 encode(w, req.unique, &Reply::Empty, 0).map(|n| Session::Done(Served::Replied(n)))
             }
-            Op::Lock(lock) => self.do_lock(req.unique, &ctx, ino, lock, w, can_wait).map(Session::Done),
+            Op::Lock(lock) => {
+                let served = self.do_lock(req.unique, &ctx, ino, lock, w, can_wait);
+                self.session_changed();
+                served.map(Session::Done)
+            }
             Op::Setxattr { .. } | Op::Getxattr { .. } | Op::Listxattr { .. } | Op::Removexattr { .. }
                 if !self.options.xattr =>
             {
