@@ -49,6 +49,9 @@ pub struct CrashConfig {
     pub crashes: usize,
     /// Virtqueue size (the daemon's and the driver's); the second depth measured.
     pub queue_size: u16,
+    /// An NFS export (`nfs://...`) to serve instead of a RAM filesystem: its state is kept,
+    /// so the new process answers the requests in flight and every new one as the old would.
+    pub remote: Option<String>,
 }
 
 /// One queue depth's crashes.
@@ -79,6 +82,8 @@ pub struct CrashReport {
     pub daemon: String,
     /// Queue size negotiated.
     pub queue_size: u16,
+    /// The NFS export served, if not a RAM filesystem.
+    pub remote: Option<String>,
     /// The daemon's recoveries at the end (`get_device`).
     pub recoveries: u64,
     /// One entry per queue depth.
@@ -121,7 +126,10 @@ fn run_in(
 ) -> Result<CrashReport, LiveUpdateError> {
     let (sock, ctl) = (dir.join("fs.sock"), dir.join("ctl.sock"));
     let profile = dir.join("profile.toml");
-    std::fs::write(&profile, format!("queue_size = {}\nramfs_size = {}\n", cfg.queue_size, 64u64 << 20))?;
+    match &cfg.remote {
+        None => std::fs::write(&profile, format!("queue_size = {}\nramfs_size = {}\n", cfg.queue_size, 64u64 << 20))?,
+        Some(_) => std::fs::write(&profile, format!("queue_size = {}\n", cfg.queue_size))?,
+    }
     let out = File::create(log)?;
     let mut cmd = Command::new(binary);
     cmd.arg("--config")
@@ -129,6 +137,7 @@ fn run_in(
         .arg("--socket-path")
         .arg(&sock)
         .args(["--tag", "crash"])
+        .args(cfg.remote.iter().flat_map(|url| ["--remote", url.as_str()]))
         .arg("--control-socket")
         .arg(&ctl)
         // Every crash of the run is recovered.
@@ -160,7 +169,7 @@ fn run_in(
             gaps: Vec::new(),
         };
         for i in 0..cfg.crashes {
-            let one = crash_once(&sock, &ctl, &opts, depth, i, &mut daemon)?;
+            let one = crash_once(&sock, &ctl, &opts, depth, i, cfg.remote.is_some(), &mut daemon)?;
             progress(&format!(
                 "QD={depth} crash {}: first completion {:.1} ms after the kill, {} in flight, {} failed",
                 i + 1,
@@ -185,6 +194,7 @@ fn run_in(
         machine: Machine::probe(),
         daemon: binary.display().to_string(),
         queue_size: cfg.queue_size,
+        remote: cfg.remote.clone(),
         recoveries,
         phases,
         daemon_log_warnings: Vec::new(),
@@ -207,6 +217,7 @@ fn crash_once(
     opts: &DriverOptions,
     depth: usize,
     i: usize,
+    kept: bool,
     daemon: &mut Daemon,
 ) -> Result<One, LiveUpdateError> {
     // A new driver each time: the last crash's ended its filesystem until a reset.
@@ -253,16 +264,36 @@ fn crash_once(
         .map_err(LiveUpdateError::Io)?;
     let at = killed.lock().unwrap_or_else(|e| e.into_inner()).expect("set before the join");
     let kill_ns = at.saturating_duration_since(base).as_nanos() as u64;
-    // The new process answers every request of the RAM filesystem with EIO (its state died
-    // with the old one), the old one none: its first completion is the first failed one, and
-    // the requests in flight at the kill are those issued before it and answered by it.
-    let in_flight = times.iter().filter(|t| t.1 < kill_ns && t.2).count();
-    let first = times
-        .iter()
-        .filter(|t| t.2)
-        .map(|t| t.0)
-        .min()
-        .ok_or_else(|| LiveUpdateError::Daemon("no request answered by the new process".into()))?;
+    let (first, in_flight) = if kept {
+        // An export's state is kept: the new process answers as the old one would, so its
+        // first completion is the one after the longest pause in completions that follows the
+        // kill (the old process stops answering within a millisecond of the signal).
+        let mut after: Vec<(u64, u64)> = times.iter().filter(|t| t.0 >= kill_ns).map(|t| (t.0, t.1)).collect();
+        after.sort_unstable();
+        let mut prev = kill_ns;
+        let mut best: Option<(u64, u64)> = None;
+        for &(reaped, _) in &after {
+            if best.is_none_or(|(gap, _)| reaped - prev > gap) {
+                best = Some((reaped - prev, reaped));
+            }
+            prev = reaped;
+        }
+        let first = best
+            .map(|(_, at)| at)
+            .ok_or_else(|| LiveUpdateError::Daemon("no request answered by the new process".into()))?;
+        (first, after.iter().filter(|t| t.0 >= first && t.1 < kill_ns).count())
+    } else {
+        // The new process answers every request of the RAM filesystem with EIO (its state died
+        // with the old one), the old one none: its first completion is the first failed one,
+        // and the requests in flight at the kill are those issued before it and answered by it.
+        let first = times
+            .iter()
+            .filter(|t| t.2)
+            .map(|t| t.0)
+            .min()
+            .ok_or_else(|| LiveUpdateError::Daemon("no request answered by the new process".into()))?;
+        (first, times.iter().filter(|t| t.1 < kill_ns && t.2).count())
+    };
     let failed = times.iter().filter(|t| t.2).count() as u64;
     let new = wait_new_serving(ctl, old)?;
     daemon.serving = Some(new);
@@ -296,8 +327,11 @@ fn wait_new_serving(ctl: &Path, old: u32) -> Result<u32, LiveUpdateError> {
 /// The report as a table.
 pub fn table(r: &CrashReport) -> String {
     let mut s = format!(
-        "crash recovery: {} (queue size {}, RAM filesystem), {} recoveries\n\n",
-        r.daemon, r.queue_size, r.recoveries
+        "crash recovery: {} (queue size {}, {}), {} recoveries\n\n",
+        r.daemon,
+        r.queue_size,
+        r.remote.as_deref().map_or("RAM filesystem".into(), |u| format!("NFS export {u}")),
+        r.recoveries
     );
     s +=
         "| depth | crashes | kill to first completion p50 / p99 / max (ms) | requests completed | failed |\n";

@@ -112,11 +112,12 @@ struct Args {
     #[arg(long, value_name = "N", conflicts_with_all = ["socket_path", "remote", "multi"])]
     live_update: Option<usize>,
     /// Measure what a crash of the serving process costs instead of the phase list (issue
-    /// 24): start the daemon binary with --live-update (one RAM-filesystem function), and at
-    /// QD=1 and QD = queue size kill its serving process N times with SIGKILL while the driver
-    /// reads random 4 KiB blocks; per depth, the time from the kill to the first completion
-    /// (p50/p99/max) and the requests that failed (--queue-size, --daemon and --json apply).
-    #[arg(long, value_name = "N", conflicts_with_all = ["socket_path", "remote", "multi", "live_update"])]
+    /// 24): start the daemon binary with --live-update (one RAM-filesystem function, or with
+    /// --remote the NFS export), and at QD=1 and QD = queue size kill its serving process N
+    /// times with SIGKILL while the driver reads random 4 KiB blocks; per depth, the time from
+    /// the kill to the first completion by the new process (p50/p99/max) and the requests that
+    /// failed (--queue-size, --daemon, --remote and --json apply).
+    #[arg(long, value_name = "N", conflicts_with_all = ["socket_path", "multi", "live_update"])]
     crash: Option<usize>,
     /// In --live-update or --crash, the daemon binary (default: `virtiofs-dpu` beside this
     /// executable).
@@ -313,7 +314,12 @@ fn print_run<R: serde::Serialize>(
 
 /// `--crash N`: what crashes of the serving process cost.
 fn crash(a: &Args, crashes: usize) -> ExitCode {
-    let cfg = bench::crash::CrashConfig { daemon: a.daemon.clone(), crashes, queue_size: a.queue_size };
+    let cfg = bench::crash::CrashConfig {
+        daemon: a.daemon.clone(),
+        crashes,
+        queue_size: a.queue_size,
+        remote: a.remote.clone(),
+    };
     let mut progress = |line: &str| eprintln!("{line}");
     match print_run(a, bench::crash::run(&cfg, &mut progress), bench::crash::table) {
         Ok(_) => ExitCode::SUCCESS,
