@@ -2,7 +2,7 @@
 //! the UNSTABLE store's index, as fixed-size records in a memfd the daemon's supervisor holds,
 //! written as the tables change (under their own mutexes, a few plain stores each: no system
 //! call, no lock of its own). A process started after the serving one was killed reads them
-//! back ([`NfsKeep::read`]) into the same [`NfsState`] a live update hands over, and goes on
+//! back (`NfsState::kept`, in `state.rs`) into the same `NfsState` a live update hands over, and goes on
 //! writing the same records; the store's bytes are in their own memfd (held the same way).
 //!
 //! Every record is written body first and its head word last, and a head word is one atomic

@@ -294,7 +294,7 @@ mod tests {
         let d = tables.nodes.reference(&fh(4)).unwrap();
         tables.nodes.opened(b).unwrap();
         let file = |nodeid, dir| OpenFile { nodeid, flags: 2, dir, cookieverf: [0; 8], eof_at: 0 };
-        let hb = tables.handles.open(file(b, false)).unwrap();
+        tables.handles.open(file(b, false)).unwrap();
         tables.nodes.opened(a).unwrap();
         let ha = tables.handles.open(file(a, true)).unwrap();
         tables.handles.set_cookieverf(ha, *b"cookieve", 42);

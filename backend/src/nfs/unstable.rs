@@ -837,7 +837,7 @@ impl UnstableStore {
             }
             inner.seq = state.seq;
             inner.answers = state.answers;
-            store.publish(&inner);
+            store.publish(inner);
         }
         *store.stats.lock().unwrap_or_else(|e| e.into_inner()) = state.stats;
         Ok(store)

@@ -328,7 +328,10 @@ impl<F: FileSystem> Server<F> {
         let mut state = self.save_session();
         state.waits = Default::default();
         if !record.write(&state) {
-            log::warn!("fuse: the session's {} locks outgrow its record: a crash would end it", state.locks.len());
+            log::warn!(
+                "fuse: the session's {} locks outgrow its record: a crash would end it",
+                state.locks.len()
+            );
         }
     }
 
