@@ -227,6 +227,15 @@ impl Ganesha {
         let _ = c.wait();
     }
 
+    /// Sends `sig` to the server (SIGSTOP, SIGCONT: a server that stops answering for a while).
+    #[allow(dead_code)]
+    pub fn signal(&self, sig: i32) {
+        if let Some(c) = &self.child {
+            // SAFETY: a plain system call on our own child's pid.
+            unsafe { libc::kill(c.id() as i32, sig) };
+        }
+    }
+
     /// Whether the server runs.
     pub fn running(&self) -> bool {
         self.child.is_some()
