@@ -222,6 +222,19 @@ pub trait Keeper: Send + Sync {
     ) -> Arc<dyn vfio_user::handover::CheckpointSink>;
     /// Function `tag` is gone: its checkpoint is dropped.
     fn forget(&self, tag: &str);
+    /// What holds function `tag`'s backend descriptors across a crash.
+    fn descriptors(&self, tag: &str) -> Arc<dyn virtiofs_backend::passthrough::keep::DescriptorKeeper>;
+}
+
+/// Makes `built`'s backend keep its state for a crash through `keeper` where it can (a
+/// shared directory: its records and descriptors); a failure is logged (a crash would then
+/// end the function).
+fn keep_descriptors(keeper: &Arc<dyn Keeper>, tag: &str, built: &Built) {
+    if let Some(saver) = &built.saver {
+        if let Err(why) = saver.keep_descriptors(keeper.descriptors(tag)) {
+            log::warn!("function {tag:?}: its backend is not kept for a crash: {why}");
+        }
+    }
 }
 
 /// The functions of a daemon and the pollers they share.
@@ -330,10 +343,20 @@ impl FunctionSet {
             placement.clone(),
         )?;
         if let Some(k) = &inner.keeper {
+            keep_descriptors(k, spec.tag(), &built);
             server.keep_checkpoints(k.sink(spec.tag(), &origin, built.saver.clone()));
         }
         let device = RunningDevice::run_server(server, spec.tag())?;
         self.insert(&mut inner, spec, placement, device, built, origin)
+    }
+
+    /// What holds function `tag`'s backend descriptors across a crash, when functions keep
+    /// checkpoints.
+    pub fn descriptor_keeper(
+        &self,
+        tag: &str,
+    ) -> Option<Arc<dyn virtiofs_backend::passthrough::keep::DescriptorKeeper>> {
+        self.lock().keeper.as_ref().map(|k| k.descriptors(tag))
     }
 
     /// Where the queues of a new function `spec` describes go (checked against the functions
@@ -381,6 +404,7 @@ impl FunctionSet {
         self.placement(&inner, &spec, 0)?;
         let mut server = server;
         if let Some(k) = &inner.keeper {
+            keep_descriptors(k, spec.tag(), &built);
             server.keep_checkpoints(k.sink(spec.tag(), &origin, built.saver.clone()));
         }
         let device = RunningDevice::run_server(server, spec.tag())?;

@@ -366,6 +366,28 @@ fn take_function(
             let active = part.device.function.status & virtiofs_device::pci::status::DRIVER_OK != 0;
             fresh(&fspec, active)
         }
+        (BackendSpec::SharedDir { .. }, state::BackendPart::PassthroughKept { held }) => {
+            let records = files.next("the share's records")?;
+            let session = files.next("the FUSE session's record")?;
+            let held_files = files.rest();
+            let keeper = functions.descriptor_keeper(fspec.tag());
+            let recovered = share_setup(spec, shares, &fspec, &origin).and_then(|(cfg, io_mode, proc_fd)| {
+                backend::recover_passthrough(
+                    options, cfg, io_mode, proc_fd, held, records, session, held_files, keeper,
+                )
+            });
+            match recovered {
+                Ok(b) => b,
+                Err(why) => {
+                    log::error!(
+                        "function {:?}: its shared directory cannot be recovered: {why}",
+                        fspec.tag()
+                    );
+                    let active = part.device.function.status & virtiofs_device::pci::status::DRIVER_OK != 0;
+                    fresh(&fspec, active)
+                }
+            }
+        }
         _ => match &fspec.backend {
             BackendSpec::Ram { .. } => match backends::open(&fspec, true, DescriptorShare::OneOf(1)) {
                 Ok(Opened::Ram(cfg)) => {
@@ -412,8 +434,12 @@ fn take_function(
                     match backend::recover_nfs(options, opts, data, records, session) {
                         Ok(b) => b,
                         Err(why) => {
-                            log::error!("function {:?}: its NFS state cannot be recovered: {why}", fspec.tag());
-                            let active = part.device.function.status & virtiofs_device::pci::status::DRIVER_OK != 0;
+                            log::error!(
+                                "function {:?}: its NFS state cannot be recovered: {why}",
+                                fspec.tag()
+                            );
+                            let active =
+                                part.device.function.status & virtiofs_device::pci::status::DRIVER_OK != 0;
                             fresh(&fspec, active)
                         }
                     }

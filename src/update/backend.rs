@@ -12,6 +12,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use virtiofs_backend::nfs::fs::{NfsFs, NfsOptions};
+use virtiofs_backend::passthrough::keep::{DescriptorKeeper, HeldItem, ShareKeep};
 use virtiofs_backend::passthrough::state::{Held, PassthroughRestoring};
 use virtiofs_backend::passthrough::uring::IoMode;
 use virtiofs_backend::passthrough::PassthroughConfig;
@@ -82,6 +83,13 @@ pub trait SavesState: Send + Sync {
     fn kept(&self) -> Option<Result<(BackendPart, Vec<OwnedFd>), String>> {
         None
     }
+
+    /// Keeps the backend's state for a crash from now on, its descriptors held by `keeper`
+    /// (the supervisor), where the backend needs that (a shared directory); called before the
+    /// function serves. Nothing for the others.
+    fn keep_descriptors(&self, _keeper: Arc<dyn DescriptorKeeper>) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 fn ramfs_memfd(fs: &RamFs) -> Result<Vec<OwnedFd>, String> {
@@ -150,6 +158,40 @@ impl SavesState for FuseHandler<PassthroughFs> {
 
     /// Nothing is shared but the host's files, which the new process now holds too.
     fn handed_over(&self) {}
+
+    /// The nodes' records and the session's record (the supervisor fills in what it holds).
+    fn kept(&self) -> Option<Result<(BackendPart, Vec<OwnedFd>), String>> {
+        let keep = self.server().filesystem().kept()?;
+        let session = self.server().session_record()?;
+        Some((|| {
+            let records =
+                keep.memfd().try_clone_to_owned().map_err(|e| format!("the share's records: {e}"))?;
+            let session =
+                session.memfd().try_clone_to_owned().map_err(|e| format!("the session record: {e}"))?;
+            Ok((BackendPart::PassthroughKept { held: Vec::new() }, vec![records, session]))
+        })())
+    }
+
+    /// New records (unless a recovery reopened them) and the session's, every node and handle
+    /// held by `keeper`.
+    fn keep_descriptors(&self, keeper: Arc<dyn DescriptorKeeper>) -> Result<(), String> {
+        let server = self.server();
+        let fs = server.filesystem();
+        if fs.kept().is_some() {
+            return Ok(());
+        }
+        let cfg = fs.config();
+        let keep = ShareKeep::create(cfg.max_nodes.saturating_add(cfg.max_handles))
+            .map_err(|e| format!("the share's records: {e}"))?;
+        keep.set_keeper(keeper);
+        if server.session_record().is_none() {
+            server.keep_session(Arc::new(
+                SessionRecord::new().map_err(|e| format!("the session record: {e}"))?,
+            ));
+        }
+        fs.keep_in(Arc::new(keep), &Default::default());
+        Ok(())
+    }
 }
 
 impl SavesState for FuseHandler<NfsFs> {
@@ -177,7 +219,8 @@ impl SavesState for FuseHandler<NfsFs> {
         let session = self.server().session_record()?;
         Some((|| {
             let (records, data) = files.map_err(|e| format!("the NFS records: {e}"))?;
-            let session = session.memfd().try_clone_to_owned().map_err(|e| format!("the session record: {e}"))?;
+            let session =
+                session.memfd().try_clone_to_owned().map_err(|e| format!("the session record: {e}"))?;
             Ok((BackendPart::NfsKept, vec![OwnedFd::from(data), OwnedFd::from(records), session]))
         })())
     }
@@ -294,10 +337,53 @@ pub fn restore_passthrough(
     };
     fs.set_io_mode(io_mode);
     let descriptors = fs.descriptor_limit();
-    serve(fs, options, &session, descriptors, |s| crate::FuseStats {
-        io: Some(s.server().filesystem().engine_stats()),
-        ..s.stats()
-    }, None)
+    serve(
+        fs,
+        options,
+        &session,
+        descriptors,
+        |s| crate::FuseStats { io: Some(s.server().filesystem().engine_stats()), ..s.stats() },
+        None,
+    )
+}
+
+/// The shared directory of a function whose serving process was killed (issue 24), `cfg`
+/// (its root as this process names it), from the nodes' `records`, the descriptors the
+/// supervisor `held` (`files`, in the same order) and the FUSE `session`'s record; nodes are
+/// reopened through `proc_fd`, and `keeper` holds them from now on. `Err`: the function then
+/// ends as one whose state was lost.
+#[allow(clippy::too_many_arguments)]
+pub fn recover_passthrough(
+    options: ServerOptions,
+    cfg: PassthroughConfig,
+    io_mode: IoMode,
+    proc_fd: OwnedFd,
+    held: &[(u64, HeldItem)],
+    records: File,
+    session: File,
+    files: Vec<File>,
+    keeper: Option<Arc<dyn DescriptorKeeper>>,
+) -> Result<Built, String> {
+    let record = SessionRecord::open(session)?;
+    let state = record.read()?.ok_or("no FUSE session was kept (none began, or it outgrew its record)")?;
+    let keep = ShareKeep::open(records)?;
+    keep.set_keeper(keeper.ok_or("no supervisor holds its descriptors")?);
+    let r = PassthroughFs::recover(cfg, proc_fd, &keep, held, files, state.negotiated)
+        .map_err(|e| crate::error_chain(&e))?;
+    let mut fs = r.fs;
+    fs.set_io_mode(io_mode);
+    let keep = Arc::new(keep);
+    fs.keep_in(keep.clone(), &r.slots);
+    keep.let_go(&r.dropped);
+    let descriptors = fs.descriptor_limit();
+    serve(
+        fs,
+        options,
+        &state,
+        descriptors,
+        |s| crate::FuseStats { io: Some(s.server().filesystem().engine_stats()), ..s.stats() },
+        Some(record),
+    )
 }
 
 /// The backend of a function taken over: the NFS export `opts` names, restored from `part`
@@ -312,7 +398,8 @@ pub fn restore_nfs(
     let BackendPart::Nfs { fs, session } = part else {
         return Err("its state is not an NFS export's".into());
     };
-    let record = opts.keep.then(SessionRecord::new).transpose().map_err(|e| format!("the session record: {e}"))?;
+    let record =
+        opts.keep.then(SessionRecord::new).transpose().map_err(|e| format!("the session record: {e}"))?;
     let fs = NfsFs::restore(opts, &fs, data, records)?;
     serve(fs, options, &session, 0, nfs_stats, record)
 }

@@ -18,12 +18,13 @@
 //! it: a Linux guest sees `EIO` on that mount until the driver is rebound, or a new client
 //! comes); then a RAM filesystem serves again, empty.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use virtiofs_backend::abi::{InHeader, OutHeader};
+use virtiofs_backend::passthrough::keep::{DescriptorKeeper, HeldItem};
 use virtiofs_device::poller::{Engine, Outcome, RequestHandler, Taken};
 use virtiofs_device::stats::{OpClass, Tally};
 use virtiofs_device::vfio_user::handover::{CheckpointSink, ServerHandover};
@@ -55,6 +56,55 @@ pub enum Kept {
         /// Its tag.
         tag: String,
     },
+    /// Descriptors of the function's backend to hold (a shared directory's nodes and open
+    /// handles: `passthrough::keep`), one per item, replacing any held under the same key.
+    Hold {
+        /// The function's tag.
+        tag: String,
+        /// Each descriptor's key and what it is.
+        items: Vec<(u64, HeldItem)>,
+    },
+    /// The backend let these go: their descriptors close. No descriptor.
+    Let {
+        /// The function's tag.
+        tag: String,
+        /// Their keys.
+        keys: Vec<u64>,
+    },
+    /// Every descriptor held for the function goes (it holds them anew next). No descriptor.
+    LetAll {
+        /// The function's tag.
+        tag: String,
+    },
+}
+
+/// A function's backend descriptors given to the supervisor ([`Kept::Hold`]).
+struct FunctionDescriptors {
+    chan: Arc<KeptChannel>,
+    tag: String,
+}
+
+impl DescriptorKeeper for FunctionDescriptors {
+    fn hold(&self, items: &[(u64, HeldItem)], fds: &[BorrowedFd<'_>]) -> bool {
+        let msg = Kept::Hold { tag: self.tag.clone(), items: items.to_vec() };
+        let chan = self.chan.chan.lock().unwrap_or_else(|e| e.into_inner());
+        match chan.send(&msg, fds) {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!("descriptors not held by the supervisor: {}", crate::error_chain(&e));
+                self.chan.failed.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    fn let_go(&self, keys: &[u64]) {
+        send(&self.chan, &Kept::Let { tag: self.tag.clone(), keys: keys.to_vec() }, &[]);
+    }
+
+    fn let_all_go(&self) {
+        send(&self.chan, &Kept::LetAll { tag: self.tag.clone() }, &[]);
+    }
 }
 
 /// The serving process's end of the checkpoint channel (shared by every function's sink).
@@ -123,12 +173,21 @@ impl CheckpointKeeper {
 }
 
 impl Keeper for CheckpointKeeper {
-    fn sink(&self, tag: &str, origin: &Origin, backend: Option<Arc<dyn SavesState>>) -> Arc<dyn CheckpointSink> {
+    fn sink(
+        &self,
+        tag: &str,
+        origin: &Origin,
+        backend: Option<Arc<dyn SavesState>>,
+    ) -> Arc<dyn CheckpointSink> {
         Arc::new(FunctionSink { chan: self.0.clone(), tag: tag.to_string(), origin: origin.clone(), backend })
     }
 
     fn forget(&self, tag: &str) {
         send(&self.0, &Kept::Forget { tag: tag.to_string() }, &[]);
+    }
+
+    fn descriptors(&self, tag: &str) -> Arc<dyn DescriptorKeeper> {
+        Arc::new(FunctionDescriptors { chan: self.0.clone(), tag: tag.to_string() })
     }
 }
 

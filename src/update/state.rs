@@ -201,6 +201,15 @@ pub enum BackendPart {
     /// store's bytes, the records' memfd (`nfs::keep`), the FUSE session's record
     /// (`session_record`).
     NfsKept,
+    /// A checkpoint's shared directory (crash recovery, issue 24): its nodes' records and the
+    /// descriptors the supervisor held for it. Its descriptors: the records' memfd
+    /// (`passthrough::keep`), the FUSE session's record, then one per `held` item.
+    PassthroughKept {
+        /// What each held descriptor is, by key (node id, or handle id with the top bit):
+        /// filled in by the supervisor as it replays the checkpoint (empty as sent).
+        #[serde(default)]
+        held: Vec<(u64, virtiofs_backend::passthrough::keep::HeldItem)>,
+    },
     /// An NFS export: its mount, node table, handles and UNSTABLE store, and its session; the
     /// memfd of the store's bytes is the last descriptor.
     Nfs {

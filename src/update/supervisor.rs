@@ -90,6 +90,9 @@ impl CrashLimit {
 struct Checkpoints {
     functions: Vec<(String, serde_json::Value, Vec<File>)>,
     control: Option<(serde_json::Value, Vec<File>)>,
+    /// Each function's backend descriptors held for it (`Kept::Hold`: a shared directory's
+    /// nodes and handles), by key, with what each is.
+    held: HashMap<String, std::collections::BTreeMap<u64, (serde_json::Value, File)>>,
 }
 
 impl Checkpoints {
@@ -108,6 +111,30 @@ impl Checkpoints {
         } else if let Some(f) = kept.get("forget") {
             let tag = tag(f).ok_or("a forget without a tag")?;
             self.functions.retain(|f| f.0 != tag);
+            self.held.remove(&tag);
+        } else if let Some(h) = kept.get("hold") {
+            let tag = tag(h).ok_or("a hold without a tag")?;
+            let items = h.get("items").and_then(|i| i.as_array()).ok_or("a hold without items")?;
+            if items.len() != files.len() {
+                return Err(format!("a hold of {} items with {} descriptors", items.len(), files.len()));
+            }
+            let held = self.held.entry(tag).or_default();
+            for (item, file) in items.iter().zip(files) {
+                let key = item.get(0).and_then(|k| k.as_u64()).ok_or("a held item without a key")?;
+                let what = item.get(1).cloned().ok_or("a held item without what it is")?;
+                held.insert(key, (what, file));
+            }
+        } else if let Some(l) = kept.get("let") {
+            let tag = tag(l).ok_or("a let without a tag")?;
+            let keys = l.get("keys").and_then(|k| k.as_array()).ok_or("a let without keys")?;
+            if let Some(held) = self.held.get_mut(&tag) {
+                for k in keys.iter().filter_map(|k| k.as_u64()) {
+                    held.remove(&k);
+                }
+            }
+        } else if let Some(l) = kept.get("let_all") {
+            let tag = tag(l).ok_or("a let_all without a tag")?;
+            self.held.remove(&tag);
         } else {
             return Err(format!("an unknown checkpoint: {}", kept.as_object().map_or(0, |o| o.len())));
         }
@@ -123,7 +150,14 @@ impl Checkpoints {
                 .and_then(|p| p.as_str())
                 .is_some_and(|p| Path::new(p) == path)
         };
+        let gone: Vec<String> = (self.functions.iter())
+            .filter(|(_, v, _)| named(v, "path") || named(v, "socket_file"))
+            .map(|(t, _, _)| t.clone())
+            .collect();
         self.functions.retain(|(_, v, _)| !named(v, "path") && !named(v, "socket_file"));
+        for t in gone {
+            self.held.remove(&t);
+        }
     }
 
     fn is_empty(&self) -> bool {
@@ -139,8 +173,24 @@ impl Checkpoints {
         if let Some((m, f)) = &self.control {
             all.push((m.clone(), dup(f)?));
         }
-        for (_, m, f) in &self.functions {
-            all.push((m.clone(), dup(f)?));
+        for (tag, m, f) in &self.functions {
+            let mut m = m.clone();
+            let mut fds = dup(f)?;
+            // A shared directory's checkpoint: the descriptors held for it go after its own,
+            // each named in its backend part.
+            let part = m
+                .get_mut("function")
+                .and_then(|f| f.get_mut("backend"))
+                .and_then(|b| b.get_mut("passthrough_kept"));
+            if let (Some(part), Some(held)) = (part, self.held.get(tag)) {
+                let items: Vec<serde_json::Value> =
+                    held.iter().map(|(k, (what, _))| serde_json::json!([k, what])).collect();
+                part["held"] = serde_json::Value::Array(items);
+                for (_, file) in held.values() {
+                    fds.push(OwnedFd::from(file.try_clone()?));
+                }
+            }
+            all.push((m, fds));
         }
         Ok(all)
     }

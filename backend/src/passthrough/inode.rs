@@ -12,7 +12,9 @@
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
+
+use super::keep::{HeldItem, NodeRecord, ShareKeep};
 
 use crate::abi::ROOT_ID;
 
@@ -51,13 +53,33 @@ pub struct Inode {
     parent: Mutex<Option<Arc<Inode>>>,
     /// Open handles on it.
     pub opens: AtomicU64,
+    /// Its slot in the records kept for a crash (`keep.rs`), once it has one.
+    kept: OnceLock<(Arc<ShareKeep>, u32)>,
+}
+
+impl Drop for Inode {
+    fn drop(&mut self) {
+        if let Some((k, slot)) = self.kept.get() {
+            k.gone(*slot, self.id);
+        }
+    }
 }
 
 impl Inode {
     /// A node taken over from another process (a live update): its parent is set once every
     /// node exists (`Inode::set_parent`).
     pub fn restored(id: u64, fd: OwnedFd, key: InodeKey, kind: u32) -> Self {
-        Inode { id, fd, key, kind, parent: Mutex::new(None), opens: AtomicU64::new(0) }
+        Inode { id, fd, key, kind, parent: Mutex::new(None), opens: AtomicU64::new(0), kept: OnceLock::new() }
+    }
+
+    /// Its slot in the records kept for a crash, if it has one.
+    pub fn kept_slot(&self) -> Option<u32> {
+        self.kept.get().map(|(_, s)| *s)
+    }
+
+    /// What the supervisor holds its descriptor as.
+    pub fn held_item(&self) -> HeldItem {
+        HeldItem::Node { key: (self.key.dev, self.key.ino, self.key.mnt), kind: self.kind }
     }
 
     /// The `O_PATH` descriptor.
@@ -97,6 +119,8 @@ struct Inner {
     /// While a live update copies the table ahead of its quiet point: the nodes whose table
     /// entry (presence, references) or parent changed since ([`InodeTable::start_log`]).
     log: Option<ChangeLog>,
+    /// The records kept for a crash (`keep.rs`): each change is written there.
+    keep: Option<Arc<ShareKeep>>,
 }
 
 /// The most nodes one copy's window logs; past it the copy is given up (the share travels
@@ -112,9 +136,19 @@ struct ChangeLog {
 }
 
 impl Inner {
+    /// Writes `inode`'s record, if it is kept: its references while it is in the table (as
+    /// this node), its parent.
+    fn keep_record(&self, inode: &Arc<Inode>) {
+        let (Some(k), Some((_, slot))) = (&self.keep, inode.kept.get()) else { return };
+        let refs = self.by_id.get(&inode.id).filter(|s| Arc::ptr_eq(&s.inode, inode)).map(|s| s.refs);
+        let parent = inode.parent().map_or(0, |p| p.id);
+        k.write(&NodeRecord { slot: *slot, id: inode.id, refs, parent });
+    }
+
     /// Logs `inode` as changed. The root is never logged: its entry (one reference, no
     /// parent) never changes as far as a successor is concerned.
     fn mark(&mut self, inode: &Arc<Inode>) {
+        self.keep_record(inode);
         if inode.id == ROOT_ID {
             return;
         }
@@ -145,6 +179,7 @@ impl InodeTable {
             kind: u32::from(st.stx_mode) & libc::S_IFMT,
             parent: Mutex::new(None),
             opens: AtomicU64::new(0),
+            kept: OnceLock::new(),
         });
         let mut inner = Inner { next_id: ROOT_ID + 1, ..Default::default() };
         inner.by_id.insert(ROOT_ID, Slot { inode: root.clone(), refs: 1 });
@@ -226,8 +261,22 @@ impl InodeTable {
         let id = inner.next_id;
         inner.next_id += 1;
         let parent = parent.filter(|_| kind == libc::S_IFDIR).cloned();
-        let inode =
-            Arc::new(Inode { id, fd, key, kind, parent: Mutex::new(parent), opens: AtomicU64::new(0) });
+        let inode = Arc::new(Inode {
+            id,
+            fd,
+            key,
+            kind,
+            parent: Mutex::new(parent),
+            opens: AtomicU64::new(0),
+            kept: OnceLock::new(),
+        });
+        if let Some(k) = &inner.keep {
+            // Its descriptor to the supervisor before anyone can answer with its id.
+            if let Some(slot) = k.alloc() {
+                let _ = inode.kept.set((k.clone(), slot));
+                k.hold(&[(id, inode.held_item())], &[inode.fd()]);
+            }
+        }
         inner.by_id.insert(id, Slot { inode: inode.clone(), refs: 1 });
         inner.by_key.insert(key, id);
         inner.mark(&inode);
@@ -253,6 +302,7 @@ impl InodeTable {
                 if inner.by_key.get(&s.inode.key) == Some(&id) {
                     inner.by_key.remove(&s.inode.key);
                 }
+                inner.keep_record(&s.inode);
             }
             gone
         };
@@ -270,6 +320,9 @@ impl InodeTable {
             }
             let root = by_id.remove(&ROOT_ID);
             inner.by_key.clear();
+            for slot in by_id.values() {
+                inner.keep_record(&slot.inode);
+            }
             if let Some(root) = root {
                 inner.by_key.insert(root.inode.key, ROOT_ID);
                 inner.by_id.insert(ROOT_ID, Slot { inode: root.inode, refs: 1 });
@@ -313,6 +366,32 @@ impl InodeTable {
             inner.by_id.insert(inode.id, Slot { inode, refs });
         }
         InodeTable { inner: RwLock::new(inner), root }
+    }
+
+    /// Keeps the table in `keep` from now on (crash recovery): every node in it and every
+    /// one of `others` (out of the table, held by a handle or a child directory) gets a slot
+    /// (its slot in `slots`, a recovery's, else a new one), its record and its descriptor held.
+    pub fn keep_in(&self, keep: &Arc<ShareKeep>, slots: &HashMap<u64, u32>, others: &[Arc<Inode>]) {
+        let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+        let mut all: Vec<Arc<Inode>> = inner.by_id.values().map(|s| s.inode.clone()).collect();
+        all.extend(others.iter().filter(|o| !inner.by_id.contains_key(&o.id)).cloned());
+        for chunk in all.chunks(200) {
+            let mut items = Vec::with_capacity(chunk.len());
+            let mut fds = Vec::with_capacity(chunk.len());
+            for inode in chunk {
+                if inode.kept.get().is_none() {
+                    let Some(slot) = slots.get(&inode.id).copied().or_else(|| keep.alloc()) else { continue };
+                    let _ = inode.kept.set((keep.clone(), slot));
+                }
+                items.push((inode.id, inode.held_item()));
+                fds.push(inode.fd());
+            }
+            keep.hold(&items, &fds);
+        }
+        inner.keep = Some(keep.clone());
+        for inode in &all {
+            inner.keep_record(inode);
+        }
     }
 
     /// Logs every change from now on (a live update's copy; forgets an earlier log).

@@ -62,6 +62,7 @@ use crate::io::{Reader, Writer};
 
 pub mod creds;
 pub mod inode;
+pub mod keep;
 mod ops;
 pub mod sandbox;
 pub mod seccomp;
@@ -276,6 +277,18 @@ pub(crate) struct Handle {
     access: i32,
 }
 
+impl Handle {
+    /// What the supervisor holds its file as (crash recovery).
+    fn held_item(&self) -> keep::HeldItem {
+        keep::HeldItem::Handle {
+            node: self.inode.id,
+            dir: self.dir.is_some(),
+            access: self.access,
+            no_nowait: self.no_nowait.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// A passthrough filesystem over a host directory. See the module documentation.
 pub struct PassthroughFs {
     cfg: PassthroughConfig,
@@ -296,6 +309,8 @@ pub struct PassthroughFs {
     /// A copy is under way (set and read under the `handles` lock: opening and releasing a
     /// handle takes the `precopy` mutex only then).
     copying: AtomicBool,
+    /// The records and descriptors kept for a crash ([`PassthroughFs::keep_in`]).
+    keep: std::sync::OnceLock<Arc<keep::ShareKeep>>,
 }
 
 impl std::fmt::Debug for PassthroughFs {
@@ -457,6 +472,7 @@ impl PassthroughFs {
             engines: Mutex::new(Vec::new()),
             precopy: Mutex::new(None),
             copying: AtomicBool::new(false),
+            keep: std::sync::OnceLock::new(),
         })
     }
 
@@ -539,6 +555,11 @@ impl PassthroughFs {
         self.inodes.refs(ino)
     }
 
+    /// Its configuration (limits as fitted at start).
+    pub fn config(&self) -> &PassthroughConfig {
+        &self.cfg
+    }
+
     /// Open file and directory handles.
     pub fn handle_count(&self) -> usize {
         self.handles.read().unwrap_or_else(PoisonError::into_inner).len()
@@ -599,6 +620,10 @@ impl PassthroughFs {
         let h = Arc::new(Handle { inode, file, dir, memory_backed, no_nowait: Default::default(), access });
         let mut handles = self.handles.write().unwrap_or_else(PoisonError::into_inner);
         self.handle_changed(fh);
+        if let Some(k) = self.keep.get() {
+            // Its file to the supervisor before the OPEN is answered.
+            k.hold(&[(fh | keep::HANDLE_KEY, h.held_item())], &[h.file.as_fd()]);
+        }
         handles.insert(fh, h);
         fh
     }
@@ -609,6 +634,9 @@ impl PassthroughFs {
             match handles.get(&fh) {
                 Some(h) if h.inode.id == ino => {
                     self.handle_changed(fh);
+                    if let Some(k) = self.keep.get() {
+                        k.let_go(&[fh | keep::HANDLE_KEY]);
+                    }
                     handles.remove(&fh)
                 }
                 _ => return Err(Error::BadHandle),

@@ -23,6 +23,9 @@ impl FileSystem for PassthroughFs {
         let handles = {
             let mut handles = self.handles.write().unwrap_or_else(PoisonError::into_inner);
             handles.keys().for_each(|&fh| self.handle_changed(fh));
+            if let Some(k) = self.keep.get() {
+                k.let_go(&handles.keys().map(|&fh| fh | super::keep::HANDLE_KEY).collect::<Vec<_>>());
+            }
             std::mem::take(&mut *handles)
         };
         for h in handles.values() {

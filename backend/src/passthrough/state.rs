@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::inode::{Inode, InodeKey, InodeTable};
+use super::keep::{HeldItem, NodeRecord, ShareKeep, HANDLE_KEY};
 use super::{descriptor_budget, sys, uring, Handle, PassthroughConfig, PassthroughFs};
 use crate::abi::ROOT_ID;
 
@@ -484,9 +485,145 @@ impl PassthroughFs {
             engines: Mutex::new(Vec::new()),
             precopy: Mutex::new(None),
             copying: AtomicBool::new(false),
+            keep: std::sync::OnceLock::new(),
         };
         Ok((fs, nodes))
     }
+
+    /// Keeps the share for a crash from now on (issue 24): `keep`'s records and its keeper
+    /// (the supervisor) get every node and handle it holds now, then each change as it comes.
+    /// `slots`: the node slots a recovery read back (kept as they were; the descriptors the
+    /// supervisor held are held again under the same keys, so none is missing at any moment);
+    /// empty: everything held before for the function is let go first. Call before it serves.
+    pub fn keep_in(&self, keep: Arc<ShareKeep>, slots: &HashMap<u64, u32>) {
+        if slots.is_empty() {
+            keep.let_all_go();
+        }
+        let handles = self.handles.read().unwrap_or_else(PoisonError::into_inner);
+        // Nodes out of the table that a handle or a child directory holds.
+        let mut others: Vec<Arc<Inode>> = handles.values().map(|h| h.inode.clone()).collect();
+        let (entries, _) = self.inodes.entries();
+        let mut i = 0;
+        others.extend(entries.iter().map(|(n, _)| n.clone()));
+        while i < others.len() {
+            if let Some(p) = others[i].parent() {
+                if !others.iter().any(|o| o.id == p.id) {
+                    others.push(p);
+                }
+            }
+            i += 1;
+        }
+        self.inodes.keep_in(&keep, slots, &others);
+        for chunk in handles.iter().collect::<Vec<_>>().chunks(200) {
+            let items: Vec<_> = chunk.iter().map(|(&fh, h)| (fh | HANDLE_KEY, h.held_item())).collect();
+            let fds: Vec<_> = chunk.iter().map(|(_, h)| h.file.as_fd()).collect();
+            keep.hold(&items, &fds);
+        }
+        let _ = self.keep.set(keep);
+    }
+
+    /// The records kept for a crash, if it keeps them.
+    pub fn kept(&self) -> Option<&Arc<ShareKeep>> {
+        self.keep.get()
+    }
+
+    /// The share of a process killed while it served it (issue 24): its nodes' records in
+    /// `keep` and the descriptors the supervisor held for it (`held`, with `files` in the same
+    /// order), for the share `cfg` names, reopened through `proc_fd`; `session`: the FUSE
+    /// session's INIT flags. Nodes gone from the records are dropped; a node in the table
+    /// whose descriptor was not held refuses it. Then [`Self::keep_in`] with the same records
+    /// and the slots returned.
+    pub fn recover(
+        cfg: PassthroughConfig,
+        proc_fd: OwnedFd,
+        keep: &ShareKeep,
+        held: &[(u64, HeldItem)],
+        files: Vec<File>,
+        session: u64,
+    ) -> Result<Recovered, StateError> {
+        if held.len() != files.len() {
+            return Err(bad(format!("{} descriptors held for {} items", files.len(), held.len())));
+        }
+        // This process's limits, fitted to its descriptor budget as at start.
+        let mut cfg = cfg;
+        if let Ok(limit) = sys::raise_nofile_limit() {
+            super::fit_descriptor_limits(&mut cfg, limit);
+        }
+        let records: HashMap<u64, NodeRecord> = keep.read().into_iter().map(|r| (r.id, r)).collect();
+        let mut nodes: Vec<(NodeState, File)> = Vec::new();
+        let mut handles: Vec<(HandleState, File)> = Vec::new();
+        let (mut next_id, mut next_fh) = (ROOT_ID + 1, 1u64);
+        let mut dropped = Vec::new();
+        for ((key, item), file) in held.iter().zip(files) {
+            match item {
+                HeldItem::Node { key: k, kind } => {
+                    let Some(r) = records.get(key) else {
+                        dropped.push(*key);
+                        continue;
+                    };
+                    next_id = next_id.max(key + 1);
+                    let parent =
+                        (*kind == libc::S_IFDIR && r.parent != 0 && *key != ROOT_ID).then_some(r.parent);
+                    let refs = if *key == ROOT_ID { Some(1) } else { r.refs };
+                    nodes.push((NodeState { id: *key, key: *k, kind: *kind, parent, refs }, file));
+                }
+                HeldItem::Handle { node, dir, access, no_nowait } => {
+                    let fh = key & !HANDLE_KEY;
+                    next_fh = next_fh.max(fh + 1);
+                    let h =
+                        HandleState { fh, node: *node, dir: *dir, access: *access, no_nowait: *no_nowait };
+                    handles.push((h, file));
+                }
+            }
+        }
+        for r in records.values().filter(|r| r.refs.is_some()) {
+            if !nodes.iter().any(|(n, _)| n.id == r.id) {
+                return Err(bad(format!("node {} is in the table but its descriptor was not held", r.id)));
+            }
+        }
+        // The root first; parents and handles need their nodes.
+        nodes.sort_by_key(|(n, _)| (n.id != ROOT_ID, n.id));
+        let ids: HashSet<u64> = nodes.iter().map(|(n, _)| n.id).collect();
+        for (n, _) in &mut nodes {
+            if n.parent.is_some_and(|p| !ids.contains(&p)) {
+                n.parent = None;
+            }
+        }
+        handles.retain(|(h, _)| {
+            let keep = ids.contains(&h.node);
+            if !keep {
+                dropped.push(h.fh | HANDLE_KEY);
+            }
+            keep
+        });
+        let slots: HashMap<u64, u32> =
+            nodes.iter().filter_map(|(n, _)| records.get(&n.id).map(|r| (n.id, r.slot))).collect();
+        let state = PassthroughState {
+            version: PASSTHROUGH_STATE_VERSION,
+            max_nodes: cfg.max_nodes,
+            max_handles: cfg.max_handles,
+            session,
+            next_id,
+            next_fh,
+            nodes: nodes.iter().map(|(n, _)| n.clone()).collect(),
+            handles: handles.iter().map(|(h, _)| h.clone()).collect(),
+        };
+        let files = nodes.into_iter().map(|(_, f)| f).chain(handles.into_iter().map(|(_, f)| f)).collect();
+        let fs = Self::restore(cfg, proc_fd, &state, files)?;
+        keep.release_unused(&slots.values().copied().collect());
+        Ok(Recovered { fs, slots, dropped })
+    }
+}
+
+/// A shared directory recovered after a crash ([`PassthroughFs::recover`]).
+pub struct Recovered {
+    /// The share.
+    pub fs: PassthroughFs,
+    /// Each node's slot in the records (for [`PassthroughFs::keep_in`]).
+    pub slots: HashMap<u64, u32>,
+    /// The keys of descriptors held for it that it did not take (nodes gone just before the
+    /// kill): for the keeper to let go.
+    pub dropped: Vec<u64>,
 }
 
 /// A shared directory being taken over: built from a copy taken while its predecessor served,

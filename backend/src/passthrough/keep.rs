@@ -1,0 +1,274 @@
+//! A shared directory kept for a crash (issue 24): what a process started after the serving
+//! one was killed needs to serve the guest's nodes and handles on.
+//!
+//! Nodes and handles are host descriptors, which die with the process that holds them, so the
+//! daemon's supervisor holds a copy of each ([`DescriptorKeeper`]): a node's `O_PATH`
+//! descriptor is given to it when the node is made, an open handle's file when it is opened
+//! (under the table's or the handles' lock, before the request that made it is answered: a
+//! descriptor sent is in the supervisor's socket even if this process dies the next moment),
+//! and let go when the node goes or the handle is released. The node table's counts change on
+//! every LOOKUP and FORGET, too often for a message each: they are records in a memfd the
+//! supervisor holds ([`ShareKeep`]), a slot of four 64-bit words per node (head, node id, the
+//! kernel's lookup references, a directory's parent), each written with one atomic store, the
+//! head last, under the table's lock.
+//!
+//! Read back ([`ShareKeep::read`]), the records and the descriptors the supervisor held give
+//! the same `PassthroughState` a live update hands over (`state.rs`); a node whose record is
+//! gone (it went just before the kill) is dropped; a node in the table whose descriptor the
+//! supervisor does not have refuses the recovery (the function then ends as one whose state
+//! was lost).
+
+use std::fs::File;
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use serde::{Deserialize, Serialize};
+
+use crate::ramfs::sys::SharedWords;
+
+/// Set in a held descriptor's key: an open handle (its handle id below), not a node.
+pub const HANDLE_KEY: u64 = 1 << 63;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"VFDSHRK1");
+const HEADER_WORDS: usize = 8;
+const SLOT_WORDS: usize = 4;
+/// A head's bits: the slot holds a node; the node is in the table (the kernel holds it).
+const LIVE: u64 = 1 << 63;
+const IN_TABLE: u64 = 1 << 62;
+
+/// What the supervisor holds a descriptor as.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeldItem {
+    /// A node's `O_PATH` descriptor.
+    Node {
+        /// The host inode: `st_dev`, `st_ino`, mount id.
+        key: (u64, u64, u64),
+        /// Its file type (`S_IFMT` bits).
+        kind: u32,
+    },
+    /// An open handle's file.
+    Handle {
+        /// Its node.
+        node: u64,
+        /// A directory handle.
+        dir: bool,
+        /// `O_RDONLY`, `O_WRONLY` or `O_RDWR`.
+        access: i32,
+        /// `RWF_NOWAIT` refused for reads (bit 0) or writes (bit 1).
+        no_nowait: u8,
+    },
+}
+
+/// What holds a function's descriptors for it across a crash (the daemon's supervisor).
+pub trait DescriptorKeeper: Send + Sync {
+    /// Holds a copy of each of `fds` under its item's key (a node id, or a handle id with
+    /// [`HANDLE_KEY`]); `false`: they could not be given (a crash would not be recovered).
+    fn hold(&self, items: &[(u64, HeldItem)], fds: &[BorrowedFd<'_>]) -> bool;
+    /// Lets the descriptors of `keys` go.
+    fn let_go(&self, keys: &[u64]);
+    /// Lets every descriptor held for the function go (before all are held anew).
+    fn let_all_go(&self);
+}
+
+/// A node's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeRecord {
+    /// Its slot.
+    pub slot: u32,
+    /// Its node id.
+    pub id: u64,
+    /// In the table: the kernel's lookup references (`None`: out of the table, held by a
+    /// handle or a child directory).
+    pub refs: Option<u64>,
+    /// A directory's parent node (0: none).
+    pub parent: u64,
+}
+
+/// The records and the descriptor keeper (see the module documentation).
+pub struct ShareKeep {
+    words: SharedWords,
+    slots: usize,
+    free: Mutex<Vec<u32>>,
+    keeper: OnceLock<Arc<dyn DescriptorKeeper>>,
+    /// A descriptor could not be given: logged once.
+    failed: AtomicBool,
+}
+
+impl std::fmt::Debug for ShareKeep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShareKeep").field("slots", &self.slots).finish_non_exhaustive()
+    }
+}
+
+impl ShareKeep {
+    /// Records for `slots` nodes in a new memfd (sparse), every slot free.
+    pub fn create(slots: usize) -> std::io::Result<ShareKeep> {
+        let words = SharedWords::new("virtiofs-share-kept", HEADER_WORDS + slots * SLOT_WORDS)?;
+        words.store(1, slots as u64);
+        words.store(0, MAGIC);
+        Ok(Self::with(words, slots, &[]))
+    }
+
+    /// The records in `memfd` (a dead process's), their header checked; the slots of
+    /// [`Self::read`]'s records stay in use until [`Self::release_unused`].
+    pub fn open(memfd: File) -> Result<ShareKeep, String> {
+        let words = SharedWords::from_memfd(memfd).map_err(|e| format!("the share's records: {e}"))?;
+        if words.len() < HEADER_WORDS || words.load(0) != MAGIC {
+            return Err("the share's records are not this firmware's".into());
+        }
+        let slots = usize::try_from(words.load(1)).unwrap_or(usize::MAX);
+        if HEADER_WORDS.saturating_add(slots.saturating_mul(SLOT_WORDS)) > words.len() {
+            return Err("the share's records are shorter than their header says".into());
+        }
+        let used: Vec<u32> = (0..slots as u32)
+            .filter(|&s| words.load(HEADER_WORDS + s as usize * SLOT_WORDS) & LIVE != 0)
+            .collect();
+        Ok(Self::with(words, slots, &used))
+    }
+
+    fn with(words: SharedWords, slots: usize, used: &[u32]) -> ShareKeep {
+        let free = (0..slots as u32).rev().filter(|s| !used.contains(s)).collect();
+        ShareKeep {
+            words,
+            slots,
+            free: Mutex::new(free),
+            keeper: OnceLock::new(),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// The memfd (for the supervisor to hold).
+    pub fn memfd(&self) -> BorrowedFd<'_> {
+        self.words.memfd()
+    }
+
+    /// How many nodes it has room for.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Gives the descriptors to `keeper` from now on (once).
+    pub fn set_keeper(&self, keeper: Arc<dyn DescriptorKeeper>) {
+        let _ = self.keeper.set(keeper);
+    }
+
+    /// Whether descriptors go to a keeper.
+    pub fn has_keeper(&self) -> bool {
+        self.keeper.get().is_some()
+    }
+
+    /// A free slot for a new node; `None` when all are taken (the node is then not kept).
+    pub fn alloc(&self) -> Option<u32> {
+        self.free.lock().unwrap_or_else(PoisonError::into_inner).pop()
+    }
+
+    /// Writes node `r`'s record (body, then head).
+    pub fn write(&self, r: &NodeRecord) {
+        let at = HEADER_WORDS + r.slot as usize * SLOT_WORDS;
+        if r.slot as usize >= self.slots {
+            return;
+        }
+        self.words.store(at + 1, r.id);
+        self.words.store(at + 2, r.refs.unwrap_or(0));
+        self.words.store(at + 3, r.parent);
+        self.words.store(at, LIVE | if r.refs.is_some() { IN_TABLE } else { 0 });
+    }
+
+    /// Node `id` in `slot` is gone: its record is cleared, its slot free, its descriptor let go.
+    pub fn gone(&self, slot: u32, id: u64) {
+        if (slot as usize) < self.slots {
+            self.words.store(HEADER_WORDS + slot as usize * SLOT_WORDS, 0);
+            self.free.lock().unwrap_or_else(PoisonError::into_inner).push(slot);
+        }
+        self.let_go(&[id]);
+    }
+
+    /// Every record in use.
+    pub fn read(&self) -> Vec<NodeRecord> {
+        (0..self.slots as u32)
+            .filter_map(|slot| {
+                let at = HEADER_WORDS + slot as usize * SLOT_WORDS;
+                let head = self.words.load(at);
+                (head & LIVE != 0).then(|| NodeRecord {
+                    slot,
+                    id: self.words.load(at + 1),
+                    refs: (head & IN_TABLE != 0).then(|| self.words.load(at + 2)),
+                    parent: self.words.load(at + 3),
+                })
+            })
+            .collect()
+    }
+
+    /// Clears the records of the slots not in `used` and frees them (after a recovery, which
+    /// kept the nodes of `used`).
+    pub fn release_unused(&self, used: &std::collections::HashSet<u32>) {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        free.clear();
+        for slot in (0..self.slots as u32).rev() {
+            if !used.contains(&slot) {
+                self.words.store(HEADER_WORDS + slot as usize * SLOT_WORDS, 0);
+                free.push(slot);
+            }
+        }
+    }
+
+    /// Gives `fds` to the keeper; a failure is logged once.
+    pub fn hold(&self, items: &[(u64, HeldItem)], fds: &[BorrowedFd<'_>]) {
+        let Some(k) = self.keeper.get() else { return };
+        if !k.hold(items, fds) && !self.failed.swap(true, Ordering::Relaxed) {
+            log::warn!("passthrough: a descriptor could not be given to the supervisor: a crash would end this share");
+        }
+    }
+
+    /// Lets the descriptors of `keys` go.
+    pub fn let_go(&self, keys: &[u64]) {
+        if let Some(k) = self.keeper.get() {
+            k.let_go(keys);
+        }
+    }
+
+    /// Lets every descriptor go.
+    pub fn let_all_go(&self) {
+        if let Some(k) = self.keeper.get() {
+            k.let_all_go();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_read_back_by_another_mapping_and_slots_are_reused() {
+        let k = ShareKeep::create(4).unwrap();
+        let a = k.alloc().unwrap();
+        let b = k.alloc().unwrap();
+        k.write(&NodeRecord { slot: a, id: 1, refs: Some(1), parent: 0 });
+        k.write(&NodeRecord { slot: b, id: 7, refs: None, parent: 1 });
+        let again = ShareKeep::open(k.memfd().try_clone_to_owned().unwrap().into()).unwrap();
+        let mut r = again.read();
+        r.sort_by_key(|r| r.id);
+        assert_eq!(
+            r,
+            vec![
+                NodeRecord { slot: a, id: 1, refs: Some(1), parent: 0 },
+                NodeRecord { slot: b, id: 7, refs: None, parent: 1 },
+            ]
+        );
+        // The reopened records keep those slots taken.
+        let c = again.alloc().unwrap();
+        assert!(c != a && c != b);
+        k.gone(b, 7);
+        assert_eq!(k.read().len(), 1);
+        assert_eq!(k.alloc(), Some(b), "a freed slot is taken again");
+    }
+
+    #[test]
+    fn records_of_another_kind_are_refused() {
+        let other = SharedWords::new("x", 64).unwrap();
+        assert!(ShareKeep::open(other.memfd().try_clone_to_owned().unwrap().into()).is_err());
+    }
+}
