@@ -385,6 +385,23 @@ fn shared_recovered(ring: RingLayout) {
         assert!(r.is_ok(), "{ring:?} round {round}: the SETLKW in flight: {r:?}");
         d.setlk(e.nodeid, &LockReq { typ: libc::F_UNLCK, ..other }).unwrap();
     }
+    // A live update, then a crash of the process it started: that process kept the share too.
+    let before = device(&ctl)["pid"].as_u64().unwrap();
+    let answer = ControlClient::connect(&ctl).unwrap().call("live_update", Value::Null).unwrap();
+    assert_ne!(answer["new_pid"].as_u64(), Some(before), "{ring:?}: {answer}");
+    let updated = new_serving(&ctl, before)["pid"].as_u64().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let late = d.mkdir(sub.nodeid, "after-update", 0o755).unwrap();
+    kill(updated);
+    new_serving(&ctl, updated);
+    let got = d.read(e.nodeid, o.fh, 0, 4096);
+    assert_eq!(
+        got.as_deref().ok(),
+        Some(expect.as_slice()),
+        "{ring:?} after an update and a crash\n{}",
+        logs()
+    );
+    assert_eq!(d.getattr(late.nodeid).unwrap().mode & libc::S_IFMT, libc::S_IFDIR, "{ring:?}: after-update");
     d.fsync(e.nodeid, o.fh, false).unwrap();
     d.release(e.nodeid, o.fh).unwrap();
     assert_eq!(std::fs::read(share.join("sub/file")).unwrap(), expect, "{ring:?}");

@@ -132,6 +132,24 @@ fn recovered(server: &mut Ganesha, ring: RingLayout) {
         assert!(r.is_ok(), "{ring:?} round {round}: the SETLKW in flight: {r:?}");
         d.setlk(e.nodeid, &LockReq { typ: libc::F_UNLCK, ..other }).unwrap();
     }
+    // A live update, then a crash of the process it started: the records went on with it.
+    let before = device(&ctl)["pid"].as_u64().unwrap();
+    let answer = ControlClient::connect(&ctl).unwrap().call("live_update", Value::Null).unwrap();
+    assert_ne!(answer["new_pid"].as_u64(), Some(before), "{ring:?}: {answer}");
+    let updated = new_serving(&ctl, before)["pid"].as_u64().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let late = d.mkdir(ROOT, &format!("{name}.late"), 0o755).unwrap();
+    kill(updated);
+    new_serving(&ctl, updated);
+    let got = d.read(e.nodeid, o.fh, 0, 4096);
+    assert_eq!(
+        got.as_deref().ok(),
+        Some(expect.as_slice()),
+        "{ring:?} after an update and a crash\n{}",
+        logs()
+    );
+    assert_eq!(d.getattr(late.nodeid).unwrap().mode & libc::S_IFMT, libc::S_IFDIR);
+    d.rmdir(ROOT, &format!("{name}.late")).unwrap();
     // The server dies before the writes are committed and loses them (made deterministic by
     // overwriting the file behind its back while it is down); the new one has another write
     // verifier (its start time in seconds: it starts in another second). The recovered
@@ -150,7 +168,7 @@ fn recovered(server: &mut Ganesha, ring: RingLayout) {
     d.unlink(ROOT, &name).unwrap();
     d.rmdir(ROOT, &format!("{name}.d")).unwrap();
     let stats = ControlClient::connect(&ctl).unwrap().call("get_stats", Value::Null).unwrap();
-    assert_eq!(stats["recoveries"].as_u64(), Some(2), "{stats}");
+    assert_eq!(stats["recoveries"].as_u64(), Some(3), "{stats}");
 }
 
 fn cstr(s: &str) -> Vec<u8> {
