@@ -52,6 +52,9 @@ pub struct CrashConfig {
     /// An NFS export (`nfs://...`) to serve instead of a RAM filesystem: its state is kept,
     /// so the new process answers the requests in flight and every new one as the old would.
     pub remote: Option<String>,
+    /// Serve a shared directory (in the run's temporary directory) instead: its state is kept
+    /// too.
+    pub shared: bool,
 }
 
 /// One queue depth's crashes.
@@ -84,6 +87,8 @@ pub struct CrashReport {
     pub queue_size: u16,
     /// The NFS export served, if not a RAM filesystem.
     pub remote: Option<String>,
+    /// A shared directory was served.
+    pub shared: bool,
     /// The daemon's recoveries at the end (`get_device`).
     pub recoveries: u64,
     /// One entry per queue depth.
@@ -127,8 +132,15 @@ fn run_in(
     let (sock, ctl) = (dir.join("fs.sock"), dir.join("ctl.sock"));
     let profile = dir.join("profile.toml");
     match &cfg.remote {
-        None => std::fs::write(&profile, format!("queue_size = {}\nramfs_size = {}\n", cfg.queue_size, 64u64 << 20))?,
+        None => std::fs::write(
+            &profile,
+            format!("queue_size = {}\nramfs_size = {}\n", cfg.queue_size, 64u64 << 20),
+        )?,
         Some(_) => std::fs::write(&profile, format!("queue_size = {}\n", cfg.queue_size))?,
+    }
+    let share = dir.join("share");
+    if cfg.shared {
+        std::fs::create_dir_all(&share)?;
     }
     let out = File::create(log)?;
     let mut cmd = Command::new(binary);
@@ -138,6 +150,12 @@ fn run_in(
         .arg(&sock)
         .args(["--tag", "crash"])
         .args(cfg.remote.iter().flat_map(|url| ["--remote", url.as_str()]))
+        .args(
+            cfg.shared
+                .then(|| [std::ffi::OsStr::new("--shared-dir"), share.as_os_str()])
+                .into_iter()
+                .flatten(),
+        )
         .arg("--control-socket")
         .arg(&ctl)
         // Every crash of the run is recovered.
@@ -169,7 +187,8 @@ fn run_in(
             gaps: Vec::new(),
         };
         for i in 0..cfg.crashes {
-            let one = crash_once(&sock, &ctl, &opts, depth, i, cfg.remote.is_some(), &mut daemon)?;
+            let kept = cfg.remote.is_some() || cfg.shared;
+            let one = crash_once(&sock, &ctl, &opts, depth, i, kept, &mut daemon)?;
             progress(&format!(
                 "QD={depth} crash {}: first completion {:.1} ms after the kill, {} in flight, {} failed",
                 i + 1,
@@ -195,6 +214,7 @@ fn run_in(
         daemon: binary.display().to_string(),
         queue_size: cfg.queue_size,
         remote: cfg.remote.clone(),
+        shared: cfg.shared,
         recoveries,
         phases,
         daemon_log_warnings: Vec::new(),
@@ -264,36 +284,36 @@ fn crash_once(
         .map_err(LiveUpdateError::Io)?;
     let at = killed.lock().unwrap_or_else(|e| e.into_inner()).expect("set before the join");
     let kill_ns = at.saturating_duration_since(base).as_nanos() as u64;
-    let (first, in_flight) = if kept {
-        // An export's state is kept: the new process answers as the old one would, so its
-        // first completion is the one after the longest pause in completions that follows the
-        // kill (the old process stops answering within a millisecond of the signal).
-        let mut after: Vec<(u64, u64)> = times.iter().filter(|t| t.0 >= kill_ns).map(|t| (t.0, t.1)).collect();
-        after.sort_unstable();
-        let mut prev = kill_ns;
-        let mut best: Option<(u64, u64)> = None;
-        for &(reaped, _) in &after {
-            if best.is_none_or(|(gap, _)| reaped - prev > gap) {
-                best = Some((reaped - prev, reaped));
+    let (first, in_flight) =
+        if kept {
+            // An export's state is kept: the new process answers as the old one would, so its
+            // first completion is the one after the longest pause in completions that follows the
+            // kill (the old process stops answering within a millisecond of the signal).
+            let mut after: Vec<(u64, u64)> =
+                times.iter().filter(|t| t.0 >= kill_ns).map(|t| (t.0, t.1)).collect();
+            after.sort_unstable();
+            let mut prev = kill_ns;
+            let mut best: Option<(u64, u64)> = None;
+            for &(reaped, _) in &after {
+                if best.is_none_or(|(gap, _)| reaped - prev > gap) {
+                    best = Some((reaped - prev, reaped));
+                }
+                prev = reaped;
             }
-            prev = reaped;
-        }
-        let first = best
-            .map(|(_, at)| at)
-            .ok_or_else(|| LiveUpdateError::Daemon("no request answered by the new process".into()))?;
-        (first, after.iter().filter(|t| t.0 >= first && t.1 < kill_ns).count())
-    } else {
-        // The new process answers every request of the RAM filesystem with EIO (its state died
-        // with the old one), the old one none: its first completion is the first failed one,
-        // and the requests in flight at the kill are those issued before it and answered by it.
-        let first = times
-            .iter()
-            .filter(|t| t.2)
-            .map(|t| t.0)
-            .min()
-            .ok_or_else(|| LiveUpdateError::Daemon("no request answered by the new process".into()))?;
-        (first, times.iter().filter(|t| t.1 < kill_ns && t.2).count())
-    };
+            let first = best
+                .map(|(_, at)| at)
+                .ok_or_else(|| LiveUpdateError::Daemon("no request answered by the new process".into()))?;
+            (first, after.iter().filter(|t| t.0 >= first && t.1 < kill_ns).count())
+        } else {
+            // The new process answers every request of the RAM filesystem with EIO (its state died
+            // with the old one), the old one none: its first completion is the first failed one,
+            // and the requests in flight at the kill are those issued before it and answered by it.
+            let first =
+                times.iter().filter(|t| t.2).map(|t| t.0).min().ok_or_else(|| {
+                    LiveUpdateError::Daemon("no request answered by the new process".into())
+                })?;
+            (first, times.iter().filter(|t| t.1 < kill_ns && t.2).count())
+        };
     let failed = times.iter().filter(|t| t.2).count() as u64;
     let new = wait_new_serving(ctl, old)?;
     daemon.serving = Some(new);
@@ -330,7 +350,11 @@ pub fn table(r: &CrashReport) -> String {
         "crash recovery: {} (queue size {}, {}), {} recoveries\n\n",
         r.daemon,
         r.queue_size,
-        r.remote.as_deref().map_or("RAM filesystem".into(), |u| format!("NFS export {u}")),
+        match (&r.remote, r.shared) {
+            (Some(u), _) => format!("NFS export {u}"),
+            (None, true) => "a shared directory".into(),
+            (None, false) => "RAM filesystem".into(),
+        },
         r.recoveries
     );
     s +=

@@ -119,6 +119,10 @@ struct Args {
     /// failed (--queue-size, --daemon, --remote and --json apply).
     #[arg(long, value_name = "N", conflicts_with_all = ["socket_path", "multi", "live_update"])]
     crash: Option<usize>,
+    /// In --crash, serve a shared directory (in the run's temporary directory) instead of a
+    /// RAM filesystem.
+    #[arg(long, requires = "crash", conflicts_with = "remote")]
+    crash_shared: bool,
     /// In --live-update or --crash, the daemon binary (default: `virtiofs-dpu` beside this
     /// executable).
     #[arg(long, value_name = "PATH")]
@@ -319,6 +323,7 @@ fn crash(a: &Args, crashes: usize) -> ExitCode {
         crashes,
         queue_size: a.queue_size,
         remote: a.remote.clone(),
+        shared: a.crash_shared,
     };
     let mut progress = |line: &str| eprintln!("{line}");
     match print_run(a, bench::crash::run(&cfg, &mut progress), bench::crash::table) {
