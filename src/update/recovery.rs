@@ -89,7 +89,10 @@ impl DescriptorKeeper for FunctionDescriptors {
         let msg = Kept::Hold { tag: self.tag.clone(), items: items.to_vec() };
         let chan = self.chan.chan.lock().unwrap_or_else(|e| e.into_inner());
         match chan.send(&msg, fds) {
-            Ok(()) => true,
+            Ok(()) => {
+                self.chan.sent.fetch_add(1, Ordering::Relaxed);
+                true
+            }
             Err(e) => {
                 log::warn!("descriptors not held by the supervisor: {}", crate::error_chain(&e));
                 self.chan.failed.fetch_add(1, Ordering::Relaxed);
