@@ -22,7 +22,13 @@
 #   6c. crash recovery (run-crash-test.sh): the serving process of a daemon under --live-update
 #      killed with SIGKILL while the guest reads from its RAM-filesystem function: reads answer
 #      (EIO: the state is gone), never hang; after the guest unbinds and binds the device a
-#      fresh filesystem mounts; the daemon counts one recovery;
+#      fresh filesystem mounts; the daemon counts one recovery; then an NFS function
+#      (run-nfs-crash-test.sh, ~30 s): fsx (NFS_CRASH_FSX_OPS, default 5000) on a ganesha export,
+#      beside an F_SETLKW waiting 10 s in the device, while the serving process is killed with
+#      SIGKILL 5 times at random moments; each new process recovers the export's state and
+#      session and executes the requests in flight again: fsx passes, the F_SETLKW is granted
+#      once its holder lets go (not before), the kernel log is clean, the file fsx left matches
+#      the export's, 5 recoveries;
 #   7. writeback caching (--writeback), one boot per backend: the RAM filesystem and the
 #      passthrough (a tmpfs share, sandboxed), each pjdfstest and fsx (WB_FSX_OPS, default
 #      10000); checks from the statistics that the session negotiated FUSE_WRITEBACK_CACHE;
@@ -41,8 +47,8 @@
 # the group that owns the daemon's sockets (--socket-group, --socket-mode 0660), as a deployment
 # does, and read the daemon's statistics through its control socket (`virtiofs-dpu stats --json`).
 # Exit status 0 only if everything passed. Env: VM_CACHE, FSX_OPS (default 20000), PT_FSX_OPS,
-# NFS_FSX_OPS, WB_FSX_OPS, K7_FSX_OPS, MULTI_FSX_OPS, VFDPU_VM_STAGES (default "ram passthrough nfs
-# update crash writeback kernel7 multi dpu": which stages run).
+# NFS_FSX_OPS, NFS_CRASH_FSX_OPS, WB_FSX_OPS, K7_FSX_OPS, MULTI_FSX_OPS, VFDPU_VM_STAGES
+# (default "ram passthrough nfs update crash writeback kernel7 multi dpu": which stages run).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -216,6 +222,9 @@ fi
 if stage crash; then
 step "crash recovery: the serving process of a RAM-filesystem function killed (SIGKILL) under guest reads"
 bash "$HERE/run-crash-test.sh" --out "$OUT/crash" --config "$CONFIG" || { echo "FAIL: crash recovery"; fail=1; }
+step "crash recovery: the serving process of an NFS function killed (SIGKILL) 5 times under fsx"
+bash "$HERE/run-nfs-crash-test.sh" --out "$OUT/nfs-crash" --config "$CONFIG" --kills 5 ||
+  { echo "FAIL: NFS crash recovery"; fail=1; }
 fi
 
 if stage writeback; then
