@@ -668,6 +668,8 @@ impl HandleTable {
         for (i, s) in h.slots.iter().enumerate() {
             match &s.1 {
                 Some(f) => keep.handle_opened(i, s.0, &f.kept()),
+                // A slot never used is zeros in the records already (its pages untouched).
+                None if s.0 == 0 => {}
                 None => keep.handle_closed(i, s.0),
             }
         }
