@@ -37,6 +37,9 @@ const ROOT: u64 = 1;
 const DRIVER_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the loop runs around each crash.
 const LOOP: Duration = Duration::from_millis(700);
+/// A pause in completions this long after the kill is the dying process gone (it stops
+/// answering within a millisecond of SIGKILL; a new one takes several to start).
+const DEAD_GAP: Duration = Duration::from_millis(2);
 /// How long a new serving process may take to answer the control socket.
 const NEW_PROCESS_BOUND: Duration = Duration::from_secs(20);
 
@@ -286,22 +289,25 @@ fn crash_once(
     let kill_ns = at.saturating_duration_since(base).as_nanos() as u64;
     let (first, in_flight) =
         if kept {
-            // An export's state is kept: the new process answers as the old one would, so its
-            // first completion is the one after the longest pause in completions that follows the
-            // kill (the old process stops answering within a millisecond of the signal).
+            // A backend's state is kept: the new process answers as the old one would, so its
+            // first completion is the one after the first pause of [`DEAD_GAP`] in completions
+            // that follows the kill: the dying process stops answering within a millisecond of
+            // the signal, and a new one takes longer than that to start (a later pause, the
+            // server's or the machine's, is not the crash's).
             let mut after: Vec<(u64, u64)> =
                 times.iter().filter(|t| t.0 >= kill_ns).map(|t| (t.0, t.1)).collect();
             after.sort_unstable();
+            let gap = DEAD_GAP.as_nanos() as u64;
             let mut prev = kill_ns;
-            let mut best: Option<(u64, u64)> = None;
+            let mut found = None;
             for &(reaped, _) in &after {
-                if best.is_none_or(|(gap, _)| reaped - prev > gap) {
-                    best = Some((reaped - prev, reaped));
+                if reaped - prev >= gap {
+                    found = Some(reaped);
+                    break;
                 }
                 prev = reaped;
             }
-            let first = best
-                .map(|(_, at)| at)
+            let first = found
                 .ok_or_else(|| LiveUpdateError::Daemon("no request answered by the new process".into()))?;
             (first, after.iter().filter(|t| t.0 >= first && t.1 < kill_ns).count())
         } else {
