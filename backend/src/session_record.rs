@@ -60,8 +60,15 @@ impl SessionRecord {
     /// Keeps `state` (see the module documentation); `false` when it does not fit (then no
     /// session is kept until one fits again).
     pub fn write(&self, state: &SessionState) -> bool {
-        let Ok(json) = serde_json::to_vec(state) else { return false };
+        self.write_with(|| state.clone())
+    }
+
+    /// Keeps the session `snapshot` gives, taken under the record's own lock, so that two
+    /// writers' snapshots are written in the order they were taken (a later change is never
+    /// overwritten by an earlier one); `false` when it does not fit.
+    pub fn write_with(&self, snapshot: impl FnOnce() -> SessionState) -> bool {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let Ok(json) = serde_json::to_vec(&snapshot()) else { return false };
         if *last == json {
             return true;
         }

@@ -181,11 +181,12 @@ impl Checkpoints {
             let part = m
                 .get_mut("function")
                 .and_then(|f| f.get_mut("backend"))
-                .and_then(|b| b.get_mut("passthrough_kept"));
+                .and_then(|b| b.get_mut("passthrough_kept"))
+                .and_then(|p| p.as_object_mut());
             if let (Some(part), Some(held)) = (part, self.held.get(tag)) {
                 let items: Vec<serde_json::Value> =
                     held.iter().map(|(k, (what, _))| serde_json::json!([k, what])).collect();
-                part["held"] = serde_json::Value::Array(items);
+                part.insert("held".into(), serde_json::Value::Array(items));
                 for (_, file) in held.values() {
                     fds.push(OwnedFd::from(file.try_clone()?));
                 }

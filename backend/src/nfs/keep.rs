@@ -412,6 +412,9 @@ impl NfsKeep {
         };
         let len = head as u32;
         let need = (len as usize).div_ceil(PAGE).max(1);
+        if need > self.pages {
+            return Err("a kept write longer than the store".into());
+        }
         let mut pages: Vec<(u32, u32)> = Vec::new();
         let mut page = w.load(at + 3);
         for _ in 0..need {

@@ -252,7 +252,15 @@ impl NfsState {
             verf: 0,
             nodes: NodeTableState { generations, live },
             handles,
-            unstable: UnstableState { pages, seq, answers, entries, stats: Default::default() },
+            unstable: UnstableState {
+                pages,
+                // Never behind an entry's (the counters are written first; a dead process's
+                // records are not trusted to be).
+                seq: entries.iter().map(|e| e.seq).fold(seq, u64::max),
+                answers: entries.iter().map(|e| e.answered).fold(answers, u64::max),
+                entries,
+                stats: Default::default(),
+            },
             counters: Default::default(),
         })
     }

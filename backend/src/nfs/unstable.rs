@@ -478,10 +478,11 @@ impl UnstableStore {
             }
         };
         inner.live += 1;
+        // The counters first: a record never holds an order number past them.
+        inner.keep_counters();
         if let Some(k) = &inner.keep {
             inner.keep_entry(k, id as usize);
         }
-        inner.keep_counters();
         let bytes = self.publish(&inner);
         drop(inner);
         self.bump(|s| {
@@ -503,6 +504,8 @@ impl UnstableStore {
         let i = id.0 as usize;
         let Some(e) = inner.entries.get(i).copied().filter(|e| e.live) else { return };
         inner.answers += 1;
+        // The counter first: a record never holds an answer number past it.
+        inner.keep_counters();
         inner.entries[i].answered = inner.answers;
         match e.verf {
             Verf::Unknown => inner.entries[i].verf = Verf::Known(verf),
@@ -513,7 +516,6 @@ impl UnstableStore {
             inner.set_resend(i);
         }
         inner.keep_verf(i);
-        inner.keep_counters();
     }
 
     /// Keeps the store in `keep` from now on (crash recovery, `nfs::keep`), writing what it

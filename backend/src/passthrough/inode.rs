@@ -271,7 +271,9 @@ impl InodeTable {
             kept: OnceLock::new(),
         });
         if let Some(k) = &inner.keep {
-            // Its descriptor to the supervisor before anyone can answer with its id.
+            // Its descriptor to the supervisor before anyone can answer with its id, and the
+            // ids never given past it.
+            k.next_ids(id + 1, 0);
             if let Some(slot) = k.alloc() {
                 let _ = inode.kept.set((k.clone(), slot));
                 k.hold(&[(id, inode.held_item())], &[inode.fd()]);

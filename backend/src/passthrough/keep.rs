@@ -36,6 +36,10 @@ const SLOT_WORDS: usize = 4;
 /// A head's bits: the slot holds a node; the node is in the table (the kernel holds it).
 const LIVE: u64 = 1 << 63;
 const IN_TABLE: u64 = 1 << 62;
+/// Header words: the next node id and handle id never given; set when a node got no slot.
+const H_NEXT_ID: usize = 2;
+const H_NEXT_FH: usize = 3;
+const H_INCOMPLETE: usize = 4;
 
 /// What the supervisor holds a descriptor as.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -108,7 +112,7 @@ impl ShareKeep {
         let words = SharedWords::new("virtiofs-share-kept", HEADER_WORDS + slots * SLOT_WORDS)?;
         words.store(1, slots as u64);
         words.store(0, MAGIC);
-        Ok(Self::with(words, slots, &[]))
+        Ok(Self::with(words, slots, &Default::default()))
     }
 
     /// The records in `memfd` (a dead process's), their header checked; the slots of
@@ -122,13 +126,13 @@ impl ShareKeep {
         if HEADER_WORDS.saturating_add(slots.saturating_mul(SLOT_WORDS)) > words.len() {
             return Err("the share's records are shorter than their header says".into());
         }
-        let used: Vec<u32> = (0..slots as u32)
+        let used: std::collections::HashSet<u32> = (0..slots as u32)
             .filter(|&s| words.load(HEADER_WORDS + s as usize * SLOT_WORDS) & LIVE != 0)
             .collect();
         Ok(Self::with(words, slots, &used))
     }
 
-    fn with(words: SharedWords, slots: usize, used: &[u32]) -> ShareKeep {
+    fn with(words: SharedWords, slots: usize, used: &std::collections::HashSet<u32>) -> ShareKeep {
         let free = (0..slots as u32).rev().filter(|s| !used.contains(s)).collect();
         ShareKeep {
             words,
@@ -159,9 +163,34 @@ impl ShareKeep {
         self.keeper.get().is_some()
     }
 
-    /// A free slot for a new node; `None` when all are taken (the node is then not kept).
+    /// A free slot for a new node; `None` when all are taken: the node is then not kept, and
+    /// the records say so (a recovery is refused: the guest may hold a node it cannot find).
     pub fn alloc(&self) -> Option<u32> {
-        self.free.lock().unwrap_or_else(PoisonError::into_inner).pop()
+        let slot = self.free.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        if slot.is_none() {
+            self.words.store(H_INCOMPLETE, 1);
+            if !self.failed.swap(true, Ordering::Relaxed) {
+                log::warn!("passthrough: no record slot for a node: a crash would end this share");
+            }
+        }
+        slot
+    }
+
+    /// Node ids from `id` on and handle ids from `fh` on were never given (stored before an
+    /// id is given, under the lock that gives it, so a recovery never gives one again).
+    pub fn next_ids(&self, id: u64, fh: u64) {
+        self.words.raise(H_NEXT_ID, id);
+        self.words.raise(H_NEXT_FH, fh);
+    }
+
+    /// The node and handle ids never given, as stored by [`Self::next_ids`].
+    pub fn next_ids_kept(&self) -> (u64, u64) {
+        (self.words.load(H_NEXT_ID), self.words.load(H_NEXT_FH))
+    }
+
+    /// Whether a node went without a record (see [`Self::alloc`]).
+    pub fn incomplete(&self) -> bool {
+        self.words.load(H_INCOMPLETE) != 0
     }
 
     /// Writes node `r`'s record (body, then head).

@@ -618,12 +618,14 @@ impl PassthroughFs {
         inode.opens.fetch_add(1, Ordering::AcqRel);
         let access = oflags & libc::O_ACCMODE;
         let h = Arc::new(Handle { inode, file, dir, memory_backed, no_nowait: Default::default(), access });
-        let mut handles = self.handles.write().unwrap_or_else(PoisonError::into_inner);
-        self.handle_changed(fh);
         if let Some(k) = self.keep.get() {
-            // Its file to the supervisor before the OPEN is answered.
+            // Its file to the supervisor before the OPEN is answered (outside the handles'
+            // lock: nobody knows the handle yet), and the handle ids never given past it.
+            k.next_ids(0, fh + 1);
             k.hold(&[(fh | keep::HANDLE_KEY, h.held_item())], &[h.file.as_fd()]);
         }
+        let mut handles = self.handles.write().unwrap_or_else(PoisonError::into_inner);
+        self.handle_changed(fh);
         handles.insert(fh, h);
         fh
     }

@@ -505,14 +505,16 @@ impl PassthroughFs {
         let (entries, _) = self.inodes.entries();
         let mut i = 0;
         others.extend(entries.iter().map(|(n, _)| n.clone()));
+        let mut seen: HashSet<u64> = others.iter().map(|o| o.id).collect();
         while i < others.len() {
             if let Some(p) = others[i].parent() {
-                if !others.iter().any(|o| o.id == p.id) {
+                if seen.insert(p.id) {
                     others.push(p);
                 }
             }
             i += 1;
         }
+        keep.next_ids(self.inodes.next_id(), self.next_fh.load(Ordering::Relaxed));
         self.inodes.keep_in(&keep, slots, &others);
         for chunk in handles.iter().collect::<Vec<_>>().chunks(200) {
             let items: Vec<_> = chunk.iter().map(|(&fh, h)| (fh | HANDLE_KEY, h.held_item())).collect();
@@ -564,7 +566,8 @@ impl PassthroughFs {
                     next_id = next_id.max(key + 1);
                     let parent =
                         (*kind == libc::S_IFDIR && r.parent != 0 && *key != ROOT_ID).then_some(r.parent);
-                    let refs = if *key == ROOT_ID { Some(1) } else { r.refs };
+                    // A record in the table with no reference left was on its way out.
+                    let refs = if *key == ROOT_ID { Some(1) } else { r.refs.filter(|&n| n > 0) };
                     nodes.push((NodeState { id: *key, key: *k, kind: *kind, parent, refs }, file));
                 }
                 HeldItem::Handle { node, dir, access, no_nowait } => {
@@ -576,11 +579,44 @@ impl PassthroughFs {
                 }
             }
         }
-        for r in records.values().filter(|r| r.refs.is_some()) {
-            if !nodes.iter().any(|(n, _)| n.id == r.id) {
+        if keep.incomplete() {
+            return Err(bad(
+                "a node got no record (the records were full): the guest may hold a node they do not name",
+            ));
+        }
+        let held_ids: HashSet<u64> = nodes.iter().map(|(n, _)| n.id).collect();
+        for r in records.values().filter(|r| r.refs.is_some_and(|n| n > 0)) {
+            if !held_ids.contains(&r.id) {
                 return Err(bad(format!("node {} is in the table but its descriptor was not held", r.id)));
             }
         }
+        // Ids never given go on from where the records say, so none is given twice.
+        let (kept_id, kept_fh) = keep.next_ids_kept();
+        (next_id, next_fh) = (next_id.max(kept_id), next_fh.max(kept_fh));
+        // A node out of the table that no handle and no directory of the share holds (it went
+        // just before the kill) is let go.
+        let wanted: HashSet<u64> = (handles.iter().map(|(h, _)| h.node))
+            .chain(nodes.iter().filter(|(n, _)| n.refs.is_some()).map(|(n, _)| n.id))
+            .collect();
+        let parents: HashMap<u64, u64> =
+            nodes.iter().filter_map(|(n, _)| n.parent.map(|p| (n.id, p))).collect();
+        let mut reach: HashSet<u64> = HashSet::new();
+        for &id in &wanted {
+            let mut at = Some(id);
+            while let Some(x) = at {
+                if !reach.insert(x) {
+                    break;
+                }
+                at = parents.get(&x).copied();
+            }
+        }
+        nodes.retain(|(n, _)| {
+            let keep = n.id == ROOT_ID || reach.contains(&n.id);
+            if !keep {
+                dropped.push(n.id);
+            }
+            keep
+        });
         // The root first; parents and handles need their nodes.
         nodes.sort_by_key(|(n, _)| (n.id != ROOT_ID, n.id));
         let ids: HashSet<u64> = nodes.iter().map(|(n, _)| n.id).collect();

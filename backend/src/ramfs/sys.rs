@@ -213,6 +213,24 @@ impl SharedWords {
         self.word(i).map_or(0, |w| u64::from_le(w.load(std::sync::atomic::Ordering::Acquire)))
     }
 
+    /// Raises word `i` to `v` if it is below (one compare-and-swap loop: concurrent raisers
+    /// leave the largest); nothing past the end.
+    pub(crate) fn raise(&self, i: usize, v: u64) {
+        let Some(w) = self.word(i) else { return };
+        let mut cur = w.load(std::sync::atomic::Ordering::Acquire);
+        while u64::from_le(cur) < v {
+            match w.compare_exchange_weak(
+                cur,
+                v.to_le(),
+                std::sync::atomic::Ordering::AcqRel,
+                std::sync::atomic::Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
     /// Stores `v` as word `i` (release order: what was stored before it is seen first by a
     /// reader that sees it); nothing past the end.
     pub(crate) fn store(&self, i: usize, v: u64) {

@@ -325,13 +325,13 @@ impl<F: FileSystem> Server<F> {
     /// Writes the session to its record, if it has one.
     pub(crate) fn session_changed(&self) {
         let Some(record) = self.record.get() else { return };
-        let mut state = self.save_session();
-        state.waits = Default::default();
-        if !record.write(&state) {
-            log::warn!(
-                "fuse: the session's {} locks outgrow its record: a crash would end it",
-                state.locks.len()
-            );
+        let snapshot = || {
+            let mut state = self.save_session();
+            state.waits = Default::default();
+            state
+        };
+        if !record.write_with(snapshot) {
+            log::warn!("fuse: the session's locks outgrow its record: a crash would end it");
         }
     }
 
