@@ -92,7 +92,7 @@ struct Checkpoints {
     control: Option<(serde_json::Value, Vec<File>)>,
     /// Each function's backend descriptors held for it (`Kept::Hold`: a shared directory's
     /// nodes and handles), by key, with what each is.
-    held: HashMap<String, std::collections::BTreeMap<u64, (serde_json::Value, File)>>,
+    held: HashMap<String, std::collections::BTreeMap<u64, (serde_json::Value, Arc<File>)>>,
 }
 
 impl Checkpoints {
@@ -122,7 +122,7 @@ impl Checkpoints {
             for (item, file) in items.iter().zip(files) {
                 let key = item.get(0).and_then(|k| k.as_u64()).ok_or("a held item without a key")?;
                 let what = item.get(1).cloned().ok_or("a held item without what it is")?;
-                held.insert(key, (what, file));
+                held.insert(key, (what, Arc::new(file)));
             }
         } else if let Some(l) = kept.get("let") {
             let tag = tag(l).ok_or("a let without a tag")?;
@@ -165,17 +165,20 @@ impl Checkpoints {
     }
 
     /// New descriptors of everything, to send while these stay for a next crash.
-    fn copy(&self) -> std::io::Result<Vec<(serde_json::Value, Vec<OwnedFd>)>> {
+    /// (A shared directory's held descriptors are shared with the replay, not duplicated: a
+    /// share may hold most of the supervisor's descriptor budget.)
+    fn copy(&self) -> std::io::Result<Vec<(serde_json::Value, ReplayFds)>> {
         let dup = |files: &[File]| -> std::io::Result<Vec<OwnedFd>> {
             files.iter().map(|f| f.try_clone().map(OwnedFd::from)).collect()
         };
         let mut all = Vec::new();
         if let Some((m, f)) = &self.control {
-            all.push((m.clone(), dup(f)?));
+            all.push((m.clone(), ReplayFds { owned: dup(f)?, shared: Vec::new() }));
         }
         for (tag, m, f) in &self.functions {
             let mut m = m.clone();
-            let mut fds = dup(f)?;
+            let fds = dup(f)?;
+            let mut shared = Vec::new();
             // A shared directory's checkpoint: the descriptors held for it go after its own,
             // each named in its backend part.
             let part = m
@@ -187,11 +190,9 @@ impl Checkpoints {
                 let items: Vec<serde_json::Value> =
                     held.iter().map(|(k, (what, _))| serde_json::json!([k, what])).collect();
                 part.insert("held".into(), serde_json::Value::Array(items));
-                for (_, file) in held.values() {
-                    fds.push(OwnedFd::from(file.try_clone()?));
-                }
+                shared.extend(held.values().map(|(_, file)| file.clone()));
             }
-            all.push((m, fds));
+            all.push((m, ReplayFds { owned: fds, shared }));
         }
         Ok(all)
     }
@@ -203,7 +204,13 @@ const REPLAY_BOUND: Duration = Duration::from_secs(30);
 
 /// Replays `parts` to a recovering process at the other end of `chan` (the exchange of a
 /// live update, the supervisor in the old process's place).
-fn replay(chan: &Channel, parts: Vec<(serde_json::Value, Vec<OwnedFd>)>, updates: u64) -> Result<(), String> {
+/// A replayed message's descriptors: its own copies, then those shared with the store.
+struct ReplayFds {
+    owned: Vec<OwnedFd>,
+    shared: Vec<Arc<File>>,
+}
+
+fn replay(chan: &Channel, parts: Vec<(serde_json::Value, ReplayFds)>, updates: u64) -> Result<(), String> {
     let err = |e: ChannelError| crate::error_chain(&e);
     match chan.recv::<Msg>(REPLAY_BOUND).map_err(err)? {
         (Msg::Hello { reads, .. }, _) if reads.contains(&STATE_VERSION) => {}
@@ -214,7 +221,8 @@ fn replay(chan: &Channel, parts: Vec<(serde_json::Value, Vec<OwnedFd>)>, updates
         (other, _) => return Err(format!("expected hello, got {other:?}")),
     }
     for (msg, fds) in &parts {
-        let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+        let borrowed: Vec<_> =
+            fds.owned.iter().map(|f| f.as_fd()).chain(fds.shared.iter().map(|f| f.as_fd())).collect();
         chan.send(msg, &borrowed).map_err(err)?;
     }
     chan.send(&Msg::End { updates, recoveries: 0 }, &[]).map_err(err)?;
