@@ -112,8 +112,9 @@ struct Args {
     #[arg(long, value_name = "N", conflicts_with_all = ["socket_path", "remote", "multi"])]
     live_update: Option<usize>,
     /// Measure what a crash of the serving process costs instead of the phase list (issue
-    /// 24): start the daemon binary with --live-update (one RAM-filesystem function, or with
-    /// --remote the NFS export), and at QD=1 and QD = queue size kill its serving process N
+    /// 24): start the daemon binary with --live-update (one RAM-filesystem function, with
+    /// --remote the NFS export, with --crash-shared a shared directory), and at QD=1 and QD =
+    /// queue size kill its serving process N
     /// times with SIGKILL while the driver reads random 4 KiB blocks; per depth, the time from
     /// the kill to the first completion by the new process (p50/p99/max) and the requests that
     /// failed (--queue-size, --daemon, --remote and --json apply).
