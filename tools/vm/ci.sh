@@ -28,7 +28,11 @@
 #      SIGKILL 5 times at random moments; each new process recovers the export's state and
 #      session and executes the requests in flight again: fsx passes, the F_SETLKW is granted
 #      once its holder lets go (not before), the kernel log is clean, the file fsx left matches
-#      the export's, 5 recoveries;
+#      the export's, 5 recoveries; then the same for a shared directory (run-nfs-crash-test.sh
+#      --backend shared, ~25 s: SHARED_CRASH_FSX_OPS, default 5000, on a tmpfs share, the
+#      daemon sandboxed as in stage 4 and QEMU unprivileged): each new process rebuilds the share
+#      from the node and handle descriptors its supervisor held; the same checks, and every
+#      serving process entered its sandbox, no system call outside the allowlist;
 #   7. writeback caching (--writeback), one boot per backend: the RAM filesystem and the
 #      passthrough (a tmpfs share, sandboxed), each pjdfstest and fsx (WB_FSX_OPS, default
 #      10000); checks from the statistics that the session negotiated FUSE_WRITEBACK_CACHE;
@@ -43,12 +47,13 @@
 #  10. the DPU build (aarch64, tools/aarch64-check.sh --build-only) under qemu-aarch64 serving
 #      the x86 guest the same way, with two RAM-filesystem functions (qemu-user has no openat2
 #      for a shared directory).
-# Stages 1, 2 and 4 run QEMU as an unprivileged user (vfdpu-qemu, created here if missing) in
-# the group that owns the daemon's sockets (--socket-group, --socket-mode 0660), as a deployment
-# does, and read the daemon's statistics through its control socket (`virtiofs-dpu stats --json`).
-# Exit status 0 only if everything passed. Env: VM_CACHE, FSX_OPS (default 20000), PT_FSX_OPS,
-# NFS_FSX_OPS, NFS_CRASH_FSX_OPS, WB_FSX_OPS, K7_FSX_OPS, MULTI_FSX_OPS, VFDPU_VM_STAGES
-# (default "ram passthrough nfs update crash writeback kernel7 multi dpu": which stages run).
+# Stages 1, 2, 4 and 6c's shared directory run QEMU as an unprivileged user (vfdpu-qemu, created
+# here if missing) in the group that owns the daemon's sockets (--socket-group, --socket-mode
+# 0660), as a deployment does, and read the daemon's statistics through its control socket
+# (`virtiofs-dpu stats --json`). Exit status 0 only if everything passed. Env: VM_CACHE, FSX_OPS
+# (default 20000), PT_FSX_OPS, NFS_FSX_OPS, NFS_CRASH_FSX_OPS, SHARED_CRASH_FSX_OPS, WB_FSX_OPS,
+# K7_FSX_OPS, MULTI_FSX_OPS, VFDPU_VM_STAGES (default "ram passthrough nfs update crash writeback
+# kernel7 multi dpu": which stages run).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -225,6 +230,9 @@ bash "$HERE/run-crash-test.sh" --out "$OUT/crash" --config "$CONFIG" || { echo "
 step "crash recovery: the serving process of an NFS function killed (SIGKILL) 5 times under fsx"
 bash "$HERE/run-nfs-crash-test.sh" --out "$OUT/nfs-crash" --config "$CONFIG" --kills 5 ||
   { echo "FAIL: NFS crash recovery"; fail=1; }
+step "crash recovery: the serving process of a sandboxed shared-directory function killed (SIGKILL) 5 times under fsx"
+bash "$HERE/run-nfs-crash-test.sh" --backend shared --out "$OUT/shared-crash" --config "$CONFIG" --kills 5 \
+  "${AS_USER[@]}" || { echo "FAIL: shared-directory crash recovery"; fail=1; }
 fi
 
 if stage writeback; then
