@@ -288,8 +288,8 @@ fn function_spec(spec: &DaemonSpec, tag: &str, origin: &Origin) -> Result<Functi
 
 /// A backend built from the copy its predecessor took while serving.
 enum Copy {
-    Ram(Restoring),
-    Shared(PassthroughRestoring),
+    Ram(Box<Restoring>),
+    Shared(Box<PassthroughRestoring>),
 }
 
 /// The backend of a function built from the copy its predecessor took while serving.
@@ -305,14 +305,15 @@ fn take_copy(
             Ok(Opened::Ram(cfg)) => {
                 let memfd = files.next("the RAM filesystem's data")?;
                 files.finish()?;
-                backend::restore_copy(cfg, part.backend, memfd).map(Copy::Ram)
+                backend::restore_copy(cfg, part.backend, memfd).map(|r| Copy::Ram(Box::new(r)))
             }
             Ok(_) => Err("this binary serves it from another backend".into()),
             Err(e) => Err(crate::error_chain(&e)),
         },
         BackendSpec::SharedDir { .. } => {
             let (cfg, _, proc_fd) = share_setup(spec, shares, &fspec, &part.origin)?;
-            backend::restore_passthrough_copy(cfg, proc_fd, part.backend, files.rest()).map(Copy::Shared)
+            backend::restore_passthrough_copy(cfg, proc_fd, part.backend, files.rest())
+                .map(|r| Copy::Shared(Box::new(r)))
         }
         BackendSpec::Remote(_) => Err("an NFS export sends no copy".into()),
     }
@@ -395,7 +396,7 @@ fn take_function(
                     // because more changed than its logs keep: the copy is dropped).
                     let from = match (&part_backend, copy) {
                         (state::BackendPart::RamfsChanges { .. }, Some(Copy::Ram(base))) => {
-                            backend::RamfsFrom::Copy(Box::new(base))
+                            backend::RamfsFrom::Copy(base)
                         }
                         (state::BackendPart::RamfsChanges { .. }, _) => {
                             return Err("its changes came without a copy to apply them to".into())
@@ -411,7 +412,7 @@ fn take_function(
             BackendSpec::SharedDir { .. } => {
                 let (cfg, io_mode, proc_fd) = share_setup(spec, shares, &fspec, &origin)?;
                 let copy = match copy {
-                    Some(Copy::Shared(base)) => Some(base),
+                    Some(Copy::Shared(base)) => Some(*base),
                     _ => None,
                 };
                 backend::restore_passthrough(
