@@ -6,6 +6,7 @@
 //! keeps crashing past `--crash-limit` ends.
 
 mod common;
+use common::crash::{device, kept_rounds, kill, new_serving, update_then_crash, Kept, Supervised};
 use common::{wait_for, Daemon, BIN};
 
 use std::path::Path;
@@ -37,31 +38,6 @@ fn daemon(dir: &Path, extra: &[&str]) -> Daemon {
     Daemon(child)
 }
 
-/// `get_device` once the control socket answers (a new process serves it after a crash).
-fn device(ctl: &Path) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match ControlClient::connect(ctl).and_then(|mut c| c.call("get_device", Value::Null)) {
-            Ok(v) => return v,
-            Err(e) => assert!(Instant::now() < deadline, "the control socket does not answer: {e}"),
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// The serving process once it is another than `old` (the supervisor started a new one).
-fn new_serving(ctl: &Path, old: u64) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let d = device(ctl);
-        if d["pid"].as_u64() != Some(old) {
-            return d;
-        }
-        assert!(Instant::now() < deadline, "no new serving process");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// The driver: one request queue on `ring`, interrupts on, a bound well above a recovery.
 fn options(ring: RingLayout) -> DriverOptions {
     DriverOptions {
@@ -71,11 +47,6 @@ fn options(ring: RingLayout) -> DriverOptions {
         timeout: Duration::from_secs(10),
         ..Default::default()
     }
-}
-
-fn kill(pid: u64) {
-    let ok = Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success();
-    assert!(ok, "kill -KILL {pid}");
 }
 
 fn eio<T: std::fmt::Debug>(r: Result<T, DriverError>) -> bool {
@@ -325,84 +296,24 @@ fn shared_recovered(ring: RingLayout) {
     let dir = tempfile::tempdir().unwrap();
     let share = dir.path().join("share");
     std::fs::create_dir(&share).unwrap();
-    let (sock, ctl) = (dir.path().join("fs.sock"), dir.path().join("ctl.sock"));
-    let log = dir.path().join("daemon.log");
-    let child = Command::new(BIN)
-        .arg("--socket-path")
-        .arg(&sock)
-        .arg("--control-socket")
-        .arg(&ctl)
-        .arg("--shared-dir")
-        .arg(&share)
-        .args(["--live-update", "--tag", "ptcr", "--log-level", "info"])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let _d = Daemon(child);
-    wait_for(&sock);
-    wait_for(&ctl);
-    let logs = || std::fs::read_to_string(&log).unwrap_or_default();
-    let mut d = FsDriver::connect(&sock, options(ring)).unwrap();
+    let s = Supervised::start(dir.path(), "ptcr", &[std::ffi::OsStr::new("--shared-dir"), share.as_os_str()]);
+    let mut d = FsDriver::connect(&s.sock, options(ring)).unwrap();
     d.init().unwrap();
     let sub = d.mkdir(ROOT, "sub", 0o755).unwrap();
     let (e, o) = d.create(sub.nodeid, "file", 0o644, libc::O_RDWR as u32).unwrap();
-    let mut expect = Vec::new();
-    for round in 1..=2u64 {
-        let data = format!("round {round} of {ring:?}, written before the crash\n").into_bytes();
-        d.write(e.nodeid, o.fh, expect.len() as u64, &data).unwrap();
-        expect.extend_from_slice(&data);
-        // A node made in this round (after the first recovery: kept by the new process).
-        let made = d.mkdir(sub.nodeid, &format!("made{round}"), 0o755).unwrap();
-        let lock = LockReq { fh: o.fh, owner: 1, typ: libc::F_WRLCK, start: 0, end: 9, pid: 1, flock: false };
-        d.setlk(e.nodeid, &lock).unwrap();
-        let other = LockReq { owner: 2, pid: 2, ..lock };
-        let waiting = d.submit_lk(1, opcode::SETLKW, e.nodeid, &other).unwrap();
-        std::thread::sleep(Duration::from_millis(50));
-        let old = device(&ctl)["pid"].as_u64().unwrap();
-        let t = Instant::now();
-        kill(old);
-        let now = new_serving(&ctl, old);
-        assert_eq!(now["recoveries"].as_u64(), Some(round), "{ring:?}: {now}");
-        let got = d.read(e.nodeid, o.fh, 0, 4096);
-        assert_eq!(
-            got.as_deref().ok(),
-            Some(expect.as_slice()),
-            "{ring:?} round {round}: {got:?}\n{}",
-            logs()
-        );
-        eprintln!("{ring:?} round {round}: read through the same handle {:?} after the kill", t.elapsed());
-        assert_eq!(d.lookup(sub.nodeid, "file").unwrap().nodeid, e.nodeid, "{ring:?}: the same node id");
-        assert_eq!(
-            d.getattr(made.nodeid).unwrap().mode & libc::S_IFMT,
-            libc::S_IFDIR,
-            "{ring:?}: made{round}"
-        );
-        let probe = LockReq { owner: 3, pid: 3, ..lock };
-        assert_eq!(d.getlk(e.nodeid, &probe).unwrap().typ, libc::F_WRLCK as u32, "{ring:?}: the lock");
-        d.setlk(e.nodeid, &LockReq { typ: libc::F_UNLCK, ..lock }).unwrap();
-        let r = d.lk_result(opcode::SETLKW, waiting);
-        assert!(r.is_ok(), "{ring:?} round {round}: the SETLKW in flight: {r:?}");
-        d.setlk(e.nodeid, &LockReq { typ: libc::F_UNLCK, ..other }).unwrap();
-    }
+    let mut k = Kept {
+        node: e.nodeid,
+        fh: o.fh,
+        dir: sub.nodeid,
+        name: "file".into(),
+        made_in: sub.nodeid,
+        expect: Vec::new(),
+    };
+    let what = format!("{ring:?}");
+    kept_rounds(&mut d, &s, &mut k, 1, 2, &what);
     // A live update, then a crash of the process it started: that process kept the share too.
-    let before = device(&ctl)["pid"].as_u64().unwrap();
-    let answer = ControlClient::connect(&ctl).unwrap().call("live_update", Value::Null).unwrap();
-    assert_ne!(answer["new_pid"].as_u64(), Some(before), "{ring:?}: {answer}");
-    let updated = new_serving(&ctl, before)["pid"].as_u64().unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let late = d.mkdir(sub.nodeid, "after-update", 0o755).unwrap();
-    kill(updated);
-    new_serving(&ctl, updated);
-    let got = d.read(e.nodeid, o.fh, 0, 4096);
-    assert_eq!(
-        got.as_deref().ok(),
-        Some(expect.as_slice()),
-        "{ring:?} after an update and a crash\n{}",
-        logs()
-    );
-    assert_eq!(d.getattr(late.nodeid).unwrap().mode & libc::S_IFMT, libc::S_IFDIR, "{ring:?}: after-update");
+    update_then_crash(&mut d, &s, &k, &what);
     d.fsync(e.nodeid, o.fh, false).unwrap();
     d.release(e.nodeid, o.fh).unwrap();
-    assert_eq!(std::fs::read(share.join("sub/file")).unwrap(), expect, "{ring:?}");
+    assert_eq!(std::fs::read(share.join("sub/file")).unwrap(), k.expect, "{ring:?}");
 }

@@ -9,52 +9,23 @@
 //! restarts before it is committed. Twice in a row, on each ring layout.
 
 mod common;
-use common::{wait_for, Daemon, BIN};
+use common::crash::{device, kept_rounds, kill, new_serving, update_then_crash, Kept, Supervised};
 
 #[path = "../backend/tests/harness/ganesha.rs"]
 mod ganesha;
 use ganesha::Ganesha;
 
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::ffi::OsStr;
+use std::time::Duration;
 
 use serde_json::Value;
 use virtiofs_dpu::ops::control_socket::ControlClient;
 use virtiofs_tools::fuse_abi::opcode;
 use virtiofs_tools::virtqueue::RingLayout;
-use virtiofs_tools::{DriverOptions, FsDriver, LockReq};
+use virtiofs_tools::{DriverOptions, FsDriver};
 
 const ROOT: u64 = 1;
 const RDWR: u32 = libc::O_RDWR as u32;
-
-fn device(ctl: &Path) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match ControlClient::connect(ctl).and_then(|mut c| c.call("get_device", Value::Null)) {
-            Ok(v) => return v,
-            Err(e) => assert!(Instant::now() < deadline, "the control socket does not answer: {e}"),
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn new_serving(ctl: &Path, old: u64) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let d = device(ctl);
-        if d["pid"].as_u64() != Some(old) {
-            return d;
-        }
-        assert!(Instant::now() < deadline, "no new serving process");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn kill(pid: u64) {
-    let ok = Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success();
-    assert!(ok, "kill -KILL {pid}");
-}
 
 #[test]
 fn an_nfs_function_recovers_its_nodes_handles_locks_and_unstable_writes() {
@@ -67,22 +38,8 @@ fn an_nfs_function_recovers_its_nodes_handles_locks_and_unstable_writes() {
 
 fn recovered(server: &mut Ganesha, ring: RingLayout) {
     let dir = tempfile::tempdir().unwrap();
-    let (sock, ctl) = (dir.path().join("fs.sock"), dir.path().join("ctl.sock"));
-    let log = dir.path().join("daemon.log");
-    let child = Command::new(BIN)
-        .arg("--socket-path")
-        .arg(&sock)
-        .arg("--control-socket")
-        .arg(&ctl)
-        .args(["--live-update", "--tag", "nfscr", "--log-level", "info", "--remote", &server.url()])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let _d = Daemon(child);
-    wait_for(&sock);
-    wait_for(&ctl);
-    let logs = || std::fs::read_to_string(&log).unwrap_or_default();
+    let url = server.url();
+    let s = Supervised::start(dir.path(), "nfscr", &[OsStr::new("--remote"), OsStr::new(&url)]);
     let opts = DriverOptions {
         ring,
         use_interrupts: true,
@@ -90,66 +47,24 @@ fn recovered(server: &mut Ganesha, ring: RingLayout) {
         timeout: Duration::from_secs(15),
         ..Default::default()
     };
-    let mut d = FsDriver::connect(&sock, opts).unwrap();
+    let mut d = FsDriver::connect(&s.sock, opts).unwrap();
     d.init().unwrap();
     let name = format!("cr-{ring:?}");
     let sub = d.mkdir(ROOT, &format!("{name}.d"), 0o755).unwrap();
     let (e, o) = d.create(ROOT, &name, 0o644, RDWR).unwrap();
-    let mut expect = Vec::new();
-    for round in 1..=2u64 {
-        // An UNSTABLE write (not committed: no FSYNC, no FLUSH), a lock and a SETLKW on it.
-        let data = format!("round {round} of {ring:?}, written before the crash\n").into_bytes();
-        d.write(e.nodeid, o.fh, expect.len() as u64, &data).unwrap();
-        expect.extend_from_slice(&data);
-        let lock = LockReq { fh: o.fh, owner: 1, typ: libc::F_WRLCK, start: 0, end: 9, pid: 1, flock: false };
-        d.setlk(e.nodeid, &lock).unwrap();
-        let other = LockReq { owner: 2, pid: 2, ..lock };
-        let waiting = d.submit_lk(1, opcode::SETLKW, e.nodeid, &other).unwrap();
-        std::thread::sleep(Duration::from_millis(50));
-
-        let old = device(&ctl)["pid"].as_u64().unwrap();
-        let t = Instant::now();
-        kill(old);
-        let now = new_serving(&ctl, old);
-        assert_eq!(now["recoveries"].as_u64(), Some(round), "{ring:?}: {now}");
-        // The same node ids and handle serve, with what was written before the kill.
-        let got = d.read(e.nodeid, o.fh, 0, 4096);
-        assert_eq!(
-            got.as_deref().ok(),
-            Some(expect.as_slice()),
-            "{ring:?} round {round}: {got:?}\n{}",
-            logs()
-        );
-        eprintln!("{ring:?} round {round}: read through the same handle {:?} after the kill", t.elapsed());
-        assert_eq!(d.getattr(sub.nodeid).unwrap().mode & libc::S_IFMT, libc::S_IFDIR);
-        assert_eq!(d.lookup(ROOT, &name).unwrap().nodeid, e.nodeid, "{ring:?}: the same node id");
-        // The lock is still owner 1's: another owner's test sees it.
-        let probe = LockReq { owner: 3, pid: 3, ..lock };
-        assert_eq!(d.getlk(e.nodeid, &probe).unwrap().typ, libc::F_WRLCK as u32, "{ring:?}: the lock");
-        // The SETLKW in flight was taken again and waits for it; unlocking grants it.
-        d.setlk(e.nodeid, &LockReq { typ: libc::F_UNLCK, ..lock }).unwrap();
-        let r = d.lk_result(opcode::SETLKW, waiting);
-        assert!(r.is_ok(), "{ring:?} round {round}: the SETLKW in flight: {r:?}");
-        d.setlk(e.nodeid, &LockReq { typ: libc::F_UNLCK, ..other }).unwrap();
-    }
-    // A live update, then a crash of the process it started: the records went on with it.
-    let before = device(&ctl)["pid"].as_u64().unwrap();
-    let answer = ControlClient::connect(&ctl).unwrap().call("live_update", Value::Null).unwrap();
-    assert_ne!(answer["new_pid"].as_u64(), Some(before), "{ring:?}: {answer}");
-    let updated = new_serving(&ctl, before)["pid"].as_u64().unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let late = d.mkdir(ROOT, &format!("{name}.late"), 0o755).unwrap();
-    kill(updated);
-    new_serving(&ctl, updated);
-    let got = d.read(e.nodeid, o.fh, 0, 4096);
-    assert_eq!(
-        got.as_deref().ok(),
-        Some(expect.as_slice()),
-        "{ring:?} after an update and a crash\n{}",
-        logs()
-    );
-    assert_eq!(d.getattr(late.nodeid).unwrap().mode & libc::S_IFMT, libc::S_IFDIR);
-    d.rmdir(ROOT, &format!("{name}.late")).unwrap();
+    // UNSTABLE writes (not committed: no FSYNC, no FLUSH) before each kill.
+    let mut k = Kept {
+        node: e.nodeid,
+        fh: o.fh,
+        dir: ROOT,
+        name: name.clone(),
+        made_in: sub.nodeid,
+        expect: Vec::new(),
+    };
+    let what = format!("{ring:?}");
+    kept_rounds(&mut d, &s, &mut k, 1, 2, &what);
+    update_then_crash(&mut d, &s, &k, &what);
+    let (ctl, expect) = (s.ctl.clone(), k.expect.clone());
     // The server dies before the writes are committed and loses them (made deterministic by
     // overwriting the file behind its back while it is down); the new one has another write
     // verifier (its start time in seconds: it starts in another second). The recovered
@@ -189,22 +104,10 @@ fn requests_on_the_engine_at_the_kill_run_again_and_get_the_first_answer() {
     ganesha::require();
     let server = Ganesha::start();
     let dir = tempfile::tempdir().unwrap();
-    let (sock, ctl) = (dir.path().join("fs.sock"), dir.path().join("ctl.sock"));
-    let log = dir.path().join("daemon.log");
-    let child = Command::new(BIN)
-        .arg("--socket-path")
-        .arg(&sock)
-        .arg("--control-socket")
-        .arg(&ctl)
-        .args(["--live-update", "--tag", "nfseng", "--log-level", "info", "--remote", &server.url()])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let _d = Daemon(child);
-    wait_for(&sock);
-    wait_for(&ctl);
-    let logs = || std::fs::read_to_string(&log).unwrap_or_default();
+    let url = server.url();
+    let s = Supervised::start(dir.path(), "nfseng", &[OsStr::new("--remote"), OsStr::new(&url)]);
+    let (sock, ctl) = (s.sock.clone(), s.ctl.clone());
+    let logs = || s.logs();
     let opts = DriverOptions {
         use_interrupts: true,
         request_queues: 1,

@@ -3,6 +3,8 @@
 //! and uses what it needs.
 #![allow(dead_code)] // not every test binary uses every item
 
+pub mod crash;
+
 use std::path::Path;
 use std::process::Child;
 use std::time::{Duration, Instant};
