@@ -26,6 +26,7 @@
 
 pub mod copy;
 pub mod crash;
+pub mod keep_cost;
 pub mod live_update;
 pub mod multi;
 pub mod nfs_raw;

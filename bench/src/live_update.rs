@@ -313,7 +313,7 @@ pub(crate) fn with_daemon_log<T>(
 }
 
 /// The daemon binary: `asked`, or `virtiofs-dpu` beside this executable.
-pub(crate) fn daemon_binary(asked: Option<&Path>) -> Result<PathBuf, LiveUpdateError> {
+pub fn daemon_binary(asked: Option<&Path>) -> Result<PathBuf, LiveUpdateError> {
     let path = match asked {
         Some(p) => p.to_path_buf(),
         None => std::env::current_exe()?
@@ -844,7 +844,7 @@ fn measure(
 
 /// The daemon this run started: its supervisor process, and the serving process last known.
 /// Dropping it stops the daemon (SIGTERM; SIGKILL to its processes if it does not stop).
-pub(crate) struct Daemon {
+pub struct Daemon {
     child: Child,
     pub(crate) serving: Option<u32>,
     status: Option<ExitStatus>,
@@ -883,11 +883,7 @@ impl Daemon {
     }
 
     /// Runs `cmd` (of `binary`) and waits for the sockets `waits` to appear.
-    pub(crate) fn launch(
-        mut cmd: Command,
-        binary: &Path,
-        waits: &[&Path],
-    ) -> Result<Daemon, LiveUpdateError> {
+    pub fn launch(mut cmd: Command, binary: &Path, waits: &[&Path]) -> Result<Daemon, LiveUpdateError> {
         let child = cmd
             .spawn()
             .map_err(|e| LiveUpdateError::Daemon(format!("cannot start {}: {e}", binary.display())))?;
@@ -913,7 +909,7 @@ impl Daemon {
 
     /// Stops the daemon: SIGTERM to the supervisor (it stops the serving process), then, if it
     /// is not gone within [`STOP_BOUND`], SIGKILL to its children and to it. Its exit status.
-    pub(crate) fn stop(&mut self) -> Option<ExitStatus> {
+    pub fn stop(&mut self) -> Option<ExitStatus> {
         if self.status.is_some() {
             return self.status;
         }

@@ -120,6 +120,12 @@ struct Args {
     /// failed (--queue-size, --daemon, --remote and --json apply).
     #[arg(long, value_name = "N", conflicts_with_all = ["socket_path", "multi", "live_update"])]
     crash: Option<usize>,
+    /// Measure what keeping a shared directory for a crash costs its metadata operations
+    /// instead of the phase list (issue 24): N CREATE+RELEASE pairs, N LOOKUPs of known nodes
+    /// and N LOOKUPs that make nodes, on the daemon binary with and without --live-update,
+    /// alternating, --rounds times (--daemon and --json apply).
+    #[arg(long, value_name = "N", conflicts_with_all = ["socket_path", "remote", "multi", "live_update", "crash"])]
+    keep_cost: Option<usize>,
     /// In --crash, serve a shared directory (in the run's temporary directory) instead of a
     /// RAM filesystem.
     #[arg(long, requires = "crash", conflicts_with = "remote")]
@@ -169,6 +175,9 @@ fn main() -> ExitCode {
     }
     if let Some(n) = a.crash {
         return crash(&a, n);
+    }
+    if let Some(n) = a.keep_cost {
+        return keep_cost(&a, n);
     }
     if let Some(n) = a.live_update {
         return live_update(&a, n);
@@ -328,6 +337,16 @@ fn crash(a: &Args, crashes: usize) -> ExitCode {
     };
     let mut progress = |line: &str| eprintln!("{line}");
     match print_run(a, bench::crash::run(&cfg, &mut progress), bench::crash::table) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(code) => code,
+    }
+}
+
+/// `--keep-cost N`: what keeping a shared directory for a crash costs its metadata.
+fn keep_cost(a: &Args, files: usize) -> ExitCode {
+    let cfg = bench::keep_cost::KeepCostConfig { daemon: a.daemon.clone(), files, rounds: a.rounds };
+    let mut progress = |line: &str| eprintln!("{line}");
+    match print_run(a, bench::keep_cost::run(&cfg, &mut progress), bench::keep_cost::table) {
         Ok(_) => ExitCode::SUCCESS,
         Err(code) => code,
     }
