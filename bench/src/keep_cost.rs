@@ -158,7 +158,8 @@ pub fn table(r: &KeepCostReport) -> String {
     );
     s += "| operation | kept (median /s) | not kept (median /s) | kept / not kept (median of rounds) |\n";
     s += "|---|---:|---:|---:|\n";
-    let rows: [(&str, fn(&Rates) -> f64); 3] = [
+    type Pick = fn(&Rates) -> f64;
+    let rows: [(&str, Pick); 3] = [
         ("CREATE + RELEASE", |x| x.create_release),
         ("LOOKUP of a known node", |x| x.lookup_known),
         ("LOOKUP making a node", |x| x.lookup_new),

@@ -908,7 +908,7 @@ impl Daemon {
     }
 
     /// Stops the daemon: SIGTERM to the supervisor (it stops the serving process), then, if it
-    /// is not gone within [`STOP_BOUND`], SIGKILL to its children and to it. Its exit status.
+    /// is not gone within `STOP_BOUND`, SIGKILL to its children and to it. Its exit status.
     pub fn stop(&mut self) -> Option<ExitStatus> {
         if self.status.is_some() {
             return self.status;
