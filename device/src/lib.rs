@@ -20,6 +20,7 @@
 
 pub mod config;
 pub mod control;
+pub mod crash_point;
 pub mod handover;
 pub mod interrupt;
 pub mod memory;

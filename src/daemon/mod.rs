@@ -46,6 +46,9 @@ pub enum StartError {
     /// The limit of open files could not be set.
     #[error("{0}")]
     Limit(String),
+    /// `VIRTIOFS_DPU_CRASH_AT` names no crash point.
+    #[error("{0}")]
+    CrashPoint(String),
     /// A shared directory lies outside the sandbox's root, or the root is not there.
     #[error("{0}")]
     Sandbox(String),
@@ -109,7 +112,10 @@ impl StartError {
     /// The exit status: 2 when what was asked for is wrong, 1 when it failed.
     pub fn exit_code(&self) -> u8 {
         match self {
-            StartError::Machine(_) | StartError::Sandbox(_) | StartError::StatsFile(_) => 2,
+            StartError::Machine(_)
+            | StartError::Sandbox(_)
+            | StartError::StatsFile(_)
+            | StartError::CrashPoint(_) => 2,
             StartError::Backend { source, .. } if source.is_usage() => 2,
             StartError::Socket(DeployError::BadFd { .. }) => 2,
             _ => 1,
@@ -158,6 +164,11 @@ pub fn run(spec: DaemonSpec, role: Role) -> ExitCode {
 pub fn start(spec: DaemonSpec, keeper: Option<Arc<CheckpointKeeper>>) -> Result<Serving, StartError> {
     // Inherited sockets first: until they are claimed, any descriptor this process opens could
     // take the number of one that was named but not passed, and be adopted in its place.
+    // A crash point a test asked for (only this, a first serving process, arms it: one that
+    // recovers or takes over starts in `take.rs`).
+    if let Some(p) = virtiofs_device::crash_point::arm_from_env().map_err(StartError::CrashPoint)? {
+        log::warn!("crash point {p:?} armed ({})", virtiofs_device::crash_point::CRASH_AT);
+    }
     let mut spec = spec;
     for f in &mut spec.functions {
         backends::keep_for_crash(f, keeper.is_some());

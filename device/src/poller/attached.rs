@@ -230,6 +230,7 @@ impl Attached {
         }
         for q in self.queues.iter_mut().filter(|q| q.attached && !q.broken) {
             if q.queue.needs_interrupt(&self.mem) {
+                crate::crash_point::reached(crate::crash_point::CrashPoint::Published);
                 f.signal(&self.irqs, q.queue.vector(), q.queue.index(), q.stat);
             }
         }

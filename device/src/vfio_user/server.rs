@@ -762,7 +762,10 @@ impl Server {
         match hdr.command {
             cmd::VERSION if negotiated => Err(libc::EINVAL),
             cmd::VERSION => commands::version(payload, self.dev.max_dma_windows()),
-            cmd::DMA_MAP => commands::dma_map(&mut self.dev, payload, fds),
+            cmd::DMA_MAP => {
+                crate::crash_point::reached(crate::crash_point::CrashPoint::DmaMapRead);
+                commands::dma_map(&mut self.dev, payload, fds)
+            }
             cmd::DMA_UNMAP => commands::dma_unmap(&mut self.dev, payload),
             cmd::DEVICE_GET_INFO => commands::device_info(payload),
             cmd::DEVICE_GET_REGION_INFO => commands::region_info(&self.dev, payload),
