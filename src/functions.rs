@@ -229,9 +229,9 @@ pub trait Keeper: Send + Sync {
 /// Makes `built`'s backend keep its state for a crash through `keeper` where it can (a
 /// shared directory: its records and descriptors); a failure is logged (a crash would then
 /// end the function).
-fn keep_descriptors(keeper: &Arc<dyn Keeper>, tag: &str, built: &Built, taken_over: bool) {
+fn keep_descriptors(keeper: &Arc<dyn Keeper>, tag: &str, built: &Built) {
     if let Some(saver) = &built.saver {
-        if let Err(why) = saver.keep_descriptors(keeper.descriptors(tag), taken_over) {
+        if let Err(why) = saver.keep_descriptors(keeper.descriptors(tag)) {
             log::warn!("function {tag:?}: its backend is not kept for a crash: {why}");
         }
     }
@@ -343,7 +343,7 @@ impl FunctionSet {
             placement.clone(),
         )?;
         if let Some(k) = &inner.keeper {
-            keep_descriptors(k, spec.tag(), &built, false);
+            keep_descriptors(k, spec.tag(), &built);
             server.keep_checkpoints(k.sink(spec.tag(), &origin, built.saver.clone()));
         }
         let device = RunningDevice::run_server(server, spec.tag())?;
@@ -404,7 +404,7 @@ impl FunctionSet {
         self.placement(&inner, &spec, 0)?;
         let mut server = server;
         if let Some(k) = &inner.keeper {
-            keep_descriptors(k, spec.tag(), &built, true);
+            keep_descriptors(k, spec.tag(), &built);
             server.keep_checkpoints(k.sink(spec.tag(), &origin, built.saver.clone()));
         }
         let device = RunningDevice::run_server(server, spec.tag())?;

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use virtiofs_backend::nfs::fs::{NfsFs, NfsOptions};
 use virtiofs_backend::passthrough::keep::{DescriptorKeeper, HeldItem, ShareKeep};
-use virtiofs_backend::passthrough::state::{Held, KeepStart, PassthroughRestoring};
+use virtiofs_backend::passthrough::state::{Held, PassthroughRestoring};
 use virtiofs_backend::passthrough::uring::IoMode;
 use virtiofs_backend::passthrough::PassthroughConfig;
 use virtiofs_backend::ramfs::state::{Restoring, StateError};
@@ -86,9 +86,8 @@ pub trait SavesState: Send + Sync {
 
     /// Keeps the backend's state for a crash from now on, its descriptors held by `keeper`
     /// (the supervisor), where the backend needs that (a shared directory); called before the
-    /// function serves; `taken_over`: in a live update (the supervisor goes on with the
-    /// predecessor's copies meanwhile). Nothing for the others.
-    fn keep_descriptors(&self, _keeper: Arc<dyn DescriptorKeeper>, _taken_over: bool) -> Result<(), String> {
+    /// function serves. Nothing for the others.
+    fn keep_descriptors(&self, _keeper: Arc<dyn DescriptorKeeper>) -> Result<(), String> {
         Ok(())
     }
 }
@@ -175,7 +174,7 @@ impl SavesState for FuseHandler<PassthroughFs> {
 
     /// New records (unless a recovery reopened them) and the session's, every node and handle
     /// held by `keeper`.
-    fn keep_descriptors(&self, keeper: Arc<dyn DescriptorKeeper>, taken_over: bool) -> Result<(), String> {
+    fn keep_descriptors(&self, keeper: Arc<dyn DescriptorKeeper>) -> Result<(), String> {
         let server = self.server();
         let fs = server.filesystem();
         if fs.kept().is_some() {
@@ -190,8 +189,7 @@ impl SavesState for FuseHandler<PassthroughFs> {
                 SessionRecord::new().map_err(|e| format!("the session record: {e}"))?,
             ));
         }
-        let start = if taken_over { KeepStart::TakenOver } else { KeepStart::Fresh };
-        fs.keep_in(Arc::new(keep), &Default::default(), start);
+        fs.keep_in(Arc::new(keep), &Default::default());
         Ok(())
     }
 }
@@ -375,7 +373,7 @@ pub fn recover_passthrough(
     let mut fs = r.fs;
     fs.set_io_mode(io_mode);
     let keep = Arc::new(keep);
-    fs.keep_in(keep.clone(), &r.slots, KeepStart::Recovered);
+    fs.keep_in(keep.clone(), &r.slots);
     keep.let_go(&r.dropped);
     let descriptors = fs.descriptor_limit();
     serve(

@@ -668,15 +668,6 @@ pub fn run(launch: Launch) -> ExitCode {
                             if mine.control.is_none() {
                                 mine.control = old.control;
                             }
-                            // The descriptors held for the old process's shares go on for the
-                            // new one (the same nodes and handles, by the same keys): it holds
-                            // only what it makes, and its own copies of the rest come later.
-                            for (tag, held) in old.held {
-                                let m = mine.held.entry(tag).or_default();
-                                for (k, v) in held {
-                                    m.entry(k).or_insert(v);
-                                }
-                            }
                         }
                         current = p;
                     }

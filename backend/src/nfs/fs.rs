@@ -287,11 +287,6 @@ impl NfsFs {
     /// as it ends.
     pub fn give_away(&self) {
         self.given.store(true, Ordering::Release);
-        // The records are the successor's now: nothing this process still does (its tables
-        // dropped or reset on the way out) may write them.
-        self.shared.nodes.unkeep();
-        self.shared.handles.unkeep();
-        self.shared.unstable.unkeep();
     }
 
     /// The server's transfer sizes.

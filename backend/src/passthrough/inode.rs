@@ -372,31 +372,28 @@ impl InodeTable {
 
     /// Keeps the table in `keep` from now on (crash recovery): every node in it and every
     /// one of `others` (out of the table, held by a handle or a child directory) gets a slot
-    /// (its slot in `slots`, a recovery's, else a new one) and its record; nodes made from now
-    /// on are held as they are made. The nodes there are now, whose descriptors the caller
-    /// gives the keeper (outside the table's lock).
-    pub fn keep_in(
-        &self,
-        keep: &Arc<ShareKeep>,
-        slots: &HashMap<u64, u32>,
-        others: &[Arc<Inode>],
-    ) -> Vec<Arc<Inode>> {
+    /// (its slot in `slots`, a recovery's, else a new one), its record and its descriptor held.
+    pub fn keep_in(&self, keep: &Arc<ShareKeep>, slots: &HashMap<u64, u32>, others: &[Arc<Inode>]) {
         let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
         let mut all: Vec<Arc<Inode>> = inner.by_id.values().map(|s| s.inode.clone()).collect();
         all.extend(others.iter().filter(|o| !inner.by_id.contains_key(&o.id)).cloned());
-        all.retain(|inode| {
-            if inode.kept.get().is_some() {
-                return true;
+        for chunk in all.chunks(200) {
+            let mut items = Vec::with_capacity(chunk.len());
+            let mut fds = Vec::with_capacity(chunk.len());
+            for inode in chunk {
+                if inode.kept.get().is_none() {
+                    let Some(slot) = slots.get(&inode.id).copied().or_else(|| keep.alloc()) else { continue };
+                    let _ = inode.kept.set((keep.clone(), slot));
+                }
+                items.push((inode.id, inode.held_item()));
+                fds.push(inode.fd());
             }
-            let Some(slot) = slots.get(&inode.id).copied().or_else(|| keep.alloc()) else { return false };
-            let _ = inode.kept.set((keep.clone(), slot));
-            true
-        });
+            keep.hold(&items, &fds);
+        }
         inner.keep = Some(keep.clone());
         for inode in &all {
             inner.keep_record(inode);
         }
-        all
     }
 
     /// Logs every change from now on (a live update's copy; forgets an earlier log).

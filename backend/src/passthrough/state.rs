@@ -495,16 +495,13 @@ impl PassthroughFs {
     /// `slots`: the node slots a recovery read back (kept as they were; the descriptors the
     /// supervisor held are held again under the same keys, so none is missing at any moment);
     /// empty: everything held before for the function is let go first. Call before it serves.
-    pub fn keep_in(&self, keep: Arc<ShareKeep>, slots: &HashMap<u64, u32>, start: KeepStart) {
-        if start == KeepStart::Fresh {
+    pub fn keep_in(&self, keep: Arc<ShareKeep>, slots: &HashMap<u64, u32>) {
+        if slots.is_empty() {
             keep.let_all_go();
         }
-        let handles: Vec<(u64, Arc<Handle>)> = (self.handles.read().unwrap_or_else(PoisonError::into_inner))
-            .iter()
-            .map(|(&fh, h)| (fh, h.clone()))
-            .collect();
+        let handles = self.handles.read().unwrap_or_else(PoisonError::into_inner);
         // Nodes out of the table that a handle or a child directory holds.
-        let mut others: Vec<Arc<Inode>> = handles.iter().map(|(_, h)| h.inode.clone()).collect();
+        let mut others: Vec<Arc<Inode>> = handles.values().map(|h| h.inode.clone()).collect();
         let (entries, _) = self.inodes.entries();
         let mut i = 0;
         others.extend(entries.iter().map(|(n, _)| n.clone()));
@@ -518,30 +515,13 @@ impl PassthroughFs {
             i += 1;
         }
         keep.next_ids(self.inodes.next_id(), self.next_fh.load(Ordering::Relaxed));
-        let nodes = self.inodes.keep_in(&keep, slots, &others);
-        let _ = self.keep.set(keep.clone());
-        // What there is now goes to the keeper (made from now on, it goes as it is made).
-        let give = move || {
-            for chunk in nodes.chunks(200) {
-                let items: Vec<_> = chunk.iter().map(|n| (n.id, n.held_item())).collect();
-                let fds: Vec<_> = chunk.iter().map(|n| n.fd()).collect();
-                keep.hold(&items, &fds);
-            }
-            for chunk in handles.chunks(200) {
-                let items: Vec<_> = chunk.iter().map(|(fh, h)| (fh | HANDLE_KEY, h.held_item())).collect();
-                let fds: Vec<_> = chunk.iter().map(|(_, h)| h.file.as_fd()).collect();
-                keep.hold(&items, &fds);
-            }
-        };
-        if start == KeepStart::TakenOver {
-            // The supervisor holds the predecessor's copies under the same keys until these
-            // come: not on the update's pause.
-            if let Err(e) = std::thread::Builder::new().name("share-hold".into()).spawn(give) {
-                log::warn!("passthrough: cannot give the supervisor the share's descriptors: {e}");
-            }
-        } else {
-            give();
+        self.inodes.keep_in(&keep, slots, &others);
+        for chunk in handles.iter().collect::<Vec<_>>().chunks(200) {
+            let items: Vec<_> = chunk.iter().map(|(&fh, h)| (fh | HANDLE_KEY, h.held_item())).collect();
+            let fds: Vec<_> = chunk.iter().map(|(_, h)| h.file.as_fd()).collect();
+            keep.hold(&items, &fds);
         }
+        let _ = self.keep.set(keep);
     }
 
     /// The records kept for a crash, if it keeps them.
@@ -669,19 +649,6 @@ impl PassthroughFs {
         keep.release_unused(&slots.values().copied().collect());
         Ok(Recovered { fs, slots, dropped })
     }
-}
-
-/// How a share starts being kept for a crash ([`PassthroughFs::keep_in`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeepStart {
-    /// A new function: whatever the supervisor held for it goes first.
-    Fresh,
-    /// Recovered after a crash: the supervisor holds the dead process's copies under the same
-    /// keys; each is held again (replaced), none let go first.
-    Recovered,
-    /// Taken over in a live update: the supervisor goes on with the predecessor's copies (the
-    /// same keys); this process's own are given in the background, off the update's pause.
-    TakenOver,
 }
 
 /// A shared directory recovered after a crash ([`PassthroughFs::recover`]).
