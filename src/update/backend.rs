@@ -77,6 +77,12 @@ pub trait SavesState: Send + Sync {
     /// dropped leaves it untouched for the predecessor, which serves on.
     fn taken_over(&self) {}
 
+    /// In the predecessor, once every function was taken and just before the commit is sent:
+    /// what it shares with the successor and still wrote (an NFS export's records) is not
+    /// written by this process any more. An update called off never gets here (the functions
+    /// that serve on go on writing).
+    fn committed(&self) {}
+
     /// What a crash checkpoint carries of the backend (issue 24): the part and the descriptors
     /// of the records it keeps its state in as it changes, from which a process started after
     /// a crash recovers it; `None` for a backend whose state is not kept (it ends: `Fresh`).
@@ -211,6 +217,16 @@ impl SavesState for FuseHandler<NfsFs> {
     /// The new process holds the mount now: this one does not unmount it as it ends.
     fn handed_over(&self) {
         self.server().filesystem().give_away();
+    }
+
+    /// The successor writes the records now.
+    fn committed(&self) {
+        self.server().filesystem().stop_keeping();
+    }
+
+    /// The records are this process's to write from now on.
+    fn taken_over(&self) {
+        self.server().filesystem().take_records();
     }
 
     /// The UNSTABLE store's memfd, the tables' records and the session's record.

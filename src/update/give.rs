@@ -156,6 +156,9 @@ pub fn give(
         let _ = peer.send(&Msg::Abort { reason: "a server gave up waiting".into() }, &[]);
         return Err(UpdateError::Protocol("a server gave up waiting for the commit".into()));
     }
+    for s in &savers {
+        s.committed();
+    }
     peer.send(&Msg::Commit, &[])?;
     Ok(Given { functions: n, version, pause: started.elapsed(), phases })
 }

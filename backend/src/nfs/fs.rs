@@ -144,6 +144,8 @@ pub struct NfsFs {
     given: AtomicBool,
     /// The records kept for a crash, when [`NfsOptions::keep`].
     keep: Option<Arc<NfsKeep>>,
+    /// The tables write the records (a live update's successor: from the commit on).
+    pub(super) records_taken: AtomicBool,
 }
 
 impl std::fmt::Debug for NfsFs {
@@ -251,7 +253,14 @@ impl NfsFs {
             tables.keep_in(k);
         }
         let shared = shared(&opts, limits, mounted, tables, 0, Vec::new());
-        Ok(NfsFs { export: opts.url.export.clone(), shared, given: AtomicBool::new(false), keep })
+        let records_taken = AtomicBool::new(keep.is_some());
+        Ok(NfsFs {
+            export: opts.url.export.clone(),
+            shared,
+            given: AtomicBool::new(false),
+            keep,
+            records_taken,
+        })
     }
 
     pub(super) fn from_parts(
@@ -260,7 +269,28 @@ impl NfsFs {
         given: AtomicBool,
         keep: Option<Arc<NfsKeep>>,
     ) -> NfsFs {
-        NfsFs { export, shared, given, keep }
+        NfsFs { export, shared, given, keep, records_taken: AtomicBool::new(false) }
+    }
+
+    /// A live update's successor, at the commit: its tables write the records from now on
+    /// (written whole first; the predecessor stopped writing them before it committed).
+    pub fn take_records(&self) {
+        if let Some(k) = &self.keep {
+            if !self.records_taken.swap(true, Ordering::AcqRel) {
+                let sh = &self.shared;
+                sh.nodes.keep_in(k.clone());
+                sh.handles.keep_in(k.clone());
+                sh.unstable.keep_in(k.clone());
+            }
+        }
+    }
+
+    /// A live update's predecessor, once every function was taken (just before the commit):
+    /// its tables stop writing the records, which are the successor's now.
+    pub fn stop_keeping(&self) {
+        self.shared.nodes.unkeep();
+        self.shared.handles.unkeep();
+        self.shared.unstable.unkeep();
     }
 
     /// The memfd of the records kept for a crash, and of the UNSTABLE store's bytes (for the

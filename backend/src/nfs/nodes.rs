@@ -380,6 +380,11 @@ impl NodeTable {
         inner.keep = Some(keep);
     }
 
+    /// Stops writing the records (they are another process's now).
+    pub(super) fn unkeep(&self) {
+        self.lock().keep = None;
+    }
+
     /// Live nodes, the root included.
     pub fn len(&self) -> usize {
         self.lock().live
@@ -659,6 +664,11 @@ impl HandleTable {
             }
             h.free.push(i as u32);
         }
+    }
+
+    /// Stops writing the records (they are another process's now).
+    pub(super) fn unkeep(&self) {
+        self.lock().keep = None;
     }
 
     /// Keeps the table in `keep` from now on (crash recovery, `nfs::keep`), writing every

@@ -93,7 +93,9 @@ impl NfsFs {
             Some(r) if opts.keep => Some(NfsKeep::open(r)?),
             _ => None,
         };
-        Self::restore_kept(opts, state, data, keep)
+        // The predecessor serves on until the commit: its records are written here only from
+        // the commit on (`NfsFs::take_records`).
+        Self::restore_kept(opts, state, data, keep, false)
     }
 
     /// The backend whose tables a process killed while it served kept in `records` (crash
@@ -103,7 +105,7 @@ impl NfsFs {
     pub fn recover(opts: NfsOptions, data: File, records: File) -> Result<NfsFs, String> {
         let keep = NfsKeep::open(records)?;
         let state = NfsState::kept(&keep)?;
-        Self::restore_kept(NfsOptions { keep: true, ..opts }, &state, data, Some(keep))
+        Self::restore_kept(NfsOptions { keep: true, ..opts }, &state, data, Some(keep), true)
     }
 
     fn restore_kept(
@@ -111,6 +113,7 @@ impl NfsFs {
         state: &NfsState,
         data: File,
         keep: Option<NfsKeep>,
+        now: bool,
     ) -> Result<NfsFs, String> {
         if state.version != NFS_STATE_VERSION {
             return Err(format!(
@@ -174,11 +177,13 @@ impl NfsFs {
             _ => None,
         };
         let keep = keep.map(Arc::new);
-        if let Some(k) = &keep {
+        if let Some(k) = keep.as_ref().filter(|_| now) {
             tables.keep_in(k);
         }
         let shared = shared(&opts, limits, mounted, tables, state.verf, vec![Arc::new(base)]);
-        Ok(NfsFs::from_parts(opts.url.export.clone(), shared, AtomicBool::new(false), keep))
+        let fs = NfsFs::from_parts(opts.url.export.clone(), shared, AtomicBool::new(false), keep);
+        fs.records_taken.store(now, Ordering::Release);
+        Ok(fs)
     }
 }
 

@@ -518,6 +518,11 @@ impl UnstableStore {
         inner.keep_verf(i);
     }
 
+    /// Stops writing the records (they are another process's now).
+    pub(super) fn unkeep(&self) {
+        self.lock().keep = None;
+    }
+
     /// Keeps the store in `keep` from now on (crash recovery, `nfs::keep`), writing what it
     /// holds first: every entry slot, and those past its last cleared.
     pub(super) fn keep_in(&self, keep: Arc<NfsKeep>) {
