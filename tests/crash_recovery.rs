@@ -259,11 +259,26 @@ fn a_dma_map_not_read_at_the_kill_is_answered_by_the_new_process() {
     let old = device(&ctl)["pid"].as_u64().unwrap();
     let stopped = Command::new("kill").args(["-STOP", &old.to_string()]).status().unwrap().success();
     assert!(stopped);
+    // Every thread stopped before the message is sent (a stop is delivered as each thread
+    // next leaves the kernel).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let all_stopped = || {
+        std::fs::read_dir(format!("/proc/{old}/task")).unwrap().all(|t| {
+            let stat = std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
+            stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('T'))
+        })
+    };
+    while !all_stopped() {
+        assert!(Instant::now() < deadline, "process {old} did not stop");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let killer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(200));
         kill(old);
     });
-    // READ | WRITE, from the memfd's start.
+    // READ | WRITE, from the memfd's start. The reply comes from the new process: wait for it
+    // longer than the client's default (a recovery under a loaded test run can take seconds).
+    d.client().set_timeout(Duration::from_secs(60)).unwrap();
     let mapped = d.client().dma_map(3, 0, address, size, Some(window.as_raw_fd()));
     killer.join().unwrap();
     assert!(mapped.is_ok(), "the DMA_MAP sent before the kill: {mapped:?}");
