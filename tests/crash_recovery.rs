@@ -22,6 +22,11 @@ use virtiofs_tools::{DriverError, DriverOptions, FsDriver, LockReq};
 const ROOT: u64 = 1;
 
 fn daemon(dir: &Path, extra: &[&str]) -> Daemon {
+    daemon_env(dir, extra, &[])
+}
+
+/// [`daemon`] with `env` set for it (a crash point).
+fn daemon_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
     let (sock, ctl) = (dir.join("fs.sock"), dir.join("ctl.sock"));
     let child = Command::new(BIN)
         .arg("--socket-path")
@@ -30,6 +35,7 @@ fn daemon(dir: &Path, extra: &[&str]) -> Daemon {
         .arg(&ctl)
         .args(["--live-update", "--tag", "cr", "--log-level", "info", "--ramfs-size", "64M"])
         .args(extra)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
@@ -336,22 +342,10 @@ fn shared_recovered(ring: RingLayout) {
 /// A daemon whose first serving process kills itself at `point` (`VIRTIOFS_DPU_CRASH_AT`), a
 /// driver brought up on it (INIT done).
 fn crashing_at(dir: &Path, point: &str) -> (Daemon, FsDriver) {
-    let (sock, ctl) = (dir.join("fs.sock"), dir.join("ctl.sock"));
-    let child = Command::new(BIN)
-        .arg("--socket-path")
-        .arg(&sock)
-        .arg("--control-socket")
-        .arg(&ctl)
-        .args(["--live-update", "--tag", "cp", "--log-level", "info", "--ramfs-size", "64M"])
-        .env(virtiofs_device::crash_point::CRASH_AT, point)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_for(&sock);
-    wait_for(&ctl);
-    let mut d = FsDriver::connect(&sock, options(RingLayout::Split)).unwrap();
+    let daemon = daemon_env(dir, &[], &[(virtiofs_device::crash_point::CRASH_AT, point)]);
+    let mut d = FsDriver::connect(&dir.join("fs.sock"), options(RingLayout::Split)).unwrap();
     d.init().unwrap();
-    (Daemon(child), d)
+    (daemon, d)
 }
 
 /// Killed after a round's returns were written (used entry, the record's `pushed`) and before

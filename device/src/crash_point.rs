@@ -5,8 +5,9 @@
 //! The daemon arms them once at start from `VIRTIOFS_DPU_CRASH_AT=POINT:N` ([`arm_from_env`];
 //! only the first serving process does, never one that recovers or takes over, so a recovery
 //! does not crash again): the N-th time POINT is reached, the process sends itself SIGKILL.
-//! Unarmed (the normal case), reaching a point is one load of a value set once and a branch,
-//! at most once per poller round or per vfio-user message, never per request.
+//! Unarmed (the normal case), reaching a point is a load of a value set once and a branch, per
+//! queue with returns or needing an interrupt in a poller round (once per round for an
+//! engine's completions) and per DMA_MAP message: never per request.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
