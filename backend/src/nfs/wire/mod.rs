@@ -1,6 +1,7 @@
 //! Wire formats of the NFS client: [`xdr`] (RFC 4506) under [`rpc`] (ONC RPC v2, RFC 5531, with
-//! AUTH_SYS), and the programs on top: [`nfs3`] (RFC 1813), [`mount`] (MOUNT v3, RFC 1813
-//! appendix I) and [`portmap`] (portmapper v2, RFC 1833).
+//! AUTH_SYS), and the programs on top: [`nfs3`] (RFC 1813), [`nfs4`] (NFSv4.1, RFC 8881, with
+//! RFC 8276's extended attributes), [`mount`] (MOUNT v3, RFC 1813 appendix I) and [`portmap`]
+//! (portmapper v2, RFC 1833).
 //!
 //! Every encoder writes into a caller's preallocated buffer and fails with
 //! [`WireError::Overflow`] rather than growing it; every decoder reads a `&[u8]` a server sent
@@ -8,6 +9,7 @@
 
 pub mod mount;
 pub mod nfs3;
+pub mod nfs4;
 pub mod portmap;
 pub mod rpc;
 pub mod xdr;
