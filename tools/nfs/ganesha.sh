@@ -1,6 +1,6 @@
 #!/bin/bash
-# tools/nfs/ganesha.sh COMMAND [ARGS]: the NFS test server (nfs-ganesha 4.3, NFSv3 over TCP with
-# FSAL_VFS), on the loopback only.
+# tools/nfs/ganesha.sh COMMAND [ARGS]: the NFS test server (nfs-ganesha 4.3, NFSv3 and NFSv4.x over
+# TCP with FSAL_VFS), on the loopback only.
 #
 #   install          installs the Debian packages nfs-ganesha, nfs-ganesha-vfs and rpcbind with
 #                    the host's apt (its own mirror configuration), idempotently; no service is
@@ -11,7 +11,9 @@
 #                    before keeps its ports (a restart after `kill` listens where it did). Starts
 #                    rpcbind first if none listens (NFSv3 registration needs one; one per machine,
 #                    shared by every instance). Waits until ganesha has initialised and listens,
-#                    then prints the export's URL (nfs://127.0.0.1/PATH?nfsport=N&mountport=M)
+#                    then prints the export's URL (nfs://127.0.0.1/PATH?nfsport=N&mountport=M);
+#                    NFSv4 clients use port N too: PUTROOTFH is the pseudo root, and the export is
+#                    at the pseudo path PATH (LOOKUP of each of its components)
 #   stop DIR         SIGTERM, waits for the exit (SIGKILL after GANESHA_STOP_TIMEOUT, 10 s); stops
 #                    the rpcbind these scripts started once no ganesha runs any more
 #   kill DIR         SIGKILL (for fault tests: `start DIR` again restarts it on the same ports)
@@ -138,7 +140,7 @@ stop_rpcbind_if_ours() {
 write_conf() { # DIR NFS_PORT MOUNT_PORT
   local d=$1
   cat > "$d/ganesha.conf" <<CONF
-# written by tools/nfs/ganesha.sh: NFSv3 over TCP on the loopback, one export
+# written by tools/nfs/ganesha.sh: NFSv3 and NFSv4 over TCP on the loopback, one export
 NFS_CORE_PARAM {
   Bind_addr = 127.0.0.1;
   NFS_Port = $2;
@@ -146,10 +148,11 @@ NFS_CORE_PARAM {
   Enable_NLM = false;
   Enable_RQUOTA = false;
   Enable_UDP = false;
-  Protocols = 3;
+  Protocols = 3, 4;
 }
 NFSv4 {
-  # not served; the recovery directory still has to exist somewhere private
+  # no grace period after a start (new opens and locks are granted at once); the recovery
+  # directory is private to DIR; owners as numeric strings ("1000"), never names
   Graceless = true;
   RecoveryBackend = fs;
   RecoveryRoot = $d/recovery;
@@ -161,7 +164,8 @@ EXPORT {
   Path = $d/export;
   Pseudo = $d/export;
   Access_Type = RW;
-  Protocols = 3;
+  # the pseudo path (NFSv4's name of the export) is its path
+  Protocols = 3, 4;
   FSAL { Name = VFS; }
 }
 LOG { Default_Log_Level = ${GANESHA_LOG_LEVEL:-EVENT}; }

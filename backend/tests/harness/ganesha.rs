@@ -1,10 +1,12 @@
 //! An nfs-ganesha server for the NFS tests (the client's, the engine's allocation count, the
-//! device's end to end): NFSv3 over TCP with FSAL_VFS, exporting a temporary directory, its NFS
-//! and MOUNT ports private and bound to 127.0.0.1 (clients are given both in the URL,
+//! device's end to end): NFSv3 and NFSv4 over TCP with FSAL_VFS, exporting a temporary directory,
+//! its NFS and MOUNT ports private and bound to 127.0.0.1 (clients are given both in the URL,
 //! `?nfsport=&mountport=`, so several servers may run at once and none depends on which one the
 //! portmapper knows last). [`Ganesha::kill`], [`Ganesha::start_again`] and [`Ganesha::restart`]
 //! make the fault tests' outages (SIGKILL, then a new server on the same ports, with a new write
-//! verifier); dropping the server stops it.
+//! verifier); dropping the server stops it. NFSv4 clients use the NFS port: PUTROOTFH is the
+//! pseudo root and the export is at the pseudo path [`Ganesha::export`] (no grace period after a
+//! start, owners as numeric strings).
 //!
 //! NFSv3 servers register with rpcbind at start (ganesha exits without one); one rpcbind serves
 //! the machine: it is started here only if none listens on port 111, and stopped when the last
@@ -130,10 +132,10 @@ impl Ganesha {
         let d = self.dir.path();
         let conf = format!(
             "NFS_CORE_PARAM {{ Bind_addr = 127.0.0.1; NFS_Port = {nfs}; MNT_Port = {mnt};\n\
-             Enable_NLM = false; Enable_RQUOTA = false; Enable_UDP = false; Protocols = 3; }}\n\
+             Enable_NLM = false; Enable_RQUOTA = false; Enable_UDP = false; Protocols = 3, 4; }}\n\
              NFSv4 {{ Graceless = true; RecoveryBackend = fs; RecoveryRoot = {d}/recovery; Only_Numeric_Owners = true; }}\n\
              EXPORT_DEFAULTS {{ Transports = TCP; SecType = sys; Squash = No_Root_Squash; }}\n\
-             EXPORT {{ Export_Id = 1; Path = {d}/export; Pseudo = {d}/export; Access_Type = RW; Protocols = 3;\n\
+             EXPORT {{ Export_Id = 1; Path = {d}/export; Pseudo = {d}/export; Access_Type = RW; Protocols = 3, 4;\n\
              FSAL {{ Name = VFS; }} }}\n\
              LOG {{ Default_Log_Level = EVENT; }}\n",
             nfs = self.nfs_port,
