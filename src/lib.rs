@@ -161,6 +161,10 @@ impl<F: FileSystem + 'static> RequestHandler for FuseHandler<F> {
         })
     }
 
+    fn before_publish(&self) {
+        self.server.before_publish();
+    }
+
     fn reset(&self) {
         self.server.reset();
     }

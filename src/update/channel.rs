@@ -4,7 +4,9 @@
 //!
 //! One message on the wire: a 16-byte header (magic, body length, descriptor count, zero), then
 //! the descriptors in groups of at most [`MAX_GROUP_FDS`], each group attached to one byte that
-//! says how many it holds, then the body. The receiver reads the header and each group's byte
+//! says how many it holds, then the body. A sender writes a message without descriptors at
+//! once, and the last group's byte with the body (two system calls for a message of few
+//! descriptors): the bytes are the same. The receiver reads the header and each group's byte
 //! with `recvmsg`, so no descriptor is attached to bytes a plain read takes. Everything is
 //! bounded: the body ([`MAX_BODY`]), the descriptors ([`MAX_FILES`]) and the time a message
 //! may take to arrive; the peer is another process of ours, but a confined one the guest talks
@@ -89,15 +91,35 @@ impl Channel {
         header[..4].copy_from_slice(&MAGIC.to_le_bytes());
         header[4..8].copy_from_slice(&(body.len() as u32).to_le_bytes());
         header[8..12].copy_from_slice(&(files.len() as u32).to_le_bytes());
+        if files.is_empty() {
+            // Header and body in one write: nothing to keep apart.
+            let mut all = Vec::with_capacity(HEADER + body.len());
+            all.extend_from_slice(&header);
+            all.extend_from_slice(&body);
+            (&self.sock).write_all(&all)?;
+            return Ok(());
+        }
         (&self.sock).write_all(&header)?;
-        for group in files.chunks(MAX_GROUP_FDS) {
+        let groups = files.len().div_ceil(MAX_GROUP_FDS);
+        for (i, group) in files.chunks(MAX_GROUP_FDS).enumerate() {
             let fds: Vec<i32> = group.iter().map(|f| f.as_raw_fd()).collect();
             let count = [group.len() as u8];
-            if send_group(&self.sock, &[&count], &fds)? != 1 {
+            // The last group's byte goes with the body in one `sendmsg`: the receiver takes
+            // the descriptors with that byte (a read stops after the bytes that carry them)
+            // and reads the body after it, as if they had come apart.
+            let last = i + 1 == groups;
+            let bufs: &[&[u8]] = if last { &[&count, &body] } else { &[&count] };
+            let sent = send_group(&self.sock, bufs, &fds)?;
+            if sent == 0 {
+                return Err(ChannelError::Io(io::Error::new(io::ErrorKind::WriteZero, "descriptor group")));
+            }
+            if last {
+                // A stream socket may take part of it (a timeout, a signal).
+                (&self.sock).write_all(&body[sent - 1..])?;
+            } else if sent != 1 {
                 return Err(ChannelError::Io(io::Error::new(io::ErrorKind::WriteZero, "descriptor group")));
             }
         }
-        (&self.sock).write_all(&body)?;
         Ok(())
     }
 
@@ -174,6 +196,94 @@ impl Channel {
     }
 }
 
+/// A reader of one end's messages that reads ahead (the supervisor's reader of a serving
+/// process's checkpoints: many small messages, one `recvmsg` for several when they are
+/// there). A `recvmsg` stops after the bytes that carry descriptors, so a group's
+/// descriptors have come once its count byte has: they are taken in the order they came. The
+/// channel is read through this alone from its first message to its last (what it read
+/// ahead is its own).
+pub struct ReadAhead<'a> {
+    chan: &'a Channel,
+    buf: Vec<u8>,
+    /// The bytes read and not yet taken: `buf[start..end]`.
+    start: usize,
+    end: usize,
+    files: std::collections::VecDeque<File>,
+}
+
+/// What a [`ReadAhead`] reads at a time, at least.
+const READ_AHEAD: usize = 64 << 10;
+
+impl<'a> ReadAhead<'a> {
+    /// Reads `chan`'s messages.
+    pub fn new(chan: &'a Channel) -> Self {
+        ReadAhead { chan, buf: vec![0; READ_AHEAD], start: 0, end: 0, files: Default::default() }
+    }
+
+    /// Whether a message has begun: bytes read ahead, or readable now.
+    pub fn more(&self) -> bool {
+        self.end > self.start
+            || matches!(crate::sys::wait_readable(&self.chan.sock, Duration::ZERO), Ok(true))
+    }
+
+    /// Receives one message, waiting at most `bound` for all of it (as [`Channel::recv`]).
+    pub fn recv<T: DeserializeOwned>(&mut self, bound: Duration) -> Result<(T, Vec<File>), ChannelError> {
+        let deadline = Instant::now() + bound;
+        self.need(HEADER, deadline, bound)?;
+        let h = &self.buf[self.start..self.start + HEADER];
+        let word = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+        if word(0) != MAGIC || word(12) != 0 {
+            return Err(ChannelError::Bad("not a handover message".into()));
+        }
+        let (len, count) = (word(4) as usize, word(8) as usize);
+        if len > MAX_BODY || count > MAX_FILES {
+            return Err(ChannelError::Bad(format!("{len} bytes, {count} descriptors: too large")));
+        }
+        self.start += HEADER;
+        let mut files = Vec::with_capacity(count);
+        while files.len() < count {
+            let want = (count - files.len()).min(MAX_GROUP_FDS);
+            self.need(1, deadline, bound)?;
+            let byte = self.buf[self.start];
+            self.start += 1;
+            if usize::from(byte) != want || self.files.len() < want {
+                return Err(ChannelError::Bad("a descriptor group does not match its count".into()));
+            }
+            files.extend(self.files.drain(..want));
+        }
+        self.need(len, deadline, bound)?;
+        let msg = serde_json::from_slice(&self.buf[self.start..self.start + len])
+            .map_err(|e| ChannelError::Bad(e.to_string()));
+        self.start += len;
+        if self.start == self.end && self.buf.len() > 4 * READ_AHEAD {
+            self.buf = vec![0; READ_AHEAD]; // a big message's room goes
+            (self.start, self.end) = (0, 0);
+        }
+        Ok((msg?, files))
+    }
+
+    /// Reads until `n` bytes are there, waiting until `deadline`.
+    fn need(&mut self, n: usize, deadline: Instant, bound: Duration) -> Result<(), ChannelError> {
+        while self.end - self.start < n {
+            if self.start > 0 {
+                self.buf.copy_within(self.start..self.end, 0);
+                (self.start, self.end) = (0, self.end - self.start);
+            }
+            if self.buf.len() < n.max(READ_AHEAD) {
+                self.buf.resize(n.max(READ_AHEAD), 0);
+            }
+            let mut got = Vec::new();
+            let r = self.chan.recv_some(&mut self.buf[self.end..], &mut got, deadline, bound)?;
+            if r.truncated_fds {
+                return Err(ChannelError::Bad("more descriptors than a group holds".into()));
+            }
+            self.files.extend(got);
+            self.end += r.bytes;
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,6 +330,46 @@ mod tests {
         assert!(matches!(e, ChannelError::Bad(_)), "{e}");
         drop(a);
         let e = b.recv::<Note>(Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(e, ChannelError::Closed), "{e}");
+    }
+
+    /// Messages of no, few and many descriptors, sent back to back, read ahead: each with its
+    /// own descriptors, in order; then the end.
+    #[test]
+    fn messages_read_ahead_keep_their_descriptors() {
+        let (a, b) = Channel::pair().unwrap();
+        let mut files = Vec::new();
+        for i in 0..600u32 {
+            let mut f = tempfile::tempfile().unwrap();
+            f.write_all(&(i as u16).to_le_bytes()).unwrap();
+            files.push(f);
+        }
+        let sizes = [0usize, 1, 2, 0, 300, 1, 0, 253, 3, 40];
+        // More than a socket buffer holds: sent while they are read.
+        let sender = std::thread::spawn(move || {
+            let fds: Vec<BorrowedFd<'_>> = files.iter().map(|f| f.as_fd()).collect();
+            let mut at = 0;
+            for (i, &n) in sizes.iter().enumerate() {
+                a.send(&Note { text: format!("m{i}").repeat(1 + i * 3000) }, &fds[at..at + n]).unwrap();
+                at += n;
+            }
+        });
+        let mut r = ReadAhead::new(&b);
+        let mut at = 0u16;
+        for (i, &n) in sizes.iter().enumerate() {
+            let (note, got): (Note, Vec<File>) = r.recv(Duration::from_secs(5)).unwrap();
+            assert_eq!(note.text, format!("m{i}").repeat(1 + i * 3000));
+            assert_eq!(got.len(), n, "message {i}");
+            for mut f in got {
+                let mut two = [0u8; 2];
+                f.rewind().unwrap();
+                f.read_exact(&mut two).unwrap();
+                assert_eq!(u16::from_le_bytes(two), at, "message {i}: a descriptor out of order");
+                at += 1;
+            }
+        }
+        sender.join().unwrap();
+        let e = r.recv::<Note>(Duration::from_secs(1)).unwrap_err();
         assert!(matches!(e, ChannelError::Closed), "{e}");
     }
 }

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use log::{error, info, warn};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGKILL, SIGTERM, SIGUSR1};
 
-use super::channel::{Channel, ChannelError};
+use super::channel::{Channel, ChannelError, ReadAhead};
 use super::recovery::{CHECKPOINT_FD, RECOVERING};
 use super::state::{Msg, STATE_VERSION};
 use super::{SupervisorMsg, EXPECT_FDS, SUPERVISOR_FD, TAKEOVER_FD};
@@ -45,8 +45,9 @@ enum Event {
     Msg(u32, SupervisorMsg),
     Exited(u32, ExitStatus),
     Signal(i32),
-    /// A checkpoint of process `pid`'s (a [`Kept`] as JSON), with its descriptors.
-    Kept(u32, serde_json::Value, Vec<File>),
+    /// Checkpoints of process `pid`'s (each a [`Kept`] as JSON, with its descriptors), in the
+    /// order sent.
+    Kept(u32, Vec<(serde_json::Value, Vec<File>)>),
     /// Process `pid`'s checkpoint channel ended: every checkpoint it sent has come (`false`: it
     /// could not be read to its end, and what was kept of it is not to be trusted).
     KeptClosed(u32, bool),
@@ -247,6 +248,13 @@ const IDLE_BOUND: Duration = Duration::from_secs(365 * 24 * 3600);
 /// How long an unasked exit waits for the dead process's last checkpoints before the
 /// recovery uses what came.
 const LAST_CHECKPOINTS_BOUND: Duration = Duration::from_secs(1);
+/// How long the rest of a checkpoint that began to arrive may take.
+const MESSAGE_BOUND: Duration = Duration::from_secs(30);
+/// The most checkpoints read at one wake-up before they are handed on.
+const KEPT_BATCH: usize = 4096;
+/// How long the checkpoint reader rests after a wake-up before it waits for more (what a
+/// burst of messages waits at most for being read; the sender's socket buffer holds it).
+const KEPT_COALESCE: Duration = Duration::from_micros(250);
 /// Recoveries in a row whose new process did not take over before the supervisor gives up.
 const FAILED_IN_A_ROW: u32 = 3;
 
@@ -403,25 +411,40 @@ impl Launch {
             drop(theirs);
             let tx = events.clone();
             std::thread::Builder::new().name(format!("kept-{pid}")).spawn(move || {
+                let mut reader = ReadAhead::new(&chan);
                 let read = loop {
                     // Kept as the serving process wrote them (JSON as it is: a newer binary's
-                    // fields are not dropped), replayed verbatim.
-                    match chan.recv::<serde_json::Value>(IDLE_BOUND) {
-                        Ok((k, files)) => {
-                            if tx.send(Event::Kept(pid, k, files)).is_err() {
-                                return;
+                    // fields are not dropped), replayed verbatim. Every message already there
+                    // is read at one wake-up and handed on as one event, and the next
+                    // wake-up waits a little: a share making nodes sends a message per node,
+                    // and a wake-up each would take the cores its pollers spin on.
+                    let mut batch = Vec::new();
+                    let mut bound = IDLE_BOUND;
+                    let end = loop {
+                        match reader.recv::<serde_json::Value>(bound) {
+                            Ok(k) => batch.push(k),
+                            Err(ChannelError::Closed) => break Some(true),
+                            Err(e) => {
+                                error!(
+                                    "supervisor: the checkpoints of process {pid} cannot be read ({}): \
+                                     a crash of it will not be recovered",
+                                    error_chain(&e)
+                                );
+                                break Some(false);
                             }
                         }
-                        Err(ChannelError::Closed) => break true,
-                        Err(e) => {
-                            error!(
-                                "supervisor: the checkpoints of process {pid} cannot be read ({}): \
-                                 a crash of it will not be recovered",
-                                error_chain(&e)
-                            );
-                            break false;
+                        bound = MESSAGE_BOUND;
+                        if batch.len() >= KEPT_BATCH || !reader.more() {
+                            break None;
                         }
+                    };
+                    if !batch.is_empty() && tx.send(Event::Kept(pid, batch)).is_err() {
+                        return;
                     }
+                    if let Some(read) = end {
+                        break read;
+                    }
+                    std::thread::sleep(KEPT_COALESCE);
                 };
                 let _ = tx.send(Event::KeptClosed(pid, read));
             })?;
@@ -517,13 +540,16 @@ pub fn run(launch: Launch) -> ExitCode {
             },
         };
         match ev {
-            Event::Kept(pid, k, files) => {
+            Event::Kept(pid, batch) => {
                 let live = pid == current.pid || pending.as_ref().is_some_and(|p| p.pid == pid);
                 if !live {
                     continue; // a process that is gone: its descriptors close here
                 }
-                if let Err(e) = kept.entry(pid).or_default().keep(k, files) {
-                    warn!("supervisor: a checkpoint of process {pid} not kept: {e}");
+                let mine = kept.entry(pid).or_default();
+                for (k, files) in batch {
+                    if let Err(e) = mine.keep(k, files) {
+                        warn!("supervisor: a checkpoint of process {pid} not kept: {e}");
+                    }
                 }
             }
             Event::KeptClosed(pid, read) => {

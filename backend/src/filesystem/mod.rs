@@ -292,6 +292,12 @@ pub trait FileSystem: Send + Sync {
     /// The session ends: the kernel drops every lookup reference and handle it held.
     fn destroy(&self) {}
 
+    /// Replies this filesystem made are about to be published to the driver: what must be
+    /// somewhere safe before the guest can see them goes there now (a crash-kept share's
+    /// queued descriptors). Called on the poller before each publish of a round that
+    /// completed requests; must cost next to nothing when nothing is due.
+    fn before_publish(&self) {}
+
     /// Resolves `name` in directory `parent`.
     fn lookup(&self, ctx: &Context, parent: u64, name: &[u8]) -> Result<Entry> {
         Err(Error::NotImplemented)

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 
 use super::keep::{HeldItem, NodeRecord, ShareKeep};
@@ -55,6 +55,15 @@ pub struct Inode {
     pub opens: AtomicU64,
     /// Its slot in the records kept for a crash (`keep.rs`), once it has one.
     kept: OnceLock<(Arc<ShareKeep>, u32)>,
+    /// The change that queued its descriptor for the supervisor (`ShareKeep::queue_hold`;
+    /// 0: given at once, or not kept).
+    held_seq: AtomicU64,
+}
+
+impl AsFd for Inode {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
 }
 
 impl Drop for Inode {
@@ -69,7 +78,16 @@ impl Inode {
     /// A node taken over from another process (a live update): its parent is set once every
     /// node exists (`Inode::set_parent`).
     pub fn restored(id: u64, fd: OwnedFd, key: InodeKey, kind: u32) -> Self {
-        Inode { id, fd, key, kind, parent: Mutex::new(None), opens: AtomicU64::new(0), kept: OnceLock::new() }
+        Inode {
+            id,
+            fd,
+            key,
+            kind,
+            parent: Mutex::new(None),
+            opens: AtomicU64::new(0),
+            kept: OnceLock::new(),
+            held_seq: AtomicU64::new(0),
+        }
     }
 
     /// Its slot in the records kept for a crash, if it has one.
@@ -180,6 +198,7 @@ impl InodeTable {
             parent: Mutex::new(None),
             opens: AtomicU64::new(0),
             kept: OnceLock::new(),
+            held_seq: AtomicU64::new(0),
         });
         let mut inner = Inner { next_id: ROOT_ID + 1, ..Default::default() };
         inner.by_id.insert(ROOT_ID, Slot { inode: root.clone(), refs: 1 });
@@ -255,6 +274,11 @@ impl InodeTable {
                 }
                 inner.mark(&inode);
                 drop(inner);
+                // Made by a request whose round has not given its descriptor yet: given
+                // before this one's answer names it.
+                if let Some((k, _)) = inode.kept.get() {
+                    k.flush_through(inode.held_seq.load(Ordering::Acquire));
+                }
                 return inode;
             }
         }
@@ -269,14 +293,16 @@ impl InodeTable {
             parent: Mutex::new(parent),
             opens: AtomicU64::new(0),
             kept: OnceLock::new(),
+            held_seq: AtomicU64::new(0),
         });
         if let Some(k) = &inner.keep {
-            // Its descriptor to the supervisor before anyone can answer with its id, and the
-            // ids never given past it.
+            // Its descriptor queued for the supervisor (given before any answer names its id),
+            // and the ids never given past it.
             k.next_ids(id + 1, 0);
             if let Some(slot) = k.alloc() {
                 let _ = inode.kept.set((k.clone(), slot));
-                k.hold(&[(id, inode.held_item())], &[inode.fd()]);
+                let seq = k.queue_hold(id, inode.held_item(), inode.clone());
+                inode.held_seq.store(seq, Ordering::Release);
             }
         }
         inner.by_id.insert(id, Slot { inode: inode.clone(), refs: 1 });

@@ -12,15 +12,23 @@
 //! kernel's lookup references, a directory's parent), each written with one atomic store, the
 //! head last, under the table's lock.
 //!
+//! A request's descriptors are queued ([`ShareKeep::queue_hold`], [`ShareKeep::queue_let`])
+//! and given in one message per poller round ([`ShareKeep::flush`], called by the poller
+//! before it publishes the round's replies: `FileSystem::before_publish`), so that the
+//! supervisor has each descriptor before the guest can know its node or handle. A request
+//! that answers with a node another request made and did not give yet gives the queue first
+//! ([`ShareKeep::flush_through`]).
+//!
 //! Read back ([`ShareKeep::read`]), the records and the descriptors the supervisor held give
 //! the same `PassthroughState` a live update hands over (`state.rs`); a node whose record is
-//! gone (it went just before the kill) is dropped; a node in the table whose descriptor the
-//! supervisor does not have refuses the recovery (the function then ends as one whose state
-//! was lost).
+//! gone (it went just before the kill) is dropped, and so is one whose descriptor was still
+//! queued (its reply was never published: the guest does not know it). A node that got no
+//! record, or a descriptor that could not be given, marks the records incomplete, and that
+//! refuses the recovery (the function then ends as one whose state was lost).
 
 use std::fs::File;
-use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use serde::{Deserialize, Serialize};
@@ -90,6 +98,22 @@ pub struct NodeRecord {
     pub parent: u64,
 }
 
+/// What holds a queued descriptor open until it is given (a node, a handle).
+pub type QueuedFd = Arc<dyn AsFd + Send + Sync>;
+
+/// A change queued for the keeper.
+enum Queued {
+    Hold(u64, HeldItem, QueuedFd),
+    Let(u64),
+}
+
+/// The changes not given to the keeper yet, in order; the last one's number.
+#[derive(Default)]
+struct Pending {
+    items: Vec<Queued>,
+    last: u64,
+}
+
 /// The records and the descriptor keeper (see the module documentation).
 pub struct ShareKeep {
     words: SharedWords,
@@ -98,6 +122,13 @@ pub struct ShareKeep {
     keeper: OnceLock<Arc<dyn DescriptorKeeper>>,
     /// A descriptor could not be given: logged once.
     failed: AtomicBool,
+    /// Changes queued for the keeper.
+    pending: Mutex<Pending>,
+    /// The number of the last change queued, and of the last one given (each flush gives
+    /// every change queued before it, under `giving`, so these only grow).
+    queued: AtomicU64,
+    given: AtomicU64,
+    giving: Mutex<()>,
 }
 
 impl std::fmt::Debug for ShareKeep {
@@ -140,6 +171,10 @@ impl ShareKeep {
             free: Mutex::new(free),
             keeper: OnceLock::new(),
             failed: AtomicBool::new(false),
+            pending: Mutex::new(Pending::default()),
+            queued: AtomicU64::new(0),
+            given: AtomicU64::new(0),
+            giving: Mutex::new(()),
         }
     }
 
@@ -205,13 +240,14 @@ impl ShareKeep {
         self.words.store(at, LIVE | if r.refs.is_some() { IN_TABLE } else { 0 });
     }
 
-    /// Node `id` in `slot` is gone: its record is cleared, its slot free, its descriptor let go.
+    /// Node `id` in `slot` is gone: its record is cleared, its slot free, its descriptor let go
+    /// (queued: its hold was given, as the queue held the node until then).
     pub fn gone(&self, slot: u32, id: u64) {
         if (slot as usize) < self.slots {
             self.words.store(HEADER_WORDS + slot as usize * SLOT_WORDS, 0);
             self.free.lock().unwrap_or_else(PoisonError::into_inner).push(slot);
         }
-        self.let_go(&[id]);
+        self.queue_let(id);
     }
 
     /// Every record in use.
@@ -243,11 +279,99 @@ impl ShareKeep {
         }
     }
 
-    /// Gives `fds` to the keeper; a failure is logged once.
+    /// Gives `fds` to the keeper now (nothing is queued: the records are being set up); a
+    /// failure marks the records incomplete.
     pub fn hold(&self, items: &[(u64, HeldItem)], fds: &[BorrowedFd<'_>]) {
         let Some(k) = self.keeper.get() else { return };
-        if !k.hold(items, fds) && !self.failed.swap(true, Ordering::Relaxed) {
+        if !k.hold(items, fds) {
+            self.not_given();
+        }
+    }
+
+    /// A descriptor did not reach the keeper: a recovery would miss it.
+    fn not_given(&self) {
+        self.words.store(H_INCOMPLETE, 1);
+        if !self.failed.swap(true, Ordering::Relaxed) {
             log::warn!("passthrough: a descriptor could not be given to the supervisor: a crash would end this share");
+        }
+    }
+
+    /// Queues `fd` for the keeper under `key` as `item` (given at the next [`Self::flush`],
+    /// held open until then); its change number for [`Self::flush_through`] (0: no keeper).
+    pub fn queue_hold(&self, key: u64, item: HeldItem, fd: QueuedFd) -> u64 {
+        if self.keeper.get().is_none() {
+            return 0;
+        }
+        self.queue(Queued::Hold(key, item, fd))
+    }
+
+    /// Queues letting `key`'s descriptor go.
+    pub fn queue_let(&self, key: u64) {
+        if self.keeper.get().is_some() {
+            self.queue(Queued::Let(key));
+        }
+    }
+
+    fn queue(&self, q: Queued) -> u64 {
+        let mut p = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        p.items.push(q);
+        p.last += 1;
+        self.queued.store(p.last, Ordering::Release);
+        p.last
+    }
+
+    /// Gives the keeper every change queued so far, in order, as few messages as the order
+    /// allows (a run of holds is one message). Cheap when nothing is queued.
+    pub fn flush(&self) {
+        if self.given.load(Ordering::Acquire) >= self.queued.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(k) = self.keeper.get() else { return };
+        let _giving = self.giving.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.given.load(Ordering::Acquire) >= self.queued.load(Ordering::Acquire) {
+            return; // given by the flush this one waited for
+        }
+        let (items, last) = {
+            let mut p = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+            (std::mem::take(&mut p.items), p.last)
+        };
+        let mut at = 0;
+        while at < items.len() {
+            let run = items[at..]
+                .iter()
+                .take_while(|q| matches!(q, Queued::Hold(..)) == matches!(items[at], Queued::Hold(..)));
+            let n = run.count();
+            let run = &items[at..at + n];
+            if let Queued::Hold(..) = run[0] {
+                let mut held = Vec::with_capacity(n);
+                let mut fds = Vec::with_capacity(n);
+                for q in run {
+                    if let Queued::Hold(key, item, fd) = q {
+                        held.push((*key, item.clone()));
+                        fds.push(fd.as_fd());
+                    }
+                }
+                if !k.hold(&held, &fds) {
+                    self.not_given();
+                }
+            } else {
+                let keys: Vec<u64> = run
+                    .iter()
+                    .filter_map(|q| if let Queued::Let(key) = q { Some(*key) } else { None })
+                    .collect();
+                k.let_go(&keys);
+            }
+            at += n;
+        }
+        self.given.store(last, Ordering::Release);
+        // The nodes and handles held for the queue may go now (their lets queue anew).
+        drop(items);
+    }
+
+    /// Gives the queue if change `seq` ([`Self::queue_hold`]'s) was not given yet.
+    pub fn flush_through(&self, seq: u64) {
+        if seq > self.given.load(Ordering::Acquire) {
+            self.flush();
         }
     }
 
@@ -293,6 +417,68 @@ mod tests {
         k.gone(b, 7);
         assert_eq!(k.read().len(), 1);
         assert_eq!(k.alloc(), Some(b), "a freed slot is taken again");
+    }
+
+    /// A keeper that records what it was given (and refuses holds when told to).
+    #[derive(Default)]
+    struct Recorder {
+        got: Mutex<Vec<String>>,
+        refuse: AtomicBool,
+    }
+
+    impl DescriptorKeeper for Recorder {
+        fn hold(&self, items: &[(u64, HeldItem)], fds: &[BorrowedFd<'_>]) -> bool {
+            assert_eq!(items.len(), fds.len());
+            let keys: Vec<String> = items.iter().map(|(k, _)| k.to_string()).collect();
+            self.got.lock().unwrap().push(format!("hold {}", keys.join(",")));
+            !self.refuse.load(Ordering::Relaxed)
+        }
+        fn let_go(&self, keys: &[u64]) {
+            let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+            self.got.lock().unwrap().push(format!("let {}", keys.join(",")));
+        }
+        fn let_all_go(&self) {
+            self.got.lock().unwrap().push("let all".into());
+        }
+    }
+
+    fn item() -> HeldItem {
+        HeldItem::Node { key: (1, 2, 3), kind: libc::S_IFREG }
+    }
+
+    /// Queued changes reach the keeper only at a flush, in order, a run of holds as one
+    /// message; the queue holds each descriptor open until then; a flush through a change
+    /// already given sends nothing; a hold refused marks the records incomplete.
+    #[test]
+    fn queued_descriptors_are_given_in_order_at_the_flush() {
+        let k = ShareKeep::create(4).unwrap();
+        let rec = Arc::new(Recorder::default());
+        assert_eq!(
+            k.queue_hold(1, item(), Arc::new(tempfile::tempfile().unwrap())),
+            0,
+            "no keeper: nothing queued"
+        );
+        k.set_keeper(rec.clone());
+        let file: QueuedFd = Arc::new(tempfile::tempfile().unwrap());
+        let weak = Arc::downgrade(&file);
+        let a = k.queue_hold(10, item(), file);
+        let b = k.queue_hold(11, item(), Arc::new(tempfile::tempfile().unwrap()));
+        k.queue_let(7);
+        let c = k.queue_hold(12, item(), Arc::new(tempfile::tempfile().unwrap()));
+        assert!(a < b && b < c);
+        assert!(rec.got.lock().unwrap().is_empty(), "nothing given before the flush");
+        assert!(weak.upgrade().is_some(), "the queue holds the descriptor open");
+        k.flush_through(b);
+        assert_eq!(*rec.got.lock().unwrap(), ["hold 10,11", "let 7", "hold 12"]);
+        assert!(weak.upgrade().is_none(), "let go once given");
+        k.flush_through(c);
+        k.flush();
+        assert_eq!(rec.got.lock().unwrap().len(), 3, "nothing more to give");
+        assert!(!k.incomplete());
+        rec.refuse.store(true, Ordering::Relaxed);
+        k.queue_hold(13, item(), Arc::new(tempfile::tempfile().unwrap()));
+        k.flush();
+        assert!(k.incomplete(), "a descriptor not given marks the records incomplete");
     }
 
     #[test]

@@ -45,7 +45,7 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -275,6 +275,12 @@ pub(crate) struct Handle {
     no_nowait: std::sync::atomic::AtomicU8,
     /// The access mode it was opened with (`O_RDONLY`, `O_WRONLY` or `O_RDWR`).
     access: i32,
+}
+
+impl AsFd for Handle {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
 }
 
 impl Handle {
@@ -619,10 +625,10 @@ impl PassthroughFs {
         let access = oflags & libc::O_ACCMODE;
         let h = Arc::new(Handle { inode, file, dir, memory_backed, no_nowait: Default::default(), access });
         if let Some(k) = self.keep.get() {
-            // Its file to the supervisor before the OPEN is answered (outside the handles'
-            // lock: nobody knows the handle yet), and the handle ids never given past it.
+            // Its file queued for the supervisor (given before the OPEN is answered), and the
+            // handle ids never given past it.
             k.next_ids(0, fh + 1);
-            k.hold(&[(fh | keep::HANDLE_KEY, h.held_item())], &[h.file.as_fd()]);
+            k.queue_hold(fh | keep::HANDLE_KEY, h.held_item(), h.clone());
         }
         let mut handles = self.handles.write().unwrap_or_else(PoisonError::into_inner);
         self.handle_changed(fh);
@@ -637,7 +643,7 @@ impl PassthroughFs {
                 Some(h) if h.inode.id == ino => {
                     self.handle_changed(fh);
                     if let Some(k) = self.keep.get() {
-                        k.let_go(&[fh | keep::HANDLE_KEY]);
+                        k.queue_let(fh | keep::HANDLE_KEY);
                     }
                     handles.remove(&fh)
                 }

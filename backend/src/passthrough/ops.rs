@@ -24,7 +24,7 @@ impl FileSystem for PassthroughFs {
             let mut handles = self.handles.write().unwrap_or_else(PoisonError::into_inner);
             handles.keys().for_each(|&fh| self.handle_changed(fh));
             if let Some(k) = self.keep.get() {
-                k.let_go(&handles.keys().map(|&fh| fh | super::keep::HANDLE_KEY).collect::<Vec<_>>());
+                handles.keys().for_each(|&fh| k.queue_let(fh | super::keep::HANDLE_KEY));
             }
             std::mem::take(&mut *handles)
         };
@@ -33,6 +33,12 @@ impl FileSystem for PassthroughFs {
         }
         drop(handles);
         self.inodes.clear();
+    }
+
+    fn before_publish(&self) {
+        if let Some(k) = self.keep.get() {
+            k.flush();
+        }
     }
 
     fn lookup(&self, ctx: &Context, parent: u64, name: &[u8]) -> Result<Entry> {

@@ -411,6 +411,11 @@ impl<F: FileSystem> Server<F> {
         self.session_changed();
     }
 
+    /// Replies are about to be published ([`FileSystem::before_publish`]).
+    pub fn before_publish(&self) {
+        self.fs.before_publish();
+    }
+
     /// Drops a waiting request without an answer (the device reset: its buffers are gone).
     pub fn cancel_wait(&self, wait: &LockWait) {
         self.locks.cancel_wait(wait.id);

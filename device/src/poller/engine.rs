@@ -44,6 +44,12 @@ pub trait RequestHandler: Send + Sync + 'static {
         None
     }
 
+    /// Replies of this handler's requests were written to a queue and are about to be
+    /// published to the driver (the used index moved): what must happen before the driver
+    /// can see them happens now. Called on the poller, once per publish of a round that
+    /// completed requests; must cost next to nothing when nothing is due.
+    fn before_publish(&self) {}
+
     /// The device was reset (by the driver, by DEVICE_RESET, or because the client went away):
     /// every queue is stopped, no request is in flight and none waits any more. Drop what belonged
     /// to the driver's session and must not outlive the device. Called on the control plane

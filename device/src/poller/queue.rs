@@ -191,6 +191,7 @@ impl FnCtx {
             completed += 1;
         }
         if completed > 0 {
+            self.handler.before_publish();
             crate::crash_point::reached(crate::crash_point::CrashPoint::Returned);
             q.publish_used(mem)?;
             count(completed, |c| &c.requests);
@@ -256,6 +257,7 @@ impl FnCtx {
         if touched.bits == 0 && !touched.overflow {
             return n; // the common round: the engine finished nothing
         }
+        self.handler.before_publish();
         crate::crash_point::reached(crate::crash_point::CrashPoint::Returned);
         for (slot, q) in queues.iter_mut().enumerate() {
             if (slot < 64 && touched.bits & (1 << slot) != 0) || (slot >= 64 && touched.overflow) {
