@@ -367,16 +367,20 @@ fn take_function(
             let active = part.device.function.status & virtiofs_device::pci::status::DRIVER_OK != 0;
             fresh(&fspec, active)
         }
-        (BackendSpec::SharedDir { .. }, state::BackendPart::PassthroughKept { held }) => {
+        (BackendSpec::SharedDir { .. }, state::BackendPart::PassthroughKept { held, incomplete }) => {
             let records = files.next("the share's records")?;
             let session = files.next("the FUSE session's record")?;
             let held_files = files.rest();
             let keeper = functions.descriptor_keeper(fspec.tag());
-            let recovered = share_setup(spec, shares, &fspec, &origin).and_then(|(cfg, io_mode, proc_fd)| {
-                backend::recover_passthrough(
-                    options, cfg, io_mode, proc_fd, held, records, session, held_files, keeper,
-                )
-            });
+            let recovered = if *incomplete {
+                Err("the supervisor may miss descriptors of its nodes or handles".to_string())
+            } else {
+                share_setup(spec, shares, &fspec, &origin).and_then(|(cfg, io_mode, proc_fd)| {
+                    backend::recover_passthrough(
+                        options, cfg, io_mode, proc_fd, held, records, session, held_files, keeper,
+                    )
+                })
+            };
             match recovered {
                 Ok(b) => b,
                 Err(why) => {

@@ -174,7 +174,7 @@ impl SavesState for FuseHandler<PassthroughFs> {
                 keep.memfd().try_clone_to_owned().map_err(|e| format!("the share's records: {e}"))?;
             let session =
                 session.memfd().try_clone_to_owned().map_err(|e| format!("the session record: {e}"))?;
-            Ok((BackendPart::PassthroughKept { held: Vec::new() }, vec![records, session]))
+            Ok((BackendPart::PassthroughKept { held: Vec::new(), incomplete: false }, vec![records, session]))
         })())
     }
 

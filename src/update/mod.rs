@@ -308,6 +308,11 @@ impl Updater {
         let result = give::give(&peer, list, control.as_ref(), (self.updates(), self.recoveries), commit);
         match result {
             Ok(given) => {
+                // What this process kept for a crash is all sent: the supervisor gives it to
+                // the new process once read (`Kept::Adopt`).
+                if let Some(k) = &self.keeper {
+                    k.close();
+                }
                 if let Err(e) = sup.send(&SupervisorMsg::Committed { pid }, &[]) {
                     log::error!("cannot tell the supervisor of the new process: {}", crate::error_chain(&e));
                 }

@@ -38,6 +38,9 @@ use crate::functions::Keeper;
 
 /// The environment variable naming a serving process's end of its checkpoint channel.
 pub const CHECKPOINT_FD: &str = "VIRTIOFS_DPU_CHECKPOINT_FD";
+/// The environment variable by which a supervisor says it understands [`Kept::Adopt`] (one
+/// of an earlier version does not: a serving process then gives its descriptors itself).
+pub const ADOPTS: &str = "VIRTIOFS_DPU_SUPERVISOR_ADOPTS";
 /// The environment variable telling a new serving process that it takes over from a
 /// checkpoint (its predecessor died), with how many recoveries the daemon had before.
 pub const RECOVERING: &str = "VIRTIOFS_DPU_RECOVERING";
@@ -76,6 +79,14 @@ pub enum Kept {
         /// The function's tag.
         tag: String,
     },
+    /// The function's held descriptors are those the process this one took over from (a
+    /// live update: the same keys) holds for it, from the moment every checkpoint of that
+    /// process is read, less those this one lets go meanwhile; every hold and let after this
+    /// is this process's own. Sent before the function serves. No descriptor.
+    Adopt {
+        /// The function's tag.
+        tag: String,
+    },
 }
 
 /// A function's backend descriptors given to the supervisor ([`Kept::Hold`]).
@@ -88,6 +99,9 @@ impl DescriptorKeeper for FunctionDescriptors {
     fn hold(&self, items: &[(u64, HeldItem)], fds: &[BorrowedFd<'_>]) -> bool {
         let msg = Kept::Hold { tag: self.tag.clone(), items: items.to_vec() };
         let chan = self.chan.chan.lock().unwrap_or_else(|e| e.into_inner());
+        if self.chan.closed.load(Ordering::Acquire) {
+            return true; // handed over: the successor keeps its own
+        }
         match chan.send(&msg, fds) {
             Ok(()) => {
                 self.chan.sent.fetch_add(1, Ordering::Relaxed);
@@ -108,6 +122,14 @@ impl DescriptorKeeper for FunctionDescriptors {
     fn let_all_go(&self) {
         send(&self.chan, &Kept::LetAll { tag: self.tag.clone() }, &[]);
     }
+
+    fn adopt(&self) -> bool {
+        if std::env::var_os(ADOPTS).is_none_or(|v| v != "1") {
+            return false;
+        }
+        send(&self.chan, &Kept::Adopt { tag: self.tag.clone() }, &[]);
+        true
+    }
 }
 
 /// The serving process's end of the checkpoint channel (shared by every function's sink).
@@ -116,6 +138,8 @@ pub struct CheckpointKeeper(Arc<KeptChannel>);
 /// The checkpoint channel and what went through it.
 struct KeptChannel {
     chan: Mutex<Channel>,
+    /// Closed by this process (it handed every function over): nothing more is sent.
+    closed: AtomicBool,
     /// Checkpoints sent, and those that could not be.
     sent: AtomicU64,
     failed: AtomicU64,
@@ -136,6 +160,9 @@ pub struct CheckpointCounts {
 fn send(k: &KeptChannel, msg: &Kept, fds: &[OwnedFd]) {
     let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
     let chan = k.chan.lock().unwrap_or_else(|e| e.into_inner());
+    if k.closed.load(Ordering::Acquire) {
+        return;
+    }
     match chan.send(msg, &borrowed) {
         Ok(()) => k.sent.fetch_add(1, Ordering::Relaxed),
         Err(e) => {
@@ -148,7 +175,12 @@ fn send(k: &KeptChannel, msg: &Kept, fds: &[OwnedFd]) {
 impl CheckpointKeeper {
     /// Over `chan`.
     pub fn new(chan: Channel) -> Arc<Self> {
-        let k = KeptChannel { chan: Mutex::new(chan), sent: AtomicU64::new(0), failed: AtomicU64::new(0) };
+        let k = KeptChannel {
+            chan: Mutex::new(chan),
+            closed: AtomicBool::new(false),
+            sent: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+        };
         Arc::new(CheckpointKeeper(Arc::new(k)))
     }
 
@@ -158,6 +190,15 @@ impl CheckpointKeeper {
             sent: self.0.sent.load(Ordering::Relaxed),
             failed: self.0.failed.load(Ordering::Relaxed),
         }
+    }
+
+    /// Ends the channel (this process handed every function over and exits): once the
+    /// supervisor has read it to its end and heard of the commit, it gives what this process
+    /// held to its successor. Nothing is sent after.
+    pub fn close(&self) {
+        let chan = self.0.chan.lock().unwrap_or_else(|e| e.into_inner());
+        self.0.closed.store(true, Ordering::Release);
+        let _ = chan.socket().shutdown(std::net::Shutdown::Write);
     }
 
     /// Gives the supervisor the control socket (once, when it starts being served).

@@ -209,6 +209,10 @@ pub enum BackendPart {
         /// filled in by the supervisor as it replays the checkpoint (empty as sent).
         #[serde(default)]
         held: Vec<(u64, virtiofs_backend::passthrough::keep::HeldItem)>,
+        /// Set by the supervisor when the held descriptors may miss some (a live update's
+        /// predecessor whose checkpoints were not all read): the share is not recovered.
+        #[serde(default)]
+        incomplete: bool,
     },
     /// An NFS export: its mount, node table, handles and UNSTABLE store, and its session; the
     /// memfd of the store's bytes is the last descriptor.

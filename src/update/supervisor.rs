@@ -31,7 +31,7 @@ use log::{error, info, warn};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGKILL, SIGTERM, SIGUSR1};
 
 use super::channel::{Channel, ChannelError, ReadAhead};
-use super::recovery::{CHECKPOINT_FD, RECOVERING};
+use super::recovery::{ADOPTS, CHECKPOINT_FD, RECOVERING};
 use super::state::{Msg, STATE_VERSION};
 use super::{SupervisorMsg, EXPECT_FDS, SUPERVISOR_FD, TAKEOVER_FD};
 use crate::error_chain;
@@ -93,8 +93,24 @@ struct Checkpoints {
     control: Option<(serde_json::Value, Vec<File>)>,
     /// Each function's backend descriptors held for it (`Kept::Hold`: a shared directory's
     /// nodes and handles), by key, with what each is.
-    held: HashMap<String, std::collections::BTreeMap<u64, (serde_json::Value, Arc<File>)>>,
+    held: HashMap<String, Held>,
+    /// The functions whose held descriptors are to be those of the process this one took
+    /// over from (`Kept::Adopt`, a live update), until they come over ([`Self::adopt`]): the
+    /// keys this one let go meanwhile that it did not hold (the predecessor's, not to come).
+    adopting: HashMap<String, std::collections::HashSet<u64>>,
+    /// The functions whose held descriptors may miss some (see [`Self::adopt`]).
+    incomplete: std::collections::HashSet<String>,
+    /// What the predecessor held for functions this process has not said yet whether it
+    /// adopts (its `Kept::Adopt` may come after the predecessor's end), and whether all of it
+    /// was read.
+    inherited: HashMap<String, (Held, bool)>,
+    /// The functions this process gives its own descriptors for (`Kept::LetAll`): nothing of
+    /// the predecessor's is kept for them.
+    own: std::collections::HashSet<String>,
 }
+
+/// A function's held descriptors, by key, with what each is.
+type Held = std::collections::BTreeMap<u64, (serde_json::Value, Arc<File>)>;
 
 impl Checkpoints {
     /// Keeps `kept` (a [`Kept`] as JSON, whose `function` and `control` are the handover's
@@ -113,6 +129,8 @@ impl Checkpoints {
             let tag = tag(f).ok_or("a forget without a tag")?;
             self.functions.retain(|f| f.0 != tag);
             self.held.remove(&tag);
+            self.adopting.remove(&tag);
+            self.incomplete.remove(&tag);
         } else if let Some(h) = kept.get("hold") {
             let tag = tag(h).ok_or("a hold without a tag")?;
             let items = h.get("items").and_then(|i| i.as_array()).ok_or("a hold without items")?;
@@ -128,14 +146,32 @@ impl Checkpoints {
         } else if let Some(l) = kept.get("let") {
             let tag = tag(l).ok_or("a let without a tag")?;
             let keys = l.get("keys").and_then(|k| k.as_array()).ok_or("a let without keys")?;
-            if let Some(held) = self.held.get_mut(&tag) {
-                for k in keys.iter().filter_map(|k| k.as_u64()) {
-                    held.remove(&k);
+            let held = self.held.entry(tag.clone()).or_default();
+            let adopting = self.adopting.get_mut(&tag);
+            let mut absent = Vec::new();
+            for k in keys.iter().filter_map(|k| k.as_u64()) {
+                if held.remove(&k).is_none() {
+                    absent.push(k);
                 }
+            }
+            if let Some(a) = adopting {
+                a.extend(absent);
+            }
+        } else if let Some(a) = kept.get("adopt") {
+            let tag = tag(a).ok_or("an adopt without a tag")?;
+            self.incomplete.remove(&tag);
+            self.own.remove(&tag);
+            self.adopting.entry(tag.clone()).or_default();
+            if let Some((theirs, complete)) = self.inherited.remove(&tag) {
+                self.take_over(tag, theirs, complete);
             }
         } else if let Some(l) = kept.get("let_all") {
             let tag = tag(l).ok_or("a let_all without a tag")?;
             self.held.remove(&tag);
+            self.adopting.remove(&tag);
+            self.incomplete.remove(&tag);
+            self.inherited.remove(&tag);
+            self.own.insert(tag);
         } else {
             return Err(format!("an unknown checkpoint: {}", kept.as_object().map_or(0, |o| o.len())));
         }
@@ -165,6 +201,46 @@ impl Checkpoints {
         self.functions.is_empty() && self.control.is_none()
     }
 
+    /// The descriptors `old` (the process this one took over from) held for the functions
+    /// this one adopts: each that this one neither holds anew nor let go meanwhile. The rest
+    /// of `old`'s close. `complete`: every checkpoint of `old` was read; if not, or if `old`
+    /// held nothing for a function adopted, that function's held set is marked incomplete
+    /// (a recovery then ends the function rather than lose nodes the guest knows).
+    fn adopt(&mut self, old: HashMap<String, Held>, complete: bool) {
+        for (tag, theirs) in old {
+            if self.adopting.contains_key(&tag) {
+                self.take_over(tag, theirs, complete);
+            } else if !self.own.contains(&tag) {
+                // Its `Kept::Adopt` may be on its way still.
+                self.inherited.insert(tag, (theirs, complete));
+            }
+        }
+        for (tag, _) in self.adopting.drain() {
+            warn!("supervisor: function {tag:?}: the previous process held nothing for it: a crash ends it");
+            self.incomplete.insert(tag);
+        }
+    }
+
+    /// `theirs` (the predecessor's for `tag`) joins what this process holds for it.
+    fn take_over(&mut self, tag: String, theirs: Held, complete: bool) {
+        let gone = self.adopting.remove(&tag).unwrap_or_default();
+        if !complete {
+            self.incomplete.insert(tag.clone());
+        }
+        let (theirs_n, gone_n) = (theirs.len(), gone.len());
+        let mine = self.held.entry(tag.clone()).or_default();
+        for (k, v) in theirs {
+            if !gone.contains(&k) {
+                mine.entry(k).or_insert(v);
+            }
+        }
+        info!(
+            "supervisor: function {tag:?}: {theirs_n} descriptor(s) taken over from the previous process \
+             ({gone_n} let go meanwhile); {} held",
+            mine.len()
+        );
+    }
+
     /// New descriptors of everything, to send while these stay for a next crash.
     /// (A shared directory's held descriptors are shared with the replay, not duplicated: a
     /// share may hold most of the supervisor's descriptor budget.)
@@ -191,6 +267,9 @@ impl Checkpoints {
                 let items: Vec<serde_json::Value> =
                     held.iter().map(|(k, (what, _))| serde_json::json!([k, what])).collect();
                 part.insert("held".into(), serde_json::Value::Array(items));
+                if self.incomplete.contains(tag) {
+                    part.insert("incomplete".into(), serde_json::Value::Bool(true));
+                }
                 shared.extend(held.values().map(|(_, file)| file.clone()));
             }
             all.push((m, ReplayFds { owned: fds, shared }));
@@ -387,6 +466,7 @@ impl Launch {
                 let (mine, theirs) = UnixStream::pair()?;
                 sys::set_inherited(&theirs.as_fd(), true)?;
                 cmd.env(CHECKPOINT_FD, theirs.as_raw_fd().to_string());
+                cmd.env(ADOPTS, "1");
                 Some((Channel::new(mine)?, theirs))
             }
         };
@@ -524,6 +604,9 @@ pub fn run(launch: Launch) -> ExitCode {
     let (mut ready, mut stopping, mut updates) = (false, false, 0u64);
     // Crash recovery: each serving process's newest checkpoints, and the recoveries' state.
     let mut kept: HashMap<u32, Checkpoints> = HashMap::new();
+    // Processes that handed over to a new one (old -> new) whose held descriptors go over
+    // once every checkpoint of theirs is read (their channel closed).
+    let mut handed: HashMap<u32, u32> = HashMap::new();
     let mut rec = Recovery::default();
     loop {
         // While a dead process's last checkpoints may still be on their way, wait for them a
@@ -541,7 +624,8 @@ pub fn run(launch: Launch) -> ExitCode {
         };
         match ev {
             Event::Kept(pid, batch) => {
-                let live = pid == current.pid || pending.as_ref().is_some_and(|p| p.pid == pid);
+                let live =
+                    pid == current.pid || pending.as_ref().is_some_and(|p| p.pid == pid) || handed.contains_key(&pid);
                 if !live {
                     continue; // a process that is gone: its descriptors close here
                 }
@@ -559,6 +643,36 @@ pub fn run(launch: Launch) -> ExitCode {
                     rec.unreadable.insert(pid);
                 }
                 rec.closed.insert(pid);
+                if let Some(new) = handed.remove(&pid) {
+                    // Every checkpoint of a process that handed over is in: its held
+                    // descriptors go to its successor.
+                    let old = kept.remove(&pid).map(|k| k.held).unwrap_or_default();
+                    kept.entry(new).or_default().adopt(old, read);
+                    rec.forget(pid);
+                    // The successor's recovery waited for them.
+                    match &rec.dying {
+                        Some(d) if d.pid == new && rec.closed.contains(&new) => {
+                            let read = !rec.unreadable.contains(&new);
+                            let _ = tx.send(Event::KeptClosed(new, read));
+                        }
+                        _ => {}
+                    }
+                    continue;
+                }
+                if let Some(d) = rec.dying.as_ref().filter(|d| d.pid == pid) {
+                    if let Some((&old, _)) = handed.iter().find(|(_, &n)| n == pid) {
+                        if d.since.elapsed() < LAST_CHECKPOINTS_BOUND {
+                            continue; // its predecessor's held descriptors first
+                        }
+                        error!(
+                            "supervisor: the checkpoints of process {old}, which handed over to {pid}, did not \
+                             all come: the descriptors it held are not recovered"
+                        );
+                        handed.remove(&old);
+                        let o = kept.remove(&old).map(|k| k.held).unwrap_or_default();
+                        kept.entry(pid).or_default().adopt(o, false);
+                    }
+                }
                 if let Some(d) = rec.dying.take_if(|d| d.pid == pid) {
                     if stopping {
                         return exit_code(d.status);
@@ -684,16 +798,26 @@ pub fn run(launch: Launch) -> ExitCode {
                         info!("supervisor: update {updates}: process {new} serves; {pid} exits");
                         // The new process's checkpoints, and the old one's of functions it has
                         // not sent yet (its servers send theirs as they start).
-                        if let Some(old) = kept.remove(&pid) {
+                        if let Some(old) = kept.get_mut(&pid) {
+                            let (functions, control) = (std::mem::take(&mut old.functions), old.control.take());
                             let mine = kept.entry(new).or_default();
-                            for f in old.functions {
+                            for f in functions {
                                 if !mine.functions.iter().any(|m| m.0 == f.0) {
                                     mine.functions.push(f);
                                 }
                             }
                             if mine.control.is_none() {
-                                mine.control = old.control;
+                                mine.control = control;
                             }
+                        }
+                        // Its held descriptors go over once all it sent is read (it closed
+                        // its checkpoint channel before it said this).
+                        if rec.closed.contains(&pid) {
+                            let read = !rec.unreadable.contains(&pid);
+                            let old = kept.remove(&pid).map(|k| k.held).unwrap_or_default();
+                            kept.entry(new).or_default().adopt(old, read);
+                        } else {
+                            handed.insert(pid, new);
                         }
                         current = p;
                     }
@@ -755,8 +879,10 @@ pub fn run(launch: Launch) -> ExitCode {
                 return exit_code(rec.status_of(pid, status));
             }
             Event::Exited(pid, status) => {
-                kept.remove(&pid);
-                rec.forget(pid);
+                if !handed.contains_key(&pid) {
+                    kept.remove(&pid);
+                    rec.forget(pid);
+                }
                 if pending.as_ref().is_some_and(|p| p.pid == pid) {
                     pending = None;
                     warn!("supervisor: the new process {pid} ended ({status}) before taking over");
@@ -905,6 +1031,66 @@ fn exit_code(status: ExitStatus) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn hold(c: &mut Checkpoints, tag: &str, keys: &[u64]) {
+        let items: Vec<_> = keys.iter().map(|k| serde_json::json!([k, {"node": {"key": [1, 2, 3], "kind": 0}}])).collect();
+        let files = keys.iter().map(|_| tempfile::tempfile().unwrap()).collect();
+        c.keep(serde_json::json!({"hold": {"tag": tag, "items": items}}), files).unwrap();
+    }
+
+    fn keys(c: &Checkpoints, tag: &str) -> Vec<u64> {
+        c.held.get(tag).map(|h| h.keys().copied().collect()).unwrap_or_default()
+    }
+
+    /// A live update's successor takes over its predecessor's held descriptors for the
+    /// functions it adopts: less those it let go before they came over, its own newer ones
+    /// kept; a function it did not adopt gets none; a predecessor not read to its end, or one
+    /// that held nothing for an adopted function, leaves that function marked incomplete
+    /// (replayed as such).
+    #[test]
+    fn a_successor_adopts_what_its_predecessor_held() {
+        let mut old = Checkpoints::default();
+        hold(&mut old, "a", &[1, 2, 3, 4]);
+        hold(&mut old, "b", &[7]);
+        hold(&mut old, "d", &[5, 6]);
+        hold(&mut old, "e", &[8]);
+        let mut new = Checkpoints::default();
+        new.keep(serde_json::json!({"adopt": {"tag": "a"}}), Vec::new()).unwrap();
+        new.keep(serde_json::json!({"adopt": {"tag": "c"}}), Vec::new()).unwrap();
+        new.keep(serde_json::json!({"let_all": {"tag": "e"}}), Vec::new()).unwrap();
+        // Before the predecessor's descriptors come: a node of its let go, one made anew.
+        new.keep(serde_json::json!({"let": {"tag": "a", "keys": [2]}}), Vec::new()).unwrap();
+        hold(&mut new, "a", &[9]);
+        new.adopt(std::mem::take(&mut old.held), true);
+        assert_eq!(keys(&new, "a"), [1, 3, 4, 9]);
+        assert!(keys(&new, "b").is_empty(), "not adopted (yet)");
+        assert!(!new.incomplete.contains("a"));
+        assert!(new.incomplete.contains("c"), "adopted, but the predecessor held nothing for it");
+        assert!(!new.inherited.contains_key("e"), "a function it gives its own for keeps nothing of them");
+        // After: lets apply as usual.
+        new.keep(serde_json::json!({"let": {"tag": "a", "keys": [1]}}), Vec::new()).unwrap();
+        assert_eq!(keys(&new, "a"), [3, 4, 9]);
+        // An adopt that comes after the predecessor's descriptors takes them then.
+        new.keep(serde_json::json!({"adopt": {"tag": "d"}}), Vec::new()).unwrap();
+        assert_eq!(keys(&new, "d"), [5, 6]);
+        new.keep(serde_json::json!({"let_all": {"tag": "b"}}), Vec::new()).unwrap();
+        assert!(new.inherited.is_empty(), "a function given anew drops what was inherited");
+
+        let mut partial = Checkpoints::default();
+        partial.keep(serde_json::json!({"adopt": {"tag": "a"}}), Vec::new()).unwrap();
+        let mut old = Checkpoints::default();
+        hold(&mut old, "a", &[1]);
+        partial.adopt(old.held, false);
+        assert!(partial.incomplete.contains("a"), "the predecessor was not read to its end");
+        partial.functions.push((
+            "a".into(),
+            serde_json::json!({"function": {"tag": "a", "backend": {"passthrough_kept": {"held": []}}}}),
+            Vec::new(),
+        ));
+        let copy = partial.copy().unwrap();
+        assert_eq!(copy[0].0["function"]["backend"]["passthrough_kept"]["incomplete"], true);
+        assert_eq!(copy[0].1.shared.len(), 1);
+    }
 
     /// What the supervisor binds and removes for a confined serving process: a socket in the
     /// allowed directory only; a removal only of one of the daemon's sockets, only while no

@@ -82,6 +82,12 @@ pub trait DescriptorKeeper: Send + Sync {
     fn let_go(&self, keys: &[u64]);
     /// Lets every descriptor held for the function go (before all are held anew).
     fn let_all_go(&self);
+    /// Takes as the function's held descriptors those its predecessor holds (a live update:
+    /// the same nodes and handles under the same keys) instead of being given them again;
+    /// `false`: it cannot, and they are to be given.
+    fn adopt(&self) -> bool {
+        false
+    }
 }
 
 /// A node's record.
@@ -380,6 +386,12 @@ impl ShareKeep {
         if let Some(k) = self.keeper.get() {
             k.let_go(keys);
         }
+    }
+
+    /// Takes the predecessor's held descriptors (see [`DescriptorKeeper::adopt`]); `false`:
+    /// none is set or it cannot.
+    pub fn adopt(&self) -> bool {
+        self.keeper.get().is_some_and(|k| k.adopt())
     }
 
     /// Lets every descriptor go.

@@ -317,6 +317,9 @@ pub struct PassthroughFs {
     copying: AtomicBool,
     /// The records and descriptors kept for a crash ([`PassthroughFs::keep_in`]).
     keep: std::sync::OnceLock<Arc<keep::ShareKeep>>,
+    /// Restored from a process whose share was kept completely (a live update's state says
+    /// so): [`PassthroughFs::keep_in`] may take over that process's held descriptors.
+    predecessor_kept: AtomicBool,
 }
 
 impl std::fmt::Debug for PassthroughFs {
@@ -479,6 +482,7 @@ impl PassthroughFs {
             precopy: Mutex::new(None),
             copying: AtomicBool::new(false),
             keep: std::sync::OnceLock::new(),
+            predecessor_kept: AtomicBool::new(false),
         })
     }
 

@@ -87,6 +87,11 @@ pub struct PassthroughState {
     pub nodes: Vec<NodeState>,
     /// Every open handle.
     pub handles: Vec<HandleState>,
+    /// The process it comes from had the supervisor hold its nodes' and handles' descriptors
+    /// for a crash, completely (a successor under the same supervisor may take those over
+    /// instead of giving its own: `ShareKeep::adopt`). Absent from older processes' states.
+    #[serde(default)]
+    pub kept: bool,
 }
 
 /// What changed in a shared directory between [`PassthroughFs::precopy`] and its quiet point:
@@ -113,6 +118,9 @@ pub struct PassthroughChanges {
     pub left: Vec<u64>,
     /// Handles opened (with a descriptor each) or released (`None`).
     pub handles: Vec<(u64, Option<HandleState>)>,
+    /// As [`PassthroughState::kept`], at the quiet point.
+    #[serde(default)]
+    pub kept: bool,
 }
 
 /// What a copy ahead of the quiet point left for [`PassthroughFs::changes`]: the handles
@@ -226,6 +234,7 @@ impl PassthroughFs {
                 })
                 .collect(),
             handles: handles.iter().map(|(fh, h)| handle_state(*fh, h)).collect(),
+            kept: self.kept_completely(),
         };
         let held = Held {
             nodes: nodes.into_iter().map(|(i, _, _)| i).collect(),
@@ -349,6 +358,7 @@ impl PassthroughFs {
             nodes,
             left,
             handles,
+            kept: self.kept_completely(),
         };
         Some((changes, Held { nodes: new_nodes, handles: held_handles }))
     }
@@ -486,6 +496,7 @@ impl PassthroughFs {
             precopy: Mutex::new(None),
             copying: AtomicBool::new(false),
             keep: std::sync::OnceLock::new(),
+            predecessor_kept: AtomicBool::new(state.kept),
         };
         Ok((fs, nodes))
     }
@@ -496,7 +507,11 @@ impl PassthroughFs {
     /// supervisor held are held again under the same keys, so none is missing at any moment);
     /// empty: everything held before for the function is let go first. Call before it serves.
     pub fn keep_in(&self, keep: Arc<ShareKeep>, slots: &HashMap<u64, u32>) {
-        if slots.is_empty() {
+        // A live update's successor of a completely kept share takes over the supervisor's
+        // copies of its predecessor's descriptors (the same nodes and handles under the same
+        // keys) rather than give its own before it serves; otherwise it gives them all.
+        let give = !slots.is_empty() || !self.predecessor_kept.load(Ordering::Relaxed) || !keep.adopt();
+        if slots.is_empty() && give {
             keep.let_all_go();
         }
         let handles = self.handles.read().unwrap_or_else(PoisonError::into_inner);
@@ -515,13 +530,20 @@ impl PassthroughFs {
             i += 1;
         }
         keep.next_ids(self.inodes.next_id(), self.next_fh.load(Ordering::Relaxed));
-        self.inodes.keep_in(&keep, slots, &others);
-        for chunk in handles.iter().collect::<Vec<_>>().chunks(200) {
-            let items: Vec<_> = chunk.iter().map(|(&fh, h)| (fh | HANDLE_KEY, h.held_item())).collect();
-            let fds: Vec<_> = chunk.iter().map(|(_, h)| h.file.as_fd()).collect();
-            keep.hold(&items, &fds);
+        self.inodes.keep_in(&keep, slots, &others, give);
+        if give {
+            for chunk in handles.iter().collect::<Vec<_>>().chunks(200) {
+                let items: Vec<_> = chunk.iter().map(|(&fh, h)| (fh | HANDLE_KEY, h.held_item())).collect();
+                let fds: Vec<_> = chunk.iter().map(|(_, h)| h.file.as_fd()).collect();
+                keep.hold(&items, &fds);
+            }
         }
         let _ = self.keep.set(keep);
+    }
+
+    /// Whether every node and handle is held by a keeper (a successor may take them over).
+    fn kept_completely(&self) -> bool {
+        self.keep.get().is_some_and(|k| k.has_keeper() && !k.incomplete())
     }
 
     /// The records kept for a crash, if it keeps them.
@@ -648,6 +670,7 @@ impl PassthroughFs {
             next_fh,
             nodes: nodes.iter().map(|(n, _)| n.clone()).collect(),
             handles: handles.iter().map(|(h, _)| h.clone()).collect(),
+            kept: false,
         };
         let files = nodes.into_iter().map(|(_, f)| f).chain(handles.into_iter().map(|(_, f)| f)).collect();
         let fs = Self::restore(cfg, proc_fd, &state, files)?;
@@ -691,6 +714,7 @@ impl PassthroughRestoring {
             )));
         }
         let fs = &self.fs;
+        fs.predecessor_kept.store(c.kept, Ordering::Relaxed);
         if c.next_id < fs.inodes.next_id() || c.next_fh < fs.next_fh.load(Ordering::Relaxed) {
             return Err(bad("the next node or handle id goes back"));
         }
