@@ -58,3 +58,8 @@ fn fuse_passthrough() {
 fn nfs_reply() {
     replay("nfs_reply", virtiofs_fuzz_common::nfs_reply);
 }
+
+#[test]
+fn nfs4_reply() {
+    replay("nfs4_reply", virtiofs_fuzz_common::nfs4_reply);
+}

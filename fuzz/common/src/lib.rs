@@ -12,7 +12,9 @@
 //!   and the server against the RAM filesystem, and against a passthrough of a fresh directory;
 //! - [`nfs_reply`]: what an NFS server sends the remote backend, through the reply decoders
 //!   alone, through a connection's record reassembly and reply matching over loopback TCP, and
-//!   through the blocking start-up calls (see [`nfs`]).
+//!   through the blocking start-up calls (see [`nfs`]);
+//! - [`nfs4_reply`]: what an NFSv4.1 server sends, through the COMPOUND reply decoders, whole and
+//!   result by result (see [`nfs4`]).
 //!
 //! Inputs are framed as records `[len: u16 le][flags: u8][len bytes]`; what `flags` means is
 //! per target. Nothing here may panic on any input: a panic is the finding.
@@ -20,7 +22,9 @@
 #![deny(missing_docs)]
 
 pub mod nfs;
+pub mod nfs4;
 pub use nfs::nfs_reply;
+pub use nfs4::nfs4_reply;
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
