@@ -566,3 +566,33 @@ fn ramfs_taken_over_from_its_state_and_memfd_is_the_same_filesystem() {
     bad.dirs[0].entries.push((b"ghost".to_vec(), 1, 999_999, 8));
     assert!(refused(&bad, RamFsConfig::default()));
 }
+
+/// The session kept for a crash follows the locks a FLUSH and a RELEASE end: a lock taken is
+/// in the record, and gone from it once the FLUSH of its owner (or the RELEASE of its file)
+/// ends it; FLUSHes and RELEASEs of files never locked leave it as it is.
+#[test]
+fn the_session_record_follows_the_locks_flush_and_release_end() {
+    use std::sync::Arc;
+    use virtiofs_backend::session_record::SessionRecord;
+    let f = Fuse::new();
+    let record = Arc::new(SessionRecord::new().unwrap());
+    f.srv.keep_session(record.clone());
+    let locks = || record.read().unwrap().expect("a session is kept").locks.len();
+    let (e, o) = f.create(ROOT, b"locked", 0o666, O_RDWR | O_CREAT).unwrap();
+    let (other, other_fh) = with_fh(f.create(ROOT, b"plain", 0o666, O_RDWR | O_CREAT).unwrap());
+    f.setlk(e.nodeid, o.fh, 0, WR, 0, 99).unwrap();
+    assert_eq!(locks(), 1);
+    f.flush(other.nodeid, other_fh).unwrap();
+    f.release(other.nodeid, other_fh).unwrap();
+    assert_eq!(locks(), 1, "another file's FLUSH and RELEASE end no lock");
+    f.flush(e.nodeid, o.fh).unwrap();
+    assert_eq!(locks(), 0, "the owner's FLUSH ends its lock");
+    f.setlk(e.nodeid, o.fh, 0, WR, 0, 9).unwrap();
+    assert_eq!(locks(), 1);
+    f.release(e.nodeid, o.fh).unwrap();
+    assert_eq!(locks(), 0, "the file's last RELEASE ends its locks");
+    let (g, h) = with_fh(f.create(ROOT, b"later", 0o666, O_RDWR | O_CREAT).unwrap());
+    f.flush(g.nodeid, h).unwrap();
+    f.release(g.nodeid, h).unwrap();
+    assert_eq!(locks(), 0);
+}

@@ -297,7 +297,7 @@ impl<F: FileSystem> Server<F> {
         if !self.fs.has_open_handles(ino) {
             self.locks.clear_file(ino);
         }
-        self.session_changed();
+        self.locks_may_have_gone();
     }
 
     /// The locks a FLUSH ends (whatever the filesystem said, unless the handle does not exist).
@@ -306,7 +306,7 @@ impl<F: FileSystem> Server<F> {
         // flush itself says (close(2) does too); not for a handle that does not exist.
         if flushed != Err(filesystem::Error::BadHandle) {
             self.locks.release_owner(ino, lock_owner);
-            self.session_changed();
+            self.locks_may_have_gone();
         }
     }
 }

@@ -244,6 +244,9 @@ pub struct Server<F: FileSystem> {
     replays: ReplayCounters,
     /// Where the session is kept for a crash ([`Server::keep_session`]).
     record: OnceLock<Arc<SessionRecord>>,
+    /// The session last written to `record` held no lock (RELEASE and FLUSH, which can only
+    /// take locks away, then need not write it while the table is empty).
+    recorded_no_locks: AtomicBool,
 }
 
 impl<F: FileSystem> Server<F> {
@@ -274,6 +277,7 @@ impl<F: FileSystem> Server<F> {
             counters: LockCounters::default(),
             replays: ReplayCounters::default(),
             record: OnceLock::new(),
+            recorded_no_locks: AtomicBool::new(false),
         }
     }
 
@@ -328,11 +332,23 @@ impl<F: FileSystem> Server<F> {
         let snapshot = || {
             let mut state = self.save_session();
             state.waits = Default::default();
+            self.recorded_no_locks.store(state.locks.is_empty(), Ordering::Release);
             state
         };
         if !record.write_with(snapshot) {
             log::warn!("fuse: the session's locks outgrow its record: a crash would end it");
         }
+    }
+
+    /// A RELEASE or FLUSH may have let locks go: the session record is written unless it
+    /// holds none and the table has none (the common case: files that were never locked).
+    pub(crate) fn locks_may_have_gone(&self) {
+        if self.record.get().is_none()
+            || (self.recorded_no_locks.load(Ordering::Acquire) && self.locks.lock_count() == 0)
+        {
+            return;
+        }
+        self.session_changed();
     }
 
     /// The waiting SETLKW of wait id `token` (a session taken over: a poller parks it again),
