@@ -8,6 +8,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use harness::passthrough::{is_root, Fuse, Tree};
 use harness::{groups_ext, with_fh, xorshift, Xattr, ROOT};
 use virtiofs_backend::abi;
+use virtiofs_backend::passthrough::keep::{DescriptorKeeper, HeldItem};
 
 const RDWR: u32 = libc::O_RDWR as u32;
 
@@ -884,4 +885,72 @@ fn mangled_passthrough_changes_are_refused_or_applied_never_a_panic() {
         }
     }
     assert!(refused > 50 && applied > 0, "{applied} applied, {refused} refused");
+}
+
+/// What a crash-kept share gives its keeper, as the daemon's supervisor holds it: a copy of
+/// each descriptor by key.
+#[derive(Default)]
+struct Holder {
+    held: std::sync::Mutex<std::collections::BTreeMap<u64, (HeldItem, std::fs::File)>>,
+}
+
+impl DescriptorKeeper for Holder {
+    fn hold(&self, items: &[(u64, HeldItem)], fds: &[std::os::fd::BorrowedFd<'_>]) -> bool {
+        let mut held = self.held.lock().unwrap();
+        for ((key, item), fd) in items.iter().zip(fds) {
+            held.insert(*key, (item.clone(), fd.try_clone_to_owned().unwrap().into()));
+        }
+        true
+    }
+    fn let_go(&self, keys: &[u64]) {
+        let mut held = self.held.lock().unwrap();
+        keys.iter().for_each(|k| drop(held.remove(k)));
+    }
+    fn let_all_go(&self) {
+        self.held.lock().unwrap().clear();
+    }
+}
+
+impl Holder {
+    /// What a recovery is given: each item and a copy of its descriptor, by key, less `but`.
+    fn replay(&self, but: Option<u64>) -> (Vec<(u64, HeldItem)>, Vec<std::fs::File>) {
+        let held = self.held.lock().unwrap();
+        let kept = held.iter().filter(|(k, _)| Some(**k) != but);
+        kept.map(|(k, (item, f))| ((*k, item.clone()), f.try_clone().unwrap())).unzip()
+    }
+}
+
+/// Crash keeping (issue 24): a recovery takes the nodes whose descriptors were given before
+/// their replies could be published, drops a node made in a round that never published (its
+/// descriptor still queued at the kill: the guest does not know it), and refuses records that
+/// say a node was given when the keeper does not hold it (the guest may know that node).
+#[test]
+fn a_recovery_drops_only_nodes_whose_descriptors_were_never_given() {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+    use virtiofs_backend::passthrough::keep::ShareKeep;
+    use virtiofs_backend::passthrough::{PassthroughConfig, PassthroughFs};
+    let tree = Tree::new();
+    std::fs::write(tree.share.join("a"), b"a").unwrap();
+    std::fs::write(tree.share.join("b"), b"b").unwrap();
+    let f = Fuse::new(&tree.share);
+    let holder = Arc::new(Holder::default());
+    let keep = Arc::new(ShareKeep::create(64).unwrap());
+    keep.set_keeper(holder.clone());
+    f.fs().keep_in(keep.clone(), &HashMap::new());
+    let a = f.lookup(ROOT, b"a").unwrap().nodeid;
+    f.srv.before_publish(); // the poller publishes a's reply after this
+    let b = f.lookup(ROOT, b"b").unwrap().nodeid; // killed before b's round published
+    let proc_fd = || std::os::fd::OwnedFd::from(std::fs::File::open("/proc/self/fd").unwrap());
+    let records = || ShareKeep::open(keep.memfd().try_clone_to_owned().unwrap().into()).unwrap();
+    let (held, files) = holder.replay(None);
+    let cfg = PassthroughConfig::new(&tree.share);
+    let r = PassthroughFs::recover(cfg.clone(), proc_fd(), &records(), &held, files, 0).unwrap();
+    assert!(r.dropped.contains(&b), "b was never given: {:?}", r.dropped);
+    assert!(!r.dropped.contains(&a));
+    assert_eq!(r.fs.lookup_count(a), Some(1), "a goes on with its reference");
+    assert_eq!(r.fs.lookup_count(b), None);
+    let (held, files) = holder.replay(Some(a));
+    let lost = PassthroughFs::recover(cfg, proc_fd(), &records(), &held, files, 0);
+    assert!(lost.is_err(), "a was given and is not held: the recovery is refused");
 }

@@ -127,8 +127,8 @@ impl DescriptorKeeper for FunctionDescriptors {
         if std::env::var_os(ADOPTS).is_none_or(|v| v != "1") {
             return false;
         }
-        send(&self.chan, &Kept::Adopt { tag: self.tag.clone() }, &[]);
-        true
+        // Not sent (the supervisor gone): the descriptors are given instead (which fails too).
+        send(&self.chan, &Kept::Adopt { tag: self.tag.clone() }, &[])
     }
 }
 
@@ -154,22 +154,26 @@ pub struct CheckpointCounts {
     pub failed: u64,
 }
 
-/// Sends `msg` with `fds` on `k`'s channel; a failure is logged and counted (the supervisor is
-/// gone, and this process ends with it, or it stopped reading: a crash now would not be
-/// recovered from this state).
-fn send(k: &KeptChannel, msg: &Kept, fds: &[OwnedFd]) {
+/// Sends `msg` with `fds` on `k`'s channel; whether it was sent. A failure is logged and
+/// counted (the supervisor is gone, and this process ends with it, or it stopped reading: a
+/// crash now would not be recovered from this state).
+fn send(k: &KeptChannel, msg: &Kept, fds: &[OwnedFd]) -> bool {
     let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
     let chan = k.chan.lock().unwrap_or_else(|e| e.into_inner());
     if k.closed.load(Ordering::Acquire) {
-        return;
+        return false;
     }
     match chan.send(msg, &borrowed) {
-        Ok(()) => k.sent.fetch_add(1, Ordering::Relaxed),
+        Ok(()) => {
+            k.sent.fetch_add(1, Ordering::Relaxed);
+            true
+        }
         Err(e) => {
             log::warn!("checkpoint not kept: {}", crate::error_chain(&e));
-            k.failed.fetch_add(1, Ordering::Relaxed)
+            k.failed.fetch_add(1, Ordering::Relaxed);
+            false
         }
-    };
+    }
 }
 
 impl CheckpointKeeper {
@@ -428,6 +432,12 @@ impl RequestHandler for Ending {
     fn engine(&self, poller: usize) -> Option<Box<dyn Engine>> {
         let inner = self.inner.as_ref()?.engine(poller)?;
         Some(Box::new(EndingEngine { inner, ended: self.ended.clone() }))
+    }
+
+    fn before_publish(&self) {
+        if let Some(inner) = &self.inner {
+            inner.before_publish();
+        }
     }
 
     fn reset(&self) {

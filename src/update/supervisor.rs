@@ -128,9 +128,7 @@ impl Checkpoints {
         } else if let Some(f) = kept.get("forget") {
             let tag = tag(f).ok_or("a forget without a tag")?;
             self.functions.retain(|f| f.0 != tag);
-            self.held.remove(&tag);
-            self.adopting.remove(&tag);
-            self.incomplete.remove(&tag);
+            self.drop_function(&tag);
         } else if let Some(h) = kept.get("hold") {
             let tag = tag(h).ok_or("a hold without a tag")?;
             let items = h.get("items").and_then(|i| i.as_array()).ok_or("a hold without items")?;
@@ -193,8 +191,17 @@ impl Checkpoints {
             .collect();
         self.functions.retain(|(_, v, _)| !named(v, "path") && !named(v, "socket_file"));
         for t in gone {
-            self.held.remove(&t);
+            self.drop_function(&t);
         }
+    }
+
+    /// Function `tag` is gone: what is held or inherited for it closes.
+    fn drop_function(&mut self, tag: &str) {
+        self.held.remove(tag);
+        self.adopting.remove(tag);
+        self.incomplete.remove(tag);
+        self.inherited.remove(tag);
+        self.own.remove(tag);
     }
 
     fn is_empty(&self) -> bool {
@@ -202,12 +209,14 @@ impl Checkpoints {
     }
 
     /// The descriptors `old` (the process this one took over from) held for the functions
-    /// this one adopts: each that this one neither holds anew nor let go meanwhile. The rest
-    /// of `old`'s close. `complete`: every checkpoint of `old` was read; if not, or if `old`
+    /// this one adopts: each that this one neither holds anew nor let go meanwhile; and its
+    /// checkpoints of functions this one has not sent yet. The rest of `old`'s close. `complete`: every checkpoint of `old` was read; if not, or if `old`
     /// held nothing for a function adopted, that function's held set is marked incomplete
     /// (a recovery then ends the function rather than lose nodes the guest knows).
-    fn adopt(&mut self, old: HashMap<String, Held>, complete: bool) {
-        for (tag, theirs) in old {
+    fn adopt(&mut self, old: Checkpoints, complete: bool) {
+        for (tag, theirs) in old.held {
+            // What the predecessor held may itself miss some (its own predecessor's).
+            let complete = complete && !old.incomplete.contains(&tag);
             if self.adopting.contains_key(&tag) {
                 self.take_over(tag, theirs, complete);
             } else if !self.own.contains(&tag) {
@@ -218,6 +227,16 @@ impl Checkpoints {
         for (tag, _) in self.adopting.drain() {
             warn!("supervisor: function {tag:?}: the previous process held nothing for it: a crash ends it");
             self.incomplete.insert(tag);
+        }
+        // Its checkpoints that came after the commit, of functions this one has not sent its
+        // own of yet.
+        for f in old.functions {
+            if !self.functions.iter().any(|m| m.0 == f.0) {
+                self.functions.push(f);
+            }
+        }
+        if self.control.is_none() {
+            self.control = old.control;
         }
     }
 
@@ -263,14 +282,22 @@ impl Checkpoints {
                 .and_then(|f| f.get_mut("backend"))
                 .and_then(|b| b.get_mut("passthrough_kept"))
                 .and_then(|p| p.as_object_mut());
-            if let (Some(part), Some(held)) = (part, self.held.get(tag)) {
-                let items: Vec<serde_json::Value> =
-                    held.iter().map(|(k, (what, _))| serde_json::json!([k, what])).collect();
+            // A process that died before it said it adopts its predecessor's descriptors
+            // (it never served the function) is recovered with them.
+            let (held, incomplete) = match (self.held.get(tag), self.inherited.get(tag)) {
+                (Some(h), _) => (Some(h), self.incomplete.contains(tag)),
+                (None, Some((h, complete))) => (Some(h), !complete),
+                (None, None) => (None, self.incomplete.contains(tag)),
+            };
+            if let Some(part) = part {
+                let items: Vec<serde_json::Value> = (held.iter().flat_map(|h| h.iter()))
+                    .map(|(k, (what, _))| serde_json::json!([k, what]))
+                    .collect();
                 part.insert("held".into(), serde_json::Value::Array(items));
-                if self.incomplete.contains(tag) {
+                if incomplete {
                     part.insert("incomplete".into(), serde_json::Value::Bool(true));
                 }
-                shared.extend(held.values().map(|(_, file)| file.clone()));
+                shared.extend(held.iter().flat_map(|h| h.values()).map(|(_, file)| file.clone()));
             }
             all.push((m, ReplayFds { owned: fds, shared }));
         }
@@ -624,8 +651,9 @@ pub fn run(launch: Launch) -> ExitCode {
         };
         match ev {
             Event::Kept(pid, batch) => {
-                let live =
-                    pid == current.pid || pending.as_ref().is_some_and(|p| p.pid == pid) || handed.contains_key(&pid);
+                let live = pid == current.pid
+                    || pending.as_ref().is_some_and(|p| p.pid == pid)
+                    || handed.contains_key(&pid);
                 if !live {
                     continue; // a process that is gone: its descriptors close here
                 }
@@ -646,7 +674,7 @@ pub fn run(launch: Launch) -> ExitCode {
                 if let Some(new) = handed.remove(&pid) {
                     // Every checkpoint of a process that handed over is in: its held
                     // descriptors go to its successor.
-                    let old = kept.remove(&pid).map(|k| k.held).unwrap_or_default();
+                    let old = kept.remove(&pid).unwrap_or_default();
                     kept.entry(new).or_default().adopt(old, read);
                     rec.forget(pid);
                     // The successor's recovery waited for them.
@@ -669,7 +697,7 @@ pub fn run(launch: Launch) -> ExitCode {
                              all come: the descriptors it held are not recovered"
                         );
                         handed.remove(&old);
-                        let o = kept.remove(&old).map(|k| k.held).unwrap_or_default();
+                        let o = kept.remove(&old).unwrap_or_default();
                         kept.entry(pid).or_default().adopt(o, false);
                     }
                 }
@@ -765,6 +793,8 @@ pub fn run(launch: Launch) -> ExitCode {
             Event::Msg(pid, SupervisorMsg::Spawn { binary }) if pid == current.pid => {
                 let answer = if pending.is_some() {
                     Err("an update is under way already".to_string())
+                } else if !handed.is_empty() {
+                    Err("the previous update's hand-over is not done yet".to_string())
                 } else {
                     launch.binary(binary.as_deref()).and_then(|b| {
                         let (old_end, new_end) = UnixStream::pair().map_err(|e| e.to_string())?;
@@ -799,7 +829,8 @@ pub fn run(launch: Launch) -> ExitCode {
                         // The new process's checkpoints, and the old one's of functions it has
                         // not sent yet (its servers send theirs as they start).
                         if let Some(old) = kept.get_mut(&pid) {
-                            let (functions, control) = (std::mem::take(&mut old.functions), old.control.take());
+                            let (functions, control) =
+                                (std::mem::take(&mut old.functions), old.control.take());
                             let mine = kept.entry(new).or_default();
                             for f in functions {
                                 if !mine.functions.iter().any(|m| m.0 == f.0) {
@@ -814,7 +845,7 @@ pub fn run(launch: Launch) -> ExitCode {
                         // its checkpoint channel before it said this).
                         if rec.closed.contains(&pid) {
                             let read = !rec.unreadable.contains(&pid);
-                            let old = kept.remove(&pid).map(|k| k.held).unwrap_or_default();
+                            let old = kept.remove(&pid).unwrap_or_default();
                             kept.entry(new).or_default().adopt(old, read);
                         } else {
                             handed.insert(pid, new);
@@ -1033,7 +1064,8 @@ mod tests {
     use super::*;
 
     fn hold(c: &mut Checkpoints, tag: &str, keys: &[u64]) {
-        let items: Vec<_> = keys.iter().map(|k| serde_json::json!([k, {"node": {"key": [1, 2, 3], "kind": 0}}])).collect();
+        let items: Vec<_> =
+            keys.iter().map(|k| serde_json::json!([k, {"node": {"key": [1, 2, 3], "kind": 0}}])).collect();
         let files = keys.iter().map(|_| tempfile::tempfile().unwrap()).collect();
         c.keep(serde_json::json!({"hold": {"tag": tag, "items": items}}), files).unwrap();
     }
@@ -1061,7 +1093,7 @@ mod tests {
         // Before the predecessor's descriptors come: a node of its let go, one made anew.
         new.keep(serde_json::json!({"let": {"tag": "a", "keys": [2]}}), Vec::new()).unwrap();
         hold(&mut new, "a", &[9]);
-        new.adopt(std::mem::take(&mut old.held), true);
+        new.adopt(old, true);
         assert_eq!(keys(&new, "a"), [1, 3, 4, 9]);
         assert!(keys(&new, "b").is_empty(), "not adopted (yet)");
         assert!(!new.incomplete.contains("a"));
@@ -1080,7 +1112,7 @@ mod tests {
         partial.keep(serde_json::json!({"adopt": {"tag": "a"}}), Vec::new()).unwrap();
         let mut old = Checkpoints::default();
         hold(&mut old, "a", &[1]);
-        partial.adopt(old.held, false);
+        partial.adopt(old, false);
         assert!(partial.incomplete.contains("a"), "the predecessor was not read to its end");
         partial.functions.push((
             "a".into(),
@@ -1090,6 +1122,28 @@ mod tests {
         let copy = partial.copy().unwrap();
         assert_eq!(copy[0].0["function"]["backend"]["passthrough_kept"]["incomplete"], true);
         assert_eq!(copy[0].1.shared.len(), 1);
+
+        // A second update: what was incomplete stays so, read to its end or not.
+        let mut next = Checkpoints::default();
+        next.keep(serde_json::json!({"adopt": {"tag": "a"}}), Vec::new()).unwrap();
+        next.adopt(partial, true);
+        assert!(next.incomplete.contains("a"), "its predecessor's set was incomplete");
+
+        // A process that died before it said it adopts: recovered with what it inherited.
+        let mut old = Checkpoints::default();
+        hold(&mut old, "f", &[1, 2]);
+        let mut early = Checkpoints::default();
+        early.adopt(old, true);
+        early.functions.push((
+            "f".into(),
+            serde_json::json!({"function": {"tag": "f", "backend": {"passthrough_kept": {"held": []}}}}),
+            Vec::new(),
+        ));
+        let copy = early.copy().unwrap();
+        let part = &copy[0].0["function"]["backend"]["passthrough_kept"];
+        assert_eq!(part["held"].as_array().map(|a| a.len()), Some(2), "{part}");
+        assert!(part.get("incomplete").is_none());
+        assert_eq!(copy[0].1.shared.len(), 2);
     }
 
     /// What the supervisor binds and removes for a confined serving process: a socket in the

@@ -48,6 +48,9 @@ const IN_TABLE: u64 = 1 << 62;
 const H_NEXT_ID: usize = 2;
 const H_NEXT_FH: usize = 3;
 const H_INCOMPLETE: usize = 4;
+/// Header word: every node with an id up to this one that was in the table had its descriptor
+/// given (raised after each flush; node ids are queued in the order they are given out).
+const H_GIVEN_ID: usize = 5;
 
 /// What the supervisor holds a descriptor as.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -343,12 +346,10 @@ impl ShareKeep {
         };
         let mut at = 0;
         while at < items.len() {
-            let run = items[at..]
-                .iter()
-                .take_while(|q| matches!(q, Queued::Hold(..)) == matches!(items[at], Queued::Hold(..)));
-            let n = run.count();
+            let hold = matches!(items[at], Queued::Hold(..));
+            let n = items[at..].iter().take_while(|q| matches!(q, Queued::Hold(..)) == hold).count();
             let run = &items[at..at + n];
-            if let Queued::Hold(..) = run[0] {
+            if hold {
                 let mut held = Vec::with_capacity(n);
                 let mut fds = Vec::with_capacity(n);
                 for q in run {
@@ -357,7 +358,12 @@ impl ShareKeep {
                         fds.push(fd.as_fd());
                     }
                 }
-                if !k.hold(&held, &fds) {
+                if k.hold(&held, &fds) {
+                    let nodes = held.iter().map(|(key, _)| *key).filter(|key| key & HANDLE_KEY == 0);
+                    if let Some(top) = nodes.max() {
+                        self.words.raise(H_GIVEN_ID, top);
+                    }
+                } else {
                     self.not_given();
                 }
             } else {
@@ -372,6 +378,30 @@ impl ShareKeep {
         self.given.store(last, Ordering::Release);
         // The nodes and handles held for the queue may go now (their lets queue anew).
         drop(items);
+    }
+
+    /// Flushes until nothing is queued (a flush's own drops may queue lets), a few times at
+    /// most; whether the queue is empty (the share may be taken over as it is: a live
+    /// update's quiet point, nothing else runs).
+    pub fn drain(&self) -> bool {
+        for _ in 0..4 {
+            if self.given.load(Ordering::Acquire) >= self.queued.load(Ordering::Acquire) {
+                return true;
+            }
+            self.flush();
+        }
+        self.given.load(Ordering::Acquire) >= self.queued.load(Ordering::Acquire)
+    }
+
+    /// Every node up to `id` was given (or needs no hold: the keeper took it over).
+    pub fn given_through(&self, id: u64) {
+        self.words.raise(H_GIVEN_ID, id);
+    }
+
+    /// The node id up to which every node's descriptor was given ([`Self::given_through`],
+    /// each flush).
+    pub fn given_id(&self) -> u64 {
+        self.words.load(H_GIVEN_ID)
     }
 
     /// Gives the queue if change `seq` ([`Self::queue_hold`]'s) was not given yet.

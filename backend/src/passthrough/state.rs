@@ -531,6 +531,8 @@ impl PassthroughFs {
         }
         keep.next_ids(self.inodes.next_id(), self.next_fh.load(Ordering::Relaxed));
         self.inodes.keep_in(&keep, slots, &others, give);
+        // Every node there is now was given above, or is held already (taken over).
+        keep.given_through(self.inodes.next_id().saturating_sub(1));
         if give {
             for chunk in handles.iter().collect::<Vec<_>>().chunks(200) {
                 let items: Vec<_> = chunk.iter().map(|(&fh, h)| (fh | HANDLE_KEY, h.held_item())).collect();
@@ -541,9 +543,10 @@ impl PassthroughFs {
         let _ = self.keep.set(keep);
     }
 
-    /// Whether every node and handle is held by a keeper (a successor may take them over).
+    /// Whether every node and handle is held by a keeper (a successor may take them over):
+    /// the queue is given first (at a quiet point, nothing else runs).
     fn kept_completely(&self) -> bool {
-        self.keep.get().is_some_and(|k| k.has_keeper() && !k.incomplete())
+        self.keep.get().is_some_and(|k| k.has_keeper() && k.drain() && !k.incomplete())
     }
 
     /// The records kept for a crash, if it keeps them.
@@ -612,10 +615,17 @@ impl PassthroughFs {
         // descriptor is given before an answer names it, and one that could not be given
         // marked the records incomplete above): the guest does not know it.
         let held_ids: HashSet<u64> = nodes.iter().map(|(n, _)| n.id).collect();
+        let given = keep.given_id();
         for r in records.values().filter(|r| r.refs.is_some_and(|n| n > 0)) {
-            if !held_ids.contains(&r.id) {
-                dropped.push(r.id);
+            if held_ids.contains(&r.id) {
+                continue;
             }
+            if r.id <= given {
+                // Given once, and not held now: the supervisor lost it, and the guest may know
+                // the node.
+                return Err(bad(format!("node {} is in the table but its descriptor is not held", r.id)));
+            }
+            dropped.push(r.id);
         }
         // Ids never given go on from where the records say, so none is given twice.
         let (kept_id, kept_fh) = keep.next_ids_kept();

@@ -30,6 +30,13 @@ pub(super) struct Served {
     /// Per head (buffer id), the clock reading of the round that took it and its class, for a
     /// request left pending in the engine.
     pub(super) starts: Box<[(u64, OpClass)]>,
+    /// A round's returns (head, length), pushed to the used ring only once the handler made
+    /// ready what they name ([`RequestHandler::before_publish`]): a used entry may be seen by
+    /// the driver, or published by a recovery, as soon as it is written. Room for the queue.
+    pub(super) returns: Vec<(u16, u32)>,
+    /// The engine's completions of a pass, pushed likewise after `before_publish`: head,
+    /// length, when a waiting one was taken, and what it was.
+    pub(super) finished: Vec<(u16, u32, Option<u64>, Tally)>,
 }
 
 /// The queue slots with new used entries in one completion pass.
@@ -39,6 +46,30 @@ struct Touched {
     bits: u64,
     /// Any slot past those.
     overflow: bool,
+}
+
+impl FnCtx {
+    /// The handler's [`RequestHandler::before_publish`]; a panic in it (a bug) costs a log
+    /// line, not the poller: the replies are published all the same (what it did not make
+    /// ready may then be missing after a crash).
+    fn before_publish(&self) {
+        if std::panic::catch_unwind(AssertUnwindSafe(|| self.handler.before_publish())).is_err() {
+            error!("poller {}: the request handler panicked before a publish", self.id);
+        }
+    }
+}
+
+/// Keeps engine request `id`'s completion (its used entry `len` bytes long; `waited`: since
+/// when a waiting one waited) for the pass's pushes, and marks its queue touched.
+fn defer(queues: &mut [Served], id: u64, len: u32, waited: Option<u64>, tally: Tally, touched: &mut Touched) {
+    let (slot, head) = ((id >> 16) as usize, (id & 0xffff) as u16);
+    let Some(q) = queues.get_mut(slot) else { return };
+    q.finished.push((head, len, waited, tally));
+    if slot < 64 {
+        touched.bits |= 1 << slot;
+    } else {
+        touched.overflow = true;
+    }
 }
 
 impl FnCtx {
@@ -75,7 +106,16 @@ impl FnCtx {
                     _ => usize::MAX, // not a queue of ours by the profile: not counted
                 };
                 let starts = vec![(0, OpClass::Other); usize::from(cfg.size)].into_boxed_slice();
-                Some(Served { queue, attached: false, broken: false, stat, starts })
+                let size = usize::from(cfg.size);
+                Some(Served {
+                    queue,
+                    attached: false,
+                    broken: false,
+                    stat,
+                    starts,
+                    returns: Vec::with_capacity(size),
+                    finished: Vec::with_capacity(size),
+                })
             }
             Err(e) => {
                 self.report(e);
@@ -187,11 +227,16 @@ impl FnCtx {
                     0
                 }
             };
-            q.push_used(mem, token, len)?;
+            served.returns.push((token, len));
             completed += 1;
         }
         if completed > 0 {
-            self.handler.before_publish();
+            // What the replies name is made safe first (a crash-kept share's descriptors),
+            // then the replies are written, then published.
+            self.before_publish();
+            for (token, len) in served.returns.drain(..) {
+                q.push_used(mem, token, len)?;
+            }
             crate::crash_point::reached(crate::crash_point::CrashPoint::Returned);
             q.publish_used(mem)?;
             count(completed, |c| &c.requests);
@@ -220,7 +265,7 @@ impl FnCtx {
         // Read once, at the first completion of this pass.
         let mut now = None;
         let mut n = engine.poll(&mut |id, len, tally| {
-            self.finish(queues, mem, id, len, None, tally, &mut now, &mut touched);
+            defer(queues, id, len, None, tally, &mut touched);
         });
         if !parked.is_empty() {
             n += engine.poll_waits(&mut |id, reply, tally| {
@@ -230,7 +275,7 @@ impl FnCtx {
                     let p = parked.swap_remove(i);
                     let len = write_reply(mem, &p.reply, reply);
                     let tally = Tally { class: p.class, ..tally };
-                    self.finish(queues, mem, id, len, Some(p.started), tally, &mut now, &mut touched);
+                    defer(queues, id, len, Some(p.started), tally, &mut touched);
                 } else {
                     let keep = &reply[..reply.len().min(MAX_WAIT_REPLY)];
                     parked[i].answer = heapless::Vec::from_slice(keep).ok();
@@ -247,7 +292,7 @@ impl FnCtx {
                         let p = parked.swap_remove(i);
                         let answer = p.answer.unwrap_or_default();
                         let len = write_reply(mem, &p.reply, &answer);
-                        self.finish(queues, mem, p.id, len, Some(p.started), p.tally, &mut now, &mut touched);
+                        defer(queues, p.id, len, Some(p.started), p.tally, &mut touched);
                         n += 1;
                     }
                     _ => i += 1,
@@ -257,7 +302,19 @@ impl FnCtx {
         if touched.bits == 0 && !touched.overflow {
             return n; // the common round: the engine finished nothing
         }
-        self.handler.before_publish();
+        // As in `serve`: what the replies name is made safe before any is written.
+        self.before_publish();
+        for slot in 0..queues.len() {
+            if (slot < 64 && touched.bits & (1 << slot) == 0) || (slot >= 64 && !touched.overflow) {
+                continue;
+            }
+            let mut finished = std::mem::take(&mut queues[slot].finished);
+            for (head, len, waited, tally) in finished.drain(..) {
+                let id = ((slot as u64) << 16) | u64::from(head);
+                self.finish(queues, mem, id, len, waited, tally, &mut now);
+            }
+            queues[slot].finished = finished;
+        }
         crate::crash_point::reached(crate::crash_point::CrashPoint::Returned);
         for (slot, q) in queues.iter_mut().enumerate() {
             if (slot < 64 && touched.bits & (1 << slot) != 0) || (slot >= 64 && touched.overflow) {
@@ -283,7 +340,6 @@ impl FnCtx {
         waited: Option<u64>,
         tally: Tally,
         now: &mut Option<u64>,
-        touched: &mut Touched,
     ) {
         let (slot, head) = ((id >> 16) as usize, (id & 0xffff) as u16);
         let Some(q) = queues.get_mut(slot) else { return };
@@ -309,11 +365,6 @@ impl FnCtx {
         if let (Some(clock), Some(t0)) = (&self.clock, started) {
             let t1 = *now.get_or_insert_with(|| clock.now());
             mine.class(tally.class).time(clock.ns(t0, t1), 1);
-        }
-        if slot < 64 {
-            touched.bits |= 1 << slot;
-        } else {
-            touched.overflow = true;
         }
     }
 

@@ -426,6 +426,9 @@ impl Server {
             if let Some(conn) = self.conn.as_mut() {
                 conn.handed_over = false;
             }
+            // Kept before a queue is served: a crash from the first request on is recovered
+            // from this process's state (its backend's records), not its predecessor's.
+            self.checkpoint_if_changed();
             self.dev.start_taken();
         }
         self.checkpoint_if_changed();
