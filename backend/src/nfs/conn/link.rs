@@ -6,9 +6,10 @@ use std::time::Instant;
 
 use mio::net::TcpStream;
 
+use super::program::Program;
 use super::state::{Conn, Link, MAX_BACKOFF, MIN_BACKOFF};
 
-impl Conn {
+impl<P: Program> Conn<P> {
     pub(super) fn connect(&mut self, now: Instant) {
         self.link = match TcpStream::connect(self.cfg.addr) {
             Ok(stream) => Link::Connecting { stream, since: now },

@@ -2,12 +2,17 @@
 //! XIDs matched over a preallocated slot table, AUTH_SYS, retransmission by reconnecting,
 //! timeouts. See DESIGN.md, "NFS client: wire and connection".
 //!
-//! The connection's owner sees [`Conn`] and the types in `types` (re-exported here). Inside,
-//! `state` has the connection's state and the parts every side shares, over the leaves `rx`
-//! (the receive buffer), `sys` (the system calls, the only `unsafe` of the NFS client) and
-//! `types`; the sides are `link` (connecting, back-off), `send` (the send queue), `receive`
-//! (socket reads, record marking), `reply` (decoding replies, placing READ data) and `timers`
-//! (time-outs, retransmission). This module has the owner's methods; nothing here uses it.
+//! The connection is generic over the RPC program it carries ([`Program`]; NFSv3, [`Nfs3`], is
+//! the default): the program encodes a call and decodes its reply, the connection does the rest
+//! the same way for every program.
+//!
+//! The connection's owner sees [`Conn`] and the types in `types` and `program` (re-exported
+//! here). Inside, `state` has the connection's state and the parts every side
+//! shares, over the leaves `rx` (the receive buffer), `sys` (the system calls, the only `unsafe`
+//! of the NFS client) and `types`; the sides are `link` (connecting, back-off), `send` (the send
+//! queue), `receive` (socket reads, record marking), `reply` (decoding replies, placing READ
+//! data) and `timers` (time-outs, retransmission). This module has the owner's methods; nothing
+//! here uses it.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -17,12 +22,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use self::rx::{Rx, RxMode};
 use self::state::{Link, Slot, SlotState, CALL_BUF, DIRECT_MIN, LAST_FRAGMENT, MIN_BACKOFF, RECV_EXTRA};
 use self::sys::IOV_MAX;
-use super::wire::nfs3::{self, Args, Proc};
 use super::wire::rpc;
 use super::wire::xdr::{self, Encoder};
-use super::wire::WireError;
 
 mod link;
+mod program;
 mod receive;
 mod reply;
 mod rx;
@@ -32,12 +36,13 @@ mod sys;
 mod timers;
 mod types;
 
+pub use self::program::{CallShape, Decoded, Nfs3, Program, Read3, ReadStart};
 pub use self::state::Conn;
 pub use self::types::{CallError, ConnConfig, ConnStats, Cred, Sink};
 
-impl Conn {
+impl<P: Program> Conn<P> {
     /// Starts a non-blocking connect; never blocks. Allocates all buffers here, once.
-    pub fn new(cfg: ConnConfig) -> std::io::Result<Conn> {
+    pub fn new(cfg: ConnConfig) -> std::io::Result<Conn<P>> {
         let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, m.to_owned());
         if cfg.slots == 0 || cfg.slots > usize::from(u16::MAX) {
             return Err(bad("slots must be 1 to 65535"));
@@ -62,9 +67,10 @@ impl Conn {
             tag: 0,
             xid: 0,
             generation: 0,
-            proc: Proc::Null,
+            call: P::Call::default(),
             len: 0,
             payload: 0,
+            payload_at: 0,
             read_count: 0,
             started: now,
             sent_at: now,
@@ -96,6 +102,9 @@ impl Conn {
                 mode: RxMode::Record,
                 moved: 0,
             },
+            read_head: None,
+            keep: vec![0u8; P::KEEP].into_boxed_slice(),
+            keep_len: 0,
             iov: sys::Iovecs::with_capacity(IOV_MAX + 2),
             xid_seed,
             stamp: wall.as_secs() as u32,
@@ -117,21 +126,51 @@ impl Conn {
         &mut self,
         tag: u32,
         cred: &Cred,
-        args: &Args<'_>,
-        sink: &mut dyn Sink,
+        args: &P::Args<'_>,
+        sink: &mut dyn Sink<P>,
     ) -> Result<(), CallError> {
-        let max = self.cfg.max_io;
-        let (payload, read_count) = match *args {
-            Args::Read { count, .. } => (0, count),
-            Args::Write { count, .. } => (count, 0),
-            _ => (0, 0),
-        };
-        let too_big = match *args {
-            Args::Read { count, .. } | Args::Write { count, .. } | Args::Readdir { count, .. } => count > max,
-            Args::Readdirplus { dircount, maxcount, .. } => maxcount > max || dircount > max,
-            _ => false,
-        };
-        if too_big {
+        let now = Instant::now();
+        self.encode(tag, cred, args, now, now)?;
+        // Sent at once only when nothing else waits: then `sink` is asked about this call only
+        // (its payload), so a caller may pass a sink that knows just this call.
+        if self.tx.is_none() && self.queue.len() == 1 && matches!(self.link, Link::Up { .. }) {
+            self.flush(now, sink);
+        }
+        Ok(())
+    }
+
+    /// Queues one call without sending it: the next [`Conn::call`], [`Conn::poll`] or
+    /// [`Conn::send_queued`] sends it. Its timeout counts from `since` (a call sent again by
+    /// its owner keeps its first start). For an owner that cannot lend its sink while it gives
+    /// the arguments.
+    pub fn queue(
+        &mut self,
+        tag: u32,
+        cred: &Cred,
+        args: &P::Args<'_>,
+        since: Instant,
+    ) -> Result<(), CallError> {
+        self.encode(tag, cred, args, since, Instant::now())
+    }
+
+    /// Sends what is queued, if the connection is up (else [`Conn::poll`] will); `sink` is
+    /// asked about any call queued.
+    pub fn send_queued(&mut self, sink: &mut dyn Sink<P>) {
+        if self.tx.is_none() && !self.queue.is_empty() && matches!(self.link, Link::Up { .. }) {
+            self.flush(Instant::now(), sink);
+        }
+    }
+
+    /// Encodes a call into a free slot and queues it.
+    fn encode(
+        &mut self,
+        tag: u32,
+        cred: &Cred,
+        args: &P::Args<'_>,
+        since: Instant,
+        now: Instant,
+    ) -> Result<(), CallError> {
+        if !P::fits(args, self.cfg.max_io) {
             return Err(CallError::TooLarge);
         }
         let Some(&idx) = self.free.last() else {
@@ -149,44 +188,36 @@ impl Conn {
             gid: cred.gid,
             gids: &cred.groups[..ngroups],
         };
-        let proc = args.proc();
         let mut e = Encoder::new(buf);
-        let encoded = (|| {
-            let mark = e.reserve_u32()?;
-            rpc::encode_call(&mut e, xid, nfs3::PROGRAM, nfs3::VERSION, proc as u32, &auth)?;
-            nfs3::encode_args(&mut e, args)?;
-            Ok::<_, WireError>(mark)
-        })();
-        let Ok(mark) = encoded else {
+        let Ok(mark) = e.reserve_u32() else {
+            return Err(CallError::TooLarge);
+        };
+        let Ok(shape) = P::encode(&mut e, xid, &auth, args) else {
             return Err(CallError::TooLarge);
         };
         let len = e.position();
+        let (payload_at, payload) = shape.payload.unwrap_or((len, 0));
         let body = (len - 4) + payload as usize + xdr::pad(payload as usize);
         e.patch_u32(mark, LAST_FRAGMENT | body as u32);
         self.free.pop();
-        let now = Instant::now();
         self.slots[i] = Slot {
             state: SlotState::Queued,
             tag,
             xid,
             generation,
-            proc,
+            call: shape.call,
             len,
             payload,
-            read_count,
-            started: now,
+            payload_at,
+            read_count: shape.read_count,
+            started: since,
             sent_at: now,
             was_sent: false,
         };
         self.queue.push_back((idx, generation));
         self.stats.calls += 1;
-        if read_count >= DIRECT_MIN {
+        if shape.read_count >= DIRECT_MIN {
             self.big_reads += 1;
-        }
-        // Sent at once only when nothing else waits: then `sink` is asked about this call only
-        // (its payload), so a caller may pass a sink that knows just this call.
-        if self.tx.is_none() && self.queue.len() == 1 && matches!(self.link, Link::Up { .. }) {
-            self.flush(now, sink);
         }
         Ok(())
     }
@@ -194,7 +225,7 @@ impl Conn {
     /// One poll round: connect progress, send what is queued, read and decode replies,
     /// retransmit/reconnect and time out calls, calling `sink` for each call that ended.
     /// Never blocks. Cheap when idle.
-    pub fn poll(&mut self, now: Instant, sink: &mut dyn Sink) {
+    pub fn poll(&mut self, now: Instant, sink: &mut dyn Sink<P>) {
         let busy = self.in_flight() > 0;
         let timers = now >= self.next_timer;
         if !busy && !timers {
@@ -244,7 +275,7 @@ impl Conn {
     }
 
     /// Ends every call in flight with [`CallError::Closed`] (used on drop / drain give-up).
-    pub fn abort_all(&mut self, sink: &mut dyn Sink) {
+    pub fn abort_all(&mut self, sink: &mut dyn Sink<P>) {
         if let Some((_, off)) = self.tx {
             if off > 0 {
                 // A record is half sent: the stream cannot go on without its payload.

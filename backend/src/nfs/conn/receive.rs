@@ -5,15 +5,16 @@
 use std::os::fd::AsRawFd;
 use std::time::Instant;
 
+use super::program::Program;
 use super::rx::{ReadProgress, RxMode};
 use super::state::{Conn, Fault, Link, LAST_FRAGMENT, MAX_FRAGMENTS, PEEK, READS_PER_POLL};
 use super::sys;
 use super::types::Sink;
 
-impl Conn {
+impl<P: Program> Conn<P> {
     /// Reads and consumes replies; when nothing is expected, only if `look` (a timer tick: EOF,
     /// unsolicited bytes).
-    pub(super) fn receive(&mut self, now: Instant, sink: &mut dyn Sink, look: bool) {
+    pub(super) fn receive(&mut self, now: Instant, sink: &mut dyn Sink<P>, look: bool) {
         for _ in 0..READS_PER_POLL {
             if !look && self.in_flight() == 0 && self.rx.start == self.rx.end {
                 return;
@@ -50,7 +51,7 @@ impl Conn {
 
     /// One read from the socket: straight into the sink's buffer (and the receive buffer after
     /// it) when a READ's data is due and nothing is buffered, else into the receive buffer.
-    pub(super) fn fill(&mut self, fd: std::os::fd::RawFd, sink: &mut dyn Sink) -> std::io::Result<usize> {
+    pub(super) fn fill(&mut self, fd: std::os::fd::RawFd, sink: &mut dyn Sink<P>) -> std::io::Result<usize> {
         self.rx.compact();
         let target = match self.rx.mode {
             RxMode::Data(p) => self.read_target(&p),
@@ -122,7 +123,7 @@ impl Conn {
     }
 
     /// Consumes what the receive buffer holds: record marks, whole records, READ data.
-    pub(super) fn process(&mut self, sink: &mut dyn Sink) -> Result<(), Fault> {
+    pub(super) fn process(&mut self, sink: &mut dyn Sink<P>) -> Result<(), Fault> {
         loop {
             if !self.rx.in_frag {
                 let at = self.rx.raw_at();

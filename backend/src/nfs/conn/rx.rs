@@ -2,15 +2,14 @@
 //! bytes received and not yet looked at after them, and how far the receiver is in the current
 //! record ([`RxMode`]: a record, or a READ's data placed straight into the owner's buffers).
 
-use crate::nfs::wire::nfs3::Fattr;
-
 /// How far the receiver is in the current record.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum RxMode {
     /// Assembling a record in the buffer.
     Record,
     /// A READ reply's data, placed straight into the sink's buffer (or dropped): its header was
-    /// decoded and consumed.
+    /// decoded and consumed (what the reply needs of it is in `Conn::read_head` and
+    /// `Conn::keep`).
     Data(ReadProgress),
     /// After a READ's data: its padding, which must end the record.
     Pad(ReadProgress),
@@ -22,8 +21,6 @@ pub(super) struct ReadProgress {
     pub(super) xid: u32,
     pub(super) len: u32,
     pub(super) placed: u32,
-    pub(super) eof: bool,
-    pub(super) attr: Option<Fattr>,
     /// The data is dropped (the sink gave no buffer, or one too small: then `too_small`).
     pub(super) discard: bool,
     pub(super) too_small: bool,

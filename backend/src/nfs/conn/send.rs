@@ -1,17 +1,19 @@
-//! Sending: the queued calls' records, one `sendmsg` each (the encoded part, a WRITE's data
-//! straight from the owner's buffers, the padding), until the socket would block.
+//! Sending: the queued calls' records, one `sendmsg` each (the encoded part up to a WRITE's
+//! data, the data straight from the owner's buffers, its padding, the rest of the encoded part),
+//! until the socket would block.
 
 use std::os::fd::AsRawFd;
 use std::time::Instant;
 
+use super::program::Program;
 use super::state::{Conn, Link, SlotState, CALL_BUF, ZEROS};
 use super::sys;
 use super::types::{CallError, Sink};
 use crate::nfs::wire::xdr;
 
-impl Conn {
+impl<P: Program> Conn<P> {
     /// Sends queued calls until the socket would block.
-    pub(super) fn flush(&mut self, now: Instant, sink: &mut dyn Sink) {
+    pub(super) fn flush(&mut self, now: Instant, sink: &mut dyn Sink<P>) {
         loop {
             let (idx, off) = match self.tx {
                 Some(t) => t,
@@ -40,11 +42,13 @@ impl Conn {
                 return;
             };
             let fd = stream.as_raw_fd();
-            let head = &self.calls[i * CALL_BUF..i * CALL_BUF + slot.len];
+            let encoded = &self.calls[i * CALL_BUF..i * CALL_BUF + slot.len];
             let sent = if slot.payload == 0 {
-                sys::send(fd, &mut self.iov, &head[off..], &[], &[])
+                sys::send(fd, &mut self.iov, &encoded[off..], &[], [&[], &[]])
             } else {
-                let data_off = off.saturating_sub(slot.len);
+                // The record: head, data, padding, tail (the encoded part after the data).
+                let (head, tail) = encoded.split_at(slot.payload_at);
+                let data_off = off.saturating_sub(head.len());
                 let data_len = slot.payload as usize;
                 let reader = sink.payload(slot.tag).filter(|r| r.bytes_left() >= data_len);
                 let Some(mut r) = reader else {
@@ -67,14 +71,15 @@ impl Conn {
                     self.drop_link(now);
                     return;
                 }
-                let pad_from = data_off.saturating_sub(data_len);
+                let pad_off = data_off.saturating_sub(data_len);
                 let pad = &ZEROS[..xdr::pad(data_len)];
+                let tail_off = pad_off.saturating_sub(pad.len());
                 sys::send(
                     fd,
                     &mut self.iov,
-                    &head[off.min(slot.len)..],
+                    &head[off.min(head.len())..],
                     &[r],
-                    &pad[pad_from.min(pad.len())..],
+                    [&pad[pad_off.min(pad.len())..], &tail[tail_off.min(tail.len())..]],
                 )
             };
             match sent {

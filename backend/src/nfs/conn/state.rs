@@ -7,14 +7,15 @@ use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
 
+use super::program::{Nfs3, Program};
 use super::rx::{ReadProgress, Rx};
 use super::sys;
 use super::types::{CallError, ConnConfig, ConnStats, Sink};
-use crate::nfs::wire::nfs3::{Proc, Res};
 use crate::nfs::wire::xdr;
 
 /// Bytes of one slot's send buffer: the record mark, the largest RPC call header and the
-/// largest arguments (two handles and two names, or a handle, a name and a symlink target).
+/// largest arguments (two handles and two names, or a handle, a name and a symlink target; a
+/// COMPOUND of a few operations).
 pub(super) const CALL_BUF: usize = 8192;
 /// Room in the receive buffer beyond `max_io`: the largest reply header and attributes.
 pub(super) const RECV_EXTRA: usize = 8192;
@@ -50,20 +51,23 @@ pub(super) enum SlotState {
 }
 
 /// One call in flight. Its encoded record (without a WRITE's data) is in the slot's part of
-/// `Conn::calls`.
+/// `Conn::calls`; `call` is what the program keeps for the reply.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Slot {
+pub(super) struct Slot<C> {
     pub(super) state: SlotState,
     pub(super) tag: u32,
     pub(super) xid: u32,
     /// Bumped for every new call in this slot: the high half of the XID.
     pub(super) generation: u16,
-    pub(super) proc: Proc,
+    pub(super) call: C,
     /// Encoded bytes (record mark, header, arguments).
     pub(super) len: usize,
-    /// WRITE: data bytes sent after the encoded part (then padding).
+    /// WRITE: data bytes sent at `payload_at` of the encoded part (then padding, then the rest
+    /// of the encoded part).
     pub(super) payload: u32,
-    /// READ: the count asked (a reply with more data is garbage).
+    pub(super) payload_at: usize,
+    /// READ whose data goes into the sink's buffers: the count asked (a reply with more data is
+    /// garbage).
     pub(super) read_count: u32,
     /// When `call` took it (for the timeout).
     pub(super) started: Instant,
@@ -73,7 +77,7 @@ pub(super) struct Slot {
     pub(super) was_sent: bool,
 }
 
-impl Slot {
+impl<C> Slot<C> {
     pub(super) fn record_len(&self) -> usize {
         self.len + self.payload as usize + xdr::pad(self.payload as usize)
     }
@@ -97,14 +101,15 @@ pub(super) enum Fault {
     Lost,
 }
 
-/// One non-blocking TCP connection. `Send`, owned by one poller.
-pub struct Conn {
+/// One non-blocking TCP connection carrying program `P` (NFSv3 unless said). `Send`, owned by
+/// one poller.
+pub struct Conn<P: Program = Nfs3> {
     pub(super) cfg: ConnConfig,
     pub(super) link: Link,
     /// Whether a connection was ever established (later ones count as reconnects).
     pub(super) connected_once: bool,
     pub(super) backoff: Duration,
-    pub(super) slots: Vec<Slot>,
+    pub(super) slots: Vec<Slot<P::Call>>,
     /// `slots.len() * CALL_BUF` bytes: slot `i`'s encoded call at `i * CALL_BUF`.
     pub(super) calls: Box<[u8]>,
     pub(super) free: Vec<u16>,
@@ -114,6 +119,13 @@ pub struct Conn {
     /// The slot being sent and how many bytes of its record went out.
     pub(super) tx: Option<(u16, usize)>,
     pub(super) rx: Rx,
+    /// The head of the READ reply whose data is being placed ([`RxMode::Data`]), and the bytes
+    /// of its record kept for the reply (`keep[..keep_len]`, at most [`Program::KEEP`]).
+    ///
+    /// [`RxMode::Data`]: super::rx::RxMode::Data
+    pub(super) read_head: Option<P::ReadHead>,
+    pub(super) keep: Box<[u8]>,
+    pub(super) keep_len: usize,
     pub(super) iov: sys::Iovecs,
     /// XOR-ed into every XID, so that two connections' (or two runs') XIDs differ.
     pub(super) xid_seed: u32,
@@ -126,7 +138,7 @@ pub struct Conn {
     pub(super) stats: ConnStats,
 }
 
-impl Conn {
+impl<P: Program> Conn<P> {
     /// Closes the socket; every call not finished goes back to the send queue (calls that were
     /// on the wire count as retransmissions when they go out again).
     pub(super) fn drop_link(&mut self, now: Instant) {
@@ -144,7 +156,7 @@ impl Conn {
     }
 
     /// Resets the connection after `fault`, ending or requeueing the calls.
-    pub(super) fn reset(&mut self, now: Instant, sink: &mut dyn Sink, fault: Fault) {
+    pub(super) fn reset(&mut self, now: Instant, sink: &mut dyn Sink<P>, fault: Fault) {
         if let Fault::Garbage = fault {
             self.stats.bad_replies += 1;
             for i in 0..self.slots.len() {
@@ -157,7 +169,7 @@ impl Conn {
     }
 
     /// Ends slot `i`'s call: tells the sink, frees the slot.
-    pub(super) fn finish(&mut self, i: usize, sink: &mut dyn Sink, res: Result<Res<'_>, CallError>) {
+    pub(super) fn finish(&mut self, i: usize, sink: &mut dyn Sink<P>, res: Result<P::Reply<'_>, CallError>) {
         let tag = self.free_slot(i);
         sink.done(tag, res);
     }
@@ -188,7 +200,12 @@ impl Conn {
 
 /// Frees slot `i` (by fields, for callers that hold a borrow of the receive buffer); returns
 /// its tag.
-pub(super) fn free_slot(slots: &mut [Slot], free: &mut Vec<u16>, big_reads: &mut usize, i: usize) -> u32 {
+pub(super) fn free_slot<C>(
+    slots: &mut [Slot<C>],
+    free: &mut Vec<u16>,
+    big_reads: &mut usize,
+    i: usize,
+) -> u32 {
     let s = &mut slots[i];
     s.state = SlotState::Free;
     if s.read_count >= DIRECT_MIN {

@@ -1,6 +1,6 @@
 //! The system calls of the connection: `sendmsg` of a call (its encoded part, a WRITE's data
-//! straight from the guest's buffers, padding) and `readv` of a READ's data straight into the
-//! guest's buffers. The only `unsafe` of the NFS client.
+//! straight from the guest's buffers, padding, the encoded part after the data) and `readv` of a
+//! READ's data straight into the guest's buffers. The only `unsafe` of the NFS client.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -32,14 +32,14 @@ fn push(v: &mut Vec<libc::iovec>, b: &[u8]) {
     }
 }
 
-/// Sends `head`, then the bytes each reader has left, then `tail`, in one `sendmsg`
+/// Sends `head`, then the bytes each reader has left, then the `tail` pieces, in one `sendmsg`
 /// (`MSG_NOSIGNAL | MSG_DONTWAIT`); returns the bytes sent (maybe fewer).
 pub(super) fn send(
     fd: RawFd,
     iov: &mut Iovecs,
     head: &[u8],
     data: &[Reader<'_>],
-    tail: &[u8],
+    tail: [&[u8]; 2],
 ) -> io::Result<usize> {
     let v = &mut iov.0;
     v.clear();
@@ -48,7 +48,10 @@ pub(super) fn send(
         r.iovecs(v);
     }
     if v.len() < IOV_MAX {
-        push(v, tail);
+        // `push` stops at IOV_MAX: a piece goes only if every piece before it went.
+        for t in tail {
+            push(v, t);
+        }
     } else {
         // More pieces than one call takes: these now, the rest (and the padding after
         // them) on the next call, from the offset reached.
@@ -62,7 +65,7 @@ pub(super) fn send(
     msg.msg_iov = v.as_mut_ptr();
     msg.msg_iovlen = v.len() as _;
     // SAFETY: every iovec names memory that is valid for reads for the whole call: `head`
-    // and `tail` are borrowed slices, the readers' iovecs name guest buffers the caller's
+    // and the `tail` pieces are borrowed slices, the readers' iovecs name guest buffers the caller's
     // sink keeps mapped while it lends the `Reader`; the kernel only reads them.
     let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
     v.clear();

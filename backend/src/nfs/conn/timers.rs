@@ -4,11 +4,12 @@
 
 use std::time::Instant;
 
+use super::program::Program;
 use super::state::{Conn, Link, SlotState};
 use super::types::{CallError, Sink};
 
-impl Conn {
-    pub(super) fn check_timers(&mut self, now: Instant, sink: &mut dyn Sink) {
+impl<P: Program> Conn<P> {
+    pub(super) fn check_timers(&mut self, now: Instant, sink: &mut dyn Sink<P>) {
         if let Link::Up { .. } = self.link {
             if self.in_flight() == 0 && self.rx.start == self.rx.end {
                 // Idle: a look at the socket for EOF or unsolicited bytes.

@@ -1,11 +1,12 @@
 //! What a connection's owner deals in: the caller's credentials ([`Cred`]), the connection's
 //! settings ([`ConnConfig`]), why a call ended without a reply ([`CallError`]), what a call's
-//! owner gives and is told ([`Sink`]) and the connection's counters ([`ConnStats`]).
+//! owner gives and is told ([`Sink`], per program) and the connection's counters
+//! ([`ConnStats`]).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::nfs::wire::nfs3::Res;
+use super::program::{Nfs3, Program};
 use crate::nfs::wire::rpc::RpcError;
 
 /// The caller's credentials for one call (AUTH_SYS).
@@ -70,8 +71,9 @@ pub enum CallError {
     Payload,
 }
 
-/// What a completed call needs from its owner (the engine), by the caller's `tag`.
-pub trait Sink {
+/// What a completed call needs from its owner (the engine), by the caller's `tag`; `P` is the
+/// program the connection carries (NFSv3 unless said).
+pub trait Sink<P: Program = Nfs3> {
     /// Where READ reply data goes (the guest's buffers), or None to discard. It may be asked
     /// several times for one reply (data arriving over several poll rounds) and must give the
     /// same buffers each time, from their start.
@@ -79,7 +81,7 @@ pub trait Sink {
     /// A pending WRITE's data (the guest's buffers), read each time it is (re)sent.
     fn payload(&mut self, tag: u32) -> Option<crate::io::Reader<'_>>;
     /// The call `tag` ended: its decoded reply, or why not (`Err`).
-    fn done(&mut self, tag: u32, res: Result<Res<'_>, CallError>);
+    fn done(&mut self, tag: u32, res: Result<P::Reply<'_>, CallError>);
 }
 
 /// Counters of one connection (data, not log text).

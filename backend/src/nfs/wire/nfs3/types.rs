@@ -350,9 +350,10 @@ pub enum CreateHow<'a> {
 }
 
 /// NFSv3 procedure numbers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[allow(missing_docs)]
 pub enum Proc {
+    #[default]
     Null = 0,
     Getattr = 1,
     Setattr = 2,
