@@ -3,7 +3,8 @@
 //! [`wire`] has the codecs (XDR, ONC RPC with AUTH_SYS, NFSv3, MOUNT v3, portmapper), each
 //! encoding straight into a preallocated buffer and decoding in place from a received one;
 //! [`conn`] is one non-blocking TCP connection (record marking, XIDs over a slot table,
-//! retransmission, reconnection, timeouts) owned by one poller; [`setup`] has the blocking
+//! retransmission, reconnection, timeouts) owned by one poller, carrying NFSv3 or NFSv4.1;
+//! [`setup`] has the blocking
 //! start-up calls of the control thread (portmapper, MOUNT); [`url`] parses `nfs://` URLs.
 //!
 //! The backend on top: [`fs`] ([`NfsFs`], the `FileSystem`, and its start-up), [`engine`] (the

@@ -3,7 +3,10 @@
 //! handler, which answers with a list of [`Act`]s: bytes to send (well-formed replies built by
 //! the helpers here, or anything hostile: truncated records, unknown XIDs, oversized counts,
 //! garbage), a delay, or closing the connection. Threads are fine here: this is the server.
+//! [`nfs4`] parses NFSv4.1 COMPOUND calls and encodes their results.
 #![allow(dead_code)]
+
+pub mod nfs4;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

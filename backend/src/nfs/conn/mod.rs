@@ -2,12 +2,12 @@
 //! XIDs matched over a preallocated slot table, AUTH_SYS, retransmission by reconnecting,
 //! timeouts. See DESIGN.md, "NFS client: wire and connection".
 //!
-//! The connection is generic over the RPC program it carries ([`Program`]; NFSv3, [`Nfs3`], is
-//! the default): the program encodes a call and decodes its reply, the connection does the rest
-//! the same way for every program.
+//! The connection is generic over the RPC program it carries ([`Program`]): NFSv3 ([`Nfs3`],
+//! the default) or NFSv4.1's COMPOUND ([`Nfs41`]); the program encodes a call and decodes its
+//! reply, the connection does the rest the same way for both.
 //!
-//! The connection's owner sees [`Conn`] and the types in `types` and `program` (re-exported
-//! here). Inside, `state` has the connection's state and the parts every side
+//! The connection's owner sees [`Conn`] and the types in `types`, `program` and `nfs41`
+//! (re-exported here). Inside, `state` has the connection's state and the parts every side
 //! shares, over the leaves `rx` (the receive buffer), `sys` (the system calls, the only `unsafe`
 //! of the NFS client) and `types`; the sides are `link` (connecting, back-off), `send` (the send
 //! queue), `receive` (socket reads, record marking), `reply` (decoding replies, placing READ
@@ -26,6 +26,7 @@ use super::wire::rpc;
 use super::wire::xdr::{self, Encoder};
 
 mod link;
+mod nfs41;
 mod program;
 mod receive;
 mod reply;
@@ -36,6 +37,7 @@ mod sys;
 mod timers;
 mod types;
 
+pub use self::nfs41::{Call41, Compound, CompoundReply, Nfs41, ReadDone};
 pub use self::program::{CallShape, Decoded, Nfs3, Program, Read3, ReadStart};
 pub use self::state::Conn;
 pub use self::types::{CallError, ConnConfig, ConnStats, Cred, Sink};

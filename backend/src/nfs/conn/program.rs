@@ -5,7 +5,8 @@
 //! ([`Program::read_head`]) and later makes the reply from what it kept
 //! ([`Program::read_reply`]); any other reply is decoded whole, in place ([`Program::decode`]).
 //!
-//! NFSv3 ([`Nfs3`], here) is one program, one procedure per call.
+//! NFSv3 ([`Nfs3`], here) is one program, one procedure per call; NFSv4.1's COMPOUND
+//! ([`Nfs41`](super::Nfs41)) the other.
 
 use std::fmt::Debug;
 use std::ops::Range;
@@ -16,7 +17,7 @@ use crate::nfs::wire::xdr::{Decoder, Encoder};
 use crate::nfs::wire::WireError;
 
 /// An RPC program a [`Conn`](super::Conn) carries: how its calls are encoded and its replies
-/// decoded. Implemented by marker types ([`Nfs3`]); the connection is
+/// decoded. Implemented by marker types ([`Nfs3`], [`Nfs41`](super::Nfs41)); the connection is
 /// generic over it, so nothing of it costs a dynamic call.
 pub trait Program: Sized + 'static {
     /// A call's arguments, borrowed from the caller.

@@ -487,14 +487,27 @@ pub fn encode_compound(
     minorversion: u32,
     ops: &[Op<'_>],
 ) -> Result<Encoded, WireError> {
-    if ops.len() > MAX_OPS as usize {
-        return Err(WireError::TooLong { what: "COMPOUND operations", len: ops.len() as u32, max: MAX_OPS });
+    encode_compound_after(e, tag, minorversion, None, ops)
+}
+
+/// [`encode_compound`] with `first` (a session's SEQUENCE) before `ops`, so that a caller's
+/// operations need not be copied behind it.
+pub fn encode_compound_after(
+    e: &mut Encoder<'_>,
+    tag: &[u8],
+    minorversion: u32,
+    first: Option<&Op<'_>>,
+    ops: &[Op<'_>],
+) -> Result<Encoded, WireError> {
+    let n = ops.len() + usize::from(first.is_some());
+    if n > MAX_OPS as usize {
+        return Err(WireError::TooLong { what: "COMPOUND operations", len: n as u32, max: MAX_OPS });
     }
     e.opaque(tag, MAX_TAG)?;
     e.u32(minorversion)?;
-    e.u32(ops.len() as u32)?;
+    e.u32(n as u32)?;
     let mut payload_at = None;
-    for op in ops {
+    for op in first.into_iter().chain(ops) {
         e.u32(op.num() as u32)?;
         if let Some(at) = encode_op(e, op)? {
             if payload_at.is_some() {
@@ -503,7 +516,7 @@ pub fn encode_compound(
             payload_at = Some(at);
         }
     }
-    Ok(Encoded { ops: ops.len() as u32, payload_at })
+    Ok(Encoded { ops: n as u32, payload_at })
 }
 
 fn encode_op(e: &mut Encoder<'_>, op: &Op<'_>) -> Result<Option<(usize, u32)>, WireError> {

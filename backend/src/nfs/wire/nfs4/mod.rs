@@ -23,8 +23,8 @@ mod status;
 mod types;
 
 pub use args::{
-    encode_call, encode_compound, CbSec, CreateHow4, CreateKind, CreateSession, DelegationType, Encoded,
-    ExchangeId, Locker, Op, OpNum, Open, OpenClaim, Proc4, SetxattrOption,
+    encode_call, encode_compound, encode_compound_after, CbSec, CreateHow4, CreateKind, CreateSession,
+    DelegationType, Encoded, ExchangeId, Locker, Op, OpNum, Open, OpenClaim, Proc4, SetxattrOption,
 };
 pub use res::{
     decode_compound, decode_compound_head, decode_op, decode_read_head, Ace, CompoundHead, CompoundRes,

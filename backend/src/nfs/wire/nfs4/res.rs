@@ -523,7 +523,18 @@ pub struct Results<'a> {
     left: u32,
 }
 
-impl Results<'_> {
+impl<'a> Results<'a> {
+    /// The next `left` results from `d`, which a caller checked already (a connection that
+    /// decoded a READ's head as it came and kept the results before it).
+    pub(crate) fn checked(d: Decoder<'a>, left: u32) -> Results<'a> {
+        Results { d, left }
+    }
+
+    /// Only the first `n` results (a connection that placed the last result's READ data).
+    pub(crate) fn first(self, n: u32) -> Results<'a> {
+        Results { left: self.left.min(n), ..self }
+    }
+
     /// Results not yet iterated.
     pub fn len(&self) -> usize {
         self.left as usize
