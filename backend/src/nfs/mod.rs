@@ -4,7 +4,7 @@
 //! encoding straight into a preallocated buffer and decoding in place from a received one;
 //! [`conn`] is one non-blocking TCP connection (record marking, XIDs over a slot table,
 //! retransmission, reconnection, timeouts) owned by one poller, carrying NFSv3 or NFSv4.1;
-//! [`setup`] has the blocking
+//! [`session`] is an NFSv4.1 session driven over such a connection; [`setup`] has the blocking
 //! start-up calls of the control thread (portmapper, MOUNT); [`url`] parses `nfs://` URLs.
 //!
 //! The backend on top: [`fs`] ([`NfsFs`], the `FileSystem`, and its start-up), [`engine`] (the
@@ -15,7 +15,7 @@
 //!
 //! The modules use each other in one direction only: `fs` uses `engine`, both use `shared` and
 //! `convert`, and those use only the modules below them (`nodes`, `unstable`, `setup`, `conn`,
-//! `wire`), so no two modules here depend on each other.
+//! `session`, `wire`), so no two modules here depend on each other.
 
 pub mod conn;
 mod convert;
@@ -23,6 +23,7 @@ pub mod engine;
 pub mod fs;
 pub mod keep;
 pub mod nodes;
+pub mod session;
 pub mod setup;
 pub mod shared;
 pub mod state;
