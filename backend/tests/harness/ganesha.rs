@@ -107,11 +107,19 @@ pub struct Ganesha {
     mount_port: u16,
     child: Option<Child>,
     starts: usize,
+    /// NFSv4's `Lease_Lifetime` in seconds, when not ganesha's default (60).
+    lease: Option<u32>,
 }
 
 impl Ganesha {
     /// A server exporting a new, empty directory, listening when this returns.
     pub fn start() -> Ganesha {
+        Ganesha::start_with_lease(None)
+    }
+
+    /// [`Ganesha::start`] with an NFSv4 lease of `lease` seconds (ganesha's default is 60), for
+    /// tests of lease renewal.
+    pub fn start_with_lease(lease: Option<u32>) -> Ganesha {
         require();
         rpcbind_acquire();
         let dir = tempfile::Builder::new().prefix("nfs-ganesha-").tempdir().unwrap();
@@ -122,7 +130,7 @@ impl Ganesha {
         while mount_port == nfs_port {
             mount_port = free_port();
         }
-        let mut g = Ganesha { dir, nfs_port, mount_port, child: None, starts: 0 };
+        let mut g = Ganesha { dir, nfs_port, mount_port, child: None, starts: 0, lease };
         g.write_conf();
         g.start_again();
         g
@@ -133,7 +141,7 @@ impl Ganesha {
         let conf = format!(
             "NFS_CORE_PARAM {{ Bind_addr = 127.0.0.1; NFS_Port = {nfs}; MNT_Port = {mnt};\n\
              Enable_NLM = false; Enable_RQUOTA = false; Enable_UDP = false; Protocols = 3, 4; }}\n\
-             NFSv4 {{ Graceless = true; RecoveryBackend = fs; RecoveryRoot = {d}/recovery; Only_Numeric_Owners = true; }}\n\
+             NFSv4 {{ Graceless = true; RecoveryBackend = fs; RecoveryRoot = {d}/recovery; Only_Numeric_Owners = true;{lease} }}\n\
              EXPORT_DEFAULTS {{ Transports = TCP; SecType = sys; Squash = No_Root_Squash; }}\n\
              EXPORT {{ Export_Id = 1; Path = {d}/export; Pseudo = {d}/export; Access_Type = RW; Protocols = 3, 4;\n\
              FSAL {{ Name = VFS; }} }}\n\
@@ -141,6 +149,7 @@ impl Ganesha {
             nfs = self.nfs_port,
             mnt = self.mount_port,
             d = d.display(),
+            lease = self.lease.map(|l| format!(" Lease_Lifetime = {l};")).unwrap_or_default(),
         );
         std::fs::write(d.join("ganesha.conf"), conf).unwrap();
     }
@@ -236,6 +245,17 @@ impl Ganesha {
             // SAFETY: a plain system call on our own child's pid.
             unsafe { libc::kill(c.id() as i32, sig) };
         }
+    }
+
+    /// Whether the server is stopped (by SIGSTOP: every thread of it).
+    pub fn stopped(&self) -> bool {
+        let Some(c) = &self.child else { return false };
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", c.id())) else { return false };
+        tasks.flatten().all(|t| {
+            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            // The state follows the command's closing parenthesis.
+            stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
+        })
     }
 
     /// Whether the server runs.
