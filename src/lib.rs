@@ -165,6 +165,10 @@ impl<F: FileSystem + 'static> RequestHandler for FuseHandler<F> {
         self.server.before_publish();
     }
 
+    fn publish_due(&self) -> bool {
+        self.server.publish_due()
+    }
+
     fn reset(&self) {
         self.server.reset();
     }

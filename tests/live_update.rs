@@ -170,11 +170,19 @@ fn a_daemon_is_updated_under_io_and_a_failed_update_leaves_it_serving() {
         let out = finish(update(&ctl, None));
         assert!(out.status.success(), "{ring:?}: a SETLKW waiting: {}", String::from_utf8_lossy(&out.stderr));
         assert_ne!(device(&ctl)["pid"], serving, "{ring:?}: not handed over with a SETLKW waiting");
-        let stats = ControlClient::connect(&ctl).unwrap().call("get_stats", Value::Null).unwrap();
-        let waits: u64 = (stats["device"]["queues"].as_array().unwrap().iter())
-            .map(|q| q["waiting"].as_u64().unwrap_or(0))
-            .sum();
-        assert_eq!(waits, 1, "{ring:?}: the new process keeps the request waiting");
+        // The new process's pollers park it again as they start its queues, just after the
+        // update's answer.
+        let waits = || {
+            let stats = ControlClient::connect(&ctl).unwrap().call("get_stats", Value::Null).unwrap();
+            (stats["device"]["queues"].as_array().unwrap().iter())
+                .map(|q| q["waiting"].as_u64().unwrap_or(0))
+                .sum::<u64>()
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while waits() != 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(waits(), 1, "{ring:?}: the new process keeps the request waiting");
         d.setlk(e.nodeid, &LockReq { typ: libc::F_UNLCK, ..lock }).unwrap();
         d.lk_result(opcode::SETLKW, waiting).unwrap();
         let seen = d.getlk(e.nodeid, &lock).unwrap();

@@ -162,8 +162,14 @@ impl SavesState for FuseHandler<PassthroughFs> {
         Ok((BackendPart::Passthrough { fs: Box::new(fs), session }, Box::new(held)))
     }
 
-    /// Nothing is shared but the host's files, which the new process now holds too.
-    fn handed_over(&self) {}
+    /// Nothing is shared but the host's files, which the new process now holds too; the
+    /// records kept for a crash stay as they are (the supervisor may still recover from them
+    /// until the new process's own come) while this share goes away.
+    fn handed_over(&self) {
+        if let Some(k) = self.server().filesystem().kept() {
+            k.detach();
+        }
+    }
 
     /// The nodes' records and the session's record (the supervisor fills in what it holds).
     fn kept(&self) -> Option<Result<(BackendPart, Vec<OwnedFd>), String>> {

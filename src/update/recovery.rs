@@ -440,6 +440,10 @@ impl RequestHandler for Ending {
         }
     }
 
+    fn publish_due(&self) -> bool {
+        self.inner.as_ref().is_some_and(|i| i.publish_due())
+    }
+
     fn reset(&self) {
         if let Some(inner) = &self.inner {
             inner.reset();

@@ -107,6 +107,12 @@ struct Checkpoints {
     /// The functions this process gives its own descriptors for (`Kept::LetAll`): nothing of
     /// the predecessor's is kept for them.
     own: std::collections::HashSet<String>,
+    /// Function checkpoints that are the predecessor's (taken at the commit), to be replaced
+    /// by its later ones until this process sends its own.
+    theirs: std::collections::HashSet<String>,
+    /// Functions this process ended before its predecessor's checkpoints were all read: none
+    /// of those comes back.
+    ended: std::collections::HashSet<String>,
 }
 
 /// A function's held descriptors, by key, with what each is.
@@ -119,6 +125,8 @@ impl Checkpoints {
         let tag = |v: &serde_json::Value| v.get("tag").and_then(|t| t.as_str()).map(str::to_string);
         if let Some(part) = kept.get("function") {
             let tag = tag(part).ok_or("a function checkpoint without a tag")?;
+            self.theirs.remove(&tag);
+            self.ended.remove(&tag);
             match self.functions.iter_mut().find(|f| f.0 == tag) {
                 Some(f) => *f = (tag, kept, files),
                 None => self.functions.push((tag, kept, files)),
@@ -129,6 +137,7 @@ impl Checkpoints {
             let tag = tag(f).ok_or("a forget without a tag")?;
             self.functions.retain(|f| f.0 != tag);
             self.drop_function(&tag);
+            self.ended.insert(tag);
         } else if let Some(h) = kept.get("hold") {
             let tag = tag(h).ok_or("a hold without a tag")?;
             let items = h.get("items").and_then(|i| i.as_array()).ok_or("a hold without items")?;
@@ -215,6 +224,9 @@ impl Checkpoints {
     /// (a recovery then ends the function rather than lose nodes the guest knows).
     fn adopt(&mut self, old: Checkpoints, complete: bool) {
         for (tag, theirs) in old.held {
+            if self.ended.contains(&tag) {
+                continue;
+            }
             // What the predecessor held may itself miss some (its own predecessor's).
             let complete = complete && !old.incomplete.contains(&tag);
             if self.adopting.contains_key(&tag) {
@@ -229,14 +241,38 @@ impl Checkpoints {
             self.incomplete.insert(tag);
         }
         // Its checkpoints that came after the commit, of functions this one has not sent its
-        // own of yet.
+        // own of yet (replacing the ones taken at the commit), and not of functions it ended.
         for f in old.functions {
-            if !self.functions.iter().any(|m| m.0 == f.0) {
-                self.functions.push(f);
+            if self.ended.contains(&f.0) {
+                continue;
+            }
+            match self.functions.iter_mut().find(|m| m.0 == f.0) {
+                Some(m) if self.theirs.contains(&f.0) => *m = f,
+                Some(_) => {}
+                None => {
+                    self.theirs.insert(f.0.clone());
+                    self.functions.push(f);
+                }
             }
         }
+        self.ended.clear();
         if self.control.is_none() {
             self.control = old.control;
+        }
+    }
+
+    /// A crashed process's store as its recovery is given it: what it inherited and had not
+    /// yet said it adopts counts as held (the recovered process gives every descriptor again,
+    /// replacing these, and lets go of what it drops).
+    fn fold_inherited(&mut self) {
+        for (tag, (theirs, complete)) in std::mem::take(&mut self.inherited) {
+            if !complete {
+                self.incomplete.insert(tag.clone());
+            }
+            let mine = self.held.entry(tag).or_default();
+            for (k, v) in theirs {
+                mine.entry(k).or_insert(v);
+            }
         }
     }
 
@@ -670,6 +706,15 @@ pub fn run(launch: Launch) -> ExitCode {
                     kept.remove(&pid);
                     rec.unreadable.insert(pid);
                 }
+                // Only a process still known (a dead one's id may be another's later).
+                let known = pid == current.pid
+                    || pending.as_ref().is_some_and(|p| p.pid == pid)
+                    || handed.contains_key(&pid)
+                    || rec.dying.as_ref().is_some_and(|d| d.pid == pid);
+                if !known {
+                    kept.remove(&pid);
+                    continue;
+                }
                 rec.closed.insert(pid);
                 if let Some(new) = handed.remove(&pid) {
                     // Every checkpoint of a process that handed over is in: its held
@@ -713,7 +758,8 @@ pub fn run(launch: Launch) -> ExitCode {
                         );
                         return exit_code(rec.status_of(pid, d.status));
                     }
-                    let store = kept.remove(&pid).unwrap_or_default();
+                    let mut store = kept.remove(&pid).unwrap_or_default();
+                    store.fold_inherited();
                     rec.forget(pid);
                     match rec.recover(&launch, d, store, updates, &tx) {
                         Ok((p, store)) => {
@@ -834,6 +880,7 @@ pub fn run(launch: Launch) -> ExitCode {
                             let mine = kept.entry(new).or_default();
                             for f in functions {
                                 if !mine.functions.iter().any(|m| m.0 == f.0) {
+                                    mine.theirs.insert(f.0.clone());
                                     mine.functions.push(f);
                                 }
                             }
@@ -1144,6 +1191,37 @@ mod tests {
         assert_eq!(part["held"].as_array().map(|a| a.len()), Some(2), "{part}");
         assert!(part.get("incomplete").is_none());
         assert_eq!(copy[0].1.shared.len(), 2);
+        // Its recovery's store holds them (given again by the recovered process, replacing).
+        early.fold_inherited();
+        assert_eq!(keys(&early, "f"), [1, 2]);
+        assert!(early.inherited.is_empty());
+    }
+
+    /// The predecessor's checkpoints read after the commit replace those taken at the commit
+    /// until the successor sends its own; a function the successor ended does not come back.
+    #[test]
+    fn late_checkpoints_of_the_predecessor_replace_those_taken_at_the_commit() {
+        let f = |tag: &str, n: u64| serde_json::json!({"function": {"tag": tag, "n": n}});
+        let mut new = Checkpoints::default();
+        // Taken at the commit.
+        new.functions.push(("a".into(), f("a", 1), Vec::new()));
+        new.functions.push(("b".into(), f("b", 1), Vec::new()));
+        new.functions.push(("c".into(), f("c", 1), Vec::new()));
+        new.theirs.extend(["a".to_string(), "b".to_string(), "c".to_string()]);
+        // The successor's own of b, and it ends c.
+        new.keep(f("b", 9), Vec::new()).unwrap();
+        new.keep(serde_json::json!({"forget": {"tag": "c"}}), Vec::new()).unwrap();
+        let mut old = Checkpoints::default();
+        for t in ["a", "b", "c"] {
+            old.keep(f(t, 2), Vec::new()).unwrap();
+        }
+        hold(&mut old, "c", &[1]);
+        new.adopt(old, true);
+        let n = |t: &str| new.functions.iter().find(|m| m.0 == t).map(|m| m.1["function"]["n"].as_u64());
+        assert_eq!(n("a"), Some(Some(2)), "the predecessor's later one");
+        assert_eq!(n("b"), Some(Some(9)), "the successor's own");
+        assert_eq!(n("c"), None, "ended by the successor");
+        assert!(new.inherited.is_empty() && keys(&new, "c").is_empty());
     }
 
     /// What the supervisor binds and removes for a confined serving process: a socket in the

@@ -298,6 +298,12 @@ pub trait FileSystem: Send + Sync {
     /// completed requests; must cost next to nothing when nothing is due.
     fn before_publish(&self) {}
 
+    /// Whether [`Self::before_publish`] has something to do now; must be cheap (called after
+    /// each request on a poller).
+    fn publish_due(&self) -> bool {
+        false
+    }
+
     /// Resolves `name` in directory `parent`.
     fn lookup(&self, ctx: &Context, parent: u64, name: &[u8]) -> Result<Entry> {
         Err(Error::NotImplemented)

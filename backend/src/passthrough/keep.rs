@@ -133,6 +133,9 @@ pub struct ShareKeep {
     failed: AtomicBool,
     /// Changes queued for the keeper.
     pending: Mutex<Pending>,
+    /// Handed over to a successor (a live update's commit): the records and the keeper are
+    /// the successor's business now, and this process's share, going away, changes neither.
+    detached: AtomicBool,
     /// The number of the last change queued, and of the last one given (each flush gives
     /// every change queued before it, under `giving`, so these only grow).
     queued: AtomicU64,
@@ -181,6 +184,7 @@ impl ShareKeep {
             keeper: OnceLock::new(),
             failed: AtomicBool::new(false),
             pending: Mutex::new(Pending::default()),
+            detached: AtomicBool::new(false),
             queued: AtomicU64::new(0),
             given: AtomicU64::new(0),
             giving: Mutex::new(()),
@@ -237,10 +241,20 @@ impl ShareKeep {
         self.words.load(H_INCOMPLETE) != 0
     }
 
+    /// Stops writing the records and giving the keeper anything (the share was handed over
+    /// to a live update's successor; a recovery may still read these records).
+    pub fn detach(&self) {
+        self.detached.store(true, Ordering::Release);
+    }
+
+    fn is_detached(&self) -> bool {
+        self.detached.load(Ordering::Acquire)
+    }
+
     /// Writes node `r`'s record (body, then head).
     pub fn write(&self, r: &NodeRecord) {
         let at = HEADER_WORDS + r.slot as usize * SLOT_WORDS;
-        if r.slot as usize >= self.slots {
+        if r.slot as usize >= self.slots || self.is_detached() {
             return;
         }
         self.words.store(at + 1, r.id);
@@ -252,6 +266,9 @@ impl ShareKeep {
     /// Node `id` in `slot` is gone: its record is cleared, its slot free, its descriptor let go
     /// (queued: its hold was given, as the queue held the node until then).
     pub fn gone(&self, slot: u32, id: u64) {
+        if self.is_detached() {
+            return;
+        }
         if (slot as usize) < self.slots {
             self.words.store(HEADER_WORDS + slot as usize * SLOT_WORDS, 0);
             self.free.lock().unwrap_or_else(PoisonError::into_inner).push(slot);
@@ -297,6 +314,17 @@ impl ShareKeep {
         }
     }
 
+    /// Whether changes are queued and not given ([`Self::flush`] has something to do).
+    pub fn due(&self) -> bool {
+        self.given.load(Ordering::Acquire) < self.queued.load(Ordering::Acquire)
+    }
+
+    /// Something was lost on the way to the keeper (a flush that did not end): a recovery is
+    /// refused.
+    pub fn mark_incomplete(&self) {
+        self.not_given();
+    }
+
     /// A descriptor did not reach the keeper: a recovery would miss it.
     fn not_given(&self) {
         self.words.store(H_INCOMPLETE, 1);
@@ -322,6 +350,9 @@ impl ShareKeep {
     }
 
     fn queue(&self, q: Queued) -> u64 {
+        if self.is_detached() {
+            return 0;
+        }
         let mut p = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
         p.items.push(q);
         p.last += 1;
@@ -385,12 +416,12 @@ impl ShareKeep {
     /// update's quiet point, nothing else runs).
     pub fn drain(&self) -> bool {
         for _ in 0..4 {
-            if self.given.load(Ordering::Acquire) >= self.queued.load(Ordering::Acquire) {
+            if !self.due() {
                 return true;
             }
             self.flush();
         }
-        self.given.load(Ordering::Acquire) >= self.queued.load(Ordering::Acquire)
+        !self.due()
     }
 
     /// Every node up to `id` was given (or needs no hold: the keeper took it over).

@@ -615,6 +615,15 @@ impl PassthroughFs {
         // descriptor is given before an answer names it, and one that could not be given
         // marked the records incomplete above): the guest does not know it.
         let held_ids: HashSet<u64> = nodes.iter().map(|(n, _)| n.id).collect();
+        let (kept_id, _) = keep.next_ids_kept();
+        if let Some(newer) = held_ids.iter().find(|&&id| id >= kept_id) {
+            // Held for a node these records never gave out: they are an older process's (a
+            // successor that served before its own records were kept), and nodes the guest
+            // knows may have no record.
+            return Err(bad(format!(
+                "node {newer} is held but the records never gave it (they stop at {kept_id})"
+            )));
+        }
         let given = keep.given_id();
         for r in records.values().filter(|r| r.refs.is_some_and(|n| n > 0)) {
             if held_ids.contains(&r.id) {

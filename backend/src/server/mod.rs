@@ -432,6 +432,11 @@ impl<F: FileSystem> Server<F> {
         self.fs.before_publish();
     }
 
+    /// Whether [`Self::before_publish`] has something to do ([`FileSystem::publish_due`]).
+    pub fn publish_due(&self) -> bool {
+        self.fs.publish_due()
+    }
+
     /// Drops a waiting request without an answer (the device reset: its buffers are gone).
     pub fn cancel_wait(&self, wait: &LockWait) {
         self.locks.cancel_wait(wait.id);

@@ -50,6 +50,14 @@ pub trait RequestHandler: Send + Sync + 'static {
     /// completed requests; must cost next to nothing when nothing is due.
     fn before_publish(&self) {}
 
+    /// Whether [`Self::before_publish`] has something to do (a reply written now could name
+    /// what is not ready yet): the poller then holds the round's later returns until it ran.
+    /// Called on the poller after each request; must be cheap. Without it, returns are written
+    /// as each request ends.
+    fn publish_due(&self) -> bool {
+        false
+    }
+
     /// The device was reset (by the driver, by DEVICE_RESET, or because the client went away):
     /// every queue is stopped, no request is in flight and none waits any more. Drop what belonged
     /// to the driver's session and must not outlive the device. Called on the control plane

@@ -30,9 +30,10 @@ pub(super) struct Served {
     /// Per head (buffer id), the clock reading of the round that took it and its class, for a
     /// request left pending in the engine.
     pub(super) starts: Box<[(u64, OpClass)]>,
-    /// A round's returns (head, length), pushed to the used ring only once the handler made
-    /// ready what they name ([`RequestHandler::before_publish`]): a used entry may be seen by
-    /// the driver, or published by a recovery, as soon as it is written. Room for the queue.
+    /// A round's returns (head, length) that wait for the handler to make ready what they
+    /// name ([`RequestHandler::before_publish`], when it says one is due): a used entry may
+    /// be seen by the driver, or published by a recovery, as soon as it is written. Room for
+    /// a round.
     pub(super) returns: Vec<(u16, u32)>,
     /// The engine's completions of a pass, pushed likewise after `before_publish`: head,
     /// length, when a waiting one was taken, and what it was.
@@ -65,6 +66,11 @@ fn defer(queues: &mut [Served], id: u64, len: u32, waited: Option<u64>, tally: T
     let (slot, head) = ((id >> 16) as usize, (id & 0xffff) as u16);
     let Some(q) = queues.get_mut(slot) else { return };
     q.finished.push((head, len, waited, tally));
+    touch(touched, slot);
+}
+
+/// Marks queue `slot` as having new used entries.
+fn touch(touched: &mut Touched, slot: usize) {
     if slot < 64 {
         touched.bits |= 1 << slot;
     } else {
@@ -113,7 +119,7 @@ impl FnCtx {
                     broken: false,
                     stat,
                     starts,
-                    returns: Vec::with_capacity(size),
+                    returns: Vec::with_capacity(size.min(usize::from(ROUND_BUDGET))),
                     finished: Vec::with_capacity(size),
                 })
             }
@@ -172,8 +178,19 @@ impl FnCtx {
         let t0 = self.clock.as_ref().map_or(0, |c| c.now());
         let mut by_class = [0u64; OpClass::ALL.len()];
         let (mut taken, mut completed) = (0usize, 0u64);
+        // Returns are written at once while the handler has nothing to make ready first; from
+        // the first that must wait for it, the round's returns wait (`served.returns`).
+        let mut deferring = false;
+        let mut failed = None;
         while taken < usize::from(ROUND_BUDGET) {
-            let Some(valid) = q.next(mem, chain)? else { break };
+            let valid = match q.next(mem, chain) {
+                Ok(Some(v)) => v,
+                Ok(None) => break,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            };
             taken += 1;
             let token = chain.head;
             let len = match valid {
@@ -227,16 +244,26 @@ impl FnCtx {
                     0
                 }
             };
-            served.returns.push((token, len));
+            deferring = deferring || self.handler.publish_due();
+            if deferring {
+                served.returns.push((token, len));
+            } else {
+                q.push_used(mem, token, len)?;
+            }
             completed += 1;
         }
-        if completed > 0 {
+        if !served.returns.is_empty() {
             // What the replies name is made safe first (a crash-kept share's descriptors),
-            // then the replies are written, then published.
+            // then the replies are written.
             self.before_publish();
             for (token, len) in served.returns.drain(..) {
                 q.push_used(mem, token, len)?;
             }
+        }
+        if let Some(e) = failed {
+            return Err(e); // what was written is published with a later round
+        }
+        if completed > 0 {
             crate::crash_point::reached(crate::crash_point::CrashPoint::Returned);
             q.publish_used(mem)?;
             count(completed, |c| &c.requests);
@@ -264,8 +291,16 @@ impl FnCtx {
         let mut touched = Touched::default();
         // Read once, at the first completion of this pass.
         let mut now = None;
+        // As in `serve`: written at once until one must wait for `before_publish`.
+        let mut deferring = false;
         let mut n = engine.poll(&mut |id, len, tally| {
-            defer(queues, id, len, None, tally, &mut touched);
+            deferring = deferring || self.handler.publish_due();
+            if deferring {
+                defer(queues, id, len, None, tally, &mut touched);
+            } else {
+                self.finish(queues, mem, id, len, None, tally, &mut now);
+                touch(&mut touched, (id >> 16) as usize);
+            }
         });
         if !parked.is_empty() {
             n += engine.poll_waits(&mut |id, reply, tally| {
@@ -275,7 +310,13 @@ impl FnCtx {
                     let p = parked.swap_remove(i);
                     let len = write_reply(mem, &p.reply, reply);
                     let tally = Tally { class: p.class, ..tally };
-                    defer(queues, id, len, Some(p.started), tally, &mut touched);
+                    deferring = deferring || self.handler.publish_due();
+                    if deferring {
+                        defer(queues, id, len, Some(p.started), tally, &mut touched);
+                    } else {
+                        self.finish(queues, mem, id, len, Some(p.started), tally, &mut now);
+                        touch(&mut touched, (id >> 16) as usize);
+                    }
                 } else {
                     let keep = &reply[..reply.len().min(MAX_WAIT_REPLY)];
                     parked[i].answer = heapless::Vec::from_slice(keep).ok();
@@ -292,7 +333,13 @@ impl FnCtx {
                         let p = parked.swap_remove(i);
                         let answer = p.answer.unwrap_or_default();
                         let len = write_reply(mem, &p.reply, &answer);
-                        defer(queues, p.id, len, Some(p.started), p.tally, &mut touched);
+                        deferring = deferring || self.handler.publish_due();
+                        if deferring {
+                            defer(queues, p.id, len, Some(p.started), p.tally, &mut touched);
+                        } else {
+                            self.finish(queues, mem, p.id, len, Some(p.started), p.tally, &mut now);
+                            touch(&mut touched, slot);
+                        }
                         n += 1;
                     }
                     _ => i += 1,
@@ -302,8 +349,10 @@ impl FnCtx {
         if touched.bits == 0 && !touched.overflow {
             return n; // the common round: the engine finished nothing
         }
-        // As in `serve`: what the replies name is made safe before any is written.
-        self.before_publish();
+        // As in `serve`: what the deferred replies name is made safe before they are written.
+        if deferring {
+            self.before_publish();
+        }
         for slot in 0..queues.len() {
             if (slot < 64 && touched.bits & (1 << slot) == 0) || (slot >= 64 && !touched.overflow) {
                 continue;
