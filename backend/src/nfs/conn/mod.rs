@@ -38,7 +38,7 @@ mod timers;
 mod types;
 
 pub use self::nfs41::{Call41, Compound, CompoundReply, Nfs41, ReadDone};
-pub use self::program::{CallShape, Decoded, Nfs3, Program, Read3, ReadStart};
+pub use self::program::{CallShape, Nfs3, Program, Read3, ReadStart};
 pub use self::state::Conn;
 pub use self::types::{CallError, ConnConfig, ConnStats, Cred, Sink};
 
@@ -199,6 +199,7 @@ impl<P: Program> Conn<P> {
         };
         let len = e.position();
         let (payload_at, payload) = shape.payload.unwrap_or((len, 0));
+        let payload_at = payload_at.min(CALL_BUF) as u16;
         let body = (len - 4) + payload as usize + xdr::pad(payload as usize);
         e.patch_u32(mark, LAST_FRAGMENT | body as u32);
         self.free.pop();

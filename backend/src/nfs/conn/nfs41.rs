@@ -10,7 +10,7 @@
 //! has come. A smaller READ whose reply comes in one piece is decoded in place and its data
 //! copied, as NFSv3's is.
 
-use super::program::{CallShape, Decoded, Program, ReadStart};
+use super::program::{CallShape, Program, ReadStart};
 use crate::nfs::wire::nfs4::{
     self, decode_compound, decode_compound_head, decode_op, decode_read_head, Nfsstat4, Op, OpRes, Proc4,
     ReadHead, Results,
@@ -172,11 +172,11 @@ impl Program for Nfs41 {
         call: &Call41,
         read_count: u32,
         d: &mut Decoder<'a>,
-    ) -> Result<Decoded<'a, CompoundReply<'a>>, WireError> {
+        out: &mut Option<&'a [u8]>,
+    ) -> Result<CompoundReply<'a>, WireError> {
         let c = decode_compound(d)?;
         if !(call.read_last && c.status.is_ok() && c.results.len() == call.ops as usize) {
-            let reply = CompoundReply { status: c.status, tag: c.tag, results: c.results, read: None };
-            return Ok(Decoded { reply, data: None });
+            return Ok(CompoundReply { status: c.status, tag: c.tag, results: c.results, read: None });
         }
         // The last result is the READ's: its data is the owner's.
         let Some(Ok(OpRes::Read { eof, data })) = c.results.clone().last() else {
@@ -185,8 +185,8 @@ impl Program for Nfs41 {
         if data.len() > read_count as usize {
             return Err(WireError::TooLong { what: "READ data", len: data.len() as u32, max: read_count });
         }
+        *out = Some(data);
         let read = Some(ReadDone { count: data.len() as u32, eof });
-        let results = c.results.first(call.ops - 1);
-        Ok(Decoded { reply: CompoundReply { status: c.status, tag: c.tag, results, read }, data: Some(data) })
+        Ok(CompoundReply { status: c.status, tag: c.tag, results: c.results.first(call.ops - 1), read })
     }
 }

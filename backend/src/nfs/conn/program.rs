@@ -66,13 +66,15 @@ pub trait Program: Sized + 'static {
     ) -> Result<Self::Reply<'a>, WireError>;
 
     /// A whole reply to `call`, after an accepted RPC reply header, every byte used. A READ
-    /// whose data is the owner's (`read_count` > 0) gives the data too, for the connection to
-    /// copy into the owner's buffers.
+    /// whose data is the owner's (`read_count` > 0) sets `data` to it, for the connection to
+    /// copy into the owner's buffers. (An out-parameter: a reply is a few hundred bytes, which
+    /// the connection then moves once, into the owner's `Ok`.)
     fn decode<'a>(
         call: &Self::Call,
         read_count: u32,
         d: &mut Decoder<'a>,
-    ) -> Result<Decoded<'a, Self::Reply<'a>>, WireError>;
+        data: &mut Option<&'a [u8]>,
+    ) -> Result<Self::Reply<'a>, WireError>;
 }
 
 /// What [`Program::encode`] wrote.
@@ -98,15 +100,6 @@ pub struct ReadStart<H> {
     /// most [`Program::KEEP`], or the data is not placed as it comes (the whole record is
     /// decoded when it is in).
     pub keep: Range<usize>,
-}
-
-/// What [`Program::decode`] gives.
-#[derive(Clone, Debug)]
-pub struct Decoded<'a, R> {
-    /// The reply.
-    pub reply: R,
-    /// A READ's data, for the owner's buffers.
-    pub data: Option<&'a [u8]>,
 }
 
 /// NFSv3 (RFC 1813): one procedure per call ([`Args`], [`Res`]).
@@ -183,17 +176,22 @@ impl Program for Nfs3 {
         call: &Proc,
         read_count: u32,
         d: &mut Decoder<'a>,
-    ) -> Result<Decoded<'a, Res<'a>>, WireError> {
+        data: &mut Option<&'a [u8]>,
+    ) -> Result<Res<'a>, WireError> {
         if *call != Proc::Read {
-            return Ok(Decoded { reply: nfs3::decode_res(*call, d)?, data: None });
+            return nfs3::decode_res(*call, d);
         }
-        let (reply, data) = match nfs3::decode_read_head(d, read_count)? {
-            ReadHead::Failed { status, attr } => (Res::Failed { status, attr }, None),
-            ReadHead::Ok { attr, eof, len, .. } => {
-                (Res::Read { count: len, eof, attr }, Some(d.fixed(len as usize)?))
+        // (Each reply made where it is returned: it is not moved again.)
+        match nfs3::decode_read_head(d, read_count)? {
+            ReadHead::Failed { status, attr } => {
+                d.finish()?;
+                Ok(Res::Failed { status, attr })
             }
-        };
-        d.finish()?;
-        Ok(Decoded { reply, data })
+            ReadHead::Ok { attr, eof, len, .. } => {
+                *data = Some(d.fixed(len as usize)?);
+                d.finish()?;
+                Ok(Res::Read { count: len, eof, attr })
+            }
+        }
     }
 }

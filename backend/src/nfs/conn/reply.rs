@@ -3,7 +3,7 @@
 //! when its padding does). The program ([`Program`]) decodes; this side matches, places and
 //! ends calls.
 
-use super::program::{Decoded, Program, ReadStart};
+use super::program::{Program, ReadStart};
 use super::rx::{ReadProgress, RxMode};
 use super::state::{free_slot, Conn, Fault};
 use super::types::{CallError, Sink};
@@ -149,27 +149,37 @@ impl<P: Program> Conn<P> {
         let results = start + d.position();
         let mut d = Decoder::new(&self.rx.buf[results..start + len]);
         // (The reply borrows the receive buffer: the garbage case is handled once it is gone.)
-        let told = match P::decode(&slot.call, slot.read_count, &mut d) {
-            Ok(Decoded { reply, data }) => {
-                let res = match data {
-                    None => Ok(reply),
-                    Some(data) => match sink.read_buffer(slot.tag) {
-                        None => Ok(reply),
-                        Some(mut w) => match w.write_all(data) {
-                            Ok(()) => {
-                                self.stats.read_copied_bytes += data.len() as u64;
-                                Ok(reply)
-                            }
-                            Err(_) => Err(CallError::TooLarge),
-                        },
-                    },
-                };
-                self.stats.replies += 1;
-                let tag = free_slot(&mut self.slots, &mut self.free, &mut self.big_reads, i);
-                sink.done(tag, res);
-                true
+        let told = {
+            let mut data = None;
+            let decoded = P::decode(&slot.call, slot.read_count, &mut d, &mut data);
+            // A READ's data into the owner's buffers (dropped if it gives none); before the reply
+            // is taken apart, so that it is moved once, into the owner's `Ok`.
+            let placed = match (&decoded, data) {
+                (Ok(_), Some(data)) => match sink.read_buffer(slot.tag) {
+                    Some(mut w) => {
+                        let ok = w.write_all(data).is_ok();
+                        if ok {
+                            self.stats.read_copied_bytes += data.len() as u64;
+                        }
+                        ok
+                    }
+                    None => true,
+                },
+                _ => true,
+            };
+            match decoded {
+                Ok(reply) => {
+                    self.stats.replies += 1;
+                    let tag = free_slot(&mut self.slots, &mut self.free, &mut self.big_reads, i);
+                    if placed {
+                        sink.done(tag, Ok(reply));
+                    } else {
+                        sink.done(tag, Err(CallError::TooLarge));
+                    }
+                    true
+                }
+                Err(_) => false,
             }
-            Err(_) => false,
         };
         if told {
             Ok(())

@@ -44,10 +44,10 @@ impl<P: Program> Conn<P> {
             let fd = stream.as_raw_fd();
             let encoded = &self.calls[i * CALL_BUF..i * CALL_BUF + slot.len];
             let sent = if slot.payload == 0 {
-                sys::send(fd, &mut self.iov, &encoded[off..], &[], [&[], &[]])
+                sys::send(fd, &mut self.iov, &encoded[off..], &[], &[], &[])
             } else {
                 // The record: head, data, padding, tail (the encoded part after the data).
-                let (head, tail) = encoded.split_at(slot.payload_at);
+                let (head, tail) = encoded.split_at(usize::from(slot.payload_at).min(slot.len));
                 let data_off = off.saturating_sub(head.len());
                 let data_len = slot.payload as usize;
                 let reader = sink.payload(slot.tag).filter(|r| r.bytes_left() >= data_len);
@@ -79,7 +79,8 @@ impl<P: Program> Conn<P> {
                     &mut self.iov,
                     &head[off.min(head.len())..],
                     &[r],
-                    [&pad[pad_off.min(pad.len())..], &tail[tail_off.min(tail.len())..]],
+                    &pad[pad_off.min(pad.len())..],
+                    &tail[tail_off.min(tail.len())..],
                 )
             };
             match sent {

@@ -65,7 +65,8 @@ pub(super) struct Slot<C> {
     /// WRITE: data bytes sent at `payload_at` of the encoded part (then padding, then the rest
     /// of the encoded part).
     pub(super) payload: u32,
-    pub(super) payload_at: usize,
+    /// (Within `CALL_BUF`; a u16 keeps a slot in 64 bytes, which it is copied as.)
+    pub(super) payload_at: u16,
     /// READ whose data goes into the sink's buffers: the count asked (a reply with more data is
     /// garbage).
     pub(super) read_count: u32,
