@@ -400,7 +400,13 @@ impl InodeTable {
     /// one of `others` (out of the table, held by a handle or a child directory) gets a slot
     /// (its slot in `slots`, a recovery's, else a new one), its record and, if `give`, its
     /// descriptor held (else the keeper has it already).
-    pub fn keep_in(&self, keep: &Arc<ShareKeep>, slots: &HashMap<u64, u32>, others: &[Arc<Inode>], give: bool) {
+    pub fn keep_in(
+        &self,
+        keep: &Arc<ShareKeep>,
+        slots: &HashMap<u64, u32>,
+        others: &[Arc<Inode>],
+        give: bool,
+    ) {
         let mut inner = self.inner.write().unwrap_or_else(PoisonError::into_inner);
         let mut all: Vec<Arc<Inode>> = inner.by_id.values().map(|s| s.inode.clone()).collect();
         all.extend(others.iter().filter(|o| !inner.by_id.contains_key(&o.id)).cloned());
