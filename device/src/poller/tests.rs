@@ -726,3 +726,78 @@ fn no_reply_is_written_before_the_handler_made_ready_what_it_names() {
         pollers.stop();
     }
 }
+
+/// [`Handler`]'s engine, with a flush always due, slow (a reply written before it would be
+/// seen while it runs) and counted as it ends.
+struct DueHandler {
+    inner: Handler,
+    flushed: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl RequestHandler for DueHandler {
+    fn handle(
+        &self,
+        taken: Taken,
+        readable: &[VolatileSlice<'_>],
+        writable: &[VolatileSlice<'_>],
+    ) -> (u32, Tally) {
+        self.inner.handle(taken, readable, writable)
+    }
+
+    fn engine(&self, poller: usize) -> Option<Box<dyn Engine>> {
+        self.inner.engine(poller)
+    }
+
+    fn before_publish(&self) {
+        std::thread::sleep(Duration::from_millis(50));
+        self.flushed.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn publish_due(&self) -> bool {
+        true
+    }
+}
+
+/// The engine's completions wait for `before_publish` too: a pending request finished by the
+/// engine, and a waiting one answered, reach the used ring only after a flush, on each ring
+/// layout.
+#[test]
+fn engine_completions_are_written_only_after_the_handler_made_ready_what_they_name() {
+    for packed in [false, true] {
+        let mem = guest_memory(0x20000, None);
+        let profile = Profile { polling: Polling::Busy, ..Profile::default() };
+        let (release, grant) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let flushed = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let inner = Handler { release: release.clone(), grant: grant.clone() };
+        let handler = Arc::new(DueHandler { inner, flushed: flushed.clone() });
+        let msix = Arc::new(MsixShared::new(3));
+        let mut pollers = own_pollers(&profile, handler, msix);
+        pollers.set_memory(&mem);
+        let irq = tempfile::tempfile().unwrap();
+        pollers.set_irqs(&Arc::from(vec![None, Some(irq), None]));
+        let _unblock = Unblock(release.clone(), grant.clone());
+        let cfg = QueueConfig { index: 1, size: 8, desc: 0x1000, avail: 0x2000, used: 0x3000, vector: 1 };
+        let mut drv = if packed {
+            Driver::Packed(PackedDriver::new(&mem, cfg))
+        } else {
+            Driver::Split(SplitDriver::new(&mem, cfg))
+        };
+        for (id, k) in [(0u16, 1u8), (1, 2)] {
+            let (req, reply) = (REQ + 0x100 * u64::from(id), REPLY + 0x100 * u64::from(id));
+            mem.write_obj(k, GuestAddress(req)).unwrap();
+            drv.push(&[Buf::readable(req, 16), Buf::writable(reply, 64)], id);
+        }
+        let f = features::VERSION_1 | if packed { features::RING_PACKED } else { 0 };
+        pollers.start(&[cfg], f);
+        let layout = if packed { "packed" } else { "split" };
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(drv.next_used().is_none(), "{layout}: nothing finished yet");
+        for (what, gate) in [("the pending request", &release), ("the waiting request", &grant)] {
+            let before = flushed.load(Ordering::SeqCst);
+            gate.store(true, Ordering::Release);
+            let _ = wait_for(what, || drv.next_used());
+            assert!(flushed.load(Ordering::SeqCst) > before, "{layout}: {what} was written before a flush");
+        }
+        pollers.stop();
+    }
+}
