@@ -122,7 +122,7 @@ struct Args {
     crash: Option<usize>,
     /// Measure what keeping a shared directory for a crash costs its metadata operations
     /// instead of the phase list (issue 24): N CREATE+RELEASE pairs, N LOOKUPs of known nodes
-    /// and N LOOKUPs that make nodes, on the daemon binary with and without --live-update,
+    /// and N LOOKUPs that make nodes (one at a time, then 16 in flight), on the daemon binary with and without --live-update,
     /// alternating, --rounds times (--daemon and --json apply).
     #[arg(long, value_name = "N", conflicts_with_all = ["socket_path", "remote", "multi", "live_update", "crash"])]
     keep_cost: Option<usize>,
