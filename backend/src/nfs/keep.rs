@@ -24,7 +24,7 @@
 use std::fs::File;
 use std::os::fd::BorrowedFd;
 
-use super::wire::nfs3::Fh;
+use super::wire::Fh;
 use crate::nfs::conn::Cred;
 use crate::ramfs::sys::SharedWords;
 

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::keep::{KeptHandle, NfsKeep};
 use crate::filesystem::Error;
-use crate::nfs::wire::nfs3::Fh;
+use crate::nfs::wire::Fh;
 
 /// The root's node id (FUSE's `FUSE_ROOT_ID`).
 pub const ROOT: u64 = 1;

@@ -22,7 +22,7 @@ use super::nodes::{HandleTable, NodeState, NodeTable, NodeTableState, OpenFile};
 use super::setup::Mounted;
 use super::shared::{EngineCell, Limits};
 use super::unstable::{EntryState, UnstableState, UnstableStore};
-use super::wire::nfs3::Fh;
+use super::wire::Fh;
 
 /// The format version this firmware writes and reads.
 pub const NFS_STATE_VERSION: u32 = 1;

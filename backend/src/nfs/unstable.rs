@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::keep::{KeptVerf, NfsKeep};
 use crate::io::Reader;
 use crate::nfs::conn::Cred;
-use crate::nfs::wire::nfs3::Fh;
+use crate::nfs::wire::Fh;
 use crate::ramfs::sys::SharedBytes;
 
 /// Bytes per page of the store.

@@ -51,7 +51,7 @@ use self::send::{send, SendError};
 use self::slot::{Call, Slot};
 use super::conn::{CallError, Conn};
 use super::shared::{EngineCell, Shared};
-use super::wire::nfs3::Fh;
+use super::wire::Fh;
 use crate::filesystem::seam::{Completions, FsEngine, Readiness, Started, Token};
 use crate::filesystem::{self, Error, Reply};
 use crate::io::{Reader, Writer};

@@ -8,7 +8,8 @@ use crate::filesystem::{self, Entry, Opened, Reply};
 use crate::nfs::convert::stat;
 use crate::nfs::nodes::OpenFile;
 use crate::nfs::shared::Shared;
-use crate::nfs::wire::nfs3::{Fattr, Fh};
+use crate::nfs::wire::nfs3::Fattr;
+use crate::nfs::wire::Fh;
 
 /// The entry of `fh`, whose attributes are `attr`: a node id the kernel now holds one more
 /// reference to.

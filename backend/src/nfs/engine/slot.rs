@@ -12,7 +12,8 @@ use crate::filesystem::{self, Error, Reply};
 use crate::nfs::conn::Cred;
 use crate::nfs::convert::{cred, open_mask};
 use crate::nfs::unstable::EntryId;
-use crate::nfs::wire::nfs3::{Args, CreateHow, Fh, Ftype, Sattr, Stable};
+use crate::nfs::wire::nfs3::{Args, CreateHow, Ftype, Sattr, Stable};
+use crate::nfs::wire::Fh;
 use crate::request::Request;
 
 /// Longest name component NFSv3 servers take (and Linux sends).

@@ -3,16 +3,22 @@
 //! RFC 8276's extended attributes), [`mount`] (MOUNT v3, RFC 1813 appendix I) and [`portmap`]
 //! (portmapper v2, RFC 1833).
 //!
+//! [`Fh`] is the file handle of both NFS versions (up to NFSv4's 128 bytes; the NFSv3 codec
+//! refuses more than 64 on the wire).
+//!
 //! Every encoder writes into a caller's preallocated buffer and fails with
 //! [`WireError::Overflow`] rather than growing it; every decoder reads a `&[u8]` a server sent
 //! and fails with a typed [`WireError`], never panicking, whatever the bytes.
 
+mod fh;
 pub mod mount;
 pub mod nfs3;
 pub mod nfs4;
 pub mod portmap;
 pub mod rpc;
 pub mod xdr;
+
+pub use fh::{Fh, FHSIZE, FHSIZE3};
 
 /// Why bytes could not be encoded or decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -141,7 +141,7 @@ impl Args<'_> {
 }
 
 fn diropargs(e: &mut Encoder<'_>, dir: &Fh, name: &[u8]) -> Result<(), WireError> {
-    dir.encode(e)?;
+    dir.encode3(e)?;
     e.opaque(name, MAX_NAME)
 }
 
@@ -151,10 +151,10 @@ pub fn encode_args(e: &mut Encoder<'_>, args: &Args<'_>) -> Result<(), WireError
     match *args {
         Args::Null => Ok(()),
         Args::Getattr { fh } | Args::Readlink { fh } | Args::Fsstat { fh } | Args::Fsinfo { fh } => {
-            fh.encode(e)
+            fh.encode3(e)
         }
         Args::Setattr { fh, attr, guard_ctime } => {
-            fh.encode(e)?;
+            fh.encode3(e)?;
             attr.encode(e)?;
             e.bool(guard_ctime.is_some())?;
             match guard_ctime {
@@ -166,16 +166,16 @@ pub fn encode_args(e: &mut Encoder<'_>, args: &Args<'_>) -> Result<(), WireError
             diropargs(e, dir, name)
         }
         Args::Access { fh, mask } => {
-            fh.encode(e)?;
+            fh.encode3(e)?;
             e.u32(mask)
         }
         Args::Read { fh, offset, count } | Args::Commit { fh, offset, count } => {
-            fh.encode(e)?;
+            fh.encode3(e)?;
             e.u64(offset)?;
             e.u32(count)
         }
         Args::Write { fh, offset, count, stable } => {
-            fh.encode(e)?;
+            fh.encode3(e)?;
             e.u64(offset)?;
             e.u32(count)?;
             e.u32(stable.to_u32())?;
@@ -225,7 +225,7 @@ pub fn encode_args(e: &mut Encoder<'_>, args: &Args<'_>) -> Result<(), WireError
             diropargs(e, to_dir, to_name)
         }
         Args::Link { fh, dir, name } => {
-            fh.encode(e)?;
+            fh.encode3(e)?;
             diropargs(e, dir, name)
         }
         Args::Readdir { dir, cookie, verf, count } => {

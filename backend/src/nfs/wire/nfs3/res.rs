@@ -228,7 +228,7 @@ fn decode_body<'a>(proc: Proc, d: &mut Decoder<'a>) -> Result<Res<'a>, WireError
         }
         Proc::Lookup => {
             if ok {
-                let fh = Fh::decode(d)?;
+                let fh = Fh::decode3(d)?;
                 let attr = decode_post_op_attr(d)?;
                 let dir_attr = decode_post_op_attr(d)?;
                 Ok(Res::Lookup { fh, attr, dir_attr })

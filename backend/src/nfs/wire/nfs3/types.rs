@@ -10,8 +10,7 @@ use crate::nfs::wire::WireError;
 pub const PROGRAM: u32 = 100_003;
 /// The NFS version spoken here.
 pub const VERSION: u32 = 3;
-/// Largest file handle (NFS3_FHSIZE).
-pub const FHSIZE3: usize = 64;
+pub use crate::nfs::wire::{Fh, FHSIZE3};
 /// Longest name accepted in a reply (READDIR): Linux's NAME_MAX is 255, the FUSE limit 1024.
 pub const MAX_NAME: u32 = 1024;
 /// Longest path (symlink target) accepted in a reply or sent.
@@ -33,63 +32,6 @@ pub mod access {
     pub const DELETE: u32 = 0x10;
     /// Execute a file.
     pub const EXECUTE: u32 = 0x20;
-}
-
-/// An NFSv3 file handle: up to 64 opaque bytes, compared by value.
-#[derive(Clone, Copy)]
-pub struct Fh {
-    len: u8,
-    bytes: [u8; FHSIZE3],
-}
-
-impl Fh {
-    /// A handle with these bytes, or `None` when there are more than [`FHSIZE3`].
-    pub fn new(bytes: &[u8]) -> Option<Fh> {
-        if bytes.len() > FHSIZE3 {
-            return None;
-        }
-        let mut b = [0u8; FHSIZE3];
-        b[..bytes.len()].copy_from_slice(bytes);
-        Some(Fh { len: bytes.len() as u8, bytes: b })
-    }
-
-    /// The handle's bytes.
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..self.len as usize]
-    }
-
-    pub(super) fn decode(d: &mut Decoder<'_>) -> Result<Fh, WireError> {
-        let b = d.opaque(FHSIZE3 as u32, "nfs_fh3")?;
-        Ok(Fh::new(b).unwrap_or(Fh { len: 0, bytes: [0; FHSIZE3] }))
-    }
-
-    pub(super) fn encode(&self, e: &mut Encoder<'_>) -> Result<(), WireError> {
-        e.opaque(self.as_bytes(), FHSIZE3 as u32)
-    }
-}
-
-impl PartialEq for Fh {
-    fn eq(&self, other: &Fh) -> bool {
-        self.as_bytes() == other.as_bytes()
-    }
-}
-
-impl Eq for Fh {}
-
-impl std::hash::Hash for Fh {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.as_bytes().hash(state);
-    }
-}
-
-impl std::fmt::Debug for Fh {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Fh(")?;
-        for b in self.as_bytes() {
-            write!(f, "{b:02x}")?;
-        }
-        write!(f, ")")
-    }
 }
 
 /// `nfstime3`.
@@ -248,7 +190,7 @@ pub(super) fn decode_wcc(d: &mut Decoder<'_>) -> Result<Option<Fattr>, WireError
 
 pub(super) fn decode_post_op_fh(d: &mut Decoder<'_>) -> Result<Option<Fh>, WireError> {
     if d.bool()? {
-        Ok(Some(Fh::decode(d)?))
+        Ok(Some(Fh::decode3(d)?))
     } else {
         Ok(None)
     }

@@ -16,8 +16,9 @@ pub const MINOR_VERSION: u32 = 1;
 /// The minor version RFC 8276's xattr operations need: they extend NFSv4.2, and a server
 /// answers them with OP_ILLEGAL in a minor version 1 COMPOUND.
 pub const MINOR_VERSION_XATTR: u32 = 2;
+pub use crate::nfs::wire::Fh;
 /// Largest file handle (NFS4_FHSIZE).
-pub const FHSIZE4: usize = 128;
+pub const FHSIZE4: usize = crate::nfs::wire::FHSIZE;
 /// NFS4_OPAQUE_LIMIT: the bound of client and server owners, state owners and scopes.
 pub const OPAQUE_LIMIT: u32 = 1024;
 /// Bytes of a session id.
@@ -222,65 +223,6 @@ pub mod attr {
     pub const MOUNTED_ON_FILEID: u32 = 55;
     /// Whether the filesystem has extended attributes (RFC 8276).
     pub const XATTR_SUPPORT: u32 = 82;
-}
-
-/// An NFSv4 file handle: up to 128 opaque bytes, inline, compared by value.
-#[derive(Clone, Copy)]
-pub struct Fh {
-    len: u8,
-    bytes: [u8; FHSIZE4],
-}
-
-impl Fh {
-    /// A handle with these bytes, or `None` when there are more than [`FHSIZE4`].
-    pub fn new(bytes: &[u8]) -> Option<Fh> {
-        if bytes.len() > FHSIZE4 {
-            return None;
-        }
-        let mut b = [0u8; FHSIZE4];
-        b[..bytes.len()].copy_from_slice(bytes);
-        Some(Fh { len: bytes.len() as u8, bytes: b })
-    }
-
-    /// The handle's bytes.
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.bytes[..usize::from(self.len)]
-    }
-
-    /// Decodes an `nfs_fh4`.
-    pub fn decode(d: &mut Decoder<'_>) -> Result<Fh, WireError> {
-        let b = d.opaque(FHSIZE4 as u32, "nfs_fh4")?;
-        Fh::new(b).ok_or(WireError::TooLong { what: "nfs_fh4", len: b.len() as u32, max: FHSIZE4 as u32 })
-    }
-
-    /// Encodes an `nfs_fh4`.
-    pub fn encode(&self, e: &mut Encoder<'_>) -> Result<(), WireError> {
-        e.opaque(self.as_bytes(), FHSIZE4 as u32)
-    }
-}
-
-impl PartialEq for Fh {
-    fn eq(&self, other: &Fh) -> bool {
-        self.as_bytes() == other.as_bytes()
-    }
-}
-
-impl Eq for Fh {}
-
-impl std::hash::Hash for Fh {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.as_bytes().hash(state);
-    }
-}
-
-impl std::fmt::Debug for Fh {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Fh(")?;
-        for b in self.as_bytes() {
-            write!(f, "{b:02x}")?;
-        }
-        write!(f, ")")
-    }
 }
 
 /// `stateid4`: a sequence id and 12 opaque bytes naming an open, a lock or a delegation.
@@ -764,7 +706,7 @@ impl Fattr4 {
                 }
                 attr::LEASE_TIME => e.u32(a.lease_time.unwrap_or_default())?,
                 attr::RDATTR_ERROR => e.u32(a.rdattr_error.map_or(0, super::Nfsstat4::to_u32))?,
-                attr::FILEHANDLE => a.filehandle.unwrap_or(Fh { len: 0, bytes: [0; FHSIZE4] }).encode(e)?,
+                attr::FILEHANDLE => a.filehandle.unwrap_or(Fh::EMPTY).encode(e)?,
                 attr::FILEID => e.u64(a.fileid.unwrap_or_default())?,
                 attr::FILES_AVAIL => e.u64(a.files_avail.unwrap_or_default())?,
                 attr::FILES_FREE => e.u64(a.files_free.unwrap_or_default())?,
