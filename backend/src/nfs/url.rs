@@ -1,9 +1,11 @@
-//! `nfs://HOST[:PORT]/EXPORT[?nfsport=N&mountport=M]`, libnfs' URL form.
+//! `nfs://HOST[:PORT]/EXPORT[?nfsport=N&mountport=M&version=V]`, libnfs' URL form.
 //!
 //! `HOST` is a name, an IPv4 address or a bracketed IPv6 address; `PORT` is the portmapper's
 //! (default 111); `EXPORT` is the export's path, from its leading `/`. `nfsport` and
-//! `mountport` skip the portmapper for that program; `version=3` is accepted (it is the only
-//! version spoken). Anything else is an error that names what is wrong.
+//! `mountport` skip the portmapper for that program. `version` is `3` (the default) or `4.1`
+//! (spelled so: NFSv4.0 and 4.2 are not spoken). NFSv4.1 uses neither the portmapper nor MOUNT:
+//! the NFS port is `nfsport`, else 2049, `mountport` is an error, and `EXPORT` is the export's
+//! path in the server's pseudo filesystem. Anything else is an error that names what is wrong.
 
 use std::str::FromStr;
 
@@ -20,6 +22,25 @@ pub struct NfsUrl {
     pub nfsport: Option<u16>,
     /// The MOUNT program's port (no portmapper lookup for it).
     pub mountport: Option<u16>,
+    /// The protocol version.
+    pub version: NfsVersion,
+}
+
+/// The NFS version a URL asks for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NfsVersion {
+    /// NFSv3 (RFC 1813) with MOUNT v3: the default.
+    #[default]
+    V3,
+    /// NFSv4.1 (RFC 8881): sessions, no MOUNT.
+    V41,
+}
+
+impl NfsUrl {
+    /// NFSv4.1's server port: `nfsport`, else 2049.
+    pub fn nfs4_port(&self) -> u16 {
+        self.nfsport.unwrap_or(2049)
+    }
 }
 
 /// What is wrong with an `nfs://` URL.
@@ -46,11 +67,14 @@ pub enum UrlError {
     #[error("no export path after the host")]
     NoExport,
     /// A query key this client does not know.
-    #[error("unknown URL parameter {0:?} (known: nfsport, mountport, version=3)")]
+    #[error("unknown URL parameter {0:?} (known: nfsport, mountport, version)")]
     UnknownParam(String),
-    /// `version=` other than 3.
-    #[error("NFS version {0:?} is not supported (only 3)")]
+    /// `version=` other than 3 or 4.1.
+    #[error("NFS version {0:?} is not supported (3 or 4.1)")]
     Version(String),
+    /// `mountport` with `version=4.1`, which has no MOUNT protocol.
+    #[error("mountport with version=4.1: NFSv4.1 has no MOUNT protocol (nfsport names its port)")]
+    MountPortV41,
 }
 
 fn parse_port(what: &'static str, value: &str) -> Result<u16, UrlError> {
@@ -87,17 +111,31 @@ impl FromStr for NfsUrl {
             return Err(UrlError::NoHost);
         }
         let port = port_str.map(|p| parse_port("port", p)).transpose()?;
-        let mut url =
-            NfsUrl { host: host.to_owned(), port, export: export.to_owned(), nfsport: None, mountport: None };
+        let mut url = NfsUrl {
+            host: host.to_owned(),
+            port,
+            export: export.to_owned(),
+            nfsport: None,
+            mountport: None,
+            version: NfsVersion::V3,
+        };
         for kv in query.unwrap_or("").split('&').filter(|kv| !kv.is_empty()) {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
             match k {
                 "nfsport" => url.nfsport = Some(parse_port("nfsport", v)?),
                 "mountport" => url.mountport = Some(parse_port("mountport", v)?),
-                "version" if v == "3" => {}
-                "version" => return Err(UrlError::Version(v.to_owned())),
+                "version" => {
+                    url.version = match v {
+                        "3" => NfsVersion::V3,
+                        "4.1" => NfsVersion::V41,
+                        _ => return Err(UrlError::Version(v.to_owned())),
+                    }
+                }
                 _ => return Err(UrlError::UnknownParam(k.to_owned())),
             }
+        }
+        if url.version == NfsVersion::V41 && url.mountport.is_some() {
+            return Err(UrlError::MountPortV41);
         }
         Ok(url)
     }
@@ -121,6 +159,9 @@ impl std::fmt::Display for NfsUrl {
                 sep = '&';
             }
         }
+        if self.version == NfsVersion::V41 {
+            write!(f, "{sep}version=4.1")?;
+        }
         Ok(())
     }
 }
@@ -139,7 +180,8 @@ mod tests {
                 port: None,
                 export: "/tmp/g/exp".into(),
                 nfsport: Some(20490),
-                mountport: Some(20491)
+                mountport: Some(20491),
+                version: NfsVersion::V3,
             }
         );
         assert_eq!(u.to_string(), "nfs://127.0.0.1/tmp/g/exp?nfsport=20490&mountport=20491");
@@ -150,6 +192,21 @@ mod tests {
         assert_eq!(u.to_string(), "nfs://[::1]:112/e");
         let u: NfsUrl = "nfs://[fe80::1]/x".parse().unwrap();
         assert_eq!((u.host.as_str(), u.port), ("fe80::1", None));
+        assert_eq!(u.version, NfsVersion::V3, "NFSv3 unless asked");
+    }
+
+    #[test]
+    fn version_4_1_needs_no_mount_and_defaults_to_port_2049() {
+        let u: NfsUrl = "nfs://server/srv/export?version=4.1".parse().unwrap();
+        assert_eq!((u.version, u.nfsport, u.mountport), (NfsVersion::V41, None, None));
+        assert_eq!(u.nfs4_port(), 2049);
+        assert_eq!(u.to_string(), "nfs://server/srv/export?version=4.1");
+        let u: NfsUrl = "nfs://127.0.0.1/tmp/e?version=4.1&nfsport=20490".parse().unwrap();
+        assert_eq!(u.nfs4_port(), 20490);
+        assert_eq!(u.to_string(), "nfs://127.0.0.1/tmp/e?nfsport=20490&version=4.1");
+        assert_eq!(u.to_string().parse::<NfsUrl>().unwrap(), u, "the URL round-trips");
+        let u: NfsUrl = "nfs://h/x?version=3".parse().unwrap();
+        assert_eq!(u.version, NfsVersion::V3);
     }
 
     #[test]
@@ -165,6 +222,12 @@ mod tests {
         assert_eq!(e("nfs://h/x?nfsport=a"), UrlError::BadPort { what: "nfsport", value: "a".into() });
         assert_eq!(e("nfs://h/x?uid=0"), UrlError::UnknownParam("uid".into()));
         assert_eq!(e("nfs://h/x?version=4"), UrlError::Version("4".into()));
+        for v in ["4.0", "4.2", "41", "4.1.0", ""] {
+            assert_eq!(e(&format!("nfs://h/x?version={v}")), UrlError::Version(v.into()));
+        }
+        assert!(e("nfs://h/x?version=4.2").to_string().contains("3 or 4.1"));
+        assert_eq!(e("nfs://h/x?version=4.1&mountport=20048"), UrlError::MountPortV41);
+        assert_eq!(e("nfs://h/x?mountport=20048&version=4.1"), UrlError::MountPortV41);
         assert!(e("nfs://h/x?uid=0").to_string().contains("uid"));
     }
 }

@@ -596,6 +596,7 @@ fn startup(data: &[u8]) {
         export: "/export".into(),
         nfsport: if ask_portmapper { None } else { Some(2049) },
         mountport: Some(srv.addr.port()),
+        version: Default::default(),
     };
     let _ = setup::mount(&url, Duration::from_secs(2));
     if let Ok(mut q) = srv.queue.lock() {
