@@ -31,7 +31,7 @@ use nfs_fake_server::nfs4::{
 use nfs_fake_server::{Act, FakeServer};
 use virtiofs_backend::io::{Reader, Writer};
 use virtiofs_backend::nfs::conn::{CallError, CompoundReply, Conn, ConnConfig, Cred, Nfs41, ReadDone};
-use virtiofs_backend::nfs::session::{client_owner, Session, SessionConfig, SessionSink, State};
+use virtiofs_backend::nfs::session::{client_owner, ClientShare, Session, SessionConfig, SessionSink, State};
 use virtiofs_backend::nfs::wire::nfs4::{
     attr, Bitmap, ChannelAttrs, CreateKind, Fattr4, Fh, Nfsstat4, Op, OpNum, OpRes, SessionId, SetAttrs,
     Stable4, Stateid,
@@ -178,14 +178,18 @@ struct Client {
 
 impl Client {
     fn new(addr: std::net::SocketAddr, owner: &[u8], slots: u16, timeout: Duration) -> Client {
-        let cfg = SessionConfig {
-            owner: owner.to_vec(),
-            verifier: (std::process::id() as u64 ^ 0x5e55_1000).to_be_bytes(),
-            slots,
-            max_io: 1 << 20,
-            timeout,
-            cred: Cred::ROOT,
-        };
+        let verifier = (std::process::id() as u64 ^ 0x5e55_1000).to_be_bytes();
+        Self::sharing(addr, Arc::new(ClientShare::new(owner.to_vec(), verifier)), slots, timeout)
+    }
+
+    /// A session of the client `client` (other sessions may share it).
+    fn sharing(
+        addr: std::net::SocketAddr,
+        client: Arc<ClientShare>,
+        slots: u16,
+        timeout: Duration,
+    ) -> Client {
+        let cfg = SessionConfig { client, slots, max_io: 1 << 20, timeout, cred: Cred::ROOT };
         let conn = Conn::new(ConnConfig {
             addr,
             slots: cfg.conn_slots(),
@@ -402,6 +406,72 @@ fn ganesha_restarted_under_a_call_the_session_is_made_again_and_the_call_complet
     let t = c.call(3, Req::Attr(export));
     assert_eq!(t.ops, [OpNum::Putfh, OpNum::Getattr]);
     c.close();
+}
+
+/// Polls every client until `done` holds for all, for at most `limit`.
+fn all_until(cs: &mut [Client], limit: Duration, what: &str, done: impl Fn(&Client) -> bool) {
+    let t0 = Instant::now();
+    while !cs.iter().all(&done) {
+        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
+        for c in cs.iter_mut() {
+            c.poll();
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+#[test]
+fn a_pollers_sessions_share_one_client_id_through_a_restart_and_the_last_destroys_it() {
+    let mut g = ganesha::Ganesha::start();
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], g.nfs_port()));
+    let owner = client_owner(b"test host", &g.export().to_string_lossy(), "fs-shared");
+    let share = Arc::new(ClientShare::new(owner, *b"sharing!"));
+    let mut cs: Vec<Client> =
+        (0..4).map(|_| Client::sharing(addr, share.clone(), 8, Duration::from_secs(30))).collect();
+    // Established at once, as pollers starting together would.
+    all_until(&mut cs, Duration::from_secs(10), "establishment", |c| c.s.state() == State::Ready);
+    let ps: Vec<_> = cs.iter().map(|c| c.s.params().unwrap()).collect();
+    eprintln!("sessions: {:?}", ps.iter().map(|p| (p.clientid, p.sessionid)).collect::<Vec<_>>());
+    assert!(ps.iter().all(|p| p.clientid == ps[0].clientid), "one client id");
+    for (i, p) in ps.iter().enumerate() {
+        assert!(ps[..i].iter().all(|q| q.sessionid != p.sessionid), "a session each");
+    }
+    let st = share.stats();
+    assert_eq!((st.exchange_ids, st.sessions_created, st.sessions), (1, 4, 4));
+    let reclaims: u64 = cs.iter().map(|c| c.s.stats().reclaim_completes).sum();
+    assert_eq!(reclaims, 1, "RECLAIM_COMPLETE once for the client id");
+
+    // A restart: each session finds it (BADSESSION, STALE_CLIENTID), one new client id.
+    let export = cs[0].call(1, Req::Walk(components(&g.export()))).fh.unwrap();
+    g.kill();
+    g.start_again();
+    for (i, c) in cs.iter_mut().enumerate() {
+        c.start(10 + i as u32, Req::Mkdir(export, format!("after-{i}").into_bytes()));
+    }
+    all_until(&mut cs, Duration::from_secs(30), "the calls after the restart", |c| {
+        c.o.done.keys().any(|t| (10..14).contains(t))
+    });
+    for (i, c) in cs.iter().enumerate() {
+        assert_eq!(c.told(10 + i as u32).ops, [OpNum::Putfh, OpNum::Create, OpNum::Getfh]);
+    }
+    let ps2: Vec<_> = cs.iter().map(|c| c.s.params().unwrap()).collect();
+    let ids: Vec<_> = ps2.iter().map(|p| (p.clientid, p.sessionid)).collect();
+    let st = share.stats();
+    // (Ganesha makes its ids from its start time in seconds: a restart within the same second
+    // gives the same numbers again.)
+    assert!(ps2.iter().all(|p| p.clientid == ps2[0].clientid), "{ids:?} {st:?}");
+    let st = share.stats();
+    assert_eq!((st.exchange_ids, st.sessions_created), (2, 8), "{st:?}");
+
+    // Three sessions end: the client id stays for the fourth.
+    let mut last = cs.pop().unwrap();
+    for c in cs.iter_mut() {
+        c.close();
+    }
+    assert_eq!(last.call(20, Req::Attr(export)).ops, [OpNum::Putfh, OpNum::Getattr]);
+    assert_eq!(share.stats().exchange_ids, 2, "the client id was not destroyed under the last session");
+    last.close();
+    assert_eq!(share.stats().sessions, 0);
 }
 
 #[test]

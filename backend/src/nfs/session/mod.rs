@@ -24,18 +24,25 @@
 //! server: only its reply cache may answer it). A call that waits ends with
 //! [`CallError::TimedOut`] once the session's time-out has passed since the owner called.
 //!
-//! `slots` has the slot table, `owner` the client owner id, `own` the session's own calls
+//! The sessions of one device function (one per poller) are one client to the server: they
+//! share a [`ClientShare`], through which one EXCHANGE_ID serves them all and their
+//! CREATE_SESSIONs go one at a time in the client id's sequence (`client`).
+//!
+//! `slots` has the slot table, `owner` the client owner id, `client` the share, `own` the session's own calls
 //! (establishment, renewal, destruction) and `reply` the handling of every SEQUENCE result and
 //! of the owner's replies.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use self::client::Client;
 use self::slots::Slots;
 use super::conn::{CallError, Compound, CompoundReply, Conn, Cred, Nfs41, Sink};
-use super::wire::nfs4::{ChannelAttrs, ClientId, Op, OpNum, SessionId, Verifier, MINOR_VERSION};
+use super::wire::nfs4::{ChannelAttrs, ClientId, Op, OpNum, SessionId, MINOR_VERSION};
 use crate::io::{Reader, Writer};
 
+mod client;
 mod own;
 mod owner;
 mod reply;
@@ -43,6 +50,7 @@ mod slots;
 #[cfg(test)]
 mod tests;
 
+pub use self::client::{ClientShare, ShareStats};
 pub use self::owner::{client_owner, host_identity};
 
 /// What a session drives: a connection carrying NFSv4.1 ([`Conn<Nfs41>`]), or a test's script.
@@ -105,12 +113,11 @@ pub trait SessionSink {
 /// A session's settings.
 #[derive(Clone, Debug)]
 pub struct SessionConfig {
-    /// EXCHANGE_ID's `co_ownerid` ([`client_owner`]).
-    pub owner: Vec<u8>,
-    /// EXCHANGE_ID's `co_verifier`: this incarnation of the client. A new one makes the server
-    /// drop what an earlier incarnation of the same owner held; the same one (a process that
-    /// took over the state) keeps it.
-    pub verifier: Verifier,
+    /// The client the session is one of: EXCHANGE_ID's `co_ownerid` ([`client_owner`]) and
+    /// `co_verifier` (this incarnation of the client: a new one makes the server drop what an
+    /// earlier incarnation of the same owner held; the same one, a process that took over the
+    /// state, keeps it), and the client id every session of the share uses.
+    pub client: Arc<ClientShare>,
     /// Calls in flight at most: the fore channel slots asked. The connection needs one slot
     /// more ([`SessionConfig::conn_slots`]) for the session's own call.
     pub slots: u16,
@@ -268,6 +275,9 @@ struct Own {
 
 /// The connection tag of the session's own call (the owner's are record numbers).
 const OWN_TAG: u32 = u32::MAX;
+/// How long a session waits before it looks again when another session of its client share has
+/// the establishment turn.
+const SHARE_WAIT: Duration = Duration::from_millis(2);
 /// How long a call answered DELAY waits before it goes again.
 const DELAY: Duration = Duration::from_millis(50);
 /// Back-off of a failed establishment call: from this, doubling up to [`MAX_BACKOFF`].
@@ -307,11 +317,14 @@ pub struct Session {
     /// The next establishment call may go at this time (a failure's back-off).
     next_at: Instant,
     backoff: Duration,
-    clientid: ClientId,
-    /// CREATE_SESSION's `csa_sequence`: the next one to send (a retry sends the same).
-    cs_sequence: u32,
-    /// RECLAIM_COMPLETE was answered for this client id.
-    reclaimed: bool,
+    /// This session's number in its client share.
+    me: u64,
+    /// The client id it uses (or last used).
+    client: Client,
+    /// Whether this session still counts in its share (until it closes or is dropped).
+    joined: bool,
+    /// The share said this was its last session: DESTROY_CLIENTID after DESTROY_SESSION.
+    destroy_client: bool,
     sessionid: SessionId,
     /// Sessions made so far: a call carries the number of the one it went on.
     generation: u32,
@@ -332,6 +345,12 @@ pub struct Session {
     /// Closing: DESTROY_SESSION answered (or there was no session).
     destroyed_session: bool,
     stats: SessionStats,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.leave();
+    }
 }
 
 /// The sink the connection is given: the owner's, with the session in between.
@@ -392,9 +411,10 @@ impl Session {
             state: State::NoClient,
             next_at: now,
             backoff: MIN_BACKOFF,
-            clientid: 0,
-            cs_sequence: 0,
-            reclaimed: false,
+            me: cfg.client.join(),
+            client: Client::default(),
+            joined: true,
+            destroy_client: false,
             sessionid: SessionId::default(),
             generation: 0,
             fore: zero,
@@ -426,7 +446,7 @@ impl Session {
     /// What the server granted, once a session exists.
     pub fn params(&self) -> Option<SessionParams> {
         matches!(self.state, State::Starting | State::Ready).then_some(SessionParams {
-            clientid: self.clientid,
+            clientid: self.client.clientid,
             sessionid: self.sessionid,
             fore: self.fore,
             lease: self.lease,
@@ -541,6 +561,8 @@ impl Session {
         }
         let had_session = matches!(self.state, State::Starting | State::Ready);
         let had_client = self.state != State::NoClient;
+        self.leave();
+        self.destroy_client &= had_client;
         self.state = State::Closing;
         self.destroyed_session = !had_session;
         if !had_client {
@@ -554,6 +576,14 @@ impl Session {
         }
         self.retry.clear();
         self.waiting.clear();
+    }
+
+    /// Leaves the client share (once), learning whether this was its last session.
+    fn leave(&mut self) {
+        if self.joined {
+            self.joined = false;
+            self.destroy_client = self.cfg.client.leave(self.me);
+        }
     }
 
     /// Takes a slot for record `i` (its pinned one if the session is the same) and returns the

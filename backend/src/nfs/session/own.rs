@@ -15,10 +15,11 @@
 
 use std::time::Instant;
 
+use super::client::{Created, Turn};
 use super::reply::Verdict;
 use super::{
     Own, OwnKind, RecState, Session, SessionSink, State, Transport, Wrap, DELAY, MAX_BACKOFF, MIN_BACKOFF,
-    OWN_TAG,
+    OWN_TAG, SHARE_WAIT,
 };
 use crate::nfs::conn::{CallError, Compound, CompoundReply};
 use crate::nfs::wire::nfs4::{
@@ -64,6 +65,37 @@ impl Session {
         if now < self.next_at {
             return;
         }
+        let share = self.cfg.client.clone();
+        let mut cs_sequence = 0;
+        if self.state == State::NoClient {
+            match share.client(self.me) {
+                Turn::Go(Some(c)) => {
+                    // Another session of the share has the client id: no EXCHANGE_ID.
+                    self.client = c;
+                    self.state = State::NoSession;
+                }
+                Turn::Go(None) => {}
+                Turn::Wait => {
+                    self.next_at = now + SHARE_WAIT;
+                    return;
+                }
+            }
+        }
+        if self.state == State::NoSession {
+            match share.create(self.me, self.client) {
+                Turn::Go(Some(seq)) => cs_sequence = seq,
+                Turn::Go(None) => {
+                    // The client id went meanwhile: get the current one first.
+                    self.state = State::NoClient;
+                    self.next_at = now;
+                    return self.send_own(now, t, sink);
+                }
+                Turn::Wait => {
+                    self.next_at = now + SHARE_WAIT;
+                    return;
+                }
+            }
+        }
         let kind = match self.state {
             State::NoClient => OwnKind::ExchangeId,
             State::NoSession => OwnKind::CreateSession,
@@ -76,14 +108,21 @@ impl Session {
                 }
                 OwnKind::DestroySession
             }
+            State::Closing if !self.destroy_client => {
+                // Other sessions of the share still use the client id.
+                self.state = State::Closed;
+                return;
+            }
             State::Closing => OwnKind::DestroyClientid,
             _ => return,
         };
-        let (slot, seqid) = if matches!(kind, OwnKind::Start | OwnKind::Renew) {
-            let Some(s) = self.slots.take() else { return };
-            s
-        } else {
-            (0, 0)
+        let (slot, seqid) = match kind {
+            OwnKind::Start | OwnKind::Renew => {
+                let Some(s) = self.slots.take() else { return };
+                s
+            }
+            OwnKind::CreateSession => (0, cs_sequence),
+            _ => (0, 0),
         };
         let seq = Op::Sequence {
             session: self.sessionid,
@@ -95,14 +134,14 @@ impl Session {
         let fore = self.fore_asked();
         let one = [match kind {
             OwnKind::ExchangeId => Op::ExchangeId(ExchangeId {
-                verifier: self.cfg.verifier,
-                owner_id: &self.cfg.owner,
+                verifier: share.verifier(),
+                owner_id: share.owner(),
                 flags: 0,
                 impl_id: Some(IMPL),
             }),
             OwnKind::CreateSession => Op::CreateSession(CreateSession {
-                clientid: self.clientid,
-                sequence: self.cs_sequence,
+                clientid: self.client.clientid,
+                sequence: cs_sequence,
                 flags: 0,
                 fore,
                 back: BACK,
@@ -110,13 +149,13 @@ impl Session {
                 sec: CbSec::None,
             }),
             OwnKind::DestroySession => Op::DestroySession { session: self.sessionid },
-            OwnKind::DestroyClientid => Op::DestroyClientid { clientid: self.clientid },
+            OwnKind::DestroyClientid => Op::DestroyClientid { clientid: self.client.clientid },
             OwnKind::Start | OwnKind::Renew => Op::Putrootfh,
         }];
         let start = [Op::Putrootfh, Op::Getattr { attrs: LEASE }, Op::ReclaimComplete { one_fs: false }];
         let c = match kind {
             OwnKind::Start => {
-                let n = if self.reclaimed { 2 } else { 3 };
+                let n = if share.reclaim_due(self.client) { 3 } else { 2 };
                 Compound { tag: b"", minorversion: MINOR_VERSION, first: Some(seq), ops: &start[..n] }
             }
             OwnKind::Renew => Compound { tag: b"", minorversion: MINOR_VERSION, first: Some(seq), ops: &[] },
@@ -131,8 +170,11 @@ impl Session {
                 t.send_queued(&mut Wrap { s: self, owner: sink, now });
             }
             Err(e) => {
-                if matches!(kind, OwnKind::Start | OwnKind::Renew) {
-                    self.slots.release(slot);
+                match kind {
+                    OwnKind::Start | OwnKind::Renew => self.slots.release(slot),
+                    OwnKind::ExchangeId => share.exchange_failed(self.me),
+                    OwnKind::CreateSession => share.created(self.me, self.client, Created::Failed),
+                    _ => {}
                 }
                 if e != CallError::Full {
                     self.failed(now, Nfsstat4::ServerFault);
@@ -171,6 +213,15 @@ impl Session {
                         _ => self.slots.unanswered(own.slot, own.seqid),
                     }
                 }
+                match own.kind {
+                    OwnKind::ExchangeId => self.cfg.client.exchange_failed(self.me),
+                    // It may have been done: the same sequence goes again (the server's
+                    // CREATE_SESSION reply cache answers), by this session only.
+                    OwnKind::CreateSession => {
+                        self.cfg.client.created(self.me, self.client, Created::Unanswered)
+                    }
+                    _ => {}
+                }
                 self.own_failed(now, own.kind, Nfsstat4::Delay);
                 return;
             }
@@ -205,28 +256,28 @@ impl Session {
         match own.kind {
             OwnKind::ExchangeId => match results.next() {
                 Some(Ok(OpRes::ExchangeId(x))) => {
-                    if x.clientid != self.clientid || x.flags & exchgid::CONFIRMED_R == 0 {
-                        // A client id the server just made: its state is to be reclaimed, then
-                        // RECLAIM_COMPLETE.
-                        self.reclaimed = false;
-                    }
-                    self.clientid = x.clientid;
-                    self.cs_sequence = x.sequenceid;
+                    // A client id the server just made is to be reclaimed on, then
+                    // RECLAIM_COMPLETE (the share knows).
+                    let confirmed = x.flags & exchgid::CONFIRMED_R != 0;
+                    self.client = self.cfg.client.exchanged(self.me, x.clientid, x.sequenceid, confirmed);
                     self.stats.exchange_ids += 1;
                     if self.state == State::NoClient {
                         self.state = State::NoSession;
                     }
                     self.succeeded(now);
                 }
-                _ => self.own_failed(now, own.kind, reply.status),
+                _ => {
+                    self.cfg.client.exchange_failed(self.me);
+                    self.own_failed(now, own.kind, reply.status)
+                }
             },
             OwnKind::CreateSession => match results.next() {
-                Some(Ok(OpRes::CreateSession(cs))) if cs.sequence == self.cs_sequence => {
+                Some(Ok(OpRes::CreateSession(cs))) if cs.sequence == own.seqid => {
+                    self.cfg.client.created(self.me, self.client, Created::Session);
                     self.sessionid = cs.sessionid;
                     self.fore = cs.fore;
                     self.slots.reset(cs.fore.maxrequests);
                     self.generation = self.generation.wrapping_add(1);
-                    self.cs_sequence = self.cs_sequence.wrapping_add(1);
                     self.stats.sessions += 1;
                     match self.state {
                         State::NoSession | State::NoClient => self.state = State::Starting,
@@ -239,15 +290,26 @@ impl Session {
                     Nfsstat4::StaleClientid | Nfsstat4::SeqMisordered => {
                         // The client id is gone, or its CREATE_SESSION sequence is not ours: a
                         // new EXCHANGE_ID gives both.
-                        if reply.status == Nfsstat4::StaleClientid {
+                        let how = if reply.status == Nfsstat4::StaleClientid {
                             self.stats.stale_clientids += 1;
-                        }
+                            Created::Stale
+                        } else {
+                            Created::Misordered
+                        };
+                        self.cfg.client.created(self.me, self.client, how);
                         if self.state == State::NoSession {
                             self.state = State::NoClient;
                         }
                         self.next_at = now;
                     }
-                    s => self.own_failed(now, own.kind, s),
+                    Nfsstat4::Delay => {
+                        self.cfg.client.created(self.me, self.client, Created::Unanswered);
+                        self.own_failed(now, own.kind, Nfsstat4::Delay)
+                    }
+                    s => {
+                        self.cfg.client.created(self.me, self.client, Created::Failed);
+                        self.own_failed(now, own.kind, s)
+                    }
                 },
             },
             OwnKind::Start => {
@@ -265,7 +327,7 @@ impl Session {
                             status: Nfsstat4::CompleteAlready,
                             ..
                         }) => {
-                            self.reclaimed = true;
+                            self.cfg.client.reclaim_done(self.client);
                             self.stats.reclaim_completes += 1;
                         }
                         Ok(OpRes::Failed { status: Nfsstat4::Delay, .. }) => delay = true,

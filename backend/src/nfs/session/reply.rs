@@ -173,6 +173,10 @@ impl Session {
             _ => false,
         };
         if back {
+            if to == State::NoClient {
+                // For the other sessions of the share too (unless a newer one came).
+                self.cfg.client.stale(self.client);
+            }
             self.state = to;
             self.next_at = now;
         }

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::{Session, SessionConfig, SessionSink, State, Transport};
+use super::{ClientShare, Session, SessionConfig, SessionSink, State, Transport};
 use crate::io::{Reader, Writer};
 use crate::nfs::conn::{CallError, Compound, CompoundReply, Cred, Nfs41, Sink};
 use crate::nfs::wire::nfs4::{
@@ -177,6 +177,7 @@ fn failed(op: OpNum, status: Nfsstat4) -> Vec<u8> {
 
 const SID1: SessionId = SessionId([1; 16]);
 const SID2: SessionId = SessionId([2; 16]);
+const SID3: SessionId = SessionId([3; 16]);
 const CLIENT1: ClientId = 0x1111;
 const CLIENT2: ClientId = 0x2222;
 
@@ -297,10 +298,13 @@ const CREATE: [Op<'static>; 2] =
 
 impl Rig {
     fn new(slots: u16) -> Rig {
-        let now = Instant::now();
+        Self::sharing(slots, std::sync::Arc::new(ClientShare::new(b"owner".to_vec(), VERF)), Instant::now())
+    }
+
+    /// A session of the client share `client`.
+    fn sharing(slots: u16, client: std::sync::Arc<ClientShare>, now: Instant) -> Rig {
         let cfg = SessionConfig {
-            owner: b"owner".to_vec(),
-            verifier: VERF,
+            client,
             slots,
             max_io: 1 << 20,
             timeout: Duration::from_secs(10),
@@ -840,6 +844,96 @@ fn close_destroys_the_session_then_the_client_id() {
     assert_eq!(r.s.state(), State::Closed, "whatever the server answers");
     r.advance(Duration::from_secs(100));
     r.nothing_sent();
+}
+
+#[test]
+fn sessions_of_one_share_use_one_client_id_and_create_their_sessions_in_turn() {
+    let share = std::sync::Arc::new(ClientShare::new(b"owner".to_vec(), VERF));
+    let now = Instant::now();
+    let mut a = Rig::sharing(4, share.clone(), now);
+    let mut b = Rig::sharing(4, share.clone(), now);
+    a.poll();
+    assert_eq!(a.one().ops, [OpNum::ExchangeId]);
+    b.poll();
+    b.nothing_sent();
+    a.t.reply(OWN, exchange_ok(CLIENT1, 5, 0));
+    a.poll();
+    let ca = a.one();
+    assert_eq!(ca.create.as_ref().map(|c| (c.0, c.1)), Some((CLIENT1, 5)));
+    // B takes the client id without an EXCHANGE_ID, and waits for A's CREATE_SESSION.
+    b.advance(Duration::from_millis(5));
+    b.nothing_sent();
+    // A's reply is lost: A sends the same sequence again; B still waits.
+    a.t.fail(OWN, CallError::TimedOut);
+    a.poll();
+    a.advance(Duration::from_secs(2));
+    let ca = a.one();
+    assert_eq!(ca.create.as_ref().map(|c| c.1), Some(5), "the same sequence again");
+    b.advance(Duration::from_millis(5));
+    b.nothing_sent();
+    a.t.reply(OWN, create_ok(SID1, 5, 4));
+    a.poll();
+    let st = a.one();
+    assert_eq!(st.ops, [OpNum::Putrootfh, OpNum::Getattr, OpNum::ReclaimComplete]);
+    a.t.reply(OWN, start_ok(&st, 90));
+    a.poll();
+    assert_eq!(a.s.state(), State::Ready);
+    b.advance(Duration::from_millis(5));
+    let cb = b.one();
+    assert_eq!(cb.create.as_ref().map(|c| (c.0, c.1)), Some((CLIENT1, 6)), "the next sequence");
+    b.t.reply(OWN, create_ok(SID2, 6, 4));
+    b.poll();
+    let st = b.one();
+    assert_eq!(st.ops, [OpNum::Putrootfh, OpNum::Getattr], "RECLAIM_COMPLETE once per client id");
+    b.t.reply(OWN, start_ok(&st, 90));
+    b.poll();
+    assert_eq!(b.s.state(), State::Ready);
+    assert_eq!((a.s.params().unwrap().clientid, b.s.params().unwrap().clientid), (CLIENT1, CLIENT1));
+    assert_eq!(a.s.stats().exchange_ids + b.s.stats().exchange_ids, 1);
+
+    // STALE_CLIENTID on A: one new EXCHANGE_ID (by A), which B then takes when it finds out.
+    a.call(1, &GETATTR).unwrap();
+    let c = a.one();
+    a.t.reply(c.tag, seq_failed(Nfsstat4::StaleClientid));
+    a.poll();
+    assert_eq!(a.one().ops, [OpNum::ExchangeId]);
+    b.call(1, &GETATTR).unwrap();
+    let c = b.one();
+    b.t.reply(c.tag, seq_failed(Nfsstat4::StaleClientid));
+    b.poll();
+    b.nothing_sent();
+    a.t.reply(OWN, exchange_ok(CLIENT2, 1, 0));
+    a.poll();
+    assert_eq!(a.one().create.map(|c| (c.0, c.1)), Some((CLIENT2, 1)));
+    a.t.reply(OWN, create_ok(SID3, 1, 4));
+    a.poll();
+    let st = a.one();
+    assert_eq!(st.ops.len(), 3, "the new client id reclaims");
+    b.advance(Duration::from_millis(5));
+    assert_eq!(b.one().create.map(|c| (c.0, c.1)), Some((CLIENT2, 2)));
+    assert_eq!(share.stats().exchange_ids, 2);
+
+    // Closing: only the last session destroys the client id.
+    a.t.reply(OWN, start_ok(&st, 90));
+    a.poll();
+    let c = a.one();
+    assert_eq!(
+        c.seq.map(|q| q.0),
+        Some(SID3),
+        "the call answered STALE_CLIENTID goes again on the new session"
+    );
+    a.t.reply(c.tag, answer(&c));
+    a.poll();
+    a.s.close(a.now, &mut a.o);
+    a.poll();
+    assert_eq!(a.one().ops, [OpNum::DestroySession]);
+    a.t.reply(OWN, compound(Nfsstat4::Ok, &[ok(OpNum::DestroySession, &[])]));
+    a.poll();
+    a.nothing_sent();
+    assert_eq!(a.s.state(), State::Closed);
+    assert_eq!(share.stats().sessions, 1, "A left at its close");
+    drop(b);
+    assert_eq!(share.stats().sessions, 0, "B left as it was dropped");
 }
 
 #[test]

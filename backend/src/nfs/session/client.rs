@@ -1,0 +1,331 @@
+//! [`ClientShare`]: the client id that several sessions share (RFC 8881 2.10.1: a client may
+//! have many sessions; each poller of a function has one, and every one of them must be the same
+//! client to the server, or the function's opens and locks taken through one poller would
+//! conflict with those taken through another).
+//!
+//! The share holds the client's owner id and verifier, the client id the server gave, and the
+//! CREATE_SESSION sequence of that client id. The establishment calls that use or change them go
+//! one at a time, whichever session sends them (`busy`): an EXCHANGE_ID, or a CREATE_SESSION
+//! with its `csa_sequence`. A CREATE_SESSION whose reply did not come keeps the turn until its
+//! session has an answer for it (the same sequence again is answered from the server's
+//! CREATE_SESSION reply cache; another session sending it would be given the first one's
+//! session). A session that finds the client id known takes it without an EXCHANGE_ID of its
+//! own; one whose calls find the client id stale marks it so (by its epoch, the number of client
+//! ids obtained, so that a late mark cannot undo a newer client id), and the next session to
+//! need one sends the EXCHANGE_ID.
+//!
+//! RECLAIM_COMPLETE is sent once per client id, by the first session that starts on it. The last
+//! session that closes destroys the client id; the others only their sessions.
+//!
+//! A short mutex guards the share: it is taken at establishment steps only (never per call).
+
+use std::sync::{Mutex, MutexGuard};
+
+use crate::nfs::wire::nfs4::{ClientId, Verifier};
+
+/// The state of the client id the sessions of one function share (see the module
+/// documentation).
+#[derive(Debug)]
+pub struct ClientShare {
+    owner: Vec<u8>,
+    verifier: Verifier,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    clientid: ClientId,
+    /// Client ids obtained so far: the current one's number.
+    epoch: u64,
+    /// The current client id may be used (obtained, not found stale).
+    valid: bool,
+    /// The next CREATE_SESSION's `csa_sequence` is known (false: take the next EXCHANGE_ID's).
+    sequence_known: bool,
+    cs_sequence: u32,
+    /// RECLAIM_COMPLETE was answered for the current client id.
+    reclaimed: bool,
+    /// The session whose establishment call has the turn.
+    busy: Option<u64>,
+    /// Sessions made and not ended.
+    sessions: usize,
+    /// Session numbers given so far.
+    next_session: u64,
+    /// EXCHANGE_IDs answered, CREATE_SESSIONs answered with a session (all sessions).
+    exchange_ids: u64,
+    created: u64,
+}
+
+/// A client id as a session holds it: the id and its epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Client {
+    /// The client id.
+    pub clientid: ClientId,
+    /// Its number among the client ids obtained.
+    pub epoch: u64,
+}
+
+/// What a session may do next to establish itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Turn<T> {
+    /// Go on with this.
+    Go(T),
+    /// Another session's establishment call is out: look again a little later.
+    Wait,
+}
+
+/// How a CREATE_SESSION ended, for the share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Created {
+    /// A session: the sequence moved on.
+    Session,
+    /// No answer (or DELAY): the same sequence goes again, by the same session.
+    Unanswered,
+    /// SEQ_MISORDERED: the sequence is not the server's; the next EXCHANGE_ID gives it.
+    Misordered,
+    /// STALE_CLIENTID.
+    Stale,
+    /// Another error: the turn goes; the sequence is kept.
+    Failed,
+}
+
+/// Counters of the share (data).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShareStats {
+    /// Client ids obtained (EXCHANGE_IDs that gave one).
+    pub exchange_ids: u64,
+    /// Sessions created on any client id of the share.
+    pub sessions_created: u64,
+    /// Sessions alive now.
+    pub sessions: usize,
+}
+
+impl ClientShare {
+    /// A share for the client `owner` (EXCHANGE_ID's `co_ownerid`, [`super::client_owner`]) in
+    /// its incarnation `verifier` (`co_verifier`).
+    pub fn new(owner: Vec<u8>, verifier: Verifier) -> ClientShare {
+        ClientShare { owner, verifier, inner: Mutex::new(Inner::default()) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The owner id.
+    pub fn owner(&self) -> &[u8] {
+        &self.owner
+    }
+
+    /// The verifier.
+    pub fn verifier(&self) -> Verifier {
+        self.verifier
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> ShareStats {
+        let g = self.lock();
+        ShareStats { exchange_ids: g.exchange_ids, sessions_created: g.created, sessions: g.sessions }
+    }
+
+    /// A new session joins: its number.
+    pub(super) fn join(&self) -> u64 {
+        let mut g = self.lock();
+        g.sessions += 1;
+        g.next_session += 1;
+        g.next_session
+    }
+
+    /// Session `me` ends (closed or dropped): whether it was the last, which then destroys the
+    /// client id. Gives up the turn if it had it.
+    pub(super) fn leave(&self, me: u64) -> bool {
+        let mut g = self.lock();
+        if g.busy == Some(me) {
+            g.busy = None;
+        }
+        g.sessions = g.sessions.saturating_sub(1);
+        g.sessions == 0
+    }
+
+    /// Session `me` needs a client id: the current one (`Go(Some)`), or the turn to send an
+    /// EXCHANGE_ID (`Go(None)`), or `Wait`.
+    pub(super) fn client(&self, me: u64) -> Turn<Option<Client>> {
+        let mut g = self.lock();
+        if g.valid && g.busy.is_none_or(|b| b == me) {
+            if g.busy == Some(me) {
+                g.busy = None;
+            }
+            return Turn::Go(Some(Client { clientid: g.clientid, epoch: g.epoch }));
+        }
+        match g.busy {
+            Some(b) if b != me => Turn::Wait,
+            _ => {
+                g.busy = Some(me);
+                Turn::Go(None)
+            }
+        }
+    }
+
+    /// Session `me`'s EXCHANGE_ID was answered: `clientid`, `sequence` (`eir_sequenceid`),
+    /// confirmed or not. Returns the client id the session now has. Gives up the turn.
+    pub(super) fn exchanged(&self, me: u64, clientid: ClientId, sequence: u32, confirmed: bool) -> Client {
+        let mut g = self.lock();
+        if g.busy == Some(me) {
+            g.busy = None;
+        }
+        g.exchange_ids += 1;
+        let same = g.valid && g.clientid == clientid;
+        if !same || !confirmed {
+            g.epoch += 1;
+            g.reclaimed = false;
+        }
+        // A confirmed client id this share already sends CREATE_SESSIONs for keeps its
+        // sequence (every one of them went through here); otherwise the server's is taken.
+        if !(same && confirmed && g.sequence_known) {
+            g.cs_sequence = sequence;
+            g.sequence_known = true;
+        }
+        g.clientid = clientid;
+        g.valid = true;
+        Client { clientid, epoch: g.epoch }
+    }
+
+    /// Session `me`'s EXCHANGE_ID failed (no answer, an error): gives up the turn.
+    pub(super) fn exchange_failed(&self, me: u64) {
+        let mut g = self.lock();
+        if g.busy == Some(me) {
+            g.busy = None;
+        }
+    }
+
+    /// Session `me` may send CREATE_SESSION on `client`: its `csa_sequence` (the turn is kept
+    /// until [`ClientShare::created`]); `Go(None)` when `client` is no longer the current
+    /// client id (get another); `Wait` while another session has the turn.
+    pub(super) fn create(&self, me: u64, client: Client) -> Turn<Option<u32>> {
+        let mut g = self.lock();
+        if !g.valid || g.epoch != client.epoch || !g.sequence_known {
+            if g.busy == Some(me) {
+                g.busy = None;
+            }
+            return Turn::Go(None);
+        }
+        match g.busy {
+            Some(b) if b != me => Turn::Wait,
+            _ => {
+                g.busy = Some(me);
+                Turn::Go(Some(g.cs_sequence))
+            }
+        }
+    }
+
+    /// Session `me`'s CREATE_SESSION on `client` ended so.
+    pub(super) fn created(&self, me: u64, client: Client, how: Created) {
+        let mut g = self.lock();
+        let current = g.valid && g.epoch == client.epoch;
+        match how {
+            Created::Unanswered => return,
+            Created::Session => {
+                g.created += 1;
+                if current {
+                    g.cs_sequence = g.cs_sequence.wrapping_add(1);
+                }
+            }
+            Created::Misordered if current => g.sequence_known = false,
+            Created::Stale if current => g.valid = false,
+            _ => {}
+        }
+        if g.busy == Some(me) {
+            g.busy = None;
+        }
+    }
+
+    /// A call of a session on `client` was answered STALE_CLIENTID: the client id is gone
+    /// (unless a newer one was obtained meanwhile).
+    pub(super) fn stale(&self, client: Client) {
+        let mut g = self.lock();
+        if g.epoch == client.epoch {
+            g.valid = false;
+        }
+    }
+
+    /// Whether RECLAIM_COMPLETE is still to be sent for `client`.
+    pub(super) fn reclaim_due(&self, client: Client) -> bool {
+        let g = self.lock();
+        !(g.epoch == client.epoch && g.reclaimed)
+    }
+
+    /// RECLAIM_COMPLETE was answered (or COMPLETE_ALREADY) for `client`.
+    pub(super) fn reclaim_done(&self, client: Client) {
+        let mut g = self.lock();
+        if g.epoch == client.epoch {
+            g.reclaimed = true;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_session_exchanges_the_others_take_its_client_id() {
+        let s = ClientShare::new(b"o".to_vec(), *b"verifier");
+        let (a, b) = (s.join(), s.join());
+        assert_eq!(s.client(a), Turn::Go(None));
+        assert_eq!(s.client(b), Turn::Wait);
+        let c = s.exchanged(a, 7, 1, false);
+        assert_eq!(s.client(b), Turn::Go(Some(c)));
+        // CREATE_SESSIONs go one at a time, in sequence.
+        assert_eq!(s.create(a, c), Turn::Go(Some(1)));
+        assert_eq!(s.create(b, c), Turn::Wait);
+        s.created(a, c, Created::Unanswered);
+        assert_eq!(s.create(b, c), Turn::Wait, "an unanswered CREATE_SESSION keeps the turn");
+        assert_eq!(s.create(a, c), Turn::Go(Some(1)), "and goes again with its sequence");
+        s.created(a, c, Created::Session);
+        assert_eq!(s.create(b, c), Turn::Go(Some(2)));
+        s.created(b, c, Created::Session);
+        assert_eq!(s.stats().sessions_created, 2);
+        assert_eq!(s.stats().exchange_ids, 1);
+    }
+
+    #[test]
+    fn a_stale_mark_of_an_older_client_id_is_ignored() {
+        let s = ClientShare::new(b"o".to_vec(), *b"verifier");
+        let a = s.join();
+        assert_eq!(s.client(a), Turn::Go(None));
+        let old = s.exchanged(a, 7, 1, false);
+        s.stale(old);
+        assert_eq!(s.client(a), Turn::Go(None));
+        let new = s.exchanged(a, 8, 1, false);
+        s.stale(old);
+        assert_eq!(s.client(a), Turn::Go(Some(new)));
+        assert_eq!(s.create(a, old), Turn::Go(None), "a CREATE_SESSION on the old id is refused");
+        assert!(s.reclaim_due(new));
+        s.reclaim_done(new);
+        assert!(!s.reclaim_due(new));
+    }
+
+    #[test]
+    fn a_confirmed_client_id_keeps_the_shares_sequence_unless_misordered() {
+        let s = ClientShare::new(b"o".to_vec(), *b"verifier");
+        let a = s.join();
+        s.client(a);
+        let c = s.exchanged(a, 7, 5, false);
+        assert_eq!(s.create(a, c), Turn::Go(Some(5)));
+        s.created(a, c, Created::Session);
+        // Another EXCHANGE_ID of the same client (confirmed now): the share knows better.
+        let c = s.exchanged(a, 7, 5, true);
+        assert_eq!(s.create(a, c), Turn::Go(Some(6)));
+        s.created(a, c, Created::Misordered);
+        let c = s.exchanged(a, 7, 9, true);
+        assert_eq!(s.create(a, c), Turn::Go(Some(9)), "after SEQ_MISORDERED the server's is taken");
+    }
+
+    #[test]
+    fn the_last_session_to_leave_destroys_the_client_id_and_a_leaver_frees_the_turn() {
+        let s = ClientShare::new(b"o".to_vec(), *b"verifier");
+        let (a, b) = (s.join(), s.join());
+        assert_eq!(s.client(a), Turn::Go(None));
+        assert!(!s.leave(a));
+        assert_eq!(s.client(b), Turn::Go(None), "the turn went with its session");
+        assert!(s.leave(b));
+    }
+}
