@@ -29,6 +29,7 @@ pub mod crash;
 pub mod keep_cost;
 pub mod live_update;
 pub mod multi;
+mod nfs41_raw;
 pub mod nfs_raw;
 pub mod null;
 pub mod pingpong;

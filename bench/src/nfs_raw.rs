@@ -4,6 +4,9 @@
 //! the device's own cost at QD=1 is a difference of two medians measured together
 //! ([`super::BenchConfig::remote`]).
 //!
+//! With `?version=4.1` the calls are NFSv4.1 COMPOUNDs on a session of the raw client's own
+//! (`nfs41_raw`), otherwise NFSv3 calls after a MOUNT; the phases are the same.
+//!
 //! Each call in flight has a buffer of its own (allocated once per run); READ data is received
 //! into it and WRITE data sent from it. Latency is from [`Conn::call`] (or, for a write that
 //! waits for room, from when it would have been sent) to the completion seen by [`Conn::poll`].
@@ -22,12 +25,13 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use virtiofs_backend::io::{Reader, Writer};
-use virtiofs_backend::nfs::conn::{CallError, Conn, ConnConfig, Cred, Sink};
+use virtiofs_backend::nfs::conn::{CallError, Conn, ConnConfig, ConnStats, Cred, Sink};
 use virtiofs_backend::nfs::setup::{self, Mounted};
-use virtiofs_backend::nfs::url::NfsUrl;
+use virtiofs_backend::nfs::url::{NfsUrl, NfsVersion};
 use virtiofs_backend::nfs::wire::nfs3::{Args, Fh, Res, Stable};
 use vm_memory::VolatileSlice;
 
+use super::nfs41_raw::Raw41;
 use super::{curve, us, xorshift, BenchError, Row, MIB};
 
 /// One raw phase.
@@ -60,24 +64,38 @@ impl RawPhase {
 }
 
 /// Per-call buffers and the completions of one poll.
-struct RawSink {
+pub(super) struct RawSink {
     /// One buffer per tag (leaked once: the slices borrow them for the run).
     full: Vec<VolatileSlice<'static>>,
     /// The first `block` bytes of each, for the current phase.
     slices: Vec<[VolatileSlice<'static>; 1]>,
     /// (tag, what the call did or why it failed), filled by `done`.
-    completed: Vec<(u32, Result<Done, String>)>,
+    pub(super) completed: Vec<(u32, Result<Done, String>)>,
+}
+
+impl RawSink {
+    /// Where call `tag`'s READ data goes.
+    pub(super) fn writer(&self, tag: u32) -> Option<Writer<'_>> {
+        let s = self.slices.get(tag as usize)?;
+        Some(Writer::new(&s[..]))
+    }
+
+    /// Call `tag`'s WRITE data.
+    pub(super) fn reader(&self, tag: u32) -> Option<Reader<'_>> {
+        let s = self.slices.get(tag as usize)?;
+        Some(Reader::new(&s[..]))
+    }
 }
 
 /// A completed call.
 #[derive(Clone, Copy, Debug, Default)]
-struct Done {
+pub(super) struct Done {
     /// Bytes moved (READ, WRITE).
-    count: u32,
+    pub(super) count: u32,
     /// The server's write verifier (WRITE, COMMIT).
-    verf: Option<[u8; 8]>,
+    pub(super) verf: Option<[u8; 8]>,
     /// A WRITE the server answered FILE_SYNC or DATA_SYNC (nothing left to commit).
-    stable: bool,
+    pub(super) stable: bool,
 }
 
 const PAGE: u64 = 4096;
@@ -169,13 +187,11 @@ impl Uncommitted {
 
 impl Sink for RawSink {
     fn read_buffer(&mut self, tag: u32) -> Option<Writer<'_>> {
-        let s = self.slices.get(tag as usize)?;
-        Some(Writer::new(&s[..]))
+        self.writer(tag)
     }
 
     fn payload(&mut self, tag: u32) -> Option<Reader<'_>> {
-        let s = self.slices.get(tag as usize)?;
-        Some(Reader::new(&s[..]))
+        self.reader(tag)
     }
 
     fn done(&mut self, tag: u32, res: Result<Res<'_>, CallError>) {
@@ -193,12 +209,81 @@ impl Sink for RawSink {
     }
 }
 
-/// The raw client: a mounted export, one connection, the bench file's handle.
-pub struct RawClient {
+/// The NFSv3 wire under the raw client: a mounted export, one connection, the file's handle.
+struct Raw3 {
     url: NfsUrl,
     mounted: Mounted,
     conn: Conn,
     file: Fh,
+}
+
+impl Drop for Raw3 {
+    fn drop(&mut self) {
+        let _ = setup::unmount(&self.mounted, &self.url.export, Duration::from_secs(2));
+    }
+}
+
+/// What the raw client's calls go on: NFSv3, or NFSv4.1 COMPOUNDs on a session (`?version=4.1`).
+enum Wire {
+    V3(Box<Raw3>),
+    V41(Box<Raw41>),
+}
+
+impl Wire {
+    /// Sends a READ or WRITE (UNSTABLE or FILE_SYNC) of the file as call `tag`.
+    fn io(
+        &mut self,
+        sink: &mut RawSink,
+        tag: u32,
+        write: bool,
+        offset: u64,
+        count: u32,
+        unstable: bool,
+    ) -> Result<(), BenchError> {
+        match self {
+            Wire::V3(r) => {
+                let fh = &r.file;
+                let args = if write {
+                    let stable = if unstable { Stable::Unstable } else { Stable::FileSync };
+                    Args::Write { fh, offset, count, stable }
+                } else {
+                    Args::Read { fh, offset, count }
+                };
+                r.conn.call(tag, &Cred::ROOT, &args, sink).map_err(|e| err("call", e))
+            }
+            Wire::V41(r) => r.io(sink, tag, write, offset, count, unstable).map_err(|e| err("call", e)),
+        }
+    }
+
+    /// Sends a COMMIT of the whole file as call `tag`.
+    fn commit(&mut self, sink: &mut RawSink, tag: u32) -> Result<(), BenchError> {
+        match self {
+            Wire::V3(r) => {
+                let args = Args::Commit { fh: &r.file, offset: 0, count: 0 };
+                r.conn.call(tag, &Cred::ROOT, &args, sink).map_err(|e| err("COMMIT", e))
+            }
+            Wire::V41(r) => r.commit(sink, tag).map_err(|e| err("COMMIT", e)),
+        }
+    }
+
+    fn poll(&mut self, sink: &mut RawSink) {
+        match self {
+            Wire::V3(r) => r.conn.poll(Instant::now(), sink),
+            Wire::V41(r) => r.poll(sink),
+        }
+    }
+
+    fn conn_stats(&self) -> ConnStats {
+        match self {
+            Wire::V3(r) => r.conn.stats(),
+            Wire::V41(r) => r.conn_stats(),
+        }
+    }
+}
+
+/// The raw client: its wire (NFSv3 or NFSv4.1), the buffers, the UNSTABLE bound.
+pub struct RawClient {
+    wire: Wire,
     sink: RawSink,
     starts: Vec<Instant>,
     store: Uncommitted,
@@ -235,31 +320,40 @@ impl RawClient {
         unstable_bytes: usize,
     ) -> Result<RawClient, BenchError> {
         let url: NfsUrl = url.parse().map_err(|e| err("URL", e))?;
-        let mounted = setup::mount(&url, TIMEOUT).map_err(|e| err("MOUNT", e))?;
-        let cfg = ConnConfig {
-            addr: mounted.nfs_addr,
-            // The COMMITs' tags besides the calls'.
-            slots: depth.max(1) + 2,
-            max_io: max_block as u32,
-            timeout: TIMEOUT,
-            retransmit: Duration::from_secs(3),
-            machine_name: "virtiofs-bench".into(),
-        };
-        let mut conn = Conn::new(cfg).map_err(|e| err("connect", e))?;
-        let mut file = None;
-        let args = Args::Lookup { dir: &mounted.root, name: name.as_bytes() };
-        setup::call_blocking(&mut conn, &Cred::ROOT, &args, TIMEOUT, &mut |r| {
-            if let Res::Lookup { fh, .. } = r {
-                file = Some(fh);
+        // The COMMITs' tags besides the calls'.
+        let tags = depth.max(1) + 2;
+        let wire = match url.version {
+            NfsVersion::V41 => Wire::V41(Box::new(
+                Raw41::new(&url, name, tags, max_block, TIMEOUT).map_err(|e| err("NFSv4.1", e))?,
+            )),
+            NfsVersion::V3 => {
+                let mounted = setup::mount(&url, TIMEOUT).map_err(|e| err("MOUNT", e))?;
+                let cfg = ConnConfig {
+                    addr: mounted.nfs_addr,
+                    slots: tags,
+                    max_io: max_block as u32,
+                    timeout: TIMEOUT,
+                    retransmit: Duration::from_secs(3),
+                    machine_name: "virtiofs-bench".into(),
+                };
+                let mut conn = Conn::new(cfg).map_err(|e| err("connect", e))?;
+                let mut file = None;
+                let args = Args::Lookup { dir: &mounted.root, name: name.as_bytes() };
+                setup::call_blocking(&mut conn, &Cred::ROOT, &args, TIMEOUT, &mut |r| {
+                    if let Res::Lookup { fh, .. } = r {
+                        file = Some(fh);
+                    }
+                })
+                .map_err(|e| err("LOOKUP", e))?;
+                let file = file.ok_or_else(|| err("LOOKUP", format!("{name} not found")))?;
+                Wire::V3(Box::new(Raw3 { url, mounted, conn, file }))
             }
-        })
-        .map_err(|e| err("LOOKUP", e))?;
-        let file = file.ok_or_else(|| err("LOOKUP", format!("{name} not found")))?;
+        };
         let full: Vec<VolatileSlice<'static>> =
             (0..depth.max(1)).map(|_| VolatileSlice::from(Vec::leak(vec![0x5au8; max_block]))).collect();
         let sink = RawSink { full, slices: Vec::new(), completed: Vec::with_capacity(depth.max(1)) };
         let store = Uncommitted { cap: unstable_bytes as u64 / PAGE * PAGE, ..Uncommitted::default() };
-        Ok(RawClient { url, mounted, conn, file, sink, starts: vec![Instant::now(); depth.max(1)], store })
+        Ok(RawClient { wire, sink, starts: vec![Instant::now(); depth.max(1)], store })
     }
 
     /// Runs one phase: `warmup` then `duration` (or `ops` measured calls after a tenth as many).
@@ -289,7 +383,6 @@ impl RawClient {
         let mut hist =
             Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).map_err(|e| err("histogram", e))?;
         let mut st = PhaseState {
-            file: self.file,
             ph: *ph,
             offsets: vec![0; self.starts.len()],
             file_sync: vec![false; self.starts.len()],
@@ -306,7 +399,7 @@ impl RawClient {
             seq += 1;
             st.offsets[tag as usize] = block * ph.block as u64;
             c.starts[tag as usize] = Instant::now();
-            st.send_or_wait(&mut c.conn, &mut c.sink, &mut c.store, tag)
+            st.send_or_wait(&mut c.wire, &mut c.sink, &mut c.store, tag)
         };
         for tag in 0..depth as u32 {
             next(self, &mut st, tag)?;
@@ -320,7 +413,7 @@ impl RawClient {
         let mut final_commit = Duration::ZERO;
         let mut final_done = false;
         loop {
-            self.conn.poll(Instant::now(), &mut self.sink);
+            self.wire.poll(&mut self.sink);
             let now = Instant::now();
             if measure_start.is_none() {
                 let warm = match ops {
@@ -381,7 +474,7 @@ impl RawClient {
                 }
                 continue;
             }
-            st.retry_room(&mut self.conn, &mut self.sink, &mut self.store)?;
+            st.retry_room(&mut self.wire, &mut self.sink, &mut self.store)?;
             if self.commit_step(&st, in_flight, &mut final_sent, final_done, (bg_tag, final_tag))? {
                 break;
             }
@@ -414,8 +507,7 @@ impl RawClient {
             // The device's background COMMIT (`NfsEngine::maybe_commit`).
             let wanted = self.store.past_high_water() || !st.waiting.is_empty();
             if wanted && self.store.commit_out.is_none() && self.store.committable() {
-                let args = Args::Commit { fh: &self.file, offset: 0, count: 0 };
-                self.conn.call(bg_tag, &Cred::ROOT, &args, &mut self.sink).map_err(|e| err("COMMIT", e))?;
+                self.wire.commit(&mut self.sink, bg_tag)?;
                 self.store.commit_out = Some(self.store.answered);
                 self.store.commits += 1;
             }
@@ -426,9 +518,8 @@ impl RawClient {
             if !self.store.committable() && self.store.commit_out.is_none() {
                 return Ok(true);
             }
-            let args = Args::Commit { fh: &self.file, offset: 0, count: 0 };
             *final_sent = Some(Instant::now());
-            self.conn.call(final_tag, &Cred::ROOT, &args, &mut self.sink).map_err(|e| err("COMMIT", e))?;
+            self.wire.commit(&mut self.sink, final_tag)?;
             self.store.commits += 1;
             Ok(false)
         } else {
@@ -437,14 +528,13 @@ impl RawClient {
     }
 
     /// The connection's counters (retransmits, reconnects, timeouts).
-    pub fn conn_stats(&self) -> virtiofs_backend::nfs::conn::ConnStats {
-        self.conn.stats()
+    pub fn conn_stats(&self) -> ConnStats {
+        self.wire.conn_stats()
     }
 }
 
 /// One phase's calls: where each tag's call goes, how it was sent, the writes waiting for room.
 struct PhaseState {
-    file: Fh,
     ph: RawPhase,
     offsets: Vec<u64>,
     /// Sent FILE_SYNC for want of room (so not counted as stored).
@@ -457,7 +547,7 @@ impl PhaseState {
     /// can free some, keeps it waiting (as the device's `room_wait`).
     fn send_or_wait(
         &mut self,
-        conn: &mut Conn,
+        wire: &mut Wire,
         sink: &mut RawSink,
         store: &mut Uncommitted,
         tag: u32,
@@ -467,37 +557,34 @@ impl PhaseState {
             self.waiting.push_back(tag);
             return Ok(());
         }
-        self.send(conn, sink, store, tag)
+        self.send(wire, sink, store, tag)
     }
 
     fn send(
         &mut self,
-        conn: &mut Conn,
+        wire: &mut Wire,
         sink: &mut RawSink,
         store: &mut Uncommitted,
         tag: u32,
     ) -> Result<(), BenchError> {
-        let (fh, offset, count) = (&self.file, self.offsets[tag as usize], self.ph.block as u32);
-        let args = if self.ph.write {
-            let room = store.has_room(self.ph.block);
-            if !room {
+        let (offset, count) = (self.offsets[tag as usize], self.ph.block as u32);
+        let mut unstable = false;
+        if self.ph.write {
+            unstable = store.has_room(self.ph.block);
+            if !unstable {
                 store.full += 1;
             } else {
                 store.sent += Uncommitted::pages(self.ph.block);
             }
-            self.file_sync[tag as usize] = !room;
-            let stable = if room { Stable::Unstable } else { Stable::FileSync };
-            Args::Write { fh, offset, count, stable }
-        } else {
-            Args::Read { fh, offset, count }
-        };
-        conn.call(tag, &Cred::ROOT, &args, sink).map_err(|e| err("call", e))
+            self.file_sync[tag as usize] = !unstable;
+        }
+        wire.io(sink, tag, self.ph.write, offset, count, unstable)
     }
 
     /// Writes waiting for room go once there is some, or once none can come (FILE_SYNC then).
     fn retry_room(
         &mut self,
-        conn: &mut Conn,
+        wire: &mut Wire,
         sink: &mut RawSink,
         store: &mut Uncommitted,
     ) -> Result<(), BenchError> {
@@ -506,15 +593,9 @@ impl PhaseState {
                 break;
             }
             self.waiting.pop_front();
-            self.send(conn, sink, store, tag)?;
+            self.send(wire, sink, store, tag)?;
         }
         Ok(())
-    }
-}
-
-impl Drop for RawClient {
-    fn drop(&mut self) {
-        let _ = setup::unmount(&self.mounted, &self.url.export, Duration::from_secs(2));
     }
 }
 
