@@ -341,3 +341,54 @@ fn hostile_read_replies_fail_their_call_and_the_connection_goes_on() {
     assert_eq!(sink.reads[&3].contents()[..64 << 10], pattern(64 << 10, 5)[..]);
     assert_eq!(c.stats().bad_replies, 3);
 }
+
+/// Session trunking's connection side (`Conn::also_at`): a server address that goes away moves
+/// the calls to the next address, at once (no back-off while another address is left), and an
+/// address dead from the start is passed over.
+#[test]
+fn a_server_address_that_goes_away_moves_the_calls_to_the_next() {
+    fn answer(call: &nfs_fake_server::Call) -> Vec<Act> {
+        let results = [ok(OpNum::Putfh, &[]), getattr_ok(&size(1))];
+        vec![Act::Send(compound_reply(call.xid, Nfsstat4::Ok, &results))]
+    }
+    let fh = fh();
+    let ops = [Op::Putfh { fh: &fh }, Op::Getattr { attrs: STAT }];
+    let a = FakeServer::start(answer);
+    let b = FakeServer::start(answer);
+    let (a_addr, b_addr) = (a.addr(), b.addr());
+    let mut c = conn(a_addr);
+    c.also_at(&[a_addr, b_addr]);
+    let mut sink = V4Sink::default();
+    c.call(1, &Cred::ROOT, &Compound::of(&ops), &mut sink).unwrap();
+    run(&mut c, &mut sink, 1);
+    assert_eq!((c.address(), a.calls().len(), b.calls().len()), (a_addr, 1, 0));
+    drop(a);
+    let t0 = Instant::now();
+    c.call(2, &Cred::ROOT, &Compound::of(&ops), &mut sink).unwrap();
+    run(&mut c, &mut sink, 2);
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "no back-off while an address is left: {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        sink.done.iter().all(|(_, r)| r.as_ref().is_ok_and(|t| t.status == Nfsstat4::Ok)),
+        "{:?}",
+        sink.done
+    );
+    assert_eq!((c.address(), b.calls().len()), (b_addr, 1));
+    let st = c.stats();
+    assert!(st.address_moves >= 1 && st.reconnects == 1, "{st:?}");
+
+    // The first address dead from the start (the fake server serves one connection at a time:
+    // the first one goes).
+    drop(c);
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let mut c = conn(dead);
+    c.also_at(&[b_addr]);
+    let mut sink = V4Sink::default();
+    c.call(3, &Cred::ROOT, &Compound::of(&ops), &mut sink).unwrap();
+    run(&mut c, &mut sink, 1);
+    assert_eq!(c.address(), b_addr);
+    assert_eq!(c.stats().address_moves, 1);
+}

@@ -1,6 +1,6 @@
-//! The link: a non-blocking connect, its progress, and the back-off between failed ones (a
-//! reconnection starts the receive side over; the calls were put back in the queue when the
-//! link dropped).
+//! The link: a non-blocking connect, its progress, the move to the server's next address
+//! ([`Conn::also_at`]) and the back-off between failed ones (a reconnection starts the receive
+//! side over; the calls were put back in the queue when the link dropped).
 
 use std::time::Instant;
 
@@ -11,13 +11,24 @@ use super::state::{Conn, Link, MAX_BACKOFF, MIN_BACKOFF};
 
 impl<P: Program> Conn<P> {
     pub(super) fn connect(&mut self, now: Instant) {
-        self.link = match TcpStream::connect(self.cfg.addr) {
+        self.link = match TcpStream::connect(self.address()) {
             Ok(stream) => Link::Connecting { stream, since: now },
             Err(_) => self.failed_connect(now),
         };
     }
 
+    /// A connect failed: the next address at once, or, once every address failed in a row,
+    /// the same after the back-off.
     pub(super) fn failed_connect(&mut self, now: Instant) -> Link {
+        self.failed_in_row += 1;
+        let addresses = self.others.len() + 1;
+        if addresses > 1 {
+            self.at = (self.at + 1) % addresses;
+            self.stats.address_moves += 1;
+            if !self.failed_in_row.is_multiple_of(addresses) {
+                return Link::Down { retry_at: now };
+            }
+        }
         let retry_at = now + self.backoff;
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF).min(self.cfg.retransmit);
         Link::Down { retry_at }
@@ -50,6 +61,7 @@ impl<P: Program> Conn<P> {
                         let _ = stream.set_nodelay(true);
                         self.link = Link::Up { stream };
                         self.backoff = MIN_BACKOFF;
+                        self.failed_in_row = 0;
                         if self.connected_once {
                             self.stats.reconnects += 1;
                         }

@@ -15,6 +15,7 @@
 //! here uses it.
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -82,6 +83,9 @@ impl<P: Program> Conn<P> {
             .clamp(Duration::from_millis(1), Duration::from_millis(100));
         let n = cfg.slots;
         let mut conn = Conn {
+            others: Vec::new(),
+            at: 0,
+            failed_in_row: 0,
             link: Link::Down { retry_at: now },
             connected_once: false,
             backoff: MIN_BACKOFF,
@@ -118,6 +122,24 @@ impl<P: Program> Conn<P> {
         };
         conn.connect(now);
         Ok(conn)
+    }
+
+    /// Other addresses of the same server (session trunking, RFC 8881 2.10.5): when a connect
+    /// to the current address fails (refused, or not done within the retransmission interval),
+    /// the next one is tried at once, and only after every address failed in a row does the
+    /// back-off apply. A link that was up and is lost is connected again to the same address
+    /// first. Allocates (once, at set-up).
+    pub fn also_at(&mut self, others: &[SocketAddr]) {
+        self.others = others.iter().copied().filter(|a| *a != self.cfg.addr).collect();
+    }
+
+    /// The address connected to (or being connected to).
+    pub fn address(&self) -> SocketAddr {
+        if self.at == 0 {
+            self.cfg.addr
+        } else {
+            self.others[self.at - 1]
+        }
     }
 
     /// Queues one call (encoded into its slot's send buffer now, sent at once if the

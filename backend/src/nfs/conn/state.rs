@@ -3,6 +3,7 @@
 //! and the few methods that end calls, drop the link and find the call a reply is for.
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use mio::net::TcpStream;
@@ -106,6 +107,13 @@ pub(super) enum Fault {
 /// one poller.
 pub struct Conn<P: Program = Nfs3> {
     pub(super) cfg: ConnConfig,
+    /// The server's other addresses ([`Conn::also_at`]): a connect that fails moves on to the
+    /// next one.
+    pub(super) others: Vec<SocketAddr>,
+    /// The address connected to: 0 is `cfg.addr`, `k` is `others[k - 1]`.
+    pub(super) at: usize,
+    /// Connects failed in a row (on any address) since the last one that succeeded.
+    pub(super) failed_in_row: usize,
     pub(super) link: Link,
     /// Whether a connection was ever established (later ones count as reconnects).
     pub(super) connected_once: bool,

@@ -95,6 +95,10 @@ pub struct ConnStats {
     pub retransmits: u64,
     /// Connections opened after the first.
     pub reconnects: u64,
+    /// Moves to the server's next address after a failed connect ([`Conn::also_at`]).
+    ///
+    /// [`Conn::also_at`]: super::Conn::also_at
+    pub address_moves: u64,
     /// Calls that ended with [`CallError::TimedOut`].
     pub timeouts: u64,
     /// Malformed records or replies (each resets the connection).
