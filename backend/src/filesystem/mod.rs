@@ -19,9 +19,33 @@ use std::time::Duration;
 
 use crate::io::{Reader, Writer};
 pub use crate::request::{
-    CopyFileRangeArgs, CreateArgs, FallocateArgs, MknodArgs, ReadArgs, RenameArgs, SetxattrArgs, WriteArgs,
+    CopyFileRangeArgs, CreateArgs, FallocateArgs, LockRequest, MknodArgs, ReadArgs, RenameArgs, SetxattrArgs,
+    WriteArgs,
 };
 pub use crate::types::{Context, Error, FileLock, LockType, Result, SetAttr, SetTime, Timespec};
+
+/// Locks a filesystem keeps itself ([`FileSystem::remote_locks`]), with the SETLKW requests
+/// that wait for them. A waiting SETLKW is not pending on the filesystem seam (it holds no
+/// buffers: the server parks it, [`crate::server::waits`]); the filesystem tries to take its
+/// lock in the background as long as it takes, and the server asks how it ended whenever
+/// [`RemoteLocks::generation`] moves.
+pub trait RemoteLocks: Send + Sync {
+    /// SETLKW `unique` for `lock` on `ino` starts waiting; its wait id.
+    fn wait(&self, ctx: &Context, ino: u64, lock: &LockRequest, unique: u64) -> Result<u64>;
+    /// How wait `id` ended (the lock taken, or why not: `EINTR` after an INTERRUPT), or
+    /// `None` while it waits. An ended wait is forgotten once this has said so.
+    fn poll(&self, id: u64) -> Option<Result<()>>;
+    /// Wait `id` ends without an answer (the device reset: its buffers are gone); a lock taken
+    /// for it meanwhile is let go.
+    fn cancel(&self, id: u64);
+    /// INTERRUPT of request `unique`: a wait of it ends with `EINTR` (whether one did).
+    fn interrupt(&self, unique: u64) -> bool;
+    /// Moves whenever a wait may have ended (cheap: one atomic load).
+    fn generation(&self) -> u64;
+    /// The FUSE unique of wait `id`, if it waits here (a session taken over from another
+    /// process: its waits are parked again only if the filesystem took them over too).
+    fn unique_of(&self, id: u64) -> Option<u64>;
+}
 
 /// Attributes of an inode, as `stat(2)` shows them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -496,6 +520,14 @@ pub trait FileSystem: Send + Sync {
     /// backend (see [`crate::locks`]).
     fn lock_handle(&self, ctx: &Context, ino: u64, fh: u64, access: LockAccess) -> Result<()> {
         Err(Error::NotImplemented)
+    }
+
+    /// The filesystem's own locks ([`RemoteLocks`]: a server other clients share keeps them),
+    /// or `None` when the server keeps them in the device, the same for every backend (the
+    /// default). With them, GETLK and SETLK go to the filesystem as any request (its engine
+    /// answers them), and a SETLKW waits through [`RemoteLocks::wait`].
+    fn remote_locks(&self) -> Option<&dyn RemoteLocks> {
+        None
     }
 
     /// Whether `ino` still has open handles (asked after a RELEASE): with its last handle gone

@@ -121,9 +121,20 @@ pub enum Served {
 /// A SETLKW request waiting for its lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LockWait {
-    id: WaitId,
+    id: WaitRef,
     unique: u64,
 }
+
+/// Where a waiting SETLKW waits: in the device's lock table, or in the filesystem's
+/// ([`FileSystem::remote_locks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WaitRef {
+    Local(WaitId),
+    Remote(u64),
+}
+
+/// The bit of a wait token that says the filesystem keeps the wait.
+const REMOTE_TOKEN: u64 = 1 << 63;
 
 impl LockWait {
     /// The FUSE unique of the waiting request.
@@ -131,10 +142,13 @@ impl LockWait {
         self.unique
     }
 
-    /// Its wait id in the lock table (what a process that takes the session over finds it
-    /// by: [`Server::resume_wait`]).
+    /// Its wait id in the lock table, or the filesystem's with the top bit set (what a
+    /// process that takes the session over finds it by: [`Server::resume_wait`]).
     pub fn token(&self) -> u64 {
-        self.id.get()
+        match self.id {
+            WaitRef::Local(id) => id.get(),
+            WaitRef::Remote(id) => id | REMOTE_TOKEN,
+        }
     }
 }
 
@@ -354,7 +368,12 @@ impl<F: FileSystem> Server<F> {
     /// The waiting SETLKW of wait id `token` (a session taken over: a poller parks it again),
     /// if it still waits.
     pub fn resume_wait(&self, token: u64) -> Option<LockWait> {
-        self.locks.waiter_unique(token).map(|(id, unique)| LockWait { id, unique })
+        if token & REMOTE_TOKEN != 0 {
+            let id = token & !REMOTE_TOKEN;
+            let unique = self.fs.remote_locks()?.unique_of(id)?;
+            return Some(LockWait { id: WaitRef::Remote(id), unique });
+        }
+        self.locks.waiter_unique(token).map(|(id, unique)| LockWait { id: WaitRef::Local(id), unique })
     }
 
     /// Takes over a session saved by [`Self::save_session`] (before this server served
@@ -398,20 +417,30 @@ impl<F: FileSystem> Server<F> {
     /// Changes whenever a waiting SETLKW may be answerable ([`LockManager::generation`]).
     #[inline]
     pub fn lock_generation(&self) -> u64 {
-        self.locks.generation()
+        let remote = self.fs.remote_locks().map_or(0, |r| r.generation());
+        self.locks.generation().wrapping_add(remote)
     }
 
     /// The reply to the waiting request `wait` (a bare `fuse_out_header`: 0, `EINTR` after an
     /// INTERRUPT, `EIO` when the session ended, `ENOLCK`), or `None` while it still waits.
     pub fn wait_reply(&self, wait: &LockWait) -> Option<[u8; OUT_HEADER_SIZE]> {
-        let r = self.locks.poll_wait(wait.id)?;
-        if r == Err(LockError::Interrupted) {
+        let errno = match wait.id {
+            WaitRef::Local(id) => {
+                let r = self.locks.poll_wait(id)?;
+                if r.is_ok() {
+                    self.session_changed();
+                }
+                r.err().map_or(0, |e| e.errno())
+            }
+            WaitRef::Remote(id) => {
+                let r = self.fs.remote_locks().map_or(Some(Err(filesystem::Error::Io)), |l| l.poll(id))?;
+                r.err().map_or(0, |e| e.errno())
+            }
+        };
+        if errno == libc::EINTR {
             self.counters.interrupted.fetch_add(1, Ordering::Relaxed);
         }
-        if r.is_ok() {
-            self.session_changed();
-        }
-        let error = r.err().map_or(0, |e| -e.errno());
+        let error = -errno;
         let out = OutHeader { len: OUT_HEADER_SIZE as u32, error, unique: wait.unique };
         let mut bytes = [0u8; OUT_HEADER_SIZE];
         bytes.copy_from_slice(out.as_slice());
@@ -439,7 +468,14 @@ impl<F: FileSystem> Server<F> {
 
     /// Drops a waiting request without an answer (the device reset: its buffers are gone).
     pub fn cancel_wait(&self, wait: &LockWait) {
-        self.locks.cancel_wait(wait.id);
+        match wait.id {
+            WaitRef::Local(id) => self.locks.cancel_wait(id),
+            WaitRef::Remote(id) => {
+                if let Some(r) = self.fs.remote_locks() {
+                    r.cancel(id);
+                }
+            }
+        }
     }
 
     /// The `FUSE_INIT` flags of the current session ([`abi::init`]).
@@ -554,6 +590,9 @@ impl<F: FileSystem> Server<F> {
                 self.fs.destroy();
                 encode(w, req.unique, &Reply::Empty, 0).map(|n| Session::Done(Served::Replied(n)))
             }
+            Op::Lock(lock) if self.fs.remote_locks().is_some() => {
+                self.remote_lock(req.unique, &ctx, ino, lock, w, can_wait)
+            }
             Op::Lock(lock) => {
                 let served = self.do_lock(req.unique, &ctx, ino, lock, w, can_wait);
                 self.session_changed();
@@ -647,6 +686,9 @@ impl<F: FileSystem> Server<F> {
     /// so the `EAGAIN` "send it again later" answer of `/dev/fuse` servers has no reader here.
     fn do_interrupt(&self, unique: u64) {
         self.locks.interrupt(unique);
+        if let Some(r) = self.fs.remote_locks() {
+            r.interrupt(unique);
+        }
     }
 
     /// GETLK, SETLK and SETLKW, POSIX or (`FUSE_LK_FLOCK`) flock. `can_wait`: the caller can
@@ -699,7 +741,7 @@ impl<F: FileSystem> Server<F> {
             Ok(SetOutcome::Done) => encode(w, unique, &Reply::Empty, 0).map(Served::Replied),
             Ok(SetOutcome::Wait(id)) => {
                 c.waited.fetch_add(1, Ordering::Relaxed);
-                Ok(Served::Wait(LockWait { id, unique }))
+                Ok(Served::Wait(LockWait { id: WaitRef::Local(id), unique }))
             }
             Err(e) => {
                 match e {
@@ -710,6 +752,49 @@ impl<F: FileSystem> Server<F> {
                 Err(e.into())
             }
         }
+    }
+}
+
+impl<F: FileSystem> Server<F> {
+    /// GETLK, SETLK and SETLKW on a filesystem that keeps its locks
+    /// ([`FileSystem::remote_locks`]): the handle is checked as for the device's locks; a SETLKW
+    /// that sets a lock waits in the filesystem (parked here, answered when its wait ends);
+    /// the rest go to the filesystem as any request.
+    fn remote_lock<'w>(
+        &self,
+        unique: u64,
+        ctx: &crate::filesystem::Context,
+        ino: u64,
+        l: &LockRequest,
+        w: Writer<'w>,
+        can_wait: bool,
+    ) -> Result<Session<'w>> {
+        let c = &self.counters;
+        let access = match (l.op, l.flock, l.lock.typ) {
+            (LockOp::Get, ..) | (_, true, _) | (_, false, LockType::Unlock) => LockAccess::Any,
+            (_, false, LockType::Read) => LockAccess::Read,
+            (_, false, LockType::Write) => LockAccess::Write,
+        };
+        self.fs.lock_handle(ctx, ino, l.fh, access)?;
+        match l.op {
+            LockOp::Get => c.getlk.fetch_add(1, Ordering::Relaxed),
+            LockOp::Set => c.setlk.fetch_add(1, Ordering::Relaxed),
+            LockOp::SetWait => c.setlkw.fetch_add(1, Ordering::Relaxed),
+        };
+        let Some(remote) = self.fs.remote_locks() else {
+            return Err(LockError::NoLocks.into());
+        };
+        if l.op != LockOp::SetWait || l.lock.typ == LockType::Unlock {
+            dispatch::check_room(&Op::Lock(*l), &w)?;
+            return Ok(Session::Fs(w));
+        }
+        if !(can_wait && self.lock_waits) {
+            // Nobody can keep this request waiting.
+            return Err(LockError::NoLocks.into());
+        }
+        let id = remote.wait(ctx, ino, l, unique)?;
+        c.waited.fetch_add(1, Ordering::Relaxed);
+        Ok(Session::Done(Served::Wait(LockWait { id: WaitRef::Remote(id), unique })))
     }
 }
 
