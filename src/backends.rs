@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use virtiofs_backend::filesystem::CachePolicy;
-use virtiofs_backend::nfs::fs::{NfsError, NfsFs};
+use virtiofs_backend::nfs::fs::{NfsError, NfsFs, NfsOptions};
 use virtiofs_backend::passthrough::uring::IoMode;
 use virtiofs_backend::passthrough::{DescriptorShare, PassthroughConfig, Policy, SetupError};
 use virtiofs_backend::ramfs::RamFsConfig;
@@ -112,8 +112,10 @@ pub fn open(spec: &FunctionSpec, keep: bool, share: DescriptorShare) -> Result<O
                 r.options.retransmit,
                 r.options.slots_per_poller
             );
-            let fs = NfsFs::connect(r.options.clone())
-                .map_err(|source| BackendError::Remote { url: r.url.clone(), source })?;
+            // The function's tag names the NFSv4.1 client (`client_owner`).
+            let opts = NfsOptions { function: spec.tag().to_owned(), ..r.options.clone() };
+            let fs =
+                NfsFs::connect(opts).map_err(|source| BackendError::Remote { url: r.url.clone(), source })?;
             Ok(Opened::Remote(Box::new(fs)))
         }
     }

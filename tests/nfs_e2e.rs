@@ -34,16 +34,31 @@ struct Served {
     socket: PathBuf,
 }
 
+/// The protocol a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Nfs {
+    V3,
+    V41,
+}
+
 impl Served {
     fn new(g: &Ganesha, tune: impl FnOnce(&mut NfsOptions)) -> Served {
-        Self::with_profile(g, Profile::default(), tune)
+        Self::with_profile(g, Nfs::V3, Profile::default(), tune)
     }
 
-    fn with_profile(g: &Ganesha, profile: Profile, tune: impl FnOnce(&mut NfsOptions)) -> Served {
-        let mut opts = NfsOptions::new(g.url().parse().expect("the harness's URL parses"));
+    fn on(g: &Ganesha, v: Nfs, tune: impl FnOnce(&mut NfsOptions)) -> Served {
+        Self::with_profile(g, v, Profile::default(), tune)
+    }
+
+    fn with_profile(g: &Ganesha, v: Nfs, profile: Profile, tune: impl FnOnce(&mut NfsOptions)) -> Served {
+        let url = if v == Nfs::V41 { g.url41() } else { g.url() };
+        let mut opts = NfsOptions::new(url.parse().expect("the harness's URL parses"));
+        let dir = tempfile::tempdir().unwrap();
+        // Each device is a function of its own: with NFSv4.1, a client of its own.
+        opts.function = dir.path().display().to_string();
         tune(&mut opts);
         let fs = NfsFs::connect(opts).expect("the export mounts");
-        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(fs.is_v41(), v == Nfs::V41, "served over {v:?}");
         let socket = dir.path().join("nfs.sock");
         let handler = Arc::new(FuseHandler::new(fs));
         let device = RunningDevice::start_with(&socket, profile, handler.clone()).unwrap();
@@ -108,8 +123,17 @@ fn call_as(d: &mut FsDriver, uid: u32, gid: u32, op: u32, nodeid: u64, args: &[&
 
 #[test]
 fn every_operation_against_a_real_export() {
+    every_operation(Nfs::V3);
+}
+
+#[test]
+fn every_operation_against_a_real_export_v41() {
+    every_operation(Nfs::V41);
+}
+
+fn every_operation(v: Nfs) {
     let g = Ganesha::start();
-    let s = Served::new(&g, |_| {});
+    let s = Served::on(&g, v, |_| {});
     let mut d = s.connect();
     let exp = g.export();
 
@@ -207,14 +231,28 @@ fn every_operation_against_a_real_export() {
     let (e, _) = d.call(1, opcode::FALLOCATE, x.nodeid, &[&fa], 0).unwrap();
     assert_eq!(-e.error, libc::ENOSYS, "fallocate: the kernel answers EOPNOTSUPP from then on");
     d.release(x.nodeid, xo.fh).unwrap();
-    assert!(s.fs().stats().requests > 0);
+    let st = s.fs().stats();
+    assert!(st.requests > 0);
+    if v == Nfs::V41 {
+        assert!(st.session.sessions >= 1 && st.session.calls > 0, "through a session: {st:?}");
+        eprintln!("NFSv4.1: {st:?}");
+    }
     d.shutdown().unwrap();
 }
 
 #[test]
 fn requests_carry_the_callers_credentials() {
+    callers_credentials(Nfs::V3);
+}
+
+#[test]
+fn requests_carry_the_callers_credentials_v41() {
+    callers_credentials(Nfs::V41);
+}
+
+fn callers_credentials(v: Nfs) {
     let g = Ganesha::start();
-    let s = Served::new(&g, |_| {});
+    let s = Served::on(&g, v, |_| {});
     let mut d = s.connect();
     let shared = d.mkdir(ROOT, "shared", 0o777).unwrap();
     std::fs::set_permissions(g.export().join("shared"), std::fs::Permissions::from_mode(0o777)).unwrap();
@@ -340,14 +378,23 @@ fn a_server_gone_longer_than_the_timeout_fails_requests_in_bounded_time() {
 
 #[test]
 fn a_file_removed_by_another_client_is_stale_until_looked_up_again() {
+    removed_by_another(Nfs::V3);
+}
+
+#[test]
+fn a_file_removed_by_another_client_is_stale_until_looked_up_again_v41() {
+    removed_by_another(Nfs::V41);
+}
+
+fn removed_by_another(v: Nfs) {
     let g = Ganesha::start();
-    let s = Served::new(&g, |_| {});
+    let s = Served::on(&g, v, |_| {});
     let mut d = s.connect();
     let (f, open) = d.create(ROOT, "gone", 0o644, RDWR).unwrap();
     d.write(f.nodeid, open.fh, 0, b"old").unwrap();
     d.release(f.nodeid, open.fh).unwrap();
     // Another client (a second device on the export) removes it.
-    let other = Served::new(&g, |_| {});
+    let other = Served::on(&g, v, |_| {});
     let mut d2 = other.connect();
     d2.unlink(ROOT, "gone").unwrap();
     assert!(!g.export().join("gone").exists());
@@ -370,9 +417,18 @@ fn a_file_removed_by_another_client_is_stale_until_looked_up_again() {
 
 #[test]
 fn two_devices_on_one_export_see_each_others_closed_writes() {
+    two_devices(Nfs::V3);
+}
+
+#[test]
+fn two_devices_on_one_export_see_each_others_closed_writes_v41() {
+    two_devices(Nfs::V41);
+}
+
+fn two_devices(v: Nfs) {
     let g = Ganesha::start();
-    let a = Served::new(&g, |_| {});
-    let b = Served::new(&g, |_| {});
+    let a = Served::on(&g, v, |_| {});
+    let b = Served::on(&g, v, |_| {});
     let mut da = a.connect();
     let mut db = b.connect();
     let (f, open) = da.create(ROOT, "shared", 0o644, RDWR).unwrap();
@@ -394,8 +450,17 @@ fn two_devices_on_one_export_see_each_others_closed_writes() {
 
 #[test]
 fn more_requests_than_connection_slots_wait_in_the_backlog() {
+    backlog(Nfs::V3);
+}
+
+#[test]
+fn more_requests_than_connection_slots_wait_in_the_backlog_v41() {
+    backlog(Nfs::V41);
+}
+
+fn backlog(v: Nfs) {
     let g = Ganesha::start();
-    let s = Served::new(&g, |o| o.slots_per_poller = 2);
+    let s = Served::on(&g, v, |o| o.slots_per_poller = 2);
     let mut d = s.connect();
     let (f, open) = d.create(ROOT, "q", 0o644, RDWR).unwrap();
     let data = pattern(5, 64 * 4096);
@@ -422,7 +487,7 @@ fn more_requests_than_connection_slots_wait_in_the_backlog() {
 fn writes_through_two_pollers_are_replayed_by_the_flush_on_either() {
     let mut g = Ganesha::start();
     let profile = Profile { request_queues: 2, poller_cores: vec![0, 1], ..Default::default() };
-    let s = Served::with_profile(&g, profile, |_| {});
+    let s = Served::with_profile(&g, Nfs::V3, profile, |_| {});
     let opts = DriverOptions { request_queues: 2, spread_requests: true, ..Default::default() };
     let mut d = FsDriver::connect(&s.socket, opts).unwrap();
     d.init().unwrap();
@@ -449,8 +514,17 @@ fn writes_through_two_pollers_are_replayed_by_the_flush_on_either() {
 
 #[test]
 fn a_file_unlinked_while_open_stays_usable_until_its_last_close() {
+    unlinked_while_open(Nfs::V3);
+}
+
+#[test]
+fn a_file_unlinked_while_open_stays_usable_until_its_last_close_v41() {
+    unlinked_while_open(Nfs::V41);
+}
+
+fn unlinked_while_open(v: Nfs) {
     let g = Ganesha::start();
-    let s = Served::new(&g, |_| {});
+    let s = Served::on(&g, v, |_| {});
     let mut d = s.connect();
     // What glibc's tmpfile() does when O_TMPFILE is not supported: create, unlink, use.
     let (f, open) = d.create(ROOT, "tmp", 0o600, RDWR).unwrap();

@@ -1,8 +1,10 @@
-//! [`NfsFs`]: the remote backend, a [`FileSystem`] that serves an NFSv3 export.
+//! [`NfsFs`]: the remote backend, a [`FileSystem`] that serves an NFSv3 or NFSv4.1 export.
 //!
 //! [`NfsFs::connect`] does the blocking start-up on the control thread, before any poller runs:
 //! MOUNT (through the portmapper unless the URL names the ports), FSINFO for the server's
-//! transfer sizes, GETATTR of the root. After that every request that needs the server goes
+//! transfer sizes, GETATTR of the root; for NFSv4.1 (`version=4.1`) a session's walk from the
+//! pseudo root to the export instead (`start41`), and each poller's engine is then
+//! [`super::engine41::Nfs41Engine`], with a session of its own. After that every request that needs the server goes
 //! through a poller's engine ([`super::engine::NfsEngine`], one connection per poller, created by
 //! [`FileSystem::engine`] on the poller's thread): the synchronous methods here answer only
 //! what needs no server (FORGET, the lock checks, the session's end) and leave everything else
@@ -19,13 +21,15 @@ use std::time::Duration;
 
 use super::conn::{Conn, ConnConfig, Cred};
 use super::engine::NfsEngine;
+use super::engine41::Nfs41Engine;
 use super::keep::{KeptMount, NfsKeep};
 use super::nodes::{HandleTable, NodeTable};
+use super::session::{client_owner, host_identity, ClientShare};
 use super::setup::{self, SetupError};
 pub use super::shared::Limits;
-use super::shared::Shared;
+use super::shared::{Shared, Shared41};
 use super::unstable::{UnstableStats, UnstableStore};
-use super::url::NfsUrl;
+use super::url::{NfsUrl, NfsVersion};
 use super::wire::nfs3::{Args, Ftype, Res};
 use crate::filesystem::seam::FsEngine;
 use crate::filesystem::{self, CachePolicy, Context, Error, FileSystem, LockAccess};
@@ -48,8 +52,12 @@ pub struct NfsOptions {
     /// The UNSTABLE replay store's bound in bytes; 0: every WRITE goes FILE_SYNC.
     pub unstable_bytes: usize,
     /// Keep the node table, the handles and the UNSTABLE store's index in records another
-    /// process reads after a crash (`keep`; the daemon's supervisor holds them).
+    /// process reads after a crash (`keep`; the daemon's supervisor holds them). NFSv3 only:
+    /// an NFSv4.1 export's open state is the server's (refused at connect).
     pub keep: bool,
+    /// The device function's name (its tag): with NFSv4.1, part of the client's owner id, so
+    /// two functions on one export are two clients and a restarted daemon the same one.
+    pub function: String,
 }
 
 impl NfsOptions {
@@ -75,6 +83,7 @@ impl NfsOptions {
             max_nodes: Self::MAX_NODES,
             unstable_bytes: Self::UNSTABLE_BYTES,
             keep: false,
+            function: String::new(),
         }
     }
 }
@@ -108,6 +117,12 @@ pub enum NfsError {
     /// The UNSTABLE store's memory could not be made.
     #[error("cannot make the UNSTABLE store")]
     Store(#[source] std::io::Error),
+    /// The NFSv4.1 start-up failed.
+    #[error("NFSv4.1 start-up")]
+    Start41(#[from] super::start41::Start41Error),
+    /// An option NFSv4.1 does not offer.
+    #[error("{0} is not available with NFSv4.1")]
+    Not41(&'static str),
 }
 
 /// What the NFS backend did so far, all pollers together (plain numbers).
@@ -133,6 +148,62 @@ pub struct NfsStats {
     pub unstable: UnstableStats,
     /// Nodes in the table now.
     pub nodes: u64,
+    /// NFSv4.1: the pollers' sessions, summed (zeros with NFSv3).
+    #[serde(default)]
+    pub session: SessionTotals,
+}
+
+/// The NFSv4.1 sessions' counters, all pollers together ([`crate::nfs::session::SessionStats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct SessionTotals {
+    /// Calls the engines made through their sessions.
+    pub calls: u64,
+    /// Calls a session sent again (a new session, DELAY, a slot resynchronised).
+    pub resent: u64,
+    /// Calls that waited for a session or a slot.
+    pub waited: u64,
+    /// Calls that ended waiting, their time-out passed.
+    pub timed_out: u64,
+    /// EXCHANGE_IDs answered.
+    pub exchange_ids: u64,
+    /// Sessions created.
+    pub sessions: u64,
+    /// Establishment calls that failed.
+    pub establish_failures: u64,
+    /// BADSESSION, DEADSESSION, CONN_NOT_BOUND_TO_SESSION answers.
+    pub bad_sessions: u64,
+    /// STALE_CLIENTID answers.
+    pub stale_clientids: u64,
+    /// SEQ_MISORDERED answers.
+    pub misordered: u64,
+    /// DELAY answers.
+    pub delays: u64,
+    /// Lone SEQUENCEs sent to renew the lease.
+    pub renewals: u64,
+    /// SEQUENCE results with status flags set.
+    pub flagged: u64,
+}
+
+impl SessionTotals {
+    fn add(&mut self, c: &[AtomicU64; super::shared::SESSION_COUNTERS]) {
+        let v: [u64; super::shared::SESSION_COUNTERS] = std::array::from_fn(|i| c[i].load(Ordering::Relaxed));
+        let [calls, resent, waited, timed_out, exchange_ids, sessions, establish_failures, bad_sessions, stale_clientids, misordered, delays, renewals, flagged] =
+            v;
+        self.calls += calls;
+        self.resent += resent;
+        self.waited += waited;
+        self.timed_out += timed_out;
+        self.exchange_ids += exchange_ids;
+        self.sessions += sessions;
+        self.establish_failures += establish_failures;
+        self.bad_sessions += bad_sessions;
+        self.stale_clientids += stale_clientids;
+        self.misordered += misordered;
+        self.delays += delays;
+        self.renewals += renewals;
+        self.flagged += flagged;
+    }
 }
 
 /// The NFS export as a [`FileSystem`] (see the module documentation).
@@ -170,6 +241,9 @@ impl NfsFs {
         }
         if opts.timeout.is_zero() {
             return Err(NfsError::Option("timeout"));
+        }
+        if opts.url.version == NfsVersion::V41 {
+            return Self::connect41(opts);
         }
         let mounted = setup::mount(&opts.url, opts.timeout)?;
         let machine_name = machine_name();
@@ -263,6 +337,66 @@ impl NfsFs {
         })
     }
 
+    /// NFSv4.1: a session walks to the export and learns its limits (no MOUNT); the pollers'
+    /// sessions are of one client, the function's ([`client_owner`]).
+    fn connect41(opts: NfsOptions) -> Result<NfsFs, NfsError> {
+        if opts.keep {
+            // The kept records hold NFSv3's 64-byte handles and no open state.
+            return Err(NfsError::Not41("keeping the state for a crash (keep)"));
+        }
+        let url = &opts.url;
+        let owner = client_owner(&host_identity(), &url.export, &opts.function);
+        let verifier = super::start41::new_verifier();
+        let start_client = Arc::new(ClientShare::new(owner.clone(), verifier));
+        let e = super::start41::start(
+            &url.host,
+            url.nfs4_port(),
+            &url.export,
+            start_client,
+            opts.timeout,
+            opts.retransmit,
+            &machine_name(),
+        )?;
+        let max = crate::abi::limits::MAX_WRITE;
+        let size = |v: Option<u64>| v.map_or(max, |v| u32::try_from(v).unwrap_or(u32::MAX).clamp(4096, max));
+        let limits = Limits {
+            read: size(e.maxread),
+            write: size(e.maxwrite),
+            dir: 1 << 16,
+            max_file: e.max_file.unwrap_or(i64::MAX as u64),
+        };
+        log::info!(
+            "nfs: {} reached over NFSv4.1 at {} (read {} write {} bytes per call, lease {:?})",
+            url.export,
+            e.addr,
+            limits.read,
+            limits.write,
+            e.lease
+        );
+        let mounted = setup::Mounted { root: e.root, nfs_addr: e.addr, mount_addr: e.addr };
+        let tables = Tables {
+            nodes: NodeTable::new(e.root, opts.max_nodes),
+            handles: HandleTable::new(opts.max_nodes),
+            // Every WRITE goes FILE_SYNC4 on NFSv4.1: no store.
+            unstable: UnstableStore::new(0).map_err(NfsError::Store)?,
+        };
+        let mut shared = shared(&opts, limits, mounted, tables, 0, Vec::new());
+        shared.v41 =
+            Some(Shared41 { client: Arc::new(ClientShare::new(owner, verifier)), owners: AtomicU64::new(1) });
+        Ok(NfsFs {
+            export: url.export.clone(),
+            shared,
+            given: AtomicBool::new(false),
+            keep: None,
+            records_taken: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether the export is served over NFSv4.1.
+    pub fn is_v41(&self) -> bool {
+        self.shared.v41.is_some()
+    }
+
     pub(super) fn from_parts(
         export: String,
         shared: Shared,
@@ -337,6 +471,7 @@ impl NfsFs {
             s.retransmits += g(&c.retransmits);
             s.reconnects += g(&c.reconnects);
             s.bad_replies += g(&c.bad_replies);
+            s.session.add(&c.session);
         });
         s.unstable = self.shared.unstable.stats();
         s.nodes = self.shared.nodes.len() as u64;
@@ -346,7 +481,7 @@ impl NfsFs {
 
 impl Drop for NfsFs {
     fn drop(&mut self) {
-        if self.given.load(Ordering::Acquire) {
+        if self.given.load(Ordering::Acquire) || self.shared.v41.is_some() {
             return;
         }
         // Best effort: the server forgets this client's mount entry (nothing depends on it).
@@ -395,6 +530,7 @@ pub(super) fn shared(
         verf: AtomicU64::new(verf),
         cells: Mutex::new(cells),
         mounted,
+        v41: None,
     }
 }
 
@@ -451,6 +587,9 @@ impl FileSystem for NfsFs {
     }
 
     fn engine(&self, poller: usize) -> Option<Box<dyn FsEngine<Self>>> {
+        if self.shared.v41.is_some() {
+            return Some(Box::new(Nfs41Engine::new(self, poller)));
+        }
         Some(Box::new(NfsEngine::new(self, poller)))
     }
 }

@@ -528,6 +528,10 @@ pub struct OpenFile {
     /// The cookie after which the server said the directory ends, once a listing reached it
     /// (0: not yet): a READDIR from there is answered empty without asking again.
     pub eof_at: u64,
+    /// The NFSv4.1 open stateid of the handle (its `seqid` big-endian, then its `other`): each
+    /// handle is an open of its own on the server. Zeros with NFSv3 and for directories.
+    #[serde(default)]
+    pub state: [u8; 16],
 }
 
 struct Handles {
@@ -764,7 +768,7 @@ mod tests {
     #[test]
     fn handle_table_is_bounded_and_generational() {
         let h = HandleTable::new(2);
-        let f = OpenFile { nodeid: 5, flags: 0, dir: false, cookieverf: [0; 8], eof_at: 0 };
+        let f = OpenFile { nodeid: 5, flags: 0, dir: false, cookieverf: [0; 8], eof_at: 0, state: [0; 16] };
         let a = h.open(f).unwrap();
         let b = h.open(f).unwrap();
         assert_eq!(h.open(f), Err(FULL));
@@ -815,7 +819,7 @@ mod tests {
         assert!(NodeTable::restore(&rootless, 8).is_err(), "no root");
 
         let h = HandleTable::new(4);
-        let f = OpenFile { nodeid: a, flags: 2, dir: false, cookieverf: [0; 8], eof_at: 0 };
+        let f = OpenFile { nodeid: a, flags: 2, dir: false, cookieverf: [0; 8], eof_at: 0, state: [0; 16] };
         let x = h.open(f).unwrap();
         let y = h.open(OpenFile { dir: true, cookieverf: [7; 8], eof_at: 9, ..f }).unwrap();
         h.close(x);

@@ -9,10 +9,10 @@ use super::conn::{CallError, Conn, Cred, Sink};
 use super::url::NfsUrl;
 use super::wire::mount::{self, MntRes};
 use super::wire::nfs3::{self, Args, Res};
-use super::wire::Fh;
 use super::wire::portmap;
 use super::wire::rpc::{self, RpcError};
 use super::wire::xdr::{Decoder, Encoder};
+use super::wire::Fh;
 use super::wire::WireError;
 
 /// Why start-up failed.

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use super::conn::ConnConfig;
 use super::nodes::{HandleTable, NodeTable};
+use super::session::{ClientShare, SessionConfig, SessionStats};
 use super::setup::Mounted;
 use super::unstable::UnstableStore;
 use crate::filesystem::{CachePolicy, Timespec};
@@ -41,7 +42,12 @@ pub(crate) struct EngineCell {
     pub(crate) retransmits: AtomicU64,
     pub(crate) reconnects: AtomicU64,
     pub(crate) bad_replies: AtomicU64,
+    /// The NFSv4.1 session's counters ([`SessionStats`]), as the engine last saw them.
+    pub(crate) session: [AtomicU64; SESSION_COUNTERS],
 }
+
+/// How many of a session's counters an engine publishes ([`EngineCell::set_session`]).
+pub(crate) const SESSION_COUNTERS: usize = 13;
 
 impl EngineCell {
     pub(crate) fn bump(c: &AtomicU64) {
@@ -50,6 +56,49 @@ impl EngineCell {
 
     pub(crate) fn set(c: &AtomicU64, v: u64) {
         c.store(v, Ordering::Relaxed);
+    }
+
+    /// Publishes a session's counters, in the order [`session_counters`] names them.
+    pub(crate) fn set_session(&self, s: &SessionStats) {
+        for (c, v) in self.session.iter().zip(session_counters(s)) {
+            Self::set(c, v);
+        }
+    }
+}
+
+/// A session's counters, in the order [`EngineCell::session`] keeps them.
+pub(crate) fn session_counters(s: &SessionStats) -> [u64; SESSION_COUNTERS] {
+    [
+        s.calls,
+        s.resent,
+        s.waited,
+        s.timed_out,
+        s.exchange_ids,
+        s.sessions,
+        s.establish_failures,
+        s.bad_sessions,
+        s.stale_clientids,
+        s.misordered,
+        s.delays,
+        s.renewals,
+        s.flagged,
+    ]
+}
+
+/// What the pollers of an NFSv4.1 export share besides the tables: the client their sessions
+/// are of, and the open owners' numbers.
+#[derive(Debug)]
+pub(crate) struct Shared41 {
+    /// The client (owner id, verifier, client id) every poller's session is one of.
+    pub(crate) client: Arc<ClientShare>,
+    /// The next open owner: every OPEN has one of its own, unique for the client's life.
+    pub(crate) owners: AtomicU64,
+}
+
+impl Shared41 {
+    /// A new open owner's number.
+    pub(crate) fn next_owner(&self) -> u64 {
+        self.owners.fetch_add(1, Ordering::Relaxed)
     }
 }
 
@@ -70,6 +119,8 @@ pub struct Shared {
     pub(super) verf: AtomicU64,
     /// Every engine's counters ([`Shared::register`]).
     pub(super) cells: Mutex<Vec<Arc<EngineCell>>>,
+    /// NFSv4.1's shared state (`None`: NFSv3).
+    pub(crate) v41: Option<Shared41>,
 }
 
 impl Shared {
@@ -83,6 +134,16 @@ impl Shared {
             retransmit: self.retransmit,
             machine_name: self.machine_name.clone(),
         }
+    }
+
+    /// A poller's NFSv4.1 session settings (READ/WRITE of `max_io` at most); NFSv3 exports have
+    /// none, and get a client of no use.
+    pub(crate) fn session_config(&self, max_io: u32) -> SessionConfig {
+        let client = match &self.v41 {
+            Some(v) => v.client.clone(),
+            None => Arc::new(ClientShare::new(Vec::new(), [0; 8])),
+        };
+        super::start41::session_config(client, self.slots, max_io, self.timeout)
     }
 
     /// Adds an engine's counters to those the backend's statistics sum.

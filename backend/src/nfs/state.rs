@@ -60,6 +60,10 @@ impl NfsFs {
     /// wire), or the memfd could not be duplicated.
     pub fn save(&self) -> Result<(NfsState, File), String> {
         let sh = self.shared();
+        if sh.v41.is_some() {
+            // Its opens are the server's, under this process's client: not handed over yet.
+            return Err("an NFSv4.1 export cannot be handed over yet".into());
+        }
         let (unstable, data) = sh.unstable.save()?;
         let l = sh.limits;
         let state = NfsState {
@@ -115,6 +119,9 @@ impl NfsFs {
         keep: Option<NfsKeep>,
         now: bool,
     ) -> Result<NfsFs, String> {
+        if opts.url.version != super::url::NfsVersion::V3 {
+            return Err("an NFSv4.1 export cannot be taken over yet".into());
+        }
         if state.version != NFS_STATE_VERSION {
             return Err(format!(
                 "NFS state format {}, this firmware reads {NFS_STATE_VERSION}",
@@ -203,6 +210,7 @@ impl NfsState {
                 dir: h.dir,
                 cookieverf: h.cookieverf,
                 eof_at: h.eof_at,
+                state: [0; 16],
             });
             if let Some(f) = &file {
                 *opens.entry(f.nodeid).or_default() += 1;
@@ -306,7 +314,8 @@ mod tests {
         tables.nodes.forget(c, 1);
         let d = tables.nodes.reference(&fh(4)).unwrap();
         tables.nodes.opened(b).unwrap();
-        let file = |nodeid, dir| OpenFile { nodeid, flags: 2, dir, cookieverf: [0; 8], eof_at: 0 };
+        let file =
+            |nodeid, dir| OpenFile { nodeid, flags: 2, dir, cookieverf: [0; 8], eof_at: 0, state: [0; 16] };
         tables.handles.open(file(b, false)).unwrap();
         tables.nodes.opened(a).unwrap();
         let ha = tables.handles.open(file(a, true)).unwrap();

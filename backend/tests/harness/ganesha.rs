@@ -278,6 +278,12 @@ impl Ganesha {
         )
     }
 
+    /// `nfs://127.0.0.1/EXPORT?nfsport=N&version=4.1`: NFSv4.1, the export by its pseudo path
+    /// (the same as its directory's path: `Pseudo` in the configuration).
+    pub fn url41(&self) -> String {
+        format!("nfs://127.0.0.1{}?nfsport={}&version=4.1", self.export().display(), self.nfs_port)
+    }
+
     /// The NFS port.
     pub fn nfs_port(&self) -> u16 {
         self.nfs_port

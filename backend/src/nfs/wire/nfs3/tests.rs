@@ -316,7 +316,10 @@ fn arguments_encode_as_rfc1813_says() {
     )
     .is_err());
     let big = Fh::new(&[0; 65]).unwrap();
-    assert!(encode_args(&mut Encoder::new(&mut buf), &Args::Getattr { fh: &big }).is_err(), "an nfs_fh3 of 65 bytes");
+    assert!(
+        encode_args(&mut Encoder::new(&mut buf), &Args::Getattr { fh: &big }).is_err(),
+        "an nfs_fh3 of 65 bytes"
+    );
     assert_eq!(Fh::new(&[1, 2]), Fh::new(&[1, 2]));
     assert_ne!(Fh::new(&[1, 2]), Fh::new(&[1, 2, 0]));
 }

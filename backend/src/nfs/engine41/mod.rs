@@ -1,0 +1,421 @@
+//! The NFSv4.1 engine of one poller ([`Nfs41Engine`], an [`FsEngine`] of the NFS filesystem,
+//! which lends it the pollers' [`Shared`] state): every FUSE request that needs the server
+//! becomes one COMPOUND (LOOKUP is PUTFH, LOOKUP, GETFH, GETATTR: one round trip), or a short
+//! sequence of them, on the poller's own [`Session`] over its own non-blocking [`Conn<Nfs41>`],
+//! and completes from a later poll round. DESIGN.md ("NFS backend") has the mapping.
+//!
+//! **Slots.** One per pending request, indexed by the server's [`Token`] (preallocated to
+//! `slots_per_poller`, kept when more come), holding what the request needs after `start`: the
+//! credential, handles and names copied, what to set, the open stateid of the FUSE handle, and
+//! the next COMPOUND ([`slot::Step`]). The COMPOUND's operations are made from the slot each
+//! time the session sends it ([`SessionSink::ops`]: the first time, and again after a new
+//! session or a DELAY), so nothing is kept encoded and nothing is allocated per request.
+//! READ data goes from the socket into the request's reply buffers (the READ is the COMPOUND's
+//! last operation: [`Completions::data`]); WRITE data is sent from its held payload
+//! ([`Completions::payload`]) each time the call goes.
+//!
+//! **Backlog.** A request that finds no session yet (establishing, or established again) or no
+//! free record in it waits in the engine's FIFO backlog and is sent from a poll round once it
+//! can go (with the client id of the session then, which the open owner names).
+//!
+//! **Bounded time.** Each request has a deadline (`timeout` after it started): the connection
+//! ends each call within `timeout`, the session each call it holds, and no next COMPOUND of a
+//! sequence or backlogged request is sent past the deadline (EIO). So a drain waits `timeout`
+//! plus one call at most.
+//!
+//! **Idle.** The session renews its lease with a lone SEQUENCE when none was answered for a
+//! third of it: [`FsEngine::poll`] drives the session on every poll round, busy or not (a
+//! poller polls its engines every round, at least every 100 ms when idle), and
+//! [`FsEngine::readiness`] bounds a blocked poller's wait by the session's next timer.
+//!
+//! **Layout.** Here: the engine, its poll round and the sinks; `slot` (the slot, its steps and
+//! the COMPOUND each sends), `prepare` (a new request fills its slot), `reply` (what a reply
+//! means), `attr` (attributes and statuses as the filesystem's types). `prepare` and `reply`
+//! use `slot` and `attr`; nothing uses this module.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use self::prepare::{prepare, Prepared};
+use self::reply::{reply, Flow};
+use self::slot::Slot;
+use super::conn::{CallError, CompoundReply, Conn, ConnConfig, Nfs41};
+use super::session::{Session, SessionSink, State};
+use super::shared::{EngineCell, Shared};
+use super::wire::nfs4::Op;
+use super::wire::Fh;
+use crate::filesystem::seam::{Completions, FsEngine, Readiness, Started, Token};
+use crate::filesystem::{self, Error, Reply};
+use crate::io::{Reader, Writer};
+use crate::request::{Op as FuseOp, Request};
+
+mod attr;
+mod prepare;
+mod reply;
+mod slot;
+
+/// How often a poller blocked on its connection looks at requests waiting in the backlog for a
+/// session (their deadlines; the session's own timers wake it for the rest).
+const BACKLOG_LOOK: Duration = Duration::from_millis(10);
+
+/// The NFSv4.1 engine of one poller (see the module documentation).
+pub struct Nfs41Engine {
+    conn: Option<Conn<Nfs41>>,
+    session: Session,
+    slots: Vec<Slot>,
+    root: Fh,
+    busy: usize,
+    /// Requests waiting for the session or a free record, oldest first.
+    backlog: VecDeque<u32>,
+    /// Slots whose next COMPOUND goes out after this poll round's replies.
+    next: Vec<u32>,
+    /// The session's client id (the open owners name it).
+    clientid: u64,
+    cell: Arc<EngineCell>,
+}
+
+impl std::fmt::Debug for Nfs41Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Nfs41Engine")
+            .field("busy", &self.busy)
+            .field("backlog", &self.backlog.len())
+            .field("session", &self.session.state())
+            .finish()
+    }
+}
+
+/// The sink of a call made outside a poll round: the payload of the call being sent.
+struct SendSink<'a> {
+    payload: Option<Reader<'a>>,
+    ended: bool,
+}
+
+impl SessionSink for SendSink<'_> {
+    fn read_buffer(&mut self, _tag: u32) -> Option<Writer<'_>> {
+        None
+    }
+
+    fn payload(&mut self, _tag: u32) -> Option<Reader<'_>> {
+        self.payload.clone()
+    }
+
+    fn ops(&mut self, _tag: u32, _send: &mut dyn FnMut(&[Op<'_>])) {}
+
+    fn done(&mut self, _tag: u32, _res: Result<CompoundReply<'_>, CallError>) {
+        self.ended = true;
+    }
+}
+
+/// The poll-time sink: replies go through the slots' steps.
+struct PollSink<'e, 'c> {
+    fs: &'e Shared,
+    slots: &'e mut [Slot],
+    done: &'e mut Completions<'c>,
+    next: &'e mut Vec<u32>,
+    busy: &'e mut usize,
+    clientid: u64,
+    cell: &'e EngineCell,
+}
+
+/// Ends slot `slot`'s request with `r`.
+fn complete(
+    slot: &mut Slot,
+    r: filesystem::Result<Reply>,
+    done: &mut Completions<'_>,
+    busy: &mut usize,
+    cell: &EngineCell,
+) {
+    if !slot.busy {
+        return;
+    }
+    if r.is_err() {
+        EngineCell::bump(&cell.errors);
+    }
+    done.complete(slot.token, r);
+    slot.busy = false;
+    *busy -= 1;
+}
+
+impl SessionSink for PollSink<'_, '_> {
+    fn read_buffer(&mut self, tag: u32) -> Option<Writer<'_>> {
+        let s = self.slots.get(tag as usize).filter(|s| s.busy && s.step == slot::Step::Read)?;
+        let mut w = self.done.data(s.token)?;
+        w.split_at(s.done as usize).ok()?;
+        Some(w)
+    }
+
+    fn payload(&mut self, tag: u32) -> Option<Reader<'_>> {
+        let s = self.slots.get(tag as usize).filter(|s| s.busy && s.step == slot::Step::Write)?;
+        let mut r = self.done.payload(s.token)?;
+        r.consume(s.done as usize).ok()?;
+        r.truncate(s.chunk as usize);
+        Some(r)
+    }
+
+    fn ops(&mut self, tag: u32, send: &mut dyn FnMut(&[Op<'_>])) {
+        if let Some(s) = self.slots.get(tag as usize).filter(|s| s.busy) {
+            s.with_ops(self.clientid, send);
+        }
+    }
+
+    fn done(&mut self, tag: u32, res: Result<CompoundReply<'_>, CallError>) {
+        let Some(slot) = self.slots.get_mut(tag as usize).filter(|s| s.busy) else { return };
+        if matches!(res, Err(CallError::TimedOut)) {
+            EngineCell::bump(&self.cell.timed_out);
+        }
+        match reply(self.fs, slot, res, self.done) {
+            Flow::Done(r) => complete(slot, r, self.done, self.busy, self.cell),
+            Flow::Next => self.next.push(tag),
+        }
+    }
+}
+
+impl Nfs41Engine {
+    /// The engine of poller `poller` of `fs` (an NFSv4.1 export), with a connection and a
+    /// session of its own (established in the background: the first requests wait for it).
+    pub fn new(fs: &impl AsRef<Shared>, poller: usize) -> Self {
+        let fs = fs.as_ref();
+        let max_io = fs.limits.read.max(fs.limits.write);
+        let cfg = fs.session_config(max_io);
+        let conn = match fs.v41.as_ref() {
+            Some(_) => Conn::<Nfs41>::new(ConnConfig {
+                addr: fs.mounted.nfs_addr,
+                slots: cfg.conn_slots(),
+                max_io,
+                timeout: fs.timeout,
+                retransmit: fs.retransmit,
+                machine_name: fs.machine_name.clone(),
+            })
+            .map_err(|e| {
+                log::error!("nfs4.1: poller {poller}: no connection to {}: {e}", fs.mounted.nfs_addr)
+            })
+            .ok(),
+            None => {
+                log::error!("nfs4.1: poller {poller}: the export was not set up for NFSv4.1");
+                None
+            }
+        };
+        let root = fs.mounted.root;
+        let n = fs.slots;
+        let cell = Arc::new(EngineCell::default());
+        fs.register(cell.clone());
+        Nfs41Engine {
+            conn,
+            session: Session::new(cfg, Instant::now()),
+            slots: (0..n).map(|_| Slot::new(root)).collect(),
+            root,
+            busy: 0,
+            backlog: VecDeque::with_capacity(n),
+            next: Vec::with_capacity(n),
+            clientid: 0,
+            cell,
+        }
+    }
+
+    /// Sends slot `i`'s step (`payload`: a WRITE's data from where this call starts).
+    fn send(&mut self, i: u32, payload: Option<Reader<'_>>) -> Result<(), CallError> {
+        let Some(conn) = self.conn.as_mut() else { return Err(CallError::Closed) };
+        if self.session.state() != State::Ready {
+            return Err(CallError::Full);
+        }
+        let slot = &self.slots[i as usize];
+        let mut sink = SendSink { payload, ended: false };
+        let mut r = Err(CallError::Closed);
+        let session = &mut self.session;
+        slot.with_ops(self.clientid, &mut |ops| {
+            r = session.call(conn, Instant::now(), i, &slot.cred, ops, &mut sink);
+        });
+        match r {
+            Ok(()) if sink.ended => Err(CallError::Closed),
+            r => r,
+        }
+    }
+
+    /// Sends slot `i`'s next step from a poll round (after a reply, or from the backlog).
+    fn send_next(&mut self, i: u32, done: &mut Completions<'_>) {
+        let slot = &self.slots[i as usize];
+        if !slot.busy {
+            return;
+        }
+        if Instant::now() > slot.deadline {
+            EngineCell::bump(&self.cell.timed_out);
+            return self.end(i, Err(Error::Io), done);
+        }
+        let payload = if slot.step == slot::Step::Write {
+            let Some(mut p) = done.payload(slot.token) else { return self.end(i, Err(Error::Io), done) };
+            if p.consume(slot.done as usize).is_err() {
+                return self.end(i, Err(Error::Io), done);
+            }
+            p.truncate(slot.chunk as usize);
+            Some(p)
+        } else {
+            None
+        };
+        match self.send(i, payload) {
+            Ok(()) => EngineCell::bump(&self.cell.calls),
+            Err(CallError::Full) => {
+                EngineCell::bump(&self.cell.backlogged);
+                self.backlog.push_back(i);
+            }
+            Err(e) => {
+                log::debug!("nfs4.1: request {i} not sent: {e}");
+                self.end(i, Err(Error::Io), done);
+            }
+        }
+    }
+
+    fn end(&mut self, i: u32, r: filesystem::Result<Reply>, done: &mut Completions<'_>) {
+        complete(&mut self.slots[i as usize], r, done, &mut self.busy, &self.cell);
+    }
+
+    fn publish(&mut self) {
+        if let Some(p) = self.session.params() {
+            self.clientid = p.clientid;
+        }
+        if let Some(c) = &self.conn {
+            let s = c.stats();
+            EngineCell::set(&self.cell.retransmits, s.retransmits);
+            EngineCell::set(&self.cell.reconnects, s.reconnects);
+            EngineCell::set(&self.cell.bad_replies, s.bad_replies);
+        }
+        self.cell.set_session(&self.session.stats());
+    }
+}
+
+impl<F: AsRef<Shared>> FsEngine<F> for Nfs41Engine {
+    fn start(&mut self, fs: &F, token: Token, req: &mut Request<'_>, _data: &mut Writer<'_>) -> Started {
+        let fs = fs.as_ref();
+        EngineCell::bump(&self.cell.requests);
+        let i = token.index();
+        if i >= self.slots.len() {
+            // More pending requests than ever before: kept from now.
+            let root = self.root;
+            self.slots.resize_with(i + 1, || Slot::new(root));
+        }
+        if self.slots[i].busy {
+            return Started::Done(Err(Error::Io));
+        }
+        match prepare(fs, &mut self.slots[i], req) {
+            Ok(Prepared::Answered(reply)) => return Started::Done(Ok(reply)),
+            Err(e) => {
+                EngineCell::bump(&self.cell.errors);
+                return Started::Done(Err(e));
+            }
+            Ok(Prepared::Send) => {}
+        }
+        if self.conn.is_none() {
+            EngineCell::bump(&self.cell.errors);
+            return Started::Done(Err(Error::Io));
+        }
+        let slot = &mut self.slots[i];
+        slot.token = token;
+        slot.busy = true;
+        self.busy += 1;
+        let payload = match &req.op {
+            FuseOp::Write { data, .. } => {
+                let mut p = data.clone();
+                p.truncate(slot.chunk as usize);
+                Some(p)
+            }
+            _ => None,
+        };
+        let tag = i as u32;
+        // Requests queue behind a backlog: order is kept.
+        let r = if self.backlog.is_empty() { self.send(tag, payload) } else { Err(CallError::Full) };
+        match r {
+            Ok(()) => {
+                EngineCell::bump(&self.cell.calls);
+                Started::Pending
+            }
+            Err(CallError::Full) => {
+                EngineCell::bump(&self.cell.backlogged);
+                self.backlog.push_back(tag);
+                Started::Pending
+            }
+            Err(e) => {
+                log::debug!("nfs4.1: request not sent: {e}");
+                self.slots[i].busy = false;
+                self.busy -= 1;
+                EngineCell::bump(&self.cell.errors);
+                Started::Done(Err(Error::Io))
+            }
+        }
+    }
+
+    fn poll(&mut self, fs: &F, done: &mut Completions<'_>) {
+        let fs = fs.as_ref();
+        let now = Instant::now();
+        if let Some(conn) = self.conn.as_mut() {
+            let mut sink = PollSink {
+                fs,
+                slots: &mut self.slots,
+                done,
+                next: &mut self.next,
+                busy: &mut self.busy,
+                clientid: self.clientid,
+                cell: &self.cell,
+            };
+            self.session.poll(now, conn, &mut sink);
+        }
+        if let Some(p) = self.session.params() {
+            self.clientid = p.clientid;
+        }
+        let mut next = std::mem::take(&mut self.next);
+        for &i in &next {
+            self.send_next(i, done);
+        }
+        next.clear();
+        self.next = next;
+        // The backlog, oldest first, while the session takes calls; past their deadline: EIO.
+        let mut n = self.backlog.len();
+        while n > 0 {
+            n -= 1;
+            let Some(i) = self.backlog.pop_front() else { break };
+            if self.session.state() != State::Ready && now <= self.slots[i as usize].deadline {
+                self.backlog.push_back(i);
+                continue;
+            }
+            let before = self.backlog.len();
+            self.send_next(i, done);
+            if self.backlog.len() > before {
+                // Still full: it went back to the end; restore the order and stop.
+                if let Some(j) = self.backlog.pop_back() {
+                    self.backlog.push_front(j);
+                }
+                break;
+            }
+        }
+        self.publish();
+    }
+
+    fn in_flight(&self) -> usize {
+        self.busy
+    }
+
+    fn readiness(&self) -> Option<Readiness<'_>> {
+        let conn = self.conn.as_ref()?;
+        let now = Instant::now();
+        let (fd, writable, mut within) = conn.readiness(now);
+        if let Some(t) = self.session.next_timer() {
+            within = within.min(t.saturating_duration_since(now));
+        }
+        if !self.backlog.is_empty() {
+            within = within.min(BACKLOG_LOOK);
+        }
+        Some(Readiness { fd, writable, within })
+    }
+}
+
+impl Drop for Nfs41Engine {
+    fn drop(&mut self) {
+        // The session's end, best effort and without waiting (a poller never blocks): the
+        // DESTROY_SESSION goes if it can; the server drops the rest at the end of the lease.
+        let mut sink = SendSink { payload: None, ended: false };
+        let now = Instant::now();
+        self.session.close(now, &mut sink);
+        if let Some(conn) = self.conn.as_mut() {
+            self.session.poll(now, conn, &mut sink);
+        }
+    }
+}

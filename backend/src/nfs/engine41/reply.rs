@@ -1,0 +1,372 @@
+//! What a COMPOUND's reply means for its slot ([`reply`]): the request is answered
+//! ([`Flow::Done`]), or the slot's next step is to be sent ([`Flow::Next`]). Failures are the
+//! COMPOUND's last result (`nfsstat4` as the guest's errno); a reply that does not decode, or
+//! lacks a result asked for, is EIO. NFS4ERR_DELAY never reaches here (the session sends the
+//! call again); a BAD_STATEID, STALE_STATEID or EXPIRED on a handle's open is EIO for that
+//! request (reclaiming opens is not done yet).
+
+use super::attr::{error, stat, statfs};
+use super::prepare::kept_state;
+use super::slot::{Kind, Slot, Step, NAME_MAX};
+use crate::filesystem::seam::{Completions, DirentWriter};
+use crate::filesystem::{self, DirEntry, Entry, Error, Opened, Reply, Stat};
+use crate::nfs::conn::{CallError, CompoundReply, ReadDone};
+use crate::nfs::convert::access_ok;
+use crate::nfs::nodes::{silly_name, OpenFile};
+use crate::nfs::shared::Shared;
+use crate::nfs::wire::nfs4::{
+    open_result, Delegation, DirEntries, Fattr4, Ftype4, Nfsstat4, OpNum, OpRes, Stateid, Verifier,
+};
+use crate::nfs::wire::Fh;
+
+/// What a reply means for its slot.
+pub(super) enum Flow {
+    /// The request is answered.
+    Done(filesystem::Result<Reply>),
+    /// `slot.step` is the next COMPOUND to send.
+    Next,
+}
+
+/// The results of one COMPOUND that the steps use, gathered in one pass.
+#[derive(Default)]
+struct Got<'a> {
+    failed: Option<(OpNum, Nfsstat4)>,
+    fh: Option<Fh>,
+    attrs: Option<Fattr4>,
+    /// The first GETATTR's (READDIR's directory fileid).
+    first_attrs: Option<Fattr4>,
+    open: Option<(Stateid, u32, Option<Stateid>)>,
+    access: Option<u32>,
+    link: Option<&'a [u8]>,
+    dir: Option<(Verifier, DirEntries<'a>, bool)>,
+    written: Option<u32>,
+    read: Option<ReadDone>,
+}
+
+fn gather<'a>(reply: &CompoundReply<'a>) -> Result<Got<'a>, Error> {
+    let mut g = Got { read: reply.read, ..Got::default() };
+    for r in reply.results.clone() {
+        match r.map_err(|_| Error::Io)? {
+            OpRes::Failed { op, status, .. } => g.failed = Some((op, status)),
+            OpRes::Getfh(fh) => g.fh = Some(fh),
+            OpRes::Getattr(a) => {
+                if g.first_attrs.is_none() {
+                    g.first_attrs = Some(a);
+                }
+                g.attrs = Some(a);
+            }
+            OpRes::Open(o) => {
+                let deleg = match o.delegation {
+                    Delegation::Read { stateid, .. } | Delegation::Write { stateid, .. } => Some(stateid),
+                    Delegation::None | Delegation::NoneExt { .. } => None,
+                };
+                g.open = Some((o.stateid, o.rflags, deleg));
+            }
+            OpRes::Access { access, .. } => g.access = Some(access),
+            OpRes::Readlink(t) => g.link = Some(t),
+            OpRes::Readdir { verf, entries, eof } => g.dir = Some((verf, entries, eof)),
+            OpRes::Write { count, .. } => g.written = Some(count),
+            _ => {}
+        }
+    }
+    Ok(g)
+}
+
+/// The entry of `fh` with attributes `a`: a node id the kernel now holds one more reference to.
+fn entry(fs: &Shared, fh: &Fh, a: &Fattr4) -> filesystem::Result<Entry> {
+    let attr = stat(a)?;
+    let ino = fs.nodes.reference(fh)?;
+    let t = fs.cache.timeout();
+    Ok(Entry { ino, generation: 0, attr, entry_timeout: t, attr_timeout: t })
+}
+
+/// What the reply (or failure) `res` of slot's COMPOUND means (READ data and READLINK's target
+/// and READDIR's entries go into the request's reply buffers, from `done`).
+pub(super) fn reply(
+    fs: &Shared,
+    slot: &mut Slot,
+    res: Result<CompoundReply<'_>, CallError>,
+    done: &mut Completions<'_>,
+) -> Flow {
+    let reply = match res {
+        Ok(r) => r,
+        Err(e) => {
+            log::debug!("nfs4.1: {:?} of request {:?} ended: {e}", slot.step, slot.token);
+            return Flow::Done(Err(Error::Io));
+        }
+    };
+    let g = match gather(&reply) {
+        Ok(g) => g,
+        Err(e) => return Flow::Done(Err(e)),
+    };
+    match step(fs, slot, g, done) {
+        Ok(f) => f,
+        Err(e) => Flow::Done(Err(e)),
+    }
+}
+
+fn step(fs: &Shared, slot: &mut Slot, g: Got<'_>, done: &mut Completions<'_>) -> Result<Flow, Error> {
+    // Failures a step expects first.
+    match (slot.step, g.failed) {
+        (Step::ProbeTarget, Some((OpNum::Lookup, Nfsstat4::NoEnt))) => {
+            slot.step = Step::Rename;
+            return Ok(Flow::Next);
+        }
+        (Step::ProbeTarget, None) => return Err(Error::Exists),
+        // The CLOSE of a RELEASE, a MKNOD's: the open is gone anyway (its file was made).
+        (Step::Close, _) => return Ok(Flow::Done(slot.answer.take().unwrap_or(Ok(Reply::Empty)))),
+        (Step::OpenCreate, Some((OpNum::Close, s))) if slot.kind == Kind::MknodReg => {
+            log::debug!("nfs4.1: the CLOSE after a MKNOD failed: {s:?}");
+        }
+        (Step::Delegreturn, _) => {
+            if let Some((_, s)) = g.failed {
+                log::debug!("nfs4.1: DELEGRETURN failed: {s:?}");
+            }
+            return Ok(Flow::Done(slot.answer.take().unwrap_or(Err(Error::Io))));
+        }
+        (_, Some((op, s))) => {
+            if matches!(s, Nfsstat4::BadStateid | Nfsstat4::StaleStateid | Nfsstat4::Expired) {
+                log::warn!("nfs4.1: {op:?} of node {}: {s:?} (the open is gone)", slot.nodeid);
+            }
+            return Err(error(s));
+        }
+        _ => {}
+    }
+    let t = fs.cache.timeout();
+    let flow = match slot.step {
+        Step::Lookup | Step::Create => {
+            let (fh, a) = (g.fh.ok_or(Error::Io)?, g.attrs.ok_or(Error::Io)?);
+            Flow::Done(entry(fs, &fh, &a).map(Reply::Entry))
+        }
+        Step::Getattr | Step::Setattr => Flow::Done(Ok(Reply::Attr(stat(&g.attrs.ok_or(Error::Io)?)?, t))),
+        Step::Link => Flow::Done(entry(fs, &slot.fh2, &g.attrs.ok_or(Error::Io)?).map(Reply::Entry)),
+        Step::Access => {
+            if !access_ok(slot.mask_req, g.access.ok_or(Error::Io)?) {
+                return Err(Error::AccessDenied);
+            }
+            Flow::Done(Ok(Reply::Empty))
+        }
+        Step::Readlink => {
+            let target = g.link.ok_or(Error::Io)?;
+            let mut w = done.data(slot.token).ok_or(Error::Io)?;
+            if target.len() > w.available() {
+                return Err(Error::NameTooLong);
+            }
+            w.write_all(target)?;
+            Flow::Done(Ok(Reply::Data(target.len())))
+        }
+        Step::Statfs => Flow::Done(Ok(Reply::StatFs(statfs(&g.attrs.ok_or(Error::Io)?)))),
+        Step::OpenFh | Step::OpenCreate => opened(fs, slot, &g)?,
+        Step::Probe => {
+            let fh = g.fh.ok_or(Error::Io)?;
+            let ftype = g.attrs.and_then(|a| a.ftype).ok_or(Error::Io)?;
+            let is_dir = ftype == Ftype4::Dir;
+            if slot.kind == Kind::Rmdir && !is_dir {
+                return Err(Error::from_errno(libc::ENOTDIR));
+            }
+            if slot.kind == Kind::Unlink && is_dir {
+                return Err(Error::from_errno(libc::EISDIR));
+            }
+            match fs.nodes.open_node(&fh).filter(|_| slot.kind == Kind::Unlink) {
+                // Open: renamed to its silly name until the last close (as Linux's client).
+                Some(n) => {
+                    slot.handle = n;
+                    slot.fh2 = slot.fh;
+                    slot.names.set_b(&silly_name(n))?;
+                    slot.step = Step::Rename;
+                }
+                None => slot.step = Step::Remove,
+            }
+            Flow::Next
+        }
+        Step::Remove => Flow::Done(Ok(Reply::Empty)),
+        Step::Rename => {
+            if slot.kind == Kind::Unlink {
+                fs.nodes.set_silly(slot.handle, slot.fh);
+            }
+            Flow::Done(Ok(Reply::Empty))
+        }
+        Step::Read => {
+            let r = g.read.ok_or(Error::Io)?;
+            let count = r.count.min(slot.chunk);
+            slot.done += count;
+            if r.eof || count == 0 || slot.done >= slot.size {
+                Flow::Done(Ok(Reply::Data(slot.done as usize)))
+            } else {
+                slot.chunk = (slot.size - slot.done).min(fs.limits.read);
+                Flow::Next
+            }
+        }
+        Step::Write => {
+            let count = g.written.ok_or(Error::Io)?.min(slot.chunk);
+            if count == 0 {
+                return Err(Error::Io);
+            }
+            slot.done += count;
+            if slot.done >= slot.size {
+                Flow::Done(Ok(Reply::Written(slot.done as usize)))
+            } else {
+                slot.chunk = (slot.size - slot.done).min(fs.limits.write);
+                Flow::Next
+            }
+        }
+        Step::Readdir => {
+            let (verf, entries, eof) = g.dir.ok_or(Error::Io)?;
+            let fileid = g.first_attrs.and_then(|a| a.fileid).unwrap_or(0);
+            if !advances(&entries, slot.cookie, eof) {
+                log::warn!(
+                    "NFS server's READDIR reply from cookie {} does not move the listing on",
+                    slot.cookie
+                );
+                return Err(Error::Io);
+            }
+            let mut w = done.data(slot.token).ok_or(Error::Io)?;
+            let mut out = DirentWriter::new(&mut w);
+            let (last, all) = list(fs, slot, fileid, entries, &mut out).ok_or(Error::Io)?;
+            fs.handles.set_cookieverf(slot.handle, verf, if eof && all { last } else { 0 });
+            Flow::Done(Ok(Reply::Data(out.bytes_written())))
+        }
+        // Answered above.
+        Step::ProbeTarget | Step::Close | Step::Delegreturn => return Err(Error::Io),
+    };
+    Ok(flow)
+}
+
+/// OPEN answered: the handle keeps the open's stateid (CREATE: the new file's entry too); a
+/// delegation granted despite WANT_NO_DELEG is returned first.
+fn opened(fs: &Shared, slot: &mut Slot, g: &Got<'_>) -> Result<Flow, Error> {
+    let (stateid, rflags, deleg) = g.open.ok_or(Error::Io)?;
+    if rflags & open_result::CONFIRM != 0 {
+        // NFSv4.0's OPEN_CONFIRM: never in 4.1.
+        log::warn!("nfs4.1: the server asks OPEN_CONFIRM, which NFSv4.1 has not");
+        return Err(Error::Io);
+    }
+    let t = fs.cache.timeout();
+    let answer = match slot.kind {
+        Kind::MknodReg => {
+            let (fh, a) = (g.fh.ok_or(Error::Io)?, g.attrs.ok_or(Error::Io)?);
+            entry(fs, &fh, &a).map(Reply::Entry)
+        }
+        Kind::Create => {
+            let (fh, a) = (g.fh.ok_or(Error::Io)?, g.attrs.ok_or(Error::Io)?);
+            slot.obj = fh;
+            entry(fs, &fh, &a).and_then(|e| match open_handle(fs, e.ino, slot.flags, stateid) {
+                Ok(fh) => Ok(Reply::Created(e, Opened { fh, open_flags: fs.cache.file_open_flags() })),
+                Err(err) => {
+                    fs.nodes.forget(e.ino, 1);
+                    Err(err)
+                }
+            })
+        }
+        _ => {
+            slot.obj = slot.fh;
+            open_handle(fs, slot.nodeid, slot.flags, stateid)
+                .map(|fh| Reply::Open(Opened { fh, open_flags: fs.cache.file_open_flags() }))
+        }
+    };
+    let _ = t;
+    if slot.kind != Kind::MknodReg && answer.is_err() {
+        // No handle keeps the open: close it on the server, then answer.
+        slot.stateid = stateid;
+        slot.silly = false;
+        slot.answer = Some(answer);
+        slot.step = Step::Close;
+        return Ok(Flow::Next);
+    }
+    if let Some(d) = deleg {
+        slot.deleg = d;
+        slot.answer = Some(answer);
+        slot.step = Step::Delegreturn;
+        return Ok(Flow::Next);
+    }
+    Ok(Flow::Done(answer))
+}
+
+/// A FUSE handle of `nodeid` opened with `flags`, keeping the open `stateid`.
+fn open_handle(fs: &Shared, nodeid: u64, flags: u32, stateid: Stateid) -> filesystem::Result<u64> {
+    fs.nodes.opened(nodeid)?;
+    let file =
+        OpenFile { nodeid, flags, dir: false, cookieverf: [0; 8], eof_at: 0, state: kept_state(stateid) };
+    fs.handles.open(file).inspect_err(|_| {
+        fs.nodes.closed(nodeid);
+    })
+}
+
+/// Whether a READDIR reply to a call from `cookie` moves the listing on, checked before
+/// anything is written or looked up: one with no entry and no eof, or an entry whose cookie is
+/// the one asked for, or one of those NFSv4 keeps (0, 1, 2: RFC 8881 18.23.3), would make the
+/// guest ask the same again for ever: EIO, never a loop.
+pub(super) fn advances(entries: &DirEntries<'_>, cookie: u64, eof: bool) -> bool {
+    let mut any = false;
+    for e in entries.clone() {
+        match e {
+            Ok(e) if e.cookie != cookie && e.cookie > 2 => any = true,
+            _ => return false,
+        }
+    }
+    any || eof
+}
+
+/// Writes `.` and `..` if due, then the `entries` that fit into `out`: the offset of the last
+/// entry given, and whether every one fit; `None` if an entry does not decode.
+fn list(
+    fs: &Shared,
+    slot: &Slot,
+    fileid: u64,
+    entries: DirEntries<'_>,
+    out: &mut DirentWriter<'_, '_>,
+) -> Option<(u64, bool)> {
+    let plus = slot.kind == Kind::Readdirplus;
+    let mut last = slot.offset;
+    let dots: &[(&[u8], u64)] = match slot.dots {
+        2 => &[(b".", 1), (b"..", 2)],
+        1 => &[(b"..", 2)],
+        _ => &[],
+    };
+    for &(name, off) in dots {
+        // NFSv4 gives neither: both are the directory's fileid here (its parent's is not known
+        // without another call; the kernel takes `..` from its own dentries).
+        let d = DirEntry { ino: fileid, offset: off, typ: libc::DT_DIR.into(), name };
+        let fits = if plus {
+            let attr = Stat { ino: fileid, mode: libc::S_IFDIR, nlink: 2, ..Stat::default() };
+            out.add_plus(&d, &Entry { ino: 0, attr, ..Entry::default() })
+        } else {
+            out.add(&d)
+        };
+        if !fits {
+            return Some((last, false));
+        }
+        last = off;
+    }
+    for e in entries {
+        let e = e.ok()?;
+        if e.name.is_empty() || e.name.len() > NAME_MAX || e.name.contains(&b'/') || e.name.contains(&0) {
+            continue;
+        }
+        let a = &e.attrs;
+        let failed = a.rdattr_error.is_some_and(|s| s != Nfsstat4::Ok);
+        let typ = a.ftype.filter(|_| !failed).map_or(0, |t| super::attr::type_bits(t) >> 12);
+        let d = DirEntry { ino: a.fileid.unwrap_or(0), offset: e.cookie, typ, name: e.name };
+        if !plus {
+            if !out.add(&d) {
+                return Some((last, false));
+            }
+            last = e.cookie;
+            continue;
+        }
+        let looked_up = match a.filehandle {
+            Some(fh) if !failed => entry(fs, &fh, a).ok(),
+            _ => None,
+        };
+        let ent =
+            looked_up.unwrap_or(Entry { ino: 0, attr: stat(a).unwrap_or_default(), ..Entry::default() });
+        if !out.add_plus(&d, &ent) {
+            if looked_up.is_some() {
+                fs.nodes.forget(ent.ino, 1);
+            }
+            return Some((last, false));
+        }
+        last = e.cookie;
+    }
+    Some((last, true))
+}

@@ -1,0 +1,471 @@
+//! A pending request's slot on the NFSv4.1 engine: which FUSE operation it serves ([`Kind`]),
+//! which COMPOUND it sends next ([`Step`]), what it holds between COMPOUNDs (handles, names,
+//! what to set, the open stateid, where a READ or WRITE is), and [`Slot::with_ops`], which makes
+//! the COMPOUND's operations from the slot whenever the session asks (the first send, and every
+//! send again after a new session or a DELAY): nothing of a request is kept in encoded form.
+//!
+//! The leaf of the engine: every other part uses it, and it uses none of them.
+
+use std::time::Instant;
+
+use crate::filesystem::seam::Token;
+use crate::filesystem::{self, Error, Reply};
+use crate::nfs::conn::Cred;
+use crate::nfs::wire::nfs4::{
+    attr, share, Bitmap, CreateHow4, CreateKind, Ftype4, Op, Open, OpenClaim, SetAttrs, Stable4, StateOwner,
+    Stateid, Verifier,
+};
+use crate::nfs::wire::Fh;
+
+/// Longest name component sent (Linux's NAME_MAX).
+pub(super) const NAME_MAX: usize = 255;
+
+/// The attributes a FUSE `stat` needs.
+pub(super) const STAT: Bitmap = Bitmap::of(&[
+    attr::TYPE,
+    attr::SIZE,
+    attr::FILEID,
+    attr::MODE,
+    attr::NUMLINKS,
+    attr::OWNER,
+    attr::OWNER_GROUP,
+    attr::RAWDEV,
+    attr::SPACE_USED,
+    attr::TIME_ACCESS,
+    attr::TIME_METADATA,
+    attr::TIME_MODIFY,
+]);
+/// READDIRPLUS's attributes of each entry: a `stat`, the handle, and why they are missing.
+pub(super) const STAT_FH: Bitmap = Bitmap::of(&[
+    attr::TYPE,
+    attr::SIZE,
+    attr::RDATTR_ERROR,
+    attr::FILEHANDLE,
+    attr::FILEID,
+    attr::MODE,
+    attr::NUMLINKS,
+    attr::OWNER,
+    attr::OWNER_GROUP,
+    attr::RAWDEV,
+    attr::SPACE_USED,
+    attr::TIME_ACCESS,
+    attr::TIME_METADATA,
+    attr::TIME_MODIFY,
+]);
+/// READDIR's attributes of each entry: the type and the fileid.
+pub(super) const TYPE_ID: Bitmap = Bitmap::of(&[attr::TYPE, attr::RDATTR_ERROR, attr::FILEID]);
+/// STATFS.
+pub(super) const STATFS: Bitmap = Bitmap::of(&[
+    attr::FILES_AVAIL,
+    attr::FILES_FREE,
+    attr::FILES_TOTAL,
+    attr::MAXNAME,
+    attr::SPACE_AVAIL,
+    attr::SPACE_FREE,
+    attr::SPACE_TOTAL,
+]);
+/// The type alone (the check before a REMOVE).
+pub(super) const TYPE: Bitmap = Bitmap::of(&[attr::TYPE]);
+/// A directory's fileid (`.` and `..` of a listing).
+pub(super) const FILEID: Bitmap = Bitmap::of(&[attr::FILEID]);
+
+/// Which FUSE operation a slot serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    Lookup,
+    Getattr,
+    Setattr,
+    Access,
+    Readlink,
+    Statfs,
+    Open,
+    Create,
+    /// MKNOD of a regular file: OPEN(create) and CLOSE.
+    MknodReg,
+    /// MKNOD of another type, MKDIR, SYMLINK: CREATE.
+    Make,
+    Link,
+    Unlink,
+    Rmdir,
+    Rename,
+    Read,
+    Write,
+    Readdir,
+    Readdirplus,
+    Release,
+}
+
+/// The next COMPOUND of a slot (after the session's SEQUENCE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    /// PUTFH(`fh`) LOOKUP(`a`) GETFH GETATTR.
+    Lookup,
+    /// PUTFH(`obj`) GETATTR.
+    Getattr,
+    /// PUTFH(`obj`) SETATTR(`stateid`, `sattr`) GETATTR.
+    Setattr,
+    /// PUTFH(`fh`) ACCESS(`mask`).
+    Access,
+    /// PUTFH(`fh`) READLINK.
+    Readlink,
+    /// PUTFH(`fh`) GETATTR(the STATFS attributes).
+    Statfs,
+    /// PUTFH(`fh`) OPEN(CLAIM_FH) [SETATTR(size 0) for `O_TRUNC`].
+    OpenFh,
+    /// PUTFH(`fh`) OPEN(create `a`) GETFH [SETATTR(`sattr2`)] GETATTR [CLOSE for MKNOD].
+    OpenCreate,
+    /// PUTFH(`fh`) CREATE(`make`, `a`, `sattr`) GETFH GETATTR.
+    Create,
+    /// PUTFH(`fh2`: the file) SAVEFH PUTFH(`fh`: the directory) LINK(`a`) RESTOREFH GETATTR.
+    Link,
+    /// PUTFH(`fh`) LOOKUP(`a`) GETFH GETATTR(type): what an UNLINK or RMDIR removes.
+    Probe,
+    /// PUTFH(`fh`) REMOVE(`a`).
+    Remove,
+    /// PUTFH(`fh2`) LOOKUP(`b`): RENAME_NOREPLACE's check.
+    ProbeTarget,
+    /// PUTFH(`fh`) SAVEFH PUTFH(`fh2`) RENAME(`a`, `b`).
+    Rename,
+    /// PUTFH(`fh`) READ(`stateid`): the last operation, its data placed in the reply buffers.
+    Read,
+    /// PUTFH(`fh`) WRITE(`stateid`, FILE_SYNC4), the data from the request's payload.
+    Write,
+    /// PUTFH(`fh`) GETATTR(fileid) READDIR(`cookie`, `cookieverf`).
+    Readdir,
+    /// PUTFH(`obj`) CLOSE(`stateid`) [PUTFH(`fh`) REMOVE(`a`): a silly name's last close].
+    Close,
+    /// PUTFH(`obj`) DELEGRETURN(`deleg`).
+    Delegreturn,
+}
+
+/// What CREATE makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Make {
+    Dir,
+    Symlink,
+    Dev(Ftype4, u32, u32),
+    Sock,
+    Fifo,
+}
+
+/// Room for the names of one request.
+pub(super) struct Names {
+    bytes: [u8; 2 * NAME_MAX],
+    a: usize,
+    b: usize,
+}
+
+impl Names {
+    pub(super) fn a(&self) -> &[u8] {
+        &self.bytes[..self.a]
+    }
+
+    pub(super) fn b(&self) -> &[u8] {
+        &self.bytes[NAME_MAX..NAME_MAX + self.b]
+    }
+
+    pub(super) fn set(&mut self, a: &[u8], b: &[u8]) -> Result<(), Error> {
+        if a.len() > NAME_MAX || b.len() > NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        self.bytes[..a.len()].copy_from_slice(a);
+        self.bytes[NAME_MAX..NAME_MAX + b.len()].copy_from_slice(b);
+        self.a = a.len();
+        self.b = b.len();
+        Ok(())
+    }
+
+    /// Keeps `a`, sets `b`.
+    pub(super) fn set_b(&mut self, b: &[u8]) -> Result<(), Error> {
+        if b.len() > NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        self.bytes[NAME_MAX..NAME_MAX + b.len()].copy_from_slice(b);
+        self.b = b.len();
+        Ok(())
+    }
+}
+
+/// One pending request (see the module documentation).
+pub(super) struct Slot {
+    pub(super) busy: bool,
+    pub(super) token: Token,
+    pub(super) cred: Cred,
+    pub(super) nodeid: u64,
+    pub(super) kind: Kind,
+    pub(super) step: Step,
+    pub(super) deadline: Instant,
+    /// The node's handle (the directory of name operations, the file of I/O).
+    pub(super) fh: Fh,
+    /// The second handle: RENAME's target directory, LINK's file.
+    pub(super) fh2: Fh,
+    /// The object a step works on (GETATTR, SETATTR, CLOSE, DELEGRETURN).
+    pub(super) obj: Fh,
+    pub(super) names: Names,
+    /// A symlink's target (capacity kept).
+    pub(super) long: Vec<u8>,
+    /// What SETATTR, CREATE or OPEN(create) sets.
+    pub(super) sattr: SetAttrs,
+    /// What the SETATTR after an OPEN sets (`O_TRUNC`; the times after an exclusive create).
+    pub(super) sattr2: Option<SetAttrs>,
+    /// The open stateid used (READ, WRITE, SETATTR of the size, CLOSE).
+    pub(super) stateid: Stateid,
+    /// A delegation to return.
+    pub(super) deleg: Stateid,
+    /// The open owner of an OPEN: a number unique for the client's life.
+    pub(super) owner: [u8; 8],
+    pub(super) exclusive: Option<Verifier>,
+    pub(super) make: Make,
+    /// `open(2)` flags.
+    pub(super) flags: u32,
+    pub(super) offset: u64,
+    pub(super) size: u32,
+    pub(super) done: u32,
+    /// The count of the READ or WRITE on the wire; READDIR's `maxcount`.
+    pub(super) chunk: u32,
+    /// ACCESS4 bits asked.
+    pub(super) mask: u32,
+    /// The FUSE ACCESS mask asked.
+    pub(super) mask_req: u32,
+    /// The FUSE handle (READDIR, RELEASE), or the node an UNLINK renames to its silly name.
+    pub(super) handle: u64,
+    /// READDIR: the server's cookie to list from, its verifier, and how many of `.` and `..`
+    /// go first.
+    pub(super) cookie: u64,
+    pub(super) cookieverf: Verifier,
+    pub(super) dots: u8,
+    /// RELEASE of a file unlinked while open: its silly name goes with the CLOSE.
+    pub(super) silly: bool,
+    /// The answer, once a last step (a DELEGRETURN, the CLOSE of an open that could not be
+    /// kept) is done.
+    pub(super) answer: Option<filesystem::Result<Reply>>,
+}
+
+impl Slot {
+    pub(super) fn new(root: Fh) -> Self {
+        Slot {
+            busy: false,
+            token: Token(0),
+            cred: Cred::ROOT,
+            nodeid: 0,
+            kind: Kind::Getattr,
+            step: Step::Getattr,
+            deadline: Instant::now(),
+            fh: root,
+            fh2: root,
+            obj: root,
+            names: Names { bytes: [0; 2 * NAME_MAX], a: 0, b: 0 },
+            long: Vec::new(),
+            sattr: SetAttrs::NONE,
+            sattr2: None,
+            stateid: Stateid::ANONYMOUS,
+            deleg: Stateid::ANONYMOUS,
+            owner: [0; 8],
+            exclusive: None,
+            make: Make::Dir,
+            flags: 0,
+            offset: 0,
+            size: 0,
+            done: 0,
+            chunk: 0,
+            mask: 0,
+            mask_req: 0,
+            handle: 0,
+            cookie: 0,
+            cookieverf: [0; 8],
+            dots: 0,
+            silly: false,
+            answer: None,
+        }
+    }
+
+    /// The share access an open with the slot's `flags` asks (`O_TRUNC` writes), and no
+    /// delegation.
+    fn share_access(&self) -> u32 {
+        let a = match self.flags & libc::O_ACCMODE as u32 {
+            x if x == libc::O_WRONLY as u32 => share::ACCESS_WRITE,
+            x if x == libc::O_RDWR as u32 => share::ACCESS_BOTH,
+            _ => share::ACCESS_READ,
+        };
+        let a = if self.flags & libc::O_TRUNC as u32 != 0 { a | share::ACCESS_WRITE } else { a };
+        a | share::WANT_NO_DELEG
+    }
+
+    /// Gives `send` the operations of the slot's next COMPOUND (without SEQUENCE); `clientid`:
+    /// the session's, for the open owner.
+    pub(super) fn with_ops(&self, clientid: u64, send: &mut dyn FnMut(&[Op<'_>])) {
+        let mut ops = [Op::Getfh; 8];
+        let mut n = 0;
+        let mut push = |op| {
+            ops[n] = op;
+            n += 1;
+        };
+        let a = self.names.a();
+        match self.step {
+            Step::Lookup => {
+                push(Op::Putfh { fh: &self.fh });
+                push(Op::Lookup { name: a });
+                push(Op::Getfh);
+                push(Op::Getattr { attrs: STAT });
+            }
+            Step::Getattr => {
+                push(Op::Putfh { fh: &self.obj });
+                push(Op::Getattr { attrs: STAT });
+            }
+            Step::Setattr => {
+                push(Op::Putfh { fh: &self.obj });
+                push(Op::Setattr { stateid: self.stateid, attrs: &self.sattr });
+                push(Op::Getattr { attrs: STAT });
+            }
+            Step::Access => {
+                push(Op::Putfh { fh: &self.fh });
+                push(Op::Access { mask: self.mask });
+            }
+            Step::Readlink => {
+                push(Op::Putfh { fh: &self.fh });
+                push(Op::Readlink);
+            }
+            Step::Statfs => {
+                push(Op::Putfh { fh: &self.fh });
+                push(Op::Getattr { attrs: STATFS });
+            }
+            Step::OpenFh | Step::OpenCreate => {
+                let create = if self.step == Step::OpenFh {
+                    None
+                } else if let Some(verf) = self.exclusive {
+                    Some(CreateHow4::Exclusive41 { verf, attrs: &self.sattr })
+                } else if self.kind == Kind::MknodReg {
+                    Some(CreateHow4::Guarded(&self.sattr))
+                } else {
+                    Some(CreateHow4::Unchecked(&self.sattr))
+                };
+                let claim = if self.step == Step::OpenFh { OpenClaim::Fh } else { OpenClaim::Null(a) };
+                push(Op::Putfh { fh: &self.fh });
+                push(Op::Open(Open {
+                    share_access: self.share_access(),
+                    share_deny: share::DENY_NONE,
+                    owner: StateOwner { clientid, owner: &self.owner },
+                    create,
+                    claim,
+                }));
+                if self.step == Step::OpenCreate {
+                    push(Op::Getfh);
+                }
+                if let Some(s) = &self.sattr2 {
+                    push(Op::Setattr { stateid: Stateid::CURRENT, attrs: s });
+                }
+                if self.step == Step::OpenCreate {
+                    push(Op::Getattr { attrs: STAT });
+                }
+                if self.kind == Kind::MknodReg {
+                    push(Op::Close { stateid: Stateid::CURRENT });
+                }
+            }
+            Step::Create => {
+                let kind = match self.make {
+                    Make::Dir => CreateKind::Dir,
+                    Make::Symlink => CreateKind::Link(&self.long),
+                    Make::Dev(Ftype4::Blk, ma, mi) => CreateKind::Blk(ma, mi),
+                    Make::Dev(_, ma, mi) => CreateKind::Chr(ma, mi),
+                    Make::Sock => CreateKind::Sock,
+                    Make::Fifo => CreateKind::Fifo,
+                };
+                push(Op::Putfh { fh: &self.fh });
+                push(Op::Create { kind, name: a, attrs: &self.sattr });
+                push(Op::Getfh);
+                push(Op::Getattr { attrs: STAT });
+            }
+            Step::Link => {
+                // LINK: the saved handle is the file, the current one the directory
+                // (RFC 8881 18.9.3); RESTOREFH makes the file current for its attributes.
+                push(Op::Putfh { fh: &self.fh2 });
+                push(Op::Savefh);
+                push(Op::Putfh { fh: &self.fh });
+                push(Op::Link { name: a });
+                push(Op::Restorefh);
+                push(Op::Getattr { attrs: STAT });
+            }
+            Step::Probe => {
+                push(Op::Putfh { fh: &self.fh });
+                push(Op::Lookup { name: a });
+                push(Op::Getfh);
+                push(Op::Getattr { attrs: TYPE });
+            }
+            Step::Remove => {
+                push(Op::Putfh { fh: &self.fh });
+                push(Op::Remove { name: a });
+            }
+            Step::ProbeTarget => {
+                push(Op::Putfh { fh: &self.fh2 });
+                push(Op::Lookup { name: self.names.b() });
+            }
+            Step::Rename => {
+                // RENAME: the saved handle is the source directory, the current one the
+                // target's (RFC 8881 18.26.3).
+                push(Op::Putfh { fh: &self.fh });
+                push(Op::Savefh);
+                push(Op::Putfh { fh: &self.fh2 });
+                push(Op::Rename { old: a, new: self.names.b() });
+            }
+            Step::Read => {
+                push(Op::Putfh { fh: &self.fh });
+                push(Op::Read {
+                    stateid: self.stateid,
+                    offset: self.offset + u64::from(self.done),
+                    count: self.chunk,
+                });
+            }
+            Step::Write => {
+                push(Op::Putfh { fh: &self.fh });
+                push(Op::Write {
+                    stateid: self.stateid,
+                    offset: self.offset + u64::from(self.done),
+                    stable: Stable4::FileSync,
+                    count: self.chunk,
+                });
+            }
+            Step::Readdir => {
+                let attrs = if self.kind == Kind::Readdirplus { STAT_FH } else { TYPE_ID };
+                push(Op::Putfh { fh: &self.fh });
+                push(Op::Getattr { attrs: FILEID });
+                push(Op::Readdir {
+                    cookie: self.cookie,
+                    verf: self.cookieverf,
+                    dircount: self.size,
+                    maxcount: self.chunk,
+                    attrs,
+                });
+            }
+            Step::Close => {
+                if self.stateid != Stateid::ANONYMOUS {
+                    push(Op::Putfh { fh: &self.obj });
+                    push(Op::Close { stateid: self.stateid });
+                }
+                if self.silly {
+                    push(Op::Putfh { fh: &self.fh });
+                    push(Op::Remove { name: a });
+                }
+            }
+            Step::Delegreturn => {
+                push(Op::Putfh { fh: &self.obj });
+                push(Op::Delegreturn { stateid: self.deleg });
+            }
+        }
+        send(&ops[..n]);
+    }
+}
+
+/// A stateid as the handle table keeps it.
+pub(super) fn state_bytes(s: Stateid) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..4].copy_from_slice(&s.seqid.to_be_bytes());
+    b[4..].copy_from_slice(&s.other);
+    b
+}
+
+/// The stateid the handle table keeps.
+pub(super) fn stateid_of(b: [u8; 16]) -> Stateid {
+    let mut other = [0u8; 12];
+    other.copy_from_slice(&b[4..]);
+    Stateid { seqid: u32::from_be_bytes([b[0], b[1], b[2], b[3]]), other }
+}
