@@ -1,0 +1,478 @@
+//! Byte-range and flock locks kept by an NFSv4.1 server: the lock state the engines share
+//! ([`LockStates`]: a lock stateid per file and lock owner) and the SETLKW requests that wait
+//! for a lock another client holds ([`RemoteWaits`], the filesystem's
+//! [`RemoteLocks`](crate::filesystem::RemoteLocks)).
+//!
+//! **Owners.** A lock owner on the server is the client id (one per device function, shared by
+//! its pollers' sessions) and an owner name: `p` and the FUSE POSIX lock owner for `fcntl`
+//! locks, `f` and the FUSE handle for `flock` locks (which the open file owns, as the Linux
+//! NFS client maps them: a whole-file lock). So two processes of one guest conflict on the
+//! server as they would in one kernel, and every other client of the export (another device,
+//! a host's NFS mount) sees them.
+//!
+//! **Waiting.** A SETLKW is parked by the server ([`crate::server::waits`]) and kept here; the
+//! engines take the due ones in turn ([`RemoteWaits::due`]) and send a LOCK for each (the
+//! blocking lock types, which tell the server a client waits), a background call with no guest
+//! request behind it. Denied, the next try comes after a back-off (5 ms doubling up to 500 ms);
+//! granted or failed, the wait ends and the generation moves, so the poller that parked it
+//! answers it. A wait cancelled or interrupted while its LOCK is on the wire is let go when the
+//! LOCK is granted (the engine sends LOCKU). At most [`MAX_WAITS`] waits at once (`ENOLCK`
+//! beyond).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::filesystem::{Context, Error, FileLock, LockRequest, RemoteLocks, Result};
+use crate::nfs::wire::nfs4::Stateid;
+
+/// Waits kept at most.
+pub const MAX_WAITS: usize = 1024;
+/// The first back-off of a denied wait; it doubles up to [`MAX_RETRY`].
+pub const MIN_RETRY: Duration = Duration::from_millis(5);
+/// The longest back-off between two tries of a waiting lock.
+pub const MAX_RETRY: Duration = Duration::from_millis(500);
+
+/// Who owns a lock (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Owner {
+    /// A POSIX (`fcntl`) lock of this FUSE lock owner.
+    Posix(u64),
+    /// A `flock` lock of this FUSE handle.
+    Flock(u64),
+}
+
+impl Owner {
+    /// The owner of `req`'s lock.
+    pub fn of(req: &LockRequest) -> Owner {
+        if req.flock {
+            Owner::Flock(req.fh)
+        } else {
+            Owner::Posix(req.owner)
+        }
+    }
+
+    /// The owner name sent (`lock_owner4`'s `owner`, beside the client id).
+    pub fn name(self) -> [u8; 9] {
+        let (k, id) = match self {
+            Owner::Posix(o) => (b'p', o),
+            Owner::Flock(h) => (b'f', h),
+        };
+        let mut b = [0u8; 9];
+        b[0] = k;
+        b[1..].copy_from_slice(&id.to_le_bytes());
+        b
+    }
+}
+
+/// The lock stateids of every file and lock owner, shared by the engines. A lock owner's first
+/// lock on a file goes from its open's stateid (`open_to_lock_owner4`); later ones use the lock
+/// stateid the server gave then.
+#[derive(Debug, Default)]
+pub struct LockStates {
+    inner: Mutex<HashMap<(u64, Owner), Stateid>>,
+}
+
+impl LockStates {
+    fn lock(&self) -> MutexGuard<'_, HashMap<(u64, Owner), Stateid>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The lock stateid of `owner` on node `nodeid`, if it has one.
+    pub fn get(&self, nodeid: u64, owner: Owner) -> Option<Stateid> {
+        self.lock().get(&(nodeid, owner)).copied()
+    }
+
+    /// The server gave (or updated) `owner`'s lock stateid on `nodeid`.
+    pub fn set(&self, nodeid: u64, owner: Owner, stateid: Stateid) {
+        self.lock().insert((nodeid, owner), stateid);
+    }
+
+    /// `owner`'s lock state on `nodeid` is gone (freed, or the server lost it).
+    pub fn forget(&self, nodeid: u64, owner: Owner) -> Option<Stateid> {
+        self.lock().remove(&(nodeid, owner))
+    }
+
+    /// Every lock state of `nodeid` (its last handle closed: its locks went with it).
+    pub fn forget_node(&self, nodeid: u64) -> Vec<(Owner, Stateid)> {
+        let mut g = self.lock();
+        let gone: Vec<(Owner, Stateid)> =
+            g.iter().filter(|((n, _), _)| *n == nodeid).map(|((_, o), s)| (*o, *s)).collect();
+        for (o, _) in &gone {
+            g.remove(&(nodeid, *o));
+        }
+        gone
+    }
+
+    /// Lock states kept.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether none is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A try of a waiting lock, for an engine to send ([`RemoteWaits::due`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attempt {
+    /// The wait.
+    pub id: u64,
+    /// The file's node id.
+    pub nodeid: u64,
+    /// The FUSE handle the lock comes through (its open stateid).
+    pub fh: u64,
+    /// The lock's owner.
+    pub owner: Owner,
+    /// The range and type.
+    pub lock: FileLock,
+    /// The caller's credential.
+    pub uid: u32,
+    /// The caller's group.
+    pub gid: u32,
+}
+
+/// How a try went ([`RemoteWaits::attempted`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tried {
+    /// LOCK granted.
+    Granted,
+    /// NFS4ERR_DENIED (or DELAY, GRACE): try again later.
+    Denied,
+    /// Another error: the wait ends with it.
+    Failed(Error),
+}
+
+/// What the engine does after a try.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum After {
+    /// Nothing more.
+    Done,
+    /// The lock was granted for a wait that was cancelled or interrupted meanwhile: let it go
+    /// (LOCKU of the attempt's range).
+    LetGo,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Waiting,
+    /// Cancelled or interrupted (with the error to answer, `None`: no answer) while a try
+    /// was on the wire.
+    Dropping(Option<Error>),
+    Ended(std::result::Result<(), Error>),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Wait {
+    id: u64,
+    unique: u64,
+    nodeid: u64,
+    fh: u64,
+    owner: Owner,
+    lock: FileLock,
+    uid: u32,
+    gid: u32,
+    state: State,
+    /// A try is on the wire.
+    out: bool,
+    next_at: Instant,
+    backoff: Duration,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    waits: Vec<Wait>,
+    next_id: u64,
+}
+
+/// The SETLKW requests waiting for a lock on the server (see the module documentation).
+#[derive(Debug, Default)]
+pub struct RemoteWaits {
+    inner: Mutex<Table>,
+    generation: AtomicU64,
+    /// How many tries were sent, and denied (data for the statistics).
+    tries: AtomicU64,
+    denied: AtomicU64,
+}
+
+impl RemoteWaits {
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn bump(&self) {
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// The next wait due for a try at `now`, marked as tried (the engine sends its LOCK and
+    /// reports with [`RemoteWaits::attempted`]).
+    pub fn due(&self, now: Instant) -> Option<Attempt> {
+        let mut g = self.lock();
+        let w = g.waits.iter_mut().find(|w| w.state == State::Waiting && !w.out && w.next_at <= now)?;
+        w.out = true;
+        self.tries.fetch_add(1, Ordering::Relaxed);
+        Some(Attempt {
+            id: w.id,
+            nodeid: w.nodeid,
+            fh: w.fh,
+            owner: w.owner,
+            lock: w.lock,
+            uid: w.uid,
+            gid: w.gid,
+        })
+    }
+
+    /// When the next try is due (for a poller that would otherwise sleep).
+    pub fn next_due(&self) -> Option<Instant> {
+        let g = self.lock();
+        g.waits.iter().filter(|w| w.state == State::Waiting && !w.out).map(|w| w.next_at).min()
+    }
+
+    /// The try of wait `id` went `how`; `now` dates a retry.
+    pub fn attempted(&self, id: u64, how: Tried, now: Instant) -> After {
+        let mut g = self.lock();
+        let Some(w) = g.waits.iter_mut().find(|w| w.id == id) else {
+            // Forgotten meanwhile (cancelled with no try out cannot happen; be safe).
+            return if how == Tried::Granted { After::LetGo } else { After::Done };
+        };
+        w.out = false;
+        match (w.state, how) {
+            (State::Dropping(answer), _) => {
+                let after = if how == Tried::Granted { After::LetGo } else { After::Done };
+                match answer {
+                    Some(e) => w.state = State::Ended(Err(e)),
+                    None => g.waits.retain(|w| w.id != id),
+                }
+                self.bump();
+                after
+            }
+            (State::Waiting, Tried::Granted) => {
+                w.state = State::Ended(Ok(()));
+                self.bump();
+                After::Done
+            }
+            (State::Waiting, Tried::Failed(e)) => {
+                w.state = State::Ended(Err(e));
+                self.bump();
+                After::Done
+            }
+            (State::Waiting, Tried::Denied) => {
+                self.denied.fetch_add(1, Ordering::Relaxed);
+                w.next_at = now + w.backoff;
+                w.backoff = (w.backoff * 2).min(MAX_RETRY);
+                After::Done
+            }
+            (State::Ended(_), _) => After::Done,
+        }
+    }
+
+    /// Waits kept now.
+    pub fn len(&self) -> usize {
+        self.lock().waits.len()
+    }
+
+    /// Whether none is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Tries sent and tries denied so far.
+    pub fn tries(&self) -> (u64, u64) {
+        (self.tries.load(Ordering::Relaxed), self.denied.load(Ordering::Relaxed))
+    }
+
+    /// Ends wait `id` without a lock: with `answer` (`EINTR`), or none (cancelled).
+    fn drop_wait(&self, g: &mut Table, id: u64, answer: Option<Error>) -> bool {
+        let Some(w) = g.waits.iter_mut().find(|w| w.id == id) else { return false };
+        if w.state != State::Waiting {
+            if answer.is_none() {
+                // Cancelled after it ended: nobody will ask for its answer.
+                let let_go = w.state == State::Ended(Ok(()));
+                if !let_go {
+                    g.waits.retain(|w| w.id != id);
+                }
+            }
+            return false;
+        }
+        if w.out {
+            w.state = State::Dropping(answer);
+        } else {
+            match answer {
+                Some(e) => w.state = State::Ended(Err(e)),
+                None => g.waits.retain(|w| w.id != id),
+            }
+        }
+        self.bump();
+        true
+    }
+}
+
+impl RemoteLocks for RemoteWaits {
+    fn wait(&self, ctx: &Context, ino: u64, lock: &LockRequest, unique: u64) -> Result<u64> {
+        let mut g = self.lock();
+        if g.waits.len() >= MAX_WAITS {
+            return Err(Error::Os(libc::ENOLCK));
+        }
+        g.next_id += 1;
+        let id = g.next_id;
+        g.waits.push(Wait {
+            id,
+            unique,
+            nodeid: ino,
+            fh: lock.fh,
+            owner: Owner::of(lock),
+            lock: lock.lock,
+            uid: ctx.uid,
+            gid: ctx.gid,
+            state: State::Waiting,
+            out: false,
+            next_at: Instant::now(),
+            backoff: MIN_RETRY,
+        });
+        drop(g);
+        // The first try goes at the engines' next poll.
+        self.bump();
+        Ok(id)
+    }
+
+    fn poll(&self, id: u64) -> Option<Result<()>> {
+        let mut g = self.lock();
+        let at = g.waits.iter().position(|w| w.id == id);
+        let Some(at) = at else {
+            // Not kept here (lost): the request ends rather than wait for ever.
+            return Some(Err(Error::Io));
+        };
+        match g.waits[at].state {
+            State::Ended(r) => {
+                g.waits.swap_remove(at);
+                Some(r)
+            }
+            _ => None,
+        }
+    }
+
+    fn cancel(&self, id: u64) {
+        let mut g = self.lock();
+        self.drop_wait(&mut g, id, None);
+    }
+
+    fn interrupt(&self, unique: u64) -> bool {
+        let mut g = self.lock();
+        let Some(id) = g.waits.iter().find(|w| w.unique == unique && w.state == State::Waiting).map(|w| w.id)
+        else {
+            return false;
+        };
+        self.drop_wait(&mut g, id, Some(Error::Os(libc::EINTR)))
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    fn unique_of(&self, id: u64) -> Option<u64> {
+        self.lock().waits.iter().find(|w| w.id == id).map(|w| w.unique)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::filesystem::LockType;
+    use crate::request::LockOp;
+
+    fn req(owner: u64) -> LockRequest {
+        LockRequest {
+            op: LockOp::SetWait,
+            fh: 7,
+            owner,
+            lock: FileLock { start: 0, end: 99, typ: LockType::Write, pid: 1 },
+            flock: false,
+        }
+    }
+
+    fn ctx() -> Context {
+        Context { uid: 1000, gid: 100, pid: 1, supp_gid: None }
+    }
+
+    #[test]
+    fn a_denied_wait_is_tried_again_later_and_granted_ends_it() {
+        let w = RemoteWaits::default();
+        let g0 = w.generation();
+        let id = w.wait(&ctx(), 5, &req(3), 77).unwrap();
+        assert_ne!(w.generation(), g0);
+        assert_eq!(w.poll(id), None);
+        let t0 = Instant::now();
+        let a = w.due(t0).unwrap();
+        assert_eq!((a.id, a.nodeid, a.fh, a.owner, a.uid), (id, 5, 7, Owner::Posix(3), 1000));
+        assert_eq!(w.due(t0), None, "one try at a time");
+        assert_eq!(w.attempted(id, Tried::Denied, t0), After::Done);
+        assert_eq!(w.due(t0), None, "not before its back-off");
+        assert_eq!(w.next_due(), Some(t0 + MIN_RETRY));
+        let a = w.due(t0 + MIN_RETRY).unwrap();
+        w.attempted(a.id, Tried::Denied, t0 + MIN_RETRY);
+        assert_eq!(w.next_due(), Some(t0 + MIN_RETRY * 3), "the back-off doubles");
+        let g1 = w.generation();
+        let a = w.due(t0 + MIN_RETRY * 3).unwrap();
+        assert_eq!(w.attempted(a.id, Tried::Granted, t0), After::Done);
+        assert_ne!(w.generation(), g1);
+        assert_eq!(w.poll(id), Some(Ok(())));
+        assert!(w.is_empty());
+        assert_eq!(w.tries(), (3, 2));
+    }
+
+    #[test]
+    fn interrupted_or_cancelled_under_a_try_the_lock_is_let_go() {
+        let w = RemoteWaits::default();
+        let id = w.wait(&ctx(), 5, &req(3), 77).unwrap();
+        let a = w.due(Instant::now()).unwrap();
+        assert!(w.interrupt(77));
+        assert_eq!(w.poll(id), None, "its try is still out");
+        assert_eq!(w.attempted(a.id, Tried::Granted, Instant::now()), After::LetGo);
+        assert_eq!(w.poll(id), Some(Err(Error::Os(libc::EINTR))));
+
+        let id = w.wait(&ctx(), 5, &req(4), 78).unwrap();
+        let a = w.due(Instant::now()).unwrap();
+        w.cancel(id);
+        assert_eq!(w.attempted(a.id, Tried::Granted, Instant::now()), After::LetGo);
+        assert!(w.is_empty(), "a cancelled wait is forgotten");
+
+        // With no try out: at once.
+        let id = w.wait(&ctx(), 5, &req(5), 79).unwrap();
+        assert!(w.interrupt(79));
+        assert_eq!(w.poll(id), Some(Err(Error::Os(libc::EINTR))));
+        let id = w.wait(&ctx(), 5, &req(6), 80).unwrap();
+        w.cancel(id);
+        assert!(w.is_empty());
+        assert_eq!(w.poll(id), Some(Err(Error::Io)), "an unknown wait ends, never waits for ever");
+    }
+
+    #[test]
+    fn waits_are_bounded_and_a_failure_ends_one() {
+        let w = RemoteWaits::default();
+        for i in 0..MAX_WAITS as u64 {
+            w.wait(&ctx(), 5, &req(i), i).unwrap();
+        }
+        assert_eq!(w.wait(&ctx(), 5, &req(0), 0), Err(Error::Os(libc::ENOLCK)));
+        let a = w.due(Instant::now()).unwrap();
+        w.attempted(a.id, Tried::Failed(Error::Io), Instant::now());
+        assert_eq!(w.poll(a.id), Some(Err(Error::Io)));
+        assert_eq!(w.unique_of(2), Some(1));
+    }
+
+    #[test]
+    fn lock_states_are_per_file_and_owner() {
+        let s = LockStates::default();
+        let st = Stateid { seqid: 1, other: [9; 12] };
+        s.set(5, Owner::Posix(1), st);
+        s.set(5, Owner::Flock(7), st);
+        s.set(6, Owner::Posix(1), st);
+        assert_eq!(s.get(5, Owner::Posix(1)), Some(st));
+        assert_eq!(s.get(5, Owner::Posix(2)), None);
+        assert_eq!(s.forget_node(5).len(), 2);
+        assert_eq!(s.len(), 1);
+        assert_ne!(Owner::Posix(7).name(), Owner::Flock(7).name());
+    }
+}
