@@ -26,7 +26,6 @@ pub mod engine41;
 pub mod fs;
 pub mod keep;
 pub mod locks41;
-pub mod locks41;
 pub mod nodes;
 pub mod session;
 pub mod setup;
