@@ -1,11 +1,15 @@
-//! `nfs://HOST[:PORT]/EXPORT[?nfsport=N&mountport=M&version=V]`, libnfs' URL form.
+//! `nfs://HOST[:PORT][,HOST[:PORT]...]/EXPORT[?nfsport=N&mountport=M&version=V]`, libnfs' URL
+//! form, with several hosts for NFSv4.1.
 //!
 //! `HOST` is a name, an IPv4 address or a bracketed IPv6 address; `PORT` is the portmapper's
 //! (default 111); `EXPORT` is the export's path, from its leading `/`. `nfsport` and
 //! `mountport` skip the portmapper for that program. `version` is `3` (the default) or `4.1`
 //! (spelled so: NFSv4.0 and 4.2 are not spoken). NFSv4.1 uses neither the portmapper nor MOUNT:
-//! the NFS port is `nfsport`, else 2049, `mountport` is an error, and `EXPORT` is the export's
-//! path in the server's pseudo filesystem. Anything else is an error that names what is wrong.
+//! a host's `PORT` is its NFS port, else `nfsport`, else 2049; `mountport` is an error, and
+//! `EXPORT` is the export's path in the server's pseudo filesystem. With 4.1 the hosts may be
+//! several, comma-separated: addresses of one server (session trunking), over which the
+//! pollers' connections are spread; NFSv3 takes one. Anything else is an error that names what
+//! is wrong.
 
 use std::str::FromStr;
 
@@ -24,6 +28,8 @@ pub struct NfsUrl {
     pub mountport: Option<u16>,
     /// The protocol version.
     pub version: NfsVersion,
+    /// The server's other addresses (NFSv4.1 only), each a host and its port.
+    pub also: Vec<(String, Option<u16>)>,
 }
 
 /// The NFS version a URL asks for.
@@ -37,9 +43,17 @@ pub enum NfsVersion {
 }
 
 impl NfsUrl {
-    /// NFSv4.1's server port: `nfsport`, else 2049.
+    /// NFSv4.1's server port of the first host: its own, else `nfsport`, else 2049.
     pub fn nfs4_port(&self) -> u16 {
-        self.nfsport.unwrap_or(2049)
+        self.port.or(self.nfsport).unwrap_or(2049)
+    }
+
+    /// NFSv4.1's server addresses: every host with its port (the first host's first).
+    pub fn nfs4_hosts(&self) -> Vec<(&str, u16)> {
+        let default = self.nfsport.unwrap_or(2049);
+        std::iter::once((self.host.as_str(), self.nfs4_port()))
+            .chain(self.also.iter().map(|(h, p)| (h.as_str(), p.unwrap_or(default))))
+            .collect()
     }
 }
 
@@ -72,6 +86,9 @@ pub enum UrlError {
     /// `version=` other than 3 or 4.1.
     #[error("NFS version {0:?} is not supported (3 or 4.1)")]
     Version(String),
+    /// Several hosts with NFSv3.
+    #[error("several hosts need version=4.1 (NFSv3 takes one)")]
+    SeveralHostsV3,
     /// `mountport` with `version=4.1`, which has no MOUNT protocol.
     #[error("mountport with version=4.1: NFSv4.1 has no MOUNT protocol (nfsport names its port)")]
     MountPortV41,
@@ -82,6 +99,27 @@ fn parse_port(what: &'static str, value: &str) -> Result<u16, UrlError> {
         Ok(p) if p != 0 => Ok(p),
         _ => Err(UrlError::BadPort { what, value: value.to_owned() }),
     }
+}
+
+/// One `HOST[:PORT]` of the authority.
+fn parse_host(authority: &str) -> Result<(String, Option<u16>), UrlError> {
+    let (host, port_str) = if let Some(v6) = authority.strip_prefix('[') {
+        let (h, after) = v6.split_once(']').ok_or(UrlError::BadHost)?;
+        match after {
+            "" => (h, None),
+            p => (h, Some(p.strip_prefix(':').ok_or(UrlError::BadHost)?)),
+        }
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(UrlError::NoHost);
+    }
+    let port = port_str.map(|p| parse_port("port", p)).transpose()?;
+    Ok((host.to_owned(), port))
 }
 
 impl FromStr for NfsUrl {
@@ -95,29 +133,17 @@ impl FromStr for NfsUrl {
         };
         let slash = rest.find('/').ok_or(UrlError::NoExport)?;
         let (authority, export) = rest.split_at(slash);
-        let (host, port_str) = if let Some(v6) = authority.strip_prefix('[') {
-            let (h, after) = v6.split_once(']').ok_or(UrlError::BadHost)?;
-            match after {
-                "" => (h, None),
-                p => (h, Some(p.strip_prefix(':').ok_or(UrlError::BadHost)?)),
-            }
-        } else {
-            match authority.rsplit_once(':') {
-                Some((h, p)) => (h, Some(p)),
-                None => (authority, None),
-            }
-        };
-        if host.is_empty() {
-            return Err(UrlError::NoHost);
-        }
-        let port = port_str.map(|p| parse_port("port", p)).transpose()?;
+        let mut hosts = authority.split(',').map(parse_host);
+        let (host, port) = hosts.next().ok_or(UrlError::NoHost)??;
+        let also = hosts.collect::<Result<Vec<_>, _>>()?;
         let mut url = NfsUrl {
-            host: host.to_owned(),
+            host,
             port,
             export: export.to_owned(),
             nfsport: None,
             mountport: None,
             version: NfsVersion::V3,
+            also,
         };
         for kv in query.unwrap_or("").split('&').filter(|kv| !kv.is_empty()) {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
@@ -137,19 +163,29 @@ impl FromStr for NfsUrl {
         if url.version == NfsVersion::V41 && url.mountport.is_some() {
             return Err(UrlError::MountPortV41);
         }
+        if url.version == NfsVersion::V3 && !url.also.is_empty() {
+            return Err(UrlError::SeveralHostsV3);
+        }
         Ok(url)
     }
 }
 
 impl std::fmt::Display for NfsUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.host.contains(':') {
-            write!(f, "nfs://[{}]", self.host)?;
-        } else {
-            write!(f, "nfs://{}", self.host)?;
-        }
-        if let Some(p) = self.port {
-            write!(f, ":{p}")?;
+        write!(f, "nfs://")?;
+        let hosts = std::iter::once((&self.host, self.port)).chain(self.also.iter().map(|(h, p)| (h, *p)));
+        for (i, (host, port)) in hosts.enumerate() {
+            if i > 0 {
+                write!(f, ",")?;
+            }
+            if host.contains(':') {
+                write!(f, "[{host}]")?;
+            } else {
+                write!(f, "{host}")?;
+            }
+            if let Some(p) = port {
+                write!(f, ":{p}")?;
+            }
         }
         write!(f, "{}", self.export)?;
         let mut sep = '?';
@@ -182,6 +218,7 @@ mod tests {
                 nfsport: Some(20490),
                 mountport: Some(20491),
                 version: NfsVersion::V3,
+                also: Vec::new(),
             }
         );
         assert_eq!(u.to_string(), "nfs://127.0.0.1/tmp/g/exp?nfsport=20490&mountport=20491");
@@ -207,6 +244,22 @@ mod tests {
         assert_eq!(u.to_string().parse::<NfsUrl>().unwrap(), u, "the URL round-trips");
         let u: NfsUrl = "nfs://h/x?version=3".parse().unwrap();
         assert_eq!(u.version, NfsVersion::V3);
+    }
+
+    #[test]
+    fn version_4_1_takes_several_addresses_each_with_its_port() {
+        let u: NfsUrl =
+            "nfs://10.0.0.1,10.0.0.2:20490,[fd00::3]/srv/e?version=4.1&nfsport=2050".parse().unwrap();
+        assert_eq!(u.nfs4_hosts(), [("10.0.0.1", 2050), ("10.0.0.2", 20490), ("fd00::3", 2050)]);
+        assert_eq!(u.export, "/srv/e");
+        assert_eq!(u.to_string(), "nfs://10.0.0.1,10.0.0.2:20490,[fd00::3]/srv/e?nfsport=2050&version=4.1");
+        assert_eq!(u.to_string().parse::<NfsUrl>().unwrap(), u, "the URL round-trips");
+        let u: NfsUrl = "nfs://h:3049/e?version=4.1".parse().unwrap();
+        assert_eq!(u.nfs4_hosts(), [("h", 3049)], "a host's port is its NFS port with 4.1");
+        let e = |s: &str| s.parse::<NfsUrl>().unwrap_err();
+        assert_eq!(e("nfs://a,b/x"), UrlError::SeveralHostsV3);
+        assert_eq!(e("nfs://a,/x?version=4.1"), UrlError::NoHost);
+        assert_eq!(e("nfs://a,b:0/x?version=4.1"), UrlError::BadPort { what: "port", value: "0".into() });
     }
 
     #[test]

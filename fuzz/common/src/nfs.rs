@@ -597,6 +597,7 @@ fn startup(data: &[u8]) {
         nfsport: if ask_portmapper { None } else { Some(2049) },
         mountport: Some(srv.addr.port()),
         version: Default::default(),
+        also: Vec::new(),
     };
     let _ = setup::mount(&url, Duration::from_secs(2));
     if let Ok(mut q) = srv.queue.lock() {
