@@ -269,6 +269,31 @@ fn callers_credentials(v: Nfs) {
 }
 
 #[test]
+fn a_time_past_2038_set_over_nfs41_reads_back_exactly() {
+    let g = Ganesha::start();
+    let s = Served::on(&g, Nfs::V41, |_| {});
+    let mut d = s.connect();
+    let (f, open) = d.create(ROOT, "future", 0o644, RDWR).unwrap();
+    // 2042-11-20: past NFSv3's 32-bit seconds (y2038); nfstime4 has 64.
+    let (sec, nsec) = (2_300_000_000u64, 123_456_789u32);
+    let sa = abi::SetattrIn {
+        valid: abi::fattr::MTIME | abi::fattr::ATIME,
+        mtime: sec,
+        mtimensec: nsec,
+        atime: sec + 1,
+        ..Default::default()
+    };
+    let a = d.setattr(f.nodeid, &sa).unwrap();
+    assert_eq!((a.mtime, a.mtimensec, a.atime), (sec, nsec, sec + 1), "SETATTR's reply");
+    let a = d.getattr(f.nodeid).unwrap();
+    assert_eq!((a.mtime, a.mtimensec), (sec, nsec), "GETATTR");
+    let m = std::fs::metadata(g.export().join("future")).unwrap();
+    assert_eq!((m.mtime(), m.mtime_nsec()), (sec as i64, i64::from(nsec)), "on the export");
+    d.release(f.nodeid, open.fh).unwrap();
+    d.shutdown().unwrap();
+}
+
+#[test]
 fn a_server_restart_mid_workload_loses_nothing() {
     let mut g = Ganesha::start();
     let s = Served::new(&g, |o| o.retransmit = Duration::from_millis(500));

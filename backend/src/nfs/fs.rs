@@ -601,3 +601,17 @@ impl AsRef<Shared> for NfsFs {
         &self.shared
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{NfsError, NfsFs, NfsOptions};
+
+    #[test]
+    fn keeping_for_a_crash_is_refused_with_nfs41() {
+        let mut o = NfsOptions::new("nfs://127.0.0.1/export?version=4.1&nfsport=1".parse().unwrap());
+        o.keep = true;
+        let e = NfsFs::connect(o).unwrap_err();
+        assert!(matches!(e, NfsError::Not41(_)), "{e:?}");
+        assert!(e.to_string().contains("keep"), "{e}");
+    }
+}

@@ -7,7 +7,7 @@
 //! **Slots.** One per pending request, indexed by the server's [`Token`] (preallocated to
 //! `slots_per_poller`, kept when more come), holding what the request needs after `start`: the
 //! credential, handles and names copied, what to set, the open stateid of the FUSE handle, and
-//! the next COMPOUND ([`slot::Step`]). The COMPOUND's operations are made from the slot each
+//! the next COMPOUND (`slot::Step`). The COMPOUND's operations are made from the slot each
 //! time the session sends it ([`SessionSink::ops`]: the first time, and again after a new
 //! session or a DELAY), so nothing is kept encoded and nothing is allocated per request.
 //! READ data goes from the socket into the request's reply buffers (the READ is the COMPOUND's

@@ -370,3 +370,49 @@ fn list(
     }
     Some((last, true))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::advances;
+    use crate::nfs::wire::nfs4::{decode_compound, Fattr4, OpRes};
+    use crate::nfs::wire::xdr::{Decoder, Encoder};
+
+    /// A COMPOUND reply with one READDIR result listing `entries` (cookie, name), then `eof`;
+    /// whether the engine takes it as moving on from `asked`.
+    fn moves_on(asked: u64, entries: &[(u64, &[u8])], eof: bool) -> bool {
+        let mut buf = [0u8; 1024];
+        let mut e = Encoder::new(&mut buf);
+        e.u32(0).unwrap(); // NFS4_OK
+        e.opaque(b"", 64).unwrap();
+        e.u32(1).unwrap();
+        e.u32(26).unwrap(); // OP_READDIR
+        e.u32(0).unwrap();
+        e.fixed(&[7; 8]).unwrap();
+        for (cookie, name) in entries {
+            e.bool(true).unwrap();
+            e.u64(*cookie).unwrap();
+            e.opaque(name, 255).unwrap();
+            Fattr4::default().encode(&mut e).unwrap();
+        }
+        e.bool(false).unwrap();
+        e.bool(eof).unwrap();
+        let n = e.position();
+        let c = decode_compound(&mut Decoder::new(&buf[..n])).unwrap();
+        let Some(Ok(OpRes::Readdir { entries, eof, .. })) = c.results.clone().next() else { panic!() };
+        advances(&entries, asked, eof)
+    }
+
+    #[test]
+    fn a_readdir_that_does_not_move_on_is_refused() {
+        assert!(moves_on(0, &[(3, b"a"), (4, b"b")], false));
+        assert!(moves_on(4, &[(5, b"c")], true));
+        assert!(moves_on(4, &[], true), "the end");
+        // A hostile or broken server: the same cookie again with eof false, nothing and no eof,
+        // a cookie NFSv4 keeps for itself.
+        assert!(!moves_on(4, &[(4, b"b")], false), "the cookie asked for again");
+        assert!(!moves_on(4, &[(5, b"c"), (4, b"b")], false));
+        assert!(!moves_on(4, &[], false), "nothing, and not the end");
+        assert!(!moves_on(0, &[(0, b"a")], false));
+        assert!(!moves_on(0, &[(2, b"a")], true), "cookie 2 is `..`'s");
+    }
+}
