@@ -294,6 +294,31 @@ fn a_time_past_2038_set_over_nfs41_reads_back_exactly() {
 }
 
 #[test]
+fn two_pollers_sessions_of_one_client_share_the_opens_on_nfs41() {
+    let g = Ganesha::start();
+    let profile = Profile { request_queues: 2, poller_cores: vec![0, 1], ..Default::default() };
+    let s = Served::with_profile(&g, Nfs::V41, profile, |_| {});
+    let opts = DriverOptions { request_queues: 2, spread_requests: true, ..Default::default() };
+    let mut d = FsDriver::connect(&s.socket, opts).unwrap();
+    d.init().unwrap();
+    // One handle opened through one poller's session, written and read through both.
+    let (f, open) = d.create(ROOT, "two41", 0o644, RDWR).unwrap();
+    let mut expected = Vec::new();
+    for i in 0..16u64 {
+        let block = pattern(i as u8, 16 << 10);
+        d.write(f.nodeid, open.fh, i * (16 << 10), &block).unwrap();
+        expected.extend_from_slice(&block);
+    }
+    assert!(d.completed_on(1) > 0 && d.completed_on(2) > 0, "both queues (pollers) served writes");
+    assert_eq!(d.read(f.nodeid, open.fh, 0, expected.len() as u32).unwrap(), expected);
+    d.release(f.nodeid, open.fh).unwrap();
+    assert!(std::fs::read(g.export().join("two41")).unwrap() == expected, "every write is on the export");
+    let st = s.fs().stats();
+    assert!(st.session.sessions >= 2, "a session per poller: {st:?}");
+    d.shutdown().unwrap();
+}
+
+#[test]
 fn a_server_restart_mid_workload_loses_nothing() {
     let mut g = Ganesha::start();
     let s = Served::new(&g, |o| o.retransmit = Duration::from_millis(500));
