@@ -1,7 +1,7 @@
 //! Byte-range and flock locks kept by an NFSv4.1 server: the lock state the engines share
 //! ([`LockStates`]: a lock stateid per file and lock owner) and the SETLKW requests that wait
 //! for a lock another client holds ([`RemoteWaits`], the filesystem's
-//! [`RemoteLocks`](crate::filesystem::RemoteLocks)).
+//! [`RemoteLocks`]).
 //!
 //! **Owners.** A lock owner on the server is the client id (one per device function, shared by
 //! its pollers' sessions) and an owner name: `p` and the FUSE POSIX lock owner for `fcntl`

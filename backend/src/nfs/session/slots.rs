@@ -101,6 +101,10 @@ impl Slots {
     pub(super) fn highest_busy(&self) -> u32 {
         let n = usize::from(self.granted);
         for w in (0..self.free.len()).rev() {
+            if w * 64 >= n {
+                // Wholly past the granted slots (none granted yet, or fewer than asked).
+                continue;
+            }
             let valid = if (w + 1) * 64 <= n { u64::MAX } else { (1u64 << (n - w * 64)) - 1 };
             let busy = !self.free[w] & valid;
             if busy != 0 {
@@ -157,6 +161,9 @@ mod tests {
     fn lowest_first_highest_busy_and_limits() {
         let mut s = Slots::new(130);
         assert_eq!(s.take(), None, "nothing granted before a session");
+        assert_eq!(s.highest_busy(), 0, "three words, none granted: no shift past a word");
+        s.reset(10);
+        assert_eq!(s.highest_busy(), 0, "fewer granted than one word of a bigger table");
         s.reset(128);
         assert_eq!(s.granted(), 128);
         let taken: Vec<u16> = (0..128).map(|_| s.take().unwrap().0).collect();
