@@ -142,6 +142,10 @@ pub struct NfsStats {
     pub retransmits: u64,
     /// Connections made again.
     pub reconnects: u64,
+    /// Connections that moved to another of the server's addresses (NFSv4.1 session
+    /// trunking: the one they had could not be reached).
+    #[serde(default)]
+    pub address_moves: u64,
     /// Replies that broke the protocol (the connection was reset).
     pub bad_replies: u64,
     /// The UNSTABLE replay store.
@@ -347,12 +351,11 @@ impl NfsFs {
         let url = &opts.url;
         let owner = client_owner(&host_identity(), &url.export, &opts.function);
         let verifier = super::start41::new_verifier();
-        let start_client = Arc::new(ClientShare::new(owner.clone(), verifier));
-        let e = super::start41::start(
-            &url.host,
-            url.nfs4_port(),
+        let (e, addrs) = super::start41::start_all(
+            &url.nfs4_hosts(),
             &url.export,
-            start_client,
+            &owner,
+            verifier,
             opts.timeout,
             opts.retransmit,
             &machine_name(),
@@ -366,9 +369,9 @@ impl NfsFs {
             max_file: e.max_file.unwrap_or(i64::MAX as u64),
         };
         log::info!(
-            "nfs: {} reached over NFSv4.1 at {} (read {} write {} bytes per call, lease {:?})",
+            "nfs: {} reached over NFSv4.1 at {:?} (read {} write {} bytes per call, lease {:?})",
             url.export,
-            e.addr,
+            addrs,
             limits.read,
             limits.write,
             e.lease
@@ -381,8 +384,11 @@ impl NfsFs {
             unstable: UnstableStore::new(0).map_err(NfsError::Store)?,
         };
         let mut shared = shared(&opts, limits, mounted, tables, 0, Vec::new());
-        shared.v41 =
-            Some(Shared41 { client: Arc::new(ClientShare::new(owner, verifier)), owners: AtomicU64::new(1) });
+        shared.v41 = Some(Shared41 {
+            client: Arc::new(ClientShare::new(owner, verifier)),
+            addrs,
+            owners: AtomicU64::new(1),
+        });
         Ok(NfsFs {
             export: url.export.clone(),
             shared,
@@ -470,6 +476,7 @@ impl NfsFs {
             s.calls += g(&c.calls);
             s.retransmits += g(&c.retransmits);
             s.reconnects += g(&c.reconnects);
+            s.address_moves += g(&c.address_moves);
             s.bad_replies += g(&c.bad_replies);
             s.session.add(&c.session);
         });

@@ -42,6 +42,8 @@ pub(crate) struct EngineCell {
     pub(crate) retransmits: AtomicU64,
     pub(crate) reconnects: AtomicU64,
     pub(crate) bad_replies: AtomicU64,
+    /// Moves to another of the server's addresses (NFSv4.1 session trunking).
+    pub(crate) address_moves: AtomicU64,
     /// The NFSv4.1 session's counters ([`SessionStats`]), as the engine last saw them.
     pub(crate) session: [AtomicU64; SESSION_COUNTERS],
 }
@@ -93,6 +95,9 @@ pub(crate) struct Shared41 {
     pub(crate) client: Arc<ClientShare>,
     /// The next open owner: every OPEN has one of its own, unique for the client's life.
     pub(crate) owners: AtomicU64,
+    /// The server's addresses (one server's, checked at start-up): poller `p` connects to
+    /// `addrs[p % len]` and moves on to the next ones when it cannot (session trunking).
+    pub(crate) addrs: Vec<std::net::SocketAddr>,
 }
 
 impl Shared41 {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::conn::{CallError, CompoundReply, Conn, ConnConfig, Cred, Nfs41};
-use super::session::{ClientShare, Session, SessionConfig, SessionSink, State};
+use super::session::{ClientShare, ServerOwner, Session, SessionConfig, SessionSink, State};
 use super::setup::SetupError;
 use super::wire::nfs4::{attr, Bitmap, Fattr4, Ftype4, Nfsstat4, Op, OpRes, Verifier};
 use super::wire::Fh;
@@ -60,6 +60,50 @@ pub enum Start41Error {
     /// The export is not a directory.
     #[error("the export is not a directory")]
     NotDir,
+    /// Another address of the URL answered as another server (its owner or scope differs):
+    /// session trunking needs the addresses of one server.
+    #[error("{addr} is not the same NFSv4.1 server as {first} (server owner or scope differs)")]
+    NotOneServer {
+        /// The first address.
+        first: SocketAddr,
+        /// The address that differs.
+        addr: SocketAddr,
+    },
+}
+
+/// Walks to `export` at each of `hosts` (a server's addresses, for session trunking) as
+/// [`start`] does, each time as the client `owner` in incarnation `verifier`, and checks that
+/// every address answers as the same server (EXCHANGE_ID's server owner major id and scope).
+/// Returns what the first address learnt, and every address resolved, the first first.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn start_all(
+    hosts: &[(&str, u16)],
+    export: &str,
+    owner: &[u8],
+    verifier: Verifier,
+    timeout: Duration,
+    retransmit: Duration,
+    machine_name: &str,
+) -> Result<(Export41, Vec<SocketAddr>), Start41Error> {
+    let mut addrs = Vec::with_capacity(hosts.len());
+    let mut first: Option<(Export41, Option<ServerOwner>)> = None;
+    for &(host, port) in hosts {
+        let addr = resolve(host, port)?;
+        let client = Arc::new(ClientShare::new(owner.to_vec(), verifier));
+        let e = start(addr, export, client.clone(), timeout, retransmit, machine_name)?;
+        let server = client.server_owner();
+        match &first {
+            None => first = Some((e, server)),
+            Some((f, s)) if *s != server => return Err(Start41Error::NotOneServer { first: f.addr, addr }),
+            Some(_) => {}
+        }
+        addrs.push(addr);
+    }
+    let (e, _) = first.ok_or(Start41Error::Setup(SetupError::Resolve {
+        host: String::new(),
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, "no host"),
+    }))?;
+    Ok((e, addrs))
 }
 
 /// A session's settings: the one place they are made (the start-up's session and every
@@ -187,18 +231,16 @@ fn drive(
     }
 }
 
-/// Walks to `export` on the server at `host:port` through a session of `client` (blocking, at
+/// Walks to `export` on the server at `addr` through a session of `client` (blocking, at
 /// most about `timeout` for the walk plus two seconds for the session's end).
 pub(super) fn start(
-    host: &str,
-    port: u16,
+    addr: SocketAddr,
     export: &str,
     client: Arc<ClientShare>,
     timeout: Duration,
     retransmit: Duration,
     machine_name: &str,
 ) -> Result<Export41, Start41Error> {
-    let addr = resolve(host, port)?;
     let cfg = session_config(client, 2, 64 << 10, timeout);
     let mut conn = Conn::<Nfs41>::new(ConnConfig {
         addr,

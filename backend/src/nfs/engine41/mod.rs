@@ -179,18 +179,28 @@ impl Nfs41Engine {
         let max_io = fs.limits.read.max(fs.limits.write);
         let cfg = fs.session_config(max_io);
         let conn = match fs.v41.as_ref() {
-            Some(_) => Conn::<Nfs41>::new(ConnConfig {
-                addr: fs.mounted.nfs_addr,
-                slots: cfg.conn_slots(),
-                max_io,
-                timeout: fs.timeout,
-                retransmit: fs.retransmit,
-                machine_name: fs.machine_name.clone(),
-            })
-            .map_err(|e| {
-                log::error!("nfs4.1: poller {poller}: no connection to {}: {e}", fs.mounted.nfs_addr)
-            })
-            .ok(),
+            Some(v) => {
+                // Session trunking: the pollers spread over the server's addresses, each
+                // moving on to the next ones when its own cannot be reached.
+                let n = v.addrs.len().max(1);
+                let mine = |k: usize| v.addrs.get((poller + k) % n).copied().unwrap_or(fs.mounted.nfs_addr);
+                let addr = mine(0);
+                let others: Vec<_> = (1..n).map(mine).collect();
+                Conn::<Nfs41>::new(ConnConfig {
+                    addr,
+                    slots: cfg.conn_slots(),
+                    max_io,
+                    timeout: fs.timeout,
+                    retransmit: fs.retransmit,
+                    machine_name: fs.machine_name.clone(),
+                })
+                .map(|mut c| {
+                    c.also_at(&others);
+                    c
+                })
+                .map_err(|e| log::error!("nfs4.1: poller {poller}: no connection to {addr}: {e}"))
+                .ok()
+            }
             None => {
                 log::error!("nfs4.1: poller {poller}: the export was not set up for NFSv4.1");
                 None
@@ -277,6 +287,7 @@ impl Nfs41Engine {
             let s = c.stats();
             EngineCell::set(&self.cell.retransmits, s.retransmits);
             EngineCell::set(&self.cell.reconnects, s.reconnects);
+            EngineCell::set(&self.cell.address_moves, s.address_moves);
             EngineCell::set(&self.cell.bad_replies, s.bad_replies);
         }
         self.cell.set_session(&self.session.stats());

@@ -53,6 +53,19 @@ struct Inner {
     /// EXCHANGE_IDs answered, CREATE_SESSIONs answered with a session (all sessions).
     exchange_ids: u64,
     created: u64,
+    /// The server's owner (`so_major_id`) and scope, from the last EXCHANGE_ID answered
+    /// (several addresses are one server's only if these match).
+    server: Option<ServerOwner>,
+}
+
+/// Who the server says it is (EXCHANGE_ID's `eir_server_owner` major id and `eir_server_scope`):
+/// two addresses that answer the same are one server's, which session trunking needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerOwner {
+    /// `so_major_id`.
+    pub major: Vec<u8>,
+    /// `eir_server_scope`.
+    pub scope: Vec<u8>,
 }
 
 /// A client id as a session holds it: the id and its epoch.
@@ -164,10 +177,27 @@ impl ClientShare {
         }
     }
 
+    /// Who the server said it is at the last EXCHANGE_ID.
+    pub fn server_owner(&self) -> Option<ServerOwner> {
+        self.lock().server.clone()
+    }
+
     /// Session `me`'s EXCHANGE_ID was answered: `clientid`, `sequence` (`eir_sequenceid`),
-    /// confirmed or not. Returns the client id the session now has. Gives up the turn.
-    pub(super) fn exchanged(&self, me: u64, clientid: ClientId, sequence: u32, confirmed: bool) -> Client {
+    /// confirmed or not, by the server `server`. Returns the client id the session now has.
+    /// Gives up the turn.
+    pub(super) fn exchanged(
+        &self,
+        me: u64,
+        clientid: ClientId,
+        sequence: u32,
+        confirmed: bool,
+        server: (&[u8], &[u8]),
+    ) -> Client {
         let mut g = self.lock();
+        if g.server.as_ref().is_none_or(|o| o.major != server.0 || o.scope != server.1) {
+            // Allocates at an establishment step only.
+            g.server = Some(ServerOwner { major: server.0.to_vec(), scope: server.1.to_vec() });
+        }
         if g.busy == Some(me) {
             g.busy = None;
         }
@@ -271,7 +301,7 @@ mod tests {
         let (a, b) = (s.join(), s.join());
         assert_eq!(s.client(a), Turn::Go(None));
         assert_eq!(s.client(b), Turn::Wait);
-        let c = s.exchanged(a, 7, 1, false);
+        let c = s.exchanged(a, 7, 1, false, (b"srv", b""));
         assert_eq!(s.client(b), Turn::Go(Some(c)));
         // CREATE_SESSIONs go one at a time, in sequence.
         assert_eq!(s.create(a, c), Turn::Go(Some(1)));
@@ -291,10 +321,10 @@ mod tests {
         let s = ClientShare::new(b"o".to_vec(), *b"verifier");
         let a = s.join();
         assert_eq!(s.client(a), Turn::Go(None));
-        let old = s.exchanged(a, 7, 1, false);
+        let old = s.exchanged(a, 7, 1, false, (b"srv", b""));
         s.stale(old);
         assert_eq!(s.client(a), Turn::Go(None));
-        let new = s.exchanged(a, 8, 1, false);
+        let new = s.exchanged(a, 8, 1, false, (b"srv", b""));
         s.stale(old);
         assert_eq!(s.client(a), Turn::Go(Some(new)));
         assert_eq!(s.create(a, old), Turn::Go(None), "a CREATE_SESSION on the old id is refused");
@@ -308,14 +338,14 @@ mod tests {
         let s = ClientShare::new(b"o".to_vec(), *b"verifier");
         let a = s.join();
         s.client(a);
-        let c = s.exchanged(a, 7, 5, false);
+        let c = s.exchanged(a, 7, 5, false, (b"srv", b""));
         assert_eq!(s.create(a, c), Turn::Go(Some(5)));
         s.created(a, c, Created::Session);
         // Another EXCHANGE_ID of the same client (confirmed now): the share knows better.
-        let c = s.exchanged(a, 7, 5, true);
+        let c = s.exchanged(a, 7, 5, true, (b"srv", b""));
         assert_eq!(s.create(a, c), Turn::Go(Some(6)));
         s.created(a, c, Created::Misordered);
-        let c = s.exchanged(a, 7, 9, true);
+        let c = s.exchanged(a, 7, 9, true, (b"srv", b""));
         assert_eq!(s.create(a, c), Turn::Go(Some(9)), "after SEQ_MISORDERED the server's is taken");
     }
 

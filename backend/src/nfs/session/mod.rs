@@ -50,7 +50,7 @@ mod slots;
 #[cfg(test)]
 mod tests;
 
-pub use self::client::{ClientShare, ShareStats};
+pub use self::client::{ClientShare, ServerOwner, ShareStats};
 pub use self::owner::{client_owner, host_identity};
 
 /// What a session drives: a connection carrying NFSv4.1 ([`Conn<Nfs41>`]), or a test's script.

@@ -259,7 +259,9 @@ impl Session {
                     // A client id the server just made is to be reclaimed on, then
                     // RECLAIM_COMPLETE (the share knows).
                     let confirmed = x.flags & exchgid::CONFIRMED_R != 0;
-                    self.client = self.cfg.client.exchanged(self.me, x.clientid, x.sequenceid, confirmed);
+                    let server = (x.server_major_id, x.server_scope);
+                    self.client =
+                        self.cfg.client.exchanged(self.me, x.clientid, x.sequenceid, confirmed, server);
                     self.stats.exchange_ids += 1;
                     if self.state == State::NoClient {
                         self.state = State::NoSession;
