@@ -694,3 +694,105 @@ fn a_long_run_of_writes_without_flush_stays_unstable_and_the_store_bounded() {
     assert_eq!(s.fs().stats().unstable.bytes_now, 0, "the last close committed the rest");
     d.shutdown().unwrap();
 }
+
+/// Locks kept by the NFSv4.1 server (issue 23): what one device holds, another device on the
+/// export (and any other client) sees.
+mod locks41 {
+    use super::*;
+    use virtiofs_tools::fuse_abi::OFFSET_MAX;
+    use virtiofs_tools::{DriverError, LockReq};
+
+    const RD: i32 = libc::F_RDLCK;
+    const WR: i32 = libc::F_WRLCK;
+    const UN: i32 = libc::F_UNLCK;
+
+    pub(super) fn posix(fh: u64, owner: u64, typ: i32, start: u64, end: u64) -> LockReq {
+        LockReq { fh, owner, typ, start, end, pid: 1000 + owner as u32, flock: false }
+    }
+
+    pub(super) fn flock(fh: u64, typ: i32) -> LockReq {
+        LockReq { fh, owner: fh, typ, start: 0, end: OFFSET_MAX, pid: 77, flock: true }
+    }
+
+    pub(super) fn lk_errno(r: Result<Option<abi::FileLock>, DriverError>) -> i32 {
+        match r {
+            Ok(_) => 0,
+            Err(e) => e.fuse_errno().unwrap_or_else(|| panic!("not a FUSE error: {e}")),
+        }
+    }
+
+    /// Asserts that `unique` stays unanswered for a while (it waits).
+    pub(super) fn assert_waits(d: &mut FsDriver, unique: u64) {
+        std::thread::sleep(Duration::from_millis(300));
+        let c = d.try_take(unique).unwrap();
+        assert!(c.is_none(), "the request should still wait: {c:?}");
+    }
+
+    /// Waits for SETLKW `w`'s answer, which must be a grant, in bounded time.
+    pub(super) fn granted(d: &mut FsDriver, w: u64) -> Duration {
+        let t0 = Instant::now();
+        assert_eq!(lk_errno(d.lk_result(opcode::SETLKW, w)), 0);
+        let took = t0.elapsed();
+        assert!(took < Duration::from_secs(5), "the grant took {took:?}");
+        took
+    }
+
+    #[test]
+    fn two_devices_on_one_nfs41_export_see_each_others_locks() {
+        let g = Ganesha::start();
+        let a = Served::on(&g, Nfs::V41, |_| {});
+        let b = Served::on(&g, Nfs::V41, |_| {});
+        let mut da = a.connect();
+        let mut db = b.connect();
+        let (f, oa) = da.create(ROOT, "locked", 0o644, RDWR).unwrap();
+        let fb = db.lookup(ROOT, "locked").unwrap().nodeid;
+        let ob = db.open(fb, RDWR).unwrap();
+        // A write lock through A: B's SETLK is EAGAIN, its GETLK names the lock in the way.
+        da.setlk(f.nodeid, &posix(oa.fh, 1, WR, 0, 99)).unwrap();
+        assert_eq!(errno(db.setlk(fb, &posix(ob.fh, 2, RD, 50, 60))), libc::EAGAIN);
+        let c = db.getlk(fb, &posix(ob.fh, 2, WR, 0, OFFSET_MAX)).unwrap();
+        assert_eq!((c.typ as i32, c.start, c.end, c.pid), (WR, 0, 99, 0), "the conflict, pid unknown");
+        assert_eq!(db.getlk(fb, &posix(ob.fh, 2, WR, 100, OFFSET_MAX)).unwrap().typ as i32, UN);
+        // B's SETLKW waits while A holds it and is granted once A unlocks.
+        let w = db.submit_lk(1, opcode::SETLKW, fb, &posix(ob.fh, 2, WR, 0, 0)).unwrap();
+        assert_waits(&mut db, w);
+        db.getattr(fb).unwrap();
+        da.setlk(f.nodeid, &posix(oa.fh, 1, UN, 0, 99)).unwrap();
+        let took = granted(&mut db, w);
+        eprintln!("unlock through A to SETLKW granted through B: {took:?}");
+        let c = da.getlk(f.nodeid, &posix(oa.fh, 1, RD, 0, OFFSET_MAX)).unwrap();
+        assert_eq!((c.typ as i32, c.start, c.end), (WR, 0, 0), "B holds byte 0 now");
+        // B's process closes the file (FLUSH with its lock owner): its locks go.
+        db.flush_owner(fb, ob.fh, 2).unwrap();
+        assert_eq!(da.getlk(f.nodeid, &posix(oa.fh, 1, WR, 0, OFFSET_MAX)).unwrap().typ as i32, UN);
+        // A locks again; B waits; A's process closes the file (FLUSH, then RELEASE): B is in.
+        da.setlk(f.nodeid, &posix(oa.fh, 1, WR, 0, OFFSET_MAX)).unwrap();
+        let w = db.submit_lk(1, opcode::SETLKW, fb, &posix(ob.fh, 3, RD, 10, 20)).unwrap();
+        assert_waits(&mut db, w);
+        da.flush_owner(f.nodeid, oa.fh, 1).unwrap();
+        da.release(f.nodeid, oa.fh).unwrap();
+        granted(&mut db, w);
+        db.setlk(fb, &posix(ob.fh, 3, UN, 0, OFFSET_MAX)).unwrap();
+        // flock: whole file, owned by the handle; RELEASE with FLOCK_UNLOCK lets it go.
+        let oa = da.open(f.nodeid, RDWR).unwrap();
+        da.setlk(f.nodeid, &flock(oa.fh, WR)).unwrap();
+        assert_eq!(errno(db.setlk(fb, &flock(ob.fh, RD))), libc::EAGAIN);
+        let w = db.submit_lk(1, opcode::SETLKW, fb, &flock(ob.fh, WR)).unwrap();
+        assert_waits(&mut db, w);
+        da.release_flock(f.nodeid, oa.fh, oa.fh).unwrap();
+        granted(&mut db, w);
+        // B's last close (with the flock held) closes its open: nothing is left on the server.
+        db.release_flock(fb, ob.fh, ob.fh).unwrap();
+        let oa = da.open(f.nodeid, RDWR).unwrap();
+        da.setlk(f.nodeid, &posix(oa.fh, 1, WR, 0, OFFSET_MAX)).unwrap();
+        da.flush_owner(f.nodeid, oa.fh, 1).unwrap();
+        da.release(f.nodeid, oa.fh).unwrap();
+        let (sa, sb) = (a.fs().stats(), b.fs().stats());
+        eprintln!("A {:?}\nB {:?}", sa.locks, sb.locks);
+        assert!(sb.locks.waits == 3 && sb.locks.tries >= 3 && sb.locks.tries_denied >= 3, "{:?}", sb.locks);
+        assert!(sb.locks.denied >= 3 && sa.locks.freed >= 3 && sb.locks.freed >= 2, "{sa:?} {sb:?}");
+        assert_eq!((sa.errors, sb.errors), (0, 2), "B's two EAGAINs only");
+        da.shutdown().unwrap();
+        db.shutdown().unwrap();
+    }
+}

@@ -23,6 +23,7 @@ use super::conn::{Conn, ConnConfig, Cred};
 use super::engine::NfsEngine;
 use super::engine41::Nfs41Engine;
 use super::keep::{KeptMount, NfsKeep};
+use super::locks41::{LockTotals, Locks41};
 use super::nodes::{HandleTable, NodeTable};
 use super::session::{client_owner, host_identity, ClientShare};
 use super::setup::{self, SetupError};
@@ -32,7 +33,7 @@ use super::unstable::{UnstableStats, UnstableStore};
 use super::url::{NfsUrl, NfsVersion};
 use super::wire::nfs3::{Args, Ftype, Res};
 use crate::filesystem::seam::FsEngine;
-use crate::filesystem::{self, CachePolicy, Context, Error, FileSystem, LockAccess};
+use crate::filesystem::{self, CachePolicy, Context, Error, FileSystem, LockAccess, RemoteLocks};
 
 /// How the device serves an NFS export (the daemon's `--remote` and profile keys).
 #[derive(Debug, Clone)]
@@ -155,6 +156,9 @@ pub struct NfsStats {
     /// NFSv4.1: the pollers' sessions, summed (zeros with NFSv3).
     #[serde(default)]
     pub session: SessionTotals,
+    /// NFSv4.1: the locks kept on the server (zeros with NFSv3, whose locks are the device's).
+    #[serde(default)]
+    pub locks: LockTotals,
 }
 
 /// The NFSv4.1 sessions' counters, all pollers together ([`crate::nfs::session::SessionStats`]).
@@ -482,6 +486,7 @@ impl NfsFs {
         });
         s.unstable = self.shared.unstable.stats();
         s.nodes = self.shared.nodes.len() as u64;
+        s.locks = self.shared.locks41.totals();
         s
     }
 }
@@ -538,6 +543,7 @@ pub(super) fn shared(
         cells: Mutex::new(cells),
         mounted,
         v41: None,
+        locks41: Arc::new(Locks41::default()),
     }
 }
 
@@ -558,6 +564,11 @@ fn machine_name() -> String {
 
 impl FileSystem for NfsFs {
     fn destroy(&self) {
+        if self.shared.v41.is_some() {
+            // The guest's locks end with its session: the engines let them go on the server.
+            let nodes = &self.shared.nodes;
+            self.shared.locks41.orphan_all(|n| nodes.fh(n).ok());
+        }
         self.shared.nodes.reset();
         self.shared.handles.reset();
     }
@@ -591,6 +602,12 @@ impl FileSystem for NfsFs {
 
     fn has_open_handles(&self, ino: u64) -> bool {
         self.shared.nodes.has_opens(ino)
+    }
+
+    /// NFSv4.1: the server keeps the locks (LOCK, LOCKT, LOCKU through the engines), so other
+    /// clients of the export see them; NFSv3's are the device's (no NLM).
+    fn remote_locks(&self) -> Option<&dyn RemoteLocks> {
+        self.shared.v41.as_ref().map(|_| &*self.shared.locks41 as &dyn RemoteLocks)
     }
 
     fn engine(&self, poller: usize) -> Option<Box<dyn FsEngine<Self>>> {

@@ -18,6 +18,12 @@
 //! answers it. A wait cancelled or interrupted while its LOCK is on the wire is let go when the
 //! LOCK is granted (the engine sends LOCKU). At most [`MAX_WAITS`] waits at once (`ENOLCK`
 //! beyond).
+//!
+//! **A session's end.** DESTROY, or the INIT of a guest that reset, ends the guest's locks:
+//! their states become orphans ([`Locks41::orphan_all`]), which the engines let go in the
+//! background (LOCKU of the whole file, FREE_STATEID), as the handle table forgets the opens.
+//!
+//! [`Locks41`] holds the three, with the counters the engines keep ([`LockTotals`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use crate::filesystem::{Context, Error, FileLock, LockRequest, RemoteLocks, Result};
 use crate::nfs::wire::nfs4::Stateid;
+use crate::nfs::wire::Fh;
 
 /// Waits kept at most.
 pub const MAX_WAITS: usize = 1024;
@@ -103,6 +110,11 @@ impl LockStates {
             g.remove(&(nodeid, *o));
         }
         gone
+    }
+
+    /// Every lock state (the session ended), each with its node id and owner.
+    pub fn take_all(&self) -> Vec<(u64, Owner, Stateid)> {
+        self.lock().drain().map(|((n, o), s)| (n, o, s)).collect()
     }
 
     /// Lock states kept.
@@ -377,6 +389,145 @@ impl RemoteLocks for RemoteWaits {
     }
 }
 
+/// What the engines did with locks, all pollers together (plain numbers, `NfsStats::locks`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct LockTotals {
+    /// LOCK, LOCKT and LOCKU answered (guest requests and the waits' tries).
+    pub calls: u64,
+    /// Of them, NFS4ERR_DENIED (a conflicting lock).
+    pub denied: u64,
+    /// Lock states let go (LOCKU of the whole file and FREE_STATEID: FLUSH, RELEASE, the end
+    /// of a session).
+    pub freed: u64,
+    /// Lock stateids the server no longer knew (forgotten; the lock tried again as the owner's
+    /// first).
+    pub stale: u64,
+    /// SETLKW requests that waited on the server.
+    pub waits: u64,
+    /// Tries of waiting locks sent.
+    pub tries: u64,
+    /// Of them, denied (tried again later).
+    pub tries_denied: u64,
+}
+
+/// The NFSv4.1 lock state of one device function, shared by its engines: the lock stateids,
+/// the waits, the orphans of an ended session, and the counters.
+#[derive(Debug, Default)]
+pub struct Locks41 {
+    /// The lock stateid of every file and lock owner.
+    pub states: LockStates,
+    /// The SETLKW requests waiting for a lock on the server.
+    pub waits: RemoteWaits,
+    orphans: Mutex<Vec<(Fh, Stateid)>>,
+    calls: AtomicU64,
+    denied: AtomicU64,
+    freed: AtomicU64,
+    stale: AtomicU64,
+    waited: AtomicU64,
+}
+
+/// A counter of [`Locks41`] ([`Locks41::count`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// A lock call answered.
+    Call,
+    /// A lock call denied.
+    Denied,
+    /// A lock state let go.
+    Freed,
+    /// A lock stateid the server no longer knew.
+    Stale,
+}
+
+impl Locks41 {
+    fn orphans(&self) -> MutexGuard<'_, Vec<(Fh, Stateid)>> {
+        self.orphans.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts one `c`.
+    pub fn count(&self, c: Counter) {
+        let a = match c {
+            Counter::Call => &self.calls,
+            Counter::Denied => &self.denied,
+            Counter::Freed => &self.freed,
+            Counter::Stale => &self.stale,
+        };
+        a.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The session ended: every lock state becomes an orphan to let go, with its file's
+    /// handle (`fh` of a node id: from the node table, before it forgets them).
+    pub fn orphan_all(&self, fh: impl Fn(u64) -> Option<Fh>) {
+        let all = self.states.take_all();
+        let mut o = self.orphans();
+        for (node, _, s) in all {
+            match fh(node) {
+                Some(f) => o.push((f, s)),
+                None => log::debug!("nfs4.1: the lock state of node {node} has no handle: left to the lease"),
+            }
+        }
+    }
+
+    /// An orphaned lock state to let go, if any.
+    pub fn take_orphan(&self) -> Option<(Fh, Stateid)> {
+        self.orphans().pop()
+    }
+
+    /// Whether orphaned lock states wait to be let go.
+    pub fn has_orphans(&self) -> bool {
+        !self.orphans().is_empty()
+    }
+
+    /// The counters.
+    pub fn totals(&self) -> LockTotals {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (tries, tries_denied) = self.waits.tries();
+        LockTotals {
+            calls: g(&self.calls),
+            denied: g(&self.denied),
+            freed: g(&self.freed),
+            stale: g(&self.stale),
+            waits: g(&self.waited),
+            tries,
+            tries_denied,
+        }
+    }
+
+    /// A SETLKW starts waiting ([`RemoteLocks::wait`] of [`RemoteWaits`], counted).
+    fn waited(&self) {
+        self.waited.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl RemoteLocks for Locks41 {
+    fn wait(&self, ctx: &Context, ino: u64, lock: &LockRequest, unique: u64) -> Result<u64> {
+        let id = self.waits.wait(ctx, ino, lock, unique)?;
+        self.waited();
+        Ok(id)
+    }
+
+    fn poll(&self, id: u64) -> Option<Result<()>> {
+        self.waits.poll(id)
+    }
+
+    fn cancel(&self, id: u64) {
+        self.waits.cancel(id)
+    }
+
+    fn interrupt(&self, unique: u64) -> bool {
+        self.waits.interrupt(unique)
+    }
+
+    fn generation(&self) -> u64 {
+        self.waits.generation()
+    }
+
+    fn unique_of(&self, id: u64) -> Option<u64> {
+        self.waits.unique_of(id)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -473,6 +624,8 @@ mod tests {
         assert_eq!(s.get(5, Owner::Posix(2)), None);
         assert_eq!(s.forget_node(5).len(), 2);
         assert_eq!(s.len(), 1);
+        assert_eq!(s.take_all(), vec![(6, Owner::Posix(1), st)]);
+        assert!(s.is_empty());
         assert_ne!(Owner::Posix(7).name(), Owner::Flock(7).name());
     }
 }

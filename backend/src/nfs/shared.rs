@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::conn::ConnConfig;
+use super::locks41::Locks41;
 use super::nodes::{HandleTable, NodeTable};
 use super::session::{ClientShare, SessionConfig, SessionStats};
 use super::setup::Mounted;
@@ -126,6 +127,8 @@ pub struct Shared {
     pub(super) cells: Mutex<Vec<Arc<EngineCell>>>,
     /// NFSv4.1's shared state (`None`: NFSv3).
     pub(crate) v41: Option<Shared41>,
+    /// NFSv4.1: the locks the server keeps for the device (unused with NFSv3).
+    pub(crate) locks41: Arc<Locks41>,
 }
 
 impl Shared {

@@ -37,6 +37,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use self::lock::Background;
 use self::prepare::{prepare, Prepared};
 use self::reply::{reply, Flow};
 use self::slot::Slot;
@@ -51,6 +52,7 @@ use crate::io::{Reader, Writer};
 use crate::request::{Op as FuseOp, Request};
 
 mod attr;
+mod lock;
 mod prepare;
 mod reply;
 mod slot;
@@ -73,6 +75,8 @@ pub struct Nfs41Engine {
     /// The session's client id (the open owners name it).
     clientid: u64,
     cell: Arc<EngineCell>,
+    /// Calls with no guest request behind them: tries of waiting locks (`lock`).
+    bg: Background,
 }
 
 impl std::fmt::Debug for Nfs41Engine {
@@ -116,6 +120,8 @@ struct PollSink<'e, 'c> {
     busy: &'e mut usize,
     clientid: u64,
     cell: &'e EngineCell,
+    bg: &'e mut Background,
+    now: Instant,
 }
 
 /// Ends slot `slot`'s request with `r`.
@@ -154,17 +160,39 @@ impl SessionSink for PollSink<'_, '_> {
     }
 
     fn ops(&mut self, tag: u32, send: &mut dyn FnMut(&[Op<'_>])) {
+        if let Some(i) = Background::index(tag) {
+            if let Some(s) = self.bg.slots.get(i).filter(|s| s.busy) {
+                s.with_ops(self.clientid, send);
+            }
+            return;
+        }
         if let Some(s) = self.slots.get(tag as usize).filter(|s| s.busy) {
             s.with_ops(self.clientid, send);
         }
     }
 
     fn done(&mut self, tag: u32, res: Result<CompoundReply<'_>, CallError>) {
+        if let Some(i) = Background::index(tag) {
+            let bg = &mut *self.bg;
+            if let Some(s) = bg.slots.get_mut(i).filter(|s| s.busy) {
+                if lock::background(&bg.locks, s, res, self.now) {
+                    bg.next.push(tag);
+                } else {
+                    s.busy = false;
+                }
+            }
+            return;
+        }
         let Some(slot) = self.slots.get_mut(tag as usize).filter(|s| s.busy) else { return };
         if matches!(res, Err(CallError::TimedOut)) {
             EngineCell::bump(&self.cell.timed_out);
         }
-        match reply(self.fs, slot, res, self.done) {
+        let flow = if slot.step.is_lock() {
+            lock::reply(self.fs, slot, res)
+        } else {
+            reply(self.fs, slot, res, self.done)
+        };
+        match flow {
             Flow::Done(r) => complete(slot, r, self.done, self.busy, self.cell),
             Flow::Next => self.next.push(tag),
         }
@@ -220,6 +248,7 @@ impl Nfs41Engine {
             next: Vec::with_capacity(n),
             clientid: 0,
             cell,
+            bg: Background::new(fs, root),
         }
     }
 
@@ -271,6 +300,59 @@ impl Nfs41Engine {
             Err(e) => {
                 log::debug!("nfs4.1: request {i} not sent: {e}");
                 self.end(i, Err(Error::Io), done);
+            }
+        }
+    }
+
+    /// Sends background slot `i`'s step; whether it went.
+    fn send_bg(&mut self, i: usize) -> bool {
+        let Some(conn) = self.conn.as_mut() else { return false };
+        if self.session.state() != State::Ready {
+            return false;
+        }
+        let slot = &self.bg.slots[i];
+        let mut sink = SendSink { payload: None, ended: false };
+        let mut r = Err(CallError::Closed);
+        let session = &mut self.session;
+        slot.with_ops(self.clientid, &mut |ops| {
+            r = session.call(conn, Instant::now(), lock::BG_TAG | i as u32, &slot.cred, ops, &mut sink);
+        });
+        r.is_ok() && !sink.ended
+    }
+
+    /// The background round: next steps of background slots, then orphaned lock states to let
+    /// go and waiting locks due for a try, while a background slot is free (every engine takes
+    /// them: any engine may serve any wait).
+    fn background(&mut self, fs: &Shared, now: Instant) {
+        if self.conn.is_none() || self.session.state() != State::Ready {
+            return;
+        }
+        let next = std::mem::take(&mut self.bg.next);
+        for &tag in &next {
+            let Some(i) = Background::index(tag) else { continue };
+            if !self.send_bg(i) {
+                lock::abandon(&self.bg.locks, &mut self.bg.slots[i], now);
+            }
+        }
+        self.bg.next = next;
+        self.bg.next.clear();
+        while let Some(i) = self.bg.free() {
+            let locks = self.bg.locks.clone();
+            let slot = &mut self.bg.slots[i];
+            if let Some((fh, s)) = locks.take_orphan() {
+                lock::start_orphan(slot, fh, s);
+            } else if let Some(a) = locks.waits.due(now) {
+                if let Err(e) = lock::start_try(fs, slot, a) {
+                    locks.waits.attempted(a.id, crate::nfs::locks41::Tried::Failed(e), now);
+                    continue;
+                }
+            } else {
+                break;
+            }
+            slot.busy = true;
+            if !self.send_bg(i) {
+                lock::abandon(&locks, &mut self.bg.slots[i], now);
+                break;
             }
         }
     }
@@ -366,6 +448,8 @@ impl<F: AsRef<Shared>> FsEngine<F> for Nfs41Engine {
                 busy: &mut self.busy,
                 clientid: self.clientid,
                 cell: &self.cell,
+                bg: &mut self.bg,
+                now,
             };
             self.session.poll(now, conn, &mut sink);
         }
@@ -397,6 +481,7 @@ impl<F: AsRef<Shared>> FsEngine<F> for Nfs41Engine {
                 break;
             }
         }
+        self.background(fs, now);
         self.publish();
     }
 
@@ -414,6 +499,11 @@ impl<F: AsRef<Shared>> FsEngine<F> for Nfs41Engine {
         if !self.backlog.is_empty() {
             within = within.min(BACKLOG_LOOK);
         }
+        if self.session.state() == State::Ready {
+            if let Some(t) = self.bg.due() {
+                within = within.min(t.saturating_duration_since(now));
+            }
+        }
         Some(Readiness { fd, writable, within })
     }
 }
@@ -424,6 +514,8 @@ impl Drop for Nfs41Engine {
         // DESTROY_SESSION goes if it can; the server drops the rest at the end of the lease.
         let mut sink = SendSink { payload: None, ended: false };
         let now = Instant::now();
+        // Tries on the wire go to another engine (their waits are tried again).
+        self.bg.abandon_all(now);
         self.session.close(now, &mut sink);
         if let Some(conn) = self.conn.as_mut() {
             self.session.poll(now, conn, &mut sink);

@@ -1,8 +1,9 @@
 //! A new request fills its slot ([`prepare`]): the handles copied from the node table, the
 //! names, what to set, the open stateid of the FUSE handle it comes through, and the first
 //! COMPOUND to send; or it is answered at once, with no call (OPENDIR, RELEASEDIR, FSYNCDIR,
-//! FLUSH and FSYNC: every WRITE went FILE_SYNC4; an empty READ or WRITE; the READDIR after the
-//! end of a listing; a RELEASE of a handle with no open state).
+//! FLUSH and FSYNC: every WRITE went FILE_SYNC4, unless the FLUSH's lock owner has locks to
+//! let go; an empty READ or WRITE; the READDIR after the end of a listing; a RELEASE of a
+//! handle with no open state). Lock requests are `lock`'s.
 
 use std::time::Instant;
 
@@ -35,6 +36,10 @@ pub(super) fn prepare(fs: &Shared, slot: &mut Slot, req: &Request<'_>) -> Result
     slot.stateid = Stateid::ANONYMOUS;
     slot.silly = false;
     slot.answer = None;
+    slot.lock_state = None;
+    slot.retried = false;
+    slot.frees.clear();
+    slot.attempt = None;
     let (kind, step) = match req.op {
         Op::Lookup { name } => {
             named(fs, slot, name)?;
@@ -169,8 +174,21 @@ pub(super) fn prepare(fs: &Shared, slot: &mut Slot, req: &Request<'_>) -> Result
             return Ok(Prepared::Answered(Reply::Empty));
         }
         // Every WRITE went FILE_SYNC4, and directory operations are synchronous on the server.
-        Op::Fsyncdir { .. } | Op::Flush { .. } | Op::Fsync { .. } => {
+        Op::Fsyncdir { .. } | Op::Fsync { .. } => {
             return Ok(Prepared::Answered(Reply::Empty));
+        }
+        // The same, but the closing lock owner's locks go.
+        Op::Flush { lock_owner, .. } => {
+            return Ok(match super::lock::flush(fs, slot, lock_owner) {
+                Some(()) => Prepared::Send,
+                None => Prepared::Answered(Reply::Empty),
+            });
+        }
+        Op::Lock(l) => {
+            return Ok(match super::lock::prepare(fs, slot, &l)? {
+                Some(r) => Prepared::Answered(r),
+                None => Prepared::Send,
+            });
         }
         Op::Read(ReadArgs { fh, offset, size }) => {
             io(fs, slot, fh, offset)?;
@@ -196,7 +214,7 @@ pub(super) fn prepare(fs: &Shared, slot: &mut Slot, req: &Request<'_>) -> Result
         }
         Op::Readdir { fh, offset, size } => return readdir(fs, slot, fh, offset, size, false),
         Op::Readdirplus { fh, offset, size } => return readdir(fs, slot, fh, offset, size, true),
-        Op::Release { fh, .. } => return release(fs, slot, fh),
+        Op::Release { fh, lock_owner, .. } => return release(fs, slot, fh, lock_owner),
         // xattrs (ganesha answers RFC 8276's operations OP_ILLEGAL at minor version 1) and
         // what NFSv3 could not do either: ENOSYS, on which the kernel stops asking.
         Op::Setxattr { .. }
@@ -210,12 +228,9 @@ pub(super) fn prepare(fs: &Shared, slot: &mut Slot, req: &Request<'_>) -> Result
         | Op::Statx { .. }
         | Op::Syncfs => return Err(Error::NotImplemented),
         // The session's own: never here.
-        Op::Init(_)
-        | Op::Destroy
-        | Op::Forget { .. }
-        | Op::BatchForget { .. }
-        | Op::Interrupt { .. }
-        | Op::Lock(_) => return Err(Error::InvalidArgument),
+        Op::Init(_) | Op::Destroy | Op::Forget { .. } | Op::BatchForget { .. } | Op::Interrupt { .. } => {
+            return Err(Error::InvalidArgument)
+        }
     };
     Ok(start(slot, kind, step))
 }
@@ -295,13 +310,14 @@ fn readdir(
 }
 
 /// RELEASE of handle `fh`: CLOSE of its open (and the silly name's REMOVE at the last close of a
-/// file unlinked while open).
-fn release(fs: &Shared, slot: &mut Slot, fh: u64) -> Result<Prepared, Error> {
+/// file unlinked while open), after the lock states that go with it (`lock`).
+fn release(fs: &Shared, slot: &mut Slot, fh: u64, lock_owner: u64) -> Result<Prepared, Error> {
     // The node's handle first: the close may free the node.
     let file_fh = fs.handles.get(fh).and_then(|f| fs.nodes.fh(f.nodeid).ok());
     let Some(f) = fs.handles.close(fh) else { return Ok(Prepared::Answered(Reply::Empty)) };
     slot.nodeid = f.nodeid;
     slot.stateid = stateid_of(f.state);
+    let has_fh = file_fh.is_some();
     if let Some(obj) = file_fh {
         slot.obj = obj;
     } else {
@@ -312,10 +328,14 @@ fn release(fs: &Shared, slot: &mut Slot, fh: u64) -> Result<Prepared, Error> {
         slot.names.set(&silly_name(f.nodeid), b"")?;
         slot.silly = true;
     }
-    if slot.stateid == Stateid::ANONYMOUS && !slot.silly {
+    if has_fh {
+        super::lock::release(fs, slot, f.nodeid, fh, lock_owner);
+    }
+    if slot.stateid == Stateid::ANONYMOUS && !slot.silly && slot.frees.is_empty() {
         return Ok(Prepared::Answered(Reply::Empty));
     }
-    Ok(start(slot, Kind::Release, Step::Close))
+    let step = if slot.frees.is_empty() { Step::Close } else { Step::Free };
+    Ok(start(slot, Kind::Release, step))
 }
 
 /// The handle table's form of an open stateid (for the reply side).

@@ -226,8 +226,9 @@ fn step(fs: &Shared, slot: &mut Slot, g: Got<'_>, done: &mut Completions<'_>) ->
             fs.handles.set_cookieverf(slot.handle, verf, if eof && all { last } else { 0 });
             Flow::Done(Ok(Reply::Data(out.bytes_written())))
         }
-        // Answered above.
+        // Answered above; the lock steps are `lock`'s.
         Step::ProbeTarget | Step::Close | Step::Delegreturn => return Err(Error::Io),
+        Step::Lockt | Step::Lock | Step::Locku | Step::Free => return Err(Error::Io),
     };
     Ok(flow)
 }

@@ -9,13 +9,15 @@
 use std::time::Instant;
 
 use crate::filesystem::seam::Token;
-use crate::filesystem::{self, Error, Reply};
+use crate::filesystem::{self, Error, FileLock, LockType, Reply};
 use crate::nfs::conn::Cred;
+use crate::nfs::locks41::{Attempt, Owner};
 use crate::nfs::wire::nfs4::{
-    attr, share, Bitmap, CreateHow4, CreateKind, Ftype4, Op, Open, OpenClaim, SetAttrs, Stable4, StateOwner,
-    Stateid, Verifier,
+    attr, share, Bitmap, CreateHow4, CreateKind, Ftype4, LockType as NfsLock, Locker, Op, Open, OpenClaim,
+    SetAttrs, Stable4, StateOwner, Stateid, Verifier,
 };
 use crate::nfs::wire::Fh;
+use crate::types::OFFSET_MAX;
 
 /// Longest name component sent (Linux's NAME_MAX).
 pub(super) const NAME_MAX: usize = 255;
@@ -93,6 +95,18 @@ pub(super) enum Kind {
     Readdir,
     Readdirplus,
     Release,
+    /// GETLK: LOCKT.
+    Getlk,
+    /// SETLK, or an unlocking SETLKW: LOCK or LOCKU.
+    Setlk,
+    /// FLUSH of a lock owner with lock state on the file: its locks go.
+    Flush,
+    /// A waiting lock's try (background, no guest request): LOCK with a blocking type.
+    Try,
+    /// A lock granted to a wait that ended meanwhile (background): LOCKU.
+    LetGo,
+    /// A lock state of an ended session (background): LOCKU and FREE_STATEID.
+    Orphan,
 }
 
 /// The next COMPOUND of a slot (after the session's SEQUENCE).
@@ -136,6 +150,22 @@ pub(super) enum Step {
     Close,
     /// PUTFH(`obj`) DELEGRETURN(`deleg`).
     Delegreturn,
+    /// PUTFH(`obj`) LOCKT(`lock`, `lock_name`).
+    Lockt,
+    /// PUTFH(`obj`) LOCK(`lock`; by `lock_state`, or from the open `stateid` as `lock_name`'s
+    /// first lock on the file).
+    Lock,
+    /// PUTFH(`obj`) LOCKU(`lock`'s range, `lock_state`).
+    Locku,
+    /// PUTFH(`obj`) LOCKU(the whole file) FREE_STATEID: the last of `frees`.
+    Free,
+}
+
+impl Step {
+    /// A step of the lock operations (answered by `lock`).
+    pub(super) fn is_lock(self) -> bool {
+        matches!(self, Step::Lockt | Step::Lock | Step::Locku | Step::Free)
+    }
 }
 
 /// What CREATE makes.
@@ -239,6 +269,19 @@ pub(super) struct Slot {
     /// The answer, once a last step (a DELEGRETURN, the CLOSE of an open that could not be
     /// kept) is done.
     pub(super) answer: Option<filesystem::Result<Reply>>,
+    /// A lock's range and type (GETLK, SETLK, a try).
+    pub(super) lock: FileLock,
+    /// Its owner, and the owner's name on the server.
+    pub(super) lock_owner: Owner,
+    pub(super) lock_name: [u8; 9],
+    /// The owner's lock stateid on the file (`None`: its first lock there, from the open).
+    pub(super) lock_state: Option<Stateid>,
+    /// A stale lock stateid was forgotten and the lock sent again as a first one.
+    pub(super) retried: bool,
+    /// Lock states to let go before the answer (FLUSH, RELEASE), the last first.
+    pub(super) frees: Vec<Stateid>,
+    /// The try a background slot sends.
+    pub(super) attempt: Option<Attempt>,
 }
 
 impl Slot {
@@ -276,7 +319,33 @@ impl Slot {
             dots: 0,
             silly: false,
             answer: None,
+            lock: FileLock { start: 0, end: 0, typ: LockType::Unlock, pid: 0 },
+            lock_owner: Owner::Posix(0),
+            lock_name: [0; 9],
+            lock_state: None,
+            retried: false,
+            frees: Vec::new(),
+            attempt: None,
         }
+    }
+
+    /// The slot's lock type on the wire (the blocking types for a try, which tell the server
+    /// the client waits).
+    fn locktype(&self) -> NfsLock {
+        match (self.lock.typ, self.kind == Kind::Try) {
+            (LockType::Read, false) => NfsLock::Read,
+            (LockType::Read, true) => NfsLock::ReadW,
+            (_, false) => NfsLock::Write,
+            (_, true) => NfsLock::WriteW,
+        }
+    }
+
+    /// The slot's lock range as NFSv4's offset and length (u64::MAX: to the end of the file,
+    /// FUSE's `OFFSET_MAX` end).
+    fn range(&self) -> (u64, u64) {
+        let l = &self.lock;
+        let length = if l.end >= OFFSET_MAX { u64::MAX } else { l.end - l.start + 1 };
+        (l.start, length)
     }
 
     /// The share access an open with the slot's `flags` asks (`O_TRUNC` writes), and no
@@ -450,9 +519,58 @@ impl Slot {
                 push(Op::Putfh { fh: &self.obj });
                 push(Op::Delegreturn { stateid: self.deleg });
             }
+            Step::Lockt => {
+                let (offset, length) = self.range();
+                push(Op::Putfh { fh: &self.obj });
+                push(Op::Lockt {
+                    locktype: self.locktype(),
+                    offset,
+                    length,
+                    owner: StateOwner { clientid, owner: &self.lock_name },
+                });
+            }
+            Step::Lock => {
+                let (offset, length) = self.range();
+                // Lock owners' seqids are 0 in NFSv4.1 (the session orders calls: RFC 8881
+                // 18.10.3), and the lock stateid goes with seqid 0, "the current one" (8.2.2):
+                // two pollers' calls of one owner may reach the server in either order.
+                let locker = match self.lock_state {
+                    Some(s) => Locker::Existing { lock_stateid: current(s) },
+                    None => Locker::New {
+                        open_stateid: self.stateid,
+                        owner: StateOwner { clientid, owner: &self.lock_name },
+                    },
+                };
+                push(Op::Putfh { fh: &self.obj });
+                push(Op::Lock { locktype: self.locktype(), reclaim: false, offset, length, locker });
+            }
+            Step::Locku => {
+                let (offset, length) = self.range();
+                if let Some(s) = self.lock_state {
+                    push(Op::Putfh { fh: &self.obj });
+                    push(Op::Locku { locktype: NfsLock::Write, stateid: current(s), offset, length });
+                }
+            }
+            Step::Free => {
+                if let Some(&s) = self.frees.last() {
+                    push(Op::Putfh { fh: &self.obj });
+                    push(Op::Locku {
+                        locktype: NfsLock::Write,
+                        stateid: current(s),
+                        offset: 0,
+                        length: u64::MAX,
+                    });
+                    push(Op::FreeStateid { stateid: current(s) });
+                }
+            }
         }
         send(&ops[..n]);
     }
+}
+
+/// `s` with seqid 0: whatever its current seqid is on the server (RFC 8881 8.2.2).
+fn current(s: Stateid) -> Stateid {
+    Stateid { seqid: 0, other: s.other }
 }
 
 /// A stateid as the handle table keeps it.

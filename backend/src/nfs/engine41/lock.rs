@@ -1,0 +1,418 @@
+//! Locks kept by the server (`crate::nfs::locks41` has the shared state): GETLK is LOCKT, SETLK
+//! LOCK (the owner's first lock on a file from the FUSE handle's open, later ones by its lock
+//! stateid) or LOCKU; FLUSH of a lock owner and RELEASE let the owner's lock state go (LOCKU
+//! of the whole file, FREE_STATEID) before they are answered, RELEASE before its CLOSE (which
+//! would fail NFS4ERR_LOCKS_HELD). A SETLKW that must wait is tried from background slots
+//! ([`start_try`], [`background`]): LOCK with the blocking types, no guest request behind it.
+//!
+//! Errors: DENIED is EAGAIN (GETLK: the lock in the way, pid 0: the server does not say which
+//! process holds it, as Linux's NFS client reports it), DEADLOCK EDEADLK, LOCK_RANGE and
+//! LOCK_NOTSUPP ENOLCK (the request is well formed: the server cannot keep that lock; EINVAL
+//! would blame the caller's arguments); a lock stateid the server no longer knows is forgotten
+//! and the lock sent once more as the owner's first, then EIO.
+
+use std::time::Instant;
+
+use super::reply::Flow;
+use super::slot::{stateid_of, Kind, Slot, Step};
+use crate::filesystem::{Error, FileLock, LockRequest, LockType, Reply};
+use crate::nfs::conn::{CallError, CompoundReply};
+use crate::nfs::convert::cred;
+use crate::nfs::locks41::{After, Attempt, Counter, Locks41, Owner, Tried};
+use crate::nfs::shared::Shared;
+use crate::nfs::wire::nfs4::{LockType as NfsLock, Nfsstat4, OpNum, OpRes, Stateid};
+use crate::nfs::wire::Fh;
+use crate::request::LockOp;
+use crate::types::{Context, OFFSET_MAX};
+
+/// What a lock COMPOUND's reply says.
+struct LockGot {
+    failed: Option<(OpNum, Nfsstat4)>,
+    /// The lock in the way (DENIED): offset, length, type.
+    denied: Option<(u64, u64, NfsLock)>,
+    /// LOCK's or LOCKU's stateid.
+    stateid: Option<Stateid>,
+}
+
+fn got(reply: &CompoundReply<'_>) -> Result<LockGot, Error> {
+    let mut g = LockGot { failed: None, denied: None, stateid: None };
+    for r in reply.results.clone() {
+        match r.map_err(|_| Error::Io)? {
+            OpRes::Failed { op, status, denied } => {
+                g.failed = Some((op, status));
+                g.denied = denied.map(|d| (d.offset, d.length, d.locktype));
+            }
+            OpRes::Lock(s) | OpRes::Locku(s) => g.stateid = Some(s),
+            _ => {}
+        }
+    }
+    Ok(g)
+}
+
+/// The guest's error for a lock operation's status.
+fn lock_error(s: Nfsstat4) -> Error {
+    match s {
+        Nfsstat4::Denied => Error::from_errno(libc::EAGAIN),
+        Nfsstat4::Deadlock => Error::from_errno(libc::EDEADLK),
+        Nfsstat4::LockRange | Nfsstat4::LockNotSupp => Error::from_errno(libc::ENOLCK),
+        s => super::attr::error(s),
+    }
+}
+
+/// A stateid the server no longer knows (restarted, revoked, freed).
+fn stale(s: Nfsstat4) -> bool {
+    matches!(s, Nfsstat4::BadStateid | Nfsstat4::StaleStateid | Nfsstat4::OldStateid | Nfsstat4::Expired)
+}
+
+/// The conflicting lock of a DENIED as FUSE's (inclusive end, `OFFSET_MAX` to the end).
+fn conflict(offset: u64, length: u64, t: NfsLock) -> FileLock {
+    let start = offset.min(OFFSET_MAX);
+    let end = match length {
+        0 | u64::MAX => OFFSET_MAX,
+        n => offset.saturating_add(n - 1).min(OFFSET_MAX),
+    };
+    let typ = match t {
+        NfsLock::Read | NfsLock::ReadW => LockType::Read,
+        NfsLock::Write | NfsLock::WriteW => LockType::Write,
+    };
+    FileLock { start, end, typ, pid: 0 }
+}
+
+/// The shared lock state (a 4.1 export's).
+fn locks(fs: &Shared) -> Result<&Locks41, Error> {
+    fs.v41.as_ref().map(|_| &*fs.locks41).ok_or(Error::InvalidArgument)
+}
+
+/// GETLK, SETLK, or an unlocking SETLKW (the server checked the handle; a SETLKW that sets a
+/// lock waits in [`Locks41`] and never comes here).
+pub(super) fn prepare(fs: &Shared, slot: &mut Slot, l: &LockRequest) -> Result<Option<Reply>, Error> {
+    let locks = locks(fs)?;
+    slot.obj = fs.nodes.fh(slot.nodeid)?;
+    let owner = Owner::of(l);
+    slot.lock = l.lock;
+    slot.lock_owner = owner;
+    slot.lock_name = owner.name();
+    slot.lock_state = locks.states.get(slot.nodeid, owner);
+    let step = match (l.op, l.lock.typ) {
+        (LockOp::Get, _) => {
+            slot.kind = Kind::Getlk;
+            Step::Lockt
+        }
+        // Nothing kept: the owner holds nothing on the server.
+        (_, LockType::Unlock) if slot.lock_state.is_none() => return Ok(Some(Reply::Empty)),
+        (_, LockType::Unlock) => Step::Locku,
+        (LockOp::Set, _) => {
+            slot.stateid = open_stateid(fs, l.fh, slot.nodeid)?;
+            Step::Lock
+        }
+        (LockOp::SetWait, _) => return Err(Error::InvalidArgument),
+    };
+    if step != Step::Lockt {
+        slot.kind = Kind::Setlk;
+    }
+    slot.step = step;
+    Ok(None)
+}
+
+/// The open stateid of FUSE handle `fh`, a file handle of `nodeid`.
+fn open_stateid(fs: &Shared, fh: u64, nodeid: u64) -> Result<Stateid, Error> {
+    let f = fs.handles.get(fh).filter(|f| f.nodeid == nodeid && !f.dir).ok_or(Error::BadHandle)?;
+    Ok(stateid_of(f.state))
+}
+
+/// FLUSH by `lock_owner`: the close of a descriptor drops the process's POSIX locks on the
+/// file; with lock state kept for it, that goes first. `None`: nothing to send.
+pub(super) fn flush(fs: &Shared, slot: &mut Slot, lock_owner: u64) -> Option<()> {
+    let locks = fs.v41.as_ref().map(|_| &*fs.locks41)?;
+    let s = locks.states.forget(slot.nodeid, Owner::Posix(lock_owner))?;
+    match fs.nodes.fh(slot.nodeid) {
+        Ok(fh) => slot.obj = fh,
+        Err(_) => return None,
+    }
+    slot.frees.push(s);
+    slot.kind = Kind::Flush;
+    slot.step = Step::Free;
+    Some(())
+}
+
+/// RELEASE of handle `fh` of `nodeid` (closed in the table already; `obj` its file handle):
+/// the lock states that go with it join `slot.frees`: the handle's flock lock, the lock owner
+/// the kernel names (OFD locks), and at the file's last close whatever is left on it.
+pub(super) fn release(fs: &Shared, slot: &mut Slot, nodeid: u64, fh: u64, lock_owner: u64) {
+    if fs.v41.is_none() {
+        return;
+    }
+    let states = &fs.locks41.states;
+    if let Some(s) = states.forget(nodeid, Owner::Flock(fh)) {
+        slot.frees.push(s);
+    }
+    if lock_owner != 0 {
+        if let Some(s) = states.forget(nodeid, Owner::Posix(lock_owner)) {
+            slot.frees.push(s);
+        }
+    }
+    if !fs.nodes.has_opens(nodeid) {
+        slot.frees.extend(states.forget_node(nodeid).into_iter().map(|(_, s)| s));
+    }
+}
+
+/// A lock step's reply, for a guest request's slot.
+pub(super) fn reply(fs: &Shared, slot: &mut Slot, res: Result<CompoundReply<'_>, CallError>) -> Flow {
+    let r = match res {
+        Ok(r) => got(&r),
+        Err(e) => {
+            log::debug!("nfs4.1: {:?} of request {:?} ended: {e}", slot.step, slot.token);
+            Err(Error::Io)
+        }
+    };
+    let g = match r {
+        Ok(g) => g,
+        // A lock state being let go is forgotten whatever happened (the lease ends it).
+        Err(_) if slot.step == Step::Free => return freed(&fs.locks41, slot, false),
+        Err(e) => return Flow::Done(Err(e)),
+    };
+    let locks = &fs.locks41;
+    if slot.step != Step::Free
+        && matches!(g.failed, None | Some((OpNum::Lock | OpNum::Lockt | OpNum::Locku, _)))
+    {
+        locks.count(Counter::Call);
+    }
+    match (slot.step, g.failed) {
+        (Step::Free, failed) => {
+            if let Some((op, s)) = failed {
+                log::debug!("nfs4.1: letting a lock state of node {} go: {op:?} {s:?}", slot.nodeid);
+            }
+            freed(locks, slot, failed.is_none())
+        }
+        (Step::Lockt, None) => Flow::Done(Ok(Reply::Lock(FileLock { typ: LockType::Unlock, ..slot.lock }))),
+        (Step::Lockt, Some((OpNum::Lockt, Nfsstat4::Denied))) => {
+            locks.count(Counter::Denied);
+            match g.denied {
+                Some((o, l, t)) => Flow::Done(Ok(Reply::Lock(conflict(o, l, t)))),
+                None => Flow::Done(Err(Error::Io)),
+            }
+        }
+        (Step::Lock, None) => match g.stateid {
+            Some(s) => {
+                locks.states.set(slot.nodeid, slot.lock_owner, s);
+                Flow::Done(Ok(Reply::Empty))
+            }
+            None => Flow::Done(Err(Error::Io)),
+        },
+        (Step::Lock, Some((OpNum::Lock, s))) if stale(s) && slot.lock_state.is_some() && !slot.retried => {
+            forget_stale(locks, slot, s);
+            Flow::Next
+        }
+        (Step::Lock, Some((OpNum::Lock, Nfsstat4::Denied))) => {
+            locks.count(Counter::Denied);
+            Flow::Done(Err(lock_error(Nfsstat4::Denied)))
+        }
+        (Step::Locku, None) => Flow::Done(Ok(Reply::Empty)),
+        (Step::Locku, Some((OpNum::Locku, s))) if stale(s) => {
+            // The server holds nothing under it any more: unlocked.
+            forget_stale(locks, slot, s);
+            Flow::Done(Ok(Reply::Empty))
+        }
+        (_, Some((op, s))) => {
+            if stale(s) {
+                log::warn!(
+                    "nfs4.1: {op:?} of node {}: {s:?} (the open or the lock state is gone)",
+                    slot.nodeid
+                );
+            }
+            Flow::Done(Err(lock_error(s)))
+        }
+        _ => Flow::Done(Err(Error::Io)),
+    }
+}
+
+/// The lock state `slot` used is unknown to the server (`s`): forgotten; the lock goes again
+/// as the owner's first on the file.
+fn forget_stale(locks: &Locks41, slot: &mut Slot, s: Nfsstat4) {
+    log::info!("nfs4.1: lock state of node {} unknown to the server ({s:?}): forgotten", slot.nodeid);
+    locks.count(Counter::Stale);
+    locks.states.forget(slot.nodeid, slot.lock_owner);
+    slot.lock_state = None;
+    slot.retried = true;
+}
+
+/// One lock state of `slot.frees` was let go (`ok`: the server said so): the next, the CLOSE
+/// of a RELEASE, or the answer.
+fn freed(locks: &Locks41, slot: &mut Slot, ok: bool) -> Flow {
+    slot.frees.pop();
+    if ok {
+        locks.count(Counter::Freed);
+    }
+    if !slot.frees.is_empty() {
+        return Flow::Next;
+    }
+    if slot.kind == Kind::Release && (slot.stateid != Stateid::ANONYMOUS || slot.silly) {
+        slot.step = Step::Close;
+        return Flow::Next;
+    }
+    Flow::Done(Ok(Reply::Empty))
+}
+
+/// Fills background slot `slot` with the try `a` of a waiting lock. An error ends the wait.
+pub(super) fn start_try(fs: &Shared, slot: &mut Slot, a: Attempt) -> Result<(), Error> {
+    let locks = locks(fs)?;
+    slot.obj = fs.nodes.fh(a.nodeid)?;
+    slot.stateid = open_stateid(fs, a.fh, a.nodeid)?;
+    slot.nodeid = a.nodeid;
+    slot.cred = cred(&Context { uid: a.uid, gid: a.gid, pid: 0, supp_gid: None });
+    slot.lock = a.lock;
+    slot.lock_owner = a.owner;
+    slot.lock_name = a.owner.name();
+    slot.lock_state = locks.states.get(a.nodeid, a.owner);
+    slot.retried = false;
+    slot.frees.clear();
+    slot.attempt = Some(a);
+    slot.kind = Kind::Try;
+    slot.step = Step::Lock;
+    Ok(())
+}
+
+/// Fills background slot `slot` with an orphaned lock state to let go.
+pub(super) fn start_orphan(slot: &mut Slot, fh: Fh, s: Stateid) {
+    slot.obj = fh;
+    slot.nodeid = 0;
+    slot.cred = crate::nfs::conn::Cred::ROOT;
+    slot.frees.clear();
+    slot.frees.push(s);
+    slot.attempt = None;
+    slot.kind = Kind::Orphan;
+    slot.step = Step::Free;
+}
+
+/// A background slot's call could not go or ended without a reply it can use: a try is
+/// reported denied (another comes after its back-off).
+pub(super) fn abandon(locks: &Locks41, slot: &mut Slot, now: Instant) {
+    if let Some(a) = slot.attempt.take() {
+        if locks.waits.attempted(a.id, Tried::Denied, now) == After::LetGo {
+            log::debug!("nfs4.1: a try of wait {} was abandoned while its wait ended", a.id);
+        }
+    }
+    slot.busy = false;
+}
+
+/// A background slot's reply: whether its (next) step is to be sent; otherwise it is free.
+pub(super) fn background(
+    locks: &Locks41,
+    slot: &mut Slot,
+    res: Result<CompoundReply<'_>, CallError>,
+    now: Instant,
+) -> bool {
+    let g = match res.map_err(|_| Error::Io).and_then(|r| got(&r)) {
+        Ok(g) => g,
+        Err(_) => {
+            // No reply (a time-out, the session's end) or one that does not decode: a try
+            // goes again later (the same owner's LOCK of the same range is granted again if
+            // this one was); a LOCKU or an orphan is left to the lease.
+            abandon(locks, slot, now);
+            return false;
+        }
+    };
+    match slot.kind {
+        Kind::Try => {
+            let Some(a) = slot.attempt else { return false };
+            locks.count(Counter::Call);
+            let tried = match g.failed {
+                None => match g.stateid {
+                    Some(s) => {
+                        locks.states.set(a.nodeid, a.owner, s);
+                        Tried::Granted
+                    }
+                    None => Tried::Failed(Error::Io),
+                },
+                Some((OpNum::Lock, s)) if stale(s) && slot.lock_state.is_some() && !slot.retried => {
+                    forget_stale(locks, slot, s);
+                    return true;
+                }
+                Some((_, Nfsstat4::Denied)) => {
+                    locks.count(Counter::Denied);
+                    Tried::Denied
+                }
+                Some((_, Nfsstat4::Grace | Nfsstat4::Delay)) => Tried::Denied,
+                Some((_, s)) => Tried::Failed(lock_error(s)),
+            };
+            slot.attempt = None;
+            if locks.waits.attempted(a.id, tried, now) == After::LetGo {
+                // Granted to a wait that ended meanwhile: let it go.
+                slot.lock_state = g.stateid;
+                slot.kind = Kind::LetGo;
+                slot.step = Step::Locku;
+                return slot.lock_state.is_some();
+            }
+            false
+        }
+        Kind::LetGo => {
+            locks.count(Counter::Call);
+            if let Some((op, s)) = g.failed {
+                log::debug!("nfs4.1: letting go of a lock granted too late: {op:?} {s:?}");
+            }
+            false
+        }
+        _ => {
+            if let Some((op, s)) = g.failed {
+                log::debug!("nfs4.1: letting an orphaned lock state go: {op:?} {s:?}");
+            } else {
+                locks.count(Counter::Freed);
+            }
+            false
+        }
+    }
+}
+
+/// Tags of background calls: this bit and the slot's index (guest slots are the server's
+/// tokens, far below).
+pub(super) const BG_TAG: u32 = 1 << 31;
+
+/// Background slots of one engine: how many tries (and let-gos) it has on the wire at most.
+const BG_SLOTS: usize = 4;
+
+/// An engine's background lock calls: the tries of waiting locks, the let-gos, the orphans.
+pub(super) struct Background {
+    pub(super) slots: Vec<Slot>,
+    /// Slots whose next step goes after this poll round's replies.
+    pub(super) next: Vec<u32>,
+    pub(super) locks: std::sync::Arc<Locks41>,
+}
+
+impl Background {
+    pub(super) fn new(fs: &Shared, root: Fh) -> Background {
+        Background {
+            slots: (0..BG_SLOTS).map(|_| Slot::new(root)).collect(),
+            next: Vec::with_capacity(BG_SLOTS),
+            locks: fs.locks41.clone(),
+        }
+    }
+
+    /// The index of a background call's tag.
+    pub(super) fn index(tag: u32) -> Option<usize> {
+        (tag & BG_TAG != 0).then_some((tag & !BG_TAG) as usize)
+    }
+
+    /// A free slot, if any.
+    pub(super) fn free(&self) -> Option<usize> {
+        self.slots.iter().position(|s| !s.busy)
+    }
+
+    /// When the engine should look for work even if the connection has nothing: now with
+    /// orphans, or at the next try's time; `None` when no slot is free.
+    pub(super) fn due(&self) -> Option<Instant> {
+        self.free()?;
+        if self.locks.has_orphans() {
+            return Some(Instant::now());
+        }
+        self.locks.waits.next_due()
+    }
+
+    /// The engine goes: tries on the wire are tried again by another engine.
+    pub(super) fn abandon_all(&mut self, now: Instant) {
+        for s in &mut self.slots {
+            if s.busy {
+                abandon(&self.locks, s, now);
+            }
+        }
+    }
+}
