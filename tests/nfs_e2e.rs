@@ -5,7 +5,8 @@
 //! write verifier changes: the data is sent again), the server gone longer than the timeout
 //! (EIO in bounded time while requests that need no server go on; serving again when it is
 //! back), a file removed by another client (ESTALE, then a lookup recovers), and two devices on
-//! one export.
+//! one export. With NFSv4.1 the server keeps the locks: two devices, and a device beside a plain
+//! NFSv4.1 client, see each other's locks (`locks41`, `plain41`, `locks41_faults`).
 
 #[path = "../backend/tests/harness/ganesha.rs"]
 mod ganesha;
@@ -792,6 +793,333 @@ mod locks41 {
         assert!(sb.locks.waits == 3 && sb.locks.tries >= 3 && sb.locks.tries_denied >= 3, "{:?}", sb.locks);
         assert!(sb.locks.denied >= 3 && sa.locks.freed >= 3 && sb.locks.freed >= 2, "{sa:?} {sb:?}");
         assert_eq!((sa.errors, sb.errors), (0, 2), "B's two EAGAINs only");
+        da.shutdown().unwrap();
+        db.shutdown().unwrap();
+    }
+}
+
+/// A plain NFSv4.1 client of the export beside the device: a session of its own, with a client
+/// owner of its own (as `backend/tests/nfs4_session.rs` builds one), that opens and locks a file.
+mod plain41 {
+    use std::collections::HashMap;
+
+    use super::*;
+    use virtiofs_backend::nfs::conn::{CallError, CompoundReply, Conn, ConnConfig, Cred, Nfs41};
+    use virtiofs_backend::nfs::session::{ClientShare, Session, SessionConfig, SessionSink, State};
+    use virtiofs_backend::nfs::wire::nfs4::{
+        share, Fh, LockType, Locker, Nfsstat4, Op, OpRes, Open, OpenClaim, StateOwner, Stateid,
+    };
+
+    /// A call of the plain client's, kept to give its operations whenever the session asks.
+    #[derive(Clone)]
+    enum Req {
+        /// PUTROOTFH, LOOKUP of each component, OPEN (no create) of `name`, GETFH.
+        Open(Vec<Vec<u8>>, Vec<u8>),
+        /// PUTFH, LOCK (write, `offset`, `length`) from the open's stateid.
+        Lock(Fh, Stateid, u64, u64),
+        /// PUTFH, LOCKU of the lock stateid's whole file.
+        Locku(Fh, Stateid),
+    }
+
+    /// What a call came to: its status, the stateid (OPEN's, LOCK's), the handle.
+    #[derive(Clone, Debug)]
+    pub(super) struct Told {
+        pub(super) status: Nfsstat4,
+        pub(super) stateid: Option<Stateid>,
+        pub(super) fh: Option<Fh>,
+    }
+
+    #[derive(Default)]
+    struct Owner {
+        clientid: u64,
+        reqs: HashMap<u32, Req>,
+        done: HashMap<u32, Result<Told, CallError>>,
+    }
+
+    const NAME: &[u8] = b"plain-client";
+
+    impl Owner {
+        fn with_ops(&self, tag: u32, f: &mut dyn FnMut(&[Op<'_>])) {
+            let Some(r) = self.reqs.get(&tag) else { return };
+            let owner = StateOwner { clientid: self.clientid, owner: NAME };
+            match r {
+                Req::Open(path, name) => {
+                    let mut ops = vec![Op::Putrootfh];
+                    ops.extend(path.iter().map(|c| Op::Lookup { name: c }));
+                    ops.push(Op::Open(Open {
+                        share_access: share::ACCESS_BOTH | share::WANT_NO_DELEG,
+                        share_deny: share::DENY_NONE,
+                        owner,
+                        create: None,
+                        claim: OpenClaim::Null(name),
+                    }));
+                    ops.push(Op::Getfh);
+                    f(&ops)
+                }
+                Req::Lock(fh, open, offset, length) => f(&[
+                    Op::Putfh { fh },
+                    Op::Lock {
+                        locktype: LockType::Write,
+                        reclaim: false,
+                        offset: *offset,
+                        length: *length,
+                        locker: Locker::New { open_stateid: *open, owner },
+                    },
+                ]),
+                Req::Locku(fh, s) => f(&[
+                    Op::Putfh { fh },
+                    Op::Locku { locktype: LockType::Write, stateid: *s, offset: 0, length: u64::MAX },
+                ]),
+            }
+        }
+    }
+
+    impl SessionSink for Owner {
+        fn read_buffer(&mut self, _: u32) -> Option<virtiofs_backend::io::Writer<'_>> {
+            None
+        }
+
+        fn payload(&mut self, _: u32) -> Option<virtiofs_backend::io::Reader<'_>> {
+            None
+        }
+
+        fn ops(&mut self, tag: u32, send: &mut dyn FnMut(&[Op<'_>])) {
+            self.with_ops(tag, send);
+        }
+
+        fn done(&mut self, tag: u32, res: Result<CompoundReply<'_>, CallError>) {
+            let told = res.map(|r| {
+                let mut t = Told { status: r.status, stateid: None, fh: None };
+                for op in r.results.flatten() {
+                    match op {
+                        OpRes::Open(o) => t.stateid = Some(o.stateid),
+                        OpRes::Lock(s) | OpRes::Locku(s) => t.stateid = Some(s),
+                        OpRes::Getfh(fh) => t.fh = Some(fh),
+                        _ => {}
+                    }
+                }
+                t
+            });
+            self.done.insert(tag, told);
+        }
+    }
+
+    /// The plain client: a session over a connection of its own, driven by its calls.
+    pub(super) struct Plain {
+        conn: Conn<Nfs41>,
+        s: Session,
+        o: Owner,
+        tag: u32,
+        fh: Option<Fh>,
+        open: Option<Stateid>,
+    }
+
+    impl Plain {
+        pub(super) fn new(g: &Ganesha) -> Plain {
+            let timeout = Duration::from_secs(20);
+            let verifier = (std::process::id() as u64 ^ 0x9a1a_0001).to_be_bytes();
+            let client = Arc::new(ClientShare::new(b"a plain NFSv4.1 client of the test".to_vec(), verifier));
+            let cfg = SessionConfig { client, slots: 4, max_io: 1 << 16, timeout, cred: Cred::ROOT };
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], g.nfs_port()));
+            let conn = Conn::new(ConnConfig {
+                addr,
+                slots: cfg.conn_slots(),
+                max_io: 1 << 16,
+                timeout,
+                retransmit: Duration::from_secs(1),
+                machine_name: "plain41".into(),
+            })
+            .unwrap();
+            let mut p = Plain {
+                conn,
+                s: Session::new(cfg, Instant::now()),
+                o: Owner::default(),
+                tag: 0,
+                fh: None,
+                open: None,
+            };
+            let t0 = Instant::now();
+            while p.s.state() != State::Ready {
+                assert!(t0.elapsed() < timeout, "the plain client's session");
+                p.poll();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            p.o.clientid = p.s.params().unwrap().clientid;
+            p
+        }
+
+        fn poll(&mut self) {
+            self.s.poll(Instant::now(), &mut self.conn, &mut self.o);
+        }
+
+        fn call(&mut self, req: Req) -> Told {
+            self.tag += 1;
+            let tag = self.tag;
+            self.o.reqs.insert(tag, req);
+            let (s, conn, o) = (&mut self.s, &mut self.conn, &mut self.o);
+            let mut r = None;
+            o.with_ops(tag, &mut |ops| {
+                r = Some(s.call(conn, Instant::now(), tag, &Cred::ROOT, ops, &mut Owner::default()))
+            });
+            r.unwrap().unwrap();
+            let t0 = Instant::now();
+            while !self.o.done.contains_key(&tag) {
+                assert!(t0.elapsed() < Duration::from_secs(20), "the plain client's call");
+                self.poll();
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            self.o.done.remove(&tag).unwrap().unwrap()
+        }
+
+        /// Opens `name` in the export (read and write).
+        pub(super) fn open(&mut self, g: &Ganesha, name: &str) {
+            let path = g
+                .export()
+                .components()
+                .filter_map(|c| match c {
+                    std::path::Component::Normal(n) => Some(n.as_encoded_bytes().to_vec()),
+                    _ => None,
+                })
+                .collect();
+            let t = self.call(Req::Open(path, name.as_bytes().to_vec()));
+            assert_eq!(t.status, Nfsstat4::Ok, "{t:?}");
+            self.fh = t.fh;
+            self.open = t.stateid;
+        }
+
+        /// LOCK (write) of `length` bytes from `offset`: the status, and the lock stateid.
+        pub(super) fn lock(&mut self, offset: u64, length: u64) -> Told {
+            self.call(Req::Lock(self.fh.unwrap(), self.open.unwrap(), offset, length))
+        }
+
+        /// LOCKU of the whole file.
+        pub(super) fn unlock(&mut self, lock: Stateid) -> Told {
+            self.call(Req::Locku(self.fh.unwrap(), lock))
+        }
+
+        /// Keeps the session alive (and answers nothing) for `d`.
+        pub(super) fn idle(&mut self, d: Duration) {
+            let t0 = Instant::now();
+            while t0.elapsed() < d {
+                self.poll();
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+
+    #[test]
+    fn a_device_and_a_plain_nfs41_client_see_each_others_locks() {
+        use super::locks41::{assert_waits, granted, posix};
+        let g = Ganesha::start();
+        let s = Served::on(&g, Nfs::V41, |_| {});
+        let mut d = s.connect();
+        let (f, o) = d.create(ROOT, "shared-lock", 0o644, RDWR).unwrap();
+        let mut p = Plain::new(&g);
+        p.open(&g, "shared-lock");
+        // The plain client's lock blocks the device's SETLK, and its SETLKW until LOCKU.
+        let t = p.lock(0, 10);
+        assert_eq!(t.status, Nfsstat4::Ok, "{t:?}");
+        let held = t.stateid.unwrap();
+        assert_eq!(errno(d.setlk(f.nodeid, &posix(o.fh, 1, libc::F_WRLCK, 5, 5))), libc::EAGAIN);
+        let c = d.getlk(f.nodeid, &posix(o.fh, 1, libc::F_RDLCK, 0, 100)).unwrap();
+        assert_eq!((c.typ as i32, c.start, c.end), (libc::F_WRLCK, 0, 9));
+        let w = d.submit_lk(1, opcode::SETLKW, f.nodeid, &posix(o.fh, 1, libc::F_WRLCK, 0, 99)).unwrap();
+        assert_waits(&mut d, w);
+        p.idle(Duration::from_millis(100));
+        assert_eq!(p.unlock(held).status, Nfsstat4::Ok);
+        granted(&mut d, w);
+        // The device's lock makes the plain client's LOCK DENIED; its unlock lets it in.
+        assert_eq!(p.lock(50, 1).status, Nfsstat4::Denied);
+        d.setlk(f.nodeid, &posix(o.fh, 1, libc::F_UNLCK, 0, 99)).unwrap();
+        let t = p.lock(50, 1);
+        assert_eq!(t.status, Nfsstat4::Ok, "{t:?}");
+        p.unlock(t.stateid.unwrap());
+        d.flush_owner(f.nodeid, o.fh, 1).unwrap();
+        d.release(f.nodeid, o.fh).unwrap();
+        d.shutdown().unwrap();
+    }
+}
+
+mod locks41_faults {
+    use super::locks41::{assert_waits, granted, lk_errno, posix};
+    use super::*;
+    use virtiofs_tools::fuse_abi::OFFSET_MAX;
+
+    const WR: i32 = libc::F_WRLCK;
+    const UN: i32 = libc::F_UNLCK;
+
+    #[test]
+    fn an_interrupt_or_a_reset_ends_a_setlkw_waiting_on_nfs41_and_the_reset_lets_locks_go() {
+        let g = Ganesha::start();
+        let a = Served::on(&g, Nfs::V41, |_| {});
+        let b = Served::on(&g, Nfs::V41, |_| {});
+        let mut da = a.connect();
+        let (f, oa) = da.create(ROOT, "waited", 0o644, RDWR).unwrap();
+        da.setlk(f.nodeid, &posix(oa.fh, 1, WR, 0, 99)).unwrap();
+        let mut db = b.connect();
+        let fb = db.lookup(ROOT, "waited").unwrap().nodeid;
+        let ob = db.open(fb, RDWR).unwrap();
+        // INTERRUPT (hiprio queue) of a waiting SETLKW: EINTR.
+        let w = db.submit_lk(1, opcode::SETLKW, fb, &posix(ob.fh, 2, WR, 0, 0)).unwrap();
+        assert_waits(&mut db, w);
+        db.interrupt(w).unwrap();
+        assert_eq!(lk_errno(db.lk_result(opcode::SETLKW, w)), libc::EINTR);
+        // B holds a lock of its own, and a SETLKW waits, when the device resets.
+        db.setlk(fb, &posix(ob.fh, 5, WR, 200, 299)).unwrap();
+        assert_eq!(errno(da.setlk(f.nodeid, &posix(oa.fh, 1, WR, 200, 200))), libc::EAGAIN);
+        let w = db.submit_lk(1, opcode::SETLKW, fb, &posix(ob.fh, 2, WR, 0, 0)).unwrap();
+        assert_waits(&mut db, w);
+        let t0 = Instant::now();
+        db.shutdown().unwrap();
+        let mut db = b.connect();
+        assert!(t0.elapsed() < Duration::from_secs(5), "reset and INIT took {:?}", t0.elapsed());
+        // The new session's INIT ended the old one's locks: the engines let them go.
+        let t0 = Instant::now();
+        while errno_or_ok(da.setlk(f.nodeid, &posix(oa.fh, 1, WR, 200, 200))) == libc::EAGAIN {
+            assert!(t0.elapsed() < Duration::from_secs(5), "B's lock outlived its session");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // And the waiting SETLKW is gone: nothing of B's takes byte 0 when A unlocks.
+        da.setlk(f.nodeid, &posix(oa.fh, 1, UN, 0, OFFSET_MAX)).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let c = da.getlk(f.nodeid, &posix(oa.fh, 1, WR, 0, OFFSET_MAX)).unwrap();
+        assert_eq!(c.typ as i32, UN, "no lock of B's old session: {c:?}");
+        assert!(b.fs().stats().locks.freed >= 1, "{:?}", b.fs().stats().locks);
+        let fb = db.lookup(ROOT, "waited").unwrap().nodeid;
+        let ob = db.open(fb, RDWR).unwrap();
+        db.setlk(fb, &posix(ob.fh, 2, WR, 0, OFFSET_MAX)).unwrap();
+        db.flush_owner(fb, ob.fh, 2).unwrap();
+        db.release(fb, ob.fh).unwrap();
+        da.flush_owner(f.nodeid, oa.fh, 1).unwrap();
+        da.release(f.nodeid, oa.fh).unwrap();
+        da.shutdown().unwrap();
+        db.shutdown().unwrap();
+    }
+
+    fn errno_or_ok(r: Result<(), virtiofs_tools::DriverError>) -> i32 {
+        r.err().map_or(0, |e| e.fuse_errno().unwrap_or_else(|| panic!("not a FUSE error: {e}")))
+    }
+
+    #[test]
+    fn an_nfs41_lock_held_two_leases_without_guest_traffic_still_blocks_the_other_device() {
+        const LEASE: u32 = 6;
+        let g = Ganesha::start_with_lease(Some(LEASE));
+        let a = Served::on(&g, Nfs::V41, |_| {});
+        let b = Served::on(&g, Nfs::V41, |_| {});
+        let mut da = a.connect();
+        let mut db = b.connect();
+        let (f, oa) = da.create(ROOT, "leased", 0o644, RDWR).unwrap();
+        let fb = db.lookup(ROOT, "leased").unwrap().nodeid;
+        let ob = db.open(fb, RDWR).unwrap();
+        da.setlk(f.nodeid, &posix(oa.fh, 1, WR, 0, OFFSET_MAX)).unwrap();
+        // A's pollers renew the lease with no guest request (B's too).
+        std::thread::sleep(Duration::from_secs(2 * u64::from(LEASE) + 1));
+        assert_eq!(errno(db.setlk(fb, &posix(ob.fh, 2, WR, 0, 0))), libc::EAGAIN);
+        let w = db.submit_lk(1, opcode::SETLKW, fb, &posix(ob.fh, 2, WR, 0, 0)).unwrap();
+        assert_waits(&mut db, w);
+        da.setlk(f.nodeid, &posix(oa.fh, 1, UN, 0, OFFSET_MAX)).unwrap();
+        granted(&mut db, w);
+        assert!(a.fs().stats().session.renewals >= 2, "{:?}", a.fs().stats().session);
         da.shutdown().unwrap();
         db.shutdown().unwrap();
     }
