@@ -16,6 +16,10 @@
 #      fsx (NFS_FSX_OPS, default 20000), the 64 MiB bigfile + remount check, locks; then checks
 #      from the statistics that the requests went to the server and SETLKWs waited in the device;
 #   6. ganesha killed with SIGKILL and restarted while a guest writes (run-nfs-fault-test.sh);
+#   6a. the NFS backend on NFSv4.1 (the same kind of export, ?version=4.1), sandboxed, in one
+#      boot: pjdfstest (exceptions with their 4.1 reasons in pjdfstest-exceptions-nfs41.txt),
+#      fsx (NFS41_FSX_OPS, default 5000), locks (without the deadlock check: an NFS server keeps
+#      the locks and sees no deadlock); checks that the daemon ran NFSv4.1 sessions;
 #   6b. live update (run-update-test.sh): one daemon (--live-update, sandboxed) with a RAM
 #      filesystem, a shared directory and an NFS export, replaced by a new process 10 times
 #      while the guest runs fsx and fio on the three mounts; the files compared on the host;
@@ -52,8 +56,8 @@
 # 0660), as a deployment does, and read the daemon's statistics through its control socket
 # (`virtiofs-dpu stats --json`). Exit status 0 only if everything passed. Env: VM_CACHE, FSX_OPS
 # (default 20000), PT_FSX_OPS, NFS_FSX_OPS, NFS_CRASH_FSX_OPS, SHARED_CRASH_FSX_OPS, WB_FSX_OPS,
-# K7_FSX_OPS, MULTI_FSX_OPS, VFDPU_VM_STAGES (default "ram passthrough nfs update crash writeback
-# kernel7 multi dpu": which stages run).
+# K7_FSX_OPS, MULTI_FSX_OPS, NFS41_FSX_OPS, VFDPU_VM_STAGES (default "ram passthrough nfs nfs41
+# update crash writeback kernel7 multi dpu": which stages run).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -84,7 +88,7 @@ print(eval(sys.argv[2], {"s": s}))
 PY
 }
 
-STAGES=" ${VFDPU_VM_STAGES:-ram passthrough nfs update crash writeback kernel7 multi dpu} "
+STAGES=" ${VFDPU_VM_STAGES:-ram passthrough nfs nfs41 update crash writeback kernel7 multi dpu} "
 stage() { [[ $STAGES == *" $1 "* ]]; }
 
 step "setup (QEMU, guest kernel, pjdfstest, fsx)"
@@ -216,6 +220,37 @@ step "NFS server killed (SIGKILL) and restarted under a guest writer"
 t0=$(date +%s)
 bash "$HERE/run-nfs-fault-test.sh" --out "$OUT/nfs-fault" --config "$CONFIG" || { echo "FAIL: nfs fault"; fail=1; }
 echo "NFS fault test: $(( $(date +%s) - t0 )) s"
+fi
+
+if stage nfs41; then
+step "NFS backend on NFSv4.1 (the same ganesha export, ?version=4.1), sandboxed: pjdfstest, fsx, locks"
+t0=$(date +%s)
+bash "$REPO/tools/nfs/ganesha.sh" install
+NFSD=$(mktemp -d /tmp/vfdpu-nfs41.XXXXXX)
+URL=$(bash "$REPO/tools/nfs/ganesha.sh" start "$NFSD")
+NFSPORT=$(sed -n 's/.*nfsport=\([0-9]*\).*/\1/p' <<< "$URL")
+URL41="${URL%%\?*}?version=4.1&nfsport=$NFSPORT"
+if bash "$HERE/run-device-test.sh" --out "$OUT/nfs41" --config "$CONFIG" --timeout 1200 \
+     --daemon-arg --remote --daemon-arg "$URL41" \
+     -e "FSX_OPS=${NFS41_FSX_OPS:-5000}" -e "VM_SUITES=pjdfstest fsx locks dmesg-check" \
+     -e PJDFSTEST_EXCEPTIONS=pjdfstest-exceptions-nfs41.txt -e FSX_CONFIG=/harness/fsx-nfs.toml \
+     -e "LOCKS_CHECKS=posix flock signal kill" \
+     "$HERE/guest/all.sh"; then
+  st=$OUT/nfs41/stats.json
+  sessions=$(stat "$st" 's["fuse"]["nfs"]["session"]["sessions"]')
+  [ "${sessions:-0}" -gt 0 ] || { echo "FAIL: nfs41: the daemon reports no NFSv4.1 session"; fail=1; }
+  echo "daemon NFSv4.1 session counters: $(stat "$st" '" ".join(f"{k}={v}" for k, v in s["fuse"]["nfs"]["session"].items())')"
+else
+  echo "FAIL: NFSv4.1 guest suites"; fail=1
+fi
+tr -d '\r' < "$OUT/nfs41/console.log" |
+  grep -a -E '^(VMRESULT|Summary:|pjdfstest: |fsx: |All operations|locks: )' || true
+if grep -a 'seccomp: system call' "$OUT/nfs41/daemon.log"; then
+  echo "FAIL: the NFSv4.1 daemon made a system call outside its allowlist"; fail=1
+fi
+bash "$REPO/tools/nfs/ganesha.sh" stop "$NFSD"
+rm -rf "$NFSD"
+echo "NFSv4.1 suites: $(( $(date +%s) - t0 )) s"
 fi
 
 if stage update; then

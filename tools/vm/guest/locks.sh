@@ -12,7 +12,9 @@
 # and /proc/locks, read while the lock is held, shows whether the guest kernel kept the lock
 # (local) or sent it to the device (remote: POSIX_LOCKS / FLOCK_LOCKS negotiated).
 # Env: LOCKS_HOLD_MS (1500), LOCKS_EXPECT (remote; "local" for a server without lock support,
-#      e.g. virtiofsd; "any" to accept both).
+#      e.g. virtiofsd; "any" to accept both), LOCKS_CHECKS (the checks to run, default all five:
+#      a device whose locks an NFS server keeps cannot see a deadlock, so "deadlock" is left out
+#      there).
 . /harness/lib.sh
 HOLD=${LOCKS_HOLD_MS:-1500}
 EXPECT=${LOCKS_EXPECT:-remote}
@@ -24,7 +26,7 @@ F=/mnt/locks.dat
 status=ok
 out=/tmp/locks.out
 : > "$out"
-for check in posix flock deadlock signal kill; do
+for check in ${LOCKS_CHECKS:-posix flock deadlock signal kill}; do
   case $check in
     deadlock) "$T" deadlock "$F" >> "$out" 2>&1 ;;
     *) "$T" "$check" "$F" "$HOLD" >> "$out" 2>&1 ;;
