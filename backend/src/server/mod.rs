@@ -100,7 +100,8 @@ const SUPPORTED_INIT_FLAGS: u64 = abi::init::ASYNC_READ
 /// ([`PollerEngine::submit`] answers them [`Submitted::Wait`]) and answers them later from a poller's
 /// engine (see [`crate::server::waits`]); waiting never blocks a thread. Without them the guest kernel
 /// keeps both kinds itself, which is exact for the single guest a device serves; the locks are
-/// in-process either way, so host processes never see them (DESIGN.md, "FUSE semantics").
+/// in-process either way, so host processes never see them (DESIGN.md, "FUSE semantics"),
+/// unless the filesystem keeps them ([`FileSystem::remote_locks`]: NFSv4.1's server).
 /// Linux's virtio-fs sends no FUSE_INTERRUPT, so a guest process waiting in F_SETLKW on the
 /// device is woken by the grant only, not by a signal (DESIGN.md, "FUSE semantics").
 const LOCK_FLAGS: u64 = abi::init::POSIX_LOCKS | abi::init::FLOCK_LOCKS;

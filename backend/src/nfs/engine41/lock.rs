@@ -416,3 +416,29 @@ impl Background {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_go_both_ways_between_fuse_and_nfsv4() {
+        let mut s = Slot::new(Fh::EMPTY);
+        s.lock = FileLock { start: 10, end: 19, typ: LockType::Write, pid: 1 };
+        assert_eq!(s.range(), (10, 10));
+        s.lock.end = OFFSET_MAX;
+        assert_eq!(s.range(), (10, u64::MAX), "to the end of the file");
+        assert_eq!(
+            conflict(10, 10, NfsLock::WriteW),
+            FileLock { start: 10, end: 19, typ: LockType::Write, pid: 0 }
+        );
+        assert_eq!(conflict(0, u64::MAX, NfsLock::Read).end, OFFSET_MAX);
+        // A server's odd answers still make a lock the kernel takes (start <= end <= OFFSET_MAX).
+        let c = conflict(u64::MAX - 5, 100, NfsLock::Read);
+        assert_eq!((c.start, c.end), (OFFSET_MAX, OFFSET_MAX));
+        assert_eq!(conflict(5, 0, NfsLock::Read).end, OFFSET_MAX);
+        assert_eq!(lock_error(Nfsstat4::LockRange), Error::from_errno(libc::ENOLCK));
+        assert_eq!(lock_error(Nfsstat4::Deadlock), Error::from_errno(libc::EDEADLK));
+        assert!(stale(Nfsstat4::OldStateid) && !stale(Nfsstat4::Denied));
+    }
+}

@@ -342,7 +342,7 @@ impl Slot {
 
     /// The slot's lock range as NFSv4's offset and length (u64::MAX: to the end of the file,
     /// FUSE's `OFFSET_MAX` end).
-    fn range(&self) -> (u64, u64) {
+    pub(super) fn range(&self) -> (u64, u64) {
         let l = &self.lock;
         let length = if l.end >= OFFSET_MAX { u64::MAX } else { l.end - l.start + 1 };
         (l.start, length)
