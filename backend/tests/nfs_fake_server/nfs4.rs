@@ -36,6 +36,7 @@ pub enum Arg {
     CreateSession { clientid: u64, sequence: u32, flags: u32, fore: ChannelAttrs, back: ChannelAttrs },
     DestroySession(SessionId),
     DestroyClientid(u64),
+    Readdir { cookie: u64, verf: [u8; 8], attrs: Vec<u32> },
 }
 
 impl Arg {
@@ -56,6 +57,7 @@ impl Arg {
             Arg::CreateSession { .. } => OpNum::CreateSession,
             Arg::DestroySession(_) => OpNum::DestroySession,
             Arg::DestroyClientid(_) => OpNum::DestroyClientid,
+            Arg::Readdir { .. } => OpNum::Readdir,
         }
     }
 }
@@ -195,6 +197,13 @@ pub fn parse(args: &[u8]) -> Compound {
             }
             OpNum::DestroySession => Arg::DestroySession(SessionId::decode(&mut d).unwrap()),
             OpNum::DestroyClientid => Arg::DestroyClientid(d.u64().unwrap()),
+            OpNum::Readdir => {
+                let cookie = d.u64().unwrap();
+                let verf = d.array::<8>().unwrap();
+                d.u32().unwrap(); // dircount
+                d.u32().unwrap(); // maxcount
+                Arg::Readdir { cookie, verf, attrs: bitmap(&mut d) }
+            }
             op => panic!("{op:?} not parsed here"),
         });
     }
@@ -328,6 +337,24 @@ pub fn write_ok(count: u32, stable: u32, verf: [u8; 8]) -> Vec<u8> {
             e.u32(count).unwrap();
             e.u32(stable).unwrap();
             e.fixed(&verf).unwrap();
+        }),
+    )
+}
+
+/// READDIR's result: the cookie verifier, `entries` (cookie, name, attributes) and `eof`.
+pub fn readdir_ok(verf: [u8; 8], entries: &[(u64, &[u8], Fattr4)], eof: bool) -> Vec<u8> {
+    ok(
+        OpNum::Readdir,
+        &enc(|e| {
+            e.fixed(&verf).unwrap();
+            for (cookie, name, a) in entries {
+                e.bool(true).unwrap();
+                e.u64(*cookie).unwrap();
+                e.opaque(name, 1024).unwrap();
+                a.encode(e).unwrap();
+            }
+            e.bool(false).unwrap();
+            e.bool(eof).unwrap();
         }),
     )
 }
