@@ -278,6 +278,9 @@ const OWN_TAG: u32 = u32::MAX;
 /// How long a session waits before it looks again when another session of its client share has
 /// the establishment turn.
 const SHARE_WAIT: Duration = Duration::from_millis(2);
+/// How long a call answered GRACE (the server's grace period after a restart, when only
+/// reclaims are served) waits before it goes again.
+const GRACE_WAIT: Duration = Duration::from_millis(250);
 /// How long a call answered DELAY waits before it goes again.
 const DELAY: Duration = Duration::from_millis(50);
 /// Back-off of a failed establishment call: from this, doubling up to [`MAX_BACKOFF`].

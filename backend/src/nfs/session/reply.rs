@@ -4,9 +4,9 @@
 
 use std::time::Instant;
 
-use super::{RecState, Session, SessionSink, State, DELAY};
+use super::{non_idempotent, RecState, Session, SessionSink, State, DELAY, GRACE_WAIT};
 use crate::nfs::conn::{CallError, CompoundReply};
-use crate::nfs::wire::nfs4::{Nfsstat4, OpNum, OpRes};
+use crate::nfs::wire::nfs4::{Nfsstat4, OpNum, OpRes, Results};
 
 /// What a SEQUENCE result means for its call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -219,11 +219,18 @@ impl Session {
             Some(Ok(op)) => self.sequence(now, r.slot, r.seqid, r.generation, r.cachethis, Some(op)),
             None => self.sequence(now, r.slot, r.seqid, r.generation, r.cachethis, None),
         };
+        let mut wait = DELAY;
         let verdict = match (verdict, reply.status) {
-            (Verdict::Ok, Nfsstat4::Delay) => {
-                // An operation's DELAY: the request was taken (the slot moved on); the whole
-                // COMPOUND goes again later, as a new request.
+            (Verdict::Ok, status @ (Nfsstat4::Delay | Nfsstat4::Grace)) if !ran_once(results.clone()) => {
+                // An operation's DELAY, or GRACE (the server's grace period after a restart):
+                // the request was taken (the slot moved on) and nothing it did must not be done
+                // twice; the whole COMPOUND goes again later, as a new request. (When an
+                // operation that must not run twice ran before the one that failed, the owner
+                // gets the reply and sends only the rest.)
                 self.stats.delays += 1;
+                if status == Nfsstat4::Grace {
+                    wait = GRACE_WAIT;
+                }
                 Verdict::Again { delay: true, pin: false }
             }
             (Verdict::Ok, Nfsstat4::StaleClientid) => {
@@ -246,7 +253,7 @@ impl Session {
                 rec.pinned = pin;
                 if delay {
                     rec.state = RecState::Delayed;
-                    rec.until = now + DELAY;
+                    rec.until = now + wait;
                     self.delayed += 1;
                 } else {
                     rec.state = RecState::Waiting;
@@ -255,4 +262,10 @@ impl Session {
             }
         }
     }
+}
+
+/// Whether an operation that must not run twice ([`non_idempotent`]) succeeded among `results`
+/// (those after SEQUENCE, up to the one that failed).
+fn ran_once(results: Results<'_>) -> bool {
+    results.filter_map(|r| r.ok()).any(|op| !matches!(op, OpRes::Failed { .. }) && non_idempotent(op.op()))
 }

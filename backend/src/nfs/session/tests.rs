@@ -655,6 +655,66 @@ fn delay_from_an_operation_sends_the_compound_again_as_a_new_request() {
 }
 
 #[test]
+fn delay_after_an_operation_that_must_not_run_twice_goes_to_the_owner_and_grace_waits_longer() {
+    let mut r = Rig::new(2);
+    r.establish(CLIENT1, SID1, 2);
+    // CREATE ran, then GETATTR after it was answered DELAY: sending it all again would make the
+    // directory twice (EEXIST); the owner gets the reply and sends the rest.
+    let ops = [CREATE[0], CREATE[1], Op::Getattr { attrs: Bitmap::of(&[attr::SIZE]) }];
+    r.call(1, &ops).unwrap();
+    let first = r.one();
+    let create_res = {
+        ok(
+            OpNum::Create,
+            &enc(|e| {
+                e.bool(true).unwrap();
+                e.u64(1).unwrap();
+                e.u64(2).unwrap();
+                Bitmap::EMPTY.encode(e).unwrap();
+            }),
+        )
+    };
+    r.t.reply(
+        first.tag,
+        compound(
+            Nfsstat4::Delay,
+            &[
+                seq_res(&first, 1, 1, 0),
+                ok(OpNum::Putrootfh, &[]),
+                create_res,
+                failed(OpNum::Getattr, Nfsstat4::Delay),
+            ],
+        ),
+    );
+    r.poll();
+    r.advance(Duration::from_millis(100));
+    r.nothing_sent();
+    let told = r.o.done[0].1.clone().unwrap();
+    assert_eq!(told, (Nfsstat4::Delay, vec![OpNum::Putrootfh, OpNum::Create, OpNum::Getattr]));
+
+    // GRACE on an operation before anything ran: again, after the grace wait (not DELAY's).
+    r.call(2, &CREATE).unwrap();
+    let first = r.one();
+    r.t.reply(
+        first.tag,
+        compound(
+            Nfsstat4::Grace,
+            &[seq_res(&first, 1, 1, 0), ok(OpNum::Putrootfh, &[]), failed(OpNum::Create, Nfsstat4::Grace)],
+        ),
+    );
+    r.poll();
+    r.advance(Duration::from_millis(100));
+    r.nothing_sent();
+    r.advance(Duration::from_millis(200));
+    let again = r.one();
+    assert_eq!(again.ops, [OpNum::Putrootfh, OpNum::Create]);
+    r.t.reply(again.tag, answer(&again));
+    r.poll();
+    assert_eq!(r.o.done.len(), 2);
+    assert!(r.o.done[1].1.is_ok());
+}
+
+#[test]
 fn false_retry_and_uncached_replies() {
     let mut r = Rig::new(1);
     r.establish(CLIENT1, SID1, 1);
