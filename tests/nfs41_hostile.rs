@@ -1,21 +1,24 @@
 //! The NFSv4.1 engine against a hostile scripted server (the device end to end over vfio-user,
 //! its export served by a script that speaks just enough NFSv4.1 to be mounted): a READDIR that
 //! never moves on (the cookie asked given back, with eof false) is EIO in bounded time, never a
-//! loop, and the device goes on serving; a reply of garbage bytes is EIO for its request only.
+//! loop, and the device goes on serving; a reply of garbage bytes is EIO for its request only; a
+//! COMPOUND that failed at SEQUENCE or before any operation (no result to show for it) is the
+//! request's error, never a success. The script answers every operation the engine sends as a
+//! well-behaved server would, unless a test's hook answers a COMPOUND first.
 
 #[path = "../backend/tests/nfs_fake_server/mod.rs"]
 mod nfs_fake_server;
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nfs_fake_server::nfs4::{
-    self, compound_reply, create_session_ok, exchange_id_ok, getattr_ok, getfh_ok, ok, readdir_ok, seq_ok,
-    Arg,
+    self, close_ok, compound_reply, create_session_ok, exchange_id_ok, getattr_ok, getfh_ok, link_ok, ok,
+    open_ok, readdir_ok, remove_ok, rename_ok, seq_ok, setattr_ok, Arg,
 };
 use nfs_fake_server::{record, Act, Call, FakeServer};
-use virtiofs_backend::nfs::wire::nfs4::{Fattr4, Fh, Ftype4, NfsTime4, Nfsstat4, SessionId};
+use virtiofs_backend::nfs::wire::nfs4::{Fattr4, Fh, Ftype4, NfsTime4, Nfsstat4, OpNum, SessionId};
 use virtiofs_backend::nfs::{NfsFs, NfsOptions};
 use virtiofs_dpu::config::Profile;
 use virtiofs_dpu::{FuseHandler, RunningDevice};
@@ -23,14 +26,12 @@ use virtiofs_tools::{DriverOptions, FsDriver};
 
 const ROOT: u64 = 1;
 
-/// How the script answers READDIR.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Listing {
-    /// The cookie asked, again, with eof false.
-    SameCookie,
-    /// Garbage bytes instead of a reply.
-    Garbage,
-}
+/// What the script does with a COMPOUND before its ordinary answers: `Some(acts)` instead of
+/// them.
+type Hook = Box<dyn FnMut(&nfs4::Compound, &Call) -> Option<Vec<Act>> + Send>;
+
+/// The operations of every COMPOUND the script was sent (SEQUENCE's left out), in order.
+type Log = Arc<Mutex<Vec<Vec<OpNum>>>>;
 
 fn dir_attrs() -> Fattr4 {
     let t = NfsTime4 { seconds: 1_700_000_000, nseconds: 0 };
@@ -54,13 +55,34 @@ fn dir_attrs() -> Fattr4 {
     }
 }
 
-/// A script that establishes a session, walks to any export, and answers READDIR as `listing`
-/// says.
-fn script(listing: Listing, readdirs: Arc<AtomicU32>) -> impl FnMut(&Call) -> Vec<Act> + Send + 'static {
-    let fh = Fh::new(b"root-of-the-export").unwrap();
+fn file_attrs(fileid: u64) -> Fattr4 {
+    Fattr4 {
+        ftype: Some(Ftype4::Reg),
+        mode: Some(0o644),
+        numlinks: Some(1),
+        size: Some(0),
+        fileid: Some(fileid),
+        ..dir_attrs()
+    }
+}
+
+/// A script that establishes a session, walks to any export, and answers every operation the
+/// engine sends as a well-behaved server would (any name is a regular file of its own, READDIR
+/// lists nothing), unless `hook` answers the COMPOUND first. Each COMPOUND's operations go to
+/// `log`.
+fn script(mut hook: Hook, log: Log) -> impl FnMut(&Call) -> Vec<Act> + Send + 'static {
+    let root = b"root-of-the-export".to_vec();
+    let mut opens = 0u8;
     move |call: &Call| {
         let c = nfs4::parse(&call.args);
+        if c.seq().is_some() {
+            log.lock().unwrap().push(c.ops());
+        }
+        if let Some(acts) = hook(&c, call) {
+            return acts;
+        }
         let mut results = Vec::new();
+        let mut current = root.clone();
         for op in &c.ops {
             let r = match op {
                 Arg::ExchangeId { .. } => exchange_id_ok(0x41, 1, 0),
@@ -68,29 +90,78 @@ fn script(listing: Listing, readdirs: Arc<AtomicU32>) -> impl FnMut(&Call) -> Ve
                     create_session_ok(SessionId([4; 16]), *sequence, fore)
                 }
                 Arg::Sequence(s) => seq_ok(s, 63, 63, 0),
-                Arg::Putrootfh | Arg::Putfh(_) | Arg::Lookup(_) => ok(op.op(), &[]),
-                Arg::Getfh => getfh_ok(&fh),
-                Arg::Getattr(_) => getattr_ok(&dir_attrs()),
+                Arg::Putfh(fh) => {
+                    current = fh.clone();
+                    ok(op.op(), &[])
+                }
+                Arg::Putrootfh => {
+                    current = root.clone();
+                    ok(op.op(), &[])
+                }
+                Arg::Lookup(name) => {
+                    // The walk to the export stays on the root; any other name is a file.
+                    if name.as_slice() != b"export" {
+                        current = [b"f:".as_slice(), name].concat();
+                    }
+                    ok(op.op(), &[])
+                }
+                Arg::Open { name, .. } => {
+                    if let Some(name) = name {
+                        current = [b"f:".as_slice(), name].concat();
+                    }
+                    opens = opens.wrapping_add(1);
+                    open_ok([opens; 12])
+                }
+                Arg::Getfh => getfh_ok(&Fh::new(&current).unwrap()),
+                Arg::Getattr(_) if current == root => getattr_ok(&dir_attrs()),
+                Arg::Getattr(_) => getattr_ok(&file_attrs(10 + current.len() as u64)),
                 Arg::ReclaimComplete { .. } | Arg::DestroySession(_) | Arg::DestroyClientid(_) => {
                     ok(op.op(), &[])
                 }
-                Arg::Readdir { cookie, verf, .. } => {
-                    readdirs.fetch_add(1, Ordering::Relaxed);
-                    match listing {
-                        Listing::Garbage => return vec![Act::Send(record(&[0xde, 0xad, 0xbe, 0xef]))],
-                        Listing::SameCookie => {
-                            let a = Fattr4 { ftype: Some(Ftype4::Reg), fileid: Some(9), ..Fattr4::default() };
-                            let again = if *cookie == 0 { 7 } else { *cookie };
-                            readdir_ok(*verf, &[(again, b"again", a)], false)
-                        }
-                    }
-                }
+                Arg::Savefh | Arg::Restorefh => ok(op.op(), &[]),
+                Arg::Remove(_) => remove_ok(),
+                Arg::Rename { .. } => rename_ok(),
+                Arg::Link(_) => link_ok(),
+                Arg::Close { .. } => close_ok(),
+                Arg::Setattr { .. } => setattr_ok(),
+                Arg::Delegreturn => ok(op.op(), &[]),
+                Arg::Readdir { verf, .. } => readdir_ok(*verf, &[], true),
                 other => panic!("the script does not answer {:?}", other.op()),
             };
             results.push(r);
         }
         vec![Act::Send(compound_reply(call.xid, Nfsstat4::Ok, &results))]
     }
+}
+
+/// The hook of a READDIR that never moves on: the cookie asked given back with eof false.
+fn same_cookie(readdirs: Arc<AtomicU32>) -> Hook {
+    Box::new(move |c, call| {
+        let Some(Arg::Readdir { cookie, verf, .. }) = c.ops.iter().find(|o| o.op() == OpNum::Readdir) else {
+            return None;
+        };
+        readdirs.fetch_add(1, Ordering::Relaxed);
+        let s = c.seq().unwrap();
+        let a = Fattr4 { ftype: Some(Ftype4::Reg), fileid: Some(9), ..Fattr4::default() };
+        let again = if *cookie == 0 { 7 } else { *cookie };
+        let results = [
+            seq_ok(&s, 63, 63, 0),
+            ok(OpNum::Putfh, &[]),
+            getattr_ok(&dir_attrs()),
+            readdir_ok(*verf, &[(again, b"again", a)], false),
+        ];
+        Some(vec![Act::Send(compound_reply(call.xid, Nfsstat4::Ok, &results))])
+    })
+}
+
+/// The hook of a READDIR answered with garbage bytes.
+fn garbage(readdirs: Arc<AtomicU32>) -> Hook {
+    Box::new(move |c, _| {
+        c.ops.iter().any(|o| o.op() == OpNum::Readdir).then(|| {
+            readdirs.fetch_add(1, Ordering::Relaxed);
+            vec![Act::Send(record(&[0xde, 0xad, 0xbe, 0xef]))]
+        })
+    })
 }
 
 struct Dev {
@@ -133,7 +204,7 @@ fn errno<T: std::fmt::Debug>(r: Result<T, virtiofs_tools::DriverError>) -> i32 {
 #[test]
 fn a_readdir_that_never_moves_on_is_eio_in_bounded_time() {
     let readdirs = Arc::new(AtomicU32::new(0));
-    let server = FakeServer::start(script(Listing::SameCookie, readdirs.clone()));
+    let server = FakeServer::start(script(same_cookie(readdirs.clone()), Log::default()));
     let mut dev = serve(&server);
     let open = dev.d.opendir(ROOT).unwrap();
     let t0 = Instant::now();
@@ -166,7 +237,7 @@ fn a_readdir_that_never_moves_on_is_eio_in_bounded_time() {
 #[test]
 fn garbage_for_a_readdir_reply_is_eio_and_the_device_goes_on() {
     let readdirs = Arc::new(AtomicU32::new(0));
-    let server = FakeServer::start(script(Listing::Garbage, readdirs.clone()));
+    let server = FakeServer::start(script(garbage(readdirs.clone()), Log::default()));
     let mut dev = serve(&server);
     let open = dev.d.opendir(ROOT).unwrap();
     let t0 = Instant::now();
@@ -174,4 +245,50 @@ fn garbage_for_a_readdir_reply_is_eio_and_the_device_goes_on() {
     assert_eq!(readdirs.load(Ordering::Relaxed), 1, "one READDIR, answered with garbage");
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     assert_eq!(dev.d.getattr(ROOT).unwrap().mode & 0o777, 0o755, "the next request is served");
+}
+
+/// A hook that answers each COMPOUND `pick` chooses with `status` and no result after SEQUENCE:
+/// with SEQUENCE's result (`Some(true)`) or no result at all (`Some(false)`).
+fn fail_when(mut pick: impl FnMut(&nfs4::Compound) -> Option<(Nfsstat4, bool)> + Send + 'static) -> Hook {
+    Box::new(move |c, call| {
+        let (status, with_seq) = pick(c)?;
+        let results = match c.seq() {
+            Some(s) if with_seq => vec![seq_ok(&s, 63, 63, 0)],
+            _ => Vec::new(),
+        };
+        Some(vec![Act::Send(compound_reply(call.xid, status, &results))])
+    })
+}
+
+#[test]
+fn a_compound_failed_at_sequence_or_before_any_operation_is_never_a_success() {
+    let log = Log::default();
+    let hook = fail_when(|c| {
+        let ops = c.ops();
+        if ops.contains(&OpNum::Remove) {
+            // No result at all (a server that failed before SEQUENCE: SERVERFAULT).
+            Some((Nfsstat4::ServerFault, false))
+        } else if ops.contains(&OpNum::Rename) {
+            // SEQUENCE's result only.
+            Some((Nfsstat4::ServerFault, true))
+        } else if ops == [OpNum::Putfh, OpNum::Lookup] {
+            // RENAME_NOREPLACE's check of the target.
+            Some((Nfsstat4::ServerFault, true))
+        } else {
+            None
+        }
+    });
+    let server = FakeServer::start(script(hook, log.clone()));
+    let mut dev = serve(&server);
+    dev.d.lookup(ROOT, "f").unwrap();
+    assert_eq!(errno(dev.d.unlink(ROOT, "f")), libc::EIO, "an UNLINK whose REMOVE never ran");
+    assert_eq!(errno(dev.d.rename(ROOT, "f", ROOT, "g")), libc::EIO, "a RENAME that never ran");
+    assert_eq!(
+        errno(dev.d.rename2(ROOT, "f", ROOT, "g", libc::RENAME_NOREPLACE)),
+        libc::EIO,
+        "RENAME_NOREPLACE's check that never ran: neither EEXIST nor a RENAME"
+    );
+    let sent = log.lock().unwrap().clone();
+    assert_eq!(sent.iter().filter(|ops| ops.contains(&OpNum::Rename)).count(), 1, "{sent:?}");
+    assert_eq!(dev.d.getattr(ROOT).unwrap().mode & 0o777, 0o755, "the device serves on");
 }

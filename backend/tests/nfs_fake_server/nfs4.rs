@@ -27,16 +27,63 @@ pub enum Arg {
     Getattr(Vec<u32>),
     Getfh,
     Lookup(Vec<u8>),
-    Create { name: Vec<u8> },
+    Create {
+        name: Vec<u8>,
+    },
     Remove(Vec<u8>),
-    Read { offset: u64, count: u32 },
-    Write { offset: u64, stable: u32, data: Vec<u8> },
-    ReclaimComplete { one_fs: bool },
-    ExchangeId { verifier: [u8; 8], owner: Vec<u8>, flags: u32 },
-    CreateSession { clientid: u64, sequence: u32, flags: u32, fore: ChannelAttrs, back: ChannelAttrs },
+    Read {
+        offset: u64,
+        count: u32,
+    },
+    Write {
+        offset: u64,
+        stable: u32,
+        data: Vec<u8>,
+    },
+    ReclaimComplete {
+        one_fs: bool,
+    },
+    ExchangeId {
+        verifier: [u8; 8],
+        owner: Vec<u8>,
+        flags: u32,
+    },
+    CreateSession {
+        clientid: u64,
+        sequence: u32,
+        flags: u32,
+        fore: ChannelAttrs,
+        back: ChannelAttrs,
+    },
     DestroySession(SessionId),
     DestroyClientid(u64),
-    Readdir { cookie: u64, verf: [u8; 8], attrs: Vec<u32> },
+    Readdir {
+        cookie: u64,
+        verf: [u8; 8],
+        attrs: Vec<u32>,
+    },
+    Savefh,
+    Restorefh,
+    Rename {
+        old: Vec<u8>,
+        new: Vec<u8>,
+    },
+    Link(Vec<u8>),
+    Access(u32),
+    /// OPEN: the share access, whether it creates, and the name of a CLAIM_NULL (`None`: by
+    /// handle).
+    Open {
+        share_access: u32,
+        create: bool,
+        name: Option<Vec<u8>>,
+    },
+    Close {
+        stateid: [u8; 16],
+    },
+    Setattr {
+        stateid: [u8; 16],
+    },
+    Delegreturn,
 }
 
 impl Arg {
@@ -58,6 +105,15 @@ impl Arg {
             Arg::DestroySession(_) => OpNum::DestroySession,
             Arg::DestroyClientid(_) => OpNum::DestroyClientid,
             Arg::Readdir { .. } => OpNum::Readdir,
+            Arg::Savefh => OpNum::Savefh,
+            Arg::Restorefh => OpNum::Restorefh,
+            Arg::Rename { .. } => OpNum::Rename,
+            Arg::Link(_) => OpNum::Link,
+            Arg::Access(_) => OpNum::Access,
+            Arg::Open { .. } => OpNum::Open,
+            Arg::Close { .. } => OpNum::Close,
+            Arg::Setattr { .. } => OpNum::Setattr,
+            Arg::Delegreturn => OpNum::Delegreturn,
         }
     }
 }
@@ -88,6 +144,12 @@ impl Compound {
 fn bitmap(d: &mut Decoder<'_>) -> Vec<u32> {
     let n = d.u32().unwrap();
     (0..n).map(|_| d.u32().unwrap()).collect()
+}
+
+/// Skips an `fattr4` (its bitmap and its values).
+fn fattr(d: &mut Decoder<'_>) {
+    bitmap(d);
+    d.opaque(u32::MAX, "attrlist").unwrap();
 }
 
 fn channel(d: &mut Decoder<'_>) -> ChannelAttrs {
@@ -203,6 +265,54 @@ pub fn parse(args: &[u8]) -> Compound {
                 d.u32().unwrap(); // dircount
                 d.u32().unwrap(); // maxcount
                 Arg::Readdir { cookie, verf, attrs: bitmap(&mut d) }
+            }
+            OpNum::Savefh => Arg::Savefh,
+            OpNum::Restorefh => Arg::Restorefh,
+            OpNum::Rename => {
+                let old = d.opaque(1024, "old").unwrap().to_vec();
+                Arg::Rename { old, new: d.opaque(1024, "new").unwrap().to_vec() }
+            }
+            OpNum::Link => Arg::Link(d.opaque(1024, "name").unwrap().to_vec()),
+            OpNum::Access => Arg::Access(d.u32().unwrap()),
+            OpNum::Open => {
+                d.u32().unwrap(); // seqid
+                let share_access = d.u32().unwrap();
+                d.u32().unwrap(); // share_deny
+                d.u64().unwrap();
+                d.opaque(1024, "owner").unwrap();
+                let create = d.u32().unwrap() == 1;
+                if create {
+                    match d.u32().unwrap() {
+                        0 | 1 => fattr(&mut d),
+                        2 => {
+                            d.array::<8>().unwrap();
+                        }
+                        3 => {
+                            d.array::<8>().unwrap();
+                            fattr(&mut d);
+                        }
+                        m => panic!("createmode {m}"),
+                    }
+                }
+                let name = match d.u32().unwrap() {
+                    0 => Some(d.opaque(1024, "name").unwrap().to_vec()),
+                    4 => None,
+                    c => panic!("open claim {c}"),
+                };
+                Arg::Open { share_access, create, name }
+            }
+            OpNum::Close => {
+                d.u32().unwrap(); // seqid
+                Arg::Close { stateid: d.array::<16>().unwrap() }
+            }
+            OpNum::Setattr => {
+                let stateid = d.array::<16>().unwrap();
+                fattr(&mut d);
+                Arg::Setattr { stateid }
+            }
+            OpNum::Delegreturn => {
+                d.array::<16>().unwrap();
+                Arg::Delegreturn
             }
             op => panic!("{op:?} not parsed here"),
         });
@@ -357,4 +467,57 @@ pub fn readdir_ok(verf: [u8; 8], entries: &[(u64, &[u8], Fattr4)], eof: bool) ->
             e.bool(eof).unwrap();
         }),
     )
+}
+
+/// Change info (atomic, before, after).
+fn cinfo(e: &mut virtiofs_backend::nfs::wire::xdr::Encoder<'_>) {
+    e.bool(true).unwrap();
+    e.u64(1).unwrap();
+    e.u64(2).unwrap();
+}
+
+/// REMOVE's result.
+pub fn remove_ok() -> Vec<u8> {
+    ok(OpNum::Remove, &enc(cinfo))
+}
+
+/// RENAME's result.
+pub fn rename_ok() -> Vec<u8> {
+    ok(
+        OpNum::Rename,
+        &enc(|e| {
+            cinfo(e);
+            cinfo(e);
+        }),
+    )
+}
+
+/// LINK's result.
+pub fn link_ok() -> Vec<u8> {
+    ok(OpNum::Link, &enc(cinfo))
+}
+
+/// OPEN's result: `stateid` (seqid 1 and `other`), no flags, no delegation.
+pub fn open_ok(other: [u8; 12]) -> Vec<u8> {
+    ok(
+        OpNum::Open,
+        &enc(|e| {
+            e.u32(1).unwrap();
+            e.fixed(&other).unwrap();
+            cinfo(e);
+            e.u32(0).unwrap(); // rflags
+            e.u32(0).unwrap(); // attrset: an empty bitmap
+            e.u32(0).unwrap(); // OPEN_DELEGATE_NONE
+        }),
+    )
+}
+
+/// CLOSE's result: the (invalid) stateid it leaves.
+pub fn close_ok() -> Vec<u8> {
+    ok(OpNum::Close, &enc(|e| e.fixed(&[0xff; 16]).unwrap()))
+}
+
+/// SETATTR's result: the attributes set (none listed).
+pub fn setattr_ok() -> Vec<u8> {
+    ok(OpNum::Setattr, &enc(|e| e.u32(0).unwrap()))
 }

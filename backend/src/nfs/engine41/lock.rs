@@ -46,6 +46,10 @@ fn got(reply: &CompoundReply<'_>) -> Result<LockGot, Error> {
             _ => {}
         }
     }
+    if g.failed.is_none() && reply.status != Nfsstat4::Ok {
+        // Failed at SEQUENCE or before any operation ran: never a success.
+        g.failed = Some((OpNum::Sequence, reply.status));
+    }
     Ok(g)
 }
 

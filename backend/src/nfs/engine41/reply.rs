@@ -69,6 +69,12 @@ fn gather<'a>(reply: &CompoundReply<'a>) -> Result<Got<'a>, Error> {
             _ => {}
         }
     }
+    if g.failed.is_none() && reply.status != Nfsstat4::Ok {
+        // The COMPOUND failed with no operation's failure to show for it: at SEQUENCE (the
+        // session leaves that status to the owner) or before any operation ran (BADXDR,
+        // SERVERFAULT, REQ_TOO_BIG...). Never a success.
+        g.failed = Some((OpNum::Sequence, reply.status));
+    }
     Ok(g)
 }
 
