@@ -166,6 +166,7 @@ fn garbage(readdirs: Arc<AtomicU32>) -> Hook {
 
 struct Dev {
     _dir: tempfile::TempDir,
+    handler: Arc<FuseHandler<NfsFs>>,
     device: Option<RunningDevice>,
     d: FsDriver,
 }
@@ -179,11 +180,11 @@ fn serve(server: &FakeServer) -> Dev {
     opts.function = dir.path().display().to_string();
     let fs = NfsFs::connect(opts).expect("the script's export mounts");
     let socket = dir.path().join("nfs.sock");
-    let device =
-        RunningDevice::start_with(&socket, Profile::default(), Arc::new(FuseHandler::new(fs))).unwrap();
+    let handler = Arc::new(FuseHandler::new(fs));
+    let device = RunningDevice::start_with(&socket, Profile::default(), handler.clone()).unwrap();
     let mut d = FsDriver::connect(&socket, DriverOptions::default()).unwrap();
     d.init().unwrap();
-    Dev { _dir: dir, device: Some(device), d }
+    Dev { _dir: dir, handler, device: Some(device), d }
 }
 
 impl Drop for Dev {
@@ -291,4 +292,38 @@ fn a_compound_failed_at_sequence_or_before_any_operation_is_never_a_success() {
     let sent = log.lock().unwrap().clone();
     assert_eq!(sent.iter().filter(|ops| ops.contains(&OpNum::Rename)).count(), 1, "{sent:?}");
     assert_eq!(dev.d.getattr(ROOT).unwrap().mode & 0o777, 0o755, "the device serves on");
+}
+
+#[test]
+fn a_failed_close_still_removes_the_silly_name_and_is_counted() {
+    let log = Log::default();
+    let removed = Arc::new(Mutex::new(Vec::<Vec<u8>>::new()));
+    let r = removed.clone();
+    let hook: Hook = Box::new(move |c, call| {
+        if let Some(Arg::Remove(name)) = c.ops.iter().find(|o| o.op() == OpNum::Remove) {
+            r.lock().unwrap().push(name.clone());
+        }
+        // Every CLOSE fails as after a server restart: the open's stateid is unknown.
+        let s = c.seq()?;
+        c.ops.iter().any(|o| o.op() == OpNum::Close).then(|| {
+            let results = [
+                seq_ok(&s, 63, 63, 0),
+                ok(OpNum::Putfh, &[]),
+                nfs4::failed(OpNum::Close, Nfsstat4::StaleStateid),
+            ];
+            vec![Act::Send(compound_reply(call.xid, Nfsstat4::StaleStateid, &results))]
+        })
+    });
+    let server = FakeServer::start(script(hook, log.clone()));
+    let mut dev = serve(&server);
+    let e = dev.d.lookup(ROOT, "f").unwrap();
+    let open = dev.d.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+    // Unlinked while open: renamed to its silly name.
+    dev.d.unlink(ROOT, "f").unwrap();
+    assert!(removed.lock().unwrap().is_empty(), "renamed, not removed");
+    dev.d.release(e.nodeid, open.fh).unwrap();
+    let removed = removed.lock().unwrap().clone();
+    assert_eq!(removed.len(), 1, "the silly name goes although its CLOSE failed: {:?}", log.lock().unwrap());
+    assert!(removed[0].starts_with(b".nfs"), "{:?}", String::from_utf8_lossy(&removed[0]));
+    assert_eq!(dev.handler.server().filesystem().stats().close_failures, 1, "the failed CLOSE is counted");
 }

@@ -147,6 +147,11 @@ pub struct NfsStats {
     /// trunking: the one they had could not be reached).
     #[serde(default)]
     pub address_moves: u64,
+    /// NFSv4.1: CLOSEs that failed or ended without a reply (RELEASE, the CLOSE of an open no
+    /// handle keeps, MKNOD's, the opens of a reset guest): each open may stay on the server
+    /// until the client's lease ends.
+    #[serde(default)]
+    pub close_failures: u64,
     /// Replies that broke the protocol (the connection was reset).
     pub bad_replies: u64,
     /// The UNSTABLE replay store.
@@ -481,6 +486,7 @@ impl NfsFs {
             s.retransmits += g(&c.retransmits);
             s.reconnects += g(&c.reconnects);
             s.address_moves += g(&c.address_moves);
+            s.close_failures += g(&c.close_failures);
             s.bad_replies += g(&c.bad_replies);
             s.session.add(&c.session);
         });

@@ -45,6 +45,9 @@ pub(crate) struct EngineCell {
     pub(crate) bad_replies: AtomicU64,
     /// Moves to another of the server's addresses (NFSv4.1 session trunking).
     pub(crate) address_moves: AtomicU64,
+    /// NFSv4.1 CLOSEs that failed or ended without a reply (the open may stay on the server
+    /// until the client's lease ends).
+    pub(crate) close_failures: AtomicU64,
     /// The NFSv4.1 session's counters ([`SessionStats`]), as the engine last saw them.
     pub(crate) session: [AtomicU64; SESSION_COUNTERS],
 }

@@ -250,9 +250,11 @@ fn freed(locks: &Locks41, slot: &mut Slot, ok: bool) -> Flow {
     if !slot.frees.is_empty() {
         return Flow::Next;
     }
-    if slot.kind == Kind::Release && (slot.stateid != Stateid::ANONYMOUS || slot.silly) {
-        slot.step = Step::Close;
-        return Flow::Next;
+    if slot.kind == Kind::Release {
+        if let Some(step) = slot.release_step() {
+            slot.step = step;
+            return Flow::Next;
+        }
     }
     Flow::Done(Ok(Reply::Empty))
 }

@@ -190,7 +190,7 @@ impl SessionSink for PollSink<'_, '_> {
         let flow = if slot.step.is_lock() {
             lock::reply(self.fs, slot, res)
         } else {
-            reply(self.fs, slot, res, self.done)
+            reply(self.fs, slot, res, self.done, self.cell)
         };
         match flow {
             Flow::Done(r) => complete(slot, r, self.done, self.busy, self.cell),

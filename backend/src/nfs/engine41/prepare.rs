@@ -309,8 +309,9 @@ fn readdir(
     Ok(start(slot, kind, Step::Readdir))
 }
 
-/// RELEASE of handle `fh`: CLOSE of its open (and the silly name's REMOVE at the last close of a
-/// file unlinked while open), after the lock states that go with it (`lock`).
+/// RELEASE of handle `fh`: CLOSE of its open, then the silly name's REMOVE at the last close of a
+/// file unlinked while open (a COMPOUND of its own: it goes whatever the CLOSE came to), after
+/// the lock states that go with it (`lock`).
 fn release(fs: &Shared, slot: &mut Slot, fh: u64, lock_owner: u64) -> Result<Prepared, Error> {
     // The node's handle first: the close may free the node.
     let file_fh = fs.handles.get(fh).and_then(|f| fs.nodes.fh(f.nodeid).ok());
@@ -331,11 +332,11 @@ fn release(fs: &Shared, slot: &mut Slot, fh: u64, lock_owner: u64) -> Result<Pre
     if has_fh {
         super::lock::release(fs, slot, f.nodeid, fh, lock_owner);
     }
-    if slot.stateid == Stateid::ANONYMOUS && !slot.silly && slot.frees.is_empty() {
-        return Ok(Prepared::Answered(Reply::Empty));
+    let step = if slot.frees.is_empty() { slot.release_step() } else { Some(Step::Free) };
+    match step {
+        Some(step) => Ok(start(slot, Kind::Release, step)),
+        None => Ok(Prepared::Answered(Reply::Empty)),
     }
-    let step = if slot.frees.is_empty() { Step::Close } else { Step::Free };
-    Ok(start(slot, Kind::Release, step))
 }
 
 /// The handle table's form of an open stateid (for the reply side).

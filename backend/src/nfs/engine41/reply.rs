@@ -13,7 +13,7 @@ use crate::filesystem::{self, DirEntry, Entry, Error, Opened, Reply, Stat};
 use crate::nfs::conn::{CallError, CompoundReply, ReadDone};
 use crate::nfs::convert::access_ok;
 use crate::nfs::nodes::{silly_name, OpenFile};
-use crate::nfs::shared::Shared;
+use crate::nfs::shared::{EngineCell, Shared};
 use crate::nfs::wire::nfs4::{
     open_result, Delegation, DirEntries, Fattr4, Ftype4, Nfsstat4, OpNum, OpRes, Stateid, Verifier,
 };
@@ -93,25 +93,54 @@ pub(super) fn reply(
     slot: &mut Slot,
     res: Result<CompoundReply<'_>, CallError>,
     done: &mut Completions<'_>,
+    cell: &EngineCell,
 ) -> Flow {
     let reply = match res {
         Ok(r) => r,
         Err(e) => {
             log::debug!("nfs4.1: {:?} of request {:?} ended: {e}", slot.step, slot.token);
+            if slot.step == Step::Close {
+                return close_ended(slot, Some(e.to_string()), cell);
+            }
             return Flow::Done(Err(Error::Io));
         }
     };
     let g = match gather(&reply) {
         Ok(g) => g,
+        Err(_) if slot.step == Step::Close => return close_ended(slot, Some("undecodable".into()), cell),
         Err(e) => return Flow::Done(Err(e)),
     };
-    match step(fs, slot, g, done) {
+    if slot.step == Step::Close {
+        return close_ended(slot, g.failed.map(|(op, s)| format!("{op:?} {s:?}")), cell);
+    }
+    match step(fs, slot, g, done, cell) {
         Ok(f) => f,
         Err(e) => Flow::Done(Err(e)),
     }
 }
 
-fn step(fs: &Shared, slot: &mut Slot, g: Got<'_>, done: &mut Completions<'_>) -> Result<Flow, Error> {
+/// A CLOSE ended (`failure`: why, when it did not succeed: counted, the open may stay on the
+/// server until the lease ends): a silly name's REMOVE goes next whatever happened, else the
+/// answer kept (or RELEASE's).
+fn close_ended(slot: &mut Slot, failure: Option<String>, cell: &EngineCell) -> Flow {
+    if let Some(why) = failure {
+        EngineCell::bump(&cell.close_failures);
+        log::info!("nfs4.1: CLOSE of an open of node {} failed: {why}", slot.nodeid);
+    }
+    if slot.silly {
+        slot.step = Step::Remove;
+        return Flow::Next;
+    }
+    Flow::Done(slot.answer.take().unwrap_or(Ok(Reply::Empty)))
+}
+
+fn step(
+    fs: &Shared,
+    slot: &mut Slot,
+    g: Got<'_>,
+    done: &mut Completions<'_>,
+    cell: &EngineCell,
+) -> Result<Flow, Error> {
     // Failures a step expects first.
     match (slot.step, g.failed) {
         (Step::ProbeTarget, Some((OpNum::Lookup, Nfsstat4::NoEnt))) => {
@@ -119,10 +148,18 @@ fn step(fs: &Shared, slot: &mut Slot, g: Got<'_>, done: &mut Completions<'_>) ->
             return Ok(Flow::Next);
         }
         (Step::ProbeTarget, None) => return Err(Error::Exists),
-        // The CLOSE of a RELEASE, a MKNOD's: the open is gone anyway (its file was made).
-        (Step::Close, _) => return Ok(Flow::Done(slot.answer.take().unwrap_or(Ok(Reply::Empty)))),
+        // The silly name's REMOVE after a RELEASE's CLOSE: logged if it failed (the guest's
+        // RELEASE has no error to give).
+        (Step::Remove, failed) if slot.kind == Kind::Release => {
+            if let Some((_, s)) = failed {
+                log::warn!("nfs4.1: the silly name of node {} stays: REMOVE failed: {s:?}", slot.nodeid);
+            }
+            return Ok(Flow::Done(slot.answer.take().unwrap_or(Ok(Reply::Empty))));
+        }
+        // MKNOD's CLOSE: its file was made anyway.
         (Step::OpenCreate, Some((OpNum::Close, s))) if slot.kind == Kind::MknodReg => {
-            log::debug!("nfs4.1: the CLOSE after a MKNOD failed: {s:?}");
+            EngineCell::bump(&cell.close_failures);
+            log::info!("nfs4.1: the CLOSE after a MKNOD failed: {s:?}");
         }
         (Step::Delegreturn, _) => {
             if let Some((_, s)) = g.failed {

@@ -146,7 +146,8 @@ pub(super) enum Step {
     Write,
     /// PUTFH(`fh`) GETATTR(fileid) READDIR(`cookie`, `cookieverf`).
     Readdir,
-    /// PUTFH(`obj`) CLOSE(`stateid`) [PUTFH(`fh`) REMOVE(`a`): a silly name's last close].
+    /// PUTFH(`obj`) CLOSE(`stateid`); a silly name's REMOVE goes after it as a COMPOUND of its
+    /// own (`Remove`), whatever the CLOSE came to.
     Close,
     /// PUTFH(`obj`) DELEGRETURN(`deleg`).
     Delegreturn,
@@ -159,6 +160,20 @@ pub(super) enum Step {
     Locku,
     /// PUTFH(`obj`) LOCKU(the whole file) FREE_STATEID: the last of `frees`.
     Free,
+}
+
+impl Slot {
+    /// A RELEASE's step once its lock states are let go: CLOSE of its open, or the REMOVE of its
+    /// silly name; `None`: nothing left to send.
+    pub(super) fn release_step(&self) -> Option<Step> {
+        if self.stateid != Stateid::ANONYMOUS {
+            Some(Step::Close)
+        } else if self.silly {
+            Some(Step::Remove)
+        } else {
+            None
+        }
+    }
 }
 
 impl Step {
@@ -264,7 +279,8 @@ pub(super) struct Slot {
     pub(super) cookie: u64,
     pub(super) cookieverf: Verifier,
     pub(super) dots: u8,
-    /// RELEASE of a file unlinked while open: its silly name goes with the CLOSE.
+    /// RELEASE of a file unlinked while open: its silly name (`a` in the directory `fh`) goes
+    /// after the CLOSE.
     pub(super) silly: bool,
     /// The answer, once a last step (a DELEGRETURN, the CLOSE of an open that could not be
     /// kept) is done.
@@ -506,14 +522,8 @@ impl Slot {
                 });
             }
             Step::Close => {
-                if self.stateid != Stateid::ANONYMOUS {
-                    push(Op::Putfh { fh: &self.obj });
-                    push(Op::Close { stateid: self.stateid });
-                }
-                if self.silly {
-                    push(Op::Putfh { fh: &self.fh });
-                    push(Op::Remove { name: a });
-                }
+                push(Op::Putfh { fh: &self.obj });
+                push(Op::Close { stateid: self.stateid });
             }
             Step::Delegreturn => {
                 push(Op::Putfh { fh: &self.obj });
