@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use nfs_fake_server::nfs4::{
     self, close_ok, compound_reply, create_session_ok, exchange_id_ok, getattr_ok, getfh_ok, link_ok, ok,
-    open_ok, readdir_ok, remove_ok, rename_ok, seq_ok, setattr_ok, Arg,
+    open_ok, open_ok_deleg, read_ok, readdir_ok, remove_ok, rename_ok, seq_ok, setattr_ok, write_ok, Arg,
 };
 use nfs_fake_server::{record, Act, Call, FakeServer};
 use virtiofs_backend::nfs::wire::nfs4::{Fattr4, Fh, Ftype4, NfsTime4, Nfsstat4, OpNum, SessionId};
@@ -126,6 +126,8 @@ fn script(mut hook: Hook, log: Log) -> impl FnMut(&Call) -> Vec<Act> + Send + 's
                 Arg::Setattr { .. } => setattr_ok(),
                 Arg::Delegreturn => ok(op.op(), &[]),
                 Arg::Readdir { verf, .. } => readdir_ok(*verf, &[], true),
+                Arg::Read { count, .. } => read_ok(true, &vec![7; (*count).min(100) as usize]),
+                Arg::Write { data, .. } => write_ok(data.len() as u32, 2, [0; 8]),
                 other => panic!("the script does not answer {:?}", other.op()),
             };
             results.push(r);
@@ -326,4 +328,55 @@ fn a_failed_close_still_removes_the_silly_name_and_is_counted() {
     assert_eq!(removed.len(), 1, "the silly name goes although its CLOSE failed: {:?}", log.lock().unwrap());
     assert!(removed[0].starts_with(b".nfs"), "{:?}", String::from_utf8_lossy(&removed[0]));
     assert_eq!(dev.handler.server().filesystem().stats().close_failures, 1, "the failed CLOSE is counted");
+}
+
+#[test]
+fn a_failed_delegreturn_after_an_open_keeps_the_answer() {
+    let mut seen_create = false;
+    let hook: Hook = Box::new(move |c, call| {
+        let s = c.seq()?;
+        let ops = c.ops();
+        seen_create |= ops.contains(&OpNum::Getfh) && ops.contains(&OpNum::Open);
+        if ops.contains(&OpNum::Open) && !ops.contains(&OpNum::Close) {
+            // Every OPEN gets a delegation although the client asked for none.
+            let mut results = vec![seq_ok(&s, 63, 63, 0)];
+            for op in &c.ops[1..] {
+                results.push(match op {
+                    Arg::Open { .. } => open_ok_deleg([3; 12], Some([4; 12])),
+                    Arg::Getfh => getfh_ok(&Fh::new(b"f:new").unwrap()),
+                    Arg::Getattr(_) => getattr_ok(&file_attrs(77)),
+                    other => ok(other.op(), &[]),
+                });
+            }
+            return Some(vec![Act::Send(compound_reply(call.xid, Nfsstat4::Ok, &results))]);
+        }
+        // The first DELEGRETURN (and its retransmissions) is never answered: the call ends at
+        // the request's deadline; the second fails before any operation ran.
+        if !ops.contains(&OpNum::Delegreturn) {
+            return None;
+        }
+        if seen_create {
+            Some(vec![Act::Send(compound_reply(call.xid, Nfsstat4::ServerFault, &[]))])
+        } else {
+            Some(Vec::new())
+        }
+    });
+    let log = Log::default();
+    let server = FakeServer::start(script(hook, log.clone()));
+    let mut dev = serve(&server);
+    let e = dev.d.lookup(ROOT, "f").unwrap();
+    let open =
+        dev.d.open(e.nodeid, libc::O_RDONLY as u32).expect("the OPEN's answer, whatever DELEGRETURN did");
+    assert_eq!(dev.d.read(e.nodeid, open.fh, 0, 10).unwrap(), vec![7; 10], "the handle is kept");
+    dev.d.release(e.nodeid, open.fh).unwrap();
+    let (c, o) = dev.d.create(ROOT, "new", 0o644, libc::O_RDWR as u32).expect("CREATE's answer too");
+    assert_eq!(c.attr.ino, 77);
+    dev.d.release(c.nodeid, o.fh).unwrap();
+    let sent = log.lock().unwrap().clone();
+    assert!(sent.iter().filter(|ops| ops.contains(&OpNum::Delegreturn)).count() >= 2, "{sent:?}");
+    assert_eq!(
+        sent.iter().filter(|ops| ops.contains(&OpNum::Close)).count(),
+        2,
+        "both opens closed: {sent:?}"
+    );
 }

@@ -499,6 +499,12 @@ pub fn link_ok() -> Vec<u8> {
 
 /// OPEN's result: `stateid` (seqid 1 and `other`), no flags, no delegation.
 pub fn open_ok(other: [u8; 12]) -> Vec<u8> {
+    open_ok_deleg(other, None)
+}
+
+/// OPEN's result: `stateid` (seqid 1 and `other`), no flags, a read delegation (its stateid's
+/// `other`) if `deleg`.
+pub fn open_ok_deleg(other: [u8; 12], deleg: Option<[u8; 12]>) -> Vec<u8> {
     ok(
         OpNum::Open,
         &enc(|e| {
@@ -507,7 +513,19 @@ pub fn open_ok(other: [u8; 12]) -> Vec<u8> {
             cinfo(e);
             e.u32(0).unwrap(); // rflags
             e.u32(0).unwrap(); // attrset: an empty bitmap
-            e.u32(0).unwrap(); // OPEN_DELEGATE_NONE
+            match deleg {
+                None => e.u32(0).unwrap(), // OPEN_DELEGATE_NONE
+                Some(d) => {
+                    e.u32(1).unwrap(); // OPEN_DELEGATE_READ
+                    e.u32(1).unwrap();
+                    e.fixed(&d).unwrap();
+                    e.bool(false).unwrap(); // recall
+                    e.u32(0).unwrap(); // nfsace4: type, flag, mask, who
+                    e.u32(0).unwrap();
+                    e.u32(0).unwrap();
+                    e.opaque(b"", 1024).unwrap();
+                }
+            }
         }),
     )
 }

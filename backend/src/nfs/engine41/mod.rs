@@ -124,7 +124,11 @@ struct PollSink<'e, 'c> {
     now: Instant,
 }
 
-/// Ends slot `slot`'s request with `r`.
+/// Ends slot `slot`'s request with `r`; or, when `r` is an error and the request kept an answer
+/// for after a follow-up step (the DELEGRETURN after an OPEN, the CLOSE of an open no handle
+/// keeps), with that answer: the follow-up's failure (at the server, the session, the deadline)
+/// does not undo what the answer holds (a FUSE handle, the node's open count, CREATE's lookup
+/// reference, the open on the server).
 fn complete(
     slot: &mut Slot,
     r: filesystem::Result<Reply>,
@@ -135,6 +139,10 @@ fn complete(
     if !slot.busy {
         return;
     }
+    let r = match slot.answer.take() {
+        Some(kept) if r.is_err() => kept,
+        _ => r,
+    };
     if r.is_err() {
         EngineCell::bump(&cell.errors);
     }

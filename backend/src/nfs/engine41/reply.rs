@@ -285,10 +285,11 @@ fn opened(fs: &Shared, slot: &mut Slot, g: &Got<'_>) -> Result<Flow, Error> {
         log::warn!("nfs4.1: the server asks OPEN_CONFIRM, which NFSv4.1 has not");
         return Err(Error::Io);
     }
-    let t = fs.cache.timeout();
     let answer = match slot.kind {
         Kind::MknodReg => {
             let (fh, a) = (g.fh.ok_or(Error::Io)?, g.attrs.ok_or(Error::Io)?);
+            // A delegation granted anyway is returned on the file made.
+            slot.obj = fh;
             entry(fs, &fh, &a).map(Reply::Entry)
         }
         Kind::Create => {
@@ -308,7 +309,6 @@ fn opened(fs: &Shared, slot: &mut Slot, g: &Got<'_>) -> Result<Flow, Error> {
                 .map(|fh| Reply::Open(Opened { fh, open_flags: fs.cache.file_open_flags() }))
         }
     };
-    let _ = t;
     if slot.kind != Kind::MknodReg && answer.is_err() {
         // No handle keeps the open: close it on the server, then answer.
         slot.stateid = stateid;
