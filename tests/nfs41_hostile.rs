@@ -380,3 +380,31 @@ fn a_failed_delegreturn_after_an_open_keeps_the_answer() {
         "both opens closed: {sent:?}"
     );
 }
+
+#[test]
+fn a_readdir_whose_names_are_all_skipped_is_eio_not_the_end() {
+    let hook: Hook = Box::new(move |c, call| {
+        let Some(Arg::Readdir { verf, .. }) = c.ops.iter().find(|o| o.op() == OpNum::Readdir) else {
+            return None;
+        };
+        let s = c.seq().unwrap();
+        let a = file_attrs(9);
+        let long = [b'x'; 300];
+        let entries: [(u64, &[u8], Fattr4); 4] =
+            [(3, b"", a), (4, b"a/b", a), (5, b"nul\0", a), (6, &long, a)];
+        let results = [
+            seq_ok(&s, 63, 63, 0),
+            ok(OpNum::Putfh, &[]),
+            getattr_ok(&dir_attrs()),
+            readdir_ok(*verf, &entries, false),
+        ];
+        Some(vec![Act::Send(compound_reply(call.xid, Nfsstat4::Ok, &results))])
+    });
+    let server = FakeServer::start(script(hook, Log::default()));
+    let mut dev = serve(&server);
+    let open = dev.d.opendir(ROOT).unwrap();
+    // From offset 2 (after `.` and `..`): nothing the guest can take, and not the end.
+    assert_eq!(errno(dev.d.readdir(ROOT, open.fh, 2, 4096)), libc::EIO, "not 0 bytes (the end)");
+    // `.` and `..` from 0 still come (the listing's start is not empty).
+    assert_eq!(dev.d.readdir(ROOT, open.fh, 0, 4096).unwrap().len(), 2);
+}

@@ -266,6 +266,15 @@ fn step(
             let mut w = done.data(slot.token).ok_or(Error::Io)?;
             let mut out = DirentWriter::new(&mut w);
             let (last, all) = list(fs, slot, fileid, entries, &mut out).ok_or(Error::Io)?;
+            if out.bytes_written() == 0 && !(eof && all) {
+                // Nothing the guest can take (every name skipped: empty, with `/` or NUL, too
+                // long; or none fits), and not the end: 0 bytes would end its listing here.
+                log::warn!(
+                    "NFS server's READDIR from cookie {} gives no entry this client can list",
+                    slot.cookie
+                );
+                return Err(Error::Io);
+            }
             fs.handles.set_cookieverf(slot.handle, verf, if eof && all { last } else { 0 });
             Flow::Done(Ok(Reply::Data(out.bytes_written())))
         }
