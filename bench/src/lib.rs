@@ -111,6 +111,10 @@ pub struct BenchConfig {
     pub queue_size: u16,
     /// Request queues.
     pub request_queues: u16,
+    /// Pollers of the in-process device (1: one, on the poller core; more: one per core from
+    /// core 0 up, at most one per core, each serving its share of the request queues; an
+    /// NFSv4.1 export's pollers spread over the URL's addresses).
+    pub pollers: usize,
     /// Measured time of each phase (after its warm-up).
     pub duration: Duration,
     /// Warm-up of each phase (time-based runs).
@@ -164,6 +168,7 @@ impl Default for BenchConfig {
             backend: Backend::RamFs,
             queue_size: 128,
             request_queues: 1,
+            pollers: 1,
             duration: Duration::from_secs(2),
             warmup: Duration::from_millis(300),
             ops: None,
@@ -518,7 +523,8 @@ fn start_device(
         let what = format!("external daemon at {}", p.display());
         return Ok(DeviceUnderTest { device: None, socket: p.clone(), what, nfs: None, unstable_bytes });
     }
-    profile.poller_cores = poller_core.into_iter().collect();
+    profile.poller_cores =
+        if cfg.pollers > 1 { (0..cfg.pollers).collect() } else { poller_core.into_iter().collect() };
     profile.validate().map_err(|e| BenchError::Config(e.to_string()))?;
     let sock = dir.join("virtiofs.sock");
     let mut nfs = None;

@@ -31,6 +31,10 @@ struct Args {
     /// Request queues.
     #[arg(long, default_value_t = 1)]
     request_queues: u16,
+    /// Pollers of the in-process device: 1 on the poller core, or one per core from core 0 up
+    /// (an NFSv4.1 export's pollers spread over the URL's addresses).
+    #[arg(long, default_value_t = 1, conflicts_with = "socket_path")]
+    pollers: usize,
     /// Measured seconds per phase (after a warm-up of 0.3 s, or 15% if shorter).
     #[arg(long, default_value_t = 1.0)]
     duration: f64,
@@ -187,6 +191,7 @@ fn main() -> ExitCode {
         backend: a.backend,
         queue_size: a.queue_size,
         request_queues: a.request_queues,
+        pollers: a.pollers.max(1),
         duration,
         warmup: Duration::from_millis(300).min(duration.mul_f64(0.15)),
         ops: a.ops,
