@@ -18,7 +18,9 @@ use nfs_fake_server::nfs4::{
     open_ok, open_ok_deleg, read_ok, readdir_ok, remove_ok, rename_ok, seq_ok, setattr_ok, write_ok, Arg,
 };
 use nfs_fake_server::{record, Act, Call, FakeServer};
-use virtiofs_backend::nfs::wire::nfs4::{Fattr4, Fh, Ftype4, NfsTime4, Nfsstat4, OpNum, SessionId};
+use virtiofs_backend::nfs::wire::nfs4::{
+    ChannelAttrs, Fattr4, Fh, Ftype4, NfsTime4, Nfsstat4, OpNum, SessionId,
+};
 use virtiofs_backend::nfs::{NfsFs, NfsOptions};
 use virtiofs_dpu::config::Profile;
 use virtiofs_dpu::{FuseHandler, RunningDevice};
@@ -407,4 +409,43 @@ fn a_readdir_whose_names_are_all_skipped_is_eio_not_the_end() {
     assert_eq!(errno(dev.d.readdir(ROOT, open.fh, 2, 4096)), libc::EIO, "not 0 bytes (the end)");
     // `.` and `..` from 0 still come (the listing's start is not empty).
     assert_eq!(dev.d.readdir(ROOT, open.fh, 0, 4096).unwrap().len(), 2);
+}
+
+#[test]
+fn reads_keep_within_the_reply_size_the_session_was_granted() {
+    // The server grants 20000-byte replies (the client asked for its 1 MiB reads and more), and
+    // fails a READ whose reply would not fit.
+    let counts = Arc::new(Mutex::new(Vec::new()));
+    let seen = counts.clone();
+    let hook: Hook = Box::new(move |c, call| {
+        let reply =
+            |results: &[Vec<u8>]| Some(vec![Act::Send(compound_reply(call.xid, Nfsstat4::Ok, results))]);
+        match c.ops.as_slice() {
+            [Arg::CreateSession { sequence, fore, .. }] => {
+                let fore = ChannelAttrs { maxresponsesize: 20_000, ..*fore };
+                reply(&[create_session_ok(SessionId([4; 16]), *sequence, &fore)])
+            }
+            [Arg::Sequence(s), Arg::Putfh(_), Arg::Read { count, .. }] => {
+                seen.lock().unwrap().push(*count);
+                let r = if *count > 20_000 - 200 {
+                    nfs4::failed(OpNum::Read, Nfsstat4::RepTooBig)
+                } else {
+                    read_ok(false, &vec![5; *count as usize])
+                };
+                let status = if *count > 20_000 - 200 { Nfsstat4::RepTooBig } else { Nfsstat4::Ok };
+                let results = [seq_ok(s, 63, 63, 0), ok(OpNum::Putfh, &[]), r];
+                Some(vec![Act::Send(compound_reply(call.xid, status, &results))])
+            }
+            _ => None,
+        }
+    });
+    let server = FakeServer::start(script(hook, Log::default()));
+    let mut dev = serve(&server);
+    let e = dev.d.lookup(ROOT, "f").unwrap();
+    let open = dev.d.open(e.nodeid, libc::O_RDONLY as u32).unwrap();
+    let data = dev.d.read(e.nodeid, open.fh, 0, 64 << 10).expect("a large READ in pieces the session takes");
+    assert_eq!(data, vec![5; 64 << 10]);
+    let counts = counts.lock().unwrap().clone();
+    assert!(counts.iter().all(|&c| c <= 16 << 10), "{counts:?}");
+    assert_eq!(counts.len(), 4, "{counts:?}");
 }

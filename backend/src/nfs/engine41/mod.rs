@@ -40,10 +40,10 @@ use std::time::{Duration, Instant};
 use self::lock::Background;
 use self::prepare::{prepare, Prepared};
 use self::reply::{reply, Flow};
-use self::slot::Slot;
+use self::slot::{Caps, Slot};
 use super::conn::{CallError, CompoundReply, Conn, ConnConfig, Nfs41};
 use super::session::{Session, SessionSink, State};
-use super::shared::{EngineCell, Shared};
+use super::shared::{EngineCell, Limits, Shared};
 use super::wire::nfs4::Op;
 use super::wire::Fh;
 use crate::filesystem::seam::{Completions, FsEngine, Readiness, Started, Token};
@@ -77,6 +77,9 @@ pub struct Nfs41Engine {
     cell: Arc<EngineCell>,
     /// Calls with no guest request behind them: tries of waiting locks (`lock`).
     bg: Background,
+    /// The transfer sizes within the session's fore channel.
+    caps: Caps,
+    limits: Limits,
 }
 
 impl std::fmt::Debug for Nfs41Engine {
@@ -257,6 +260,8 @@ impl Nfs41Engine {
             clientid: 0,
             cell,
             bg: Background::new(fs, root),
+            caps: Caps::new(&fs.limits, None),
+            limits: fs.limits,
         }
     }
 
@@ -289,6 +294,8 @@ impl Nfs41Engine {
             EngineCell::bump(&self.cell.timed_out);
             return self.end(i, Err(Error::Io), done);
         }
+        self.slots[i as usize].clamp(self.caps);
+        let slot = &self.slots[i as usize];
         let payload = if slot.step == slot::Step::Write {
             let Some(mut p) = done.payload(slot.token) else { return self.end(i, Err(Error::Io), done) };
             if p.consume(slot.done as usize).is_err() {
@@ -369,10 +376,16 @@ impl Nfs41Engine {
         complete(&mut self.slots[i as usize], r, done, &mut self.busy, &self.cell);
     }
 
-    fn publish(&mut self) {
+    /// The session's client id and fore channel, once it has them.
+    fn learn(&mut self) {
         if let Some(p) = self.session.params() {
             self.clientid = p.clientid;
+            self.caps = Caps::new(&self.limits, Some(&p.fore));
         }
+    }
+
+    fn publish(&mut self) {
+        self.learn();
         if let Some(c) = &self.conn {
             let s = c.stats();
             EngineCell::set(&self.cell.retransmits, s.retransmits);
@@ -410,6 +423,7 @@ impl<F: AsRef<Shared>> FsEngine<F> for Nfs41Engine {
             return Started::Done(Err(Error::Io));
         }
         let slot = &mut self.slots[i];
+        slot.clamp(self.caps);
         slot.token = token;
         slot.busy = true;
         self.busy += 1;
@@ -461,9 +475,7 @@ impl<F: AsRef<Shared>> FsEngine<F> for Nfs41Engine {
             };
             self.session.poll(now, conn, &mut sink);
         }
-        if let Some(p) = self.session.params() {
-            self.clientid = p.clientid;
-        }
+        self.learn();
         let mut next = std::mem::take(&mut self.next);
         for &i in &next {
             self.send_next(i, done);

@@ -236,7 +236,7 @@ fn step(
             if r.eof || count == 0 || slot.done >= slot.size {
                 Flow::Done(Ok(Reply::Data(slot.done as usize)))
             } else {
-                slot.chunk = (slot.size - slot.done).min(fs.limits.read);
+                slot.chunk = (slot.size - slot.done).min(slot.max);
                 Flow::Next
             }
         }
@@ -249,7 +249,7 @@ fn step(
             if slot.done >= slot.size {
                 Flow::Done(Ok(Reply::Written(slot.done as usize)))
             } else {
-                slot.chunk = (slot.size - slot.done).min(fs.limits.write);
+                slot.chunk = (slot.size - slot.done).min(slot.max);
                 Flow::Next
             }
         }

@@ -12,9 +12,10 @@ use crate::filesystem::seam::Token;
 use crate::filesystem::{self, Error, FileLock, LockType, Reply};
 use crate::nfs::conn::Cred;
 use crate::nfs::locks41::{Attempt, Owner};
+use crate::nfs::shared::Limits;
 use crate::nfs::wire::nfs4::{
-    attr, share, Bitmap, CreateHow4, CreateKind, Ftype4, LockType as NfsLock, Locker, Op, Open, OpenClaim,
-    SetAttrs, Stable4, StateOwner, Stateid, Verifier,
+    attr, share, Bitmap, ChannelAttrs, CreateHow4, CreateKind, Ftype4, LockType as NfsLock, Locker, Op, Open,
+    OpenClaim, SetAttrs, Stable4, StateOwner, Stateid, Verifier,
 };
 use crate::nfs::wire::Fh;
 use crate::types::OFFSET_MAX;
@@ -70,6 +71,49 @@ pub(super) const STATFS: Bitmap = Bitmap::of(&[
 pub(super) const TYPE: Bitmap = Bitmap::of(&[attr::TYPE]);
 /// A directory's fileid (`.` and `..` of a listing).
 pub(super) const FILEID: Bitmap = Bitmap::of(&[attr::FILEID]);
+
+/// A reply's bytes besides READ's data or READDIR's entries, at most (RPC header, COMPOUND
+/// header, SEQUENCE's result, PUTFH's, a GETATTR of the fileid, READ's or READDIR's header),
+/// with room to spare.
+const REPLY_OVERHEAD: u32 = 1024;
+/// A call's bytes besides WRITE's data, at most (RPC header with an AUTH_SYS credential of 16
+/// groups and a 255-byte machine name, COMPOUND header, SEQUENCE, PUTFH of a 128-byte handle,
+/// WRITE's arguments), with room to spare.
+const REQUEST_OVERHEAD: u32 = 2048;
+
+/// The largest counts one call of a session carries: the start-up's transfer sizes within the
+/// fore channel the server granted at CREATE_SESSION (less a COMPOUND's own bytes), which may
+/// be smaller than asked: a READ past `maxresponsesize` fails REP_TOO_BIG.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Caps {
+    /// READ's count.
+    pub(super) read: u32,
+    /// WRITE's count.
+    pub(super) write: u32,
+    /// READDIR's `maxcount`.
+    pub(super) dir: u32,
+}
+
+impl Caps {
+    /// The caps of `limits` within `fore` (`None`: no session yet, the limits alone).
+    pub(super) fn new(limits: &Limits, fore: Option<&ChannelAttrs>) -> Caps {
+        let fit = |limit: u32, channel: Option<u32>, overhead: u32| {
+            let Some(channel) = channel else { return limit };
+            let room = channel.saturating_sub(overhead);
+            // Whole pages when there is room for one; never below 512 bytes (a server granting
+            // less fails its calls, as it asked).
+            let room = if room >= 4096 { room & !4095 } else { room.max(512) };
+            limit.min(room)
+        };
+        let reply = fore.map(|f| f.maxresponsesize);
+        let request = fore.map(|f| f.maxrequestsize);
+        Caps {
+            read: fit(limits.read, reply, REPLY_OVERHEAD),
+            write: fit(limits.write, request, REQUEST_OVERHEAD),
+            dir: fit(limits.read.max(limits.write), reply, REPLY_OVERHEAD),
+        }
+    }
+}
 
 /// Which FUSE operation a slot serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,6 +207,19 @@ pub(super) enum Step {
 }
 
 impl Slot {
+    /// Keeps a READ's, WRITE's or READDIR's counts within `caps` (before each send: the
+    /// session's grant is known once it is established).
+    pub(super) fn clamp(&mut self, caps: Caps) {
+        let cap = match self.step {
+            Step::Read => caps.read,
+            Step::Write => caps.write,
+            Step::Readdir => caps.dir,
+            _ => return,
+        };
+        self.max = cap;
+        self.chunk = self.chunk.min(cap);
+    }
+
     /// A RELEASE's step once its lock states are let go: CLOSE of its open, or the REMOVE of its
     /// silly name; `None`: nothing left to send.
     pub(super) fn release_step(&self) -> Option<Step> {
@@ -268,6 +325,8 @@ pub(super) struct Slot {
     pub(super) done: u32,
     /// The count of the READ or WRITE on the wire; READDIR's `maxcount`.
     pub(super) chunk: u32,
+    /// The largest `chunk` of this request's calls ([`Caps`]).
+    pub(super) max: u32,
     /// ACCESS4 bits asked.
     pub(super) mask: u32,
     /// The FUSE ACCESS mask asked.
@@ -327,6 +386,7 @@ impl Slot {
             size: 0,
             done: 0,
             chunk: 0,
+            max: 0,
             mask: 0,
             mask_req: 0,
             handle: 0,
@@ -596,4 +656,38 @@ pub(super) fn stateid_of(b: [u8; 16]) -> Stateid {
     let mut other = [0u8; 12];
     other.copy_from_slice(&b[4..]);
     Stateid { seqid: u32::from_be_bytes([b[0], b[1], b[2], b[3]]), other }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transfer_sizes_keep_within_the_fore_channel_granted() {
+        let limits = Limits { read: 1 << 20, write: 1 << 20, dir: 8192, max_file: u64::MAX };
+        assert_eq!(Caps::new(&limits, None), Caps { read: 1 << 20, write: 1 << 20, dir: 1 << 20 });
+        let granted = |req: u32, rep: u32| ChannelAttrs {
+            headerpadsize: 0,
+            maxrequestsize: req,
+            maxresponsesize: rep,
+            maxresponsesize_cached: 8192,
+            maxoperations: 16,
+            maxrequests: 64,
+            rdma_ird: None,
+        };
+        // What the session asks (max_io and 8 KiB, max_io and 4 KiB): nothing cut.
+        let asked = granted((1 << 20) + 8192, (1 << 20) + 4096);
+        assert_eq!(Caps::new(&limits, Some(&asked)), Caps { read: 1 << 20, write: 1 << 20, dir: 1 << 20 });
+        // A server that grants 64 KiB replies and 32 KiB requests: whole pages below them.
+        let small = Caps::new(&limits, Some(&granted(32 << 10, 64 << 10)));
+        assert_eq!(small, Caps { read: 60 << 10, write: 28 << 10, dir: 60 << 10 });
+        // Absurd grants: never 0 (a count of 0 would never move on).
+        let tiny = Caps::new(&limits, Some(&granted(0, 100)));
+        assert_eq!((tiny.read, tiny.write), (512, 512));
+        let mut s = Slot::new(Fh::EMPTY);
+        s.step = Step::Read;
+        s.chunk = 1 << 20;
+        s.clamp(small);
+        assert_eq!((s.chunk, s.max), (60 << 10, 60 << 10));
+    }
 }
