@@ -69,8 +69,8 @@ fn file_attrs(fileid: u64) -> Fattr4 {
 }
 
 /// A script that establishes a session, walks to any export, and answers every operation the
-/// engine sends as a well-behaved server would (any name is a regular file of its own, READDIR
-/// lists nothing), unless `hook` answers the COMPOUND first. Each COMPOUND's operations go to
+/// engine sends as a well-behaved server would (any name is a regular file of its own, or a
+/// directory if it starts with `d`; READDIR lists nothing), unless `hook` answers the COMPOUND first. Each COMPOUND's operations go to
 /// `log`.
 fn script(mut hook: Hook, log: Log) -> impl FnMut(&Call) -> Vec<Act> + Send + 'static {
     let root = b"root-of-the-export".to_vec();
@@ -116,6 +116,10 @@ fn script(mut hook: Hook, log: Log) -> impl FnMut(&Call) -> Vec<Act> + Send + 's
                 }
                 Arg::Getfh => getfh_ok(&Fh::new(&current).unwrap()),
                 Arg::Getattr(_) if current == root => getattr_ok(&dir_attrs()),
+                // Names from `d` are directories.
+                Arg::Getattr(_) if current.starts_with(b"f:d") => {
+                    getattr_ok(&Fattr4 { fileid: Some(30), ..dir_attrs() })
+                }
                 Arg::Getattr(_) => getattr_ok(&file_attrs(10 + current.len() as u64)),
                 Arg::ReclaimComplete { .. } | Arg::DestroySession(_) | Arg::DestroyClientid(_) => {
                     ok(op.op(), &[])
@@ -448,4 +452,113 @@ fn reads_keep_within_the_reply_size_the_session_was_granted() {
     let counts = counts.lock().unwrap().clone();
     assert!(counts.iter().all(|&c| c <= 16 << 10), "{counts:?}");
     assert_eq!(counts.len(), 4, "{counts:?}");
+}
+
+/// Answers `c` as the script would, except the result of the first operation `at` (after
+/// SEQUENCE) is `fail`, the last one sent, with the COMPOUND's status `status`.
+fn answer_failing_at(c: &nfs4::Compound, xid: u32, at: OpNum, fail: Vec<u8>, status: Nfsstat4) -> Vec<Act> {
+    let s = c.seq().unwrap();
+    let mut results = vec![seq_ok(&s, 63, 63, 0)];
+    for op in &c.ops[1..] {
+        if op.op() == at {
+            results.push(fail);
+            return vec![Act::Send(compound_reply(xid, status, &results))];
+        }
+        results.push(match op {
+            Arg::Open { .. } => open_ok([9; 12]),
+            Arg::Getfh => getfh_ok(&Fh::new(b"f:new").unwrap()),
+            Arg::Getattr(_) => getattr_ok(&file_attrs(88)),
+            Arg::Link(_) => link_ok(),
+            Arg::Setattr { .. } => setattr_ok(),
+            other => ok(other.op(), &[]),
+        });
+    }
+    vec![Act::Send(compound_reply(xid, Nfsstat4::Ok, &results))]
+}
+
+#[test]
+fn a_delay_after_an_operation_that_must_not_run_twice_sends_only_the_rest() {
+    let log = Log::default();
+    let mut delayed = 0;
+    let hook: Hook = Box::new(move |c, call| {
+        let ops = c.ops();
+        let first_time = |n: &mut i32, bit: i32| {
+            let f = *n & bit == 0;
+            *n |= bit;
+            f
+        };
+        if ops.contains(&OpNum::Link) && first_time(&mut delayed, 1) {
+            // LINK ran; its GETATTR is answered DELAY.
+            return Some(answer_failing_at(
+                c,
+                call.xid,
+                OpNum::Getattr,
+                nfs4::failed(OpNum::Getattr, Nfsstat4::Delay),
+                Nfsstat4::Delay,
+            ));
+        }
+        if ops.contains(&OpNum::Open) && ops.contains(&OpNum::Setattr) && first_time(&mut delayed, 2) {
+            // The exclusive create's OPEN ran; the SETATTR of its times is answered GRACE.
+            return Some(answer_failing_at(
+                c,
+                call.xid,
+                OpNum::Setattr,
+                nfs4::setattr_failed(Nfsstat4::Grace),
+                Nfsstat4::Grace,
+            ));
+        }
+        if ops == [OpNum::Putfh, OpNum::Create, OpNum::Getfh, OpNum::Getattr] && first_time(&mut delayed, 4) {
+            // MKDIR's CREATE ran; its GETFH is answered DELAY.
+            let results = [
+                seq_ok(&c.seq().unwrap(), 63, 63, 0),
+                ok(OpNum::Putfh, &[]),
+                nfs4::create_ok(),
+                nfs4::failed(OpNum::Getfh, Nfsstat4::Delay),
+            ];
+            return Some(vec![Act::Send(compound_reply(call.xid, Nfsstat4::Delay, &results))]);
+        }
+        None
+    });
+    let server = FakeServer::start(script(hook, log.clone()));
+    let mut dev = serve(&server);
+    let e = dev.d.lookup(ROOT, "f").unwrap();
+    let l = dev.d.link(e.nodeid, ROOT, "g").expect("LINK ran: the entry comes from a GETATTR alone");
+    assert_eq!(l.nodeid, e.nodeid);
+    let (c, o) =
+        dev.d.create(ROOT, "new", 0o644, (libc::O_RDWR | libc::O_EXCL) as u32).expect("CREATE's rest");
+    assert_eq!(c.attr.mode & libc::S_IFMT, libc::S_IFREG, "the attributes of the rest's GETATTR");
+    dev.d.release(c.nodeid, o.fh).unwrap();
+    dev.d.mkdir(ROOT, "d", 0o755).expect("MKDIR's rest: a LOOKUP");
+    let sent = log.lock().unwrap().clone();
+    let count = |op| sent.iter().filter(|ops| ops.contains(&op)).count();
+    assert_eq!(count(OpNum::Link), 1, "LINK once (again it would be EEXIST): {sent:?}");
+    assert_eq!(count(OpNum::Open), 1, "OPEN once: {sent:?}");
+    assert_eq!(count(OpNum::Create), 1, "CREATE once: {sent:?}");
+    assert!(sent.contains(&vec![OpNum::Putfh, OpNum::Getattr]), "LINK's rest: {sent:?}");
+    assert!(sent.contains(&vec![OpNum::Putfh, OpNum::Setattr, OpNum::Getattr]), "CREATE's rest: {sent:?}");
+    assert!(sent.contains(&vec![OpNum::Putfh, OpNum::Lookup, OpNum::Getfh, OpNum::Getattr]), "{sent:?}");
+}
+
+#[test]
+fn an_open_whose_compound_failed_after_it_is_closed() {
+    let log = Log::default();
+    let hook: Hook = Box::new(move |c, call| {
+        let ops = c.ops();
+        // O_TRUNC's SETATTR after the OPEN is refused.
+        (ops.contains(&OpNum::Open) && ops.contains(&OpNum::Setattr)).then(|| {
+            answer_failing_at(
+                c,
+                call.xid,
+                OpNum::Setattr,
+                nfs4::setattr_failed(Nfsstat4::Access),
+                Nfsstat4::Access,
+            )
+        })
+    });
+    let server = FakeServer::start(script(hook, log.clone()));
+    let mut dev = serve(&server);
+    let e = dev.d.lookup(ROOT, "f").unwrap();
+    assert_eq!(errno(dev.d.open(e.nodeid, (libc::O_RDWR | libc::O_TRUNC) as u32)), libc::EACCES);
+    let sent = log.lock().unwrap().clone();
+    assert_eq!(sent.last(), Some(&vec![OpNum::Putfh, OpNum::Close]), "the open that ran is closed: {sent:?}");
 }

@@ -539,3 +539,10 @@ pub fn close_ok() -> Vec<u8> {
 pub fn setattr_ok() -> Vec<u8> {
     ok(OpNum::Setattr, &enc(|e| e.u32(0).unwrap()))
 }
+
+/// SETATTR's failure: the status and the (empty) set of attributes set.
+pub fn setattr_failed(status: Nfsstat4) -> Vec<u8> {
+    let mut v = failed(OpNum::Setattr, status);
+    v.extend_from_slice(&enc(|e| e.u32(0).unwrap()));
+    v
+}

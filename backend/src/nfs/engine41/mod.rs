@@ -72,6 +72,8 @@ pub struct Nfs41Engine {
     backlog: VecDeque<u32>,
     /// Slots whose next COMPOUND goes out after this poll round's replies.
     next: Vec<u32>,
+    /// Slots whose next COMPOUND goes out at a time (the rest of a COMPOUND answered DELAY).
+    later: Vec<(Instant, u32)>,
     /// The session's client id (the open owners name it).
     clientid: u64,
     cell: Arc<EngineCell>,
@@ -120,6 +122,7 @@ struct PollSink<'e, 'c> {
     slots: &'e mut [Slot],
     done: &'e mut Completions<'c>,
     next: &'e mut Vec<u32>,
+    later: &'e mut Vec<(Instant, u32)>,
     busy: &'e mut usize,
     clientid: u64,
     cell: &'e EngineCell,
@@ -206,6 +209,7 @@ impl SessionSink for PollSink<'_, '_> {
         match flow {
             Flow::Done(r) => complete(slot, r, self.done, self.busy, self.cell),
             Flow::Next => self.next.push(tag),
+            Flow::After(wait) => self.later.push((self.now + wait, tag)),
         }
     }
 }
@@ -257,6 +261,7 @@ impl Nfs41Engine {
             busy: 0,
             backlog: VecDeque::with_capacity(n),
             next: Vec::with_capacity(n),
+            later: Vec::new(),
             clientid: 0,
             cell,
             bg: Background::new(fs, root),
@@ -467,6 +472,7 @@ impl<F: AsRef<Shared>> FsEngine<F> for Nfs41Engine {
                 slots: &mut self.slots,
                 done,
                 next: &mut self.next,
+                later: &mut self.later,
                 busy: &mut self.busy,
                 clientid: self.clientid,
                 cell: &self.cell,
@@ -477,6 +483,15 @@ impl<F: AsRef<Shared>> FsEngine<F> for Nfs41Engine {
         }
         self.learn();
         let mut next = std::mem::take(&mut self.next);
+        // The rests whose wait is over join this round's next steps.
+        let mut k = 0;
+        while k < self.later.len() {
+            if self.later[k].0 <= now {
+                next.push(self.later.swap_remove(k).1);
+            } else {
+                k += 1;
+            }
+        }
         for &i in &next {
             self.send_next(i, done);
         }
@@ -518,6 +533,9 @@ impl<F: AsRef<Shared>> FsEngine<F> for Nfs41Engine {
         }
         if !self.backlog.is_empty() {
             within = within.min(BACKLOG_LOOK);
+        }
+        if let Some(t) = self.later.iter().map(|l| l.0).min() {
+            within = within.min(t.saturating_duration_since(now));
         }
         if self.session.state() == State::Ready {
             if let Some(t) = self.bg.due() {

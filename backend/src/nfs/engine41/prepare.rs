@@ -36,6 +36,8 @@ pub(super) fn prepare(fs: &Shared, slot: &mut Slot, req: &Request<'_>) -> Result
     slot.stateid = Stateid::ANONYMOUS;
     slot.silly = false;
     slot.answer = None;
+    slot.opened = None;
+    slot.have_obj = false;
     slot.lock_state = None;
     slot.retried = false;
     slot.frees.clear();

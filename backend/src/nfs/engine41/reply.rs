@@ -5,6 +5,8 @@
 //! call again); a BAD_STATEID, STALE_STATEID or EXPIRED on a handle's open is EIO for that
 //! request (reclaiming opens is not done yet).
 
+use std::time::Duration;
+
 use super::attr::{error, stat, statfs};
 use super::prepare::kept_state;
 use super::slot::{Kind, Slot, Step, NAME_MAX};
@@ -25,6 +27,23 @@ pub(super) enum Flow {
     Done(filesystem::Result<Reply>),
     /// `slot.step` is the next COMPOUND to send.
     Next,
+    /// `slot.step` is the next COMPOUND to send, after this wait (from a later poll round: the
+    /// rest of a COMPOUND answered DELAY or GRACE after an operation that must not run twice).
+    After(Duration),
+}
+
+/// The wait before the rest of a COMPOUND answered NFS4ERR_DELAY (the session's wait).
+const DELAY_WAIT: Duration = Duration::from_millis(50);
+/// The wait before the rest of a COMPOUND answered NFS4ERR_GRACE.
+const GRACE_WAIT: Duration = Duration::from_millis(250);
+
+/// The wait before the rest of a COMPOUND that failed with `s`, if `s` says "later".
+fn later(s: Nfsstat4) -> Option<Duration> {
+    match s {
+        Nfsstat4::Delay => Some(DELAY_WAIT),
+        Nfsstat4::Grace => Some(GRACE_WAIT),
+        _ => None,
+    }
 }
 
 /// The results of one COMPOUND that the steps use, gathered in one pass.
@@ -32,6 +51,8 @@ pub(super) enum Flow {
 struct Got<'a> {
     failed: Option<(OpNum, Nfsstat4)>,
     fh: Option<Fh>,
+    /// A SETATTR succeeded.
+    setattr: bool,
     attrs: Option<Fattr4>,
     /// The first GETATTR's (READDIR's directory fileid).
     first_attrs: Option<Fattr4>,
@@ -49,6 +70,7 @@ fn gather<'a>(reply: &CompoundReply<'a>) -> Result<Got<'a>, Error> {
         match r.map_err(|_| Error::Io)? {
             OpRes::Failed { op, status, .. } => g.failed = Some((op, status)),
             OpRes::Getfh(fh) => g.fh = Some(fh),
+            OpRes::Setattr(_) => g.setattr = true,
             OpRes::Getattr(a) => {
                 if g.first_attrs.is_none() {
                     g.first_attrs = Some(a);
@@ -156,10 +178,26 @@ fn step(
             }
             return Ok(Flow::Done(slot.answer.take().unwrap_or(Ok(Reply::Empty))));
         }
-        // MKNOD's CLOSE: its file was made anyway.
-        (Step::OpenCreate, Some((OpNum::Close, s))) if slot.kind == Kind::MknodReg => {
+        // The OPEN ran, a later operation of its COMPOUND did not.
+        (Step::OpenFh | Step::OpenCreate | Step::OpenRest, Some((op, s)))
+            if op != OpNum::Open && (g.open.is_some() || slot.step == Step::OpenRest) =>
+        {
+            if !(slot.kind == Kind::MknodReg && op == OpNum::Close) {
+                return Ok(open_unfinished(slot, &g, s));
+            }
             EngineCell::bump(&cell.close_failures);
             log::info!("nfs4.1: the CLOSE after a MKNOD failed: {s:?}");
+        }
+        // LINK or CREATE ran, the GETATTR (or GETFH) after it was answered DELAY or GRACE: only
+        // the rest goes again (LINK again would be EEXIST).
+        (Step::Link, Some((op, s))) if op != OpNum::Link && later(s).is_some() => {
+            slot.obj = slot.fh2;
+            slot.step = Step::Getattr;
+            return Ok(Flow::After(later(s).unwrap_or(DELAY_WAIT)));
+        }
+        (Step::Create, Some((op, s))) if op != OpNum::Create && later(s).is_some() => {
+            slot.step = Step::Lookup;
+            return Ok(Flow::After(later(s).unwrap_or(DELAY_WAIT)));
         }
         (Step::Delegreturn, _) => {
             if let Some((_, s)) = g.failed {
@@ -181,6 +219,10 @@ fn step(
             let (fh, a) = (g.fh.ok_or(Error::Io)?, g.attrs.ok_or(Error::Io)?);
             Flow::Done(entry(fs, &fh, &a).map(Reply::Entry))
         }
+        // LINK's rest (its GETATTR answered DELAY): the file's entry.
+        Step::Getattr if slot.kind == Kind::Link => {
+            Flow::Done(entry(fs, &slot.fh2, &g.attrs.ok_or(Error::Io)?).map(Reply::Entry))
+        }
         Step::Getattr | Step::Setattr => Flow::Done(Ok(Reply::Attr(stat(&g.attrs.ok_or(Error::Io)?)?, t))),
         Step::Link => Flow::Done(entry(fs, &slot.fh2, &g.attrs.ok_or(Error::Io)?).map(Reply::Entry)),
         Step::Access => {
@@ -199,7 +241,7 @@ fn step(
             Flow::Done(Ok(Reply::Data(target.len())))
         }
         Step::Statfs => Flow::Done(Ok(Reply::StatFs(statfs(&g.attrs.ok_or(Error::Io)?)))),
-        Step::OpenFh | Step::OpenCreate => opened(fs, slot, &g)?,
+        Step::OpenFh | Step::OpenCreate | Step::OpenRest => opened(fs, slot, &g)?,
         Step::Probe => {
             let fh = g.fh.ok_or(Error::Io)?;
             let ftype = g.attrs.and_then(|a| a.ftype).ok_or(Error::Io)?;
@@ -285,10 +327,47 @@ fn step(
     Ok(flow)
 }
 
+/// An OPEN succeeded and a later operation of its COMPOUND failed with `s`. DELAY or GRACE: the
+/// rest goes again after a wait (`OpenRest`: the OPEN again would open twice, and GUARDED or
+/// EXCLUSIVE be EEXIST). Another error is the request's, after a CLOSE of the open, which no
+/// handle keeps.
+fn open_unfinished(slot: &mut Slot, g: &Got<'_>, s: Nfsstat4) -> Flow {
+    if let Some(o) = g.open {
+        slot.opened = Some(o);
+    }
+    if let Some(fh) = g.fh {
+        slot.obj = fh;
+        slot.have_obj = true;
+    } else if slot.kind == Kind::Open {
+        slot.obj = slot.fh;
+        slot.have_obj = true;
+    }
+    if g.setattr {
+        slot.sattr2 = None;
+    }
+    if let Some(wait) = later(s) {
+        slot.step = Step::OpenRest;
+        return Flow::After(wait);
+    }
+    let Some((stateid, _, _)) = slot.opened else { return Flow::Done(Err(error(s))) };
+    slot.answer = Some(Err(error(s)));
+    if !slot.have_obj {
+        // No handle of the file to CLOSE it by (its GETFH failed): the lease ends the open.
+        log::info!("nfs4.1: an open of a file made in node {} stays (no handle to close it)", slot.nodeid);
+        return Flow::Done(Err(error(s)));
+    }
+    slot.stateid = stateid;
+    slot.silly = false;
+    slot.step = Step::Close;
+    Flow::Next
+}
+
 /// OPEN answered: the handle keeps the open's stateid (CREATE: the new file's entry too); a
 /// delegation granted despite WANT_NO_DELEG is returned first.
 fn opened(fs: &Shared, slot: &mut Slot, g: &Got<'_>) -> Result<Flow, Error> {
-    let (stateid, rflags, deleg) = g.open.ok_or(Error::Io)?;
+    let (stateid, rflags, deleg) = g.open.or(slot.opened).ok_or(Error::Io)?;
+    // The rest of an OPEN's COMPOUND: the file's handle came with the first.
+    let g_fh = g.fh.or(slot.have_obj.then_some(slot.obj));
     if rflags & open_result::CONFIRM != 0 {
         // NFSv4.0's OPEN_CONFIRM: never in 4.1.
         log::warn!("nfs4.1: the server asks OPEN_CONFIRM, which NFSv4.1 has not");
@@ -296,13 +375,13 @@ fn opened(fs: &Shared, slot: &mut Slot, g: &Got<'_>) -> Result<Flow, Error> {
     }
     let answer = match slot.kind {
         Kind::MknodReg => {
-            let (fh, a) = (g.fh.ok_or(Error::Io)?, g.attrs.ok_or(Error::Io)?);
+            let (fh, a) = (g_fh.ok_or(Error::Io)?, g.attrs.ok_or(Error::Io)?);
             // A delegation granted anyway is returned on the file made.
             slot.obj = fh;
             entry(fs, &fh, &a).map(Reply::Entry)
         }
         Kind::Create => {
-            let (fh, a) = (g.fh.ok_or(Error::Io)?, g.attrs.ok_or(Error::Io)?);
+            let (fh, a) = (g_fh.ok_or(Error::Io)?, g.attrs.ok_or(Error::Io)?);
             slot.obj = fh;
             entry(fs, &fh, &a).and_then(|e| match open_handle(fs, e.ino, slot.flags, stateid) {
                 Ok(fh) => Ok(Reply::Created(e, Opened { fh, open_flags: fs.cache.file_open_flags() })),

@@ -172,6 +172,10 @@ pub(super) enum Step {
     OpenFh,
     /// PUTFH(`fh`) OPEN(create `a`) GETFH [SETATTR(`sattr2`)] GETATTR [CLOSE for MKNOD].
     OpenCreate,
+    /// The rest of an OPEN's COMPOUND answered DELAY or GRACE after the OPEN ran (`opened`):
+    /// PUTFH(`obj`) (or PUTFH(`fh`) LOOKUP(`a`) GETFH without it) [SETATTR(`stateid`, `sattr2`)]
+    /// [GETATTR: CREATE, MKNOD] [CLOSE: MKNOD].
+    OpenRest,
     /// PUTFH(`fh`) CREATE(`make`, `a`, `sattr`) GETFH GETATTR.
     Create,
     /// PUTFH(`fh2`: the file) SAVEFH PUTFH(`fh`: the directory) LINK(`a`) RESTOREFH GETATTR.
@@ -314,6 +318,11 @@ pub(super) struct Slot {
     pub(super) stateid: Stateid,
     /// A delegation to return.
     pub(super) deleg: Stateid,
+    /// An OPEN that ran (its stateid, result flags and delegation) while the rest of its
+    /// COMPOUND did not.
+    pub(super) opened: Option<(Stateid, u32, Option<Stateid>)>,
+    /// `obj` is the file's handle (an OPEN's rest).
+    pub(super) have_obj: bool,
     /// The open owner of an OPEN: a number unique for the client's life.
     pub(super) owner: [u8; 8],
     pub(super) exclusive: Option<Verifier>,
@@ -378,6 +387,8 @@ impl Slot {
             sattr2: None,
             stateid: Stateid::ANONYMOUS,
             deleg: Stateid::ANONYMOUS,
+            opened: None,
+            have_obj: false,
             owner: [0; 8],
             exclusive: None,
             make: Make::Dir,
@@ -504,6 +515,25 @@ impl Slot {
                 }
                 if self.kind == Kind::MknodReg {
                     push(Op::Close { stateid: Stateid::CURRENT });
+                }
+            }
+            Step::OpenRest => {
+                let stateid = self.opened.map_or(Stateid::ANONYMOUS, |o| o.0);
+                if self.have_obj {
+                    push(Op::Putfh { fh: &self.obj });
+                } else {
+                    push(Op::Putfh { fh: &self.fh });
+                    push(Op::Lookup { name: a });
+                    push(Op::Getfh);
+                }
+                if let Some(s) = &self.sattr2 {
+                    push(Op::Setattr { stateid, attrs: s });
+                }
+                if self.kind != Kind::Open {
+                    push(Op::Getattr { attrs: STAT });
+                }
+                if self.kind == Kind::MknodReg {
+                    push(Op::Close { stateid });
                 }
             }
             Step::Create => {
