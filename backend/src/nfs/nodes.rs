@@ -330,14 +330,18 @@ impl NodeTable {
         (n.opens > 0).then(|| nodeid(i, n.generation))
     }
 
-    /// `nodeid` was unlinked while open: renamed to [`silly_name`] in directory `dir`.
-    pub fn set_silly(&self, nodeid: u64, dir: Fh) {
+    /// `nodeid` was unlinked while open: renamed to [`silly_name`] in directory `dir`. Whether
+    /// its last handle closed meanwhile (the RENAME raced the last RELEASE, which found no silly
+    /// name to remove): then nothing is kept and the caller removes the silly name now.
+    #[must_use = "with no open left the silly name is the caller's to remove"]
+    pub fn set_silly(&self, nodeid: u64, dir: Fh) -> bool {
         let mut inner = self.lock();
-        let Some((i, _)) = inner.node(nodeid) else { return };
+        let Some((i, _)) = inner.node(nodeid).filter(|(_, n)| n.opens > 0) else { return true };
         inner.nodes[i].silly = Some(dir);
         if let Some(k) = &inner.keep {
             k.node_silly(i, Some(&dir));
         }
+        false
     }
 
     /// Whether `nodeid` has open handles.
@@ -726,6 +730,27 @@ mod tests {
     }
 
     #[test]
+    fn a_silly_name_set_after_the_last_close_is_the_callers_to_remove() {
+        let t = NodeTable::new(fh(0), 8);
+        let a = t.reference(&fh(1)).unwrap();
+        t.opened(a).unwrap();
+        t.opened(a).unwrap();
+        // The UNLINK's probe saw it open; its RENAME is answered with one handle still open.
+        assert!(!t.set_silly(a, fh(0)), "kept for the last close");
+        assert_eq!(t.closed(a), None);
+        assert_eq!(t.closed(a).map(|d| d.as_bytes().to_vec()), Some(fh(0).as_bytes().to_vec()));
+        // Again, but the last RELEASE runs while the RENAME is out.
+        t.opened(a).unwrap();
+        assert_eq!(t.closed(a), None, "no silly name yet");
+        assert!(t.set_silly(a, fh(0)), "no open left: remove it now");
+        assert!(!t.has_opens(a));
+        assert_eq!(t.closed(a), None, "nothing kept");
+        // A node gone altogether (forgotten too) has no open either.
+        t.forget(a, 1);
+        assert!(t.set_silly(a, fh(0)));
+    }
+
+    #[test]
     fn open_handles_keep_a_forgotten_node() {
         let t = NodeTable::new(fh(0), 8);
         let a = t.reference(&fh(1)).unwrap();
@@ -735,7 +760,7 @@ mod tests {
         assert!(t.fh(a).is_ok());
         assert!(t.any_open());
         assert_eq!(t.open_node(&fh(1)), Some(a));
-        t.set_silly(a, fh(0));
+        assert!(!t.set_silly(a, fh(0)));
         assert_eq!(t.closed(a).map(|d| d.as_bytes().to_vec()), Some(fh(0).as_bytes().to_vec()));
         assert!(!t.any_open());
         assert_eq!(t.fh(a), Err(STALE));
@@ -795,7 +820,7 @@ mod tests {
         let c = t.reference(&fh(3)).unwrap();
         t.reference(&fh(1)).unwrap();
         t.opened(a).unwrap();
-        t.set_silly(a, fh(0));
+        assert!(!t.set_silly(a, fh(0)));
         let state = t.save();
         let json = serde_json::to_string(&state).unwrap();
         let r = NodeTable::restore(&serde_json::from_str(&json).unwrap(), 8).unwrap();

@@ -320,7 +320,7 @@ mod tests {
         tables.nodes.opened(a).unwrap();
         let ha = tables.handles.open(file(a, true)).unwrap();
         tables.handles.set_cookieverf(ha, *b"cookieve", 42);
-        tables.nodes.set_silly(b, fh(0));
+        assert!(!tables.nodes.set_silly(b, fh(0)));
         tables.nodes.opened(d).unwrap();
         let hd = tables.handles.open(file(d, false)).unwrap();
         tables.handles.close(hd);

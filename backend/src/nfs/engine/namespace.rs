@@ -192,7 +192,13 @@ pub(super) fn reply(fs: &Shared, slot: &mut Slot, res: Res<'_>) -> Flow {
             }
         }
         (Call::Rename, Res::Changed { .. }) if slot.kind == Kind::Unlink => {
-            fs.nodes.set_silly(slot.handle, slot.fh);
+            if fs.nodes.set_silly(slot.handle, slot.fh) {
+                // The last RELEASE ran meanwhile (not removed here yet on NFSv3).
+                log::warn!(
+                    "nfs: node {} closed while renamed to its silly name: the name stays",
+                    slot.handle
+                );
+            }
             Flow::Done(Ok(Reply::Empty))
         }
         (Call::Remove | Call::Rmdir | Call::Rename, Res::Changed { .. }) => Flow::Done(Ok(Reply::Empty)),

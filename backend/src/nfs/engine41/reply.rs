@@ -172,7 +172,7 @@ fn step(
         (Step::ProbeTarget, None) => return Err(Error::Exists),
         // The silly name's REMOVE after a RELEASE's CLOSE: logged if it failed (the guest's
         // RELEASE has no error to give).
-        (Step::Remove, failed) if slot.kind == Kind::Release => {
+        (Step::Remove, failed) if slot.kind == Kind::Release || slot.silly => {
             if let Some((_, s)) = failed {
                 log::warn!("nfs4.1: the silly name of node {} stays: REMOVE failed: {s:?}", slot.nodeid);
             }
@@ -266,8 +266,13 @@ fn step(
         }
         Step::Remove => Flow::Done(Ok(Reply::Empty)),
         Step::Rename => {
-            if slot.kind == Kind::Unlink {
-                fs.nodes.set_silly(slot.handle, slot.fh);
+            if slot.kind == Kind::Unlink && fs.nodes.set_silly(slot.handle, slot.fh) {
+                // The last RELEASE ran while the RENAME was out: nobody else removes the
+                // silly name.
+                slot.names.set(&silly_name(slot.handle), b"")?;
+                slot.silly = true;
+                slot.step = Step::Remove;
+                return Ok(Flow::Next);
             }
             Flow::Done(Ok(Reply::Empty))
         }
