@@ -1,9 +1,11 @@
 //! What a COMPOUND's reply means for its slot ([`reply`]): the request is answered
-//! ([`Flow::Done`]), or the slot's next step is to be sent ([`Flow::Next`]). Failures are the
-//! COMPOUND's last result (`nfsstat4` as the guest's errno); a reply that does not decode, or
-//! lacks a result asked for, is EIO. NFS4ERR_DELAY never reaches here (the session sends the
-//! call again); a BAD_STATEID, STALE_STATEID or EXPIRED on a handle's open is EIO for that
-//! request (reclaiming opens is not done yet).
+//! ([`Flow::Done`]), or the slot's next step is to be sent ([`Flow::Next`], or after a wait:
+//! [`Flow::After`]). Failures are the COMPOUND's last result (`nfsstat4` as the guest's errno),
+//! or its status when no operation failed (at SEQUENCE or before any operation ran); a reply
+//! that does not decode, or lacks a result asked for, is EIO. NFS4ERR_DELAY and GRACE reach
+//! here only after an operation that must not run twice ran (the session resends the others):
+//! the rest goes again alone. A BAD_STATEID, STALE_STATEID or EXPIRED on a handle's open is EIO
+//! for that request (reclaiming opens is not done yet).
 
 use std::time::Duration;
 
