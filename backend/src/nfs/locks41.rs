@@ -60,6 +60,17 @@ impl Owner {
         }
     }
 
+    /// The owner an owner name stands for, if it is one of [`Owner::name`]'s.
+    pub fn parse(name: &[u8]) -> Option<Owner> {
+        let (&k, id) = name.split_first()?;
+        let id = u64::from_le_bytes(id.try_into().ok()?);
+        match k {
+            b'p' => Some(Owner::Posix(id)),
+            b'f' => Some(Owner::Flock(id)),
+            _ => None,
+        }
+    }
+
     /// The owner name sent (`lock_owner4`'s `owner`, beside the client id).
     pub fn name(self) -> [u8; 9] {
         let (k, id) = match self {
@@ -425,7 +436,14 @@ pub struct Locks41 {
     freed: AtomicU64,
     stale: AtomicU64,
     waited: AtomicU64,
+    /// The process of each POSIX lock owner's last lock granted here (a GETLK that finds a
+    /// lock of this device's in the way names it, as a local lock would; another client's is
+    /// pid 0). Bounded: forgotten all at once past [`MAX_PIDS`] owners.
+    pids: Mutex<HashMap<u64, u32>>,
 }
+
+/// Owners whose pid is kept at most ([`Locks41::note_pid`]).
+pub const MAX_PIDS: usize = 4096;
 
 /// A counter of [`Locks41`] ([`Locks41::count`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -443,6 +461,22 @@ pub enum Counter {
 impl Locks41 {
     fn orphans(&self) -> MutexGuard<'_, Vec<(Fh, Stateid)>> {
         self.orphans.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A lock of `owner` was granted to process `pid`.
+    pub fn note_pid(&self, owner: Owner, pid: u32) {
+        let Owner::Posix(o) = owner else { return };
+        let mut g = self.pids.lock().unwrap_or_else(|e| e.into_inner());
+        if g.len() >= MAX_PIDS && !g.contains_key(&o) {
+            g.clear();
+        }
+        g.insert(o, pid);
+    }
+
+    /// The process of `owner`'s last lock granted here (0: unknown).
+    pub fn pid_of(&self, owner: Owner) -> u32 {
+        let Owner::Posix(o) = owner else { return 0 };
+        self.pids.lock().unwrap_or_else(|e| e.into_inner()).get(&o).copied().unwrap_or(0)
     }
 
     /// Counts one `c`.
@@ -627,5 +661,11 @@ mod tests {
         assert_eq!(s.take_all(), vec![(6, Owner::Posix(1), st)]);
         assert!(s.is_empty());
         assert_ne!(Owner::Posix(7).name(), Owner::Flock(7).name());
+        for o in [Owner::Posix(7), Owner::Flock(u64::MAX)] {
+            assert_eq!(Owner::parse(&o.name()), Some(o), "a name parses back");
+        }
+        assert_eq!(Owner::parse(b"p1234567"), None, "eight bytes is not a name of ours");
+        assert_eq!(Owner::parse(b"x12345678"), None);
+        assert_eq!(Owner::parse(b""), None);
     }
 }

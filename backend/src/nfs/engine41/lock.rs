@@ -5,7 +5,8 @@
 //! would fail NFS4ERR_LOCKS_HELD). A SETLKW that must wait is tried from background slots
 //! ([`start_try`], [`background`]): LOCK with the blocking types, no guest request behind it.
 //!
-//! Errors: DENIED is EAGAIN (GETLK: the lock in the way, pid 0: the server does not say which
+//! Errors: DENIED is EAGAIN (GETLK: the lock in the way, with the process of its last lock when
+//! its owner is one of this device's, else pid 0: the server does not say which
 //! process holds it, as Linux's NFS client reports it), DEADLOCK EDEADLK, LOCK_RANGE and
 //! LOCK_NOTSUPP ENOLCK (the request is well formed: the server cannot keep that lock; EINVAL
 //! would blame the caller's arguments); a lock stateid the server no longer knows is forgotten
@@ -28,8 +29,9 @@ use crate::types::{Context, OFFSET_MAX};
 /// What a lock COMPOUND's reply says.
 struct LockGot {
     failed: Option<(OpNum, Nfsstat4)>,
-    /// The lock in the way (DENIED): offset, length, type.
-    denied: Option<(u64, u64, NfsLock)>,
+    /// The lock in the way (DENIED): offset, length, type, and its owner when it is one of
+    /// this client's names (the client id it was given under, and the owner).
+    denied: Option<(u64, u64, NfsLock, Option<(u64, Owner)>)>,
     /// LOCK's or LOCKU's stateid.
     stateid: Option<Stateid>,
 }
@@ -40,7 +42,14 @@ fn got(reply: &CompoundReply<'_>) -> Result<LockGot, Error> {
         match r.map_err(|_| Error::Io)? {
             OpRes::Failed { op, status, denied } => {
                 g.failed = Some((op, status));
-                g.denied = denied.map(|d| (d.offset, d.length, d.locktype));
+                g.denied = denied.map(|d| {
+                    (
+                        d.offset,
+                        d.length,
+                        d.locktype,
+                        Owner::parse(d.owner.owner).map(|o| (d.owner.clientid, o)),
+                    )
+                });
             }
             OpRes::Lock(s) | OpRes::Locku(s) => g.stateid = Some(s),
             _ => {}
@@ -192,13 +201,23 @@ pub(super) fn reply(fs: &Shared, slot: &mut Slot, res: Result<CompoundReply<'_>,
         (Step::Lockt, Some((OpNum::Lockt, Nfsstat4::Denied))) => {
             locks.count(Counter::Denied);
             match g.denied {
-                Some((o, l, t)) => Flow::Done(Ok(Reply::Lock(conflict(o, l, t)))),
+                Some((o, l, t, owner)) => {
+                    // A lock of this device's (this client id, one of our owner names) is named
+                    // by its process, as a local lock is; another client's by pid 0.
+                    let ours = fs.v41.as_ref().and_then(|v| v.client.clientid());
+                    let pid = match owner {
+                        Some((c, owner)) if Some(c) == ours => locks.pid_of(owner),
+                        _ => 0,
+                    };
+                    Flow::Done(Ok(Reply::Lock(FileLock { pid, ..conflict(o, l, t) })))
+                }
                 None => Flow::Done(Err(Error::Io)),
             }
         }
         (Step::Lock, None) => match g.stateid {
             Some(s) => {
                 locks.states.set(slot.nodeid, slot.lock_owner, s);
+                locks.note_pid(slot.lock_owner, slot.lock.pid);
                 Flow::Done(Ok(Reply::Empty))
             }
             None => Flow::Done(Err(Error::Io)),
@@ -326,6 +345,7 @@ pub(super) fn background(
                 None => match g.stateid {
                     Some(s) => {
                         locks.states.set(a.nodeid, a.owner, s);
+                        locks.note_pid(a.owner, a.lock.pid);
                         Tried::Granted
                     }
                     None => Tried::Failed(Error::Io),

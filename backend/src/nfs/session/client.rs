@@ -177,6 +177,13 @@ impl ClientShare {
         }
     }
 
+    /// The client id the sessions use now, if one is valid (a lock owner in another client's
+    /// name is told from one of ours by it).
+    pub fn clientid(&self) -> Option<ClientId> {
+        let g = self.lock();
+        g.valid.then_some(g.clientid)
+    }
+
     /// Who the server said it is at the last EXCHANGE_ID.
     pub fn server_owner(&self) -> Option<ServerOwner> {
         self.lock().server.clone()
