@@ -813,8 +813,9 @@ mod plain41 {
     /// A call of the plain client's, kept to give its operations whenever the session asks.
     #[derive(Clone)]
     enum Req {
-        /// PUTROOTFH, LOOKUP of each component, OPEN (no create) of `name`, GETFH.
-        Open(Vec<Vec<u8>>, Vec<u8>),
+        /// PUTROOTFH, LOOKUP of each component, OPEN (no create) of `name` denying others
+        /// the share given, GETFH.
+        Open(Vec<Vec<u8>>, Vec<u8>, u32),
         /// PUTFH, LOCK (write, `offset`, `length`) from the open's stateid.
         Lock(Fh, Stateid, u64, u64),
         /// PUTFH, LOCKU of the lock stateid's whole file.
@@ -843,12 +844,12 @@ mod plain41 {
             let Some(r) = self.reqs.get(&tag) else { return };
             let owner = StateOwner { clientid: self.clientid, owner: NAME };
             match r {
-                Req::Open(path, name) => {
+                Req::Open(path, name, deny) => {
                     let mut ops = vec![Op::Putrootfh];
                     ops.extend(path.iter().map(|c| Op::Lookup { name: c }));
                     ops.push(Op::Open(Open {
                         share_access: share::ACCESS_BOTH | share::WANT_NO_DELEG,
-                        share_deny: share::DENY_NONE,
+                        share_deny: *deny,
                         owner,
                         create: None,
                         claim: OpenClaim::Null(name),
@@ -973,6 +974,13 @@ mod plain41 {
 
         /// Opens `name` in the export (read and write).
         pub(super) fn open(&mut self, g: &Ganesha, name: &str) {
+            let t = self.open_deny(g, name, share::DENY_NONE);
+            assert_eq!(t.status, Nfsstat4::Ok, "{t:?}");
+        }
+
+        /// Opens `name` in the export (read and write), denying others `deny`: what the server
+        /// said.
+        pub(super) fn open_deny(&mut self, g: &Ganesha, name: &str, deny: u32) -> Told {
             let path = g
                 .export()
                 .components()
@@ -981,10 +989,12 @@ mod plain41 {
                     _ => None,
                 })
                 .collect();
-            let t = self.call(Req::Open(path, name.as_bytes().to_vec()));
-            assert_eq!(t.status, Nfsstat4::Ok, "{t:?}");
-            self.fh = t.fh;
-            self.open = t.stateid;
+            let t = self.call(Req::Open(path, name.as_bytes().to_vec(), deny));
+            if t.status == Nfsstat4::Ok {
+                self.fh = t.fh;
+                self.open = t.stateid;
+            }
+            t
         }
 
         /// LOCK (write) of `length` bytes from `offset`: the status, and the lock stateid.
@@ -1037,6 +1047,80 @@ mod plain41 {
         d.flush_owner(f.nodeid, o.fh, 1).unwrap();
         d.release(f.nodeid, o.fh).unwrap();
         d.shutdown().unwrap();
+    }
+}
+
+/// A reset guest leaves nothing on an NFSv4.1 server (issue 23): its locks go at the reset,
+/// its opens and the silly names of files it unlinked while open at the next INIT.
+mod reset41 {
+    use super::locks41::posix;
+    use super::plain41::Plain;
+    use super::*;
+    use virtiofs_backend::nfs::wire::nfs4::{share, Nfsstat4};
+
+    const WR: i32 = libc::F_WRLCK;
+    const UN: i32 = libc::F_UNLCK;
+
+    fn sillies(g: &Ganesha) -> usize {
+        let names = std::fs::read_dir(g.export()).unwrap().map(|e| e.unwrap().file_name());
+        names.filter(|n| n.to_string_lossy().starts_with(".nfs")).count()
+    }
+
+    #[test]
+    fn a_reset_guest_leaves_no_lock_open_or_silly_name_on_the_nfs41_server() {
+        let g = Ganesha::start();
+        let a = Served::on(&g, Nfs::V41, |_| {});
+        let b = Served::on(&g, Nfs::V41, |_| {});
+        let mut da = a.connect();
+        let (f, oa) = da.create(ROOT, "held", 0o644, RDWR).unwrap();
+        da.setlk(f.nodeid, &posix(oa.fh, 1, WR, 0, 99)).unwrap();
+        let (t, ot) = da.create(ROOT, "tmp", 0o600, RDWR).unwrap();
+        da.write(t.nodeid, ot.fh, 0, b"unlinked while open").unwrap();
+        da.unlink(ROOT, "tmp").unwrap();
+        assert_eq!(sillies(&g), 1, "renamed while open");
+        let mut db = b.connect();
+        let fb = db.lookup(ROOT, "held").unwrap().nodeid;
+        let ob = db.open(fb, RDWR).unwrap();
+        assert_eq!(errno(db.setlk(fb, &posix(ob.fh, 2, WR, 0, 99))), libc::EAGAIN);
+        // A resets its device (no INIT yet): its lock goes in bounded time.
+        da.shutdown().unwrap();
+        let t0 = Instant::now();
+        while let Err(e) = db.setlk(fb, &posix(ob.fh, 2, WR, 0, 99)) {
+            assert_eq!(e.fuse_errno(), Some(libc::EAGAIN), "{e}");
+            assert!(t0.elapsed() < Duration::from_secs(5), "A's lock outlived its reset");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!("the lock went {:?} after the reset", t0.elapsed());
+        db.setlk(fb, &posix(ob.fh, 2, UN, 0, 99)).unwrap();
+        db.flush_owner(fb, ob.fh, 2).unwrap();
+        db.release(fb, ob.fh).unwrap();
+        // A's opens stay until its next INIT (its handle table still names them): an open that
+        // denies others both accesses is refused while any other open of the file is left.
+        let mut p = Plain::new(&g);
+        assert_eq!(p.open_deny(&g, "held", share::DENY_BOTH).status, Nfsstat4::ShareDenied);
+        assert_eq!(sillies(&g), 1);
+        // The next guest's INIT: the old opens are CLOSEd, the silly name REMOVEd.
+        let da = a.connect();
+        let t0 = Instant::now();
+        loop {
+            let told = p.open_deny(&g, "held", share::DENY_BOTH);
+            if told.status == Nfsstat4::Ok && sillies(&g) == 0 {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "after INIT: {told:?}, {} silly names left",
+                sillies(&g)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!("the opens and the silly name went {:?} after INIT", t0.elapsed());
+        let names: Vec<_> = std::fs::read_dir(g.export()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["held"], "the file unlinked while open is gone");
+        let st = a.fs().stats();
+        assert_eq!(st.close_failures, 0, "{st:?}");
+        assert!(st.locks.freed >= 1, "{:?}", st.locks);
+        da.shutdown().unwrap();
     }
 }
 

@@ -316,6 +316,13 @@ pub trait FileSystem: Send + Sync {
     /// The session ends: the kernel drops every lookup reference and handle it held.
     fn destroy(&self) {}
 
+    /// The device was reset (by the driver, or because its client went away): the driver's
+    /// session is gone even before the next INIT, which calls [`Self::destroy`]. What must not
+    /// outlive the device goes now (NFSv4.1: the guest's locks on the server); the session's
+    /// tables (nodes, handles) stay until that INIT or DESTROY. Called on the control thread
+    /// once no poller serves a queue; must not block.
+    fn device_reset(&self) {}
+
     /// Replies this filesystem made are about to be published to the driver: what must be
     /// somewhere safe before the guest can see them goes there now (a crash-kept share's
     /// queued descriptors). Called on the poller before each publish of a round that

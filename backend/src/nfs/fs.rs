@@ -21,10 +21,11 @@ use std::time::Duration;
 
 use super::conn::{Conn, ConnConfig, Cred};
 use super::engine::NfsEngine;
+use super::engine41::stateid_of;
 use super::engine41::Nfs41Engine;
 use super::keep::{KeptMount, NfsKeep};
-use super::locks41::{LockTotals, Locks41};
-use super::nodes::{HandleTable, NodeTable};
+use super::locks41::{LockTotals, Locks41, Orphan};
+use super::nodes::{silly_name, HandleTable, NodeTable};
 use super::session::{client_owner, host_identity, ClientShare};
 use super::setup::{self, SetupError};
 pub use super::shared::Limits;
@@ -569,14 +570,41 @@ fn machine_name() -> String {
 }
 
 impl FileSystem for NfsFs {
+    /// NFSv4.1: the guest's locks, its opens and the silly names of the files it unlinked
+    /// while open end with its session: orphans the engines end on the server (LOCKU and
+    /// FREE_STATEID, CLOSE, REMOVE), in the background, before the tables forget them.
     fn destroy(&self) {
+        let sh = &self.shared;
+        if sh.v41.is_some() {
+            let nodes = &sh.nodes;
+            sh.locks41.orphan_all(|n| nodes.fh(n).ok());
+            for f in sh.handles.open_files() {
+                if f.dir || f.state == [0; 16] {
+                    continue;
+                }
+                match nodes.fh(f.nodeid) {
+                    Ok(fh) => sh.locks41.orphan(Orphan::Open(fh, stateid_of(f.state))),
+                    Err(_) => {
+                        log::debug!("nfs4.1: an open of node {} has no handle: left to the lease", f.nodeid)
+                    }
+                }
+            }
+            for (node, dir) in nodes.sillies() {
+                sh.locks41.orphan(Orphan::Silly(dir, silly_name(node)));
+            }
+            sh.locks41.found_all();
+        }
+        sh.nodes.reset();
+        sh.handles.reset();
+    }
+
+    /// NFSv4.1: the server's locks of a reset guest go at once (orphans the engines let go),
+    /// not at its next INIT; its opens stay until that INIT (the handle table still names them).
+    fn device_reset(&self) {
         if self.shared.v41.is_some() {
-            // The guest's locks end with its session: the engines let them go on the server.
             let nodes = &self.shared.nodes;
             self.shared.locks41.orphan_all(|n| nodes.fh(n).ok());
         }
-        self.shared.nodes.reset();
-        self.shared.handles.reset();
     }
 
     fn forget(&self, _ctx: &Context, ino: u64, nlookup: u64) {

@@ -19,9 +19,17 @@
 //! LOCK is granted (the engine sends LOCKU). At most [`MAX_WAITS`] waits at once (`ENOLCK`
 //! beyond).
 //!
-//! **A session's end.** DESTROY, or the INIT of a guest that reset, ends the guest's locks:
-//! their states become orphans ([`Locks41::orphan_all`]), which the engines let go in the
-//! background (LOCKU of the whole file, FREE_STATEID), as the handle table forgets the opens.
+//! **A session's end.** A device reset ends the guest's locks: their states become orphans
+//! ([`Locks41::orphan_all`]), which the engines let go in the background (LOCKU of the whole
+//! file, FREE_STATEID). DESTROY, or the INIT after the reset, orphans what is left with the
+//! opens the handle table forgets (CLOSE) and the silly names of files unlinked while open
+//! (REMOVE): [`Orphan`], taken in that order ([`Locks41::take_orphan`]: no CLOSE goes while a
+//! lock state from its open may still be held, no REMOVE while the file may still be open).
+//!
+//! **Locks a server lost.** A file whose lock states the server no longer knows (it restarted:
+//! found when a request through a handle of it finds its open unknown) is marked
+//! ([`Locks41::lose`]) until its last handle closes: the engine answers EIO rather than open it
+//! again, never letting a write that relied on a lock go through without it.
 //!
 //! [`Locks41`] holds the three, with the counters the engines keep ([`LockTotals`]).
 
@@ -31,6 +39,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::filesystem::{Context, Error, FileLock, LockRequest, RemoteLocks, Result};
+use crate::nfs::nodes::SILLY_LEN;
 use crate::nfs::wire::nfs4::Stateid;
 use crate::nfs::wire::Fh;
 
@@ -430,7 +439,9 @@ pub struct Locks41 {
     pub states: LockStates,
     /// The SETLKW requests waiting for a lock on the server.
     pub waits: RemoteWaits,
-    orphans: Mutex<Vec<(Fh, Stateid)>>,
+    orphans: Mutex<Orphans>,
+    /// Files whose lock states the server lost ([`Locks41::lose`]).
+    lost: Mutex<Vec<u64>>,
     calls: AtomicU64,
     denied: AtomicU64,
     freed: AtomicU64,
@@ -458,9 +469,55 @@ pub enum Counter {
     Stale,
 }
 
+/// State of an ended session for the engines to end on the server (background calls, root's
+/// credential: the tables keep no caller's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Orphan {
+    /// A lock state, with its file's handle: LOCKU of the whole file, FREE_STATEID.
+    Lock(Fh, Stateid),
+    /// An open, with its file's handle: CLOSE.
+    Open(Fh, Stateid),
+    /// A silly name (a file unlinked while open) in this directory: REMOVE.
+    Silly(Fh, [u8; SILLY_LEN]),
+}
+
+impl Orphan {
+    /// The order orphans end in: lock states, then opens, then silly names.
+    pub fn phase(&self) -> usize {
+        match self {
+            Orphan::Lock(..) => 0,
+            Orphan::Open(..) => 1,
+            Orphan::Silly(..) => 2,
+        }
+    }
+}
+
+/// The orphans waiting, and how many of each phase are on the wire.
+#[derive(Debug, Default)]
+struct Orphans {
+    waiting: Vec<Orphan>,
+    out: [u32; 3],
+}
+
+impl Orphans {
+    /// The index of the next orphan that may go now: of the first phase with any waiting, once
+    /// no orphan of an earlier phase is out.
+    fn next(&self) -> Option<usize> {
+        let phase = self.waiting.iter().map(Orphan::phase).min()?;
+        if self.out[..phase].iter().any(|&n| n > 0) {
+            return None;
+        }
+        self.waiting.iter().position(|o| o.phase() == phase)
+    }
+}
+
 impl Locks41 {
-    fn orphans(&self) -> MutexGuard<'_, Vec<(Fh, Stateid)>> {
+    fn orphans(&self) -> MutexGuard<'_, Orphans> {
         self.orphans.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lost(&self) -> MutexGuard<'_, Vec<u64>> {
+        self.lost.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A lock of `owner` was granted to process `pid`.
@@ -497,20 +554,65 @@ impl Locks41 {
         let mut o = self.orphans();
         for (node, _, s) in all {
             match fh(node) {
-                Some(f) => o.push((f, s)),
+                Some(f) => o.waiting.push(Orphan::Lock(f, s)),
                 None => log::debug!("nfs4.1: the lock state of node {node} has no handle: left to the lease"),
             }
         }
     }
 
-    /// An orphaned lock state to let go, if any.
-    pub fn take_orphan(&self) -> Option<(Fh, Stateid)> {
-        self.orphans().pop()
+    /// The session ended with `orphan` still on the server: the engines end it.
+    pub fn orphan(&self, orphan: Orphan) {
+        self.orphans().waiting.push(orphan);
     }
 
-    /// Whether orphaned lock states wait to be let go.
+    /// An orphan to end now, if any may go (see [`Orphan::phase`]); the engine reports its end
+    /// with [`Locks41::orphan_ended`].
+    pub fn take_orphan(&self) -> Option<Orphan> {
+        let mut o = self.orphans();
+        let i = o.next()?;
+        let orphan = o.waiting.swap_remove(i);
+        o.out[orphan.phase()] += 1;
+        Some(orphan)
+    }
+
+    /// The call of an orphan of `phase` ended (answered, failed, or abandoned).
+    pub fn orphan_ended(&self, phase: usize) {
+        if let Some(n) = self.orphans().out.get_mut(phase) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    /// Whether an orphan may be taken now.
     pub fn has_orphans(&self) -> bool {
-        !self.orphans().is_empty()
+        self.orphans().next().is_some()
+    }
+
+    /// Orphans waiting or on the wire.
+    pub fn orphans_left(&self) -> usize {
+        let o = self.orphans();
+        o.waiting.len() + o.out.iter().map(|&n| n as usize).sum::<usize>()
+    }
+
+    /// The server lost the lock states of node `nodeid` (it restarted): they are forgotten,
+    /// and the file marked until its last handle closes ([`Locks41::found`]). Whether it had
+    /// any (or was marked already).
+    pub fn lose(&self, nodeid: u64) -> bool {
+        let had = !self.states.forget_node(nodeid).is_empty();
+        let mut lost = self.lost();
+        if had && !lost.contains(&nodeid) {
+            lost.push(nodeid);
+        }
+        had || lost.contains(&nodeid)
+    }
+
+    /// The last handle of `nodeid` closed: its mark goes.
+    pub fn found(&self, nodeid: u64) {
+        self.lost().retain(|&n| n != nodeid);
+    }
+
+    /// The session ended: every handle closed, every mark goes.
+    pub fn found_all(&self) {
+        self.lost().clear();
     }
 
     /// The counters.
@@ -645,6 +747,36 @@ mod tests {
         w.attempted(a.id, Tried::Failed(Error::Io), Instant::now());
         assert_eq!(w.poll(a.id), Some(Err(Error::Io)));
         assert_eq!(w.unique_of(2), Some(1));
+    }
+
+    #[test]
+    fn orphans_end_lock_states_then_opens_then_silly_names() {
+        let l = Locks41::default();
+        let st = Stateid { seqid: 1, other: [9; 12] };
+        let fh = Fh::new(b"file").unwrap();
+        l.states.set(5, Owner::Posix(1), st);
+        l.orphan(Orphan::Silly(fh, [b'x'; SILLY_LEN]));
+        l.orphan(Orphan::Open(fh, st));
+        l.orphan_all(|_| Some(fh));
+        assert_eq!(l.orphans_left(), 3);
+        assert_eq!(l.take_orphan(), Some(Orphan::Lock(fh, st)));
+        assert!(!l.has_orphans(), "no CLOSE while a lock state from its open may be held");
+        assert_eq!(l.take_orphan(), None);
+        l.orphan_ended(0);
+        assert_eq!(l.take_orphan(), Some(Orphan::Open(fh, st)));
+        assert_eq!(l.take_orphan(), None, "no REMOVE while the file may be open");
+        l.orphan_ended(1);
+        assert!(matches!(l.take_orphan(), Some(Orphan::Silly(..))));
+        l.orphan_ended(2);
+        l.orphan_ended(2);
+        assert_eq!(l.orphans_left(), 0, "an end too many is no underflow");
+        // A server that lost a file's lock states: marked until its last close.
+        l.states.set(6, Owner::Flock(3), st);
+        assert!(!l.lose(7), "no lock state: nothing lost");
+        assert!(l.lose(6) && l.lose(6), "marked, and stays so");
+        assert!(l.states.is_empty());
+        l.found(6);
+        assert!(!l.lose(6));
     }
 
     #[test]

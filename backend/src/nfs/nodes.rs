@@ -349,6 +349,16 @@ impl NodeTable {
         self.lock().node(nodeid).is_some_and(|(_, n)| n.opens > 0)
     }
 
+    /// Every node unlinked while open, with the directory its silly name is in (the session
+    /// ends: nobody will close them).
+    pub fn sillies(&self) -> Vec<(u64, Fh)> {
+        let inner = self.lock();
+        (inner.nodes.iter().enumerate())
+            .filter(|(_, n)| n.live)
+            .filter_map(|(i, n)| n.silly.map(|dir| (nodeid(i as u32, n.generation), dir)))
+            .collect()
+    }
+
     /// The session ended: the kernel dropped every reference; only the root stays.
     pub fn reset(&self) {
         let mut inner = self.lock();
@@ -659,6 +669,11 @@ impl HandleTable {
             h.free.extend((0..h.slots.len() as u32).rev().filter(|&i| h.slots[i as usize].1.is_none()));
         }
         Ok(t)
+    }
+
+    /// Every open handle's file (the session ends: nobody will RELEASE them).
+    pub fn open_files(&self) -> Vec<OpenFile> {
+        self.lock().slots.iter().filter_map(|s| s.1).collect()
     }
 
     /// Closes every handle (the session ended).

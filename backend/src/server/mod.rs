@@ -450,10 +450,12 @@ impl<F: FileSystem> Server<F> {
 
     /// The device was reset, so the driver's session is gone even without DESTROY: every lock
     /// goes now (a rebooted guest must not find its old kernel's locks, not even before its
-    /// INIT), and waiting requests still registered end. The filesystem's session state stays
-    /// until the next INIT (which drops it) or DESTROY.
+    /// INIT), and waiting requests still registered end; so do the locks a filesystem keeps
+    /// elsewhere ([`FileSystem::device_reset`]: NFSv4.1's server). The filesystem's session
+    /// state stays until the next INIT (which drops it) or DESTROY.
     pub fn reset(&self) {
         self.locks.end_session();
+        self.fs.device_reset();
         self.session_changed();
     }
 

@@ -30,8 +30,9 @@
 //!
 //! **Layout.** Here: the engine, its poll round and the sinks; `slot` (the slot, its steps and
 //! the COMPOUND each sends), `prepare` (a new request fills its slot), `reply` (what a reply
-//! means), `attr` (attributes and statuses as the filesystem's types). `prepare` and `reply`
-//! use `slot` and `attr`; nothing uses this module.
+//! means), `attr` (attributes and statuses as the filesystem's types), `lock` (locks, and the
+//! background calls), `orphan` (an ended session's opens and silly names). `prepare` and
+//! `reply` use `slot` and `attr`; nothing uses this module.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -53,9 +54,12 @@ use crate::request::{Op as FuseOp, Request};
 
 mod attr;
 mod lock;
+mod orphan;
 mod prepare;
 mod reply;
 mod slot;
+
+pub(super) use self::slot::stateid_of;
 
 /// How often a poller blocked on its connection looks at requests waiting in the backlog for a
 /// session (their deadlines; the session's own timers wake it for the rest).
@@ -77,7 +81,8 @@ pub struct Nfs41Engine {
     /// The session's client id (the open owners name it).
     clientid: u64,
     cell: Arc<EngineCell>,
-    /// Calls with no guest request behind them: tries of waiting locks (`lock`).
+    /// Calls with no guest request behind them: tries of waiting locks (`lock`), the orphans
+    /// of an ended session (`lock`'s lock states, `orphan`'s opens and silly names).
     bg: Background,
     /// The transfer sizes within the session's fore channel.
     caps: Caps,
@@ -189,10 +194,16 @@ impl SessionSink for PollSink<'_, '_> {
         if let Some(i) = Background::index(tag) {
             let bg = &mut *self.bg;
             if let Some(s) = bg.slots.get_mut(i).filter(|s| s.busy) {
-                if lock::background(&bg.locks, s, res, self.now) {
+                let more = if orphan::is_orphan(s) {
+                    orphan::reply(s, res, self.cell)
+                } else {
+                    lock::background(&bg.locks, s, res, self.now)
+                };
+                if more {
                     bg.next.push(tag);
                 } else {
                     s.busy = false;
+                    orphan::ended(&bg.locks, s);
                 }
             }
             return;
@@ -340,8 +351,8 @@ impl Nfs41Engine {
         r.is_ok() && !sink.ended
     }
 
-    /// The background round: next steps of background slots, then orphaned lock states to let
-    /// go and waiting locks due for a try, while a background slot is free (every engine takes
+    /// The background round: next steps of background slots, then the orphans of an ended
+    /// session (lock states, opens, silly names) and waiting locks due for a try, while a background slot is free (every engine takes
     /// them: any engine may serve any wait).
     fn background(&mut self, fs: &Shared, now: Instant) {
         if self.conn.is_none() || self.session.state() != State::Ready {
@@ -352,6 +363,7 @@ impl Nfs41Engine {
             let Some(i) = Background::index(tag) else { continue };
             if !self.send_bg(i) {
                 lock::abandon(&self.bg.locks, &mut self.bg.slots[i], now);
+                orphan::ended(&self.bg.locks, &mut self.bg.slots[i]);
             }
         }
         self.bg.next = next;
@@ -359,8 +371,8 @@ impl Nfs41Engine {
         while let Some(i) = self.bg.free() {
             let locks = self.bg.locks.clone();
             let slot = &mut self.bg.slots[i];
-            if let Some((fh, s)) = locks.take_orphan() {
-                lock::start_orphan(slot, fh, s);
+            if let Some(o) = locks.take_orphan() {
+                orphan::start(slot, o);
             } else if let Some(a) = locks.waits.due(now) {
                 if let Err(e) = lock::start_try(fs, slot, a) {
                     locks.waits.attempted(a.id, crate::nfs::locks41::Tried::Failed(e), now);
@@ -372,6 +384,7 @@ impl Nfs41Engine {
             slot.busy = true;
             if !self.send_bg(i) {
                 lock::abandon(&locks, &mut self.bg.slots[i], now);
+                orphan::ended(&locks, &mut self.bg.slots[i]);
                 break;
             }
         }
@@ -552,7 +565,11 @@ impl Drop for Nfs41Engine {
         // DESTROY_SESSION goes if it can; the server drops the rest at the end of the lease.
         let mut sink = SendSink { payload: None, ended: false };
         let now = Instant::now();
-        // Tries on the wire go to another engine (their waits are tried again).
+        // Tries on the wire go to another engine (their waits are tried again); orphans on the
+        // wire are left to the lease.
+        for s in &mut self.bg.slots {
+            orphan::ended(&self.bg.locks, s);
+        }
         self.bg.abandon_all(now);
         self.session.close(now, &mut sink);
         if let Some(conn) = self.conn.as_mut() {

@@ -151,6 +151,10 @@ pub(super) enum Kind {
     LetGo,
     /// A lock state of an ended session (background): LOCKU and FREE_STATEID.
     Orphan,
+    /// An open of an ended session (background): CLOSE.
+    OrphanOpen,
+    /// A silly name of an ended session (background): REMOVE.
+    OrphanSilly,
 }
 
 /// The next COMPOUND of a slot (after the session's SEQUENCE).
@@ -366,6 +370,8 @@ pub(super) struct Slot {
     pub(super) frees: Vec<Stateid>,
     /// The try a background slot sends.
     pub(super) attempt: Option<Attempt>,
+    /// The phase of the orphan a background slot ends (`Orphan::phase`), until its call ends.
+    pub(super) orphan: Option<usize>,
 }
 
 impl Slot {
@@ -413,6 +419,7 @@ impl Slot {
             retried: false,
             frees: Vec::new(),
             attempt: None,
+            orphan: None,
         }
     }
 
@@ -682,7 +689,7 @@ pub(super) fn state_bytes(s: Stateid) -> [u8; 16] {
 }
 
 /// The stateid the handle table keeps.
-pub(super) fn stateid_of(b: [u8; 16]) -> Stateid {
+pub(crate) fn stateid_of(b: [u8; 16]) -> Stateid {
     let mut other = [0u8; 12];
     other.copy_from_slice(&b[4..]);
     Stateid { seqid: u32::from_be_bytes([b[0], b[1], b[2], b[3]]), other }
