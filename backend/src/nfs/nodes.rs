@@ -630,6 +630,20 @@ impl HandleTable {
         }
     }
 
+    /// Handle `fh`'s open state becomes `new` if it is still `old` (NFSv4.1: its open opened
+    /// again); the state it keeps now (`new`, or what another re-open put there), `None` if
+    /// it is not open.
+    pub fn replace_state(&self, fh: u64, old: [u8; 16], new: [u8; 16]) -> Option<[u8; 16]> {
+        let (i, generation) = split(fh)?;
+        let mut h = self.lock();
+        let (g, f) = h.slots.get_mut(i)?;
+        let f = f.as_mut().filter(|_| *g == generation)?;
+        if f.state == old {
+            f.state = new;
+        }
+        Some(f.state)
+    }
+
     /// Closes `fh`; its open file, if it was open.
     pub fn close(&self, fh: u64) -> Option<OpenFile> {
         let (i, generation) = split(fh)?;
@@ -820,6 +834,11 @@ mod tests {
         assert_eq!(h.get(a), None);
         h.set_cookieverf(b, [1; 8], 0);
         assert_eq!(h.get(b).unwrap().cookieverf, [1; 8]);
+        // An open opened again: kept only over the state it replaces.
+        assert_eq!(h.replace_state(b, [0; 16], [2; 16]), Some([2; 16]));
+        assert_eq!(h.replace_state(b, [0; 16], [3; 16]), Some([2; 16]), "another re-open kept first");
+        assert_eq!(h.replace_state(a, [0; 16], [3; 16]), None, "a closed handle");
+        assert_eq!(h.open_files().len(), 2);
     }
 
     /// Issue 22: a node table and a handle table given to another process are the same

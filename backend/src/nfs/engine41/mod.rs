@@ -31,7 +31,8 @@
 //! **Layout.** Here: the engine, its poll round and the sinks; `slot` (the slot, its steps and
 //! the COMPOUND each sends), `prepare` (a new request fills its slot), `reply` (what a reply
 //! means), `attr` (attributes and statuses as the filesystem's types), `lock` (locks, and the
-//! background calls), `orphan` (an ended session's opens and silly names). `prepare` and
+//! background calls), `orphan` (an ended session's opens and silly names), `reopen` (an open
+//! the server lost, opened again). `prepare` and
 //! `reply` use `slot` and `attr`; nothing uses this module.
 
 use std::collections::VecDeque;
@@ -56,6 +57,7 @@ mod attr;
 mod lock;
 mod orphan;
 mod prepare;
+mod reopen;
 mod reply;
 mod slot;
 

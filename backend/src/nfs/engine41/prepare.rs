@@ -42,6 +42,7 @@ pub(super) fn prepare(fs: &Shared, slot: &mut Slot, req: &Request<'_>) -> Result
     slot.retried = false;
     slot.frees.clear();
     slot.attempt = None;
+    slot.reopened = false;
     let (kind, step) = match req.op {
         Op::Lookup { name } => {
             named(fs, slot, name)?;
@@ -56,8 +57,12 @@ pub(super) fn prepare(fs: &Shared, slot: &mut Slot, req: &Request<'_>) -> Result
             slot.sattr = set_attrs(a);
             if a.size.is_some() {
                 // A size change through a handle goes with that handle's open; else anonymous.
-                if let Some(f) = a.fh.and_then(|h| fs.handles.get(h)).filter(|f| f.nodeid == slot.nodeid) {
+                if let Some((h, f)) =
+                    a.fh.and_then(|h| fs.handles.get(h).map(|f| (h, f)))
+                        .filter(|(_, f)| f.nodeid == slot.nodeid)
+                {
                     slot.stateid = stateid_of(f.state);
+                    slot.handle = h;
                 }
             }
             (Kind::Setattr, Step::Setattr)
@@ -251,7 +256,7 @@ fn named(fs: &Shared, slot: &mut Slot, name: &[u8]) -> Result<(), Error> {
 
 /// An open owner of its own for each OPEN: each FUSE handle is then an open of its own on the
 /// server, with its own stateid, which its RELEASE closes (no OPEN_DOWNGRADE bookkeeping).
-fn open_owner(fs: &Shared) -> [u8; 8] {
+pub(super) fn open_owner(fs: &Shared) -> [u8; 8] {
     fs.v41.as_ref().map_or(0, |v| v.next_owner()).to_be_bytes()
 }
 
@@ -260,6 +265,7 @@ fn io(fs: &Shared, slot: &mut Slot, fh: u64, offset: u64) -> Result<(), Error> {
     let f = fs.handles.get(fh).filter(|f| f.nodeid == slot.nodeid && !f.dir).ok_or(Error::BadHandle)?;
     slot.fh = fs.nodes.fh(slot.nodeid)?;
     slot.stateid = stateid_of(f.state);
+    slot.handle = fh;
     slot.offset = offset;
     Ok(())
 }
@@ -330,6 +336,10 @@ fn release(fs: &Shared, slot: &mut Slot, fh: u64, lock_owner: u64) -> Result<Pre
         slot.fh = dir;
         slot.names.set(&silly_name(f.nodeid), b"")?;
         slot.silly = true;
+    }
+    if !fs.nodes.has_opens(f.nodeid) {
+        // Its last handle: a mark of locks the server lost goes with it.
+        fs.locks41.found(f.nodeid);
     }
     if has_fh {
         super::lock::release(fs, slot, f.nodeid, fh, lock_owner);

@@ -4,8 +4,8 @@
 //! or its status when no operation failed (at SEQUENCE or before any operation ran); a reply
 //! that does not decode, or lacks a result asked for, is EIO. NFS4ERR_DELAY and GRACE reach
 //! here only after an operation that must not run twice ran (the session resends the others):
-//! the rest goes again alone. A BAD_STATEID, STALE_STATEID or EXPIRED on a handle's open is EIO
-//! for that request (reclaiming opens is not done yet).
+//! the rest goes again alone. A BAD_STATEID, STALE_STATEID or EXPIRED on a handle's open opens
+//! it again and sends the request again, once (`reopen`).
 
 use std::time::Duration;
 
@@ -201,6 +201,10 @@ fn step(
             slot.step = Step::Lookup;
             return Ok(Flow::After(later(s).unwrap_or(DELAY_WAIT)));
         }
+        (Step::Reopen, failed) => return super::reopen::reopened(fs, slot, failed, g.open),
+        (_, Some((op, s))) if super::reopen::applies(slot, op, s) => {
+            return super::reopen::start(fs, slot, s)
+        }
         (Step::Delegreturn, _) => {
             if let Some((_, s)) = g.failed {
                 log::debug!("nfs4.1: DELEGRETURN failed: {s:?}");
@@ -329,7 +333,7 @@ fn step(
         }
         // Answered above; the lock steps are `lock`'s.
         Step::ProbeTarget | Step::Close | Step::Delegreturn => return Err(Error::Io),
-        Step::Lockt | Step::Lock | Step::Locku | Step::Free => return Err(Error::Io),
+        Step::Lockt | Step::Lock | Step::Locku | Step::Free | Step::Reopen => return Err(Error::Io),
     };
     Ok(flow)
 }

@@ -212,6 +212,9 @@ pub(super) enum Step {
     Locku,
     /// PUTFH(`obj`) LOCKU(the whole file) FREE_STATEID: the last of `frees`.
     Free,
+    /// PUTFH(`fh`) OPEN(CLAIM_FH, the share of `flags`, a new `owner`): a handle's open the
+    /// server no longer knows opened again, then `resume` goes again (`reopen`).
+    Reopen,
 }
 
 impl Slot {
@@ -372,6 +375,10 @@ pub(super) struct Slot {
     pub(super) attempt: Option<Attempt>,
     /// The phase of the orphan a background slot ends (`Orphan::phase`), until its call ends.
     pub(super) orphan: Option<usize>,
+    /// The handle's open was opened again for this request (once: a second loss is EIO).
+    pub(super) reopened: bool,
+    /// The step a re-open goes back to.
+    pub(super) resume: Step,
 }
 
 impl Slot {
@@ -420,6 +427,8 @@ impl Slot {
             frees: Vec::new(),
             attempt: None,
             orphan: None,
+            reopened: false,
+            resume: Step::Getattr,
         }
     }
 
@@ -492,8 +501,8 @@ impl Slot {
                 push(Op::Putfh { fh: &self.fh });
                 push(Op::Getattr { attrs: STATFS });
             }
-            Step::OpenFh | Step::OpenCreate => {
-                let create = if self.step == Step::OpenFh {
+            Step::OpenFh | Step::OpenCreate | Step::Reopen => {
+                let create = if self.step != Step::OpenCreate {
                     None
                 } else if let Some(verf) = self.exclusive {
                     Some(CreateHow4::Exclusive41 { verf, attrs: &self.sattr })
@@ -502,7 +511,7 @@ impl Slot {
                 } else {
                     Some(CreateHow4::Unchecked(&self.sattr))
                 };
-                let claim = if self.step == Step::OpenFh { OpenClaim::Fh } else { OpenClaim::Null(a) };
+                let claim = if self.step == Step::OpenCreate { OpenClaim::Null(a) } else { OpenClaim::Fh };
                 push(Op::Putfh { fh: &self.fh });
                 push(Op::Open(Open {
                     share_access: self.share_access(),
@@ -514,13 +523,13 @@ impl Slot {
                 if self.step == Step::OpenCreate {
                     push(Op::Getfh);
                 }
-                if let Some(s) = &self.sattr2 {
+                if let Some(s) = self.sattr2.as_ref().filter(|_| self.step != Step::Reopen) {
                     push(Op::Setattr { stateid: Stateid::CURRENT, attrs: s });
                 }
                 if self.step == Step::OpenCreate {
                     push(Op::Getattr { attrs: STAT });
                 }
-                if self.kind == Kind::MknodReg {
+                if self.kind == Kind::MknodReg && self.step != Step::Reopen {
                     push(Op::Close { stateid: Stateid::CURRENT });
                 }
             }
@@ -681,7 +690,7 @@ fn current(s: Stateid) -> Stateid {
 }
 
 /// A stateid as the handle table keeps it.
-pub(super) fn state_bytes(s: Stateid) -> [u8; 16] {
+pub(crate) fn state_bytes(s: Stateid) -> [u8; 16] {
     let mut b = [0u8; 16];
     b[..4].copy_from_slice(&s.seqid.to_be_bytes());
     b[4..].copy_from_slice(&s.other);

@@ -1,0 +1,96 @@
+//! A handle's open that the server no longer knows (BAD_STATEID, STALE_STATEID, EXPIRED on a
+//! READ, WRITE or SETATTR through it: the server restarted and the session came back under a
+//! new client id, or it revoked the open) is opened again, transparently: PUTFH OPEN(CLAIM_FH,
+//! the handle's share access, a new open owner) on the session's current client id, the new
+//! stateid kept in the handle table, and the request sent again from where it was, once (a
+//! second loss is EIO). Two requests of one handle that both find it lost open it once each:
+//! the first kept wins, the other's open is CLOSEd in the background (an orphan).
+//!
+//! Locks do not come back: a file whose lock states the server lost (it had some when the loss
+//! was found, `Locks41::lose`) is not opened again; the request is EIO, and so is every later
+//! one through a handle opened before the loss, until the file's last handle closes. So no
+//! write that relied on a lock goes through without it. Reclaiming opens and locks in the
+//! server's grace period (CLAIM_PREVIOUS, LOCK with reclaim) is not done.
+
+use super::attr::error;
+use super::prepare::open_owner;
+use super::reply::Flow;
+use super::slot::{state_bytes, stateid_of, Slot, Step};
+use crate::filesystem::Error;
+use crate::nfs::locks41::Orphan;
+use crate::nfs::shared::Shared;
+use crate::nfs::wire::nfs4::{open_result, Nfsstat4, OpNum, Stateid};
+
+/// Whether `s` says the open (or lock) stateid used is unknown to the server.
+pub(super) fn lost(s: Nfsstat4) -> bool {
+    matches!(s, Nfsstat4::BadStateid | Nfsstat4::StaleStateid | Nfsstat4::Expired)
+}
+
+/// Whether a failure of `op` with `s` in `slot`'s step is its handle's open lost, to open again.
+pub(super) fn applies(slot: &Slot, op: OpNum, s: Nfsstat4) -> bool {
+    let step_op = match slot.step {
+        Step::Read => OpNum::Read,
+        Step::Write => OpNum::Write,
+        Step::Setattr => OpNum::Setattr,
+        _ => return false,
+    };
+    op == step_op && lost(s) && slot.stateid != Stateid::ANONYMOUS && !slot.reopened
+}
+
+/// The open of `slot`'s handle is lost (`s`): open it again, or go again with the open another
+/// request made meanwhile; EIO when the file's locks were lost.
+pub(super) fn start(fs: &Shared, slot: &mut Slot, s: Nfsstat4) -> Result<Flow, Error> {
+    slot.reopened = true;
+    let f = fs.handles.get(slot.handle).filter(|f| f.nodeid == slot.nodeid && !f.dir).ok_or(Error::Io)?;
+    if fs.locks41.lose(slot.nodeid) {
+        log::warn!(
+            "nfs4.1: node {}: the server lost its open ({s:?}) and its locks: EIO until its last close",
+            slot.nodeid
+        );
+        return Err(Error::Io);
+    }
+    let kept = stateid_of(f.state);
+    if kept != slot.stateid {
+        // Opened again by another request meanwhile.
+        slot.stateid = kept;
+        return Ok(Flow::Next);
+    }
+    log::info!("nfs4.1: node {}: the server lost an open ({s:?}): opening it again", slot.nodeid);
+    if slot.step == Step::Setattr {
+        slot.fh = slot.obj;
+    }
+    slot.resume = slot.step;
+    slot.flags = f.flags;
+    slot.owner = open_owner(fs);
+    slot.step = Step::Reopen;
+    Ok(Flow::Next)
+}
+
+/// The re-open's reply: the handle keeps the new open (or the one another re-open kept: ours is
+/// closed), and the request goes again.
+pub(super) fn reopened(
+    fs: &Shared,
+    slot: &mut Slot,
+    failed: Option<(OpNum, Nfsstat4)>,
+    open: Option<(Stateid, u32, Option<Stateid>)>,
+) -> Result<Flow, Error> {
+    if let Some((op, s)) = failed {
+        log::warn!("nfs4.1: node {}: opening a lost open again failed: {op:?} {s:?}", slot.nodeid);
+        return Err(if lost(s) { Error::Io } else { error(s) });
+    }
+    let (stateid, rflags, deleg) = open.ok_or(Error::Io)?;
+    if rflags & open_result::CONFIRM != 0 || deleg.is_some() {
+        // NFSv4.0's confirmation, or a delegation despite WANT_NO_DELEG: not kept.
+        log::warn!("nfs4.1: node {}: the open made again asks what this client does not do", slot.nodeid);
+        fs.locks41.orphan(Orphan::Open(slot.fh, stateid));
+        return Err(Error::Io);
+    }
+    let kept = fs.handles.replace_state(slot.handle, state_bytes(slot.stateid), state_bytes(stateid));
+    match kept {
+        Some(k) if k == state_bytes(stateid) => {}
+        _ => fs.locks41.orphan(Orphan::Open(slot.fh, stateid)),
+    }
+    slot.stateid = stateid_of(kept.ok_or(Error::Io)?);
+    slot.step = slot.resume;
+    Ok(Flow::Next)
+}
