@@ -26,12 +26,15 @@ use crate::nfs::wire::Fh;
 use crate::request::LockOp;
 use crate::types::{Context, OFFSET_MAX};
 
+/// The lock in the way of a DENIED: offset, length, type, and its owner when it is one of
+/// this client's names (the client id it was given under, and the owner).
+type InTheWay = (u64, u64, NfsLock, Option<(u64, Owner)>);
+
 /// What a lock COMPOUND's reply says.
 struct LockGot {
     failed: Option<(OpNum, Nfsstat4)>,
-    /// The lock in the way (DENIED): offset, length, type, and its owner when it is one of
-    /// this client's names (the client id it was given under, and the owner).
-    denied: Option<(u64, u64, NfsLock, Option<(u64, Owner)>)>,
+    /// The lock in the way (DENIED).
+    denied: Option<InTheWay>,
     /// LOCK's or LOCKU's stateid.
     stateid: Option<Stateid>,
 }

@@ -181,14 +181,20 @@ impl SessionSink for PollSink<'_, '_> {
     }
 
     fn ops(&mut self, tag: u32, send: &mut dyn FnMut(&[Op<'_>])) {
+        // A call sent again may go on a session made anew within this poll, under a new client
+        // id: the owners it names carry the current one.
+        let clientid = match self.fs.v41.as_ref().map(|v| v.client.clientid_now()) {
+            Some(c) if c != 0 => c,
+            _ => self.clientid,
+        };
         if let Some(i) = Background::index(tag) {
             if let Some(s) = self.bg.slots.get(i).filter(|s| s.busy) {
-                s.with_ops(self.clientid, send);
+                s.with_ops(clientid, send);
             }
             return;
         }
         if let Some(s) = self.slots.get(tag as usize).filter(|s| s.busy) {
-            s.with_ops(self.clientid, send);
+            s.with_ops(clientid, send);
         }
     }
 

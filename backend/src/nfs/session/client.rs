@@ -19,6 +19,7 @@
 //!
 //! A short mutex guards the share: it is taken at establishment steps only (never per call).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::nfs::wire::nfs4::{ClientId, Verifier};
@@ -30,6 +31,10 @@ pub struct ClientShare {
     owner: Vec<u8>,
     verifier: Verifier,
     inner: Mutex<Inner>,
+    /// The client id last obtained (0: none yet), readable without the lock: the engines put it
+    /// in the open and lock owners they send, and a call sent again on a session made anew
+    /// must carry the new one.
+    now: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -116,7 +121,7 @@ impl ClientShare {
     /// A share for the client `owner` (EXCHANGE_ID's `co_ownerid`, [`super::client_owner`]) in
     /// its incarnation `verifier` (`co_verifier`).
     pub fn new(owner: Vec<u8>, verifier: Verifier) -> ClientShare {
-        ClientShare { owner, verifier, inner: Mutex::new(Inner::default()) }
+        ClientShare { owner, verifier, inner: Mutex::new(Inner::default()), now: AtomicU64::new(0) }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -184,6 +189,11 @@ impl ClientShare {
         g.valid.then_some(g.clientid)
     }
 
+    /// The client id last obtained (0 before the first), without taking the share's lock.
+    pub fn clientid_now(&self) -> ClientId {
+        self.now.load(Ordering::Acquire)
+    }
+
     /// Who the server said it is at the last EXCHANGE_ID.
     pub fn server_owner(&self) -> Option<ServerOwner> {
         self.lock().server.clone()
@@ -222,6 +232,7 @@ impl ClientShare {
         }
         g.clientid = clientid;
         g.valid = true;
+        self.now.store(clientid, Ordering::Release);
         Client { clientid, epoch: g.epoch }
     }
 
