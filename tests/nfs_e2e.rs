@@ -1237,6 +1237,42 @@ mod locks41_faults {
         db.shutdown().unwrap();
     }
 
+    #[test]
+    fn a_lock_call_that_meets_a_lost_lock_state_first_still_fails_the_next_write() {
+        let mut g = Ganesha::start();
+        let a = Served::on(&g, Nfs::V41, |o| o.retransmit = Duration::from_millis(500));
+        let mut da = a.connect();
+        // Three files, each with a write lock on 0-99 of an owner of its own.
+        let mut files = Vec::new();
+        for (i, name) in ["unlocked-part", "locked-more", "waited-more"].into_iter().enumerate() {
+            let (f, o) = da.create(ROOT, name, 0o644, RDWR).unwrap();
+            let owner = i as u64 + 1;
+            da.setlk(f.nodeid, &posix(o.fh, owner, WR, 0, 99)).unwrap();
+            files.push((f.nodeid, o.fh, owner));
+        }
+        g.kill();
+        g.start_again();
+        // The lock call finds the owner's lock state unknown before any READ or WRITE does.
+        let (n, fh, owner) = files[0];
+        assert_eq!(errno_or_ok(da.setlk(n, &posix(fh, owner, UN, 50, 99))), 0, "an unlock finds nothing");
+        let (n, fh, owner) = files[1];
+        assert_eq!(errno(da.setlk(n, &posix(fh, owner, WR, 200, 299))), libc::EIO);
+        let (n, fh, owner) = files[2];
+        let w = da.submit_lk(1, opcode::SETLKW, n, &posix(fh, owner, WR, 200, 299)).unwrap();
+        assert_eq!(lk_errno(da.lk_result(opcode::SETLKW, w)), libc::EIO);
+        // Each file is lost: the write through the old handle that relied on 0-99 fails.
+        for &(n, fh, _) in &files {
+            assert_eq!(errno(da.write(n, fh, 0, b"without the lock")), libc::EIO, "node {n}");
+        }
+        for (&(n, fh, owner), name) in files.iter().zip(["unlocked-part", "locked-more", "waited-more"]) {
+            assert!(std::fs::read(g.export().join(name)).unwrap().is_empty(), "{name} was written");
+            da.flush_owner(n, fh, owner).unwrap();
+            da.release(n, fh).unwrap();
+        }
+        assert!(a.fs().stats().locks.stale >= 3, "{:?}", a.fs().stats().locks);
+        da.shutdown().unwrap();
+    }
+
     fn errno_or_ok(r: Result<(), virtiofs_tools::DriverError>) -> i32 {
         r.err().map_or(0, |e| e.fuse_errno().unwrap_or_else(|| panic!("not a FUSE error: {e}")))
     }

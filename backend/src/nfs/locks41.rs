@@ -605,6 +605,17 @@ impl Locks41 {
         had || lost.contains(&nodeid)
     }
 
+    /// A lock state of node `nodeid` was found unknown to the server (forgotten by the
+    /// caller): the file is marked as [`Locks41::lose`] marks it, whether or not another lock
+    /// state of it is kept. Its other lock states are kept (the next READ or WRITE that finds
+    /// the open lost forgets them), so a LOCKU under a state the server still holds is sent.
+    pub fn lose_locks(&self, nodeid: u64) {
+        let mut lost = self.lost();
+        if !lost.contains(&nodeid) {
+            lost.push(nodeid);
+        }
+    }
+
     /// The last handle of `nodeid` closed: its mark goes.
     pub fn found(&self, nodeid: u64) {
         self.lost().retain(|&n| n != nodeid);
@@ -777,6 +788,11 @@ mod tests {
         assert!(l.states.is_empty());
         l.found(6);
         assert!(!l.lose(6));
+        // A lock state found unknown by a lock call marks its file, with no state left.
+        l.lose_locks(8);
+        assert!(l.lose(8), "marked without a lock state kept");
+        l.found(8);
+        assert!(!l.lose(8));
     }
 
     #[test]

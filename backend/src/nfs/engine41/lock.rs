@@ -10,7 +10,8 @@
 //! process holds it, as Linux's NFS client reports it), DEADLOCK EDEADLK, LOCK_RANGE and
 //! LOCK_NOTSUPP ENOLCK (the request is well formed: the server cannot keep that lock; EINVAL
 //! would blame the caller's arguments); a lock stateid the server no longer knows is forgotten
-//! and the lock sent once more as the owner's first, then EIO.
+//! and its file marked lost (`Locks41::lose_locks`: EIO through the handles opened before,
+//! until its last close): a LOCK under it is EIO, a LOCKU answered OK.
 
 use std::time::Instant;
 
@@ -225,9 +226,11 @@ pub(super) fn reply(fs: &Shared, slot: &mut Slot, res: Result<CompoundReply<'_>,
             }
             None => Flow::Done(Err(Error::Io)),
         },
-        (Step::Lock, Some((OpNum::Lock, s))) if stale(s) && slot.lock_state.is_some() && !slot.retried => {
+        (Step::Lock, Some((OpNum::Lock, s))) if stale(s) && slot.lock_state.is_some() => {
+            // The owner's locks on the file are gone from the server: not taken anew as its
+            // first, which would hide the loss.
             forget_stale(locks, slot, s);
-            Flow::Next
+            Flow::Done(Err(Error::Io))
         }
         (Step::Lock, Some((OpNum::Lock, Nfsstat4::Denied))) => {
             locks.count(Counter::Denied);
@@ -241,6 +244,8 @@ pub(super) fn reply(fs: &Shared, slot: &mut Slot, res: Result<CompoundReply<'_>,
         }
         (_, Some((op, s))) => {
             if stale(s) {
+                // The open is lost (a restart): any lock state kept of the file is too.
+                locks.lose(slot.nodeid);
                 log::warn!(
                     "nfs4.1: {op:?} of node {}: {s:?} (the open or the lock state is gone)",
                     slot.nodeid
@@ -252,14 +257,18 @@ pub(super) fn reply(fs: &Shared, slot: &mut Slot, res: Result<CompoundReply<'_>,
     }
 }
 
-/// The lock state `slot` used is unknown to the server (`s`): forgotten; the lock goes again
-/// as the owner's first on the file.
+/// The lock state `slot` used is unknown to the server (`s`: it restarted, or revoked it): the
+/// state is forgotten and the file marked ([`Locks41::lose_locks`]), so no READ or WRITE through
+/// a handle opened before goes on without the lock the guest believes it holds.
 fn forget_stale(locks: &Locks41, slot: &mut Slot, s: Nfsstat4) {
-    log::info!("nfs4.1: lock state of node {} unknown to the server ({s:?}): forgotten", slot.nodeid);
+    log::warn!(
+        "nfs4.1: lock state of node {} unknown to the server ({s:?}): its locks are lost, EIO until its last close",
+        slot.nodeid
+    );
     locks.count(Counter::Stale);
     locks.states.forget(slot.nodeid, slot.lock_owner);
+    locks.lose_locks(slot.nodeid);
     slot.lock_state = None;
-    slot.retried = true;
 }
 
 /// One lock state of `slot.frees` was let go (`ok`: the server said so): the next, the CLOSE
@@ -292,7 +301,6 @@ pub(super) fn start_try(fs: &Shared, slot: &mut Slot, a: Attempt) -> Result<(), 
     slot.lock_owner = a.owner;
     slot.lock_name = a.owner.name();
     slot.lock_state = locks.states.get(a.nodeid, a.owner);
-    slot.retried = false;
     slot.frees.clear();
     slot.attempt = Some(a);
     slot.kind = Kind::Try;
@@ -353,9 +361,13 @@ pub(super) fn background(
                     }
                     None => Tried::Failed(Error::Io),
                 },
-                Some((OpNum::Lock, s)) if stale(s) && slot.lock_state.is_some() && !slot.retried => {
+                Some((OpNum::Lock, s)) if stale(s) && slot.lock_state.is_some() => {
                     forget_stale(locks, slot, s);
-                    return true;
+                    Tried::Failed(Error::Io)
+                }
+                Some((_, s)) if stale(s) => {
+                    locks.lose(a.nodeid);
+                    Tried::Failed(lock_error(s))
                 }
                 Some((_, Nfsstat4::Denied)) => {
                     locks.count(Counter::Denied);

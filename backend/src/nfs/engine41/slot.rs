@@ -367,8 +367,6 @@ pub(super) struct Slot {
     pub(super) lock_name: [u8; 9],
     /// The owner's lock stateid on the file (`None`: its first lock there, from the open).
     pub(super) lock_state: Option<Stateid>,
-    /// A stale lock stateid was forgotten and the lock sent again as a first one.
-    pub(super) retried: bool,
     /// Lock states to let go before the answer (FLUSH, RELEASE), the last first.
     pub(super) frees: Vec<Stateid>,
     /// The try a background slot sends.
@@ -423,7 +421,6 @@ impl Slot {
             lock_owner: Owner::Posix(0),
             lock_name: [0; 9],
             lock_state: None,
-            retried: false,
             frees: Vec::new(),
             attempt: None,
             orphan: None,
