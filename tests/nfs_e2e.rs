@@ -807,6 +807,60 @@ mod locks41 {
         da.shutdown().unwrap();
         db.shutdown().unwrap();
     }
+    /// Waits (at most 5 s) for whichever of SETLKW `wa` through `da` and `wb` through `db`
+    /// is answered first, which must be a grant: true for `wa`'s.
+    fn first_granted(da: &mut FsDriver, wa: u64, db: &mut FsDriver, wb: u64) -> bool {
+        let t0 = Instant::now();
+        loop {
+            for (d, w, is_a) in [(&mut *da, wa, true), (&mut *db, wb, false)] {
+                if let Some(c) = d.try_take(w).unwrap() {
+                    assert_eq!(lk_errno(FsDriver::lk_reply(&c, opcode::SETLKW)), 0);
+                    return is_a;
+                }
+            }
+            assert!(t0.elapsed() < Duration::from_secs(5), "neither conversion was granted");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn a_flock_conversion_lets_the_shared_lock_go_first_so_two_converting_holders_do_not_deadlock() {
+        let g = Ganesha::start();
+        let a = Served::on(&g, Nfs::V41, |_| {});
+        let b = Served::on(&g, Nfs::V41, |_| {});
+        let mut da = a.connect();
+        let mut db = b.connect();
+        let (f, oa) = da.create(ROOT, "converted", 0o644, RDWR).unwrap();
+        let fb = db.lookup(ROOT, "converted").unwrap().nodeid;
+        let ob = db.open(fb, RDWR).unwrap();
+        // Both hold LOCK_SH; A asks LOCK_EX and waits until B lets its LOCK_SH go.
+        da.setlk(f.nodeid, &flock(oa.fh, RD)).unwrap();
+        db.setlk(fb, &flock(ob.fh, RD)).unwrap();
+        let w = da.submit_lk(1, opcode::SETLKW, f.nodeid, &flock(oa.fh, WR)).unwrap();
+        assert_waits(&mut da, w);
+        db.setlk(fb, &flock(ob.fh, UN)).unwrap();
+        granted(&mut da, w);
+        assert_eq!(errno(db.setlk(fb, &flock(ob.fh, RD))), libc::EAGAIN, "A holds LOCK_EX");
+        // Back to both LOCK_SH (A converts down at once), then both ask LOCK_EX: each lets its
+        // LOCK_SH go first, so one is granted, and the other once that one unlocks.
+        da.setlk(f.nodeid, &flock(oa.fh, RD)).unwrap();
+        db.setlk(fb, &flock(ob.fh, RD)).unwrap();
+        let wa = da.submit_lk(1, opcode::SETLKW, f.nodeid, &flock(oa.fh, WR)).unwrap();
+        let wb = db.submit_lk(1, opcode::SETLKW, fb, &flock(ob.fh, WR)).unwrap();
+        if first_granted(&mut da, wa, &mut db, wb) {
+            assert_waits(&mut db, wb);
+            da.setlk(f.nodeid, &flock(oa.fh, UN)).unwrap();
+            granted(&mut db, wb);
+        } else {
+            assert_waits(&mut da, wa);
+            db.setlk(fb, &flock(ob.fh, UN)).unwrap();
+            granted(&mut da, wa);
+        }
+        da.release_flock(f.nodeid, oa.fh, oa.fh).unwrap();
+        db.release_flock(fb, ob.fh, ob.fh).unwrap();
+        da.shutdown().unwrap();
+        db.shutdown().unwrap();
+    }
 }
 
 /// A plain NFSv4.1 client of the export beside the device: a session of its own, with a client

@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::filesystem::{Context, Error, FileLock, LockRequest, RemoteLocks, Result};
+use crate::filesystem::{Context, Error, FileLock, LockRequest, LockType, RemoteLocks, Result};
 use crate::nfs::nodes::SILLY_LEN;
 use crate::nfs::wire::nfs4::Stateid;
 use crate::nfs::wire::Fh;
@@ -98,34 +98,49 @@ impl Owner {
 /// stateid the server gave then.
 #[derive(Debug, Default)]
 pub struct LockStates {
-    inner: Mutex<HashMap<(u64, Owner), Stateid>>,
+    inner: Mutex<HashMap<(u64, Owner), Kept>>,
+}
+
+/// A lock state kept: its stateid, and the type of the owner's last lock or unlock through it
+/// (what a flock owner holds, the whole file: [`LockStates::held`]).
+#[derive(Clone, Copy, Debug)]
+struct Kept {
+    stateid: Stateid,
+    typ: LockType,
 }
 
 impl LockStates {
-    fn lock(&self) -> MutexGuard<'_, HashMap<(u64, Owner), Stateid>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<(u64, Owner), Kept>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The lock stateid of `owner` on node `nodeid`, if it has one.
     pub fn get(&self, nodeid: u64, owner: Owner) -> Option<Stateid> {
-        self.lock().get(&(nodeid, owner)).copied()
+        self.lock().get(&(nodeid, owner)).map(|k| k.stateid)
     }
 
-    /// The server gave (or updated) `owner`'s lock stateid on `nodeid`.
-    pub fn set(&self, nodeid: u64, owner: Owner, stateid: Stateid) {
-        self.lock().insert((nodeid, owner), stateid);
+    /// The type of `owner`'s last lock (or unlock, `LockType::Unlock`) on `nodeid` through its
+    /// kept lock state: for a flock owner, what it holds of the whole file.
+    pub fn held(&self, nodeid: u64, owner: Owner) -> Option<LockType> {
+        self.lock().get(&(nodeid, owner)).map(|k| k.typ)
+    }
+
+    /// The server gave (or updated) `owner`'s lock stateid on `nodeid`, for a lock (or unlock)
+    /// of type `typ`.
+    pub fn set(&self, nodeid: u64, owner: Owner, stateid: Stateid, typ: LockType) {
+        self.lock().insert((nodeid, owner), Kept { stateid, typ });
     }
 
     /// `owner`'s lock state on `nodeid` is gone (freed, or the server lost it).
     pub fn forget(&self, nodeid: u64, owner: Owner) -> Option<Stateid> {
-        self.lock().remove(&(nodeid, owner))
+        self.lock().remove(&(nodeid, owner)).map(|k| k.stateid)
     }
 
     /// Every lock state of `nodeid` (its last handle closed: its locks went with it).
     pub fn forget_node(&self, nodeid: u64) -> Vec<(Owner, Stateid)> {
         let mut g = self.lock();
         let gone: Vec<(Owner, Stateid)> =
-            g.iter().filter(|((n, _), _)| *n == nodeid).map(|((_, o), s)| (*o, *s)).collect();
+            g.iter().filter(|((n, _), _)| *n == nodeid).map(|((_, o), k)| (*o, k.stateid)).collect();
         for (o, _) in &gone {
             g.remove(&(nodeid, *o));
         }
@@ -134,7 +149,7 @@ impl LockStates {
 
     /// Every lock state (the session ended), each with its node id and owner.
     pub fn take_all(&self) -> Vec<(u64, Owner, Stateid)> {
-        self.lock().drain().map(|((n, o), s)| (n, o, s)).collect()
+        self.lock().drain().map(|((n, o), k)| (n, o, k.stateid)).collect()
     }
 
     /// Lock states kept.
@@ -678,7 +693,6 @@ impl RemoteLocks for Locks41 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::filesystem::LockType;
     use crate::request::LockOp;
 
     fn req(owner: u64) -> LockRequest {
@@ -765,7 +779,7 @@ mod tests {
         let l = Locks41::default();
         let st = Stateid { seqid: 1, other: [9; 12] };
         let fh = Fh::new(b"file").unwrap();
-        l.states.set(5, Owner::Posix(1), st);
+        l.states.set(5, Owner::Posix(1), st, LockType::Write);
         l.orphan(Orphan::Silly(fh, [b'x'; SILLY_LEN]));
         l.orphan(Orphan::Open(fh, st));
         l.orphan_all(|_| Some(fh));
@@ -782,7 +796,7 @@ mod tests {
         l.orphan_ended(2);
         assert_eq!(l.orphans_left(), 0, "an end too many is no underflow");
         // A server that lost a file's lock states: marked until its last close.
-        l.states.set(6, Owner::Flock(3), st);
+        l.states.set(6, Owner::Flock(3), st, LockType::Read);
         assert!(!l.lose(7), "no lock state: nothing lost");
         assert!(l.lose(6) && l.lose(6), "marked, and stays so");
         assert!(l.states.is_empty());
@@ -799,10 +813,12 @@ mod tests {
     fn lock_states_are_per_file_and_owner() {
         let s = LockStates::default();
         let st = Stateid { seqid: 1, other: [9; 12] };
-        s.set(5, Owner::Posix(1), st);
-        s.set(5, Owner::Flock(7), st);
-        s.set(6, Owner::Posix(1), st);
+        s.set(5, Owner::Posix(1), st, LockType::Write);
+        s.set(5, Owner::Flock(7), st, LockType::Read);
+        s.set(6, Owner::Posix(1), st, LockType::Write);
         assert_eq!(s.get(5, Owner::Posix(1)), Some(st));
+        assert_eq!(s.held(5, Owner::Flock(7)), Some(LockType::Read));
+        assert_eq!(s.held(5, Owner::Flock(8)), None);
         assert_eq!(s.get(5, Owner::Posix(2)), None);
         assert_eq!(s.forget_node(5).len(), 2);
         assert_eq!(s.len(), 1);

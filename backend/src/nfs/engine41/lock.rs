@@ -120,7 +120,7 @@ pub(super) fn prepare(fs: &Shared, slot: &mut Slot, l: &LockRequest) -> Result<O
         (_, LockType::Unlock) => Step::Locku,
         (LockOp::Set, _) => {
             slot.stateid = open_stateid(fs, l.fh, slot.nodeid)?;
-            Step::Lock
+            first_step(locks, slot)
         }
         (LockOp::SetWait, _) => return Err(Error::InvalidArgument),
     };
@@ -129,6 +129,33 @@ pub(super) fn prepare(fs: &Shared, slot: &mut Slot, l: &LockRequest) -> Result<O
     }
     slot.step = step;
     Ok(None)
+}
+
+/// A LOCK's first step: LOCKU first when a flock owner changes the type it holds (flock(2)
+/// lets the old lock go before it takes or waits for the new one: two holders of LOCK_SH that
+/// both ask LOCK_EX would otherwise wait for each other for ever), else the LOCK.
+fn first_step(locks: &Locks41, slot: &mut Slot) -> Step {
+    let held = locks.states.held(slot.nodeid, slot.lock_owner);
+    slot.convert = matches!(slot.lock_owner, Owner::Flock(_))
+        && slot.lock_state.is_some()
+        && matches!(held, Some(t) if t != LockType::Unlock && t != slot.lock.typ);
+    if slot.convert {
+        Step::Locku
+    } else {
+        Step::Lock
+    }
+}
+
+/// The LOCKU of a conversion (`slot.convert`) let the old lock go (`stateid`: the lock
+/// state's, as LOCKU gave it): the LOCK comes next, under it.
+fn converted(locks: &Locks41, slot: &mut Slot, stateid: Option<Stateid>) {
+    let s = stateid.or(slot.lock_state);
+    if let Some(s) = s {
+        locks.states.set(slot.nodeid, slot.lock_owner, s, LockType::Unlock);
+    }
+    slot.lock_state = s;
+    slot.convert = false;
+    slot.step = Step::Lock;
 }
 
 /// The open stateid of FUSE handle `fh`, a file handle of `nodeid`.
@@ -220,7 +247,7 @@ pub(super) fn reply(fs: &Shared, slot: &mut Slot, res: Result<CompoundReply<'_>,
         }
         (Step::Lock, None) => match g.stateid {
             Some(s) => {
-                locks.states.set(slot.nodeid, slot.lock_owner, s);
+                locks.states.set(slot.nodeid, slot.lock_owner, s, slot.lock.typ);
                 locks.note_pid(slot.lock_owner, slot.lock.pid);
                 Flow::Done(Ok(Reply::Empty))
             }
@@ -236,11 +263,21 @@ pub(super) fn reply(fs: &Shared, slot: &mut Slot, res: Result<CompoundReply<'_>,
             locks.count(Counter::Denied);
             Flow::Done(Err(lock_error(Nfsstat4::Denied)))
         }
-        (Step::Locku, None) => Flow::Done(Ok(Reply::Empty)),
-        (Step::Locku, Some((OpNum::Locku, s))) if stale(s) => {
-            // The server holds nothing under it any more: unlocked.
-            forget_stale(locks, slot, s);
+        (Step::Locku, None) if slot.convert => {
+            converted(locks, slot, g.stateid);
+            Flow::Next
+        }
+        (Step::Locku, None) => {
+            if let (Some(s), Owner::Flock(_)) = (g.stateid, slot.lock_owner) {
+                locks.states.set(slot.nodeid, slot.lock_owner, s, LockType::Unlock);
+            }
             Flow::Done(Ok(Reply::Empty))
+        }
+        (Step::Locku, Some((OpNum::Locku, s))) if stale(s) => {
+            // The server holds nothing under it any more: unlocked (a conversion: its lock
+            // is lost).
+            forget_stale(locks, slot, s);
+            Flow::Done(if slot.convert { Err(Error::Io) } else { Ok(Reply::Empty) })
         }
         (_, Some((op, s))) => {
             if stale(s) {
@@ -304,7 +341,7 @@ pub(super) fn start_try(fs: &Shared, slot: &mut Slot, a: Attempt) -> Result<(), 
     slot.frees.clear();
     slot.attempt = Some(a);
     slot.kind = Kind::Try;
-    slot.step = Step::Lock;
+    slot.step = first_step(locks, slot);
     Ok(())
 }
 
@@ -353,15 +390,20 @@ pub(super) fn background(
             let Some(a) = slot.attempt else { return false };
             locks.count(Counter::Call);
             let tried = match g.failed {
+                None if slot.step == Step::Locku => {
+                    // A flock conversion's old lock is gone: now the LOCK.
+                    converted(locks, slot, g.stateid);
+                    return true;
+                }
                 None => match g.stateid {
                     Some(s) => {
-                        locks.states.set(a.nodeid, a.owner, s);
+                        locks.states.set(a.nodeid, a.owner, s, a.lock.typ);
                         locks.note_pid(a.owner, a.lock.pid);
                         Tried::Granted
                     }
                     None => Tried::Failed(Error::Io),
                 },
-                Some((OpNum::Lock, s)) if stale(s) && slot.lock_state.is_some() => {
+                Some((OpNum::Lock | OpNum::Locku, s)) if stale(s) && slot.lock_state.is_some() => {
                     forget_stale(locks, slot, s);
                     Tried::Failed(Error::Io)
                 }

@@ -39,6 +39,7 @@ pub(super) fn prepare(fs: &Shared, slot: &mut Slot, req: &Request<'_>) -> Result
     slot.opened = None;
     slot.have_obj = false;
     slot.lock_state = None;
+    slot.convert = false;
     slot.frees.clear();
     slot.attempt = None;
     slot.reopened = false;

@@ -367,6 +367,9 @@ pub(super) struct Slot {
     pub(super) lock_name: [u8; 9],
     /// The owner's lock stateid on the file (`None`: its first lock there, from the open).
     pub(super) lock_state: Option<Stateid>,
+    /// A flock owner changes its lock's type: its LOCKU goes first (`Step::Locku`), then the
+    /// LOCK, as flock(2) converts a lock.
+    pub(super) convert: bool,
     /// Lock states to let go before the answer (FLUSH, RELEASE), the last first.
     pub(super) frees: Vec<Stateid>,
     /// The try a background slot sends.
@@ -421,6 +424,7 @@ impl Slot {
             lock_owner: Owner::Posix(0),
             lock_name: [0; 9],
             lock_state: None,
+            convert: false,
             frees: Vec::new(),
             attempt: None,
             orphan: None,
