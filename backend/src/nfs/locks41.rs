@@ -336,11 +336,13 @@ impl RemoteWaits {
         let Some(w) = g.waits.iter_mut().find(|w| w.id == id) else { return false };
         if w.state != State::Waiting {
             if answer.is_none() {
-                // Cancelled after it ended: nobody will ask for its answer.
-                let let_go = w.state == State::Ended(Ok(()));
-                if !let_go {
-                    g.waits.retain(|w| w.id != id);
-                }
+                // Cancelled after it ended (or while interrupted): nobody will ask for its
+                // answer, and it must not hold one of the [`MAX_WAITS`] for the process's life.
+                // A granted one's lock state is kept in [`LockStates`] (set before the wait
+                // ended), so it goes with the session's other locks ([`Locks41::orphan_all`]
+                // at the reset, or at the next INIT or DESTROY); one interrupted with its try
+                // out is let go when the try is granted ([`RemoteWaits::attempted`]: LetGo).
+                g.waits.retain(|w| w.id != id);
             }
             return false;
         }
@@ -759,6 +761,43 @@ mod tests {
         w.cancel(id);
         assert!(w.is_empty());
         assert_eq!(w.poll(id), Some(Err(Error::Io)), "an unknown wait ends, never waits for ever");
+    }
+
+    #[test]
+    fn a_wait_cancelled_after_it_ended_leaves_no_entry() {
+        let w = RemoteWaits::default();
+        // Far more than the table holds: none stays behind.
+        for i in 0..2 * MAX_WAITS as u64 {
+            let id = w.wait(&ctx(), 5, &req(i), i).unwrap();
+            let now = Instant::now();
+            let a = w.due(now).unwrap();
+            match i % 3 {
+                // Granted, then cancelled before its poller asked (a reset).
+                0 => assert_eq!(w.attempted(a.id, Tried::Granted, now), After::Done),
+                // Interrupted with its try out, then cancelled: the grant is let go.
+                1 => assert!(w.interrupt(i)),
+                // Ended with an error nobody asked for.
+                _ => assert_eq!(w.attempted(a.id, Tried::Failed(Error::Io), now), After::Done),
+            }
+            w.cancel(id);
+            if i % 3 == 1 {
+                assert_eq!(w.attempted(a.id, Tried::Granted, now), After::LetGo);
+            }
+            assert!(w.is_empty(), "wait {i} stayed");
+        }
+        // And a granted wait's lock state goes with the session's others.
+        let l = Locks41::default();
+        let id = l.wait(&ctx(), 5, &req(1), 1).unwrap();
+        let now = Instant::now();
+        let a = l.waits.due(now).unwrap();
+        let st = Stateid { seqid: 1, other: [3; 12] };
+        l.states.set(a.nodeid, a.owner, st, LockType::Write);
+        l.waits.attempted(a.id, Tried::Granted, now);
+        l.cancel(id);
+        assert!(l.waits.is_empty());
+        let fh = Fh::new(b"file").unwrap();
+        l.orphan_all(|_| Some(fh));
+        assert_eq!(l.take_orphan(), Some(Orphan::Lock(fh, st)));
     }
 
     #[test]
