@@ -45,6 +45,12 @@ use crate::nfs::wire::Fh;
 
 /// Waits kept at most.
 pub const MAX_WAITS: usize = 1024;
+/// Lock states (file and lock owner pairs) kept at most: a new one beyond is `ENOLCK`
+/// ([`LockStates::full`]). Each is a lock owner's state on the server too, which the guest could
+/// otherwise grow without bound (one per process or open file that locks a file, until its
+/// FLUSH or the file's last close). The device's own lock table allows as many locks
+/// (`locks::MAX_LOCKS`), and every lock state holds, or held, at least one lock.
+pub const MAX_LOCK_STATES: usize = 1 << 16;
 /// The first back-off of a denied wait; it doubles up to [`MAX_RETRY`].
 pub const MIN_RETRY: Duration = Duration::from_millis(5);
 /// The longest back-off between two tries of a waiting lock.
@@ -150,6 +156,14 @@ impl LockStates {
     /// Every lock state (the session ended), each with its node id and owner.
     pub fn take_all(&self) -> Vec<(u64, Owner, Stateid)> {
         self.lock().drain().map(|((n, o), k)| (n, o, k.stateid)).collect()
+    }
+
+    /// Whether a new lock state for `owner` on `nodeid` would pass [`MAX_LOCK_STATES`]
+    /// (checked before its first LOCK is sent: calls in flight may pass it by as many as
+    /// the engines' slots).
+    pub fn full(&self, nodeid: u64, owner: Owner) -> bool {
+        let g = self.lock();
+        g.len() >= MAX_LOCK_STATES && !g.contains_key(&(nodeid, owner))
     }
 
     /// Lock states kept.
@@ -870,5 +884,20 @@ mod tests {
         assert_eq!(Owner::parse(b"p1234567"), None, "eight bytes is not a name of ours");
         assert_eq!(Owner::parse(b"x12345678"), None);
         assert_eq!(Owner::parse(b""), None);
+    }
+
+    #[test]
+    fn lock_states_are_bounded() {
+        let s = LockStates::default();
+        let st = Stateid { seqid: 1, other: [9; 12] };
+        for o in 0..MAX_LOCK_STATES as u64 {
+            assert!(!s.full(5, Owner::Posix(o)));
+            s.set(5, Owner::Posix(o), st, LockType::Write);
+        }
+        assert!(s.full(5, Owner::Posix(u64::MAX)), "a new one past the bound");
+        assert!(s.full(6, Owner::Posix(0)), "on another file too");
+        assert!(!s.full(5, Owner::Posix(3)), "one kept goes on");
+        s.forget(5, Owner::Posix(3));
+        assert!(!s.full(5, Owner::Posix(u64::MAX)), "room again");
     }
 }

@@ -120,6 +120,7 @@ pub(super) fn prepare(fs: &Shared, slot: &mut Slot, l: &LockRequest) -> Result<O
         (_, LockType::Unlock) => Step::Locku,
         (LockOp::Set, _) => {
             slot.stateid = open_stateid(fs, l.fh, slot.nodeid)?;
+            room(locks, slot)?;
             first_step(locks, slot)
         }
         (LockOp::SetWait, _) => return Err(Error::InvalidArgument),
@@ -129,6 +130,15 @@ pub(super) fn prepare(fs: &Shared, slot: &mut Slot, l: &LockRequest) -> Result<O
     }
     slot.step = step;
     Ok(None)
+}
+
+/// `ENOLCK` when the LOCK would make a lock state past [`crate::nfs::locks41::MAX_LOCK_STATES`].
+fn room(locks: &Locks41, slot: &Slot) -> Result<(), Error> {
+    if slot.lock_state.is_none() && locks.states.full(slot.nodeid, slot.lock_owner) {
+        log::debug!("nfs4.1: lock states at their bound: ENOLCK");
+        return Err(Error::from_errno(libc::ENOLCK));
+    }
+    Ok(())
 }
 
 /// A LOCK's first step: LOCKU first when a flock owner changes the type it holds (flock(2)
@@ -339,6 +349,7 @@ pub(super) fn start_try(fs: &Shared, slot: &mut Slot, a: Attempt) -> Result<(), 
     slot.lock_name = a.owner.name();
     slot.lock_state = locks.states.get(a.nodeid, a.owner);
     slot.frees.clear();
+    room(locks, slot)?;
     slot.attempt = Some(a);
     slot.kind = Kind::Try;
     slot.step = first_step(locks, slot);
