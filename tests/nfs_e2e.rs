@@ -1292,6 +1292,38 @@ mod locks41_faults {
     }
 
     #[test]
+    fn an_interrupt_that_comes_before_its_setlkw_ends_it_on_nfs41() {
+        let g = Ganesha::start();
+        let a = Served::on(&g, Nfs::V41, |_| {});
+        let b = Served::on(&g, Nfs::V41, |_| {});
+        let mut da = a.connect();
+        let mut db = b.connect();
+        let (f, oa) = da.create(ROOT, "early", 0o644, RDWR).unwrap();
+        let fb = db.lookup(ROOT, "early").unwrap().nodeid;
+        let ob = db.open(fb, RDWR).unwrap();
+        da.setlk(f.nodeid, &posix(oa.fh, 1, WR, 0, OFFSET_MAX)).unwrap();
+        // The INTERRUPT reaches the device before the SETLKW it names (another queue): the
+        // SETLKW ends with EINTR at once rather than wait for the lock.
+        let next = db.peek_next_unique();
+        db.interrupt(next).unwrap();
+        let w = db.submit_lk(1, opcode::SETLKW, fb, &posix(ob.fh, 2, WR, 0, 0)).unwrap();
+        assert_eq!(w, next);
+        assert_eq!(lk_errno(db.lk_result(opcode::SETLKW, w)), libc::EINTR);
+        // Once: the next SETLKW waits, and is granted when A unlocks.
+        let w = db.submit_lk(1, opcode::SETLKW, fb, &posix(ob.fh, 2, WR, 0, 0)).unwrap();
+        assert_waits(&mut db, w);
+        da.setlk(f.nodeid, &posix(oa.fh, 1, UN, 0, OFFSET_MAX)).unwrap();
+        granted(&mut db, w);
+        assert_eq!(b.fs().stats().locks.waits, 1, "the interrupted one never waited");
+        db.flush_owner(fb, ob.fh, 2).unwrap();
+        db.release(fb, ob.fh).unwrap();
+        da.flush_owner(f.nodeid, oa.fh, 1).unwrap();
+        da.release(f.nodeid, oa.fh).unwrap();
+        da.shutdown().unwrap();
+        db.shutdown().unwrap();
+    }
+
+    #[test]
     fn a_lock_call_that_meets_a_lost_lock_state_first_still_fails_the_next_write() {
         let mut g = Ganesha::start();
         let a = Served::on(&g, Nfs::V41, |o| o.retransmit = Duration::from_millis(500));

@@ -573,6 +573,18 @@ impl LockManager {
         hit
     }
 
+    /// Takes the INTERRUPT remembered for request `unique` if one came before it
+    /// ([`LockManager::interrupt`]): whether there was one. For a SETLKW that waits elsewhere
+    /// (a filesystem's [`crate::filesystem::RemoteLocks`]), which must end with `EINTR` as
+    /// [`LockManager::set_or_wait`] ends one here.
+    pub fn take_early_interrupt(&self, unique: u64) -> bool {
+        let mut st = self.state();
+        let Some(i) = st.early.iter().position(|&u| u == unique) else { return false };
+        st.early.remove(i);
+        self.publish(&mut st);
+        true
+    }
+
     /// FLUSH (a descriptor of `ino` is closed): drops every POSIX lock of `owner` on it.
     pub fn release_owner(&self, ino: u64, owner: u64) {
         let mut st = self.state();
@@ -961,6 +973,12 @@ mod tests {
             m.interrupt(1000 + 2 * u);
         }
         assert_eq!(m.state().early.len(), MAX_EARLY_INTERRUPTS);
+        // A request that waits elsewhere takes its early interrupt, once.
+        let m = LockManager::new();
+        assert!(!m.interrupt(31));
+        assert!(!m.take_early_interrupt(33));
+        assert!(m.take_early_interrupt(31));
+        assert!(!m.take_early_interrupt(31));
     }
 
     #[test]

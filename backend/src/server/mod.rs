@@ -795,6 +795,12 @@ impl<F: FileSystem> Server<F> {
             // Nobody can keep this request waiting.
             return Err(LockError::NoLocks.into());
         }
+        if self.locks.take_early_interrupt(unique) {
+            // Its INTERRUPT came first (another queue, another poller): EINTR, as a SETLKW
+            // that would wait in the device's own table ends.
+            c.interrupted.fetch_add(1, Ordering::Relaxed);
+            return Err(LockError::Interrupted.into());
+        }
         let id = remote.wait(ctx, ino, l, unique)?;
         c.waited.fetch_add(1, Ordering::Relaxed);
         Ok(Session::Done(Served::Wait(LockWait { id: WaitRef::Remote(id), unique })))
