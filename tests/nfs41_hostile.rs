@@ -24,7 +24,7 @@ use virtiofs_backend::nfs::wire::nfs4::{
 use virtiofs_backend::nfs::{NfsFs, NfsOptions};
 use virtiofs_dpu::config::Profile;
 use virtiofs_dpu::{FuseHandler, RunningDevice};
-use virtiofs_tools::{DriverOptions, FsDriver};
+use virtiofs_tools::{DriverOptions, FsDriver, LockReq};
 
 const ROOT: u64 = 1;
 
@@ -131,6 +131,8 @@ fn script(mut hook: Hook, log: Log) -> impl FnMut(&Call) -> Vec<Act> + Send + 's
                 Arg::Close { .. } => close_ok(),
                 Arg::Setattr { .. } => setattr_ok(),
                 Arg::Delegreturn => ok(op.op(), &[]),
+                Arg::Lock { .. } | Arg::Locku { .. } => nfs4::lock_ok(op.op(), [0x10; 12]),
+                Arg::FreeStateid { .. } => ok(op.op(), &[]),
                 Arg::Readdir { verf, .. } => readdir_ok(*verf, &[], true),
                 Arg::Read { count, .. } => read_ok(true, &vec![7; (*count).min(100) as usize]),
                 Arg::Write { data, .. } => write_ok(data.len() as u32, 2, [0; 8]),
@@ -334,6 +336,95 @@ fn a_failed_close_still_removes_the_silly_name_and_is_counted() {
     assert_eq!(removed.len(), 1, "the silly name goes although its CLOSE failed: {:?}", log.lock().unwrap());
     assert!(removed[0].starts_with(b".nfs"), "{:?}", String::from_utf8_lossy(&removed[0]));
     assert_eq!(dev.handler.server().filesystem().stats().close_failures, 1, "the failed CLOSE is counted");
+}
+
+#[test]
+fn a_close_that_failed_or_got_no_reply_goes_again() {
+    let closes = Arc::new(AtomicU32::new(0));
+    let n = closes.clone();
+    let mut silent_since: Option<Instant> = None;
+    let hook: Hook = Box::new(move |c, call| {
+        if !c.ops.iter().any(|o| o.op() == OpNum::Close) {
+            return None;
+        }
+        // The first CLOSE fails SERVERFAULT; the next gets no reply, nor do its retransmissions,
+        // past the device's 3 s timeout; then a CLOSE goes.
+        let s = c.seq()?;
+        if n.fetch_add(1, Ordering::SeqCst) == 0 {
+            let results = [
+                seq_ok(&s, 63, 63, 0),
+                ok(OpNum::Putfh, &[]),
+                nfs4::failed(OpNum::Close, Nfsstat4::ServerFault),
+            ];
+            return Some(vec![Act::Send(compound_reply(call.xid, Nfsstat4::ServerFault, &results))]);
+        }
+        let since = *silent_since.get_or_insert_with(Instant::now);
+        (since.elapsed() < Duration::from_millis(3500)).then(Vec::new)
+    });
+    let server = FakeServer::start(script(hook, Log::default()));
+    let mut dev = serve(&server);
+    let e = dev.d.lookup(ROOT, "f").unwrap();
+    let open = dev.d.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+    // RELEASE is answered although its CLOSE failed; the open goes again from the background
+    // (the pollers' renewals would keep it on the server for the client's life).
+    dev.d.release(e.nodeid, open.fh).unwrap();
+    let failures = |dev: &Dev| dev.handler.server().filesystem().stats().close_failures;
+    let t0 = Instant::now();
+    while failures(&dev) < 2 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{} CLOSEs", closes.load(Ordering::SeqCst));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The third try goes after the silence, answered; nothing after it.
+    std::thread::sleep(Duration::from_millis(1500));
+    let sent = closes.load(Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(closes.load(Ordering::SeqCst), sent, "no CLOSE after the one that went");
+    assert!(sent >= 3, "{sent}");
+    assert_eq!(failures(&dev), 2);
+    assert_eq!(dev.d.getattr(ROOT).unwrap().mode & 0o777, 0o755, "the device serves on");
+}
+
+#[test]
+fn a_lock_state_whose_release_failed_is_let_go_again() {
+    let lockus = Arc::new(AtomicU32::new(0));
+    let frees = Arc::new(AtomicU32::new(0));
+    let (n, f) = (lockus.clone(), frees.clone());
+    let hook: Hook = Box::new(move |c, call| {
+        if c.ops.iter().any(|o| o.op() == OpNum::FreeStateid) {
+            f.fetch_add(1, Ordering::SeqCst);
+        }
+        if !c.ops.iter().any(|o| o.op() == OpNum::Locku) {
+            return None;
+        }
+        // The FLUSH's LOCKU fails SERVERFAULT; the next one goes.
+        let s = c.seq()?;
+        (n.fetch_add(1, Ordering::SeqCst) == 0).then(|| {
+            let results = [
+                seq_ok(&s, 63, 63, 0),
+                ok(OpNum::Putfh, &[]),
+                nfs4::failed(OpNum::Locku, Nfsstat4::ServerFault),
+            ];
+            vec![Act::Send(compound_reply(call.xid, Nfsstat4::ServerFault, &results))]
+        })
+    });
+    let server = FakeServer::start(script(hook, Log::default()));
+    let mut dev = serve(&server);
+    let e = dev.d.lookup(ROOT, "f").unwrap();
+    let open = dev.d.open(e.nodeid, libc::O_RDWR as u32).unwrap();
+    let lock = LockReq { fh: open.fh, owner: 1, typ: libc::F_WRLCK, start: 0, end: 99, pid: 5, flock: false };
+    dev.d.setlk(e.nodeid, &lock).unwrap();
+    // The process closes the file: FLUSH is answered, its lock state goes again from the
+    // background (the pollers' renewals would keep the lock on the server).
+    dev.d.flush_owner(e.nodeid, open.fh, 1).unwrap();
+    let t0 = Instant::now();
+    while frees.load(Ordering::SeqCst) < 2 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "{} LOCKUs", lockus.load(Ordering::SeqCst));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!((lockus.load(Ordering::SeqCst), frees.load(Ordering::SeqCst)), (2, 2), "once more, not again");
+    assert_eq!(dev.handler.server().filesystem().stats().locks.freed, 1);
+    dev.d.release(e.nodeid, open.fh).unwrap();
 }
 
 #[test]

@@ -25,6 +25,10 @@
 //! opens the handle table forgets (CLOSE) and the silly names of files unlinked while open
 //! (REMOVE): [`Orphan`], taken in that order ([`Locks41::take_orphan`]: no CLOSE goes while a
 //! lock state from its open may still be held, no REMOVE while the file may still be open).
+//! The same mechanism ends what a FLUSH, a RELEASE or a wait's let-go failed to end: a cleanup
+//! whose call failed goes again after a back-off, a bounded number of times
+//! ([`Locks41::orphan_again`]), since the pollers' renewals keep the lease, and with it whatever
+//! is left on the server, for the client's life.
 //!
 //! **Locks a server lost.** A file whose lock states the server no longer knows (it restarted:
 //! found when a request through a handle of it finds its open unknown) is marked
@@ -510,35 +514,54 @@ pub enum Orphan {
     Open(Fh, Stateid),
     /// A silly name (a file unlinked while open) in this directory: REMOVE.
     Silly(Fh, [u8; SILLY_LEN]),
+    /// A lock granted to a wait that ended meanwhile, whose LOCKU failed: LOCKU of this range
+    /// under the owner's lock state (which stays: the owner may hold other locks).
+    Unlock(Fh, Stateid, FileLock),
 }
 
 impl Orphan {
     /// The order orphans end in: lock states, then opens, then silly names.
     pub fn phase(&self) -> usize {
         match self {
-            Orphan::Lock(..) => 0,
+            Orphan::Lock(..) | Orphan::Unlock(..) => 0,
             Orphan::Open(..) => 1,
             Orphan::Silly(..) => 2,
         }
     }
 }
 
+/// Tries of one orphan at most ([`Locks41::orphan_again`]): then it is left to the lease.
+pub const MAX_ORPHAN_TRIES: u8 = 5;
+/// The wait before an orphan's second try; it doubles with each.
+pub const ORPHAN_RETRY: Duration = Duration::from_millis(200);
+
+/// An orphan waiting: its tries so far, and when it may go.
+#[derive(Clone, Copy, Debug)]
+struct Waiting {
+    orphan: Orphan,
+    tries: u8,
+    at: Instant,
+}
+
 /// The orphans waiting, and how many of each phase are on the wire.
 #[derive(Debug, Default)]
 struct Orphans {
-    waiting: Vec<Orphan>,
+    waiting: Vec<Waiting>,
     out: [u32; 3],
 }
 
 impl Orphans {
-    /// The index of the next orphan that may go now: of the first phase with any waiting, once
-    /// no orphan of an earlier phase is out.
-    fn next(&self) -> Option<usize> {
-        let phase = self.waiting.iter().map(Orphan::phase).min()?;
-        if self.out[..phase].iter().any(|&n| n > 0) {
-            return None;
-        }
-        self.waiting.iter().position(|o| o.phase() == phase)
+    /// The phase whose orphans may go (the first with any waiting, once no orphan of an
+    /// earlier phase is out).
+    fn phase(&self) -> Option<usize> {
+        let phase = self.waiting.iter().map(|w| w.orphan.phase()).min()?;
+        (!self.out[..phase].iter().any(|&n| n > 0)).then_some(phase)
+    }
+
+    /// The index of the next orphan that may go at `now`.
+    fn next(&self, now: Instant) -> Option<usize> {
+        let phase = self.phase()?;
+        self.waiting.iter().position(|w| w.orphan.phase() == phase && w.at <= now)
     }
 }
 
@@ -583,9 +606,10 @@ impl Locks41 {
     pub fn orphan_all(&self, fh: impl Fn(u64) -> Option<Fh>) {
         let all = self.states.take_all();
         let mut o = self.orphans();
+        let now = Instant::now();
         for (node, _, s) in all {
             match fh(node) {
-                Some(f) => o.waiting.push(Orphan::Lock(f, s)),
+                Some(f) => o.waiting.push(Waiting { orphan: Orphan::Lock(f, s), tries: 0, at: now }),
                 None => log::debug!("nfs4.1: the lock state of node {node} has no handle: left to the lease"),
             }
         }
@@ -593,17 +617,44 @@ impl Locks41 {
 
     /// The session ended with `orphan` still on the server: the engines end it.
     pub fn orphan(&self, orphan: Orphan) {
-        self.orphans().waiting.push(orphan);
+        self.orphans().waiting.push(Waiting { orphan, tries: 0, at: Instant::now() });
     }
 
-    /// An orphan to end now, if any may go (see [`Orphan::phase`]); the engine reports its end
-    /// with [`Locks41::orphan_ended`].
-    pub fn take_orphan(&self) -> Option<Orphan> {
+    /// An orphan to end at `now`, if any may go (see [`Orphan::phase`]), with its tries so
+    /// far; the engine reports its end with [`Locks41::orphan_ended`], after
+    /// [`Locks41::orphan_again`] if it failed.
+    pub fn take_orphan(&self, now: Instant) -> Option<(Orphan, u8)> {
         let mut o = self.orphans();
-        let i = o.next()?;
-        let orphan = o.waiting.swap_remove(i);
-        o.out[orphan.phase()] += 1;
-        Some(orphan)
+        let i = o.next(now)?;
+        let w = o.waiting.swap_remove(i);
+        o.out[w.orphan.phase()] += 1;
+        Some((w.orphan, w.tries))
+    }
+
+    /// `orphan`, taken after `tries` tries, could not be sent: it waits again, untried.
+    pub fn put_back(&self, orphan: Orphan, tries: u8) {
+        self.orphans().waiting.push(Waiting { orphan, tries, at: Instant::now() });
+    }
+
+    /// `orphan`'s try (after `tries` before it) failed, or a release's LOCKU or CLOSE did:
+    /// it goes again after a back-off, at most [`MAX_ORPHAN_TRIES`] tries in all (then it is
+    /// left to the lease, which the pollers' renewals keep: logged). Called before
+    /// [`Locks41::orphan_ended`] of the failed try, so no later phase goes in between.
+    pub fn orphan_again(&self, orphan: Orphan, tries: u8) {
+        let tries = tries.saturating_add(1);
+        if tries >= MAX_ORPHAN_TRIES {
+            log::warn!("nfs4.1: {orphan:?} failed {tries} times: left on the server");
+            return;
+        }
+        let at = Instant::now() + ORPHAN_RETRY * (1 << (tries - 1));
+        self.orphans().waiting.push(Waiting { orphan, tries, at });
+    }
+
+    /// When the next orphan may go, if any waits (for a poller that would otherwise sleep).
+    pub fn next_orphan_at(&self) -> Option<Instant> {
+        let o = self.orphans();
+        let phase = o.phase()?;
+        o.waiting.iter().filter(|w| w.orphan.phase() == phase).map(|w| w.at).min()
     }
 
     /// The call of an orphan of `phase` ended (answered, failed, or abandoned).
@@ -615,7 +666,7 @@ impl Locks41 {
 
     /// Whether an orphan may be taken now.
     pub fn has_orphans(&self) -> bool {
-        self.orphans().next().is_some()
+        self.orphans().next(Instant::now()).is_some()
     }
 
     /// Orphans waiting or on the wire.
@@ -811,7 +862,48 @@ mod tests {
         assert!(l.waits.is_empty());
         let fh = Fh::new(b"file").unwrap();
         l.orphan_all(|_| Some(fh));
-        assert_eq!(l.take_orphan(), Some(Orphan::Lock(fh, st)));
+        assert_eq!(l.take_orphan(Instant::now()), Some((Orphan::Lock(fh, st), 0)));
+    }
+
+    #[test]
+    fn a_failed_orphan_goes_again_later_a_bounded_number_of_times_and_keeps_its_phase() {
+        let l = Locks41::default();
+        let st = Stateid { seqid: 1, other: [9; 12] };
+        let fh = Fh::new(b"file").unwrap();
+        l.orphan(Orphan::Open(fh, st));
+        l.orphan(Orphan::Lock(fh, st));
+        let t0 = Instant::now();
+        let (o, tries) = l.take_orphan(t0).unwrap();
+        assert_eq!((o, tries), (Orphan::Lock(fh, st), 0));
+        // Not sent (no room): back at once, untried.
+        l.put_back(o, tries);
+        l.orphan_ended(0);
+        let (o, tries) = l.take_orphan(Instant::now()).unwrap();
+        assert_eq!((o, tries), (Orphan::Lock(fh, st), 0));
+        // Failed: again after a back-off, and the CLOSE still waits for it.
+        l.orphan_again(o, tries);
+        l.orphan_ended(0);
+        assert_eq!(l.take_orphan(Instant::now()), None, "neither before its back-off nor the CLOSE");
+        let at = l.next_orphan_at().unwrap();
+        assert!(at >= t0 + ORPHAN_RETRY, "{at:?}");
+        let mut tries = 1;
+        let mut now = at;
+        loop {
+            let (o, t) = l.take_orphan(now).unwrap();
+            assert_eq!((o, t), (Orphan::Lock(fh, st), tries));
+            l.orphan_again(o, t);
+            l.orphan_ended(0);
+            tries += 1;
+            match l.next_orphan_at() {
+                Some(at) if l.orphans().waiting.iter().any(|w| w.orphan.phase() == 0) => now = at,
+                _ => break,
+            }
+        }
+        assert_eq!(tries, MAX_ORPHAN_TRIES, "given up after its last try");
+        assert_eq!(l.take_orphan(now).map(|(o, _)| o), Some(Orphan::Open(fh, st)));
+        // A range a wait was granted too late goes before the opens too.
+        let lk = FileLock { start: 0, end: 9, typ: LockType::Write, pid: 1 };
+        assert_eq!(Orphan::Unlock(fh, st, lk).phase(), 0);
     }
 
     #[test]
@@ -837,14 +929,15 @@ mod tests {
         l.orphan(Orphan::Open(fh, st));
         l.orphan_all(|_| Some(fh));
         assert_eq!(l.orphans_left(), 3);
-        assert_eq!(l.take_orphan(), Some(Orphan::Lock(fh, st)));
+        let now = Instant::now();
+        assert_eq!(l.take_orphan(now), Some((Orphan::Lock(fh, st), 0)));
         assert!(!l.has_orphans(), "no CLOSE while a lock state from its open may be held");
-        assert_eq!(l.take_orphan(), None);
+        assert_eq!(l.take_orphan(now), None);
         l.orphan_ended(0);
-        assert_eq!(l.take_orphan(), Some(Orphan::Open(fh, st)));
-        assert_eq!(l.take_orphan(), None, "no REMOVE while the file may be open");
+        assert_eq!(l.take_orphan(now), Some((Orphan::Open(fh, st), 0)));
+        assert_eq!(l.take_orphan(now), None, "no REMOVE while the file may be open");
         l.orphan_ended(1);
-        assert!(matches!(l.take_orphan(), Some(Orphan::Silly(..))));
+        assert!(matches!(l.take_orphan(now), Some((Orphan::Silly(..), 0))));
         l.orphan_ended(2);
         l.orphan_ended(2);
         assert_eq!(l.orphans_left(), 0, "an end too many is no underflow");

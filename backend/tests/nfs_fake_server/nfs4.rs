@@ -84,6 +84,21 @@ pub enum Arg {
         stateid: [u8; 16],
     },
     Delegreturn,
+    /// LOCK: its range, and whether it is the owner's first (`open_to_lock_owner4`).
+    Lock {
+        offset: u64,
+        length: u64,
+        new_owner: bool,
+    },
+    /// LOCKU: the lock stateid and range.
+    Locku {
+        stateid: [u8; 16],
+        offset: u64,
+        length: u64,
+    },
+    FreeStateid {
+        stateid: [u8; 16],
+    },
 }
 
 impl Arg {
@@ -114,6 +129,9 @@ impl Arg {
             Arg::Close { .. } => OpNum::Close,
             Arg::Setattr { .. } => OpNum::Setattr,
             Arg::Delegreturn => OpNum::Delegreturn,
+            Arg::Lock { .. } => OpNum::Lock,
+            Arg::Locku { .. } => OpNum::Locku,
+            Arg::FreeStateid { .. } => OpNum::FreeStateid,
         }
     }
 }
@@ -314,6 +332,31 @@ pub fn parse(args: &[u8]) -> Compound {
                 d.array::<16>().unwrap();
                 Arg::Delegreturn
             }
+            OpNum::Lock => {
+                d.u32().unwrap(); // locktype
+                d.bool().unwrap(); // reclaim
+                let offset = d.u64().unwrap();
+                let length = d.u64().unwrap();
+                let new_owner = d.bool().unwrap();
+                if new_owner {
+                    d.u32().unwrap(); // open seqid
+                    d.array::<16>().unwrap();
+                    d.u32().unwrap(); // lock seqid
+                    d.u64().unwrap(); // clientid
+                    d.opaque(1024, "owner").unwrap();
+                } else {
+                    d.array::<16>().unwrap();
+                    d.u32().unwrap(); // lock seqid
+                }
+                Arg::Lock { offset, length, new_owner }
+            }
+            OpNum::Locku => {
+                d.u32().unwrap(); // locktype
+                d.u32().unwrap(); // seqid
+                let stateid = d.array::<16>().unwrap();
+                Arg::Locku { stateid, offset: d.u64().unwrap(), length: d.u64().unwrap() }
+            }
+            OpNum::FreeStateid => Arg::FreeStateid { stateid: d.array::<16>().unwrap() },
             op => panic!("{op:?} not parsed here"),
         });
     }
@@ -526,6 +569,17 @@ pub fn open_ok_deleg(other: [u8; 12], deleg: Option<[u8; 12]>) -> Vec<u8> {
                     e.opaque(b"", 1024).unwrap();
                 }
             }
+        }),
+    )
+}
+
+/// LOCK's or LOCKU's result (`op`): the lock stateid, `other` with seqid 1.
+pub fn lock_ok(op: OpNum, other: [u8; 12]) -> Vec<u8> {
+    ok(
+        op,
+        &enc(|e| {
+            e.u32(1).unwrap();
+            e.fixed(&other).unwrap();
         }),
     )
 }

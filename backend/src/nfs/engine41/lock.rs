@@ -20,7 +20,7 @@ use super::slot::{stateid_of, Kind, Slot, Step};
 use crate::filesystem::{Error, FileLock, LockRequest, LockType, Reply};
 use crate::nfs::conn::{CallError, CompoundReply};
 use crate::nfs::convert::cred;
-use crate::nfs::locks41::{After, Attempt, Counter, Locks41, Owner, Tried};
+use crate::nfs::locks41::{After, Attempt, Counter, Locks41, Orphan, Owner, Tried};
 use crate::nfs::shared::Shared;
 use crate::nfs::wire::nfs4::{LockType as NfsLock, Nfsstat4, OpNum, OpRes, Stateid};
 use crate::nfs::wire::Fh;
@@ -221,8 +221,12 @@ pub(super) fn reply(fs: &Shared, slot: &mut Slot, res: Result<CompoundReply<'_>,
     };
     let g = match r {
         Ok(g) => g,
-        // A lock state being let go is forgotten whatever happened (the lease ends it).
-        Err(_) if slot.step == Step::Free => return freed(&fs.locks41, slot, false),
+        // No reply: the lock state goes again as an orphan (the pollers' renewals would keep
+        // it, and a CLOSE after it would fail LOCKS_HELD).
+        Err(_) if slot.step == Step::Free => {
+            free_again(&fs.locks41, slot);
+            return freed(&fs.locks41, slot, false);
+        }
         Err(e) => return Flow::Done(Err(e)),
     };
     let locks = &fs.locks41;
@@ -235,6 +239,9 @@ pub(super) fn reply(fs: &Shared, slot: &mut Slot, res: Result<CompoundReply<'_>,
         (Step::Free, failed) => {
             if let Some((op, s)) = failed {
                 log::debug!("nfs4.1: letting a lock state of node {} go: {op:?} {s:?}", slot.nodeid);
+                if !stale(s) {
+                    free_again(locks, slot);
+                }
             }
             freed(locks, slot, failed.is_none())
         }
@@ -318,6 +325,15 @@ fn forget_stale(locks: &Locks41, slot: &mut Slot, s: Nfsstat4) {
     slot.lock_state = None;
 }
 
+/// The LOCKU and FREE_STATEID of the last of `slot.frees` (a FLUSH's or RELEASE's) failed
+/// otherwise than on a stateid the server no longer knows: it goes again as an orphan
+/// ([`Locks41::orphan_again`], bounded).
+fn free_again(locks: &Locks41, slot: &Slot) {
+    if let Some(&s) = slot.frees.last() {
+        locks.orphan_again(Orphan::Lock(slot.obj, s), 0);
+    }
+}
+
 /// One lock state of `slot.frees` was let go (`ok`: the server said so): the next, the CLOSE
 /// of a RELEASE, or the answer.
 fn freed(locks: &Locks41, slot: &mut Slot, ok: bool) -> Flow {
@@ -368,6 +384,21 @@ pub(super) fn start_orphan(slot: &mut Slot, fh: Fh, s: Stateid) {
     slot.step = Step::Free;
 }
 
+/// Fills background slot `slot` with the LOCKU of `lock` under lock state `s` (a lock granted
+/// to a wait that ended, whose first LOCKU failed).
+pub(super) fn start_unlock(slot: &mut Slot, fh: Fh, s: Stateid, lock: FileLock) {
+    slot.obj = fh;
+    slot.nodeid = 0;
+    slot.cred = crate::nfs::conn::Cred::ROOT;
+    slot.frees.clear();
+    slot.attempt = None;
+    slot.lock = lock;
+    slot.lock_state = Some(s);
+    slot.convert = false;
+    slot.kind = Kind::LetGo;
+    slot.step = Step::Locku;
+}
+
 /// A background slot's call could not go or ended without a reply it can use: a try is
 /// reported denied (another comes after its back-off).
 pub(super) fn abandon(locks: &Locks41, slot: &mut Slot, now: Instant) {
@@ -391,7 +422,8 @@ pub(super) fn background(
         Err(_) => {
             // No reply (a time-out, the session's end) or one that does not decode: a try
             // goes again later (the same owner's LOCK of the same range is granted again if
-            // this one was); a LOCKU or an orphan is left to the lease.
+            // this one was); so does a LOCKU or an orphan, a bounded number of times.
+            super::orphan::requeue(locks, slot, true);
             abandon(locks, slot, now);
             return false;
         }
@@ -443,12 +475,18 @@ pub(super) fn background(
             locks.count(Counter::Call);
             if let Some((op, s)) = g.failed {
                 log::debug!("nfs4.1: letting go of a lock granted too late: {op:?} {s:?}");
+                if !stale(s) {
+                    super::orphan::requeue(locks, slot, true);
+                }
             }
             false
         }
         _ => {
             if let Some((op, s)) = g.failed {
                 log::debug!("nfs4.1: letting an orphaned lock state go: {op:?} {s:?}");
+                if !stale(s) {
+                    super::orphan::requeue(locks, slot, true);
+                }
             } else {
                 locks.count(Counter::Freed);
             }
@@ -498,7 +536,10 @@ impl Background {
         if self.locks.has_orphans() {
             return Some(Instant::now());
         }
-        self.locks.waits.next_due()
+        match (self.locks.next_orphan_at(), self.locks.waits.next_due()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The engine goes: tries on the wire are tried again by another engine.

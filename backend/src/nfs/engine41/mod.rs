@@ -203,7 +203,7 @@ impl SessionSink for PollSink<'_, '_> {
             let bg = &mut *self.bg;
             if let Some(s) = bg.slots.get_mut(i).filter(|s| s.busy) {
                 let more = if orphan::is_orphan(s) {
-                    orphan::reply(s, res, self.cell)
+                    orphan::reply(&bg.locks, s, res, self.cell)
                 } else {
                     lock::background(&bg.locks, s, res, self.now)
                 };
@@ -370,17 +370,23 @@ impl Nfs41Engine {
         for &tag in &next {
             let Some(i) = Background::index(tag) else { continue };
             if !self.send_bg(i) {
-                lock::abandon(&self.bg.locks, &mut self.bg.slots[i], now);
-                orphan::ended(&self.bg.locks, &mut self.bg.slots[i]);
+                let s = &mut self.bg.slots[i];
+                orphan::requeue(&self.bg.locks, s, false);
+                lock::abandon(&self.bg.locks, s, now);
+                orphan::ended(&self.bg.locks, s);
             }
         }
         self.bg.next = next;
         self.bg.next.clear();
         while let Some(i) = self.bg.free() {
+            if !self.session.has_room() {
+                // Nothing could be sent: orphans and tries stay where they are.
+                break;
+            }
             let locks = self.bg.locks.clone();
             let slot = &mut self.bg.slots[i];
-            if let Some(o) = locks.take_orphan() {
-                orphan::start(slot, o);
+            if let Some((o, tries)) = locks.take_orphan(now) {
+                orphan::start(slot, o, tries);
             } else if let Some(a) = locks.waits.due(now) {
                 if let Err(e) = lock::start_try(fs, slot, a) {
                     locks.waits.attempted(a.id, crate::nfs::locks41::Tried::Failed(e), now);
@@ -391,8 +397,11 @@ impl Nfs41Engine {
             }
             slot.busy = true;
             if !self.send_bg(i) {
-                lock::abandon(&locks, &mut self.bg.slots[i], now);
-                orphan::ended(&locks, &mut self.bg.slots[i]);
+                // An orphan taken goes back, untried (a try is reported denied).
+                let s = &mut self.bg.slots[i];
+                orphan::requeue(&locks, s, false);
+                lock::abandon(&locks, s, now);
+                orphan::ended(&locks, s);
                 break;
             }
         }
@@ -573,9 +582,13 @@ impl Drop for Nfs41Engine {
         // DESTROY_SESSION goes if it can; the server drops the rest at the end of the lease.
         let mut sink = SendSink { payload: None, ended: false };
         let now = Instant::now();
-        // Tries on the wire go to another engine (their waits are tried again); orphans on the
-        // wire are left to the lease.
+        // Tries on the wire go to another engine (their waits are tried again), and so do
+        // orphans and let-gos on the wire (sent again: a LOCKU or CLOSE that went is answered
+        // BAD_STATEID the second time, which ends it).
         for s in &mut self.bg.slots {
+            if s.busy {
+                orphan::requeue(&self.bg.locks, s, false);
+            }
             orphan::ended(&self.bg.locks, s);
         }
         self.bg.abandon_all(now);

@@ -16,6 +16,7 @@ use crate::filesystem::seam::{Completions, DirentWriter};
 use crate::filesystem::{self, DirEntry, Entry, Error, Opened, Reply, Stat};
 use crate::nfs::conn::{CallError, CompoundReply, ReadDone};
 use crate::nfs::convert::access_ok;
+use crate::nfs::locks41::Orphan;
 use crate::nfs::nodes::{silly_name, OpenFile};
 use crate::nfs::shared::{EngineCell, Shared};
 use crate::nfs::wire::nfs4::{
@@ -124,18 +125,24 @@ pub(super) fn reply(
         Err(e) => {
             log::debug!("nfs4.1: {:?} of request {:?} ended: {e}", slot.step, slot.token);
             if slot.step == Step::Close {
-                return close_ended(slot, Some(e.to_string()), cell);
+                return close_ended(fs, slot, Some((e.to_string(), true)), cell);
             }
             return Flow::Done(Err(Error::Io));
         }
     };
     let g = match gather(&reply) {
         Ok(g) => g,
-        Err(_) if slot.step == Step::Close => return close_ended(slot, Some("undecodable".into()), cell),
+        Err(_) if slot.step == Step::Close => {
+            return close_ended(fs, slot, Some(("undecodable".into(), true)), cell)
+        }
         Err(e) => return Flow::Done(Err(e)),
     };
     if slot.step == Step::Close {
-        return close_ended(slot, g.failed.map(|(op, s)| format!("{op:?} {s:?}")), cell);
+        // A CLOSE the server refused otherwise than on an open it no longer knows goes again.
+        let failure = g
+            .failed
+            .map(|(op, s)| (format!("{op:?} {s:?}"), !super::reopen::lost(s) && s != Nfsstat4::OldStateid));
+        return close_ended(fs, slot, failure, cell);
     }
     match step(fs, slot, g, done, cell) {
         Ok(f) => f,
@@ -143,13 +150,17 @@ pub(super) fn reply(
     }
 }
 
-/// A CLOSE ended (`failure`: why, when it did not succeed: counted, the open may stay on the
-/// server until the lease ends): a silly name's REMOVE goes next whatever happened, else the
-/// answer kept (or RELEASE's).
-fn close_ended(slot: &mut Slot, failure: Option<String>, cell: &EngineCell) -> Flow {
-    if let Some(why) = failure {
+/// A CLOSE ended (`failure`: why, when it did not succeed, counted, and whether it goes again:
+/// as an orphan, `Locks41::orphan_again`, since the pollers' renewals would keep the open for
+/// the client's life): a silly name's REMOVE goes next whatever happened, else the answer kept
+/// (or RELEASE's).
+fn close_ended(fs: &Shared, slot: &mut Slot, failure: Option<(String, bool)>, cell: &EngineCell) -> Flow {
+    if let Some((why, again)) = failure {
         EngineCell::bump(&cell.close_failures);
         log::info!("nfs4.1: CLOSE of an open of node {} failed: {why}", slot.nodeid);
+        if again {
+            fs.locks41.orphan_again(Orphan::Open(slot.obj, slot.stateid), 0);
+        }
     }
     if slot.silly {
         slot.step = Step::Remove;

@@ -374,8 +374,8 @@ pub(super) struct Slot {
     pub(super) frees: Vec<Stateid>,
     /// The try a background slot sends.
     pub(super) attempt: Option<Attempt>,
-    /// The phase of the orphan a background slot ends (`Orphan::phase`), until its call ends.
-    pub(super) orphan: Option<usize>,
+    /// The orphan a background slot ends, with its tries before this one, until its call ends.
+    pub(super) orphan: Option<(crate::nfs::locks41::Orphan, u8)>,
     /// The handle's open was opened again for this request (once: a second loss is EIO).
     pub(super) reopened: bool,
     /// The step a re-open goes back to.

@@ -457,6 +457,11 @@ impl Session {
         })
     }
 
+    /// Whether [`Session::call`] would take one more call now (not `Full`).
+    pub fn has_room(&self) -> bool {
+        !self.free.is_empty()
+    }
+
     /// The owner's calls not ended yet (waiting or on the wire).
     pub fn in_flight(&self) -> usize {
         self.records.len() - self.free.len()
