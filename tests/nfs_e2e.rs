@@ -807,6 +807,34 @@ mod locks41 {
         da.shutdown().unwrap();
         db.shutdown().unwrap();
     }
+    #[test]
+    fn an_ofd_lock_goes_with_the_release_of_the_handle_it_came_from() {
+        let g = Ganesha::start();
+        let a = Served::on(&g, Nfs::V41, |_| {});
+        let b = Served::on(&g, Nfs::V41, |_| {});
+        let mut da = a.connect();
+        let mut db = b.connect();
+        let (f, o1) = da.create(ROOT, "ofd", 0o644, RDWR).unwrap();
+        let o2 = da.open(f.nodeid, RDWR).unwrap();
+        let fb = db.lookup(ROOT, "ofd").unwrap().nodeid;
+        let ob = db.open(fb, RDWR).unwrap();
+        // An OFD lock through the first handle (its owner is the open file: no FLUSH names it,
+        // and RELEASE names it only when a flock was held).
+        const OFD: u64 = 0x0fd0_0000_0001;
+        da.setlk(f.nodeid, &posix(o1.fh, OFD, WR, 0, 99)).unwrap();
+        assert_eq!(errno(db.setlk(fb, &posix(ob.fh, 2, WR, 0, 0))), libc::EAGAIN);
+        // The file stays open through the second handle; the first one's RELEASE lets the
+        // lock go before its CLOSE (which would fail LOCKS_HELD).
+        da.release(f.nodeid, o1.fh).unwrap();
+        db.setlk(fb, &posix(ob.fh, 2, WR, 0, 99)).unwrap();
+        assert_eq!(a.fs().stats().close_failures, 0);
+        db.flush_owner(fb, ob.fh, 2).unwrap();
+        db.release(fb, ob.fh).unwrap();
+        da.release(f.nodeid, o2.fh).unwrap();
+        da.shutdown().unwrap();
+        db.shutdown().unwrap();
+    }
+
     /// Waits (at most 5 s) for whichever of SETLKW `wa` through `da` and `wb` through `db`
     /// is answered first, which must be a grant: true for `wa`'s.
     fn first_granted(da: &mut FsDriver, wa: u64, db: &mut FsDriver, wb: u64) -> bool {

@@ -111,12 +111,14 @@ pub struct LockStates {
     inner: Mutex<HashMap<(u64, Owner), Kept>>,
 }
 
-/// A lock state kept: its stateid, and the type of the owner's last lock or unlock through it
-/// (what a flock owner holds, the whole file: [`LockStates::held`]).
+/// A lock state kept: its stateid, the type of the owner's last lock or unlock through it
+/// (what a flock owner holds, the whole file: [`LockStates::held`]), and the FUSE handle whose
+/// open it came from (`open_to_lock_owner4`: [`LockStates::forget_from`]).
 #[derive(Clone, Copy, Debug)]
 struct Kept {
     stateid: Stateid,
     typ: LockType,
+    from: u64,
 }
 
 impl LockStates {
@@ -136,9 +138,22 @@ impl LockStates {
     }
 
     /// The server gave (or updated) `owner`'s lock stateid on `nodeid`, for a lock (or unlock)
-    /// of type `typ`.
-    pub fn set(&self, nodeid: u64, owner: Owner, stateid: Stateid, typ: LockType) {
-        self.lock().insert((nodeid, owner), Kept { stateid, typ });
+    /// of type `typ` through FUSE handle `fh` (a new state came from its open; one kept keeps
+    /// the handle it came from).
+    pub fn set(&self, nodeid: u64, owner: Owner, stateid: Stateid, typ: LockType, fh: u64) {
+        let mut g = self.lock();
+        let from = g.get(&(nodeid, owner)).map_or(fh, |k| k.from);
+        g.insert((nodeid, owner), Kept { stateid, typ, from });
+    }
+
+    /// Every lock state of `nodeid` that came from FUSE handle `fh`'s open (its RELEASE: the
+    /// CLOSE of that open would fail LOCKS_HELD while one is held, and nobody's FLUSH names an
+    /// OFD lock's owner), forgotten.
+    pub fn forget_from(&self, nodeid: u64, fh: u64) -> Vec<Stateid> {
+        let mut g = self.lock();
+        let gone: Vec<Owner> =
+            g.iter().filter(|((n, _), k)| *n == nodeid && k.from == fh).map(|((_, o), _)| *o).collect();
+        gone.iter().filter_map(|o| g.remove(&(nodeid, *o)).map(|k| k.stateid)).collect()
     }
 
     /// `owner`'s lock state on `nodeid` is gone (freed, or the server lost it).
@@ -856,7 +871,7 @@ mod tests {
         let now = Instant::now();
         let a = l.waits.due(now).unwrap();
         let st = Stateid { seqid: 1, other: [3; 12] };
-        l.states.set(a.nodeid, a.owner, st, LockType::Write);
+        l.states.set(a.nodeid, a.owner, st, LockType::Write, a.fh);
         l.waits.attempted(a.id, Tried::Granted, now);
         l.cancel(id);
         assert!(l.waits.is_empty());
@@ -924,7 +939,7 @@ mod tests {
         let l = Locks41::default();
         let st = Stateid { seqid: 1, other: [9; 12] };
         let fh = Fh::new(b"file").unwrap();
-        l.states.set(5, Owner::Posix(1), st, LockType::Write);
+        l.states.set(5, Owner::Posix(1), st, LockType::Write, 7);
         l.orphan(Orphan::Silly(fh, [b'x'; SILLY_LEN]));
         l.orphan(Orphan::Open(fh, st));
         l.orphan_all(|_| Some(fh));
@@ -942,7 +957,7 @@ mod tests {
         l.orphan_ended(2);
         assert_eq!(l.orphans_left(), 0, "an end too many is no underflow");
         // A server that lost a file's lock states: marked until its last close.
-        l.states.set(6, Owner::Flock(3), st, LockType::Read);
+        l.states.set(6, Owner::Flock(3), st, LockType::Read, 3);
         assert!(!l.lose(7), "no lock state: nothing lost");
         assert!(l.lose(6) && l.lose(6), "marked, and stays so");
         assert!(l.states.is_empty());
@@ -959,12 +974,17 @@ mod tests {
     fn lock_states_are_per_file_and_owner() {
         let s = LockStates::default();
         let st = Stateid { seqid: 1, other: [9; 12] };
-        s.set(5, Owner::Posix(1), st, LockType::Write);
-        s.set(5, Owner::Flock(7), st, LockType::Read);
-        s.set(6, Owner::Posix(1), st, LockType::Write);
+        s.set(5, Owner::Posix(1), st, LockType::Write, 7);
+        s.set(5, Owner::Flock(7), st, LockType::Read, 7);
+        s.set(6, Owner::Posix(1), st, LockType::Write, 8);
         assert_eq!(s.get(5, Owner::Posix(1)), Some(st));
         assert_eq!(s.held(5, Owner::Flock(7)), Some(LockType::Read));
         assert_eq!(s.held(5, Owner::Flock(8)), None);
+        // Each remembers the handle whose open it came from, not a later one's.
+        s.set(5, Owner::Posix(9), st, LockType::Write, 4);
+        s.set(5, Owner::Posix(9), st, LockType::Read, 7);
+        assert_eq!(s.forget_from(5, 4), vec![st]);
+        assert_eq!(s.forget_from(5, 4), vec![]);
         assert_eq!(s.get(5, Owner::Posix(2)), None);
         assert_eq!(s.forget_node(5).len(), 2);
         assert_eq!(s.len(), 1);
@@ -985,7 +1005,7 @@ mod tests {
         let st = Stateid { seqid: 1, other: [9; 12] };
         for o in 0..MAX_LOCK_STATES as u64 {
             assert!(!s.full(5, Owner::Posix(o)));
-            s.set(5, Owner::Posix(o), st, LockType::Write);
+            s.set(5, Owner::Posix(o), st, LockType::Write, 1);
         }
         assert!(s.full(5, Owner::Posix(u64::MAX)), "a new one past the bound");
         assert!(s.full(6, Owner::Posix(0)), "on another file too");

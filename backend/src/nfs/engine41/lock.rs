@@ -107,6 +107,7 @@ pub(super) fn prepare(fs: &Shared, slot: &mut Slot, l: &LockRequest) -> Result<O
     slot.obj = fs.nodes.fh(slot.nodeid)?;
     let owner = Owner::of(l);
     slot.lock = l.lock;
+    slot.handle = l.fh;
     slot.lock_owner = owner;
     slot.lock_name = owner.name();
     slot.lock_state = locks.states.get(slot.nodeid, owner);
@@ -161,7 +162,7 @@ fn first_step(locks: &Locks41, slot: &mut Slot) -> Step {
 fn converted(locks: &Locks41, slot: &mut Slot, stateid: Option<Stateid>) {
     let s = stateid.or(slot.lock_state);
     if let Some(s) = s {
-        locks.states.set(slot.nodeid, slot.lock_owner, s, LockType::Unlock);
+        locks.states.set(slot.nodeid, slot.lock_owner, s, LockType::Unlock, slot.handle);
     }
     slot.lock_state = s;
     slot.convert = false;
@@ -205,6 +206,10 @@ pub(super) fn release(fs: &Shared, slot: &mut Slot, nodeid: u64, fh: u64, lock_o
             slot.frees.push(s);
         }
     }
+    // Whatever came from this handle's open: an OFD lock's owner is the open file, which the
+    // kernel names in RELEASE only with a flock held (`FUSE_RELEASE_FLOCK_UNLOCK`), and no
+    // FLUSH names it.
+    slot.frees.extend(states.forget_from(nodeid, fh));
     if !fs.nodes.has_opens(nodeid) {
         slot.frees.extend(states.forget_node(nodeid).into_iter().map(|(_, s)| s));
     }
@@ -264,7 +269,7 @@ pub(super) fn reply(fs: &Shared, slot: &mut Slot, res: Result<CompoundReply<'_>,
         }
         (Step::Lock, None) => match g.stateid {
             Some(s) => {
-                locks.states.set(slot.nodeid, slot.lock_owner, s, slot.lock.typ);
+                locks.states.set(slot.nodeid, slot.lock_owner, s, slot.lock.typ, slot.handle);
                 locks.note_pid(slot.lock_owner, slot.lock.pid);
                 Flow::Done(Ok(Reply::Empty))
             }
@@ -286,7 +291,7 @@ pub(super) fn reply(fs: &Shared, slot: &mut Slot, res: Result<CompoundReply<'_>,
         }
         (Step::Locku, None) => {
             if let (Some(s), Owner::Flock(_)) = (g.stateid, slot.lock_owner) {
-                locks.states.set(slot.nodeid, slot.lock_owner, s, LockType::Unlock);
+                locks.states.set(slot.nodeid, slot.lock_owner, s, LockType::Unlock, slot.handle);
             }
             Flow::Done(Ok(Reply::Empty))
         }
@@ -361,6 +366,7 @@ pub(super) fn start_try(fs: &Shared, slot: &mut Slot, a: Attempt) -> Result<(), 
     slot.nodeid = a.nodeid;
     slot.cred = cred(&Context { uid: a.uid, gid: a.gid, pid: 0, supp_gid: None });
     slot.lock = a.lock;
+    slot.handle = a.fh;
     slot.lock_owner = a.owner;
     slot.lock_name = a.owner.name();
     slot.lock_state = locks.states.get(a.nodeid, a.owner);
@@ -440,7 +446,7 @@ pub(super) fn background(
                 }
                 None => match g.stateid {
                     Some(s) => {
-                        locks.states.set(a.nodeid, a.owner, s, a.lock.typ);
+                        locks.states.set(a.nodeid, a.owner, s, a.lock.typ, a.fh);
                         locks.note_pid(a.owner, a.lock.pid);
                         Tried::Granted
                     }
