@@ -17,7 +17,8 @@
 //! granted or failed, the wait ends and the generation moves, so the poller that parked it
 //! answers it. A wait cancelled or interrupted while its LOCK is on the wire is let go when the
 //! LOCK is granted (the engine sends LOCKU). At most [`MAX_WAITS`] waits at once (`ENOLCK`
-//! beyond).
+//! beyond), and [`MAX_LOCK_STATES`] lock states. A flock owner that changes its lock's type
+//! lets the old lock go first, as flock(2) converts ([`LockStates::held`]).
 //!
 //! **A session's end.** A device reset ends the guest's locks: their states become orphans
 //! ([`Locks41::orphan_all`]), which the engines let go in the background (LOCKU of the whole
@@ -31,8 +32,8 @@
 //! is left on the server, for the client's life.
 //!
 //! **Locks a server lost.** A file whose lock states the server no longer knows (it restarted:
-//! found when a request through a handle of it finds its open unknown) is marked
-//! ([`Locks41::lose`]) until its last handle closes: the engine answers EIO rather than open it
+//! found when a request through a handle of it finds its open unknown, or a lock call its lock
+//! stateid) is marked ([`Locks41::lose`], [`Locks41::lose_locks`]) until its last handle closes: the engine answers EIO rather than open it
 //! again, never letting a write that relied on a lock go through without it.
 //!
 //! [`Locks41`] holds the three, with the counters the engines keep ([`LockTotals`]).
@@ -470,8 +471,8 @@ pub struct LockTotals {
     /// Lock states let go (LOCKU of the whole file and FREE_STATEID: FLUSH, RELEASE, the end
     /// of a session).
     pub freed: u64,
-    /// Lock stateids the server no longer knew (forgotten; the lock tried again as the owner's
-    /// first).
+    /// Lock stateids the server no longer knew (forgotten, their file marked lost:
+    /// [`Locks41::lose_locks`]).
     pub stale: u64,
     /// SETLKW requests that waited on the server.
     pub waits: u64,
