@@ -43,8 +43,9 @@ fn stats_file_on_sigusr1_and_at_exit() {
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !sock.exists() {
-        assert!(Instant::now() < deadline, "daemon did not listen");
+    // The socket is bound before the statistics file is made: wait for both.
+    while !sock.exists() || !stats.exists() {
+        assert!(Instant::now() < deadline, "daemon did not listen and make its statistics file");
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(std::fs::read(&stats).unwrap(), b"", "created empty at start");
