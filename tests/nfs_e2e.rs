@@ -294,16 +294,21 @@ fn a_time_past_2038_set_over_nfs41_reads_back_exactly() {
     d.shutdown().unwrap();
 }
 
-#[test]
-fn two_pollers_sessions_of_one_client_share_the_opens_on_nfs41() {
-    let g = Ganesha::start();
+/// A device with two pollers (two request queues) serving `g`'s export over `v`, and a driver
+/// that spreads its requests over both queues.
+fn two_pollers(g: &Ganesha, v: Nfs) -> (Served, FsDriver) {
     let profile = Profile { request_queues: 2, poller_cores: vec![0, 1], ..Default::default() };
-    let s = Served::with_profile(&g, Nfs::V41, profile, |_| {});
+    let s = Served::with_profile(g, v, profile, |_| {});
     let opts = DriverOptions { request_queues: 2, spread_requests: true, ..Default::default() };
     let mut d = FsDriver::connect(&s.socket, opts).unwrap();
     d.init().unwrap();
-    // One handle opened through one poller's session, written and read through both.
-    let (f, open) = d.create(ROOT, "two41", 0o644, RDWR).unwrap();
+    (s, d)
+}
+
+/// Creates `name` and writes 16 blocks of 16 KiB through it, spread over both queues (checked):
+/// its entry, its handle and the bytes written.
+fn written_through_both(d: &mut FsDriver, name: &str) -> (abi::EntryOut, abi::OpenOut, Vec<u8>) {
+    let (f, open) = d.create(ROOT, name, 0o644, RDWR).unwrap();
     let mut expected = Vec::new();
     for i in 0..16u64 {
         let block = pattern(i as u8, 16 << 10);
@@ -311,6 +316,15 @@ fn two_pollers_sessions_of_one_client_share_the_opens_on_nfs41() {
         expected.extend_from_slice(&block);
     }
     assert!(d.completed_on(1) > 0 && d.completed_on(2) > 0, "both queues (pollers) served writes");
+    (f, open, expected)
+}
+
+#[test]
+fn two_pollers_sessions_of_one_client_share_the_opens_on_nfs41() {
+    let g = Ganesha::start();
+    let (s, mut d) = two_pollers(&g, Nfs::V41);
+    // One handle opened through one poller's session, written and read through both.
+    let (f, open, expected) = written_through_both(&mut d, "two41");
     assert_eq!(d.read(f.nodeid, open.fh, 0, expected.len() as u32).unwrap(), expected);
     d.release(f.nodeid, open.fh).unwrap();
     assert!(std::fs::read(g.export().join("two41")).unwrap() == expected, "every write is on the export");
@@ -548,19 +562,8 @@ fn backlog(v: Nfs) {
 #[test]
 fn writes_through_two_pollers_are_replayed_by_the_flush_on_either() {
     let mut g = Ganesha::start();
-    let profile = Profile { request_queues: 2, poller_cores: vec![0, 1], ..Default::default() };
-    let s = Served::with_profile(&g, Nfs::V3, profile, |_| {});
-    let opts = DriverOptions { request_queues: 2, spread_requests: true, ..Default::default() };
-    let mut d = FsDriver::connect(&s.socket, opts).unwrap();
-    d.init().unwrap();
-    let (f, open) = d.create(ROOT, "two", 0o644, RDWR).unwrap();
-    let mut expected = Vec::new();
-    for i in 0..16u64 {
-        let block = pattern(i as u8, 16 << 10);
-        d.write(f.nodeid, open.fh, i * (16 << 10), &block).unwrap();
-        expected.extend_from_slice(&block);
-    }
-    assert!(d.completed_on(1) > 0 && d.completed_on(2) > 0, "both queues (pollers) served writes");
+    let (s, mut d) = two_pollers(&g, Nfs::V3);
+    let (f, open, expected) = written_through_both(&mut d, "two");
     g.kill();
     std::fs::write(g.export().join("two"), vec![0u8; expected.len()]).unwrap();
     std::thread::sleep(Duration::from_millis(1100));

@@ -39,7 +39,7 @@
 //! [`Locks41`] holds the three, with the counters the engines keep ([`LockTotals`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -273,15 +273,43 @@ struct Table {
 #[derive(Debug, Default)]
 pub struct RemoteWaits {
     inner: Mutex<Table>,
+    /// `inner`'s waits, as of the last time its lock was let go (read without the lock: an
+    /// engine's poll round looks here first, [`Locks41::idle`]).
+    kept: AtomicUsize,
     generation: AtomicU64,
     /// How many tries were sent, and denied (data for the statistics).
     tries: AtomicU64,
     denied: AtomicU64,
 }
 
+/// A locked [`Table`] that publishes its length to `kept` as it is let go.
+struct TableGuard<'a> {
+    g: MutexGuard<'a, Table>,
+    kept: &'a AtomicUsize,
+}
+
+impl std::ops::Deref for TableGuard<'_> {
+    type Target = Table;
+    fn deref(&self) -> &Table {
+        &self.g
+    }
+}
+
+impl std::ops::DerefMut for TableGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Table {
+        &mut self.g
+    }
+}
+
+impl Drop for TableGuard<'_> {
+    fn drop(&mut self) {
+        self.kept.store(self.g.waits.len(), Ordering::Release);
+    }
+}
+
 impl RemoteWaits {
-    fn lock(&self) -> MutexGuard<'_, Table> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> TableGuard<'_> {
+        TableGuard { g: self.inner.lock().unwrap_or_else(|e| e.into_inner()), kept: &self.kept }
     }
 
     fn bump(&self) {
@@ -491,6 +519,9 @@ pub struct Locks41 {
     /// The SETLKW requests waiting for a lock on the server.
     pub waits: RemoteWaits,
     orphans: Mutex<Orphans>,
+    /// Orphans waiting or on the wire, as of the last time `orphans` was let go (read without
+    /// the lock, [`Locks41::idle`]).
+    orphans_kept: AtomicUsize,
     /// Files whose lock states the server lost ([`Locks41::lose`]).
     lost: Mutex<Vec<u64>>,
     calls: AtomicU64,
@@ -566,6 +597,32 @@ struct Orphans {
     out: [u32; 3],
 }
 
+/// A locked [`Orphans`] that publishes how many there are to `kept` as it is let go.
+struct OrphansGuard<'a> {
+    g: MutexGuard<'a, Orphans>,
+    kept: &'a AtomicUsize,
+}
+
+impl std::ops::Deref for OrphansGuard<'_> {
+    type Target = Orphans;
+    fn deref(&self) -> &Orphans {
+        &self.g
+    }
+}
+
+impl std::ops::DerefMut for OrphansGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Orphans {
+        &mut self.g
+    }
+}
+
+impl Drop for OrphansGuard<'_> {
+    fn drop(&mut self) {
+        let n = self.g.waiting.len() + self.g.out.iter().map(|&n| n as usize).sum::<usize>();
+        self.kept.store(n, Ordering::Release);
+    }
+}
+
 impl Orphans {
     /// The phase whose orphans may go (the first with any waiting, once no orphan of an
     /// earlier phase is out).
@@ -582,8 +639,14 @@ impl Orphans {
 }
 
 impl Locks41 {
-    fn orphans(&self) -> MutexGuard<'_, Orphans> {
-        self.orphans.lock().unwrap_or_else(|e| e.into_inner())
+    fn orphans(&self) -> OrphansGuard<'_> {
+        OrphansGuard { g: self.orphans.lock().unwrap_or_else(|e| e.into_inner()), kept: &self.orphans_kept }
+    }
+
+    /// Nothing for the engines' background slots: no orphan waits or is out, no SETLKW waits.
+    /// Two atomic loads: every engine asks at every poll round.
+    pub fn idle(&self) -> bool {
+        self.orphans_kept.load(Ordering::Acquire) == 0 && self.waits.kept.load(Ordering::Acquire) == 0
     }
 
     fn lost(&self) -> MutexGuard<'_, Vec<u64>> {
@@ -790,6 +853,26 @@ mod tests {
 
     fn ctx() -> Context {
         Context { uid: 1000, gid: 100, pid: 1, supp_gid: None }
+    }
+
+    #[test]
+    fn the_engines_see_idle_without_a_lock_only_when_nothing_waits() {
+        let l = Locks41::default();
+        assert!(l.idle(), "nothing at first");
+        let id = l.waits.wait(&ctx(), 5, &req(3), 77).unwrap();
+        assert!(!l.idle(), "a wait");
+        let a = l.waits.due(Instant::now()).unwrap();
+        l.waits.attempted(a.id, Tried::Granted, Instant::now());
+        assert!(!l.idle(), "ended, its answer not taken yet");
+        assert_eq!(l.waits.poll(id), Some(Ok(())));
+        assert!(l.idle(), "answered");
+        let fh = Fh::new(b"f").unwrap();
+        l.orphan(Orphan::Open(fh, Stateid::default()));
+        assert!(!l.idle(), "an orphan waits");
+        let (o, _) = l.take_orphan(Instant::now()).unwrap();
+        assert!(!l.idle(), "an orphan is out");
+        l.orphan_ended(o.phase());
+        assert!(l.idle(), "ended");
     }
 
     #[test]

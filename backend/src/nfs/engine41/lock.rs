@@ -538,6 +538,9 @@ impl Background {
     /// When the engine should look for work even if the connection has nothing: now with
     /// orphans, or at the next try's time; `None` when no slot is free.
     pub(super) fn due(&self) -> Option<Instant> {
+        if self.locks.idle() {
+            return None;
+        }
         self.free()?;
         if self.locks.has_orphans() {
             return Some(Instant::now());

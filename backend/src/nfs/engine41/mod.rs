@@ -363,6 +363,10 @@ impl Nfs41Engine {
     /// session (lock states, opens, silly names) and waiting locks due for a try, while a background slot is free (every engine takes
     /// them: any engine may serve any wait).
     fn background(&mut self, fs: &Shared, now: Instant) {
+        if self.bg.next.is_empty() && self.bg.locks.idle() {
+            // The common case: no lock waits, nothing to end; two atomic loads.
+            return;
+        }
         if self.conn.is_none() || self.session.state() != State::Ready {
             return;
         }
