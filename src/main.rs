@@ -91,10 +91,12 @@ struct Args {
     /// nosuid,nodev on the host.
     #[arg(long, value_name = "DIR")]
     shared_dir: Option<PathBuf>,
-    /// Serve this NFSv3 export instead: `nfs://HOST[:PORT]/EXPORT[?nfsport=N&mountport=M]`
-    /// (PORT: the portmapper's, default 111; nfsport/mountport skip it). Overrides the
-    /// profile's `remote`; the `nfs_*` profile keys tune it. Requests go with the guest
-    /// caller's uid, gid and groups (AUTH_SYS).
+    /// Serve this NFS export instead: `nfs://HOST[:PORT]/EXPORT[?nfsport=N&mountport=M]`
+    /// (NFSv3; PORT: the portmapper's, default 111; nfsport/mountport skip it), or
+    /// `nfs://HOST[:PORT][,HOST[:PORT]...]/EXPORT?version=4.1` (NFSv4.1, locks kept on the
+    /// server; PORT, else nfsport, else 2049; several addresses of one server spread the
+    /// pollers). Overrides the profile's `remote`; the `nfs_*` profile keys tune it. Requests
+    /// go with the guest caller's uid, gid and groups (AUTH_SYS).
     #[arg(long, value_name = "URL", conflicts_with = "shared_dir")]
     remote: Option<String>,
     /// With --shared-dir, how READ/WRITE/FSYNC are served: `hybrid` (zero-copy, inline when it

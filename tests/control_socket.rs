@@ -472,6 +472,12 @@ fn create_function_is_limited_to_what_allow_create_names() {
         json!({"socket_path": ok_sock, "tag": "x", "remote": "nfs://10.0.0.6/export"}),
         "10.0.0.6",
     );
+    // Every address of an NFSv4.1 URL must be allowed, not only the first.
+    denied(
+        &mut c,
+        json!({"socket_path": ok_sock, "tag": "x", "remote": "nfs://10.0.0.5,10.0.0.6/export?version=4.1"}),
+        "10.0.0.6",
+    );
     // Nothing was bound or written by the refusals.
     assert!(!ok_sock.exists() && !dir.path().join("x.sock").exists());
     assert_eq!(std::fs::read(socks.join("file.sock")).unwrap(), b"not a socket");

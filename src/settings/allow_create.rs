@@ -23,7 +23,8 @@ pub struct AllowCreate {
     pub roots: Vec<PathBuf>,
     /// `sockets=DIR`: a `socket_path` must be a name in this directory.
     pub sockets: Vec<PathBuf>,
-    /// `remotes=HOST`: a `remote`'s host must be this one (as the URL names it).
+    /// `remotes=HOST`: a `remote`'s host must be this one (as the URL names it; every host of
+    /// a URL with several must be allowed).
     pub remotes: Vec<String>,
 }
 
@@ -97,12 +98,15 @@ impl AllowCreate {
             BackendSpec::Ram { .. } => {}
             BackendSpec::SharedDir { shared_dir, .. } => *shared_dir = self.shared_dir(shared_dir)?,
             BackendSpec::Remote(r) => {
-                let host = &r.options.url.host;
-                if !self.remotes.iter().any(|h| h.eq_ignore_ascii_case(host)) {
-                    return Err(format!(
-                        "`remote` host {host:?} is not allowed (--allow-create remotes=HOST; allowed: {})",
-                        list(&self.remotes)
-                    ));
+                // Every host of the URL (NFSv4.1 takes several addresses of one server).
+                let url = &r.options.url;
+                for host in std::iter::once(&url.host).chain(url.also.iter().map(|(h, _)| h)) {
+                    if !self.remotes.iter().any(|h| h.eq_ignore_ascii_case(host)) {
+                        return Err(format!(
+                            "`remote` host {host:?} is not allowed (--allow-create remotes=HOST; allowed: {})",
+                            list(&self.remotes)
+                        ));
+                    }
                 }
             }
         }
