@@ -40,8 +40,9 @@ done
 #                     modinfo depends=, what depmod writes into modules.dep); /init insmods them
 #   bin -> ../../bin  the same QEMU and virtiofsd
 # And with VM_GUEST_NFS=1 (setup.sh with the same), CACHE/alt/knfs/: the trixie kernel with its
-# NFSv3 client (sunrpc, lockd, nfs, nfsv3, ...) and virtio-net modules loaded the same way, for
-# tools/vm/nfs-compare.sh; the default image is untouched.
+# NFSv3 and NFSv4.1 clients (sunrpc, lockd, nfs, nfsv3, dns_resolver, nfsv4, ...) and virtio-net
+# modules loaded the same way, for tools/vm/nfs-compare.sh and run-nfs41-locks-test.sh; the
+# default image is untouched.
 build_bookworm() {
   local KB=$CACHE/kernel-bookworm
   [ -e "$KB/vmlinuz" ] ||
@@ -55,7 +56,7 @@ build_knfs() {
   # The modules must be the image's own: setup.sh stamps both with the package they came from.
   [ "$(cat "$CACHE/stamps/kernel-nfs" 2>/dev/null)" = "$(cat "$CACHE/stamps/kernel" 2>/dev/null)" ] ||
     { echo "[vm-build] $KN is not from the kernel in $CACHE/kernel: run VM_GUEST_NFS=1 tools/vm/setup.sh" >&2; exit 1; }
-  build_alt knfs "$KN" "$CACHE/kernel/vmlinuz" "$CACHE/stamps/kernel-nfs" nfsv3 virtio_net
+  build_alt knfs "$KN" "$CACHE/kernel/vmlinuz" "$CACHE/stamps/kernel-nfs" nfsv3 nfsv4 virtio_net
 }
 # build_alt NAME KDIR VMLINUZ STAMP MODULE...: CACHE/alt/NAME/guest/{vmlinuz,base.cpio}, base.cpio
 # plus the MODULEs of KDIR's modules tree and their modinfo dependencies, in load order.

@@ -16,6 +16,17 @@
  *                                   whether fcntl returned EINTR or waited for the lock
  *   locktest kill FILE HOLD_MS      SIGKILL to a process waiting in F_SETLKW: prints whether it
  *                                   died at once or only once the holder let go
+ *   locktest cross posix|flock HOLDFILE WAITFILE HOLD_MS [GRANT_MAX_MS]
+ *                                   one file seen through two mounts (two virtio-fs devices on one
+ *                                   NFS export, or a device and another NFS client of it, whose
+ *                                   locks only the server can compare): a process takes a write
+ *                                   lock through HOLDFILE (fcntl: bytes 100-199; flock: the whole
+ *                                   file) and keeps it; through WAITFILE the same lock's F_SETLK
+ *                                   (LOCK_NB) is EAGAIN, F_GETLK shows a write lock on the range,
+ *                                   and bytes 300-399 beside it are granted (fcntl); a third
+ *                                   process's F_SETLKW (LOCK_EX) through WAITFILE must still wait
+ *                                   after HOLD_MS, when the holder is killed with SIGKILL, and be
+ *                                   granted after the kill, within GRANT_MAX_MS (30000) of it
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -23,6 +34,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -85,6 +97,7 @@ struct report {
   int err;
   long waited_ms;
   long pid_seen;
+  long at_ms; /* now_ms() when the call returned (CLOCK_MONOTONIC: comparable across processes) */
   char what[96];
 };
 
@@ -310,6 +323,135 @@ static int kill_check(const char *path, long hold_ms) {
   return 0;
 }
 
+/* The cross check's lock: bytes 100-199 (fcntl) or the whole file (flock); wait: F_SETLKW/LOCK_EX. */
+static int cross_lock(int fd, int flock_mode, int wait) {
+  if (flock_mode) return flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB));
+  return lock_range(fd, wait ? F_SETLKW : F_SETLK, F_WRLCK, 100, 100);
+}
+
+static int cross(const char *kind, const char *hold_path, const char *wait_path, long hold_ms, long grant_max_ms) {
+  char check[32];
+  snprintf(check, sizeof check, "cross-%s", kind);
+  int flock_mode = strcmp(kind, "flock") == 0;
+  int ready[2], p[2];
+  if (pipe(ready) || pipe(p)) return fail(check, "pipe");
+  pid_t holder = fork();
+  if (holder < 0) return fail(check, "fork");
+  if (holder == 0) {
+    /* Holds the lock until it is killed: its death (the kernel closing its files) must let go. */
+    close(ready[0]);
+    int fd = open_rw(hold_path);
+    char c = 'y';
+    if (cross_lock(fd, flock_mode, 0) != 0) {
+      printf("locktest: %s FAIL the holder's lock through %s: %s\n", check, hold_path, strerror(errno));
+      c = 'n';
+    }
+    if (write(ready[1], &c, 1) != 1) _exit(3);
+    for (;;) pause();
+  }
+  close(ready[1]);
+  char c = 0;
+  if (read(ready[0], &c, 1) != 1 || c != 'y') {
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+    return fail(check, "the holder has no lock");
+  }
+  /* Through the other mount: the same lock is refused, F_GETLK shows it, a range beside it is free. */
+  char seen[128] = "";
+  int fd = open_rw(wait_path);
+  int rc = cross_lock(fd, flock_mode, 0);
+  int err = errno;
+  if (rc == 0 || (err != EAGAIN && err != EACCES && err != EWOULDBLOCK)) {
+    printf("locktest: %s FAIL non-blocking attempt through %s while %s holds it: %s\n", check, wait_path, hold_path,
+           rc == 0 ? "got the lock" : strerror(err));
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+    return 1;
+  }
+  if (!flock_mode) {
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = 100;
+    fl.l_len = 100;
+    const char *why = NULL;
+    if (fcntl(fd, F_GETLK, &fl) != 0) why = strerror(errno);
+    else if (fl.l_type != F_WRLCK) why = "no conflicting write lock";
+    else if (lock_range(fd, F_SETLK, F_WRLCK, 300, 100) != 0) why = "bytes 300-399 beside the held range refused";
+    if (why) {
+      printf("locktest: %s FAIL through %s: F_GETLK / a range beside: %s (errno %s)\n", check, wait_path, why,
+             strerror(errno));
+      kill(holder, SIGKILL);
+      waitpid(holder, NULL, 0);
+      return 1;
+    }
+    lock_range(fd, F_SETLK, F_UNLCK, 300, 100);
+    snprintf(seen, sizeof seen, " getlk=write:%ld+%ld:pid=%ld beside=granted", (long)fl.l_start, (long)fl.l_len,
+             (long)fl.l_pid);
+  }
+  close(fd);
+  /* A waiter through the other mount: blocked while the holder lives, granted once it is killed. */
+  pid_t waiter = fork();
+  if (waiter < 0) return fail(check, "fork");
+  if (waiter == 0) {
+    close(p[0]);
+    struct report r;
+    memset(&r, 0, sizeof r);
+    int wfd = open_rw(wait_path);
+    long t0 = now_ms();
+    int wrc = cross_lock(wfd, flock_mode, 1);
+    r.at_ms = now_ms();
+    r.waited_ms = r.at_ms - t0;
+    r.err = wrc == 0 ? 0 : errno;
+    r.ok = wrc == 0;
+    snprintf(r.what, sizeof r.what, "%s", wrc == 0 ? "granted" : strerror(errno));
+    send_report(p[1], &r);
+    _exit(0); /* lets go of its lock */
+  }
+  close(p[1]);
+  long t0 = now_ms();
+  sleep_ms(hold_ms);
+  struct pollfd pf = {.fd = p[0], .events = POLLIN};
+  if (poll(&pf, 1, 0) != 0) {
+    struct report r;
+    int got = recv_report(p[0], &r);
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+    waitpid(waiter, NULL, 0);
+    printf("locktest: %s FAIL the waiter through %s returned (%s) after %ld ms while the holder through %s lived\n",
+           check, wait_path, got == 0 ? r.what : "no report", got == 0 ? r.waited_ms : -1L, hold_path);
+    return 1;
+  }
+  long killed = now_ms();
+  kill(holder, SIGKILL);
+  waitpid(holder, NULL, 0);
+  int ready_now = poll(&pf, 1, (int)grant_max_ms);
+  struct report r;
+  if (ready_now <= 0 || recv_report(p[0], &r) != 0) {
+    kill(waiter, SIGKILL);
+    waitpid(waiter, NULL, 0);
+    printf("locktest: %s FAIL the waiter through %s not granted within %ld ms of the holder's SIGKILL\n", check,
+           wait_path, grant_max_ms);
+    return 1;
+  }
+  waitpid(waiter, NULL, 0);
+  if (!r.ok) {
+    printf("locktest: %s FAIL the waiter's %s through %s: %s\n", check, flock_mode ? "LOCK_EX" : "F_SETLKW", wait_path,
+           r.what);
+    return 1;
+  }
+  if (r.at_ms < killed) {
+    printf("locktest: %s FAIL the waiter was granted %ld ms before the holder was killed\n", check, killed - r.at_ms);
+    return 1;
+  }
+  printf("locktest: %s ok holder %s, other %s: nonblocking=%s%s; waiter blocked %ld ms, granted_after_kill_ms=%ld "
+         "(SIGKILL at %ld ms)\n",
+         check, hold_path, wait_path, err == EAGAIN ? "EAGAIN" : strerror(err), seen, r.waited_ms, r.at_ms - killed,
+         killed - t0);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IONBF, 0);
   if (argc >= 4 && strcmp(argv[1], "posix") == 0) return contend("posix", argv[2], atol(argv[3]), 0);
@@ -317,6 +459,9 @@ int main(int argc, char **argv) {
   if (argc >= 3 && strcmp(argv[1], "deadlock") == 0) return deadlock(argv[2]);
   if (argc >= 4 && strcmp(argv[1], "signal") == 0) return signal_check(argv[2], atol(argv[3]));
   if (argc >= 4 && strcmp(argv[1], "kill") == 0) return kill_check(argv[2], atol(argv[3]));
-  fprintf(stderr, "usage: locktest posix|flock|signal|kill FILE HOLD_MS | locktest deadlock FILE\n");
+  if (argc >= 6 && strcmp(argv[1], "cross") == 0 && (strcmp(argv[2], "posix") == 0 || strcmp(argv[2], "flock") == 0))
+    return cross(argv[2], argv[3], argv[4], atol(argv[5]), argc >= 7 ? atol(argv[6]) : 30000);
+  fprintf(stderr, "usage: locktest posix|flock|signal|kill FILE HOLD_MS | locktest deadlock FILE | "
+                  "locktest cross posix|flock HOLDFILE WAITFILE HOLD_MS [GRANT_MAX_MS]\n");
   return 2;
 }

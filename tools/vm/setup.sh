@@ -162,13 +162,15 @@ if ! stamp_ok kernel "$KPKG" || [ ! -e "$CACHE/kernel/vmlinuz" ]; then
 fi
 
 # ---------------------------------------------------------------- 4a. guest NFS client modules (optional)
-# VM_GUEST_NFS=1 (tools/vm/nfs-compare.sh) also keeps, from the same trixie kernel package, the
-# modules of the guest kernel's own NFSv3 client and of virtio-net (the trixie kernel has them as
+# VM_GUEST_NFS=1 (tools/vm/nfs-compare.sh, run-nfs41-locks-test.sh) also keeps, from the same
+# trixie kernel package, the modules of the guest kernel's own NFSv3 and NFSv4.1 client and of virtio-net (the trixie kernel has them as
 # modules, which step 4 drops) in CACHE/kernel-nfs; build-guest.sh puts them into CACHE/alt/knfs.
 # Without it, nothing changes.
 if [ "${VM_GUEST_NFS:-0}" = 1 ]; then
   KN=$CACHE/kernel-nfs
-  if ! stamp_ok kernel-nfs "$KPKG" || [ ! -d "$KN/lib/modules" ]; then
+  # (a cache from before nfsv4 was kept has no dns_resolver: extracted again)
+  if ! stamp_ok kernel-nfs "$KPKG" || [ ! -d "$KN/lib/modules" ] ||
+     [ -z "$(find "$KN/lib/modules" -name 'dns_resolver.ko*' 2>/dev/null | head -1)" ]; then
     log "downloading $KPKG again for its NFS client and virtio-net modules"
     rm -rf "$KN" "$C/tmp/kdl-nfs"
     mkdir -p "$C/tmp/kdl-nfs" "$KN/lib/modules"
@@ -177,9 +179,9 @@ if [ "${VM_GUEST_NFS:-0}" = 1 ]; then
     for md in "$C"/tmp/kdl-nfs/x/lib/modules/*/ "$C"/tmp/kdl-nfs/x/usr/lib/modules/*/; do
       [ -d "$md/kernel" ] || continue
       v=$(basename "$md")
-      # nfsv3's and virtio_net's modinfo depends= closure (build-guest.sh checks it again)
-      # (directories, and single modules by name: .ko, .ko.xz or .ko.zst)
-      for p in fs/nfs fs/nfs_common fs/lockd fs/netfs net/sunrpc net/core/failover \
+      # nfsv3's, nfsv4's and virtio_net's modinfo depends= closure (build-guest.sh checks it
+      # again) (directories, and single modules by name: .ko, .ko.xz or .ko.zst)
+      for p in fs/nfs fs/nfs_common fs/lockd fs/netfs net/sunrpc net/dns_resolver net/core/failover \
                drivers/net/virtio_net drivers/net/net_failover; do
         f=$md/kernel/$p
         [ -d "$f" ] || f=$(ls "$md/kernel/$p".ko* 2>/dev/null | head -1)
@@ -190,7 +192,7 @@ if [ "${VM_GUEST_NFS:-0}" = 1 ]; then
     done
     rm -rf "$C/tmp/kdl-nfs"
     [ -n "$(ls "$KN/lib/modules")" ] || die "$KPKG has no modules directory"
-    for opt in NFS_FS NFS_V3 SUNRPC VIRTIO_NET; do
+    for opt in NFS_FS NFS_V3 NFS_V4 SUNRPC DNS_RESOLVER VIRTIO_NET; do
       grep -q "^CONFIG_$opt=m" "$CACHE"/kernel/boot/config-* || die "kernel lacks CONFIG_$opt=m"
     done
     stamp_set kernel-nfs "$KPKG"

@@ -36,6 +36,23 @@ vm_umount() {
   umount "$mnt" || { echo "vm_umount: umount $mnt FAILED"; return 1; }
 }
 
+# vm_net_up: the guest's one NIC (virtio-net on QEMU's user networking) up as 10.0.2.15/24, and
+# lo (the image has no DHCP client). vm_net_isolated PORT: status 0 when the host itself
+# (10.0.2.2, which user networking maps to the host's loopback unless restrict=on) does not
+# answer on PORT, i.e. the only way to the server is the guestfwd address.
+vm_net_up() {
+  dev=""
+  for d in /sys/class/net/*; do
+    n=$(basename "$d")
+    [ "$n" = lo ] || [ -n "$dev" ] || dev=$n
+  done
+  [ -n "$dev" ] || { echo "vm_net_up: no NIC"; return 1; }
+  ip link set lo up
+  ip link set "$dev" up
+  ip addr add 10.0.2.15/24 dev "$dev" || { echo "vm_net_up: ip addr add on $dev FAILED"; return 1; }
+}
+vm_net_isolated() { ! nc -w 3 10.0.2.2 "$1" < /dev/null > /dev/null 2>&1; }
+
 # vm_dmesg_check [LABEL]: fail when the kernel log shows virtio-fs / FUSE /
 # virtio errors or any kernel bug report. VM_DMESG_ALLOW: extra egrep pattern
 # of lines to ignore.
