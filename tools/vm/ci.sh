@@ -20,10 +20,18 @@
 #      boot: pjdfstest (exceptions with their 4.1 reasons in pjdfstest-exceptions-nfs41.txt),
 #      fsx (NFS41_FSX_OPS, default 5000), locks (without the deadlock check: an NFS server keeps
 #      the locks and sees no deadlock); checks that the daemon ran NFSv4.1 sessions;
-#   6b. live update (run-update-test.sh): one daemon (--live-update, sandboxed) with a RAM
+#   6b. locks across clients of one NFSv4.1 export (run-nfs41-locks-test.sh, on 6a's ganesha; stage
+#      nfs41locks, ~35 s): one daemon serving two functions on the export, one guest with both
+#      devices and the guest kernel's own NFSv4.1 client of the export (the knfs image, user
+#      networking with restrict=on): a write lock held through one device (an fcntl range, or
+#      flock) makes F_SETLK through the other EAGAIN and F_GETLK show it, and an F_SETLKW through
+#      the other waits until the holder's process is killed with SIGKILL and is then granted;
+#      both ways between the devices, and both ways between a device and the kernel client;
+#      each function's lock counters show calls, denials and waits on the server;
+#   6c. live update (run-update-test.sh): one daemon (--live-update, sandboxed) with a RAM
 #      filesystem, a shared directory and an NFS export, replaced by a new process 10 times
 #      while the guest runs fsx and fio on the three mounts; the files compared on the host;
-#   6c. crash recovery (run-crash-test.sh): the serving process of a daemon under --live-update
+#   6d. crash recovery (run-crash-test.sh): the serving process of a daemon under --live-update
 #      killed with SIGKILL while the guest reads from its RAM-filesystem function: reads answer
 #      (EIO: the state is gone), never hang; after the guest unbinds and binds the device a
 #      fresh filesystem mounts; the daemon counts one recovery; then an NFS function
@@ -51,13 +59,13 @@
 #  10. the DPU build (aarch64, tools/aarch64-check.sh --build-only) under qemu-aarch64 serving
 #      the x86 guest the same way, with two RAM-filesystem functions (qemu-user has no openat2
 #      for a shared directory).
-# Stages 1, 2, 4 and 6c's shared directory run QEMU as an unprivileged user (vfdpu-qemu, created
+# Stages 1, 2, 4 and 6d's shared directory run QEMU as an unprivileged user (vfdpu-qemu, created
 # here if missing) in the group that owns the daemon's sockets (--socket-group, --socket-mode
 # 0660), as a deployment does, and read the daemon's statistics through its control socket
 # (`virtiofs-dpu stats --json`). Exit status 0 only if everything passed. Env: VM_CACHE, FSX_OPS
 # (default 20000), PT_FSX_OPS, NFS_FSX_OPS, NFS_CRASH_FSX_OPS, SHARED_CRASH_FSX_OPS, WB_FSX_OPS,
 # K7_FSX_OPS, MULTI_FSX_OPS, NFS41_FSX_OPS, VFDPU_VM_STAGES (default "ram passthrough nfs nfs41
-# update crash writeback kernel7 multi dpu": which stages run).
+# nfs41locks update crash writeback kernel7 multi dpu": which stages run).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -88,7 +96,7 @@ print(eval(sys.argv[2], {"s": s}))
 PY
 }
 
-STAGES=" ${VFDPU_VM_STAGES:-ram passthrough nfs nfs41 update crash writeback kernel7 multi dpu} "
+STAGES=" ${VFDPU_VM_STAGES:-ram passthrough nfs nfs41 nfs41locks update crash writeback kernel7 multi dpu} "
 stage() { [[ $STAGES == *" $1 "* ]]; }
 
 step "setup (QEMU, guest kernel, pjdfstest, fsx)"
@@ -222,14 +230,18 @@ bash "$HERE/run-nfs-fault-test.sh" --out "$OUT/nfs-fault" --config "$CONFIG" || 
 echo "NFS fault test: $(( $(date +%s) - t0 )) s"
 fi
 
+# The NFSv4.1 stages share one ganesha, started for whichever of them runs and stopped after both.
+NFS41D=""
+if stage nfs41 || stage nfs41locks; then
+  bash "$REPO/tools/nfs/ganesha.sh" install
+  NFS41D=$(mktemp -d /tmp/vfdpu-nfs41.XXXXXX)
+  URL=$(bash "$REPO/tools/nfs/ganesha.sh" start "$NFS41D")
+  NFSPORT=$(sed -n 's/.*nfsport=\([0-9]*\).*/\1/p' <<< "$URL")
+  URL41="${URL%%\?*}?version=4.1&nfsport=$NFSPORT"
+fi
 if stage nfs41; then
 step "NFS backend on NFSv4.1 (the same ganesha export, ?version=4.1), sandboxed: pjdfstest, fsx, locks"
 t0=$(date +%s)
-bash "$REPO/tools/nfs/ganesha.sh" install
-NFSD=$(mktemp -d /tmp/vfdpu-nfs41.XXXXXX)
-URL=$(bash "$REPO/tools/nfs/ganesha.sh" start "$NFSD")
-NFSPORT=$(sed -n 's/.*nfsport=\([0-9]*\).*/\1/p' <<< "$URL")
-URL41="${URL%%\?*}?version=4.1&nfsport=$NFSPORT"
 if bash "$HERE/run-device-test.sh" --out "$OUT/nfs41" --config "$CONFIG" --timeout 1200 \
      --daemon-arg --remote --daemon-arg "$URL41" \
      -e "FSX_OPS=${NFS41_FSX_OPS:-5000}" -e "VM_SUITES=pjdfstest fsx locks dmesg-check" \
@@ -248,9 +260,28 @@ tr -d '\r' < "$OUT/nfs41/console.log" |
 if grep -a 'seccomp: system call' "$OUT/nfs41/daemon.log"; then
   echo "FAIL: the NFSv4.1 daemon made a system call outside its allowlist"; fail=1
 fi
-bash "$REPO/tools/nfs/ganesha.sh" stop "$NFSD"
-rm -rf "$NFSD"
 echo "NFSv4.1 suites: $(( $(date +%s) - t0 )) s"
+fi
+
+# Locks across clients of the NFSv4.1 export: two functions of one daemon and the guest kernel's
+# NFSv4.1 client (the knfs guest image: VM_GUEST_NFS=1 setup.sh fetches the kernel's NFS and
+# virtio-net modules once, build-guest.sh adds them to CACHE/alt/knfs).
+if stage nfs41locks; then
+step "NFSv4.1 locks across clients: two functions of one daemon and the guest kernel's NFS client, one export"
+t0=$(date +%s)
+if ! { VM_GUEST_NFS=1 bash "$HERE/setup.sh" && VM_GUEST_NFS=1 bash "$HERE/build-guest.sh"; } > "$OUT/nfs41locks-setup.log" 2>&1; then
+  tail -n 20 "$OUT/nfs41locks-setup.log"; echo "FAIL: nfs41locks: the knfs guest image"; fail=1
+elif ! bash "$HERE/run-nfs41-locks-test.sh" --out "$OUT/nfs41locks" --config "$CONFIG" --url "$URL41"; then
+  echo "FAIL: NFSv4.1 locks across clients"; fail=1
+fi
+if grep -a 'seccomp: system call' "$OUT/nfs41locks/daemon.log" 2>/dev/null; then
+  echo "FAIL: the NFSv4.1 locks daemon made a system call outside its allowlist"; fail=1
+fi
+echo "NFSv4.1 locks stage: $(( $(date +%s) - t0 )) s"
+fi
+if [ -n "$NFS41D" ]; then
+  bash "$REPO/tools/nfs/ganesha.sh" stop "$NFS41D"
+  rm -rf "$NFS41D"
 fi
 
 if stage update; then

@@ -42,6 +42,7 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
+. "$HERE/host-lib.sh"
 ROUNDS=3
 RUNTIME=3
 SIZE=64M
@@ -138,11 +139,8 @@ sed 's/^/  /' "$OUT/config.txt" >&2
 
 NJOBS=$(echo $JOBS | wc -w)
 TIMEOUT=$(( 300 + ROUNDS * NJOBS * 2 * (RUNTIME + 30) ))
-# nodelay=on (",," escapes the comma inside the option): each guestfwd is a chardev socket to the
-# server, and with Nagle on it a call the guest sends in several segments waited for the
-# server's delayed ACK, ~40 ms per 4 KiB WRITE.
-NET="user,id=n0,restrict=on,guestfwd=tcp:10.0.2.100:$NPORT-tcp:127.0.0.1:$NPORT,,nodelay=on"
-NET="$NET,guestfwd=tcp:10.0.2.100:$MPORT-tcp:127.0.0.1:$MPORT,,nodelay=on"
+# restrict=on, guestfwd of both ports with nodelay=on (host-lib.sh says why)
+NET=$(knfs_netdev "$NPORT" "$MPORT")
 log "one boot: $ROUNDS rounds x $NJOBS jobs x 2 clients on $URL"
 s0=$(date +%s)
 read -r b0 t0 < <(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat)

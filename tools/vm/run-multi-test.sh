@@ -28,6 +28,7 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
+. "$HERE/host-lib.sh"
 DAEMON=${VFDPU_DAEMON:-$REPO/target/release/virtiofs-dpu}
 OUT=${VM_OUT:-}
 B_RAMFS=0
@@ -82,22 +83,12 @@ $B_BACKEND
 TOML
 "$DAEMON" --config "$W/multi.toml" --control-socket "$CTL" < /dev/null > "$OUT/daemon.log" 2>&1 &
 DPID=$!
-for _ in $(seq 300); do [ -S "$SA" ] && [ -S "$SB" ] && [ -S "$CTL" ] && break; sleep 0.1; done
-[ -S "$CTL" ] || { log "daemon never created its sockets"; cat "$OUT/daemon.log" >&2; exit 3; }
+wait_sockets 300 "$SA" "$SB" "$CTL" || { log "daemon never created its sockets"; cat "$OUT/daemon.log" >&2; exit 3; }
 log "daemon up (pid $DPID): $(grep -o 'starting .*' "$OUT/daemon.log" | head -1)"
-rpc() { printf '%s\n' "$1" | python3 -c '
-import json, socket, sys
-s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(sys.stdin.buffer.read())
-buf = b""
-while not buf.endswith(b"\n"):
-    c = s.recv(65536)
-    if not c: break
-    buf += c
-print(buf.decode().strip())' "$CTL"; }
+rpc() { ctl_rpc "$CTL" "$1"; }
 stat() { python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2"; }
 
 # Each device behind a root port of its own: devices on pcie.0 cannot be hot-unplugged.
-dev() { echo "{\"driver\":\"vfio-user-pci\",\"bus\":\"$2\",\"id\":\"$3\",\"socket\":{\"type\":\"unix\",\"path\":\"$1\"}}"; }
 QMP=$W/qmp.sock
 WAIT_S=5
 [ "$UNPLUG" = request ] && WAIT_S=20
@@ -106,7 +97,7 @@ bash "$HERE/run-guest.sh" --log "$OUT/console.log" --timeout "${VM_TIMEOUT:-600}
   -e "MULTI_UNPLUG=$UNPLUG" \
   "$HERE/guest/multi.sh" -- -qmp "unix:$QMP,server=on,wait=off" \
   -device pcie-root-port,id=rpa,chassis=1,slot=1 -device pcie-root-port,id=rpb,chassis=2,slot=2 \
-  -device "$(dev "$SA" rpa fa)" -device "$(dev "$SB" rpb fb)" &
+  -device "$(vfu_device "$SA" rpa fa)" -device "$(vfu_device "$SB" rpb fb)" &
 GPID=$!
 # qmp COMMAND [ARGUMENTS [EVENT]]: QEMU's answer to one QMP command (after the capabilities
 # handshake); with EVENT, waits (at most 30 s) for that event too and prints it after.

@@ -39,18 +39,10 @@ fail() { vm_result nfs-compare "status=FAIL reason=$1 time=$(vm_elapsed "$t0")s"
 echo "VMNFS-INFO kernel=$(uname -r) cpus=$(grep -c ^processor /proc/cpuinfo) jobs=$(echo $JOBS | tr ' ' ,) rounds=$ROUNDS runtime=${RT}s size=$SIZE qd=$QD"
 
 # The network: a static address on the one NIC (no DHCP client in the image).
-dev=""
-for d in /sys/class/net/*; do
-  n=$(basename "$d")
-  [ "$n" = lo ] || [ -n "$dev" ] || dev=$n
-done
-[ -n "$dev" ] || fail no-nic
-ip link set lo up
-ip link set "$dev" up
-ip addr add 10.0.2.15/24 dev "$dev" || fail ip-addr
+vm_net_up || fail net
 # restrict=on: the host itself (10.0.2.2, which QEMU's user networking maps to the host's
 # loopback without restrict) must not answer on the server's port; only the guestfwd address does.
-if nc -w 3 10.0.2.2 "$KNFS_PORT" < /dev/null > /dev/null 2>&1; then
+if ! vm_net_isolated "$KNFS_PORT"; then
   echo "VMNFS-INFO isolation=FAIL (10.0.2.2:$KNFS_PORT reachable)"
   fail isolation
 fi
