@@ -1225,10 +1225,11 @@ mod reset41 {
 }
 
 mod locks41_faults {
-    use super::locks41::{assert_waits, granted, lk_errno, posix};
+    use super::locks41::{assert_waits, flock, granted, lk_errno, posix};
     use super::*;
     use virtiofs_tools::fuse_abi::OFFSET_MAX;
 
+    const RD: i32 = libc::F_RDLCK;
     const WR: i32 = libc::F_WRLCK;
     const UN: i32 = libc::F_UNLCK;
 
@@ -1369,7 +1370,7 @@ mod locks41_faults {
         }
         g.kill();
         g.start_again();
-        // The lock call finds the owner's lock state unknown before any READ or WRITE does.
+        // The lock call comes before any READ or WRITE (the reclaim, refused, marked the files).
         let (n, fh, owner) = files[0];
         assert_eq!(errno_or_ok(da.setlk(n, &posix(fh, owner, UN, 50, 99))), 0, "an unlock finds nothing");
         let (n, fh, owner) = files[1];
@@ -1386,7 +1387,10 @@ mod locks41_faults {
             da.flush_owner(n, fh, owner).unwrap();
             da.release(n, fh).unwrap();
         }
-        assert!(a.fs().stats().locks.stale >= 3, "{:?}", a.fs().stats().locks);
+        // The server (graceless) refused the reclaim: that is where the loss was found.
+        let t = a.fs().stats().locks;
+        assert_eq!((t.reclaims, t.locks_reclaimed, t.opens_reclaimed), (1, 0, 0), "{t:?}");
+        assert!(t.locks_not_reclaimed + t.stale >= 3, "{t:?}");
         da.shutdown().unwrap();
     }
 
@@ -1414,6 +1418,78 @@ mod locks41_faults {
         da.setlk(f.nodeid, &posix(oa.fh, 1, UN, 0, OFFSET_MAX)).unwrap();
         granted(&mut db, w);
         assert!(a.fs().stats().session.renewals >= 2, "{:?}", a.fs().stats().session);
+        da.shutdown().unwrap();
+        db.shutdown().unwrap();
+    }
+
+    #[test]
+    fn opens_and_locks_held_across_an_nfs41_server_restart_are_reclaimed_in_its_grace_period() {
+        // Ganesha lifts its grace period at the reaper's next look (every half lease) after
+        // the last client it knew sent RECLAIM_COMPLETE: a short lease keeps that within the
+        // driver's time-out of another device's first OPEN.
+        const GRACE: u32 = 30;
+        const LEASE: u32 = 4;
+        let mut g = Ganesha::start_with_grace(GRACE, LEASE);
+        let a = Served::on(&g, Nfs::V41, |o| o.retransmit = Duration::from_millis(500));
+        let mut da = a.connect();
+        let (f, oa) = da.create(ROOT, "kept", 0o644, RDWR).unwrap();
+        let (h, oh) = da.create(ROOT, "flocked", 0o644, RDWR).unwrap();
+        let (u, ou) = da.create(ROOT, "unlocked", 0o644, RDWR).unwrap();
+        // Two ranges of one owner, a read lock of another to the end of the file, a flock.
+        da.setlk(f.nodeid, &posix(oa.fh, 1, WR, 0, 99)).unwrap();
+        da.setlk(f.nodeid, &posix(oa.fh, 1, WR, 200, 299)).unwrap();
+        da.setlk(f.nodeid, &posix(oa.fh, 2, RD, 1000, OFFSET_MAX)).unwrap();
+        da.setlk(h.nodeid, &flock(oh.fh, WR)).unwrap();
+        da.write(f.nodeid, oa.fh, 0, b"before").unwrap();
+        g.kill();
+        g.start_again();
+        let t0 = Instant::now();
+        // The opens and locks come back in the grace period: I/O goes on through the handles
+        // opened before, the locked file's too (under its lock, never without it).
+        da.write(f.nodeid, oa.fh, 0, b"after the restart").unwrap();
+        da.write(u.nodeid, ou.fh, 0, b"no lock here").unwrap();
+        da.write(h.nodeid, oh.fh, 0, b"flocked").unwrap();
+        let took = t0.elapsed();
+        assert_eq!(da.read(f.nodeid, oa.fh, 0, 100).unwrap(), b"after the restart");
+        let t = a.fs().stats().locks;
+        assert_eq!(
+            (t.reclaims, t.opens_reclaimed, t.opens_not_reclaimed, t.locks_reclaimed, t.locks_not_reclaimed),
+            (1, 3, 0, 3, 0),
+            "{t:?}"
+        );
+        eprintln!("reclaimed within {took:?} of the restart");
+
+        // Another device sees the reclaimed locks: the ranges held, not the hole between them.
+        let b = Served::on(&g, Nfs::V41, |_| {});
+        let mut db = b.connect();
+        let fb = db.lookup(ROOT, "kept").unwrap().nodeid;
+        let ob = db.open(fb, RDWR).unwrap();
+        assert_eq!(errno(db.setlk(fb, &posix(ob.fh, 9, WR, 50, 50))), libc::EAGAIN);
+        assert_eq!(errno(db.setlk(fb, &posix(ob.fh, 9, WR, 250, 250))), libc::EAGAIN);
+        assert_eq!(errno(db.setlk(fb, &posix(ob.fh, 9, WR, 5000, 5000))), libc::EAGAIN);
+        db.setlk(fb, &posix(ob.fh, 9, RD, 5000, 5000)).unwrap();
+        db.setlk(fb, &posix(ob.fh, 9, WR, 100, 199)).unwrap();
+        db.setlk(fb, &posix(ob.fh, 9, UN, 0, OFFSET_MAX)).unwrap();
+        let hb = db.lookup(ROOT, "flocked").unwrap().nodeid;
+        let obh = db.open(hb, RDWR).unwrap();
+        assert_eq!(errno(db.setlk(hb, &flock(obh.fh, WR))), libc::EAGAIN);
+        // A lets go: B takes them.
+        da.setlk(f.nodeid, &posix(oa.fh, 1, UN, 0, OFFSET_MAX)).unwrap();
+        da.setlk(f.nodeid, &posix(oa.fh, 2, UN, 0, OFFSET_MAX)).unwrap();
+        da.setlk(h.nodeid, &flock(oh.fh, UN)).unwrap();
+        db.setlk(fb, &posix(ob.fh, 9, WR, 0, OFFSET_MAX)).unwrap();
+        db.setlk(hb, &flock(obh.fh, WR)).unwrap();
+        db.setlk(fb, &posix(ob.fh, 9, UN, 0, OFFSET_MAX)).unwrap();
+        db.setlk(hb, &flock(obh.fh, UN)).unwrap();
+        db.release(fb, ob.fh).unwrap();
+        db.release(hb, obh.fh).unwrap();
+        for (n, o) in [(f.nodeid, oa.fh), (h.nodeid, oh.fh), (u.nodeid, ou.fh)] {
+            da.flush_owner(n, o, 1).unwrap();
+            da.release(n, o).unwrap();
+        }
+        assert_eq!(std::fs::read(g.export().join("kept")).unwrap(), b"after the restart");
+        assert_eq!(std::fs::read(g.export().join("unlocked")).unwrap(), b"no lock here");
+        assert_eq!(a.fs().stats().close_failures, 0, "every reclaimed open closed");
         da.shutdown().unwrap();
         db.shutdown().unwrap();
     }

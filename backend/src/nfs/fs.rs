@@ -394,11 +394,10 @@ impl NfsFs {
             unstable: UnstableStore::new(0).map_err(NfsError::Store)?,
         };
         let mut shared = shared(&opts, limits, mounted, tables, 0, Vec::new());
-        shared.v41 = Some(Shared41 {
-            client: Arc::new(ClientShare::new(owner, verifier)),
-            addrs,
-            owners: AtomicU64::new(1),
-        });
+        let client = Arc::new(ClientShare::new(owner, verifier));
+        // The engines reclaim the opens and locks after a server restart (engine41::reclaim).
+        client.owner_reclaims();
+        shared.v41 = Some(Shared41 { client, addrs, owners: AtomicU64::new(1) });
         Ok(NfsFs {
             export: url.export.clone(),
             shared,

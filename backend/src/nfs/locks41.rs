@@ -113,13 +113,69 @@ pub struct LockStates {
 }
 
 /// A lock state kept: its stateid, the type of the owner's last lock or unlock through it
-/// (what a flock owner holds, the whole file: [`LockStates::held`]), and the FUSE handle whose
-/// open it came from (`open_to_lock_owner4`: [`LockStates::forget_from`]).
-#[derive(Clone, Copy, Debug)]
+/// (what a flock owner holds, the whole file: [`LockStates::held`]), the FUSE handle whose
+/// open it came from (`open_to_lock_owner4`: [`LockStates::forget_from`]), and the ranges the
+/// owner holds through it (what a reclaim after a server restart takes again: [`Held`]).
+#[derive(Clone, Debug)]
 struct Kept {
     stateid: Stateid,
     typ: LockType,
     from: u64,
+    held: Held,
+}
+
+/// Ranges a lock owner holds on one file at most, as the device keeps them for a reclaim: an
+/// owner with more (POSIX locks of alternating types, or holes punched in one) is not
+/// reclaimable, and its file's locks are lost at a server restart as without reclaim.
+pub const MAX_HELD_RANGES: usize = 32;
+
+/// The ranges a lock owner holds on a file (inclusive ends, `OFFSET_MAX`: to the end), sorted
+/// and apart, as POSIX keeps them: a lock replaces what it covers, an unlock cuts it out.
+/// `None` once past [`MAX_HELD_RANGES`] (unknown: not reclaimable).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Held(Option<Vec<(u64, u64, LockType)>>);
+
+impl Held {
+    fn new() -> Held {
+        Held(Some(Vec::new()))
+    }
+
+    /// The ranges, if known.
+    pub fn ranges(&self) -> Option<&[(u64, u64, LockType)]> {
+        self.0.as_deref()
+    }
+
+    /// `lock` taken (or, `LockType::Unlock`, let go) by the owner.
+    pub fn apply(&mut self, lock: &FileLock) {
+        let Some(v) = self.0.as_mut() else { return };
+        let (s, e) = (lock.start, lock.end.max(lock.start));
+        let mut out: Vec<(u64, u64, LockType)> = Vec::with_capacity(v.len() + 2);
+        for &(a, b, t) in v.iter() {
+            if b < s || a > e {
+                out.push((a, b, t));
+                continue;
+            }
+            if a < s {
+                out.push((a, s - 1, t));
+            }
+            if b > e {
+                out.push((e + 1, b, t));
+            }
+        }
+        if lock.typ != LockType::Unlock {
+            out.push((s, e, lock.typ));
+        }
+        out.sort_unstable_by_key(|r| r.0);
+        // Neighbours of one type are one range.
+        let mut merged: Vec<(u64, u64, LockType)> = Vec::with_capacity(out.len());
+        for r in out {
+            match merged.last_mut() {
+                Some(l) if l.2 == r.2 && l.1 != u64::MAX && l.1 + 1 == r.0 => l.1 = r.1,
+                _ => merged.push(r),
+            }
+        }
+        self.0 = (merged.len() <= MAX_HELD_RANGES).then_some(merged);
+    }
 }
 
 impl LockStates {
@@ -138,13 +194,49 @@ impl LockStates {
         self.lock().get(&(nodeid, owner)).map(|k| k.typ)
     }
 
-    /// The server gave (or updated) `owner`'s lock stateid on `nodeid`, for a lock (or unlock)
-    /// of type `typ` through FUSE handle `fh` (a new state came from its open; one kept keeps
-    /// the handle it came from).
-    pub fn set(&self, nodeid: u64, owner: Owner, stateid: Stateid, typ: LockType, fh: u64) {
+    /// The server gave (or updated) `owner`'s lock stateid on `nodeid`, for `lock` (or an
+    /// unlock: `LockType::Unlock`) through FUSE handle `fh` (a new state came from its open; one
+    /// kept keeps the handle it came from).
+    /// An unlock of a state not kept (forgotten meanwhile: a FLUSH, a loss) keeps nothing.
+    pub fn set(&self, nodeid: u64, owner: Owner, stateid: Stateid, lock: &FileLock, fh: u64) {
         let mut g = self.lock();
-        let from = g.get(&(nodeid, owner)).map_or(fh, |k| k.from);
-        g.insert((nodeid, owner), Kept { stateid, typ, from });
+        if lock.typ == LockType::Unlock && !g.contains_key(&(nodeid, owner)) {
+            return;
+        }
+        let k = g.entry((nodeid, owner)).or_insert_with(|| Kept {
+            stateid,
+            typ: lock.typ,
+            from: fh,
+            held: Held::new(),
+        });
+        k.stateid = stateid;
+        k.typ = lock.typ;
+        k.held.apply(lock);
+    }
+
+    /// Every lock state kept, for a reclaim: node id, owner, stateid, the FUSE handle whose
+    /// open it came from, and the ranges held.
+    pub fn all(&self) -> Vec<(u64, Owner, Stateid, u64, Held)> {
+        self.lock().iter().map(|(&(n, o), k)| (n, o, k.stateid, k.from, k.held.clone())).collect()
+    }
+
+    /// `owner`'s lock state on `nodeid` was reclaimed as `new`: kept in place of `old` if it is
+    /// still `old` (the same `other`); whether it was (`false`: forgotten or changed meanwhile,
+    /// the new one is the caller's to let go).
+    pub fn reclaimed(&self, nodeid: u64, owner: Owner, old: Stateid, new: Stateid) -> bool {
+        let mut g = self.lock();
+        match g.get_mut(&(nodeid, owner)) {
+            Some(k) if k.stateid.other == old.other => {
+                k.stateid = new;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether `owner`'s lock state on `nodeid` is still `s` (the same `other`).
+    pub fn is(&self, nodeid: u64, owner: Owner, s: Stateid) -> bool {
+        self.lock().get(&(nodeid, owner)).is_some_and(|k| k.stateid.other == s.other)
     }
 
     /// Every lock state of `nodeid` that came from FUSE handle `fh`'s open (its RELEASE: the
@@ -508,6 +600,16 @@ pub struct LockTotals {
     pub tries: u64,
     /// Of them, denied (tried again later).
     pub tries_denied: u64,
+    /// Reclaims after a server restart (each ended with RECLAIM_COMPLETE).
+    pub reclaims: u64,
+    /// Opens reclaimed in the server's grace period.
+    pub opens_reclaimed: u64,
+    /// Opens whose reclaim failed (opened anew when next used, if their file had no locks).
+    pub opens_not_reclaimed: u64,
+    /// Lock states reclaimed with every range they held.
+    pub locks_reclaimed: u64,
+    /// Lock states whose reclaim failed (their file EIO until its last close).
+    pub locks_not_reclaimed: u64,
 }
 
 /// The NFSv4.1 lock state of one device function, shared by its engines: the lock stateids,
@@ -524,11 +626,18 @@ pub struct Locks41 {
     orphans_kept: AtomicUsize,
     /// Files whose lock states the server lost ([`Locks41::lose`]).
     lost: Mutex<Vec<u64>>,
+    /// How many, as of the last change (read without the lock: [`Locks41::is_lost`]).
+    lost_kept: AtomicUsize,
     calls: AtomicU64,
     denied: AtomicU64,
     freed: AtomicU64,
     stale: AtomicU64,
     waited: AtomicU64,
+    reclaims: AtomicU64,
+    opens_reclaimed: AtomicU64,
+    opens_not_reclaimed: AtomicU64,
+    locks_reclaimed: AtomicU64,
+    locks_not_reclaimed: AtomicU64,
     /// The process of each POSIX lock owner's last lock granted here (a GETLK that finds a
     /// lock of this device's in the way names it, as a local lock would; another client's is
     /// pid 0). Bounded: forgotten all at once past [`MAX_PIDS`] owners.
@@ -549,6 +658,16 @@ pub enum Counter {
     Freed,
     /// A lock stateid the server no longer knew.
     Stale,
+    /// A reclaim after a server restart ended (RECLAIM_COMPLETE sent).
+    Reclaim,
+    /// An open reclaimed (CLAIM_PREVIOUS).
+    OpenReclaimed,
+    /// An open not reclaimed.
+    OpenNotReclaimed,
+    /// A lock state reclaimed (every range it held: LOCK with `reclaim`).
+    LockReclaimed,
+    /// A lock state not reclaimed (its file's locks lost).
+    LockNotReclaimed,
 }
 
 /// State of an ended session for the engines to end on the server (background calls, root's
@@ -676,6 +795,11 @@ impl Locks41 {
             Counter::Denied => &self.denied,
             Counter::Freed => &self.freed,
             Counter::Stale => &self.stale,
+            Counter::Reclaim => &self.reclaims,
+            Counter::OpenReclaimed => &self.opens_reclaimed,
+            Counter::OpenNotReclaimed => &self.opens_not_reclaimed,
+            Counter::LockReclaimed => &self.locks_reclaimed,
+            Counter::LockNotReclaimed => &self.locks_not_reclaimed,
         };
         a.fetch_add(1, Ordering::Relaxed);
     }
@@ -762,8 +886,15 @@ impl Locks41 {
         let mut lost = self.lost();
         if had && !lost.contains(&nodeid) {
             lost.push(nodeid);
+            self.lost_kept.store(lost.len(), Ordering::Release);
         }
         had || lost.contains(&nodeid)
+    }
+
+    /// Whether node `nodeid` is marked ([`Locks41::lose`], [`Locks41::lose_locks`]): a READ,
+    /// WRITE or size change through a handle of it is EIO. One atomic load while no file is.
+    pub fn is_lost(&self, nodeid: u64) -> bool {
+        self.lost_kept.load(Ordering::Acquire) != 0 && self.lost().contains(&nodeid)
     }
 
     /// A lock state of node `nodeid` was found unknown to the server (forgotten by the
@@ -774,17 +905,22 @@ impl Locks41 {
         let mut lost = self.lost();
         if !lost.contains(&nodeid) {
             lost.push(nodeid);
+            self.lost_kept.store(lost.len(), Ordering::Release);
         }
     }
 
     /// The last handle of `nodeid` closed: its mark goes.
     pub fn found(&self, nodeid: u64) {
-        self.lost().retain(|&n| n != nodeid);
+        let mut lost = self.lost();
+        lost.retain(|&n| n != nodeid);
+        self.lost_kept.store(lost.len(), Ordering::Release);
     }
 
     /// The session ended: every handle closed, every mark goes.
     pub fn found_all(&self) {
-        self.lost().clear();
+        let mut lost = self.lost();
+        lost.clear();
+        self.lost_kept.store(0, Ordering::Release);
     }
 
     /// The counters.
@@ -799,6 +935,11 @@ impl Locks41 {
             waits: g(&self.waited),
             tries,
             tries_denied,
+            reclaims: g(&self.reclaims),
+            opens_reclaimed: g(&self.opens_reclaimed),
+            opens_not_reclaimed: g(&self.opens_not_reclaimed),
+            locks_reclaimed: g(&self.locks_reclaimed),
+            locks_not_reclaimed: g(&self.locks_not_reclaimed),
         }
     }
 
@@ -853,6 +994,55 @@ mod tests {
 
     fn ctx() -> Context {
         Context { uid: 1000, gid: 100, pid: 1, supp_gid: None }
+    }
+
+    fn whole(typ: LockType) -> FileLock {
+        FileLock { start: 0, end: crate::types::OFFSET_MAX, typ, pid: 1 }
+    }
+
+    fn lk(start: u64, end: u64, typ: LockType) -> FileLock {
+        FileLock { start, end, typ, pid: 1 }
+    }
+
+    #[test]
+    fn the_ranges_held_follow_posix_and_stop_being_known_past_their_bound() {
+        use LockType::{Read as R, Unlock as U, Write as W};
+        let mut h = Held::new();
+        h.apply(&lk(0, 99, W));
+        h.apply(&lk(200, 299, W));
+        assert_eq!(h.ranges().unwrap(), &[(0, 99, W), (200, 299, W)][..]);
+        // A read lock over the middle of both: it replaces what it covers.
+        h.apply(&lk(50, 249, R));
+        assert_eq!(h.ranges().unwrap(), &[(0, 49, W), (50, 249, R), (250, 299, W)][..]);
+        // A hole, then the same type next to a range: one range.
+        h.apply(&lk(100, 149, U));
+        assert_eq!(h.ranges().unwrap(), &[(0, 49, W), (50, 99, R), (150, 249, R), (250, 299, W)][..]);
+        h.apply(&lk(100, 149, R));
+        assert_eq!(h.ranges().unwrap(), &[(0, 49, W), (50, 249, R), (250, 299, W)][..]);
+        // To the end of the file, then all of it let go.
+        h.apply(&lk(1000, crate::types::OFFSET_MAX, W));
+        assert_eq!(h.ranges().unwrap().last(), Some(&(1000, crate::types::OFFSET_MAX, W)));
+        h.apply(&whole(U));
+        assert_eq!(h.ranges().unwrap(), &[][..]);
+        // Alternating types past the bound: unknown, for good.
+        for i in 0..=MAX_HELD_RANGES as u64 {
+            h.apply(&lk(2 * i, 2 * i, if i % 2 == 0 { R } else { W }));
+        }
+        assert_eq!(h.ranges(), None);
+        h.apply(&whole(U));
+        assert_eq!(h.ranges(), None, "once unknown, never known again");
+        // A kept state's ranges, and a reclaim that finds it changed.
+        let s = LockStates::default();
+        let (old, new) = (Stateid { seqid: 1, other: [1; 12] }, Stateid { seqid: 1, other: [2; 12] });
+        s.set(5, Owner::Posix(1), old, &lk(0, 9, W), 7);
+        s.set(5, Owner::Posix(1), Stateid { seqid: 2, ..old }, &lk(20, 29, R), 8);
+        let all = s.all();
+        assert_eq!(all.len(), 1);
+        assert_eq!((all[0].3, all[0].4.ranges().unwrap()), (7, &[(0, 9, W), (20, 29, R)][..]));
+        assert!(s.is(5, Owner::Posix(1), old), "the same state, a later seqid");
+        assert!(s.reclaimed(5, Owner::Posix(1), old, new));
+        assert!(!s.reclaimed(5, Owner::Posix(1), old, new), "changed meanwhile");
+        assert_eq!(s.get(5, Owner::Posix(1)), Some(new));
     }
 
     #[test]
@@ -955,7 +1145,7 @@ mod tests {
         let now = Instant::now();
         let a = l.waits.due(now).unwrap();
         let st = Stateid { seqid: 1, other: [3; 12] };
-        l.states.set(a.nodeid, a.owner, st, LockType::Write, a.fh);
+        l.states.set(a.nodeid, a.owner, st, &a.lock, a.fh);
         l.waits.attempted(a.id, Tried::Granted, now);
         l.cancel(id);
         assert!(l.waits.is_empty());
@@ -1023,7 +1213,7 @@ mod tests {
         let l = Locks41::default();
         let st = Stateid { seqid: 1, other: [9; 12] };
         let fh = Fh::new(b"file").unwrap();
-        l.states.set(5, Owner::Posix(1), st, LockType::Write, 7);
+        l.states.set(5, Owner::Posix(1), st, &whole(LockType::Write), 7);
         l.orphan(Orphan::Silly(fh, [b'x'; SILLY_LEN]));
         l.orphan(Orphan::Open(fh, st));
         l.orphan_all(|_| Some(fh));
@@ -1041,7 +1231,7 @@ mod tests {
         l.orphan_ended(2);
         assert_eq!(l.orphans_left(), 0, "an end too many is no underflow");
         // A server that lost a file's lock states: marked until its last close.
-        l.states.set(6, Owner::Flock(3), st, LockType::Read, 3);
+        l.states.set(6, Owner::Flock(3), st, &whole(LockType::Read), 3);
         assert!(!l.lose(7), "no lock state: nothing lost");
         assert!(l.lose(6) && l.lose(6), "marked, and stays so");
         assert!(l.states.is_empty());
@@ -1058,15 +1248,15 @@ mod tests {
     fn lock_states_are_per_file_and_owner() {
         let s = LockStates::default();
         let st = Stateid { seqid: 1, other: [9; 12] };
-        s.set(5, Owner::Posix(1), st, LockType::Write, 7);
-        s.set(5, Owner::Flock(7), st, LockType::Read, 7);
-        s.set(6, Owner::Posix(1), st, LockType::Write, 8);
+        s.set(5, Owner::Posix(1), st, &whole(LockType::Write), 7);
+        s.set(5, Owner::Flock(7), st, &whole(LockType::Read), 7);
+        s.set(6, Owner::Posix(1), st, &whole(LockType::Write), 8);
         assert_eq!(s.get(5, Owner::Posix(1)), Some(st));
         assert_eq!(s.held(5, Owner::Flock(7)), Some(LockType::Read));
         assert_eq!(s.held(5, Owner::Flock(8)), None);
         // Each remembers the handle whose open it came from, not a later one's.
-        s.set(5, Owner::Posix(9), st, LockType::Write, 4);
-        s.set(5, Owner::Posix(9), st, LockType::Read, 7);
+        s.set(5, Owner::Posix(9), st, &whole(LockType::Write), 4);
+        s.set(5, Owner::Posix(9), st, &whole(LockType::Read), 7);
         assert_eq!(s.forget_from(5, 4), vec![st]);
         assert_eq!(s.forget_from(5, 4), vec![]);
         assert_eq!(s.get(5, Owner::Posix(2)), None);
@@ -1089,7 +1279,7 @@ mod tests {
         let st = Stateid { seqid: 1, other: [9; 12] };
         for o in 0..MAX_LOCK_STATES as u64 {
             assert!(!s.full(5, Owner::Posix(o)));
-            s.set(5, Owner::Posix(o), st, LockType::Write, 1);
+            s.set(5, Owner::Posix(o), st, &whole(LockType::Write), 1);
         }
         assert!(s.full(5, Owner::Posix(u64::MAX)), "a new one past the bound");
         assert!(s.full(6, Owner::Posix(0)), "on another file too");

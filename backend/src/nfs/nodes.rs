@@ -685,6 +685,12 @@ impl HandleTable {
         Ok(t)
     }
 
+    /// Every open handle with its file (a reclaim after a server restart).
+    pub fn open_handles(&self) -> Vec<(u64, OpenFile)> {
+        let h = self.lock();
+        (h.slots.iter().enumerate()).filter_map(|(i, s)| s.1.map(|f| (nodeid(i as u32, s.0), f))).collect()
+    }
+
     /// Every open handle's file (the session ends: nobody will RELEASE them).
     pub fn open_files(&self) -> Vec<OpenFile> {
         self.lock().slots.iter().filter_map(|s| s.1).collect()

@@ -6,7 +6,7 @@
 //! make the fault tests' outages (SIGKILL, then a new server on the same ports, with a new write
 //! verifier); dropping the server stops it. NFSv4 clients use the NFS port: PUTROOTFH is the
 //! pseudo root and the export is at the pseudo path [`Ganesha::export`] (no grace period after a
-//! start, owners as numeric strings).
+//! start unless [`Ganesha::start_with_grace`], owners as numeric strings).
 //!
 //! NFSv3 servers register with rpcbind at start (ganesha exits without one); one rpcbind serves
 //! the machine: it is started here only if none listens on port 111, and stopped when the last
@@ -109,6 +109,8 @@ pub struct Ganesha {
     starts: usize,
     /// NFSv4's `Lease_Lifetime` in seconds, when not ganesha's default (60).
     lease: Option<u32>,
+    /// NFSv4's `Grace_Period` in seconds after every start (`None`: graceless).
+    grace: Option<u32>,
 }
 
 impl Ganesha {
@@ -120,6 +122,18 @@ impl Ganesha {
     /// [`Ganesha::start`] with an NFSv4 lease of `lease` seconds (ganesha's default is 60), for
     /// tests of lease renewal.
     pub fn start_with_lease(lease: Option<u32>) -> Ganesha {
+        Ganesha::start_with(lease, None)
+    }
+
+    /// [`Ganesha::start`] with a grace period of `grace` seconds after every start (and a lease
+    /// of `lease`): the clients its recovery directory knows reclaim their state in it, and
+    /// every other OPEN or LOCK is answered NFS4ERR_GRACE until they are done or it ends.
+    /// Ganesha ends it at once when no client is known (its first start).
+    pub fn start_with_grace(grace: u32, lease: u32) -> Ganesha {
+        Ganesha::start_with(Some(lease), Some(grace))
+    }
+
+    fn start_with(lease: Option<u32>, grace: Option<u32>) -> Ganesha {
         require();
         rpcbind_acquire();
         let dir = tempfile::Builder::new().prefix("nfs-ganesha-").tempdir().unwrap();
@@ -130,7 +144,7 @@ impl Ganesha {
         while mount_port == nfs_port {
             mount_port = free_port();
         }
-        let mut g = Ganesha { dir, nfs_port, mount_port, child: None, starts: 0, lease };
+        let mut g = Ganesha { dir, nfs_port, mount_port, child: None, starts: 0, lease, grace };
         g.write_conf();
         g.start_again();
         g
@@ -141,7 +155,7 @@ impl Ganesha {
         let conf = format!(
             "NFS_CORE_PARAM {{ Bind_addr = 127.0.0.1; NFS_Port = {nfs}; MNT_Port = {mnt};\n\
              Enable_NLM = false; Enable_RQUOTA = false; Enable_UDP = false; Protocols = 3, 4; }}\n\
-             NFSv4 {{ Graceless = true; RecoveryBackend = fs; RecoveryRoot = {d}/recovery; Only_Numeric_Owners = true;{lease} }}\n\
+             NFSv4 {{ {grace} RecoveryBackend = fs; RecoveryRoot = {d}/recovery; Only_Numeric_Owners = true;{lease} }}\n\
              EXPORT_DEFAULTS {{ Transports = TCP; SecType = sys; Squash = No_Root_Squash; }}\n\
              EXPORT {{ Export_Id = 1; Path = {d}/export; Pseudo = {d}/export; Access_Type = RW; Protocols = 3, 4;\n\
              FSAL {{ Name = VFS; }} }}\n\
@@ -150,6 +164,10 @@ impl Ganesha {
             mnt = self.mount_port,
             d = d.display(),
             lease = self.lease.map(|l| format!(" Lease_Lifetime = {l};")).unwrap_or_default(),
+            grace = match self.grace {
+                Some(g) => format!("Graceless = false; Grace_Period = {g};"),
+                None => "Graceless = true;".to_string(),
+            },
         );
         std::fs::write(d.join("ganesha.conf"), conf).unwrap();
     }

@@ -120,6 +120,10 @@ pub(super) fn prepare(fs: &Shared, slot: &mut Slot, l: &LockRequest) -> Result<O
         (_, LockType::Unlock) if slot.lock_state.is_none() => return Ok(Some(Reply::Empty)),
         (_, LockType::Unlock) => Step::Locku,
         (LockOp::Set, _) => {
+            if locks.is_lost(slot.nodeid) {
+                // The file's locks are gone from the server: no new one until its last close.
+                return Err(Error::Io);
+            }
             slot.stateid = open_stateid(fs, l.fh, slot.nodeid)?;
             room(locks, slot)?;
             first_step(locks, slot)
@@ -162,11 +166,16 @@ fn first_step(locks: &Locks41, slot: &mut Slot) -> Step {
 fn converted(locks: &Locks41, slot: &mut Slot, stateid: Option<Stateid>) {
     let s = stateid.or(slot.lock_state);
     if let Some(s) = s {
-        locks.states.set(slot.nodeid, slot.lock_owner, s, LockType::Unlock, slot.handle);
+        locks.states.set(slot.nodeid, slot.lock_owner, s, &unlock(&slot.lock), slot.handle);
     }
     slot.lock_state = s;
     slot.convert = false;
     slot.step = Step::Lock;
+}
+
+/// `l`'s range let go (what a LOCKU of it leaves).
+fn unlock(l: &FileLock) -> FileLock {
+    FileLock { typ: LockType::Unlock, ..*l }
 }
 
 /// The open stateid of FUSE handle `fh`, a file handle of `nodeid`.
@@ -240,6 +249,11 @@ pub(super) fn reply(fs: &Shared, slot: &mut Slot, res: Result<CompoundReply<'_>,
     {
         locks.count(Counter::Call);
     }
+    if let Some((_, s)) = g.failed.filter(|(_, s)| stale(*s)) {
+        if let Some(flow) = refresh(fs, slot, s) {
+            return flow;
+        }
+    }
     match (slot.step, g.failed) {
         (Step::Free, failed) => {
             if let Some((op, s)) = failed {
@@ -269,7 +283,7 @@ pub(super) fn reply(fs: &Shared, slot: &mut Slot, res: Result<CompoundReply<'_>,
         }
         (Step::Lock, None) => match g.stateid {
             Some(s) => {
-                locks.states.set(slot.nodeid, slot.lock_owner, s, slot.lock.typ, slot.handle);
+                locks.states.set(slot.nodeid, slot.lock_owner, s, &slot.lock, slot.handle);
                 locks.note_pid(slot.lock_owner, slot.lock.pid);
                 Flow::Done(Ok(Reply::Empty))
             }
@@ -290,8 +304,8 @@ pub(super) fn reply(fs: &Shared, slot: &mut Slot, res: Result<CompoundReply<'_>,
             Flow::Next
         }
         (Step::Locku, None) => {
-            if let (Some(s), Owner::Flock(_)) = (g.stateid, slot.lock_owner) {
-                locks.states.set(slot.nodeid, slot.lock_owner, s, LockType::Unlock, slot.handle);
+            if let Some(s) = g.stateid.or(slot.lock_state) {
+                locks.states.set(slot.nodeid, slot.lock_owner, s, &unlock(&slot.lock), slot.handle);
             }
             Flow::Done(Ok(Reply::Empty))
         }
@@ -314,6 +328,45 @@ pub(super) fn reply(fs: &Shared, slot: &mut Slot, res: Result<CompoundReply<'_>,
         }
         _ => Flow::Done(Err(Error::Io)),
     }
+}
+
+/// A LOCK or LOCKU of `slot` found its state unknown (`s`): if the states it used changed
+/// since it went (a reclaim after a server restart took them back), it goes again with them;
+/// while a reclaim is under way it waits for it (`reopen::RECLAIM_WAIT`, within its deadline);
+/// a file whose locks were lost is EIO for a LOCK, done for a LOCKU. `None`: the loss is real,
+/// as the caller handles it.
+fn refresh(fs: &Shared, slot: &mut Slot, s: Nfsstat4) -> Option<Flow> {
+    if !matches!(slot.step, Step::Lock | Step::Locku) {
+        return None;
+    }
+    let locks = &fs.locks41;
+    if locks.is_lost(slot.nodeid) {
+        log::debug!("nfs4.1: {:?} of node {}: {s:?}, its locks lost", slot.step, slot.nodeid);
+        return Some(Flow::Done(if slot.step == Step::Lock || slot.convert {
+            Err(Error::Io)
+        } else {
+            Ok(Reply::Empty)
+        }));
+    }
+    let lock_state = locks.states.get(slot.nodeid, slot.lock_owner);
+    let open = open_stateid(fs, slot.handle, slot.nodeid).ok();
+    let moved = lock_state.map(|l| l.other) != slot.lock_state.map(|l| l.other)
+        || (slot.lock_state.is_none() && open.is_some_and(|o| o.other != slot.stateid.other));
+    if moved {
+        slot.lock_state = lock_state;
+        if let Some(o) = open {
+            slot.stateid = o;
+        }
+        if slot.step == Step::Locku && lock_state.is_none() {
+            // Nothing kept now: the server holds nothing of the owner's there.
+            return Some(Flow::Done(Ok(Reply::Empty)));
+        }
+        return Some(Flow::Next);
+    }
+    if super::reopen::reclaiming(fs) {
+        return Some(Flow::After(super::reopen::RECLAIM_WAIT));
+    }
+    None
 }
 
 /// The lock state `slot` used is unknown to the server (`s`: it restarted, or revoked it): the
@@ -361,6 +414,9 @@ fn freed(locks: &Locks41, slot: &mut Slot, ok: bool) -> Flow {
 /// Fills background slot `slot` with the try `a` of a waiting lock. An error ends the wait.
 pub(super) fn start_try(fs: &Shared, slot: &mut Slot, a: Attempt) -> Result<(), Error> {
     let locks = locks(fs)?;
+    if locks.is_lost(a.nodeid) {
+        return Err(Error::Io);
+    }
     slot.obj = fs.nodes.fh(a.nodeid)?;
     slot.stateid = open_stateid(fs, a.fh, a.nodeid)?;
     slot.nodeid = a.nodeid;
@@ -422,6 +478,7 @@ pub(super) fn background(
     slot: &mut Slot,
     res: Result<CompoundReply<'_>, CallError>,
     now: Instant,
+    reclaiming: bool,
 ) -> bool {
     let g = match res.map_err(|_| Error::Io).and_then(|r| got(&r)) {
         Ok(g) => g,
@@ -446,12 +503,15 @@ pub(super) fn background(
                 }
                 None => match g.stateid {
                     Some(s) => {
-                        locks.states.set(a.nodeid, a.owner, s, a.lock.typ, a.fh);
+                        locks.states.set(a.nodeid, a.owner, s, &a.lock, a.fh);
                         locks.note_pid(a.owner, a.lock.pid);
                         Tried::Granted
                     }
                     None => Tried::Failed(Error::Io),
                 },
+                // A restart's reclaim is under way: the try goes again after it, with the
+                // states it leaves (`start_try` reads them anew).
+                Some((_, s)) if stale(s) && reclaiming => Tried::Denied,
                 Some((OpNum::Lock | OpNum::Locku, s)) if stale(s) && slot.lock_state.is_some() => {
                     forget_stale(locks, slot, s);
                     Tried::Failed(Error::Io)
@@ -479,11 +539,20 @@ pub(super) fn background(
         }
         Kind::LetGo => {
             locks.count(Counter::Call);
-            if let Some((op, s)) = g.failed {
-                log::debug!("nfs4.1: letting go of a lock granted too late: {op:?} {s:?}");
-                if !stale(s) {
-                    super::orphan::requeue(locks, slot, true);
+            match g.failed {
+                Some((op, s)) => {
+                    log::debug!("nfs4.1: letting go of a lock granted too late: {op:?} {s:?}");
+                    if !stale(s) {
+                        super::orphan::requeue(locks, slot, true);
+                    }
                 }
+                None if slot.nodeid != 0 => {
+                    // The grant's range is no longer held (a reclaim would take it again).
+                    if let Some(s) = g.stateid.or(slot.lock_state) {
+                        locks.states.set(slot.nodeid, slot.lock_owner, s, &unlock(&slot.lock), slot.handle);
+                    }
+                }
+                None => {}
             }
             false
         }
@@ -514,6 +583,8 @@ pub(super) struct Background {
     /// Slots whose next step goes after this poll round's replies.
     pub(super) next: Vec<u32>,
     pub(super) locks: std::sync::Arc<Locks41>,
+    /// The reclaim after a server restart this engine took (`reclaim`), until it ends.
+    pub(super) reclaim: Option<super::reclaim::Reclaim>,
 }
 
 impl Background {
@@ -522,6 +593,7 @@ impl Background {
             slots: (0..BG_SLOTS).map(|_| Slot::new(root)).collect(),
             next: Vec::with_capacity(BG_SLOTS),
             locks: fs.locks41.clone(),
+            reclaim: None,
         }
     }
 
@@ -538,6 +610,10 @@ impl Background {
     /// When the engine should look for work even if the connection has nothing: now with
     /// orphans, or at the next try's time; `None` when no slot is free.
     pub(super) fn due(&self) -> Option<Instant> {
+        if self.reclaim.is_some() && !self.reclaim_out() {
+            self.free()?;
+            return Some(Instant::now());
+        }
         if self.locks.idle() {
             return None;
         }
@@ -549,6 +625,11 @@ impl Background {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
+    }
+
+    /// Whether the reclaim's call is on the wire.
+    pub(super) fn reclaim_out(&self) -> bool {
+        self.slots.iter().any(|s| s.busy && s.kind == Kind::Reclaim)
     }
 
     /// The engine goes: tries on the wire are tried again by another engine.

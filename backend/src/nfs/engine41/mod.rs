@@ -57,6 +57,7 @@ mod attr;
 mod lock;
 mod orphan;
 mod prepare;
+mod reclaim;
 mod reopen;
 mod reply;
 mod slot;
@@ -202,10 +203,17 @@ impl SessionSink for PollSink<'_, '_> {
         if let Some(i) = Background::index(tag) {
             let bg = &mut *self.bg;
             if let Some(s) = bg.slots.get_mut(i).filter(|s| s.busy) {
-                let more = if orphan::is_orphan(s) {
+                let more = if s.kind == slot::Kind::Reclaim {
+                    if let Some(r) = bg.reclaim.as_mut() {
+                        if r.reply(self.fs, res) {
+                            bg.reclaim = None;
+                        }
+                    }
+                    false
+                } else if orphan::is_orphan(s) {
                     orphan::reply(&bg.locks, s, res, self.cell)
                 } else {
-                    lock::background(&bg.locks, s, res, self.now)
+                    lock::background(&bg.locks, s, res, self.now, reopen::reclaiming(self.fs))
                 };
                 if more {
                     bg.next.push(tag);
@@ -363,13 +371,15 @@ impl Nfs41Engine {
     /// session (lock states, opens, silly names) and waiting locks due for a try, while a background slot is free (every engine takes
     /// them: any engine may serve any wait).
     fn background(&mut self, fs: &Shared, now: Instant) {
-        if self.bg.next.is_empty() && self.bg.locks.idle() {
-            // The common case: no lock waits, nothing to end; two atomic loads.
+        let reclaiming = reopen::reclaiming(fs);
+        if self.bg.next.is_empty() && self.bg.locks.idle() && !reclaiming && self.bg.reclaim.is_none() {
+            // The common case: no lock waits, nothing to end, no reclaim; three atomic loads.
             return;
         }
         if self.conn.is_none() || self.session.state() != State::Ready {
             return;
         }
+        self.reclaim(fs, reclaiming);
         let next = std::mem::take(&mut self.bg.next);
         for &tag in &next {
             let Some(i) = Background::index(tag) else { continue };
@@ -408,6 +418,32 @@ impl Nfs41Engine {
                 orphan::ended(&locks, s);
                 break;
             }
+        }
+    }
+
+    /// The reclaim after a server restart: taken if it is due on this session's client id and
+    /// nobody took it; its next call sent (one at a time, before any other background call).
+    fn reclaim(&mut self, fs: &Shared, reclaiming: bool) {
+        if self.bg.reclaim.as_ref().is_some_and(|r| !r.current()) {
+            // Another restart: this client id's reclaim is over, the next one has its own.
+            self.bg.reclaim = None;
+        }
+        if self.bg.reclaim.is_none() && reclaiming {
+            self.bg.reclaim = reclaim::Reclaim::take(fs, self.clientid);
+        }
+        if self.bg.reclaim.is_none() || self.bg.reclaim_out() || !self.session.has_room() {
+            return;
+        }
+        let Some(i) = self.bg.free() else { return };
+        let (Some(r), slot) = (self.bg.reclaim.as_mut(), &mut self.bg.slots[i]) else { return };
+        if !r.fill(fs, slot) {
+            self.bg.reclaim = None;
+            return;
+        }
+        slot.busy = true;
+        if !self.send_bg(i) {
+            // Sent again from a later round.
+            self.bg.slots[i].busy = false;
         }
     }
 
@@ -596,6 +632,9 @@ impl Drop for Nfs41Engine {
             orphan::ended(&self.bg.locks, s);
         }
         self.bg.abandon_all(now);
+        if let Some(r) = self.bg.reclaim.take() {
+            r.give_back();
+        }
         self.session.close(now, &mut sink);
         if let Some(conn) = self.conn.as_mut() {
             self.session.poll(now, conn, &mut sink);

@@ -61,6 +61,9 @@ pub(super) fn prepare(fs: &Shared, slot: &mut Slot, req: &Request<'_>) -> Result
                     a.fh.and_then(|h| fs.handles.get(h).map(|f| (h, f)))
                         .filter(|(_, f)| f.nodeid == slot.nodeid)
                 {
+                    if fs.locks41.is_lost(slot.nodeid) {
+                        return Err(Error::Io);
+                    }
                     slot.stateid = stateid_of(f.state);
                     slot.handle = h;
                 }
@@ -263,6 +266,10 @@ pub(super) fn open_owner(fs: &Shared) -> [u8; 8] {
 /// READ or WRITE through handle `fh`: a file handle of the request's node.
 fn io(fs: &Shared, slot: &mut Slot, fh: u64, offset: u64) -> Result<(), Error> {
     let f = fs.handles.get(fh).filter(|f| f.nodeid == slot.nodeid && !f.dir).ok_or(Error::BadHandle)?;
+    if fs.locks41.is_lost(slot.nodeid) {
+        // Its locks are gone from the server (not reclaimed): nothing goes without them.
+        return Err(Error::Io);
+    }
     slot.fh = fs.nodes.fh(slot.nodeid)?;
     slot.stateid = stateid_of(f.state);
     slot.handle = fh;

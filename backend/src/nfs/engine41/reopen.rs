@@ -6,11 +6,17 @@
 //! second loss is EIO). Two requests of one handle that both find it lost open it once each:
 //! the first kept wins, the other's open is CLOSEd in the background (an orphan).
 //!
-//! Locks do not come back: a file whose lock states the server lost (it had some when the loss
-//! was found, `Locks41::lose`) is not opened again; the request is EIO, and so is every later
-//! one through a handle opened before the loss, until the file's last handle closes. So no
-//! write that relied on a lock goes through without it. Reclaiming opens and locks in the
-//! server's grace period (CLAIM_PREVIOUS, LOCK with reclaim) is not done.
+//! After a server restart the opens and locks are reclaimed first (`reclaim`): while that is
+//! under way (`ClientShare::reclaiming`), a request that finds its open unknown waits for it
+//! and goes again with the stateid the reclaim put in the handle table; only an open the
+//! reclaim could not take back is opened anew here.
+//!
+//! Locks do not come back this way: a file whose lock states the server lost (it had some when
+//! the loss was found, `Locks41::lose`, or their reclaim failed) is not opened again; the
+//! request is EIO, and so is every later one through a handle of it, until the file's last
+//! handle closes. So no write that relied on a lock goes through without it.
+
+use std::time::Duration;
 
 use super::attr::error;
 use super::prepare::open_owner;
@@ -20,6 +26,15 @@ use crate::filesystem::Error;
 use crate::nfs::locks41::Orphan;
 use crate::nfs::shared::Shared;
 use crate::nfs::wire::nfs4::{open_result, Nfsstat4, OpNum, Stateid};
+
+/// How long a request that found its state unknown waits, while the state is reclaimed, before
+/// it looks again.
+pub(super) const RECLAIM_WAIT: Duration = Duration::from_millis(100);
+
+/// Whether the opens and locks are being reclaimed after a server restart (one atomic load).
+pub(super) fn reclaiming(fs: &Shared) -> bool {
+    fs.v41.as_ref().is_some_and(|v| v.client.reclaiming())
+}
 
 /// Whether `s` says the open (or lock) stateid used is unknown to the server.
 pub(super) fn lost(s: Nfsstat4) -> bool {
@@ -40,20 +55,28 @@ pub(super) fn applies(slot: &Slot, op: OpNum, s: Nfsstat4) -> bool {
 /// The open of `slot`'s handle is lost (`s`): open it again, or go again with the open another
 /// request made meanwhile; EIO when the file's locks were lost.
 pub(super) fn start(fs: &Shared, slot: &mut Slot, s: Nfsstat4) -> Result<Flow, Error> {
-    slot.reopened = true;
     let f = fs.handles.get(slot.handle).filter(|f| f.nodeid == slot.nodeid && !f.dir).ok_or(Error::Io)?;
+    if fs.locks41.is_lost(slot.nodeid) {
+        return Err(Error::Io);
+    }
+    let kept = stateid_of(f.state);
+    if kept != slot.stateid {
+        // Reclaimed, or opened again by another request, meanwhile (a file whose locks were
+        // lost is marked first: never opened again).
+        slot.stateid = kept;
+        return Ok(Flow::Next);
+    }
+    if reclaiming(fs) {
+        // The reclaim may yet take the open back: wait for it (the deadline bounds the wait).
+        return Ok(Flow::After(RECLAIM_WAIT));
+    }
+    slot.reopened = true;
     if fs.locks41.lose(slot.nodeid) {
         log::warn!(
             "nfs4.1: node {}: the server lost its open ({s:?}) and its locks: EIO until its last close",
             slot.nodeid
         );
         return Err(Error::Io);
-    }
-    let kept = stateid_of(f.state);
-    if kept != slot.stateid {
-        // Opened again by another request meanwhile.
-        slot.stateid = kept;
-        return Ok(Flow::Next);
     }
     log::info!("nfs4.1: node {}: the server lost an open ({s:?}): opening it again", slot.nodeid);
     if slot.step == Step::Setattr {

@@ -343,7 +343,10 @@ fn step(
             Flow::Done(Ok(Reply::Data(out.bytes_written())))
         }
         // Answered above; the lock steps are `lock`'s.
-        Step::ProbeTarget | Step::Close | Step::Delegreturn => return Err(Error::Io),
+        // The reclaim's steps are background calls (`reclaim`): never a guest request's.
+        Step::ProbeTarget | Step::Close | Step::Delegreturn | Step::ReclaimOpen | Step::ReclaimComplete => {
+            return Err(Error::Io)
+        }
         Step::Lockt | Step::Lock | Step::Locku | Step::Free | Step::Reopen => return Err(Error::Io),
     };
     Ok(flow)

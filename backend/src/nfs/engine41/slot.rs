@@ -14,8 +14,8 @@ use crate::nfs::conn::Cred;
 use crate::nfs::locks41::{Attempt, Owner};
 use crate::nfs::shared::Limits;
 use crate::nfs::wire::nfs4::{
-    attr, share, Bitmap, ChannelAttrs, CreateHow4, CreateKind, Ftype4, LockType as NfsLock, Locker, Op, Open,
-    OpenClaim, SetAttrs, Stable4, StateOwner, Stateid, Verifier,
+    attr, share, Bitmap, ChannelAttrs, CreateHow4, CreateKind, DelegationType, Ftype4, LockType as NfsLock,
+    Locker, Op, Open, OpenClaim, SetAttrs, Stable4, StateOwner, Stateid, Verifier,
 };
 use crate::nfs::wire::Fh;
 use crate::types::OFFSET_MAX;
@@ -153,6 +153,9 @@ pub(super) enum Kind {
     Orphan,
     /// An open of an ended session (background): CLOSE.
     OrphanOpen,
+    /// A reclaim after a server restart (background, `reclaim`): an open, a lock state's
+    /// ranges, RECLAIM_COMPLETE.
+    Reclaim,
     /// A silly name of an ended session (background): REMOVE.
     OrphanSilly,
 }
@@ -215,6 +218,11 @@ pub(super) enum Step {
     /// PUTFH(`fh`) OPEN(CLAIM_FH, the share of `flags`, a new `owner`): a handle's open the
     /// server no longer knows opened again, then `resume` goes again (`reopen`).
     Reopen,
+    /// PUTFH(`fh`) OPEN(CLAIM_PREVIOUS, no delegation, the share of `flags`, a new `owner`): a
+    /// handle's open reclaimed after a server restart (`reclaim`).
+    ReclaimOpen,
+    /// RECLAIM_COMPLETE: the reclaim is over (`reclaim`).
+    ReclaimComplete,
 }
 
 impl Slot {
@@ -659,8 +667,20 @@ impl Slot {
                     },
                 };
                 push(Op::Putfh { fh: &self.obj });
-                push(Op::Lock { locktype: self.locktype(), reclaim: false, offset, length, locker });
+                let reclaim = self.kind == Kind::Reclaim;
+                push(Op::Lock { locktype: self.locktype(), reclaim, offset, length, locker });
             }
+            Step::ReclaimOpen => {
+                push(Op::Putfh { fh: &self.fh });
+                push(Op::Open(Open {
+                    share_access: self.share_access(),
+                    share_deny: share::DENY_NONE,
+                    owner: StateOwner { clientid, owner: &self.owner },
+                    create: None,
+                    claim: OpenClaim::Previous(DelegationType::None),
+                }));
+            }
+            Step::ReclaimComplete => push(Op::ReclaimComplete { one_fs: false }),
             Step::Locku => {
                 let (offset, length) = self.range();
                 if let Some(s) = self.lock_state {

@@ -14,12 +14,18 @@
 //! ids obtained, so that a late mark cannot undo a newer client id), and the next session to
 //! need one sends the EXCHANGE_ID.
 //!
-//! RECLAIM_COMPLETE is sent once per client id, by the first session that starts on it. The last
-//! session that closes destroys the client id; the others only their sessions.
+//! RECLAIM_COMPLETE is sent once per client id, by the first session that starts on it, unless
+//! the share's owner reclaims state ([`ClientShare::owner_reclaims`]: the NFS filesystem, whose
+//! opens and locks a server restart takes away): then a client id after the first is the
+//! owner's to reclaim on ([`ClientShare::take_reclaim`]), and the owner sends RECLAIM_COMPLETE
+//! when it is done ([`ClientShare::reclaim_done`]); until then [`ClientShare::reclaiming`]
+//! says so (a call that finds its state unknown meanwhile waits for the reclaim rather than
+//! take the state as lost). The last session that closes destroys the client id; the others
+//! only their sessions.
 //!
 //! A short mutex guards the share: it is taken at establishment steps only (never per call).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::nfs::wire::nfs4::{ClientId, Verifier};
@@ -35,6 +41,10 @@ pub struct ClientShare {
     /// in the open and lock owners they send, and a call sent again on a session made anew
     /// must carry the new one.
     now: AtomicU64,
+    /// The owner reclaims its state on a new client id ([`ClientShare::owner_reclaims`]).
+    owner_reclaims: AtomicBool,
+    /// The epoch whose reclaim is due or under way (0: none), readable without the lock.
+    reclaiming: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -49,6 +59,9 @@ struct Inner {
     cs_sequence: u32,
     /// RECLAIM_COMPLETE was answered for the current client id.
     reclaimed: bool,
+    /// The owner's reclaim is due on the current client id; an engine took it.
+    reclaim_pending: bool,
+    reclaim_taken: bool,
     /// The session whose establishment call has the turn.
     busy: Option<u64>,
     /// Sessions made and not ended.
@@ -121,7 +134,52 @@ impl ClientShare {
     /// A share for the client `owner` (EXCHANGE_ID's `co_ownerid`, [`super::client_owner`]) in
     /// its incarnation `verifier` (`co_verifier`).
     pub fn new(owner: Vec<u8>, verifier: Verifier) -> ClientShare {
-        ClientShare { owner, verifier, inner: Mutex::new(Inner::default()), now: AtomicU64::new(0) }
+        ClientShare {
+            owner,
+            verifier,
+            inner: Mutex::new(Inner::default()),
+            now: AtomicU64::new(0),
+            owner_reclaims: AtomicBool::new(false),
+            reclaiming: AtomicU64::new(0),
+        }
+    }
+
+    /// The share's owner keeps state a server restart takes away (opens, locks) and reclaims it
+    /// itself on every client id after the first, then sends RECLAIM_COMPLETE (see the module
+    /// documentation). Set before the first session starts.
+    pub fn owner_reclaims(&self) {
+        self.owner_reclaims.store(true, Ordering::Release);
+    }
+
+    /// Whether the owner's reclaim is due or under way (one atomic load).
+    pub fn reclaiming(&self) -> bool {
+        self.reclaiming.load(Ordering::Acquire) != 0
+    }
+
+    /// The owner's reclaim on client id `clientid`, if it is due there and nobody took it: the
+    /// caller sends the reclaims, then RECLAIM_COMPLETE, then [`ClientShare::reclaim_done`] (or
+    /// [`ClientShare::give_back_reclaim`]).
+    pub fn take_reclaim(&self, clientid: ClientId) -> Option<Client> {
+        let mut g = self.lock();
+        if !(g.valid && g.reclaim_pending && !g.reclaim_taken && g.clientid == clientid) {
+            return None;
+        }
+        g.reclaim_taken = true;
+        Some(Client { clientid, epoch: g.epoch })
+    }
+
+    /// The reclaim taken on `client` was not finished (its engine went): another may take it.
+    pub fn give_back_reclaim(&self, client: Client) {
+        let mut g = self.lock();
+        if g.epoch == client.epoch {
+            g.reclaim_taken = false;
+        }
+    }
+
+    /// Whether `client` is still the current client id (a reclaim on an older one is over).
+    pub fn is_current(&self, client: Client) -> bool {
+        let g = self.lock();
+        g.valid && g.epoch == client.epoch
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -223,6 +281,10 @@ impl ClientShare {
         if !same || !confirmed {
             g.epoch += 1;
             g.reclaimed = false;
+            // A client id after the first: the owner's state went with the old one.
+            g.reclaim_pending = g.epoch > 1 && self.owner_reclaims.load(Ordering::Acquire);
+            g.reclaim_taken = false;
+            self.reclaiming.store(if g.reclaim_pending { g.epoch } else { 0 }, Ordering::Release);
         }
         // A confirmed client id this share already sends CREATE_SESSIONs for keeps its
         // sequence (every one of them went through here); otherwise the server's is taken.
@@ -294,17 +356,22 @@ impl ClientShare {
         }
     }
 
-    /// Whether RECLAIM_COMPLETE is still to be sent for `client`.
+    /// Whether a session starting on `client` is to send RECLAIM_COMPLETE: not yet sent, and
+    /// no reclaim of the owner's due (the owner sends it after its reclaims).
     pub(super) fn reclaim_due(&self, client: Client) -> bool {
         let g = self.lock();
-        !(g.epoch == client.epoch && g.reclaimed)
+        !(g.epoch == client.epoch && (g.reclaimed || g.reclaim_pending))
     }
 
-    /// RECLAIM_COMPLETE was answered (or COMPLETE_ALREADY) for `client`.
-    pub(super) fn reclaim_done(&self, client: Client) {
+    /// RECLAIM_COMPLETE was answered (or COMPLETE_ALREADY) for `client`, or the owner's reclaim
+    /// ended there.
+    pub fn reclaim_done(&self, client: Client) {
         let mut g = self.lock();
         if g.epoch == client.epoch {
             g.reclaimed = true;
+            g.reclaim_pending = false;
+            g.reclaim_taken = false;
+            self.reclaiming.store(0, Ordering::Release);
         }
     }
 }

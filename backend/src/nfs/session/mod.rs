@@ -36,7 +36,6 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use self::client::Client;
 use self::slots::Slots;
 use super::conn::{CallError, Compound, CompoundReply, Conn, Cred, Nfs41, Sink};
 use super::wire::nfs4::{ChannelAttrs, ClientId, Op, OpNum, SessionId, MINOR_VERSION};
@@ -50,7 +49,7 @@ mod slots;
 #[cfg(test)]
 mod tests;
 
-pub use self::client::{ClientShare, ServerOwner, ShareStats};
+pub use self::client::{Client, ClientShare, ServerOwner, ShareStats};
 pub use self::owner::{client_owner, host_identity};
 
 /// What a session drives: a connection carrying NFSv4.1 ([`Conn<Nfs41>`]), or a test's script.

@@ -1,0 +1,325 @@
+//! The reclaim after a server restart (RFC 8881 8.4.2): when the function's sessions come back
+//! under a new client id (`ClientShare::owner_reclaims`: every client id after the first),
+//! one engine takes the reclaim ([`Reclaim::take`]) and sends, from one background slot, one
+//! COMPOUND at a time:
+//!
+//! 1. for every open handle of a file, PUTFH OPEN(CLAIM_PREVIOUS, no delegation, the handle's
+//!    share access, a new open owner); the stateid goes into the handle table in place of the
+//!    old one (if the handle still has that: closed or opened anew meanwhile, the reclaimed
+//!    open is closed in the background);
+//! 2. for every lock state, the ranges its owner held (`LockStates` keeps them), each a LOCK
+//!    with `reclaim` set: the first from the open reclaimed of the handle the state came from
+//!    (or another reclaimed open of the file), the others by the lock stateid the first gave;
+//! 3. RECLAIM_COMPLETE, after which the server ends its grace period for this client.
+//!
+//! Meanwhile a request that finds its open or lock state unknown waits for the reclaim
+//! (`reopen::reclaiming`) and goes again with what it left. What cannot be reclaimed (the
+//! server answers NO_GRACE, RECLAIM_BAD, RECLAIM_CONFLICT..., or a lock owner held more ranges
+//! than the device keeps) is dealt with as before reclaim existed: an open is opened anew when
+//! next used; a lock state's file is marked lost (`Locks41::lose_locks`: READ, WRITE and new
+//! locks through it EIO until its last close), never silently unlocked. A call without an
+//! answer is sent again, [`TRIES`] times in all, then counts as failed. Reclaims go as root
+//! (the tables keep no caller's credential), as the orphans' cleanup does.
+//!
+//! WRITEs are FILE_SYNC4 on NFSv4.1: nothing written is lost with the server's memory, so
+//! there is nothing to send again besides the calls in flight (the session resends them).
+
+use std::sync::Arc;
+
+use super::prepare::open_owner;
+use super::slot::{state_bytes, stateid_of, Kind, Slot, Step};
+use crate::filesystem::{FileLock, LockType};
+use crate::nfs::conn::{CallError, CompoundReply, Cred};
+use crate::nfs::locks41::{Counter, Orphan, Owner};
+use crate::nfs::session::{Client, ClientShare};
+use crate::nfs::shared::Shared;
+use crate::nfs::wire::nfs4::{Nfsstat4, OpNum, OpRes, Stateid};
+use crate::nfs::wire::Fh;
+
+/// Sends of one item without an answer before it counts as failed.
+pub(super) const TRIES: u8 = 3;
+
+/// What there is to reclaim, taken from the tables when the reclaim starts.
+#[derive(Debug)]
+enum Item {
+    /// The open of FUSE handle `handle` (a file of `nodeid`, file handle `fh`), which had
+    /// `old`.
+    Open { handle: u64, nodeid: u64, fh: Fh, flags: u32, old: Stateid },
+    /// Lock state `old` of `owner` on `nodeid`, from the open of handle `from`, holding
+    /// `ranges` (`None`: more than the device keeps); `done` of them reclaimed so far, under
+    /// `new`.
+    Lock {
+        nodeid: u64,
+        owner: Owner,
+        from: u64,
+        old: Stateid,
+        ranges: Option<Vec<(u64, u64, LockType)>>,
+        done: usize,
+        new: Option<Stateid>,
+    },
+    /// RECLAIM_COMPLETE.
+    Complete,
+}
+
+/// One engine's reclaim (see the module documentation).
+#[derive(Debug)]
+pub(super) struct Reclaim {
+    share: Arc<ClientShare>,
+    client: Client,
+    items: Vec<Item>,
+    /// The item sent next (or on the wire).
+    at: usize,
+    /// Sends of it without an answer so far.
+    tries: u8,
+    /// Handles whose open was reclaimed (a lock state's first LOCK goes from one of them).
+    reclaimed: Vec<(u64, u64)>,
+}
+
+impl Reclaim {
+    /// The reclaim due on `clientid` (the engine's session's), if nobody took it yet: what
+    /// the tables hold now.
+    pub(super) fn take(fs: &Shared, clientid: u64) -> Option<Reclaim> {
+        let v = fs.v41.as_ref()?;
+        let client = v.client.take_reclaim(clientid)?;
+        let mut items = Vec::new();
+        for (handle, f) in fs.handles.open_handles() {
+            let old = stateid_of(f.state);
+            if f.dir || old == Stateid::ANONYMOUS {
+                continue;
+            }
+            let Ok(fh) = fs.nodes.fh(f.nodeid) else { continue };
+            items.push(Item::Open { handle, nodeid: f.nodeid, fh, flags: f.flags, old });
+        }
+        for (nodeid, owner, old, from, held) in fs.locks41.states.all() {
+            let ranges = held.ranges().map(<[_]>::to_vec);
+            items.push(Item::Lock { nodeid, owner, from, old, ranges, done: 0, new: None });
+        }
+        items.push(Item::Complete);
+        log::info!(
+            "nfs4.1: the server restarted (client id {:#x}): reclaiming {} opens and {} lock states",
+            client.clientid,
+            items.iter().filter(|i| matches!(i, Item::Open { .. })).count(),
+            items.iter().filter(|i| matches!(i, Item::Lock { .. })).count(),
+        );
+        Some(Reclaim { share: v.client.clone(), client, items, at: 0, tries: 0, reclaimed: Vec::new() })
+    }
+
+    /// The reclaim's engine goes before it ended: another engine may take it.
+    pub(super) fn give_back(&self) {
+        self.share.give_back_reclaim(self.client);
+    }
+
+    /// Whether the client id reclaimed on is still the current one (another restart ends
+    /// this reclaim; the next client id has one of its own).
+    pub(super) fn current(&self) -> bool {
+        self.share.is_current(self.client)
+    }
+
+    /// Fills background slot `slot` with the next item's call; `false` when nothing is left
+    /// to send (items that no longer apply are passed by here).
+    pub(super) fn fill(&mut self, fs: &Shared, slot: &mut Slot) -> bool {
+        let locks = &fs.locks41;
+        loop {
+            let Some(item) = self.items.get_mut(self.at) else { return false };
+            slot.cred = Cred::ROOT;
+            slot.kind = Kind::Reclaim;
+            slot.frees.clear();
+            slot.attempt = None;
+            slot.orphan = None;
+            slot.answer = None;
+            slot.convert = false;
+            match item {
+                Item::Open { handle, nodeid, fh, flags, old } => {
+                    let still = fs.handles.get(*handle).is_some_and(|f| stateid_of(f.state) == *old);
+                    if !still {
+                        // Closed, or opened anew, meanwhile.
+                        self.at += 1;
+                        continue;
+                    }
+                    slot.nodeid = *nodeid;
+                    slot.handle = *handle;
+                    slot.fh = *fh;
+                    slot.flags = *flags;
+                    slot.stateid = *old;
+                    slot.owner = open_owner(fs);
+                    slot.step = Step::ReclaimOpen;
+                    return true;
+                }
+                Item::Lock { nodeid, owner, from, old, ranges, done, new } => {
+                    let (nodeid, owner, from, old, done, new) = (*nodeid, *owner, *from, *old, *done, *new);
+                    let range = ranges.as_ref().map(|r| r.get(done).copied());
+                    if !locks.states.is(nodeid, owner, old) {
+                        // Let go (FLUSH, RELEASE) meanwhile.
+                        self.at += 1;
+                        continue;
+                    }
+                    let Some(range) = range else {
+                        log::warn!(
+                            "nfs4.1: node {nodeid}: {owner:?} held more lock ranges than are kept: \
+                             not reclaimed, the file's locks are lost"
+                        );
+                        self.lose(fs, nodeid, owner, None);
+                        continue;
+                    };
+                    let Some((start, end, typ)) = range else {
+                        // Nothing held under it: the server need not know it again (the next
+                        // lock of the owner goes from the open).
+                        locks.states.forget(nodeid, owner);
+                        self.at += 1;
+                        continue;
+                    };
+                    let open =
+                        if done == 0 { self.open_for(fs, nodeid, from) } else { Some(Stateid::ANONYMOUS) };
+                    let (Some(open), Ok(obj)) = (open, fs.nodes.fh(nodeid)) else {
+                        log::warn!(
+                            "nfs4.1: node {nodeid}: no open reclaimed to reclaim {owner:?}'s locks from"
+                        );
+                        self.lose(fs, nodeid, owner, new);
+                        continue;
+                    };
+                    slot.nodeid = nodeid;
+                    slot.handle = from;
+                    slot.obj = obj;
+                    slot.stateid = open;
+                    slot.lock = FileLock { start, end, typ, pid: 0 };
+                    slot.lock_owner = owner;
+                    slot.lock_name = owner.name();
+                    slot.lock_state = new;
+                    slot.step = Step::Lock;
+                    return true;
+                }
+                Item::Complete => {
+                    slot.nodeid = 0;
+                    slot.step = Step::ReclaimComplete;
+                    return true;
+                }
+            }
+        }
+    }
+
+    /// The open a lock state's first reclaimed LOCK goes from: handle `from`'s, or another
+    /// handle's of the file, if reclaimed.
+    fn open_for(&self, fs: &Shared, nodeid: u64, from: u64) -> Option<Stateid> {
+        let of =
+            |h: u64| fs.handles.get(h).filter(|f| f.nodeid == nodeid && !f.dir).map(|f| stateid_of(f.state));
+        let mine = self.reclaimed.iter().find(|(h, _)| *h == from).and_then(|(h, _)| of(*h));
+        mine.or_else(|| self.reclaimed.iter().filter(|(_, n)| *n == nodeid).find_map(|(h, _)| of(*h)))
+    }
+
+    /// The lock state of `owner` on `nodeid` was not reclaimed: forgotten, its file marked
+    /// lost; what was reclaimed of it (`new`) is let go in the background. The next item.
+    fn lose(&mut self, fs: &Shared, nodeid: u64, owner: Owner, new: Option<Stateid>) {
+        let locks = &fs.locks41;
+        locks.count(Counter::LockNotReclaimed);
+        locks.states.forget(nodeid, owner);
+        locks.lose_locks(nodeid);
+        if let (Some(s), Ok(fh)) = (new, fs.nodes.fh(nodeid)) {
+            locks.orphan(Orphan::Lock(fh, s));
+        }
+        self.at += 1;
+        self.tries = 0;
+    }
+
+    /// The reply to the item's call; `true` when the reclaim is over.
+    pub(super) fn reply(&mut self, fs: &Shared, res: Result<CompoundReply<'_>, CallError>) -> bool {
+        let locks = &fs.locks41;
+        // What the call came to: the failed operation's status, and the stateid it gave.
+        let got = match &res {
+            Err(e) => {
+                self.tries += 1;
+                if self.tries < TRIES {
+                    log::debug!("nfs4.1: a reclaim call got no answer ({e}): again");
+                    return false;
+                }
+                Err(Nfsstat4::Delay)
+            }
+            Ok(r) => {
+                let mut failed = None;
+                let mut stateid = None;
+                for op in r.results.clone() {
+                    match op {
+                        Ok(OpRes::Failed { op, status, .. }) => failed = Some((op, status)),
+                        Ok(OpRes::Open(o)) => stateid = Some(o.stateid),
+                        Ok(OpRes::Lock(s)) => stateid = Some(s),
+                        Ok(_) => {}
+                        Err(_) => failed = Some((OpNum::Sequence, Nfsstat4::ServerFault)),
+                    }
+                }
+                if failed.is_none() && r.status != Nfsstat4::Ok {
+                    failed = Some((OpNum::Sequence, r.status));
+                }
+                match failed {
+                    Some((OpNum::ReclaimComplete, Nfsstat4::CompleteAlready)) => Ok(None),
+                    Some((_, s)) => Err(s),
+                    None => Ok(stateid),
+                }
+            }
+        };
+        self.tries = 0;
+        let Some(item) = self.items.get_mut(self.at) else { return true };
+        match item {
+            Item::Open { handle, nodeid, fh, old, .. } => {
+                match got {
+                    Ok(Some(new)) => {
+                        let kept = fs.handles.replace_state(*handle, state_bytes(*old), state_bytes(new));
+                        if kept == Some(state_bytes(new)) {
+                            locks.count(Counter::OpenReclaimed);
+                            self.reclaimed.push((*handle, *nodeid));
+                        } else {
+                            // Closed or opened anew meanwhile: this one is nobody's.
+                            locks.orphan(Orphan::Open(*fh, new));
+                        }
+                    }
+                    Ok(None) | Err(_) => {
+                        log::warn!("nfs4.1: node {nodeid}: an open was not reclaimed: {got:?}");
+                        locks.count(Counter::OpenNotReclaimed);
+                    }
+                }
+                self.at += 1;
+            }
+            Item::Lock { nodeid, owner, old, ranges, done, new, .. } => match got {
+                Ok(Some(s)) => {
+                    *new = Some(s);
+                    *done += 1;
+                    if *done >= ranges.as_ref().map_or(0, Vec::len) {
+                        let (nodeid, owner, old) = (*nodeid, *owner, *old);
+                        if locks.states.reclaimed(nodeid, owner, old, s) {
+                            locks.count(Counter::LockReclaimed);
+                        } else if let Ok(fh) = fs.nodes.fh(nodeid) {
+                            // Let go meanwhile: so is what was reclaimed.
+                            locks.orphan(Orphan::Lock(fh, s));
+                        }
+                        self.at += 1;
+                    }
+                }
+                Ok(None) | Err(_) => {
+                    let (nodeid, owner, new) = (*nodeid, *owner, *new);
+                    log::warn!(
+                        "nfs4.1: node {nodeid}: {owner:?}'s locks were not reclaimed ({got:?}): \
+                         the file is EIO until its last close"
+                    );
+                    self.lose(fs, nodeid, owner, new);
+                }
+            },
+            Item::Complete => {
+                if let Err(s) = got {
+                    // The grace period ends at its time anyway.
+                    log::warn!("nfs4.1: RECLAIM_COMPLETE failed: {s:?}");
+                }
+                locks.count(Counter::Reclaim);
+                self.share.reclaim_done(self.client);
+                let t = locks.totals();
+                log::info!(
+                    "nfs4.1: reclaim done: opens {} reclaimed, {} not; lock states {} reclaimed, {} not (totals)",
+                    t.opens_reclaimed,
+                    t.opens_not_reclaimed,
+                    t.locks_reclaimed,
+                    t.locks_not_reclaimed
+                );
+                self.at = self.items.len();
+                return true;
+            }
+        }
+        false
+    }
+}
