@@ -333,13 +333,17 @@ static int cross(const char *kind, const char *hold_path, const char *wait_path,
   char check[32];
   snprintf(check, sizeof check, "cross-%s", kind);
   int flock_mode = strcmp(kind, "flock") == 0;
-  int ready[2], p[2];
-  if (pipe(ready) || pipe(p)) return fail(check, "pipe");
+  int ready[2], p[2], go[2];
+  if (pipe(ready) || pipe(p) || pipe(go)) return fail(check, "pipe");
   pid_t holder = fork();
   if (holder < 0) return fail(check, "fork");
   if (holder == 0) {
     /* Holds the lock until it is killed: its death (the kernel closing its files) must let go. */
     close(ready[0]);
+    close(p[0]); /* the waiter's pipes: their ends must close when the waiter's do */
+    close(p[1]);
+    close(go[0]);
+    close(go[1]);
     int fd = open_rw(hold_path);
     char c = 'y';
     if (cross_lock(fd, flock_mode, 0) != 0) {
@@ -358,10 +362,10 @@ static int cross(const char *kind, const char *hold_path, const char *wait_path,
   }
   /* Through the other mount: the same lock is refused, F_GETLK shows it, a range beside it is free. */
   char seen[128] = "";
-  int fd = open_rw(wait_path);
-  int rc = cross_lock(fd, flock_mode, 0);
+  int fd = open(wait_path, O_RDWR);
+  int rc = fd < 0 ? -1 : cross_lock(fd, flock_mode, 0);
   int err = errno;
-  if (rc == 0 || (err != EAGAIN && err != EACCES && err != EWOULDBLOCK)) {
+  if (fd < 0 || rc == 0 || (err != EAGAIN && err != EACCES && err != EWOULDBLOCK)) {
     printf("locktest: %s FAIL non-blocking attempt through %s while %s holds it: %s\n", check, wait_path, hold_path,
            rc == 0 ? "got the lock" : strerror(err));
     kill(holder, SIGKILL);
@@ -396,9 +400,12 @@ static int cross(const char *kind, const char *hold_path, const char *wait_path,
   if (waiter < 0) return fail(check, "fork");
   if (waiter == 0) {
     close(p[0]);
+    close(go[0]);
     struct report r;
     memset(&r, 0, sizeof r);
     int wfd = open_rw(wait_path);
+    char g = 0;
+    if (write(go[1], &g, 1) != 1) _exit(3); /* the holder's time counts from here */
     long t0 = now_ms();
     int wrc = cross_lock(wfd, flock_mode, 1);
     r.at_ms = now_ms();
@@ -410,6 +417,10 @@ static int cross(const char *kind, const char *hold_path, const char *wait_path,
     _exit(0); /* lets go of its lock */
   }
   close(p[1]);
+  close(go[1]);
+  if (read(go[0], &c, 1) != 1) {
+    /* The waiter died before its F_SETLKW: its report (if any) is read below. */
+  }
   long t0 = now_ms();
   sleep_ms(hold_ms);
   struct pollfd pf = {.fd = p[0], .events = POLLIN};
