@@ -19,7 +19,9 @@
 #               here (tools/nfs/ganesha.sh, needs root) and stopped at the end
 #   --config F  profile whose top-level keys the daemon's profile takes (ci.sh: hw-configs/ci.toml)
 #   --no-knfs   no kernel client: the device-to-device checks only
-# Env: VFDPU_DAEMON, VM_CACHE, VM_TIMEOUT (300), LOCKS_HOLD_MS (1500). Logs in OUT: daemon.log,
+# Env: VFDPU_DAEMON, VM_CACHE, VM_TIMEOUT (300), LOCKS_HOLD_MS (1500), NFS41_LOCK_CHECKS (the
+# guest's, e.g. "posix:a:b"). An NFSv3 export is refused: there each device keeps its own locks
+# and the checks fail (got the lock through the other device). Logs in OUT: daemon.log,
 # daemon.toml, console.log, run.txt, stats-a.json, stats-b.json. Exit status 0 on success.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -93,6 +95,7 @@ log "daemon up (pid $DPID): two functions on the export"
 
 QEMU_ARGS=(-device "$(vfu_device "$SA")" -device "$(vfu_device "$SB")")
 GUEST_ENV=(-e VM_TAG_A=vfl-a -e VM_TAG_B=vfl-b -e "LOCKS_HOLD_MS=${LOCKS_HOLD_MS:-1500}")
+[ -z "${NFS41_LOCK_CHECKS:-}" ] || GUEST_ENV+=(-e "NFS41_LOCK_CHECKS=$NFS41_LOCK_CHECKS")
 if [ $KNFS = 1 ]; then
   QEMU_ARGS+=(-netdev "$(knfs_netdev "$NPORT")" -device virtio-net-pci,netdev=n0)
   GUEST_ENV+=(-e "KNFS_PORT=$NPORT" -e "KNFS_EXPORT=$EXPORT")
