@@ -384,8 +384,19 @@ fn restart_mid_workload(v: Nfs) {
 
 #[test]
 fn a_verifier_change_between_write_and_commit_sends_the_data_again() {
+    verifier_change(Nfs::V3);
+}
+
+/// NFSv4.1: WRITEs go UNSTABLE4 into the same store; the resends go with the anonymous stateid
+/// (the new server knows no open of the old one until it is opened or reclaimed again).
+#[test]
+fn a_verifier_change_between_write_and_commit_sends_the_data_again_v41() {
+    verifier_change(Nfs::V41);
+}
+
+fn verifier_change(v: Nfs) {
     let mut g = Ganesha::start();
-    let s = Served::new(&g, |_| {});
+    let s = Served::on(&g, v, |o| o.retransmit = Duration::from_millis(500));
     let mut d = s.connect();
     let (f, open) = d.create(ROOT, "v", 0o644, RDWR).unwrap();
     let data = pattern(7, 200_000);
@@ -641,13 +652,22 @@ fn advisory_locks_stay_in_the_device_and_check_the_handle() {
 
 #[test]
 fn a_long_run_of_writes_without_flush_stays_unstable_and_the_store_bounded() {
+    long_run_unstable(Nfs::V3);
+}
+
+#[test]
+fn a_long_run_of_writes_without_flush_stays_unstable_and_the_store_bounded_v41() {
+    long_run_unstable(Nfs::V41);
+}
+
+fn long_run_unstable(v: Nfs) {
     // 12 MiB written without FLUSH or FSYNC through a store of 1 MiB: the engines COMMIT in the
     // background past the high-water mark (half of it), so every write still goes UNSTABLE
     // (none falls back to FILE_SYNC), the store never holds more than its size, and what the
     // device acknowledged is on the export before any FLUSH.
     const STORE: usize = 1 << 20;
     let g = Ganesha::start();
-    let s = Served::new(&g, |o| o.unstable_bytes = STORE);
+    let s = Served::on(&g, v, |o| o.unstable_bytes = STORE);
     let mut d = s.connect();
     let (f, open) = d.create(ROOT, "long", 0o644, RDWR).unwrap();
     let mut expected = vec![0u8; 12 << 20];

@@ -390,8 +390,8 @@ impl NfsFs {
         let tables = Tables {
             nodes: NodeTable::new(e.root, opts.max_nodes),
             handles: HandleTable::new(opts.max_nodes),
-            // Every WRITE goes FILE_SYNC4 on NFSv4.1: no store.
-            unstable: UnstableStore::new(0).map_err(NfsError::Store)?,
+            // WRITEs go UNSTABLE4, kept until a COMMIT returns their verifier (engine41::commit).
+            unstable: UnstableStore::new(opts.unstable_bytes).map_err(NfsError::Store)?,
         };
         let mut shared = shared(&opts, limits, mounted, tables, 0, Vec::new());
         let client = Arc::new(ClientShare::new(owner, verifier));

@@ -408,7 +408,8 @@ fn freed(locks: &Locks41, slot: &mut Slot, ok: bool) -> Flow {
             return Flow::Next;
         }
     }
-    Flow::Done(Ok(Reply::Empty))
+    // A FLUSH's COMMIT that failed before: its answer.
+    Flow::Done(slot.answer.take().unwrap_or(Ok(Reply::Empty)))
 }
 
 /// Fills background slot `slot` with the try `a` of a waiting lock. An error ends the wait.

@@ -12,7 +12,8 @@
 //! session or a DELAY), so nothing is kept encoded and nothing is allocated per request.
 //! READ data goes from the socket into the request's reply buffers (the READ is the COMPOUND's
 //! last operation: [`Completions::data`]); WRITE data is sent from its held payload
-//! ([`Completions::payload`]) each time the call goes.
+//! ([`Completions::payload`]) each time the call goes (copied once into the UNSTABLE replay
+//! store, which keeps it until a COMMIT: `commit`).
 //!
 //! **Backlog.** A request that finds no session yet (establishing, or established again) or no
 //! free record in it waits in the engine's FIFO backlog and is sent from a poll round once it
@@ -32,12 +33,15 @@
 //! the COMPOUND each sends), `prepare` (a new request fills its slot), `reply` (what a reply
 //! means), `attr` (attributes and statuses as the filesystem's types), `lock` (locks, and the
 //! background calls), `orphan` (an ended session's opens and silly names), `reopen` (an open
-//! the server lost, opened again). `prepare` and
+//! the server lost, opened again), `reclaim` (the opens and locks after a server restart),
+//! `commit` (UNSTABLE writes: the store, COMMIT, resends). `prepare` and
 //! `reply` use `slot` and `attr`; nothing uses this module.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use vm_memory::VolatileSlice;
 
 use self::lock::Background;
 use self::prepare::{prepare, Prepared};
@@ -46,7 +50,7 @@ use self::slot::{Caps, Slot};
 use super::conn::{CallError, CompoundReply, Conn, ConnConfig, Nfs41};
 use super::session::{Session, SessionSink, State};
 use super::shared::{EngineCell, Limits, Shared};
-use super::wire::nfs4::Op;
+use super::wire::nfs4::{Nfsstat4, Op, OpRes};
 use super::wire::Fh;
 use crate::filesystem::seam::{Completions, FsEngine, Readiness, Started, Token};
 use crate::filesystem::{self, Error, Reply};
@@ -54,6 +58,7 @@ use crate::io::{Reader, Writer};
 use crate::request::{Op as FuseOp, Request};
 
 mod attr;
+mod commit;
 mod lock;
 mod orphan;
 mod prepare;
@@ -90,6 +95,28 @@ pub struct Nfs41Engine {
     /// The transfer sizes within the session's fore channel.
     caps: Caps,
     limits: Limits,
+    /// Writes waiting for room in the UNSTABLE store (`commit::Before::Wait`).
+    room_wait: Vec<u32>,
+    /// The stored write being sent again (`Step::Resend`), and the slot sending it: one at a
+    /// time per engine.
+    replay_buf: Vec<u8>,
+    replay_owner: Option<u32>,
+    /// The background COMMIT this engine has on the wire, and when the next may go.
+    bg_commit: Option<commit::BgCommit>,
+    bg_commit_after: Instant,
+}
+
+/// The wait of a write for room in the store, or of a resend for the engine's replay buffer,
+/// before it looks again.
+const ROOM_LOOK: Duration = Duration::from_millis(1);
+
+/// Why a slot's COMPOUND did not go.
+#[derive(Debug)]
+enum SendError {
+    /// The session or connection refused it.
+    Call(CallError),
+    /// A WRITE waits for room in the UNSTABLE store.
+    NoRoom,
 }
 
 impl std::fmt::Debug for Nfs41Engine {
@@ -124,9 +151,37 @@ impl SessionSink for SendSink<'_> {
     }
 }
 
+/// Sends `slot`'s step as call `tag` on `session` over `conn` (`payload`: a WRITE's bytes).
+fn call_slot(
+    conn: Option<&mut Conn<Nfs41>>,
+    session: &mut Session,
+    clientid: u64,
+    slot: &Slot,
+    tag: u32,
+    payload: Option<Reader<'_>>,
+) -> Result<(), CallError> {
+    let Some(conn) = conn else { return Err(CallError::Closed) };
+    if session.state() != State::Ready {
+        return Err(CallError::Full);
+    }
+    let mut sink = SendSink { payload, ended: false };
+    let mut r = Err(CallError::Closed);
+    slot.with_ops(clientid, &mut |ops| {
+        r = session.call(conn, Instant::now(), tag, &slot.cred, ops, &mut sink);
+    });
+    match r {
+        Ok(()) if sink.ended => Err(CallError::Closed),
+        r => r,
+    }
+}
+
 /// The poll-time sink: replies go through the slots' steps.
 struct PollSink<'e, 'c> {
     fs: &'e Shared,
+    /// The engine's replay buffer (a `Step::Resend`'s bytes).
+    replay: &'e [VolatileSlice<'e>],
+    bg_commit: &'e mut Option<commit::BgCommit>,
+    bg_commit_after: &'e mut Instant,
     slots: &'e mut [Slot],
     done: &'e mut Completions<'c>,
     next: &'e mut Vec<u32>,
@@ -144,6 +199,7 @@ struct PollSink<'e, 'c> {
 /// does not undo what the answer holds (a FUSE handle, the node's open count, CREATE's lookup
 /// reference, the open on the server).
 fn complete(
+    fs: &Shared,
     slot: &mut Slot,
     r: filesystem::Result<Reply>,
     done: &mut Completions<'_>,
@@ -153,6 +209,11 @@ fn complete(
     if !slot.busy {
         return;
     }
+    if let Some(id) = slot.unstable.take() {
+        // Its WRITE failed: nothing of it is the server's to commit.
+        fs.unstable.remove(id);
+    }
+    slot.replay = None;
     let r = match slot.answer.take() {
         Some(kept) if r.is_err() => kept,
         _ => r,
@@ -165,6 +226,25 @@ fn complete(
     *busy -= 1;
 }
 
+/// A background COMMIT's reply as its verifier, or the status it failed with (`None`: no
+/// usable reply).
+fn bg_commit_result(res: Result<CompoundReply<'_>, CallError>) -> Result<[u8; 8], Option<Nfsstat4>> {
+    let r = res.map_err(|_| None)?;
+    let mut verf = None;
+    for op in r.results.clone() {
+        match op {
+            Ok(OpRes::Commit { verf: v }) => verf = Some(v),
+            Ok(OpRes::Failed { status, .. }) => return Err(Some(status)),
+            Ok(_) => {}
+            Err(_) => return Err(None),
+        }
+    }
+    match verf {
+        Some(v) if r.status == Nfsstat4::Ok => Ok(v),
+        _ => Err(Some(r.status)),
+    }
+}
+
 impl SessionSink for PollSink<'_, '_> {
     fn read_buffer(&mut self, tag: u32) -> Option<Writer<'_>> {
         let s = self.slots.get(tag as usize).filter(|s| s.busy && s.step == slot::Step::Read)?;
@@ -174,7 +254,13 @@ impl SessionSink for PollSink<'_, '_> {
     }
 
     fn payload(&mut self, tag: u32) -> Option<Reader<'_>> {
-        let s = self.slots.get(tag as usize).filter(|s| s.busy && s.step == slot::Step::Write)?;
+        let s = self.slots.get(tag as usize).filter(|s| s.busy)?;
+        if s.step == slot::Step::Resend {
+            let mut r = Reader::new(self.replay);
+            r.truncate(s.replay_len as usize);
+            return Some(r);
+        }
+        let s = Some(s).filter(|s| s.step == slot::Step::Write)?;
         let mut r = self.done.payload(s.token)?;
         r.consume(s.done as usize).ok()?;
         r.truncate(s.chunk as usize);
@@ -203,7 +289,14 @@ impl SessionSink for PollSink<'_, '_> {
         if let Some(i) = Background::index(tag) {
             let bg = &mut *self.bg;
             if let Some(s) = bg.slots.get_mut(i).filter(|s| s.busy) {
-                let more = if s.kind == slot::Kind::Reclaim {
+                let more = if s.kind == slot::Kind::BgCommit {
+                    if let Some(b) = self.bg_commit.take() {
+                        if commit::background_done(self.fs, b, bg_commit_result(res)) {
+                            *self.bg_commit_after = self.now + commit::BG_COMMIT_BACKOFF;
+                        }
+                    }
+                    false
+                } else if s.kind == slot::Kind::Reclaim {
                     if let Some(r) = bg.reclaim.as_mut() {
                         if r.reply(self.fs, res) {
                             bg.reclaim = None;
@@ -234,7 +327,7 @@ impl SessionSink for PollSink<'_, '_> {
             reply(self.fs, slot, res, self.done, self.cell)
         };
         match flow {
-            Flow::Done(r) => complete(slot, r, self.done, self.busy, self.cell),
+            Flow::Done(r) => complete(self.fs, slot, r, self.done, self.busy, self.cell),
             Flow::Next => self.next.push(tag),
             Flow::After(wait) => self.later.push((self.now + wait, tag)),
         }
@@ -294,59 +387,137 @@ impl Nfs41Engine {
             bg: Background::new(fs, root),
             caps: Caps::new(&fs.limits, None),
             limits: fs.limits,
+            room_wait: Vec::new(),
+            replay_buf: Vec::new(),
+            replay_owner: None,
+            bg_commit: None,
+            bg_commit_after: Instant::now(),
         }
     }
 
-    /// Sends slot `i`'s step (`payload`: a WRITE's data from where this call starts).
-    fn send(&mut self, i: u32, payload: Option<Reader<'_>>) -> Result<(), CallError> {
-        let Some(conn) = self.conn.as_mut() else { return Err(CallError::Closed) };
-        if self.session.state() != State::Ready {
-            return Err(CallError::Full);
+    /// Sends slot `i`'s step (`payload`: a WRITE's data from where this call starts, within its
+    /// chunk): a WRITE's chunk is stored first when it is to go UNSTABLE4 (`commit`).
+    fn send(&mut self, fs: &Shared, i: u32, payload: Option<Reader<'_>>) -> Result<(), SendError> {
+        let slot = &mut self.slots[i as usize];
+        let mut payload = payload;
+        if slot.step == slot::Step::Write {
+            if let Some(p) = payload.as_ref() {
+                match commit::before_write(fs, slot, p, Instant::now()) {
+                    commit::Before::Go => {}
+                    commit::Before::Wait => return Err(SendError::NoRoom),
+                    commit::Before::CommitFirst => payload = None,
+                }
+            }
         }
-        let slot = &self.slots[i as usize];
-        let mut sink = SendSink { payload, ended: false };
-        let mut r = Err(CallError::Closed);
-        let session = &mut self.session;
-        slot.with_ops(self.clientid, &mut |ops| {
-            r = session.call(conn, Instant::now(), i, &slot.cred, ops, &mut sink);
-        });
-        match r {
-            Ok(()) if sink.ended => Err(CallError::Closed),
-            r => r,
+        if slot.step == slot::Step::Commit {
+            slot.horizon = fs.unstable.horizon();
         }
+        let r = call_slot(
+            self.conn.as_mut(),
+            &mut self.session,
+            self.clientid,
+            &self.slots[i as usize],
+            i,
+            payload,
+        );
+        if r.is_err() {
+            if let Some(id) = self.slots[i as usize].unstable.take() {
+                fs.unstable.remove(id);
+            }
+        }
+        r.map_err(SendError::Call)
     }
 
     /// Sends slot `i`'s next step from a poll round (after a reply, or from the backlog).
-    fn send_next(&mut self, i: u32, done: &mut Completions<'_>) {
+    fn send_next(&mut self, fs: &Shared, i: u32, done: &mut Completions<'_>) {
         let slot = &self.slots[i as usize];
         if !slot.busy {
             return;
         }
         if Instant::now() > slot.deadline {
             EngineCell::bump(&self.cell.timed_out);
-            return self.end(i, Err(Error::Io), done);
+            return self.end(fs, i, Err(Error::Io), done);
         }
         self.slots[i as usize].clamp(self.caps);
         let slot = &self.slots[i as usize];
-        let payload = if slot.step == slot::Step::Write {
-            let Some(mut p) = done.payload(slot.token) else { return self.end(i, Err(Error::Io), done) };
-            if p.consume(slot.done as usize).is_err() {
-                return self.end(i, Err(Error::Io), done);
+        let r = match slot.step {
+            slot::Step::Write => {
+                let Some(mut p) = done.payload(slot.token) else {
+                    return self.end(fs, i, Err(Error::Io), done);
+                };
+                if p.consume(slot.done as usize).is_err() {
+                    return self.end(fs, i, Err(Error::Io), done);
+                }
+                p.truncate(slot.chunk as usize);
+                self.send(fs, i, Some(p))
             }
-            p.truncate(slot.chunk as usize);
-            Some(p)
-        } else {
-            None
+            slot::Step::Resend => {
+                if self.replay_owner.is_some_and(|o| o != i) {
+                    // Another request's resend has the replay buffer.
+                    self.later.push((Instant::now() + ROOM_LOOK, i));
+                    return;
+                }
+                let want = fs.limits.write as usize;
+                if self.replay_buf.len() < want {
+                    self.replay_buf.resize(want, 0);
+                }
+                let Some(r) = fs.unstable.next_resend(slot.nodeid, &mut self.replay_buf) else {
+                    // Everything the server lost is on it again.
+                    self.replay_owner = None;
+                    return match commit::then(&mut self.slots[i as usize]) {
+                        Flow::Done(r) => self.end(fs, i, r, done),
+                        _ => self.send_next(fs, i, done),
+                    };
+                };
+                self.replay_owner = Some(i);
+                let slot = &mut self.slots[i as usize];
+                slot.obj = r.fh;
+                slot.replay_at = r.offset;
+                slot.replay_len = r.len;
+                slot.replay = Some(r.id);
+                let slices = [VolatileSlice::from(&mut self.replay_buf[..])];
+                let mut p = Reader::new(&slices);
+                p.truncate(r.len as usize);
+                call_slot(
+                    self.conn.as_mut(),
+                    &mut self.session,
+                    self.clientid,
+                    &self.slots[i as usize],
+                    i,
+                    Some(p),
+                )
+                .map_err(SendError::Call)
+            }
+            _ => self.send(fs, i, None),
         };
-        match self.send(i, payload) {
+        match r {
             Ok(()) => EngineCell::bump(&self.cell.calls),
-            Err(CallError::Full) => {
+            Err(SendError::Call(CallError::Full)) => {
                 EngineCell::bump(&self.cell.backlogged);
                 self.backlog.push_back(i);
             }
-            Err(e) => {
+            Err(SendError::NoRoom) => self.room_wait.push(i),
+            Err(SendError::Call(e)) => {
                 log::debug!("nfs4.1: request {i} not sent: {e}");
-                self.end(i, Err(Error::Io), done);
+                self.end(fs, i, Err(Error::Io), done);
+            }
+        }
+    }
+
+    /// Writes waiting for room in the store go on once there is some, or once none can come
+    /// (they go FILE_SYNC4 then), or their wait is over; past their deadline, EIO.
+    fn retry_room(&mut self, fs: &Shared, now: Instant, done: &mut Completions<'_>) {
+        let waiting = std::mem::take(&mut self.room_wait);
+        for &i in &waiting {
+            let slot = &self.slots[i as usize];
+            if now > slot.deadline
+                || fs.unstable.has_room(slot.chunk as usize)
+                || !fs.unstable.room_may_come()
+                || slot.room_until.is_some_and(|t| now >= t)
+            {
+                self.send_next(fs, i, done);
+            } else {
+                self.room_wait.push(i);
             }
         }
     }
@@ -372,14 +543,25 @@ impl Nfs41Engine {
     /// them: any engine may serve any wait).
     fn background(&mut self, fs: &Shared, now: Instant) {
         let reclaiming = reopen::reclaiming(fs);
-        if self.bg.next.is_empty() && self.bg.locks.idle() && !reclaiming && self.bg.reclaim.is_none() {
-            // The common case: no lock waits, nothing to end, no reclaim; three atomic loads.
+        let commit =
+            (fs.unstable.past_high_water() || !self.room_wait.is_empty()) && self.bg_commit.is_none();
+        if self.bg.next.is_empty()
+            && self.bg.locks.idle()
+            && !reclaiming
+            && self.bg.reclaim.is_none()
+            && !commit
+        {
+            // The common case: no lock waits, nothing to end, no reclaim, the store below its
+            // high-water mark; four atomic loads.
             return;
         }
         if self.conn.is_none() || self.session.state() != State::Ready {
             return;
         }
         self.reclaim(fs, reclaiming);
+        if commit && now >= self.bg_commit_after {
+            self.commit_in_background(fs);
+        }
         let next = std::mem::take(&mut self.bg.next);
         for &tag in &next {
             let Some(i) = Background::index(tag) else { continue };
@@ -421,6 +603,35 @@ impl Nfs41Engine {
         }
     }
 
+    /// A COMMIT of the store's file with the most answered bytes, from a background slot, unless
+    /// another engine has one on the wire (the store is past its high-water mark, or a write
+    /// here waits for room).
+    fn commit_in_background(&mut self, fs: &Shared) {
+        let Some(i) = self.bg.free() else { return };
+        if !self.session.has_room() {
+            return;
+        }
+        let Some(claim) = fs.unstable.begin_background() else { return };
+        let Some(pick) = fs.unstable.pick_commit() else { return };
+        let slot = &mut self.bg.slots[i];
+        slot.kind = slot::Kind::BgCommit;
+        slot.step = slot::Step::Commit;
+        slot.obj = pick.fh;
+        slot.cred = pick.cred;
+        slot.nodeid = pick.file;
+        slot.attempt = None;
+        slot.orphan = None;
+        slot.busy = true;
+        let horizon = fs.unstable.horizon();
+        if self.send_bg(i) {
+            EngineCell::bump(&self.cell.calls);
+            fs.unstable.count_background();
+            self.bg_commit = Some(commit::BgCommit { file: pick.file, horizon, _claim: claim });
+        } else {
+            self.bg.slots[i].busy = false;
+        }
+    }
+
     /// The reclaim after a server restart: taken if it is due on this session's client id and
     /// nobody took it; its next call sent (one at a time, before any other background call).
     fn reclaim(&mut self, fs: &Shared, reclaiming: bool) {
@@ -447,8 +658,11 @@ impl Nfs41Engine {
         }
     }
 
-    fn end(&mut self, i: u32, r: filesystem::Result<Reply>, done: &mut Completions<'_>) {
-        complete(&mut self.slots[i as usize], r, done, &mut self.busy, &self.cell);
+    fn end(&mut self, fs: &Shared, i: u32, r: filesystem::Result<Reply>, done: &mut Completions<'_>) {
+        if self.replay_owner == Some(i) {
+            self.replay_owner = None;
+        }
+        complete(fs, &mut self.slots[i as usize], r, done, &mut self.busy, &self.cell);
     }
 
     /// The session's client id and fore channel, once it has them.
@@ -512,18 +726,27 @@ impl<F: AsRef<Shared>> FsEngine<F> for Nfs41Engine {
         };
         let tag = i as u32;
         // Requests queue behind a backlog: order is kept.
-        let r = if self.backlog.is_empty() { self.send(tag, payload) } else { Err(CallError::Full) };
+        let r = if self.backlog.is_empty() {
+            self.send(fs, tag, payload)
+        } else {
+            Err(SendError::Call(CallError::Full))
+        };
         match r {
             Ok(()) => {
                 EngineCell::bump(&self.cell.calls);
                 Started::Pending
             }
-            Err(CallError::Full) => {
+            Err(SendError::Call(CallError::Full)) => {
                 EngineCell::bump(&self.cell.backlogged);
                 self.backlog.push_back(tag);
                 Started::Pending
             }
-            Err(e) => {
+            Err(SendError::NoRoom) => {
+                fs.unstable.count_waited();
+                self.room_wait.push(tag);
+                Started::Pending
+            }
+            Err(SendError::Call(e)) => {
                 log::debug!("nfs4.1: request not sent: {e}");
                 self.slots[i].busy = false;
                 self.busy -= 1;
@@ -537,8 +760,12 @@ impl<F: AsRef<Shared>> FsEngine<F> for Nfs41Engine {
         let fs = fs.as_ref();
         let now = Instant::now();
         if let Some(conn) = self.conn.as_mut() {
+            let slices = [VolatileSlice::from(&mut self.replay_buf[..])];
             let mut sink = PollSink {
                 fs,
+                replay: &slices,
+                bg_commit: &mut self.bg_commit,
+                bg_commit_after: &mut self.bg_commit_after,
                 slots: &mut self.slots,
                 done,
                 next: &mut self.next,
@@ -562,8 +789,15 @@ impl<F: AsRef<Shared>> FsEngine<F> for Nfs41Engine {
                 k += 1;
             }
         }
+        if let Some(o) = self.replay_owner {
+            // Its resend ended (answered, failed): the buffer is free.
+            let s = &self.slots[o as usize];
+            if !s.busy || s.step != slot::Step::Resend {
+                self.replay_owner = None;
+            }
+        }
         for &i in &next {
-            self.send_next(i, done);
+            self.send_next(fs, i, done);
         }
         next.clear();
         self.next = next;
@@ -577,7 +811,7 @@ impl<F: AsRef<Shared>> FsEngine<F> for Nfs41Engine {
                 continue;
             }
             let before = self.backlog.len();
-            self.send_next(i, done);
+            self.send_next(fs, i, done);
             if self.backlog.len() > before {
                 // Still full: it went back to the end; restore the order and stop.
                 if let Some(j) = self.backlog.pop_back() {
@@ -585,6 +819,9 @@ impl<F: AsRef<Shared>> FsEngine<F> for Nfs41Engine {
                 }
                 break;
             }
+        }
+        if !self.room_wait.is_empty() {
+            self.retry_room(fs, now, done);
         }
         self.background(fs, now);
         self.publish();
@@ -603,6 +840,9 @@ impl<F: AsRef<Shared>> FsEngine<F> for Nfs41Engine {
         }
         if !self.backlog.is_empty() {
             within = within.min(BACKLOG_LOOK);
+        }
+        if !self.room_wait.is_empty() {
+            within = within.min(ROOM_LOOK);
         }
         if let Some(t) = self.later.iter().map(|l| l.0).min() {
             within = within.min(t.saturating_duration_since(now));

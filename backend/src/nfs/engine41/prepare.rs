@@ -1,9 +1,9 @@
 //! A new request fills its slot ([`prepare`]): the handles copied from the node table, the
 //! names, what to set, the open stateid of the FUSE handle it comes through, and the first
 //! COMPOUND to send; or it is answered at once, with no call (OPENDIR, RELEASEDIR, FSYNCDIR,
-//! FLUSH and FSYNC: every WRITE went FILE_SYNC4, unless the FLUSH's lock owner has locks to
-//! let go; an empty READ or WRITE; the READDIR after the end of a listing; a RELEASE of a
-//! handle with no open state). Lock requests are `lock`'s.
+//! FLUSH and FSYNC of a file with no stored UNSTABLE write, unless the FLUSH's lock owner has
+//! locks to let go; an empty READ or WRITE; the READDIR after the end of a listing; a RELEASE
+//! of a handle with no open state). Lock requests are `lock`'s; COMMITs first are `commit`'s.
 
 use std::time::Instant;
 
@@ -43,6 +43,11 @@ pub(super) fn prepare(fs: &Shared, slot: &mut Slot, req: &Request<'_>) -> Result
     slot.frees.clear();
     slot.attempt = None;
     slot.reopened = false;
+    slot.unstable = None;
+    slot.stable = crate::nfs::wire::nfs4::Stable4::FileSync;
+    slot.then = None;
+    slot.room_until = None;
+    slot.replay = None;
     let (kind, step) = match req.op {
         Op::Lookup { name } => {
             named(fs, slot, name)?;
@@ -66,6 +71,11 @@ pub(super) fn prepare(fs: &Shared, slot: &mut Slot, req: &Request<'_>) -> Result
                     }
                     slot.stateid = stateid_of(f.state);
                     slot.handle = h;
+                }
+                // A truncate after stored writes: they are committed first (a replay after it
+                // would bring the cut bytes back).
+                if super::commit::commit_first(fs, slot, Some(Step::Setattr), true) {
+                    return Ok(start(slot, Kind::Setattr, Step::Commit));
                 }
             }
             (Kind::Setattr, Step::Setattr)
@@ -183,16 +193,29 @@ pub(super) fn prepare(fs: &Shared, slot: &mut Slot, req: &Request<'_>) -> Result
             }
             return Ok(Prepared::Answered(Reply::Empty));
         }
-        // Every WRITE went FILE_SYNC4, and directory operations are synchronous on the server.
-        Op::Fsyncdir { .. } | Op::Fsync { .. } => {
-            return Ok(Prepared::Answered(Reply::Empty));
-        }
-        // The same, but the closing lock owner's locks go.
-        Op::Flush { lock_owner, .. } => {
-            return Ok(match super::lock::flush(fs, slot, lock_owner) {
-                Some(()) => Prepared::Send,
-                None => Prepared::Answered(Reply::Empty),
+        // Directory operations are synchronous on the server.
+        Op::Fsyncdir { .. } => return Ok(Prepared::Answered(Reply::Empty)),
+        // The file's stored UNSTABLE writes are committed (close-to-open: a FLUSH at every
+        // close), and a FLUSH's lock owner's locks go.
+        Op::Fsync { .. } => {
+            slot.obj = fs.nodes.fh(slot.nodeid)?;
+            let commit = super::commit::commit_first(fs, slot, None, false);
+            return Ok(if commit {
+                start(slot, Kind::Commit, Step::Commit)
+            } else {
+                Prepared::Answered(Reply::Empty)
             });
+        }
+        Op::Flush { lock_owner, .. } => {
+            let frees = super::lock::flush(fs, slot, lock_owner).is_some();
+            let obj = fs.nodes.fh(slot.nodeid)?;
+            slot.obj = obj;
+            let then = frees.then_some(Step::Free);
+            if super::commit::commit_first(fs, slot, then, false) {
+                let kind = if frees { Kind::Flush } else { Kind::Commit };
+                return Ok(start(slot, kind, Step::Commit));
+            }
+            return Ok(if frees { Prepared::Send } else { Prepared::Answered(Reply::Empty) });
         }
         Op::Lock(l) => {
             return Ok(match super::lock::prepare(fs, slot, &l)? {
@@ -340,6 +363,8 @@ fn release(fs: &Shared, slot: &mut Slot, fh: u64, lock_owner: u64) -> Result<Pre
         slot.stateid = Stateid::ANONYMOUS;
     }
     if let Some(dir) = fs.nodes.closed(f.nodeid) {
+        // The last close of a file unlinked while open: its stored writes are of no use.
+        fs.unstable.drop_file(f.nodeid);
         slot.fh = dir;
         slot.names.set(&silly_name(f.nodeid), b"")?;
         slot.silly = true;
@@ -352,6 +377,10 @@ fn release(fs: &Shared, slot: &mut Slot, fh: u64, lock_owner: u64) -> Result<Pre
         super::lock::release(fs, slot, f.nodeid, fh, lock_owner);
     }
     let step = if slot.frees.is_empty() { slot.release_step() } else { Some(Step::Free) };
+    // The file's last handle with stored writes: they are committed before its CLOSE.
+    let last = has_fh && !fs.nodes.has_opens(f.nodeid);
+    let step =
+        if last && super::commit::commit_first(fs, slot, step, false) { Some(Step::Commit) } else { step };
     match step {
         Some(step) => Ok(start(slot, Kind::Release, step)),
         None => Ok(Prepared::Answered(Reply::Empty)),

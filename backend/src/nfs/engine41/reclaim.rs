@@ -21,8 +21,8 @@
 //! answer is sent again, [`TRIES`] times in all, then counts as failed. Reclaims go as root
 //! (the tables keep no caller's credential), as the orphans' cleanup does.
 //!
-//! WRITEs are FILE_SYNC4 on NFSv4.1: nothing written is lost with the server's memory, so
-//! there is nothing to send again besides the calls in flight (the session resends them).
+//! Writes the server lost with its memory are the UNSTABLE store's to send again, at the
+//! file's next COMMIT (its verifier changed: `commit`), not the reclaim's.
 
 use std::sync::Arc;
 

@@ -20,7 +20,7 @@ use crate::nfs::locks41::Orphan;
 use crate::nfs::nodes::{silly_name, OpenFile};
 use crate::nfs::shared::{EngineCell, Shared};
 use crate::nfs::wire::nfs4::{
-    open_result, Delegation, DirEntries, Fattr4, Ftype4, Nfsstat4, OpNum, OpRes, Stateid, Verifier,
+    open_result, Delegation, DirEntries, Fattr4, Ftype4, Nfsstat4, OpNum, OpRes, Stable4, Stateid, Verifier,
 };
 use crate::nfs::wire::Fh;
 
@@ -64,6 +64,10 @@ struct Got<'a> {
     link: Option<&'a [u8]>,
     dir: Option<(Verifier, DirEntries<'a>, bool)>,
     written: Option<u32>,
+    /// WRITE's `committed` and verifier.
+    write_verf: Option<(Stable4, Verifier)>,
+    /// COMMIT's verifier.
+    commit_verf: Option<Verifier>,
     read: Option<ReadDone>,
 }
 
@@ -90,7 +94,11 @@ fn gather<'a>(reply: &CompoundReply<'a>) -> Result<Got<'a>, Error> {
             OpRes::Access { access, .. } => g.access = Some(access),
             OpRes::Readlink(t) => g.link = Some(t),
             OpRes::Readdir { verf, entries, eof } => g.dir = Some((verf, entries, eof)),
-            OpRes::Write { count, .. } => g.written = Some(count),
+            OpRes::Write { count, committed, verf } => {
+                g.written = Some(count);
+                g.write_verf = Some((committed, verf));
+            }
+            OpRes::Commit { verf } => g.commit_verf = Some(verf),
             _ => {}
         }
     }
@@ -176,6 +184,9 @@ fn step(
     done: &mut Completions<'_>,
     cell: &EngineCell,
 ) -> Result<Flow, Error> {
+    if matches!(slot.step, Step::Commit | Step::Resend) {
+        return super::commit::reply(fs, slot, g.failed.map(|f| f.1), g.commit_verf, g.written);
+    }
     // Failures a step expects first.
     match (slot.step, g.failed) {
         (Step::ProbeTarget, Some((OpNum::Lookup, Nfsstat4::NoEnt))) => {
@@ -305,6 +316,10 @@ fn step(
             }
         }
         Step::Write => {
+            if let (Some(id), Some((committed, verf))) = (slot.unstable.take(), g.write_verf) {
+                let count = g.written.unwrap_or(0);
+                fs.unstable.written(id, verf, committed == Stable4::FileSync && count == slot.chunk);
+            }
             let count = g.written.ok_or(Error::Io)?.min(slot.chunk);
             if count == 0 {
                 return Err(Error::Io);
@@ -343,10 +358,15 @@ fn step(
             Flow::Done(Ok(Reply::Data(out.bytes_written())))
         }
         // Answered above; the lock steps are `lock`'s.
-        // The reclaim's steps are background calls (`reclaim`): never a guest request's.
-        Step::ProbeTarget | Step::Close | Step::Delegreturn | Step::ReclaimOpen | Step::ReclaimComplete => {
-            return Err(Error::Io)
-        }
+        // The reclaim's steps are background calls (`reclaim`): never a guest request's; the
+        // COMMIT's are `commit`'s.
+        Step::ProbeTarget
+        | Step::Close
+        | Step::Delegreturn
+        | Step::ReclaimOpen
+        | Step::ReclaimComplete
+        | Step::Commit
+        | Step::Resend => return Err(Error::Io),
         Step::Lockt | Step::Lock | Step::Locku | Step::Free | Step::Reopen => return Err(Error::Io),
     };
     Ok(flow)

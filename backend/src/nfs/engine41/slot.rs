@@ -13,6 +13,7 @@ use crate::filesystem::{self, Error, FileLock, LockType, Reply};
 use crate::nfs::conn::Cred;
 use crate::nfs::locks41::{Attempt, Owner};
 use crate::nfs::shared::Limits;
+use crate::nfs::unstable::EntryId;
 use crate::nfs::wire::nfs4::{
     attr, share, Bitmap, ChannelAttrs, CreateHow4, CreateKind, DelegationType, Ftype4, LockType as NfsLock,
     Locker, Op, Open, OpenClaim, SetAttrs, Stable4, StateOwner, Stateid, Verifier,
@@ -158,6 +159,11 @@ pub(super) enum Kind {
     Reclaim,
     /// A silly name of an ended session (background): REMOVE.
     OrphanSilly,
+    /// FLUSH or FSYNC of a file with stored UNSTABLE writes: COMMIT (and the lock states a
+    /// FLUSH lets go, after it).
+    Commit,
+    /// A COMMIT the engine sends on its own, the store past its high-water mark (background).
+    BgCommit,
 }
 
 /// The next COMPOUND of a slot (after the session's SEQUENCE).
@@ -197,7 +203,8 @@ pub(super) enum Step {
     Rename,
     /// PUTFH(`fh`) READ(`stateid`): the last operation, its data placed in the reply buffers.
     Read,
-    /// PUTFH(`fh`) WRITE(`stateid`, FILE_SYNC4), the data from the request's payload.
+    /// PUTFH(`fh`) WRITE(`stateid`, `stable`), the data from the request's payload (stored
+    /// first when UNSTABLE4: `commit`).
     Write,
     /// PUTFH(`fh`) GETATTR(fileid) READDIR(`cookie`, `cookieverf`).
     Readdir,
@@ -223,6 +230,12 @@ pub(super) enum Step {
     ReclaimOpen,
     /// RECLAIM_COMPLETE: the reclaim is over (`reclaim`).
     ReclaimComplete,
+    /// PUTFH(`obj`) COMMIT of the whole file: its stored UNSTABLE writes (`commit`), then
+    /// `Resend` if the server's write verifier changed, then `then`.
+    Commit,
+    /// PUTFH(`obj`) WRITE(the anonymous stateid, `replay_at`, FILE_SYNC4, `replay_len` bytes of
+    /// the engine's replay buffer): a stored write the server lost, sent again (`commit`).
+    Resend,
 }
 
 impl Slot {
@@ -388,6 +401,21 @@ pub(super) struct Slot {
     pub(super) reopened: bool,
     /// The step a re-open goes back to.
     pub(super) resume: Step,
+    /// The WRITE chunk on the wire, stored in the UNSTABLE replay store (`commit`).
+    pub(super) unstable: Option<EntryId>,
+    /// How the WRITE goes: UNSTABLE4 when stored, else FILE_SYNC4.
+    pub(super) stable: Stable4,
+    /// The store's answer count when the COMMIT went (what it covers).
+    pub(super) horizon: u64,
+    /// The step after a COMMIT and its resends (a WRITE that found the store full, a
+    /// truncating SETATTR, a FLUSH's or RELEASE's lock states and CLOSE).
+    pub(super) then: Option<Step>,
+    /// A WRITE that found the store full waits for room until then at most.
+    pub(super) room_until: Option<Instant>,
+    /// The stored write sent again (`Step::Resend`), at `replay_at`, `replay_len` bytes.
+    pub(super) replay: Option<EntryId>,
+    pub(super) replay_at: u64,
+    pub(super) replay_len: u32,
 }
 
 impl Slot {
@@ -438,6 +466,14 @@ impl Slot {
             orphan: None,
             reopened: false,
             resume: Step::Getattr,
+            unstable: None,
+            stable: Stable4::FileSync,
+            horizon: 0,
+            then: None,
+            room_until: None,
+            replay: None,
+            replay_at: 0,
+            replay_len: 0,
         }
     }
 
@@ -620,8 +656,23 @@ impl Slot {
                 push(Op::Write {
                     stateid: self.stateid,
                     offset: self.offset + u64::from(self.done),
-                    stable: Stable4::FileSync,
+                    stable: self.stable,
                     count: self.chunk,
+                });
+            }
+            Step::Commit => {
+                push(Op::Putfh { fh: &self.obj });
+                push(Op::Commit { offset: 0, count: 0 });
+            }
+            Step::Resend => {
+                // The anonymous stateid: the file may have no open left (a RELEASE's COMMIT
+                // found the server restarted), and the bytes are the guest's, acknowledged.
+                push(Op::Putfh { fh: &self.obj });
+                push(Op::Write {
+                    stateid: Stateid::ANONYMOUS,
+                    offset: self.replay_at,
+                    stable: Stable4::FileSync,
+                    count: self.replay_len,
                 });
             }
             Step::Readdir => {
