@@ -536,14 +536,10 @@ fn start_device(
             if let Some(b) = cfg.nfs_unstable_bytes {
                 opts.unstable_bytes = b;
             }
+            // Both versions write UNSTABLE through the store: the raw client keeps the same bound.
             unstable_bytes = opts.unstable_bytes;
             let fs = virtiofs_backend::nfs::fs::NfsFs::connect(opts)
                 .map_err(|e| BenchError::Device(Box::new(e)))?;
-            if fs.is_v41() {
-                // The device's NFSv4.1 writes are FILE_SYNC4 (no store yet): the raw client's
-                // too, so both sides do the same for the same job.
-                unstable_bytes = 0;
-            }
             let handler = Arc::new(virtiofs_dpu::FuseHandler::new(fs));
             nfs = Some(handler.clone());
             (virtiofs_dpu::RunningDevice::start_with(&sock, profile.clone(), handler), "NFS export")
