@@ -5,10 +5,19 @@
 //! COMPOUND that failed at SEQUENCE or before any operation (no result to show for it) is the
 //! request's error, never a success. The script answers every operation the engine sends as a
 //! well-behaved server would, unless a test's hook answers a COMPOUND first.
+//!
+//! A restartable server ([`Srv`], [`restartable`]) keeps state (sessions, client ids, the
+//! stateids it gave), forgets it at a scripted restart and keeps a grace period until
+//! RECLAIM_COMPLETE; it logs every operation with what it made of it, and a test's plan may
+//! refuse, drop or restart on any of them. With it: the reclaim after a restart sends exactly
+//! the opens (CLAIM_PREVIOUS), the ranges held (LOCK reclaim) and one RECLAIM_COMPLETE, and
+//! I/O goes on with the reclaimed state; a refused lock reclaim makes its file EIO (nothing
+//! sent without the lock) and the others go on; a reclaim call never answered is sent again.
 
 #[path = "../backend/tests/nfs_fake_server/mod.rs"]
 mod nfs_fake_server;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,12 +27,14 @@ use nfs_fake_server::nfs4::{
     open_ok, open_ok_deleg, read_ok, readdir_ok, remove_ok, rename_ok, seq_ok, setattr_ok, write_ok, Arg,
 };
 use nfs_fake_server::{record, Act, Call, FakeServer};
+use virtiofs_backend::nfs::locks41::LockTotals;
 use virtiofs_backend::nfs::wire::nfs4::{
     ChannelAttrs, Fattr4, Fh, Ftype4, NfsTime4, Nfsstat4, OpNum, SessionId,
 };
 use virtiofs_backend::nfs::{NfsFs, NfsOptions};
 use virtiofs_dpu::config::Profile;
 use virtiofs_dpu::{FuseHandler, RunningDevice};
+use virtiofs_tools::fuse_abi::OFFSET_MAX;
 use virtiofs_tools::{DriverOptions, FsDriver, LockReq};
 
 const ROOT: u64 = 1;
@@ -182,10 +193,16 @@ struct Dev {
 }
 
 fn serve(server: &FakeServer) -> Dev {
+    serve_with(server, |_| {})
+}
+
+/// [`serve`], with the options `f` makes of the usual ones.
+fn serve_with(server: &FakeServer, f: impl FnOnce(&mut NfsOptions)) -> Dev {
     let url = format!("nfs://127.0.0.1:{}/export?version=4.1", server.addr().port());
     let mut opts = NfsOptions::new(url.parse().unwrap());
     opts.timeout = Duration::from_secs(3);
     opts.retransmit = Duration::from_secs(1);
+    f(&mut opts);
     let dir = tempfile::tempdir().unwrap();
     opts.function = dir.path().display().to_string();
     let fs = NfsFs::connect(opts).expect("the script's export mounts");
@@ -652,4 +669,729 @@ fn an_open_whose_compound_failed_after_it_is_closed() {
     assert_eq!(errno(dev.d.open(e.nodeid, (libc::O_RDWR | libc::O_TRUNC) as u32)), libc::EACCES);
     let sent = log.lock().unwrap().clone();
     assert_eq!(sent.last(), Some(&vec![OpNum::Putfh, OpNum::Close]), "the open that ran is closed: {sent:?}");
+}
+
+// A server that restarts: it forgets its sessions, client ids and state, and keeps a grace
+// period in which only reclaims (OPEN CLAIM_PREVIOUS, LOCK with reclaim) are served, until
+// RECLAIM_COMPLETE. Every operation it is sent goes to its log with what it made of it.
+
+/// One operation the restartable server was sent (after SEQUENCE), with what it did.
+#[derive(Clone, Debug)]
+struct Rec {
+    /// The server's instance that met it (1 before the first restart).
+    epoch: u8,
+    xid: u32,
+    arg: Arg,
+    /// The current file handle it applied to.
+    fh: Vec<u8>,
+    /// The stateid it carried.
+    stateid: Option<[u8; 16]>,
+    /// The server's answer.
+    status: Nfsstat4,
+    /// The stateid it gave (OPEN, LOCK).
+    gave: Option<[u8; 16]>,
+    /// The COMPOUND's reply was dropped (done, not answered).
+    dropped: bool,
+}
+
+impl Rec {
+    /// OPEN CLAIM_PREVIOUS, LOCK with reclaim, RECLAIM_COMPLETE.
+    fn reclaims(&self) -> bool {
+        matches!(
+            self.arg,
+            Arg::Open { previous: Some(_), .. }
+                | Arg::Lock { reclaim: true, .. }
+                | Arg::ReclaimComplete { .. }
+        )
+    }
+
+    fn file(&self) -> &[u8] {
+        self.fh.strip_prefix(b"f:").unwrap_or(&self.fh)
+    }
+}
+
+/// The log, one line an operation.
+fn show(log: &[Rec]) -> String {
+    let hex = |s: &Option<[u8; 16]>| {
+        s.map(|s| format!("{}:{:02x?}", u32::from_be_bytes(s[..4].try_into().unwrap()), &s[4..7]))
+    };
+    log.iter()
+        .map(|r| {
+            let arg = match &r.arg {
+                Arg::Write { offset, data, .. } => {
+                    format!("Write {{ offset: {offset}, {} bytes }}", data.len())
+                }
+                a => format!("{a:?}").chars().take(120).collect(),
+            };
+            format!(
+                "e{} xid {:#x} {:?} {arg} from {:?} -> {:?} gave {:?}{}\n",
+                r.epoch,
+                r.xid,
+                String::from_utf8_lossy(r.file()),
+                hex(&r.stateid),
+                r.status,
+                hex(&r.gave),
+                if r.dropped { " (dropped)" } else { "" }
+            )
+        })
+        .collect()
+}
+
+/// What a test's plan makes of an operation before the server does it.
+enum Fate {
+    Serve,
+    /// Fails with this status.
+    Refuse(Nfsstat4),
+    /// Done, but the COMPOUND gets no reply.
+    Drop,
+    /// The server restarts first (the COMPOUND meets the new instance: BADSESSION).
+    Restart,
+}
+
+/// The plan: the server's state, the call, the operation, the current file handle.
+type Plan = Box<dyn FnMut(&Srv, &Call, &Arg, &[u8]) -> Fate + Send>;
+
+#[derive(Debug)]
+struct Srv {
+    epoch: u8,
+    grace: bool,
+    /// RECLAIM_COMPLETE came for the current client id.
+    completed: bool,
+    /// The stateids (`other`, with their seqid) this instance gave and did not let go.
+    known: HashMap<[u8; 12], u32>,
+    given: u8,
+    sessions: u8,
+    log: Vec<Rec>,
+}
+
+impl Srv {
+    fn new() -> Srv {
+        Srv {
+            epoch: 1,
+            grace: false,
+            completed: false,
+            known: HashMap::new(),
+            given: 0,
+            sessions: 0,
+            log: Vec::new(),
+        }
+    }
+
+    /// The server restarts: sessions, client ids and state forgotten, a grace period begins.
+    fn restart(&mut self) {
+        self.epoch += 1;
+        self.grace = true;
+        self.completed = false;
+        self.known.clear();
+    }
+
+    fn clientid(&self) -> u64 {
+        0x4100 + u64::from(self.epoch)
+    }
+
+    /// A new stateid's `other` of `kind` (`b'O'` open, `b'L'` lock), known from now on.
+    fn give(&mut self, kind: u8) -> [u8; 12] {
+        self.given += 1;
+        let mut o = [0; 12];
+        (o[0], o[1], o[2]) = (self.epoch, kind, self.given);
+        self.known.insert(o, 1);
+        o
+    }
+
+    /// Whether stateid `s` may be used: special, or given by this instance and not let go.
+    fn check(&self, s: [u8; 16]) -> Result<[u8; 12], Nfsstat4> {
+        let other: [u8; 12] = s[4..].try_into().unwrap();
+        if other == [0; 12] || other == [0xff; 12] {
+            Ok(other)
+        } else if other[0] != self.epoch {
+            Err(Nfsstat4::StaleStateid)
+        } else if !self.known.contains_key(&other) {
+            Err(Nfsstat4::BadStateid)
+        } else {
+            Ok(other)
+        }
+    }
+
+    /// The operations met by instance `epoch`.
+    fn of(&self, epoch: u8) -> Vec<Rec> {
+        self.log.iter().filter(|r| r.epoch == epoch).cloned().collect()
+    }
+}
+
+fn stateid(seqid: u32, other: [u8; 12]) -> [u8; 16] {
+    let mut s = [0; 16];
+    s[..4].copy_from_slice(&seqid.to_be_bytes());
+    s[4..].copy_from_slice(&other);
+    s
+}
+
+/// The restartable server's script (see [`Srv`]); `plan` may make it misbehave.
+fn restartable(srv: Arc<Mutex<Srv>>, mut plan: Plan) -> impl FnMut(&Call) -> Vec<Act> + Send + 'static {
+    let root = b"root-of-the-export".to_vec();
+    move |call: &Call| {
+        let c = nfs4::parse(&call.args);
+        let mut g = srv.lock().unwrap();
+        let s = &mut *g;
+        let reply = |status, results: &[Vec<u8>]| vec![Act::Send(compound_reply(call.xid, status, results))];
+        let bad_session =
+            || reply(Nfsstat4::BadSession, &[nfs4::failed(OpNum::Sequence, Nfsstat4::BadSession)]);
+        if std::env::var_os("HOSTILE_TRACE").is_some() {
+            eprintln!("e{} conn {} xid {:#x} {:?}", s.epoch, call.conn, call.xid, c.ops());
+        }
+        let seq = match c.ops.first() {
+            Some(Arg::ExchangeId { .. }) => {
+                return reply(Nfsstat4::Ok, &[exchange_id_ok(s.clientid(), 1, 0)])
+            }
+            Some(Arg::CreateSession { clientid, sequence, fore, .. }) => {
+                if *clientid != s.clientid() {
+                    let st = Nfsstat4::StaleClientid;
+                    return reply(st, &[nfs4::failed(OpNum::CreateSession, st)]);
+                }
+                s.sessions += 1;
+                let mut id = [0; 16];
+                (id[0], id[1]) = (s.epoch, s.sessions);
+                return reply(Nfsstat4::Ok, &[create_session_ok(SessionId(id), *sequence, fore)]);
+            }
+            Some(op @ (Arg::DestroySession(_) | Arg::DestroyClientid(_))) => {
+                return reply(Nfsstat4::Ok, &[ok(op.op(), &[])])
+            }
+            Some(Arg::Sequence(q)) if q.session.0[0] != s.epoch => return bad_session(),
+            Some(Arg::Sequence(q)) => *q,
+            other => panic!("a COMPOUND starting with {other:?}"),
+        };
+        let mut results = vec![seq_ok(&seq, 63, 63, 0)];
+        let mut current = root.clone();
+        let mut status = Nfsstat4::Ok;
+        let mut dropped = false;
+        let first = s.log.len();
+        for (i, op) in c.ops.iter().enumerate().skip(1) {
+            let carried = c.stateid(i);
+            let fate = plan(s, call, op, &current);
+            let mut gave = None;
+            let res: Result<Vec<u8>, Nfsstat4> = match fate {
+                Fate::Restart => {
+                    s.restart();
+                    s.log.truncate(first);
+                    return bad_session();
+                }
+                Fate::Refuse(st) => Err(st),
+                Fate::Drop | Fate::Serve => {
+                    dropped |= matches!(fate, Fate::Drop);
+                    match op {
+                        Arg::Putfh(fh) => {
+                            current = fh.clone();
+                            Ok(ok(op.op(), &[]))
+                        }
+                        Arg::Putrootfh => {
+                            current = root.clone();
+                            Ok(ok(op.op(), &[]))
+                        }
+                        Arg::Lookup(name) => {
+                            if name.as_slice() != b"export" {
+                                current = [b"f:".as_slice(), name].concat();
+                            }
+                            Ok(ok(op.op(), &[]))
+                        }
+                        Arg::Getfh => Ok(getfh_ok(&Fh::new(&current).unwrap())),
+                        Arg::Getattr(_) if current == root => Ok(getattr_ok(&dir_attrs())),
+                        Arg::Getattr(_) => Ok(getattr_ok(&file_attrs(10 + current.len() as u64))),
+                        Arg::Open { name, previous, .. } => {
+                            if let Some(name) = name {
+                                current = [b"f:".as_slice(), name].concat();
+                            }
+                            match (previous, s.grace) {
+                                (Some(_), false) => Err(Nfsstat4::NoGrace),
+                                (None, true) => Err(Nfsstat4::Grace),
+                                _ => {
+                                    let o = s.give(b'O');
+                                    gave = Some(stateid(1, o));
+                                    Ok(open_ok(o))
+                                }
+                            }
+                        }
+                        Arg::Close { stateid: st } => s.check(*st).map(|o| {
+                            s.known.remove(&o);
+                            close_ok()
+                        }),
+                        Arg::Lock { reclaim, new_owner, stateid: st, .. } => match (reclaim, s.grace) {
+                            (true, false) => Err(Nfsstat4::NoGrace),
+                            (false, true) => Err(Nfsstat4::Grace),
+                            _ => s.check(*st).map(|o| {
+                                let (seqid, other) = if *new_owner {
+                                    (1, s.give(b'L'))
+                                } else {
+                                    let n = s.known.get_mut(&o).unwrap();
+                                    *n += 1;
+                                    (*n, o)
+                                };
+                                gave = Some(stateid(seqid, other));
+                                nfs4::lock_ok_seq(OpNum::Lock, seqid, other)
+                            }),
+                        },
+                        Arg::Locku { stateid: st, .. } => s.check(*st).map(|o| {
+                            let n = s.known.get_mut(&o).unwrap();
+                            *n += 1;
+                            nfs4::lock_ok_seq(OpNum::Locku, *n, o)
+                        }),
+                        Arg::FreeStateid { stateid: st } => s.check(*st).map(|o| {
+                            s.known.remove(&o);
+                            ok(op.op(), &[])
+                        }),
+                        Arg::ReclaimComplete { .. } if s.completed => Err(Nfsstat4::CompleteAlready),
+                        Arg::ReclaimComplete { .. } => {
+                            (s.completed, s.grace) = (true, false);
+                            Ok(ok(op.op(), &[]))
+                        }
+                        Arg::Read { count, .. } => s
+                            .check(carried.unwrap())
+                            .map(|_| read_ok(true, &vec![7; (*count).min(100) as usize])),
+                        Arg::Write { data, .. } => {
+                            s.check(carried.unwrap()).map(|_| write_ok(data.len() as u32, 2, [0; 8]))
+                        }
+                        Arg::Setattr { stateid: st } => s.check(*st).map(|_| setattr_ok()),
+                        Arg::Delegreturn | Arg::Savefh | Arg::Restorefh => Ok(ok(op.op(), &[])),
+                        Arg::Remove(_) => Ok(remove_ok()),
+                        Arg::Rename { .. } => Ok(rename_ok()),
+                        Arg::Link(_) => Ok(link_ok()),
+                        other => panic!("the restartable server does not answer {:?}", other.op()),
+                    }
+                }
+            };
+            let st = *res.as_ref().err().unwrap_or(&Nfsstat4::Ok);
+            if std::env::var_os("HOSTILE_TRACE").is_some() {
+                eprintln!("e{} xid {:#x} {:?} -> {st:?}", s.epoch, call.xid, op.op());
+            }
+            s.log.push(Rec {
+                epoch: s.epoch,
+                xid: call.xid,
+                arg: op.clone(),
+                fh: current.clone(),
+                stateid: carried,
+                status: st,
+                gave,
+                dropped: false,
+            });
+            match res {
+                Ok(r) => results.push(r),
+                Err(e) => {
+                    results.push(if op.op() == OpNum::Setattr {
+                        nfs4::setattr_failed(e)
+                    } else {
+                        nfs4::failed(op.op(), e)
+                    });
+                    status = e;
+                    break;
+                }
+            }
+        }
+        if dropped {
+            for r in &mut s.log[first..] {
+                r.dropped = true;
+            }
+            return Vec::new();
+        }
+        reply(status, &results)
+    }
+}
+
+/// Waits (at most `within`) until `f`, else fails with what `what` says.
+fn wait_until(within: Duration, mut f: impl FnMut() -> bool, what: impl Fn() -> String) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < within, "{}", what());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn posix(fh: u64, owner: u64, typ: i32, start: u64, end: u64) -> LockReq {
+    LockReq { fh, owner, typ, start, end, pid: 1000 + owner as u32, flock: false }
+}
+
+fn flock(fh: u64, typ: i32) -> LockReq {
+    LockReq { fh, owner: fh, typ, start: 0, end: OFFSET_MAX, pid: 77, flock: true }
+}
+
+const RDWR: u32 = libc::O_RDWR as u32;
+/// NFSv4's lock types (`nfs_lock_type4`): READ_LT, WRITE_LT.
+const READ_LT: u32 = 1;
+const WRITE_LT: u32 = 2;
+
+/// A device on the restartable server with two files open (`a`, `b`) through one handle each.
+struct Restarted {
+    srv: Arc<Mutex<Srv>>,
+    _server: FakeServer,
+    dev: Dev,
+    a: (u64, u64),
+    b: (u64, u64),
+}
+
+fn restartable_device(plan: Plan, opts: impl FnOnce(&mut NfsOptions)) -> Restarted {
+    let srv = Arc::new(Mutex::new(Srv::new()));
+    let server = FakeServer::start(restartable(srv.clone(), plan));
+    let mut dev = serve_with(&server, opts);
+    let mut open = |name| {
+        let e = dev.d.lookup(ROOT, name).unwrap();
+        (e.nodeid, dev.d.open(e.nodeid, RDWR).unwrap().fh)
+    };
+    let (a, b) = (open("a"), open("b"));
+    Restarted { srv, _server: server, dev, a, b }
+}
+
+impl Restarted {
+    fn srv(&self) -> std::sync::MutexGuard<'_, Srv> {
+        self.srv.lock().unwrap()
+    }
+
+    fn locks(&self) -> LockTotals {
+        self.dev.handler.server().filesystem().stats().locks
+    }
+
+    /// Waits for `n` reclaims to have ended (RECLAIM_COMPLETE answered or given up).
+    fn reclaimed(&self, n: u64, within: Duration) {
+        wait_until(
+            within,
+            || self.locks().reclaims >= n,
+            || format!("{:?}\n{:#?}", self.locks(), self.srv().log),
+        );
+    }
+
+    /// The open stateid the server gave instance `epoch`'s CLAIM_PREVIOUS of `file`.
+    fn reclaimed_open(&self, epoch: u8, file: &[u8]) -> [u8; 16] {
+        let log = self.srv().of(epoch);
+        let opens: Vec<_> = log
+            .iter()
+            .filter(|r| {
+                matches!(r.arg, Arg::Open { previous: Some(_), .. }) && r.file() == file && r.gave.is_some()
+            })
+            .collect();
+        assert_eq!(opens.len(), 1, "one open of {:?} reclaimed: {log:#?}", String::from_utf8_lossy(file));
+        opens[0].gave.unwrap()
+    }
+}
+
+/// What a LOCK carried: the file, its type, offset, length, whether it came from an open
+/// (`open_to_lock_owner4`), and the stateid it went from (its `other`: a lock stateid may go
+/// with seqid 0, the current one).
+fn lock_args(r: &Rec) -> (Vec<u8>, u32, u64, u64, bool, [u8; 12]) {
+    let Arg::Lock { locktype, offset, length, new_owner, stateid, .. } = r.arg else { panic!("{r:?}") };
+    (r.file().to_vec(), locktype, offset, length, new_owner, other(stateid))
+}
+
+fn other(s: [u8; 16]) -> [u8; 12] {
+    s[4..].try_into().unwrap()
+}
+
+#[test]
+fn a_server_restart_reclaims_every_open_and_lock_range_then_reclaim_complete_once() {
+    let mut t = restartable_device(Box::new(|_, _, _, _| Fate::Serve), |_| {});
+    let ((a, fa), (b, fb)) = (t.a, t.b);
+    let d = &mut t.dev.d;
+    // Two ranges of one owner and a read lock of another to the end of `a`; a flock of `b`.
+    d.setlk(a, &posix(fa, 1, libc::F_WRLCK, 0, 99)).unwrap();
+    d.setlk(a, &posix(fa, 1, libc::F_WRLCK, 200, 299)).unwrap();
+    d.setlk(a, &posix(fa, 2, libc::F_RDLCK, 1000, OFFSET_MAX)).unwrap();
+    d.setlk(b, &flock(fb, libc::F_WRLCK)).unwrap();
+    d.write(a, fa, 0, b"before").unwrap();
+    t.srv().restart();
+    let t0 = Instant::now();
+    // The WRITE meets the restart (BADSESSION, then STALE_CLIENTID), then its open unknown: it
+    // waits for the reclaim and goes with the reclaimed open.
+    assert_eq!(t.dev.d.write(a, fa, 0, b"after the restart").unwrap(), 17);
+    t.reclaimed(1, Duration::from_secs(3));
+    let took = t0.elapsed();
+
+    let log = t.srv().of(2);
+    let reclaims: Vec<&Rec> = log.iter().filter(|r| r.reclaims()).collect();
+    let desc = || show(&log);
+    // Every reclaim alone in its COMPOUND, answered OK.
+    for r in &reclaims {
+        assert_eq!(
+            log.iter().filter(|o| o.xid == r.xid).count(),
+            1 + usize::from(r.arg.op() != OpNum::ReclaimComplete)
+        );
+        assert_eq!(r.status, Nfsstat4::Ok, "{r:?}");
+    }
+    // The opens, each once, with no delegation, the handle's share access; then the locks; then
+    // RECLAIM_COMPLETE, once, last.
+    let (opens, rest) = reclaims.split_at(2);
+    let mut files: Vec<&[u8]> = opens.iter().map(|r| r.file()).collect();
+    files.sort();
+    assert_eq!(files, [b"a".as_slice(), b"b"], "{}", desc());
+    for r in opens {
+        let Arg::Open { share_access, previous, create, .. } = &r.arg else { panic!("{r:?}") };
+        assert_eq!((*previous, share_access & 0xff, *create), (Some(0), 3, false), "{r:?}");
+    }
+    let (locks, complete) = rest.split_at(rest.len() - 1);
+    assert!(matches!(complete[0].arg, Arg::ReclaimComplete { one_fs: false }), "{}", desc());
+    assert_eq!(log.iter().filter(|r| r.arg.op() == OpNum::ReclaimComplete).count(), 1, "{}", desc());
+    assert_eq!(locks.len(), 4, "{}", desc());
+    let open_a = t.reclaimed_open(2, b"a");
+    let open_b = t.reclaimed_open(2, b"b");
+    let mut got: Vec<_> = locks.iter().map(|r| lock_args(r)).collect();
+    // Owner 1's second range goes from the lock stateid its first gave.
+    let at = |file: &[u8], offset| locks.iter().position(|r| r.file() == file && lock_args(r).2 == offset);
+    let (first, second) = (at(b"a", 0), at(b"a", 200));
+    let (Some(first), Some(second)) = (first, second) else { panic!("{}", desc()) };
+    assert!(first < second, "{}", desc());
+    let lock_1 = other(locks[first].gave.unwrap());
+    let (open_a, open_b) = (other(open_a), other(open_b));
+    got.sort_by_key(|g| (g.0.clone(), g.2));
+    assert_eq!(
+        got,
+        [
+            (b"a".to_vec(), WRITE_LT, 0, 100, true, open_a),
+            (b"a".to_vec(), WRITE_LT, 200, 100, false, lock_1),
+            (b"a".to_vec(), READ_LT, 1000, u64::MAX, true, open_a),
+            (b"b".to_vec(), WRITE_LT, 0, u64::MAX, true, open_b),
+        ],
+        "{}",
+        desc()
+    );
+    // Nothing but reclaims opened or locked before RECLAIM_COMPLETE (the server answers GRACE).
+    let end = log.iter().position(|r| r.arg.op() == OpNum::ReclaimComplete).unwrap();
+    assert!(
+        log[..end].iter().all(|r| !matches!(r.arg.op(), OpNum::Open | OpNum::Lock) || r.reclaims()),
+        "{}",
+        desc()
+    );
+    assert!(log.iter().all(|r| r.status != Nfsstat4::Grace), "{}", desc());
+    // The guest's WRITE went once with the reclaimed open, after it was reclaimed, and succeeded.
+    let writes: Vec<_> =
+        log.iter().filter(|r| r.arg.op() == OpNum::Write && r.status == Nfsstat4::Ok).collect();
+    assert_eq!(writes.len(), 1, "{}", desc());
+    assert_eq!(writes[0].stateid.map(other), Some(open_a), "{}", desc());
+    assert!(matches!(&writes[0].arg, Arg::Write { data, .. } if data == b"after the restart"));
+    let t2 = t.locks();
+    assert_eq!(
+        (t2.reclaims, t2.opens_reclaimed, t2.opens_not_reclaimed, t2.locks_reclaimed, t2.locks_not_reclaimed),
+        (1, 2, 0, 3, 0),
+        "{t2:?}"
+    );
+    eprintln!("reclaimed within {took:?} of the restart");
+
+    // After the grace period: the reclaimed locks are the device's as before (a new range of
+    // owner 1 goes from its reclaimed lock stateid, not from the open), I/O goes on.
+    let d = &mut t.dev.d;
+    d.setlk(a, &posix(fa, 1, libc::F_WRLCK, 500, 599)).unwrap();
+    d.write(b, fb, 0, b"b after").unwrap();
+    assert_eq!(d.read(a, fa, 0, 10).unwrap(), vec![7; 10]);
+    let log = t.srv().of(2);
+    let last = log.iter().rev().find(|r| r.arg.op() == OpNum::Lock).unwrap();
+    assert_eq!(lock_args(last), (b"a".to_vec(), WRITE_LT, 500, 100, false, lock_1), "{last:?}");
+    assert!(matches!(last.arg, Arg::Lock { reclaim: false, .. }) && last.status == Nfsstat4::Ok, "{last:?}");
+    assert!(log.iter().all(|r| r.arg.op() != OpNum::Open || r.reclaims()), "nothing opened anew: {log:#?}");
+}
+
+#[test]
+fn a_lock_whose_reclaim_is_refused_makes_its_file_eio_and_the_others_go_on() {
+    for refusal in [Nfsstat4::ReclaimBad, Nfsstat4::NoGrace] {
+        // The server refuses the reclaim of any lock of `a`.
+        let plan: Plan = Box::new(move |_, _, op, fh| match op {
+            Arg::Lock { reclaim: true, .. } if fh == b"f:a" => Fate::Refuse(refusal),
+            _ => Fate::Serve,
+        });
+        let mut t = restartable_device(plan, |_| {});
+        let ((a, fa), (b, fb)) = (t.a, t.b);
+        let d = &mut t.dev.d;
+        d.setlk(a, &posix(fa, 1, libc::F_WRLCK, 0, 99)).unwrap();
+        d.setlk(b, &posix(fb, 2, libc::F_WRLCK, 0, 99)).unwrap();
+        d.write(a, fa, 0, b"before").unwrap();
+        t.srv().restart();
+        // A request that meets the restart (no open, no lock of its own), then the reclaim.
+        t.dev.d.lookup(ROOT, "c").unwrap();
+        t.reclaimed(1, Duration::from_secs(3));
+        let restart = t.srv().log.len();
+        let d = &mut t.dev.d;
+        // `a`'s lock is gone from the server: nothing goes through it unlocked.
+        assert_eq!(errno(d.write(a, fa, 0, b"unlocked")), libc::EIO, "{refusal:?}");
+        assert_eq!(errno(d.read(a, fa, 0, 10)), libc::EIO, "{refusal:?}");
+        assert_eq!(errno(d.setlk(a, &posix(fa, 3, libc::F_WRLCK, 500, 599))), libc::EIO, "{refusal:?}");
+        // `b`'s lock was reclaimed: its I/O and locks go on.
+        assert_eq!(d.write(b, fb, 0, b"b after").unwrap(), 7);
+        assert_eq!(d.read(b, fb, 0, 10).unwrap(), vec![7; 10]);
+        d.setlk(b, &posix(fb, 2, libc::F_WRLCK, 200, 299)).unwrap();
+        let log = t.srv().of(2);
+        let desc = || format!("{refusal:?}:\n{}", show(&log));
+        assert!(
+            !t.srv().log[restart..].iter().any(|r| r.file() == b"a" && r.arg.op() != OpNum::Getattr),
+            "nothing of `a` reached the server after the reclaim: {}",
+            desc()
+        );
+        let of =
+            |file: &[u8], op| log.iter().filter(|r| r.file() == file && r.arg.op() == op).collect::<Vec<_>>();
+        assert!(of(b"a", OpNum::Write).is_empty(), "no WRITE of `a` after the restart: {}", desc());
+        assert!(of(b"a", OpNum::Read).is_empty(), "{}", desc());
+        let locks_a = of(b"a", OpNum::Lock);
+        assert_eq!(locks_a.len(), 1, "{}", desc());
+        assert_eq!(locks_a[0].status, refusal, "{}", desc());
+        assert!(
+            matches!(locks_a[0].arg, Arg::Lock { reclaim: true, offset: 0, length: 100, .. }),
+            "{}",
+            desc()
+        );
+        let locks_b = of(b"b", OpNum::Lock);
+        assert_eq!(locks_b.len(), 2, "{}", desc());
+        assert!(locks_b.iter().all(|r| r.status == Nfsstat4::Ok), "{}", desc());
+        assert!(
+            matches!(locks_b[0].arg, Arg::Lock { reclaim: true, offset: 0, length: 100, .. }),
+            "{}",
+            desc()
+        );
+        assert!(matches!(locks_b[1].arg, Arg::Lock { reclaim: false, offset: 200, .. }), "{}", desc());
+        let writes_b = of(b"b", OpNum::Write);
+        assert_eq!(writes_b.len(), 1, "{}", desc());
+        assert_eq!(writes_b[0].stateid.map(other), Some(other(t.reclaimed_open(2, b"b"))), "{}", desc());
+        assert_eq!(writes_b[0].status, Nfsstat4::Ok);
+        assert_eq!(log.iter().filter(|r| r.arg.op() == OpNum::ReclaimComplete).count(), 1, "{}", desc());
+        let l = t.locks();
+        assert_eq!(
+            (l.reclaims, l.opens_reclaimed, l.opens_not_reclaimed, l.locks_reclaimed, l.locks_not_reclaimed),
+            (1, 2, 0, 1, 1),
+            "{refusal:?}: {l:?}"
+        );
+        // Until its last close: then `a` opens (anew) and is written again.
+        let d = &mut t.dev.d;
+        d.flush_owner(a, fa, 1).unwrap();
+        d.release(a, fa).unwrap();
+        let fa = d.open(a, RDWR).unwrap().fh;
+        assert_eq!(d.write(a, fa, 0, b"again").unwrap(), 5, "{refusal:?}");
+        let log = t.srv().of(2);
+        let w: Vec<_> = log.iter().filter(|r| r.file() == b"a" && r.arg.op() == OpNum::Write).collect();
+        assert_eq!(w.len(), 1, "{}", show(&log));
+        assert_eq!(w[0].status, Nfsstat4::Ok, "{}", show(&log));
+    }
+}
+
+#[test]
+fn a_reclaim_open_whose_reply_never_comes_is_sent_again_and_the_reclaim_completes() {
+    // The first CLAIM_PREVIOUS of `a` is done but never answered (nor its retransmissions: the
+    // server keeps no reply for it).
+    let mut silent = None;
+    let plan: Plan = Box::new(move |_, call, op, fh| match op {
+        Arg::Open { previous: Some(_), .. }
+            if fh == b"f:a" && *silent.get_or_insert(call.xid) == call.xid =>
+        {
+            Fate::Drop
+        }
+        _ => Fate::Serve,
+    });
+    let mut t = restartable_device(plan, |o| {
+        o.timeout = Duration::from_millis(1500);
+        o.retransmit = Duration::from_millis(500);
+    });
+    let ((a, fa), (b, fb)) = (t.a, t.b);
+    let d = &mut t.dev.d;
+    d.setlk(a, &posix(fa, 1, libc::F_WRLCK, 0, 99)).unwrap();
+    t.srv().restart();
+    let t0 = Instant::now();
+    t.dev.d.lookup(ROOT, "c").unwrap();
+    t.reclaimed(1, Duration::from_secs(4));
+    let took = t0.elapsed();
+    let log = t.srv().of(2);
+    let desc = || show(&log);
+    let opens_a: Vec<_> = log
+        .iter()
+        .filter(|r| r.file() == b"a" && matches!(r.arg, Arg::Open { previous: Some(_), .. }))
+        .collect();
+    assert!(opens_a.len() >= 2, "{}", desc());
+    let (dropped, answered): (Vec<&Rec>, Vec<&Rec>) = opens_a.iter().partition(|r| r.dropped);
+    assert!(!dropped.is_empty() && dropped.iter().all(|r| r.xid == dropped[0].xid), "{}", desc());
+    assert_eq!(answered.len(), 1, "sent again, answered once: {}", desc());
+    assert!(answered[0].xid != dropped[0].xid, "a call of its own: {}", desc());
+    // The lock goes from the open answered, then RECLAIM_COMPLETE, once.
+    let locks: Vec<_> = log.iter().filter(|r| r.arg.op() == OpNum::Lock).collect();
+    assert_eq!(locks.len(), 1, "{}", desc());
+    assert_eq!(
+        lock_args(locks[0]),
+        (b"a".to_vec(), WRITE_LT, 0, 100, true, other(answered[0].gave.unwrap())),
+        "{}",
+        desc()
+    );
+    assert_eq!(locks[0].status, Nfsstat4::Ok);
+    let complete: Vec<_> = log.iter().filter(|r| r.arg.op() == OpNum::ReclaimComplete).collect();
+    assert_eq!(complete.len(), 1, "{}", desc());
+    assert_eq!(complete[0].status, Nfsstat4::Ok);
+    let l = t.locks();
+    assert_eq!(
+        (l.reclaims, l.opens_reclaimed, l.opens_not_reclaimed, l.locks_reclaimed, l.locks_not_reclaimed),
+        (1, 2, 0, 1, 0),
+        "{l:?}"
+    );
+    // Both files' I/O goes on with their reclaimed opens.
+    let d = &mut t.dev.d;
+    d.write(a, fa, 0, b"a after").unwrap();
+    d.write(b, fb, 0, b"b after").unwrap();
+    let log = t.srv().of(2);
+    let writes: Vec<_> = log.iter().filter(|r| r.arg.op() == OpNum::Write).collect();
+    assert_eq!(writes.len(), 2, "{}", show(&log));
+    assert!(writes.iter().all(|w| w.status == Nfsstat4::Ok), "{}", show(&log));
+    assert_eq!(writes[0].stateid.map(other), Some(other(answered[0].gave.unwrap())));
+    eprintln!("reclaimed within {took:?} of the restart");
+}
+
+#[test]
+#[ignore = "product defect: the first reclaim's LOCK, resent on the newest session, is answered \
+            into the second reclaim's first item (its open never reclaimed, its file's locks lost)"]
+fn a_second_restart_in_the_middle_of_the_reclaim_starts_it_over_on_the_newest_client_id() {
+    // The server restarts again when the first reclaim's first LOCK reaches it.
+    let plan: Plan = Box::new(move |s, _, op, _| match op {
+        Arg::Lock { reclaim: true, .. } if s.epoch == 2 => Fate::Restart,
+        _ => Fate::Serve,
+    });
+    let mut t = restartable_device(plan, |_| {});
+    let ((a, fa), (b, fb)) = (t.a, t.b);
+    let d = &mut t.dev.d;
+    d.setlk(a, &posix(fa, 1, libc::F_WRLCK, 0, 99)).unwrap();
+    d.setlk(b, &flock(fb, libc::F_RDLCK)).unwrap();
+    t.srv().restart();
+    t.dev.d.lookup(ROOT, "c").unwrap();
+    wait_until(
+        Duration::from_secs(4),
+        || {
+            let s = t.srv();
+            s.epoch == 3 && s.completed
+        },
+        || format!("{:?}\n{}", t.locks(), show(&t.srv().log)),
+    );
+    let two = t.srv().of(2);
+    let three = t.srv().of(3);
+    let totals = t.locks();
+    let desc = || format!("{totals:?}\nepoch 2:\n{}epoch 3:\n{}", show(&two), show(&three));
+    assert!(two.iter().all(|r| r.arg.op() != OpNum::ReclaimComplete), "{}", desc());
+    // On the newest client id: both opens, both locks, one RECLAIM_COMPLETE, last.
+    let reclaims: Vec<_> = three.iter().filter(|r| r.reclaims()).collect();
+    assert_eq!(reclaims.len(), 5, "{}", desc());
+    assert!(reclaims.iter().all(|r| r.status == Nfsstat4::Ok), "{}", desc());
+    assert!(reclaims[..2].iter().all(|r| r.arg.op() == OpNum::Open), "{}", desc());
+    let mut opens: Vec<_> = reclaims[..2].iter().map(|r| r.file().to_vec()).collect();
+    opens.sort();
+    assert_eq!(opens, [b"a".to_vec(), b"b".to_vec()], "{}", desc());
+    let (open_a, open_b) = (other(t.reclaimed_open(3, b"a")), other(t.reclaimed_open(3, b"b")));
+    let mut locks: Vec<_> = reclaims[2..4].iter().map(|r| lock_args(r)).collect();
+    locks.sort();
+    assert_eq!(
+        locks,
+        [
+            (b"a".to_vec(), WRITE_LT, 0, 100, true, open_a),
+            (b"b".to_vec(), READ_LT, 0, u64::MAX, true, open_b)
+        ],
+        "{}",
+        desc()
+    );
+    assert_eq!(reclaims[4].arg.op(), OpNum::ReclaimComplete, "{}", desc());
+    assert_eq!(three.iter().filter(|r| r.arg.op() == OpNum::ReclaimComplete).count(), 1, "{}", desc());
+    // Nothing lost, and I/O goes on with the newest opens.
+    t.reclaimed(1, Duration::from_secs(1));
+    let l = t.locks();
+    assert_eq!((l.opens_not_reclaimed, l.locks_not_reclaimed), (0, 0), "{l:?}\n{}", desc());
+    assert_eq!(l.locks_reclaimed, 2, "{l:?}\n{}", desc());
+    let d = &mut t.dev.d;
+    d.write(a, fa, 0, b"a after").unwrap();
+    d.write(b, fb, 0, b"b after").unwrap();
+    let three = t.srv().of(3);
+    let writes: Vec<_> = three.iter().filter(|r| r.arg.op() == OpNum::Write).collect();
+    assert_eq!(writes.len(), 2, "{}", show(&three));
+    assert!(writes.iter().all(|w| w.status == Nfsstat4::Ok), "{}", show(&three));
+    assert_eq!(writes[0].stateid.map(other), Some(open_a), "{}", show(&three));
+    assert_eq!(writes[1].stateid.map(other), Some(open_b), "{}", show(&three));
 }

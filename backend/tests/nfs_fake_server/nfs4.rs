@@ -70,12 +70,13 @@ pub enum Arg {
     },
     Link(Vec<u8>),
     Access(u32),
-    /// OPEN: the share access, whether it creates, and the name of a CLAIM_NULL (`None`: by
-    /// handle).
+    /// OPEN: the share access, whether it creates, the name of a CLAIM_NULL (`None`: by
+    /// handle), and the delegation type of a CLAIM_PREVIOUS (`None`: another claim).
     Open {
         share_access: u32,
         create: bool,
         name: Option<Vec<u8>>,
+        previous: Option<u32>,
     },
     Close {
         stateid: [u8; 16],
@@ -84,11 +85,16 @@ pub enum Arg {
         stateid: [u8; 16],
     },
     Delegreturn,
-    /// LOCK: its range, and whether it is the owner's first (`open_to_lock_owner4`).
+    /// LOCK: its type (`nfs_lock_type4`), whether it reclaims, its range, whether it is the
+    /// owner's first (`open_to_lock_owner4`), and the stateid it goes from (the open's if
+    /// `new_owner`, else the lock's; also in [`Compound::stateids`]).
     Lock {
+        locktype: u32,
+        reclaim: bool,
         offset: u64,
         length: u64,
         new_owner: bool,
+        stateid: [u8; 16],
     },
     /// LOCKU: the lock stateid and range.
     Locku {
@@ -142,6 +148,9 @@ pub struct Compound {
     pub tag: Vec<u8>,
     pub minor: u32,
     pub ops: Vec<Arg>,
+    /// The stateid each operation of `ops` carries (READ, WRITE, CLOSE, SETATTR, DELEGRETURN,
+    /// LOCK, LOCKU, FREE_STATEID), `None` for the others.
+    pub stateids: Vec<Option<[u8; 16]>>,
 }
 
 impl Compound {
@@ -156,6 +165,11 @@ impl Compound {
     /// The operations' numbers, SEQUENCE's left out.
     pub fn ops(&self) -> Vec<OpNum> {
         self.ops.iter().map(Arg::op).filter(|o| *o != OpNum::Sequence).collect()
+    }
+
+    /// The stateid operation `i` of `ops` carries, if any.
+    pub fn stateid(&self, i: usize) -> Option<[u8; 16]> {
+        self.stateids.get(i).copied().flatten()
     }
 }
 
@@ -194,7 +208,9 @@ pub fn parse(args: &[u8]) -> Compound {
     let minor = d.u32().unwrap();
     let n = d.u32().unwrap();
     let mut ops = Vec::new();
+    let mut stateids = Vec::new();
     for _ in 0..n {
+        let mut stateid = None;
         let num = d.u32().unwrap();
         let op = OpNum::from_u32(num).unwrap_or_else(|| panic!("operation {num} not parsed here"));
         ops.push(match op {
@@ -228,11 +244,11 @@ pub fn parse(args: &[u8]) -> Compound {
                 Arg::Create { name }
             }
             OpNum::Read => {
-                d.skip(16).unwrap();
+                stateid = Some(d.array::<16>().unwrap());
                 Arg::Read { offset: d.u64().unwrap(), count: d.u32().unwrap() }
             }
             OpNum::Write => {
-                d.skip(16).unwrap();
+                stateid = Some(d.array::<16>().unwrap());
                 let offset = d.u64().unwrap();
                 let stable = d.u32().unwrap();
                 Arg::Write { offset, stable, data: d.opaque(u32::MAX, "data").unwrap().to_vec() }
@@ -312,56 +328,69 @@ pub fn parse(args: &[u8]) -> Compound {
                         m => panic!("createmode {m}"),
                     }
                 }
-                let name = match d.u32().unwrap() {
-                    0 => Some(d.opaque(1024, "name").unwrap().to_vec()),
-                    4 => None,
+                let (name, previous) = match d.u32().unwrap() {
+                    0 => (Some(d.opaque(1024, "name").unwrap().to_vec()), None),
+                    1 => (None, Some(d.u32().unwrap())),
+                    4 => (None, None),
                     c => panic!("open claim {c}"),
                 };
-                Arg::Open { share_access, create, name }
+                Arg::Open { share_access, create, name, previous }
             }
             OpNum::Close => {
                 d.u32().unwrap(); // seqid
-                Arg::Close { stateid: d.array::<16>().unwrap() }
+                let s = d.array::<16>().unwrap();
+                stateid = Some(s);
+                Arg::Close { stateid: s }
             }
             OpNum::Setattr => {
-                let stateid = d.array::<16>().unwrap();
+                let s = d.array::<16>().unwrap();
+                stateid = Some(s);
                 fattr(&mut d);
-                Arg::Setattr { stateid }
+                Arg::Setattr { stateid: s }
             }
             OpNum::Delegreturn => {
-                d.array::<16>().unwrap();
+                stateid = Some(d.array::<16>().unwrap());
                 Arg::Delegreturn
             }
             OpNum::Lock => {
-                d.u32().unwrap(); // locktype
-                d.bool().unwrap(); // reclaim
+                let locktype = d.u32().unwrap();
+                let reclaim = d.bool().unwrap();
                 let offset = d.u64().unwrap();
                 let length = d.u64().unwrap();
                 let new_owner = d.bool().unwrap();
-                if new_owner {
+                let s = if new_owner {
                     d.u32().unwrap(); // open seqid
-                    d.array::<16>().unwrap();
+                    let s = d.array::<16>().unwrap();
                     d.u32().unwrap(); // lock seqid
                     d.u64().unwrap(); // clientid
                     d.opaque(1024, "owner").unwrap();
+                    s
                 } else {
-                    d.array::<16>().unwrap();
+                    let s = d.array::<16>().unwrap();
                     d.u32().unwrap(); // lock seqid
-                }
-                Arg::Lock { offset, length, new_owner }
+                    s
+                };
+                stateid = Some(s);
+                Arg::Lock { locktype, reclaim, offset, length, new_owner, stateid: s }
             }
             OpNum::Locku => {
                 d.u32().unwrap(); // locktype
                 d.u32().unwrap(); // seqid
-                let stateid = d.array::<16>().unwrap();
-                Arg::Locku { stateid, offset: d.u64().unwrap(), length: d.u64().unwrap() }
+                let s = d.array::<16>().unwrap();
+                stateid = Some(s);
+                Arg::Locku { stateid: s, offset: d.u64().unwrap(), length: d.u64().unwrap() }
             }
-            OpNum::FreeStateid => Arg::FreeStateid { stateid: d.array::<16>().unwrap() },
+            OpNum::FreeStateid => {
+                let s = d.array::<16>().unwrap();
+                stateid = Some(s);
+                Arg::FreeStateid { stateid: s }
+            }
             op => panic!("{op:?} not parsed here"),
         });
+        stateids.push(stateid);
     }
     d.finish().expect("every byte of the COMPOUND used");
-    Compound { tag, minor, ops }
+    Compound { tag, minor, ops, stateids }
 }
 
 /// A whole reply record: the RPC header for `xid`, then COMPOUND4res of `status` (the last
@@ -575,10 +604,15 @@ pub fn open_ok_deleg(other: [u8; 12], deleg: Option<[u8; 12]>) -> Vec<u8> {
 
 /// LOCK's or LOCKU's result (`op`): the lock stateid, `other` with seqid 1.
 pub fn lock_ok(op: OpNum, other: [u8; 12]) -> Vec<u8> {
+    lock_ok_seq(op, 1, other)
+}
+
+/// LOCK's or LOCKU's result (`op`): the lock stateid `seqid`, `other`.
+pub fn lock_ok_seq(op: OpNum, seqid: u32, other: [u8; 12]) -> Vec<u8> {
     ok(
         op,
         &enc(|e| {
-            e.u32(1).unwrap();
+            e.u32(seqid).unwrap();
             e.fixed(&other).unwrap();
         }),
     )
