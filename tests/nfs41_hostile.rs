@@ -1395,3 +1395,75 @@ fn a_second_restart_in_the_middle_of_the_reclaim_starts_it_over_on_the_newest_cl
     assert_eq!(writes[0].stateid.map(other), Some(open_a), "{}", show(&three));
     assert_eq!(writes[1].stateid.map(other), Some(open_b), "{}", show(&three));
 }
+
+#[test]
+fn a_lock_and_an_open_asked_as_the_server_restarts_wait_for_the_reclaim_and_are_reclaimed_next_time() {
+    let mut t = restartable_device(Box::new(|_, _, _, _| Fate::Serve), |_| {});
+    let ((a, fa), (b, fb)) = (t.a, t.b);
+    t.dev.d.setlk(a, &posix(fa, 1, libc::F_WRLCK, 0, 99)).unwrap();
+    // A new lock owner's lock meets the restart: it waits for the reclaim, then is granted
+    // from `b`'s reclaimed open, never in the grace period.
+    t.srv().restart();
+    t.dev.d.setlk(b, &posix(fb, 5, libc::F_RDLCK, 10, 19)).unwrap();
+    t.reclaimed(1, Duration::from_secs(3));
+    let log = t.srv().of(2);
+    let desc = || show(&log);
+    let end = log.iter().position(|r| r.arg.op() == OpNum::ReclaimComplete).expect(&desc());
+    assert!(
+        log[..end]
+            .iter()
+            .all(|r| r.status != Nfsstat4::Ok || !matches!(r.arg, Arg::Lock { reclaim: false, .. })),
+        "nothing granted but reclaims before RECLAIM_COMPLETE: {}",
+        desc()
+    );
+    let granted: Vec<_> = log
+        .iter()
+        .filter(|r| matches!(r.arg, Arg::Lock { reclaim: false, .. }) && r.status == Nfsstat4::Ok)
+        .collect();
+    assert_eq!(granted.len(), 1, "{}", desc());
+    assert_eq!(
+        lock_args(granted[0]),
+        (b"b".to_vec(), READ_LT, 10, 10, true, other(t.reclaimed_open(2, b"b"))),
+        "{}",
+        desc()
+    );
+    // A new file opened as the server restarts again: opened once the reclaim is over.
+    t.srv().restart();
+    let c = t.dev.d.lookup(ROOT, "c").unwrap().nodeid;
+    let fc = t.dev.d.open(c, RDWR).unwrap().fh;
+    t.reclaimed(2, Duration::from_secs(3));
+    t.dev.d.write(c, fc, 0, b"c").unwrap();
+    let log = t.srv().of(3);
+    let desc = || show(&log);
+    let end = log.iter().position(|r| r.arg.op() == OpNum::ReclaimComplete).expect(&desc());
+    let opened: Vec<_> = log
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| matches!(r.arg, Arg::Open { previous: None, .. }) && r.status == Nfsstat4::Ok)
+        .collect();
+    assert_eq!(opened.len(), 1, "{}", desc());
+    assert!(opened[0].0 > end, "opened after RECLAIM_COMPLETE: {}", desc());
+    // The second reclaim took back what the first left and the lock granted since: `a`'s and
+    // `b`'s opens, owner 1's range of `a`, owner 5's of `b`.
+    let reclaims: Vec<_> = log[..=end].iter().filter(|r| r.reclaims()).collect();
+    assert_eq!(reclaims.len(), 5, "{}", desc());
+    let mut locks: Vec<_> =
+        reclaims.iter().filter(|r| r.arg.op() == OpNum::Lock).map(|r| lock_args(r)).collect();
+    locks.sort();
+    assert_eq!(
+        locks,
+        [
+            (b"a".to_vec(), WRITE_LT, 0, 100, true, other(t.reclaimed_open(3, b"a"))),
+            (b"b".to_vec(), READ_LT, 10, 10, true, other(t.reclaimed_open(3, b"b"))),
+        ],
+        "{}",
+        desc()
+    );
+    assert!(reclaims.iter().all(|r| r.status == Nfsstat4::Ok), "{}", desc());
+    let l = t.locks();
+    assert_eq!(
+        (l.reclaims, l.opens_reclaimed, l.opens_not_reclaimed, l.locks_reclaimed, l.locks_not_reclaimed),
+        (2, 4, 0, 3, 0),
+        "{l:?}"
+    );
+}
