@@ -1408,7 +1408,8 @@ fn a_lock_and_an_open_asked_as_the_server_restarts_wait_for_the_reclaim_and_are_
     t.reclaimed(1, Duration::from_secs(3));
     let log = t.srv().of(2);
     let desc = || show(&log);
-    let end = log.iter().position(|r| r.arg.op() == OpNum::ReclaimComplete).expect(&desc());
+    let end =
+        log.iter().position(|r| r.arg.op() == OpNum::ReclaimComplete).unwrap_or_else(|| panic!("{}", desc()));
     assert!(
         log[..end]
             .iter()
@@ -1435,7 +1436,8 @@ fn a_lock_and_an_open_asked_as_the_server_restarts_wait_for_the_reclaim_and_are_
     t.dev.d.write(c, fc, 0, b"c").unwrap();
     let log = t.srv().of(3);
     let desc = || show(&log);
-    let end = log.iter().position(|r| r.arg.op() == OpNum::ReclaimComplete).expect(&desc());
+    let end =
+        log.iter().position(|r| r.arg.op() == OpNum::ReclaimComplete).unwrap_or_else(|| panic!("{}", desc()));
     let opened: Vec<_> = log
         .iter()
         .enumerate()
