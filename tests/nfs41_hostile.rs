@@ -1469,3 +1469,96 @@ fn a_lock_and_an_open_asked_as_the_server_restarts_wait_for_the_reclaim_and_are_
         "{l:?}"
     );
 }
+
+#[test]
+fn a_refused_open_reclaim_is_opened_anew_when_used_unless_its_file_had_locks() {
+    // Both opens' reclaims are refused; `b` had a lock, `a` none.
+    let plan: Plan = Box::new(move |_, _, op, fh| match op {
+        Arg::Open { previous: Some(_), .. } if fh == b"f:a" => Fate::Refuse(Nfsstat4::ReclaimBad),
+        Arg::Open { previous: Some(_), .. } => Fate::Refuse(Nfsstat4::NoGrace),
+        _ => Fate::Serve,
+    });
+    let mut t = restartable_device(plan, |_| {});
+    let ((a, fa), (b, fb)) = (t.a, t.b);
+    t.dev.d.setlk(b, &posix(fb, 1, libc::F_WRLCK, 0, 99)).unwrap();
+    t.srv().restart();
+    t.dev.d.lookup(ROOT, "c").unwrap();
+    t.reclaimed(1, Duration::from_secs(3));
+    let d = &mut t.dev.d;
+    assert_eq!(d.write(a, fa, 0, b"a after").unwrap(), 7, "opened anew");
+    assert_eq!(errno(d.write(b, fb, 0, b"unlocked")), libc::EIO, "never without its lock");
+    let log = t.srv().of(2);
+    let desc = || show(&log);
+    // No lock reclaim without an open to go from; RECLAIM_COMPLETE all the same.
+    assert!(log.iter().all(|r| r.arg.op() != OpNum::Lock), "{}", desc());
+    let end =
+        log.iter().position(|r| r.arg.op() == OpNum::ReclaimComplete).unwrap_or_else(|| panic!("{}", desc()));
+    // `a` opened anew (CLAIM_FH) after the reclaim, its WRITE with that open; nothing of `b`.
+    let opened: Vec<_> = log
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| matches!(r.arg, Arg::Open { previous: None, .. }) && r.status == Nfsstat4::Ok)
+        .collect();
+    assert_eq!(opened.len(), 1, "{}", desc());
+    assert!(opened[0].0 > end && opened[0].1.file() == b"a", "{}", desc());
+    let writes: Vec<_> =
+        log.iter().filter(|r| r.arg.op() == OpNum::Write && r.status == Nfsstat4::Ok).collect();
+    assert_eq!(writes.len(), 1, "{}", desc());
+    assert_eq!((writes[0].file(), writes[0].stateid), (b"a".as_slice(), opened[0].1.gave), "{}", desc());
+    assert!(log.iter().all(|r| r.file() != b"b" || r.arg.op() != OpNum::Write), "{}", desc());
+    let l = t.locks();
+    assert_eq!(
+        (l.reclaims, l.opens_reclaimed, l.opens_not_reclaimed, l.locks_reclaimed, l.locks_not_reclaimed),
+        (1, 0, 2, 0, 1),
+        "{l:?}"
+    );
+}
+
+#[test]
+fn a_reclaim_complete_whose_reply_never_comes_is_sent_again_and_complete_already_ends_it() {
+    // The restarted server's RECLAIM_COMPLETE is done, but neither it nor its retransmissions
+    // answered: the call sent again meets COMPLETE_ALREADY.
+    let mut silent = None;
+    let plan: Plan = Box::new(move |s, call, op, _| match op {
+        Arg::ReclaimComplete { .. } if s.epoch == 2 && *silent.get_or_insert(call.xid) == call.xid => {
+            Fate::Drop
+        }
+        _ => Fate::Serve,
+    });
+    let mut t = restartable_device(plan, |o| {
+        o.timeout = Duration::from_millis(1500);
+        o.retransmit = Duration::from_millis(500);
+    });
+    let ((a, fa), (b, fb)) = (t.a, t.b);
+    t.dev.d.setlk(a, &posix(fa, 1, libc::F_WRLCK, 0, 99)).unwrap();
+    t.srv().restart();
+    t.dev.d.lookup(ROOT, "c").unwrap();
+    t.reclaimed(1, Duration::from_secs(4));
+    let log = t.srv().of(2);
+    let desc = || show(&log);
+    let completes: Vec<_> = log.iter().filter(|r| r.arg.op() == OpNum::ReclaimComplete).collect();
+    let (dropped, answered): (Vec<&Rec>, Vec<&Rec>) = completes.iter().partition(|r| r.dropped);
+    assert!(!dropped.is_empty(), "{}", desc());
+    assert_eq!(answered.len(), 1, "{}", desc());
+    assert_eq!(answered[0].status, Nfsstat4::CompleteAlready, "{}", desc());
+    assert!(answered[0].xid != dropped[0].xid, "{}", desc());
+    // Nothing lost: the reclaim is over, its state in use.
+    let l = t.locks();
+    assert_eq!(
+        (l.reclaims, l.opens_reclaimed, l.opens_not_reclaimed, l.locks_reclaimed, l.locks_not_reclaimed),
+        (1, 2, 0, 1, 0),
+        "{l:?}"
+    );
+    let d = &mut t.dev.d;
+    d.write(a, fa, 0, b"a after").unwrap();
+    d.write(b, fb, 0, b"b after").unwrap();
+    d.setlk(b, &posix(fb, 2, libc::F_WRLCK, 0, 9)).unwrap();
+    let log = t.srv().of(2);
+    assert!(
+        log.iter()
+            .filter(|r| matches!(r.arg.op(), OpNum::Write | OpNum::Lock))
+            .all(|r| r.status == Nfsstat4::Ok),
+        "{}",
+        show(&log)
+    );
+}
