@@ -1562,3 +1562,44 @@ fn a_reclaim_complete_whose_reply_never_comes_is_sent_again_and_complete_already
         show(&log)
     );
 }
+
+#[test]
+#[ignore = "product defect: a WRITE waiting for the reclaim goes again as soon as its open is \
+            reclaimed, before its file's lock reclaim is answered (refused: written unlocked)"]
+fn a_write_waiting_for_the_reclaim_never_goes_before_its_files_locks_are_reclaimed() {
+    // `b`'s open reclaim is slow (the WRITE waiting for `a`'s goes behind it), so are the
+    // lock reclaims; `a`'s is refused.
+    let plan: Plan = Box::new(move |_, _, op, fh| match op {
+        Arg::Open { previous: Some(_), .. } if fh == b"f:b" => {
+            std::thread::sleep(Duration::from_millis(300));
+            Fate::Serve
+        }
+        Arg::Lock { reclaim: true, .. } => {
+            std::thread::sleep(Duration::from_millis(200));
+            if fh == b"f:a" {
+                Fate::Refuse(Nfsstat4::ReclaimBad)
+            } else {
+                Fate::Serve
+            }
+        }
+        _ => Fate::Serve,
+    });
+    let mut t = restartable_device(plan, |_| {});
+    let ((a, fa), (b, fb)) = (t.a, t.b);
+    t.dev.d.setlk(a, &posix(fa, 1, libc::F_WRLCK, 0, 99)).unwrap();
+    t.dev.d.setlk(b, &posix(fb, 2, libc::F_WRLCK, 0, 99)).unwrap();
+    t.srv().restart();
+    // The WRITE meets the restart and waits for the reclaim: its lock is lost, so is it.
+    let w = t.dev.d.write(a, fa, 0, b"under the lock");
+    t.reclaimed(1, Duration::from_secs(3));
+    let log = t.srv().of(2);
+    let desc = || format!("the guest's WRITE: {w:?}\n{}", show(&log));
+    let sent: Vec<_> = log.iter().filter(|r| r.file() == b"a" && r.arg.op() == OpNum::Write).collect();
+    assert!(
+        sent.iter().all(|r| r.status != Nfsstat4::Ok),
+        "a WRITE of `a` went without the lock its owner held (not reclaimed): {}",
+        desc()
+    );
+    let desc = desc();
+    assert_eq!(errno(w), libc::EIO, "{desc}");
+}
