@@ -718,8 +718,8 @@ fn show(log: &[Rec]) -> String {
     log.iter()
         .map(|r| {
             let arg = match &r.arg {
-                Arg::Write { offset, data, .. } => {
-                    format!("Write {{ offset: {offset}, {} bytes }}", data.len())
+                Arg::Write { offset, stable, data } => {
+                    format!("Write {{ offset: {offset}, stable: {stable}, {} bytes }}", data.len())
                 }
                 a => format!("{a:?}").chars().take(120).collect(),
             };
