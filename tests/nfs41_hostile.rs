@@ -1330,8 +1330,6 @@ fn a_reclaim_open_whose_reply_never_comes_is_sent_again_and_the_reclaim_complete
 }
 
 #[test]
-#[ignore = "product defect: the first reclaim's LOCK, resent on the newest session, is answered \
-            into the second reclaim's first item (its open never reclaimed, its file's locks lost)"]
 fn a_second_restart_in_the_middle_of_the_reclaim_starts_it_over_on_the_newest_client_id() {
     // The server restarts again when the first reclaim's first LOCK reaches it.
     let plan: Plan = Box::new(move |s, _, op, _| match op {
@@ -1358,8 +1356,15 @@ fn a_second_restart_in_the_middle_of_the_reclaim_starts_it_over_on_the_newest_cl
     let totals = t.locks();
     let desc = || format!("{totals:?}\nepoch 2:\n{}epoch 3:\n{}", show(&two), show(&three));
     assert!(two.iter().all(|r| r.arg.op() != OpNum::ReclaimComplete), "{}", desc());
+    // The first reclaim's LOCK that met the restart is sent again on the new session (the
+    // session resends what it had on the wire) and refused: its old open is unknown there; the
+    // device lets that answer go. At most that one.
+    let resent: Vec<_> =
+        three.iter().filter(|r| r.reclaims() && r.status == Nfsstat4::StaleStateid).collect();
+    assert!(resent.len() <= 1 && resent.iter().all(|r| r.arg.op() == OpNum::Lock), "{}", desc());
     // On the newest client id: both opens, both locks, one RECLAIM_COMPLETE, last.
-    let reclaims: Vec<_> = three.iter().filter(|r| r.reclaims()).collect();
+    let reclaims: Vec<_> =
+        three.iter().filter(|r| r.reclaims() && r.status != Nfsstat4::StaleStateid).collect();
     assert_eq!(reclaims.len(), 5, "{}", desc());
     assert!(reclaims.iter().all(|r| r.status == Nfsstat4::Ok), "{}", desc());
     assert!(reclaims[..2].iter().all(|r| r.arg.op() == OpNum::Open), "{}", desc());
@@ -1564,8 +1569,6 @@ fn a_reclaim_complete_whose_reply_never_comes_is_sent_again_and_complete_already
 }
 
 #[test]
-#[ignore = "product defect: a WRITE waiting for the reclaim goes again as soon as its open is \
-            reclaimed, before its file's lock reclaim is answered (refused: written unlocked)"]
 fn a_write_waiting_for_the_reclaim_never_goes_before_its_files_locks_are_reclaimed() {
     // `b`'s open reclaim is slow (the WRITE waiting for `a`'s goes behind it), so are the
     // lock reclaims; `a`'s is refused.

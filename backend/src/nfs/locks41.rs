@@ -214,6 +214,11 @@ impl LockStates {
         k.held.apply(lock);
     }
 
+    /// Whether any lock state of `nodeid` is kept.
+    pub fn has_node(&self, nodeid: u64) -> bool {
+        self.lock().keys().any(|(n, _)| *n == nodeid)
+    }
+
     /// Every lock state kept, for a reclaim: node id, owner, stateid, the FUSE handle whose
     /// open it came from, and the ranges held.
     pub fn all(&self) -> Vec<(u64, Owner, Stateid, u64, Held)> {

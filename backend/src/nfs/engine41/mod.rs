@@ -297,10 +297,15 @@ impl SessionSink for PollSink<'_, '_> {
                     }
                     false
                 } else if s.kind == slot::Kind::Reclaim {
-                    if let Some(r) = bg.reclaim.as_mut() {
-                        if r.reply(self.fs, res) {
-                            bg.reclaim = None;
+                    match bg.reclaim.as_mut() {
+                        Some(r) if r.owns(s) => {
+                            if r.reply(self.fs, res) {
+                                bg.reclaim = None;
+                            }
                         }
+                        // An ended reclaim's call (another restart): its answer is not the
+                        // current reclaim's.
+                        _ => reclaim::stale_reply(self.fs, s, res),
                     }
                     false
                 } else if orphan::is_orphan(s) {
@@ -440,6 +445,11 @@ impl Nfs41Engine {
         }
         self.slots[i as usize].clamp(self.caps);
         let slot = &self.slots[i as usize];
+        match reopen::hold(fs, slot) {
+            Some(Ok(())) => return self.later.push((Instant::now() + reopen::RECLAIM_WAIT, i)),
+            Some(Err(e)) => return self.end(fs, i, Err(e), done),
+            None => {}
+        }
         let r = match slot.step {
             slot::Step::Write => {
                 let Some(mut p) = done.payload(slot.token) else {
@@ -725,6 +735,12 @@ impl<F: AsRef<Shared>> FsEngine<F> for Nfs41Engine {
             _ => None,
         };
         let tag = i as u32;
+        if reopen::hold(fs, &self.slots[i]).is_some() {
+            // A reclaim is under way and the file has locks (or lost them): a later round
+            // sends it, or answers EIO.
+            self.later.push((Instant::now() + reopen::RECLAIM_WAIT, tag));
+            return Started::Pending;
+        }
         // Requests queue behind a backlog: order is kept.
         let r = if self.backlog.is_empty() {
             self.send(fs, tag, payload)

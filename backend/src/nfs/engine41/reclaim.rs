@@ -115,6 +115,12 @@ impl Reclaim {
         self.share.is_current(self.client)
     }
 
+    /// Whether the call in background slot `slot` is this reclaim's (not an older one's, on an
+    /// earlier client id: [`stale_reply`]).
+    pub(super) fn owns(&self, slot: &Slot) -> bool {
+        slot.reclaim_of == self.client.epoch
+    }
+
     /// Fills background slot `slot` with the next item's call; `false` when nothing is left
     /// to send (items that no longer apply are passed by here).
     pub(super) fn fill(&mut self, fs: &Shared, slot: &mut Slot) -> bool {
@@ -122,6 +128,7 @@ impl Reclaim {
         loop {
             let Some(item) = self.items.get_mut(self.at) else { return false };
             slot.cred = Cred::ROOT;
+            slot.reclaim_of = self.client.epoch;
             slot.kind = Kind::Reclaim;
             slot.frees.clear();
             slot.attempt = None;
@@ -322,4 +329,19 @@ impl Reclaim {
         }
         false
     }
+}
+
+/// The reply to a call of a reclaim that ended (another restart came; the session sent the
+/// call again on the new client id): nothing of it is kept; an open or lock state it got on
+/// the new server is nobody's and is let go in the background.
+pub(super) fn stale_reply(fs: &Shared, slot: &Slot, res: Result<CompoundReply<'_>, CallError>) {
+    let Ok(r) = res else { return };
+    for op in r.results.clone() {
+        match op {
+            Ok(OpRes::Open(o)) => fs.locks41.orphan(Orphan::Open(slot.fh, o.stateid)),
+            Ok(OpRes::Lock(s)) => fs.locks41.orphan(Orphan::Lock(slot.obj, s)),
+            _ => {}
+        }
+    }
+    log::debug!("nfs4.1: the reply to a call of an ended reclaim ({:?}) was let go", slot.step);
 }

@@ -36,6 +36,26 @@ pub(super) fn reclaiming(fs: &Shared) -> bool {
     fs.v41.as_ref().is_some_and(|v| v.client.reclaiming())
 }
 
+/// What a READ, WRITE or size SETATTR through a handle does before it goes: `Some(Ok(()))`
+/// waits for the reclaim (its file has lock states, which may not be taken back yet: the
+/// bytes must not reach the server before its locks do), `Some(Err)` is EIO (its file's locks
+/// were lost: not reclaimed), `None` goes. One atomic load each while no reclaim is under way
+/// and no file is marked.
+pub(super) fn hold(fs: &Shared, slot: &Slot) -> Option<Result<(), Error>> {
+    let io = match slot.step {
+        Step::Read | Step::Write => true,
+        Step::Setattr => slot.stateid != Stateid::ANONYMOUS,
+        _ => false,
+    };
+    if !io {
+        return None;
+    }
+    if fs.locks41.is_lost(slot.nodeid) {
+        return Some(Err(Error::Io));
+    }
+    (reclaiming(fs) && fs.locks41.states.has_node(slot.nodeid)).then_some(Ok(()))
+}
+
 /// Whether `s` says the open (or lock) stateid used is unknown to the server.
 pub(super) fn lost(s: Nfsstat4) -> bool {
     matches!(s, Nfsstat4::BadStateid | Nfsstat4::StaleStateid | Nfsstat4::Expired)

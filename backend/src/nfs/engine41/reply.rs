@@ -212,16 +212,19 @@ fn step(
             EngineCell::bump(&cell.close_failures);
             log::info!("nfs4.1: the CLOSE after a MKNOD failed: {s:?}");
         }
-        // LINK or CREATE ran, the GETATTR (or GETFH) after it was answered DELAY or GRACE: only
-        // the rest goes again (LINK again would be EEXIST).
-        (Step::Link, Some((op, s))) if op != OpNum::Link && later(s).is_some() => {
+        // LINK or CREATE ran, an operation after it failed (DELAY or GRACE, or anything else:
+        // the object is made, so the request is not the failure's): only the rest goes again,
+        // after a wait if the server said so (LINK again would be EEXIST).
+        (Step::Link, Some((op @ (OpNum::Restorefh | OpNum::Getattr), s))) => {
+            log::debug!("nfs4.1: LINK ran, {op:?} after it failed ({s:?}): its GETATTR again");
             slot.obj = slot.fh2;
             slot.step = Step::Getattr;
-            return Ok(Flow::After(later(s).unwrap_or(DELAY_WAIT)));
+            return Ok(later(s).map_or(Flow::Next, Flow::After));
         }
-        (Step::Create, Some((op, s))) if op != OpNum::Create && later(s).is_some() => {
+        (Step::Create, Some((op @ (OpNum::Getfh | OpNum::Getattr), s))) => {
+            log::debug!("nfs4.1: CREATE ran, {op:?} after it failed ({s:?}): its LOOKUP again");
             slot.step = Step::Lookup;
-            return Ok(Flow::After(later(s).unwrap_or(DELAY_WAIT)));
+            return Ok(later(s).map_or(Flow::Next, Flow::After));
         }
         (Step::Reopen, failed) => return super::reopen::reopened(fs, slot, failed, g.open),
         (_, Some((op, s))) if super::reopen::applies(slot, op, s) => {

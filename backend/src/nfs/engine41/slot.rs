@@ -416,6 +416,8 @@ pub(super) struct Slot {
     pub(super) replay: Option<EntryId>,
     pub(super) replay_at: u64,
     pub(super) replay_len: u32,
+    /// The client id epoch of the reclaim whose call a background slot carries (`reclaim`).
+    pub(super) reclaim_of: u64,
 }
 
 impl Slot {
@@ -474,6 +476,7 @@ impl Slot {
             replay: None,
             replay_at: 0,
             replay_len: 0,
+            reclaim_of: 0,
         }
     }
 
