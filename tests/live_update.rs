@@ -326,8 +326,22 @@ fn a_shared_directory_is_handed_over_with_its_nodes_and_open_files() {
 #[test]
 fn an_nfs_export_is_handed_over_with_its_uncommitted_writes() {
     let server = Ganesha::start();
+    nfs_handed_over(&server, &server.url(), false);
+}
+
+/// NFSv4.1 (issue 23): the new process goes on as the same client of the server. Its sessions
+/// join the client id without an EXCHANGE_ID, the handle's open stateid and the lock stateid
+/// stay good (the lock is let go through the new process and then free for another owner, and
+/// the writes are committed through the same handle), nothing is reclaimed or opened again.
+#[test]
+fn an_nfs41_export_is_handed_over_as_the_same_client_with_its_opens_and_locks() {
+    let server = Ganesha::start();
+    nfs_handed_over(&server, &server.url41(), true);
+}
+
+fn nfs_handed_over(server: &Ganesha, url: &str, v41: bool) {
     let dir = tempfile::tempdir().unwrap();
-    let url = server.url();
+    let url = url.to_string();
     let _d = daemon(dir.path(), &["--remote", &url, "--sandbox", "namespace", "--seccomp", "trap"]);
     let ctl = dir.path().join("ctl.sock");
     let opts = DriverOptions { use_interrupts: true, request_queues: 1, ..Default::default() };
@@ -363,6 +377,20 @@ fn an_nfs_export_is_handed_over_with_its_uncommitted_writes() {
     let other = LockReq { owner: 2, pid: 20, ..lock };
     let seen = d.getlk(e.nodeid, &other).unwrap();
     assert_eq!((seen.typ as i32, seen.start, seen.end), (libc::F_WRLCK, 0, 99), "the lock");
+    if v41 {
+        let s = &after["session"];
+        assert_eq!(s["exchange_ids"].as_u64(), Some(0), "the same client id, no EXCHANGE_ID: {after}");
+        assert!(s["sessions"].as_u64() >= Some(1), "{after}");
+        // The lock stateid is good in the new process: its LOCKU lets the lock go on the
+        // server (had it been another client's, the old lock would stay until the lease).
+        d.setlk(e.nodeid, &LockReq { typ: libc::F_UNLCK, ..lock }).unwrap();
+        d.setlk(e.nodeid, &other).unwrap();
+        d.setlk(e.nodeid, &LockReq { typ: libc::F_UNLCK, ..other }).unwrap();
+        let l = &after["locks"];
+        for k in ["stale", "reclaims", "opens_reclaimed", "locks_not_reclaimed"] {
+            assert_eq!(l[k].as_u64(), Some(0), "{k}: {after}");
+        }
+    }
     d.fsync(e.nodeid, o.fh, false).unwrap();
     assert_eq!(nfs(&ctl)["unstable"]["bytes_now"].as_u64(), Some(0), "FSYNC committed the store");
     assert!(std::fs::read(server.export().join("data")).unwrap() == data, "the export's bytes");

@@ -466,6 +466,10 @@ impl NfsFs {
     /// as it ends.
     pub fn give_away(&self) {
         self.given.store(true, Ordering::Release);
+        if let Some(v) = self.shared.v41.as_ref() {
+            // The new process is the same client: the sessions here end without destroying it.
+            v.client.hand_over();
+        }
     }
 
     /// The server's transfer sizes.

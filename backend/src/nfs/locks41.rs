@@ -294,6 +294,49 @@ impl LockStates {
     }
 }
 
+/// A lock state as data (a live update: the server's lock stateid, still the same client's).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LockStateSaved {
+    /// The file.
+    pub nodeid: u64,
+    /// The owner: `p` (POSIX) or `f` (flock), and its number.
+    pub owner: (char, u64),
+    /// The lock stateid: seqid and `other`.
+    pub stateid: (u32, [u8; 12]),
+    /// The type of the owner's last lock or unlock through it: `r`, `w` or `u`.
+    pub typ: char,
+    /// The FUSE handle whose open it came from.
+    pub from: u64,
+    /// The ranges held (start, inclusive end, `r` or `w`), `None`: more than are kept.
+    pub held: Option<Vec<(u64, u64, char)>>,
+}
+
+/// The lock state of a function as data ([`Locks41::save`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Locks41State {
+    /// Every lock state kept.
+    pub states: Vec<LockStateSaved>,
+    /// Files whose locks the server lost (EIO until their last close).
+    pub lost: Vec<u64>,
+}
+
+fn type_char(t: LockType) -> char {
+    match t {
+        LockType::Read => 'r',
+        LockType::Write => 'w',
+        LockType::Unlock => 'u',
+    }
+}
+
+fn char_type(c: char) -> Result<LockType> {
+    match c {
+        'r' => Ok(LockType::Read),
+        'w' => Ok(LockType::Write),
+        'u' => Ok(LockType::Unlock),
+        _ => Err(Error::InvalidArgument),
+    }
+}
+
 /// A try of a waiting lock, for an engine to send ([`RemoteWaits::due`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Attempt {
@@ -928,6 +971,64 @@ impl Locks41 {
         self.lost_kept.store(0, Ordering::Release);
     }
 
+    /// The lock state as data, for a process that goes on as the same client (a live update);
+    /// `Err` while something is under way that is not data: a SETLKW waiting on the server (its
+    /// request is parked here), a cleanup (an orphan) to send or on the wire.
+    pub fn save(&self) -> std::result::Result<Locks41State, String> {
+        if !self.waits.is_empty() {
+            return Err("a SETLKW waits for a lock on the NFSv4.1 server".into());
+        }
+        if self.orphans_left() > 0 {
+            return Err("NFSv4.1 opens or locks of an ended session are being let go".into());
+        }
+        let states = self
+            .states
+            .lock()
+            .iter()
+            .map(|(&(nodeid, owner), k)| LockStateSaved {
+                nodeid,
+                owner: match owner {
+                    Owner::Posix(o) => ('p', o),
+                    Owner::Flock(h) => ('f', h),
+                },
+                stateid: (k.stateid.seqid, k.stateid.other),
+                typ: type_char(k.typ),
+                from: k.from,
+                held: k.held.ranges().map(|r| r.iter().map(|&(a, b, t)| (a, b, type_char(t))).collect()),
+            })
+            .collect();
+        Ok(Locks41State { states, lost: self.lost().clone() })
+    }
+
+    /// The lock state `s` describes (a live update's).
+    pub fn restore(s: &Locks41State) -> Result<Locks41> {
+        let l = Locks41::default();
+        {
+            let mut g = l.states.lock();
+            for k in &s.states {
+                let owner = match k.owner {
+                    ('p', o) => Owner::Posix(o),
+                    ('f', h) => Owner::Flock(h),
+                    _ => return Err(Error::InvalidArgument),
+                };
+                let held = match &k.held {
+                    Some(r) => Held(Some(
+                        r.iter().map(|&(a, b, t)| Ok((a, b, char_type(t)?))).collect::<Result<Vec<_>>>()?,
+                    )),
+                    None => Held(None),
+                };
+                let stateid = Stateid { seqid: k.stateid.0, other: k.stateid.1 };
+                g.insert((k.nodeid, owner), Kept { stateid, typ: char_type(k.typ)?, from: k.from, held });
+            }
+        }
+        {
+            let mut lost = l.lost();
+            lost.extend(&s.lost);
+            l.lost_kept.store(lost.len(), Ordering::Release);
+        }
+        Ok(l)
+    }
+
     /// The counters.
     pub fn totals(&self) -> LockTotals {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -1007,6 +1108,27 @@ mod tests {
 
     fn lk(start: u64, end: u64, typ: LockType) -> FileLock {
         FileLock { start, end, typ, pid: 1 }
+    }
+
+    #[test]
+    fn the_lock_state_saved_is_the_lock_state_restored_and_a_wait_holds_the_save_back() {
+        let l = Locks41::default();
+        let st = Stateid { seqid: 3, other: [7; 12] };
+        l.states.set(5, Owner::Posix(1), st, &lk(0, 9, LockType::Write), 7);
+        l.states.set(5, Owner::Posix(1), st, &lk(20, 29, LockType::Read), 7);
+        l.states.set(6, Owner::Flock(8), st, &whole(LockType::Read), 8);
+        l.lose_locks(9);
+        let saved = l.save().unwrap();
+        let r = Locks41::restore(&saved).unwrap();
+        let mut a = l.states.all();
+        let mut b = r.states.all();
+        a.sort_by_key(|x| (x.0, x.3));
+        b.sort_by_key(|x| (x.0, x.3));
+        assert_eq!(a, b);
+        assert!(r.is_lost(9) && !r.is_lost(5));
+        assert_eq!(r.states.held(6, Owner::Flock(8)), Some(LockType::Read));
+        let _id = l.waits.wait(&ctx(), 5, &req(3), 77).unwrap();
+        assert!(l.save().is_err(), "a SETLKW waits on the server");
     }
 
     #[test]

@@ -9,6 +9,15 @@
 //!
 //! The new process makes its own connections (one per poller, as at start); none of the old
 //! process's is moved, and none has a call on the wire at the quiet point.
+//!
+//! NFSv4.1 keeps state on the server: the opens (each FUSE handle's stateid, in the handle
+//! table) and the locks (`Locks41State`: every lock stateid and the ranges held), under the
+//! client the function is to the server. The new process goes on as that same client
+//! ([`ShareState`]: owner id, verifier, client id, the next CREATE_SESSION sequence): its
+//! sessions join the client id without an EXCHANGE_ID, and every stateid stays good; the old
+//! process ends its sessions without destroying the client id (`ClientShare::hand_over`). Not
+//! at a quiet point, and refused, while a SETLKW waits on the server, an ended session's
+//! cleanup is under way, a session is being established, or a reclaim runs.
 
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,8 +27,11 @@ use serde::{Deserialize, Serialize};
 
 use super::fs::{shared, NfsFs, NfsOptions, NfsStats, Tables};
 use super::keep::{KeptMount, KeptVerf, NfsKeep};
+use super::locks41::{Locks41, Locks41State};
 use super::nodes::{HandleTable, NodeState, NodeTable, NodeTableState, OpenFile};
+use super::session::{ClientShare, ShareState};
 use super::setup::Mounted;
+use super::shared::Shared41;
 use super::shared::{EngineCell, Limits};
 use super::unstable::{EntryState, UnstableState, UnstableStore};
 use super::wire::Fh;
@@ -52,6 +64,22 @@ pub struct NfsState {
     pub unstable: UnstableState,
     /// The engines' counters so far (they continue).
     pub counters: NfsStats,
+    /// NFSv4.1: the client and its locks (`None` with NFSv3).
+    #[serde(default)]
+    pub v41: Option<V41State>,
+}
+
+/// What an NFSv4.1 export's state adds (see the module documentation).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct V41State {
+    /// The client the function is to the server.
+    pub client: ShareState,
+    /// The server's addresses (session trunking), as the start-up checked them.
+    pub addrs: Vec<std::net::SocketAddr>,
+    /// The next open owner's number.
+    pub owners: u64,
+    /// The lock stateids and the ranges held.
+    pub locks: Locks41State,
 }
 
 impl NfsFs {
@@ -60,10 +88,15 @@ impl NfsFs {
     /// wire), or the memfd could not be duplicated.
     pub fn save(&self) -> Result<(NfsState, File), String> {
         let sh = self.shared();
-        if sh.v41.is_some() {
-            // Its opens are the server's, under this process's client: not handed over yet.
-            return Err("an NFSv4.1 export cannot be handed over yet".into());
-        }
+        let v41 = match sh.v41.as_ref() {
+            Some(v) => Some(V41State {
+                client: v.client.save()?,
+                addrs: v.addrs.clone(),
+                owners: v.owners.load(Ordering::Relaxed),
+                locks: sh.locks41.save()?,
+            }),
+            None => None,
+        };
         let (unstable, data) = sh.unstable.save()?;
         let l = sh.limits;
         let state = NfsState {
@@ -78,6 +111,7 @@ impl NfsFs {
             handles: sh.handles.save(),
             unstable,
             counters: self.stats(),
+            v41,
         };
         Ok((state, data))
     }
@@ -119,8 +153,12 @@ impl NfsFs {
         keep: Option<NfsKeep>,
         now: bool,
     ) -> Result<NfsFs, String> {
-        if opts.url.version != super::url::NfsVersion::V3 {
-            return Err("an NFSv4.1 export cannot be taken over yet".into());
+        let v41 = opts.url.version == super::url::NfsVersion::V41;
+        if v41 != state.v41.is_some() {
+            return Err("the state is of another NFS version than the function's URL".into());
+        }
+        if v41 && (keep.is_some() || opts.keep) {
+            return Err("an NFSv4.1 export's state is not kept for a crash".into());
         }
         if state.version != NFS_STATE_VERSION {
             return Err(format!(
@@ -187,7 +225,19 @@ impl NfsFs {
         if let Some(k) = keep.as_ref().filter(|_| now) {
             tables.keep_in(k);
         }
-        let shared = shared(&opts, limits, mounted, tables, state.verf, vec![Arc::new(base)]);
+        let mut shared = shared(&opts, limits, mounted, tables, state.verf, vec![Arc::new(base)]);
+        if let Some(v) = &state.v41 {
+            let client = ClientShare::restore(&v.client);
+            // Reclaims after a later server restart, as at a connect.
+            client.owner_reclaims();
+            shared.v41 = Some(Shared41 {
+                client: Arc::new(client),
+                owners: std::sync::atomic::AtomicU64::new(v.owners),
+                addrs: v.addrs.clone(),
+            });
+            shared.locks41 =
+                Arc::new(Locks41::restore(&v.locks).map_err(|_| "the NFSv4.1 lock states".to_string())?);
+        }
         let fs = NfsFs::from_parts(opts.url.export.clone(), shared, AtomicBool::new(false), keep);
         fs.records_taken.store(now, Ordering::Release);
         Ok(fs)
@@ -275,6 +325,8 @@ impl NfsState {
                 stats: Default::default(),
             },
             counters: Default::default(),
+            // NFSv3 only (an NFSv4.1 export's state is not kept for a crash).
+            v41: None,
         })
     }
 }

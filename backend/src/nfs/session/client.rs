@@ -45,6 +45,25 @@ pub struct ClientShare {
     owner_reclaims: AtomicBool,
     /// The epoch whose reclaim is due or under way (0: none), readable without the lock.
     reclaiming: AtomicU64,
+    /// The client id went to another process (a live update): no session of this one
+    /// destroys it ([`ClientShare::hand_over`]).
+    handed: AtomicBool,
+}
+
+/// A share as data (a live update: the process that takes the function over goes on as the
+/// same client, its opens and locks the server's still; [`ClientShare::save`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ShareState {
+    /// The owner id.
+    pub owner: Vec<u8>,
+    /// The verifier (the client's incarnation: the same, or the server drops its state).
+    pub verifier: Verifier,
+    /// The client id.
+    pub clientid: ClientId,
+    /// The next CREATE_SESSION's `csa_sequence`, if known.
+    pub cs_sequence: Option<u32>,
+    /// The server's owner major id and scope.
+    pub server: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 #[derive(Debug, Default)]
@@ -141,7 +160,57 @@ impl ClientShare {
             now: AtomicU64::new(0),
             owner_reclaims: AtomicBool::new(false),
             reclaiming: AtomicU64::new(0),
+            handed: AtomicBool::new(false),
         }
+    }
+
+    /// The share as data, for a process that goes on as this client (a live update); `Err`
+    /// while it is not settled: no client id, an establishment call or a reclaim under way.
+    pub fn save(&self) -> Result<ShareState, String> {
+        let g = self.lock();
+        if !g.valid {
+            return Err("the NFSv4.1 client has no client id now".into());
+        }
+        if g.busy.is_some() {
+            return Err("an NFSv4.1 session is being established".into());
+        }
+        if g.reclaim_pending || !g.reclaimed {
+            return Err("the NFSv4.1 client's state is being reclaimed".into());
+        }
+        Ok(ShareState {
+            owner: self.owner.clone(),
+            verifier: self.verifier,
+            clientid: g.clientid,
+            cs_sequence: g.sequence_known.then_some(g.cs_sequence),
+            server: g.server.as_ref().map(|o| (o.major.clone(), o.scope.clone())),
+        })
+    }
+
+    /// The share `s` describes: the same client, its client id current (the first of this
+    /// share: nothing to reclaim), its reclaim done; sessions join it without an EXCHANGE_ID.
+    pub fn restore(s: &ShareState) -> ClientShare {
+        let share = ClientShare::new(s.owner.clone(), s.verifier);
+        {
+            let mut g = share.lock();
+            g.clientid = s.clientid;
+            g.epoch = 1;
+            g.valid = true;
+            g.sequence_known = s.cs_sequence.is_some();
+            g.cs_sequence = s.cs_sequence.unwrap_or(0);
+            g.reclaimed = true;
+            g.server = s
+                .server
+                .as_ref()
+                .map(|(major, scope)| ServerOwner { major: major.clone(), scope: scope.clone() });
+        }
+        share.now.store(s.clientid, Ordering::Release);
+        share
+    }
+
+    /// The client id went to another process (a live update): the sessions of this one end
+    /// without destroying it.
+    pub fn hand_over(&self) {
+        self.handed.store(true, Ordering::Release);
     }
 
     /// The share's owner keeps state a server restart takes away (opens, locks) and reclaims it
@@ -218,7 +287,7 @@ impl ClientShare {
             g.busy = None;
         }
         g.sessions = g.sessions.saturating_sub(1);
-        g.sessions == 0
+        g.sessions == 0 && !self.handed.load(Ordering::Acquire)
     }
 
     /// Session `me` needs a client id: the current one (`Go(Some)`), or the turn to send an

@@ -49,7 +49,7 @@ mod slots;
 #[cfg(test)]
 mod tests;
 
-pub use self::client::{Client, ClientShare, ServerOwner, ShareStats};
+pub use self::client::{Client, ClientShare, ServerOwner, ShareState, ShareStats};
 pub use self::owner::{client_owner, host_identity};
 
 /// What a session drives: a connection carrying NFSv4.1 ([`Conn<Nfs41>`]), or a test's script.
