@@ -66,9 +66,7 @@ impl BackendError {
 /// (`nfs::keep`). The others do not yet.
 pub fn keep_for_crash(spec: &mut FunctionSpec, on: bool) {
     if let BackendSpec::Remote(r) = &mut spec.backend {
-        // An NFSv4.1 export's state is not kept for a crash yet (its function starts fresh
-        // after one); a live update hands it over all the same.
-        r.options.keep = on && !r.options.url.is_v41();
+        r.options.keep = on;
     }
 }
 

@@ -430,8 +430,7 @@ fn take_function(
                 )?
             }
             BackendSpec::Remote(r) => {
-                let keep = functions.keeps_checkpoints() && !r.options.url.is_v41();
-                let opts = NfsOptions { keep, ..r.options.clone() };
+                let opts = NfsOptions { keep: functions.keeps_checkpoints(), ..r.options.clone() };
                 let data = files.next("the UNSTABLE store's data")?;
                 if let state::BackendPart::NfsKept = part_backend {
                     let records = files.next("the NFS records")?;

@@ -23,7 +23,7 @@ use super::conn::{Conn, ConnConfig, Cred};
 use super::engine::NfsEngine;
 use super::engine41::stateid_of;
 use super::engine41::Nfs41Engine;
-use super::keep::{KeptMount, NfsKeep};
+use super::keep::{KeptClient, KeptMount, NfsKeep};
 use super::locks41::{LockTotals, Locks41, Orphan};
 use super::nodes::{silly_name, HandleTable, NodeTable};
 use super::session::{client_owner, host_identity, ClientShare};
@@ -54,8 +54,9 @@ pub struct NfsOptions {
     /// The UNSTABLE replay store's bound in bytes; 0: every WRITE goes FILE_SYNC.
     pub unstable_bytes: usize,
     /// Keep the node table, the handles and the UNSTABLE store's index in records another
-    /// process reads after a crash (`keep`; the daemon's supervisor holds them). NFSv3 only:
-    /// an NFSv4.1 export's open state is the server's (refused at connect).
+    /// process reads after a crash (`keep`; the daemon's supervisor holds them); with NFSv4.1
+    /// also the client's owner and which files hold locks on the server (a process started
+    /// after a crash is the same client in a new incarnation: `engine41::reclaim`).
     pub keep: bool,
     /// The device function's name (its tag): with NFSv4.1, part of the client's owner id, so
     /// two functions on one export are two clients and a restarted daemon the same one.
@@ -122,9 +123,6 @@ pub enum NfsError {
     /// The NFSv4.1 start-up failed.
     #[error("NFSv4.1 start-up")]
     Start41(#[from] super::start41::Start41Error),
-    /// An option NFSv4.1 does not offer.
-    #[error("{0} is not available with NFSv4.1")]
-    Not41(&'static str),
 }
 
 /// What the NFS backend did so far, all pollers together (plain numbers).
@@ -325,6 +323,7 @@ impl NfsFs {
                 nfs_addr: mounted.nfs_addr,
                 mount_addr: mounted.mount_addr,
                 limits: (limits.read, limits.write, limits.dir, limits.max_file),
+                v41: None,
             };
             let k = NfsKeep::create(
                 &mount,
@@ -354,10 +353,6 @@ impl NfsFs {
     /// NFSv4.1: a session walks to the export and learns its limits (no MOUNT); the pollers'
     /// sessions are of one client, the function's ([`client_owner`]).
     fn connect41(opts: NfsOptions) -> Result<NfsFs, NfsError> {
-        if opts.keep {
-            // The kept records hold NFSv3's 64-byte handles and no open state.
-            return Err(NfsError::Not41("keeping the state for a crash (keep)"));
-        }
         let url = &opts.url;
         let owner = client_owner(&host_identity(), &url.export, &opts.function);
         let verifier = super::start41::new_verifier();
@@ -393,18 +388,41 @@ impl NfsFs {
             // WRITEs go UNSTABLE4, kept until a COMMIT returns their verifier (engine41::commit).
             unstable: UnstableStore::new(opts.unstable_bytes).map_err(NfsError::Store)?,
         };
+        // Kept for a crash: the tables, and which files hold locks on the server; the client's
+        // owner (a process started after a crash is the same client in a new incarnation).
+        let keep = if opts.keep {
+            let mount = KeptMount {
+                export: url.export.clone(),
+                root: e.root.as_bytes().to_vec(),
+                nfs_addr: e.addr,
+                mount_addr: e.addr,
+                limits: (limits.read, limits.write, limits.dir, limits.max_file),
+                v41: Some(KeptClient { owner: owner.clone(), addrs: addrs.clone() }),
+            };
+            let k = NfsKeep::create(
+                &mount,
+                opts.max_nodes.max(2),
+                opts.max_nodes.max(1),
+                tables.unstable.pages(),
+            )
+            .map_err(NfsError::Store)?;
+            Some(Arc::new(k))
+        } else {
+            None
+        };
+        if let Some(k) = &keep {
+            tables.keep_in(k);
+        }
         let mut shared = shared(&opts, limits, mounted, tables, 0, Vec::new());
         let client = Arc::new(ClientShare::new(owner, verifier));
         // The engines reclaim the opens and locks after a server restart (engine41::reclaim).
         client.owner_reclaims();
         shared.v41 = Some(Shared41 { client, addrs, owners: AtomicU64::new(1) });
-        Ok(NfsFs {
-            export: url.export.clone(),
-            shared,
-            given: AtomicBool::new(false),
-            keep: None,
-            records_taken: AtomicBool::new(false),
-        })
+        if let Some(k) = &keep {
+            shared.locks41.states.keep_in(Some(k.clone()));
+        }
+        let records_taken = AtomicBool::new(keep.is_some());
+        Ok(NfsFs { export: url.export.clone(), shared, given: AtomicBool::new(false), keep, records_taken })
     }
 
     /// Whether the export is served over NFSv4.1.
@@ -430,6 +448,7 @@ impl NfsFs {
                 sh.nodes.keep_in(k.clone());
                 sh.handles.keep_in(k.clone());
                 sh.unstable.keep_in(k.clone());
+                sh.locks41.states.keep_in(Some(k.clone()));
             }
         }
     }
@@ -440,6 +459,7 @@ impl NfsFs {
         self.shared.nodes.unkeep();
         self.shared.handles.unkeep();
         self.shared.unstable.unkeep();
+        self.shared.locks41.states.keep_in(None);
     }
 
     /// The memfd of the records kept for a crash, and of the UNSTABLE store's bytes (for the
@@ -660,19 +680,5 @@ impl FileSystem for NfsFs {
 impl AsRef<Shared> for NfsFs {
     fn as_ref(&self) -> &Shared {
         &self.shared
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{NfsError, NfsFs, NfsOptions};
-
-    #[test]
-    fn keeping_for_a_crash_is_refused_with_nfs41() {
-        let mut o = NfsOptions::new("nfs://127.0.0.1/export?version=4.1&nfsport=1".parse().unwrap());
-        o.keep = true;
-        let e = NfsFs::connect(o).unwrap_err();
-        assert!(matches!(e, NfsError::Not41(_)), "{e:?}");
-        assert!(e.to_string().contains("keep"), "{e}");
     }
 }

@@ -28,7 +28,8 @@ use super::wire::Fh;
 use crate::nfs::conn::Cred;
 use crate::ramfs::sys::SharedWords;
 
-const MAGIC: u64 = u64::from_le_bytes(*b"VFDNFSK1");
+/// The records' format: 2 holds NFSv4's 128-byte handles and a node's lock mark.
+const MAGIC: u64 = u64::from_le_bytes(*b"VFDNFSK2");
 /// A set bit 63 in a head word: the record is in use.
 const LIVE: u64 = 1 << 63;
 /// Bit 62 of a handle's head: a directory.
@@ -50,8 +51,12 @@ const H_MOUNT_LEN: usize = 8;
 const MOUNT_AT: usize = 16;
 const HEADER_WORDS: usize = 512;
 
-const FH_WORDS: usize = 8;
-const NODE_WORDS: usize = 3 + 2 * FH_WORDS;
+/// A file handle's words: NFSv4's largest (128 bytes; NFSv3's are 64 at most).
+const FH_WORDS: usize = 16;
+/// A node: head, lookups, silly name's head, handle, silly name's directory, lock mark.
+const NODE_WORDS: usize = 4 + 2 * FH_WORDS;
+/// The lock mark's word in a node's record.
+const NODE_LOCKED: usize = 3 + 2 * FH_WORDS;
 const HANDLE_WORDS: usize = 5;
 const ENTRY_WORDS: usize = 18 + FH_WORDS;
 
@@ -79,6 +84,20 @@ pub struct KeptMount {
     pub mount_addr: std::net::SocketAddr,
     /// The server's transfer sizes: read, write, directory, largest file.
     pub limits: (u32, u32, u32, u64),
+    /// NFSv4.1: the client the function is to the server (`None` with NFSv3).
+    #[serde(default)]
+    pub v41: Option<KeptClient>,
+}
+
+/// An NFSv4.1 export's client as the records' header keeps it: what a process started after
+/// a crash needs to be the same client again, in a new incarnation (a new verifier: the server
+/// drops the dead process's opens and locks).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KeptClient {
+    /// The owner id.
+    pub owner: Vec<u8>,
+    /// The server's addresses (session trunking).
+    pub addrs: Vec<std::net::SocketAddr>,
 }
 
 /// The records (see the module documentation).
@@ -195,7 +214,16 @@ impl NfsKeep {
         self.write_fh(at + 3, fh.as_bytes());
         self.words.store(at + 1, 1);
         self.words.store(at + 2, 0);
+        self.words.store(at + NODE_LOCKED, 0);
         self.words.store(at, LIVE | (fh.as_bytes().len() as u64) << 32 | u64::from(generation));
+    }
+
+    /// Node `i` holds NFSv4.1 lock state on the server (or no longer does): after a crash its
+    /// locks are gone with the dead process's client, and the file is marked lost.
+    pub(super) fn node_locked(&self, i: usize, locked: bool) {
+        if let Some(at) = self.node(i) {
+            self.words.store(at + NODE_LOCKED, u64::from(locked));
+        }
     }
 
     /// Node `i`'s lookup references.
@@ -361,8 +389,12 @@ impl NfsKeep {
         let silly = (silly_head & LIVE != 0)
             .then(|| self.read_fh(at + 3 + FH_WORDS, silly_head & 0xff))
             .transpose()?;
-        let node =
-            KeptNode { fh: self.read_fh(at + 3, (head >> 32) & 0xff)?, nlookup: w.load(at + 1), silly };
+        let node = KeptNode {
+            fh: self.read_fh(at + 3, (head >> 32) & 0xff)?,
+            nlookup: w.load(at + 1),
+            silly,
+            locked: w.load(at + NODE_LOCKED) != 0,
+        };
         Ok((head as u32, Some(node)))
     }
 
@@ -455,6 +487,8 @@ pub(super) struct KeptNode {
     pub(super) fh: Vec<u8>,
     pub(super) nlookup: u64,
     pub(super) silly: Option<Vec<u8>>,
+    /// NFSv4.1: it held lock state on the server.
+    pub(super) locked: bool,
 }
 
 /// A kept open handle.
@@ -492,6 +526,7 @@ mod tests {
             nfs_addr: "127.0.0.1:2049".parse().unwrap(),
             mount_addr: "127.0.0.1:20048".parse().unwrap(),
             limits: (1 << 20, 1 << 20, 8192, u64::MAX),
+            v41: None,
         }
     }
 

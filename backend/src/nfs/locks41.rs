@@ -40,10 +40,11 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::filesystem::{Context, Error, FileLock, LockRequest, LockType, RemoteLocks, Result};
+use crate::nfs::keep::NfsKeep;
 use crate::nfs::nodes::SILLY_LEN;
 use crate::nfs::wire::nfs4::Stateid;
 use crate::nfs::wire::Fh;
@@ -110,6 +111,14 @@ impl Owner {
 #[derive(Debug, Default)]
 pub struct LockStates {
     inner: Mutex<HashMap<(u64, Owner), Kept>>,
+    /// The records a crash leaves (`crate::nfs::keep`): which nodes hold lock state, marked
+    /// as that changes (taken after `inner`).
+    keep: Mutex<Option<Arc<NfsKeep>>>,
+}
+
+/// A node id's slot in the node table (`nodes::nodeid`: generation << 32 | slot + 1).
+fn node_slot(nodeid: u64) -> Option<usize> {
+    usize::try_from(nodeid & 0xffff_ffff).ok()?.checked_sub(1)
 }
 
 /// A lock state kept: its stateid, the type of the owner's last lock or unlock through it
@@ -183,6 +192,29 @@ impl LockStates {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn kept(&self) -> MutexGuard<'_, Option<Arc<NfsKeep>>> {
+        self.keep.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks in the records whether each of `nodes` holds lock state now (`g`: the table).
+    fn mark(&self, g: &HashMap<(u64, Owner), Kept>, nodes: &[u64]) {
+        let keep = self.kept();
+        let Some(k) = keep.as_ref() else { return };
+        for &n in nodes {
+            if let Some(i) = node_slot(n) {
+                k.node_locked(i, g.keys().any(|(m, _)| *m == n));
+            }
+        }
+    }
+
+    /// Keeps the marks in `keep` from now on, writing the present ones first (`None`: stops).
+    pub(crate) fn keep_in(&self, keep: Option<Arc<NfsKeep>>) {
+        let g = self.lock();
+        *self.kept() = keep;
+        let nodes: Vec<u64> = g.keys().map(|(n, _)| *n).collect();
+        self.mark(&g, &nodes);
+    }
+
     /// The lock stateid of `owner` on node `nodeid`, if it has one.
     pub fn get(&self, nodeid: u64, owner: Owner) -> Option<Stateid> {
         self.lock().get(&(nodeid, owner)).map(|k| k.stateid)
@@ -203,6 +235,7 @@ impl LockStates {
         if lock.typ == LockType::Unlock && !g.contains_key(&(nodeid, owner)) {
             return;
         }
+        let new = !g.contains_key(&(nodeid, owner));
         let k = g.entry((nodeid, owner)).or_insert_with(|| Kept {
             stateid,
             typ: lock.typ,
@@ -212,6 +245,10 @@ impl LockStates {
         k.stateid = stateid;
         k.typ = lock.typ;
         k.held.apply(lock);
+        if new {
+            // Marked before the lock is answered: a crash after it finds the file locked.
+            self.mark(&g, &[nodeid]);
+        }
     }
 
     /// Whether any lock state of `nodeid` is kept.
@@ -251,12 +288,17 @@ impl LockStates {
         let mut g = self.lock();
         let gone: Vec<Owner> =
             g.iter().filter(|((n, _), k)| *n == nodeid && k.from == fh).map(|((_, o), _)| *o).collect();
-        gone.iter().filter_map(|o| g.remove(&(nodeid, *o)).map(|k| k.stateid)).collect()
+        let out = gone.iter().filter_map(|o| g.remove(&(nodeid, *o)).map(|k| k.stateid)).collect();
+        self.mark(&g, &[nodeid]);
+        out
     }
 
     /// `owner`'s lock state on `nodeid` is gone (freed, or the server lost it).
     pub fn forget(&self, nodeid: u64, owner: Owner) -> Option<Stateid> {
-        self.lock().remove(&(nodeid, owner)).map(|k| k.stateid)
+        let mut g = self.lock();
+        let out = g.remove(&(nodeid, owner)).map(|k| k.stateid);
+        self.mark(&g, &[nodeid]);
+        out
     }
 
     /// Every lock state of `nodeid` (its last handle closed: its locks went with it).
@@ -267,12 +309,17 @@ impl LockStates {
         for (o, _) in &gone {
             g.remove(&(nodeid, *o));
         }
+        self.mark(&g, &[nodeid]);
         gone
     }
 
     /// Every lock state (the session ended), each with its node id and owner.
     pub fn take_all(&self) -> Vec<(u64, Owner, Stateid)> {
-        self.lock().drain().map(|((n, o), k)| (n, o, k.stateid)).collect()
+        let mut g = self.lock();
+        let all: Vec<(u64, Owner, Stateid)> = g.drain().map(|((n, o), k)| (n, o, k.stateid)).collect();
+        let nodes: Vec<u64> = all.iter().map(|a| a.0).collect();
+        self.mark(&g, &nodes);
+        all
     }
 
     /// Whether a new lock state for `owner` on `nodeid` would pass [`MAX_LOCK_STATES`]

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::fs::{shared, NfsFs, NfsOptions, NfsStats, Tables};
-use super::keep::{KeptMount, KeptVerf, NfsKeep};
+use super::keep::{KeptClient, KeptMount, KeptVerf, NfsKeep};
 use super::locks41::{Locks41, Locks41State};
 use super::nodes::{HandleTable, NodeState, NodeTable, NodeTableState, OpenFile};
 use super::session::{ClientShare, ShareState};
@@ -80,7 +80,16 @@ pub struct V41State {
     pub owners: u64,
     /// The lock stateids and the ranges held.
     pub locks: Locks41State,
+    /// Read back from the records a crash left (`NfsState::kept`): the client comes back in a
+    /// new incarnation (`ClientShare::recovered`), the opens are opened anew.
+    #[serde(default)]
+    pub recovered: bool,
 }
+
+/// The open state a handle read back from the records of a crash holds: no stateid the server
+/// knows (its first READ or WRITE is answered BAD_STATEID), until the recovery opens it anew.
+pub(crate) const LOST_OPEN: [u8; 16] =
+    [0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff];
 
 impl NfsFs {
     /// Its state and the memfd of its UNSTABLE store (mapped again by the successor, not
@@ -94,6 +103,7 @@ impl NfsFs {
                 addrs: v.addrs.clone(),
                 owners: v.owners.load(Ordering::Relaxed),
                 locks: sh.locks41.save()?,
+                recovered: false,
             }),
             None => None,
         };
@@ -128,7 +138,10 @@ impl NfsFs {
         records: Option<File>,
     ) -> Result<NfsFs, String> {
         let keep = match records {
-            Some(r) if opts.keep => Some(NfsKeep::open(r)?),
+            // Records of another format (a firmware before this one's): new ones are made.
+            Some(r) if opts.keep => NfsKeep::open(r)
+                .map_err(|e| log::info!("nfs: the predecessor's records are not taken ({e}): new ones"))
+                .ok(),
             _ => None,
         };
         // The predecessor serves on until the commit: its records are written here only from
@@ -156,9 +169,6 @@ impl NfsFs {
         let v41 = opts.url.version == super::url::NfsVersion::V41;
         if v41 != state.v41.is_some() {
             return Err("the state is of another NFS version than the function's URL".into());
-        }
-        if v41 && (keep.is_some() || opts.keep) {
-            return Err("an NFSv4.1 export's state is not kept for a crash".into());
         }
         if state.version != NFS_STATE_VERSION {
             return Err(format!(
@@ -212,6 +222,10 @@ impl NfsFs {
                     nfs_addr: state.nfs_addr,
                     mount_addr: state.mount_addr,
                     limits: state.limits,
+                    v41: state
+                        .v41
+                        .as_ref()
+                        .map(|v| KeptClient { owner: v.client.owner.clone(), addrs: v.addrs.clone() }),
                 };
                 let (nodes, pages) = (opts.max_nodes.max(2), tables.unstable.pages());
                 Some(
@@ -227,7 +241,12 @@ impl NfsFs {
         }
         let mut shared = shared(&opts, limits, mounted, tables, state.verf, vec![Arc::new(base)]);
         if let Some(v) = &state.v41 {
-            let client = ClientShare::restore(&v.client);
+            let client = if v.recovered {
+                // A new incarnation of the same client: the dead process's state goes.
+                ClientShare::recovered(v.client.owner.clone(), super::start41::new_verifier())
+            } else {
+                ClientShare::restore(&v.client)
+            };
             // Reclaims after a later server restart, as at a connect.
             client.owner_reclaims();
             shared.v41 = Some(Shared41 {
@@ -237,6 +256,9 @@ impl NfsFs {
             });
             shared.locks41 =
                 Arc::new(Locks41::restore(&v.locks).map_err(|_| "the NFSv4.1 lock states".to_string())?);
+            if let Some(k) = keep.as_ref().filter(|_| now) {
+                shared.locks41.states.keep_in(Some(k.clone()));
+            }
         }
         let fs = NfsFs::from_parts(opts.url.export.clone(), shared, AtomicBool::new(false), keep);
         fs.records_taken.store(now, Ordering::Release);
@@ -260,7 +282,8 @@ impl NfsState {
                 dir: h.dir,
                 cookieverf: h.cookieverf,
                 eof_at: h.eof_at,
-                state: [0; 16],
+                // NFSv4.1: the dead process's opens are gone with its client.
+                state: if mount.v41.is_some() && !h.dir { LOST_OPEN } else { [0; 16] },
             });
             if let Some(f) = &file {
                 *opens.entry(f.nodeid).or_default() += 1;
@@ -268,6 +291,7 @@ impl NfsState {
             handles.push((i as u32, generation, file));
         }
         let slots = keep.node_slots_used()?;
+        let mut lost = Vec::new();
         let mut generations = Vec::with_capacity(slots);
         let mut live = Vec::new();
         for i in 0..slots {
@@ -275,6 +299,10 @@ impl NfsState {
             generations.push(generation);
             let Some(n) = node else { continue };
             let nodeid = (u64::from(generation) << 32) | (i as u64 + 1);
+            if n.locked {
+                // Its locks went with the dead process's client: EIO until its last close.
+                lost.push(nodeid);
+            }
             live.push(NodeState {
                 index: i as u32,
                 fh: n.fh,
@@ -325,8 +353,19 @@ impl NfsState {
                 stats: Default::default(),
             },
             counters: Default::default(),
-            // NFSv3 only (an NFSv4.1 export's state is not kept for a crash).
-            v41: None,
+            v41: mount.v41.map(|c| V41State {
+                client: ShareState {
+                    owner: c.owner,
+                    verifier: [0; 8],
+                    clientid: 0,
+                    cs_sequence: None,
+                    server: None,
+                },
+                addrs: c.addrs,
+                owners: 1,
+                locks: Locks41State { states: Vec::new(), lost },
+                recovered: true,
+            }),
         })
     }
 }
@@ -350,6 +389,7 @@ mod tests {
             nfs_addr: "127.0.0.1:2049".parse().unwrap(),
             mount_addr: "127.0.0.1:2050".parse().unwrap(),
             limits: (65536, 65536, 8192, u64::MAX),
+            v41: None,
         };
         let tables = Tables {
             nodes: NodeTable::new(fh(0), 64),

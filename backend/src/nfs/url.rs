@@ -43,11 +43,6 @@ pub enum NfsVersion {
 }
 
 impl NfsUrl {
-    /// Whether the URL asks NFSv4.1.
-    pub fn is_v41(&self) -> bool {
-        self.version == NfsVersion::V41
-    }
-
     /// NFSv4.1's server port of the first host: its own, else `nfsport`, else 2049.
     pub fn nfs4_port(&self) -> u16 {
         self.port.or(self.nfsport).unwrap_or(2049)

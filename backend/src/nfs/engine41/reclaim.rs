@@ -21,6 +21,13 @@
 //! answer is sent again, [`TRIES`] times in all, then counts as failed. Reclaims go as root
 //! (the tables keep no caller's credential), as the orphans' cleanup does.
 //!
+//! The same pass runs in a process started after the serving one was killed (a crash:
+//! `ClientShare::recovered`): the client comes back in a new incarnation, whose confirmation
+//! makes the server drop the dead process's opens and locks, with no grace period; each open
+//! handle is opened anew (OPEN CLAIM_FH, `Step::Reopen`) before the guest's requests go, and
+//! the files that held locks are marked lost already (from the records), so there is no lock
+//! to take back.
+//!
 //! Writes the server lost with its memory are the UNSTABLE store's to send again, at the
 //! file's next COMMIT (its verifier changed: `commit`), not the reclaim's.
 
@@ -73,6 +80,9 @@ pub(super) struct Reclaim {
     tries: u8,
     /// Handles whose open was reclaimed (a lock state's first LOCK goes from one of them).
     reclaimed: Vec<(u64, u64)>,
+    /// A recovery after a crash of the serving process: no grace period, the opens are
+    /// opened anew (CLAIM_FH) rather than reclaimed.
+    reopen: bool,
 }
 
 impl Reclaim {
@@ -96,12 +106,23 @@ impl Reclaim {
         }
         items.push(Item::Complete);
         log::info!(
-            "nfs4.1: the server restarted (client id {:#x}): reclaiming {} opens and {} lock states",
+            "nfs4.1: {} (client id {:#x}): {} {} opens and {} lock states",
+            if v.client.is_recovery() { "a new process after a crash" } else { "the server restarted" },
             client.clientid,
+            if v.client.is_recovery() { "opening again" } else { "reclaiming" },
             items.iter().filter(|i| matches!(i, Item::Open { .. })).count(),
             items.iter().filter(|i| matches!(i, Item::Lock { .. })).count(),
         );
-        Some(Reclaim { share: v.client.clone(), client, items, at: 0, tries: 0, reclaimed: Vec::new() })
+        let reopen = v.client.is_recovery();
+        Some(Reclaim {
+            share: v.client.clone(),
+            client,
+            items,
+            at: 0,
+            tries: 0,
+            reclaimed: Vec::new(),
+            reopen,
+        })
     }
 
     /// The reclaim's engine goes before it ended: another engine may take it.
@@ -149,7 +170,7 @@ impl Reclaim {
                     slot.flags = *flags;
                     slot.stateid = *old;
                     slot.owner = open_owner(fs);
-                    slot.step = Step::ReclaimOpen;
+                    slot.step = if self.reopen { Step::Reopen } else { Step::ReclaimOpen };
                     return true;
                 }
                 Item::Lock { nodeid, owner, from, old, ranges, done, new } => {

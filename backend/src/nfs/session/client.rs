@@ -81,6 +81,9 @@ struct Inner {
     /// The owner's reclaim is due on the current client id; an engine took it.
     reclaim_pending: bool,
     reclaim_taken: bool,
+    /// A process started after a crash: the owner's state is to be taken back on the first
+    /// client id too ([`ClientShare::recovered`]).
+    recovered: bool,
     /// The session whose establishment call has the turn.
     busy: Option<u64>,
     /// Sessions made and not ended.
@@ -205,6 +208,25 @@ impl ClientShare {
         }
         share.now.store(s.clientid, Ordering::Release);
         share
+    }
+
+    /// A share for a process started after the serving one was killed (a crash): the same
+    /// client `owner` in a new incarnation `verifier` (the server drops the dead process's
+    /// opens and locks when the new one is confirmed). The owner's reclaim is due on its first
+    /// client id already ([`ClientShare::reclaiming`] from now: the handles' opens are to be
+    /// opened again before the guest's requests go).
+    pub fn recovered(owner: Vec<u8>, verifier: Verifier) -> ClientShare {
+        let share = ClientShare::new(owner, verifier);
+        share.owner_reclaims();
+        share.lock().recovered = true;
+        share.reclaiming.store(u64::MAX, Ordering::Release);
+        share
+    }
+
+    /// Whether the share's reclaim is a recovery's (after a crash: there is no grace period;
+    /// opens are opened anew, not reclaimed).
+    pub fn is_recovery(&self) -> bool {
+        self.lock().recovered
     }
 
     /// The client id went to another process (a live update): the sessions of this one end
@@ -351,7 +373,7 @@ impl ClientShare {
             g.epoch += 1;
             g.reclaimed = false;
             // A client id after the first: the owner's state went with the old one.
-            g.reclaim_pending = g.epoch > 1 && self.owner_reclaims.load(Ordering::Acquire);
+            g.reclaim_pending = (g.epoch > 1 || g.recovered) && self.owner_reclaims.load(Ordering::Acquire);
             g.reclaim_taken = false;
             self.reclaiming.store(if g.reclaim_pending { g.epoch } else { 0 }, Ordering::Release);
         }
@@ -440,6 +462,7 @@ impl ClientShare {
             g.reclaimed = true;
             g.reclaim_pending = false;
             g.reclaim_taken = false;
+            g.recovered = false;
             self.reclaiming.store(0, Ordering::Release);
         }
     }
