@@ -316,29 +316,7 @@ impl NfsFs {
             handles: HandleTable::new(opts.max_nodes),
             unstable: UnstableStore::new(opts.unstable_bytes).map_err(NfsError::Store)?,
         };
-        let keep = if opts.keep {
-            let mount = KeptMount {
-                export: opts.url.export.clone(),
-                root: mounted.root.as_bytes().to_vec(),
-                nfs_addr: mounted.nfs_addr,
-                mount_addr: mounted.mount_addr,
-                limits: (limits.read, limits.write, limits.dir, limits.max_file),
-                v41: None,
-            };
-            let k = NfsKeep::create(
-                &mount,
-                opts.max_nodes.max(2),
-                opts.max_nodes.max(1),
-                tables.unstable.pages(),
-            )
-            .map_err(NfsError::Store)?;
-            Some(Arc::new(k))
-        } else {
-            None
-        };
-        if let Some(k) = &keep {
-            tables.keep_in(k);
-        }
+        let keep = keep_tables(&opts, &mounted, &limits, &tables, None)?;
         let shared = shared(&opts, limits, mounted, tables, 0, Vec::new());
         let records_taken = AtomicBool::new(keep.is_some());
         Ok(NfsFs {
@@ -390,29 +368,8 @@ impl NfsFs {
         };
         // Kept for a crash: the tables, and which files hold locks on the server; the client's
         // owner (a process started after a crash is the same client in a new incarnation).
-        let keep = if opts.keep {
-            let mount = KeptMount {
-                export: url.export.clone(),
-                root: e.root.as_bytes().to_vec(),
-                nfs_addr: e.addr,
-                mount_addr: e.addr,
-                limits: (limits.read, limits.write, limits.dir, limits.max_file),
-                v41: Some(KeptClient { owner: owner.clone(), addrs: addrs.clone() }),
-            };
-            let k = NfsKeep::create(
-                &mount,
-                opts.max_nodes.max(2),
-                opts.max_nodes.max(1),
-                tables.unstable.pages(),
-            )
-            .map_err(NfsError::Store)?;
-            Some(Arc::new(k))
-        } else {
-            None
-        };
-        if let Some(k) = &keep {
-            tables.keep_in(k);
-        }
+        let client = KeptClient { owner: owner.clone(), addrs: addrs.clone() };
+        let keep = keep_tables(&opts, &mounted, &limits, &tables, Some(client))?;
         let mut shared = shared(&opts, limits, mounted, tables, 0, Vec::new());
         let client = Arc::new(ClientShare::new(owner, verifier));
         // The engines reclaim the opens and locks after a server restart (engine41::reclaim).
@@ -531,6 +488,34 @@ impl Drop for NfsFs {
             log::debug!("nfs: unmount of {}: {e}", self.export);
         }
     }
+}
+
+/// New records for a crash of the export `mounted` (its NFSv4.1 `client`), with `tables` kept
+/// in them from now on; `None` unless [`NfsOptions::keep`].
+fn keep_tables(
+    opts: &NfsOptions,
+    mounted: &setup::Mounted,
+    limits: &Limits,
+    tables: &Tables,
+    client: Option<KeptClient>,
+) -> Result<Option<Arc<NfsKeep>>, NfsError> {
+    if !opts.keep {
+        return Ok(None);
+    }
+    let mount = KeptMount {
+        export: opts.url.export.clone(),
+        root: mounted.root.as_bytes().to_vec(),
+        nfs_addr: mounted.nfs_addr,
+        mount_addr: mounted.mount_addr,
+        limits: (limits.read, limits.write, limits.dir, limits.max_file),
+        v41: client,
+    };
+    let pages = tables.unstable.pages();
+    let k = NfsKeep::create(&mount, opts.max_nodes.max(2), opts.max_nodes.max(1), pages)
+        .map_err(NfsError::Store)?;
+    let k = Arc::new(k);
+    tables.keep_in(&k);
+    Ok(Some(k))
 }
 
 /// The tables of an export's state (new at a mount, restored at a takeover).
