@@ -424,9 +424,20 @@ fn verifier_change(v: Nfs) {
 
 #[test]
 fn a_server_gone_longer_than_the_timeout_fails_requests_in_bounded_time() {
+    outage(Nfs::V3);
+}
+
+/// NFSv4.1: the session's calls end at the deadline too; once the server is back (a new
+/// server: the session comes back under a new client id, the open is opened again) it serves.
+#[test]
+fn a_server_gone_longer_than_the_timeout_fails_requests_in_bounded_time_v41() {
+    outage(Nfs::V41);
+}
+
+fn outage(v: Nfs) {
     let mut g = Ganesha::start();
     let timeout = Duration::from_secs(1);
-    let s = Served::new(&g, |o| {
+    let s = Served::on(&g, v, |o| {
         o.timeout = timeout;
         o.retransmit = Duration::from_millis(300);
     });
