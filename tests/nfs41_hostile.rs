@@ -1606,3 +1606,38 @@ fn a_write_waiting_for_the_reclaim_never_goes_before_its_files_locks_are_reclaim
     let desc = desc();
     assert_eq!(errno(w), libc::EIO, "{desc}");
 }
+
+/// Session trunking takes the addresses of one server only: an address that answers
+/// EXCHANGE_ID as another server (its owner differs) is refused at start-up, saying which; one
+/// that does not answer at all is left out, and the function serves from the others.
+#[test]
+fn an_address_of_another_server_is_refused_and_one_that_does_not_answer_is_left_out() {
+    let log: Log = Arc::new(Mutex::new(Vec::new()));
+    let a = FakeServer::start(script(Box::new(|_, _| None), log.clone()));
+    let other: Hook = Box::new(|c, call| {
+        c.ops.iter().any(|op| matches!(op, Arg::ExchangeId { .. })).then(|| {
+            let r = nfs4::exchange_id_as(0x42, 1, 0, b"another server", b"fake scope");
+            vec![Act::Send(compound_reply(call.xid, Nfsstat4::Ok, &[r]))]
+        })
+    });
+    let b = FakeServer::start(script(other, log.clone()));
+    let connect = |url: String| {
+        let mut opts = NfsOptions::new(url.parse().unwrap());
+        opts.timeout = Duration::from_secs(2);
+        opts.retransmit = Duration::from_millis(500);
+        opts.function = "trunk".into();
+        NfsFs::connect(opts)
+    };
+    let e = connect(format!("nfs://{},{}/export?version=4.1", a.addr(), b.addr())).unwrap_err();
+    let text = virtiofs_dpu::error_chain(&e);
+    assert!(
+        text.contains("is not the same NFSv4.1 server") && text.contains(&b.addr().to_string()),
+        "{text}"
+    );
+    // A port nobody listens on: left out, the first address serves.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let fs = connect(format!("nfs://{closed},{}/export?version=4.1", a.addr())).expect("one address answers");
+    assert_eq!(fs.server_addrs(), vec![a.addr()]);
+    // None answers: the start-up fails, saying why.
+    assert!(connect(format!("nfs://{closed},{closed}/export?version=4.1")).is_err());
+}

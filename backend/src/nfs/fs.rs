@@ -387,6 +387,15 @@ impl NfsFs {
         self.shared.v41.is_some()
     }
 
+    /// The server addresses the pollers use: NFSv4.1's that answered at start-up (session
+    /// trunking), else the NFS program's one.
+    pub fn server_addrs(&self) -> Vec<std::net::SocketAddr> {
+        match self.shared.v41.as_ref() {
+            Some(v) => v.addrs.clone(),
+            None => vec![self.shared.mounted.nfs_addr],
+        }
+    }
+
     pub(super) fn from_parts(
         export: String,
         shared: Shared,

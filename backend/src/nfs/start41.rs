@@ -74,7 +74,10 @@ pub enum Start41Error {
 /// Walks to `export` at each of `hosts` (a server's addresses, for session trunking) as
 /// [`start`] does, each time as the client `owner` in incarnation `verifier`, and checks that
 /// every address answers as the same server (EXCHANGE_ID's server owner major id and scope).
-/// Returns what the first address learnt, and every address resolved, the first first.
+/// An address that cannot be reached (no connection, no session, no answer within the
+/// timeout) is left out, logged, as long as another answers: the function serves from those
+/// (it does not take the others up later: their server is not known to be the same). Returns
+/// what the first address that answered learnt, and the addresses that answered, in order.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn start_all(
     hosts: &[(&str, u16)],
@@ -87,10 +90,24 @@ pub(super) fn start_all(
 ) -> Result<(Export41, Vec<SocketAddr>), Start41Error> {
     let mut addrs = Vec::with_capacity(hosts.len());
     let mut first: Option<(Export41, Option<ServerOwner>)> = None;
+    let mut unreached = None;
     for &(host, port) in hosts {
-        let addr = resolve(host, port)?;
-        let client = Arc::new(ClientShare::new(owner.to_vec(), verifier));
-        let e = start(addr, export, client.clone(), timeout, retransmit, machine_name)?;
+        let started = resolve(host, port).map_err(Start41Error::from).and_then(|addr| {
+            let client = Arc::new(ClientShare::new(owner.to_vec(), verifier));
+            let e = start(addr, export, client.clone(), timeout, retransmit, machine_name)?;
+            Ok((addr, e, client))
+        });
+        let (addr, e, client) = match started {
+            Ok(x) => x,
+            Err(e @ (Start41Error::Setup(_) | Start41Error::NoSession(_) | Start41Error::Call(_)))
+                if hosts.len() > 1 =>
+            {
+                log::warn!("nfs4.1: {host}:{port} does not answer ({e}): left out");
+                unreached.get_or_insert(e);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let server = client.server_owner();
         match &first {
             None => first = Some((e, server)),
@@ -99,10 +116,12 @@ pub(super) fn start_all(
         }
         addrs.push(addr);
     }
-    let (e, _) = first.ok_or(Start41Error::Setup(SetupError::Resolve {
-        host: String::new(),
-        source: std::io::Error::new(std::io::ErrorKind::NotFound, "no host"),
-    }))?;
+    let Some((e, _)) = first else {
+        return Err(unreached.unwrap_or(Start41Error::Setup(SetupError::Resolve {
+            host: String::new(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no host"),
+        })));
+    };
     Ok((e, addrs))
 }
 

@@ -446,6 +446,11 @@ pub fn seq_ok(s: &Seq, highest: u32, target: u32, flags: u32) -> Vec<u8> {
 }
 
 pub fn exchange_id_ok(clientid: u64, sequence: u32, flags: u32) -> Vec<u8> {
+    exchange_id_as(clientid, sequence, flags, b"fake server", b"fake scope")
+}
+
+/// EXCHANGE_ID's result from a server whose owner major id is `major` and scope `scope`.
+pub fn exchange_id_as(clientid: u64, sequence: u32, flags: u32, major: &[u8], scope: &[u8]) -> Vec<u8> {
     ok(
         OpNum::ExchangeId,
         &enc(|e| {
@@ -454,8 +459,8 @@ pub fn exchange_id_ok(clientid: u64, sequence: u32, flags: u32) -> Vec<u8> {
             e.u32(flags).unwrap();
             e.u32(0).unwrap(); // SP4_NONE
             e.u64(1).unwrap();
-            e.opaque(b"fake server", 1024).unwrap();
-            e.opaque(b"fake scope", 1024).unwrap();
+            e.opaque(major, 1024).unwrap();
+            e.opaque(scope, 1024).unwrap();
             e.u32(0).unwrap(); // no impl id
         }),
     )
