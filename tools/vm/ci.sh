@@ -29,8 +29,11 @@
 #      both ways between the devices, and both ways between a device and the kernel client;
 #      each function's lock counters show calls, denials and waits on the server;
 #   6c. live update (run-update-test.sh): one daemon (--live-update, sandboxed) with a RAM
-#      filesystem, a shared directory and an NFS export, replaced by a new process 10 times
-#      while the guest runs fsx and fio on the three mounts; the files compared on the host;
+#      filesystem, a shared directory, an NFS export over NFSv3 and the same export over NFSv4.1,
+#      replaced by a new process 10 times while the guest runs fsx and fio on the four mounts
+#      (files of their own on each); the files compared on the host; checks from the 4.1
+#      function's statistics that it made a session and an EXCHANGE_ID in the first process and
+#      no EXCHANGE_ID in the last (it went on as the same NFSv4.1 client);
 #   6d. crash recovery (run-crash-test.sh): the serving process of a daemon under --live-update
 #      killed with SIGKILL while the guest reads from its RAM-filesystem function: reads answer
 #      (EIO: the state is gone), never hang; after the guest unbinds and binds the device a
@@ -285,7 +288,7 @@ if [ -n "$NFS41D" ]; then
 fi
 
 if stage update; then
-step "live update: RAM fs, shared directory and NFS functions of one daemon, replaced 10 times under fsx and fio"
+step "live update: RAM fs, shared directory, NFSv3 and NFSv4.1 functions of one daemon, replaced 10 times under fsx and fio"
 bash "$HERE/run-update-test.sh" --out "$OUT/update" --config "$CONFIG" --updates 10 ||
   { echo "FAIL: live update"; fail=1; }
 fi

@@ -1,5 +1,5 @@
 # tools/vm/host-lib.sh: helpers of the host-side VM test scripts (bash), sourced by
-# run-multi-test.sh, run-nfs41-locks-test.sh and nfs-compare.sh.
+# run-multi-test.sh, run-nfs41-locks-test.sh, run-update-test.sh and nfs-compare.sh.
 
 # vfu_device SOCK [BUS ID]: QEMU's JSON -device argument of a vfio-user-pci device whose server
 # listens on the unix socket SOCK (QEMU needs the JSON syntax for the socket), optionally behind

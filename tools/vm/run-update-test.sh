@@ -3,15 +3,19 @@
 #                             [--backends LIST]
 #
 # Live update in a real guest (issue 22): one daemon started with --live-update serves a
-# function per backend of LIST (comma-separated, default ram,shared,nfs): a RAM filesystem, a
-# shared directory (a tmpfs-backed directory beneath the profile's sandbox_root: the daemon is
-# sandboxed, namespaces and seccomp, when run as root) and an NFS export (nfs-ganesha,
-# tools/nfs/ganesha.sh; needs root). One QEMU has a vfio-user-pci device per function; the
-# guest runs fsx and a fio job on every mount at once (guest/live-update.sh) while this script
-# runs `virtiofs-dpu update` N times (default 10), one every UPDATE_GAP seconds (default 1).
-# Every update must succeed, each fsx pass, fio report no error and the guest's kernel log
-# stay clean; the files fsx left on the shared directory and the export are compared with the
-# guest's copies. Prints each update's answer and fio's largest read and write latency per
+# function per backend of LIST (comma-separated, default ram,shared,nfs,nfs41): a RAM
+# filesystem, a shared directory (a tmpfs-backed directory beneath the profile's sandbox_root:
+# the daemon is sandboxed, namespaces and seccomp, when run as root), an NFS export over NFSv3
+# (nfs-ganesha, tools/nfs/ganesha.sh; needs root) and the same export over NFSv4.1 (nfs41:
+# ?version=4.1, one ganesha for both). One QEMU has a vfio-user-pci device per function; the
+# guest runs fsx and a fio job on every mount at once (guest/live-update.sh; each function's
+# files are named by its tag, fsx.TAG.dat and fio.TAG.dat, so the two functions of one export
+# write different files) while this script runs `virtiofs-dpu update` N times (default 10), one
+# every UPDATE_GAP seconds (default 1). Every update must succeed, each fsx pass, fio report no
+# error and the guest's kernel log stay clean; the files fsx left on the shared directory and
+# the export are compared with the guest's copies. An nfs41 function's statistics (get_stats)
+# are read before the first update and after the last: an EXCHANGE_ID and a session in the
+# first process, sessions and no EXCHANGE_ID in the last (it went on as the same client). Prints each update's answer and fio's largest read and write latency per
 # function (what the guest saw across the updates). The daemon must exit 0 on SIGTERM. --config:
 # a profile whose top-level keys (not its tag or description) every function takes.
 # Exit status 0 on success. Logs in OUT: daemon.log, console.log, updates.txt, run.txt,
@@ -19,12 +23,13 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
+. "$HERE/host-lib.sh"
 DAEMON=${VFDPU_DAEMON:-$REPO/target/release/virtiofs-dpu}
 CONFIG=${VFDPU_CONFIG:-}
 OUT=${VM_OUT:-}
 TAG=${VM_TAG:-vfdpu}
 UPDATES=10
-BACKENDS=ram,shared,nfs
+BACKENDS=ram,shared,nfs,nfs41
 GAP=${UPDATE_GAP:-1}
 while [ $# -gt 0 ]; do
   case $1 in
@@ -44,7 +49,15 @@ SOCKDIR=$(mktemp -d /tmp/vfdpu-update.XXXXXX)
 CTL=$SOCKDIR/ctl.sock
 GANESHA=$REPO/tools/nfs/ganesha.sh
 SRV=$OUT/ganesha
-DPID=""; GPID=""; NFS_UP=0
+DPID=""; GPID=""; NFS_UP=0; URL=""
+# nfs_url: the export's URL (NFSv3) in URL; ganesha is started by the first function needing it.
+nfs_url() {
+  if [ -z "$URL" ]; then
+    URL=$(bash "$GANESHA" start "$SRV")
+    NFS_UP=1
+    log "ganesha: $URL"
+  fi
+}
 cleanup() {
   local rc=$?
   [ -z "$GPID" ] || { kill -TERM "$GPID" 2>/dev/null || true; wait "$GPID" 2>/dev/null || true; }
@@ -81,11 +94,13 @@ for b in ${BACKENDS//,/ }; do
       sed -i "1a sandbox_root = \"$SOCKDIR/root\"" "$PROFILE"
       echo "shared_dir = \"$SOCKDIR/root/share\"" >> "$PROFILE" ;;
     nfs)
-      URL=$(bash "$GANESHA" start "$SRV")
-      NFS_UP=1
-      log "ganesha: $URL"
+      nfs_url
       echo "remote = \"$URL\"" >> "$PROFILE" ;;
-    *) echo "run-update-test: unknown backend $b (ram, shared, nfs)" >&2; exit 2 ;;
+    nfs41)
+      nfs_url
+      NFSPORT=$(sed -n 's/.*[?&]nfsport=\([0-9]*\).*/\1/p' <<< "$URL")
+      echo "remote = \"${URL%%\?*}?version=4.1&nfsport=$NFSPORT\"" >> "$PROFILE" ;;
+    *) echo "run-update-test: unknown backend $b (ram, shared, nfs, nfs41)" >&2; exit 2 ;;
   esac
 done
 TAGS=${TAGS# }
@@ -95,6 +110,17 @@ DPID=$!
 for _ in $(seq 300); do [ -S "$CTL" ] && break; sleep 0.1; done
 [ -S "$CTL" ] || { log "daemon never created its control socket"; cat "$OUT/daemon.log" >&2; exit 3; }
 log "daemon up (supervisor pid $DPID): $n function(s), tags $TAGS"
+# session41 WHEN: the nfs41 function's NFSv4.1 session counters (get_stats through the control
+# socket) into OUT/stats-nfs41-WHEN.json; prints "EXCHANGE_IDS SESSIONS" (empty if unread).
+session41() {
+  ctl_rpc "$CTL" "{\"jsonrpc\":\"2.0\",\"method\":\"get_stats\",\"params\":{\"tag\":\"$TAG-nfs41\"},\"id\":1}" \
+    > "$OUT/stats-nfs41-$1.json" 2>&1 || true
+  python3 - "$OUT/stats-nfs41-$1.json" <<'PY' 2>/dev/null || true
+import json, sys
+s = json.load(open(sys.argv[1]))["result"]["fuse"]["nfs"]["session"]
+print(s["exchange_ids"], s["sessions"])
+PY
+}
 
 bash "$HERE/run-guest.sh" --timeout "${VM_TIMEOUT:-300}" --log "$OUT/console.log" \
   -e "VM_TAGS=$TAGS" "$HERE/guest/live-update.sh" -- "${DEV[@]}" &
@@ -107,6 +133,12 @@ done
 grep -aq '^UPDATE: go' "$OUT/console.log" || { log "the guest never started its I/O"; tail -30 "$OUT/console.log" >&2 || true; exit 1; }
 sleep 1
 fail=0
+if [[ ,$BACKENDS, == *,nfs41,* ]]; then
+  read -r x41 s41 <<< "$(session41 first)" || true
+  log "nfs41 before the updates: exchange_ids=${x41:-?} sessions=${s41:-?}"
+  [ "${x41:-0}" -gt 0 ] && [ "${s41:-0}" -gt 0 ] ||
+    { log "FAIL: nfs41: the first process shows no EXCHANGE_ID or no session (stats-nfs41-first.json)"; fail=1; }
+fi
 for i in $(seq "$UPDATES"); do
   if grep -aq '^UPDATE: done' "$OUT/console.log"; then
     log "FAIL: the guest's I/O ended before update $i (lengthen FIO_SECONDS)"; fail=1; break
@@ -136,15 +168,23 @@ PY
 [ "$(wc -l < "$OUT/updates.txt")" = "$UPDATES" ] || fail=1
 # What fsx left, as the guest read it, against the host's copy (the share, the export).
 for b in ${BACKENDS//,/ }; do
-  case $b in shared) f=$SOCKDIR/root/share/fsx.dat ;; nfs) f=$SRV/export/fsx.dat ;; *) continue ;; esac
+  n=fsx.$TAG-$b.dat
+  case $b in shared) f=$SOCKDIR/root/share/$n ;; nfs|nfs41) f=$SRV/export/$n ;; *) continue ;; esac
   want=$(tr -d '\r' < "$OUT/console.log" | sed -n "s/^VMSUM: $TAG-$b //p" | tail -1)
   have=$(md5sum < "$f" 2>/dev/null | cut -d' ' -f1 || true)
   if [ -n "$want" ] && [ "$want" = "$have" ]; then
-    log "$b: the host's fsx.dat matches the guest's ($have)"
+    log "$b: the host's $n matches the guest's ($have)"
   else
-    log "FAIL: $b: the host's fsx.dat ($have) is not the guest's (${want:-none})"; fail=1
+    log "FAIL: $b: the host's $n ($have) is not the guest's (${want:-none})"; fail=1
   fi
 done
+# The nfs41 function in the last process: sessions, and no EXCHANGE_ID (no new client made).
+if [[ ,$BACKENDS, == *,nfs41,* ]]; then
+  read -r x41 s41 <<< "$(session41 last)" || true
+  log "nfs41 after the updates (last process): exchange_ids=${x41:-?} sessions=${s41:-?}"
+  [ "${x41:-x}" = 0 ] && [ "${s41:-0}" -gt 0 ] ||
+    { log "FAIL: nfs41: the last process made an EXCHANGE_ID or has no session (stats-nfs41-last.json)"; fail=1; }
+fi
 kill -TERM "$DPID"
 drc=0; wait "$DPID" || drc=$?
 DPID=""

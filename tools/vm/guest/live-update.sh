@@ -5,17 +5,22 @@
 # (UPDATE_COUNT times). Each fsx must end A-OK, fio without an error, and the kernel log stay
 # clean. fio's JSON (one job per mount, named by its tag) is printed between VMFIO-JSON-BEGIN
 # and VMFIO-JSON-END for the host to read the largest latency.
-# A tag ending in -nfs gets fsx-nfs.toml (no hole punching on NFSv3). What fsx leaves is kept
-# and its checksum printed (VMSUM: TAG MD5) for the host to compare with the share or export.
-# Env: FSX_OPS (6000, per mount), FIO_SECONDS (20).
+# Each mount's files are named by its tag (fsx.TAG.dat, fio.TAG.dat): two functions of one
+# export (-nfs over NFSv3, -nfs41 over NFSv4.1) write different files. No locks are taken (a
+# SETLKW waiting on an NFSv4.1 server refuses a live update). A tag ending in -nfs or -nfs41 gets
+# fsx-nfs.toml (no hole punching on NFS). What fsx leaves is kept and its checksum printed
+# (VMSUM: TAG MD5) for the host to compare with the share or export.
+# Env: FSX_OPS (6000, per mount), FSX41_OPS (2000: on an -nfs41 mount, which keeps the stage's
+# wall time; its fsx still outlasts the updates), FIO_SECONDS (20).
 . /harness/lib.sh
 TAGS=${VM_TAGS:-$(vm_tag)}
+fsx_ops() { case $1 in *-nfs41) echo "${FSX41_OPS:-2000}" ;; *) echo "${FSX_OPS:-6000}" ;; esac; }
 mkdir -p /tmp/fsx-artifacts
 fio_jobs=""
 for t in $TAGS; do
   VM_TAG=$t vm_mount "/mnt/$t" || exit 1
-  rm -f "/mnt/$t/fsx.dat" "/mnt/$t/fio.dat"
-  fio_jobs="$fio_jobs --name=$t --filename=/mnt/$t/fio.dat"
+  rm -f "/mnt/$t/fsx.$t.dat" "/mnt/$t/fio.$t.dat"
+  fio_jobs="$fio_jobs --name=$t --filename=/mnt/$t/fio.$t.dat"
 done
 echo "UPDATE: go"
 t0=$(vm_now)
@@ -24,8 +29,8 @@ seed=22
 for t in $TAGS; do
   mkdir -p "/tmp/fsx-artifacts/$t"
   cfg=/harness/fsx.toml
-  case $t in *-nfs) cfg=/harness/fsx-nfs.toml ;; esac
-  fsx -N "${FSX_OPS:-6000}" -S "$seed" -f "$cfg" -P "/tmp/fsx-artifacts/$t" "/mnt/$t/fsx.dat" \
+  case $t in *-nfs|*-nfs41) cfg=/harness/fsx-nfs.toml ;; esac
+  fsx -N "$(fsx_ops "$t")" -S "$seed" -f "$cfg" -P "/tmp/fsx-artifacts/$t" "/mnt/$t/fsx.$t.dat" \
     > "/tmp/fsx-$t.log" 2>&1 &
   pids="$pids $!"
   seed=$((seed + 1))
@@ -44,7 +49,7 @@ echo "UPDATE: done"
 status=ok
 for t in $TAGS; do
   if grep -q 'All operations completed A-OK' "/tmp/fsx-$t.log"; then
-    echo "fsx on $t: ${FSX_OPS:-6000} operations A-OK"
+    echo "fsx on $t: $(fsx_ops "$t") operations A-OK"
   else
     status=FAIL
     echo "fsx on $t: FAILED; its messages (the operation log left out):"
@@ -62,8 +67,8 @@ echo "VMFIO-JSON-BEGIN"
 cat /tmp/fio.json
 echo "VMFIO-JSON-END"
 for t in $TAGS; do
-  echo "VMSUM: $t $(md5sum < "/mnt/$t/fsx.dat" | cut -d' ' -f1)"
-  rm -f "/mnt/$t/fio.dat"
+  echo "VMSUM: $t $(md5sum < "/mnt/$t/fsx.$t.dat" | cut -d' ' -f1)"
+  rm -f "/mnt/$t/fio.$t.dat"
   vm_umount "/mnt/$t" || status=FAIL
 done
 vm_dmesg_check live-update || status=FAIL
