@@ -348,12 +348,13 @@ fn nfs_handed_over(server: &Ganesha, url: &str, v41: bool) {
     let mut d = FsDriver::connect(&dir.path().join("fs.sock"), opts).unwrap();
     d.init().unwrap();
     let (e, o) = d.create(ROOT, "data", 0o644, libc::O_RDWR as u32).unwrap();
+    // The lock first: an NFSv4.1 lock operation commits the file's stored writes before it.
+    let lock = LockReq { fh: o.fh, owner: 1, typ: libc::F_WRLCK, start: 0, end: 99, pid: 10, flock: false };
+    d.setlk(e.nodeid, &lock).unwrap();
     let data: Vec<u8> = (0..1 << 20u32).map(|i| (i * 31 + i / 4096) as u8).collect();
     for (i, c) in data.chunks(64 * 1024).enumerate() {
         d.write(e.nodeid, o.fh, (i * 64 * 1024) as u64, c).unwrap();
     }
-    let lock = LockReq { fh: o.fh, owner: 1, typ: libc::F_WRLCK, start: 0, end: 99, pid: 10, flock: false };
-    d.setlk(e.nodeid, &lock).unwrap();
     let nfs = |ctl: &Path| {
         let s = ControlClient::connect(ctl).unwrap().call("get_stats", Value::Null).unwrap();
         s["fuse"]["nfs"].clone()

@@ -49,6 +49,8 @@ fn an_nfs41_function_recovers_as_a_new_incarnation_and_fails_only_the_files_that
     let (a, oa) = d.create(ROOT, "plain", 0o644, RDWR).unwrap();
     let mut expect = b"written before the first crash\n".to_vec();
     d.write(a.nodeid, oa.fh, 0, &expect).unwrap();
+    // Files that held a lock at a kill, kept open across the next one.
+    let mut lost: Vec<(u64, u64, String)> = Vec::new();
     for round in 1..=2u64 {
         let name = format!("locked{round}");
         let (b, ob) = d.create(ROOT, &name, 0o644, RDWR).unwrap();
@@ -56,6 +58,7 @@ fn an_nfs41_function_recovers_as_a_new_incarnation_and_fails_only_the_files_that
             LockReq { fh: ob.fh, owner: 1, typ: libc::F_WRLCK, start: 0, end: 99, pid: 1, flock: false };
         d.setlk(b.nodeid, &lock).unwrap();
         d.write(b.nodeid, ob.fh, 0, b"under the lock").unwrap();
+        lost.push((b.nodeid, ob.fh, name));
         if round == 2 {
             // The kept state goes on through a live update first.
             let before = device(&s.ctl)["pid"].as_u64().unwrap();
@@ -74,25 +77,32 @@ fn an_nfs41_function_recovers_as_a_new_incarnation_and_fails_only_the_files_that
         assert_eq!(w.as_ref().ok(), Some(&(more.len() as u32)), "round {round}: {w:?}\n{}", s.logs());
         expect.extend_from_slice(&more);
         assert_eq!(d.read(a.nodeid, oa.fh, 0, 4096).unwrap(), expect, "round {round}");
-        // The file that held a lock: EIO through its handle, for I/O and a new lock alike.
-        let e = d.write(b.nodeid, ob.fh, 0, b"without the lock").unwrap_err();
-        assert_eq!(e.fuse_errno(), Some(libc::EIO), "round {round}: {e}");
-        let e = d.setlk(b.nodeid, &LockReq { owner: 2, pid: 2, ..lock }).unwrap_err();
-        assert_eq!(e.fuse_errno(), Some(libc::EIO), "round {round}: {e}");
-        // Its last close ends the mark; the server let the old lock go with the old
-        // incarnation: a new open locks it at once.
-        d.flush_owner(b.nodeid, ob.fh, 1).unwrap();
-        d.release(b.nodeid, ob.fh).unwrap();
-        let ob = d.open(b.nodeid, RDWR).unwrap();
-        d.setlk(b.nodeid, &LockReq { fh: ob.fh, owner: 2, pid: 2, ..lock }).unwrap();
-        d.setlk(b.nodeid, &LockReq { fh: ob.fh, owner: 2, pid: 2, typ: libc::F_UNLCK, ..lock }).unwrap();
-        d.flush_owner(b.nodeid, ob.fh, 2).unwrap();
-        d.release(b.nodeid, ob.fh).unwrap();
-        assert_eq!(std::fs::read(server.export().join(&name)).unwrap(), b"under the lock", "round {round}");
+        // Every file that held a lock, this kill's and (still open) the last one's: EIO
+        // through its handle, for I/O and a new lock alike (the mark outlives a second crash).
+        for (n, fh, name) in &lost {
+            let e = d.write(*n, *fh, 0, b"without the lock").unwrap_err();
+            assert_eq!(e.fuse_errno(), Some(libc::EIO), "round {round}, {name}: {e}");
+            let e = d.setlk(*n, &LockReq { fh: *fh, owner: 2, pid: 2, ..lock }).unwrap_err();
+            assert_eq!(e.fuse_errno(), Some(libc::EIO), "round {round}, {name}: {e}");
+        }
         let stats = ControlClient::connect(&s.ctl).unwrap().call("get_stats", Value::Null).unwrap();
         let l = &stats["fuse"]["nfs"]["locks"];
         assert_eq!(l["reclaims"].as_u64(), Some(1), "round {round}: the open pass ran once: {l}");
-        assert!(l["opens_reclaimed"].as_u64() >= Some(2), "round {round}: both opens opened anew: {l}");
+        assert!(l["opens_reclaimed"].as_u64() >= Some(2), "round {round}: the opens opened anew: {l}");
+    }
+    // Their last close ends the marks (the close reports the loss: EIO); the server let the
+    // old locks go with the old incarnations: a new open locks each at once.
+    for (n, fh, name) in &lost {
+        let e = d.flush_owner(*n, *fh, 1).unwrap_err();
+        assert_eq!(e.fuse_errno(), Some(libc::EIO), "{name}: {e}");
+        d.release(*n, *fh).unwrap();
+        let o = d.open(*n, RDWR).unwrap();
+        let lock =
+            LockReq { fh: o.fh, owner: 2, typ: libc::F_WRLCK, start: 0, end: 99, pid: 2, flock: false };
+        d.setlk(*n, &lock).unwrap();
+        d.setlk(*n, &LockReq { typ: libc::F_UNLCK, ..lock }).unwrap();
+        d.flush_owner(*n, o.fh, 2).unwrap();
+        d.release(*n, o.fh).unwrap();
     }
     d.fsync(a.nodeid, oa.fh, false).unwrap();
     assert_eq!(std::fs::read(server.export().join("plain")).unwrap(), expect);

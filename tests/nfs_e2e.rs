@@ -841,6 +841,34 @@ mod locks41 {
         da.shutdown().unwrap();
         db.shutdown().unwrap();
     }
+    /// A lock operation commits the file's stored UNSTABLE writes first (as Linux's client
+    /// flushes before one): a write the server might lose would otherwise be sent again after
+    /// the lock changed hands, over what the next holder wrote.
+    #[test]
+    fn a_lock_or_unlock_commits_the_files_stored_writes_first_on_nfs41() {
+        let g = Ganesha::start();
+        let a = Served::on(&g, Nfs::V41, |_| {});
+        let mut da = a.connect();
+        let (f, o) = da.create(ROOT, "committed", 0o644, RDWR).unwrap();
+        let stored = |a: &Served| a.fs().stats().unstable.bytes_now;
+        da.write(f.nodeid, o.fh, 0, &pattern(1, 8192)).unwrap();
+        assert!(stored(&a) > 0, "the write is stored");
+        da.setlk(f.nodeid, &posix(o.fh, 1, WR, 0, 99)).unwrap();
+        assert_eq!(stored(&a), 0, "committed before the LOCK");
+        da.write(f.nodeid, o.fh, 0, &pattern(2, 8192)).unwrap();
+        assert!(stored(&a) > 0);
+        da.setlk(f.nodeid, &posix(o.fh, 1, UN, 0, 99)).unwrap();
+        assert_eq!(stored(&a), 0, "committed before the LOCKU");
+        // GETLK changes nothing: nothing to commit for it.
+        da.write(f.nodeid, o.fh, 0, &pattern(3, 8192)).unwrap();
+        da.getlk(f.nodeid, &posix(o.fh, 2, WR, 0, 99)).unwrap();
+        assert!(stored(&a) > 0, "GETLK does not commit");
+        da.flush_owner(f.nodeid, o.fh, 1).unwrap();
+        da.release(f.nodeid, o.fh).unwrap();
+        assert_eq!(std::fs::read(g.export().join("committed")).unwrap(), pattern(3, 8192));
+        da.shutdown().unwrap();
+    }
+
     #[test]
     fn an_ofd_lock_goes_with_the_release_of_the_handle_it_came_from() {
         let g = Ganesha::start();

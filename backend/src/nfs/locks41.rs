@@ -111,9 +111,14 @@ impl Owner {
 #[derive(Debug, Default)]
 pub struct LockStates {
     inner: Mutex<HashMap<(u64, Owner), Kept>>,
-    /// The records a crash leaves (`crate::nfs::keep`): which nodes hold lock state, marked
-    /// as that changes (taken after `inner`).
+    /// The records a crash leaves (`crate::nfs::keep`): which nodes hold lock state or lost
+    /// it ([`Locks41::lose`]: both fail after a crash), marked as that changes (taken after
+    /// `inner`).
     keep: Mutex<Option<Arc<NfsKeep>>>,
+    /// Files whose lock states the server lost ([`Locks41::lose`]; taken after `keep`).
+    lost: Mutex<Vec<u64>>,
+    /// How many, as of the last change (read without the lock: [`Locks41::is_lost`]).
+    lost_kept: AtomicUsize,
 }
 
 /// A node id's slot in the node table (`nodes::nodeid`: generation << 32 | slot + 1).
@@ -196,22 +201,35 @@ impl LockStates {
         self.keep.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Marks in the records whether each of `nodes` holds lock state now (`g`: the table).
+    fn lost(&self) -> MutexGuard<'_, Vec<u64>> {
+        self.lost.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks in the records whether each of `nodes` holds lock state now, or lost it (`g`:
+    /// the table).
     fn mark(&self, g: &HashMap<(u64, Owner), Kept>, nodes: &[u64]) {
         let keep = self.kept();
         let Some(k) = keep.as_ref() else { return };
+        let lost = self.lost();
         for &n in nodes {
             if let Some(i) = node_slot(n) {
-                k.node_locked(i, g.keys().any(|(m, _)| *m == n));
+                k.node_locked(i, g.keys().any(|(m, _)| *m == n) || lost.contains(&n));
             }
         }
+    }
+
+    /// Marks `nodes` in the records anew (their lost marks changed).
+    fn remark(&self, nodes: &[u64]) {
+        let g = self.lock();
+        self.mark(&g, nodes);
     }
 
     /// Keeps the marks in `keep` from now on, writing the present ones first (`None`: stops).
     pub(crate) fn keep_in(&self, keep: Option<Arc<NfsKeep>>) {
         let g = self.lock();
         *self.kept() = keep;
-        let nodes: Vec<u64> = g.keys().map(|(n, _)| *n).collect();
+        let mut nodes: Vec<u64> = g.keys().map(|(n, _)| *n).collect();
+        nodes.extend(self.lost().iter());
         self.mark(&g, &nodes);
     }
 
@@ -719,10 +737,6 @@ pub struct Locks41 {
     /// Orphans waiting or on the wire, as of the last time `orphans` was let go (read without
     /// the lock, [`Locks41::idle`]).
     orphans_kept: AtomicUsize,
-    /// Files whose lock states the server lost ([`Locks41::lose`]).
-    lost: Mutex<Vec<u64>>,
-    /// How many, as of the last change (read without the lock: [`Locks41::is_lost`]).
-    lost_kept: AtomicUsize,
     calls: AtomicU64,
     denied: AtomicU64,
     freed: AtomicU64,
@@ -864,7 +878,7 @@ impl Locks41 {
     }
 
     fn lost(&self) -> MutexGuard<'_, Vec<u64>> {
-        self.lost.lock().unwrap_or_else(|e| e.into_inner())
+        self.states.lost()
     }
 
     /// A lock of `owner` was granted to process `pid`.
@@ -977,19 +991,19 @@ impl Locks41 {
     /// and the file marked until its last handle closes ([`Locks41::found`]). Whether it had
     /// any (or was marked already).
     pub fn lose(&self, nodeid: u64) -> bool {
-        let had = !self.states.forget_node(nodeid).is_empty();
-        let mut lost = self.lost();
-        if had && !lost.contains(&nodeid) {
-            lost.push(nodeid);
-            self.lost_kept.store(lost.len(), Ordering::Release);
+        let had = self.states.has_node(nodeid);
+        if had {
+            // Marked first: the records never show the file neither locked nor lost.
+            self.lose_locks(nodeid);
         }
-        had || lost.contains(&nodeid)
+        self.states.forget_node(nodeid);
+        had || self.is_lost(nodeid)
     }
 
     /// Whether node `nodeid` is marked ([`Locks41::lose`], [`Locks41::lose_locks`]): a READ,
     /// WRITE or size change through a handle of it is EIO. One atomic load while no file is.
     pub fn is_lost(&self, nodeid: u64) -> bool {
-        self.lost_kept.load(Ordering::Acquire) != 0 && self.lost().contains(&nodeid)
+        self.states.lost_kept.load(Ordering::Acquire) != 0 && self.lost().contains(&nodeid)
     }
 
     /// A lock state of node `nodeid` was found unknown to the server (forgotten by the
@@ -997,25 +1011,38 @@ impl Locks41 {
     /// state of it is kept. Its other lock states are kept (the next READ or WRITE that finds
     /// the open lost forgets them), so a LOCKU under a state the server still holds is sent.
     pub fn lose_locks(&self, nodeid: u64) {
-        let mut lost = self.lost();
-        if !lost.contains(&nodeid) {
+        {
+            let mut lost = self.lost();
+            if lost.contains(&nodeid) {
+                return;
+            }
             lost.push(nodeid);
-            self.lost_kept.store(lost.len(), Ordering::Release);
+            self.states.lost_kept.store(lost.len(), Ordering::Release);
         }
+        self.states.remark(&[nodeid]);
     }
 
     /// The last handle of `nodeid` closed: its mark goes.
     pub fn found(&self, nodeid: u64) {
-        let mut lost = self.lost();
-        lost.retain(|&n| n != nodeid);
-        self.lost_kept.store(lost.len(), Ordering::Release);
+        {
+            let mut lost = self.lost();
+            if !lost.contains(&nodeid) {
+                return;
+            }
+            lost.retain(|&n| n != nodeid);
+            self.states.lost_kept.store(lost.len(), Ordering::Release);
+        }
+        self.states.remark(&[nodeid]);
     }
 
     /// The session ended: every handle closed, every mark goes.
     pub fn found_all(&self) {
-        let mut lost = self.lost();
-        lost.clear();
-        self.lost_kept.store(0, Ordering::Release);
+        let gone = {
+            let mut lost = self.lost();
+            self.states.lost_kept.store(0, Ordering::Release);
+            std::mem::take(&mut *lost)
+        };
+        self.states.remark(&gone);
     }
 
     /// The lock state as data, for a process that goes on as the same client (a live update);
@@ -1071,7 +1098,7 @@ impl Locks41 {
         {
             let mut lost = l.lost();
             lost.extend(&s.lost);
-            l.lost_kept.store(lost.len(), Ordering::Release);
+            l.states.lost_kept.store(lost.len(), Ordering::Release);
         }
         Ok(l)
     }

@@ -111,6 +111,15 @@ impl Shared41 {
     }
 }
 
+/// Numbers engines (each names the requests that send stored writes again by it and a slot:
+/// [`super::unstable::UnstableStore::next_resend`]'s sender).
+static ENGINES: AtomicU64 = AtomicU64::new(1);
+
+/// A new engine's number.
+pub(crate) fn engine_number() -> u64 {
+    ENGINES.fetch_add(1, Ordering::Relaxed)
+}
+
 /// The state the NFS backend's pollers share (see the module documentation), each part behind
 /// a short lock of its own where it changes.
 pub struct Shared {

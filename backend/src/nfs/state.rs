@@ -452,7 +452,7 @@ mod tests {
         let c = store.committed(b, *b"verifie2", u64::MAX);
         assert_eq!(c.resend, 1);
         let mut out = vec![0u8; 4 * 4096];
-        let r = store.next_resend(b, &mut out).unwrap();
+        let r = store.next_resend(b, 1, &mut out).replay().unwrap();
         assert_eq!((r.offset, r.len), (65536, 3 * 4096 + 5));
         assert!(out[..3 * 4096 + 5].iter().all(|&x| x == 7));
     }

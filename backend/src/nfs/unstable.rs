@@ -38,7 +38,7 @@ const NONE: u32 = u32::MAX;
 
 /// Names one stored write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EntryId(u32);
+pub struct EntryId(u32, u64);
 
 /// The verifier state of an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +96,9 @@ struct Inner {
     answers: u64,
     /// The records kept for a crash (`nfs::keep`), written as entries change.
     keep: Option<Arc<NfsKeep>>,
+    /// Files whose stored writes are being sent again, and by whom ([`UnstableStore::next_resend`]):
+    /// one sender per file, so the replays land in the order the writes were made.
+    resenders: Vec<(u64, u64)>,
 }
 
 impl Inner {
@@ -194,7 +197,7 @@ pub struct Committed {
 }
 
 /// A stored write to send again: where it goes.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Replay {
     /// The entry (drop it with [`UnstableStore::remove`] once the server has it stably).
     pub id: EntryId,
@@ -204,6 +207,29 @@ pub struct Replay {
     pub offset: u64,
     /// How many bytes (copied into the caller's buffer).
     pub len: u32,
+}
+
+/// What [`UnstableStore::next_resend`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resend {
+    /// This write, its bytes copied: send it again.
+    Send(Replay),
+    /// Another request is sending the file's writes again: wait.
+    Busy,
+    /// None left: the sender's turn is over.
+    Done,
+    /// The buffer is shorter than the next write (its length).
+    Short(usize),
+}
+
+impl Resend {
+    /// The write to send again, if that is what was found.
+    pub fn replay(self) -> Option<Replay> {
+        match self {
+            Resend::Send(r) => Some(r),
+            _ => None,
+        }
+    }
 }
 
 /// A file whose stored writes a background COMMIT should cover ([`UnstableStore::pick_commit`]).
@@ -299,6 +325,7 @@ impl UnstableStore {
             seq: 0,
             answers: 0,
             keep: None,
+            resenders: Vec::new(),
         };
         UnstableStore {
             inner: Mutex::new(inner),
@@ -490,7 +517,7 @@ impl UnstableStore {
             s.bytes_now = bytes;
             s.high_water = s.high_water.max(bytes);
         });
-        Some(EntryId(id))
+        Some(EntryId(id, seq))
     }
 
     /// The WRITE of `id` was answered with `verf`; `stable`: the server says it is on stable
@@ -502,7 +529,7 @@ impl UnstableStore {
         }
         let mut inner = self.lock();
         let i = id.0 as usize;
-        let Some(e) = inner.entries.get(i).copied().filter(|e| e.live) else { return };
+        let Some(e) = inner.entries.get(i).copied().filter(|e| e.live && e.seq == id.1) else { return };
         inner.answers += 1;
         // The counter first: a record never holds an answer number past it.
         inner.keep_counters();
@@ -541,7 +568,8 @@ impl UnstableStore {
     /// Drops entry `id` (its WRITE failed, or the data is stable now).
     pub fn remove(&self, id: EntryId) {
         let mut inner = self.lock();
-        if inner.entries.get(id.0 as usize).is_none_or(|e| !e.live) {
+        if inner.entries.get(id.0 as usize).is_none_or(|e| !e.live || e.seq != id.1) {
+            // Gone already (dropped with its file, its slot another write's now).
             return;
         }
         inner.remove(id.0 as usize);
@@ -627,22 +655,32 @@ impl UnstableStore {
     }
 
     /// The next entry of `file` to send again (the oldest: replays keep the order the writes
-    /// were made in), its bytes copied into `out` (which must hold them: one WRITE of the
-    /// server's `wtmax` at most); `None` when there is none.
-    pub fn next_resend(&self, file: u64, out: &mut [u8]) -> Option<Replay> {
-        let inner = self.lock();
-        if inner.resend == 0 {
-            return None;
+    /// were made in) by `sender` (a number naming the request that sends them), its bytes
+    /// copied into `out`. One sender per file at a time: another gets [`Resend::Busy`] until
+    /// the first has none left ([`Resend::Done`], which ends its turn) or ends it
+    /// ([`UnstableStore::end_resend`]). [`Resend::Short`]: `out` cannot hold the entry (its
+    /// length given; the turn is kept).
+    pub fn next_resend(&self, file: u64, sender: u64, out: &mut [u8]) -> Resend {
+        let mut inner = self.lock();
+        match inner.resenders.iter().find(|r| r.0 == file) {
+            Some(&(_, s)) if s != sender => return Resend::Busy,
+            Some(_) => {}
+            None => inner.resenders.push((file, sender)),
         }
-        let (i, e) = inner
+        let next = inner
             .entries
             .iter()
             .enumerate()
             .filter(|(_, e)| e.live && e.file == file && e.verf == Verf::Resend)
-            .min_by_key(|(_, e)| e.seq)?;
+            .min_by_key(|(_, e)| e.seq)
+            .map(|(i, e)| (i, *e));
+        let Some((i, e)) = next else {
+            inner.resenders.retain(|r| r.0 != file);
+            return Resend::Done;
+        };
         let len = e.len as usize;
         if len > out.len() {
-            return None;
+            return Resend::Short(len);
         }
         let mut page = e.first;
         let mut at = 0;
@@ -653,10 +691,16 @@ impl UnstableStore {
             at += n;
             page = inner.next[page as usize];
         }
-        let r = Replay { id: EntryId(i as u32), fh: e.fh, offset: e.offset, len: e.len };
+        let r = Replay { id: EntryId(i as u32, e.seq), fh: e.fh, offset: e.offset, len: e.len };
         drop(inner);
         self.bump(|s| s.resent += 1);
-        Some(r)
+        Resend::Send(r)
+    }
+
+    /// `sender`'s turn at sending `file`'s writes again ends before it sent them all (its
+    /// request failed or ended): another may take it.
+    pub fn end_resend(&self, file: u64, sender: u64) {
+        self.lock().resenders.retain(|r| !(r.0 == file && r.1 == sender));
     }
 
     /// Drops every entry of `file` (it is gone on the server, or forgotten).
@@ -926,14 +970,14 @@ mod tests {
         let r = s.committed(7, [2; 8], s.horizon());
         assert_eq!(r, Committed { dropped: 0, resend: 2, in_flight: 0 });
         let mut out = vec![0u8; 8192];
-        let replay = s.next_resend(7, &mut out).unwrap();
+        let replay = s.next_resend(7, 1, &mut out).replay().unwrap();
         assert_eq!((replay.id, replay.offset, replay.len), (a, 100, 5000));
         assert_eq!(&out[..5000], &data[..]);
         s.remove(replay.id);
-        let replay = s.next_resend(7, &mut out).unwrap();
+        let replay = s.next_resend(7, 1, &mut out).replay().unwrap();
         assert_eq!((replay.id, &out[..5]), (b, &b"small"[..]));
         s.remove(replay.id);
-        assert!(s.next_resend(7, &mut out).is_none());
+        assert!(s.next_resend(7, 1, &mut out).replay().is_none());
         assert!(!s.has(7));
         assert!(s.has(8), "another file's write stays (in flight)");
         assert_eq!(s.committed(8, [2; 8], s.horizon()), Committed { dropped: 0, resend: 0, in_flight: 1 });
@@ -945,6 +989,34 @@ mod tests {
     }
 
     #[test]
+    fn one_sender_at_a_time_resends_a_file_and_a_stale_id_touches_nothing() {
+        let s = UnstableStore::new(8 * PAGE).unwrap();
+        let a = with_reader(b"first", |r| s.insert(1, &fh(), &CRED, 0, r)).unwrap();
+        let b = with_reader(b"second", |r| s.insert(1, &fh(), &CRED, 0, r)).unwrap();
+        s.written(a, [1; 8], false);
+        s.written(b, [1; 8], false);
+        assert_eq!(s.committed(1, [2; 8], s.horizon()).resend, 2);
+        let mut out = vec![0u8; 16];
+        let first = s.next_resend(1, 10, &mut out).replay().unwrap();
+        assert_eq!(first.id, a);
+        assert_eq!(s.next_resend(1, 20, &mut out), Resend::Busy, "the file's turn is sender 10's");
+        assert_eq!(s.next_resend(1, 10, &mut [0u8; 2]), Resend::Short(5), "too short a buffer");
+        s.remove(first.id);
+        // The first write's slot taken by another write: the stale id touches nothing.
+        let c = with_reader(b"third", |r| s.insert(2, &fh(), &CRED, 0, r)).unwrap();
+        assert_eq!(c.0, a.0);
+        s.remove(a);
+        s.written(a, [9; 8], true);
+        assert!(s.has(2), "the new write of the slot stays");
+        // Sender 10 ends early (its request failed): sender 20 takes the turn, in order.
+        s.end_resend(1, 10);
+        assert_eq!(s.next_resend(1, 20, &mut out).replay().map(|r| r.id), Some(b));
+        s.remove(b);
+        assert_eq!(s.next_resend(1, 20, &mut out), Resend::Done);
+        assert_eq!(s.next_resend(1, 10, &mut out), Resend::Done, "the turn ended with the last");
+    }
+
+    #[test]
     fn replays_go_in_the_order_the_writes_were_made() {
         let s = UnstableStore::new(8 * PAGE).unwrap();
         let a = with_reader(b"first", |r| s.insert(1, &fh(), &CRED, 0, r)).unwrap();
@@ -952,15 +1024,16 @@ mod tests {
         s.remove(b);
         // The second write of file 1 reuses the freed entry slot (before `a` in the table).
         let c = with_reader(b"second", |r| s.insert(1, &fh(), &CRED, 0, r)).unwrap();
-        assert_eq!(c, b);
+        assert_eq!(c.0, b.0, "the same slot");
+        assert_ne!(c, b, "another write: a stale id of the slot's last one touches nothing");
         s.written(a, [1; 8], false);
         s.written(c, [1; 8], false);
         assert_eq!(s.committed(1, [2; 8], s.horizon()).resend, 2);
         let mut out = [0u8; PAGE];
-        let r = s.next_resend(1, &mut out).unwrap();
+        let r = s.next_resend(1, 1, &mut out).replay().unwrap();
         assert_eq!((r.id, &out[..5]), (a, &b"first"[..]));
         s.remove(r.id);
-        let r = s.next_resend(1, &mut out).unwrap();
+        let r = s.next_resend(1, 1, &mut out).replay().unwrap();
         assert_eq!((r.id, &out[..6]), (c, &b"second"[..]));
     }
 
@@ -1010,7 +1083,7 @@ mod tests {
         s.written(later, [2; 8], false);
         let mut out = [0u8; PAGE];
         let mut order = Vec::new();
-        while let Some(r) = s.next_resend(1, &mut out) {
+        while let Some(r) = s.next_resend(1, 1, &mut out).replay() {
             order.push(out[..r.len as usize].to_vec());
             s.remove(r.id);
         }
@@ -1079,11 +1152,11 @@ mod tests {
         assert_eq!(r.committed(8, [2; 8], r.horizon()), Committed { dropped: 1, resend: 0, in_flight: 0 });
         assert_eq!(r.committed(7, [2; 8], r.horizon()), Committed { dropped: 0, resend: 2, in_flight: 0 });
         let mut out = vec![0u8; 8192];
-        let first = r.next_resend(7, &mut out).unwrap();
+        let first = r.next_resend(7, 1, &mut out).replay().unwrap();
         assert_eq!((first.offset, first.len), (100, 6000));
         assert_eq!(&out[..6000], &data[..], "the same bytes, in the same memory");
         r.remove(first.id);
-        let second = r.next_resend(7, &mut out).unwrap();
+        let second = r.next_resend(7, 1, &mut out).replay().unwrap();
         assert_eq!(&out[..5], b"later");
         r.remove(second.id);
         assert!(r.is_empty());

@@ -51,6 +51,7 @@ use self::send::{send, SendError};
 use self::slot::{Call, Slot};
 use super::conn::{CallError, Conn};
 use super::shared::{EngineCell, Shared};
+use super::unstable::Resend;
 use super::wire::Fh;
 use crate::filesystem::seam::{Completions, FsEngine, Readiness, Started, Token};
 use crate::filesystem::{self, Error, Reply};
@@ -69,6 +70,10 @@ mod poll;
 mod send;
 mod slot;
 
+/// How long a request waits before it looks again whether another engine is done sending the
+/// same file's stored writes again.
+const RESEND_LOOK: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// The NFS engine of one poller (see the module documentation).
 pub struct NfsEngine {
     conn: Option<Conn>,
@@ -84,6 +89,8 @@ pub struct NfsEngine {
     /// Slots waiting for the replay buffer (one replays at a time).
     replay_wait: VecDeque<u32>,
     replay_owner: Option<u32>,
+    /// This engine's number (a sender of stored writes is it and a slot).
+    number: u64,
     /// Where a stored write is copied to be sent again (allocated at the first replay).
     replay_buf: Vec<u8>,
     /// Slots whose WRITE found the store full and waits for a COMMIT to free room, oldest first.
@@ -127,6 +134,7 @@ impl NfsEngine {
             later: Vec::with_capacity(n),
             replay_wait: VecDeque::with_capacity(n),
             replay_owner: None,
+            number: super::shared::engine_number(),
             replay_buf: Vec::new(),
             room_wait: VecDeque::with_capacity(n),
             background: None,
@@ -166,18 +174,37 @@ impl NfsEngine {
                 if self.replay_buf.len() < want {
                     self.replay_buf.resize(want, 0);
                 }
-                let Some(r) = fs.unstable.next_resend(slot.nodeid, &mut self.replay_buf) else {
-                    // Everything the server lost is on it again.
-                    if self.replay_owner == Some(i) {
-                        self.replay_owner = None;
+                let sender = self.number << 32 | u64::from(i);
+                let next = loop {
+                    match fs.unstable.next_resend(slot.nodeid, sender, &mut self.replay_buf) {
+                        Resend::Short(len) => self.replay_buf.resize(len, 0),
+                        other => break other,
                     }
-                    return match slot.then.take() {
-                        Some(call) => {
-                            slot.call = call;
-                            self.send_next(fs, i, done)
+                };
+                let r = match next {
+                    Resend::Send(r) => {
+                        slot.resending = Some(sender);
+                        r
+                    }
+                    Resend::Busy => {
+                        // Another engine sends the file's writes again: after it (the order).
+                        self.later.push((i, Instant::now() + RESEND_LOOK));
+                        return;
+                    }
+                    Resend::Done | Resend::Short(_) => {
+                        // Everything the server lost is on it again.
+                        slot.resending = None;
+                        if self.replay_owner == Some(i) {
+                            self.replay_owner = None;
                         }
-                        None => self.end(fs, i, Ok(Reply::Empty), done),
-                    };
+                        return match slot.then.take() {
+                            Some(call) => {
+                                slot.call = call;
+                                self.send_next(fs, i, done)
+                            }
+                            None => self.end(fs, i, Ok(Reply::Empty), done),
+                        };
+                    }
                 };
                 self.replay_owner = Some(i);
                 slot.obj = r.fh;

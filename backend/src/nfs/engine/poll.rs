@@ -50,6 +50,10 @@ pub(super) fn complete(
     if let Some(id) = slot.unstable.take() {
         fs.unstable.remove(id);
     }
+    if let Some(sender) = slot.resending.take() {
+        // Ended before every write was sent again: another request may take the turn.
+        fs.unstable.end_resend(slot.nodeid, sender);
+    }
     slot.replay = None;
     if *replay_owner == Some(i) {
         *replay_owner = None;

@@ -142,6 +142,8 @@ pub(super) struct Slot {
     /// `chunk`: a WRITE that commits first goes on with its own after the replays).
     pub(super) replay_at: u64,
     pub(super) replay_len: u32,
+    /// The sender number this request holds the file's turn at resending by, while it does.
+    pub(super) resending: Option<u64>,
     /// A WRITE that found the store full waits for room until then at most (one retransmission
     /// interval: a COMMIT that keeps failing must not hold writes until their deadline).
     pub(super) room_until: Option<Instant>,
@@ -186,6 +188,7 @@ impl Slot {
             replay: None,
             replay_at: 0,
             replay_len: 0,
+            resending: None,
             room_until: None,
             horizon: 0,
             flags: 0,

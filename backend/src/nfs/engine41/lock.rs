@@ -132,6 +132,13 @@ pub(super) fn prepare(fs: &Shared, slot: &mut Slot, l: &LockRequest) -> Result<O
     };
     if step != Step::Lockt {
         slot.kind = Kind::Setlk;
+        // Writes the server may have lost are on it again before the lock changes hands
+        // (as Linux's client flushes before a lock operation): a replay after an unlock could
+        // land over what the next holder wrote.
+        slot.step = step;
+        if super::commit::commit_first(fs, slot, Some(step), true) {
+            return Ok(None);
+        }
     }
     slot.step = step;
     Ok(None)

@@ -50,6 +50,7 @@ use self::slot::{Caps, Slot};
 use super::conn::{CallError, CompoundReply, Conn, ConnConfig, Nfs41};
 use super::session::{Session, SessionSink, State};
 use super::shared::{EngineCell, Limits, Shared};
+use super::unstable::Resend;
 use super::wire::nfs4::{Nfsstat4, Op, OpRes};
 use super::wire::Fh;
 use crate::filesystem::seam::{Completions, FsEngine, Readiness, Started, Token};
@@ -104,6 +105,8 @@ pub struct Nfs41Engine {
     /// The background COMMIT this engine has on the wire, and when the next may go.
     bg_commit: Option<commit::BgCommit>,
     bg_commit_after: Instant,
+    /// This engine's number (a sender of stored writes is it and a slot).
+    number: u64,
 }
 
 /// The wait of a write for room in the store, or of a resend for the engine's replay buffer,
@@ -213,6 +216,10 @@ fn complete(
         // Its WRITE failed: nothing of it is the server's to commit.
         fs.unstable.remove(id);
     }
+    if let Some(sender) = slot.resending.take() {
+        // Ended before every write was sent again: another request may take the turn.
+        fs.unstable.end_resend(slot.nodeid, sender);
+    }
     slot.replay = None;
     let r = match slot.answer.take() {
         Some(kept) if r.is_err() => kept,
@@ -276,7 +283,17 @@ impl SessionSink for PollSink<'_, '_> {
         };
         if let Some(i) = Background::index(tag) {
             if let Some(s) = self.bg.slots.get(i).filter(|s| s.busy) {
-                s.with_ops(clientid, send);
+                let ended = s.kind == slot::Kind::Reclaim
+                    && self.fs.v41.as_ref().is_some_and(|v| !v.client.is_current_epoch(s.reclaim_of));
+                if ended {
+                    // A call of a reclaim another restart ended, sent again on the new
+                    // session: nothing but the SEQUENCE (its RECLAIM_COMPLETE would end the
+                    // new grace period before the new reclaim ran; its OPENs and LOCKs carry
+                    // the old stateids).
+                    send(&[]);
+                } else {
+                    s.with_ops(clientid, send);
+                }
             }
             return;
         }
@@ -397,6 +414,7 @@ impl Nfs41Engine {
             replay_owner: None,
             bg_commit: None,
             bg_commit_after: Instant::now(),
+            number: super::shared::engine_number(),
         }
     }
 
@@ -471,17 +489,39 @@ impl Nfs41Engine {
                 if self.replay_buf.len() < want {
                     self.replay_buf.resize(want, 0);
                 }
-                let Some(r) = fs.unstable.next_resend(slot.nodeid, &mut self.replay_buf) else {
-                    // Everything the server lost is on it again.
-                    self.replay_owner = None;
-                    return match commit::then(&mut self.slots[i as usize]) {
-                        Flow::Done(r) => self.end(fs, i, r, done),
-                        _ => self.send_next(fs, i, done),
-                    };
+                let sender = self.number << 32 | u64::from(i);
+                let next = loop {
+                    match fs.unstable.next_resend(slot.nodeid, sender, &mut self.replay_buf) {
+                        Resend::Short(len) => self.replay_buf.resize(len, 0),
+                        other => break other,
+                    }
+                };
+                let r = match next {
+                    Resend::Send(r) => r,
+                    Resend::Busy => {
+                        // Another request sends the file's writes again: after it (the order).
+                        self.later.push((Instant::now() + ROOM_LOOK, i));
+                        return;
+                    }
+                    Resend::Done | Resend::Short(_) => {
+                        // Everything the server lost is on it again.
+                        self.replay_owner = None;
+                        self.slots[i as usize].resending = None;
+                        return match commit::then(&mut self.slots[i as usize]) {
+                            Flow::Done(r) => self.end(fs, i, r, done),
+                            _ => self.send_next(fs, i, done),
+                        };
+                    }
                 };
                 self.replay_owner = Some(i);
+                self.slots[i as usize].resending = Some(sender);
+                // An open of the file, if one is good (a mode that forbids writing checks the
+                // open, not the writer), else the anonymous stateid.
+                let nodeid = self.slots[i as usize].nodeid;
+                let open = if reopen::reclaiming(fs) { None } else { commit::open_of(fs, nodeid) };
                 let slot = &mut self.slots[i as usize];
                 slot.obj = r.fh;
+                slot.stateid = open.unwrap_or(crate::nfs::wire::nfs4::Stateid::ANONYMOUS);
                 slot.replay_at = r.offset;
                 slot.replay_len = r.len;
                 slot.replay = Some(r.id);
@@ -646,8 +686,11 @@ impl Nfs41Engine {
     /// nobody took it; its next call sent (one at a time, before any other background call).
     fn reclaim(&mut self, fs: &Shared, reclaiming: bool) {
         if self.bg.reclaim.as_ref().is_some_and(|r| !r.current()) {
-            // Another restart: this client id's reclaim is over, the next one has its own.
-            self.bg.reclaim = None;
+            // Another restart: this client id's reclaim is over, the next one has its own
+            // (given back: the same client id may come back confirmed, the same epoch's).
+            if let Some(r) = self.bg.reclaim.take() {
+                r.give_back();
+            }
         }
         if self.bg.reclaim.is_none() && reclaiming {
             self.bg.reclaim = reclaim::Reclaim::take(fs, self.clientid);

@@ -370,7 +370,12 @@ fn release(fs: &Shared, slot: &mut Slot, fh: u64, lock_owner: u64) -> Result<Pre
         slot.silly = true;
     }
     if !fs.nodes.has_opens(f.nodeid) {
-        // Its last handle: a mark of locks the server lost goes with it.
+        // Its last handle: a mark of locks the server lost goes with it, and so do its stored
+        // writes (their FLUSH or FSYNC was EIO: sent again now, they would go without the
+        // lock the guest wrote them under).
+        if fs.locks41.is_lost(f.nodeid) {
+            fs.unstable.drop_file(f.nodeid);
+        }
         fs.locks41.found(f.nodeid);
     }
     if has_fh {

@@ -40,7 +40,7 @@ use crate::nfs::conn::{CallError, CompoundReply, Cred};
 use crate::nfs::locks41::{Counter, Orphan, Owner};
 use crate::nfs::session::{Client, ClientShare};
 use crate::nfs::shared::Shared;
-use crate::nfs::wire::nfs4::{Nfsstat4, OpNum, OpRes, Stateid};
+use crate::nfs::wire::nfs4::{open_result, Delegation, Nfsstat4, OpNum, OpRes, Stateid};
 use crate::nfs::wire::Fh;
 
 /// Sends of one item without an answer before it counts as failed.
@@ -104,7 +104,13 @@ impl Reclaim {
             let ranges = held.ranges().map(<[_]>::to_vec);
             items.push(Item::Lock { nodeid, owner, from, old, ranges, done: 0, new: None });
         }
-        items.push(Item::Complete);
+        if v.client.is_recovery() {
+            // No grace period to reclaim in: RECLAIM_COMPLETE first (a server may refuse other
+            // opens before it, RFC 8881 18.51.3), then the opens anew.
+            items.insert(0, Item::Complete);
+        } else {
+            items.push(Item::Complete);
+        }
         log::info!(
             "nfs4.1: {} (client id {:#x}): {} {} opens and {} lock states",
             if v.client.is_recovery() { "a new process after a crash" } else { "the server restarted" },
@@ -147,7 +153,11 @@ impl Reclaim {
     pub(super) fn fill(&mut self, fs: &Shared, slot: &mut Slot) -> bool {
         let locks = &fs.locks41;
         loop {
-            let Some(item) = self.items.get_mut(self.at) else { return false };
+            let Some(item) = self.items.get_mut(self.at) else {
+                // A recovery's last open went (its RECLAIM_COMPLETE went first).
+                self.share.reclaim_done(self.client);
+                return false;
+            };
             slot.cred = Cred::ROOT;
             slot.reclaim_of = self.client.epoch;
             slot.kind = Kind::Reclaim;
@@ -251,7 +261,9 @@ impl Reclaim {
     /// The reply to the item's call; `true` when the reclaim is over.
     pub(super) fn reply(&mut self, fs: &Shared, res: Result<CompoundReply<'_>, CallError>) -> bool {
         let locks = &fs.locks41;
-        // What the call came to: the failed operation's status, and the stateid it gave.
+        // What the call came to: the failed operation's status, and the stateid it gave (and
+        // whether an OPEN came with what this client does not keep).
+        let mut deleg = false;
         let got = match &res {
             Err(e) => {
                 self.tries += 1;
@@ -267,7 +279,11 @@ impl Reclaim {
                 for op in r.results.clone() {
                     match op {
                         Ok(OpRes::Failed { op, status, .. }) => failed = Some((op, status)),
-                        Ok(OpRes::Open(o)) => stateid = Some(o.stateid),
+                        Ok(OpRes::Open(o)) => {
+                            stateid = Some(o.stateid);
+                            deleg = o.rflags & open_result::CONFIRM != 0
+                                || matches!(o.delegation, Delegation::Read { .. } | Delegation::Write { .. });
+                        }
                         Ok(OpRes::Lock(s)) => stateid = Some(s),
                         Ok(_) => {}
                         Err(_) => failed = Some((OpNum::Sequence, Nfsstat4::ServerFault)),
@@ -288,6 +304,12 @@ impl Reclaim {
         match item {
             Item::Open { handle, nodeid, fh, old, .. } => {
                 match got {
+                    Ok(Some(new)) if deleg => {
+                        // A delegation despite WANT_NO_DELEG (or NFSv4.0's confirmation): not
+                        // kept, as `reopen` does; the handle's next use opens it anew.
+                        locks.orphan(Orphan::Open(*fh, new));
+                        locks.count(Counter::OpenNotReclaimed);
+                    }
                     Ok(Some(new)) => {
                         let kept = fs.handles.replace_state(*handle, state_bytes(*old), state_bytes(new));
                         if kept == Some(state_bytes(new)) {
@@ -335,6 +357,11 @@ impl Reclaim {
                     log::warn!("nfs4.1: RECLAIM_COMPLETE failed: {s:?}");
                 }
                 locks.count(Counter::Reclaim);
+                if self.at + 1 < self.items.len() {
+                    // A recovery's: the opens go after it.
+                    self.at += 1;
+                    return false;
+                }
                 self.share.reclaim_done(self.client);
                 let t = locks.totals();
                 log::info!(

@@ -36,14 +36,15 @@ pub(super) fn reclaiming(fs: &Shared) -> bool {
     fs.v41.as_ref().is_some_and(|v| v.client.reclaiming())
 }
 
-/// What a READ, WRITE or size SETATTR through a handle does before it goes: `Some(Ok(()))`
+/// What a READ, WRITE, size SETATTR, COMMIT or resend of a file does before it goes: `Some(Ok(()))`
 /// waits for the reclaim (its file has lock states, which may not be taken back yet: the
 /// bytes must not reach the server before its locks do), `Some(Err)` is EIO (its file's locks
 /// were lost: not reclaimed), `None` goes. One atomic load each while no reclaim is under way
 /// and no file is marked.
 pub(super) fn hold(fs: &Shared, slot: &Slot) -> Option<Result<(), Error>> {
     let io = match slot.step {
-        Step::Read | Step::Write => true,
+        // A COMMIT and its resends too: writes sent again must not go before the locks.
+        Step::Read | Step::Write | Step::Commit | Step::Resend => true,
         Step::Setattr => slot.stateid != Stateid::ANONYMOUS,
         _ => false,
     };

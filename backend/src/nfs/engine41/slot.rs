@@ -418,6 +418,8 @@ pub(super) struct Slot {
     pub(super) replay_len: u32,
     /// The client id epoch of the reclaim whose call a background slot carries (`reclaim`).
     pub(super) reclaim_of: u64,
+    /// The sender number this request holds the file's turn at resending by, while it does.
+    pub(super) resending: Option<u64>,
 }
 
 impl Slot {
@@ -477,6 +479,7 @@ impl Slot {
             replay_at: 0,
             replay_len: 0,
             reclaim_of: 0,
+            resending: None,
         }
     }
 
@@ -668,11 +671,11 @@ impl Slot {
                 push(Op::Commit { offset: 0, count: 0 });
             }
             Step::Resend => {
-                // The anonymous stateid: the file may have no open left (a RELEASE's COMMIT
-                // found the server restarted), and the bytes are the guest's, acknowledged.
+                // An open of the file, else the anonymous stateid (the file may have no open
+                // left: a RELEASE's COMMIT found the server restarted).
                 push(Op::Putfh { fh: &self.obj });
                 push(Op::Write {
-                    stateid: Stateid::ANONYMOUS,
+                    stateid: self.stateid,
                     offset: self.replay_at,
                     stable: Stable4::FileSync,
                     count: self.replay_len,

@@ -269,8 +269,13 @@ impl ClientShare {
 
     /// Whether `client` is still the current client id (a reclaim on an older one is over).
     pub fn is_current(&self, client: Client) -> bool {
+        self.is_current_epoch(client.epoch)
+    }
+
+    /// Whether the client id of `epoch` is the current one.
+    pub fn is_current_epoch(&self, epoch: u64) -> bool {
         let g = self.lock();
-        g.valid && g.epoch == client.epoch
+        g.valid && g.epoch == epoch
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
