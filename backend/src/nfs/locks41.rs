@@ -213,7 +213,10 @@ impl LockStates {
         let lost = self.lost();
         for &n in nodes {
             if let Some(i) = node_slot(n) {
-                k.node_locked(i, g.keys().any(|(m, _)| *m == n) || lost.contains(&n));
+                // A lock state that holds no range is no lock to lose.
+                let holds =
+                    g.iter().any(|((m, _), k)| *m == n && k.held.ranges().is_none_or(|r| !r.is_empty()));
+                k.node_locked(i, holds || lost.contains(&n));
             }
         }
     }
@@ -253,7 +256,6 @@ impl LockStates {
         if lock.typ == LockType::Unlock && !g.contains_key(&(nodeid, owner)) {
             return;
         }
-        let new = !g.contains_key(&(nodeid, owner));
         let k = g.entry((nodeid, owner)).or_insert_with(|| Kept {
             stateid,
             typ: lock.typ,
@@ -263,10 +265,9 @@ impl LockStates {
         k.stateid = stateid;
         k.typ = lock.typ;
         k.held.apply(lock);
-        if new {
-            // Marked before the lock is answered: a crash after it finds the file locked.
-            self.mark(&g, &[nodeid]);
-        }
+        // Marked before the lock is answered: a crash after it finds the file locked (and one
+        // after its last range went, not).
+        self.mark(&g, &[nodeid]);
     }
 
     /// Whether any lock state of `nodeid` is kept.

@@ -23,8 +23,9 @@
 //!
 //! The same pass runs in a process started after the serving one was killed (a crash:
 //! `ClientShare::recovered`): the client comes back in a new incarnation, whose confirmation
-//! makes the server drop the dead process's opens and locks, with no grace period; each open
-//! handle is opened anew (OPEN CLAIM_FH, `Step::Reopen`) before the guest's requests go, and
+//! makes the server drop the dead process's opens and locks, with no grace period:
+//! RECLAIM_COMPLETE goes first, then each open handle is opened anew (OPEN CLAIM_FH,
+//! `Step::Reopen`; a guest request that meets a handle's lost open meanwhile waits for it), and
 //! the files that held locks are marked lost already (from the records), so there is no lock
 //! to take back.
 //!
