@@ -117,7 +117,9 @@ session41() {
     > "$OUT/stats-nfs41-$1.json" 2>&1 || true
   python3 - "$OUT/stats-nfs41-$1.json" <<'PY' 2>/dev/null || true
 import json, sys
-s = json.load(open(sys.argv[1]))["result"]["fuse"]["nfs"]["session"]
+r = json.load(open(sys.argv[1]))["result"]
+assert r["tag"].endswith("-nfs41")
+s = r["fuse"]["nfs"]["session"]
 print(s["exchange_ids"], s["sessions"])
 PY
 }
@@ -179,6 +181,18 @@ for b in ${BACKENDS//,/ }; do
   fi
 done
 # The nfs41 function in the last process: sessions, and no EXCHANGE_ID (no new client made).
+# get_stats answers for one function, by tag (stats-TAG.json): fuse.nfs is null for the RAM fs
+# and the share, and an NFSv3 function's fuse.nfs.session counters stay 0.
+for t in $TAGS; do
+  ctl_rpc "$CTL" "{\"jsonrpc\":\"2.0\",\"method\":\"get_stats\",\"params\":{\"tag\":\"$t\"},\"id\":1}" \
+    > "$OUT/stats-$t.json" 2>&1 || true
+done
+if [[ ,$BACKENDS, == *,nfs,* ]]; then
+  log "nfs (NFSv3) session counters: $(python3 -c '
+import json, sys
+s = json.load(open(sys.argv[1]))["result"]["fuse"]["nfs"]["session"]
+print("exchange_ids=%d sessions=%d calls=%d" % (s["exchange_ids"], s["sessions"], s["calls"]))' "$OUT/stats-$TAG-nfs.json" 2>/dev/null || echo unread)"
+fi
 if [[ ,$BACKENDS, == *,nfs41,* ]]; then
   read -r x41 s41 <<< "$(session41 last)" || true
   log "nfs41 after the updates (last process): exchange_ids=${x41:-?} sessions=${s41:-?}"
