@@ -155,7 +155,7 @@ for i in $(seq "$UPDATES"); do
 done
 grc=0; wait "$GPID" || grc=$?
 GPID=""
-tr -d '\r' < "$OUT/console.log" | grep -a '^VMRESULT:' | sed 's/^/  /' >&2 || true
+tr -d '\r' < "$OUT/console.log" | grep -a -E '^(VMRESULT:|fsx on )' | sed 's/^/  /' | tee -a "$OUT/run.txt" >&2 || true
 # fio's largest completion latencies, as the guest saw them across the updates.
 tr -d '\r' < "$OUT/console.log" | sed -n '/^VMFIO-JSON-BEGIN/,/^VMFIO-JSON-END/p' | sed '1d;$d' > "$OUT/fio.json" || true
 python3 - "$OUT/fio.json" <<'PY' | tee -a "$OUT/run.txt" >&2 || { log "FAIL: no fio result"; fail=1; }

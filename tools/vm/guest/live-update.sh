@@ -10,6 +10,7 @@
 # SETLKW waiting on an NFSv4.1 server refuses a live update). A tag ending in -nfs or -nfs41 gets
 # fsx-nfs.toml (no hole punching on NFS). What fsx leaves is kept and its checksum printed
 # (VMSUM: TAG MD5) for the host to compare with the share or export.
+# Each fsx's time since the start is printed with its result (fsx on TAG: N operations A-OK in S s).
 # Env: FSX_OPS (6000, per mount), FSX41_OPS (2000: on an -nfs41 mount, which keeps the stage's
 # wall time; its fsx still outlasts the updates), FIO_SECONDS (20).
 . /harness/lib.sh
@@ -30,8 +31,13 @@ for t in $TAGS; do
   mkdir -p "/tmp/fsx-artifacts/$t"
   cfg=/harness/fsx.toml
   case $t in *-nfs|*-nfs41) cfg=/harness/fsx-nfs.toml ;; esac
-  fsx -N "$(fsx_ops "$t")" -S "$seed" -f "$cfg" -P "/tmp/fsx-artifacts/$t" "/mnt/$t/fsx.$t.dat" \
-    > "/tmp/fsx-$t.log" 2>&1 &
+  (
+    fsx -N "$(fsx_ops "$t")" -S "$seed" -f "$cfg" -P "/tmp/fsx-artifacts/$t" "/mnt/$t/fsx.$t.dat" \
+      > "/tmp/fsx-$t.log" 2>&1
+    rc=$?
+    vm_elapsed "$t0" > "/tmp/fsx-$t.secs"
+    exit $rc
+  ) &
   pids="$pids $!"
   seed=$((seed + 1))
 done
@@ -49,7 +55,7 @@ echo "UPDATE: done"
 status=ok
 for t in $TAGS; do
   if grep -q 'All operations completed A-OK' "/tmp/fsx-$t.log"; then
-    echo "fsx on $t: $(fsx_ops "$t") operations A-OK"
+    echo "fsx on $t: $(fsx_ops "$t") operations A-OK in $(cat "/tmp/fsx-$t.secs") s"
   else
     status=FAIL
     echo "fsx on $t: FAILED; its messages (the operation log left out):"
