@@ -76,8 +76,9 @@ struct Inner {
     /// The next CREATE_SESSION's `csa_sequence` is known (false: take the next EXCHANGE_ID's).
     sequence_known: bool,
     cs_sequence: u32,
-    /// RECLAIM_COMPLETE was answered for the current client id.
+    /// RECLAIM_COMPLETE was answered for the current client id; a session's start carries it.
     reclaimed: bool,
+    reclaim_out: bool,
     /// The owner's reclaim is due on the current client id; an engine took it.
     reclaim_pending: bool,
     reclaim_taken: bool,
@@ -377,6 +378,7 @@ impl ClientShare {
         if !same || !confirmed {
             g.epoch += 1;
             g.reclaimed = false;
+            g.reclaim_out = false;
             // A client id after the first: the owner's state went with the old one.
             g.reclaim_pending = (g.epoch > 1 || g.recovered) && self.owner_reclaims.load(Ordering::Acquire);
             g.reclaim_taken = false;
@@ -454,9 +456,31 @@ impl ClientShare {
 
     /// Whether a session starting on `client` is to send RECLAIM_COMPLETE: not yet sent, and
     /// no reclaim of the owner's due (the owner sends it after its reclaims).
+    #[cfg(test)]
     pub(super) fn reclaim_due(&self, client: Client) -> bool {
         let g = self.lock();
         !(g.epoch == client.epoch && (g.reclaimed || g.reclaim_pending))
+    }
+
+    /// Whether the start of a session on `client` is to carry RECLAIM_COMPLETE (not yet
+    /// answered, no reclaim of the owner's due), taken by one session at a time: sessions starting together send it once; the one that
+    /// took it gives it back if its call got no answer for it ([`Self::reclaim_unsent`]).
+    pub(super) fn claim_reclaim_complete(&self, client: Client) -> bool {
+        let mut g = self.lock();
+        if g.epoch != client.epoch || g.reclaimed || g.reclaim_pending || g.reclaim_out {
+            return false;
+        }
+        g.reclaim_out = true;
+        true
+    }
+
+    /// The RECLAIM_COMPLETE a session took ([`Self::claim_reclaim_complete`]) was not answered:
+    /// the next start carries it.
+    pub(super) fn reclaim_unsent(&self, client: Client) {
+        let mut g = self.lock();
+        if g.epoch == client.epoch {
+            g.reclaim_out = false;
+        }
     }
 
     /// RECLAIM_COMPLETE was answered (or COMPLETE_ALREADY) for `client`, or the owner's reclaim
@@ -465,6 +489,7 @@ impl ClientShare {
         let mut g = self.lock();
         if g.epoch == client.epoch {
             g.reclaimed = true;
+            g.reclaim_out = false;
             g.reclaim_pending = false;
             g.reclaim_taken = false;
             g.recovered = false;

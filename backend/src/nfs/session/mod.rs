@@ -270,6 +270,8 @@ struct Own {
     slot: u16,
     seqid: u32,
     generation: u32,
+    /// A start that carries the client id's RECLAIM_COMPLETE (the share's one).
+    reclaim: bool,
 }
 
 /// The connection tag of the session's own call (the owner's are record numbers).

@@ -153,9 +153,11 @@ impl Session {
             OwnKind::Start | OwnKind::Renew => Op::Putrootfh,
         }];
         let start = [Op::Putrootfh, Op::Getattr { attrs: LEASE }, Op::ReclaimComplete { one_fs: false }];
+        // One start among the share's sessions carries the client id's RECLAIM_COMPLETE.
+        let reclaim = kind == OwnKind::Start && share.claim_reclaim_complete(self.client);
         let c = match kind {
             OwnKind::Start => {
-                let n = if share.reclaim_due(self.client) { 3 } else { 2 };
+                let n = if reclaim { 3 } else { 2 };
                 Compound { tag: b"", minorversion: MINOR_VERSION, first: Some(seq), ops: &start[..n] }
             }
             OwnKind::Renew => Compound { tag: b"", minorversion: MINOR_VERSION, first: Some(seq), ops: &[] },
@@ -166,10 +168,13 @@ impl Session {
                 if kind == OwnKind::Renew {
                     self.stats.renewals += 1;
                 }
-                self.own = Some(Own { kind, slot, seqid, generation: self.generation });
+                self.own = Some(Own { kind, slot, seqid, generation: self.generation, reclaim });
                 t.send_queued(&mut Wrap { s: self, owner: sink, now });
             }
             Err(e) => {
+                if reclaim {
+                    share.reclaim_unsent(self.client);
+                }
                 match kind {
                     OwnKind::Start | OwnKind::Renew => self.slots.release(slot),
                     OwnKind::ExchangeId => share.exchange_failed(self.me),
@@ -200,6 +205,15 @@ impl Session {
     /// The reply (or failure) of the session's own call.
     pub(super) fn own_done(&mut self, now: Instant, res: Result<CompoundReply<'_>, CallError>) {
         let Some(own) = self.own.take() else { return };
+        let answered = matches!(&res, Ok(r) if r.results.clone().any(|op| matches!(
+            op,
+            Ok(OpRes::ReclaimComplete)
+                | Ok(OpRes::Failed { op: OpNum::ReclaimComplete, status: Nfsstat4::CompleteAlready, .. })
+        )));
+        if own.reclaim && !answered {
+            // Its RECLAIM_COMPLETE got no answer (or failed): the next start carries it.
+            self.cfg.client.reclaim_unsent(self.client);
+        }
         let with_sequence = matches!(own.kind, OwnKind::Start | OwnKind::Renew);
         let current = own.generation == self.generation;
         let reply = match res {
