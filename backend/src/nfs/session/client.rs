@@ -14,7 +14,8 @@
 //! ids obtained, so that a late mark cannot undo a newer client id), and the next session to
 //! need one sends the EXCHANGE_ID.
 //!
-//! RECLAIM_COMPLETE is sent once per client id, by the first session that starts on it, unless
+//! RECLAIM_COMPLETE is sent once per client id, by the one session start that takes it
+//! (`claim_reclaim_complete`: sessions starting together would each send it), unless
 //! the share's owner reclaims state ([`ClientShare::owner_reclaims`]: the NFS filesystem, whose
 //! opens and locks a server restart takes away): then a client id after the first is the
 //! owner's to reclaim on ([`ClientShare::take_reclaim`]), and the owner sends RECLAIM_COMPLETE
