@@ -15,13 +15,12 @@ use std::time::{Duration, Instant};
 
 use super::attr::error;
 use super::reply::Flow;
-use super::slot::{stateid_of, Kind, Slot, Step};
+use super::slot::{Kind, Slot, Step};
 use crate::filesystem::{Error, Reply};
 use crate::io::Reader;
 use crate::nfs::shared::Shared;
-use crate::nfs::state::LOST_OPEN;
 use crate::nfs::unstable::BackgroundClaim;
-use crate::nfs::wire::nfs4::{Nfsstat4, Stable4, Stateid};
+use crate::nfs::wire::nfs4::{Nfsstat4, Stable4};
 
 /// A failed background COMMIT holds the next one back this long.
 pub(super) const BG_COMMIT_BACKOFF: Duration = Duration::from_millis(200);
@@ -181,14 +180,4 @@ pub(super) fn background_done(fs: &Shared, b: BgCommit, res: Result<[u8; 8], Opt
             true
         }
     }
-}
-
-/// A good open stateid of node `nodeid`: one of its FUSE handles' (not one a crash left
-/// unknown to the server), for a write sent again.
-pub(super) fn open_of(fs: &Shared, nodeid: u64) -> Option<Stateid> {
-    fs.handles
-        .open_handles()
-        .into_iter()
-        .find(|(_, f)| f.nodeid == nodeid && !f.dir && f.state != [0; 16] && f.state != LOST_OPEN)
-        .map(|(_, f)| stateid_of(f.state))
 }

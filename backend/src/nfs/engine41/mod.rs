@@ -515,13 +515,11 @@ impl Nfs41Engine {
                 };
                 self.replay_owner = Some(i);
                 self.slots[i as usize].resending = Some(sender);
-                // An open of the file, if one is good (a mode that forbids writing checks the
-                // open, not the writer), else the anonymous stateid.
-                let nodeid = self.slots[i as usize].nodeid;
-                let open = if reopen::reclaiming(fs) { None } else { commit::open_of(fs, nodeid) };
                 let slot = &mut self.slots[i as usize];
                 slot.obj = r.fh;
-                slot.stateid = open.unwrap_or(crate::nfs::wire::nfs4::Stateid::ANONYMOUS);
+                // The anonymous stateid: a handle's open may be one the restarted server no
+                // longer knows (not reclaimed yet, or refused), and the file may have none left.
+                slot.stateid = crate::nfs::wire::nfs4::Stateid::ANONYMOUS;
                 slot.replay_at = r.offset;
                 slot.replay_len = r.len;
                 slot.replay = Some(r.id);

@@ -671,8 +671,8 @@ impl Slot {
                 push(Op::Commit { offset: 0, count: 0 });
             }
             Step::Resend => {
-                // An open of the file, else the anonymous stateid (the file may have no open
-                // left: a RELEASE's COMMIT found the server restarted).
+                // The anonymous stateid (`stateid`, set so when the resend is filled): the
+                // file's opens may be unknown to a restarted server, or none left.
                 push(Op::Putfh { fh: &self.obj });
                 push(Op::Write {
                     stateid: self.stateid,
