@@ -8,7 +8,7 @@
 //! its kill in some parallel runs; not understood, noted in the issue.)
 
 mod common;
-use common::crash::{device, kill, new_serving, Supervised};
+use common::crash::{device, kill, new_serving, stats, Supervised};
 
 #[path = "../backend/tests/harness/ganesha.rs"]
 mod ganesha;
@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use virtiofs_dpu::ops::control_socket::ControlClient;
-use virtiofs_tools::{DriverOptions, FsDriver, LockReq};
+use virtiofs_tools::virtqueue::RingLayout;
+use virtiofs_tools::LockReq;
 
 const ROOT: u64 = 1;
 const RDWR: u32 = libc::O_RDWR as u32;
@@ -38,14 +39,7 @@ fn an_nfs41_function_recovers_as_a_new_incarnation_and_fails_only_the_files_that
     let dir = tempfile::tempdir().unwrap();
     let url = server.url41();
     let s = Supervised::start(dir.path(), "nfs41cr", &[OsStr::new("--remote"), OsStr::new(&url)]);
-    let opts = DriverOptions {
-        use_interrupts: true,
-        request_queues: 1,
-        timeout: Duration::from_secs(15),
-        ..Default::default()
-    };
-    let mut d = FsDriver::connect(&s.sock, opts).unwrap();
-    d.init().unwrap();
+    let mut d = s.driver(RingLayout::Split);
     let (a, oa) = d.create(ROOT, "plain", 0o644, RDWR).unwrap();
     let mut expect = b"written before the first crash\n".to_vec();
     d.write(a.nodeid, oa.fh, 0, &expect).unwrap();
@@ -85,8 +79,8 @@ fn an_nfs41_function_recovers_as_a_new_incarnation_and_fails_only_the_files_that
             let e = d.setlk(*n, &LockReq { fh: *fh, owner: 2, pid: 2, ..lock }).unwrap_err();
             assert_eq!(e.fuse_errno(), Some(libc::EIO), "round {round}, {name}: {e}");
         }
-        let stats = ControlClient::connect(&s.ctl).unwrap().call("get_stats", Value::Null).unwrap();
-        let l = &stats["fuse"]["nfs"]["locks"];
+        let st = stats(&s.ctl);
+        let l = &st["fuse"]["nfs"]["locks"];
         assert_eq!(l["reclaims"].as_u64(), Some(1), "round {round}: the open pass ran once: {l}");
         assert!(l["opens_reclaimed"].as_u64() >= Some(2), "round {round}: the opens opened anew: {l}");
     }

@@ -1046,6 +1046,13 @@ impl Restarted {
         self.dev.handler.server().filesystem().stats().locks
     }
 
+    /// The reclaim counters: (reclaims, opens reclaimed, opens not reclaimed, locks reclaimed,
+    /// locks not reclaimed).
+    fn reclaim_counts(&self) -> (u64, u64, u64, u64, u64) {
+        let l = self.locks();
+        (l.reclaims, l.opens_reclaimed, l.opens_not_reclaimed, l.locks_reclaimed, l.locks_not_reclaimed)
+    }
+
     /// Waits for `n` reclaims to have ended (RECLAIM_COMPLETE answered or given up).
     fn reclaimed(&self, n: u64, within: Duration) {
         wait_until(
@@ -1079,6 +1086,47 @@ fn lock_args(r: &Rec) -> (Vec<u8>, u32, u64, u64, bool, [u8; 12]) {
 
 fn other(s: [u8; 16]) -> [u8; 12] {
     s[4..].try_into().unwrap()
+}
+
+/// Short timeouts, for tests of calls whose replies never come.
+fn quick_retransmit(o: &mut NfsOptions) {
+    o.timeout = Duration::from_millis(1500);
+    o.retransmit = Duration::from_millis(500);
+}
+
+/// `sent`: one call whose replies never came (every record of it dropped), then the same
+/// operation sent again as a call of its own and answered once; the answered record.
+fn dropped_then_answered<'a>(sent: &[&'a Rec], desc: &dyn Fn() -> String) -> &'a Rec {
+    let (dropped, answered): (Vec<&Rec>, Vec<&Rec>) = sent.iter().partition(|r| r.dropped);
+    assert!(!dropped.is_empty() && dropped.iter().all(|r| r.xid == dropped[0].xid), "{}", desc());
+    assert_eq!(answered.len(), 1, "sent again, answered once: {}", desc());
+    assert!(answered[0].xid != dropped[0].xid, "a call of its own: {}", desc());
+    answered[0]
+}
+
+/// A plan that drops every record of the first call with an operation `pick` chooses (the
+/// server keeps no reply for it), and serves everything else.
+fn silent_first(pick: impl Fn(&Srv, &Arg, &[u8]) -> bool + Send + 'static) -> Plan {
+    let mut silent = None;
+    Box::new(move |s, call, op, fh| {
+        if pick(s, op, fh) && *silent.get_or_insert(call.xid) == call.xid {
+            Fate::Drop
+        } else {
+            Fate::Serve
+        }
+    })
+}
+
+/// A device with short timeouts on a server run by `plan`: `a` locked (owner 1, 0-99), then the
+/// server restarted and the reclaim done (a LOOKUP sets it off).
+fn lock_restart_and_reclaim(plan: Plan) -> Restarted {
+    let mut t = restartable_device(plan, quick_retransmit);
+    let (a, fa) = t.a;
+    t.dev.d.setlk(a, &posix(fa, 1, libc::F_WRLCK, 0, 99)).unwrap();
+    t.srv().restart();
+    t.dev.d.lookup(ROOT, "c").unwrap();
+    t.reclaimed(1, Duration::from_secs(4));
+    t
 }
 
 #[test]
@@ -1243,12 +1291,7 @@ fn a_lock_whose_reclaim_is_refused_makes_its_file_eio_and_the_others_go_on() {
         assert_eq!(writes_b[0].stateid.map(other), Some(other(t.reclaimed_open(2, b"b"))), "{}", desc());
         assert_eq!(writes_b[0].status, Nfsstat4::Ok);
         assert_eq!(log.iter().filter(|r| r.arg.op() == OpNum::ReclaimComplete).count(), 1, "{}", desc());
-        let l = t.locks();
-        assert_eq!(
-            (l.reclaims, l.opens_reclaimed, l.opens_not_reclaimed, l.locks_reclaimed, l.locks_not_reclaimed),
-            (1, 2, 0, 1, 1),
-            "{refusal:?}: {l:?}"
-        );
+        assert_eq!(t.reclaim_counts(), (1, 2, 0, 1, 1), "{refusal:?}: {:?}", t.locks());
         // Until its last close: then `a` opens (anew) and is written again.
         let d = &mut t.dev.d;
         d.flush_owner(a, fa, 1).unwrap();
@@ -1266,44 +1309,23 @@ fn a_lock_whose_reclaim_is_refused_makes_its_file_eio_and_the_others_go_on() {
 fn a_reclaim_open_whose_reply_never_comes_is_sent_again_and_the_reclaim_completes() {
     // The first CLAIM_PREVIOUS of `a` is done but never answered (nor its retransmissions: the
     // server keeps no reply for it).
-    let mut silent = None;
-    let plan: Plan = Box::new(move |_, call, op, fh| match op {
-        Arg::Open { previous: Some(_), .. }
-            if fh == b"f:a" && *silent.get_or_insert(call.xid) == call.xid =>
-        {
-            Fate::Drop
-        }
-        _ => Fate::Serve,
-    });
-    let mut t = restartable_device(plan, |o| {
-        o.timeout = Duration::from_millis(1500);
-        o.retransmit = Duration::from_millis(500);
-    });
+    let mut t = lock_restart_and_reclaim(silent_first(|_, op, fh| {
+        matches!(op, Arg::Open { previous: Some(_), .. }) && fh == b"f:a"
+    }));
     let ((a, fa), (b, fb)) = (t.a, t.b);
-    let d = &mut t.dev.d;
-    d.setlk(a, &posix(fa, 1, libc::F_WRLCK, 0, 99)).unwrap();
-    t.srv().restart();
-    let t0 = Instant::now();
-    t.dev.d.lookup(ROOT, "c").unwrap();
-    t.reclaimed(1, Duration::from_secs(4));
-    let took = t0.elapsed();
     let log = t.srv().of(2);
     let desc = || show(&log);
     let opens_a: Vec<_> = log
         .iter()
         .filter(|r| r.file() == b"a" && matches!(r.arg, Arg::Open { previous: Some(_), .. }))
         .collect();
-    assert!(opens_a.len() >= 2, "{}", desc());
-    let (dropped, answered): (Vec<&Rec>, Vec<&Rec>) = opens_a.iter().partition(|r| r.dropped);
-    assert!(!dropped.is_empty() && dropped.iter().all(|r| r.xid == dropped[0].xid), "{}", desc());
-    assert_eq!(answered.len(), 1, "sent again, answered once: {}", desc());
-    assert!(answered[0].xid != dropped[0].xid, "a call of its own: {}", desc());
+    let answered = dropped_then_answered(&opens_a, &desc);
     // The lock goes from the open answered, then RECLAIM_COMPLETE, once.
     let locks: Vec<_> = log.iter().filter(|r| r.arg.op() == OpNum::Lock).collect();
     assert_eq!(locks.len(), 1, "{}", desc());
     assert_eq!(
         lock_args(locks[0]),
-        (b"a".to_vec(), WRITE_LT, 0, 100, true, other(answered[0].gave.unwrap())),
+        (b"a".to_vec(), WRITE_LT, 0, 100, true, other(answered.gave.unwrap())),
         "{}",
         desc()
     );
@@ -1311,12 +1333,7 @@ fn a_reclaim_open_whose_reply_never_comes_is_sent_again_and_the_reclaim_complete
     let complete: Vec<_> = log.iter().filter(|r| r.arg.op() == OpNum::ReclaimComplete).collect();
     assert_eq!(complete.len(), 1, "{}", desc());
     assert_eq!(complete[0].status, Nfsstat4::Ok);
-    let l = t.locks();
-    assert_eq!(
-        (l.reclaims, l.opens_reclaimed, l.opens_not_reclaimed, l.locks_reclaimed, l.locks_not_reclaimed),
-        (1, 2, 0, 1, 0),
-        "{l:?}"
-    );
+    assert_eq!(t.reclaim_counts(), (1, 2, 0, 1, 0), "{:?}", t.locks());
     // Both files' I/O goes on with their reclaimed opens.
     let d = &mut t.dev.d;
     d.write(a, fa, 0, b"a after").unwrap();
@@ -1325,8 +1342,7 @@ fn a_reclaim_open_whose_reply_never_comes_is_sent_again_and_the_reclaim_complete
     let writes: Vec<_> = log.iter().filter(|r| r.arg.op() == OpNum::Write).collect();
     assert_eq!(writes.len(), 2, "{}", show(&log));
     assert!(writes.iter().all(|w| w.status == Nfsstat4::Ok), "{}", show(&log));
-    assert_eq!(writes[0].stateid.map(other), Some(other(answered[0].gave.unwrap())));
-    eprintln!("reclaimed within {took:?} of the restart");
+    assert_eq!(writes[0].stateid.map(other), Some(other(answered.gave.unwrap())));
 }
 
 #[test]
@@ -1467,12 +1483,7 @@ fn a_lock_and_an_open_asked_as_the_server_restarts_wait_for_the_reclaim_and_are_
         desc()
     );
     assert!(reclaims.iter().all(|r| r.status == Nfsstat4::Ok), "{}", desc());
-    let l = t.locks();
-    assert_eq!(
-        (l.reclaims, l.opens_reclaimed, l.opens_not_reclaimed, l.locks_reclaimed, l.locks_not_reclaimed),
-        (2, 4, 0, 3, 0),
-        "{l:?}"
-    );
+    assert_eq!(t.reclaim_counts(), (2, 4, 0, 3, 0), "{:?}", t.locks());
 }
 
 #[test]
@@ -1511,49 +1522,23 @@ fn a_refused_open_reclaim_is_opened_anew_when_used_unless_its_file_had_locks() {
     assert_eq!(writes.len(), 1, "{}", desc());
     assert_eq!((writes[0].file(), writes[0].stateid), (b"a".as_slice(), opened[0].1.gave), "{}", desc());
     assert!(log.iter().all(|r| r.file() != b"b" || r.arg.op() != OpNum::Write), "{}", desc());
-    let l = t.locks();
-    assert_eq!(
-        (l.reclaims, l.opens_reclaimed, l.opens_not_reclaimed, l.locks_reclaimed, l.locks_not_reclaimed),
-        (1, 0, 2, 0, 1),
-        "{l:?}"
-    );
+    assert_eq!(t.reclaim_counts(), (1, 0, 2, 0, 1), "{:?}", t.locks());
 }
 
 #[test]
 fn a_reclaim_complete_whose_reply_never_comes_is_sent_again_and_complete_already_ends_it() {
     // The restarted server's RECLAIM_COMPLETE is done, but neither it nor its retransmissions
     // answered: the call sent again meets COMPLETE_ALREADY.
-    let mut silent = None;
-    let plan: Plan = Box::new(move |s, call, op, _| match op {
-        Arg::ReclaimComplete { .. } if s.epoch == 2 && *silent.get_or_insert(call.xid) == call.xid => {
-            Fate::Drop
-        }
-        _ => Fate::Serve,
-    });
-    let mut t = restartable_device(plan, |o| {
-        o.timeout = Duration::from_millis(1500);
-        o.retransmit = Duration::from_millis(500);
-    });
+    let mut t = lock_restart_and_reclaim(silent_first(|s, op, _| {
+        matches!(op, Arg::ReclaimComplete { .. }) && s.epoch == 2
+    }));
     let ((a, fa), (b, fb)) = (t.a, t.b);
-    t.dev.d.setlk(a, &posix(fa, 1, libc::F_WRLCK, 0, 99)).unwrap();
-    t.srv().restart();
-    t.dev.d.lookup(ROOT, "c").unwrap();
-    t.reclaimed(1, Duration::from_secs(4));
     let log = t.srv().of(2);
     let desc = || show(&log);
     let completes: Vec<_> = log.iter().filter(|r| r.arg.op() == OpNum::ReclaimComplete).collect();
-    let (dropped, answered): (Vec<&Rec>, Vec<&Rec>) = completes.iter().partition(|r| r.dropped);
-    assert!(!dropped.is_empty(), "{}", desc());
-    assert_eq!(answered.len(), 1, "{}", desc());
-    assert_eq!(answered[0].status, Nfsstat4::CompleteAlready, "{}", desc());
-    assert!(answered[0].xid != dropped[0].xid, "{}", desc());
+    assert_eq!(dropped_then_answered(&completes, &desc).status, Nfsstat4::CompleteAlready, "{}", desc());
     // Nothing lost: the reclaim is over, its state in use.
-    let l = t.locks();
-    assert_eq!(
-        (l.reclaims, l.opens_reclaimed, l.opens_not_reclaimed, l.locks_reclaimed, l.locks_not_reclaimed),
-        (1, 2, 0, 1, 0),
-        "{l:?}"
-    );
+    assert_eq!(t.reclaim_counts(), (1, 2, 0, 1, 0), "{:?}", t.locks());
     let d = &mut t.dev.d;
     d.write(a, fa, 0, b"a after").unwrap();
     d.write(b, fb, 0, b"b after").unwrap();

@@ -9,7 +9,7 @@
 //! restarts before it is committed. Twice in a row, on each ring layout.
 
 mod common;
-use common::crash::{device, kept_rounds, kill, new_serving, update_then_crash, Kept, Supervised};
+use common::crash::{device, kept_rounds, kill, new_serving, stats, update_then_crash, Kept, Supervised};
 
 #[path = "../backend/tests/harness/ganesha.rs"]
 mod ganesha;
@@ -18,8 +18,6 @@ use ganesha::Ganesha;
 use std::ffi::OsStr;
 use std::time::Duration;
 
-use serde_json::Value;
-use virtiofs_dpu::ops::control_socket::ControlClient;
 use virtiofs_tools::fuse_abi::opcode;
 use virtiofs_tools::virtqueue::RingLayout;
 use virtiofs_tools::{DriverOptions, FsDriver};
@@ -40,15 +38,7 @@ fn recovered(server: &mut Ganesha, ring: RingLayout) {
     let dir = tempfile::tempdir().unwrap();
     let url = server.url();
     let s = Supervised::start(dir.path(), "nfscr", &[OsStr::new("--remote"), OsStr::new(&url)]);
-    let opts = DriverOptions {
-        ring,
-        use_interrupts: true,
-        request_queues: 1,
-        timeout: Duration::from_secs(15),
-        ..Default::default()
-    };
-    let mut d = FsDriver::connect(&s.sock, opts).unwrap();
-    d.init().unwrap();
+    let mut d = s.driver(ring);
     let name = format!("cr-{ring:?}");
     let sub = d.mkdir(ROOT, &format!("{name}.d"), 0o755).unwrap();
     let (e, o) = d.create(ROOT, &name, 0o644, RDWR).unwrap();
@@ -74,16 +64,16 @@ fn recovered(server: &mut Ganesha, ring: RingLayout) {
     std::thread::sleep(Duration::from_millis(1100));
     server.start_again();
     d.fsync(e.nodeid, o.fh, false).unwrap();
-    let stats = ControlClient::connect(&ctl).unwrap().call("get_stats", Value::Null).unwrap();
-    let resent = &stats["fuse"]["nfs"]["unstable"]["resent"];
-    assert!(resent.as_u64().unwrap_or(0) >= 1, "{ring:?}: {}", stats["fuse"]);
+    let st = stats(&ctl);
+    let resent = &st["fuse"]["nfs"]["unstable"]["resent"];
+    assert!(resent.as_u64().unwrap_or(0) >= 1, "{ring:?}: {}", st["fuse"]);
     d.flush(e.nodeid, o.fh).unwrap();
     d.release(e.nodeid, o.fh).unwrap();
     assert_eq!(std::fs::read(server.export().join(&name)).unwrap(), expect, "{ring:?}");
     d.unlink(ROOT, &name).unwrap();
     d.rmdir(ROOT, &format!("{name}.d")).unwrap();
-    let stats = ControlClient::connect(&ctl).unwrap().call("get_stats", Value::Null).unwrap();
-    assert_eq!(stats["recoveries"].as_u64(), Some(3), "{stats}");
+    let st = stats(&ctl);
+    assert_eq!(st["recoveries"].as_u64(), Some(3), "{st}");
 }
 
 fn cstr(s: &str) -> Vec<u8> {
@@ -179,8 +169,8 @@ fn requests_on_the_engine_at_the_kill_run_again_and_get_the_first_answer() {
     for gone in ["victim", "src"] {
         assert!(d.lookup(ROOT, gone).is_err(), "{gone} is still there");
     }
-    let stats = ControlClient::connect(&ctl).unwrap().call("get_stats", Value::Null).unwrap();
-    let replayed = &stats["fuse"]["replayed"];
+    let st = stats(&ctl);
+    let replayed = &st["fuse"]["replayed"];
     // Those the poller had taken were on the engine (executed again, marked); one it had not
     // taken yet (the engine holding back a directory's later changes) is taken as new.
     assert!(replayed["requests"].as_u64().unwrap_or(0) >= 1, "{replayed}\n{}", logs());

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use virtiofs_dpu::ops::control_socket::ControlClient;
 use virtiofs_tools::fuse_abi::opcode;
-use virtiofs_tools::{FsDriver, LockReq};
+use virtiofs_tools::virtqueue::RingLayout;
+use virtiofs_tools::{DriverOptions, FsDriver, LockReq};
 
 use super::{wait_for, Daemon, BIN};
 
@@ -47,6 +48,21 @@ impl Supervised {
         d
     }
 
+    /// The host driver model on the function, initialised: one request queue on `ring`,
+    /// interrupts on, a bound well above a recovery on a loaded machine.
+    pub fn driver(&self, ring: RingLayout) -> FsDriver {
+        let opts = DriverOptions {
+            ring,
+            use_interrupts: true,
+            request_queues: 1,
+            timeout: Duration::from_secs(15),
+            ..Default::default()
+        };
+        let mut d = FsDriver::connect(&self.sock, opts).unwrap();
+        d.init().unwrap();
+        d
+    }
+
     /// Its log so far.
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
@@ -77,6 +93,11 @@ pub fn new_serving(ctl: &Path, old: u64) -> Value {
         assert!(Instant::now() < deadline, "no new serving process");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// `get_stats` of the serving process.
+pub fn stats(ctl: &Path) -> Value {
+    ControlClient::connect(ctl).unwrap().call("get_stats", Value::Null).unwrap()
 }
 
 /// SIGKILL to `pid`.

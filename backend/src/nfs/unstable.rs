@@ -654,6 +654,21 @@ impl UnstableStore {
         c
     }
 
+    /// [`Self::next_resend`] into an engine's replay buffer `buf`, grown first to `want` bytes
+    /// (the mount's largest write) and again to the entry's length should one be longer: never
+    /// [`Resend::Short`].
+    pub fn next_resend_into(&self, file: u64, sender: u64, buf: &mut Vec<u8>, want: usize) -> Resend {
+        if buf.len() < want {
+            buf.resize(want, 0);
+        }
+        loop {
+            match self.next_resend(file, sender, buf) {
+                Resend::Short(len) => buf.resize(len, 0),
+                other => return other,
+            }
+        }
+    }
+
     /// The next entry of `file` to send again (the oldest: replays keep the order the writes
     /// were made in) by `sender` (a number naming the request that sends them), its bytes
     /// copied into `out`. One sender per file at a time: another gets [`Resend::Busy`] until

@@ -170,17 +170,9 @@ impl NfsEngine {
                     self.replay_wait.push_back(i);
                     return;
                 }
-                let want = fs.limits.write as usize;
-                if self.replay_buf.len() < want {
-                    self.replay_buf.resize(want, 0);
-                }
                 let sender = self.number << 32 | u64::from(i);
-                let next = loop {
-                    match fs.unstable.next_resend(slot.nodeid, sender, &mut self.replay_buf) {
-                        Resend::Short(len) => self.replay_buf.resize(len, 0),
-                        other => break other,
-                    }
-                };
+                let want = fs.limits.write as usize;
+                let next = fs.unstable.next_resend_into(slot.nodeid, sender, &mut self.replay_buf, want);
                 let r = match next {
                     Resend::Send(r) => {
                         slot.resending = Some(sender);
