@@ -1104,6 +1104,19 @@ fn dropped_then_answered<'a>(sent: &[&'a Rec], desc: &dyn Fn() -> String) -> &'a
     answered[0]
 }
 
+/// Where RECLAIM_COMPLETE is in `log`.
+fn reclaim_complete_at(log: &[Rec], desc: &dyn Fn() -> String) -> usize {
+    log.iter().position(|r| r.arg.op() == OpNum::ReclaimComplete).unwrap_or_else(|| panic!("{}", desc()))
+}
+
+/// The opens of `log` that are not reclaims and succeeded, with their places.
+fn opened_anew(log: &[Rec]) -> Vec<(usize, &Rec)> {
+    log.iter()
+        .enumerate()
+        .filter(|(_, r)| matches!(r.arg, Arg::Open { previous: None, .. }) && r.status == Nfsstat4::Ok)
+        .collect()
+}
+
 /// A plan that drops every record of the first call with an operation `pick` chooses (the
 /// server keeps no reply for it), and serves everything else.
 fn silent_first(pick: impl Fn(&Srv, &Arg, &[u8]) -> bool + Send + 'static) -> Plan {
@@ -1429,8 +1442,7 @@ fn a_lock_and_an_open_asked_as_the_server_restarts_wait_for_the_reclaim_and_are_
     t.reclaimed(1, Duration::from_secs(3));
     let log = t.srv().of(2);
     let desc = || show(&log);
-    let end =
-        log.iter().position(|r| r.arg.op() == OpNum::ReclaimComplete).unwrap_or_else(|| panic!("{}", desc()));
+    let end = reclaim_complete_at(&log, &desc);
     assert!(
         log[..end]
             .iter()
@@ -1457,13 +1469,8 @@ fn a_lock_and_an_open_asked_as_the_server_restarts_wait_for_the_reclaim_and_are_
     t.dev.d.write(c, fc, 0, b"c").unwrap();
     let log = t.srv().of(3);
     let desc = || show(&log);
-    let end =
-        log.iter().position(|r| r.arg.op() == OpNum::ReclaimComplete).unwrap_or_else(|| panic!("{}", desc()));
-    let opened: Vec<_> = log
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| matches!(r.arg, Arg::Open { previous: None, .. }) && r.status == Nfsstat4::Ok)
-        .collect();
+    let end = reclaim_complete_at(&log, &desc);
+    let opened = opened_anew(&log);
     assert_eq!(opened.len(), 1, "{}", desc());
     assert!(opened[0].0 > end, "opened after RECLAIM_COMPLETE: {}", desc());
     // The second reclaim took back what the first left and the lock granted since: `a`'s and
@@ -1507,14 +1514,9 @@ fn a_refused_open_reclaim_is_opened_anew_when_used_unless_its_file_had_locks() {
     let desc = || show(&log);
     // No lock reclaim without an open to go from; RECLAIM_COMPLETE all the same.
     assert!(log.iter().all(|r| r.arg.op() != OpNum::Lock), "{}", desc());
-    let end =
-        log.iter().position(|r| r.arg.op() == OpNum::ReclaimComplete).unwrap_or_else(|| panic!("{}", desc()));
+    let end = reclaim_complete_at(&log, &desc);
     // `a` opened anew (CLAIM_FH) after the reclaim, its WRITE with that open; nothing of `b`.
-    let opened: Vec<_> = log
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| matches!(r.arg, Arg::Open { previous: None, .. }) && r.status == Nfsstat4::Ok)
-        .collect();
+    let opened = opened_anew(&log);
     assert_eq!(opened.len(), 1, "{}", desc());
     assert!(opened[0].0 > end && opened[0].1.file() == b"a", "{}", desc());
     let writes: Vec<_> =
