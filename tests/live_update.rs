@@ -382,15 +382,50 @@ fn nfs_handed_over(server: &Ganesha, url: &str, v41: bool) {
         let s = &after["session"];
         assert_eq!(s["exchange_ids"].as_u64(), Some(0), "the same client id, no EXCHANGE_ID: {after}");
         assert!(s["sessions"].as_u64() >= Some(1), "{after}");
-        // The lock stateid is good in the new process: its LOCKU lets the lock go on the
-        // server (had it been another client's, the old lock would stay until the lease).
-        d.setlk(e.nodeid, &LockReq { typ: libc::F_UNLCK, ..lock }).unwrap();
-        d.setlk(e.nodeid, &other).unwrap();
-        d.setlk(e.nodeid, &LockReq { typ: libc::F_UNLCK, ..other }).unwrap();
         let l = &after["locks"];
         for k in ["stale", "reclaims", "opens_reclaimed", "locks_not_reclaimed"] {
             assert_eq!(l[k].as_u64(), Some(0), "{k}: {after}");
         }
+        // Owner 2's SETLKW waits on the server for owner 1's lock (tried, denied): a third
+        // update hands it over, the new process tries it on, and it is granted when owner 1's
+        // lock goes, through the lock stateid the first process got (its LOCKU lets the lock
+        // go on the server: had it been another client's, the lock would stay until the lease).
+        let waiting = d.submit_lk(1, opcode::SETLKW, e.nodeid, &other).unwrap();
+        let denied = || nfs(&ctl)["locks"]["tries_denied"].as_u64().unwrap_or(0);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while denied() == 0 {
+            assert!(Instant::now() < deadline, "the SETLKW was never tried: {}", nfs(&ctl));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let serving = device(&ctl)["pid"].clone();
+        let out = finish(update(&ctl, None));
+        assert!(
+            out.status.success(),
+            "a SETLKW waiting on the server: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_ne!(device(&ctl)["pid"], serving, "not handed over with a SETLKW waiting");
+        let parked = || {
+            let stats = ControlClient::connect(&ctl).unwrap().call("get_stats", Value::Null).unwrap();
+            (stats["device"]["queues"].as_array().unwrap().iter())
+                .map(|q| q["waiting"].as_u64().unwrap_or(0))
+                .sum::<u64>()
+        };
+        let tried = denied();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while parked() != 1 || denied() == tried {
+            assert!(Instant::now() < deadline, "the new process does not wait on: {}", nfs(&ctl));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        d.setlk(e.nodeid, &LockReq { typ: libc::F_UNLCK, ..lock }).unwrap();
+        d.lk_result(opcode::SETLKW, waiting).unwrap();
+        let probe = LockReq { owner: 3, pid: 30, ..lock };
+        let seen = d.getlk(e.nodeid, &probe).unwrap();
+        assert_eq!((seen.typ as i32, seen.start, seen.end), (libc::F_WRLCK, 0, 99), "owner 2 holds it");
+        d.setlk(e.nodeid, &LockReq { typ: libc::F_UNLCK, ..other }).unwrap();
+        let now = nfs(&ctl);
+        assert_eq!(now["session"]["exchange_ids"].as_u64(), Some(0), "the same client id: {now}");
+        assert_eq!(now["locks"]["waits"].as_u64(), Some(1), "one SETLKW waited, across the update: {now}");
     }
     d.fsync(e.nodeid, o.fh, false).unwrap();
     assert_eq!(nfs(&ctl)["unstable"]["bytes_now"].as_u64(), Some(0), "FSYNC committed the store");

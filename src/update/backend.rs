@@ -63,6 +63,10 @@ pub trait SavesState: Send + Sync {
     /// The update the copy was for is called off: stop keeping track of changes.
     fn forget_precopy(&self) {}
 
+    /// The update is called off, after [`SavesState::save`] or before it: the backend serves on
+    /// as it did (what the save held back goes again).
+    fn called_off(&self) {}
+
     /// Its state and descriptors; called while its function is at the quiet point (no request
     /// runs; a SETLKW may wait: it is state). After a [`SavesState::precopy`], only what
     /// changed since. `Err`: it cannot be handed over now, and why.
@@ -214,10 +218,18 @@ impl SavesState for FuseHandler<NfsFs> {
         let mut fds = vec![OwnedFd::from(data)];
         // The records its tables are kept in for a crash go on in the successor.
         if let Some(files) = server.filesystem().kept_files() {
-            let (records, _) = files.map_err(|e| format!("the NFS records: {e}"))?;
+            let (records, _) = files.map_err(|e| {
+                server.filesystem().called_off();
+                format!("the NFS records: {e}")
+            })?;
             fds.push(OwnedFd::from(records));
         }
         Ok((BackendPart::Nfs { fs: Box::new(fs), session }, Box::new(fds)))
+    }
+
+    /// The SETLKWs waiting on an NFSv4.1 server are tried here again.
+    fn called_off(&self) {
+        self.server().filesystem().called_off();
     }
 
     /// The new process holds the mount now: this one does not unmount it as it ends.

@@ -97,7 +97,12 @@ pub fn give(
     let mut answers: Vec<Answer> = Vec::new();
     let savers: Vec<_> = functions.iter().filter_map(|f| f.saver.clone()).collect();
     let mut phases = Phases::default();
-    let forget = || savers.iter().for_each(|s| s.forget_precopy());
+    let forget = || {
+        savers.iter().for_each(|s| {
+            s.forget_precopy();
+            s.called_off();
+        })
+    };
     let mut copied = HashSet::new();
     if format >= 3 {
         let t = Instant::now();

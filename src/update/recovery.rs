@@ -327,6 +327,12 @@ impl SavesState for Ending {
         }
     }
 
+    fn called_off(&self) {
+        if let Some(s) = &self.saver {
+            s.called_off();
+        }
+    }
+
     fn save(&self) -> Saved {
         self.serving_saver()?.save()
     }

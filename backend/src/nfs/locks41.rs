@@ -39,7 +39,7 @@
 //! [`Locks41`] holds the three, with the counters the engines keep ([`LockTotals`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -384,6 +384,52 @@ pub struct Locks41State {
     pub states: Vec<LockStateSaved>,
     /// Files whose locks the server lost (EIO until their last close).
     pub lost: Vec<u64>,
+    /// The SETLKW requests waiting for a lock on the server (their descriptor chains move
+    /// with the device's state, under these ids).
+    #[serde(default)]
+    pub waits: Vec<WaitSaved>,
+    /// The last wait id given.
+    #[serde(default)]
+    pub next_wait: u64,
+}
+
+/// A SETLKW waiting on the server, as data ([`RemoteWaits::save`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WaitSaved {
+    /// The wait id (the parked request's token names it).
+    pub id: u64,
+    /// The FUSE unique of the request.
+    pub unique: u64,
+    /// The file.
+    pub nodeid: u64,
+    /// The FUSE handle the lock comes through.
+    pub fh: u64,
+    /// The owner: `p` (POSIX) or `f` (flock), and its number.
+    pub owner: (char, u64),
+    /// The range (start, inclusive end), its type (`r` or `w`) and the pid.
+    pub lock: (u64, u64, char, u32),
+    /// The caller's credential.
+    pub uid: u32,
+    /// The caller's group.
+    pub gid: u32,
+    /// `None`: still waiting (tried again at once by the new process); `Some(0)`: granted,
+    /// `Some(errno)`: failed, its answer not yet taken by the parked request.
+    pub ended: Option<i32>,
+}
+
+fn owner_pair(o: Owner) -> (char, u64) {
+    match o {
+        Owner::Posix(n) => ('p', n),
+        Owner::Flock(h) => ('f', h),
+    }
+}
+
+fn owner_of_pair(p: (char, u64)) -> Result<Owner> {
+    match p {
+        ('p', n) => Ok(Owner::Posix(n)),
+        ('f', h) => Ok(Owner::Flock(h)),
+        _ => Err(Error::InvalidArgument),
+    }
 }
 
 fn type_char(t: LockType) -> char {
@@ -486,6 +532,10 @@ pub struct RemoteWaits {
     /// How many tries were sent, and denied (data for the statistics).
     tries: AtomicU64,
     denied: AtomicU64,
+    /// Saved for a live update ([`RemoteWaits::save`]): no try goes until
+    /// [`RemoteWaits::thaw`] (the update called off), so the successor is the only one that
+    /// tries them.
+    frozen: AtomicBool,
 }
 
 /// A locked [`Table`] that publishes its length to `kept` as it is let go.
@@ -526,6 +576,9 @@ impl RemoteWaits {
     /// reports with [`RemoteWaits::attempted`]).
     pub fn due(&self, now: Instant) -> Option<Attempt> {
         let mut g = self.lock();
+        if self.frozen.load(Ordering::Acquire) {
+            return None;
+        }
         let w = g.waits.iter_mut().find(|w| w.state == State::Waiting && !w.out && w.next_at <= now)?;
         w.out = true;
         self.tries.fetch_add(1, Ordering::Relaxed);
@@ -543,6 +596,9 @@ impl RemoteWaits {
     /// When the next try is due (for a poller that would otherwise sleep).
     pub fn next_due(&self) -> Option<Instant> {
         let g = self.lock();
+        if self.frozen.load(Ordering::Acquire) {
+            return None;
+        }
         g.waits.iter().filter(|w| w.state == State::Waiting && !w.out).map(|w| w.next_at).min()
     }
 
@@ -597,6 +653,89 @@ impl RemoteWaits {
     /// Tries sent and tries denied so far.
     pub fn tries(&self) -> (u64, u64) {
         (self.tries.load(Ordering::Relaxed), self.denied.load(Ordering::Relaxed))
+    }
+
+    /// Every wait as data, and the last id given, for a process that goes on as the same
+    /// client (a live update); from now on no try goes ([`RemoteWaits::thaw`] lets them go
+    /// again). `Err` while a try is on the wire (its answer would be this process's only).
+    pub fn save(&self) -> std::result::Result<(Vec<WaitSaved>, u64), String> {
+        let g = self.lock();
+        if g.waits.iter().any(|w| w.out) {
+            return Err("a try of a SETLKW waiting on the NFSv4.1 server is on the wire".into());
+        }
+        let waits = g
+            .waits
+            .iter()
+            .map(|w| WaitSaved {
+                id: w.id,
+                unique: w.unique,
+                nodeid: w.nodeid,
+                fh: w.fh,
+                owner: owner_pair(w.owner),
+                lock: (w.lock.start, w.lock.end, type_char(w.lock.typ), w.lock.pid),
+                uid: w.uid,
+                gid: w.gid,
+                ended: match w.state {
+                    State::Ended(Ok(())) => Some(0),
+                    State::Ended(Err(e)) => Some(e.errno()),
+                    // No try is out, so none is being dropped.
+                    State::Waiting | State::Dropping(_) => None,
+                },
+            })
+            .collect();
+        // Under the table's lock: an engine's `due` after this sees it.
+        self.frozen.store(true, Ordering::Release);
+        Ok((waits, g.next_id))
+    }
+
+    /// The update the waits were saved for was called off: they are tried again here.
+    pub fn thaw(&self) {
+        if self.frozen.swap(false, Ordering::AcqRel) {
+            self.bump();
+        }
+    }
+
+    /// Waits a predecessor saved ([`RemoteWaits::save`]), into this empty table; each is tried
+    /// at once. `Err` for a bad owner, type, range or id.
+    fn restore(&self, waits: &[WaitSaved], next_id: u64) -> Result<()> {
+        if waits.len() > MAX_WAITS {
+            return Err(Error::InvalidArgument);
+        }
+        let mut g = self.lock();
+        let now = Instant::now();
+        for w in waits {
+            let (start, end, typ, pid) = w.lock;
+            let typ = char_type(typ)?;
+            if w.id == 0 || w.id > next_id || start > end || typ == LockType::Unlock {
+                return Err(Error::InvalidArgument);
+            }
+            if g.waits.iter().any(|o| o.id == w.id) {
+                return Err(Error::InvalidArgument);
+            }
+            let state = match w.ended {
+                None => State::Waiting,
+                Some(0) => State::Ended(Ok(())),
+                Some(e) => State::Ended(Err(Error::from_errno(e))),
+            };
+            g.waits.push(Wait {
+                id: w.id,
+                unique: w.unique,
+                nodeid: w.nodeid,
+                fh: w.fh,
+                owner: owner_of_pair(w.owner)?,
+                lock: FileLock { start, end, typ, pid },
+                uid: w.uid,
+                gid: w.gid,
+                state,
+                out: false,
+                next_at: now,
+                backoff: MIN_RETRY,
+            });
+        }
+        g.next_id = next_id;
+        drop(g);
+        self.bump();
+        Ok(())
     }
 
     /// Ends wait `id` without a lock: with `answer` (`EINTR`), or none (cancelled).
@@ -1046,33 +1185,30 @@ impl Locks41 {
         self.states.remark(&gone);
     }
 
-    /// The lock state as data, for a process that goes on as the same client (a live update);
-    /// `Err` while something is under way that is not data: a SETLKW waiting on the server (its
-    /// request is parked here), a cleanup (an orphan) to send or on the wire.
+    /// The lock state as data, with the SETLKWs waiting on the server, for a process that goes
+    /// on as the same client (a live update); from then on no try goes here until
+    /// [`RemoteWaits::thaw`]. `Err` while something is under way that is not data: a try of a
+    /// waiting SETLKW on the wire, a cleanup (an orphan) to send or on the wire.
     pub fn save(&self) -> std::result::Result<Locks41State, String> {
-        if !self.waits.is_empty() {
-            return Err("a SETLKW waits for a lock on the NFSv4.1 server".into());
-        }
         if self.orphans_left() > 0 {
             return Err("NFSv4.1 opens or locks of an ended session are being let go".into());
         }
+        // Last: from here on no try goes (the caller thaws them should the update not be made).
+        let (waits, next_wait) = self.waits.save()?;
         let states = self
             .states
             .lock()
             .iter()
             .map(|(&(nodeid, owner), k)| LockStateSaved {
                 nodeid,
-                owner: match owner {
-                    Owner::Posix(o) => ('p', o),
-                    Owner::Flock(h) => ('f', h),
-                },
+                owner: owner_pair(owner),
                 stateid: (k.stateid.seqid, k.stateid.other),
                 typ: type_char(k.typ),
                 from: k.from,
                 held: k.held.ranges().map(|r| r.iter().map(|&(a, b, t)| (a, b, type_char(t))).collect()),
             })
             .collect();
-        Ok(Locks41State { states, lost: self.lost().clone() })
+        Ok(Locks41State { states, lost: self.lost().clone(), waits, next_wait })
     }
 
     /// The lock state `s` describes (a live update's).
@@ -1081,11 +1217,7 @@ impl Locks41 {
         {
             let mut g = l.states.lock();
             for k in &s.states {
-                let owner = match k.owner {
-                    ('p', o) => Owner::Posix(o),
-                    ('f', h) => Owner::Flock(h),
-                    _ => return Err(Error::InvalidArgument),
-                };
+                let owner = owner_of_pair(k.owner)?;
                 let held = match &k.held {
                     Some(r) => Held(Some(
                         r.iter().map(|&(a, b, t)| Ok((a, b, char_type(t)?))).collect::<Result<Vec<_>>>()?,
@@ -1101,7 +1233,25 @@ impl Locks41 {
             lost.extend(&s.lost);
             l.states.lost_kept.store(lost.len(), Ordering::Release);
         }
+        l.waits.restore(&s.waits, s.next_wait)?;
         Ok(l)
+    }
+
+    /// The counters continue from `t` (a predecessor's, at a live update).
+    pub fn continue_from(&self, t: &LockTotals) {
+        let set = |a: &AtomicU64, v: u64| a.store(v, Ordering::Relaxed);
+        set(&self.calls, t.calls);
+        set(&self.denied, t.denied);
+        set(&self.freed, t.freed);
+        set(&self.stale, t.stale);
+        set(&self.waited, t.waits);
+        set(&self.waits.tries, t.tries);
+        set(&self.waits.denied, t.tries_denied);
+        set(&self.reclaims, t.reclaims);
+        set(&self.opens_reclaimed, t.opens_reclaimed);
+        set(&self.opens_not_reclaimed, t.opens_not_reclaimed);
+        set(&self.locks_reclaimed, t.locks_reclaimed);
+        set(&self.locks_not_reclaimed, t.locks_not_reclaimed);
     }
 
     /// The counters.
@@ -1186,7 +1336,7 @@ mod tests {
     }
 
     #[test]
-    fn the_lock_state_saved_is_the_lock_state_restored_and_a_wait_holds_the_save_back() {
+    fn the_lock_state_saved_is_the_lock_state_restored_with_its_waits() {
         let l = Locks41::default();
         let st = Stateid { seqid: 3, other: [7; 12] };
         l.states.set(5, Owner::Posix(1), st, &lk(0, 9, LockType::Write), 7);
@@ -1202,8 +1352,51 @@ mod tests {
         assert_eq!(a, b);
         assert!(r.is_lost(9) && !r.is_lost(5));
         assert_eq!(r.states.held(6, Owner::Flock(8)), Some(LockType::Read));
-        let _id = l.waits.wait(&ctx(), 5, &req(3), 77).unwrap();
-        assert!(l.save().is_err(), "a SETLKW waits on the server");
+        // That update called off: the waits are tried here again.
+        l.waits.thaw();
+        // Waits: one waiting, one granted whose answer is not taken yet, one interrupted.
+        let waiting = l.waits.wait(&ctx(), 5, &req(3), 77).unwrap();
+        let granted = l.waits.wait(&ctx(), 5, &req(4), 78).unwrap();
+        let interrupted = l.waits.wait(&ctx(), 6, &LockRequest { flock: true, ..req(5) }, 79).unwrap();
+        let now = Instant::now();
+        let a = l.waits.due(now).unwrap();
+        assert_eq!(a.id, waiting);
+        // A try on the wire holds the save back (its answer would be this process's only).
+        assert!(l.save().is_err(), "a try is out");
+        l.waits.attempted(a.id, Tried::Denied, now);
+        let b = l.waits.due(now).unwrap();
+        assert_eq!(b.id, granted);
+        l.waits.attempted(b.id, Tried::Granted, now);
+        assert!(l.waits.interrupt(79));
+        let saved = l.save().unwrap();
+        assert_eq!(saved.waits.len(), 3);
+        assert_eq!(saved.next_wait, interrupted);
+        // Saved: no try goes here any more, until the update is called off.
+        let later = now + Duration::from_secs(5);
+        assert_eq!(l.waits.due(later), None);
+        assert_eq!(l.waits.next_due(), None);
+        l.waits.thaw();
+        assert_eq!(l.waits.due(later).map(|a| a.id), Some(waiting));
+        // The successor: the same ids and uniques, each answered as it was or tried at once.
+        let r = Locks41::restore(&saved).unwrap();
+        assert_eq!(r.waits.unique_of(waiting), Some(77));
+        assert_eq!(r.waits.poll(granted), Some(Ok(())));
+        assert_eq!(r.waits.poll(interrupted), Some(Err(Error::Os(libc::EINTR))));
+        assert_eq!(r.waits.poll(waiting), None, "still waiting");
+        let t = r.waits.due(Instant::now()).unwrap();
+        assert_eq!(
+            (t.id, t.nodeid, t.fh, t.owner, t.lock, t.uid),
+            (waiting, 5, 7, Owner::Posix(3), req(3).lock, 1000)
+        );
+        let next = r.waits.wait(&ctx(), 5, &req(6), 80).unwrap();
+        assert!(next > interrupted, "ids go on after the saved ones");
+        // A bad saved wait is refused.
+        let mut bad = saved.clone();
+        bad.waits[0].lock.2 = 'u';
+        assert!(Locks41::restore(&bad).is_err());
+        let mut bad = saved;
+        bad.waits[1].id = bad.waits[0].id;
+        assert!(Locks41::restore(&bad).is_err());
     }
 
     #[test]

@@ -15,9 +15,11 @@
 //! client the function is to the server. The new process goes on as that same client
 //! ([`ShareState`]: owner id, verifier, client id, the next CREATE_SESSION sequence): its
 //! sessions join the client id without an EXCHANGE_ID, and every stateid stays good; the old
-//! process ends its sessions without destroying the client id (`ClientShare::hand_over`). Not
-//! at a quiet point, and refused, while a SETLKW waits on the server, an ended session's
-//! cleanup is under way, a session is being established, or a reclaim runs.
+//! process ends its sessions without destroying the client id (`ClientShare::hand_over`). A
+//! SETLKW waiting on the server moves as data (`Locks41State::waits`, under its wait id, which
+//! its parked request names) and the new process tries it on. Not at a quiet point, and
+//! refused, while a try of such a SETLKW is on the wire, an ended session's cleanup is under
+//! way, a session is being established, or a reclaim runs.
 
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -96,6 +98,20 @@ impl NfsFs {
     /// copied); call while no request runs. `Err`: it is not at a quiet point (a WRITE on the
     /// wire), or the memfd could not be duplicated.
     pub fn save(&self) -> Result<(NfsState, File), String> {
+        let r = self.save_now();
+        if r.is_err() {
+            self.called_off();
+        }
+        r
+    }
+
+    /// The update a [`NfsFs::save`] was for is called off: this process serves on as before
+    /// (the SETLKWs waiting on an NFSv4.1 server are tried again here).
+    pub fn called_off(&self) {
+        self.shared().locks41.waits.thaw();
+    }
+
+    fn save_now(&self) -> Result<(NfsState, File), String> {
         let sh = self.shared();
         let v41 = match sh.v41.as_ref() {
             Some(v) => Some(V41State {
@@ -256,6 +272,7 @@ impl NfsFs {
             });
             shared.locks41 =
                 Arc::new(Locks41::restore(&v.locks).map_err(|_| "the NFSv4.1 lock states".to_string())?);
+            shared.locks41.continue_from(&state.counters.locks);
             if let Some(k) = keep.as_ref().filter(|_| now) {
                 shared.locks41.states.keep_in(Some(k.clone()));
             }
@@ -363,7 +380,7 @@ impl NfsState {
                 },
                 addrs: c.addrs,
                 owners: 1,
-                locks: Locks41State { states: Vec::new(), lost },
+                locks: Locks41State { lost, ..Default::default() },
                 recovered: true,
             }),
         })
