@@ -198,6 +198,28 @@ pub struct SessionTotals {
 }
 
 impl SessionTotals {
+    /// Sets the counters `c` (one engine's) to these totals: a predecessor's, which continue.
+    pub(crate) fn set_into(&self, c: &[AtomicU64; super::shared::SESSION_COUNTERS]) {
+        let v = [
+            self.calls,
+            self.resent,
+            self.waited,
+            self.timed_out,
+            self.exchange_ids,
+            self.sessions,
+            self.establish_failures,
+            self.bad_sessions,
+            self.stale_clientids,
+            self.misordered,
+            self.delays,
+            self.renewals,
+            self.flagged,
+        ];
+        for (a, v) in c.iter().zip(v) {
+            a.store(v, Ordering::Relaxed);
+        }
+    }
+
     fn add(&mut self, c: &[AtomicU64; super::shared::SESSION_COUNTERS]) {
         let v: [u64; super::shared::SESSION_COUNTERS] = std::array::from_fn(|i| c[i].load(Ordering::Relaxed));
         let [calls, resent, waited, timed_out, exchange_ids, sessions, establish_failures, bad_sessions, stale_clientids, misordered, delays, renewals, flagged] =

@@ -222,9 +222,12 @@ impl NfsFs {
             (&base.retransmits, c.retransmits),
             (&base.reconnects, c.reconnects),
             (&base.bad_replies, c.bad_replies),
+            (&base.address_moves, c.address_moves),
+            (&base.close_failures, c.close_failures),
         ] {
             EngineCell::set(cell, v);
         }
+        c.session.set_into(&base.session);
         let mounted = Mounted { root, nfs_addr: state.nfs_addr, mount_addr: state.mount_addr };
         let tables = Tables { nodes, handles, unstable };
         let keep = match keep {
