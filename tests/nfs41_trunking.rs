@@ -33,7 +33,12 @@ struct Forward {
 
 impl Forward {
     fn start(to: SocketAddr) -> Forward {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), to)
+    }
+
+    /// A forwarder listening on `on` (where one that went away listened: the address is back).
+    fn start_on(on: SocketAddr, to: SocketAddr) -> Forward {
+        let listener = TcpListener::bind(on).unwrap();
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = Arc::new(AtomicBool::new(false));
@@ -154,10 +159,28 @@ fn two_addresses_carry_the_pollers_and_one_going_away_moves_its_calls() {
         let got = d.read(f.nodeid, open.fh, i * block as u64, block as u32).unwrap();
         assert!(got == expected[i as usize * block..(i as usize + 1) * block], "block {i} reads back");
     }
-    d.release(f.nodeid, open.fh).unwrap();
     let st = handler.server().filesystem().stats();
     eprintln!("after the move: {st:?}");
     assert!(st.address_moves >= 1, "a connection moved to the other address: {st:?}");
+
+    // The first address comes back: within a probe interval (5 s) its poller's connection
+    // goes back to it, and writes go through it again.
+    let moved = st.address_moves;
+    let a = Forward::start_on(a.addr, server);
+    let t0 = std::time::Instant::now();
+    let mut i = 32u64;
+    while a.bytes() < block as u64 {
+        assert!(t0.elapsed() < Duration::from_secs(15), "never back on the first address");
+        let data = pattern(i as u8, block);
+        d.write(f.nodeid, open.fh, i * block as u64, &data).unwrap();
+        expected.extend_from_slice(&data);
+        i += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("back on the first address after {:?}", t0.elapsed());
+    d.release(f.nodeid, open.fh).unwrap();
+    let st = handler.server().filesystem().stats();
+    assert!(st.address_moves > moved, "moved back: {st:?}");
     assert_eq!(st.errors, 0, "no request failed: {st:?}");
     assert!(std::fs::read(g.export().join("trunk")).unwrap() == expected, "every write is on the export");
     d.shutdown().unwrap();

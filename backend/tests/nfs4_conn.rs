@@ -380,6 +380,35 @@ fn a_server_address_that_goes_away_moves_the_calls_to_the_next() {
     let st = c.stats();
     assert!(st.address_moves >= 1 && st.reconnects == 1, "{st:?}");
 
+    // The first address answers again: the connection goes back to it (a probe every 20 ms
+    // here), the calls it held back meanwhile (three at a time are out) served there, none lost
+    // or sent twice.
+    c.probe_first_every(Duration::from_millis(20));
+    let a = FakeServer::start_at(a_addr, answer);
+    let moves = c.stats().address_moves;
+    let t0 = Instant::now();
+    let mut tag = 3;
+    while a.calls().is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "never back on the first address: {:?}", c.stats());
+        for _ in 0..3 {
+            c.call(tag, &Cred::ROOT, &Compound::of(&ops), &mut sink).unwrap();
+            tag += 1;
+        }
+        run(&mut c, &mut sink, tag as usize - 1);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(c.address(), a_addr);
+    assert_eq!(c.stats().address_moves, moves + 1, "{:?}", c.stats());
+    assert_eq!(c.stats().retransmits, 1, "only the first move's call went again: {:?}", c.stats());
+    let sent = (tag - 1) as usize;
+    assert_eq!(sink.done.len(), sent);
+    assert!(sink.done.iter().all(|(_, r)| r.as_ref().is_ok_and(|t| t.status == Nfsstat4::Ok)));
+    assert_eq!(
+        a.calls().len() + b.calls().len(),
+        sent - 1,
+        "every call served once (the first by the old `a`)"
+    );
+
     // The first address dead from the start (the fake server serves one connection at a time:
     // the first one goes).
     drop(c);

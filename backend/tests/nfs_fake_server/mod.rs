@@ -59,7 +59,12 @@ pub struct FakeServer {
 
 impl FakeServer {
     pub fn start(handler: impl FnMut(&Call) -> Vec<Act> + Send + 'static) -> FakeServer {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Self::start_at(SocketAddr::from(([127, 0, 0, 1], 0)), handler)
+    }
+
+    /// A server on `addr` (one that was there before and went: a restart on its port).
+    pub fn start_at(addr: SocketAddr, handler: impl FnMut(&Call) -> Vec<Act> + Send + 'static) -> FakeServer {
+        let listener = TcpListener::bind(addr).unwrap();
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = Arc::new(AtomicBool::new(false));

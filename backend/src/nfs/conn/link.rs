@@ -1,16 +1,39 @@
 //! The link: a non-blocking connect, its progress, the move to the server's next address
 //! ([`Conn::also_at`]) and the back-off between failed ones (a reconnection starts the receive
-//! side over; the calls were put back in the queue when the link dropped).
+//! side over; the calls were put back in the queue when the link dropped), and the way back to
+//! the first address once it answers again.
 
 use std::time::Instant;
 
 use mio::net::TcpStream;
 
 use super::program::Program;
-use super::state::{Conn, Link, MAX_BACKOFF, MIN_BACKOFF};
+use super::state::{Conn, Link, Probe, SlotState, MAX_BACKOFF, MIN_BACKOFF};
+
+/// Whether a non-blocking connect is done (`Ok(true)`), still under way (`Ok(false)`) or failed.
+fn connected(stream: &TcpStream) -> Result<bool, ()> {
+    match stream.take_error() {
+        Ok(Some(_)) | Err(_) => Err(()),
+        Ok(None) => match stream.peer_addr() {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotConnected => Ok(false),
+            Err(_) => Err(()),
+        },
+    }
+}
 
 impl<P: Program> Conn<P> {
     pub(super) fn connect(&mut self, now: Instant) {
+        if let Probe::Ready { .. } = self.probe {
+            // The first address answers again: the new link is that connection.
+            let Probe::Ready { stream } = std::mem::replace(&mut self.probe, Probe::Idle { at: now }) else {
+                return;
+            };
+            self.at = 0;
+            self.stats.address_moves += 1;
+            self.link = Link::Connecting { stream, since: now };
+            return;
+        }
         self.link = match TcpStream::connect(self.address()) {
             Ok(stream) => Link::Connecting { stream, since: now },
             Err(_) => self.failed_connect(now),
@@ -43,15 +66,7 @@ impl<P: Program> Conn<P> {
             }
             Link::Connecting { stream, since } => {
                 let since = *since;
-                let state = match stream.take_error() {
-                    Ok(Some(_)) | Err(_) => Err(()),
-                    Ok(None) => match stream.peer_addr() {
-                        Ok(_) => Ok(true),
-                        Err(e) if e.kind() == std::io::ErrorKind::NotConnected => Ok(false),
-                        Err(_) => Err(()),
-                    },
-                };
-                match state {
+                match connected(stream) {
                     Ok(true) => {
                         let Link::Connecting { stream, .. } =
                             std::mem::replace(&mut self.link, Link::Down { retry_at: now })
@@ -74,5 +89,58 @@ impl<P: Program> Conn<P> {
             }
             Link::Up { .. } => {}
         }
+    }
+
+    /// Away from the first address: every `probe_every` a connect to it; once up, the link
+    /// moves to it as soon as no call is on the wire of the current one (calls queued meanwhile
+    /// are held back, [`Conn::holding`]). A probe that fails, or is not done within the
+    /// retransmission interval, is tried again later; nothing is lost either way.
+    pub(super) fn probe_first(&mut self, now: Instant) {
+        if !matches!(self.link, Link::Up { .. }) {
+            // Moving or reconnecting: that takes its own course; look again later.
+            if let Probe::Connecting { .. } = self.probe {
+                self.probe = Probe::Idle { at: now + self.probe_every };
+            }
+            return;
+        }
+        match std::mem::replace(&mut self.probe, Probe::Idle { at: now }) {
+            Probe::Idle { at } if now < at => self.probe = Probe::Idle { at },
+            Probe::Idle { .. } => {
+                self.probe = match TcpStream::connect(self.cfg.addr) {
+                    Ok(stream) => Probe::Connecting { stream, since: now },
+                    Err(_) => Probe::Idle { at: now + self.probe_every },
+                };
+            }
+            Probe::Connecting { stream, since } => {
+                self.probe = match connected(&stream) {
+                    Ok(true) => Probe::Ready { stream },
+                    Ok(false) if now.duration_since(since) < self.cfg.retransmit => {
+                        Probe::Connecting { stream, since }
+                    }
+                    _ => Probe::Idle { at: now + self.probe_every },
+                };
+            }
+            Probe::Ready { stream } => self.probe = Probe::Ready { stream },
+        }
+        let on_wire = self.tx.is_some() || self.slots.iter().any(|s| s.state == SlotState::Sent);
+        if matches!(self.probe, Probe::Ready { .. }) && !on_wire {
+            let Probe::Ready { stream } =
+                std::mem::replace(&mut self.probe, Probe::Idle { at: now + self.probe_every })
+            else {
+                return;
+            };
+            // Back on the first address: taken up as a connect that is done (the next round
+            // makes it the link, the receive side starts over, the held calls go there).
+            self.at = 0;
+            self.stats.address_moves += 1;
+            self.link = Link::Connecting { stream, since: now };
+            self.progress_link(now);
+        }
+    }
+
+    /// Whether new calls are held back: the first address answers again, and the link moves
+    /// there once the calls on the wire are answered.
+    pub(super) fn holding(&self) -> bool {
+        matches!(self.probe, Probe::Ready { .. })
     }
 }

@@ -21,7 +21,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use self::rx::{Rx, RxMode};
-use self::state::{Link, Slot, SlotState, CALL_BUF, DIRECT_MIN, LAST_FRAGMENT, MIN_BACKOFF, RECV_EXTRA};
+use self::state::{
+    Link, Probe, Slot, SlotState, CALL_BUF, DIRECT_MIN, FIRST_PROBE, LAST_FRAGMENT, MIN_BACKOFF, RECV_EXTRA,
+};
 use self::sys::IOV_MAX;
 use super::wire::rpc;
 use super::wire::xdr::{self, Encoder};
@@ -87,6 +89,8 @@ impl<P: Program> Conn<P> {
             at: 0,
             failed_in_row: 0,
             link: Link::Down { retry_at: now },
+            probe: Probe::Idle { at: now },
+            probe_every: FIRST_PROBE,
             connected_once: false,
             backoff: MIN_BACKOFF,
             slots: vec![blank; n],
@@ -128,9 +132,20 @@ impl<P: Program> Conn<P> {
     /// to the current address fails (refused, or not done within the retransmission interval),
     /// the next one is tried at once, and only after every address failed in a row does the
     /// back-off apply. A link that was up and is lost is connected again to the same address
-    /// first. Allocates (once, at set-up).
+    /// first. While on another address than the first, a connect to the first is tried every
+    /// few seconds ([`Conn::probe_first_every`]); once it is up, calls are held back until none
+    /// is on the wire, and the link moves back to it. Allocates (once, at set-up).
     pub fn also_at(&mut self, others: &[SocketAddr]) {
         self.others = others.iter().copied().filter(|a| *a != self.cfg.addr).collect();
+    }
+
+    /// How often a connection away from its first address tries that one again (5 s unless
+    /// set).
+    pub fn probe_first_every(&mut self, every: Duration) {
+        self.probe_every = every.max(Duration::from_millis(1));
+        if let Probe::Idle { at } = &mut self.probe {
+            *at = (*at).min(Instant::now() + self.probe_every);
+        }
     }
 
     /// The address connected to (or being connected to).
@@ -257,9 +272,16 @@ impl<P: Program> Conn<P> {
             return;
         }
         self.progress_link(now);
+        if self.at != 0 {
+            self.probe_first(now);
+        }
         if matches!(self.link, Link::Up { .. }) {
             self.flush(now, sink);
             self.receive(now, sink, false);
+            if self.holding() {
+                // The last call on the wire may have been answered: the link moves back now.
+                self.probe_first(now);
+            }
             if matches!(self.link, Link::Up { .. }) && self.tx.is_none() && !self.queue.is_empty() {
                 self.flush(now, sink);
             }
@@ -280,7 +302,10 @@ impl<P: Program> Conn<P> {
         match &self.link {
             Link::Down { retry_at } => (None, false, timer.min(retry_at.saturating_duration_since(now))),
             Link::Connecting { stream, .. } => (Some(stream.as_fd()), true, timer),
-            Link::Up { stream } => (Some(stream.as_fd()), self.tx.is_some() || !self.queue.is_empty(), timer),
+            Link::Up { stream } => {
+                let sending = self.tx.is_some() || (!self.queue.is_empty() && !self.holding());
+                (Some(stream.as_fd()), sending, timer)
+            }
         }
     }
 

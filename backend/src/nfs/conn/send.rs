@@ -18,6 +18,11 @@ impl<P: Program> Conn<P> {
             let (idx, off) = match self.tx {
                 Some(t) => t,
                 None => {
+                    if self.holding() {
+                        // The link moves back to the first address once the calls on the wire
+                        // are answered: what is queued goes there.
+                        return;
+                    }
                     let Some((idx, generation)) = self.queue.pop_front() else {
                         return;
                     };

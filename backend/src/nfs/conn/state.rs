@@ -27,6 +27,9 @@ pub(super) const RECORD_SLACK: usize = 8;
 pub(super) const MAX_FRAGMENTS: usize = 1 << 14;
 /// Most socket reads per poll round, so that one busy connection does not starve the poller.
 pub(super) const READS_PER_POLL: usize = 16;
+/// How often a connection that moved off its first address looks whether that one answers
+/// again ([`Conn::probe_first_every`]).
+pub(super) const FIRST_PROBE: Duration = Duration::from_secs(5);
 /// First reconnection delay after a failed connect; it doubles up to [`MAX_BACKOFF`].
 pub(super) const MIN_BACKOFF: Duration = Duration::from_millis(1);
 pub(super) const MAX_BACKOFF: Duration = Duration::from_millis(500);
@@ -94,6 +97,17 @@ pub(super) enum Link {
     Up { stream: TcpStream },
 }
 
+/// A connect to the first address while the connection serves on another ([`Conn::also_at`]).
+pub(super) enum Probe {
+    /// None now; the next at `at`.
+    Idle { at: Instant },
+    /// In progress since `since`.
+    Connecting { stream: TcpStream, since: Instant },
+    /// Connected: the link moves to it once no call is on the wire of the current one (calls
+    /// queued meanwhile wait for it).
+    Ready { stream: TcpStream },
+}
+
 /// What happened to a record or a stream; decides whether the connection is reset.
 pub(super) enum Fault {
     /// The stream is unusable (a bad record mark, garbage not attributable to a call): the calls
@@ -115,6 +129,10 @@ pub struct Conn<P: Program = Nfs3> {
     /// Connects failed in a row (on any address) since the last one that succeeded.
     pub(super) failed_in_row: usize,
     pub(super) link: Link,
+    /// Away from the first address: the connect that looks whether it answers again.
+    pub(super) probe: Probe,
+    /// How often that connect is tried.
+    pub(super) probe_every: Duration,
     /// Whether a connection was ever established (later ones count as reconnects).
     pub(super) connected_once: bool,
     pub(super) backoff: Duration,
