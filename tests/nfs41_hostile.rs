@@ -692,6 +692,8 @@ struct Rec {
     gave: Option<[u8; 16]>,
     /// The COMPOUND's reply was dropped (done, not answered).
     dropped: bool,
+    /// The call's AUTH_SYS uid.
+    uid: Option<u32>,
 }
 
 impl Rec {
@@ -970,6 +972,7 @@ fn restartable(srv: Arc<Mutex<Srv>>, mut plan: Plan) -> impl FnMut(&Call) -> Vec
                 status: st,
                 gave,
                 dropped: false,
+                uid: call.sys.map(|c| c.0),
             });
             match res {
                 Ok(r) => results.push(r),
@@ -1627,4 +1630,57 @@ fn an_address_of_another_server_is_refused_and_one_that_does_not_answer_is_left_
     assert_eq!(fs.server_addrs(), vec![a.addr()]);
     // None answers: the start-up fails, saying why.
     assert!(connect(format!("nfs://{closed},{closed}/export?version=4.1")).is_err());
+}
+
+/// A server that squashes root refuses root the reclaim of a file only its owner may open (and
+/// a LOCK needs read access or ownership there): the open of a handle, and the lock taken
+/// through it, are reclaimed as the caller that opened the handle. (The scripted server refuses
+/// every reclaim from uid 0 with ACCESS.)
+#[test]
+fn opens_and_locks_are_reclaimed_as_the_caller_that_opened_the_handle() {
+    use virtiofs_tools::fuse_abi::{opcode, InHeader, OpenIn, OpenOut};
+    let plan: Plan = Box::new(move |_, call, op, _| match op {
+        Arg::Open { previous: Some(_), .. } | Arg::Lock { reclaim: true, .. }
+            if call.sys.map(|c| c.0) == Some(0) =>
+        {
+            Fate::Refuse(Nfsstat4::Access)
+        }
+        _ => Fate::Serve,
+    });
+    let mut t = restartable_device(plan, |_| {});
+    // `c` opened by uid 1000 (a raw OPEN: the driver's own requests go as this process).
+    let c = t.dev.d.lookup(ROOT, "c").unwrap().nodeid;
+    let d = &mut t.dev.d;
+    let unique = d.peek_next_unique();
+    let args = OpenIn { flags: RDWR, open_flags: 0 }.to_bytes();
+    let len = InHeader::SIZE + args.len();
+    let hdr = InHeader {
+        len: len as u32,
+        opcode: opcode::OPEN,
+        unique,
+        nodeid: c,
+        uid: 1000,
+        gid: 1000,
+        pid: 1,
+        total_extlen: 0,
+        padding: 0,
+    }
+    .to_bytes();
+    d.submit_raw(1, &[&hdr, &args], &[16, OpenOut::SIZE as u32]).unwrap();
+    let done = d.wait_for(unique).unwrap();
+    let (h, body) = FsDriver::parse_reply(&done, opcode::OPEN, unique).unwrap();
+    assert_eq!(h.error, 0);
+    let fc = OpenOut::decode(&body).unwrap().fh;
+    d.setlk(c, &posix(fc, 1, libc::F_WRLCK, 0, 99)).unwrap();
+    t.srv().restart();
+    t.dev.d.lookup(ROOT, "c").unwrap();
+    t.reclaimed(1, Duration::from_secs(3));
+    let log = t.srv().of(2);
+    let desc = || show(&log);
+    let of_c: Vec<_> = log.iter().filter(|r| r.reclaims() && r.file() == b"c").collect();
+    assert_eq!(of_c.len(), 2, "the open and the lock of `c`: {}", desc());
+    assert!(of_c.iter().all(|r| r.uid == Some(1000) && r.status == Nfsstat4::Ok), "{}", desc());
+    // `a` and `b` were opened by root here: refused, opened anew when used.
+    assert_eq!(t.reclaim_counts(), (1, 1, 2, 1, 0), "{:?}", t.locks());
+    assert_eq!(t.dev.d.write(c, fc, 0, b"c after").unwrap(), 7, "through the reclaimed open");
 }

@@ -546,6 +546,12 @@ pub struct OpenFile {
     /// handle is an open of its own on the server. Zeros with NFSv3 and for directories.
     #[serde(default)]
     pub state: [u8; 16],
+    /// The caller that opened it (uid, gid): an NFSv4.1 open is reclaimed, and its locks,
+    /// with this credential (a server that squashes root would refuse root's reclaim of a file
+    /// only its owner may open). Root with NFSv3, for directories, and for handles read back
+    /// from the records of a crash.
+    #[serde(default)]
+    pub opener: (u32, u32),
 }
 
 struct Handles {
@@ -828,7 +834,15 @@ mod tests {
     #[test]
     fn handle_table_is_bounded_and_generational() {
         let h = HandleTable::new(2);
-        let f = OpenFile { nodeid: 5, flags: 0, dir: false, cookieverf: [0; 8], eof_at: 0, state: [0; 16] };
+        let f = OpenFile {
+            nodeid: 5,
+            flags: 0,
+            dir: false,
+            cookieverf: [0; 8],
+            eof_at: 0,
+            state: [0; 16],
+            opener: (0, 0),
+        };
         let a = h.open(f).unwrap();
         let b = h.open(f).unwrap();
         assert_eq!(h.open(f), Err(FULL));
@@ -884,7 +898,15 @@ mod tests {
         assert!(NodeTable::restore(&rootless, 8).is_err(), "no root");
 
         let h = HandleTable::new(4);
-        let f = OpenFile { nodeid: a, flags: 2, dir: false, cookieverf: [0; 8], eof_at: 0, state: [0; 16] };
+        let f = OpenFile {
+            nodeid: a,
+            flags: 2,
+            dir: false,
+            cookieverf: [0; 8],
+            eof_at: 0,
+            state: [0; 16],
+            opener: (0, 0),
+        };
         let x = h.open(f).unwrap();
         let y = h.open(OpenFile { dir: true, cookieverf: [7; 8], eof_at: 9, ..f }).unwrap();
         h.close(x);

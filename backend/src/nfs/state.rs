@@ -304,6 +304,8 @@ impl NfsState {
                 eof_at: h.eof_at,
                 // NFSv4.1: the dead process's opens are gone with its client.
                 state: if mount.v41.is_some() && !h.dir { LOST_OPEN } else { [0; 16] },
+                // Not kept: the recovery opens them anew as root.
+                opener: (0, 0),
             });
             if let Some(f) = &file {
                 *opens.entry(f.nodeid).or_default() += 1;
@@ -426,8 +428,15 @@ mod tests {
         tables.nodes.forget(c, 1);
         let d = tables.nodes.reference(&fh(4)).unwrap();
         tables.nodes.opened(b).unwrap();
-        let file =
-            |nodeid, dir| OpenFile { nodeid, flags: 2, dir, cookieverf: [0; 8], eof_at: 0, state: [0; 16] };
+        let file = |nodeid, dir| OpenFile {
+            nodeid,
+            flags: 2,
+            dir,
+            cookieverf: [0; 8],
+            eof_at: 0,
+            state: [0; 16],
+            opener: (0, 0),
+        };
         tables.handles.open(file(b, false)).unwrap();
         tables.nodes.opened(a).unwrap();
         let ha = tables.handles.open(file(a, true)).unwrap();

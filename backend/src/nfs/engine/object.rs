@@ -50,6 +50,7 @@ pub(super) fn finish(fs: &Shared, slot: &mut Slot, a: &Fattr) -> Flow {
                 cookieverf: [0; 8],
                 eof_at: 0,
                 state: [0; 16],
+                opener: (0, 0),
             };
             let opened = fs.nodes.opened(e.ino).and_then(|()| match fs.handles.open(file) {
                 Ok(fh) => Ok(fh),
@@ -79,7 +80,7 @@ pub(super) fn open_file(fs: &Shared, slot: &Slot) -> Flow {
 /// A device-side handle of `nodeid` opened with `flags` (OPEN, OPENDIR).
 pub(super) fn open_handle(fs: &Shared, nodeid: u64, flags: u32, dir: bool) -> filesystem::Result<Reply> {
     fs.nodes.opened(nodeid)?;
-    let file = OpenFile { nodeid, flags, dir, cookieverf: [0; 8], eof_at: 0, state: [0; 16] };
+    let file = OpenFile { nodeid, flags, dir, cookieverf: [0; 8], eof_at: 0, state: [0; 16], opener: (0, 0) };
     match fs.handles.open(file) {
         Ok(fh) => {
             let open_flags = if dir { fs.cache.dir_open_flags() } else { fs.cache.file_open_flags() };

@@ -169,12 +169,14 @@ impl Reclaim {
             slot.convert = false;
             match item {
                 Item::Open { handle, nodeid, fh, flags, old } => {
-                    let still = fs.handles.get(*handle).is_some_and(|f| stateid_of(f.state) == *old);
-                    if !still {
+                    let Some(f) = fs.handles.get(*handle).filter(|f| stateid_of(f.state) == *old) else {
                         // Closed, or opened anew, meanwhile.
                         self.at += 1;
                         continue;
-                    }
+                    };
+                    // As the caller that opened it: a server that squashes root would refuse
+                    // root the reclaim of a file only its owner may open.
+                    slot.cred = opener(f.opener);
                     slot.nodeid = *nodeid;
                     slot.handle = *handle;
                     slot.fh = *fh;
@@ -218,6 +220,11 @@ impl Reclaim {
                     };
                     slot.nodeid = nodeid;
                     slot.handle = from;
+                    // As the caller that opened the handle the lock came through (a LOCK needs
+                    // read access or ownership on a server that squashes root).
+                    if let Some(f) = fs.handles.get(from).filter(|f| f.nodeid == nodeid) {
+                        slot.cred = opener(f.opener);
+                    }
                     slot.obj = obj;
                     slot.stateid = open;
                     slot.lock = FileLock { start, end, typ, pid: 0 };
@@ -393,4 +400,9 @@ pub(super) fn stale_reply(fs: &Shared, slot: &Slot, res: Result<CompoundReply<'_
         }
     }
     log::debug!("nfs4.1: the reply to a call of an ended reclaim ({:?}) was let go", slot.step);
+}
+
+/// The credential of a handle's opener (uid, gid), without supplementary groups.
+fn opener((uid, gid): (u32, u32)) -> Cred {
+    Cred { uid, gid, ..Cred::ROOT }
 }

@@ -14,7 +14,7 @@ use super::prepare::kept_state;
 use super::slot::{Kind, Slot, Step, NAME_MAX};
 use crate::filesystem::seam::{Completions, DirentWriter};
 use crate::filesystem::{self, DirEntry, Entry, Error, Opened, Reply, Stat};
-use crate::nfs::conn::{CallError, CompoundReply, ReadDone};
+use crate::nfs::conn::{CallError, CompoundReply, Cred, ReadDone};
 use crate::nfs::convert::access_ok;
 use crate::nfs::locks41::Orphan;
 use crate::nfs::nodes::{silly_name, OpenFile};
@@ -431,7 +431,7 @@ fn opened(fs: &Shared, slot: &mut Slot, g: &Got<'_>) -> Result<Flow, Error> {
         Kind::Create => {
             let (fh, a) = (g_fh.ok_or(Error::Io)?, g.attrs.ok_or(Error::Io)?);
             slot.obj = fh;
-            entry(fs, &fh, &a).and_then(|e| match open_handle(fs, e.ino, slot.flags, stateid) {
+            entry(fs, &fh, &a).and_then(|e| match open_handle(fs, e.ino, slot.flags, stateid, &slot.cred) {
                 Ok(fh) => Ok(Reply::Created(e, Opened { fh, open_flags: fs.cache.file_open_flags() })),
                 Err(err) => {
                     fs.nodes.forget(e.ino, 1);
@@ -441,7 +441,7 @@ fn opened(fs: &Shared, slot: &mut Slot, g: &Got<'_>) -> Result<Flow, Error> {
         }
         _ => {
             slot.obj = slot.fh;
-            open_handle(fs, slot.nodeid, slot.flags, stateid)
+            open_handle(fs, slot.nodeid, slot.flags, stateid, &slot.cred)
                 .map(|fh| Reply::Open(Opened { fh, open_flags: fs.cache.file_open_flags() }))
         }
     };
@@ -462,11 +462,24 @@ fn opened(fs: &Shared, slot: &mut Slot, g: &Got<'_>) -> Result<Flow, Error> {
     Ok(Flow::Done(answer))
 }
 
-/// A FUSE handle of `nodeid` opened with `flags`, keeping the open `stateid`.
-fn open_handle(fs: &Shared, nodeid: u64, flags: u32, stateid: Stateid) -> filesystem::Result<u64> {
+/// A FUSE handle of `nodeid` opened with `flags` by `cred`, keeping the open `stateid`.
+fn open_handle(
+    fs: &Shared,
+    nodeid: u64,
+    flags: u32,
+    stateid: Stateid,
+    cred: &Cred,
+) -> filesystem::Result<u64> {
     fs.nodes.opened(nodeid)?;
-    let file =
-        OpenFile { nodeid, flags, dir: false, cookieverf: [0; 8], eof_at: 0, state: kept_state(stateid) };
+    let file = OpenFile {
+        nodeid,
+        flags,
+        dir: false,
+        cookieverf: [0; 8],
+        eof_at: 0,
+        state: kept_state(stateid),
+        opener: (cred.uid, cred.gid),
+    };
     fs.handles.open(file).inspect_err(|_| {
         fs.nodes.closed(nodeid);
     })
