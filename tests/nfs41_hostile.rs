@@ -23,8 +23,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nfs_fake_server::nfs4::{
-    self, close_ok, compound_reply, create_session_ok, exchange_id_ok, getattr_ok, getfh_ok, link_ok, ok,
-    open_ok, open_ok_deleg, read_ok, readdir_ok, remove_ok, rename_ok, seq_ok, setattr_ok, write_ok, Arg,
+    self, close_ok, commit_ok, compound_reply, create_session_ok, exchange_id_ok, getattr_ok, getfh_ok,
+    link_ok, ok, open_ok, open_ok_deleg, read_ok, readdir_ok, remove_ok, rename_ok, seq_ok, setattr_ok,
+    write_ok, Arg,
 };
 use nfs_fake_server::{record, Act, Call, FakeServer};
 use virtiofs_backend::nfs::locks41::LockTotals;
@@ -764,6 +765,9 @@ struct Srv {
     given: u8,
     sessions: u8,
     log: Vec<Rec>,
+    /// UNSTABLE4 WRITEs are answered UNSTABLE4, with the instance's write verifier (its
+    /// epoch), which COMMIT gives: a restart loses them (else every WRITE is FILE_SYNC4).
+    unstable: bool,
 }
 
 impl Srv {
@@ -776,6 +780,7 @@ impl Srv {
             given: 0,
             sessions: 0,
             log: Vec::new(),
+            unstable: false,
         }
     }
 
@@ -947,9 +952,11 @@ fn restartable(srv: Arc<Mutex<Srv>>, mut plan: Plan) -> impl FnMut(&Call) -> Vec
                         Arg::Read { count, .. } => s
                             .check(carried.unwrap())
                             .map(|_| read_ok(true, &vec![7; (*count).min(100) as usize])),
-                        Arg::Write { data, .. } => {
-                            s.check(carried.unwrap()).map(|_| write_ok(data.len() as u32, 2, [0; 8]))
+                        Arg::Write { data, stable, .. } => {
+                            let (how, verf) = if s.unstable { (*stable, [s.epoch; 8]) } else { (2, [0; 8]) };
+                            s.check(carried.unwrap()).map(|_| write_ok(data.len() as u32, how, verf))
                         }
+                        Arg::Commit { .. } => Ok(commit_ok([s.epoch; 8])),
                         Arg::Setattr { stateid: st } => s.check(*st).map(|_| setattr_ok()),
                         Arg::Delegreturn | Arg::Savefh | Arg::Restorefh => Ok(ok(op.op(), &[])),
                         Arg::Remove(_) => Ok(remove_ok()),
@@ -1683,4 +1690,46 @@ fn opens_and_locks_are_reclaimed_as_the_caller_that_opened_the_handle() {
     // `a` and `b` were opened by root here: refused, opened anew when used.
     assert_eq!(t.reclaim_counts(), (1, 1, 2, 1, 0), "{:?}", t.locks());
     assert_eq!(t.dev.d.write(c, fc, 0, b"c after").unwrap(), 7, "through the reclaimed open");
+}
+
+/// `open(O_CREAT | O_WRONLY, 0444)` then writes (as tar extracts a read-only file): the server
+/// checks the file's mode for a WRITE with the anonymous stateid. A stored write the restarted
+/// server lost, refused so (ACCESS), goes again with the handle's reclaimed open, and the FLUSH
+/// succeeds: nothing is lost.
+#[test]
+fn a_stored_write_refused_with_the_anonymous_stateid_goes_again_with_the_reclaimed_open() {
+    let mut refused = false;
+    let plan: Plan = Box::new(move |s, _, op, fh| match op {
+        Arg::Write { stable: 2, .. } if s.epoch == 2 && fh == b"f:a" && !refused => {
+            refused = true;
+            Fate::Refuse(Nfsstat4::Access)
+        }
+        _ => Fate::Serve,
+    });
+    let mut t = restartable_device(plan, |_| {});
+    t.srv().unstable = true;
+    let (a, fa) = t.a;
+    t.dev.d.write(a, fa, 0, b"stored, not committed").unwrap();
+    t.srv().restart();
+    t.dev.d.flush(a, fa).unwrap();
+    let log = t.srv().of(2);
+    let desc = || show(&log);
+    let writes: Vec<_> = log.iter().filter(|r| r.arg.op() == OpNum::Write && r.file() == b"a").collect();
+    assert_eq!(writes.len(), 2, "{}", desc());
+    assert_eq!(
+        (writes[0].status, writes[0].stateid.map(other)),
+        (Nfsstat4::Access, Some([0; 12])),
+        "{}",
+        desc()
+    );
+    assert_eq!(writes[1].status, Nfsstat4::Ok, "{}", desc());
+    assert_eq!(writes[1].stateid.map(other), Some(other(t.reclaimed_open(2, b"a"))), "{}", desc());
+    assert!(
+        matches!(&writes[1].arg, Arg::Write { data, stable: 2, offset: 0 } if data == b"stored, not committed"),
+        "{}",
+        desc()
+    );
+    let st = t.dev.handler.server().filesystem().stats();
+    // Sent again twice (refused, then with the open), and out of the store.
+    assert_eq!((st.unstable.resent, st.unstable.bytes_now), (2, 0), "{st:?}");
 }

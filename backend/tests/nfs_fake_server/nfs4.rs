@@ -105,6 +105,10 @@ pub enum Arg {
     FreeStateid {
         stateid: [u8; 16],
     },
+    Commit {
+        offset: u64,
+        count: u32,
+    },
 }
 
 impl Arg {
@@ -133,6 +137,7 @@ impl Arg {
             Arg::Access(_) => OpNum::Access,
             Arg::Open { .. } => OpNum::Open,
             Arg::Close { .. } => OpNum::Close,
+            Arg::Commit { .. } => OpNum::Commit,
             Arg::Setattr { .. } => OpNum::Setattr,
             Arg::Delegreturn => OpNum::Delegreturn,
             Arg::Lock { .. } => OpNum::Lock,
@@ -385,6 +390,7 @@ pub fn parse(args: &[u8]) -> Compound {
                 stateid = Some(s);
                 Arg::FreeStateid { stateid: s }
             }
+            OpNum::Commit => Arg::Commit { offset: d.u64().unwrap(), count: d.u32().unwrap() },
             op => panic!("{op:?} not parsed here"),
         });
         stateids.push(stateid);
@@ -515,6 +521,10 @@ pub fn read_ok_len(eof: bool, len: u32, data: &[u8]) -> Vec<u8> {
 
 pub fn read_ok(eof: bool, data: &[u8]) -> Vec<u8> {
     read_ok_len(eof, data.len() as u32, data)
+}
+
+pub fn commit_ok(verf: [u8; 8]) -> Vec<u8> {
+    ok(OpNum::Commit, &verf)
 }
 
 pub fn write_ok(count: u32, stable: u32, verf: [u8; 8]) -> Vec<u8> {

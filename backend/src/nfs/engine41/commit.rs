@@ -15,12 +15,13 @@ use std::time::{Duration, Instant};
 
 use super::attr::error;
 use super::reply::Flow;
+use super::slot::stateid_of;
 use super::slot::{Kind, Slot, Step};
 use crate::filesystem::{Error, Reply};
 use crate::io::Reader;
 use crate::nfs::shared::Shared;
 use crate::nfs::unstable::BackgroundClaim;
-use crate::nfs::wire::nfs4::{Nfsstat4, Stable4};
+use crate::nfs::wire::nfs4::{Nfsstat4, Stable4, Stateid};
 
 /// A failed background COMMIT holds the next one back this long.
 pub(super) const BG_COMMIT_BACKOFF: Duration = Duration::from_millis(200);
@@ -92,6 +93,18 @@ pub(super) fn reply(
     verf: Option<[u8; 8]>,
     written: Option<u32>,
 ) -> Result<Flow, Error> {
+    if let (Step::Resend, Some(Nfsstat4::Access | Nfsstat4::Perm), false) =
+        (slot.step, failed, slot.resend_open)
+    {
+        // A write the guest made through an open for writing, to a file whose mode no longer
+        // lets its caller write (`open(O_CREAT | O_WRONLY, 0444)`, as tar extracts): the
+        // server checks the mode for the anonymous stateid. The same write goes again with the
+        // request's handle's open (once a reclaim under way is over: the open it reclaimed).
+        if handle_open(fs, slot).is_some() {
+            slot.resend_open = true;
+            return Ok(Flow::Next);
+        }
+    }
     if let Some(s) = failed {
         if s == Nfsstat4::Stale {
             // The file is gone: nothing of it can be committed any more.
@@ -138,6 +151,16 @@ pub(super) fn reply(
         }
         _ => Err(Error::Io),
     }
+}
+
+/// The open of the request's handle, if it is a file of the slot's node whose open the server
+/// may know (not one a crash left unknown).
+pub(super) fn handle_open(fs: &Shared, slot: &Slot) -> Option<Stateid> {
+    let f = fs.handles.get(slot.handle).filter(|f| f.nodeid == slot.nodeid && !f.dir)?;
+    if f.state == crate::nfs::state::LOST_OPEN || f.state == [0; 16] {
+        return None;
+    }
+    Some(stateid_of(f.state))
 }
 
 /// The commit and its resends are done: the step after them, or the answer.

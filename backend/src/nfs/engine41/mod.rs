@@ -485,6 +485,23 @@ impl Nfs41Engine {
                     self.later.push((Instant::now() + ROOM_LOOK, i));
                     return;
                 }
+                let open = if slot.resend_open {
+                    if reopen::reclaiming(fs) {
+                        // With the open the reclaim gives the handle back.
+                        self.later.push((Instant::now() + reopen::RECLAIM_WAIT, i));
+                        return;
+                    }
+                    match commit::handle_open(fs, slot) {
+                        Some(open) => open,
+                        None => return self.end(fs, i, Err(Error::Io), done),
+                    }
+                } else {
+                    // The anonymous stateid: a handle's open may be one the restarted server
+                    // no longer knows (not reclaimed yet, or refused), and the file may have
+                    // none left; the request's open once the server refused that
+                    // (`commit::reply`).
+                    crate::nfs::wire::nfs4::Stateid::ANONYMOUS
+                };
                 let sender = self.number << 32 | u64::from(i);
                 let want = fs.limits.write as usize;
                 let next = fs.unstable.next_resend_into(slot.nodeid, sender, &mut self.replay_buf, want);
@@ -509,9 +526,7 @@ impl Nfs41Engine {
                 self.slots[i as usize].resending = Some(sender);
                 let slot = &mut self.slots[i as usize];
                 slot.obj = r.fh;
-                // The anonymous stateid: a handle's open may be one the restarted server no
-                // longer knows (not reclaimed yet, or refused), and the file may have none left.
-                slot.stateid = crate::nfs::wire::nfs4::Stateid::ANONYMOUS;
+                slot.stateid = open;
                 slot.replay_at = r.offset;
                 slot.replay_len = r.len;
                 slot.replay = Some(r.id);

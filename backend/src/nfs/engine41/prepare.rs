@@ -48,6 +48,7 @@ pub(super) fn prepare(fs: &Shared, slot: &mut Slot, req: &Request<'_>) -> Result
     slot.then = None;
     slot.room_until = None;
     slot.replay = None;
+    slot.resend_open = false;
     let (kind, step) = match req.op {
         Op::Lookup { name } => {
             named(fs, slot, name)?;

@@ -420,6 +420,10 @@ pub(super) struct Slot {
     pub(super) reclaim_of: u64,
     /// The sender number this request holds the file's turn at resending by, while it does.
     pub(super) resending: Option<u64>,
+    /// Stored writes go again with the request's handle's open (as it is when each is sent),
+    /// after the anonymous stateid was refused (ACCESS or PERM: a file made read-only after it
+    /// was opened for writing).
+    pub(super) resend_open: bool,
 }
 
 impl Slot {
@@ -480,6 +484,7 @@ impl Slot {
             replay_len: 0,
             reclaim_of: 0,
             resending: None,
+            resend_open: false,
         }
     }
 
