@@ -172,12 +172,7 @@ fn a_daemon_is_updated_under_io_and_a_failed_update_leaves_it_serving() {
         assert_ne!(device(&ctl)["pid"], serving, "{ring:?}: not handed over with a SETLKW waiting");
         // The new process's pollers park it again as they start its queues, just after the
         // update's answer.
-        let waits = || {
-            let stats = ControlClient::connect(&ctl).unwrap().call("get_stats", Value::Null).unwrap();
-            (stats["device"]["queues"].as_array().unwrap().iter())
-                .map(|q| q["waiting"].as_u64().unwrap_or(0))
-                .sum::<u64>()
-        };
+        let waits = || parked(&ctl);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while waits() != 1 && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
@@ -329,6 +324,12 @@ fn an_nfs_export_is_handed_over_with_its_uncommitted_writes() {
     nfs_handed_over(&server, &server.url(), false);
 }
 
+/// Requests the serving process keeps waiting (parked SETLKWs), all queues together.
+fn parked(ctl: &Path) -> u64 {
+    let stats = ControlClient::connect(ctl).unwrap().call("get_stats", Value::Null).unwrap();
+    (stats["device"]["queues"].as_array().unwrap().iter()).map(|q| q["waiting"].as_u64().unwrap_or(0)).sum()
+}
+
 /// NFSv4.1 (issue 23): the new process goes on as the same client of the server. Its sessions
 /// join the client id without an EXCHANGE_ID, the handle's open stateid and the lock stateid
 /// stay good (the lock is let go through the new process and then free for another owner, and
@@ -407,15 +408,9 @@ fn nfs_handed_over(server: &Ganesha, url: &str, v41: bool) {
             String::from_utf8_lossy(&out.stderr)
         );
         assert_ne!(device(&ctl)["pid"], serving, "not handed over with a SETLKW waiting");
-        let parked = || {
-            let stats = ControlClient::connect(&ctl).unwrap().call("get_stats", Value::Null).unwrap();
-            (stats["device"]["queues"].as_array().unwrap().iter())
-                .map(|q| q["waiting"].as_u64().unwrap_or(0))
-                .sum::<u64>()
-        };
         let tried = denied();
         let deadline = Instant::now() + Duration::from_secs(10);
-        while parked() != 1 || denied() == tried {
+        while parked(&ctl) != 1 || denied() == tried {
             assert!(Instant::now() < deadline, "the new process does not wait on: {}", nfs(&ctl));
             std::thread::sleep(Duration::from_millis(10));
         }
