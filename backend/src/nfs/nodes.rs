@@ -562,6 +562,12 @@ struct Handles {
 }
 
 impl OpenFile {
+    /// A handle of `nodeid` opened with `flags` (a directory's if `dir`): no listing yet, no
+    /// NFSv4.1 open, opened as root (the NFSv4.1 engine sets `state` and `opener`).
+    pub fn new(nodeid: u64, flags: u32, dir: bool) -> OpenFile {
+        OpenFile { nodeid, flags, dir, cookieverf: [0; 8], eof_at: 0, state: [0; 16], opener: (0, 0) }
+    }
+
     fn kept(&self) -> KeptHandle {
         KeptHandle {
             nodeid: self.nodeid,
@@ -834,15 +840,7 @@ mod tests {
     #[test]
     fn handle_table_is_bounded_and_generational() {
         let h = HandleTable::new(2);
-        let f = OpenFile {
-            nodeid: 5,
-            flags: 0,
-            dir: false,
-            cookieverf: [0; 8],
-            eof_at: 0,
-            state: [0; 16],
-            opener: (0, 0),
-        };
+        let f = OpenFile::new(5, 0, false);
         let a = h.open(f).unwrap();
         let b = h.open(f).unwrap();
         assert_eq!(h.open(f), Err(FULL));
@@ -898,15 +896,7 @@ mod tests {
         assert!(NodeTable::restore(&rootless, 8).is_err(), "no root");
 
         let h = HandleTable::new(4);
-        let f = OpenFile {
-            nodeid: a,
-            flags: 2,
-            dir: false,
-            cookieverf: [0; 8],
-            eof_at: 0,
-            state: [0; 16],
-            opener: (0, 0),
-        };
+        let f = OpenFile::new(a, 2, false);
         let x = h.open(f).unwrap();
         let y = h.open(OpenFile { dir: true, cookieverf: [7; 8], eof_at: 9, ..f }).unwrap();
         h.close(x);

@@ -428,15 +428,7 @@ mod tests {
         tables.nodes.forget(c, 1);
         let d = tables.nodes.reference(&fh(4)).unwrap();
         tables.nodes.opened(b).unwrap();
-        let file = |nodeid, dir| OpenFile {
-            nodeid,
-            flags: 2,
-            dir,
-            cookieverf: [0; 8],
-            eof_at: 0,
-            state: [0; 16],
-            opener: (0, 0),
-        };
+        let file = |nodeid, dir| OpenFile::new(nodeid, 2, dir);
         tables.handles.open(file(b, false)).unwrap();
         tables.nodes.opened(a).unwrap();
         let ha = tables.handles.open(file(a, true)).unwrap();

@@ -122,8 +122,9 @@ impl<P: Program> Conn<P> {
             }
             Probe::Ready { stream } => self.probe = Probe::Ready { stream },
         }
-        let on_wire = self.tx.is_some() || self.slots.iter().any(|s| s.state == SlotState::Sent);
-        if matches!(self.probe, Probe::Ready { .. }) && !on_wire {
+        // (The slots are looked at only while a probe is ready: a round trip at most.)
+        let ready = matches!(self.probe, Probe::Ready { .. });
+        if ready && self.tx.is_none() && !self.slots.iter().any(|s| s.state == SlotState::Sent) {
             let Probe::Ready { stream } =
                 std::mem::replace(&mut self.probe, Probe::Idle { at: now + self.probe_every })
             else {

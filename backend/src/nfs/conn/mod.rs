@@ -274,6 +274,10 @@ impl<P: Program> Conn<P> {
         self.progress_link(now);
         if self.at != 0 {
             self.probe_first(now);
+        } else if !matches!(self.probe, Probe::Idle { .. }) {
+            // Back on the first address by another way (every address failed in turn): a
+            // probe under way or ready is not needed.
+            self.probe = Probe::Idle { at: now };
         }
         if matches!(self.link, Link::Up { .. }) {
             self.flush(now, sink);

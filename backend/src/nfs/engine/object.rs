@@ -43,15 +43,7 @@ pub(super) fn finish(fs: &Shared, slot: &mut Slot, a: &Fattr) -> Flow {
         Kind::Getattr | Kind::Setattr => Ok(Reply::Attr(stat(a), t)),
         Kind::Open => return open_file(fs, slot),
         Kind::Create => entry(fs, &slot.obj, a).and_then(|e| {
-            let file = OpenFile {
-                nodeid: e.ino,
-                flags: slot.flags,
-                dir: false,
-                cookieverf: [0; 8],
-                eof_at: 0,
-                state: [0; 16],
-                opener: (0, 0),
-            };
+            let file = OpenFile::new(e.ino, slot.flags, false);
             let opened = fs.nodes.opened(e.ino).and_then(|()| match fs.handles.open(file) {
                 Ok(fh) => Ok(fh),
                 Err(err) => {
@@ -80,7 +72,7 @@ pub(super) fn open_file(fs: &Shared, slot: &Slot) -> Flow {
 /// A device-side handle of `nodeid` opened with `flags` (OPEN, OPENDIR).
 pub(super) fn open_handle(fs: &Shared, nodeid: u64, flags: u32, dir: bool) -> filesystem::Result<Reply> {
     fs.nodes.opened(nodeid)?;
-    let file = OpenFile { nodeid, flags, dir, cookieverf: [0; 8], eof_at: 0, state: [0; 16], opener: (0, 0) };
+    let file = OpenFile::new(nodeid, flags, dir);
     match fs.handles.open(file) {
         Ok(fh) => {
             let open_flags = if dir { fs.cache.dir_open_flags() } else { fs.cache.file_open_flags() };

@@ -304,8 +304,7 @@ fn io(fs: &Shared, slot: &mut Slot, fh: u64, offset: u64) -> Result<(), Error> {
 /// OPENDIR: a device-side handle (NFSv4 opens no directories).
 fn open_dir(fs: &Shared, nodeid: u64, flags: u32) -> Result<Reply, Error> {
     fs.nodes.opened(nodeid)?;
-    let file =
-        OpenFile { nodeid, flags, dir: true, cookieverf: [0; 8], eof_at: 0, state: [0; 16], opener: (0, 0) };
+    let file = OpenFile::new(nodeid, flags, true);
     match fs.handles.open(file) {
         Ok(fh) => Ok(Reply::Open(Opened { fh, open_flags: fs.cache.dir_open_flags() })),
         Err(e) => {

@@ -472,13 +472,9 @@ fn open_handle(
 ) -> filesystem::Result<u64> {
     fs.nodes.opened(nodeid)?;
     let file = OpenFile {
-        nodeid,
-        flags,
-        dir: false,
-        cookieverf: [0; 8],
-        eof_at: 0,
         state: kept_state(stateid),
         opener: (cred.uid, cred.gid),
+        ..OpenFile::new(nodeid, flags, false)
     };
     fs.handles.open(file).inspect_err(|_| {
         fs.nodes.closed(nodeid);
